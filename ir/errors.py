@@ -1,0 +1,75 @@
+"""The one error hierarchy of RedFuser (re-exported as ``redfuser.RedFuserError`` & co.).
+
+It lives in `ir` because `ir` depends on nothing of ours and every layer raises
+these. User errors carry the user's source location and print it with the
+source line; internal errors name the pass and show the IR around the fault.
+"""
+from __future__ import annotations
+
+from .source import SourceLoc
+
+
+class RedFuserError(Exception):
+    """Base of every error RedFuser raises on purpose."""
+
+
+class CompileError(RedFuserError):
+    """A problem in the user's kernel, found while tracing or compiling it.
+
+    `op` names the operation (``matmul``, ``sum``...), `loc` the user's line.
+    """
+
+    def __init__(self, message: str, *, op: str | None = None, loc: SourceLoc | None = None) -> None:
+        self.message = message
+        self.op = op
+        self.loc = loc
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        text = f"{self.op}: {self.message}" if self.op else self.message
+        if self.loc is not None and self.loc.line:
+            text += f"\n  at {self.loc.file}:{self.loc.line}"
+            if self.loc.text.strip():
+                stripped = self.loc.text.rstrip()
+                indent = len(stripped) - len(stripped.lstrip())
+                text += f"\n    {stripped.strip()}\n    {'^' * max(1, len(stripped) - indent)}"
+        return text
+
+
+class ShapeError(CompileError):
+    """Shapes that do not fit: broadcasting, matmul, axes, reshapes."""
+
+
+class DTypeError(CompileError):
+    """A dtype the op does not accept, or two dtypes with no common type."""
+
+
+class UnsupportedError(CompileError):
+    """Something outside RedFuser's subset: a numpy function, an op, an argument kind."""
+
+
+class TracerBoolError(CompileError):
+    """Python control flow (``if``, ``while``, ``and``...) on a traced value."""
+
+
+class ArgumentError(CompileError):
+    """A kernel called with the wrong number or kind of arguments."""
+
+
+class BackendError(RedFuserError):
+    """A backend that is unknown, not built yet, or not usable on this machine."""
+
+
+class InternalError(RedFuserError):
+    """A bug in RedFuser: a pass produced IR that breaks an invariant."""
+
+    def __init__(self, message: str, *, pass_name: str = "", context: str = "") -> None:
+        self.pass_name = pass_name
+        text = f"internal error{f' after pass {pass_name}' if pass_name else ''}: {message}"
+        if context:
+            text += "\n" + "\n".join("    " + line for line in context.splitlines())
+        super().__init__(text)
+
+
+class VerifyError(InternalError):
+    """The IR verifier found a broken invariant."""

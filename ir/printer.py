@@ -1,0 +1,133 @@
+"""Deterministic, human-readable text for the Loop IR.
+
+The printed form reads like pseudo-code::
+
+    kernel softmax(x: f32[4,1000]) -> (out: f32[4,1000])
+      # softmax.py:7  m = rf.max(x, axis=-1, keepdims=True)
+      m: f32[4] = for i0<4: max over r0<1000 of x[i0,r0]
+
+Loop axes are named ``i0, i1, ...`` (parallel) and ``r0, ...`` (reduced) by the
+tracer; buffers carry the user's variable names where the source gives them.
+"""
+from __future__ import annotations
+
+import math
+
+from .expr import (
+    Axis,
+    Binary,
+    BinaryOp,
+    Cast,
+    Const,
+    Expr,
+    IndexValue,
+    Load,
+    Select,
+    Unary,
+    UnaryOp,
+)
+from .loop import Compute, Program, Reduce, Stmt
+from .source import SourceLoc
+
+_PREC = {
+    BinaryOp.OR: 1,
+    BinaryOp.AND: 2,
+    BinaryOp.LT: 3, BinaryOp.LE: 3, BinaryOp.GT: 3, BinaryOp.GE: 3, BinaryOp.EQ: 3, BinaryOp.NE: 3,
+    BinaryOp.ADD: 4, BinaryOp.SUB: 4,
+    BinaryOp.MUL: 5, BinaryOp.DIV: 5,
+    BinaryOp.POW: 7,
+}
+_NEG_PREC = 6
+_ATOM = 10
+
+
+def format_const(value: float | int | bool) -> str:
+    """A constant as a person writes it (``-inf``, ``0.125``, ``3``, ``True``)."""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if math.isnan(value):
+            return "nan"
+        return repr(value)
+    return str(value)
+
+
+def format_index(indices: tuple[Axis | int, ...]) -> str:
+    return ",".join(str(i) for i in indices)
+
+
+def _expr(e: Expr) -> tuple[str, int]:
+    """Text of `e` and its precedence (for parenthesizing)."""
+    if isinstance(e, Const):
+        text = format_const(e.value)
+        return text, (_NEG_PREC if text.startswith("-") else _ATOM)
+    if isinstance(e, IndexValue):
+        return (e.axis.name if e.dtype.is_int else f"{e.dtype}({e.axis.name})"), _ATOM
+    if isinstance(e, Load):
+        return f"{e.buffer.name}[{format_index(e.indices)}]", _ATOM
+    if isinstance(e, Cast):
+        return f"{e.dtype}({format_expr(e.x)})", _ATOM
+    if isinstance(e, Select):
+        return f"where({format_expr(e.cond)}, {format_expr(e.a)}, {format_expr(e.b)})", _ATOM
+    if isinstance(e, Unary):
+        if e.op is UnaryOp.NEG:
+            inner, p = _expr(e.x)
+            return "-" + (inner if p > _NEG_PREC else f"({inner})"), _NEG_PREC
+        if e.op is UnaryOp.NOT:
+            inner, p = _expr(e.x)
+            return "~" + (inner if p > _NEG_PREC else f"({inner})"), _NEG_PREC
+        return f"{e.op.value}({format_expr(e.x)})", _ATOM
+    if isinstance(e, Binary):
+        if not e.op.is_infix:
+            return f"{e.op.value}({format_expr(e.a)}, {format_expr(e.b)})", _ATOM
+        prec = _PREC[e.op]
+        a, pa = _expr(e.a)
+        b, pb = _expr(e.b)
+        right_assoc = e.op is BinaryOp.POW
+        if pa < prec or (right_assoc and pa == prec):
+            a = f"({a})"
+        if pb < prec or (not right_assoc and pb == prec):
+            b = f"({b})"
+        return f"{a} {e.op.value} {b}", prec
+    raise TypeError(f"not a Loop IR expression: {e!r}")
+
+
+def format_expr(e: Expr) -> str:
+    """One expression as text."""
+    return _expr(e)[0]
+
+
+def _loops(axes: tuple[Axis, ...]) -> str:
+    return ", ".join(f"{a.name}<{a.extent}" for a in axes)
+
+
+def format_stmt(s: Stmt) -> str:
+    """One loop nest on one line: ``name: type = for axes: value``."""
+    head = f"{s.out.name}: {s.out.type} = "
+    loops = f"for {_loops(s.axes)}: " if s.axes else ""
+    if isinstance(s, Compute):
+        return f"{head}{loops}{format_expr(s.value)}"
+    if isinstance(s, Reduce):
+        return f"{head}{loops}{s.op.value} over {_loops(s.reduce_axes)} of {format_expr(s.value)}"
+    raise TypeError(f"not a Loop IR statement: {s!r}")
+
+
+def format_loc(loc: SourceLoc) -> str:
+    return f"# {loc.short()}  {loc.text.strip()}" if loc.line else ""
+
+
+def format_program(p: Program) -> str:
+    """The whole program, with a ``# file:line  source`` comment where the source line changes."""
+    params = ", ".join(f"{b.name}: {b.type}" for b in p.inputs)
+    outs = ", ".join(f"{b.name}: {b.type}" for b in p.outputs)
+    lines = [f"kernel {p.name}({params}) -> ({outs})"]
+    last_loc = None
+    for s in p.body:
+        loc = getattr(s, "loc", None)
+        if loc is not None and loc.line and loc != last_loc:
+            lines.append("  " + format_loc(loc))
+            last_loc = loc
+        lines.append("  " + format_stmt(s))
+    return "\n".join(lines)

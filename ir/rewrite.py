@@ -1,0 +1,49 @@
+"""Generic, structure-preserving rewrites of Loop IR expressions and statements."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from .expr import Binary, Buffer, Cast, Expr, Load, Select, Unary
+from .loop import Compute, Program, Reduce, Stmt
+
+
+def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """Rebuild `e` bottom-up; `fn(node)` returns a replacement or None to keep the node."""
+    if isinstance(e, Unary | Cast):
+        x = map_expr(e.x, fn)
+        e = e if x is e.x else replace(e, x=x)
+    elif isinstance(e, Binary):
+        a, b = map_expr(e.a, fn), map_expr(e.b, fn)
+        e = e if (a is e.a and b is e.b) else replace(e, a=a, b=b)
+    elif isinstance(e, Select):
+        c, a, b = map_expr(e.cond, fn), map_expr(e.a, fn), map_expr(e.b, fn)
+        e = e if (c is e.cond and a is e.a and b is e.b) else replace(e, cond=c, a=a, b=b)
+    out = fn(e)
+    return e if out is None else out
+
+
+def rename_buffers(p: Program, names: dict[str, str], program_name: str | None = None) -> Program:
+    """`p` with buffers renamed by `names` (old name -> new name); others keep theirs."""
+    new: dict[str, Buffer] = {}
+
+    def buf(b: Buffer) -> Buffer:
+        if b.name not in new:
+            new[b.name] = Buffer(names.get(b.name, b.name), b.type)
+        return new[b.name]
+
+    def fix(e: Expr) -> Expr | None:
+        return Load(buf(e.buffer), e.indices) if isinstance(e, Load) else None
+
+    def stmt(s: Stmt) -> Stmt:
+        return replace(s, out=buf(s.out), value=map_expr(s.value, fix))
+
+    return Program(
+        name=program_name or p.name,
+        inputs=tuple(buf(b) for b in p.inputs),
+        outputs=tuple(buf(b) for b in p.outputs),
+        body=tuple(stmt(s) for s in p.body),
+    )
+
+
+__all__ = ["map_expr", "rename_buffers", "Compute", "Reduce"]

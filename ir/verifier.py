@@ -1,0 +1,83 @@
+"""The Loop IR verifier: the invariants every pass keeps.
+
+- every buffer is written exactly once, before it is read; inputs are never written;
+- a statement's axes match its output's shape, axis names are unique in a nest;
+- every load has one index per buffer dimension, each an axis in scope whose
+  extent equals that dimension (or a fixed in-bounds position, 0 for a size-1 dim);
+- dtypes agree: a statement's value has its output's dtype, comparisons give
+  bool, ``where`` conditions are bool; every output is written.
+"""
+from __future__ import annotations
+
+from .errors import VerifyError
+from .expr import Axis, Binary, Buffer, Cast, Expr, IndexValue, Load, Select, Unary, UnaryOp, walk
+from .loop import Compute, Program, Reduce, Stmt
+from .printer import format_stmt
+from .types import bool_
+
+
+def _fail(msg: str, stmt: Stmt | None, pass_name: str) -> None:
+    raise VerifyError(msg, pass_name=pass_name, context=format_stmt(stmt) if stmt is not None else "")
+
+
+def verify_expr(e: Expr, scope: dict[str, Axis], defined: dict[str, Buffer], stmt: Stmt, pass_name: str) -> None:
+    """Check one expression against the axes in scope and the buffers defined so far."""
+    for node in walk(e):
+        if isinstance(node, Load):
+            buf = node.buffer
+            if defined.get(buf.name) != buf:
+                _fail(f"load of {buf.name} before it is defined (or with a different type)", stmt, pass_name)
+            if len(node.indices) != len(buf.shape):
+                _fail(f"load of {buf.name} has {len(node.indices)} indices for {len(buf.shape)} dims", stmt, pass_name)
+            for dim, (idx, size) in enumerate(zip(node.indices, buf.shape)):
+                if isinstance(idx, Axis):
+                    if scope.get(idx.name) != idx:
+                        _fail(f"load of {buf.name} uses axis {idx.name} not in scope", stmt, pass_name)
+                    if idx.extent != size:
+                        _fail(f"{buf.name} dim {dim} has size {size} but axis {idx.name} runs to {idx.extent}", stmt, pass_name)
+                elif not (isinstance(idx, int) and 0 <= idx < size):
+                    _fail(f"{buf.name} dim {dim} indexed by {idx!r}, outside [0, {size})", stmt, pass_name)
+        elif isinstance(node, IndexValue):
+            if scope.get(node.axis.name) != node.axis:
+                _fail(f"value of axis {node.axis.name} used outside its loop", stmt, pass_name)
+        elif isinstance(node, Binary) and node.op.is_comparison and node.dtype != bool_:
+            _fail(f"comparison {node.op.value} must give bool, not {node.dtype}", stmt, pass_name)
+        elif isinstance(node, Select) and node.cond.dtype != bool_:
+            _fail(f"where() condition must be bool, not {node.cond.dtype}", stmt, pass_name)
+        elif isinstance(node, Unary) and node.op is UnaryOp.NOT and node.dtype != bool_:
+            _fail("logical not must be on bool", stmt, pass_name)
+        elif isinstance(node, Cast | Unary | Binary | Select) and node.dtype is None:
+            _fail("expression without a dtype", stmt, pass_name)
+
+
+def verify_stmt(s: Stmt, defined: dict[str, Buffer], pass_name: str = "") -> None:
+    """Check one loop nest (see the module docstring for the rules)."""
+    axes = list(s.axes) + (list(s.reduce_axes) if isinstance(s, Reduce) else [])
+    names = [a.name for a in axes]
+    if len(set(names)) != len(names):
+        _fail(f"axis names repeat in one loop nest: {names}", s, pass_name)
+    if tuple(a.extent for a in s.axes) != s.out.shape:
+        _fail(f"loops {[a.extent for a in s.axes]} do not cover {s.out.name}'s shape {list(s.out.shape)}", s, pass_name)
+    if s.value.dtype != s.out.dtype:
+        _fail(f"value has dtype {s.value.dtype} but {s.out.name} is {s.out.dtype}", s, pass_name)
+    verify_expr(s.value, {a.name: a for a in axes}, defined, s, pass_name)
+
+
+def verify_program(p: Program, pass_name: str = "") -> Program:
+    """Check every invariant of `p`; return it unchanged or raise `VerifyError`."""
+    defined: dict[str, Buffer] = {}
+    for b in p.inputs:
+        if b.name in defined:
+            _fail(f"input {b.name} declared twice", None, pass_name)
+        defined[b.name] = b
+    for s in p.body:
+        if not isinstance(s, Compute | Reduce):
+            _fail(f"unknown statement kind {type(s).__name__}", None, pass_name)
+        verify_stmt(s, defined, pass_name)
+        if s.out.name in defined:
+            _fail(f"{s.out.name} is written twice (or is an input)", s, pass_name)
+        defined[s.out.name] = s.out
+    for b in p.outputs:
+        if defined.get(b.name) != b or b in p.inputs:
+            _fail(f"output {b.name} is never computed", None, pass_name)
+    return p

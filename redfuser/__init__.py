@@ -1,0 +1,74 @@
+"""RedFuser: a tile-level compiler for fused cascaded reductions.
+
+Write an unfused computation with the ops below inside ``@redfuser.kernel``;
+on plain numpy arrays the same ops are numpy's, so the undecorated body is the
+reference the compiled kernel is checked against.
+"""
+from __future__ import annotations
+
+import math as _math
+
+import ml_dtypes as _ml_dtypes
+import numpy as _np
+
+from .ir.errors import (
+    ArgumentError,
+    BackendError,
+    CompileError,
+    DTypeError,
+    InternalError,
+    RedFuserError,
+    ShapeError,
+    TracerBoolError,
+    UnsupportedError,
+    VerifyError,
+)
+from .kernel import Kernel, kernel
+from .ops import (
+    abs,
+    add,
+    arange,
+    astype,
+    divide,
+    equal,
+    exp,
+    exp2,
+    greater,
+    greater_equal,
+    less,
+    less_equal,
+    log,
+    log2,
+    logical_and,
+    logical_not,
+    logical_or,
+    matmul,
+    max,
+    maximum,
+    min,
+    minimum,
+    multiply,
+    negative,
+    not_equal,
+    power,
+    rsqrt,
+    sqrt,
+    subtract,
+    sum,
+    swapaxes,
+    transpose,
+    where,
+)
+
+__version__ = "0.1.0"
+
+# The dtypes are numpy's and ml_dtypes' own objects, so ``x.astype(rf.bfloat16)``
+# means the same inside and outside a kernel.
+float32 = _np.float32
+float16 = _np.float16
+bfloat16 = _ml_dtypes.bfloat16
+float8_e4m3fn = _ml_dtypes.float8_e4m3fn
+int32 = _np.int32
+int64 = _np.int64
+bool_ = _np.bool_
+inf = _math.inf

@@ -1,0 +1,73 @@
+"""The backends a kernel can run on, and how ``auto`` picks one.
+
+| name        | runs                                                  | status          |
+|-------------|-------------------------------------------------------|-----------------|
+| `interpret` | the numpy interpreter of the Loop IR (the oracle)     | built           |
+| `cpu`       | native code through LLVM (llvmlite)                   | not built yet   |
+| `cuda`      | PTX through LLVM's NVPTX backend, on a GPU            | not built yet   |
+| `simulate`  | the SIMT program that becomes PTX, run on the CPU     | not built yet   |
+
+``auto`` picks the best backend that is built and usable here: ``cuda`` with a
+device, else ``cpu``, else ``interpret``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import config
+from .compiler import Lowered
+from .ir import BackendError, run_program
+
+Executable = Callable[[list[np.ndarray]], tuple[np.ndarray, ...]]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A way to run lowered kernels. `build` turns a `Lowered` into an executable."""
+
+    name: str
+    description: str
+    build: Callable[[Lowered], Executable] | None  # None: not built yet
+
+    def usable(self) -> str | None:
+        """None when this backend can run here, else why not (in words)."""
+        if self.build is None:
+            return f"the {self.name} backend is not built yet (see the status table in README.md)"
+        return None
+
+
+def _build_interpret(lowered: Lowered) -> Executable:
+    program = lowered.program
+    return lambda arrays: run_program(program, arrays)
+
+
+BACKENDS: dict[str, Backend] = {
+    "interpret": Backend("interpret", "numpy interpreter of the Loop IR", _build_interpret),
+    "cpu": Backend("cpu", "native CPU code through LLVM", None),
+    "cuda": Backend("cuda", "PTX on an NVIDIA GPU", None),
+    "simulate": Backend("simulate", "SIMT simulator of the GPU program", None),
+}
+AUTO_ORDER = ("cuda", "cpu", "interpret")
+
+
+def resolve(name: str | None) -> tuple[str, str]:
+    """The backend to use for `name` (None: ``REDFUSER_BACKEND``), and why it was chosen."""
+    requested = (name or config.default_backend()).lower()
+    if requested not in config.BACKENDS:
+        raise BackendError(f"unknown backend {requested!r}; choose one of {', '.join(config.BACKENDS)}")
+    if requested != "auto":
+        why_not = BACKENDS[requested].usable()
+        if why_not:
+            raise BackendError(why_not)
+        return requested, "requested"
+    skipped = []
+    for candidate in AUTO_ORDER:
+        why_not = BACKENDS[candidate].usable()
+        if why_not is None:
+            reason = "auto: best backend available" + (f" ({'; '.join(skipped)})" if skipped else "")
+            return candidate, reason
+        skipped.append(why_not)
+    raise BackendError("no backend is usable: " + "; ".join(skipped))

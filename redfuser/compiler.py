@@ -1,0 +1,60 @@
+"""The compiler's stages, in order. Reading `lower` explains the compiler.
+
+    trace      Python body on tracers       -> Loop IR, one loop nest per op  ("traced")
+    ... later issues add, in this order:
+    fuse       inline, CSE, cascade analysis, the fusion theorem  -> "fused"
+    schedule   Loop IR -> Tile IR                                  -> "tile"
+    lower      Tile IR -> SIMT IR -> LLVM IR -> PTX / native code  -> "simt", "llvm", "ptx"
+
+Every stage's IR is verified when produced and kept in `Lowered.stages`, so a
+person can print any of them (``REDFUSER_DUMP_DIR`` writes them all to disk).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import config
+from .ir import Program, verify_program
+from .trace import ArgSpec, trace
+
+
+@dataclass
+class Lowered:
+    """Everything the compiler produced for one specialization of a kernel.
+
+    `stages` maps stage names, in pipeline order, to printable IR objects;
+    `program` is the Loop IR the backends start from.
+    """
+
+    name: str
+    specs: tuple[ArgSpec, ...]
+    backend: str
+    options: dict
+    stages: dict[str, object] = field(default_factory=dict)
+    program: Program | None = None
+
+    def __str__(self) -> str:
+        parts = []
+        for name, ir in self.stages.items():
+            parts.append(f"=== {name} ===\n{ir}")
+        return "\n\n".join(parts)
+
+    def dump(self, folder: Path) -> None:
+        """Write each stage's text to ``folder/NN-stage.txt``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for n, (name, ir) in enumerate(self.stages.items()):
+            (folder / f"{n:02d}-{name}.txt").write_text(f"{ir}\n")
+
+
+def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict) -> Lowered:
+    """Run the compiler's stages on `fn` specialized to `specs`; keep every stage."""
+    out = Lowered(getattr(fn, "__name__", "kernel"), specs, backend, dict(options))
+    program = verify_program(trace(fn, specs), pass_name="trace")
+    out.stages["traced"] = program
+    out.program = program
+    dump = config.dump_dir()
+    if dump is not None:
+        out.dump(dump / out.name)
+    return out

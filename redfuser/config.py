@@ -1,0 +1,41 @@
+"""Every environment variable RedFuser reads, in one place, typed.
+
+- ``REDFUSER_BACKEND``: default backend of kernels that do not name one
+  (``auto``, ``interpret``, ``cpu``, ``cuda``, ``simulate``); default ``auto``.
+- ``REDFUSER_DUMP_DIR``: when set, every compiled kernel writes each stage's
+  text to ``<dir>/<kernel>/<NN-stage>.txt``.
+- ``REDFUSER_CACHE``: ``0`` turns the on-disk compile cache off (default on).
+- ``REDFUSER_CACHE_DIR``: where the on-disk cache lives (default
+  ``$XDG_CACHE_HOME/redfuser`` or ``~/.cache/redfuser``).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BACKENDS = ("auto", "interpret", "cpu", "cuda", "simulate")
+
+
+def default_backend() -> str:
+    """The backend from ``REDFUSER_BACKEND`` (lower-cased), or ``auto``."""
+    return os.environ.get("REDFUSER_BACKEND", "auto").strip().lower() or "auto"
+
+
+def dump_dir() -> Path | None:
+    """The folder to dump every stage's text into, or None."""
+    value = os.environ.get("REDFUSER_DUMP_DIR", "").strip()
+    return Path(value) if value else None
+
+
+def cache_enabled() -> bool:
+    """False when ``REDFUSER_CACHE=0`` (or ``false``/``off``)."""
+    return os.environ.get("REDFUSER_CACHE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def cache_dir() -> Path:
+    """The on-disk compile cache folder."""
+    explicit = os.environ.get("REDFUSER_CACHE_DIR", "").strip()
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "redfuser"

@@ -1,0 +1,119 @@
+"""`rf.kernel`: the user-facing kernel object (specialize, compile once, cache, run)."""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+from . import backends
+from .compiler import Lowered, lower
+from .ir import ArgumentError, DTypeError, RedFuserError, UnsupportedError
+from .ir import types as T
+from .ir.types import BufferType
+from .source_info import user_loc
+from .trace import ArgSpec, ArraySpec, StaticSpec
+
+# Options a kernel accepts, with their defaults (later stages add theirs here).
+KNOWN_OPTIONS: dict[str, object] = {}
+SUPPORTED_DTYPES = ", ".join(d.numpy_name for d in T.ALL_DTYPES)
+
+
+def _user_facing(method: Callable) -> Callable:
+    """Re-raise RedFuser errors without RedFuser's internal frames in the traceback."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except RedFuserError as err:
+            raise err.with_traceback(None) from None
+
+    return wrapper
+
+
+class Kernel:
+    """A function compiled by RedFuser. Call it with numpy arrays; get numpy arrays back.
+
+    Compiles once per (argument shapes and dtypes, static scalars, backend,
+    options) and keeps the result in memory.
+    """
+
+    def __init__(self, fn: Callable, backend: str | None = None, **options: object) -> None:
+        unknown = sorted(set(options) - set(KNOWN_OPTIONS))
+        if unknown:
+            known = ", ".join(sorted(KNOWN_OPTIONS)) or "none yet"
+            raise ArgumentError(f"unknown option(s) {', '.join(unknown)}; known options: {known}", op="kernel")
+        self.__wrapped__ = fn
+        self.backend = backend
+        self.options = {**KNOWN_OPTIONS, **options}
+        self._params = list(inspect.signature(fn).parameters.values())
+        self._cache: dict[tuple, tuple[Lowered, backends.Executable]] = {}
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        return f"<redfuser.kernel {self.__name__} backend={self.backend or 'auto'}>"
+
+    # -- arguments --------------------------------------------------------------------------------
+    def _specs(self, args: tuple[Any, ...]) -> tuple[tuple[ArgSpec, ...], list[np.ndarray]]:
+        names = [p.name for p in self._params]
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in self._params):
+            raise UnsupportedError("kernels take positional parameters only (no *args, **kwargs or keyword-only)",
+                                   op=self.__name__, loc=user_loc())
+        if len(args) != len(names):
+            raise ArgumentError(f"takes {len(names)} argument(s) ({', '.join(names)}) but {len(args)} were given",
+                                op=self.__name__, loc=user_loc())
+        specs: list[ArgSpec] = []
+        arrays: list[np.ndarray] = []
+        for name, value in zip(names, args):
+            if isinstance(value, bool | int | float) and not isinstance(value, np.generic):
+                specs.append(StaticSpec(name, value))
+                continue
+            if not isinstance(value, np.ndarray):
+                raise ArgumentError(
+                    f"argument {name!r} must be a numpy array (or a Python scalar), got {type(value).__name__}",
+                    op=self.__name__, loc=user_loc())
+            dtype = T.from_numpy(value.dtype)
+            if dtype is None or dtype == T.float64:
+                raise DTypeError(f"argument {name!r} has dtype {value.dtype}, which is not supported; "
+                                 f"supported: {', '.join(d.numpy_name for d in T.ALL_DTYPES if d != T.float64)}",
+                                 op=self.__name__, loc=user_loc())
+            specs.append(ArraySpec(name, BufferType(dtype, tuple(int(s) for s in value.shape))))
+            arrays.append(value)
+        return tuple(specs), arrays
+
+    def _compiled(self, args: tuple[Any, ...]) -> tuple[Lowered, backends.Executable, list[np.ndarray]]:
+        specs, arrays = self._specs(args)
+        backend, _ = backends.resolve(self.backend)
+        key = (specs, backend, tuple(sorted(self.options.items())))
+        entry = self._cache.get(key)
+        if entry is None:
+            lowered = lower(self.__wrapped__, specs, backend, self.options)
+            entry = (lowered, backends.BACKENDS[backend].build(lowered))
+            self._cache[key] = entry
+        return entry[0], entry[1], arrays
+
+    # -- public -----------------------------------------------------------------------------------
+    @_user_facing
+    def __call__(self, *args: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        lowered, run, arrays = self._compiled(args)
+        outputs = run(arrays)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    @_user_facing
+    def lower(self, *args: Any) -> Lowered:
+        """Compile for these arguments (without running) and return every stage."""
+        return self._compiled(args)[0]
+
+    @property
+    def cache_size(self) -> int:
+        """How many specializations are compiled in memory."""
+        return len(self._cache)
+
+
+def kernel(fn: Callable | None = None, *, backend: str | None = None, **options: object):
+    """Make `fn` a RedFuser kernel: ``@rf.kernel``, ``@rf.kernel(backend=...)`` or ``rf.kernel(fn, ...)``."""
+    if fn is None:
+        return lambda f: Kernel(f, backend=backend, **options)
+    return Kernel(fn, backend=backend, **options)

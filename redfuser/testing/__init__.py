@@ -1,0 +1,1 @@
+"""Test helpers for users and for RedFuser's own suite: tolerances, strategies, the fuzzer."""

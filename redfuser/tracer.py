@@ -1,0 +1,314 @@
+"""Tracing: running the kernel body on `Tracer` values that record Loop IR.
+
+A `Tracer` stands for an array of static shape and dtype. It is a *view* of a
+buffer: for each buffer dimension, either the view dimension that indexes it or
+a fixed position. Transposes, ``None``-indexing and ``keepdims`` are views and
+emit no loop nest; every other op emits one loop nest (unfused) into the
+active `TraceBuilder`.
+"""
+from __future__ import annotations
+
+import contextvars
+import sys
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .ir import (
+    Axis,
+    Buffer,
+    BufferType,
+    Cast,
+    Compute,
+    Const,
+    DType,
+    Expr,
+    Load,
+    Program,
+    Reduce,
+    SourceLoc,
+    Stmt,
+    TracerBoolError,
+    UnsupportedError,
+    rename_buffers,
+)
+from .ir import types as T
+from .source_info import is_internal, user_loc
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """A buffer dimension pinned to one position (integer indexing)."""
+
+    pos: int
+
+
+ViewIndex = int | Fixed
+"""Per buffer dimension: the view dimension indexing it, or a fixed position."""
+
+
+class TraceBuilder:
+    """Collects the loop nests of one trace and names their buffers."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.inputs: list[Buffer] = []
+        self.body: list[Stmt] = []
+        self._counter: dict[str, int] = {}
+        self._user_names: dict[str, str] = {}  # buffer name -> user variable name
+        self._taken: set[str] = set()
+
+    def fresh(self, hint: str) -> str:
+        n = self._counter.get(hint, 0)
+        self._counter[hint] = n + 1
+        return f"%{hint}.{n}"
+
+    def add_input(self, name: str, dtype: DType, shape: tuple[int, ...]) -> "Tracer":
+        buf = Buffer(name, BufferType(dtype, shape))
+        self.inputs.append(buf)
+        self._taken.add(name)
+        return Tracer(self, buf, tuple(range(len(shape))), shape)
+
+    def emit(self, hint: str, dtype: DType, shape: tuple[int, ...], make: Callable[[Buffer], Stmt]) -> "Tracer":
+        """Append the loop nest `make(out)` writing a new buffer; return a tracer for it."""
+        self.name_user_variables()
+        buf = Buffer(self.fresh(hint), BufferType(dtype, shape))
+        self.body.append(make(buf))
+        return Tracer(self, buf, tuple(range(len(shape))), shape)
+
+    def axes(self, shape: tuple[int, ...], prefix: str = "i") -> tuple[Axis, ...]:
+        return tuple(Axis(f"{prefix}{n}", s) for n, s in enumerate(shape))
+
+    # -- naming buffers after the user's variables -------------------------------------------
+    def name_user_variables(self, frame_locals: dict | None = None) -> None:
+        """Give unnamed buffers the name of the user variable bound to them (first binding wins)."""
+        if frame_locals is None:
+            frame = sys._getframe(1)
+            while frame is not None and is_internal(frame.f_code.co_filename):
+                frame = frame.f_back
+            if frame is None:
+                return
+            frame_locals = frame.f_locals
+        for var, value in list(frame_locals.items()):
+            if isinstance(value, Tracer) and value.builder is self:
+                self._bind(value.buffer.name, var)
+
+    def _bind(self, buffer_name: str, var: str) -> None:
+        if not buffer_name.startswith("%") or buffer_name in self._user_names or var.startswith("_"):
+            return
+        name, n = var, 1
+        while name in self._taken:
+            name, n = f"{var}_{n}", n + 1
+        self._taken.add(name)
+        self._user_names[buffer_name] = name
+
+    def finish(self, outputs: list["Tracer"], out_names: list[str]) -> Program:
+        """The traced `Program`: outputs materialized, buffers named, in source order."""
+        out_bufs: list[Buffer] = []
+        for t, hint in zip(outputs, out_names):
+            if t.is_plain and t.buffer not in self.inputs and t.buffer not in out_bufs:
+                out_bufs.append(t.buffer)
+                self._bind(t.buffer.name, hint)
+                continue
+            copy = self.emit("out", t.dtype, t.shape, lambda out, t=t: Compute(out, self.axes(t.shape), t.expr_for(self.axes(t.shape)), loc=t.loc))
+            self._bind(copy.buffer.name, hint)
+            out_bufs.append(copy.buffer)
+        names = {}
+        for s in self.body:
+            old = s.out.name
+            names[old] = self._user_names.get(old) or self._temp_name(old)
+        program = Program(self.name, tuple(self.inputs), tuple(out_bufs), tuple(self.body))
+        return rename_buffers(program, names)
+
+    def _temp_name(self, old: str) -> str:
+        base = old.lstrip("%").split(".")[0]
+        name, n = base, 1
+        while name in self._taken:
+            name, n = f"{base}_{n}", n + 1
+        self._taken.add(name)
+        return name
+
+
+_ACTIVE: contextvars.ContextVar[TraceBuilder | None] = contextvars.ContextVar("redfuser_trace", default=None)
+
+
+def active_builder() -> TraceBuilder | None:
+    """The trace in progress in this thread, if any."""
+    return _ACTIVE.get()
+
+
+class tracing:
+    """Context manager making `builder` the active trace (so ``rf.arange`` can emit into it)."""
+
+    def __init__(self, builder: TraceBuilder) -> None:
+        self.builder = builder
+
+    def __enter__(self) -> TraceBuilder:
+        self._token = _ACTIVE.set(self.builder)
+        return self.builder
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.reset(self._token)
+
+
+class Tracer:
+    """An abstract array during tracing: static shape and dtype, a view of a buffer."""
+
+    __slots__ = ("builder", "buffer", "view", "shape", "loc")
+    __array_priority__ = 1000
+
+    def __init__(self, builder: TraceBuilder, buffer: Buffer, view: tuple[ViewIndex, ...], shape: tuple[int, ...]) -> None:
+        self.builder = builder
+        self.buffer = buffer
+        self.view = view
+        self.shape = tuple(int(s) for s in shape)
+        self.loc: SourceLoc = builder.body[-1].loc if builder.body and builder.body[-1].out == buffer else SourceLoc("<input>", 0)
+
+    # -- static properties (known at trace time) -----------------------------------------------
+    @property
+    def dtype(self) -> np.dtype:
+        return self.buffer.dtype.numpy
+
+    @property
+    def ir_dtype(self) -> DType:
+        return self.buffer.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def is_plain(self) -> bool:
+        """True when the view is the whole buffer in its own order."""
+        return self.view == tuple(range(len(self.buffer.shape))) and self.shape == self.buffer.shape
+
+    def with_view(self, view: tuple[ViewIndex, ...], shape: tuple[int, ...]) -> "Tracer":
+        t = Tracer(self.builder, self.buffer, view, shape)
+        t.loc = self.loc
+        return t
+
+    def expr_for(self, axes: tuple[Axis | None, ...]) -> Expr:
+        """This value as a Loop IR load, given the axis (or None for broadcast index 0) per view dim."""
+        idx = []
+        for v in self.view:
+            if isinstance(v, Fixed):
+                idx.append(v.pos)
+            else:
+                a = axes[v]
+                idx.append(0 if a is None or self.shape[v] == 1 else a)
+        return Load(self.buffer, tuple(idx))
+
+    def __repr__(self) -> str:
+        return f"Tracer({self.buffer.dtype}[{','.join(map(str, self.shape))}], view of {self.buffer.name})"
+
+    # -- Python control flow on traced values is an error ----------------------------------------
+    def _no_python_value(self, what: str):
+        raise TracerBoolError(
+            f"{what} of a traced value {self.ir_dtype}[{','.join(map(str, self.shape))}] is not known at trace time; "
+            "Python control flow runs while tracing, so use rf.where(...) for data-dependent choices",
+            op=what,
+            loc=user_loc(),
+        )
+
+    def __bool__(self) -> bool:
+        self._no_python_value("bool()")
+
+    def __float__(self) -> float:
+        self._no_python_value("float()")
+
+    def __int__(self) -> int:
+        self._no_python_value("int()")
+
+    def __index__(self) -> int:
+        self._no_python_value("int()")
+
+    def __iter__(self) -> Iterator:
+        self._no_python_value("iteration")
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d traced value")
+        return self.shape[0]
+
+    def __array__(self, *args, **kwargs):
+        self._no_python_value("numpy.asarray()")
+
+    def __array_function__(self, func, types, args, kwargs):
+        name = getattr(func, "__name__", str(func))
+        raise UnsupportedError(
+            f"numpy.{name} is not in RedFuser's op subset; inside a kernel use the redfuser namespace "
+            f"(rf.{name} where it exists) on traced values",
+            op=f"numpy.{name}",
+            loc=user_loc(),
+        )
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from . import ops
+
+        op = ops.UFUNC_OPERATORS.get(ufunc)
+        scalars_ok = all(isinstance(x, Tracer) or np.ndim(x) == 0 and not isinstance(x, np.ndarray) for x in inputs)
+        if method == "__call__" and op is not None and not kwargs and scalars_ok:
+            return op(*inputs)  # a numpy scalar on the left of an operator: np.float32(2) * x
+        raise UnsupportedError(
+            f"numpy.{ufunc.__name__} on a traced value is not supported; use the redfuser namespace "
+            f"(rf.{ufunc.__name__} where it exists), and pass arrays as kernel arguments rather than "
+            "capturing them",
+            op=f"numpy.{ufunc.__name__}",
+            loc=user_loc(),
+        )
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # protocol probes (hasattr(x, "__dlpack__")...) get the usual answer
+            raise AttributeError(name)
+        raise UnsupportedError(
+            f"traced arrays have no attribute or method {name!r} in RedFuser's subset",
+            op=f".{name}",
+            loc=user_loc(),
+        )
+
+
+def _install_operators() -> None:
+    """Operators and methods of `Tracer` forward to the op namespace (one definition per op)."""
+    from . import ops
+
+    def binary(fn, reflected=False):
+        if reflected:
+            return lambda self, other: fn(other, self)
+        return lambda self, other: fn(self, other)
+
+    table = {
+        "add": ops.add, "sub": ops.subtract, "mul": ops.multiply, "truediv": ops.divide,
+        "pow": ops.power, "matmul": ops.matmul, "and": ops.logical_and, "or": ops.logical_or,
+    }
+    for name, fn in table.items():
+        setattr(Tracer, f"__{name}__", binary(fn))
+        setattr(Tracer, f"__r{name}__", binary(fn, reflected=True))
+    for name, fn in {"lt": ops.less, "le": ops.less_equal, "gt": ops.greater, "ge": ops.greater_equal,
+                     "eq": ops.equal, "ne": ops.not_equal}.items():
+        setattr(Tracer, f"__{name}__", binary(fn))
+    Tracer.__hash__ = object.__hash__  # type: ignore[assignment]  (== is traced, identity hashes)
+    Tracer.__neg__ = lambda self: ops.negative(self)  # type: ignore[attr-defined]
+    Tracer.__pos__ = lambda self: self  # type: ignore[attr-defined]
+    Tracer.__abs__ = lambda self: ops.abs(self)  # type: ignore[attr-defined]
+    Tracer.__invert__ = lambda self: ops.logical_not(self)  # type: ignore[attr-defined]
+    Tracer.__getitem__ = lambda self, key: ops.getitem(self, key)  # type: ignore[attr-defined]
+    Tracer.astype = lambda self, dtype: ops.astype(self, dtype)  # type: ignore[attr-defined]
+    Tracer.swapaxes = lambda self, a, b: ops.swapaxes(self, a, b)  # type: ignore[attr-defined]
+    Tracer.transpose = lambda self, *axes: ops.transpose(self, *axes)  # type: ignore[attr-defined]
+    Tracer.sum = lambda self, axis=None, keepdims=False: ops.sum(self, axis=axis, keepdims=keepdims)  # type: ignore[attr-defined]
+    Tracer.max = lambda self, axis=None, keepdims=False: ops.max(self, axis=axis, keepdims=keepdims)  # type: ignore[attr-defined]
+    Tracer.min = lambda self, axis=None, keepdims=False: ops.min(self, axis=axis, keepdims=keepdims)  # type: ignore[attr-defined]
+    Tracer.T = property(lambda self: ops.transpose(self))  # type: ignore[attr-defined]
+    Tracer.mT = property(lambda self: ops.swapaxes(self, -1, -2))  # type: ignore[attr-defined]
+
+
+def as_ir_dtype(dtype: object) -> DType | None:
+    return T.from_numpy(dtype)
+
+
+__all__ = ["Tracer", "TraceBuilder", "Fixed", "tracing", "active_builder", "Cast", "Const", "Reduce", "Compute"]
