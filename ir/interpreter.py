@@ -28,10 +28,30 @@ from .expr import (
     Unary,
     UnaryOp,
 )
-from .loop import Compute, Program, Reduce, Stmt
+from .loop import Compute, FusedLoop, Program, Reduce, Stmt
 
-Env = dict[str, np.ndarray]
 Space = tuple[Axis, ...]
+
+
+class Env(dict):
+    """Buffer name -> array, plus the chunk window of a fused loop being run.
+
+    Inside a `FusedLoop`, `window` is ``(axis name, start, stop)``: loads of global
+    buffers along that axis read ``start:stop``; buffers in `chunk_local` were
+    computed for the chunk only and are read whole.
+    """
+
+    window: tuple[str, int, int] | None = None
+    chunk_local: frozenset[str] = frozenset()
+
+    def child(self, window: tuple[str, int, int], chunk_local: frozenset[str]) -> "Env":
+        env = Env(self)
+        env.window, env.chunk_local = window, chunk_local
+        return env
+
+
+DEFAULT_CHUNK = 64
+"""Chunk length the interpreter runs fused loops with (an option of the interpret backend)."""
 
 _UNARY: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.NEG: np.negative,
@@ -68,9 +88,21 @@ REDUCERS: dict[ReduceOp, Callable[..., np.ndarray]] = {
 }
 
 
-def load_array(arr: np.ndarray, indices: tuple[Axis | int, ...], space: Space) -> np.ndarray:
-    """``arr[indices]`` laid out over `space`: one dim per axis, size 1 where unused."""
-    picked = arr[tuple(i if isinstance(i, int) else slice(None) for i in indices)]
+def load_array(arr: np.ndarray, indices: tuple[Axis | int, ...], space: Space,
+               window: tuple[str, int, int] | None = None) -> np.ndarray:
+    """``arr[indices]`` laid out over `space`: one dim per axis, size 1 where unused.
+
+    With a `window` ``(axis, start, stop)``, dims indexed by that axis read ``start:stop``
+    (the axis in `space` then has extent ``stop - start``).
+    """
+    def pick(i: Axis | int):
+        if isinstance(i, int):
+            return i
+        if window is not None and i.name == window[0]:
+            return slice(window[1], window[2])
+        return slice(None)
+
+    picked = arr[tuple(pick(i) for i in indices)]
     used = [i for i in indices if isinstance(i, Axis)]
     position = {a.name: n for n, a in enumerate(space)}
     order = sorted(range(len(used)), key=lambda n: position[used[n].name])
@@ -85,11 +117,15 @@ def _const(e: Const, env: Env, space: Space) -> np.ndarray:
 
 def _index_value(e: IndexValue, env: Env, space: Space) -> np.ndarray:
     shape = [a.extent if a.name == e.axis.name else 1 for a in space]
-    return np.arange(e.axis.extent, dtype=e.dtype.numpy).reshape(shape)
+    lo, hi = 0, e.axis.extent
+    if env.window is not None and env.window[0] == e.axis.name:
+        lo, hi = env.window[1], env.window[2]
+    return np.arange(lo, hi, dtype=e.dtype.numpy).reshape(shape)
 
 
 def _load(e: Load, env: Env, space: Space) -> np.ndarray:
-    return load_array(env[e.buffer.name], e.indices, space)
+    window = None if e.buffer.name in env.chunk_local else env.window
+    return load_array(env[e.buffer.name], e.indices, space, window)
 
 
 def _unary(e: Unary, env: Env, space: Space) -> np.ndarray:
@@ -155,8 +191,50 @@ def _matmul_reduce(s: Reduce, env: Env) -> np.ndarray | None:
     return out.astype(v.dtype.numpy, copy=False)
 
 
+def _windowed(axes: Space, env: Env) -> Space:
+    """`axes` with the windowed axis shortened to the chunk's length."""
+    if env.window is None:
+        return axes
+    name, lo, hi = env.window
+    return tuple(Axis(a.name, hi - lo) if a.name == name else a for a in axes)
+
+
+def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK) -> dict[str, np.ndarray]:
+    """Run a fused cascade chunk by chunk, exactly as its online update rules say."""
+    acc = {st.acc.name: np.full([a.extent for a in st.axes], st.op.identity(st.acc.dtype), dtype=st.acc.dtype.numpy)
+           for st in s.states}
+    n = s.axis.extent
+    local_names = frozenset(l.out.name for l in s.locals)
+    for start in range(0, n, max(1, chunk)):
+        stop = min(n, start + max(1, chunk))
+        inner = env.child((s.axis.name, start, stop), local_names)
+        for st in s.states:
+            inner[st.prev.name] = acc[st.acc.name]
+            inner[st.acc.name] = acc[st.acc.name]
+        for local in s.locals:
+            inner[local.out.name] = run_stmt(local, inner)
+        for st in s.states:
+            space = st.axes + (Axis(s.axis.name, stop - start),)
+            full = np.broadcast_to(evaluate(st.term, inner, space), [a.extent for a in space])
+            with np.errstate(all="ignore"):
+                partial = REDUCERS[st.op](full, axis=-1).astype(st.acc.dtype.numpy, copy=False)
+                prev = inner[st.prev.name]
+                if st.op is ReduceOp.SUM:
+                    if st.rescale is not None:
+                        r = np.broadcast_to(evaluate(st.rescale, inner, st.axes), prev.shape)
+                        prev = np.where(r == 0, np.zeros((), prev.dtype), prev * r)
+                    new = prev + partial
+                else:
+                    new = (np.maximum if st.op is ReduceOp.MAX else np.minimum)(prev, partial)
+            new = np.ascontiguousarray(np.broadcast_to(new, prev.shape).astype(st.acc.dtype.numpy, copy=False))
+            inner[st.acc.name] = acc[st.acc.name] = new
+    return acc
+
+
 def run_stmt(s: Stmt, env: Env) -> np.ndarray:
-    """Execute one loop nest and return the array it writes."""
+    """Execute one loop nest and return the array it writes (inside a fused loop's chunk too)."""
+    if env.window is not None:
+        s = _restrict(s, env)
     shape = tuple(a.extent for a in s.axes)
     if isinstance(s, Compute):
         value = evaluate(s.value, env, s.axes)
@@ -173,9 +251,25 @@ def run_stmt(s: Stmt, env: Env) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(value, shape).astype(s.out.dtype.numpy, copy=False))
 
 
-def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-    """Run `p` on numpy arrays (one per input); return its outputs. Inputs are never written."""
-    env: Env = {b.name: a for b, a in zip(p.inputs, args)}
+def _restrict(s: Stmt, env: Env) -> Stmt:
+    """A chunk-local nest with the windowed axis shortened (its loads keep the window)."""
+    from dataclasses import replace
+
+    if isinstance(s, Reduce):
+        return replace(s, axes=_windowed(s.axes, env), reduce_axes=_windowed(s.reduce_axes, env))
+    return replace(s, axes=_windowed(s.axes, env))
+
+
+def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...],
+                chunk: int = DEFAULT_CHUNK) -> tuple[np.ndarray, ...]:
+    """Run `p` on numpy arrays (one per input); return its outputs. Inputs are never written.
+
+    Fused loops run in chunks of `chunk` along their axis.
+    """
+    env = Env({b.name: a for b, a in zip(p.inputs, args)})
     for s in p.body:
-        env[s.out.name] = run_stmt(s, env)
+        if isinstance(s, FusedLoop):
+            env.update(run_fused_loop(s, env, chunk))
+        else:
+            env[s.out.name] = run_stmt(s, env)
     return tuple(env[b.name] for b in p.outputs)

@@ -39,7 +39,57 @@ class Reduce:
     loc: SourceLoc = field(default=UNKNOWN, compare=False)
 
 
-Stmt = Union[Compute, Reduce]
+@dataclass(frozen=True, slots=True)
+class OnlineState:
+    """One loop-carried partial result of a fused cascade (ARCHITECTURE.md section 4).
+
+    Per chunk of the loop axis, in cascade order::
+
+        partial = op over the chunk of term          # term reads earlier states' updated values
+        SUM:      acc = (0 if rescale == 0 else prev * rescale) + partial
+        MAX/MIN:  acc = op(prev, partial)
+
+    `prev` names `acc`'s value before the chunk; `rescale` (SUM only) reads
+    `prev`-buffers and current values of earlier states, e.g. ``exp(m_prev - m)``.
+    `acc` starts at the monoid's identity. A zero rescale discards the old partial
+    outright, so a partial computed while an earlier state was still -inf (and is
+    NaN) does not poison the result: its contribution is zero in exact arithmetic.
+    """
+
+    acc: Buffer
+    prev: Buffer
+    axes: tuple[Axis, ...]
+    op: ReduceOp
+    term: Expr
+    rescale: Expr | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FusedLoop:
+    """One pass over `axis` that computes several reductions at once (a fused cascade).
+
+    `locals` are producers computed per chunk inside the loop (for example the
+    ``q @ k.T`` scores of the current keys): nests whose axes include `axis`, whose
+    buffers live only inside the loop. `states` are updated in order per chunk.
+    After the loop each state's `acc` holds that reduction's final value.
+    """
+
+    axis: Axis
+    locals: tuple["Compute | Reduce", ...]
+    states: tuple[OnlineState, ...]
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+    @property
+    def outs(self) -> tuple[Buffer, ...]:
+        return tuple(s.acc for s in self.states)
+
+
+Stmt = Union[Compute, Reduce, FusedLoop]
+
+
+def written(s: "Stmt") -> tuple[Buffer, ...]:
+    """The buffers a statement defines (visible after it)."""
+    return s.outs if isinstance(s, FusedLoop) else (s.out,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +103,7 @@ class Program:
 
     def producers(self) -> dict[str, Stmt]:
         """The statement writing each buffer, by buffer name."""
-        return {s.out.name: s for s in self.body}
+        return {b.name: s for s in self.body for b in written(s)}
 
 
 def _program_str(self: Program) -> str:

@@ -26,7 +26,7 @@ from .expr import (
     Unary,
     UnaryOp,
 )
-from .loop import Compute, Program, Reduce, Stmt
+from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt
 from .source import SourceLoc
 
 _PREC = {
@@ -103,8 +103,29 @@ def _loops(axes: tuple[Axis, ...]) -> str:
     return ", ".join(f"{a.name}<{a.extent}" for a in axes)
 
 
+def format_state(st: OnlineState, axis: Axis) -> str:
+    """One online state's per-chunk update, e.g. ``l = l_prev * exp(m_prev - m) + sum over r0 of exp(...)``."""
+    head = f"{st.acc.name}: {st.acc.type} = " + (f"for {_loops(st.axes)}: " if st.axes else "")
+    partial = f"{st.op.value} over {axis.name} of {format_expr(st.term)}"
+    if st.op.value == "sum":
+        prev = st.prev.name if st.rescale is None else f"{st.prev.name} * {_expr(st.rescale)[0] if _expr(st.rescale)[1] >= _PREC[BinaryOp.MUL] else '(' + format_expr(st.rescale) + ')'}"
+        return f"{head}{prev} + {partial}"
+    return f"{head}{st.op.value}({st.prev.name}, {partial})"
+
+
+def format_fused_loop(s: FusedLoop, indent: str = "") -> str:
+    """A fused loop: its header, per-chunk producers (``local``) and state updates, one per line."""
+    names = ", ".join(st.acc.name for st in s.states)
+    lines = [f"{indent}{names} = fused loop over {s.axis.name}<{s.axis.extent}, chunk by chunk:"]
+    lines += [f"{indent}  local {format_stmt(l)}" for l in s.locals]
+    lines += [f"{indent}  {format_state(st, s.axis)}" for st in s.states]
+    return "\n".join(lines)
+
+
 def format_stmt(s: Stmt) -> str:
     """One loop nest on one line: ``name: type = for axes: value``."""
+    if isinstance(s, FusedLoop):
+        return format_fused_loop(s)
     head = f"{s.out.name}: {s.out.type} = "
     loops = f"for {_loops(s.axes)}: " if s.axes else ""
     if isinstance(s, Compute):
@@ -129,5 +150,5 @@ def format_program(p: Program) -> str:
         if loc is not None and loc.line and loc != last_loc:
             lines.append("  " + format_loc(loc))
             last_loc = loc
-        lines.append("  " + format_stmt(s))
+        lines.append(format_fused_loop(s, "  ") if isinstance(s, FusedLoop) else "  " + format_stmt(s))
     return "\n".join(lines)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .errors import VerifyError
 from .expr import Axis, Binary, Buffer, Cast, Expr, IndexValue, Load, Select, Unary, UnaryOp, walk
-from .loop import Compute, Program, Reduce, Stmt
+from .loop import Compute, FusedLoop, Program, Reduce, Stmt, written
 from .printer import format_stmt
 from .types import bool_
 
@@ -63,6 +63,30 @@ def verify_stmt(s: Stmt, defined: dict[str, Buffer], pass_name: str = "") -> Non
     verify_expr(s.value, {a.name: a for a in axes}, defined, s, pass_name)
 
 
+def verify_fused_loop(s: FusedLoop, defined: dict[str, Buffer], pass_name: str = "") -> None:
+    """Check a fused loop: locals run along its axis; each state reads only what is known at its turn."""
+    inner = dict(defined)
+    for local in s.locals:
+        if s.axis not in local.axes:
+            _fail(f"local {local.out.name} of a fused loop over {s.axis.name} does not run along it", local, pass_name)
+        verify_stmt(local, inner, pass_name)
+        inner[local.out.name] = local.out
+    for st in s.states:
+        if st.prev.type != st.acc.type or tuple(a.extent for a in st.axes) != st.acc.shape:
+            _fail(f"state {st.acc.name}: prev/acc types or axes disagree", s.locals[0] if s.locals else None, pass_name)
+        inner[st.prev.name] = st.prev
+    for st in s.states:
+        if st.term.dtype != st.acc.dtype:
+            _fail(f"state {st.acc.name}: term has dtype {st.term.dtype}, accumulator {st.acc.dtype}", None, pass_name)
+        probe = Compute(st.acc, st.axes, st.term)
+        verify_expr(st.term, {a.name: a for a in st.axes + (s.axis,)}, inner, probe, pass_name)
+        if st.rescale is not None:
+            if st.op.value != "sum":
+                _fail(f"state {st.acc.name}: only sum states are rescaled", probe, pass_name)
+            verify_expr(st.rescale, {a.name: a for a in st.axes}, inner, probe, pass_name)
+        inner[st.acc.name] = st.acc
+
+
 def verify_program(p: Program, pass_name: str = "") -> Program:
     """Check every invariant of `p`; return it unchanged or raise `VerifyError`."""
     defined: dict[str, Buffer] = {}
@@ -71,12 +95,16 @@ def verify_program(p: Program, pass_name: str = "") -> Program:
             _fail(f"input {b.name} declared twice", None, pass_name)
         defined[b.name] = b
     for s in p.body:
-        if not isinstance(s, Compute | Reduce):
+        if isinstance(s, FusedLoop):
+            verify_fused_loop(s, defined, pass_name)
+        elif isinstance(s, Compute | Reduce):
+            verify_stmt(s, defined, pass_name)
+        else:
             _fail(f"unknown statement kind {type(s).__name__}", None, pass_name)
-        verify_stmt(s, defined, pass_name)
-        if s.out.name in defined:
-            _fail(f"{s.out.name} is written twice (or is an input)", s, pass_name)
-        defined[s.out.name] = s.out
+        for out in written(s):
+            if out.name in defined:
+                _fail(f"{out.name} is written twice (or is an input)", None, pass_name)
+            defined[out.name] = out
     for b in p.outputs:
         if defined.get(b.name) != b or b in p.inputs:
             _fail(f"output {b.name} is never computed", None, pass_name)

@@ -1,10 +1,10 @@
 """The compiler's stages, in order. Reading `lower` explains the compiler.
 
-    trace      Python body on tracers       -> Loop IR, one loop nest per op  ("traced")
-    ... later issues add, in this order:
-    fuse       inline, CSE, cascade analysis, the fusion theorem  -> "fused"
-    schedule   Loop IR -> Tile IR                                  -> "tile"
-    lower      Tile IR -> SIMT IR -> LLVM IR -> PTX / native code  -> "simt", "llvm", "ptx"
+    stage      what it does                                                  kept as
+    trace      the Python body on tracers -> Loop IR, one loop nest per op   "traced"
+    fuse       inline, CSE, cascade analysis, the fusion theorem             "fused"
+    schedule   Loop IR -> Tile IR (grid of programs over tiles)              "tile"     (cpu, cuda, simulate)
+    codegen    Tile IR -> LLVM IR (host) / SIMT IR -> LLVM IR -> PTX         "llvm", "simt", "ptx"
 
 Every stage's IR is verified when produced and kept in `Lowered.stages`, so a
 person can print any of them (``REDFUSER_DUMP_DIR`` writes them all to disk).
@@ -25,7 +25,8 @@ class Lowered:
     """Everything the compiler produced for one specialization of a kernel.
 
     `stages` maps stage names, in pipeline order, to printable IR objects;
-    `program` is the Loop IR the backends start from.
+    `program` is the Loop IR the backends start from (fused where fusion applies);
+    `groups` lists the cascades the fusion engine found (see `redfuser.fusion`).
     """
 
     name: str
@@ -34,12 +35,11 @@ class Lowered:
     options: dict
     stages: dict[str, object] = field(default_factory=dict)
     program: Program | None = None
+    groups: list = field(default_factory=list)
+    artifacts: dict[str, object] = field(default_factory=dict)  # backend products (compiled code, ...)
 
     def __str__(self) -> str:
-        parts = []
-        for name, ir in self.stages.items():
-            parts.append(f"=== {name} ===\n{ir}")
-        return "\n\n".join(parts)
+        return "\n\n".join(f"=== {name} ===\n{ir}" for name, ir in self.stages.items())
 
     def dump(self, folder: Path) -> None:
         """Write each stage's text to ``folder/NN-stage.txt``."""
@@ -54,6 +54,8 @@ def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict)
     program = verify_program(trace(fn, specs), pass_name="trace")
     out.stages["traced"] = program
     out.program = program
+    # fuse: added by the fusion engine (redfuser/fusion), stage "fused"
+    # schedule + codegen: added per backend (stages "tile", "llvm", "simt", "ptx")
     dump = config.dump_dir()
     if dump is not None:
         out.dump(dump / out.name)
