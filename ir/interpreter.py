@@ -53,7 +53,7 @@ class Env(dict):
 DEFAULT_CHUNK = 64
 """Chunk length the interpreter runs fused loops with (an option of the interpret backend)."""
 
-_UNARY: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
+UNARY_FUNCS: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.NEG: np.negative,
     UnaryOp.ABS: np.abs,
     UnaryOp.EXP: np.exp,
@@ -64,7 +64,7 @@ _UNARY: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.RSQRT: lambda x: np.asarray(1, dtype=x.dtype) / np.sqrt(x),
     UnaryOp.NOT: np.logical_not,
 }
-_BINARY: dict[BinaryOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+BINARY_FUNCS: dict[BinaryOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     BinaryOp.ADD: np.add,
     BinaryOp.SUB: np.subtract,
     BinaryOp.MUL: np.multiply,
@@ -129,12 +129,12 @@ def _load(e: Load, env: Env, space: Space) -> np.ndarray:
 
 
 def _unary(e: Unary, env: Env, space: Space) -> np.ndarray:
-    return _UNARY[e.op](evaluate(e.x, env, space)).astype(e.dtype.numpy, copy=False)
+    return UNARY_FUNCS[e.op](evaluate(e.x, env, space)).astype(e.dtype.numpy, copy=False)
 
 
 def _binary(e: Binary, env: Env, space: Space) -> np.ndarray:
     a, b = evaluate(e.a, env, space), evaluate(e.b, env, space)
-    return _BINARY[e.op](a, b).astype(e.dtype.numpy, copy=False)
+    return BINARY_FUNCS[e.op](a, b).astype(e.dtype.numpy, copy=False)
 
 
 def _select(e: Select, env: Env, space: Space) -> np.ndarray:
@@ -214,19 +214,24 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK) -> dict[s
         for local in s.locals:
             inner[local.out.name] = run_stmt(local, inner)
         for st in s.states:
-            space = st.axes + (Axis(s.axis.name, stop - start),)
-            full = np.broadcast_to(evaluate(st.term, inner, space), [a.extent for a in space])
+            chunk_axis = Axis(s.axis.name, stop - start)
+            partial = _matmul_reduce(Reduce(st.acc, st.axes, (chunk_axis,), st.op, st.term), inner)
             with np.errstate(all="ignore"):
-                partial = REDUCERS[st.op](full, axis=-1).astype(st.acc.dtype.numpy, copy=False)
+                if partial is None:
+                    space = st.axes + (chunk_axis,)
+                    full = np.broadcast_to(evaluate(st.term, inner, space), [a.extent for a in space])
+                    partial = REDUCERS[st.op](full, axis=-1)
+                partial = partial.astype(st.acc.dtype.numpy, copy=False)
                 prev = inner[st.prev.name]
+                if st.rescale is not None:
+                    r = np.broadcast_to(evaluate(st.rescale, inner, st.axes), prev.shape)
+                    identity = np.asarray(st.op.identity(st.acc.dtype), dtype=prev.dtype)
+                    prev = np.where(r == 0, identity, prev * r)
                 if st.op is ReduceOp.SUM:
-                    if st.rescale is not None:
-                        r = np.broadcast_to(evaluate(st.rescale, inner, st.axes), prev.shape)
-                        prev = np.where(r == 0, np.zeros((), prev.dtype), prev * r)
                     new = prev + partial
                 else:
                     new = (np.maximum if st.op is ReduceOp.MAX else np.minimum)(prev, partial)
-            new = np.ascontiguousarray(np.broadcast_to(new, prev.shape).astype(st.acc.dtype.numpy, copy=False))
+            new = np.ascontiguousarray(np.broadcast_to(new, prev.shape).astype(st.acc.dtype.numpy, copy=False)).reshape(prev.shape)
             inner[st.acc.name] = acc[st.acc.name] = new
     return acc
 
@@ -248,7 +253,7 @@ def run_stmt(s: Stmt, env: Env) -> np.ndarray:
                 value = REDUCERS[s.op](full, axis=reduced, initial=s.op.identity(s.out.dtype))
     else:
         raise TypeError(f"the interpreter has no rule for {type(s).__name__}")
-    return np.ascontiguousarray(np.broadcast_to(value, shape).astype(s.out.dtype.numpy, copy=False))
+    return np.ascontiguousarray(np.broadcast_to(value, shape).astype(s.out.dtype.numpy, copy=False)).reshape(shape)  # ascontiguousarray makes 0-d 1-d
 
 
 def _restrict(s: Stmt, env: Env) -> Stmt:

@@ -45,15 +45,17 @@ class OnlineState:
 
     Per chunk of the loop axis, in cascade order::
 
-        partial = op over the chunk of term          # term reads earlier states' updated values
-        SUM:      acc = (0 if rescale == 0 else prev * rescale) + partial
-        MAX/MIN:  acc = op(prev, partial)
+        partial = op over the chunk of term       # term reads earlier states' updated values
+        scaled  = prev                             if rescale is None
+                = identity(op)   where rescale == 0, else prev * rescale
+        acc     = scaled + partial (SUM)   or   op(scaled, partial) (MAX/MIN)
 
-    `prev` names `acc`'s value before the chunk; `rescale` (SUM only) reads
-    `prev`-buffers and current values of earlier states, e.g. ``exp(m_prev - m)``.
-    `acc` starts at the monoid's identity. A zero rescale discards the old partial
-    outright, so a partial computed while an earlier state was still -inf (and is
-    NaN) does not poison the result: its contribution is zero in exact arithmetic.
+    `prev` names `acc`'s value before the chunk; `rescale` reads `prev`-buffers and
+    current values of earlier states, e.g. ``exp(m_prev - m)``, and is > 0 by
+    construction (so it distributes over max and min too). `acc` starts at the
+    monoid's identity. A zero rescale discards the old partial outright: a partial
+    computed while an earlier state was still -inf (and so is NaN) contributes
+    nothing in exact arithmetic, and must not poison the result.
     """
 
     acc: Buffer

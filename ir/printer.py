@@ -107,10 +107,13 @@ def format_state(st: OnlineState, axis: Axis) -> str:
     """One online state's per-chunk update, e.g. ``l = l_prev * exp(m_prev - m) + sum over r0 of exp(...)``."""
     head = f"{st.acc.name}: {st.acc.type} = " + (f"for {_loops(st.axes)}: " if st.axes else "")
     partial = f"{st.op.value} over {axis.name} of {format_expr(st.term)}"
+    prev = st.prev.name
+    if st.rescale is not None:
+        text, prec = _expr(st.rescale)
+        prev = f"{prev} * {text if prec >= _PREC[BinaryOp.MUL] else '(' + text + ')'}"
     if st.op.value == "sum":
-        prev = st.prev.name if st.rescale is None else f"{st.prev.name} * {_expr(st.rescale)[0] if _expr(st.rescale)[1] >= _PREC[BinaryOp.MUL] else '(' + format_expr(st.rescale) + ')'}"
         return f"{head}{prev} + {partial}"
-    return f"{head}{st.op.value}({st.prev.name}, {partial})"
+    return f"{head}{st.op.value}({prev}, {partial})"
 
 
 def format_fused_loop(s: FusedLoop, indent: str = "") -> str:

@@ -81,8 +81,6 @@ def verify_fused_loop(s: FusedLoop, defined: dict[str, Buffer], pass_name: str =
         probe = Compute(st.acc, st.axes, st.term)
         verify_expr(st.term, {a.name: a for a in st.axes + (s.axis,)}, inner, probe, pass_name)
         if st.rescale is not None:
-            if st.op.value != "sum":
-                _fail(f"state {st.acc.name}: only sum states are rescaled", probe, pass_name)
             verify_expr(st.rescale, {a.name: a for a in st.axes}, inner, probe, pass_name)
         inner[st.acc.name] = st.acc
 

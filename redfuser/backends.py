@@ -41,7 +41,8 @@ class Backend:
 
 def _build_interpret(lowered: Lowered) -> Executable:
     program = lowered.program
-    return lambda arrays: run_program(program, arrays)
+    chunk = int(lowered.options.get("interpret_chunk", 64))
+    return lambda arrays: run_program(program, arrays, chunk=chunk)
 
 
 BACKENDS: dict[str, Backend] = {

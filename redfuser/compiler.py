@@ -17,6 +17,7 @@ from typing import Callable
 
 from . import config
 from .ir import Program, verify_program
+from .fusion import fuse
 from .trace import ArgSpec, trace
 
 
@@ -54,7 +55,10 @@ def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict)
     program = verify_program(trace(fn, specs), pass_name="trace")
     out.stages["traced"] = program
     out.program = program
-    # fuse: added by the fusion engine (redfuser/fusion), stage "fused"
+    if options.get("fuse", True):
+        program, out.groups = fuse(program)
+        out.stages["fused"] = program
+        out.program = program
     # schedule + codegen: added per backend (stages "tile", "llvm", "simt", "ptx")
     dump = config.dump_dir()
     if dump is not None:

@@ -16,7 +16,10 @@ from .source_info import user_loc
 from .trace import ArgSpec, ArraySpec, StaticSpec
 
 # Options a kernel accepts, with their defaults (later stages add theirs here).
-KNOWN_OPTIONS: dict[str, object] = {}
+KNOWN_OPTIONS: dict[str, object] = {
+    "fuse": True,             # run the fusion engine (False: every reduction is its own pass)
+    "interpret_chunk": 64,    # chunk length the interpret backend runs fused loops with
+}
 SUPPORTED_DTYPES = ", ".join(d.numpy_name for d in T.ALL_DTYPES)
 
 

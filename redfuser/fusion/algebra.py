@@ -1,0 +1,256 @@
+"""A small algebra on Loop IR expressions: sums of products with exponentials.
+
+Every scalar expression is brought to the normal form
+
+    F = sum_j  c_j * prod_a  atom_a ** p_ja * exp( sum_b  d_jb * monomial_b )
+
+where atoms are the sub-expressions the algebra does not look into (loads,
+``abs``, ``maximum``, ``where``, logs of things not known positive...). The
+rules are the textbook identities, applied only where they are exact:
+
+- ``exp(a + b) = exp(a) * exp(b)``; ``exp2(a) = exp(ln 2 * a)``;
+- division is a power of -1; ``sqrt``/``rsqrt`` are powers of +-1/2 (of a base known >= 0);
+- products distribute over sums (this is what exposes a *sum of separable terms*);
+- ``log`` of a product of positive factors is the sum of their logs, ``log(exp(a)) = a``.
+
+`Atom` identity is structural, so ``s - m`` written twice is one atom.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Callable
+
+from ..ir import Binary, BinaryOp, Cast, Const, DType, Expr, Unary, UnaryOp
+from ..ir.expr import walk
+
+Power = Fraction
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class Monomial:
+    """A product of atoms with rational powers, e.g. ``m`` or ``x**2 / l`` (sorted, canonical)."""
+
+    factors: tuple[tuple[Expr, Power], ...] = ()
+
+    @staticmethod
+    def of(powers: dict[Expr, Power]) -> "Monomial":
+        items = [(a, p) for a, p in powers.items() if p != 0]
+        return Monomial(tuple(sorted(items, key=lambda ap: repr(ap[0]))))
+
+    def as_dict(self) -> dict[Expr, Power]:
+        return dict(self.factors)
+
+    def __mul__(self, other: "Monomial") -> "Monomial":
+        d = self.as_dict()
+        for a, p in other.factors:
+            d[a] = d.get(a, Power(0)) + p
+        return Monomial.of(d)
+
+    def power(self, k: Power) -> "Monomial":
+        return Monomial.of({a: p * k for a, p in self.factors})
+
+
+@dataclass(frozen=True)
+class Linear:
+    """``sum_b d_b * monomial_b + constant``: the argument of an exponential."""
+
+    terms: tuple[tuple[Monomial, float], ...] = ()
+    constant: float = 0.0
+
+    @staticmethod
+    def of(terms: dict[Monomial, float], constant: float = 0.0) -> "Linear":
+        items = [(m, c) for m, c in terms.items() if c != 0]
+        return Linear(tuple(sorted(items, key=lambda mc: repr(mc[0]))), constant)
+
+    def __add__(self, other: "Linear") -> "Linear":
+        d = dict(self.terms)
+        for m, c in other.terms:
+            d[m] = d.get(m, 0.0) + c
+        return Linear.of(d, self.constant + other.constant)
+
+    def scale(self, k: float) -> "Linear":
+        return Linear.of({m: c * k for m, c in self.terms}, self.constant * k)
+
+    @property
+    def is_zero(self) -> bool:
+        return not self.terms and self.constant == 0.0
+
+
+@dataclass(frozen=True)
+class Product:
+    """``coeff * monomial * exp(exponent)``."""
+
+    coeff: float = 1.0
+    mono: Monomial = field(default_factory=Monomial)
+    exponent: Linear = field(default_factory=Linear)
+
+    def __mul__(self, other: "Product") -> "Product":
+        return Product(self.coeff * other.coeff, self.mono * other.mono, self.exponent + other.exponent)
+
+    def key(self) -> tuple:
+        return (self.mono, self.exponent)
+
+
+Sum = tuple[Product, ...]
+"""A sum of products (the normal form). The empty sum is zero."""
+
+
+def _combine(terms: list[Product]) -> Sum:
+    """Merge like products (same monomial and exponent) and drop zeros; deterministic order."""
+    merged: dict[tuple, Product] = {}
+    order: list[tuple] = []
+    for t in terms:
+        k = t.key()
+        if k in merged:
+            merged[k] = Product(merged[k].coeff + t.coeff, t.mono, t.exponent)
+        else:
+            merged[k] = t
+            order.append(k)
+    return tuple(merged[k] for k in order if merged[k].coeff != 0)
+
+
+def const(c: float) -> Sum:
+    return (Product(c),) if c != 0 else ()
+
+
+def atom(e: Expr) -> Sum:
+    return (Product(1.0, Monomial.of({e: Power(1)})),)
+
+
+def add(a: Sum, b: Sum) -> Sum:
+    return _combine(list(a) + list(b))
+
+
+def mul(a: Sum, b: Sum) -> Sum:
+    return _combine([x * y for x in a for y in b])
+
+
+def scale(a: Sum, k: float) -> Sum:
+    return _combine([Product(t.coeff * k, t.mono, t.exponent) for t in a])
+
+
+def as_linear(s: Sum) -> Linear | None:
+    """`s` as a linear form over monomials without exponentials (None if some term has an exp)."""
+    terms: dict[Monomial, float] = {}
+    constant = 0.0
+    for t in s:
+        if not t.exponent.is_zero:
+            return None
+        if not t.mono.factors:
+            constant += t.coeff
+        else:
+            terms[t.mono] = terms.get(t.mono, 0.0) + t.coeff
+    return Linear.of(terms, constant)
+
+
+def exp_of(s: Sum) -> Sum:
+    """``exp(s)`` in normal form: exponentials of linear arguments merge into one exp."""
+    lin = as_linear(s)
+    if lin is None:
+        return None  # exp of something that itself has exps: the caller keeps it as an atom
+    # The constant stays inside the exponential: exp(x - 1000) must not become 0 * exp(x).
+    return (Product(1.0, Monomial(), lin),)
+
+
+def power_of(s: Sum, k: Power, nonneg: Callable[[Expr], bool]) -> Sum | None:
+    """``s ** k`` when `s` is a single product whose factors are >= 0 (or `k` is an integer)."""
+    if len(s) == 1:
+        t = s[0]
+        integral = k.denominator == 1
+        if integral or (t.coeff > 0 and all(nonneg(a) for a, _ in t.mono.factors)):
+            if t.coeff == 0 or (t.coeff < 0 and not integral):
+                return None
+            return (Product(t.coeff ** float(k), t.mono.power(k), t.exponent.scale(float(k))),)
+    if k.denominator == 1 and 0 < k.numerator <= 4:  # small positive integer powers distribute
+        out = const(1.0)
+        for _ in range(k.numerator):
+            out = mul(out, s)
+        return out
+    return None
+
+
+def log_of(s: Sum, positive: Callable[[Expr], bool]) -> Sum | None:
+    """``log(s)`` when `s` is a single product of positive factors: the sum of their logs."""
+    if len(s) != 1:
+        return None
+    t = s[0]
+    if t.coeff <= 0 or not all(positive(a) for a, _ in t.mono.factors):
+        return None
+    out: list[Product] = [Product(math.log(t.coeff))] if t.coeff != 1 else []
+    for a, p in t.mono.factors:
+        out.append(Product(float(p), Monomial.of({Unary(UnaryOp.LOG, a, a.dtype): Power(1)})))
+    for m, c in t.exponent.terms:
+        out.append(Product(c, m))
+    if t.exponent.constant:
+        out.append(Product(t.exponent.constant))
+    return _combine(out)
+
+
+def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr], bool]) -> Sum:
+    """`e` in normal form. Sub-expressions no rule applies to become atoms (kept whole)."""
+    if isinstance(e, Const) and not isinstance(e.value, bool) and math.isfinite(e.value):
+        return const(float(e.value))
+    if isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float:
+        return normalize(e.x, positive, nonneg)  # casts between floats are transparent to the algebra
+    if isinstance(e, Binary):
+        op = e.op
+        if op in (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV):
+            a = normalize(e.a, positive, nonneg)
+            b = normalize(e.b, positive, nonneg)
+            if op is BinaryOp.ADD:
+                return add(a, b)
+            if op is BinaryOp.SUB:
+                return add(a, scale(b, -1.0))
+            if op is BinaryOp.MUL:
+                return mul(a, b)
+            inv = power_of(b, Power(-1), nonneg) if len(b) == 1 else None
+            return mul(a, inv) if inv is not None else mul(a, atom_power(e.b, -1))
+        if op is BinaryOp.POW and isinstance(e.b, Const) and math.isfinite(float(e.b.value)):
+            k = Power(float(e.b.value)).limit_denominator(64)
+            if float(k) == float(e.b.value):
+                p = power_of(normalize(e.a, positive, nonneg), k, nonneg)
+                if p is not None:
+                    return p
+    if isinstance(e, Unary):
+        inner = normalize(e.x, positive, nonneg) if e.op is not UnaryOp.NOT else None
+        if e.op is UnaryOp.NEG:
+            return scale(inner, -1.0)
+        if e.op in (UnaryOp.EXP, UnaryOp.EXP2):
+            arg = inner if e.op is UnaryOp.EXP else scale(inner, LN2)
+            out = exp_of(arg)
+            if out is not None:
+                return out
+        if e.op in (UnaryOp.LOG, UnaryOp.LOG2):
+            out = log_of(inner, positive)
+            if out is not None:
+                return out if e.op is UnaryOp.LOG else scale(out, 1.0 / LN2)
+        if e.op in (UnaryOp.SQRT, UnaryOp.RSQRT):
+            out = power_of(inner, Power(1, 2) if e.op is UnaryOp.SQRT else Power(-1, 2), nonneg)
+            if out is not None and len(inner) == 1:
+                return out
+    return atom(e)
+
+
+def atom_power(e: Expr, k: int) -> Sum:
+    return (Product(1.0, Monomial.of({e: Power(k)})),)
+
+
+def free_atoms(s: Sum) -> set[Expr]:
+    """Every atom appearing in `s` (in monomials and exponents)."""
+    out: set[Expr] = set()
+    for t in s:
+        out.update(a for a, _ in t.mono.factors)
+        for m, _ in t.exponent.terms:
+            out.update(a for a, _ in m.factors)
+    return out
+
+
+def reads(e: Expr, predicate: Callable[[Expr], bool]) -> bool:
+    """True when some node of `e` satisfies `predicate`."""
+    return any(predicate(n) for n in walk(e))
+
+
+__all__ = ["Monomial", "Linear", "Product", "Sum", "normalize", "free_atoms", "DType"]

@@ -1,0 +1,78 @@
+"""Cascade analysis: which reductions can share one pass over their axis.
+
+A *cascade group* is a list of single-axis reductions over axes of one length,
+in program order, each linked to the group by a dependency (it reads an earlier
+member's result) or by reading one of the group's inputs along the reduced axis
+(one pass reads the data once). A reduction may only join when nothing else it
+reads depends on the group: that would need the group's final results first.
+
+The analysis only *proposes* groups; `redfuser.fusion.rewrite` decides, member
+by member, whether each body factors (the fusion theorem) and builds the loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import Axis, Load, Program, Reduce, walk, written
+from .inline import reads
+
+
+@dataclass
+class Candidate:
+    """A proposed cascade: reductions over one axis length, in program order."""
+
+    extent: int
+    members: list[Reduce] = field(default_factory=list)
+    signature: set[tuple[str, int]] = field(default_factory=set)  # (buffer, dim) read along the axis
+
+    @property
+    def outs(self) -> set[str]:
+        return {m.out.name for m in self.members}
+
+
+def axis_signature(r: Reduce) -> set[tuple[str, int]]:
+    """The (buffer, dimension) pairs `r` reads along its reduced axis."""
+    axis = r.reduce_axes[0]
+    return {(n.buffer.name, d) for n in walk(r.value) if isinstance(n, Load)
+            for d, i in enumerate(n.indices) if isinstance(i, Axis) and i.name == axis.name}
+
+
+def dependencies(p: Program) -> dict[str, set[str]]:
+    """For each buffer, every buffer it is computed from (transitively)."""
+    deps: dict[str, set[str]] = {b.name: set() for b in p.inputs}
+    for s in p.body:
+        direct = reads(s)
+        closure = set(direct)
+        for b in direct:
+            closure |= deps.get(b, set())
+        for out in written(s):
+            deps[out.name] = closure
+    return deps
+
+
+def find_candidates(p: Program) -> list[Candidate]:
+    """Group the program's single-axis reductions into proposed cascades (see the module docstring)."""
+    deps = dependencies(p)
+    groups: list[Candidate] = []
+    for s in p.body:
+        if not (isinstance(s, Reduce) and len(s.reduce_axes) == 1):
+            continue
+        extent = s.reduce_axes[0].extent
+        sig = axis_signature(s)
+        direct = reads(s)
+        chosen = None
+        for g in groups:
+            if g.extent != extent:
+                continue
+            linked = bool(direct & g.outs) or bool(sig & g.signature)
+            # Everything read besides the members' results must be computable before the loop.
+            legal = all(not (deps.get(b, set()) & g.outs) for b in direct - g.outs)
+            if linked and legal:
+                chosen = g
+                break
+        if chosen is None:
+            chosen = Candidate(extent)
+            groups.append(chosen)
+        chosen.members.append(s)
+        chosen.signature |= sig
+    return [g for g in groups if len(g.members) > 1]

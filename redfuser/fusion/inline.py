@@ -1,0 +1,55 @@
+"""Pass `inline_elementwise`: elementwise producers are recomputed where they are read.
+
+Guarantees: the program computes the same values; no `Compute` that is not an
+output remains unless its value is too large to duplicate (`MAX_INLINE_NODES`);
+statements nothing reads (and that are not outputs) are removed.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import Compute, Program, Reduce, walk, written
+from ..ir.expr import Load
+from .substitute import inline_loads
+
+MAX_INLINE_NODES = 256
+"""A value larger than this is kept materialized rather than copied into every reader."""
+
+
+def _size(e) -> int:
+    return sum(1 for _ in walk(e))
+
+
+def inline_elementwise(p: Program) -> Program:
+    """Inline every small elementwise nest into its readers, then drop dead nests."""
+    producers: dict[str, tuple] = {}
+    body = []
+    for s in p.body:
+        if isinstance(s, Compute | Reduce):
+            s = replace(s, value=inline_loads(s.value, producers))
+            if isinstance(s, Compute) and _size(s.value) <= MAX_INLINE_NODES:
+                producers[s.out.name] = (s.axes, s.value)
+        body.append(s)
+    return eliminate_dead(replace(p, body=tuple(body)))
+
+
+def reads(s) -> set[str]:
+    """Names of the buffers a statement reads."""
+    from ..ir import FusedLoop
+
+    if isinstance(s, FusedLoop):
+        exprs = [l.value for l in s.locals] + [st.term for st in s.states] + [st.rescale for st in s.states if st.rescale]
+    else:
+        exprs = [s.value]
+    return {n.buffer.name for e in exprs for n in walk(e) if isinstance(n, Load)}
+
+
+def eliminate_dead(p: Program) -> Program:
+    """`p` without statements whose buffers no output needs."""
+    live = {b.name for b in p.outputs}
+    kept = []
+    for s in reversed(p.body):
+        if any(b.name in live for b in written(s)):
+            kept.append(s)
+            live |= reads(s)
+    return replace(p, body=tuple(reversed(kept)))

@@ -1,0 +1,105 @@
+"""The randomized identity check that backs every fusion decision.
+
+The algebra is code and code has bugs; a wrong factorization would silently
+produce a wrong kernel. So each `Decomposition` is checked on random points in
+float64, treating every load (and loop index) as an independent variable:
+
+1. reconstruction: ``F(x, y) == sum_j factor_j(y) * term_j(x, y) + addend(y)``;
+2. separability of each part ``P_j = factor_j * term_j`` (or of ``F`` for max/min):
+   ``P(x, y) * P(x0, y0) == P(x, y0) * P(x0, y)`` for products, and the additive
+   analogue ``P(x, y) + P(x0, y0) == P(x, y0) + P(x0, y)`` for ``G + H`` forms.
+
+Points where any side is not finite are skipped; too few usable points is a failure.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..ir import Binary, BinaryOp, Cast, Const, Expr, IndexValue, Load, Select, Unary
+from ..ir.expr import walk
+from ..ir.interpreter import BINARY_FUNCS, UNARY_FUNCS
+from .separability import Decomposition, FusionContext
+
+POINTS = 96
+REL_TOL = 1e-7
+
+
+def _leaves(e: Expr) -> set[Expr]:
+    return {n for n in walk(e) if isinstance(n, Load | IndexValue)}
+
+
+def evaluate64(e: Expr, values: dict[Expr, np.ndarray]) -> np.ndarray:
+    """`e` in float64 with each leaf (load or index) given by `values`; float casts are the identity."""
+    if isinstance(e, Load | IndexValue):
+        return values[e]
+    if isinstance(e, Const):
+        return np.asarray(e.value, dtype=np.bool_ if isinstance(e.value, bool) else np.float64)
+    if isinstance(e, Cast):
+        x = evaluate64(e.x, values)
+        if e.dtype.is_float:
+            return x.astype(np.float64)
+        return x.astype(e.dtype.numpy).astype(np.bool_ if e.dtype.is_bool else np.float64)
+    if isinstance(e, Unary):
+        return UNARY_FUNCS[e.op](evaluate64(e.x, values))
+    if isinstance(e, Binary):
+        return BINARY_FUNCS[e.op](evaluate64(e.a, values), evaluate64(e.b, values))
+    if isinstance(e, Select):
+        return np.where(evaluate64(e.cond, values), evaluate64(e.a, values), evaluate64(e.b, values))
+    raise TypeError(f"cannot evaluate {type(e).__name__}")
+
+
+def _sample(leaf: Expr, ctx: FusionContext, rng: np.random.Generator) -> np.ndarray:
+    if isinstance(leaf, IndexValue):
+        return rng.integers(0, max(1, leaf.axis.extent), POINTS).astype(np.float64)
+    if leaf.dtype.is_bool:
+        return rng.random(POINTS) < 0.5
+    if isinstance(leaf, Load) and leaf.buffer.name in ctx.positive:
+        return rng.uniform(0.5, 2.0, POINTS)
+    if leaf.dtype.is_int:
+        return rng.integers(-3, 4, POINTS).astype(np.float64)
+    return rng.uniform(-1.5, 1.5, POINTS)
+
+
+def _close(a: np.ndarray, b: np.ndarray, ok: np.ndarray) -> bool:
+    a, b = np.broadcast_arrays(a, b)
+    with np.errstate(all="ignore"):
+        good = ok & np.isfinite(a) & np.isfinite(b)
+        if good.sum() < POINTS // 4:
+            return False
+        return bool(np.all(np.abs(a - b)[good] <= REL_TOL * (np.abs(a) + np.abs(b))[good] + 1e-290))
+
+
+def check(value: Expr, dec: Decomposition, ctx: FusionContext, seed: int = 0) -> str | None:
+    """None when `dec` passes both identities on random points, else what failed."""
+    rng = np.random.default_rng(seed)
+    parts: list[Callable[[dict], np.ndarray]] = []
+    for acc, factor in zip(dec.accumulators, dec.factors):
+        parts.append(lambda v, t=acc.term, f=factor: evaluate64(t, v) * (1.0 if f is None else evaluate64(f, v)))
+    leaves = set(_leaves(value))
+    for acc, factor in zip(dec.accumulators, dec.factors):
+        leaves |= _leaves(acc.term) | (_leaves(factor) if factor is not None else set())
+    if dec.addend is not None:
+        leaves |= _leaves(dec.addend)
+    x_leaves = {l for l in leaves if ctx.kind(l) == "x"}
+    p = {l: _sample(l, ctx, rng) for l in leaves}
+    p0 = {l: _sample(l, ctx, rng) for l in leaves}
+    cross = {l: (p[l] if l in x_leaves else p0[l]) for l in leaves}     # (x, y0)
+    cross0 = {l: (p0[l] if l in x_leaves else p[l]) for l in leaves}    # (x0, y)
+    ok = np.ones(POINTS, dtype=bool)
+    with np.errstate(all="ignore"):
+        total = sum(part(p) for part in parts) + (0.0 if dec.addend is None else evaluate64(dec.addend, p))
+        if not _close(evaluate64(value, p), total, ok):
+            return "the factorization does not reproduce the reduction's body"
+        if dec.kind == "independent":
+            return None
+        if dec.kind == "additive":
+            f = lambda v: evaluate64(value, v)  # noqa: E731
+            if not _close(f(p) + f(p0), f(cross) + f(cross0), ok):
+                return "F(x, y) + F(x0, y0) != F(x, y0) + F(x0, y)"
+            return None
+        for part in parts:
+            if not _close(part(p) * part(p0), part(cross) * part(cross0), ok):
+                return "a term fails G(x)H(y)·G(x0)H(y0) == G(x)H(y0)·G(x0)H(y)"
+    return None

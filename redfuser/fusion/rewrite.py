@@ -1,0 +1,218 @@
+"""Pass `fuse_cascade`: one cascade becomes one `FusedLoop` plus an epilogue.
+
+Guarantees (for the members it fuses): every member's final value equals the
+unfused reduction's in exact arithmetic (the fusion theorem; each factorization
+is also confirmed numerically), the loop reads the reduced axis once, and
+members it refuses stay ordinary reductions after the loop, with a reason.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import (
+    Axis,
+    Binary,
+    BinaryOp,
+    Buffer,
+    Compute,
+    Const,
+    Expr,
+    FusedLoop,
+    Load,
+    OnlineState,
+    Program,
+    Reduce,
+    format_expr,
+    map_expr,
+    walk,
+    written,
+)
+from .cascade import Candidate, dependencies
+from .group import CascadeGroup
+from .inline import reads
+from .numeric_check import check
+from .positivity import is_positive
+from .separability import Decomposition, FusionContext, Refusal, decompose, rescale_expr
+from .substitute import inline_loads, rename_axes
+
+
+def _fresh_axis_name(p: Program) -> str:
+    used = {a.name for s in p.body for n in _all_exprs(s) for a in _axes_in(n)}
+    used |= {a.name for s in p.body if isinstance(s, Compute | Reduce) for a in s.axes}
+    name, k = "j", 1
+    while name in used:
+        name, k = f"j{k}", k + 1
+    return name
+
+
+def _all_exprs(s) -> list[Expr]:
+    if isinstance(s, FusedLoop):
+        return [l.value for l in s.locals] + [st.term for st in s.states]
+    return [s.value]
+
+
+def _axes_in(e: Expr):
+    for n in walk(e):
+        if isinstance(n, Load):
+            yield from (i for i in n.indices if isinstance(i, Axis))
+
+
+class _Builder:
+    """Accumulates the states and epilogue of one fused loop."""
+
+    def __init__(self, axis: Axis) -> None:
+        self.axis = axis
+        self.states: list[OnlineState] = []
+        self.positive: set[str] = set()
+        self.epilogue: list[Compute] = []
+        self.epilogue_values: dict[str, tuple] = {}   # member -> (axes, value over state buffers)
+        self.names: set[str] = set()
+        self.online: list = []                         # each state's online exponent (for sharing)
+
+    def state_for(self, member: Reduce, acc, suggested: Buffer) -> Buffer:
+        """The state accumulating `acc` (shared with an equal one already in the loop)."""
+        for st, online in zip(self.states, self.online):
+            if (st.op, st.axes, st.term, online) == (acc.op, member.axes, acc.term, acc.online):
+                return st.acc
+        name = suggested.name
+        k = 1
+        while name in self.names:
+            name, k = f"{suggested.name}{k}", k + 1
+        buf = Buffer(name, suggested.type)
+        prev = Buffer(f"{name}_prev", suggested.type)
+        self.names |= {name, prev.name}
+        rescale = rescale_expr(acc.online, self.to_prev, suggested.dtype)
+        st = OnlineState(buf, prev, member.axes, acc.op, acc.term, rescale)
+        self.states.append(st)
+        self.online.append(acc.online)
+        if is_positive(acc.term, frozenset(self.positive)):
+            self.positive.add(name)
+        return buf
+
+    def to_prev(self, e: Expr) -> Expr:
+        prev = {st.acc.name: st.prev for st in self.states}
+        return map_expr(e, lambda n: Load(prev[n.buffer.name], n.indices)
+                        if isinstance(n, Load) and n.buffer.name in prev else None)
+
+
+def _epilogue_value(member: Reduce, dec: Decomposition, accs: list[Buffer]) -> Expr:
+    d = member.out.dtype
+    out: Expr | None = None
+    for buf, factor in zip(accs, dec.factors):
+        load = Load(buf, member.axes)
+        if factor is None:
+            part: Expr = load
+        elif isinstance(factor, Binary) and factor.op is BinaryOp.DIV and isinstance(factor.a, Const) and factor.a.value == 1:
+            part = Binary(BinaryOp.DIV, load, factor.b, d)
+        else:
+            part = Binary(BinaryOp.MUL, load, factor, d)
+        out = part if out is None else Binary(BinaryOp.ADD, out, part, d)
+    if dec.addend is not None:
+        out = Binary(BinaryOp.ADD, out, dec.addend, d)
+    return out
+
+
+def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
+    """Rewrite `p` so that the members of `cand` that factor run in one `FusedLoop`."""
+    axis = Axis(_fresh_axis_name(p), cand.extent)
+    first = cand.members[0]
+    group = CascadeGroup(tuple(m.out.name for m in cand.members), axis,
+                         f"{first.reduce_axes[0].extent} elements, reduced by {', '.join(m.out.name for m in cand.members)}")
+    b = _Builder(axis)
+    fused: list[Reduce] = []
+    refused: dict[str, str] = {}
+    notes: list[str] = []
+    for member in cand.members:
+        name = member.out.name
+        value = rename_axes(member.value, {member.reduce_axes[0].name: axis})
+        blocked = sorted(reads(member) & set(refused))
+        if blocked:
+            refused[name] = f"`{name}` reads `{blocked[0]}`, which is not fused, so it needs its final value"
+            group.decompositions[name] = Refusal(refused[name])
+            continue
+        value = inline_loads(value, b.epilogue_values)
+        ctx = FusionContext(axis.name, frozenset(st.acc.name for st in b.states), frozenset(b.positive))
+        dec = decompose(value, member.op, ctx, name)
+        if isinstance(dec, Decomposition):
+            failure = check(value, dec, ctx)
+            if failure:
+                dec = Refusal(f"`{name}`: the factorization failed its numeric identity check ({failure}); "
+                              "kept unfused (this is a RedFuser bug worth reporting)")
+        group.decompositions[name] = dec
+        if isinstance(dec, Refusal):
+            refused[name] = dec.reason
+            continue
+        fused.append(member)
+        direct = len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
+        accs = []
+        for n, acc in enumerate(dec.accumulators):
+            suggested = member.out if direct else Buffer(f"{name}_acc" + (str(n) if n else ""), member.out.type)
+            accs.append(b.state_for(member, acc, suggested))
+        if not (direct and accs[0] == member.out):
+            ev = _epilogue_value(member, dec, accs)
+            b.epilogue.append(Compute(member.out, member.axes, ev, loc=member.loc))
+            b.epilogue_values[name] = (member.axes, ev)
+        if dec.expanded:
+            notes.append(f"`{name}` was expanded into {len(dec.accumulators)} accumulated terms; exact in real "
+                         "arithmetic, but terms of opposite sign can cancel in floating point when the earlier "
+                         "results are large compared with the spread of the data")
+    group.notes = tuple(notes)
+    group.reason = "; ".join(refused.values()) or None
+    if len(fused) < 2:
+        group.fused = False
+        if group.reason is None:
+            group.reason = "fewer than two reductions of the cascade factor, so there is nothing to fuse"
+        return p, group
+    locals_ = _pull_locals(p, fused, b, axis)
+    loop = FusedLoop(axis, tuple(l for _, l in locals_), tuple(b.states), loc=first.loc)
+    group.fused, group.fused_members = True, tuple(m.out.name for m in fused)
+    group.locals = tuple(l.out.name for _, l in locals_)
+    group.states, group.epilogue = loop.states, tuple(b.epilogue)
+    return _place(p, set(map(id, fused)) | {id(s) for s, _ in locals_}, loop, b.epilogue), group
+
+
+def _pull_locals(p: Program, fused: list[Reduce], b: _Builder, axis: Axis) -> list[tuple[Reduce, Reduce]]:
+    """Reductions read only by the loop, along its axis at one fixed dim: computed per chunk inside it."""
+    fused_ids = set(map(id, fused))
+    outputs = {o.name for o in p.outputs}
+    used_elsewhere = set()
+    for s in p.body:
+        if id(s) not in fused_ids:
+            used_elsewhere |= reads(s)
+    for e in b.epilogue:
+        used_elsewhere |= reads(e)
+    exprs = [st.term for st in b.states] + [st.rescale for st in b.states if st.rescale is not None]
+    found = []
+    for s in p.body:
+        if not isinstance(s, Reduce) or s.out.name in outputs or s.out.name in used_elsewhere:
+            continue
+        dims = {d for e in exprs for n in walk(e) if isinstance(n, Load) and n.buffer.name == s.out.name
+                for d in [next((k for k, i in enumerate(n.indices) if isinstance(i, Axis) and i.name == axis.name), -1)]}
+        if len(dims) != 1 or -1 in dims:
+            continue
+        d = dims.pop()
+        renamed = rename_axes(s.value, {s.axes[d].name: axis})
+        new_axes = tuple(axis if k == d else a for k, a in enumerate(s.axes))
+        found.append((s, replace(s, axes=new_axes, value=renamed)))
+    return found
+
+
+def _place(p: Program, removed: set[int], loop: FusedLoop, epilogue: list[Compute]) -> Program:
+    """Put the loop where all its inputs exist; move what needs its results after it."""
+    positions = [k for k, s in enumerate(p.body) if id(s) in removed]
+    lo, hi = min(positions), max(positions)
+    produced = {b.name for b in loop.outs} | {e.out.name for e in epilogue}
+    before, after = [], []
+    for s in p.body[lo:hi + 1]:
+        if id(s) in removed:
+            continue
+        if reads(s) & produced:
+            after.append(s)
+            produced |= {b.name for b in written(s)}
+        else:
+            before.append(s)
+    body = list(p.body[:lo]) + before + [loop] + list(epilogue) + after + list(p.body[hi + 1:])
+    return replace(p, body=tuple(body))
+
+
+__all__ = ["fuse_cascade", "dependencies", "format_expr"]

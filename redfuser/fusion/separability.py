@@ -1,0 +1,217 @@
+"""Deciding, constructively, whether a reduction's body factors as ``G(x) (x) H(y)``.
+
+`decompose` brings the body ``F`` to the algebra's normal form, sorts every
+atom into *x* (reads the reduced axis), *y* (reads an earlier result of the
+cascade) or *c* (neither), and reads off the fusion theorem's pieces:
+
+- ``+`` reductions: ``F = sum_j G_j(x) * H_j(y)``. Exponentials of *y* stay
+  *online* (merged with the x-part inside one ``exp``, rescaled per chunk by
+  ``exp(e(y_new) - e(y_old))``); every other *y* factor (``1/l``, ``m``,
+  ``log l``) is *deferred*: applied once to the accumulator after the loop.
+  Terms with equal online exponent and deferred factor share an accumulator.
+- ``max``/``min``: ``F = G(x) * H(y)`` with the deferred part of ``H`` shown > 0
+  (online ``exp`` factors are always > 0), or ``F = G(x) + H(y)``.
+
+Anything else is refused with the atom that mixes x and y and why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..ir import Axis, Const, DType, Expr, IndexValue, Load, ReduceOp, format_expr
+from ..ir.expr import walk
+from . import algebra as A
+from .build import linear_expr, monomial_expr, product_expr, sum_expr
+from .positivity import is_nonnegative, is_positive
+
+
+@dataclass(frozen=True)
+class FusionContext:
+    """What is known when a reduction of the cascade is decomposed."""
+
+    loop_axis: str
+    states: frozenset[str]          # buffers holding earlier results of the cascade (y)
+    positive: frozenset[str]        # buffers known > 0
+    locals: frozenset[str] = frozenset()  # per-chunk producers (read along the loop axis: x)
+
+    def kind(self, e: Expr) -> str:
+        """``x``, ``y``, ``c`` or ``mixed`` for one atom."""
+        x = y = False
+        for n in walk(e):
+            if isinstance(n, Load):
+                if n.buffer.name in self.states:
+                    y = True
+                if n.buffer.name in self.locals or any(isinstance(i, Axis) and i.name == self.loop_axis for i in n.indices):
+                    x = True
+            elif isinstance(n, IndexValue) and n.axis.name == self.loop_axis:
+                x = True
+        return "mixed" if x and y else "x" if x else "y" if y else "c"
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """One loop-carried sum/max/min: ``op over k of term``, rescaled by ``exp(online(y_new) - online(y_old))``."""
+
+    op: ReduceOp
+    term: Expr
+    online: A.Linear          # exponent of the online factor of H (zero: no rescale)
+    G: Expr
+    H: Expr
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """How one reduction is computed in the fused loop.
+
+    Final value: ``sum_j factors[j] * acc_j + addend`` (a factor of None is 1).
+    """
+
+    kind: str                                # independent | separable | sum of separable terms | additive
+    accumulators: tuple[Accumulator, ...]
+    factors: tuple[Expr | None, ...]
+    addend: Expr | None = None
+    expanded: bool = False                   # distributing created several terms (may cancel numerically)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a reduction cannot join the one-pass loop, in words a user understands."""
+
+    reason: str
+    term: Expr | None = None
+
+
+@dataclass(frozen=True)
+class _Split:
+    coeff: float
+    g: A.Monomial
+    x_lin: A.Linear
+    y_lin: A.Linear
+    deferred: A.Monomial
+
+
+def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
+    g: dict = {}
+    deferred: dict = {}
+    for atom, p in t.mono.factors:
+        kind = ctx.kind(atom)
+        if kind == "mixed":
+            return Refusal(_mixed_reason(atom, name), atom)
+        (deferred if kind == "y" else g)[atom] = p
+    x_terms: dict = {}
+    y_terms: dict = {}
+    for mono, c in t.exponent.terms:
+        kinds = {ctx.kind(a) for a, _ in mono.factors}
+        if "mixed" in kinds or {"x", "y"} <= kinds:
+            offender = monomial_expr(mono, mono.factors[0][0].dtype)
+            return Refusal(f"in `{name}`, exp({format_expr(offender)}) multiplies the reduced values with an earlier "
+                           "result inside an exponential, which does not split into exp(x)·exp(y)", offender)
+        (y_terms if "y" in kinds else x_terms)[mono] = c
+    return _Split(t.coeff, A.Monomial.of(g), A.Linear.of(x_terms, t.exponent.constant), A.Linear.of(y_terms),
+                  A.Monomial.of(deferred))
+
+
+def _mixed_reason(atom: Expr, name: str) -> str:
+    from ..ir import Binary, Select, Unary
+
+    what = "this operation"
+    if isinstance(atom, Unary):
+        what = f"{atom.op.value}()"
+    elif isinstance(atom, Binary):
+        what = f"{atom.op.value}()" if not atom.op.is_infix else f"'{atom.op.value}'"
+    elif isinstance(atom, Select):
+        what = "where()"
+    return (f"in `{name}`, the term {format_expr(atom)} mixes the reduced values with an earlier result of the "
+            f"cascade inside {what}, which does not factor into G(x)·H(y): it needs the final earlier result, "
+            "so a second pass")
+
+
+def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decomposition | Refusal:
+    """`value`'s factorization for monoid `op` (see the module docstring), or why there is none."""
+    d = value.dtype
+    if not any(isinstance(n, Load) and n.buffer.name in ctx.states for n in walk(value)):
+        return Decomposition("independent", (Accumulator(op, value, A.Linear(), value, Const(1.0, d)),), (None,))
+    if not d.is_float:
+        return Refusal(f"`{name}` reduces {d} values; the one-pass rescaling needs floating point")
+    pos: Callable[[Expr], bool] = lambda e: is_positive(e, ctx.positive)
+    nonneg: Callable[[Expr], bool] = lambda e: is_nonnegative(e, ctx.positive)
+    normal = A.normalize(value, pos, nonneg)
+    splits = []
+    for t in normal:
+        s = _split(t, ctx, name)
+        if isinstance(s, Refusal):
+            return s
+        splits.append(s)
+    if op is ReduceOp.SUM:
+        return _sum_terms(splits, d)
+    return _max_min(splits, op, d, ctx, name)
+
+
+def _g_product(s: _Split, with_online: bool) -> A.Product:
+    return A.Product(s.coeff, s.g, s.x_lin + s.y_lin if with_online else s.x_lin)
+
+
+def _h_expr(s: _Split, d: DType) -> Expr:
+    return product_expr(A.Product(1.0, s.deferred, s.y_lin), d)
+
+
+def _sum_terms(splits: list[_Split], d: DType) -> Decomposition:
+    groups: dict[tuple, list[_Split]] = {}
+    for s in splits:
+        groups.setdefault((s.y_lin, s.deferred), []).append(s)
+    accs, factors = [], []
+    for (y_lin, deferred), members in groups.items():
+        term = sum_expr(tuple(_g_product(s, True) for s in members), d)
+        g = sum_expr(tuple(_g_product(s, False) for s in members), d)
+        accs.append(Accumulator(ReduceOp.SUM, term, y_lin, g, _h_expr(members[0], d)))
+        factors.append(monomial_expr(deferred, d) if deferred.factors else None)
+    kind = "separable" if len(accs) == 1 else "sum of separable terms"
+    return Decomposition(kind, tuple(accs), tuple(factors), expanded=len(splits) > 1)
+
+
+def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, name: str) -> Decomposition | Refusal:
+    if len(splits) == 1:
+        s = splits[0]
+        if s.deferred.factors and not all(is_positive(a, ctx.positive) for a, _ in s.deferred.factors):
+            h = monomial_expr(s.deferred, d)
+            return Refusal(f"in `{name}`, {op.value} over k of G·H needs H > 0, and {format_expr(h)} cannot be shown "
+                           "positive (a negative factor would turn max into min)", h)
+        acc = Accumulator(op, product_expr(_g_product(s, True), d), s.y_lin, product_expr(_g_product(s, False), d),
+                          _h_expr(s, d))
+        factor = monomial_expr(s.deferred, d) if s.deferred.factors else None
+        return Decomposition("separable", (acc,), (factor,))
+    x_part, y_part = [], []
+    for s in splits:
+        if s.y_lin.is_zero and not s.deferred.factors:
+            x_part.append(_g_product(s, False))
+        elif not s.g.factors and s.x_lin.is_zero:
+            y_part.append(A.Product(s.coeff, s.deferred, s.y_lin))
+        else:
+            t = product_expr(A.Product(s.coeff, s.g * s.deferred, s.x_lin + s.y_lin), d)
+            return Refusal(f"in `{name}`, {op.value} distributes over '+' only for G(x) + H(y); the term "
+                           f"{format_expr(t)} is a product of both", t)
+    g = sum_expr(tuple(x_part), d)
+    h = sum_expr(tuple(y_part), d)
+    return Decomposition("additive", (Accumulator(op, g, A.Linear(), g, h),), (None,), addend=h)
+
+
+def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType) -> Expr | None:
+    """``exp(e(y_new) - e(y_old))`` as one expression, e.g. ``exp(m_prev - m)`` (None when e is 0)."""
+    if not online.terms:
+        return None
+    from ..ir import Binary, BinaryOp, Unary, UnaryOp
+
+    diff: Expr | None = None
+    for mono, c in online.terms:
+        new = monomial_expr(mono, d)
+        old = to_prev(new)
+        first, second = (old, new) if c < 0 else (new, old)
+        part: Expr = Binary(BinaryOp.SUB, first, second, d)
+        if abs(c) != 1.0:
+            part = Binary(BinaryOp.MUL, Const(abs(c), d), part, d)
+        diff = part if diff is None else Binary(BinaryOp.ADD, diff, part, d)
+    return Unary(UnaryOp.EXP, diff, d)
+
+
+__all__ = ["FusionContext", "Accumulator", "Decomposition", "Refusal", "decompose", "rescale_expr", "linear_expr"]
