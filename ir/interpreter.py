@@ -199,14 +199,18 @@ def _windowed(axes: Space, env: Env) -> Space:
     return tuple(Axis(a.name, hi - lo) if a.name == name else a for a in axes)
 
 
-def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK) -> dict[str, np.ndarray]:
-    """Run a fused cascade chunk by chunk, exactly as its online update rules say."""
+def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
+                   span: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+    """Run a fused cascade chunk by chunk, exactly as its online update rules say.
+
+    `span` ``(lo, hi)`` runs only that part of the axis (a partial state, for the merge rule).
+    """
     acc = {st.acc.name: np.full([a.extent for a in st.axes], st.op.identity(st.acc.dtype), dtype=st.acc.dtype.numpy)
            for st in s.states}
-    n = s.axis.extent
+    lo, hi = span if span is not None else (0, s.axis.extent)
     local_names = frozenset(l.out.name for l in s.locals)
-    for start in range(0, n, max(1, chunk)):
-        stop = min(n, start + max(1, chunk))
+    for start in range(lo, hi, max(1, chunk)):
+        stop = min(hi, start + max(1, chunk))
         inner = env.child((s.axis.name, start, stop), local_names)
         for st in s.states:
             inner[st.prev.name] = acc[st.acc.name]

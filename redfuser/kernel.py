@@ -109,6 +109,14 @@ class Kernel:
         """Compile for these arguments (without running) and return every stage."""
         return self._compiled(args)[0]
 
+    @_user_facing
+    def explain(self, *args: Any) -> str:
+        """What the compiler found and did for these arguments, in words (cascades, G, H, rescales)."""
+        from .fusion.explain import explain
+
+        lowered = self._compiled(args)[0]
+        return explain(lowered.name, lowered.groups, lowered.stages.get("fused"))
+
     @property
     def cache_size(self) -> int:
         """How many specializations are compiled in memory."""

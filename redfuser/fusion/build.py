@@ -35,7 +35,8 @@ def _pow(atom: Expr, p: Fraction, d: DType) -> Expr:
 
 def monomial_expr(m: Monomial, d: DType, coeff: float = 1.0) -> Expr:
     """``coeff * m`` with negative powers as one division at the end."""
-    num: Expr | None = None if coeff == 1.0 else Const(coeff, d)
+    negate = coeff == -1.0 and bool(m.factors)
+    num: Expr | None = None if coeff == 1.0 or negate else Const(coeff, d)
     den: Expr | None = None
     for atom, p in m.factors:
         if p > 0:
@@ -44,7 +45,8 @@ def monomial_expr(m: Monomial, d: DType, coeff: float = 1.0) -> Expr:
             den = _mul(den, _pow(atom, -p, d), d)
     if num is None:
         num = Const(1.0, d)
-    return num if den is None else Binary(BinaryOp.DIV, num, den, d)
+    out = num if den is None else Binary(BinaryOp.DIV, num, den, d)
+    return Unary(UnaryOp.NEG, out, d) if negate else out
 
 
 def linear_expr(lin: Linear, d: DType) -> Expr:

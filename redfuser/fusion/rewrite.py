@@ -145,8 +145,8 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         fused.append(member)
         direct = len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
         accs = []
-        for n, acc in enumerate(dec.accumulators):
-            suggested = member.out if direct else Buffer(f"{name}_acc" + (str(n) if n else ""), member.out.type)
+        for acc in dec.accumulators:
+            suggested = member.out if direct else Buffer(f"{name}_acc", member.out.type)
             accs.append(b.state_for(member, acc, suggested))
         if not (direct and accs[0] == member.out):
             ev = _epilogue_value(member, dec, accs)

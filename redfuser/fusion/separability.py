@@ -162,10 +162,14 @@ def _sum_terms(splits: list[_Split], d: DType) -> Decomposition:
         groups.setdefault((s.y_lin, s.deferred), []).append(s)
     accs, factors = [], []
     for (y_lin, deferred), members in groups.items():
+        coeff = 1.0
+        if len(members) == 1:  # a lone term's constant joins its deferred factor: the term can then be shared
+            coeff = members[0].coeff
+            members = [_Split(1.0, members[0].g, members[0].x_lin, members[0].y_lin, members[0].deferred)]
         term = sum_expr(tuple(_g_product(s, True) for s in members), d)
         g = sum_expr(tuple(_g_product(s, False) for s in members), d)
         accs.append(Accumulator(ReduceOp.SUM, term, y_lin, g, _h_expr(members[0], d)))
-        factors.append(monomial_expr(deferred, d) if deferred.factors else None)
+        factors.append(monomial_expr(deferred, d, coeff) if (deferred.factors or coeff != 1.0) else None)
     kind = "separable" if len(accs) == 1 else "sum of separable terms"
     return Decomposition(kind, tuple(accs), tuple(factors), expanded=len(splits) > 1)
 

@@ -1,0 +1,64 @@
+"""`explain`: what the fusion engine found and did, in plain words."""
+from __future__ import annotations
+
+from ..ir import format_expr, format_stmt
+from .group import CascadeGroup
+from .separability import Decomposition, Refusal
+
+
+def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: CascadeGroup) -> list[str]:
+    if isinstance(dec, Refusal):
+        return [f"  {name}: NOT fused. {dec.reason}"]
+    pad = " " * (len(name) + 4)
+    if dec.kind == "independent":
+        acc = dec.accumulators[0]
+        return [f"  {name}: {acc.op.value} over {group.axis.name} of {format_expr(acc.term)}",
+                f"{pad}reads no earlier result: it joins the pass as is"]
+    lines = [f"  {name}: {dec.kind}" + (" (max/min distributes over +: max(G + H) = max(G) + H)"
+                                        if dec.kind == "additive" else "")]
+    for n, (acc, factor) in enumerate(zip(dec.accumulators, dec.factors)):
+        tag = f"term {n + 1}: " if len(dec.accumulators) > 1 else ""
+        lines.append(f"{pad}{tag}G(x) = {format_expr(acc.G)}")
+        lines.append(f"{pad}{' ' * len(tag)}H(y) = {format_expr(acc.H)}")
+        if acc.online.terms:
+            state = next((st for st in group.states if st.term == acc.term), None)
+            if state is not None and state.rescale is not None:
+                lines.append(f"{pad}{' ' * len(tag)}online: accumulates {format_expr(acc.term)}, "
+                             f"rescaled per chunk by {format_expr(state.rescale)}")
+        if factor is not None:
+            lines.append(f"{pad}{' ' * len(tag)}deferred: {format_expr(factor)} applied once after the loop")
+    if dec.addend is not None:
+        lines.append(f"{pad}added once after the loop: {format_expr(dec.addend)}")
+    return lines
+
+
+def explain_group(n: int, g: CascadeGroup) -> str:
+    """One cascade in words: its members, each factorization (or refusal), the loop's state."""
+    head = (f"cascade {n}: {', '.join(g.reductions)} over an axis of {g.axis.extent} elements "
+            f"(the loop index is called {g.axis.name})")
+    verdict = ("  fused: " + ", ".join(g.fused_members) + f" in one pass" if g.fused
+               else "  not fused")
+    lines = [head, verdict + (f" — {g.reason}" if g.reason else "")]
+    for local in g.locals:
+        lines.append(f"  computed per chunk inside the loop: {local}")
+    for name in g.reductions:
+        lines += _decomposition_lines(name, g.decompositions[name], g)
+    if g.fused:
+        lines.append("  loop-carried state: " + ", ".join(st.acc.name for st in g.states))
+        for e in g.epilogue:
+            lines.append(f"  after the loop: {format_stmt(e)}")
+    for note in g.notes:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+def explain(name: str, groups: list[CascadeGroup], fused_ir: object | None) -> str:
+    """The whole report for one kernel specialization."""
+    if not groups:
+        text = f"kernel {name}: no cascade of reductions over a shared axis was found; nothing to fuse."
+    else:
+        text = f"kernel {name}: {len(groups)} cascade(s)\n\n" + "\n\n".join(
+            explain_group(n + 1, g) for n, g in enumerate(groups))
+    if fused_ir is not None:
+        text += f"\n\nfused Loop IR:\n{fused_ir}"
+    return text

@@ -1,0 +1,78 @@
+"""The merge rule: combining two partial states of a fused loop over disjoint chunks.
+
+ARCHITECTURE.md section 4: two partial states over chunk sets A and B merge by
+rescaling each to the merged earlier results and combining with the monoid.
+For each state, in cascade order (earlier states are merged first)::
+
+    scaled_X = identity where r_X == 0, else acc_X * r_X     (r_X: the state's rescale
+                                                              with prev := acc_X, current := merged)
+    merged   = scaled_A (+) scaled_B
+
+Split reductions (many programs each reduce a slice of the axis, then a combine
+step) and tree reductions across threads and warps call this rule; it is derived
+from each cascade's own rescale expressions, never hard-coded for attention.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import Buffer, Expr, FusedLoop, Load, OnlineState, ReduceOp, map_expr
+from ..ir.interpreter import Env, evaluate
+
+
+@dataclass(frozen=True)
+class MergeStep:
+    """How one state's two partials (`a`, `b`) combine; `scale_a`/`scale_b` read a-, b- and merged buffers."""
+
+    state: OnlineState
+    a: Buffer
+    b: Buffer
+    scale_a: Expr | None
+    scale_b: Expr | None
+
+
+def partial_buffer(st: OnlineState, side: str) -> Buffer:
+    """The buffer holding side `side` ("a" or "b") of a state's partial."""
+    return Buffer(f"{st.acc.name}_{side}", st.acc.type)
+
+
+def merge_rule(loop: FusedLoop) -> tuple[MergeStep, ...]:
+    """The merge of two partial states of `loop`, one step per state in cascade order."""
+    steps = []
+    for st in loop.states:
+        sides = {}
+        for side in ("a", "b"):
+            if st.rescale is None:
+                sides[side] = None
+                continue
+            prev_to_side = {s.prev.name: partial_buffer(s, side) for s in loop.states}
+            sides[side] = map_expr(st.rescale, lambda n, m=prev_to_side: Load(m[n.buffer.name], n.indices)
+                                   if isinstance(n, Load) and n.buffer.name in m else None)
+        steps.append(MergeStep(st, partial_buffer(st, "a"), partial_buffer(st, "b"), sides["a"], sides["b"]))
+    return tuple(steps)
+
+
+def merge_partials(loop: FusedLoop, a: dict[str, np.ndarray], b: dict[str, np.ndarray],
+                   env: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Merge two partial states (state name -> array) of `loop` with numpy, by `merge_rule`."""
+    scope = Env(env or {})
+    merged: dict[str, np.ndarray] = {}
+    for step in merge_rule(loop):
+        st = step.state
+        scope[step.a.name], scope[step.b.name] = a[st.acc.name], b[st.acc.name]
+        identity = np.asarray(st.op.identity(st.acc.dtype), dtype=st.acc.dtype.numpy)
+        parts = []
+        with np.errstate(all="ignore"):
+            for part, scale in ((a[st.acc.name], step.scale_a), (b[st.acc.name], step.scale_b)):
+                if scale is not None:
+                    r = np.broadcast_to(evaluate(scale, scope, st.axes), part.shape)
+                    part = np.where(r == 0, identity, part * r)
+                parts.append(part)
+            if st.op is ReduceOp.SUM:
+                value = parts[0] + parts[1]
+            else:
+                value = (np.maximum if st.op is ReduceOp.MAX else np.minimum)(parts[0], parts[1])
+        merged[st.acc.name] = scope[st.acc.name] = np.asarray(value, dtype=st.acc.dtype.numpy)
+    return merged
