@@ -73,3 +73,13 @@ class InternalError(RedFuserError):
 
 class VerifyError(InternalError):
     """The IR verifier found a broken invariant."""
+
+
+class CudaError(BackendError):
+    """A CUDA driver call failed: `call` (``cuMemAlloc``...), the driver's `error_name` and message."""
+
+    def __init__(self, call: str, error_name: str, error_message: str) -> None:
+        self.call = call
+        self.error_name = error_name
+        self.error_message = error_message
+        super().__init__(f"{call} failed: {error_name}: {error_message}")

@@ -230,12 +230,12 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                 if st.rescale is not None:
                     r = np.broadcast_to(evaluate(st.rescale, inner, st.axes), prev.shape)
                     identity = np.asarray(st.op.identity(st.acc.dtype), dtype=prev.dtype)
-                    prev = np.where(r == 0, identity, prev * r)
+                    prev = np.where(prev == identity, prev, prev * r)
                 if st.op is ReduceOp.SUM:
                     new = prev + partial
                 else:
                     new = (np.maximum if st.op is ReduceOp.MAX else np.minimum)(prev, partial)
-            new = np.ascontiguousarray(np.broadcast_to(new, prev.shape).astype(st.acc.dtype.numpy, copy=False)).reshape(prev.shape)
+            new = np.broadcast_to(new, prev.shape).astype(st.acc.dtype.numpy, order="C")  # a fresh array (0-d stays 0-d)
             inner[st.acc.name] = acc[st.acc.name] = new
     return acc
 
@@ -257,7 +257,8 @@ def run_stmt(s: Stmt, env: Env) -> np.ndarray:
                 value = REDUCERS[s.op](full, axis=reduced, initial=s.op.identity(s.out.dtype))
     else:
         raise TypeError(f"the interpreter has no rule for {type(s).__name__}")
-    return np.ascontiguousarray(np.broadcast_to(value, shape).astype(s.out.dtype.numpy, copy=False)).reshape(shape)  # ascontiguousarray makes 0-d 1-d
+    # always a fresh, writable array: `value` may be a read-only broadcast view of an input
+    return np.broadcast_to(value, shape).astype(s.out.dtype.numpy, order="C")
 
 
 def _restrict(s: Stmt, env: Env) -> Stmt:

@@ -46,16 +46,20 @@ class OnlineState:
     Per chunk of the loop axis, in cascade order::
 
         partial = op over the chunk of term       # term reads earlier states' updated values
-        scaled  = prev                             if rescale is None
-                = identity(op)   where rescale == 0, else prev * rescale
+        scaled  = prev                      where prev == identity(op) or rescale is None
+                = prev * rescale            elsewhere
         acc     = scaled + partial (SUM)   or   op(scaled, partial) (MAX/MIN)
 
     `prev` names `acc`'s value before the chunk; `rescale` reads `prev`-buffers and
-    current values of earlier states, e.g. ``exp(m_prev - m)``, and is > 0 by
-    construction (so it distributes over max and min too). `acc` starts at the
-    monoid's identity. A zero rescale discards the old partial outright: a partial
-    computed while an earlier state was still -inf (and so is NaN) contributes
-    nothing in exact arithmetic, and must not poison the result.
+    current values of earlier states, e.g. ``exp(m_prev - m)``; it is > 0 or NaN,
+    so it distributes over max and min too. `acc` starts at the monoid's identity,
+    which no rescale changes (``-inf * 0`` must stay ``-inf``, not become NaN).
+
+    The fusion engine reads a running max ``m`` inside exponentials as
+    ``where(m == -inf, 0, m)`` (explicitly, in `term` and on the current side of
+    `rescale`), so a chunk seen while ``m`` is still -inf contributes the exact
+    ``exp(-inf - 0) = 0`` rather than ``exp(-inf + inf) = NaN``; a row that stays
+    -inf to the end gets the reference's NaN in the epilogue.
     """
 
     acc: Buffer

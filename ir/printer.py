@@ -107,7 +107,7 @@ def format_state(st: OnlineState, axis: Axis) -> str:
     """One online state's per-chunk update, e.g. ``l = l_prev * exp(m_prev - m) + sum over r0 of exp(...)``."""
     head = f"{st.acc.name}: {st.acc.type} = " + (f"for {_loops(st.axes)}: " if st.axes else "")
     partial = f"{st.op.value} over {axis.name} of {format_expr(st.term)}"
-    prev = st.prev.name
+    prev = f"{st.prev.name}[{format_index(st.axes)}]" if st.axes else st.prev.name
     if st.rescale is not None:
         text, prec = _expr(st.rescale)
         prev = f"{prev} * {text if prec >= _PREC[BinaryOp.MUL] else '(' + text + ')'}"

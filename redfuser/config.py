@@ -7,6 +7,8 @@
 - ``REDFUSER_CACHE``: ``0`` turns the on-disk compile cache off (default on).
 - ``REDFUSER_CACHE_DIR``: where the on-disk cache lives (default
   ``$XDG_CACHE_HOME/redfuser`` or ``~/.cache/redfuser``).
+- ``HYPOTHESIS_PROFILE``: the hypothesis profile the test suite runs with
+  (``ci``, quick, the default; ``fuzz``, long); see ``tests/conftest.py``.
 """
 from __future__ import annotations
 
@@ -39,3 +41,8 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "redfuser"
+
+
+def hypothesis_profile() -> str:
+    """The hypothesis profile for the test suite from ``HYPOTHESIS_PROFILE``, or ``ci``."""
+    return os.environ.get("HYPOTHESIS_PROFILE", "").strip().lower() or "ci"

@@ -467,7 +467,7 @@ def getitem(x: Tracer, key: object) -> Tracer:
             expanded.extend([slice(None)] * (x.ndim - consumed))
         else:
             expanded.append(k)
-    if Ellipsis not in items:
+    if not builtins.any(k is Ellipsis for k in items):  # not `in`: that compares array keys with ==
         expanded.extend([slice(None)] * (x.ndim - consumed))
     new_of_old: dict[int, int | Fixed] = {}
     shape: list[int] = []

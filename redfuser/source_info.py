@@ -16,9 +16,15 @@ _OWN_DIRS = tuple(
 )
 
 
+# Kernels written inside the package (the reference workloads, the fuzzer's programs)
+# are user code: their lines are the ones errors and printed IR should point at.
+_USER_LEVEL = (os.path.join(_PKG_ROOT, "workloads.py"), os.path.join(_PKG_ROOT, "testing", ""))
+
+
 def is_internal(filename: str) -> bool:
-    """True for files of RedFuser itself (their frames are never the user's line)."""
-    return os.path.abspath(filename).startswith(_OWN_DIRS)
+    """True for files of RedFuser's compiler itself (their frames are never the user's line)."""
+    path = os.path.abspath(filename)
+    return path.startswith(_OWN_DIRS) and not path.startswith(_USER_LEVEL)
 
 
 def user_frame() -> FrameType | None:

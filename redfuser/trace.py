@@ -1,6 +1,7 @@
 """`trace`: run a kernel body on tracers and return its unfused Loop IR program."""
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 from dataclasses import dataclass
@@ -8,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from .ir import DType, Program, UnsupportedError, BufferType
+from .ir import DType, Program, SourceLoc, UnsupportedError, BufferType
 from .source_info import is_internal, user_loc
 from .tracer import TraceBuilder, Tracer, tracing
 
@@ -43,14 +44,20 @@ class StaticSpec:
 ArgSpec = ArraySpec | StaticSpec
 
 
-def _naming_hook(builder: TraceBuilder):
-    """A profile hook that names buffers after the user's local variables when a user frame returns."""
+def _naming_hook(builder: TraceBuilder, body: object = None, returns: list[SourceLoc] | None = None):
+    """A profile hook that names buffers after the user's local variables when a user frame returns.
+
+    When the kernel body's own frame (code object `body`) returns, the line of its
+    ``return`` goes to `returns`, so an error about the returned value can point at it.
+    """
 
     def hook(frame, event, arg):
         if event == "return":
             file = frame.f_code.co_filename
             if not is_internal(file) and not os.path.abspath(file).startswith(_LIBRARY_DIRS):
                 builder.name_user_variables(frame.f_locals)
+                if returns is not None and frame.f_code is body:
+                    returns.append(SourceLoc(file, frame.f_lineno, linecache.getline(file, frame.f_lineno).rstrip("\n")))
 
     return hook
 
@@ -61,8 +68,9 @@ def trace(fn: Callable, specs: tuple[ArgSpec, ...]) -> Program:
     args = [builder.add_input(s.name, s.type.dtype, s.type.shape) if isinstance(s, ArraySpec) else s.value
             for s in specs]
     previous = sys.getprofile()
+    returns: list[SourceLoc] = []
     with tracing(builder):
-        sys.setprofile(_naming_hook(builder))
+        sys.setprofile(_naming_hook(builder, getattr(fn, "__code__", None), returns))
         try:
             result = fn(*args)
         finally:
@@ -72,7 +80,7 @@ def trace(fn: Callable, specs: tuple[ArgSpec, ...]) -> Program:
         if not isinstance(out, Tracer):
             raise UnsupportedError(
                 f"a kernel must return traced arrays (or a tuple of them); output {n} is {type(out).__name__}",
-                op="return", loc=user_loc())
+                op="return", loc=returns[-1] if returns else user_loc())
     names = ["out"] if len(outputs) == 1 else [f"out{n}" for n in range(len(outputs))]
     return builder.finish(outputs, names)
 

@@ -111,7 +111,7 @@ class TraceBuilder:
                 out_bufs.append(t.buffer)
                 self._bind(t.buffer.name, hint)
                 continue
-            copy = self.emit("out", t.dtype, t.shape, lambda out, t=t: Compute(out, self.axes(t.shape), t.expr_for(self.axes(t.shape)), loc=t.loc))
+            copy = self.emit("out", t.ir_dtype, t.shape, lambda out, t=t: Compute(out, self.axes(t.shape), t.expr_for(self.axes(t.shape)), loc=t.loc))
             self._bind(copy.buffer.name, hint)
             out_bufs.append(copy.buffer)
         names = {}
@@ -251,6 +251,8 @@ class Tracer:
         from . import ops
 
         op = ops.UFUNC_OPERATORS.get(ufunc)
+        # numpy hands a scalar on the left of a comparison (np.float32(0) < x) over as a 0-d array
+        inputs = tuple(x[()] if isinstance(x, np.ndarray) and x.ndim == 0 else x for x in inputs)
         scalars_ok = all(isinstance(x, Tracer) or np.ndim(x) == 0 and not isinstance(x, np.ndarray) for x in inputs)
         if method == "__call__" and op is not None and not kwargs and scalars_ok:
             return op(*inputs)  # a numpy scalar on the left of an operator: np.float32(2) * x

@@ -20,11 +20,10 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
         tag = f"term {n + 1}: " if len(dec.accumulators) > 1 else ""
         lines.append(f"{pad}{tag}G(x) = {format_expr(acc.G)}")
         lines.append(f"{pad}{' ' * len(tag)}H(y) = {format_expr(acc.H)}")
-        if acc.online.terms:
-            state = next((st for st in group.states if st.term == acc.term), None)
-            if state is not None and state.rescale is not None:
-                lines.append(f"{pad}{' ' * len(tag)}online: accumulates {format_expr(acc.term)}, "
-                             f"rescaled per chunk by {format_expr(state.rescale)}")
+        state = next((st for st in group.states if st.acc.name == group.state_of.get((name, n))), None)
+        if state is not None:
+            rescale = f", rescaled per chunk by {format_expr(state.rescale)}" if state.rescale is not None else ""
+            lines.append(f"{pad}{' ' * len(tag)}state {state.acc.name}: accumulates {format_expr(acc.term)}{rescale}")
         if factor is not None:
             lines.append(f"{pad}{' ' * len(tag)}deferred: {format_expr(factor)} applied once after the loop")
     if dec.addend is not None:

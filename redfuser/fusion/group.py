@@ -28,6 +28,7 @@ class CascadeGroup:
     states: tuple[OnlineState, ...] = ()
     epilogue: tuple[Compute, ...] = ()
     notes: tuple[str, ...] = ()
+    state_of: dict[tuple[str, int], str] = field(default_factory=dict)  # (member, accumulator #) -> state
 
     def __repr__(self) -> str:
         return (f"CascadeGroup(reductions={self.reductions}, axis={self.axis.name}<{self.axis.extent}, "

@@ -4,8 +4,8 @@ ARCHITECTURE.md section 4: two partial states over chunk sets A and B merge by
 rescaling each to the merged earlier results and combining with the monoid.
 For each state, in cascade order (earlier states are merged first)::
 
-    scaled_X = identity where r_X == 0, else acc_X * r_X     (r_X: the state's rescale
-                                                              with prev := acc_X, current := merged)
+    scaled_X = acc_X where acc_X == identity, else acc_X * r_X   (r_X: the state's rescale
+                                                                with prev := acc_X, current := merged)
     merged   = scaled_A (+) scaled_B
 
 Split reductions (many programs each reduce a slice of the axis, then a combine
@@ -68,7 +68,7 @@ def merge_partials(loop: FusedLoop, a: dict[str, np.ndarray], b: dict[str, np.nd
             for part, scale in ((a[st.acc.name], step.scale_a), (b[st.acc.name], step.scale_b)):
                 if scale is not None:
                     r = np.broadcast_to(evaluate(scale, scope, st.axes), part.shape)
-                    part = np.where(r == 0, identity, part * r)
+                    part = np.where(part == identity, part, part * r)
                 parts.append(part)
             if st.op is ReduceOp.SUM:
                 value = parts[0] + parts[1]

@@ -84,7 +84,9 @@ def check(value: Expr, dec: Decomposition, ctx: FusionContext, seed: int = 0) ->
         leaves |= _leaves(dec.addend)
     x_leaves = {l for l in leaves if ctx.kind(l) == "x"}
     p = {l: _sample(l, ctx, rng) for l in leaves}
-    p0 = {l: _sample(l, ctx, rng) for l in leaves}
+    # Leaves that read neither the reduced axis nor an earlier result are constants of the
+    # reduction: they keep one value at all four points (x, y), (x0, y0), (x, y0), (x0, y).
+    p0 = {l: (_sample(l, ctx, rng) if ctx.kind(l) in ("x", "y") else p[l]) for l in leaves}
     cross = {l: (p[l] if l in x_leaves else p0[l]) for l in leaves}     # (x, y0)
     cross0 = {l: (p0[l] if l in x_leaves else p[l]) for l in leaves}    # (x0, y)
     ok = np.ones(POINTS, dtype=bool)

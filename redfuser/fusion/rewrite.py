@@ -7,6 +7,7 @@ members it refuses stay ordinary reductions after the loop, with a reason.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..ir import (
@@ -22,11 +23,14 @@ from ..ir import (
     OnlineState,
     Program,
     Reduce,
+    ReduceOp,
+    Select,
     format_expr,
     map_expr,
     walk,
     written,
 )
+from ..ir.types import bool_
 from .cascade import Candidate, dependencies
 from .group import CascadeGroup
 from .inline import reads
@@ -72,7 +76,7 @@ class _Builder:
     def state_for(self, member: Reduce, acc, suggested: Buffer) -> Buffer:
         """The state accumulating `acc` (shared with an equal one already in the loop)."""
         for st, online in zip(self.states, self.online):
-            if (st.op, st.axes, st.term, online) == (acc.op, member.axes, acc.term, acc.online):
+            if (st.op, st.axes, st.term, online) == (acc.op, member.axes, self.safe(acc.term), acc.online):
                 return st.acc
         name = suggested.name
         k = 1
@@ -81,13 +85,41 @@ class _Builder:
         buf = Buffer(name, suggested.type)
         prev = Buffer(f"{name}_prev", suggested.type)
         self.names |= {name, prev.name}
-        rescale = rescale_expr(acc.online, self.to_prev, suggested.dtype)
-        st = OnlineState(buf, prev, member.axes, acc.op, acc.term, rescale)
+        rescale = rescale_expr(acc.online, self.to_prev, suggested.dtype, self.safe)
+        st = OnlineState(buf, prev, member.axes, acc.op, self.safe(acc.term), rescale)
         self.states.append(st)
         self.online.append(acc.online)
         if is_positive(acc.term, frozenset(self.positive)):
             self.positive.add(name)
         return buf
+
+    def running_extrema(self) -> dict[str, float]:
+        """Max/min states and their identities (what they hold before any element is seen)."""
+        return {st.acc.name: st.op.identity(st.acc.dtype) for st in self.states if st.op is not ReduceOp.SUM}
+
+    def safe(self, e: Expr) -> Expr:
+        """`e` reading each running max/min as 0 while it still holds its identity (see OnlineState)."""
+        ext = self.running_extrema()
+
+        def fix(n: Expr) -> Expr | None:
+            if isinstance(n, Load) and n.buffer.name in ext:
+                is_identity = Binary(BinaryOp.EQ, n, Const(ext[n.buffer.name], n.dtype), bool_)
+                return Select(is_identity, Const(0.0, n.dtype), n, n.dtype)
+            return None
+
+        return map_expr(e, fix)
+
+    def unseen(self, online) -> Expr | None:
+        """True where a running max/min in `online`'s exponent ended at its identity (all elements ∓inf)."""
+        ext = self.running_extrema()
+        cond: Expr | None = None
+        for mono, _ in online.terms:
+            for atom, _ in mono.factors:
+                for n in walk(atom):
+                    if isinstance(n, Load) and n.buffer.name in ext:
+                        c = Binary(BinaryOp.EQ, n, Const(ext[n.buffer.name], n.dtype), bool_)
+                        cond = c if cond is None else Binary(BinaryOp.OR, cond, c, bool_)
+        return cond
 
     def to_prev(self, e: Expr) -> Expr:
         prev = {st.acc.name: st.prev for st in self.states}
@@ -95,11 +127,16 @@ class _Builder:
                         if isinstance(n, Load) and n.buffer.name in prev else None)
 
 
-def _epilogue_value(member: Reduce, dec: Decomposition, accs: list[Buffer]) -> Expr:
+def _epilogue_value(member: Reduce, dec: Decomposition, accs: list[Buffer],
+                    unseen: list[Expr | None] | None = None) -> Expr:
+    """``sum_j factor_j * acc_j + addend``; with `unseen`, an accumulator whose running max never left
+    -inf is NaN (what the reference's ``exp(-inf - -inf)`` gives)."""
     d = member.out.dtype
     out: Expr | None = None
-    for buf, factor in zip(accs, dec.factors):
-        load = Load(buf, member.axes)
+    for n, (buf, factor) in enumerate(zip(accs, dec.factors)):
+        load: Expr = Load(buf, member.axes)
+        if unseen is not None and unseen[n] is not None:
+            load = Select(unseen[n], Const(math.nan, d), load, d)
         if factor is None:
             part: Expr = load
         elif isinstance(factor, Binary) and factor.op is BinaryOp.DIV and isinstance(factor.a, Const) and factor.a.value == 1:
@@ -143,15 +180,19 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             refused[name] = dec.reason
             continue
         fused.append(member)
-        direct = len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
+        unseen = [b.unseen(acc.online) for acc in dec.accumulators]
+        direct = (len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
+                  and unseen[0] is None)
         accs = []
-        for acc in dec.accumulators:
+        for n, acc in enumerate(dec.accumulators):
             suggested = member.out if direct else Buffer(f"{name}_acc", member.out.type)
             accs.append(b.state_for(member, acc, suggested))
+            group.state_of[(name, n)] = accs[-1].name
         if not (direct and accs[0] == member.out):
-            ev = _epilogue_value(member, dec, accs)
-            b.epilogue.append(Compute(member.out, member.axes, ev, loc=member.loc))
-            b.epilogue_values[name] = (member.axes, ev)
+            # Inside the loop later members read the running value; after it, the exact one.
+            b.epilogue_values[name] = (member.axes, _epilogue_value(member, dec, accs))
+            b.epilogue.append(Compute(member.out, member.axes, _epilogue_value(member, dec, accs, unseen),
+                                      loc=member.loc))
         if dec.expanded:
             notes.append(f"`{name}` was expanded into {len(dec.accumulators)} accumulated terms; exact in real "
                          "arithmetic, but terms of opposite sign can cancel in floating point when the earlier "

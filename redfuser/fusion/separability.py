@@ -200,16 +200,20 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
     return Decomposition("additive", (Accumulator(op, g, A.Linear(), g, h),), (None,), addend=h)
 
 
-def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType) -> Expr | None:
-    """``exp(e(y_new) - e(y_old))`` as one expression, e.g. ``exp(m_prev - m)`` (None when e is 0)."""
+def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,
+                 to_new: Callable[[Expr], Expr] = lambda e: e) -> Expr | None:
+    """``exp(e(y_new) - e(y_old))`` as one expression, e.g. ``exp(m_prev - m)`` (None when e is 0).
+
+    `to_prev` turns current values into the previous chunk's; `to_new` may rewrite the current side.
+    """
     if not online.terms:
         return None
     from ..ir import Binary, BinaryOp, Unary, UnaryOp
 
     diff: Expr | None = None
     for mono, c in online.terms:
-        new = monomial_expr(mono, d)
-        old = to_prev(new)
+        raw = monomial_expr(mono, d)
+        new, old = to_new(raw), to_prev(raw)
         first, second = (old, new) if c < 0 else (new, old)
         part: Expr = Binary(BinaryOp.SUB, first, second, d)
         if abs(c) != 1.0:

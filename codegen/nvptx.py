@@ -1,0 +1,169 @@
+"""LLVM module -> PTX through llvmlite's NVPTX backend (LLVM 22 in llvmlite 0.50). Needs no GPU.
+
+    module = new_module("attention")          # triple nvptx64-nvidia-cuda + its data layout
+    ... build kernels with codegen.nvvm / codegen.nvvm_mma ...
+    ptx = compile_to_ptx(module, "sm_90")     # parse, verify, check targets, O3, emit
+
+The target machine is ``nvptx64-nvidia-cuda`` with CPU ``sm_XX`` and feature
+``+ptxNN`` (the PTX ISA version; LLVM ignores unknown ones with a warning and
+*aborts the process* on a version too old for the sm, so both are checked
+against `SM_MIN_PTX`/`PTX_VERSIONS` here first). Kernels are functions with the
+``ptx_kernel`` calling convention. Optimization is LLVM's default O3 module
+pipeline from the new pass manager (``PassBuilder``).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from ..ir.errors import BackendError, InternalError
+from .nvvm import INTRINSIC_REQUIREMENTS
+
+TRIPLE = "nvptx64-nvidia-cuda"
+
+# Minimum PTX ISA version (x10) for each sm LLVM 22 and CUDA 13 both know (PTX ISA "Target ISA notes").
+SM_MIN_PTX: dict[str, int] = {
+    "sm_75": 63, "sm_80": 70, "sm_86": 71, "sm_87": 74, "sm_89": 78, "sm_90": 78, "sm_90a": 80,
+    "sm_100": 86, "sm_100a": 86, "sm_120": 87, "sm_120a": 87,
+}
+# PTX ISA versions LLVM 22 accepts as ``+ptxNN`` features.
+PTX_VERSIONS = frozenset({63, 64, 65, 70, 71, 72, 73, 74, 75, 76, 77, 78, 80, 81, 82, 83, 84, 85, 86, 87, 88, 90})
+# Default ISA floor: 8.4 (CUDA 12.4 drivers, R550+, which every Hopper H200 driver is) is the first with
+# FP8 mma.sync m16n8k32, so one default serves f16, bf16 and fp8 kernels.
+DEFAULT_PTX_FLOOR = 84
+
+
+@dataclass(frozen=True, slots=True)
+class PtxArtifact:
+    """One module through the NVPTX backend: every stage's text, kept for `lowered.stages`."""
+
+    sm: str
+    ptx_version: int
+    llvm_ir: str          # the module as given (verified)
+    optimized_ir: str     # after the O3 pipeline
+    ptx: str
+    kernels: tuple[str, ...]  # the ``.entry`` names, in PTX order
+
+
+def sm_number(sm: str) -> int:
+    """90 for ``sm_90`` / ``sm_90a``; raises `BackendError` on an sm we do not support."""
+    if sm not in SM_MIN_PTX:
+        raise BackendError(f"unsupported GPU target {sm!r}; choose one of {', '.join(SM_MIN_PTX)}")
+    return int(sm[3:].rstrip("a"))
+
+
+def default_ptx_version(sm: str) -> int:
+    """The PTX ISA version (x10) we emit for `sm` unless told otherwise."""
+    sm_number(sm)
+    return max(SM_MIN_PTX[sm], DEFAULT_PTX_FLOOR)
+
+
+@functools.cache
+def _initialized() -> bool:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    return True
+
+
+@functools.cache
+def target_machine(sm: str, ptx_version: int, opt_level: int = 3) -> llvm.TargetMachine:
+    """The (cached) NVPTX target machine for `sm` and PTX ISA `ptx_version` (e.g. 84 for 8.4)."""
+    sm_number(sm)
+    if ptx_version not in PTX_VERSIONS:
+        raise BackendError(f"PTX ISA {ptx_version / 10:.1f} is not one LLVM 22 knows; "
+                           f"choose one of {', '.join(str(v) for v in sorted(PTX_VERSIONS))}")
+    if ptx_version < SM_MIN_PTX[sm]:
+        raise BackendError(f"{sm} needs PTX ISA {SM_MIN_PTX[sm] / 10:.1f} or later, asked for {ptx_version / 10:.1f}")
+    _initialized()
+    target = llvm.Target.from_triple(TRIPLE)
+    return target.create_target_machine(cpu=sm, features=f"+ptx{ptx_version}", opt=opt_level,
+                                        reloc="default", codemodel="default")
+
+
+@functools.cache
+def data_layout() -> str:
+    """The nvptx64 data layout string (64-bit generic pointers, 32-bit shared pointers per LLVM's choice)."""
+    return str(target_machine("sm_80", 70).target_data)
+
+
+def new_module(name: str) -> ir.Module:
+    """An empty `llvmlite.ir` module set up for ``nvptx64-nvidia-cuda``."""
+    module = ir.Module(name)
+    module.triple = TRIPLE
+    module.data_layout = data_layout()
+    return module
+
+
+def parse_and_verify(text: str, *, pass_name: str = "nvptx") -> llvm.ModuleRef:
+    """Parse LLVM IR text and run LLVM's verifier; `InternalError` with LLVM's message otherwise."""
+    try:
+        mod = llvm.parse_assembly(text)
+    except RuntimeError as exc:
+        raise InternalError(f"LLVM could not parse the module: {exc}", pass_name=pass_name,
+                            context=_excerpt(text, str(exc))) from None
+    try:
+        mod.verify()
+    except RuntimeError as exc:
+        raise InternalError(f"LLVM verifier: {exc}", pass_name=pass_name) from None
+    return mod
+
+
+def check_intrinsics(mod: llvm.ModuleRef, sm: str, ptx_version: int) -> None:
+    """`BackendError` for an NVVM intrinsic the target lacks (LLVM would abort the process instead)."""
+    have = sm_number(sm)
+    for fn in mod.functions:
+        if not (fn.is_declaration and fn.name.startswith("llvm.nvvm.")):
+            continue
+        for prefix, (min_sm, min_ptx) in INTRINSIC_REQUIREMENTS.items():
+            if fn.name.startswith(prefix) and (have < min_sm or ptx_version < min_ptx):
+                raise BackendError(f"{fn.name} needs sm_{min_sm}+ and PTX ISA {min_ptx / 10:.1f}+; "
+                                   f"the target is {sm} with PTX ISA {ptx_version / 10:.1f}")
+
+
+def compile_module(module: ir.Module | str, sm: str = "sm_90", *, ptx_version: int | None = None,
+                   opt_level: int = 3) -> PtxArtifact:
+    """`module` (an `llvmlite.ir.Module` or LLVM IR text) to PTX for `sm`, keeping every stage's text."""
+    version = default_ptx_version(sm) if ptx_version is None else ptx_version
+    machine = target_machine(sm, version, opt_level)
+    text = str(module)
+    mod = parse_and_verify(text)
+    if mod.triple not in ("", TRIPLE, "unknown-unknown-unknown"):
+        raise InternalError(f"module targets {mod.triple!r}, not {TRIPLE}", pass_name="nvptx")
+    mod.triple = TRIPLE
+    mod.data_layout = data_layout()
+    check_intrinsics(mod, sm, version)
+    if opt_level:
+        tuning = llvm.create_pipeline_tuning_options(speed_level=opt_level)
+        builder = llvm.create_pass_builder(machine, tuning)
+        builder.getModulePassManager().run(mod, builder)
+        try:
+            mod.verify()
+        except RuntimeError as exc:  # an LLVM bug, but say so rather than emit bad PTX
+            raise InternalError(f"LLVM verifier after O{opt_level}: {exc}", pass_name="nvptx") from None
+    ptx = machine.emit_assembly(mod)
+    kernels = tuple(re.findall(r"^(?:\.(?:visible|weak)\s+)?\.entry\s+([\w$]+)", ptx, flags=re.M))
+    if not kernels:
+        raise InternalError("the module has no kernel: give the entry function calling_convention='ptx_kernel' "
+                            "(codegen.nvvm.define_kernel)", pass_name="nvptx")
+    return PtxArtifact(sm, version, text, str(mod), ptx, kernels)
+
+
+def compile_to_ptx(module: ir.Module | str, sm: str = "sm_90", *, ptx_version: int | None = None,
+                   opt_level: int = 3) -> str:
+    """The PTX text of `module` for `sm` (see `compile_module`)."""
+    return compile_module(module, sm, ptx_version=ptx_version, opt_level=opt_level).ptx
+
+
+def _excerpt(text: str, message: str, radius: int = 3) -> str:
+    """The numbered lines around the ``<string>:LINE:COL`` LLVM names in `message`."""
+    found = re.search(r"<string>:(\d+):", message)
+    if not found:
+        return ""
+    line = int(found.group(1))
+    lines = text.splitlines()
+    lo, hi = max(1, line - radius), min(len(lines), line + radius)
+    return "\n".join(f"{'>' if n == line else ' '}{n:4d}  {lines[n - 1]}" for n in range(lo, hi + 1))

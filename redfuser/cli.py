@@ -1,0 +1,91 @@
+"""``python -m redfuser``: the demo, explanations of the reference kernels, and the fusion fuzzer.
+
+    python -m redfuser demo [--backend B] [--workload W]   compile, fuse, run and check a kernel
+    python -m redfuser explain [--workload W] [--stages]    what the compiler does with it, in words
+    python -m redfuser fuzz --examples N --seed S           random cascades: fused == reference?
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from . import backends
+from .kernel import kernel
+from .workloads import WORKLOADS
+
+
+def _outputs(x) -> tuple[np.ndarray, ...]:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Compile a workload on the best backend, print each stage, and check it against numpy."""
+    from .testing.tolerance import assert_close
+
+    work = WORKLOADS[args.workload]
+    backend, why = backends.resolve(args.backend)
+    print(f"backend: {backend} ({why})")
+    inputs = work.make_inputs(np.random.default_rng(0))
+    k = kernel(work.fn, backend=backend)
+    lowered = k.lower(*inputs)
+    for name, ir in lowered.stages.items():
+        if name in ("traced", "fused", "tile") or args.stages:
+            print(f"\n=== stage: {name} ===\n{ir}")
+    print("\n=== what was fused ===")
+    for g in lowered.groups:
+        print(f"{', '.join(g.reductions)}: fused={g.fused}" + (f" — {g.reason}" if g.reason else ""))
+    got = _outputs(k(*inputs))
+    ref = _outputs(work.fn(*inputs))
+    reduction_length = max(x.shape[-1] for x in inputs)
+    worst = 0.0
+    for a, b in zip(got, ref):
+        assert_close(a, b, b.dtype, reduction_length)
+        scale = float(np.max(np.abs(b))) or 1.0
+        worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))) / scale)
+    print(f"\ncheck against the numpy reference: max error {worst:.3g} (relative to max |reference|) — OK")
+    return 0
+
+
+def explain_cmd(args: argparse.Namespace) -> int:
+    """Print `Kernel.explain` for a workload."""
+    work = WORKLOADS[args.workload]
+    inputs = work.make_inputs(np.random.default_rng(0))
+    k = kernel(work.fn, backend=args.backend)
+    print(k.explain(*inputs))
+    if args.stages:
+        print("\n" + str(k.lower(*inputs)))
+    return 0
+
+
+def fuzz_cmd(argv: list[str]) -> int:
+    """Hand over to the fusion fuzzer's own argument parser."""
+    from .testing.fuzz import main as fuzz_main
+
+    return fuzz_main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m redfuser`` and the ``redfuser`` script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "fuzz":
+        return fuzz_cmd(argv[1:])
+    parser = argparse.ArgumentParser(prog="redfuser", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, fn, help_text in (("demo", demo, "compile, fuse, run and check a kernel"),
+                                ("explain", explain_cmd, "explain what the compiler does with a kernel")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--workload", choices=sorted(WORKLOADS), default="attention")
+        p.add_argument("--backend", default=None, help="auto (default), interpret, cpu, cuda, simulate")
+        p.add_argument("--stages", action="store_true", help="print every stage of the compiler")
+        p.set_defaults(run=fn)
+    sub.add_parser("fuzz", help="run the fusion fuzzer (see `python -m redfuser fuzz --help`)")
+    args = parser.parse_args(argv)
+    from .ir import RedFuserError
+
+    try:
+        return args.run(args)
+    except RedFuserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

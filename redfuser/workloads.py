@@ -1,0 +1,99 @@
+"""Reference kernels: the unfused programs RedFuser is demonstrated and measured on.
+
+Each is a plain function over the ``redfuser`` op namespace, so it runs as
+numpy (the reference) and compiles with ``rf.kernel``. `WORKLOADS` maps a name
+to the function and a maker of example inputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+import redfuser as rf
+
+
+def attention(q, k, v):
+    """Multi-head attention forward, unfused: scores, safe softmax, weighted sum of values."""
+    s = (q @ rf.swapaxes(k, -1, -2)) * (1.0 / q.shape[-1] ** 0.5)
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l) @ v
+
+
+def causal_attention(q, k, v):
+    """Attention where query i sees keys j <= i (the causal mask as a `where` over aranges)."""
+    n, m_ = k.shape[-2], q.shape[-2]
+    s = (q @ rf.swapaxes(k, -1, -2)) * (1.0 / q.shape[-1] ** 0.5)
+    s = rf.where(rf.arange(n)[None, :] <= rf.arange(m_)[:, None], s, -rf.inf)
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l) @ v
+
+
+def softmax(x):
+    """Safe softmax over the last axis."""
+    m = rf.max(x, axis=-1, keepdims=True)
+    e = rf.exp(x - m)
+    return e / rf.sum(e, axis=-1, keepdims=True)
+
+
+def log_softmax(x):
+    """Log-softmax over the last axis."""
+    m = rf.max(x, axis=-1, keepdims=True)
+    l = rf.sum(rf.exp(x - m), axis=-1, keepdims=True)
+    return x - m - rf.log(l)
+
+
+def softmax_entropy(x):
+    """Entropy of the softmax distribution of each row: a sum of separable terms."""
+    m = rf.max(x, axis=-1, keepdims=True)
+    e = rf.exp(x - m)
+    l = rf.sum(e, axis=-1, keepdims=True)
+    p = e / l
+    return -rf.sum(p * rf.log(p), axis=-1)
+
+
+def layer_norm_stats(x):
+    """Mean, then the centered sum of squares (the variance) of each row."""
+    n = x.shape[-1]
+    mu = rf.sum(x, axis=-1, keepdims=True) / n
+    var = rf.sum((x - mu) ** 2, axis=-1, keepdims=True) / n
+    return mu, var
+
+
+def mean_abs_deviation(x):
+    """Mean, then the mean absolute deviation: abs(x - mu) does not factor (unfusable)."""
+    n = x.shape[-1]
+    mu = rf.sum(x, axis=-1, keepdims=True) / n
+    return rf.sum(rf.abs(x - mu), axis=-1) / n
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A reference kernel and example inputs for it."""
+
+    fn: Callable
+    make_inputs: Callable[[np.random.Generator], tuple[np.ndarray, ...]]
+
+
+def _qkv(shape: tuple[int, ...]) -> Callable[[np.random.Generator], tuple[np.ndarray, ...]]:
+    return lambda rng: tuple(rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+
+
+def _rows(shape: tuple[int, ...]) -> Callable[[np.random.Generator], tuple[np.ndarray, ...]]:
+    return lambda rng: (rng.standard_normal(shape).astype(np.float32) * 3,)
+
+
+WORKLOADS: dict[str, Workload] = {
+    "attention": Workload(attention, _qkv((2, 4, 128, 64))),
+    "causal_attention": Workload(causal_attention, _qkv((2, 4, 128, 64))),
+    "softmax": Workload(softmax, _rows((64, 1000))),
+    "log_softmax": Workload(log_softmax, _rows((64, 1000))),
+    "softmax_entropy": Workload(softmax_entropy, _rows((64, 1000))),
+    "layer_norm_stats": Workload(layer_norm_stats, _rows((64, 1000))),
+    "mean_abs_deviation": Workload(mean_abs_deviation, _rows((64, 1000))),
+}

@@ -1,0 +1,325 @@
+"""Error paths: the error class, what the message says, and that it points at the user's line.
+
+Every user error must name the op and the shapes/dtypes involved, and its text
+must show this file, the line number and the source line of the offending
+statement (each marked below with a ``# <- name`` comment that the checks look up).
+"""
+from __future__ import annotations
+
+import os
+import traceback
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+from redfuser.source_info import is_internal
+
+with open(__file__) as _f:
+    SOURCE = _f.read().splitlines()
+
+W = np.ones((3, 4), np.float32)  # a module-level array a kernel body must not capture
+
+
+def line_of(marker: str) -> int:
+    """The line number (1-based) of the line ending with ``# <- marker``."""
+    hits = [n for n, line in enumerate(SOURCE, 1) if line.rstrip().endswith(f"# <- {marker}")]
+    assert len(hits) == 1, f"marker {marker!r} found {len(hits)} times"
+    return hits[0]
+
+
+def raises_at(cls, marker, fn, *args, contains=()):
+    """Call `fn(*args)`; check the error's class, its text, and that it points at the marked line."""
+    with pytest.raises(cls) as info:
+        fn(*args)
+    err, text, line = info.value, str(info.value), line_of(marker)
+    assert f"{os.path.basename(__file__)}:{line}" in text, f"no file:line {line} in\n{text}"
+    assert err.loc.line == line and os.path.samefile(err.loc.file, __file__)
+    code = SOURCE[line - 1].split("# <-")[0].strip()
+    assert code in text, f"source line {code!r} not in\n{text}"
+    for part in contains:
+        assert part in text, f"{part!r} not in\n{text}"
+    return err
+
+
+def interp(fn):
+    return rf.kernel(fn, backend="interpret")
+
+
+X = np.zeros((3, 4), np.float32)
+Y = np.zeros((5,), np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# arguments
+# ---------------------------------------------------------------------------------------------
+def test_wrong_number_of_arguments():
+    k = interp(lambda x, y: x + y)
+    err = raises_at(rf.ArgumentError, "argcount", lambda: k(X))  # <- argcount
+    assert "takes 2 argument(s) (x, y) but 1 were given" in str(err)
+    raises_at(rf.ArgumentError, "argcount3", lambda: k(X, X, X), contains=("but 3 were given",))  # <- argcount3
+
+
+@pytest.mark.parametrize("value,kind", [([1.0, 2.0], "list"), ("abc", "str"), (None, "NoneType")])
+def test_non_array_argument(value, kind):
+    k = interp(lambda x, y: x + y)
+    raises_at(rf.ArgumentError, "nonarray", lambda: k(X, value),  # <- nonarray
+              contains=("argument 'y'", "must be a numpy array", kind))
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.float64, np.uint8])
+def test_unsupported_argument_dtype(dtype):
+    k = interp(lambda x: x * 2)
+    raises_at(rf.DTypeError, "dtype", lambda: k(np.zeros(3, dtype)),  # <- dtype
+              contains=("argument 'x'", np.dtype(dtype).name, "not supported", "float32", "bfloat16"))
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes
+# ---------------------------------------------------------------------------------------------
+def test_broadcast_mismatch():
+    def body(x, y):
+        return x + y  # <- broadcast
+
+    raises_at(rf.ShapeError, "broadcast", interp(body), X, Y, contains=("add", "f32[3,4]", "f32[5]", "broadcast"))
+
+
+def test_broadcast_mismatch_in_where():
+    def body(x, y):
+        return rf.where(x > 0, x, y)  # <- where
+
+    raises_at(rf.ShapeError, "where", interp(body), X, Y, contains=("where", "f32[3,4]", "f32[5]"))
+
+
+def test_matmul_contracted_dimension_mismatch():
+    def body(x, y):
+        return x @ y  # <- matmul_k
+
+    raises_at(rf.ShapeError, "matmul_k", interp(body), X, np.zeros((5, 6), np.float16),
+              contains=("matmul", "f32[3,4]", "f16[5,6]", "4 vs 5"))
+
+
+def test_matmul_batch_mismatch():
+    def body(x, y):
+        return x @ y  # <- matmul_batch
+
+    raises_at(rf.ShapeError, "matmul_batch", interp(body), np.zeros((2, 3, 4), np.float32),
+              np.zeros((3, 4, 5), np.float32), contains=("matmul", "batch", "f32[2,3,4]", "f32[3,4,5]"))
+
+
+def test_matmul_of_a_zero_dim_value():
+    def body(x, y):
+        return rf.sum(x) @ y  # <- matmul_0d
+
+    raises_at(rf.ShapeError, "matmul_0d", interp(body), X, Y, contains=("matmul", "at least one dimension", "f32[]"))
+
+
+@pytest.mark.parametrize("axis", [2, -3, (0, 2)])
+def test_reduction_axis_out_of_range(axis):
+    def body(x):
+        return rf.sum(x, axis=axis)  # <- axis
+
+    raises_at(rf.ShapeError, "axis", interp(body), X, contains=("sum", "out of bounds", "f32[3,4]"))
+
+
+def test_repeated_reduction_axis():
+    def body(x):
+        return rf.max(x, axis=(1, -1))  # <- repeated
+
+    raises_at(rf.ShapeError, "repeated", interp(body), X, contains=("max", "repeated axis"))
+
+
+def test_swapaxes_and_transpose_axes_out_of_range():
+    def swap(x):
+        return rf.swapaxes(x, 0, 2)  # <- swap
+
+    def perm(x):
+        return rf.transpose(x, (0, 0))  # <- perm
+
+    raises_at(rf.ShapeError, "swap", interp(swap), X, contains=("swapaxes", "axis 2", "f32[3,4]"))
+    raises_at(rf.ShapeError, "perm", interp(perm), X, contains=("transpose", "not a permutation"))
+
+
+def test_max_over_an_empty_axis():
+    def body(x):
+        return rf.max(x, axis=0)  # <- empty
+
+    raises_at(rf.ShapeError, "empty", interp(body), np.zeros((0, 3), np.float32),
+              contains=("max", "empty axis", "f32[0,3]", "no identity"))
+
+
+def test_index_out_of_range_and_too_many_indices():
+    def out_of_range(x):
+        return x[3]  # <- index_oob
+
+    def too_many(x):
+        return x[0, 0, 0]  # <- too_many
+
+    raises_at(rf.ShapeError, "index_oob", interp(out_of_range), X, contains=("getitem", "index 3", "f32[3,4]"))
+    raises_at(rf.ShapeError, "too_many", interp(too_many), X, contains=("getitem", "too many indices"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Python on traced values
+# ---------------------------------------------------------------------------------------------
+def test_python_if_on_a_traced_value():
+    def body(x):
+        if rf.max(x) > 0:  # <- if
+            return x
+        return -x
+
+    raises_at(rf.TracerBoolError, "if", interp(body), X, contains=("bool()", "bool[]", "rf.where"))
+
+
+def test_python_and_on_a_traced_value():
+    def body(x):
+        return (x > 0) and (x < 1)  # <- and
+
+    raises_at(rf.TracerBoolError, "and", interp(body), X, contains=("bool()", "bool[3,4]"))
+
+
+def test_float_of_a_traced_value():
+    def body(x):
+        return x * float(rf.sum(x))  # <- float
+
+    raises_at(rf.TracerBoolError, "float", interp(body), X, contains=("float()", "f32[]"))
+
+
+def test_iteration_over_a_traced_value():
+    def body(x):
+        return [row * 2 for row in x]  # <- iter
+
+    raises_at(rf.TracerBoolError, "iter", interp(body), X, contains=("iteration", "f32[3,4]"))
+
+
+@pytest.mark.parametrize("name", ["sum", "tanh", "exp", "mean", "maximum"])
+def test_numpy_function_in_the_body(name):
+    fn = getattr(np, name)
+
+    def body(x):
+        return fn(x) if name != "maximum" else fn(x, 0.0)  # <- numpy
+
+    raises_at(rf.UnsupportedError, "numpy", interp(body), X, contains=(f"numpy.{name}", "redfuser"))
+
+
+def test_numpy_function_on_a_list_of_traced_values():
+    def body(x):
+        return np.concatenate([x, x])  # <- concatenate
+
+    raises_at(rf.UnsupportedError, "concatenate", interp(body), X, contains=("numpy.concatenate",))
+
+
+def test_unsupported_method():
+    def body(x):
+        return x.reshape(4, 3)  # <- reshape
+
+    raises_at(rf.UnsupportedError, "reshape", interp(body), X, contains=("reshape", "subset"))
+
+
+@pytest.mark.parametrize("key", [slice(1, 3), slice(None, None, 2), slice(0, 2)])
+def test_non_full_slices(key):
+    def body(x):
+        return x[:, key]  # <- slice
+
+    raises_at(rf.UnsupportedError, "slice", interp(body), X, contains=("getitem", "full slices", "f32[3,4]"))
+
+
+def test_array_index_is_unsupported():
+    def body(x):
+        return x[np.array([0, 1])]  # <- fancy
+
+    raises_at(rf.UnsupportedError, "fancy", interp(body), X, contains=("getitem", "not supported"))
+
+
+def test_captured_numpy_array():
+    def right(x):
+        return x + W  # <- captured_right
+
+    def left(x):
+        return W * x  # <- captured_left
+
+    raises_at(rf.UnsupportedError, "captured_right", interp(right), X,
+              contains=("add", "numpy array f32[3,4]", "kernel argument"))
+    raises_at(rf.UnsupportedError, "captured_left", interp(left), X, contains=("multiply", "kernel argument"))
+
+
+def test_traced_exponent():
+    def scalar_base(x):
+        return 2.0 ** x  # <- rpow
+
+    def traced_both(x):
+        return x ** x  # <- pow
+
+    raises_at(rf.UnsupportedError, "rpow", interp(scalar_base), X, contains=("power", "constant exponent"))
+    raises_at(rf.UnsupportedError, "pow", interp(traced_both), X, contains=("power", "f32[3,4] ** f32[3,4]"))
+
+
+@pytest.mark.parametrize("target", [np.complex64, np.uint8, "not-a-dtype"])
+def test_bad_astype_target(target):
+    def body(x):
+        return x.astype(target)  # <- astype
+
+    raises_at(rf.DTypeError, "astype", interp(body), X, contains=("astype", "f32[3,4]", "supported dtypes"))
+
+
+def test_logical_operator_on_non_bool():
+    def body(x):
+        return x & (x > 0)  # <- and_float
+
+    raises_at(rf.DTypeError, "and_float", interp(body), X, contains=("logical_and", "bool", "f32[3,4]"))
+
+
+def test_no_common_dtype():
+    def body(x, y):
+        return rf.where(x > 0, x, y)  # <- no_common
+
+    raises_at(rf.DTypeError, "no_common", interp(body), np.zeros(3, np.float16), np.zeros(3, rf.bfloat16),
+              contains=("where", "f16[3]", "bf16[3]"))
+
+
+def test_returning_a_non_array():
+    def body(x):
+        return 1.0  # <- return
+
+    raises_at(rf.UnsupportedError, "return", interp(body), X, contains=("return", "float"))
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel configuration
+# ---------------------------------------------------------------------------------------------
+def test_unknown_backend_name():
+    k = rf.kernel(lambda x: x, backend="tpu")
+    with pytest.raises(rf.BackendError, match="unknown backend 'tpu'") as info:
+        k(X)
+    for name in ("interpret", "cpu", "cuda", "simulate"):
+        assert name in str(info.value)
+
+
+def test_unknown_kernel_option():
+    with pytest.raises(rf.ArgumentError, match="unknown option") as info:
+        rf.kernel(lambda x: x, backend="interpret", block_size=64)
+    assert "block_size" in str(info.value)
+
+
+def test_all_errors_share_one_base():
+    for cls in (rf.CompileError, rf.ShapeError, rf.DTypeError, rf.UnsupportedError, rf.TracerBoolError,
+                rf.ArgumentError, rf.BackendError, rf.InternalError, rf.VerifyError):
+        assert issubclass(cls, rf.RedFuserError)
+    for cls in (rf.ShapeError, rf.DTypeError, rf.UnsupportedError, rf.TracerBoolError, rf.ArgumentError):
+        assert issubclass(cls, rf.CompileError)
+
+
+@pytest.mark.parametrize("entry", ["call", "lower"])
+def test_traceback_hides_redfuser_internals(entry):
+    def body(x, y):
+        return x @ y  # <- tb
+
+    k = interp(body)
+    with pytest.raises(rf.ShapeError) as info:
+        k(X, Y[:3]) if entry == "call" else k.lower(X, Y[:3])
+    frames = traceback.extract_tb(info.value.__traceback__)
+    internal = [f for f in frames if is_internal(f.filename)]
+    assert [os.path.basename(f.filename) for f in internal] == ["kernel.py"], frames
+    assert internal[0].name == "wrapper"
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert f"test_errors.py:{line_of('tb')}" in str(info.value)

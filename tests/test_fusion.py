@@ -1,0 +1,209 @@
+"""The fusion engine: which cascades fuse, why others do not, and that fused programs equal the reference."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+from redfuser import workloads as W
+from redfuser.fusion.numeric_check import check
+from redfuser.fusion.separability import Decomposition, FusionContext, decompose
+from redfuser.ir import FusedLoop, Load, format_expr, walk
+from redfuser.testing.tolerance import assert_close
+
+CHUNKS = (1, 7, 64)
+
+
+def _run(fn, *args, chunk=7):
+    k = rf.kernel(fn, backend="interpret", interpret_chunk=chunk)
+    out = k(*args)
+    return k, (out if isinstance(out, tuple) else (out,))
+
+
+def _ref(fn, *args):
+    out = fn(*args)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _loops(lowered) -> list[FusedLoop]:
+    return [s for s in lowered.program.body if isinstance(s, FusedLoop)]
+
+
+def _check(fn, args, n, chunk=7):
+    k, got = _run(fn, *args, chunk=chunk)
+    for a, b in zip(got, _ref(fn, *args)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert_close(a, b, b.dtype, n)
+    return k.lower(*args)
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_attention_is_one_pass_over_keys(chunk):
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 3, 37, 16)).astype(np.float32) for _ in range(3))
+    lowered = _check(W.attention, (q, k, v), 37, chunk)
+    (loop,) = _loops(lowered)
+    assert loop.axis.extent == 37
+    assert [st.acc.name for st in loop.states] == ["m", "l_acc", "out_acc"]
+    assert [l.out.name for l in loop.locals] == ["matmul"]  # q @ k.T computed per chunk inside the loop
+    # FlashAttention-2 shape: no division by l inside the loop, one division after it.
+    assert all(n.buffer.name != "l_acc" for st in loop.states for n in walk(st.term) if isinstance(n, Load))
+    epilogue = [s for s in lowered.program.body if getattr(s, "out", None) is not None and s.out.name == "out"]
+    assert "/ l_acc[" in format_expr(epilogue[0].value)
+    (g,) = lowered.groups
+    assert g.fused and g.reason is None and g.reductions == ("m", "l", "out")
+
+
+def test_rescale_is_one_overflow_safe_exponential():
+    q = np.ones((2, 2, 4, 8), np.float32)
+    lowered = rf.kernel(W.attention, backend="interpret").lower(q, q, q)
+    (loop,) = _loops(lowered)
+    rescales = {st.acc.name: format_expr(st.rescale) for st in loop.states if st.rescale is not None}
+    # exp(m_prev - m), with m read as 0 while it is still -inf (a chunk of masked scores).
+    safe_rescale = "exp(m_prev[i0,i1,i2] - where(m[i0,i1,i2] == -inf, 0.0, m[i0,i1,i2]))"
+    assert rescales == {"l_acc": safe_rescale, "out_acc": safe_rescale}
+
+
+@pytest.mark.parametrize("fn", [W.softmax, W.log_softmax])
+def test_softmax_normalizers_fuse(fn):
+    x = (np.random.default_rng(2).standard_normal((5, 130)) * 4).astype(np.float32)
+    lowered = _check(fn, (x,), 130)
+    (loop,) = _loops(lowered)
+    assert [st.op.value for st in loop.states] == ["max", "sum"]
+    assert "fused loop" in str(lowered.stages["fused"])
+
+
+def test_masked_rows_match_reference_nan_positions():
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, 6, 29)).astype(np.float32) for _ in range(3))
+    mask = rng.random((6, 29)) < 0.7
+    mask[0] = False            # a fully masked row: the reference gives NaN
+    mask[1, :20] = False       # a row whose first chunks are all masked: finite, must not become NaN
+    mask[2, :] = False
+    mask[2, -1] = True
+
+    def masked_attention(q, k, v, mask):
+        s = q @ rf.swapaxes(k, -1, -2)
+        s = rf.where(mask, s, -rf.inf)
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        return (p / rf.sum(p, axis=-1, keepdims=True)) @ v
+
+    k_ = k.reshape(1, 2, 29, 6)[..., :6]
+    q_ = q.reshape(1, 2, 29, 6)[..., :6, :]
+    v_ = v.reshape(1, 2, 29, 6)
+    for chunk in CHUNKS:
+        lowered = _check(masked_attention, (q_, k_, v_, mask), 29, chunk)
+    ref = masked_attention(q_, k_, v_, mask)
+    assert np.isnan(ref[:, :, 0]).all() and np.isfinite(ref[:, :, 1:]).all()
+    assert lowered.groups[0].fused
+
+
+def test_causal_attention_fuses():
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 2, 19, 8)).astype(np.float32) for _ in range(3))
+    lowered = _check(W.causal_attention, (q, k, v), 19, chunk=4)
+    assert lowered.groups[0].fused and len(_loops(lowered)) == 1
+
+
+def test_entropy_is_a_sum_of_separable_terms():
+    x = (np.random.default_rng(5).standard_normal((4, 50)) * 2).astype(np.float32)
+    lowered = _check(W.softmax_entropy, (x,), 50)
+    (g,) = lowered.groups
+    dec = g.decompositions[g.reductions[-1]]
+    assert g.fused and dec.kind == "sum of separable terms"
+    # exp(x - m) is shared with l: only one extra accumulator (for exp(x - m) * x) is carried.
+    assert [st.acc.name for st in g.states] == ["m", "l_acc", g.reductions[-1] + "_acc"]
+
+
+def test_layer_norm_stats_fuse_with_a_cancellation_note():
+    x = np.random.default_rng(6).standard_normal((3, 64)).astype(np.float32)
+    lowered = _check(W.layer_norm_stats, (x,), 64)
+    (g,) = lowered.groups
+    assert g.fused and g.notes and "cancel" in g.notes[0]
+
+
+def test_mean_absolute_deviation_is_refused_with_a_reason():
+    x = np.random.default_rng(7).standard_normal((3, 41)).astype(np.float32)
+    lowered = _check(W.mean_abs_deviation, (x,), 41)
+    (g,) = lowered.groups
+    assert not g.fused and not _loops(lowered)
+    assert "abs" in g.reason and "does not factor" in g.reason and g.reductions[-1] in g.reason
+
+
+def test_max_needs_a_positive_factor():
+    def f(x):
+        m = rf.max(x, axis=-1, keepdims=True)
+        return rf.max(x * m, axis=-1)
+
+    x = np.random.default_rng(8).standard_normal((3, 20)).astype(np.float32)
+    lowered = _check(f, (x,), 20)
+    (g,) = lowered.groups
+    assert not g.fused and "H > 0" in g.reason
+
+
+def test_max_of_a_shifted_value_is_additive():
+    def f(x):
+        m = rf.min(x, axis=-1, keepdims=True)
+        return rf.max(x - m, axis=-1), rf.max(rf.exp(x - m) * 2.0, axis=-1)
+
+    x = np.random.default_rng(9).standard_normal((3, 20)).astype(np.float32)
+    lowered = _check(f, (x,), 20)
+    kinds = [d.kind for d in lowered.groups[0].decompositions.values()]
+    assert kinds == ["independent", "additive", "separable"] and lowered.groups[0].fused
+
+
+def test_independent_reductions_of_one_input_share_the_pass():
+    def f(x):
+        return rf.sum(x, axis=-1), rf.max(x, axis=-1), rf.min(x * x, axis=-1)
+
+    x = np.random.default_rng(10).standard_normal((4, 33)).astype(np.float32)
+    lowered = _check(f, (x,), 33)
+    (loop,) = _loops(lowered)
+    assert len(loop.states) == 3
+
+
+def test_reading_a_refused_reduction_is_refused_too():
+    def f(x):
+        mu = rf.sum(x, axis=-1, keepdims=True) / x.shape[-1]
+        d = rf.sum(rf.abs(x - mu), axis=-1, keepdims=True)
+        return rf.sum(x * d, axis=-1)
+
+    x = np.random.default_rng(11).standard_normal((2, 9)).astype(np.float32)
+    lowered = _check(f, (x,), 9)
+    reasons = [d.reason for d in lowered.groups[0].decompositions.values() if not isinstance(d, Decomposition)]
+    assert any("not fused" in r for r in reasons)
+
+
+def test_fuse_option_off_keeps_the_program_unfused():
+    x = np.random.default_rng(12).standard_normal((3, 10)).astype(np.float32)
+    k = rf.kernel(W.softmax, backend="interpret", fuse=False)
+    lowered = k.lower(x)
+    assert "fused" not in lowered.stages and not lowered.groups
+    assert_close(k(x), W.softmax(x), np.float32, 10)
+
+
+def test_numeric_check_rejects_a_wrong_factorization():
+    x = np.ones((2, 8), np.float32)
+    lowered = rf.kernel(W.softmax_entropy, backend="interpret", fuse=False).lower(x)
+    from redfuser.fusion.inline import inline_elementwise
+
+    p = inline_elementwise(lowered.program)
+    red = [s for s in p.body if getattr(s, "reduce_axes", ())]
+    m, l, h = red
+    ctx = FusionContext(h.reduce_axes[0].name, frozenset({m.out.name, l.out.name}), frozenset({l.out.name}))
+    dec = decompose(h.value, h.op, ctx, "h")
+    assert isinstance(dec, Decomposition) and check(h.value, dec, ctx) is None
+    broken = Decomposition(dec.kind, dec.accumulators[:-1], dec.factors[:-1])   # a dropped term
+    assert check(h.value, broken, ctx) is not None
+
+
+def test_explain_says_what_was_fused_and_why():
+    q = np.ones((1, 1, 4, 8), np.float32)
+    text = rf.kernel(W.attention, backend="interpret").explain(q, q, q)
+    for needle in ("fused: m, l, out in one pass", "G(x) = ", "H(y) = ", "rescaled per chunk by exp(m_prev",
+                   "deferred: ", "computed per chunk inside the loop: matmul"):
+        assert needle in text, needle
+    x = np.ones((2, 8), np.float32)
+    text = rf.kernel(W.mean_abs_deviation, backend="interpret").explain(x)
+    assert "NOT fused" in text and "abs(" in text
