@@ -19,6 +19,7 @@ from ..ir import (
     Const,
     Expr,
     FusedLoop,
+    IndexValue,
     Load,
     OnlineState,
     Program,
@@ -127,14 +128,19 @@ class _Builder:
                         if isinstance(n, Load) and n.buffer.name in prev else None)
 
 
-def _epilogue_value(member: Reduce, dec: Decomposition, accs: list[Buffer],
+def _constant(e: Expr) -> bool:
+    """True when `e` reads no buffer and no loop index (the same for every element)."""
+    return not any(isinstance(n, Load | IndexValue) for n in walk(e))
+
+
+def _epilogue_value(member: Reduce, dec: Decomposition, accs: list[Buffer | Expr],
                     unseen: list[Expr | None] | None = None) -> Expr:
     """``sum_j factor_j * acc_j + addend``; with `unseen`, an accumulator whose running max never left
     -inf is NaN (what the reference's ``exp(-inf - -inf)`` gives)."""
     d = member.out.dtype
     out: Expr | None = None
     for n, (buf, factor) in enumerate(zip(accs, dec.factors)):
-        load: Expr = Load(buf, member.axes)
+        load: Expr = Load(buf, member.axes) if isinstance(buf, Buffer) else buf
         if unseen is not None and unseen[n] is not None:
             load = Select(unseen[n], Const(math.nan, d), load, d)
         if factor is None:
@@ -185,10 +191,14 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
                   and unseen[0] is None)
         accs = []
         for n, acc in enumerate(dec.accumulators):
+            if acc.op is ReduceOp.SUM and not direct and not acc.online.terms and _constant(acc.term):
+                # A sum of a constant needs no loop-carried state: it is extent * constant.
+                accs.append(Binary(BinaryOp.MUL, Const(float(axis.extent), acc.term.dtype), acc.term, acc.term.dtype))
+                continue
             suggested = member.out if direct else Buffer(f"{name}_acc", member.out.type)
             accs.append(b.state_for(member, acc, suggested))
             group.state_of[(name, n)] = accs[-1].name
-        if not (direct and accs[0] == member.out):
+        if not (direct and isinstance(accs[0], Buffer) and accs[0] == member.out):
             # Inside the loop later members read the running value; after it, the exact one.
             b.epilogue_values[name] = (member.axes, _epilogue_value(member, dec, accs))
             b.epilogue.append(Compute(member.out, member.axes, _epilogue_value(member, dec, accs, unseen),
