@@ -9,6 +9,7 @@ active `TraceBuilder`.
 from __future__ import annotations
 
 import contextvars
+import re
 import sys
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -117,18 +118,25 @@ class TraceBuilder:
         names = {}
         for s in self.body:
             old = s.out.name
-            names[old] = self._user_names.get(old) or self._temp_name(old)
+            names[old] = self._user_names.get(old) or self._temp_name(old, s.loc)
         program = Program(self.name, tuple(self.inputs), tuple(out_bufs), tuple(self.body))
         return rename_buffers(program, names)
 
-    def _temp_name(self, old: str) -> str:
+    def _temp_name(self, old: str, loc: SourceLoc) -> str:
+        """A temporary's name: its op, prefixed by the variable its source line assigns (``mu_sum``)."""
         base = old.lstrip("%").split(".")[0]
+        target = _ASSIGNED.match(loc.text or "")
+        if target and target.group(1) != base and not target.group(1).startswith("_"):
+            base = f"{target.group(1)}_{base}"
         name, n = base, 1
         while name in self._taken:
             name, n = f"{base}_{n}", n + 1
         self._taken.add(name)
         return name
 
+
+_ASSIGNED = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)")
+"""The variable a source line assigns (``mu = rf.sum(x) / n`` -> ``mu``)."""
 
 _ACTIVE: contextvars.ContextVar[TraceBuilder | None] = contextvars.ContextVar("redfuser_trace", default=None)
 

@@ -45,7 +45,7 @@ def test_attention_is_one_pass_over_keys(chunk):
     (loop,) = _loops(lowered)
     assert loop.axis.extent == 37
     assert [st.acc.name for st in loop.states] == ["m", "l_acc", "out_acc"]
-    assert [l.out.name for l in loop.locals] == ["matmul"]  # q @ k.T computed per chunk inside the loop
+    assert [l.out.name for l in loop.locals] == ["s_matmul"]  # q @ k.T computed per chunk inside the loop
     # FlashAttention-2 shape: no division by l inside the loop, one division after it.
     assert all(n.buffer.name != "l_acc" for st in loop.states for n in walk(st.term) if isinstance(n, Load))
     epilogue = [s for s in lowered.program.body if getattr(s, "out", None) is not None and s.out.name == "out"]
@@ -202,8 +202,18 @@ def test_explain_says_what_was_fused_and_why():
     q = np.ones((1, 1, 4, 8), np.float32)
     text = rf.kernel(W.attention, backend="interpret").explain(q, q, q)
     for needle in ("fused: m, l, out in one pass", "G(x) = ", "H(y) = ", "rescaled per chunk by exp(m_prev",
-                   "deferred: ", "computed per chunk inside the loop: matmul"):
+                   "deferred: ", "computed per chunk inside the loop: s_matmul"):
         assert needle in text, needle
     x = np.ones((2, 8), np.float32)
     text = rf.kernel(W.mean_abs_deviation, backend="interpret").explain(x)
     assert "NOT fused" in text and "abs(" in text
+
+
+def test_producer_over_an_equal_length_axis_is_not_a_cascade_member():
+    # head dim == number of keys: q @ k.T reduces over an axis as long as the key axis; it is a
+    # producer read along the keys, not an earlier result of the cascade.
+    rng = np.random.default_rng(13)
+    q, k, v = (rng.standard_normal((1, 2, 4, 4)).astype(np.float32) for _ in range(3))
+    lowered = _check(W.attention, (q, k, v), 4, chunk=3)
+    (g,) = lowered.groups
+    assert g.fused and g.reductions == ("m", "l", "out")

@@ -59,14 +59,16 @@ def find_candidates(p: Program) -> list[Candidate]:
             continue
         extent = s.reduce_axes[0].extent
         sig = axis_signature(s)
+        along = {b for b, _ in sig}   # read along the reduced axis: inputs of the pass, never its results
         direct = reads(s)
         chosen = None
         for g in groups:
             if g.extent != extent:
                 continue
-            linked = bool(direct & g.outs) or bool(sig & g.signature)
-            # Everything read besides the members' results must be computable before the loop.
-            legal = all(not (deps.get(b, set()) & g.outs) for b in direct - g.outs)
+            linked = bool((direct - along) & g.outs) or bool(sig & g.signature)
+            # A member's result read along the axis is a producer over another axis of equal length, not
+            # an earlier result; and everything else read must be computable before the loop.
+            legal = not (along & g.outs) and all(not (deps.get(b, set()) & g.outs) for b in direct - g.outs)
             if linked and legal:
                 chosen = g
                 break
