@@ -34,7 +34,7 @@ from .expr import (
     walk,
 )
 from .interpreter import run_program, run_stmt
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, written
+from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from .printer import format_expr, format_program, format_stmt
 from .rewrite import map_expr, rename_buffers
 from .source import UNKNOWN, SourceLoc

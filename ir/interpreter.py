@@ -28,7 +28,8 @@ from .expr import (
     Unary,
     UnaryOp,
 )
-from .loop import Compute, FusedLoop, Program, Reduce, Stmt
+from . import topk as topk_semantics
+from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 
 Space = tuple[Axis, ...]
 
@@ -174,8 +175,8 @@ def _matmul_reduce(s: Reduce, env: Env) -> np.ndarray | None:
     if any(a.shape[d] != b.shape[d] or a.shape[d] != space[d].extent for d in range(npar, len(space))):
         return None  # a reduced axis one operand does not read: not a contraction
     batch = [d for d in range(npar) if a.shape[d] == b.shape[d]]
-    rows = [d for d in range(npar) if a.shape[d] > 1 and b.shape[d] == 1]
-    cols = [d for d in range(npar) if b.shape[d] > 1 and a.shape[d] == 1]
+    rows = [d for d in range(npar) if a.shape[d] != 1 and b.shape[d] == 1]  # != 1: a 0-length dim too
+    cols = [d for d in range(npar) if b.shape[d] != 1 and a.shape[d] == 1]
     red = list(range(npar, len(space)))
     nrow = int(np.prod([a.shape[d] for d in rows], dtype=np.int64))
     ncol = int(np.prod([b.shape[d] for d in cols], dtype=np.int64))
@@ -189,6 +190,31 @@ def _matmul_reduce(s: Reduce, env: Env) -> np.ndarray | None:
     order = batch + rows + cols
     out = out.transpose([order.index(d) for d in range(npar)])
     return out.astype(v.dtype.numpy, copy=False)
+
+
+def run_topk(s: TopK, env: Env) -> dict[str, np.ndarray]:
+    """Execute a top-k nest; return its values and indices."""
+    space = s.parallel + (s.reduce_axis,)
+    full = np.broadcast_to(evaluate(s.value, env, space), [a.extent for a in space])
+    values, indices = topk_semantics.topk(full, s.k, axis=-1)
+    return {s.values.name: np.ascontiguousarray(np.moveaxis(values, -1, s.rank)),
+            s.indices.name: np.ascontiguousarray(np.moveaxis(indices, -1, s.rank))}
+
+
+def _topk_chunk(st: TopKState, inner: Env, lists: dict, axis: Axis, start: int, stop: int) -> None:
+    """One chunk of a running top-k: the chunk's best k merge with the rescaled previous list."""
+    space = st.axes + (Axis(axis.name, stop - start),)
+    with np.errstate(all="ignore"):
+        full = np.broadcast_to(evaluate(st.term, inner, space), [a.extent for a in space])
+        k = st.k
+        v, i = topk_semantics.topk(full, min(k, stop - start), axis=-1)
+        ev, ei = topk_semantics.empty(v.shape[:-1], k - v.shape[-1], v.dtype)
+        v, i = np.concatenate([v, ev], -1), np.concatenate([i + start, ei], -1)
+        pv, pi = lists[st.acc.name]
+        if st.rescale is not None:
+            r = np.broadcast_to(evaluate(st.rescale, inner, st.axes), pv.shape[:-1])[..., None]
+            pv = np.where(pi >= 0, pv * r, pv).astype(pv.dtype)
+        lists[st.acc.name] = topk_semantics.merge(pv, pi, v.astype(st.acc.dtype.numpy), i)
 
 
 def _windowed(axes: Space, env: Env) -> Space:
@@ -206,18 +232,24 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
     `span` ``(lo, hi)`` runs only that part of the axis (a partial state, for the merge rule).
     """
     acc = {st.acc.name: np.full([a.extent for a in st.axes], st.op.identity(st.acc.dtype), dtype=st.acc.dtype.numpy)
-           for st in s.states}
+           for st in s.states if isinstance(st, OnlineState)}
+    lists = {st.acc.name: topk_semantics.empty(tuple(a.extent for a in st.axes), st.k, st.acc.dtype.numpy)
+             for st in s.states if isinstance(st, TopKState)}
     lo, hi = span if span is not None else (0, s.axis.extent)
     local_names = frozenset(l.out.name for l in s.locals)
     for start in range(lo, hi, max(1, chunk)):
         stop = min(hi, start + max(1, chunk))
         inner = env.child((s.axis.name, start, stop), local_names)
         for st in s.states:
-            inner[st.prev.name] = acc[st.acc.name]
-            inner[st.acc.name] = acc[st.acc.name]
+            if isinstance(st, OnlineState):
+                inner[st.prev.name] = acc[st.acc.name]
+                inner[st.acc.name] = acc[st.acc.name]
         for local in s.locals:
             inner[local.out.name] = run_stmt(local, inner)
         for st in s.states:
+            if isinstance(st, TopKState):
+                _topk_chunk(st, inner, lists, s.axis, start, stop)
+                continue
             chunk_axis = Axis(s.axis.name, stop - start)
             partial = _matmul_reduce(Reduce(st.acc, st.axes, (chunk_axis,), st.op, st.term), inner)
             with np.errstate(all="ignore"):
@@ -237,6 +269,11 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                     new = (np.maximum if st.op is ReduceOp.MAX else np.minimum)(prev, partial)
             new = np.broadcast_to(new, prev.shape).astype(st.acc.dtype.numpy, order="C")  # a fresh array (0-d stays 0-d)
             inner[st.acc.name] = acc[st.acc.name] = new
+    for st in s.states:
+        if isinstance(st, TopKState):
+            values, indices = lists[st.acc.name]
+            acc[st.acc.name] = np.ascontiguousarray(np.moveaxis(values, -1, st.rank))
+            acc[st.indices.name] = np.ascontiguousarray(np.moveaxis(indices, -1, st.rank))
     return acc
 
 
@@ -280,6 +317,8 @@ def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...],
     for s in p.body:
         if isinstance(s, FusedLoop):
             env.update(run_fused_loop(s, env, chunk))
+        elif isinstance(s, TopK):
+            env.update(run_topk(s, env))
         else:
             env[s.out.name] = run_stmt(s, env)
     return tuple(env[b.name] for b in p.outputs)

@@ -40,6 +40,32 @@ class Reduce:
 
 
 @dataclass(frozen=True, slots=True)
+class TopK:
+    """``for axes: values, indices = top k over reduce_axis of value`` (order: see `redfuser.ir.topk`).
+
+    `values` and `indices` (i64) have one dim per axis of `axes`; ``axes[rank]``, of
+    extent k, is the rank (0 = largest). `value` reads the other axes and `reduce_axis`.
+    """
+
+    values: Buffer
+    indices: Buffer
+    axes: tuple[Axis, ...]
+    rank: int
+    reduce_axis: Axis
+    value: Expr
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+    @property
+    def k(self) -> int:
+        return self.axes[self.rank].extent
+
+    @property
+    def parallel(self) -> tuple[Axis, ...]:
+        """The axes other than the rank."""
+        return self.axes[: self.rank] + self.axes[self.rank + 1:]
+
+
+@dataclass(frozen=True, slots=True)
 class OnlineState:
     """One loop-carried partial result of a fused cascade (ARCHITECTURE.md section 4).
 
@@ -71,6 +97,29 @@ class OnlineState:
 
 
 @dataclass(frozen=True, slots=True)
+class TopKState:
+    """A running top-k of a fused cascade (the top-k monoid of `redfuser.ir.topk`).
+
+    Per chunk: the chunk's top k of `term` (indices along the loop axis) merges
+    with the previous list, whose values (not empty slots) are first multiplied
+    by `rescale` — positive, so the order is kept. `acc` holds the values with the
+    rank at position `rank` among `axes`; `indices` the positions (i64).
+    """
+
+    acc: Buffer
+    indices: Buffer
+    prev: Buffer
+    axes: tuple[Axis, ...]
+    rank: int
+    term: Expr
+    rescale: Expr | None = None
+
+    @property
+    def k(self) -> int:
+        return self.acc.shape[self.rank]
+
+
+@dataclass(frozen=True, slots=True)
 class FusedLoop:
     """One pass over `axis` that computes several reductions at once (a fused cascade).
 
@@ -82,20 +131,27 @@ class FusedLoop:
 
     axis: Axis
     locals: tuple["Compute | Reduce", ...]
-    states: tuple[OnlineState, ...]
+    states: tuple["OnlineState | TopKState", ...]
     loc: SourceLoc = field(default=UNKNOWN, compare=False)
 
     @property
     def outs(self) -> tuple[Buffer, ...]:
-        return tuple(s.acc for s in self.states)
+        out: list[Buffer] = []
+        for s in self.states:
+            out += [s.acc, s.indices] if isinstance(s, TopKState) else [s.acc]
+        return tuple(out)
 
 
-Stmt = Union[Compute, Reduce, FusedLoop]
+Stmt = Union[Compute, Reduce, TopK, FusedLoop]
 
 
 def written(s: "Stmt") -> tuple[Buffer, ...]:
     """The buffers a statement defines (visible after it)."""
-    return s.outs if isinstance(s, FusedLoop) else (s.out,)
+    if isinstance(s, FusedLoop):
+        return s.outs
+    if isinstance(s, TopK):
+        return (s.values, s.indices)
+    return (s.out,)
 
 
 @dataclass(frozen=True, slots=True)

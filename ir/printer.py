@@ -26,7 +26,7 @@ from .expr import (
     Unary,
     UnaryOp,
 )
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt
+from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 from .source import SourceLoc
 
 _PREC = {
@@ -116,12 +116,21 @@ def format_state(st: OnlineState, axis: Axis) -> str:
     return f"{head}{st.op.value}({prev}, {partial})"
 
 
+def format_topk_state(st: TopKState, axis: Axis) -> str:
+    """A running top-k's per-chunk update: ``v, i = top k of (v_prev * rescale, top k over j of term)``."""
+    head = f"{st.acc.name}, {st.indices.name}: {st.acc.type}, {st.indices.type} = "
+    head += f"for {_loops(st.axes)}: " if st.axes else ""
+    prev = st.prev.name if st.rescale is None else f"{st.prev.name} * {format_expr(st.rescale)}"
+    return f"{head}top {st.k} of ({prev}, top {st.k} over {axis.name} of {format_expr(st.term)})"
+
+
 def format_fused_loop(s: FusedLoop, indent: str = "") -> str:
     """A fused loop: its header, per-chunk producers (``local``) and state updates, one per line."""
-    names = ", ".join(st.acc.name for st in s.states)
+    names = ", ".join(b.name for b in s.outs)
     lines = [f"{indent}{names} = fused loop over {s.axis.name}<{s.axis.extent}, chunk by chunk:"]
     lines += [f"{indent}  local {format_stmt(l)}" for l in s.locals]
-    lines += [f"{indent}  {format_state(st, s.axis)}" for st in s.states]
+    lines += [f"{indent}  " + (format_topk_state(st, s.axis) if isinstance(st, TopKState) else format_state(st, s.axis))
+              for st in s.states]
     return "\n".join(lines)
 
 
@@ -129,6 +138,10 @@ def format_stmt(s: Stmt) -> str:
     """One loop nest on one line: ``name: type = for axes: value``."""
     if isinstance(s, FusedLoop):
         return format_fused_loop(s)
+    if isinstance(s, TopK):
+        loops = f"for {_loops(s.axes)}: " if s.axes else ""
+        return (f"{s.values.name}, {s.indices.name}: {s.values.type}, {s.indices.type} = {loops}top {s.k} over "
+                f"{s.reduce_axis.name}<{s.reduce_axis.extent} of {format_expr(s.value)}")
     head = f"{s.out.name}: {s.out.type} = "
     loops = f"for {_loops(s.axes)}: " if s.axes else ""
     if isinstance(s, Compute):

@@ -5,7 +5,7 @@ from dataclasses import replace
 from typing import Callable
 
 from .expr import Binary, Buffer, Cast, Expr, Load, Select, Unary
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt
+from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 
 
 def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
@@ -35,13 +35,16 @@ def rename_buffers(p: Program, names: dict[str, str], program_name: str | None =
     def fix(e: Expr) -> Expr | None:
         return Load(buf(e.buffer), e.indices) if isinstance(e, Load) else None
 
-    def state(st: OnlineState) -> OnlineState:
+    def state(st: OnlineState | TopKState) -> OnlineState | TopKState:
         rescale = None if st.rescale is None else map_expr(st.rescale, fix)
-        return replace(st, acc=buf(st.acc), prev=buf(st.prev), term=map_expr(st.term, fix), rescale=rescale)
+        st = replace(st, acc=buf(st.acc), prev=buf(st.prev), term=map_expr(st.term, fix), rescale=rescale)
+        return replace(st, indices=buf(st.indices)) if isinstance(st, TopKState) else st
 
     def stmt(s: Stmt) -> Stmt:
         if isinstance(s, FusedLoop):
             return replace(s, locals=tuple(stmt(l) for l in s.locals), states=tuple(state(st) for st in s.states))
+        if isinstance(s, TopK):
+            return replace(s, values=buf(s.values), indices=buf(s.indices), value=map_expr(s.value, fix))
         return replace(s, out=buf(s.out), value=map_expr(s.value, fix))
 
     return Program(

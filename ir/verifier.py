@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from .errors import VerifyError
 from .expr import Axis, Binary, Buffer, Cast, Expr, IndexValue, Load, Select, Unary, UnaryOp, walk
-from .loop import Compute, FusedLoop, Program, Reduce, Stmt, written
+from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from .printer import format_stmt
-from .types import bool_
+from .types import bool_, int64
 
 
 def _fail(msg: str, stmt: Stmt | None, pass_name: str) -> None:
@@ -63,6 +63,20 @@ def verify_stmt(s: Stmt, defined: dict[str, Buffer], pass_name: str = "") -> Non
     verify_expr(s.value, {a.name: a for a in axes}, defined, s, pass_name)
 
 
+def verify_topk(s: TopK, defined: dict[str, Buffer], pass_name: str = "") -> None:
+    """Check a top-k nest: buffer shapes follow its axes, indices are i64, the value has the values' dtype."""
+    shape = tuple(a.extent for a in s.axes)
+    if s.values.shape != shape or s.indices.shape != shape or s.indices.dtype != int64:
+        _fail(f"top-k buffers {s.values.type}, {s.indices.type} do not match loops {list(shape)} (indices i64)",
+              None, pass_name)
+    if not 0 <= s.rank < len(s.axes) or s.k > s.reduce_axis.extent:
+        _fail(f"top-k rank {s.rank} / k {s.k} out of range for {s.reduce_axis.extent} elements", None, pass_name)
+    if s.value.dtype != s.values.dtype:
+        _fail(f"top-k value has dtype {s.value.dtype} but {s.values.name} is {s.values.dtype}", None, pass_name)
+    probe = Compute(s.values, s.axes, s.value)
+    verify_expr(s.value, {a.name: a for a in s.parallel + (s.reduce_axis,)}, defined, probe, pass_name)
+
+
 def verify_fused_loop(s: FusedLoop, defined: dict[str, Buffer], pass_name: str = "") -> None:
     """Check a fused loop: locals run along its axis; each state reads only what is known at its turn."""
     inner = dict(defined)
@@ -72,17 +86,23 @@ def verify_fused_loop(s: FusedLoop, defined: dict[str, Buffer], pass_name: str =
         verify_stmt(local, inner, pass_name)
         inner[local.out.name] = local.out
     for st in s.states:
-        if st.prev.type != st.acc.type or tuple(a.extent for a in st.axes) != st.acc.shape:
+        shape = tuple(a.extent for a in st.axes)
+        if isinstance(st, TopKState):
+            shape = shape[: st.rank] + (st.k,) + shape[st.rank:]
+            if st.indices.shape != shape or st.indices.dtype != int64 or st.k > s.axis.extent:
+                _fail(f"top-k state {st.acc.name}: indices {st.indices.type} or k {st.k} wrong", None, pass_name)
+        if st.prev.type != st.acc.type or shape != st.acc.shape:
             _fail(f"state {st.acc.name}: prev/acc types or axes disagree", s.locals[0] if s.locals else None, pass_name)
         inner[st.prev.name] = st.prev
     for st in s.states:
         if st.term.dtype != st.acc.dtype:
             _fail(f"state {st.acc.name}: term has dtype {st.term.dtype}, accumulator {st.acc.dtype}", None, pass_name)
-        probe = Compute(st.acc, st.axes, st.term)
+        probe = Compute(st.acc, st.axes, st.term) if isinstance(st, OnlineState) else None
         verify_expr(st.term, {a.name: a for a in st.axes + (s.axis,)}, inner, probe, pass_name)
         if st.rescale is not None:
             verify_expr(st.rescale, {a.name: a for a in st.axes}, inner, probe, pass_name)
-        inner[st.acc.name] = st.acc
+        if isinstance(st, OnlineState):   # a running top-k is not readable inside the loop
+            inner[st.acc.name] = st.acc
 
 
 def verify_program(p: Program, pass_name: str = "") -> Program:
@@ -95,6 +115,8 @@ def verify_program(p: Program, pass_name: str = "") -> Program:
     for s in p.body:
         if isinstance(s, FusedLoop):
             verify_fused_loop(s, defined, pass_name)
+        elif isinstance(s, TopK):
+            verify_topk(s, defined, pass_name)
         elif isinstance(s, Compute | Reduce):
             verify_stmt(s, defined, pass_name)
         else:

@@ -56,6 +56,7 @@ from .ops import (
     subtract,
     sum,
     swapaxes,
+    topk,
     transpose,
     where,
 )

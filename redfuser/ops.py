@@ -14,8 +14,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .ir import topk as topk_semantics
 from .ir import (
     Axis,
+    BufferType,
+    TopK,
     Binary,
     BinaryOp,
     Cast,
@@ -522,6 +525,33 @@ def arange(start, stop=None, step=1, dtype=None):
         value = Binary(BinaryOp.ADD, constant(lo, out_dtype), value, out_dtype)
     loc = user_loc()
     return builder.emit("arange", out_dtype, ref.shape, lambda out: Compute(out, axes, value, loc=loc))
+
+
+# ---------------------------------------------------------------------------------------------
+# top-k
+# ---------------------------------------------------------------------------------------------
+def topk(x, k: int, axis: int = -1):
+    """The `k` largest values along `axis`, descending, and their indices (int64).
+
+    Ties go to the lower index; NaN counts as smaller than every number. On arrays this is
+    `redfuser.ir.topk.topk`, the definition every backend follows.
+    """
+    if not _traced(x):
+        return topk_semantics.topk(np.asarray(x), k, axis)
+    _check_operand("topk", x)
+    d = _dim("topk", x, axis)
+    n = x.shape[d]
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= n:
+        raise ShapeError(f"k must be an int in [1, {n}] for axis {axis} of {describe(x)}, got {k!r}",
+                         op="topk", loc=user_loc())
+    loc = user_loc()
+    r = Axis("r0", n)
+    out_axes = tuple(Axis("t0", int(k)) if i == d else Axis(f"i{i}", s) for i, s in enumerate(x.shape))
+    value = x.expr_for(tuple(r if i == d else a for i, a in enumerate(out_axes)))
+    shape = tuple(a.extent for a in out_axes)
+    types = (BufferType(x.ir_dtype, shape), BufferType(T.int64, shape))
+    return x.builder.emit_pair(("topk_values", "topk_indices"), types,
+                               lambda v, i: TopK(v, i, out_axes, d, r, value, loc=loc))
 
 
 UFUNC_OPERATORS: dict[np.ufunc, Callable] = {

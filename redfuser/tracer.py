@@ -33,6 +33,7 @@ from .ir import (
     TracerBoolError,
     UnsupportedError,
     rename_buffers,
+    written,
 )
 from .ir import types as T
 from .source_info import is_internal, user_loc
@@ -78,6 +79,14 @@ class TraceBuilder:
         self.body.append(make(buf))
         return Tracer(self, buf, tuple(range(len(shape))), shape)
 
+    def emit_pair(self, hints: tuple[str, str], types: tuple[BufferType, BufferType],
+                  make: Callable[[Buffer, Buffer], Stmt]) -> tuple["Tracer", "Tracer"]:
+        """Like `emit`, for a nest writing two buffers (top-k's values and indices)."""
+        self.name_user_variables()
+        a, b = (Buffer(self.fresh(h), t) for h, t in zip(hints, types))
+        self.body.append(make(a, b))
+        return tuple(Tracer(self, x, tuple(range(len(x.shape))), x.shape) for x in (a, b))  # type: ignore[return-value]
+
     def axes(self, shape: tuple[int, ...], prefix: str = "i") -> tuple[Axis, ...]:
         return tuple(Axis(f"{prefix}{n}", s) for n, s in enumerate(shape))
 
@@ -117,8 +126,8 @@ class TraceBuilder:
             out_bufs.append(copy.buffer)
         names = {}
         for s in self.body:
-            old = s.out.name
-            names[old] = self._user_names.get(old) or self._temp_name(old, s.loc)
+            for out in written(s):
+                names[out.name] = self._user_names.get(out.name) or self._temp_name(out.name, s.loc)
         program = Program(self.name, tuple(self.inputs), tuple(out_bufs), tuple(self.body))
         return rename_buffers(program, names)
 
@@ -171,7 +180,8 @@ class Tracer:
         self.buffer = buffer
         self.view = view
         self.shape = tuple(int(s) for s in shape)
-        self.loc: SourceLoc = builder.body[-1].loc if builder.body and builder.body[-1].out == buffer else SourceLoc("<input>", 0)
+        last = builder.body[-1] if builder.body else None
+        self.loc: SourceLoc = last.loc if last is not None and buffer in written(last) else SourceLoc("<input>", 0)
 
     # -- static properties (known at trace time) -----------------------------------------------
     @property

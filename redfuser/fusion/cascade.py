@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import Axis, Load, Program, Reduce, walk, written
+from ..ir import Axis, Load, Program, walk, written
 from .inline import reads
+from .member import Member, as_member
 
 
 @dataclass
@@ -22,17 +23,17 @@ class Candidate:
     """A proposed cascade: reductions over one axis length, in program order."""
 
     extent: int
-    members: list[Reduce] = field(default_factory=list)
+    members: list[Member] = field(default_factory=list)
     signature: set[tuple[str, int]] = field(default_factory=set)  # (buffer, dim) read along the axis
 
     @property
     def outs(self) -> set[str]:
-        return {m.out.name for m in self.members}
+        return {b.name for m in self.members for b in written(m.stmt)}
 
 
-def axis_signature(r: Reduce) -> set[tuple[str, int]]:
+def axis_signature(r: Member) -> set[tuple[str, int]]:
     """The (buffer, dimension) pairs `r` reads along its reduced axis."""
-    axis = r.reduce_axes[0]
+    axis = r.reduce_axis
     return {(n.buffer.name, d) for n in walk(r.value) if isinstance(n, Load)
             for d, i in enumerate(n.indices) if isinstance(i, Axis) and i.name == axis.name}
 
@@ -54,13 +55,14 @@ def find_candidates(p: Program) -> list[Candidate]:
     """Group the program's single-axis reductions into proposed cascades (see the module docstring)."""
     deps = dependencies(p)
     groups: list[Candidate] = []
-    for s in p.body:
-        if not (isinstance(s, Reduce) and len(s.reduce_axes) == 1):
+    for stmt in p.body:
+        s = as_member(stmt)
+        if s is None:
             continue
-        extent = s.reduce_axes[0].extent
+        extent = s.reduce_axis.extent
         sig = axis_signature(s)
         along = {b for b, _ in sig}   # read along the reduced axis: inputs of the pass, never its results
-        direct = reads(s)
+        direct = reads(stmt)
         chosen = None
         for g in groups:
             if g.extent != extent:

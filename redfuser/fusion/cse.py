@@ -33,7 +33,7 @@ def share_common_nests(p: Program) -> Program:
     body = []
     for s in p.body:
         if not isinstance(s, Compute | Reduce):
-            body.append(s)
+            body.append(replace(s, value=map_expr(s.value, fix)) if hasattr(s, "value") else s)
             continue
         s = replace(s, value=map_expr(s.value, fix))
         k = _key(s)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Compute, Program, Reduce, walk, written
+from ..ir import Compute, Program, Reduce, TopK, walk, written
 from ..ir.expr import Load
 from .substitute import inline_loads
 
@@ -25,7 +25,7 @@ def inline_elementwise(p: Program) -> Program:
     producers: dict[str, tuple] = {}
     body = []
     for s in p.body:
-        if isinstance(s, Compute | Reduce):
+        if isinstance(s, Compute | Reduce | TopK):
             s = replace(s, value=inline_loads(s.value, producers))
             if isinstance(s, Compute) and _size(s.value) <= MAX_INLINE_NODES:
                 producers[s.out.name] = (s.axes, s.value)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir import Buffer, Expr, FusedLoop, Load, OnlineState, ReduceOp, map_expr
+from ..ir import Buffer, Expr, FusedLoop, Load, OnlineState, ReduceOp, TopKState, map_expr
+from ..ir import topk as topk_semantics
 from ..ir.interpreter import Env, evaluate
 
 
@@ -26,7 +27,7 @@ from ..ir.interpreter import Env, evaluate
 class MergeStep:
     """How one state's two partials (`a`, `b`) combine; `scale_a`/`scale_b` read a-, b- and merged buffers."""
 
-    state: OnlineState
+    state: OnlineState | TopKState
     a: Buffer
     b: Buffer
     scale_a: Expr | None
@@ -47,7 +48,7 @@ def merge_rule(loop: FusedLoop) -> tuple[MergeStep, ...]:
             if st.rescale is None:
                 sides[side] = None
                 continue
-            prev_to_side = {s.prev.name: partial_buffer(s, side) for s in loop.states}
+            prev_to_side = {s.prev.name: partial_buffer(s, side) for s in loop.states if isinstance(s, OnlineState)}
             sides[side] = map_expr(st.rescale, lambda n, m=prev_to_side: Load(m[n.buffer.name], n.indices)
                                    if isinstance(n, Load) and n.buffer.name in m else None)
         steps.append(MergeStep(st, partial_buffer(st, "a"), partial_buffer(st, "b"), sides["a"], sides["b"]))
@@ -56,11 +57,17 @@ def merge_rule(loop: FusedLoop) -> tuple[MergeStep, ...]:
 
 def merge_partials(loop: FusedLoop, a: dict[str, np.ndarray], b: dict[str, np.ndarray],
                    env: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Merge two partial states (state name -> array) of `loop` with numpy, by `merge_rule`."""
+    """Merge two partial states (state name -> array) of `loop` with numpy, by `merge_rule`.
+
+    A running top-k's partials are its values and indices (`state.indices.name` in `a` and `b`).
+    """
     scope = Env(env or {})
     merged: dict[str, np.ndarray] = {}
     for step in merge_rule(loop):
         st = step.state
+        if isinstance(st, TopKState):
+            merged.update(_merge_topk(step, a, b, scope))
+            continue
         scope[step.a.name], scope[step.b.name] = a[st.acc.name], b[st.acc.name]
         identity = np.asarray(st.op.identity(st.acc.dtype), dtype=st.acc.dtype.numpy)
         parts = []
@@ -76,3 +83,19 @@ def merge_partials(loop: FusedLoop, a: dict[str, np.ndarray], b: dict[str, np.nd
                 value = (np.maximum if st.op is ReduceOp.MAX else np.minimum)(parts[0], parts[1])
         merged[st.acc.name] = scope[st.acc.name] = np.asarray(value, dtype=st.acc.dtype.numpy)
     return merged
+
+
+def _merge_topk(step: MergeStep, a: dict[str, np.ndarray], b: dict[str, np.ndarray], scope: Env) -> dict:
+    """Two running top-k lists: rescale each side's values (empty slots stay empty), keep the best k."""
+    st = step.state
+    sides = []
+    with np.errstate(all="ignore"):
+        for part, scale in ((a, step.scale_a), (b, step.scale_b)):
+            values = np.moveaxis(part[st.acc.name], st.rank, -1)
+            indices = np.moveaxis(part[st.indices.name], st.rank, -1)
+            if scale is not None:
+                r = np.broadcast_to(evaluate(scale, scope, st.axes), values.shape[:-1])[..., None]
+                values = np.where(indices >= 0, values * r, values).astype(values.dtype)
+            sides.append((values, indices))
+    values, indices = topk_semantics.merge(*sides[0], *sides[1])
+    return {st.acc.name: np.moveaxis(values, -1, st.rank), st.indices.name: np.moveaxis(indices, -1, st.rank)}

@@ -26,6 +26,7 @@ from ..ir import (
     Reduce,
     ReduceOp,
     Select,
+    TopKState,
     format_expr,
     map_expr,
     walk,
@@ -35,6 +36,7 @@ from ..ir.types import bool_
 from .cascade import Candidate, dependencies
 from .group import CascadeGroup
 from .inline import reads
+from .member import Member
 from .numeric_check import check
 from .positivity import is_positive
 from .separability import Decomposition, FusionContext, Refusal, decompose, rescale_expr
@@ -67,17 +69,18 @@ class _Builder:
 
     def __init__(self, axis: Axis) -> None:
         self.axis = axis
-        self.states: list[OnlineState] = []
+        self.states: list[OnlineState | TopKState] = []
         self.positive: set[str] = set()
         self.epilogue: list[Compute] = []
         self.epilogue_values: dict[str, tuple] = {}   # member -> (axes, value over state buffers)
         self.names: set[str] = set()
         self.online: list = []                         # each state's online exponent (for sharing)
 
-    def state_for(self, member: Reduce, acc, suggested: Buffer) -> Buffer:
+    def state_for(self, member: Member, acc, suggested: Buffer) -> Buffer:
         """The state accumulating `acc` (shared with an equal one already in the loop)."""
         for st, online in zip(self.states, self.online):
-            if (st.op, st.axes, st.term, online) == (acc.op, member.axes, self.safe(acc.term), acc.online):
+            if (isinstance(st, OnlineState) and not member.is_topk
+                    and (st.op, st.axes, st.term, online) == (acc.op, member.state_axes, self.safe(acc.term), acc.online)):
                 return st.acc
         name = suggested.name
         k = 1
@@ -87,16 +90,20 @@ class _Builder:
         prev = Buffer(f"{name}_prev", suggested.type)
         self.names |= {name, prev.name}
         rescale = rescale_expr(acc.online, self.to_prev, suggested.dtype, self.safe)
-        st = OnlineState(buf, prev, member.axes, acc.op, self.safe(acc.term), rescale)
+        if member.is_topk:
+            st = TopKState(buf, member.indices, prev, member.state_axes, member.rank, self.safe(acc.term), rescale)
+        else:
+            st = OnlineState(buf, prev, member.state_axes, acc.op, self.safe(acc.term), rescale)
         self.states.append(st)
         self.online.append(acc.online)
-        if is_positive(acc.term, frozenset(self.positive)):
+        if not member.is_topk and is_positive(acc.term, frozenset(self.positive)):
             self.positive.add(name)
         return buf
 
     def running_extrema(self) -> dict[str, float]:
         """Max/min states and their identities (what they hold before any element is seen)."""
-        return {st.acc.name: st.op.identity(st.acc.dtype) for st in self.states if st.op is not ReduceOp.SUM}
+        return {st.acc.name: st.op.identity(st.acc.dtype) for st in self.states
+                if isinstance(st, OnlineState) and st.op is not ReduceOp.SUM}
 
     def safe(self, e: Expr) -> Expr:
         """`e` reading each running max/min as 0 while it still holds its identity (see OnlineState)."""
@@ -123,7 +130,7 @@ class _Builder:
         return cond
 
     def to_prev(self, e: Expr) -> Expr:
-        prev = {st.acc.name: st.prev for st in self.states}
+        prev = {st.acc.name: st.prev for st in self.states if isinstance(st, OnlineState)}
         return map_expr(e, lambda n: Load(prev[n.buffer.name], n.indices)
                         if isinstance(n, Load) and n.buffer.name in prev else None)
 
@@ -133,7 +140,7 @@ def _constant(e: Expr) -> bool:
     return not any(isinstance(n, Load | IndexValue) for n in walk(e))
 
 
-def _epilogue_value(member: Reduce, dec: Decomposition, accs: list[Buffer | Expr],
+def _epilogue_value(member: Member, dec: Decomposition, accs: list[Buffer | Expr],
                     unseen: list[Expr | None] | None = None) -> Expr:
     """``sum_j factor_j * acc_j + addend``; with `unseen`, an accumulator whose running max never left
     -inf is NaN (what the reference's ``exp(-inf - -inf)`` gives)."""
@@ -159,23 +166,26 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
     """Rewrite `p` so that the members of `cand` that factor run in one `FusedLoop`."""
     axis = Axis(_fresh_axis_name(p), cand.extent)
     first = cand.members[0]
-    group = CascadeGroup(tuple(m.out.name for m in cand.members), axis,
-                         f"{first.reduce_axes[0].extent} elements, reduced by {', '.join(m.out.name for m in cand.members)}")
+    group = CascadeGroup(tuple(m.name for m in cand.members), axis,
+                         f"{first.reduce_axis.extent} elements, reduced by {', '.join(m.name for m in cand.members)}")
     b = _Builder(axis)
-    fused: list[Reduce] = []
+    fused: list[Member] = []
+    after_loop: set[str] = set()   # results that exist only once the loop is over (a top-k's lists)
     refused: dict[str, str] = {}
     notes: list[str] = []
     for member in cand.members:
-        name = member.out.name
-        value = rename_axes(member.value, {member.reduce_axes[0].name: axis})
-        blocked = sorted(reads(member) & set(refused))
+        name = member.name
+        value = rename_axes(member.value, {member.reduce_axis.name: axis})
+        blocked = sorted(reads(member.stmt) & (set(refused) | after_loop))
         if blocked:
-            refused[name] = f"`{name}` reads `{blocked[0]}`, which is not fused, so it needs its final value"
+            refused[name] = (f"`{name}` reads `{blocked[0]}`, which is not fused, so it needs its final value"
+                             if blocked[0] in refused else
+                             f"`{name}` reads the top-k result `{blocked[0]}`, which is only known after the pass")
             group.decompositions[name] = Refusal(refused[name])
             continue
         value = inline_loads(value, b.epilogue_values)
         ctx = FusionContext(axis.name, frozenset(st.acc.name for st in b.states), frozenset(b.positive))
-        dec = decompose(value, member.op, ctx, name)
+        dec = decompose(value, member.order_op, ctx, name)
         if isinstance(dec, Decomposition):
             failure = check(value, dec, ctx)
             if failure:
@@ -186,12 +196,15 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             refused[name] = dec.reason
             continue
         fused.append(member)
+        if member.is_topk:
+            after_loop |= {member.out.name, member.indices.name}
         unseen = [b.unseen(acc.online) for acc in dec.accumulators]
         direct = (len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
                   and unseen[0] is None)
         accs = []
         for n, acc in enumerate(dec.accumulators):
-            if acc.op is ReduceOp.SUM and not direct and not acc.online.terms and _constant(acc.term):
+            if (acc.op is ReduceOp.SUM and not member.is_topk and not direct and not acc.online.terms
+                    and _constant(acc.term)):
                 # A sum of a constant needs no loop-carried state: it is extent * constant.
                 accs.append(Binary(BinaryOp.MUL, Const(float(axis.extent), acc.term.dtype), acc.term, acc.term.dtype))
                 continue
@@ -216,15 +229,15 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         return p, group
     locals_ = _pull_locals(p, fused, b, axis)
     loop = FusedLoop(axis, tuple(l for _, l in locals_), tuple(b.states), loc=first.loc)
-    group.fused, group.fused_members = True, tuple(m.out.name for m in fused)
+    group.fused, group.fused_members = True, tuple(m.name for m in fused)
     group.locals = tuple(l.out.name for _, l in locals_)
     group.states, group.epilogue = loop.states, tuple(b.epilogue)
-    return _place(p, set(map(id, fused)) | {id(s) for s, _ in locals_}, loop, b.epilogue), group
+    return _place(p, {id(m.stmt) for m in fused} | {id(s) for s, _ in locals_}, loop, b.epilogue), group
 
 
-def _pull_locals(p: Program, fused: list[Reduce], b: _Builder, axis: Axis) -> list[tuple[Reduce, Reduce]]:
+def _pull_locals(p: Program, fused: list[Member], b: _Builder, axis: Axis) -> list[tuple[Reduce, Reduce]]:
     """Reductions read only by the loop, along its axis at one fixed dim: computed per chunk inside it."""
-    fused_ids = set(map(id, fused))
+    fused_ids = {id(m.stmt) for m in fused}
     outputs = {o.name for o in p.outputs}
     used_elsewhere = set()
     for s in p.body:
