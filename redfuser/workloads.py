@@ -72,6 +72,24 @@ def mean_abs_deviation(x):
     return rf.sum(rf.abs(x - mu), axis=-1) / n
 
 
+def moe_routing(logits):
+    """MoE routing: softmax over experts, top-2, renormalized by the kept sum."""
+    m = rf.max(logits, axis=-1, keepdims=True)
+    e = rf.exp(logits - m)
+    p = e / rf.sum(e, axis=-1, keepdims=True)
+    weights, experts = rf.topk(p, 2)
+    return weights / rf.sum(weights, axis=-1, keepdims=True), experts
+
+
+def fp8_quant_gemm(x, w, w_scale):
+    """Per-token absmax quantization of `x` to float8_e4m3fn, GEMM with FP8 weights, per-channel scales."""
+    xf = x.astype(rf.float32)
+    a = rf.max(rf.abs(xf), axis=-1, keepdims=True)
+    xq = (xf * (448.0 / a)).astype(rf.float8_e4m3fn)
+    y = xq.astype(rf.float32) @ w.astype(rf.float32)
+    return y * w_scale * (a / 448.0)
+
+
 @dataclass(frozen=True)
 class Workload:
     """A reference kernel and example inputs for it."""
@@ -96,4 +114,9 @@ WORKLOADS: dict[str, Workload] = {
     "softmax_entropy": Workload(softmax_entropy, _rows((64, 1000))),
     "layer_norm_stats": Workload(layer_norm_stats, _rows((64, 1000))),
     "mean_abs_deviation": Workload(mean_abs_deviation, _rows((64, 1000))),
+    "moe_routing": Workload(moe_routing, _rows((256, 64))),
+    "fp8_quant_gemm": Workload(fp8_quant_gemm, lambda rng: (
+        rng.standard_normal((64, 256)).astype(np.float16),
+        rng.standard_normal((256, 128)).astype(rf.float8_e4m3fn),
+        rng.uniform(0.5, 2.0, 128).astype(np.float32))),
 }

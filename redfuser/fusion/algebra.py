@@ -193,8 +193,8 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
     """`e` in normal form. Sub-expressions no rule applies to become atoms (kept whole)."""
     if isinstance(e, Const) and not isinstance(e.value, bool) and math.isfinite(e.value):
         return const(float(e.value))
-    if isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float:
-        return normalize(e.x, positive, nonneg)  # casts between floats are transparent to the algebra
+    if isinstance(e, Cast) and is_widening(e):
+        return normalize(e.x, positive, nonneg)  # widening float casts are exact: transparent
     if isinstance(e, Binary):
         op = e.op
         if op in (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV):
@@ -232,6 +232,19 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
             if out is not None and len(inner) == 1:
                 return out
     return atom(e)
+
+
+def is_widening(e: Cast) -> bool:
+    """True for a float-to-float cast that loses nothing (every value of the source is exact in the target)."""
+    wider = {"f8e4m3": 1, "bf16": 2, "f16": 2, "f32": 3, "f64": 4}
+    src, dst = e.x.dtype.name, e.dtype.name
+    return src in wider and dst in wider and (wider[dst] > wider[src] or src == dst) and not (
+        {src, dst} == {"bf16", "f16"})
+
+
+def is_narrowing(e: Expr) -> bool:
+    """True for a float-to-float cast that rounds (a quantization, e.g. to float8_e4m3fn)."""
+    return isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float and not is_widening(e)
 
 
 def atom_power(e: Expr, k: int) -> Sum:

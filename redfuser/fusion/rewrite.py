@@ -80,7 +80,8 @@ class _Builder:
         """The state accumulating `acc` (shared with an equal one already in the loop)."""
         for st, online in zip(self.states, self.online):
             if (isinstance(st, OnlineState) and not member.is_topk
-                    and (st.op, st.axes, st.term, online) == (acc.op, member.state_axes, self.safe(acc.term), acc.online)):
+                    and (st.op, st.axes, st.term, online) == (acc.op, member.state_axes, self.safe_term(acc),
+                                                               (acc.online, acc.powers))):
                 return st.acc
         name = suggested.name
         k = 1
@@ -89,13 +90,13 @@ class _Builder:
         buf = Buffer(name, suggested.type)
         prev = Buffer(f"{name}_prev", suggested.type)
         self.names |= {name, prev.name}
-        rescale = rescale_expr(acc.online, self.to_prev, suggested.dtype, self.safe)
+        rescale = rescale_expr(acc.online, self.to_prev, suggested.dtype, self.safe, acc.powers, self.safe_scale)
         if member.is_topk:
-            st = TopKState(buf, member.indices, prev, member.state_axes, member.rank, self.safe(acc.term), rescale)
+            st = TopKState(buf, member.indices, prev, member.state_axes, member.rank, self.safe_term(acc), rescale)
         else:
-            st = OnlineState(buf, prev, member.state_axes, acc.op, self.safe(acc.term), rescale)
+            st = OnlineState(buf, prev, member.state_axes, acc.op, self.safe_term(acc), rescale)
         self.states.append(st)
-        self.online.append(acc.online)
+        self.online.append((acc.online, acc.powers))
         if not member.is_topk and is_positive(acc.term, frozenset(self.positive)):
             self.positive.add(name)
         return buf
@@ -117,16 +118,47 @@ class _Builder:
 
         return map_expr(e, fix)
 
-    def unseen(self, online) -> Expr | None:
-        """True where a running max/min in `online`'s exponent ended at its identity (all elements ∓inf)."""
+    def safe_scale(self, e: Expr) -> Expr:
+        """`e` reading each running max as 1 while it is still at its identity or 0 (nothing but zeros
+        seen): a quantization scaled by ``1 / a`` then gives the exact 0 instead of ``0 * inf``."""
+        ext = self.running_extrema()
+
+        def fix(n: Expr) -> Expr | None:
+            if isinstance(n, Load) and n.buffer.name in ext:
+                return Select(self._unset_scale(n), Const(1.0, n.dtype), n, n.dtype)
+            return None
+
+        return map_expr(e, fix)
+
+    def _unset_scale(self, n: Load) -> Expr:
+        ident = Binary(BinaryOp.EQ, n, Const(self.running_extrema()[n.buffer.name], n.dtype), bool_)
+        return Binary(BinaryOp.OR, ident, Binary(BinaryOp.EQ, n, Const(0.0, n.dtype), bool_), bool_)
+
+    def safe_term(self, acc) -> Expr:
+        """The accumulated term with running maxima read safely: as a scale inside quantizations, as an
+        offset inside exponentials (see `safe_scale` and `safe`)."""
+        term = self.safe(acc.term)
+        # Inside a quantization the running max is a scale, not an offset: swap in its scale-safe form.
+        scaled = {self.safe(q): self.safe_scale(q) for q in acc.quantized}
+        return map_expr(term, lambda n: scaled.get(n)) if scaled else term
+
+    def unseen(self, acc) -> Expr | None:
+        """True where the reference's own value is NaN because a running max the accumulator depends
+        on ended at its identity (every element -inf) or, scaling a quantization, at 0."""
         ext = self.running_extrema()
         cond: Expr | None = None
-        for mono, _ in online.terms:
+
+        def add(c: Expr) -> None:
+            nonlocal cond
+            cond = c if cond is None else Binary(BinaryOp.OR, cond, c, bool_)
+
+        for mono, _ in acc.online.terms:
             for atom, _ in mono.factors:
                 for n in walk(atom):
                     if isinstance(n, Load) and n.buffer.name in ext:
-                        c = Binary(BinaryOp.EQ, n, Const(ext[n.buffer.name], n.dtype), bool_)
-                        cond = c if cond is None else Binary(BinaryOp.OR, cond, c, bool_)
+                        add(Binary(BinaryOp.EQ, n, Const(ext[n.buffer.name], n.dtype), bool_))
+        for atom, _ in acc.powers.factors:
+            add(self._unset_scale(atom))
         return cond
 
     def to_prev(self, e: Expr) -> Expr:
@@ -184,7 +216,8 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             group.decompositions[name] = Refusal(refused[name])
             continue
         value = inline_loads(value, b.epilogue_values)
-        ctx = FusionContext(axis.name, frozenset(st.acc.name for st in b.states), frozenset(b.positive))
+        ctx = FusionContext(axis.name, frozenset(st.acc.name for st in b.states), frozenset(b.positive),
+                            maxima=frozenset(n for n, v in b.running_extrema().items() if v < 0))
         dec = decompose(value, member.order_op, ctx, name)
         if isinstance(dec, Decomposition):
             failure = check(value, dec, ctx)
@@ -198,13 +231,13 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         fused.append(member)
         if member.is_topk:
             after_loop |= {member.out.name, member.indices.name}
-        unseen = [b.unseen(acc.online) for acc in dec.accumulators]
+        unseen = [b.unseen(acc) for acc in dec.accumulators]
         direct = (len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
                   and unseen[0] is None)
         accs = []
         for n, acc in enumerate(dec.accumulators):
             if (acc.op is ReduceOp.SUM and not member.is_topk and not direct and not acc.online.terms
-                    and _constant(acc.term)):
+                    and not acc.powers.factors and _constant(acc.term)):
                 # A sum of a constant needs no loop-carried state: it is extent * constant.
                 accs.append(Binary(BinaryOp.MUL, Const(float(axis.extent), acc.term.dtype), acc.term, acc.term.dtype))
                 continue

@@ -34,6 +34,7 @@ class FusionContext:
     states: frozenset[str]          # buffers holding earlier results of the cascade (y)
     positive: frozenset[str]        # buffers known > 0
     locals: frozenset[str] = frozenset()  # per-chunk producers (read along the loop axis: x)
+    maxima: frozenset[str] = frozenset()  # running-max states (a quantization may scale by them online)
 
     def kind(self, e: Expr) -> str:
         """``x``, ``y``, ``c`` or ``mixed`` for one atom."""
@@ -51,13 +52,16 @@ class FusionContext:
 
 @dataclass(frozen=True)
 class Accumulator:
-    """One loop-carried sum/max/min: ``op over k of term``, rescaled by ``exp(online(y_new) - online(y_old))``."""
+    """One loop-carried sum/max/min: ``op over k of term``, rescaled per chunk by
+    ``exp(online(y_new) - online(y_old)) * powers(y_new) / powers(y_old)``."""
 
     op: ReduceOp
     term: Expr
-    online: A.Linear          # exponent of the online factor of H (zero: no rescale)
+    online: A.Linear          # exponent of the online factor of H (zero: none)
     G: Expr
     H: Expr
+    powers: A.Monomial = A.Monomial()      # running maxima scaling a quantization inside the term, online
+    quantized: tuple[Expr, ...] = ()       # the quantization atoms (casts) of `term` that read them
 
 
 @dataclass(frozen=True)
@@ -89,15 +93,24 @@ class _Split:
     x_lin: A.Linear
     y_lin: A.Linear
     deferred: A.Monomial
+    powers: A.Monomial = A.Monomial()
+    quantized: tuple[Expr, ...] = ()
 
 
 def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
     g: dict = {}
     deferred: dict = {}
+    powers = A.Monomial()
+    quantized: list[Expr] = []
     for atom, p in t.mono.factors:
         kind = ctx.kind(atom)
         if kind == "mixed":
-            return Refusal(_mixed_reason(atom, name), atom)
+            q = _quantization(atom, ctx)
+            if q is None:
+                return Refusal(_mixed_reason(atom, name), atom)
+            powers = powers * q.power(p)
+            quantized.append(atom)
+            kind = "x"
         (deferred if kind == "y" else g)[atom] = p
     x_terms: dict = {}
     y_terms: dict = {}
@@ -109,7 +122,25 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
                            "result inside an exponential, which does not split into exp(x)·exp(y)", offender)
         (y_terms if "y" in kinds else x_terms)[mono] = c
     return _Split(t.coeff, A.Monomial.of(g), A.Linear.of(x_terms, t.exponent.constant), A.Linear.of(y_terms),
-                  A.Monomial.of(deferred))
+                  A.Monomial.of(deferred), powers, tuple(quantized))
+
+
+def _quantization(atom: Expr, ctx: FusionContext) -> A.Monomial | None:
+    """For ``cast(G(x) * M(y))`` with M a product of running maxima (e.g. ``(x * 448 / a).astype(f8)``):
+    M, which then scales the accumulator online (the cast rounds, so M cannot be taken out of it).
+
+    The algebra treats the cast as exact to decide separability; the loop evaluates the cast with
+    the running maxima, as a quantizing kernel must.
+    """
+    if not A.is_narrowing(atom):
+        return None
+    inner = A.normalize(atom.x, lambda e: False, lambda e: False)
+    if len(inner) != 1 or not inner[0].exponent.is_zero:
+        return None
+    ys = [(a, p) for a, p in inner[0].mono.factors if ctx.kind(a) != "x" and ctx.kind(a) != "c"]
+    if not ys or any(not (isinstance(a, Load) and a.buffer.name in ctx.maxima) for a, _ in ys):
+        return None
+    return A.Monomial.of(dict(ys))
 
 
 def _mixed_reason(atom: Expr, name: str) -> str:
@@ -148,27 +179,33 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
     return _max_min(splits, op, d, ctx, name)
 
 
+def _acc(op: ReduceOp, term: Expr, s: _Split, g: Expr, d: DType) -> Accumulator:
+    return Accumulator(op, term, s.y_lin, g, _h_expr(s, d), s.powers, s.quantized)
+
+
 def _g_product(s: _Split, with_online: bool) -> A.Product:
     return A.Product(s.coeff, s.g, s.x_lin + s.y_lin if with_online else s.x_lin)
 
 
 def _h_expr(s: _Split, d: DType) -> Expr:
-    return product_expr(A.Product(1.0, s.deferred, s.y_lin), d)
+    return product_expr(A.Product(1.0, s.deferred * s.powers, s.y_lin), d)
 
 
 def _sum_terms(splits: list[_Split], d: DType) -> Decomposition:
     groups: dict[tuple, list[_Split]] = {}
     for s in splits:
-        groups.setdefault((s.y_lin, s.deferred), []).append(s)
+        groups.setdefault((s.y_lin, s.powers, s.deferred), []).append(s)
     accs, factors = [], []
-    for (y_lin, deferred), members in groups.items():
+    for (y_lin, powers, deferred), members in groups.items():
         coeff = 1.0
         if len(members) == 1:  # a lone term's constant joins its deferred factor: the term can then be shared
             coeff = members[0].coeff
-            members = [_Split(1.0, members[0].g, members[0].x_lin, members[0].y_lin, members[0].deferred)]
+            members = [_Split(1.0, members[0].g, members[0].x_lin, members[0].y_lin, members[0].deferred,
+                              members[0].powers, members[0].quantized)]
         term = sum_expr(tuple(_g_product(s, True) for s in members), d)
         g = sum_expr(tuple(_g_product(s, False) for s in members), d)
-        accs.append(Accumulator(ReduceOp.SUM, term, y_lin, g, _h_expr(members[0], d)))
+        quantized = tuple(q for m in members for q in m.quantized)
+        accs.append(Accumulator(ReduceOp.SUM, term, y_lin, g, _h_expr(members[0], d), powers, quantized))
         factors.append(monomial_expr(deferred, d, coeff) if (deferred.factors or coeff != 1.0) else None)
     kind = "separable" if len(accs) == 1 else "sum of separable terms"
     return Decomposition(kind, tuple(accs), tuple(factors), expanded=len(splits) > 1)
@@ -181,8 +218,7 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
             h = monomial_expr(s.deferred, d)
             return Refusal(f"in `{name}`, {op.value} over k of G·H needs H > 0, and {format_expr(h)} cannot be shown "
                            "positive (a negative factor would turn max into min)", h)
-        acc = Accumulator(op, product_expr(_g_product(s, True), d), s.y_lin, product_expr(_g_product(s, False), d),
-                          _h_expr(s, d))
+        acc = _acc(op, product_expr(_g_product(s, True), d), s, product_expr(_g_product(s, False), d), d)
         factor = monomial_expr(s.deferred, d) if s.deferred.factors else None
         return Decomposition("separable", (acc,), (factor,))
     x_part, y_part = [], []
@@ -201,15 +237,17 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
 
 
 def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,
-                 to_new: Callable[[Expr], Expr] = lambda e: e) -> Expr | None:
-    """``exp(e(y_new) - e(y_old))`` as one expression, e.g. ``exp(m_prev - m)`` (None when e is 0).
+                 to_new: Callable[[Expr], Expr] = lambda e: e, powers: A.Monomial = A.Monomial(),
+                 to_new_power: Callable[[Expr], Expr] = lambda e: e) -> Expr | None:
+    """``H(y_new) / H(y_old)`` for the online part of H, as one expression (None when there is none):
+    ``exp(m_prev - m)`` for an exponential, ``a_prev / a`` for a quantization scaled by ``1 / a``.
 
-    `to_prev` turns current values into the previous chunk's; `to_new` may rewrite the current side.
+    `to_prev` turns current values into the previous chunk's; `to_new`/`to_new_power` may rewrite
+    the current side (reading a running max that is still at its identity safely).
     """
-    if not online.terms:
-        return None
     from ..ir import Binary, BinaryOp, Unary, UnaryOp
 
+    out: Expr | None = None
     diff: Expr | None = None
     for mono, c in online.terms:
         raw = monomial_expr(mono, d)
@@ -219,7 +257,15 @@ def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,
         if abs(c) != 1.0:
             part = Binary(BinaryOp.MUL, Const(abs(c), d), part, d)
         diff = part if diff is None else Binary(BinaryOp.ADD, diff, part, d)
-    return Unary(UnaryOp.EXP, diff, d)
+    if diff is not None:
+        out = Unary(UnaryOp.EXP, diff, d)
+    for atom, p in powers.factors:
+        new, old = to_new_power(atom), to_prev(atom)
+        ratio: Expr = Binary(BinaryOp.DIV, old, new, d) if p < 0 else Binary(BinaryOp.DIV, new, old, d)
+        if abs(p) != 1:
+            ratio = Binary(BinaryOp.POW, ratio, Const(float(abs(p)), d), d)
+        out = ratio if out is None else Binary(BinaryOp.MUL, out, ratio, d)
+    return out
 
 
 __all__ = ["FusionContext", "Accumulator", "Decomposition", "Refusal", "decompose", "rescale_expr", "linear_expr"]

@@ -1,0 +1,53 @@
+"""Per-token FP8 quantization fused with its GEMM: the running absmax scales the quantization online."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+from redfuser import workloads as W
+from redfuser.ir import FusedLoop
+
+E4M3_REL = 2.0 ** -4        # half an ulp of a 3-bit mantissa
+E4M3_SUBNORMAL = 2.0 ** -10  # half the smallest subnormal step (2**-9) of float8_e4m3fn
+
+
+def quantization_bound(x, w, w_scale):
+    """|result - exact| allowed by rounding x * 448 / a to e4m3 (with any a' <= a per element), per output."""
+    xa = np.abs(x.astype(np.float64))
+    a = xa.max(axis=-1, keepdims=True)
+    per_elem = E4M3_REL * xa + E4M3_SUBNORMAL * a / 448.0
+    return (per_elem @ np.abs(w.astype(np.float64))) * w_scale * (1 + 1e-5) + 1e-6
+
+
+@pytest.mark.parametrize("chunk", [1, 16, 64, 1024])
+def test_fused_quantized_gemm_is_within_the_quantization_bound(chunk):
+    rng = np.random.default_rng(chunk)
+    x = rng.standard_normal((7, 150)).astype(np.float16)
+    x[2, :40] = 0                    # leading zeros: the running absmax starts at 0
+    x[3] *= 50                       # a large row
+    w = rng.standard_normal((150, 9)).astype(rf.float8_e4m3fn)
+    ws = rng.uniform(0.5, 2.0, 9).astype(np.float32)
+    k = rf.kernel(W.fp8_quant_gemm, backend="interpret", interpret_chunk=chunk)
+    out, ref = k(x, w, ws), W.fp8_quant_gemm(x, w, ws)
+    exact = (x.astype(np.float64) @ w.astype(np.float64)) * ws
+    bound = quantization_bound(x, w, ws)
+    assert np.all(np.abs(ref - exact) <= bound)   # the unfused quantized program meets the bound
+    assert np.all(np.abs(out - exact) <= bound)   # and so does the fused one
+    (g,) = k.lower(x, w, ws).groups
+    assert g.fused
+    (loop,) = [s for s in k.lower(x, w, ws).program.body if isinstance(s, FusedLoop)]
+    # the accumulator is rescaled by the ratio of running absmaxes, and quantizes inside the loop
+    assert "a_prev" in str(loop.states[1].rescale) or "a_prev" in repr(loop.states[1].rescale)
+    assert "f8e4m3(" in str(k.lower(x, w, ws).stages["fused"])
+
+
+def test_all_zero_rows_give_the_reference_nan():
+    x = np.zeros((3, 20), np.float16)
+    x[1] = 1.0
+    w = np.ones((20, 4), rf.float8_e4m3fn)
+    ws = np.ones(4, np.float32)
+    out = rf.kernel(W.fp8_quant_gemm, backend="interpret", interpret_chunk=6)(x, w, ws)
+    ref = W.fp8_quant_gemm(x, w, ws)
+    assert np.array_equal(np.isnan(out), np.isnan(ref)) and np.isnan(ref[0]).all()
+    np.testing.assert_allclose(out[1], ref[1], rtol=1e-6)
