@@ -83,3 +83,17 @@ class CudaError(BackendError):
         self.error_name = error_name
         self.error_message = error_message
         super().__init__(f"{call} failed: {error_name}: {error_message}")
+
+
+class SimulationError(RedFuserError):
+    """The SIMT simulator caught a kernel doing something the GPU would not do reliably.
+
+    `kind` is one of ``out_of_bounds``, ``misaligned``, ``race``, ``uninitialized``,
+    ``divergent_barrier``, ``divergent_warp_op``, ``argument``; `stmt` is the
+    printed SIMT statement at fault (empty when none).
+    """
+
+    def __init__(self, kind: str, message: str, *, kernel: str = "", stmt: str = "") -> None:
+        self.kind, self.kernel, self.stmt = kind, kernel, stmt
+        text = f"{kind.replace('_', ' ')}{f' in kernel {kernel}' if kernel else ''}: {message}"
+        super().__init__(text + (f"\n  at: {stmt.strip()}" if stmt else ""))

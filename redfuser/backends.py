@@ -3,7 +3,7 @@
 | name        | runs                                                  | status          |
 |-------------|-------------------------------------------------------|-----------------|
 | `interpret` | the numpy interpreter of the Loop IR (the oracle)     | built           |
-| `cpu`       | native code through LLVM (llvmlite)                   | not built yet   |
+| `cpu`       | native code through LLVM (llvmlite)                   | built           |
 | `cuda`      | PTX through LLVM's NVPTX backend, on a GPU            | not built yet   |
 | `simulate`  | the SIMT program that becomes PTX, run on the CPU     | not built yet   |
 
@@ -45,9 +45,18 @@ def _build_interpret(lowered: Lowered) -> Executable:
     return lambda arrays: run_program(program, arrays, chunk=chunk)
 
 
+def _build_cpu(lowered: Lowered) -> Executable:
+    from .runtime.cpu_jit import CpuProgram, compile_cached
+
+    library, info = compile_cached(str(lowered.stages["llvm"]), {"backend": "cpu"})
+    lowered.artifacts["compile"] = info
+    threads = int(lowered.options.get("num_threads") or 0)
+    return CpuProgram(lowered.stages["tile"], lowered.artifacts["host_kernels"], library, threads)
+
+
 BACKENDS: dict[str, Backend] = {
     "interpret": Backend("interpret", "numpy interpreter of the Loop IR", _build_interpret),
-    "cpu": Backend("cpu", "native CPU code through LLVM", None),
+    "cpu": Backend("cpu", "native CPU code through LLVM", _build_cpu),
     "cuda": Backend("cuda", "PTX on an NVIDIA GPU", None),
     "simulate": Backend("simulate", "SIMT simulator of the GPU program", None),
 }

@@ -19,6 +19,8 @@ from . import config
 from .ir import Program, verify_program
 from .fusion import fuse
 from .trace import ArgSpec, trace
+from .schedule import options_for, schedule_program
+from .codegen.host import build_host_module
 
 
 @dataclass
@@ -59,7 +61,10 @@ def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict)
         program, out.groups = fuse(program)
         out.stages["fused"] = program
         out.program = program
-    # schedule + codegen: added per backend (stages "tile", "llvm", "simt", "ptx")
+    if backend == "cpu":
+        out.stages["tile"] = schedule_program(out.program, options_for(backend, options))
+        out.stages["llvm"], out.artifacts["host_kernels"] = build_host_module(out.stages["tile"])
+    # cuda / simulate: schedule, then stages "simt", "llvm", "ptx"
     dump = config.dump_dir()
     if dump is not None:
         out.dump(dump / out.name)

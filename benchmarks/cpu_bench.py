@@ -1,0 +1,123 @@
+"""CPU benchmark: compiled ``cpu`` kernels against the unfused numpy body (and torch on the CPU if installed).
+
+Run ``python benchmarks/cpu_bench.py`` (``--quick`` for small shapes). Prints the
+hardware, one table of median times (of ``--repeats`` runs after a warm-up) with
+the ratio numpy/compiled (> 1: the compiled kernel is faster), and the compile
+time of each kernel cold (LLVM from scratch), warm (the in-memory cache) and from
+disk (a fresh cache object reading the on-disk entry).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+import redfuser as rf
+from redfuser.workloads import attention, log_softmax, softmax
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()  # warm-up (first-touch of outputs, thread start)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def torch_version(fn_name: str, args):
+    try:
+        import torch
+    except Exception:
+        return None
+    tensors = [torch.from_numpy(a) for a in args]
+    if fn_name == "attention":
+        return lambda: torch.nn.functional.scaled_dot_product_attention(*tensors)
+    if fn_name == "softmax":
+        return lambda: torch.softmax(tensors[0], -1)
+    return lambda: torch.log_softmax(tensors[0], -1)
+
+
+def compile_times(fn, args) -> tuple[float, float, float]:
+    """(cold, warm from memory, from disk) seconds to get a callable kernel, in a private cache folder."""
+    from redfuser.runtime.cache import reset_default_cache
+
+    old = os.environ.get("REDFUSER_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ["REDFUSER_CACHE_DIR"] = folder
+        reset_default_cache()
+        try:
+            out = []
+            for fresh_cache in (False, False, True):
+                if fresh_cache:
+                    reset_default_cache()
+                start = time.perf_counter()
+                rf.kernel(fn, backend="cpu").lower(*args)
+                k = rf.kernel(fn, backend="cpu")
+                k._compiled(args)  # noqa: SLF001 - trace, schedule, codegen and load, without running
+                out.append(time.perf_counter() - start)
+            return out[0], out[1], out[2]
+        finally:
+            if old is None:
+                os.environ.pop("REDFUSER_CACHE_DIR", None)
+            else:
+                os.environ["REDFUSER_CACHE_DIR"] = old
+            reset_default_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
+    opts = parser.parse_args()
+    rng = np.random.default_rng(0)
+    n1, n2, rows = (256, 512, (256, 4096)) if opts.quick else (1024, 4096, (4096, 16384))
+    cases = [
+        ("attention", attention, [rng.standard_normal((1, 8, n1, 64)).astype(np.float32) for _ in range(3)]),
+        ("attention", attention, [rng.standard_normal((1, 8, n2, 64)).astype(np.float32) for _ in range(3)]),
+        ("softmax", softmax, [rng.standard_normal(rows).astype(np.float32) * 3]),
+        ("log_softmax", log_softmax, [rng.standard_normal(rows).astype(np.float32) * 3]),
+    ]
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; numpy {np.__version__}; "
+          f"median of {opts.repeats} runs after a warm-up")
+    header = (f"{'kernel':<12} {'shape':<20} {'cpu (ms)':>9} {'numpy (ms)':>10} {'numpy/cpu':>9} {'torch (ms)':>10} "
+              f"{'torch/cpu':>9} {'cold (s)':>8} {'warm (ms)':>9} {'disk (ms)':>9}")
+    print(header)
+    print("-" * len(header))
+    for name, fn, args in cases:
+        kernel = rf.kernel(fn, backend="cpu")
+        got = kernel(*args)
+        with np.errstate(all="ignore"):
+            ref = fn(*args)
+        err = float(np.nanmax(np.abs(got - ref)))
+        t_cpu = median_time(lambda: kernel(*args), opts.repeats)
+        t_np = median_time(lambda: fn(*args), opts.repeats)
+        tv = torch_version(name, args)
+        t_torch = median_time(tv, opts.repeats) if tv is not None else None
+        cold, warm, disk = compile_times(fn, args)
+        torch_cols = (f"{t_torch * 1e3:>10.1f} {t_torch / t_cpu:>9.2f}" if t_torch is not None
+                      else f"{'-':>10} {'-':>9}")
+        shape = "x".join(map(str, args[0].shape))
+        print(f"{name:<12} {shape:<20} {t_cpu * 1e3:>9.1f} {t_np * 1e3:>10.1f} {t_np / t_cpu:>9.2f} {torch_cols} "
+              f"{cold:>8.2f} {warm * 1e3:>9.1f} {disk * 1e3:>9.1f}   (max |err| {err:.1e})")
+
+
+if __name__ == "__main__":
+    main()

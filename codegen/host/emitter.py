@@ -1,0 +1,182 @@
+"""`KernelEmitter`: the state of one kernel's host code generation.
+
+The kernel becomes ``void name(ptr buf0, ..., ptr bufN, i64 begin, i64 end)``
+running program instances ``begin <= pid < end`` of its (flattened, row-major)
+grid; the runtime splits the grid over threads.
+
+Values are produced on demand by `elem(value, idx)`: the element of a tile at an
+index (a tuple of i64 loop counters). Materialized tiles (see `plan.py`) are read
+from their stack array; scalars are registers; inline tiles are recomputed by
+their op's rule (`rules.py`), memoized per loop level so a value is emitted once
+per loop body. Integer index arithmetic (aranges, program ids, offsets) is
+computed in i64 ("wide") and truncated only where an i32 result is observed,
+which is exact for +, -, * and lets LLVM see consecutive addresses.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import llvmlite.ir as ir
+
+from ...ir import DType, tile as t
+from ...ir.types import int64
+from ..llvm_utils import I64, PTR, VOID, counted_loop, entry_alloca
+from . import dtypes
+from .plan import plan_kernel
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A materialized tile: a row-major stack array."""
+
+    ptr: ir.Value
+    shape: tuple[int, ...]
+    dtype: DType
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    out, n = [], 1
+    for s in reversed(shape):
+        out.append(n)
+        n *= s
+    return out[::-1]
+
+
+class KernelEmitter:
+    """Emits one `TileKernel` as an LLVM function (see the module docstring)."""
+
+    def __init__(self, module: ir.Module, kernel: t.TileKernel, fn_name: str) -> None:
+        self.module, self.kernel = module, kernel
+        self.plan = plan_kernel(kernel)
+        fnty = ir.FunctionType(VOID, [PTR] * len(kernel.params) + [I64, I64])
+        self.fn = ir.Function(module, fnty, name=fn_name)
+        self.fn.attributes.add("nounwind")
+        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.buffers: dict[str, ir.Value] = {}
+        for buf, arg in zip(kernel.params, self.fn.args):
+            arg.name = buf.name
+            arg.add_attribute("noalias")
+            self.buffers[buf.name] = arg
+        self.slots: dict[str, Slot] = {}
+        self.scalars: dict[str, ir.Value] = {}
+        self.coords: list[ir.Value] = []
+        self._cache: list[dict] = [{}]
+        self.zero = ir.Constant(I64, 0)
+
+    # -- the function -----------------------------------------------------------------------------
+    def build(self) -> ir.Function:
+        from .stmts import emit_block
+
+        begin, end = self.fn.args[-2], self.fn.args[-1]
+        begin.name, end.name = "begin", "end"
+        with counted_loop(self.b, begin, end, name="pid") as pid:
+            rest: ir.Value = pid
+            coords = []
+            for g in reversed(self.kernel.grid):
+                coords.append(self.b.urem(rest, ir.Constant(I64, g)))
+                rest = self.b.udiv(rest, ir.Constant(I64, g))
+            self.coords = coords[::-1]
+            emit_block(self, self.kernel.body)
+        self.b.ret_void()
+        return self.fn
+
+    # -- elements ---------------------------------------------------------------------------------
+    def elem(self, v: t.Value, idx: tuple[ir.Value, ...]) -> ir.Value:
+        """`v`'s element at `idx`, in its register type (wide i64 for index arithmetic)."""
+        slot = self.slots.get(v.name)
+        if slot is not None:
+            return self.read(slot, idx if slot.shape else ())
+        if v.shape == ():
+            return self.scalars[v.name]
+        key = (v.name, tuple(id(i) for i in idx))
+        for layer in reversed(self._cache):
+            if key in layer:
+                return layer[key][1]
+        value = self.inline(v, idx)
+        self._cache[-1][key] = (idx, value)
+        return value
+
+    def inline(self, v: t.Value, idx: tuple[ir.Value, ...]) -> ir.Value:
+        """`v`'s element computed by its defining op's rule (ignoring any slot of `v`)."""
+        from .rules import RULES
+
+        op = self.plan.defs[v.name]
+        return RULES[type(op)](self, op, idx)
+
+    def value(self, v: t.Value, idx: tuple[ir.Value, ...]) -> ir.Value:
+        """`v`'s element in exactly its register type (wide values truncated)."""
+        x = self.elem(v, idx)
+        want = dtypes.reg_type(v.dtype)
+        return self.b.trunc(x, want) if x.type != want else x
+
+    def wide(self, v: t.Value, idx: tuple[ir.Value, ...]) -> ir.Value:
+        """An integer `v`'s element as i64 (sign-extended, exact)."""
+        x = self.elem(v, idx)
+        return self.b.sext(x, I64) if x.type != I64 else x
+
+    # -- stack arrays -----------------------------------------------------------------------------
+    def new_slot(self, v: t.Value) -> Slot:
+        n = max(1, v.type.size)
+        ptr = entry_alloca(self.b, dtypes.mem_type(v.dtype), name=f"{v.name}.tile", count=n, align=64)
+        slot = Slot(ptr, v.shape, v.dtype)
+        self.slots[v.name] = slot
+        return slot
+
+    def address(self, slot: Slot, idx: tuple[ir.Value, ...]) -> ir.Value:
+        linear: ir.Value = self.zero
+        for i, s in zip(idx, _strides(slot.shape)):
+            term = i if s == 1 else self.b.mul(i, ir.Constant(I64, s), flags=("nsw", "nuw"))
+            linear = term if linear is self.zero else self.b.add(linear, term, flags=("nsw", "nuw"))
+        return self.b.gep(slot.ptr, [linear], inbounds=True, source_etype=dtypes.mem_type(slot.dtype))
+
+    def read(self, slot: Slot, idx: tuple[ir.Value, ...]) -> ir.Value:
+        raw = self.b.load(self.address(slot, idx), typ=dtypes.mem_type(slot.dtype))
+        return dtypes.from_memory(self.b, raw, slot.dtype)
+
+    def write(self, slot: Slot, idx: tuple[ir.Value, ...], value: ir.Value) -> None:
+        self.b.store(dtypes.to_memory(self.b, value, slot.dtype), self.address(slot, idx))
+
+    # -- loops ------------------------------------------------------------------------------------
+    @contextmanager
+    def level(self) -> Iterator[None]:
+        """A new memo layer: values emitted inside do not outlive the enclosing loop body."""
+        self._cache.append({})
+        try:
+            yield
+        finally:
+            self._cache.pop()
+
+    @contextmanager
+    def loop(self, n: int, name: str) -> Iterator[ir.Value]:
+        """``for i in range(n)`` (i64), with its own memo layer; size 1 needs no loop."""
+        if n == 1:
+            yield self.zero
+            return
+        with counted_loop(self.b, self.zero, ir.Constant(I64, n), name=name) as i:
+            with self.level():
+                yield i
+
+    @contextmanager
+    def nest(self, shape: tuple[int, ...], name: str = "i") -> Iterator[tuple[ir.Value, ...]]:
+        """Loops over every index of `shape` (last dimension innermost)."""
+        with self.level():
+            idx: list[ir.Value] = []
+            with _nested(self, shape, name, idx):
+                yield tuple(idx)
+
+
+@contextmanager
+def _nested(em: KernelEmitter, shape: tuple[int, ...], name: str, idx: list) -> Iterator[None]:
+    if not shape:
+        yield
+        return
+    with em.loop(shape[0], f"{name}{len(idx)}") as i:
+        idx.append(i)
+        with _nested(em, shape[1:], name, idx):
+            yield
+
+
+def is_int64(d: DType) -> bool:
+    return d == int64

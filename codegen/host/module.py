@@ -1,0 +1,45 @@
+"""Tile IR program -> one LLVM module for the host, one function per kernel.
+
+`build_host_module` returns the module and, per kernel in launch order, the
+function's name, the buffers its pointer arguments stand for, and how many
+program instances to run. Every module is verified by LLVM before it is returned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
+
+from ...ir import tile as t
+from ..llvm_utils import initialize_native, parse_and_verify
+from .emitter import KernelEmitter
+
+
+@dataclass(frozen=True)
+class KernelABI:
+    """How to call one compiled kernel: ``fn(*buffer pointers, begin, end)`` over ``0 <= pid < programs``."""
+
+    name: str
+    symbol: str
+    params: tuple[str, ...]
+    programs: int
+
+
+def _symbol(program: str, kernel: str) -> str:
+    clean = "".join(c if c.isalnum() or c == "_" else "_" for c in kernel)
+    return f"rf_{clean}"
+
+
+def build_host_module(p: t.TileProgram) -> tuple[ir.Module, tuple[KernelABI, ...]]:
+    """The host LLVM module of `p` (verified) and its kernels' calling conventions."""
+    initialize_native()
+    module = ir.Module(name=p.name)
+    module.triple = llvm.get_process_triple()
+    abis = []
+    for k in p.kernels:
+        symbol = _symbol(p.name, k.name)
+        KernelEmitter(module, k, symbol).build()
+        abis.append(KernelABI(k.name, symbol, tuple(b.name for b in k.params), k.num_programs))
+    parse_and_verify(module, pass_name="codegen.host")
+    return module, tuple(abis)

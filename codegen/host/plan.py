@@ -1,0 +1,101 @@
+"""Which tile values the host code keeps in memory, and which it recomputes where they are used.
+
+On the CPU a tile is either *materialized* (a stack array filled by one loop
+nest where the value is defined) or *inline* (its element at an index is
+computed inside the loop nest of whoever reads it, so elementwise chains,
+broadcasts and index arithmetic fuse into one loop with no memory traffic).
+
+Materialized: results of ``reduce``, ``dot`` and ``for``; ``dot`` operands (laid
+out row-major for the inner loop); values a loop yields; and values that are
+costly to recompute (loads, float arithmetic) when more than one consumer reads
+them or a loop deeper than their definition does (loop invariants are computed
+once). Views (broadcast, expand_dims, permute) and integer/bool index
+arithmetic are always inline. Scalars (shape ``()``) are plain SSA registers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import tile as t
+
+VIEWS = (t.Broadcast, t.ExpandDims, t.Permute)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """`materialized`: names of values stored in stack arrays; `defs`: each value's defining op."""
+
+    materialized: frozenset[str]
+    defs: dict[str, t.Op]
+
+
+def _costly(op: t.Op) -> bool:
+    if isinstance(op, t.Load):
+        return True
+    if isinstance(op, t.Unary | t.Binary | t.Select | t.Cast):
+        return op.out.dtype.is_float or (isinstance(op, t.Unary) and op.op.value in ("exp", "log"))
+    return False
+
+
+def plan_kernel(k: t.TileKernel) -> Plan:
+    """The materialization plan of `k` (see the module docstring)."""
+    defs: dict[str, t.Op] = {}
+    depth: dict[str, int] = {}
+    consumers: dict[str, set[int]] = {}
+    deeper: set[str] = set()
+    forced: set[str] = set()
+
+    def source(v: t.Value) -> str:
+        op = defs.get(v.name)
+        while isinstance(op, VIEWS):
+            v = op.x
+            op = defs.get(v.name)
+        return v.name
+
+    def use(v: t.Value, user: int, level: int) -> None:
+        src = source(v)
+        consumers.setdefault(src, set()).add(user)
+        if level > depth.get(src, 0):
+            deeper.add(src)
+
+    def visit(ops: tuple[t.Op, ...], level: int) -> None:
+        for op in ops:
+            for r in t.results(op):
+                defs[r.name], depth[r.name] = op, level
+            if isinstance(op, VIEWS):
+                continue  # a view's readers count as readers of its source
+            for v in t.operands(op):
+                use(v, id(op), level)
+            if isinstance(op, t.Dot):
+                forced.update(v.name for v in (op.a, op.b))
+            if isinstance(op, t.Reduce | t.Dot):
+                forced.add(op.out.name)
+            if isinstance(op, t.For):
+                body = op.body
+                for a in (body.iv,) + body.args:
+                    defs[a.name], depth[a.name] = op, level + 1
+                forced.update(r.name for r in op.results)
+                forced.update(a.name for a in body.args)
+                visit(body.ops, level + 1)
+                for y in body.yields:
+                    use(y, id(body), level + 1)
+                forced.update(y.name for y in body.yields)
+
+    visit(k.body, 0)
+    chosen = set(forced)
+    for name, op in defs.items():
+        if _costly(op) and (len(consumers.get(name, ())) > 1 or name in deeper):
+            chosen.add(name)
+    shaped = {n for n in chosen if n in defs and _shape_of(defs[n], n) != ()}
+    return Plan(frozenset(shaped), defs)
+
+
+def _shape_of(op: t.Op, name: str) -> tuple[int, ...]:
+    if isinstance(op, t.For):
+        for v in op.results + op.body.args + (op.body.iv,):
+            if v.name == name:
+                return v.shape
+    for r in t.results(op):
+        if r.name == name:
+            return r.shape
+    return ()

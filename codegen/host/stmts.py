@@ -1,0 +1,141 @@
+"""Host code for the ops that run loops of their own: store, reduce, dot, for, and materialization.
+
+- materialize: one loop nest over the tile writes each element (computed inline) to its stack array;
+- store: one loop nest; where the mask holds, the element goes to ``buffer[offset]``
+  (LLVM turns the conditional store into a masked vector store);
+- reduce over the last axis: per output element, an inner loop folds into a register
+  (float sums carry ``reassoc`` so the loop vectorizes); over another axis: the
+  output is initialized, then one pass over the input combines in place;
+- dot: ``out = acc``, then ``for i, k: for j: out[i,j] += a[i,k] * b[k,j]`` with both
+  operands materialized row-major, so the inner loop is contiguous and vectorizes;
+- for: carried values live in stack arrays; inits are copied in, each trip's yields
+  (materialized first, so no yield reads a slot another already overwrote) are copied back.
+"""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from ...ir import BinaryOp, ReduceOp, tile as t
+from ..llvm_utils import I64, counted_loop, entry_alloca
+from . import dtypes
+from .emitter import KernelEmitter
+
+_COMBINE = {ReduceOp.SUM: BinaryOp.ADD, ReduceOp.MAX: BinaryOp.MAX, ReduceOp.MIN: BinaryOp.MIN}
+
+
+def emit_block(em: KernelEmitter, ops: tuple[t.Op, ...]) -> None:
+    """Emit a block of ops in order (inline values are emitted later, where they are read)."""
+    for op in ops:
+        if isinstance(op, t.Store):
+            _store(em, op)
+        elif isinstance(op, t.For):
+            _for(em, op)
+        elif isinstance(op, t.Reduce):
+            _reduce(em, op)
+        elif isinstance(op, t.Dot):
+            _dot(em, op)
+        elif op.out.shape == ():
+            em.scalars[op.out.name] = em.inline(op.out, ())
+        elif op.out.name in em.plan.materialized:
+            materialize(em, op.out)
+
+
+def materialize(em: KernelEmitter, v: t.Value) -> None:
+    slot = em.new_slot(v)
+    with em.nest(v.shape, name=f"{v.name}.") as idx:
+        em.write(slot, idx, _narrow(em, v, em.inline(v, idx)))
+
+
+def _narrow(em: KernelEmitter, v: t.Value, x: ir.Value) -> ir.Value:
+    want = dtypes.reg_type(v.dtype)
+    return em.b.trunc(x, want) if x.type != want else x
+
+
+def _store(em: KernelEmitter, op: t.Store) -> None:
+    b = em.b
+    mty = dtypes.mem_type(op.buffer.dtype)
+    with em.nest(op.value.shape, name=f"st.{op.buffer.name}.") as idx:
+        ptr = b.gep(em.buffers[op.buffer.name], [em.wide(op.offsets, idx)], source_etype=mty)
+        value = dtypes.to_memory(b, em.value(op.value, idx), op.buffer.dtype)
+        if op.mask is None:
+            b.store(value, ptr)
+        else:
+            with b.if_then(em.value(op.mask, idx)):
+                b.store(value, ptr)
+
+
+def combine(em: KernelEmitter, op: ReduceOp, acc: ir.Value, x: ir.Value, dtype) -> ir.Value:
+    """``acc (+|max|min) x`` with numpy's NaN rules; float sums may be reassociated (vectorized)."""
+    b = em.b
+    if dtype.is_bool:
+        return b.or_(acc, x) if op is not ReduceOp.MIN else b.and_(acc, x)
+    if dtype.is_float:
+        if op is ReduceOp.SUM:
+            return b.fadd(acc, x, flags=("reassoc",))
+        from .rules import _intrinsic
+
+        return b.call(_intrinsic(em, "maximum" if op is ReduceOp.MAX else "minimum", x.type, 2), [acc, x])
+    if op is ReduceOp.SUM:
+        return b.add(acc, x)
+    from .rules import _intrinsic
+
+    return b.call(_intrinsic(em, "smax" if op is ReduceOp.MAX else "smin", x.type, 2), [acc, x])
+
+
+def _reduce(em: KernelEmitter, op: t.Reduce) -> None:
+    b, d = em.b, op.x.dtype
+    out = em.new_slot(op.out)
+    identity = dtypes.constant(d, op.op.identity(d))
+    n = op.x.shape[op.axis]
+    if op.axis == len(op.x.shape) - 1:  # fold each row into a register (mem2reg turns the slot into a phi)
+        acc = entry_alloca(b, identity.type, name=f"{op.out.name}.acc")
+        with em.nest(op.out.shape, name=f"{op.out.name}.") as idx:
+            b.store(identity, acc)
+            with em.loop(n, f"{op.out.name}.r") as r:
+                b.store(combine(em, op.op, b.load(acc, typ=identity.type), em.value(op.x, idx + (r,)), d), acc)
+            em.write(out, idx, b.load(acc, typ=identity.type))
+        return
+    with em.nest(op.out.shape, name=f"{op.out.name}.z") as idx:
+        em.write(out, idx, identity)
+    with em.nest(op.x.shape, name=f"{op.out.name}.") as idx:
+        o = idx[:op.axis] + idx[op.axis + 1:]
+        em.write(out, o, combine(em, op.op, em.read(out, o), em.value(op.x, idx), d))
+
+
+def _dot(em: KernelEmitter, op: t.Dot) -> None:
+    b, d = em.b, op.out.dtype
+    out = em.new_slot(op.out)
+    m, n = op.out.shape
+    k = op.a.shape[1]
+    with em.nest((m, n), name=f"{op.out.name}.init") as idx:
+        em.write(out, idx, em.value(op.acc, idx) if op.acc is not None else dtypes.constant(d, 0.0))
+    a_slot, b_slot = em.slots[op.a.name], em.slots[op.b.name]
+    with em.loop(m, f"{op.out.name}.i") as i:
+        with em.loop(k, f"{op.out.name}.k") as kk:
+            aik = dtypes.cast(b, em.read(a_slot, (i, kk)), op.a.dtype, d)
+            with em.loop(n, f"{op.out.name}.j") as j:
+                bkj = dtypes.cast(b, em.read(b_slot, (kk, j)), op.b.dtype, d)
+                cur = em.read(out, (i, j))
+                em.write(out, (i, j), b.fadd(cur, b.fmul(aik, bkj, flags=("contract",)), flags=("contract",)))
+
+
+def _copy(em: KernelEmitter, src: t.Value, slot) -> None:
+    with em.nest(src.shape, name=f"{src.name}.cp") as idx:
+        em.write(slot, idx, em.value(src, idx))
+
+
+def _for(em: KernelEmitter, op: t.For) -> None:
+    body = op.body
+    slots = [em.new_slot(a) for a in body.args]
+    for init, slot in zip(op.inits, slots):
+        _copy(em, init, slot)
+    start, stop = ir.Constant(I64, op.start), ir.Constant(I64, op.stop)
+    with counted_loop(em.b, start, stop, op.step, name=f"for.{body.iv.name}") as iv:
+        with em.level():
+            em.scalars[body.iv.name] = iv
+            emit_block(em, body.ops)
+            for y, a, slot in zip(body.yields, body.args, slots):
+                if y.name != a.name:
+                    _copy(em, y, slot)
+    for r, slot in zip(op.results, slots):
+        em.slots[r.name] = slot

@@ -1,0 +1,148 @@
+"""Thread coordinates, constants, elementwise arithmetic, casts and vector packing as LLVM IR.
+
+Vector registers are computed element by element (`lanewise`); LLVM's
+vectorizers regroup what the target can do wider.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from llvmlite import ir
+
+from ...ir.expr import BinaryOp, UnaryOp
+from ...ir.simt import (
+    Binary, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Select, ThreadIdx, Unary, WarpId,
+)
+from ...ir.types import DType
+from .. import nvvm
+from ..nvvm import I1, I32, call_intrinsic
+from . import mathlib
+from .convert import convert
+from .emitter import Emitter
+from .types import const, reg_type
+
+
+def lanewise(b: ir.IRBuilder, out_type: ir.Type, fn: Callable[..., ir.Value], *operands: ir.Value) -> ir.Value:
+    """`fn` applied to each element of the vector operands (scalar operands passed as they are)."""
+    if not isinstance(out_type, ir.VectorType):
+        return fn(*operands)
+    vec = ir.Constant(out_type, ir.Undefined)
+    for i in range(out_type.count):
+        at = ir.Constant(I32, i)
+        elems = [b.extract_element(v, at) if isinstance(v.type, ir.VectorType) else v for v in operands]
+        vec = b.insert_element(vec, fn(*elems), at)
+    return vec
+
+
+def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.Value:
+    suffix = "f32" if x.type == nvvm.F32 else "f64"
+    if op is UnaryOp.NEG:
+        return b.fneg(x)
+    if op is UnaryOp.ABS:
+        return call_intrinsic(b, f"llvm.fabs.{suffix}", x.type, [x])
+    if op is UnaryOp.SQRT:
+        return call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x])
+    if op is UnaryOp.RSQRT:
+        return b.fdiv(ir.Constant(x.type, 1.0), call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x]))
+    # The verifier admits the transcendental ops on f32 only.
+    return {UnaryOp.EXP: lambda: mathlib.exp(b, x, fast=em.options.fast_math), UnaryOp.EXP2: lambda: mathlib.exp2(b, x),
+            UnaryOp.LOG: lambda: mathlib.log(b, x), UnaryOp.LOG2: lambda: mathlib.log2(b, x)}[op]()
+
+
+def _unary(s: Unary, em: Emitter) -> None:
+    b, dtype = em.builder, s.x.dtype
+
+    def one(x: ir.Value) -> ir.Value:
+        if s.op is UnaryOp.NOT:
+            return b.xor(x, ir.Constant(I1, 1))
+        if dtype.is_float:
+            return _float_unary(s.op, b, x, em)
+        zero = ir.Constant(x.type, 0)
+        if s.op is UnaryOp.NEG:
+            return b.sub(zero, x)
+        return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x)   # ABS
+
+    em.set(s.out, lanewise(b, reg_type(s.out.type), one, em[s.x]))
+
+
+_FLOAT = {BinaryOp.ADD: "fadd", BinaryOp.SUB: "fsub", BinaryOp.MUL: "fmul", BinaryOp.DIV: "fdiv"}
+_INT = {BinaryOp.ADD: "add", BinaryOp.SUB: "sub", BinaryOp.MUL: "mul", BinaryOp.AND: "and_", BinaryOp.OR: "or_"}
+
+
+def _binary_scalar(op: BinaryOp, dtype: DType, b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    if op.is_comparison:
+        if dtype.is_float:   # ordered, except != which numpy makes true on NaN
+            return b.fcmp_unordered("!=", x, y) if op is BinaryOp.NE else b.fcmp_ordered(op.value, x, y)
+        return b.icmp_signed(op.value, x, y)
+    if dtype.is_float:
+        if op in _FLOAT:
+            return getattr(b, _FLOAT[op])(x, y)
+        if op is BinaryOp.POW:
+            return mathlib.pow_(b, x, y)
+        name = f"llvm.{'maximum' if op is BinaryOp.MAX else 'minimum'}.{'f32' if x.type == nvvm.F32 else 'f64'}"
+        return call_intrinsic(b, name, x.type, [x, y])   # NaN-propagating, like numpy
+    if op in _INT:
+        return getattr(b, _INT[op])(x, y)
+    return b.select(b.icmp_signed(">" if op is BinaryOp.MAX else "<", x, y), x, y)
+
+
+def _binary(s: Binary, em: Emitter) -> None:
+    b = em.builder
+    fn = lambda x, y: _binary_scalar(s.op, s.a.dtype, b, x, y)  # noqa: E731
+    em.set(s.out, lanewise(b, reg_type(s.out.type), fn, em[s.a], em[s.b]))
+
+
+_INT_OPS = {IntOp.DIV: "sdiv", IntOp.REM: "srem", IntOp.SHL: "shl", IntOp.SHR: "ashr", IntOp.AND: "and_",
+            IntOp.OR: "or_", IntOp.XOR: "xor"}
+
+
+def _int_binary(s: IntBinary, em: Emitter) -> None:
+    # Integer ops work on whole LLVM vectors directly.
+    em.set(s.out, getattr(em.builder, _INT_OPS[s.op])(em[s.a], em[s.b]))
+
+
+def _cast(s: Cast, em: Emitter) -> None:
+    b = em.builder
+    em.set(s.out, lanewise(b, reg_type(s.out.type), lambda x: convert(b, x, s.x.dtype, s.out.dtype), em[s.x]))
+
+
+def _pack(s: Pack, em: Emitter) -> None:
+    b = em.builder
+    vec = ir.Constant(reg_type(s.out.type), ir.Undefined)
+    at = 0
+    for part in s.parts:
+        value = em[part]
+        for i in range(part.length):
+            elem = b.extract_element(value, ir.Constant(I32, i)) if part.length > 1 else value
+            vec = b.insert_element(vec, elem, ir.Constant(I32, at))
+            at += 1
+    em.set(s.out, vec)
+
+
+def _extract(s: Extract, em: Emitter) -> None:
+    b, vec = em.builder, em[s.vec]
+    if s.out.length == 1:
+        em.set(s.out, b.extract_element(vec, ir.Constant(I32, s.index)))
+        return
+    mask = ir.Constant(ir.VectorType(I32, s.out.length), [ir.Constant(I32, s.index + i) for i in range(s.out.length)])
+    em.set(s.out, b.shuffle_vector(vec, ir.Constant(vec.type, ir.Undefined), mask))
+
+
+def _thread_idx(em: Emitter) -> ir.Value:
+    return nvvm.thread_idx(em.builder)
+
+
+RULES: dict[type, Callable[..., None]] = {
+    ThreadIdx: lambda s, em: em.set(s.out, _thread_idx(em)),
+    LaneId: lambda s, em: em.set(s.out, em.builder.and_(_thread_idx(em), ir.Constant(I32, 31), name=s.out.name)),
+    WarpId: lambda s, em: em.set(s.out, em.builder.lshr(_thread_idx(em), ir.Constant(I32, 5), name=s.out.name)),
+    BlockIdx: lambda s, em: em.set(s.out, nvvm.block_idx(em.builder, "xyz"[s.axis])),
+    Const: lambda s, em: em.set(s.out, const(s.value, s.out.type)),
+    Unary: _unary,
+    Binary: _binary,
+    IntBinary: _int_binary,
+    Select: lambda s, em: em.set(s.out, em.builder.select(em[s.cond], em[s.a], em[s.b], name=s.out.name)),
+    Cast: _cast,
+    Pack: _pack,
+    Extract: _extract,
+}

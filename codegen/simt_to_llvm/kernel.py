@@ -1,0 +1,53 @@
+"""`emit_module`: one `SimtKernel` as a verified nvptx64 LLVM module, and `compile_simt` on to PTX."""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ...ir.expr import Buffer
+from ...ir.simt import SimtKernel
+from ...ir.simt_verifier import verify_simt_kernel
+from .. import nvvm
+from ..nvptx import PtxArtifact, compile_module, new_module, parse_and_verify
+from ..nvvm import PTR
+from . import arith, control, memory, warp
+from .emitter import Emitter, LlvmOptions
+from .types import mem_type
+
+RULES = {**arith.RULES, **memory.RULES, **warp.RULES, **control.RULES}
+
+
+def emit_module(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, verify: bool = True) -> ir.Module:
+    """`kernel` as an LLVM module for ``nvptx64-nvidia-cuda``: a ``ptx_kernel`` function taking the buffers
+    as pointers and the scalars by value (bool as a byte), its shared arrays as ``addrspace(3)`` globals
+    named ``smem_<name>``, and ``.maxntid`` set to the block size. LLVM's verifier checks the result."""
+    if verify:
+        verify_simt_kernel(kernel, "simt_to_llvm")
+    module = new_module(kernel.name)
+    arg_types = [PTR if isinstance(p, Buffer) else mem_type(p.dtype) for p in kernel.params]
+    fn = nvvm.define_kernel(module, kernel.name, arg_types)
+    nvvm.set_launch_bounds(fn, kernel.threads)
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    em = Emitter(kernel, builder, RULES, options)
+    for param, arg in zip(kernel.params, fn.args):
+        arg.name = param.name
+        if isinstance(param, Buffer):
+            em.buffers[param.name] = arg
+        elif param.dtype.is_bool:
+            em.set(param, builder.icmp_unsigned("!=", arg, ir.Constant(arg.type, 0)))
+        else:
+            em.set(param, arg)
+    for alloc in kernel.shared:
+        em.shared[alloc.name] = nvvm.declare_shared(module, f"smem_{alloc.name}", mem_type(alloc.dtype), alloc.size)
+    em.emit(kernel.body)
+    builder.ret_void()
+    parse_and_verify(str(module), pass_name="simt_to_llvm")
+    return module
+
+
+def compile_simt(kernel: SimtKernel, sm: str = "sm_90", options: LlvmOptions = LlvmOptions(), *,
+                 ptx_version: int | None = None) -> PtxArtifact:
+    """`kernel` to PTX for `sm` (every stage's text kept in the artifact). Needs no GPU."""
+    return compile_module(emit_module(kernel, options), sm, ptx_version=ptx_version)
+
+
+__all__ = ["emit_module", "compile_simt", "RULES"]

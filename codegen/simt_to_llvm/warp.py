@@ -1,0 +1,57 @@
+"""Barriers, warp shuffles and tensor-core mma as LLVM IR (``codegen.nvvm`` / ``codegen.nvvm_mma``).
+
+Mma fragments are SIMT vectors in `fragment_a/b/c` order; the intrinsics want
+them as 32-bit registers: f16 pairs as ``<2 x half>``, bf16 pairs and e4m3
+quads as i32 (low element in the low bits, which is how a little-endian
+``bitcast`` of the vector packs them).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from llvmlite import ir
+
+from ...ir.simt import Barrier, Mma, MmaShape, Reg, Shuffle, ShuffleKind
+from .. import nvvm, nvvm_mma
+from ..nvvm import HALF2, I32
+from .emitter import Emitter
+from .types import reg_type
+
+_SHUFFLE = {ShuffleKind.BFLY: nvvm.shfl_bfly, ShuffleKind.IDX: nvvm.shfl_idx, ShuffleKind.DOWN: nvvm.shfl_down}
+_MMA = {MmaShape.M16N8K16_F16: nvvm_mma.mma_m16n8k16_f16_f32,
+        MmaShape.M16N8K16_BF16: nvvm_mma.mma_m16n8k16_bf16_f32,
+        MmaShape.M16N8K32_E4M3: nvvm_mma.mma_m16n8k32_e4m3_f32}
+
+
+def _shuffle(s: Shuffle, em: Emitter) -> None:
+    lane = em[s.lane] if isinstance(s.lane, Reg) else s.lane
+    em.set(s.out, _SHUFFLE[s.kind](em.builder, em[s.value], lane, width=s.width))
+
+
+def _registers(em: Emitter, reg: Reg, shape: MmaShape) -> list[ir.Value]:
+    """A fragment vector as the intrinsic's 32-bit operand registers."""
+    b, value = em.builder, em[reg]
+    count = reg.type.nbytes // 4
+    if shape is MmaShape.M16N8K16_F16:
+        halves = b.bitcast(value, ir.VectorType(I32, count))
+        return [b.bitcast(b.extract_element(halves, ir.Constant(I32, r)), HALF2) for r in range(count)]
+    words = b.bitcast(value, ir.VectorType(I32, count))
+    return [b.extract_element(words, ir.Constant(I32, r)) for r in range(count)]
+
+
+def _mma(s: Mma, em: Emitter) -> None:
+    b = em.builder
+    acc = em[s.c]
+    c = [b.extract_element(acc, ir.Constant(I32, i)) for i in range(4)]
+    d = _MMA[s.shape](b, _registers(em, s.a, s.shape), _registers(em, s.b, s.shape), c)
+    out = ir.Constant(reg_type(s.out.type), ir.Undefined)
+    for i, value in enumerate(d):
+        out = b.insert_element(out, value, ir.Constant(I32, i))
+    em.set(s.out, out)
+
+
+RULES: dict[type, Callable[..., None]] = {
+    Barrier: lambda s, em: nvvm.barrier(em.builder),
+    Shuffle: _shuffle,
+    Mma: _mma,
+}

@@ -1,0 +1,65 @@
+"""`simulate`: run a `SimtKernel` on numpy arrays, block after block, threads lock-step.
+
+Arguments bind to the kernel's params in order (or by name): a numpy array of
+the buffer's size for each global buffer (copied, never modified), a Python or
+numpy scalar for each scalar param. The result maps every buffer name to its
+contents after the launch, in the buffer's shape.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ...ir.errors import SimulationError
+from ...ir.expr import Buffer
+from ...ir.simt import SimtKernel
+from ...ir.simt_verifier import verify_simt_kernel
+from . import arith, control, memory, warp
+from .state import Block, Launch, SimOptions
+
+RULES = {**arith.RULES, **memory.RULES, **warp.RULES, **control.RULES}
+
+
+def _bind(kernel: SimtKernel, args: Sequence[object] | Mapping[str, object]) -> dict[str, object]:
+    names = [p.name for p in kernel.params]
+    if isinstance(args, Mapping):
+        missing = [n for n in names if n not in args]
+        extra = [n for n in args if n not in names]
+        if missing or extra:
+            raise SimulationError("argument", f"missing {missing}, unknown {extra}", kernel=kernel.name)
+        return dict(args)
+    if len(args) != len(names):
+        raise SimulationError("argument", f"{len(args)} arguments for params {names}", kernel=kernel.name)
+    return dict(zip(names, args))
+
+
+def _buffer(p: Buffer, value: object, kernel: str) -> np.ndarray:
+    arr = np.array(value, dtype=p.dtype.numpy, copy=True).reshape(-1)
+    if arr.size != p.type.size:
+        raise SimulationError("argument", f"{p.name} wants {p.type.size} elements ({p.type}), got {arr.size}",
+                              kernel=kernel)
+    return arr
+
+
+def simulate(kernel: SimtKernel, args: Sequence[object] | Mapping[str, object], *,
+             options: SimOptions = SimOptions(), verify: bool = True) -> dict[str, np.ndarray]:
+    """Run `kernel` over its whole grid; return every global buffer's final contents by name.
+
+    Raises `SimulationError` on an out-of-bounds or misaligned access, a race on
+    shared or global memory, a read of uninitialized shared memory, a barrier or
+    warp-collective op under divergent control flow (see `SimOptions`).
+    """
+    if verify:
+        verify_simt_kernel(kernel, "simulate")
+    bound = _bind(kernel, args)
+    globals_ = {p.name: _buffer(p, bound[p.name], kernel.name) for p in kernel.buffers}
+    launch = Launch(kernel, globals_, options)
+    scalars = {p.name: np.asarray(bound[p.name]).astype(p.dtype.numpy) for p in kernel.scalars}
+    with np.errstate(all="ignore"):
+        for linear in range(kernel.num_blocks):
+            block = Block(launch, linear, RULES)
+            for p in kernel.scalars:
+                block.set(p, scalars[p.name])
+            block.run(kernel.body)
+    return {p.name: globals_[p.name].reshape(p.shape) for p in kernel.buffers}

@@ -1,0 +1,100 @@
+"""Warp-collective statements: ``shfl.sync`` and ``mma.sync``, exactly as the PTX ISA defines them.
+
+Both need all 32 lanes of a warp (full member mask): a warp with some lanes
+active and some not is a `SimulationError` (``divergent_warp_op``); a warp with
+no active lane does not execute the statement.
+
+The shuffle follows the ISA's pseudo-code for ``shfl.sync`` with
+``c = ((32 - width) << 8) | 31`` (what `codegen.nvvm` emits): a lane reads lane
+``j`` of its warp, or keeps its own value when ``j`` is past its segment's last
+lane. The mma fragments are `codegen.nvvm_mma.fragment_a/b/c`, the same tables
+the LLVM emission and the hardware tests use.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from ...ir.simt import WARP_SIZE, Mma, MmaShape, Reg, Shuffle, ShuffleKind, Stmt
+from ..nvvm_mma import fragment_a, fragment_b, fragment_c
+from .state import Block
+
+
+def check_warps_converged(s: Stmt, block: Block, what: str) -> None:
+    """Fail unless every warp is either fully active or fully inactive."""
+    per_warp = block.active.reshape(-1, WARP_SIZE)
+    split = np.flatnonzero(per_warp.any(axis=1) & ~per_warp.all(axis=1))
+    if split.size:
+        w = int(split[0])
+        idle = int(np.flatnonzero(~per_warp[w])[0]) + w * WARP_SIZE
+        block.fail("divergent_warp_op", f"{what} needs all 32 lanes of warp {w}, but "
+                   f"{block.thread_name(idle)} is not active here (divergent control flow)", s)
+
+
+def shuffle_sources(kind: ShuffleKind, lane: np.ndarray, b: np.ndarray, width: int) -> np.ndarray:
+    """The lane each lane reads for ``shfl.sync.<kind>`` with operand `b` (PTX ISA pseudo-code)."""
+    segmask = (WARP_SIZE - width) & 31          # c[12:8]
+    clamp = 31                                  # c[4:0]
+    b = b & 31
+    max_lane = (lane & segmask) | (clamp & ~segmask)
+    min_lane = lane & segmask
+    if kind is ShuffleKind.BFLY:
+        j = lane ^ b
+    elif kind is ShuffleKind.DOWN:
+        j = lane + b
+    else:
+        j = min_lane | (b & ~segmask)
+    return np.where(j <= max_lane, j, lane)
+
+
+def _shuffle(s: Shuffle, block: Block) -> None:
+    check_warps_converged(s, block, f"shfl.sync.{s.kind.value}")
+    tid = block.tid
+    lane = tid & 31
+    b = block[s.lane] if isinstance(s.lane, Reg) else np.full_like(tid, s.lane)
+    src = (tid - lane) + shuffle_sources(s.kind, lane, b, s.width)
+    block.set(s.out, block[s.value][src])
+
+
+@functools.cache
+def _layout(shape: MmaShape) -> tuple[np.ndarray, ...]:
+    """(rows, cols) index arrays ``[32, elements]`` of the A, B and C fragments of `shape`."""
+    k = shape.k
+
+    def flat(coords_of_lane: Callable[[int], list]) -> tuple[np.ndarray, np.ndarray]:
+        coords = [[rc for reg in coords_of_lane(lane) for rc in (reg if isinstance(reg, list) else [reg])]
+                  for lane in range(WARP_SIZE)]
+        arr = np.array(coords, dtype=np.int64)
+        return arr[..., 0], arr[..., 1]
+
+    return (*flat(lambda lane: fragment_a(lane, k)), *flat(lambda lane: fragment_b(lane, k)),
+            *flat(fragment_c))
+
+
+def mma_tiles(shape: MmaShape, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per-warp A ``[W,16,k]``, B ``[W,k,8]``, C ``[W,16,8]`` gathered from per-lane fragments ``[W*32, n]``."""
+    a_rows, a_cols, b_rows, b_cols, c_rows, c_cols = _layout(shape)
+    warps = a.shape[0] // WARP_SIZE
+    w = np.arange(warps)[:, None, None]
+    tiles = (np.zeros((warps, 16, shape.k)), np.zeros((warps, shape.k, 8)), np.zeros((warps, 16, 8)))
+    for tile, rows, cols, frag in zip(tiles, (a_rows, b_rows, c_rows), (a_cols, b_cols, c_cols), (a, b, c)):
+        tile[w, rows[None], cols[None]] = frag.astype(np.float64).reshape(warps, WARP_SIZE, -1)
+    return tiles
+
+
+def _mma(s: Mma, block: Block) -> None:
+    check_warps_converged(s, block, f"mma.sync.{s.shape.value}")
+    a, b, c = mma_tiles(s.shape, block[s.a], block[s.b], block[s.c])
+    # Products of f16/bf16/e4m3 values are exact in f64; the sum is rounded once to f32.
+    d = (a @ b + c).astype(np.float32)
+    _, _, _, _, c_rows, c_cols = _layout(s.shape)
+    w = np.arange(d.shape[0])[:, None, None]
+    block.set(s.out, d[w, c_rows[None], c_cols[None]].reshape(block.threads, 4))
+
+
+RULES: dict[type, Callable[..., None]] = {
+    Shuffle: _shuffle,
+    Mma: _mma,
+}

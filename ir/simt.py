@@ -1,0 +1,221 @@
+"""The SIMT IR: the per-thread program of one thread block (ARCHITECTURE.md sections 3 and 6).
+
+A `SimtKernel` is what every thread of every block runs. The block is 1-d with
+``warps * 32`` threads; the grid has 1 to 3 static dimensions. Statements define
+SSA registers (`Reg`) of a `RegType`: a scalar or a short fixed-length vector
+(``<4 x f32>``), one value *per thread*. Globals are the kernel's `Buffer`
+params (flat element offsets, like the Tile IR); shared memory is a list of
+static `SharedAlloc`s.
+
+Semantics every backend implements (the simulator in `codegen/simulator` is the
+executable definition; `codegen/simt_to_llvm` emits the same for nvptx64):
+
+- Arithmetic (`Unary`, `Binary`, `IntBinary`, `Select`, `Cast`) is elementwise on
+  scalars or equal-length vectors; f16/bf16/f8 are storage types only (loads,
+  stores, casts, `Select`, `Pack`/`Extract`, mma operands): compute in f32.
+  ``maximum`` and ``minimum`` propagate NaN; ``!=`` is true on NaN; integer
+  arithmetic wraps. `IntBinary` ``div``/``rem`` truncate toward zero (C), ``shr``
+  is arithmetic, shift amounts must be below the bit width. exp/log/pow are
+  f32 only and within a few ulp (see `codegen.simt_to_llvm.mathlib`).
+- `Cast` rounds to nearest even; to f8 e4m3 it *saturates* to +-448 (NaN stays
+  NaN), as ``cvt.rn.satfinite`` does; float to int truncates; to bool is ``!= 0``.
+- `LoadGlobal`/`LoadShared` of a vector type read ``length`` consecutive elements
+  from ``index`` (a multiple of ``length``: 16-byte vector loads need alignment);
+  where `mask` is false nothing is read and the result is `other`. Stores write
+  where `mask` holds. Indices count elements; i64 where they can pass 2**31.
+- `Barrier` is ``bar.sync 0``: every thread of the block must reach it (never
+  under divergent control flow). Shared memory is ordered only by barriers.
+- `Shuffle` and `Mma` are warp-collective: all 32 lanes of a warp execute them
+  together (``shfl.sync``/``mma.sync`` with the full member mask). `Shuffle`
+  follows the PTX ISA pseudo-code for ``shfl.sync`` with segment width `width`.
+  `Mma` operands are the per-lane fragments of ``codegen.nvvm_mma.fragment_a/b/c``:
+  vector element ``r * per_reg + j`` is element ``j`` of fragment register ``r``.
+- `For` runs `body` for ``iv = start, start+step, ... < stop`` per thread (trip
+  counts may differ between threads); `If` runs a branch for the threads whose
+  `cond` holds. Both produce `results` from their yields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from .expr import Buffer
+from .simt_ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
+    Barrier,
+    Binary,
+    BlockIdx,
+    Cast,
+    Const,
+    Extract,
+    IntBinary,
+    LaneId,
+    LoadGlobal,
+    LoadShared,
+    Mma,
+    Pack,
+    Select,
+    Shuffle,
+    StoreGlobal,
+    StoreShared,
+    ThreadIdx,
+    Unary,
+    WarpId,
+)
+from .simt_types import (  # noqa: F401
+    MAX_STATIC_SHARED_BYTES,
+    MAX_VECTOR,
+    WARP_SIZE,
+    IntOp,
+    MmaShape,
+    Reg,
+    RegType,
+    Scalar,
+    SharedAlloc,
+    ShuffleKind,
+)
+from .source import UNKNOWN, SourceLoc
+
+
+def _loc() -> SourceLoc:
+    return field(default=UNKNOWN, compare=False)  # type: ignore[return-value]
+
+
+# --- structured control flow ------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A `For` body: induction variable, loop-carried args, statements, and the values yielded."""
+
+    iv: Reg
+    args: tuple[Reg, ...]
+    stmts: tuple["Stmt", ...]
+    yields: tuple[Reg, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class For:
+    """``for iv in range(start, stop, step)`` carrying `inits` -> `results` (the last yields)."""
+
+    results: tuple[Reg, ...]
+    start: Reg | int
+    stop: Reg | int
+    step: int
+    inits: tuple[Reg, ...]
+    body: Region
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """One side of an `If`: statements and the values it yields."""
+
+    stmts: tuple["Stmt", ...]
+    yields: tuple[Reg, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class If:
+    """Threads where `cond` holds run `then`, the others `orelse`; `results` take the taken side's yields."""
+
+    results: tuple[Reg, ...]
+    cond: Reg
+    then: Branch
+    orelse: Branch
+    loc: SourceLoc = _loc()
+
+
+Stmt = Union[ThreadIdx, LaneId, WarpId, BlockIdx, Const, Unary, Binary, IntBinary, Select, Cast, Pack, Extract,
+             LoadGlobal, StoreGlobal, LoadShared, StoreShared, Barrier, Shuffle, Mma, For, If]
+ELEMENTWISE = (Unary, Binary, IntBinary, Select, Cast)
+
+
+def defs(s: Stmt) -> tuple[Reg, ...]:
+    """The registers `s` defines (visible after it)."""
+    if isinstance(s, For | If):
+        return s.results
+    out = getattr(s, "out", None)
+    return () if out is None else (out,)
+
+
+def uses(s: Stmt) -> tuple[Reg, ...]:
+    """The registers `s` reads directly (for `For`/`If`: bounds, inits, condition; regions read more)."""
+    if isinstance(s, Unary | Cast):
+        return (s.x,)
+    if isinstance(s, Binary | IntBinary):
+        return (s.a, s.b)
+    if isinstance(s, Select):
+        return (s.cond, s.a, s.b)
+    if isinstance(s, Pack):
+        return s.parts
+    if isinstance(s, Extract):
+        return (s.vec,)
+    if isinstance(s, LoadGlobal | LoadShared):
+        return (s.index,) + ((s.mask,) if s.mask is not None else ())
+    if isinstance(s, StoreGlobal | StoreShared):
+        return (s.index, s.value) + ((s.mask,) if s.mask is not None else ())
+    if isinstance(s, Shuffle):
+        return (s.value,) + ((s.lane,) if isinstance(s.lane, Reg) else ())
+    if isinstance(s, Mma):
+        return (s.a, s.b, s.c)
+    if isinstance(s, For):
+        return tuple(v for v in (s.start, s.stop) if isinstance(v, Reg)) + s.inits
+    if isinstance(s, If):
+        return (s.cond,)
+    return ()
+
+
+def walk_stmts(stmts: tuple[Stmt, ...]):
+    """Every statement, nested regions included (pre-order)."""
+    for s in stmts:
+        yield s
+        if isinstance(s, For):
+            yield from walk_stmts(s.body.stmts)
+        elif isinstance(s, If):
+            yield from walk_stmts(s.then.stmts)
+            yield from walk_stmts(s.orelse.stmts)
+
+
+@dataclass(frozen=True, slots=True)
+class SimtKernel:
+    """One launch: `grid` blocks of ``warps * 32`` threads running `body`.
+
+    `params` are the kernel arguments in order: global `Buffer`s and scalar `Reg`s
+    (uniform values defined for the whole body).
+    """
+
+    name: str
+    params: tuple[Buffer | Reg, ...]
+    warps: int
+    grid: tuple[int, ...]
+    shared: tuple[SharedAlloc, ...]
+    body: tuple[Stmt, ...]
+    loc: SourceLoc = _loc()
+
+    @property
+    def threads(self) -> int:
+        return self.warps * WARP_SIZE
+
+    @property
+    def num_blocks(self) -> int:
+        n = 1
+        for g in self.grid:
+            n *= g
+        return n
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return tuple(p for p in self.params if isinstance(p, Buffer))
+
+    @property
+    def scalars(self) -> tuple[Reg, ...]:
+        return tuple(p for p in self.params if isinstance(p, Reg))
+
+    @property
+    def shared_bytes(self) -> int:
+        """Static shared memory of one block, each allocation 16-byte aligned."""
+        return sum(-(-a.nbytes // 16) * 16 for a in self.shared)
+
+    def __str__(self) -> str:
+        from .simt_printer import format_simt_kernel
+
+        return format_simt_kernel(self)

@@ -1,0 +1,214 @@
+"""Leaf statements of the SIMT IR: thread coordinates, constants, arithmetic, memory, warp ops.
+
+Their semantics are in `simt.py`'s docstring; `simt.py` re-exports every class here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .expr import BinaryOp, Buffer, UnaryOp
+from .simt_types import IntOp, MmaShape, Reg, Scalar, SharedAlloc, ShuffleKind, WARP_SIZE
+from .source import UNKNOWN, SourceLoc
+
+
+def _loc() -> SourceLoc:
+    return field(default=UNKNOWN, compare=False)  # type: ignore[return-value]
+
+
+# --- thread coordinates and constants ----------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ThreadIdx:
+    """``%tid.x``: this thread's index in the block, ``0 <= tid < warps * 32`` (i32)."""
+
+    out: Reg
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class LaneId:
+    """This thread's lane in its warp, ``tid % 32`` (i32)."""
+
+    out: Reg
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class WarpId:
+    """This thread's warp in the block, ``tid / 32`` (i32)."""
+
+    out: Reg
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class BlockIdx:
+    """``%ctaid.<axis>``: the block's index along grid dimension `axis` (0, 1, 2 = x, y, z; i32)."""
+
+    out: Reg
+    axis: int
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    """`value` in every thread (and every vector element)."""
+
+    out: Reg
+    value: Scalar
+    loc: SourceLoc = _loc()
+
+
+# --- arithmetic -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Unary:
+    out: Reg
+    op: UnaryOp
+    x: Reg
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class Binary:
+    """``a op b`` with the Loop IR's ops; comparisons give bool."""
+
+    out: Reg
+    op: BinaryOp
+    a: Reg
+    b: Reg
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class IntBinary:
+    """Integer ``div``/``rem``/shifts/bitwise ops for index arithmetic."""
+
+    out: Reg
+    op: IntOp
+    a: Reg
+    b: Reg
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class Select:
+    """``cond ? a : b``; a scalar `cond` selects whole vectors."""
+
+    out: Reg
+    cond: Reg
+    a: Reg
+    b: Reg
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class Cast:
+    """`x` converted to `out`'s dtype, elementwise (see the module docstring for rounding)."""
+
+    out: Reg
+    x: Reg
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class Pack:
+    """The concatenation of `parts` (scalars or vectors of `out`'s dtype) into one vector."""
+
+    out: Reg
+    parts: tuple[Reg, ...]
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class Extract:
+    """Element `index` of vector `vec`; or, when `out` is a vector, elements ``index .. index+len-1``."""
+
+    out: Reg
+    vec: Reg
+    index: int
+    loc: SourceLoc = _loc()
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class LoadGlobal:
+    """``buffer.flat[index : index + len(out)]`` where `mask` (None: always), `other` elsewhere."""
+
+    out: Reg
+    buffer: Buffer
+    index: Reg
+    mask: Reg | None = None
+    other: Scalar = 0
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class StoreGlobal:
+    """``buffer.flat[index : index + len(value)] = value`` where `mask` (None: always)."""
+
+    buffer: Buffer
+    index: Reg
+    value: Reg
+    mask: Reg | None = None
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class LoadShared:
+    """``alloc.flat[index : index + len(out)]`` where `mask`, `other` elsewhere."""
+
+    out: Reg
+    alloc: SharedAlloc
+    index: Reg
+    mask: Reg | None = None
+    other: Scalar = 0
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class StoreShared:
+    """``alloc.flat[index : index + len(value)] = value`` where `mask`."""
+
+    alloc: SharedAlloc
+    index: Reg
+    value: Reg
+    mask: Reg | None = None
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """``bar.sync 0``: all threads of the block meet here; orders shared and global memory."""
+
+    loc: SourceLoc = _loc()
+
+
+# --- warp-collective ops ----------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Shuffle:
+    """``shfl.sync.<kind>`` of an f32/i32 `value` over segments of `width` lanes.
+
+    `lane` is the xor mask (bfly), source lane (idx) or offset (down): a register or a constant.
+    """
+
+    out: Reg
+    kind: ShuffleKind
+    value: Reg
+    lane: Reg | int
+    width: int = WARP_SIZE
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class Mma:
+    """``D = A·B + C`` on a warp's fragments (`shape` names the instruction); `out` is D."""
+
+    out: Reg
+    shape: MmaShape
+    a: Reg
+    b: Reg
+    c: Reg
+    loc: SourceLoc = _loc()

@@ -1,0 +1,141 @@
+"""Deterministic, readable text for the SIMT IR (``lowered.stages["simt"]``).
+
+One statement per line, ``%name: type = op operands``; regions are indented::
+
+    simt kernel block_sum(x: f32[1000], out: f32[4], %n: i32) grid (4,) block 128 (4 warps)
+      shared partials: f32[4]
+      %tid: i32 = thread_idx
+      %v: f32 = load.global x[%i] mask %inside other 0.0
+      %s: f32 = shfl.bfly %v, 16 width 32
+      store.shared partials[%warp] = %s mask %lane0
+      barrier
+      %acc: f32 = for %k: i32 = 0 to %n step 128 iter (%run = %zero) {
+        ...
+        yield %next
+      }
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .expr import Buffer
+from .printer import format_const
+from .simt import (
+    Barrier,
+    Binary,
+    BlockIdx,
+    Cast,
+    Const,
+    Extract,
+    For,
+    If,
+    IntBinary,
+    LaneId,
+    LoadGlobal,
+    LoadShared,
+    Mma,
+    Pack,
+    Reg,
+    Select,
+    Shuffle,
+    SimtKernel,
+    Stmt,
+    StoreGlobal,
+    StoreShared,
+    ThreadIdx,
+    Unary,
+    WarpId,
+)
+
+_AXES = "xyz"
+
+
+def _decl(r: Reg) -> str:
+    return f"%{r.name}: {r.type}"
+
+
+def _mask(mask: Reg | None) -> str:
+    return f" mask {mask}" if mask is not None else ""
+
+
+def _load(space: str, name: str, s: LoadGlobal | LoadShared) -> str:
+    other = f" other {format_const(s.other)}" if s.mask is not None else ""
+    return f"load.{space} {name}[{s.index}]{_mask(s.mask)}{other}"
+
+
+def _binary(s: Binary) -> str:
+    if s.op.is_infix:
+        return f"{s.a} {s.op.value} {s.b}"
+    return f"{s.op.value} {s.a}, {s.b}"
+
+
+_RHS: dict[type, Callable[..., str]] = {
+    ThreadIdx: lambda s: "thread_idx",
+    LaneId: lambda s: "lane_id",
+    WarpId: lambda s: "warp_id",
+    BlockIdx: lambda s: f"block_idx {_AXES[s.axis] if 0 <= s.axis < 3 else s.axis}",
+    Const: lambda s: f"const {format_const(s.value)}",
+    Unary: lambda s: f"{s.op.value} {s.x}",
+    Binary: _binary,
+    IntBinary: lambda s: f"{s.op.value} {s.a}, {s.b}",
+    Select: lambda s: f"select {s.cond}, {s.a}, {s.b}",
+    Cast: lambda s: f"cast {s.x}",
+    Pack: lambda s: f"pack {', '.join(str(p) for p in s.parts)}",
+    Extract: lambda s: f"extract {s.vec}[{s.index}]",
+    LoadGlobal: lambda s: _load("global", s.buffer.name, s),
+    LoadShared: lambda s: _load("shared", s.alloc.name, s),
+    Shuffle: lambda s: f"shfl.{s.kind.value} {s.value}, {s.lane} width {s.width}",
+    Mma: lambda s: f"mma.{s.shape.value} {s.a}, {s.b}, {s.c}",
+}
+
+
+def _branch_lines(stmts: tuple[Stmt, ...], yields: tuple[Reg, ...], indent: str) -> list[str]:
+    lines: list[str] = []
+    for inner in stmts:
+        lines += format_stmt(inner, indent)
+    if yields:
+        lines.append(f"{indent}yield {', '.join(str(y) for y in yields)}")
+    return lines
+
+
+def format_stmt(s: Stmt, indent: str = "") -> list[str]:
+    """The lines of one statement (several for a loop or an if)."""
+    if isinstance(s, StoreGlobal | StoreShared):
+        name = s.buffer.name if isinstance(s, StoreGlobal) else s.alloc.name
+        space = "global" if isinstance(s, StoreGlobal) else "shared"
+        return [f"{indent}store.{space} {name}[{s.index}] = {s.value}{_mask(s.mask)}"]
+    if isinstance(s, Barrier):
+        return [f"{indent}barrier"]
+    if isinstance(s, For):
+        body = s.body
+        head = ", ".join(_decl(r) for r in s.results)
+        carried = ", ".join(f"{a} = {i}" for a, i in zip(body.args, s.inits))
+        lines = [f"{indent}{head + ' = ' if head else ''}for {_decl(body.iv)} = {s.start} to {s.stop} step {s.step}"
+                 + (f" iter ({carried})" if carried else "") + " {"]
+        lines += _branch_lines(body.stmts, body.yields, indent + "  ")
+        return lines + [f"{indent}}}"]
+    if isinstance(s, If):
+        head = ", ".join(_decl(r) for r in s.results)
+        lines = [f"{indent}{head + ' = ' if head else ''}if {s.cond} {{"]
+        lines += _branch_lines(s.then.stmts, s.then.yields, indent + "  ")
+        if s.orelse.stmts or s.orelse.yields:
+            lines.append(f"{indent}}} else {{")
+            lines += _branch_lines(s.orelse.stmts, s.orelse.yields, indent + "  ")
+        return lines + [f"{indent}}}"]
+    return [f"{indent}{_decl(s.out)} = {_RHS[type(s)](s)}"]
+
+
+def format_param(p: Buffer | Reg) -> str:
+    return f"{p.name}: {p.type}" if isinstance(p, Buffer) else _decl(p)
+
+
+def format_simt_kernel(k: SimtKernel) -> str:
+    """The kernel: signature, launch shape, shared allocations, then its statements."""
+    grid = "(" + ", ".join(str(g) for g in k.grid) + ("," if len(k.grid) == 1 else "") + ")"
+    params = ", ".join(format_param(p) for p in k.params)
+    lines = [f"simt kernel {k.name}({params}) grid {grid} block {k.threads} "
+             f"({k.warps} warp{'s' if k.warps != 1 else ''})"]
+    lines += [f"  shared {a.name}: {a.type}" for a in k.shared]
+    for s in k.body:
+        lines += format_stmt(s, "  ")
+    return "\n".join(lines)

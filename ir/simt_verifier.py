@@ -1,0 +1,267 @@
+"""The SIMT IR verifier: the invariants every Tile -> SIMT lowering output keeps.
+
+- SSA: every register is defined once per kernel, before use; a loop's induction
+  variable and carried args, and the registers defined in a region, are visible
+  only inside it; scalar params are defined for the whole body;
+- types: register vectors have 1, 2, 4, 8 or 16 elements; elementwise operands
+  agree; arithmetic is never in f16/bf16/f8 (storage types); transcendental ops
+  are f32 only; indices are i32/i64 scalars (i64 into a buffer of more than 2**31
+  elements); masks are bool scalars; memory vectors are at most 16 bytes;
+- warp ops: shuffles move f32/i32 scalars over a power-of-two width; every `Mma`
+  fragment has the shape and dtype its instruction wants;
+- memory: globals are params, shared arrays are declared, static shared memory
+  fits 48 KiB, and an unconditional access whose index range is known exactly
+  (see `simt_ranges`) stays inside its array;
+- launch: 1 to 32 warps, 1 to 3 grid dimensions of at least one block, within CUDA's limits.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .errors import VerifyError
+from .expr import BinaryOp, Buffer, UnaryOp
+from .simt import (
+    MAX_STATIC_SHARED_BYTES,
+    MAX_VECTOR,
+    Barrier,
+    Binary,
+    BlockIdx,
+    Cast,
+    Const,
+    Extract,
+    For,
+    If,
+    IntBinary,
+    LaneId,
+    LoadGlobal,
+    LoadShared,
+    Mma,
+    Pack,
+    Reg,
+    Select,
+    Shuffle,
+    SimtKernel,
+    Stmt,
+    StoreGlobal,
+    StoreShared,
+    ThreadIdx,
+    Unary,
+    WarpId,
+    defs,
+    uses,
+)
+from .simt_printer import format_stmt
+from .simt_ranges import Ranges, transfer, trip_range
+from .types import DType, bool_, float32, int32, int64
+
+LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
+_TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2})
+_I64_ABOVE = 2**31
+
+
+class _Ctx:
+    """What the checks of one kernel share: the kernel, known ranges, and whether the code is conditional."""
+
+    def __init__(self, kernel: SimtKernel, pass_name: str) -> None:
+        self.kernel, self.pass_name = kernel, pass_name
+        self.ranges: Ranges = {}
+        self.conditional = False
+
+
+def _fail(msg: str, s: Stmt | None, ctx: _Ctx) -> None:
+    context = "\n".join(format_stmt(s)[:1]) if s is not None else ""
+    raise VerifyError(f"kernel {ctx.kernel.name}: {msg}", pass_name=ctx.pass_name, context=context)
+
+
+def _arith(d: DType) -> bool:
+    return d.name not in LOW_PRECISION
+
+
+def _index(r: Reg) -> bool:
+    return r.dtype in (int32, int64) and not r.type.is_vector
+
+
+def _is_bool_scalar(r: Reg | None) -> bool:
+    return r is None or (r.dtype == bool_ and not r.type.is_vector)
+
+
+def _fits(value: object, dtype: DType) -> bool:
+    if dtype.is_bool:
+        return isinstance(value, bool)
+    if dtype.is_int:
+        bits = 8 * dtype.itemsize - 1
+        return isinstance(value, int) and not isinstance(value, bool) and -(1 << bits) <= value < (1 << bits)
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_unary(s: Unary, need: Callable[[bool, str], None]) -> None:
+    need(s.out.type == s.x.type, "unary op changes type")
+    need(_arith(s.x.dtype), f"arithmetic in {s.x.dtype}: compute in f32 and cast")
+    if s.op is UnaryOp.NOT:
+        need(s.x.dtype == bool_, "not is on bool")
+    elif s.op in (UnaryOp.NEG, UnaryOp.ABS):
+        need(not s.x.dtype.is_bool, f"{s.op.value} of bool")
+    else:
+        need(s.x.dtype == float32 or (s.x.dtype.is_float and s.op not in _TRANSCENDENTAL),
+             f"{s.op.value} of {s.x.dtype}: the GPU computes it in f32 only")
+
+
+def _check_binary(s: Binary, need: Callable[[bool, str], None]) -> None:
+    a = s.a.dtype
+    need(s.a.type == s.b.type, f"operands of {s.op.value} differ: {s.a.type} and {s.b.type}")
+    need(s.out.type == (s.a.type.with_dtype(bool_) if s.op.is_comparison else s.a.type),
+         f"{s.op.value} gives the wrong type")
+    need(_arith(a), f"arithmetic in {a}: compute in f32 and cast")
+    if a.is_bool:
+        need(s.op in (BinaryOp.AND, BinaryOp.OR, BinaryOp.EQ, BinaryOp.NE), f"{s.op.value} of bool")
+    else:
+        need(s.op not in (BinaryOp.AND, BinaryOp.OR), f"{s.op.value} is on bool; use int ops for bits")
+    if s.op is BinaryOp.DIV:
+        need(a.is_float, "integer division is IntBinary div (truncating)")
+    if s.op is BinaryOp.POW:
+        need(a == float32, f"** of {a}: the GPU computes it in f32 only")
+
+
+def _check_memory(s: Stmt, ctx: _Ctx, need: Callable[[bool, str], None]) -> None:
+    load = isinstance(s, LoadGlobal | LoadShared)
+    reg = s.out if load else s.value
+    target = s.buffer if isinstance(s, LoadGlobal | StoreGlobal) else s.alloc
+    if isinstance(target, Buffer):
+        need(target in ctx.kernel.buffers, f"{target.name} is not a buffer param of the kernel")
+        need(s.index.dtype == int64 or target.type.size <= _I64_ABOVE,
+             f"{target.name} has {target.type.size} elements: index it with i64")
+    else:
+        need(target in ctx.kernel.shared, f"{target.name} is not a shared allocation of the kernel")
+    need(reg.dtype == target.dtype, f"{target.name} holds {target.dtype}, the register is {reg.type}")
+    need(_index(s.index), f"index {s.index} must be an i32/i64 scalar")
+    need(_is_bool_scalar(s.mask), f"mask {s.mask} must be a bool scalar")
+    need(reg.type.nbytes <= 16, f"memory vectors are at most 16 bytes, {reg.type} is {reg.type.nbytes}")
+    if load:
+        need(_fits(s.other, reg.dtype), f"other {s.other!r} is not a {reg.dtype}")
+    r = ctx.ranges.get(s.index.name)
+    if s.mask is None and not ctx.conditional and r is not None and r.exact:
+        need(r.lo >= 0 and r.hi + reg.length <= target.type.size,
+             f"{target.name}[{s.index}] reaches elements {r.lo}..{r.hi + reg.length - 1}, "
+             f"outside the {target.type.size} of {target.name}: {target.type}")
+
+
+def _check_stmt(s: Stmt, ctx: _Ctx) -> None:
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            _fail(msg, s, ctx)
+
+    for r in defs(s):
+        need(r.type.length in (1, 2, 4, 8, MAX_VECTOR), f"{r} has {r.type.length} elements (1, 2, 4, 8 or 16)")
+    if isinstance(s, ThreadIdx | LaneId | WarpId | BlockIdx):
+        need(s.out.type.dtype == int32 and not s.out.type.is_vector, "thread coordinates are i32 scalars")
+        if isinstance(s, BlockIdx):
+            need(0 <= s.axis < len(ctx.kernel.grid), f"block_idx axis {s.axis} outside grid {ctx.kernel.grid}")
+    elif isinstance(s, Const):
+        need(_fits(s.value, s.out.dtype), f"constant {s.value!r} is not a {s.out.dtype}")
+    elif isinstance(s, Unary):
+        _check_unary(s, need)
+    elif isinstance(s, Binary):
+        _check_binary(s, need)
+    elif isinstance(s, IntBinary):
+        need(s.a.type == s.b.type == s.out.type and s.a.dtype in (int32, int64), f"{s.op.value} wants one i32/i64 type")
+    elif isinstance(s, Select):
+        need(s.cond.dtype == bool_ and s.cond.type.length in (1, s.a.type.length), "select condition must be bool")
+        need(s.a.type == s.b.type == s.out.type, "select branches and result differ in type")
+    elif isinstance(s, Cast):
+        need(s.x.type.length == s.out.type.length, "cast changes the vector length")
+    elif isinstance(s, Pack):
+        need(all(p.dtype == s.out.dtype for p in s.parts), "pack parts differ in dtype from the result")
+        need(sum(p.length for p in s.parts) == s.out.length, "pack parts do not add up to the result length")
+    elif isinstance(s, Extract):
+        need(s.vec.dtype == s.out.dtype and 0 <= s.index and s.index + s.out.length <= s.vec.length,
+             f"extract {s.out.type} at {s.index} of {s.vec.type}")
+    elif isinstance(s, LoadGlobal | StoreGlobal | LoadShared | StoreShared):
+        _check_memory(s, ctx, need)
+    elif isinstance(s, Shuffle):
+        need(s.value.dtype in (float32, int32) and not s.value.type.is_vector,
+             f"shuffle of {s.value.type}: only f32 and i32 scalars")
+        need(s.out.type == s.value.type, "shuffle changes type")
+        need(s.width in (1, 2, 4, 8, 16, 32), f"shuffle width {s.width} is not a power of two <= 32")
+        need(_index(s.lane) and s.lane.dtype == int32 if isinstance(s.lane, Reg) else 0 <= s.lane < 32,
+             f"shuffle lane {s.lane} must be an i32 scalar or a constant in [0, 32)")
+    elif isinstance(s, Mma):
+        for what, reg, want in (("A", s.a, s.shape.a_type), ("B", s.b, s.shape.b_type),
+                                ("C", s.c, s.shape.c_type), ("D", s.out, s.shape.c_type)):
+            need(reg.type == want, f"mma.{s.shape.value} {what} fragment is {reg.type}, wants {want}")
+    elif isinstance(s, For):
+        body = s.body
+        need(s.step > 0, "loop step must be positive")
+        need(_index(body.iv), "induction variable is an i32/i64 scalar")
+        for bound in (s.start, s.stop):
+            need(bound.type == body.iv.type if isinstance(bound, Reg) else _fits(bound, body.iv.dtype),
+                 f"loop bound {bound} is not a {body.iv.type}")
+        n = len(s.inits)
+        need(len(body.args) == n and len(body.yields) == n and len(s.results) == n,
+             "inits, carried args, yields and results differ in number")
+        for i, a, y, r in zip(s.inits, body.args, body.yields, s.results):
+            need(i.type == a.type == y.type == r.type, f"carried value {a} changes type")
+    elif isinstance(s, If):
+        need(_is_bool_scalar(s.cond), "if condition must be a bool scalar")
+        for side in (s.then, s.orelse):
+            need(len(side.yields) == len(s.results) and all(y.type == r.type for y, r in zip(side.yields, s.results)),
+                 "a branch yields values that do not match the results")
+    elif not isinstance(s, Barrier):
+        _fail(f"unknown SIMT statement {type(s).__name__}", None, ctx)
+
+
+def _define(r: Reg, scope: set[str], defined: set[str], s: Stmt | None, ctx: _Ctx) -> None:
+    if r.name in defined:
+        _fail(f"{r} is defined twice", s, ctx)
+    defined.add(r.name)
+    scope.add(r.name)
+
+
+def _verify_block(stmts: tuple[Stmt, ...], yields: tuple[Reg, ...], scope: set[str], defined: set[str],
+                  ctx: _Ctx, conditional: bool) -> None:
+    for s in stmts:
+        ctx.conditional = conditional
+        for r in uses(s):
+            if r.name not in scope:
+                _fail(f"{r} is used before it is defined (or outside its region)", s, ctx)
+        _check_stmt(s, ctx)
+        if isinstance(s, For):
+            inner = set(scope)
+            for r in (s.body.iv,) + s.body.args:
+                _define(r, inner, defined, s, ctx)
+            trips = trip_range(s)
+            if trips is not None:
+                ctx.ranges[s.body.iv.name] = trips
+            _verify_block(s.body.stmts, s.body.yields, inner, defined, ctx, conditional or trips is None)
+        elif isinstance(s, If):
+            for side in (s.then, s.orelse):
+                _verify_block(side.stmts, side.yields, set(scope), defined, ctx, True)
+        else:
+            transfer(s, ctx.ranges, ctx.kernel)
+        for r in defs(s):
+            _define(r, scope, defined, s, ctx)
+    for y in yields:
+        if y.name not in scope:
+            _fail(f"yield of {y}, which is not visible at the end of its region", None, ctx)
+
+
+def verify_simt_kernel(k: SimtKernel, pass_name: str = "") -> SimtKernel:
+    """Check `k`'s launch shape, declarations, SSA form and statement types; return it or raise `VerifyError`."""
+    ctx = _Ctx(k, pass_name)
+    if not 1 <= k.warps <= 32:
+        _fail(f"{k.warps} warps per block (1 to 32)", None, ctx)
+    if not 1 <= len(k.grid) <= 3 or any(g < 1 for g in k.grid) or k.grid[0] >= 2**31 or any(g > 65535 for g in k.grid[1:]):
+        _fail(f"grid {k.grid} must have 1 to 3 dimensions of at least one block (x < 2**31, y and z <= 65535)",
+              None, ctx)
+    names = [p.name for p in k.params] + [a.name for a in k.shared]
+    if len(set(names)) != len(names):
+        _fail(f"params and shared allocations repeat a name: {names}", None, ctx)
+    if k.shared_bytes > MAX_STATIC_SHARED_BYTES:
+        _fail(f"{k.shared_bytes} bytes of static shared memory (at most {MAX_STATIC_SHARED_BYTES})", None, ctx)
+    scope: set[str] = set()
+    defined: set[str] = set()
+    for p in k.scalars:
+        if p.type.is_vector:
+            _fail(f"scalar param {p} is a vector", None, ctx)
+        _define(p, scope, defined, None, ctx)
+    _verify_block(k.body, (), scope, defined, ctx, False)
+    return k

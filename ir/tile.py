@@ -1,0 +1,331 @@
+"""The Tile IR: kernels as grids of program instances computing on tiles.
+
+A `TileProgram` is a list of `TileKernel`s launched in order over global
+buffers (its inputs, outputs and scratch temporaries). A kernel runs one
+program instance per point of its `grid`; inside, each op defines SSA values
+(`Value`) of static `TileType` (a dtype and a shape; shape ``()`` is a scalar).
+
+Semantics every backend implements (the numpy interpreter in
+`tile_interpreter.py` is the executable definition):
+
+- Elementwise ops (`Unary`, `Binary`, `Select`, `Cast`) need operands of one
+  shape: broadcasting is explicit (`Broadcast`, `ExpandDims`). Arithmetic runs
+  in f32/f64/integers/bool only; f16, bf16 and f8 appear in `Load`, `Store`,
+  `Cast` and as `Dot` operands (compute in f32, round on store).
+- ``maximum``/``minimum`` and `Reduce` max/min propagate NaN like numpy.
+- `Load` reads ``buffer.flat[offsets]`` where `mask` is true, else `other`;
+  masked-off offsets are never dereferenced. `Store` writes where `mask` is true.
+  Offsets count elements (not bytes) and are i32, or i64 where they can pass 2**31.
+- `Reduce` folds one axis away; `Dot` is ``acc + a @ b`` with products and sums
+  in the accumulator dtype.
+- `For` runs its `Region` for ``iv = start, start+step, ... < stop``; the
+  region's `args` take `inits` on the first trip and the previous `yields`
+  after; the op's `results` are the last yields (the inits when it runs 0 times).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from .expr import BinaryOp, Buffer, ReduceOp, UnaryOp
+from .source import UNKNOWN, SourceLoc
+from .types import DType
+
+
+@dataclass(frozen=True, slots=True)
+class TileType:
+    """A tile's element type and static shape; prints like ``f32[64,128]`` (``i32`` for a scalar)."""
+
+    dtype: DType
+    shape: tuple[int, ...] = ()
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def with_shape(self, shape: tuple[int, ...]) -> "TileType":
+        return TileType(self.dtype, tuple(shape))
+
+    def with_dtype(self, dtype: DType) -> "TileType":
+        return TileType(dtype, self.shape)
+
+    def __str__(self) -> str:
+        if not self.shape:
+            return str(self.dtype)
+        return f"{self.dtype}[{','.join(str(s) for s in self.shape)}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """An SSA value of a kernel; `name` is unique in its kernel and printed as ``%name``."""
+
+    name: str
+    type: TileType
+
+    @property
+    def dtype(self) -> DType:
+        return self.type.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    def __str__(self) -> str:
+        return f"%{self.name}"
+
+
+Scalar = Union[float, int, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramId:
+    """This program instance's index along grid dimension `axis` (a scalar)."""
+
+    out: Value
+    axis: int
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Constant:
+    """A tile of `out`'s type filled with `value`."""
+
+    out: Value
+    value: Scalar
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Arange:
+    """``[0, 1, ..., n-1]`` for a 1-d integer `out` of length n."""
+
+    out: Value
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Unary:
+    out: Value
+    op: UnaryOp
+    x: Value
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Binary:
+    """``a op b`` elementwise; comparisons give bool."""
+
+    out: Value
+    op: BinaryOp
+    a: Value
+    b: Value
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Select:
+    """``where(cond, a, b)`` elementwise."""
+
+    out: Value
+    cond: Value
+    a: Value
+    b: Value
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Cast:
+    """`x` converted to `out`'s dtype (numpy ``astype``: round to nearest even, wrap ints)."""
+
+    out: Value
+    x: Value
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast:
+    """`x` repeated to `out`'s shape: `x` is a scalar, or has its rank with 1 where `out` is larger."""
+
+    out: Value
+    x: Value
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpandDims:
+    """`x` with a new dimension of size 1 inserted at `axis`."""
+
+    out: Value
+    x: Value
+    axis: int
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Permute:
+    """`x` with dimensions reordered: ``out`` dim n is ``x`` dim ``perm[n]``."""
+
+    out: Value
+    x: Value
+    perm: tuple[int, ...]
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """``buffer.flat[offsets]`` where `mask` (None: everywhere), `other` elsewhere."""
+
+    out: Value
+    buffer: Buffer
+    offsets: Value
+    mask: Value | None
+    other: Scalar
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """``buffer.flat[offsets] = value`` where `mask` (None: everywhere)."""
+
+    buffer: Buffer
+    offsets: Value
+    value: Value
+    mask: Value | None
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce:
+    """`op` over dimension `axis` of `x` (the dimension is removed)."""
+
+    out: Value
+    x: Value
+    axis: int
+    op: ReduceOp
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Dot:
+    """``acc + a @ b`` for ``a: [M,K]``, ``b: [K,N]``; computed in `out`'s dtype (f32 for low precision)."""
+
+    out: Value
+    a: Value
+    b: Value
+    acc: Value | None
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """The body of a `For`: induction variable, loop-carried arguments, ops and the values yielded."""
+
+    iv: Value
+    args: tuple[Value, ...]
+    ops: tuple["Op", ...]
+    yields: tuple[Value, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class For:
+    """``for iv in range(start, stop, step)`` carrying `inits` -> `results` through `body`."""
+
+    results: tuple[Value, ...]
+    start: int
+    stop: int
+    step: int
+    inits: tuple[Value, ...]
+    body: Region
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+Op = Union[ProgramId, Constant, Arange, Unary, Binary, Select, Cast, Broadcast, ExpandDims, Permute,
+           Load, Store, Reduce, Dot, For]
+ELEMENTWISE = (Unary, Binary, Select, Cast)
+
+
+def results(op: Op) -> tuple[Value, ...]:
+    """The values `op` defines."""
+    if isinstance(op, For):
+        return op.results
+    if isinstance(op, Store):
+        return ()
+    return (op.out,)
+
+
+def operands(op: Op) -> tuple[Value, ...]:
+    """The values `op` reads directly (for `For`: its inits; the region reads more)."""
+    if isinstance(op, Unary | Cast | Broadcast | ExpandDims | Permute):
+        return (op.x,)
+    if isinstance(op, Binary):
+        return (op.a, op.b)
+    if isinstance(op, Select):
+        return (op.cond, op.a, op.b)
+    if isinstance(op, Load):
+        return (op.offsets,) + ((op.mask,) if op.mask is not None else ())
+    if isinstance(op, Store):
+        return (op.offsets, op.value) + ((op.mask,) if op.mask is not None else ())
+    if isinstance(op, Reduce):
+        return (op.x,)
+    if isinstance(op, Dot):
+        return (op.a, op.b) + ((op.acc,) if op.acc is not None else ())
+    if isinstance(op, For):
+        return op.inits
+    return ()
+
+
+def walk_ops(ops: tuple[Op, ...]):
+    """Every op in `ops`, loop bodies included (pre-order)."""
+    for op in ops:
+        yield op
+        if isinstance(op, For):
+            yield from walk_ops(op.body.ops)
+
+
+@dataclass(frozen=True, slots=True)
+class TileKernel:
+    """One launch: `grid` program instances running `body`, over the global buffers in `params`."""
+
+    name: str
+    grid: tuple[int, ...]
+    params: tuple[Buffer, ...]
+    body: tuple[Op, ...]
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+    @property
+    def num_programs(self) -> int:
+        n = 1
+        for g in self.grid:
+            n *= g
+        return n
+
+    def stored(self) -> tuple[Buffer, ...]:
+        """The buffers this kernel writes."""
+        seen: dict[str, Buffer] = {}
+        for op in walk_ops(self.body):
+            if isinstance(op, Store):
+                seen.setdefault(op.buffer.name, op.buffer)
+        return tuple(seen.values())
+
+
+@dataclass(frozen=True, slots=True)
+class TileProgram:
+    """Kernels launched in order; `scratch` buffers are temporaries the runtime allocates."""
+
+    name: str
+    inputs: tuple[Buffer, ...]
+    outputs: tuple[Buffer, ...]
+    scratch: tuple[Buffer, ...]
+    kernels: tuple[TileKernel, ...]
+
+    def __str__(self) -> str:
+        from .tile_printer import format_tile_program
+
+        return format_tile_program(self)

@@ -1,0 +1,109 @@
+"""Deterministic, readable text for the Tile IR (``lowered.stages["tile"]``).
+
+Each op is one line ``%name: type = op operands``, loops are indented blocks::
+
+    kernel softmax_0 grid (4,) params (x, m):
+      %pid0: i32 = program_id 0
+      %m_part: f32[16] = reduce max %x axis 1
+      %m, %l = for %k: i32 = 0 to 1000 step 128 iter (%m_run = %m0, %l_run = %l0) {
+        ...
+        yield %m_new, %l_new
+      }
+      store m[%offs] = %m mask %mask
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .printer import format_const
+from .tile import (
+    Arange,
+    Binary,
+    Broadcast,
+    Cast,
+    Constant,
+    Dot,
+    ExpandDims,
+    For,
+    Load,
+    Op,
+    Permute,
+    ProgramId,
+    Reduce,
+    Select,
+    Store,
+    TileKernel,
+    TileProgram,
+    Unary,
+    Value,
+)
+
+
+def _decl(v: Value) -> str:
+    return f"%{v.name}: {v.type}"
+
+
+def _mask(m: Value | None) -> str:
+    return f" mask {m}" if m is not None else ""
+
+
+def _binary(op: Binary) -> str:
+    if op.op.is_infix:
+        return f"{op.a} {op.op.value} {op.b}"
+    return f"{op.op.value} {op.a}, {op.b}"
+
+
+_RHS: dict[type, Callable[..., str]] = {
+    ProgramId: lambda op: f"program_id {op.axis}",
+    Constant: lambda op: f"const {format_const(op.value)}",
+    Arange: lambda op: "arange",
+    Unary: lambda op: f"{op.op.value} {op.x}",
+    Binary: _binary,
+    Select: lambda op: f"select {op.cond}, {op.a}, {op.b}",
+    Cast: lambda op: f"cast {op.x}",
+    Broadcast: lambda op: f"broadcast {op.x}",
+    ExpandDims: lambda op: f"expand_dims {op.x} axis {op.axis}",
+    Permute: lambda op: f"permute {op.x} ({', '.join(map(str, op.perm))})",
+    Load: lambda op: f"load {op.buffer.name}[{op.offsets}]{_mask(op.mask)}"
+                     + (f" other {format_const(op.other)}" if op.mask is not None else ""),
+    Reduce: lambda op: f"reduce {op.op.value} {op.x} axis {op.axis}",
+    Dot: lambda op: f"dot {op.a}, {op.b}" + (f" + {op.acc}" if op.acc is not None else ""),
+}
+
+
+def format_op(op: Op, indent: str = "") -> list[str]:
+    """The lines of one op (several for a loop)."""
+    if isinstance(op, Store):
+        return [f"{indent}store {op.buffer.name}[{op.offsets}] = {op.value}{_mask(op.mask)}"]
+    if isinstance(op, For):
+        body = op.body
+        outs = ", ".join(_decl(r) for r in op.results)
+        carried = ", ".join(f"{a} = {i}" for a, i in zip(body.args, op.inits))
+        head = f"{outs} = " if op.results else ""
+        lines = [f"{indent}{head}for {_decl(body.iv)} = {op.start} to {op.stop} step {op.step}"
+                 + (f" iter ({carried})" if carried else "") + " {"]
+        for inner in body.ops:
+            lines += format_op(inner, indent + "  ")
+        lines.append(f"{indent}  yield {', '.join(str(y) for y in body.yields)}")
+        lines.append(f"{indent}}}")
+        return lines
+    return [f"{indent}{_decl(op.out)} = {_RHS[type(op)](op)}"]
+
+
+def format_kernel(k: TileKernel, indent: str = "") -> str:
+    """A kernel: its header (grid and the global buffers it touches), then its ops."""
+    grid = "(" + ", ".join(str(g) for g in k.grid) + ("," if len(k.grid) == 1 else "") + ")"
+    lines = [f"{indent}kernel {k.name} grid {grid} params ({', '.join(b.name for b in k.params)}):"]
+    for op in k.body:
+        lines += format_op(op, indent + "  ")
+    return "\n".join(lines)
+
+
+def format_tile_program(p: TileProgram) -> str:
+    """The whole program: signature, scratch buffers, then each kernel in launch order."""
+    params = ", ".join(f"{b.name}: {b.type}" for b in p.inputs)
+    outs = ", ".join(f"{b.name}: {b.type}" for b in p.outputs)
+    lines = [f"tile program {p.name}({params}) -> ({outs})"]
+    lines += [f"  scratch {b.name}: {b.type}" for b in p.scratch]
+    lines += [format_kernel(k, "  ") for k in p.kernels]
+    return "\n".join(lines)

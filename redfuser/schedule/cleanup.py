@@ -1,0 +1,136 @@
+"""Clean-up passes on a scheduled kernel: merge duplicates, hoist loop invariants, drop dead values.
+
+`merge_duplicates` (CSE) replaces an op that repeats an earlier visible op with the
+same operands by that op's value (index arithmetic repeats across loads).
+
+`hoist_invariants` moves pure ops whose operands do not change in a loop out in
+front of it (attention's ``q`` tile is loaded once, not per chunk of keys).
+Loads move only from buffers the kernel never stores. `drop_dead` removes pure ops
+whose results nobody uses. Both keep the kernel's meaning on every input.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from ..ir import tile as t
+
+
+def _pure(op: t.Op, stored: set[str]) -> bool:
+    if isinstance(op, t.Store | t.For):
+        return False
+    return not (isinstance(op, t.Load) and op.buffer.name in stored)
+
+
+def _hoist(ops: tuple[t.Op, ...], stored: set[str]) -> tuple[t.Op, ...]:
+    out: list[t.Op] = []
+    for op in ops:
+        if not isinstance(op, t.For):
+            out.append(op)
+            continue
+        body = op.body
+        inner = _hoist(body.ops, stored)
+        variant = {body.iv.name} | {a.name for a in body.args}
+        kept: list[t.Op] = []
+        for x in inner:
+            reads = {v.name for v in t.operands(x)}
+            if isinstance(x, t.For):
+                reads |= _free_reads(x)
+            if _pure(x, stored) and not reads & variant:
+                out.append(x)
+            else:
+                kept.append(x)
+                variant |= {r.name for r in t.results(x)}
+        out.append(replace(op, body=replace(body, ops=tuple(kept))))
+    return tuple(out)
+
+
+def _free_reads(op: t.For) -> set[str]:
+    """Every value a loop's body reads (including values defined in the body itself)."""
+    names = {v.name for v in op.body.yields}
+    for x in t.walk_ops(op.body.ops):
+        names |= {v.name for v in t.operands(x)}
+        if isinstance(x, t.For):
+            names |= {v.name for v in x.body.yields}
+    return names
+
+
+def _drop(ops: tuple[t.Op, ...], live: set[str]) -> tuple[t.Op, ...]:
+    kept: list[t.Op] = []
+    for op in reversed(ops):
+        if isinstance(op, t.For):
+            needed = any(r.name in live for r in op.results) or any(
+                isinstance(x, t.Store) for x in t.walk_ops(op.body.ops))
+            if not needed:
+                continue
+            inner_live = set(live) | {y.name for y in op.body.yields}
+            body = _drop(op.body.ops, inner_live)
+            live |= inner_live | {v.name for v in op.inits}
+            for x in t.walk_ops(body):
+                live |= {v.name for v in t.operands(x)}
+            kept.append(replace(op, body=replace(op.body, ops=body)))
+        elif isinstance(op, t.Store) or any(r.name in live for r in t.results(op)):
+            live |= {v.name for v in t.operands(op)}
+            kept.append(op)
+    return tuple(reversed(kept))
+
+
+def _subst(x, names: dict[str, t.Value]):
+    """`x` (an op, region, value or tuple of them) with values renamed by `names`."""
+    if isinstance(x, t.Value):
+        return names.get(x.name, x)
+    if isinstance(x, tuple):
+        return tuple(_subst(v, names) for v in x)
+    if isinstance(x, t.Region):
+        return replace(x, args=x.args, ops=x.ops, yields=_subst(x.yields, names))
+    return x
+
+
+def _rename(op: t.Op, names: dict[str, t.Value]) -> t.Op:
+    changes = {f.name: _subst(getattr(op, f.name), names) for f in fields(op)
+               if f.name not in ("out", "results", "body", "loc")}
+    return replace(op, **changes)
+
+
+def _signature(op: t.Op) -> tuple | None:
+    if isinstance(op, t.For | t.Store | t.ProgramId):
+        return None
+    parts = [type(op).__name__, op.out.type]
+    for f in fields(op):
+        if f.name in ("out", "loc"):
+            continue
+        v = getattr(op, f.name)
+        parts.append(v.name if isinstance(v, t.Value) else (v, type(v).__name__))
+    return tuple(parts)
+
+
+def _merge(ops: tuple[t.Op, ...], seen: dict[tuple, t.Value], names: dict[str, t.Value],
+           stored: set[str]) -> tuple[t.Op, ...]:
+    out: list[t.Op] = []
+    for op in ops:
+        op = _rename(op, names)
+        if isinstance(op, t.For):
+            body = op.body
+            inner = _merge(body.ops, dict(seen), names, stored)
+            op = replace(op, body=replace(body, ops=inner, yields=_subst(body.yields, names)))
+            out.append(op)
+            continue
+        sig = _signature(op) if _pure(op, stored) else None
+        if sig is not None and sig in seen:
+            names[op.out.name] = seen[sig]
+            continue
+        if sig is not None:
+            seen[sig] = op.out
+        out.append(op)
+    return tuple(out)
+
+
+def merge_duplicates(k: t.TileKernel) -> t.TileKernel:
+    """`k` with repeated pure ops merged into their first occurrence."""
+    stored = {b.name for b in k.stored()}
+    return replace(k, body=_merge(k.body, {}, {}, stored))
+
+
+def cleanup_kernel(k: t.TileKernel) -> t.TileKernel:
+    """`k` with duplicates merged, loop invariants hoisted and dead ops dropped."""
+    stored = {b.name for b in k.stored()}
+    return merge_duplicates(replace(k, body=_drop(_hoist(merge_duplicates(k).body, stored), set())))

@@ -1,0 +1,185 @@
+"""Lowering Loop IR expressions to Tile IR values over a kernel's tile dimensions.
+
+One rule per Loop IR expression type. A result varies only over the dims its
+expression reads (``m[i]`` is a 1-d tile even inside a 2-d nest); operands are
+aligned by explicit expand/broadcast. Arithmetic in f16/bf16/f8 is done in f32:
+a load of such a buffer is cast up, a cast *to* such a type rounds and comes back
+to f32, and the store casts down (ARCHITECTURE.md: compute in f32, round on store).
+Loads of buffers computed inside the kernel (fused-loop locals and states) return
+their tiles instead of reading memory. Results are memoized per scope, so a shared
+subexpression is built once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+
+from ..ir import (
+    Axis,
+    Binary,
+    BinaryOp,
+    Cast,
+    Const,
+    DType,
+    Expr,
+    IndexValue,
+    InternalError,
+    Load,
+    Select,
+    Unary,
+    walk,
+)
+from ..ir import tile as t
+from ..ir.types import bool_, float32, from_numpy
+from .builder import KernelBuilder
+from .space import Binding, Dim, Fixed, Tiled, align, mask_tile, offsets, place
+
+LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
+
+
+def compute_dtype(d: DType) -> DType:
+    """The dtype arithmetic on `d` values runs in (f32 for the low-precision float types)."""
+    return float32 if d.name in LOW_PRECISION else d
+
+
+def round_to(value: float | int | bool, d: DType) -> float | int | bool:
+    """`value` as `d` stores it, read back as a Python number."""
+    if d.is_bool:
+        return bool(value)
+    if d.is_int:
+        return int(value)
+    return float(np.asarray(value, dtype=d.numpy).astype(np.float64))
+
+
+@lru_cache(maxsize=4096)
+def footprint(e: Expr) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The axis names `e` reads and the buffers it loads (sorted)."""
+    axes: set[str] = set()
+    bufs: set[str] = set()
+    for n in walk(e):
+        if isinstance(n, Load):
+            bufs.add(n.buffer.name)
+            axes.update(i.name for i in n.indices if isinstance(i, Axis))
+        elif isinstance(n, IndexValue):
+            axes.add(n.axis.name)
+    return tuple(sorted(axes)), tuple(sorted(bufs))
+
+
+@dataclass
+class ExprLowering:
+    """Lowers expressions of one kernel; `tiles` holds the in-kernel buffers' current tiles by name."""
+
+    kb: KernelBuilder
+    tiles: dict[str, Tiled] = field(default_factory=dict)
+
+    def lower(self, e: Expr, bindings: dict[str, Binding]) -> Tiled:
+        """`e` with its axes bound by `bindings`, as a tile over the dims it reads."""
+        axes, bufs = footprint(e)
+        key = ("expr", e, tuple(bindings[a] for a in axes),
+               tuple(self.tiles[b].value.name for b in bufs if b in self.tiles))
+        found = self.kb.recall(key)
+        if found is None:
+            found = self.kb.remember(key, _RULES[type(e)](self, e, bindings))
+        return found  # type: ignore[return-value]
+
+    def lower_as(self, e: Expr, dtype: DType, bindings: dict[str, Binding]) -> Tiled:
+        """`e` lowered and cast to `dtype`."""
+        x = self.lower(e, bindings)
+        return Tiled(self.kb.cast(x.value, dtype), x.dims)
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def elementwise(self, items: list[Tiled], make: Callable[[list[t.Value]], t.Value]) -> Tiled:
+        values, dims = align(self.kb, items)
+        return Tiled(make(values), dims)
+
+
+def _const(lw: ExprLowering, e: Const, b: dict[str, Binding]) -> Tiled:
+    d = compute_dtype(e.dtype)
+    return Tiled(lw.kb.const(round_to(e.value, e.dtype), d), ())
+
+
+def _index_value(lw: ExprLowering, e: IndexValue, b: dict[str, Binding]) -> Tiled:
+    from .space import index_tile
+
+    bound = b[e.axis.name]
+    d = compute_dtype(e.dtype)
+    if isinstance(bound, Fixed):
+        return Tiled(lw.kb.cast(bound.index, d), ())
+    idx = index_tile(lw.kb, bound)
+    return Tiled(lw.kb.cast(idx.value, d, hint=f"{e.axis.name}_val"), idx.dims)
+
+
+def _load(lw: ExprLowering, e: Load, b: dict[str, Binding]) -> Tiled:
+    kb = lw.kb
+    if e.buffer.name in lw.tiles:
+        tile = lw.tiles[e.buffer.name]
+        used = {b[i.name].key for i in e.indices if isinstance(i, Axis) and isinstance(b[i.name], Dim)}
+        if used != {d.key for d in tile.dims}:
+            raise InternalError(f"fused read of {e.buffer.name} at {e.indices} does not line up with its tile",
+                                pass_name="schedule")
+        return tile
+    positions: list[Binding | int] = [i if isinstance(i, int) else b[i.name] for i in e.indices]
+    off = offsets(kb, e.buffer, positions)
+    mask = mask_tile(kb, off.dims)
+    v = kb.load(e.buffer, off.value, mask, 0)
+    return Tiled(kb.cast(v, compute_dtype(e.buffer.dtype)), off.dims)
+
+
+def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
+    x = lw.lower_as(e.x, compute_dtype(e.dtype), b)
+    return Tiled(lw.kb.unary(e.op, x.value), x.dims)
+
+
+def _common(a: DType, b: DType) -> DType:
+    return compute_dtype(from_numpy(np.result_type(a.numpy, b.numpy)) or a)
+
+
+def _binary(lw: ExprLowering, e: Binary, b: dict[str, Binding]) -> Tiled:
+    if e.op.is_comparison:
+        operand = _common(e.a.dtype, e.b.dtype)
+    elif e.op in (BinaryOp.AND, BinaryOp.OR):
+        operand = bool_
+    else:
+        operand = compute_dtype(e.dtype)
+    x, y = lw.lower_as(e.a, operand, b), lw.lower_as(e.b, operand, b)
+    return lw.elementwise([x, y], lambda v: lw.kb.binary(e.op, v[0], v[1]))
+
+
+def _select(lw: ExprLowering, e: Select, b: dict[str, Binding]) -> Tiled:
+    d = compute_dtype(e.dtype)
+    c = lw.lower_as(e.cond, bool_, b)
+    x, y = lw.lower_as(e.a, d, b), lw.lower_as(e.b, d, b)
+    return lw.elementwise([c, x, y], lambda v: lw.kb.select(v[0], v[1], v[2], hint="where"))
+
+
+def _cast(lw: ExprLowering, e: Cast, b: dict[str, Binding]) -> Tiled:
+    x = lw.lower(e.x, b)
+    if e.dtype.name in LOW_PRECISION:  # round to the narrow type, keep computing in f32
+        narrow = lw.kb.cast(x.value, e.dtype)
+        return Tiled(lw.kb.cast(narrow, float32), x.dims)
+    return Tiled(lw.kb.cast(x.value, e.dtype), x.dims)
+
+
+_RULES: dict[type, Callable[..., Tiled]] = {
+    Const: _const,
+    IndexValue: _index_value,
+    Load: _load,
+    Unary: _unary,
+    Binary: _binary,
+    Select: _select,
+    Cast: _cast,
+}
+
+
+def store_tile(kb: KernelBuilder, buffer, x: Tiled, positions: list[Binding | int]) -> None:
+    """Store `x` into `buffer` at `positions` (one binding per buffer dim), masked to the valid lanes."""
+    off = offsets(kb, buffer, positions)
+    value = place(kb, x, off.dims) if set(d.key for d in x.dims) <= {d.key for d in off.dims} else None
+    if value is None:
+        raise InternalError(f"store to {buffer.name}: value varies over dims the store does not cover",
+                            pass_name="schedule")
+    value = kb.cast(value, buffer.dtype)
+    kb.store(buffer, off.value, value, mask_tile(kb, off.dims))

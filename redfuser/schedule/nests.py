@@ -1,0 +1,101 @@
+"""One kernel per unfused loop nest (`Compute` or `Reduce`).
+
+Leading axes go to the grid, one program per index; the last one or two
+parallel axes are tiled (``block_m`` x ``block_n``, masks on ragged edges).
+A `Reduce` tiles its last parallel axis by ``block_m`` (both last axes when it is
+a matmul, which becomes ``dot``) and loops over chunks of its reduced axes.
+"""
+from __future__ import annotations
+
+from ..ir import Axis, Binary, BinaryOp, Compute, DType, Load, Reduce, walk
+from ..ir import tile as t
+from .builder import KernelBuilder
+from .exprs import ExprLowering, footprint, store_tile
+from .options import ScheduleOptions
+from .reduce import reduce_axes
+from .space import Binding, Dim, Fixed, index_tile, mask_tile
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def premake(kb: KernelBuilder, dim: Dim) -> None:
+    """Build a kernel-wide dim's indices and mask up front, so every loop reuses them."""
+    index_tile(kb, dim)
+    mask_tile(kb, (dim,))
+
+
+def bind_grid(kb: KernelBuilder, grid_axes: tuple[Axis, ...], tiled: list[tuple[Axis, int, int]]
+              ) -> tuple[dict[str, Binding], list[int]]:
+    """Program ids for `grid_axes` (one index each) and for tiles of `tiled` ``(axis, size, order)``."""
+    bindings: dict[str, Binding] = {}
+    grid: list[int] = []
+    for a in grid_axes:
+        bindings[a.name] = Fixed(kb.program_id(len(grid), hint=f"pid_{a.name}"), a.extent)
+        grid.append(a.extent)
+    for a, size, order in tiled:
+        pid = kb.program_id(len(grid), hint=f"pid_{a.name}")
+        tiles = _ceil_div(a.extent, size)
+        base = pid if size == 1 else kb.binary(BinaryOp.MUL, pid, kb.const(size, kb.index_dtype), hint=f"{a.name}_start")
+        bindings[a.name] = Dim(a.name, order, size, a.extent, base, tiles * size > a.extent)
+        premake(kb, bindings[a.name])
+        grid.append(tiles)
+    return bindings, grid
+
+
+def compute_kernel(s: Compute, name: str, opts: ScheduleOptions, index: DType) -> t.TileKernel:
+    """``out[axes] = value`` as tiles of its last two axes."""
+    kb = KernelBuilder(name, index)
+    axes = s.axes
+    if len(axes) >= 2:
+        tiled = [(axes[-2], opts.tile(opts.block_m, axes[-2].extent), 0),
+                 (axes[-1], opts.tile(opts.block_n, axes[-1].extent), 1)]
+    elif axes:
+        tiled = [(axes[-1], opts.tile(opts.block_m * opts.block_n, axes[-1].extent), 0)]
+    else:
+        tiled = []
+    bindings, grid = bind_grid(kb, axes[: len(axes) - len(tiled)], tiled)
+    lw = ExprLowering(kb)
+    value = lw.lower(s.value, bindings)
+    store_tile(kb, s.out, value, [bindings[a.name] for a in axes])
+    return kb.finish(tuple(grid))
+
+
+def is_matmul(s: Reduce) -> bool:
+    """A sum over the last reduced axis of ``a * b``, `a` free of the last parallel axis and `b` of the one before."""
+    v = s.value
+    if s.op.value != "sum" or len(s.axes) < 2 or not s.reduce_axes or not (isinstance(v, Binary) and v.op is BinaryOp.MUL):
+        return False
+    m, n, k = s.axes[-2].name, s.axes[-1].name, s.reduce_axes[-1].name
+    a, b = footprint(v.a)[0], footprint(v.b)[0]
+    return any(k in x and k in y and m in x and n not in x and n in y and m not in y for x, y in ((a, b), (b, a)))
+
+
+def _reduced_innermost(s: Reduce) -> bool:
+    """Whether the loads read their innermost dimension along the last reduced axis (then it goes last)."""
+    r = s.reduce_axes[-1].name if s.reduce_axes else None
+    inner = [n.indices[-1] for n in walk(s.value) if isinstance(n, Load) and n.indices]
+    if any(isinstance(i, Axis) and i.name == r for i in inner):
+        return True
+    return not any(isinstance(i, Axis) and i.name == s.axes[-1].name for i in inner) if s.axes else True
+
+
+def reduce_kernel(s: Reduce, name: str, opts: ScheduleOptions, index: DType) -> t.TileKernel:
+    """``out[axes] = op over reduce_axes of value``; matmuls tile (m, n) and become ``dot``."""
+    kb = KernelBuilder(name, index)
+    axes = s.axes
+    if is_matmul(s):
+        tiled = [(axes[-2], opts.tile(opts.block_m, axes[-2].extent), 0),
+                 (axes[-1], opts.tile(opts.block_n, axes[-1].extent), 1)]
+    elif axes:
+        tiled = [(axes[-1], opts.tile(opts.block_m, axes[-1].extent), 0)]
+    else:
+        tiled = []
+    bindings, grid = bind_grid(kb, axes[: len(axes) - len(tiled)], tiled)
+    out_dims = tuple(b for b in (bindings[a.name] for a, _, _ in tiled))
+    order = len(tiled) if _reduced_innermost(s) else -1
+    lw = ExprLowering(kb)
+    value = reduce_axes(lw, opts, s.op, s.value, out_dims, bindings, s.reduce_axes, order, hint=s.out.name)
+    store_tile(kb, s.out, value, [bindings[a.name] for a in axes])
+    return kb.finish(tuple(grid))

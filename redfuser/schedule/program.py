@@ -1,0 +1,114 @@
+"""`schedule_program`: the scheduling pass, Loop IR -> Tile IR.
+
+Guarantees: the Tile IR it returns is verified and computes the same outputs as
+the Loop IR program on every input (checked in tests by running both
+interpreters). Kernels run in program order:
+
+- each `FusedLoop` becomes one kernel, joined by the `Compute` nests right after
+  it that read its states pointwise (the epilogue, e.g. ``out = acc / l``);
+- every other nest becomes its own kernel; nests whose result nobody reads are dropped;
+- buffers passed between kernels become scratch buffers; values used only inside
+  a kernel (locals, running states) never touch memory.
+
+Offsets are i32 unless some buffer of a kernel (padded to whole tiles) reaches 2**31 elements.
+"""
+from __future__ import annotations
+
+from ..ir import BackendError, Buffer, Compute, FusedLoop, Program, Reduce, Stmt, TopK, TopKState, loads, written
+from ..ir import tile as t
+from ..ir.tile_verifier import verify_tile_program
+from ..ir.types import int32, int64
+from .cleanup import cleanup_kernel
+from .fused import fused_kernel, joins
+from .nests import compute_kernel, reduce_kernel
+from .options import ScheduleOptions
+
+Group = list[Stmt]
+
+
+def _reads(s: Stmt) -> set[str]:
+    """Names of the buffers a statement reads from outside itself."""
+    if isinstance(s, FusedLoop):
+        inner = {l.out.name for l in s.locals} | {st.prev.name for st in s.states} | {st.acc.name for st in s.states}
+        names = {b.buffer.name for l in s.locals for b in loads(l.value)}
+        for st in s.states:
+            names |= {b.buffer.name for b in loads(st.term)}
+            if st.rescale is not None:
+                names |= {b.buffer.name for b in loads(st.rescale)}
+        return names - inner
+    return {b.buffer.name for b in loads(s.value)}
+
+
+def group_statements(p: Program) -> list[Group]:
+    """Statements grouped into kernels (a fused loop takes its pointwise epilogue along)."""
+    groups: list[Group] = []
+    for s in p.body:
+        last = groups[-1] if groups else None
+        if (isinstance(s, Compute) and last is not None and isinstance(last[0], FusedLoop)
+                and joins(last[0], list(last[1:]), s)):  # type: ignore[arg-type]
+            last.append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
+def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions) -> bool:
+    pad = max(opts.block_m, opts.block_n, opts.block_k) * (2 if opts.pow2 else 1)
+    for b in buffers:
+        n = 1
+        for s in b.shape:
+            n *= s + pad
+        if n >= 2**31:
+            return True
+    return False
+
+
+def _buffers(group: Group) -> list[Buffer]:
+    out: list[Buffer] = []
+    for s in group:
+        subs = list(s.locals) if isinstance(s, FusedLoop) else [s]
+        for x in subs:
+            out += [x.out] + [ld.buffer for ld in loads(x.value)]
+        if isinstance(s, FusedLoop):
+            for st in s.states:
+                out += [st.acc] + [ld.buffer for ld in loads(st.term)]
+    return out
+
+
+def _check_supported(p: Program) -> None:
+    """Top-k nests and running top-k states have no Tile IR form yet: say so plainly."""
+    for s in p.body:
+        if isinstance(s, TopK) or (isinstance(s, FusedLoop) and any(isinstance(x, TopKState) for x in s.states)):
+            raise BackendError(f"{p.name}: top-k is not scheduled to tiles yet (backends that compile cannot run it; "
+                               "use backend='interpret')")
+
+
+def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileProgram:
+    """Tile `p` (see the module docstring); the result is verified."""
+    opts = opts or ScheduleOptions()
+    _check_supported(p)
+    groups = group_statements(p)
+    outputs = {b.name for b in p.outputs}
+    kernels: list[t.TileKernel] = []
+    scratch: dict[str, Buffer] = {}
+    for g, group in enumerate(groups):
+        later = set().union(*(_reads(s) for other in groups[g + 1:] for s in other))
+        made = [b for s in group for b in written(s)]
+        needed = {b.name for b in made if b.name in outputs or b.name in later}
+        if not needed:
+            continue  # nothing it computes is used
+        for b in made:
+            if b.name in needed and b.name not in outputs:
+                scratch[b.name] = b
+        index = int64 if _needs_i64(_buffers(group), opts) else int32
+        name = f"{p.name}_{len(kernels)}"
+        head = group[0]
+        if isinstance(head, FusedLoop):
+            kernel = fused_kernel(head, list(group[1:]), needed, name, opts, index)  # type: ignore[arg-type]
+        elif isinstance(head, Reduce):
+            kernel = reduce_kernel(head, name, opts, index)
+        else:
+            kernel = compute_kernel(head, name, opts, index)
+        kernels.append(cleanup_kernel(kernel))
+    tiled = t.TileProgram(p.name, p.inputs, p.outputs, tuple(scratch.values()), tuple(kernels))
+    return verify_tile_program(tiled, pass_name="schedule")

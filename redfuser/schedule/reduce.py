@@ -1,0 +1,106 @@
+"""Reductions over tile dimensions: one chunk at a time, as `dot` where the term is a product.
+
+`reduce_chunk` folds one chunk of a reduced axis (a `Dim`) into an accumulator;
+a sum of ``a * b`` where ``a`` varies over (m, k) and ``b`` over (k, n) and the
+result over (m, n) becomes ``dot(a, b, acc)``. `reduce_axes` runs a whole
+``op over reduce_axes of value`` as loops over chunks (outer reduced axes one
+index at a time, the last one in chunks of `block_k`).
+"""
+from __future__ import annotations
+
+from ..ir import Axis, Binary, BinaryOp, Expr, ReduceOp
+from ..ir import tile as t
+from .exprs import ExprLowering, compute_dtype
+from .options import ScheduleOptions
+from .space import Binding, Dim, Fixed, Tiled, mask_tile, ordered, place
+
+COMBINE = {ReduceOp.SUM: BinaryOp.ADD, ReduceOp.MAX: BinaryOp.MAX, ReduceOp.MIN: BinaryOp.MIN}
+
+
+def shape_of(dims: tuple[Dim, ...]) -> tuple[int, ...]:
+    return tuple(d.size for d in dims)
+
+
+def _dot_operands(lw: ExprLowering, value: Expr, out_dims: tuple[Dim, ...], rdim: Dim,
+                  bindings: dict[str, Binding]) -> tuple[t.Value, t.Value] | None:
+    """``(a [m,k], b [k,n])`` when `value` is such a product over (m, n) = `out_dims`, else None."""
+    if len(out_dims) != 2 or not (isinstance(value, Binary) and value.op is BinaryOp.MUL):
+        return None
+    acc_dtype = compute_dtype(value.dtype)
+    if not acc_dtype.is_float:
+        return None
+    x, y = lw.lower_as(value.a, acc_dtype, bindings), lw.lower_as(value.b, acc_dtype, bindings)
+    m, n = out_dims
+    want_a, want_b = {m.key, rdim.key}, {rdim.key, n.key}
+    keys = lambda z: {d.key for d in z.dims}  # noqa: E731
+    if keys(x) != want_a or keys(y) != want_b:
+        x, y = y, x
+    if keys(x) != want_a or keys(y) != want_b:
+        return None
+    kb = lw.kb
+    mask = mask_tile(kb, (rdim,))
+    operands = []
+    for z, first in ((x, m), (y, rdim)):
+        v = z.value
+        if mask is not None:  # padded lanes of k must add nothing, whatever the operand computed there
+            zero = kb.const(0.0, acc_dtype, v.shape)
+            v = kb.select(place(kb, Tiled(mask, (rdim,)), z.dims), v, zero, hint=f"{v.name}_k")
+        operands.append(v if z.dims[0].key == first.key else kb.permute(v, (1, 0)))
+    return operands[0], operands[1]
+
+
+def reduce_chunk(lw: ExprLowering, op: ReduceOp, value: Expr, out_dims: tuple[Dim, ...], rdim: Dim,
+                 bindings: dict[str, Binding], acc: t.Value | None, hint: str = "part") -> t.Value:
+    """``op`` over the lanes of `rdim` of `value`, combined with `acc` (None: no accumulator)."""
+    kb = lw.kb
+    acc_dtype = compute_dtype(value.dtype)
+    if op is ReduceOp.SUM:
+        pair = _dot_operands(lw, value, out_dims, rdim, bindings)
+        if pair is not None:
+            return kb.dot(pair[0], pair[1], acc, acc_dtype, hint=f"{hint}_dot")
+    x = lw.lower_as(value, acc_dtype, bindings)
+    dims = ordered(out_dims + (rdim,))
+    v = place(kb, x, dims)
+    mask = mask_tile(kb, (rdim,))
+    if mask is not None:
+        identity = kb.const(op.identity(value.dtype), acc_dtype, v.shape)
+        v = kb.select(place(kb, Tiled(mask, (rdim,)), dims), v, identity, hint=f"{hint}_in")
+    partial = kb.reduce(op, v, dims.index(rdim), hint=hint)
+    return partial if acc is None else kb.binary(COMBINE[op], acc, partial, hint=f"{hint}_acc")
+
+
+def reduce_axes(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, out_dims: tuple[Dim, ...],
+                bindings: dict[str, Binding], axes: tuple[Axis, ...], order: int, hint: str) -> Tiled:
+    """``op over axes of value`` placed on `out_dims`; new dims get canonical position `order`."""
+    kb = lw.kb
+    acc_dtype = compute_dtype(value.dtype)
+    if not axes:  # a reduction over no axis is the value itself
+        return Tiled(place(kb, lw.lower_as(value, acc_dtype, bindings), out_dims), out_dims)
+    init = kb.const(op.identity(value.dtype), acc_dtype, shape_of(out_dims), hint=f"{hint}_init")
+    if any(a.extent == 0 for a in axes):
+        return Tiled(init, out_dims)
+    return Tiled(_nest(lw, opts, op, value, out_dims, dict(bindings), axes, order, hint, init, True), out_dims)
+
+
+def _nest(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, out_dims: tuple[Dim, ...],
+          bindings: dict[str, Binding], axes: tuple[Axis, ...], order: int, hint: str, acc: t.Value, pristine: bool) -> t.Value:
+    kb = lw.kb
+    axis, rest = axes[0], axes[1:]
+    if rest:  # an outer reduced axis: one index per trip
+        if axis.extent == 1:
+            bindings[axis.name] = Fixed(kb.const(0, kb.index_dtype), 1)
+            return _nest(lw, opts, op, value, out_dims, bindings, rest, order, hint, acc, pristine)
+        with kb.loop(0, axis.extent, 1, (acc,), hint=axis.name, arg_hints=(f"{hint}_run",)) as lp:
+            bindings[axis.name] = Fixed(lp.iv, axis.extent)
+            lp.yield_(_nest(lw, opts, op, value, out_dims, bindings, rest, order, hint, lp.args[0], False))
+        return lp.results[0]
+    size = opts.tile(opts.block_k, axis.extent)
+    if size >= axis.extent:  # one chunk covers the axis: no loop
+        dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, None, size > axis.extent)
+        bindings[axis.name] = dim
+        return reduce_chunk(lw, op, value, out_dims, dim, bindings, None if pristine else acc, hint)
+    with kb.loop(0, axis.extent, size, (acc,), hint=axis.name, arg_hints=(f"{hint}_run",)) as lp:
+        dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, lp.iv, axis.extent % size != 0)
+        bindings[axis.name] = dim
+        lp.yield_(reduce_chunk(lw, op, value, out_dims, dim, bindings, lp.args[0], hint))
+    return lp.results[0]

@@ -1,0 +1,166 @@
+"""How Loop IR axes map onto a kernel: tile dimensions, fixed indices, and tiles placed on dimensions.
+
+A Loop IR axis is bound either to a `Dim` (a tile dimension: lanes
+``base + [0, size)`` of an axis of length `extent`, masked where they run past
+it) or to a `Fixed` scalar index (a grid coordinate or a loop's induction
+variable). A `Tiled` value is a Tile IR value together with the dims it varies
+over, in the kernel's canonical order; size-1 broadcasting between tiled values
+is made explicit here (`align`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import BinaryOp, Buffer
+from ..ir import tile as t
+from .builder import KernelBuilder
+
+
+@dataclass(frozen=True, slots=True)
+class Dim:
+    """A tile dimension (see the module docstring); `order` is its canonical position in the kernel."""
+
+    key: str
+    order: int
+    size: int
+    extent: int
+    base: t.Value | None
+    masked: bool
+
+    @staticmethod
+    def make(key: str, order: int, size: int, extent: int, base: t.Value | None, covered: int) -> "Dim":
+        """A dim whose lanes, over all programs or chunks, reach index `covered` (masked if > extent)."""
+        return Dim(key, order, size, extent, base, covered > extent)
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """An axis pinned to one index per program instance or loop trip (a scalar value)."""
+
+    index: t.Value
+    extent: int
+
+
+Binding = Dim | Fixed
+
+
+@dataclass(frozen=True, slots=True)
+class Tiled:
+    """`value` varies over `dims` (canonical order); its shape is the dims' sizes."""
+
+    value: t.Value
+    dims: tuple[Dim, ...]
+
+
+def ordered(dims) -> tuple[Dim, ...]:
+    """Distinct dims in canonical order."""
+    unique = {d.key: d for d in dims}
+    return tuple(sorted(unique.values(), key=lambda d: d.order))
+
+
+def place(kb: KernelBuilder, x: Tiled, dims: tuple[Dim, ...]) -> t.Value:
+    """`x` expanded and broadcast onto `dims` (a superset of its own, canonical order)."""
+    if x.dims == dims:
+        return x.value
+    key = ("place", x.value.name, tuple(d.key for d in dims), tuple(d.base.name if d.base else "" for d in dims))
+    found = kb.recall(key)
+    if found is not None:
+        return found  # type: ignore[return-value]
+    shape = tuple(d.size for d in dims)
+    v = x.value
+    if x.dims:
+        have = [d.key for d in x.dims]
+        for pos, d in enumerate(dims):
+            if d.key not in have:
+                v = kb.expand_dims(v, pos)
+                have.insert(pos, d.key)
+    out = kb.broadcast(v, shape)
+    return kb.remember(key, out)  # type: ignore[return-value]
+
+
+def align(kb: KernelBuilder, items: list[Tiled]) -> tuple[list[t.Value], tuple[Dim, ...]]:
+    """The values of `items` placed on the union of their dims."""
+    dims = ordered(d for x in items for d in x.dims)
+    return [place(kb, x, dims) for x in items], dims
+
+
+def index_tile(kb: KernelBuilder, dim: Dim) -> Tiled:
+    """The indices ``base + [0, size)`` of `dim` as a 1-d tile."""
+    key = ("index", dim)
+    found = kb.recall(key)
+    if found is None:
+        idx = kb.arange(dim.size, hint=f"ar{dim.size}")
+        if dim.base is not None:
+            idx = kb.binary(BinaryOp.ADD, kb.broadcast(dim.base, (dim.size,)), idx, hint=f"{dim.key}_idx")
+        found = kb.remember(key, Tiled(idx, (dim,)))
+    return found  # type: ignore[return-value]
+
+
+def mask_tile(kb: KernelBuilder, dims: tuple[Dim, ...]) -> t.Value | None:
+    """True on the lanes of `dims` (placed on `dims`) inside every axis; None when no dim is masked."""
+    masked = [d for d in dims if d.masked]
+    if not masked:
+        return None
+    key = ("mask", tuple(d.key for d in dims), tuple(masked))
+    found = kb.recall(key)
+    if found is not None:
+        return found  # type: ignore[return-value]
+    parts = []
+    for d in masked:
+        one = kb.recall(("mask1", d))
+        if one is None:
+            idx = index_tile(kb, d)
+            limit = kb.const(d.extent, kb.index_dtype, (d.size,))
+            one = kb.remember(("mask1", d), kb.binary(BinaryOp.LT, idx.value, limit, hint=f"{d.key}_in"))
+        parts.append(place(kb, Tiled(one, (d,)), dims))  # type: ignore[arg-type]
+    mask = parts[0]
+    for p in parts[1:]:
+        mask = kb.binary(BinaryOp.AND, mask, p, hint="mask")
+    return kb.remember(key, mask)  # type: ignore[return-value]
+
+
+def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major element strides."""
+    out, n = [], 1
+    for s in reversed(shape):
+        out.append(n)
+        n *= s
+    return tuple(reversed(out))
+
+
+def offsets(kb: KernelBuilder, buffer: Buffer, positions: list[Binding | int]) -> Tiled:
+    """Element offsets of `buffer` at `positions` (one binding or fixed int per buffer dim)."""
+    idx = kb.index_dtype
+    const_part = 0
+    scalar: t.Value | None = None
+    tiles: list[Tiled] = []
+    for pos, stride in zip(positions, strides(buffer.shape)):
+        if isinstance(pos, int):
+            const_part += pos * stride
+        elif isinstance(pos, Fixed):
+            term = pos.index if stride == 1 else kb.binary(BinaryOp.MUL, pos.index, kb.const(stride, idx))
+            scalar = term if scalar is None else kb.binary(BinaryOp.ADD, scalar, term, hint="off")
+        else:
+            it = index_tile(kb, pos)
+            term = it.value if stride == 1 else kb.binary(
+                BinaryOp.MUL, it.value, kb.const(stride, idx, (pos.size,)), hint=f"{pos.key}_off")
+            tiles.append(Tiled(term, (pos,)))
+    if const_part:
+        c = kb.const(const_part, idx)
+        scalar = c if scalar is None else kb.binary(BinaryOp.ADD, scalar, c, hint="off")
+    if scalar is None and not tiles:
+        scalar = kb.const(0, idx)
+    if not tiles:
+        return Tiled(scalar, ())  # type: ignore[arg-type]
+    key = ("offsets", buffer.name, tuple((p if isinstance(p, int) else (p.index.name if isinstance(p, Fixed) else p))
+                                         for p in positions))
+    found = kb.recall(key)
+    if found is not None:
+        return found  # type: ignore[return-value]
+    values, dims = align(kb, tiles)
+    total = values[0]
+    for v in values[1:]:
+        total = kb.binary(BinaryOp.ADD, total, v, hint=f"{buffer.name}_off")
+    if scalar is not None:
+        total = kb.binary(BinaryOp.ADD, kb.broadcast(scalar, total.shape), total, hint=f"{buffer.name}_off")
+    return kb.remember(key, Tiled(total, dims))  # type: ignore[return-value]

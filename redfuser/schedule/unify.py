@@ -1,0 +1,109 @@
+"""Which axes of a fused kernel's statements are the same axis (union-find over reads).
+
+Inside a fused loop every statement (local nests, online states, fused epilogue
+nests) names its own axes. Two axes are one kernel axis when a statement reads a
+buffer computed in the kernel with one at a position the producer runs the
+other over (``l``'s term reads ``s[i0, i1, i2, k]``: l's ``i2`` is s's ``i2``).
+Reads at fixed positions (except index 0 of a length-1 axis), or one statement
+axis meeting another of the same statement, cannot be tiled this way and raise
+`Unfusable`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Axis, Compute, Expr, FusedLoop, Load, Reduce, walk
+
+Node = tuple[int, str]  # (statement number, axis name)
+
+
+class Unfusable(Exception):
+    """The statements cannot share one tiled kernel (internal to the scheduler)."""
+
+
+@dataclass
+class AxisClasses:
+    """The result: each (statement, axis) node's class key, and each class's extent."""
+
+    key: dict[Node, str]
+    extent: dict[str, int]
+
+    def of(self, stmt: int, axis: Axis) -> str:
+        return self.key[(stmt, axis.name)]
+
+
+def statement_axes(fl: FusedLoop, epilogue: list[Compute]) -> list[tuple[tuple[Axis, ...], list[Expr], str]]:
+    """Per statement: its axes (parallel, then fused axis for states), the expressions it evaluates, its output."""
+    out: list[tuple[tuple[Axis, ...], list[Expr], str]] = []
+    for local in fl.locals:
+        extra = local.reduce_axes if isinstance(local, Reduce) else ()
+        out.append((local.axes + extra, [local.value], local.out.name))
+    for st in fl.states:
+        exprs = [st.term] + ([st.rescale] if st.rescale is not None else [])
+        out.append((st.axes + (fl.axis,), exprs, st.acc.name))
+    for c in epilogue:
+        out.append((c.axes, [c.value], c.out.name))
+    return out
+
+
+def unify(fl: FusedLoop, epilogue: list[Compute]) -> AxisClasses:
+    """Classes of the axes of `fl` and `epilogue` (raises `Unfusable`, see the module docstring)."""
+    stmts = statement_axes(fl, epilogue)
+    parent: dict[Node, Node] = {}
+
+    def find(n: Node) -> Node:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    def union(a: Node, b: Node) -> None:
+        parent[find(a)] = find(b)
+
+    producers: dict[str, tuple[int, tuple[Axis, ...]]] = {}
+    extents: dict[Node, int] = {}
+    for n, (axes, _, out) in enumerate(stmts):
+        for a in axes:
+            parent[(n, a.name)] = (n, a.name)
+            extents[(n, a.name)] = a.extent
+    for n, local in enumerate(fl.locals):
+        producers[local.out.name] = (n, local.axes)
+    for j, st in enumerate(fl.states):
+        producers[st.acc.name] = producers[st.prev.name] = (len(fl.locals) + j, st.axes)
+    for j, c in enumerate(epilogue):
+        producers[c.out.name] = (len(fl.locals) + len(fl.states) + j, c.axes)
+    first_fused = None
+    for n, (axes, _, _) in enumerate(stmts):
+        if any(a.name == fl.axis.name for a in axes):
+            node = (n, fl.axis.name)
+            first_fused = first_fused or node
+            union(node, first_fused)
+    for n, (_, exprs, _) in enumerate(stmts):
+        for e in exprs:
+            for load in (x for x in walk(e) if isinstance(x, Load) and x.buffer.name in producers):
+                p, p_axes = producers[load.buffer.name]
+                for idx, pa in zip(load.indices, p_axes):
+                    if not isinstance(idx, Axis):
+                        if pa.extent == 1:
+                            continue  # index 0 of a length-1 axis: the kernel keeps that axis as a fixed 0
+                        raise Unfusable(f"{load.buffer.name} is read at a fixed position")
+                    union((n, idx.name), (p, pa.name))
+    groups: dict[Node, list[Node]] = {}
+    for node in parent:
+        groups.setdefault(find(node), []).append(node)
+    key: dict[Node, str] = {}
+    extent: dict[str, int] = {}
+    fused_root = find(first_fused) if first_fused else None
+    for root, nodes in groups.items():
+        if len({n for n, _ in nodes}) != len(nodes):
+            raise Unfusable(f"two axes of one statement meet in kernel axis {nodes[0][1]}")
+        if len({extents[n] for n in nodes}) != 1:
+            raise Unfusable(f"axes of different lengths meet in kernel axis {nodes[0][1]}")
+        base = fl.axis.name if root == fused_root else nodes[0][1]
+        name, i = base, 1
+        while name in extent:
+            name, i = f"{base}_{i}", i + 1
+        extent[name] = extents[nodes[0]]
+        for n in nodes:
+            key[n] = name
+    return AxisClasses(key, extent)

@@ -1,0 +1,215 @@
+"""The CPU JIT: host LLVM IR -> optimized native code (cached) -> ctypes calls over a thread pool.
+
+- `host_target()`: the LLVM target machine for this CPU (its name and features,
+  so AVX2/AVX-512 code is generated), O3;
+- `optimize(module)`: LLVM's O3 pipeline (loop and SLP vectorizers on);
+  `optimized_ir(text)` shows what it made of a module;
+- `compile_object(text)`: verified, optimized, emitted as an ELF object (bytes);
+  `load_object` links it in memory with MCJIT (libm symbols come from the process);
+- `compile_cached(text, options)`: `compile_object` through the compile cache
+  (`runtime.cache`), keyed by the IR text, options, the target (triple, CPU,
+  features) and versions: cold builds, warm hits in memory, later processes hit disk;
+- `GridPool`: worker threads with large stacks (tiles live on the stack) that
+  split a kernel's program instances; ctypes releases the GIL during each call.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import queue
+import threading
+from dataclasses import dataclass
+
+import llvmlite
+import llvmlite.binding as llvm
+
+from ..codegen.llvm_utils import initialize_native, parse_and_verify
+
+STACK_BYTES = 256 << 20
+"""Stack of each worker thread: room for the largest tiles a schedule keeps (virtual, paid when touched)."""
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """This machine as LLVM sees it."""
+
+    triple: str
+    cpu: str
+    features: str
+    machine: llvm.TargetMachine
+
+    @property
+    def description(self) -> str:
+        return f"{self.triple} cpu={self.cpu}"
+
+
+def _machine(triple: str, cpu: str, features: str) -> llvm.TargetMachine:
+    return llvm.Target.from_triple(triple).create_target_machine(
+        cpu=cpu, features=features, opt=3, reloc="pic", codemodel="jitdefault", jit=True)
+
+
+@functools.cache
+def host_target() -> HostTarget:
+    """The target machine of this CPU (O3, JIT code model)."""
+    initialize_native()
+    triple = llvm.get_process_triple()
+    cpu = llvm.get_host_cpu_name()
+    features = llvm.get_host_cpu_features().flatten()
+    return HostTarget(triple, cpu, features, _machine(triple, cpu, features))
+
+
+def optimize(module: llvm.ModuleRef) -> llvm.ModuleRef:
+    """Run O3 (with loop and SLP vectorization) on `module`, in place."""
+    target = host_target()
+    module.triple = target.triple
+    layout = target.machine.target_data  # keep the object alive while reading its text
+    module.data_layout = str(layout)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    builder = llvm.create_pass_builder(target.machine, pto)
+    builder.getModulePassManager().run(module, builder)
+    return module
+
+
+def optimized_ir(text: str) -> str:
+    """The O3-optimized form of a host module (for inspecting vectorization)."""
+    return str(optimize(parse_and_verify(text, pass_name="cpu_jit")))
+
+
+def assembly(text: str) -> str:
+    """The native assembly of a host module."""
+    return host_target().machine.emit_assembly(optimize(parse_and_verify(text, pass_name="cpu_jit")))
+
+
+def compile_object(text: str) -> bytes:
+    """Verified, optimized native object code of a host module."""
+    module = optimize(parse_and_verify(text, pass_name="cpu_jit"))
+    return host_target().machine.emit_object(module)
+
+
+class JitLibrary:
+    """Object code linked in memory; `address(symbol)` gives a function's entry point."""
+
+    def __init__(self, obj: bytes) -> None:
+        target = host_target()
+        empty = llvm.parse_assembly(f'target triple = "{target.triple}"')
+        # the engine takes ownership of its target machine, so each library gets its own
+        self._engine = llvm.create_mcjit_compiler(empty, _machine(target.triple, target.cpu, target.features))
+        self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        self._engine.finalize_object()
+
+    def address(self, symbol: str) -> int:
+        addr = self._engine.get_function_address(symbol)
+        if not addr:
+            from ..ir.errors import InternalError
+
+            raise InternalError(f"symbol {symbol} is missing from the compiled object", pass_name="cpu_jit")
+        return addr
+
+
+@dataclass(frozen=True)
+class CompileInfo:
+    """Where the object code came from (``build``, ``memory`` or ``disk``) and how long getting it took."""
+
+    source: str
+    seconds: float
+
+
+def compile_cached(text: str, options: dict | None = None) -> tuple[JitLibrary, CompileInfo]:
+    """The linked library of a host module, its object code served by the compile cache."""
+    from .cache import CacheKey, default_cache
+
+    target = host_target()
+    key = CacheKey.build(artifact="host-object", stage=text, options=dict(options or {}),
+                         target=f"{target.triple}:{target.cpu}:{target.features}",
+                         versions=None)
+    fetched = default_cache().fetch(key, lambda: compile_object(text), {"llvmlite": llvmlite.__version__})
+    return JitLibrary(fetched.payload), CompileInfo(fetched.source, fetched.seconds)
+
+
+class GridPool:
+    """Persistent worker threads that run ``fn(*args, begin, end)`` over slices of ``range(n)``."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(1, threads)
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        previous = threading.stack_size()
+        threading.stack_size(STACK_BYTES)
+        try:
+            self._workers = [threading.Thread(target=self._work, name=f"redfuser-cpu-{i}", daemon=True)
+                             for i in range(self.threads)]
+            for w in self._workers:
+                w.start()
+        finally:
+            threading.stack_size(previous)
+
+    def _work(self) -> None:
+        while True:
+            fn, args, begin, end, done = self._tasks.get()
+            try:
+                fn(*args, begin, end)
+            finally:
+                done()
+
+    def run(self, fn, args: tuple, n: int, max_parts: int | None = None) -> None:
+        """Call `fn` on `n` program instances split into contiguous parts, one worker each at a time."""
+        if n <= 0:
+            return
+        parts = min(n, max_parts or self.threads * 4)
+        bounds = [n * i // parts for i in range(parts + 1)]
+        remaining = [parts]
+        lock = threading.Lock()
+        finished = threading.Event()
+
+        def done() -> None:
+            with lock:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    finished.set()
+
+        for i in range(parts):
+            self._tasks.put((fn, args, bounds[i], bounds[i + 1], done))
+        finished.wait()
+
+
+@functools.cache
+def grid_pool(threads: int = 0) -> GridPool:
+    """The shared pool with `threads` workers (0: one per core)."""
+    return GridPool(threads or os.cpu_count() or 1)
+
+
+def kernel_function(library: JitLibrary, symbol: str, num_params: int):
+    """The ctypes function for a kernel ``void f(ptr * num_params, i64 begin, i64 end)``."""
+    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * num_params), ctypes.c_int64, ctypes.c_int64)
+    return proto(library.address(symbol))
+
+
+class CpuProgram:
+    """A compiled Tile IR program: call it with the input arrays, get the outputs.
+
+    Kernels run in launch order; each one's program instances are split over the
+    pool. Outputs and scratch buffers are fresh arrays per call; inputs are read only.
+    """
+
+    def __init__(self, tile_program, abis, library: JitLibrary, threads: int = 0) -> None:
+        self.program = tile_program
+        self.pool = grid_pool(threads)
+        self._kernels = [(kernel_function(library, a.symbol, len(a.params)), a.params, a.programs) for a in abis]
+        self._library = library  # keeps the code alive as long as the functions
+
+    def __call__(self, arrays) -> tuple:
+        import numpy as np
+
+        p = self.program
+        buffers = {}
+        for b, a in zip(p.inputs, arrays):
+            buffers[b.name] = np.ascontiguousarray(a, dtype=b.dtype.numpy)
+        for b in p.outputs + p.scratch:
+            buffers[b.name] = np.empty(b.shape, dtype=b.dtype.numpy)
+        for fn, params, programs in self._kernels:
+            args = tuple(buffers[name].ctypes.data for name in params)
+            self.pool.run(fn, args, programs)
+        return tuple(buffers[b.name] for b in p.outputs)

@@ -1,0 +1,215 @@
+"""The compiled CPU backend: every traced program runs natively and equals its numpy reference;
+exp/log are accurate to a few ulp with numpy's special values; LLVM modules verify and vectorize."""
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+import redfuser as rf
+from redfuser.runtime import cpu_jit
+from redfuser.testing import assert_close
+from redfuser.testing.strategies import arrays, programs
+from redfuser.workloads import WORKLOADS, attention, causal_attention, log_softmax, softmax
+
+CPU_WORKLOADS = [name for name in WORKLOADS if name != "moe_routing"]  # top-k has no tile form yet
+
+
+def quantization_bound(x, w, w_scale):
+    """|result - exact| that rounding ``x * 448 / a`` to e4m3 allows (any running a' <= a), per output."""
+    xa = np.abs(x.astype(np.float64))
+    per_elem = 2.0**-4 * xa + 2.0**-10 * xa.max(axis=-1, keepdims=True) / 448.0
+    return (per_elem @ np.abs(w.astype(np.float64))) * w_scale * (1 + 1e-5) + 1e-6
+
+
+def as_tuple(x):
+    return tuple(x) if isinstance(x, tuple | list) else (x,)
+
+
+def run_cpu(body, *args, **options):
+    """(compiled outputs, reference outputs), checking the inputs come back untouched."""
+    copies = [a.copy() for a in args]
+    with np.errstate(all="ignore"):
+        expected = as_tuple(body(*args))
+    actual = as_tuple(rf.kernel(body, backend="cpu", **options)(*args))
+    for a, c in zip(args, copies):
+        assert a.tobytes() == c.tobytes(), "an input was modified"
+    return actual, expected
+
+
+@pytest.mark.parametrize("name", CPU_WORKLOADS)
+@pytest.mark.parametrize("fuse", [True, False])
+def test_workloads(name, fuse):
+    w = WORKLOADS[name]
+    args = w.make_inputs(np.random.default_rng(7))
+    actual, expected = run_cpu(w.fn, *args, fuse=fuse)
+    if name == "fp8_quant_gemm":  # quantizing with the running absmax: equal within the quantization error
+        x, wt, ws = args
+        exact = (x.astype(np.float64) @ wt.astype(np.float64)) * ws
+        assert np.all(np.abs(actual[0] - exact) <= quantization_bound(x, wt, ws))
+        return
+    for a, e in zip(actual, expected):
+        assert_close(a, e, e.dtype, args[0].shape[-1])
+
+
+@given(programs(max_steps=5, max_size=256))
+def test_random_programs(program):
+    note(repr(program))
+    actual, expected = run_cpu(program.body, *program.inputs, block_m=3, block_n=4, block_k=5)
+    for a, e in zip(actual, expected):
+        assert_close(a, np.asarray(e), program.dtype, program.reduction_length, repr(program), scale=program.scale)
+
+
+@given(programs(max_steps=3, max_size=128, allow_zero=True))
+def test_random_programs_with_empty_dimensions(program):
+    note(repr(program))
+    actual, expected = run_cpu(program.body, *program.inputs)
+    for a, e in zip(actual, expected):
+        assert_close(a, np.asarray(e), program.dtype, program.reduction_length, repr(program), scale=program.scale)
+
+
+@given(st.data(), st.sampled_from([(1, 1, 1, 1), (1, 2, 7, 3), (2, 1, 17, 8), (1, 1, 33, 5)]),
+       st.sampled_from([attention, causal_attention]), st.sampled_from([(16, 64), (4, 8), (5, 3)]))
+def test_attention_with_masks_ragged_tiles_and_large_scores(data, shape, fn, tiles):
+    q, k, v = (data.draw(arrays(np.dtype(np.float32), shape, large=True)) for _ in range(3))
+    actual, expected = run_cpu(fn, q, k, v, block_m=tiles[0], block_n=tiles[1])
+    assert_close(actual[0], expected[0], np.float32, shape[-2], scale=float(np.abs(v).max(initial=1.0)))
+
+
+def test_fully_masked_rows_give_the_references_nan():
+    def masked_softmax(x, keep):
+        s = rf.where(keep, x, -rf.inf)
+        m = rf.max(s, axis=-1, keepdims=True)
+        e = rf.exp(s - m)
+        return e / rf.sum(e, axis=-1, keepdims=True)
+
+    x = np.random.default_rng(0).standard_normal((6, 37)).astype(np.float32)
+    keep = np.ones((6, 37), bool)
+    keep[1] = False
+    keep[3, :30] = False
+    for fuse in (True, False):
+        actual, expected = run_cpu(masked_softmax, x, keep, fuse=fuse, block_n=8)
+        assert np.isnan(expected[0][1]).all()
+        assert_close(actual[0], expected[0], np.float32, 37)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_low_precision_inputs_compute_in_f32(dtype):
+    x = (np.random.default_rng(1).standard_normal((9, 70)) * 3).astype(dtype)
+    for fn in (softmax, log_softmax):
+        actual, expected = run_cpu(fn, x)
+        assert_close(actual[0], expected[0], dtype, 70)
+    q = np.random.default_rng(2).standard_normal((1, 2, 19, 16)).astype(dtype)
+    actual, expected = run_cpu(attention, q, q, q)
+    assert_close(actual[0], expected[0], dtype, 19)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, np.int32, np.bool_])
+def test_casts_round_like_numpy(dtype):
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.standard_normal(3000) * 300, rng.standard_normal(3000) * 1e-3,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 448, 464, 470, 2.0**-9, 3e38, -2.0**-10]]).astype(np.float32)
+    if dtype is np.int32:
+        x = x[np.abs(x) < 2**31]  # numpy's NaN/inf/out-of-range -> int conversion is undefined behaviour in C
+
+    def cast(a):
+        return a.astype(dtype)
+
+    actual, expected = run_cpu(cast, x)
+    a, e = actual[0], expected[0]
+    assert a.dtype == e.dtype
+    assert np.array_equal(a.view(np.uint8), e.view(np.uint8)), np.flatnonzero(a.view(np.uint8) != e.view(np.uint8))[:5]
+    back, ref = run_cpu(lambda a: a.astype(np.float32), e)
+    assert np.array_equal(back[0], ref[0], equal_nan=True)
+
+
+def ulps(actual: np.ndarray, expected: np.ndarray) -> float:
+    ok = np.isfinite(expected) & (expected != 0)
+    return float((np.abs(actual[ok].astype(np.float64) - expected[ok]) / np.spacing(np.abs(expected[ok]))).max())
+
+
+@pytest.mark.parametrize("fn,low,high,limit", [(rf.exp, -110, 95, 2), (rf.exp2, -160, 135, 3),
+                                               (rf.log, 0, 50, 3), (rf.log2, 0, 50, 3)])
+def test_exp_and_log_are_accurate_with_numpys_special_values(fn, low, high, limit):
+    rng = np.random.default_rng(4)
+    if fn in (rf.log, rf.log2):
+        base = np.exp(rng.uniform(-100, 88, 20000))
+    else:
+        base = rng.uniform(low, high, 20000)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, 2.0, 8.0, 0.5, -1.0, 1e-40, 1e-45, 3.4e38, 88.72, 88.73,
+               -87.3, -103.9, -104.0, -150.0, 127.9, 128.0, 1.0000001, 0.99999994]
+    x = np.concatenate([base, rng.standard_normal(2000), special]).astype(np.float32)
+    actual, expected = run_cpu(lambda a: fn(a), x)
+    a, e = actual[0], expected[0]
+    assert np.array_equal(np.isnan(a), np.isnan(e))
+    assert np.array_equal(a[np.isinf(e)], e[np.isinf(e)])
+    flushed = (a == 0) != (e == 0)  # numpy's exp2 flushes some results below 2**-149 to zero
+    assert (np.abs(a - e)[flushed] <= 2.0**-148).all()
+    assert ulps(a, e) <= limit
+
+
+def test_max_and_min_propagate_nan_like_numpy():
+    x = np.random.default_rng(5).standard_normal((4, 50)).astype(np.float32)
+    x[1, 17] = np.nan
+    x[2, 0] = np.nan
+    y = x[::-1].copy()
+    for body in (lambda a, b: rf.maximum(a, b), lambda a, b: rf.minimum(a, b),
+                 lambda a, b: rf.max(a, axis=-1), lambda a, b: rf.min(a, axis=0), lambda a, b: rf.max(a)):
+        actual, expected = run_cpu(body, x, y)
+        assert_close(actual[0], expected[0], np.float32, 1)
+
+
+def test_thread_counts_agree():
+    x = np.random.default_rng(6).standard_normal((33, 200)).astype(np.float32)
+    one = rf.kernel(softmax, backend="cpu", num_threads=1)(x)
+    two = rf.kernel(softmax, backend="cpu", num_threads=2)(x)
+    assert np.array_equal(one, two)
+
+
+def test_top_k_says_it_is_not_compiled_yet():
+    x = np.zeros((4, 8), np.float32)
+    with pytest.raises(rf.BackendError, match="top-k"):
+        rf.kernel(lambda x: rf.topk(x, 2)[0], backend="cpu")(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# the LLVM side: stages, verification, vectorization, the compile cache
+# ---------------------------------------------------------------------------------------------
+def test_llvm_stage_is_opaque_pointer_ir_that_vectorizes():
+    x = np.zeros((64, 1000), np.float32)
+    lowered = rf.kernel(softmax, backend="cpu").lower(x)
+    assert list(lowered.stages)[-2:] == ["tile", "llvm"]
+    text = str(lowered.stages["llvm"])
+    assert "define void @" in text and "ptr noalias" in text
+    assert not re.search(r"(float|i32|i8|half|double)\*", text), "typed pointers in the module"
+    optimized = cpu_jit.optimized_ir(text)
+    assert re.search(r"<(8|16) x float>", optimized), "no vector code"
+    assert "@rf.expf" not in optimized.split("define", 1)[1] or "call float @rf.expf" not in optimized
+    assert re.search(r"fmul <(8|16) x float>", optimized)
+    asm = cpu_jit.assembly(text)
+    assert re.search(r"\bv(add|mul|fmadd\w*|max)ps\b.*[yz]mm", asm)
+
+
+def test_compile_cache_serves_the_second_build(tmp_path, monkeypatch):
+    from redfuser.runtime.cache import reset_default_cache
+
+    monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path))
+    reset_default_cache()
+    try:
+        x = np.ones((3, 5), np.float32)
+        first = rf.kernel(log_softmax, backend="cpu")
+        first(x)
+        assert first.lower(x).artifacts["compile"].source == "build"
+        second = rf.kernel(log_softmax, backend="cpu")
+        second(x)
+        assert second.lower(x).artifacts["compile"].source == "memory"
+        reset_default_cache()  # a new process would find it on disk
+        third = rf.kernel(log_softmax, backend="cpu")
+        np.testing.assert_array_equal(third(x), first(x))
+        assert third.lower(x).artifacts["compile"].source == "disk"
+    finally:
+        reset_default_cache()

@@ -1,0 +1,177 @@
+"""The scheduling pass: Loop IR -> Tile IR keeps every program's value (checked by running the Tile IR
+interpreter against the Loop IR interpreter), on ragged and degenerate shapes, and makes dots of matmuls."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+import redfuser as rf
+from redfuser.ir import (
+    Axis, Binary, BinaryOp, Buffer, BufferType, Compute, Const, FusedLoop, Load, OnlineState, Program, ReduceOp,
+    Select, Unary, UnaryOp, run_program, verify_program,
+)
+from redfuser.ir import tile as t
+from redfuser.ir import types as T
+from redfuser.ir.tile_interpreter import run_tile_program
+from redfuser.ir.tile_verifier import verify_tile_program
+from redfuser.schedule import ScheduleOptions, options_for, schedule_program
+from redfuser.testing import assert_close
+from redfuser.testing.strategies import programs
+from redfuser.workloads import attention, causal_attention, log_softmax, softmax
+
+F32 = T.float32
+blocks = st.builds(ScheduleOptions, block_m=st.sampled_from([1, 2, 3, 4, 16]), block_n=st.sampled_from([1, 3, 4, 8]),
+                   block_k=st.sampled_from([1, 2, 5, 8]), pow2=st.booleans())
+
+
+def lowered(fn, *args, fuse=True):
+    return rf.kernel(fn, backend="interpret", fuse=fuse).lower(*args)
+
+
+def ops_of(kernel: t.TileKernel, kind) -> list:
+    return [op for op in t.walk_ops(kernel.body) if isinstance(op, kind)]
+
+
+def check_schedule(program: Program, args, opts: ScheduleOptions, dtype=np.float32, n: int = 1, scale=None,
+                   chunk: int = 64):
+    tiled = schedule_program(program, opts)
+    verify_tile_program(tiled)
+    expected = run_program(program, args, chunk=chunk)
+    actual = run_tile_program(tiled, args)
+    for a, e in zip(actual, expected):
+        assert_close(a, e, dtype, n, str(tiled), scale=scale)
+    return tiled
+
+
+# ---------------------------------------------------------------------------------------------
+# random programs, unfused and fused, any tile sizes
+# ---------------------------------------------------------------------------------------------
+@given(programs(max_steps=5, max_size=256), blocks, st.booleans())
+def test_random_programs_keep_their_value(program, opts, fuse):
+    note(repr(program))
+    low = lowered(program.body, *program.inputs, fuse=fuse)
+    check_schedule(low.program, program.inputs, opts, program.dtype, program.reduction_length, program.scale)
+
+
+@given(programs(max_steps=3, max_size=128, allow_zero=True), blocks)
+def test_empty_dimensions(program, opts):
+    note(repr(program))
+    low = lowered(program.body, *program.inputs)
+    check_schedule(low.program, program.inputs, opts, program.dtype, program.reduction_length, program.scale)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 2, 7, 3), (2, 1, 13, 5), (1, 3, 17, 16)])
+@pytest.mark.parametrize("fn", [attention, causal_attention])
+def test_attention_shapes(shape, fn):
+    rng = np.random.default_rng(sum(shape))
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    low = lowered(fn, q, k, v)
+    for opts in (ScheduleOptions(block_m=4, block_n=4), ScheduleOptions(block_m=3, block_n=5, pow2=True)):
+        check_schedule(low.program, (q, k, v), opts, n=shape[-2])
+
+
+# ---------------------------------------------------------------------------------------------
+# what the schedule looks like
+# ---------------------------------------------------------------------------------------------
+def test_fused_attention_is_one_kernel_with_two_dots_and_loop_carried_state():
+    q, k, v = (np.zeros((2, 4, 33, 16), np.float32) for _ in range(3))
+    tiled = schedule_program(lowered(attention, q, k, v).program, ScheduleOptions(block_m=16, block_n=8))
+    (kernel,) = tiled.kernels
+    assert kernel.grid == (2, 4, 3)  # batch and heads folded into the grid, 33 rows in tiles of 16
+    assert len(ops_of(kernel, t.Dot)) == 2  # s = q k^T and the p v update
+    (loop,) = ops_of(kernel, t.For)
+    assert (loop.start, loop.stop, loop.step) == (0, 33, 8)
+    assert [a.type for a in loop.body.args] == [t.TileType(F32, (16,)), t.TileType(F32, (16,)), t.TileType(F32, (16, 16))]
+    assert not tiled.scratch  # m, l, acc never leave the kernel
+    loads = ops_of(kernel, t.Load)
+    q_load = next(op for op in loads if op.buffer.name == "q")
+    assert q_load in kernel.body  # the q tile is loop-invariant: loaded once, before the loop
+    text = str(tiled)
+    assert "%m_acc: f32[16] = maximum %m_prev, %m" in text
+    assert ("= select %eq, %sum0, %sum_scaled" in text) or "rescaled" in text
+    stores = ops_of(kernel, t.Store)
+    assert [s.buffer.name for s in stores] == ["out"]
+
+
+def test_matmuls_become_dots_and_batch_axes_fold_into_the_grid():
+    a = np.ones((3, 5, 7, 9), np.float32)
+    b = np.ones((3, 5, 9, 4), np.float32)
+    tiled = schedule_program(lowered(lambda a, b: a @ b, a, b).program, ScheduleOptions(block_m=4, block_n=4, block_k=4))
+    (kernel,) = tiled.kernels
+    assert kernel.grid == (3, 5, 2, 1)
+    assert len(ops_of(kernel, t.Dot)) == 1
+    (loop,) = ops_of(kernel, t.For)
+    assert (loop.stop, loop.step) == (9, 4)
+
+
+@pytest.mark.parametrize("sa,sb", [((6,), (6,)), ((6,), (6, 3)), ((4, 6), (6,)), ((2, 1, 4, 6), (3, 6, 5))])
+def test_one_dimensional_and_broadcast_matmuls(sa, sb):
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+    low = lowered(lambda a, b: a @ b, a, b)
+    check_schedule(low.program, (a, b), ScheduleOptions(block_m=3, block_n=2, block_k=4), n=6)
+
+
+def test_unfused_programs_pass_temporaries_through_scratch():
+    x = np.random.default_rng(0).standard_normal((5, 37)).astype(np.float32)
+    tiled = check_schedule(lowered(softmax, x, fuse=False).program, (x,), ScheduleOptions(block_m=2, block_k=8), n=37)
+    assert len(tiled.kernels) == 5 and {b.name for b in tiled.scratch} >= {"m", "e"}
+    fused = check_schedule(lowered(log_softmax, x).program, (x,), ScheduleOptions(block_m=2, block_n=8), n=37)
+    assert len(fused.kernels) == 2  # one pass for (m, l), one elementwise pass for the output
+
+
+def test_huge_buffers_get_64_bit_offsets():
+    big = Buffer("x", BufferType(F32, (70000, 40000)))
+    out = Buffer("out", BufferType(F32, (70000, 40000)))
+    i, j = Axis("i0", 70000), Axis("i1", 40000)
+    p = verify_program(Program("big", (big,), (out,), (Compute(out, (i, j), Load(big, (i, j))),)))
+    (kernel,) = schedule_program(p).kernels
+    assert {op.offsets.dtype for op in ops_of(kernel, t.Load)} == {T.int64}
+    small = schedule_program(lowered(softmax, np.zeros((4, 8), np.float32)).program).kernels[0]
+    assert {op.offsets.dtype for op in ops_of(small, t.Load)} == {T.int32}
+
+
+def test_options_for_backends():
+    assert options_for("cpu", {"block_m": 32, "fuse": True}) == ScheduleOptions(block_m=32)
+    assert options_for("cuda").pow2
+    with pytest.raises(rf.ArgumentError):
+        ScheduleOptions(block_m=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# a hand-built fused loop: online softmax with masked rows, chunk by chunk like the interpreter
+# ---------------------------------------------------------------------------------------------
+def online_softmax_sum(rows: int, keys: int) -> Program:
+    """``m = max_k x``, ``l = sum_k exp(x - m)`` (rescaled by exp(m_prev - m)), then ``out = log(l) + m``."""
+    def buf(name, *shape):
+        return Buffer(name, BufferType(F32, shape))
+
+    x = buf("x", rows, keys)
+    i, k = Axis("i0", rows), Axis("k", keys)
+    m, m_prev, l, l_prev, out = buf("m", rows), buf("m_prev", rows), buf("l", rows), buf("l_prev", rows), buf("out", rows)
+
+    def exp_minus(a, b):
+        return Unary(UnaryOp.EXP, Binary(BinaryOp.SUB, a, b, F32), F32)
+
+    states = (
+        OnlineState(m, m_prev, (i,), ReduceOp.MAX, Load(x, (i, k))),
+        OnlineState(l, l_prev, (i,), ReduceOp.SUM, exp_minus(Load(x, (i, k)), Load(m, (i,))),
+                    exp_minus(Load(m_prev, (i,)), Load(m, (i,)))),
+    )
+    lse = Binary(BinaryOp.ADD, Unary(UnaryOp.LOG, Load(l, (i,)), F32), Load(m, (i,)), F32)
+    clean = Select(Binary(BinaryOp.EQ, Load(m, (i,)), Const(float("-inf"), F32), T.bool_), Const(0.0, F32), lse, F32)
+    return verify_program(Program("lse", (x,), (out, m), (FusedLoop(k, (), states), Compute(out, (i,), clean))))
+
+
+@pytest.mark.parametrize("rows,keys,chunk", [(7, 19, 4), (7, 8, 8), (7, 1, 3), (7, 40, 64)])
+def test_hand_built_fused_loop_matches_the_interpreter_chunk_for_chunk(rows, keys, chunk):
+    x = (np.random.default_rng(rows * keys).standard_normal((rows, keys)) * 4).astype(np.float32)
+    x[1] = -np.inf                      # a fully masked row
+    x[2, : keys // 2 + 1] = -np.inf     # the first chunks masked
+    x[3, -1] = 90.0                     # a large score in the last chunk rescales everything
+    x[4, 0] = np.nan                    # NaN propagates through max like numpy
+    program = online_softmax_sum(rows, keys)
+    tiled = check_schedule(program, (x,), ScheduleOptions(block_m=3, block_n=chunk), n=keys, chunk=chunk)
+    assert len(tiled.kernels) == 1  # the epilogue joined the fused loop

@@ -1,0 +1,208 @@
+"""SIMT IR -> LLVM IR (nvptx64) -> PTX, assembled for sm_80 and sm_90 by nvJitLink; no GPU needed.
+
+Every sample kernel of `simt_kernels` is compiled and assembled for each arch
+that can run it; its resource usage (registers, spills, shared memory) is read
+back and must show no spills.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import simt_kernels as K
+from redfuser.codegen import ptx_check
+from redfuser.codegen.simt_to_llvm import LlvmOptions, compile_simt, emit_module
+from redfuser.ir.errors import BackendError
+from redfuser.ir.simt import MmaShape, ShuffleKind
+from redfuser.ir.types import bfloat16, float16
+
+SAMPLES = {
+    "elementwise": K.elementwise,
+    "elementwise64": lambda: K.elementwise(index64=True),
+    "vector_scale_f32": K.vector_scale,
+    "vector_scale_f16": lambda: K.vector_scale(dtype=float16),
+    "vector_scale_bf16": lambda: K.vector_scale(dtype=bfloat16),
+    "block_sum": K.block_sum,
+    "softmax_stats": K.softmax_stats,
+    "mma_f16": K.mma_gemm,
+    "mma_bf16": lambda: K.mma_gemm(MmaShape.M16N8K16_BF16),
+    "mma_e4m3": lambda: K.mma_gemm(MmaShape.M16N8K32_E4M3),
+    "all_ops": lambda: K.all_ops()[0],
+    "fp8_roundtrip": K.fp8_roundtrip,
+    "shfl_idx": lambda: K.shuffle_probe(ShuffleKind.IDX, 3, 8, by_register=True),
+    "branchy": K.branchy,
+}
+SM89_ONLY = {"mma_e4m3", "fp8_roundtrip"}      # FP8 mma and f32 -> e4m3 conversion need sm_89+
+CASES = [(name, sm) for name in SAMPLES for sm in ("sm_80", "sm_90") if not (sm == "sm_80" and name in SM89_ONLY)]
+
+
+@pytest.mark.parametrize("name,sm", CASES)
+def test_sample_compiles_assembles_without_spills(name, sm):
+    kernel = SAMPLES[name]()
+    artifact = compile_simt(kernel, sm)
+    assert artifact.kernels == (kernel.name,) and f".target {sm}" in artifact.ptx
+    assert f".maxntid {kernel.threads}" in artifact.ptx
+    results = ptx_check.check_ptx(artifact.ptx)              # raises with the assembler's log on bad PTX
+    assert set(results) == ({"sm_80", "sm_90"} if sm == "sm_80" else {"sm_90"})
+    usage = ptx_check.resource_usage(artifact.ptx, sm)
+    print(f"\n  {usage}")
+    assert 0 < usage.registers <= 64
+    assert (usage.spill_store_bytes, usage.spill_load_bytes, usage.stack_bytes) == (0, 0, 0), usage
+    assert usage.shared_bytes == kernel.shared_bytes
+
+
+def _ptx(name: str, sm: str = "sm_80", **options) -> str:
+    return compile_simt(SAMPLES[name](), sm, LlvmOptions(**options)).ptx
+
+
+def test_llvm_ir_is_readable_and_uses_opaque_pointers():
+    text = str(emit_module(K.block_sum()))
+    assert 'define ptx_kernel void @"block_sum"(ptr noalias %"x", ptr noalias %"out")' in text
+    for needle in ('for1.header:', 'for1.body:', 'for1.exit:', 'if2.then:', '%"iv" = phi', '%"lane" = and i32',
+                   'getelementptr float, ptr addrspace(3) @"smem_partials"', 'llvm.nvvm.barrier.cta.sync.aligned.all'):
+        assert needle in text, needle
+    assert "inttoptr" not in text and "ptrtoint" not in text and "float*" not in text
+
+
+def test_block_reduction_ptx():
+    ptx = _ptx("block_sum")
+    assert ptx.count("shfl.sync.bfly.b32") == 10             # 5 butterflies per warp pass, two passes
+    assert re.search(r"bar\.sync\s+0", ptx)
+    assert ".shared .align 16 .b8 smem_partials[16]" in ptx
+    assert "st.shared.b32" in ptx and "ld.shared.b32" in ptx
+
+
+def test_mma_ptx_per_dtype():
+    assert _ptx("mma_f16").count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 4   # 2 k-steps x 2 n-tiles
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in _ptx("mma_bf16")
+    assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in _ptx("mma_e4m3", "sm_90")
+    for name in ("mma_f16", "mma_bf16"):
+        ptx = _ptx(name)
+        assert "ld.global.nc.v4.b32" in ptx and "st.shared.v4.b32" in ptx   # 16-byte staging copies
+        assert "st.global.v2.b32" in ptx                                     # c0,c1 stored as one 8-byte vector
+    with pytest.raises(BackendError, match=r"m16n8k32.*needs sm_89\+"):
+        compile_simt(K.mma_gemm(MmaShape.M16N8K32_E4M3), "sm_80")
+
+
+def test_vector_and_64_bit_global_access():
+    for name in ("vector_scale_f32", "vector_scale_f16", "vector_scale_bf16"):
+        ptx = _ptx(name)
+        assert "ld.global.nc.v4" in ptx and "st.global.v4" in ptx, name
+    ptx64 = _ptx("elementwise64")
+    assert "mul.wide" in ptx64 or "cvt.u64.u32" in ptx64 or "cvt.s64.s32" in ptx64
+    assert re.search(r"setp\.\w+\.s64", ptx64)                # the bounds check compares 64-bit indices
+
+
+def test_transcendentals_and_conversions():
+    ptx = _ptx("all_ops")
+    for needle in ("ex2.approx.ftz.f32", "ex2.approx.f32", "lg2.approx.f32", "sqrt.rn.f32", "max.NaN.f32",
+                   "min.NaN.f32", "div.rn.f32", "cvt.rn.f16.f32", "cvt.rn.bf16.f32", "cvt.rni.f32.f32",
+                   "cvt.rzi.s32.f32", "shfl.sync.idx.b32", "shfl.sync.down.b32", "div.s32"):
+        assert needle in ptx, needle
+    assert "cvt.rn.satfinite.e4m3x2.f32" in _ptx("fp8_roundtrip", "sm_90")
+    fast, accurate = _ptx("softmax_stats", fast_math=True), _ptx("softmax_stats")
+    assert fast.count("ex2.approx.ftz.f32") == accurate.count("ex2.approx.ftz.f32")   # one per exp either way
+    assert fast.count("fma.rn.f32") < accurate.count("fma.rn.f32")                  # no range reduction
+
+
+# --- the emitted LLVM IR, run on the host CPU one thread at a time -------------------------------------
+# Kernels without warp ops, barriers or f16/bf16 (whose host lowering needs libcalls) run on the CPU when the
+# few NVVM intrinsics they use become host functions: the thread/block index read from globals, and the
+# ex2/lg2 approximations replaced by the exact exp2/log2. This checks the emission's arithmetic, conversions,
+# masks and control flow against the simulator without a GPU.
+
+_HOST_DEFS = {
+    "llvm.nvvm.read.ptx.sreg.tid.x": "define i32 @{n}() {{\n  %v = load i32, ptr @host_tid\n  ret i32 %v\n}}",
+    "llvm.nvvm.read.ptx.sreg.ctaid.x": "define i32 @{n}() {{\n  %v = load i32, ptr @host_ctaid\n  ret i32 %v\n}}",
+    "llvm.nvvm.ex2.approx.ftz.f32": "define float @{n}(float %x) {{\n  %v = call float @llvm.exp2.f32(float %x)\n"
+                                    "  ret float %v\n}}",
+    "llvm.nvvm.lg2.approx.f": "define float @{n}(float %x) {{\n  %v = call float @llvm.log2.f32(float %x)\n"
+                              "  ret float %v\n}}",
+}
+_HOST_DECLS = ["@host_tid = global i32 0", "@host_ctaid = global i32 0", "declare float @llvm.exp2.f32(float)",
+               "declare float @llvm.log2.f32(float)"]
+
+
+def _host_text(kernel) -> str:
+    text = str(emit_module(kernel))
+    text = re.sub(r"^(target (triple|datalayout)|!nvvm.annotations|!\d+ = ).*$", "", text, flags=re.M)
+    text = text.replace("define ptx_kernel void", "define void").replace(" addrspace(3)", "")
+    extra = [d for d in _HOST_DECLS if f'@"{d.split("@")[1].split("(")[0]}"' not in text]   # declare each once
+    for n, (name, body) in enumerate(_HOST_DEFS.items()):
+        text = re.sub(r'^declare .*@"' + re.escape(name) + r'"\(.*$', "", text, flags=re.M)
+        text = text.replace(f'@"{name}"', f"@host_fn{n}")
+        extra.append(body.format(n=f"host_fn{n}"))
+    assert "llvm.nvvm" not in text, "a kernel the host cannot run"
+    return text + "\n" + "\n".join(extra) + "\n"
+
+
+def run_on_host(kernel, args) -> dict:
+    """Every thread of every block in turn (valid for kernels without barriers and warp ops)."""
+    import ctypes
+
+    import llvmlite.binding as llvm
+    import numpy as np
+
+    from redfuser.codegen.llvm_utils import initialize_native
+
+    initialize_native()
+    module = llvm.parse_assembly(_host_text(kernel))
+    module.verify()
+    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
+    engine.finalize_object()
+    tid = ctypes.c_int32.from_address(engine.get_global_value_address("host_tid"))
+    ctaid = ctypes.c_int32.from_address(engine.get_global_value_address("host_ctaid"))
+    scalar = {"f32": ctypes.c_float, "i32": ctypes.c_int32, "i64": ctypes.c_int64}
+    arrays, cargs, ctypes_ = {}, [], []
+    for p, a in zip(kernel.params, args):
+        if p in kernel.buffers:
+            arrays[p.name] = np.array(a, dtype=p.dtype.numpy).reshape(-1)
+            cargs.append(arrays[p.name].ctypes.data)
+            ctypes_.append(ctypes.c_void_p)
+        else:
+            cargs.append(scalar[p.dtype.name](a))
+            ctypes_.append(scalar[p.dtype.name])
+    fn = ctypes.CFUNCTYPE(None, *ctypes_)(engine.get_function_address(kernel.name))
+    for block in range(kernel.num_blocks):
+        ctaid.value = block
+        for t in range(kernel.threads):
+            tid.value = t
+            fn(*cargs)
+    return {p.name: arrays[p.name].reshape(p.shape) for p in kernel.buffers}
+
+
+def test_emitted_arithmetic_matches_the_simulator_on_the_host():
+    import ml_dtypes
+    import numpy as np
+
+    from redfuser.codegen.simulator import simulate
+
+    rng = np.random.default_rng(3)
+    kernel, names = K.all_ops(portable=True)
+    f = (rng.standard_normal(32) * 30).astype(np.float32)
+    f[:6] = [0.0, -0.0, np.inf, -np.inf, np.nan, -100.0]
+    g = rng.uniform(0.01, 40, 32).astype(np.float32)
+    i = rng.integers(-10**6, 10**6, 32).astype(np.int32)
+    j = (rng.integers(1, 100, 32) * rng.choice([-1, 1], 32)).astype(np.int32)
+    q = np.arange(0, 256, 8, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)   # normals, subnormals, NaN, signs
+    args = [f, g, i, j, q, np.zeros(32 * len(names))]
+    host = run_on_host(kernel, args)["out"].reshape(len(names), 32)
+    sim = simulate(kernel, args)["out"].reshape(len(names), 32)
+    for name, h, s in zip(names, host, sim):
+        if name in ("exp", "exp2", "log", "log2", "f**"):   # libm vs numpy, range-reduced exp, pow: a few ulp
+            np.testing.assert_allclose(h, s, rtol=3e-6 if name != "f**" else 3e-5, atol=1e-37, err_msg=name)
+        else:
+            np.testing.assert_array_equal(h, s, err_msg=name)
+
+
+def test_emitted_control_flow_and_vectors_match_the_simulator_on_the_host():
+    import numpy as np
+
+    from redfuser.codegen.simulator import simulate
+
+    assert list(run_on_host(K.branchy(), [np.zeros(64)])["out"]) == K.branchy_reference()
+    x = np.random.default_rng(4).standard_normal(1001).astype(np.float32)
+    kernel = K.vector_scale(1001)
+    assert np.array_equal(run_on_host(kernel, [x, np.zeros(1001), 1.5])["out"],
+                          simulate(kernel, [x, np.zeros(1001), 1.5])["out"])
