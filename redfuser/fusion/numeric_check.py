@@ -54,7 +54,7 @@ def _sample(leaf: Expr, ctx: FusionContext, rng: np.random.Generator) -> np.ndar
     if isinstance(leaf, IndexValue):
         return rng.integers(0, max(1, leaf.axis.extent), POINTS).astype(np.float64)
     if leaf.dtype.is_bool:
-        return rng.random(POINTS) < 0.5
+        return rng.random(POINTS) < 0.85  # masks: both identity sides need the kept branch
     if isinstance(leaf, Load) and leaf.buffer.name in ctx.positive:
         return rng.uniform(0.5, 2.0, POINTS)
     if leaf.dtype.is_int:
