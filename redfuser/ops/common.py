@@ -1,0 +1,112 @@
+"""Shared helpers of the op namespace: describing operands, asking numpy for result dtypes, building loads."""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ..ir import (
+    Axis,
+    Cast,
+    Const,
+    DType,
+    DTypeError,
+    Expr,
+    ShapeError,
+    UnsupportedError,
+)
+from ..ir import types as T
+from ..source_info import user_loc
+from ..tracer import Tracer
+
+inf = math.inf
+Scalar = bool | int | float | np.generic
+
+
+def describe(x: object) -> str:
+    """An operand as an error message shows it: ``f32[2,3]`` or ``python float``."""
+    if isinstance(x, Tracer):
+        return f"{x.ir_dtype}[{','.join(map(str, x.shape))}]"
+    if isinstance(x, np.ndarray):
+        d = T.from_numpy(x.dtype)
+        return f"numpy array {d or x.dtype}[{','.join(map(str, x.shape))}]"
+    return f"python {type(x).__name__}" if not isinstance(x, np.generic) else f"numpy {x.dtype} scalar"
+
+
+def _check_operand(op: str, x: object) -> None:
+    if isinstance(x, Tracer) or isinstance(x, bool | int | float | np.generic):
+        return
+    if isinstance(x, np.ndarray):
+        raise UnsupportedError(
+            f"a numpy array {describe(x)} mixed with traced values; pass every array as a kernel argument",
+            op=op, loc=user_loc())
+    raise UnsupportedError(f"operand of type {type(x).__name__} is not an array or a scalar", op=op, loc=user_loc())
+
+
+def _probe_value(x: object) -> object:
+    return np.ones((1,) * x.ndim, dtype=x.dtype) if isinstance(x, Tracer) else x
+
+
+def result_dtype(op: str, fn: Callable, *args: object, **kwargs: object) -> DType:
+    """The dtype numpy gives for `fn(*args)`, as an IR dtype (raises `DTypeError`)."""
+    try:
+        with np.errstate(all="ignore"):
+            out = fn(*(_probe_value(a) for a in args), **kwargs)
+    except Exception as exc:  # numpy's own refusal: no common dtype, no loop for this dtype
+        raise DTypeError(
+            f"not defined for {', '.join(describe(a) for a in args)} ({exc})", op=op, loc=user_loc()) from None
+    dtype = T.from_numpy(np.asarray(out).dtype)
+    if dtype is None:
+        raise DTypeError(f"gives dtype {np.asarray(out).dtype}, which RedFuser does not support "
+                         f"(operands {', '.join(describe(a) for a in args)})", op=op, loc=user_loc())
+    return dtype
+
+
+def broadcast_shapes(op: str, *xs: object) -> tuple[int, ...]:
+    shapes = [x.shape for x in xs if isinstance(x, Tracer)]
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ShapeError(f"shapes do not broadcast: {' and '.join(describe(x) for x in xs if isinstance(x, Tracer))}",
+                         op=op, loc=user_loc()) from None
+
+
+def cast(e: Expr, dtype: DType) -> Expr:
+    """`e` converted to `dtype` (no node when it already has it)."""
+    if e.dtype == dtype:
+        return e
+    if isinstance(e, Const):
+        return constant(e.value, dtype)
+    return Cast(e, dtype)
+
+
+def constant(value: Scalar, dtype: DType) -> Const:
+    v = value.item() if isinstance(value, np.generic) else value
+    if dtype.is_bool:
+        return Const(bool(v), dtype)
+    if dtype.is_int:
+        return Const(int(v), dtype)
+    return Const(float(v), dtype)
+
+
+def operand(x: object, axes: tuple[Axis, ...], dtype: DType) -> Expr:
+    """`x` as an expression inside a nest over `axes` (right-aligned broadcasting), cast to `dtype`."""
+    if isinstance(x, Tracer):
+        lead = len(axes) - x.ndim
+        return cast(x.expr_for(axes[lead:]), dtype)
+    return constant(x, dtype)
+
+
+def _builder(op: str, *xs: object):
+    tracers = [x for x in xs if isinstance(x, Tracer)]
+    builder = tracers[0].builder
+    if any(t.builder is not builder for t in tracers):
+        raise UnsupportedError("a traced value from another kernel's trace was used", op=op, loc=user_loc())
+    return builder
+
+
+def _traced(*xs: object) -> bool:
+    return any(isinstance(x, Tracer) for x in xs)
+
+

@@ -1,0 +1,213 @@
+"""Elementwise ops: arithmetic, math functions, comparisons, logic, `where`, `astype`."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..ir import (
+    Binary,
+    BinaryOp,
+    Compute,
+    DType,
+    DTypeError,
+    Expr,
+    Select,
+    Unary,
+    UnaryOp,
+    UnsupportedError,
+)
+from ..ir import types as T
+from ..source_info import user_loc
+from ..tracer import Tracer
+from .common import (
+    _builder,
+    _check_operand,
+    _traced,
+    broadcast_shapes,
+    cast,
+    constant,
+    describe,
+    operand,
+    result_dtype,
+)
+
+
+def _elementwise(op: str, np_fn: Callable, args: Sequence[object], make: Callable[[list[Expr], DType], Expr],
+                 operand_dtype: Callable[[DType], DType] | None = None) -> Tracer:
+    for a in args:
+        _check_operand(op, a)
+    loc = user_loc()
+    shape = broadcast_shapes(op, *args)
+    out_dtype = result_dtype(op, np_fn, *args)
+    in_dtype = operand_dtype(out_dtype) if operand_dtype else out_dtype
+    builder = _builder(op, *args)
+    axes = builder.axes(shape)
+    exprs = [operand(a, axes, in_dtype) for a in args]
+    return builder.emit(op, out_dtype, shape, lambda out: Compute(out, axes, make(exprs, out_dtype), loc=loc))
+
+
+def _unary(op: UnaryOp, np_fn: Callable) -> Callable:
+    def fn(x):
+        if not _traced(x):
+            return np_fn(x)
+        return _elementwise(op.value, np_fn, [x], lambda e, d: Unary(op, e[0], d))
+
+    fn.__name__ = fn.__qualname__ = op.value
+    fn.__doc__ = f"Elementwise ``{op.value}``; numpy's result on arrays."
+    return fn
+
+
+def _rsqrt_numpy(x):
+    x = np.asarray(x) if not isinstance(x, np.generic) else x
+    return 1 / np.sqrt(x)
+
+
+exp = _unary(UnaryOp.EXP, np.exp)
+exp2 = _unary(UnaryOp.EXP2, np.exp2)
+log = _unary(UnaryOp.LOG, np.log)
+log2 = _unary(UnaryOp.LOG2, np.log2)
+sqrt = _unary(UnaryOp.SQRT, np.sqrt)
+rsqrt = _unary(UnaryOp.RSQRT, _rsqrt_numpy)
+rsqrt.__doc__ = "Elementwise ``1 / sqrt(x)`` (numpy: ``1 / np.sqrt(x)``)."
+abs = _unary(UnaryOp.ABS, np.abs)
+negative = _unary(UnaryOp.NEG, np.negative)
+
+
+def logical_not(x):
+    """Elementwise ``~x`` on bool (numpy's ``logical_not``)."""
+    if not _traced(x):
+        return np.logical_not(x)
+    return _elementwise("not", np.logical_not, [x], lambda e, d: Unary(UnaryOp.NOT, _truth(e[0]), d),
+                        operand_dtype=lambda d: e_dtype(x))
+
+
+def e_dtype(x: object) -> DType:
+    return x.ir_dtype if isinstance(x, Tracer) else T.from_numpy(np.asarray(x).dtype)
+
+
+def _truth(e: Expr) -> Expr:
+    return e if e.dtype.is_bool else Binary(BinaryOp.NE, e, constant(0, e.dtype), T.bool_)
+
+
+def _binary(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
+    def fn(a, b):
+        if not _traced(a, b):
+            return np_fn(a, b)
+        return _elementwise(name, np_fn, [a, b], lambda e, d: Binary(op, e[0], e[1], d))
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Elementwise ``{op.value}`` with broadcasting; numpy's result on arrays."
+    return fn
+
+
+add = _binary(BinaryOp.ADD, np.add, "add")
+subtract = _binary(BinaryOp.SUB, np.subtract, "subtract")
+multiply = _binary(BinaryOp.MUL, np.multiply, "multiply")
+divide = _binary(BinaryOp.DIV, np.true_divide, "divide")
+maximum = _binary(BinaryOp.MAX, np.maximum, "maximum")
+minimum = _binary(BinaryOp.MIN, np.minimum, "minimum")
+
+
+def power(a, b):
+    """``a ** b`` with a constant (Python or numpy scalar) exponent."""
+    if not _traced(a, b):
+        return np.power(a, b)
+    if isinstance(b, Tracer) or not isinstance(a, Tracer):
+        raise UnsupportedError(f"only a constant exponent is supported, got {describe(a)} ** {describe(b)}",
+                               op="power", loc=user_loc())
+    return _elementwise("power", np.power, [a, b], lambda e, d: Binary(BinaryOp.POW, e[0], e[1], d))
+
+
+def _comparison(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
+    def fn(a, b):
+        if not _traced(a, b):
+            return np_fn(a, b)
+        common = result_dtype(name, np.add, a, b) if not (_is_bool(a) and _is_bool(b)) else T.bool_
+        return _elementwise(name, np_fn, [a, b], lambda e, d: Binary(op, e[0], e[1], d),
+                            operand_dtype=lambda d: common)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Elementwise ``{op.value}``, giving bool; numpy's result on arrays."
+    return fn
+
+
+def _is_bool(x: object) -> bool:
+    return isinstance(x, bool | np.bool_) or (isinstance(x, Tracer) and x.ir_dtype.is_bool)
+
+
+less = _comparison(BinaryOp.LT, np.less, "less")
+less_equal = _comparison(BinaryOp.LE, np.less_equal, "less_equal")
+greater = _comparison(BinaryOp.GT, np.greater, "greater")
+greater_equal = _comparison(BinaryOp.GE, np.greater_equal, "greater_equal")
+equal = _comparison(BinaryOp.EQ, np.equal, "equal")
+not_equal = _comparison(BinaryOp.NE, np.not_equal, "not_equal")
+
+
+def _logical(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
+    def fn(a, b):
+        if not _traced(a, b):
+            return np_fn(a, b)
+        return _elementwise(name, np_fn, [a, b],
+                            lambda e, d: Binary(op, _truth(e[0]), _truth(e[1]), d),
+                            operand_dtype=lambda d: d)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Elementwise logical ``{op.value}`` (truth values), giving bool."
+    return fn
+
+
+def _logical_operand(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
+    inner = _logical(op, np_fn, name)
+
+    def fn(a, b):
+        if _traced(a, b):
+            for x in (a, b):
+                if not _is_bool(x):
+                    raise DTypeError(f"& and | need bool operands (use comparisons), got {describe(x)}",
+                                     op=name, loc=user_loc())
+            return _elementwise(name, np_fn, [a, b], lambda e, d: Binary(op, e[0], e[1], d))
+        return inner(a, b)
+
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+logical_and = _logical_operand(BinaryOp.AND, np.logical_and, "logical_and")
+logical_or = _logical_operand(BinaryOp.OR, np.logical_or, "logical_or")
+
+
+def where(cond, a, b):
+    """``a`` where ``cond`` is true, else ``b`` (numpy's ``where``, three arguments)."""
+    if not _traced(cond, a, b):
+        return np.where(cond, a, b)
+    for x in (cond, a, b):
+        _check_operand("where", x)
+    value_dtype = result_dtype("where", lambda c, x, y: np.where(True, x, y), cond, a, b)
+
+    def make(e: list[Expr], d: DType) -> Expr:
+        return Select(_truth(e[0]), cast(e[1], d), cast(e[2], d), d)
+
+    loc = user_loc()
+    shape = broadcast_shapes("where", cond, a, b)
+    builder = _builder("where", cond, a, b)
+    axes = builder.axes(shape)
+    c_dtype = e_dtype(cond) if isinstance(cond, Tracer) else T.bool_
+    exprs = [operand(cond, axes, c_dtype), operand(a, axes, value_dtype), operand(b, axes, value_dtype)]
+    return builder.emit("where", value_dtype, shape, lambda out: Compute(out, axes, make(exprs, value_dtype), loc=loc))
+
+
+def astype(x, dtype):
+    """``x`` converted to ``dtype`` (one of the dtypes ``redfuser`` exports)."""
+    target = T.from_numpy(dtype)
+    if not _traced(x):
+        return np.asarray(x).astype(dtype) if not isinstance(x, np.ndarray) else x.astype(dtype)
+    if target is None:
+        raise DTypeError(f"cannot convert {describe(x)} to {dtype!r}: supported dtypes are "
+                         f"{', '.join(d.numpy_name for d in T.ALL_DTYPES)}", op="astype", loc=user_loc())
+    loc = user_loc()
+    builder = x.builder
+    axes = builder.axes(x.shape)
+    return builder.emit("astype", target, x.shape, lambda out: Compute(out, axes, cast(x.expr_for(axes), target), loc=loc))
+
+

@@ -1,0 +1,154 @@
+"""Reductions: `sum`, `max`, `min`, `@` (a sum over the contracted axis) and `topk`."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..ir import (
+    Axis,
+    Binary,
+    BinaryOp,
+    BufferType,
+    Reduce,
+    ReduceOp,
+    ShapeError,
+    TopK,
+    UnsupportedError,
+)
+from ..ir import topk as topk_semantics
+from ..ir import types as T
+from ..source_info import user_loc
+from ..tracer import Tracer
+from .common import (
+    _builder,
+    _check_operand,
+    _traced,
+    cast,
+    describe,
+    result_dtype,
+)
+from .views import _dim
+
+
+def normalize_axes(op: str, x: Tracer, axis: object) -> tuple[int, ...]:
+    """`axis` (None, int or tuple of ints) as sorted non-negative dims of `x`."""
+    if axis is None:
+        return tuple(range(x.ndim))
+    items = axis if isinstance(axis, tuple | list) else (axis,)
+    out = []
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, int | np.integer):
+            raise UnsupportedError(f"axis must be an int, a tuple of ints or None, got {a!r}", op=op, loc=user_loc())
+        if not -x.ndim <= a < x.ndim:
+            raise ShapeError(f"axis {a} is out of bounds for {describe(x)}", op=op, loc=user_loc())
+        out.append(int(a) % x.ndim)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"repeated axis in {axis!r}", op=op, loc=user_loc())
+    return tuple(sorted(out))
+
+
+def _reduction(op: ReduceOp, np_fn: Callable) -> Callable:
+    name = op.value
+
+    def fn(x, axis=None, keepdims=False):
+        if not _traced(x):
+            return np_fn(x, axis=axis, keepdims=keepdims)
+        _check_operand(name, x)
+        dims = normalize_axes(name, x, axis)
+        out_dtype = result_dtype(name, lambda v: np_fn(v, axis=dims), x)
+        if op is not ReduceOp.SUM and any(x.shape[d] == 0 for d in dims):
+            raise ShapeError(f"{name} over an empty axis of {describe(x)} has no identity", op=name, loc=user_loc())
+        loc = user_loc()
+        builder = x.builder
+        full: list[Axis] = []
+        kept: list[Axis] = []
+        reduced: list[Axis] = []
+        for d, size in enumerate(x.shape):
+            if d in dims:
+                a = Axis(f"r{len(reduced)}", size)
+                reduced.append(a)
+            else:
+                a = Axis(f"i{len(kept)}", size)
+                kept.append(a)
+            full.append(a)
+        shape = tuple(a.extent for a in kept)
+        value = cast(x.expr_for(tuple(full)), out_dtype)
+        t = builder.emit(name, out_dtype, shape,
+                         lambda out: Reduce(out, tuple(kept), tuple(reduced), op, value, loc=loc))
+        if keepdims:
+            view = tuple(d for d in range(x.ndim) if d not in dims)
+            return t.with_view(view, tuple(1 if d in dims else s for d, s in enumerate(x.shape)))
+        return t
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"``{name}`` over ``axis`` (None: all), optionally keeping reduced dims; numpy's on arrays."
+    return fn
+
+
+sum = _reduction(ReduceOp.SUM, np.sum)
+max = _reduction(ReduceOp.MAX, np.max)
+min = _reduction(ReduceOp.MIN, np.min)
+
+
+
+
+def matmul(a, b):
+    """``a @ b`` with numpy's batched semantics (1-d operands promoted and dropped)."""
+    if not _traced(a, b):
+        return np.matmul(a, b)
+    for x in (a, b):
+        _check_operand("matmul", x)
+        if not isinstance(x, Tracer) or x.ndim == 0:
+            raise ShapeError(f"operands must have at least one dimension, got {describe(a)} @ {describe(b)}",
+                             op="matmul", loc=user_loc())
+    ka = a.shape[-1]
+    kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
+    if ka != kb:
+        raise ShapeError(f"contracted dimensions differ: {describe(a)} @ {describe(b)} ({ka} vs {kb})",
+                         op="matmul", loc=user_loc())
+    batch_a, batch_b = a.shape[:-2], b.shape[:-2]
+    try:
+        batch = tuple(np.broadcast_shapes(batch_a, batch_b))
+    except ValueError:
+        raise ShapeError(f"batch dimensions do not broadcast: {describe(a)} @ {describe(b)}",
+                         op="matmul", loc=user_loc()) from None
+    out_dtype = result_dtype("matmul", lambda x, y: np.matmul(x.reshape(1, 1), y.reshape(1, 1)), a, b)
+    loc = user_loc()
+    builder = _builder("matmul", a, b)
+    shape = batch + ((a.shape[-2],) if a.ndim > 1 else ()) + ((b.shape[-1],) if b.ndim > 1 else ())
+    axes = builder.axes(shape)
+    r = Axis("r0", ka)
+    batch_axes = axes[: len(batch)]
+    a_axes = (batch_axes[len(batch) - len(batch_a):] + (axes[len(batch)], r)) if a.ndim > 1 else (r,)
+    b_axes = (batch_axes[len(batch) - len(batch_b):] + (r, axes[-1])) if b.ndim > 1 else (r,)
+    value = Binary(BinaryOp.MUL, cast(a.expr_for(a_axes), out_dtype), cast(b.expr_for(b_axes), out_dtype), out_dtype)
+    return builder.emit("matmul", out_dtype, shape, lambda out: Reduce(out, axes, (r,), ReduceOp.SUM, value, loc=loc))
+
+
+
+
+def topk(x, k: int, axis: int = -1):
+    """The `k` largest values along `axis`, descending, and their indices (int64).
+
+    Ties go to the lower index; NaN counts as smaller than every number. On arrays this is
+    `redfuser.ir.topk.topk`, the definition every backend follows.
+    """
+    if not _traced(x):
+        return topk_semantics.topk(np.asarray(x), k, axis)
+    _check_operand("topk", x)
+    d = _dim("topk", x, axis)
+    n = x.shape[d]
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= n:
+        raise ShapeError(f"k must be an int in [1, {n}] for axis {axis} of {describe(x)}, got {k!r}",
+                         op="topk", loc=user_loc())
+    loc = user_loc()
+    r = Axis("r0", n)
+    out_axes = tuple(Axis("t0", int(k)) if i == d else Axis(f"i{i}", s) for i, s in enumerate(x.shape))
+    value = x.expr_for(tuple(r if i == d else a for i, a in enumerate(out_axes)))
+    shape = tuple(a.extent for a in out_axes)
+    types = (BufferType(x.ir_dtype, shape), BufferType(T.int64, shape))
+    return x.builder.emit_pair(("topk_values", "topk_indices"), types,
+                               lambda v, i: TopK(v, i, out_axes, d, r, value, loc=loc))
+
+
