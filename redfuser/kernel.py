@@ -12,6 +12,7 @@ from .compiler import Lowered, lower
 from .ir import ArgumentError, DTypeError, RedFuserError, UnsupportedError
 from .ir import types as T
 from .ir.types import BufferType
+from .runtime import arrays as arrays_rt
 from .source_info import user_loc
 from .trace import ArgSpec, ArraySpec, StaticSpec
 
@@ -24,6 +25,7 @@ KNOWN_OPTIONS: dict[str, object] = {
     "block_k": None,          # chunk of a reduced axis; None: default (cpu 64, gpu 32)
     "num_threads": 0,         # cpu: worker threads splitting the grid; 0: one per core
 }
+HOST_BACKENDS = frozenset({"interpret", "cpu", "simulate"})
 SUPPORTED_DTYPES = ", ".join(d.numpy_name for d in T.ALL_DTYPES)
 
 
@@ -77,16 +79,19 @@ class Kernel:
             if isinstance(value, bool | int | float) and not isinstance(value, np.generic):
                 specs.append(StaticSpec(name, value))
                 continue
-            if not isinstance(value, np.ndarray):
+            if not arrays_rt.is_array(value):
                 raise ArgumentError(
-                    f"argument {name!r} must be a numpy array (or a Python scalar), got {type(value).__name__}",
-                    op=self.__name__, loc=user_loc())
-            dtype = T.from_numpy(value.dtype)
-            if dtype is None or dtype == T.float64:
-                raise DTypeError(f"argument {name!r} has dtype {value.dtype}, which is not supported; "
+                    f"argument {name!r} must be an array (numpy, DLPack or __cuda_array_interface__) or a Python "
+                    f"scalar, got {type(value).__name__}", op=self.__name__, loc=user_loc())
+            try:
+                info = arrays_rt.describe(value, f"argument {name!r}")
+            except (ArgumentError, DTypeError) as err:
+                raise type(err)(err.message, op=self.__name__, loc=user_loc()) from None
+            if info.dtype == T.float64:
+                raise DTypeError(f"argument {name!r} has dtype float64, which is not supported; "
                                  f"supported: {', '.join(d.numpy_name for d in T.ALL_DTYPES if d != T.float64)}",
                                  op=self.__name__, loc=user_loc())
-            specs.append(ArraySpec(name, BufferType(dtype, tuple(int(s) for s in value.shape))))
+            specs.append(ArraySpec(name, BufferType(info.dtype, info.shape)))
             arrays.append(value)
         return tuple(specs), arrays
 
@@ -105,7 +110,15 @@ class Kernel:
     @_user_facing
     def __call__(self, *args: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         lowered, run, arrays = self._compiled(args)
-        outputs = run(arrays)
+        if lowered.backend in HOST_BACKENDS:
+            # Host backends read numpy views of host arrays (torch CPU tensors too, without a copy) and
+            # hand results back as the caller's array type.
+            names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
+            library = next((arrays_rt.describe(a).library for a in arrays if not isinstance(a, np.ndarray)), "numpy")
+            outputs = tuple(arrays_rt.as_caller_type(o, library)
+                            for o in run([arrays_rt.host_array(a, f"argument {n!r}") for a, n in zip(arrays, names)]))
+        else:
+            outputs = run(arrays)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     @_user_facing

@@ -1,0 +1,193 @@
+"""What a kernel argument is, whatever library made it: numpy, DLPack or ``__cuda_array_interface__``.
+
+`describe` reads an argument without copying it into an `ArrayInfo`: shape,
+dtype, element strides, the device it lives on and the address of its first
+element. numpy arrays are read directly; other objects through the CUDA Array
+Interface (v2/v3: CuPy, PyTorch CUDA tensors, Numba) or the DLPack protocol
+(``__dlpack__``/``__dlpack_device__``: PyTorch, JAX, ...). The DLPack capsule is
+read but not consumed, so the producer keeps ownership; the caller keeps the
+argument alive while the address is used.
+
+`host_array` gives a zero-copy numpy view of a host-resident argument;
+`new_like` allocates an output of the caller's own array type on the same
+device when that library is importable (torch, cupy), else a numpy array.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..ir import ArgumentError, DTypeError, DType
+from ..ir import types as T
+
+CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13     # DLPack device types
+_DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_BOOL = 0, 1, 2, 4, 6
+_DL_FLOAT8_E4M3FN = 10
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """A kernel argument as RedFuser sees it (no data copied)."""
+
+    shape: tuple[int, ...]
+    dtype: DType
+    strides: tuple[int, ...]          # in elements
+    device_type: int                  # DLPack device type: CPU, CUDA, ...
+    device_id: int
+    pointer: int                      # address of element [0, 0, ...]
+    library: str                      # "numpy", "torch", "cupy", ... (the caller's array type)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device_type in (CUDA, CUDA_MANAGED)
+
+    @property
+    def contiguous(self) -> bool:
+        expected, step = [], 1
+        for size in reversed(self.shape):
+            expected.append(step)
+            step *= size
+        return all(s == e for s, e, n in zip(self.strides, reversed(expected), self.shape) if n > 1)
+
+
+def is_array(x: object) -> bool:
+    """True for anything `describe` accepts."""
+    return isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")
+
+
+def _library(x: object) -> str:
+    return type(x).__module__.split(".")[0]
+
+
+def describe(x: object, name: str = "argument") -> ArrayInfo:
+    """`x` as an `ArrayInfo`; raises `ArgumentError`/`DTypeError` for what RedFuser cannot take."""
+    if isinstance(x, np.ndarray):
+        dtype = _ir_dtype(x.dtype, name)
+        strides = tuple(s // x.itemsize for s in x.strides)
+        return ArrayInfo(tuple(x.shape), dtype, strides, CPU, 0, x.ctypes.data, "numpy")
+    if hasattr(x, "__cuda_array_interface__"):
+        return _from_cai(x.__cuda_array_interface__, _library(x), name)
+    if hasattr(x, "__dlpack__"):
+        return _from_dlpack(x, name)
+    raise ArgumentError(f"{name} must be an array (numpy, DLPack or __cuda_array_interface__), got "
+                        f"{type(x).__name__}")
+
+
+def _ir_dtype(dtype: np.dtype, name: str) -> DType:
+    d = T.from_numpy(dtype)
+    if d is None:
+        supported = ", ".join(t.numpy_name for t in T.ALL_DTYPES if t != T.float64)
+        raise DTypeError(f"{name} has dtype {dtype}, which is not supported; supported: {supported}")
+    return d
+
+
+def _from_cai(cai: dict, library: str, name: str) -> ArrayInfo:
+    shape = tuple(int(s) for s in cai["shape"])
+    dtype = _ir_dtype(np.dtype(cai["typestr"]), name)
+    item = dtype.itemsize
+    strides = cai.get("strides")
+    if strides is None:
+        elems, step = [], 1
+        for size in reversed(shape):
+            elems.append(step)
+            step *= size
+        strides_e = tuple(reversed(elems))
+    else:
+        strides_e = tuple(int(s) // item for s in strides)
+    pointer = int(cai["data"][0])
+    return ArrayInfo(shape, dtype, strides_e, CUDA, -1, pointer, library)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_DL_DTYPES: dict[tuple[int, int], DType] = {
+    (_DL_FLOAT, 32): T.float32, (_DL_FLOAT, 16): T.float16, (_DL_FLOAT, 64): T.float64,
+    (_DL_BFLOAT, 16): T.bfloat16, (_DL_INT, 32): T.int32, (_DL_INT, 64): T.int64, (_DL_BOOL, 8): T.bool_,
+    (_DL_FLOAT8_E4M3FN, 8): T.float8_e4m3fn,
+}
+
+
+def _capsule_tensor(capsule: object) -> _DLTensor:
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    address = get(capsule, b"dltensor")
+    return _DLTensor.from_address(address)   # DLManagedTensor starts with its DLTensor
+
+
+def _from_dlpack(x: object, name: str) -> ArrayInfo:
+    device_type, device_id = (int(v) for v in x.__dlpack_device__())
+    if device_type == CPU:
+        return replace(describe(np.from_dlpack(x), name), library=_library(x))
+    capsule = x.__dlpack__()
+    t = _capsule_tensor(capsule)
+    dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
+    if dtype is None:
+        raise DTypeError(f"{name} has a DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits) RedFuser does "
+                         "not support")
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if t.strides:
+        strides = tuple(t.strides[i] for i in range(t.ndim))
+    else:
+        elems, step = [], 1
+        for size in reversed(shape):
+            elems.append(step)
+            step *= size
+        strides = tuple(reversed(elems))
+    pointer = (t.data or 0) + t.byte_offset
+    return ArrayInfo(shape, dtype, strides, device_type, device_id, pointer, _library(x))
+
+
+def host_array(x: object, name: str = "argument") -> np.ndarray:
+    """A numpy view of a host-resident argument (no copy); `ArgumentError` for device arrays."""
+    if isinstance(x, np.ndarray):
+        return x
+    info = describe(x, name)
+    if info.device_type != CPU:
+        raise ArgumentError(f"{name} lives on a GPU (DLPack device {info.device_type}); this backend takes host "
+                            "arrays — use backend='cuda' or copy it to the host")
+    return np.from_dlpack(x)
+
+
+def as_caller_type(out: np.ndarray, library: str):
+    """A host result handed back as the caller's array type (a torch CPU tensor for torch callers)."""
+    if library == "torch":
+        import torch
+
+        try:
+            return torch.from_numpy(out)
+        except TypeError:   # dtypes torch lacks (float8 in old versions): numpy it is
+            return out
+    return out
+
+
+def new_like(library: str, shape: tuple[int, ...], dtype: DType, device_id: int = 0, on_gpu: bool = False):
+    """An uninitialized output of the caller's array type on the caller's device."""
+    if library == "torch":
+        import torch
+
+        torch_dtype = {T.float32: torch.float32, T.float16: torch.float16, T.bfloat16: torch.bfloat16,
+                       T.int32: torch.int32, T.int64: torch.int64, T.bool_: torch.bool,
+                       T.float64: torch.float64}.get(dtype)
+        if torch_dtype is not None:
+            device = f"cuda:{max(device_id, 0)}" if on_gpu else "cpu"
+            return torch.empty(shape, dtype=torch_dtype, device=device)
+    if library == "cupy" and on_gpu:
+        import cupy
+
+        with cupy.cuda.Device(max(device_id, 0)):
+            return cupy.empty(shape, dtype=dtype.numpy)
+    return np.empty(shape, dtype=dtype.numpy)
