@@ -9,7 +9,13 @@ from __future__ import annotations
 from fractions import Fraction
 
 from ..ir import Binary, BinaryOp, Cast, Const, DType, Expr, Unary, UnaryOp
-from .algebra import Linear, Monomial, Product, Sum
+from .algebra import LN2, Linear, Monomial, Product, Sum
+
+
+def _snap(lin: Linear) -> Linear:
+    """Round coefficients that are within rounding of a dyadic number to it (1.0000000000000002 -> 1)."""
+    snap = lambda c: round(c * 64) / 64 if abs(c * 64 - round(c * 64)) < 1e-9 * max(1.0, abs(c * 64)) else c  # noqa: E731
+    return Linear(tuple((m, snap(c)) for m, c in lin.terms), snap(lin.constant))
 
 
 def cast_to(e: Expr, dtype: DType) -> Expr:
@@ -68,12 +74,28 @@ def linear_expr(lin: Linear, d: DType) -> Expr:
     return out
 
 
+def _base2(lin: Linear) -> Linear | None:
+    """`lin / ln 2` when every coefficient is a small dyadic multiple of ln 2 (the body used ``exp2``)."""
+    coeffs = [c for _, c in lin.terms] + ([lin.constant] if lin.constant else [])
+    scaled = [c / LN2 for c in coeffs]
+    if all(abs(k * 64 - round(k * 64)) < 1e-9 * max(1.0, abs(k * 64)) for k in scaled):
+        return lin.scale(1.0 / LN2)
+    return None
+
+
 def product_expr(t: Product, d: DType) -> Expr:
-    """One product: ``exp(linear) * coeff * monomial`` (the exp first: it carries the range)."""
+    """One product: ``exp(linear) * coeff * monomial`` (the exp first: it carries the range).
+
+    An exponent that came from ``exp2`` is written back as ``exp2``, so it rounds like the reference.
+    """
     body = monomial_expr(t.mono, d, t.coeff) if (t.mono.factors or t.coeff != 1.0) else None
     if t.exponent.is_zero:
         return body if body is not None else Const(1.0, d)
-    e = Unary(UnaryOp.EXP, linear_expr(t.exponent, d), d)
+    base2 = _base2(t.exponent)
+    if base2 is not None:
+        e = Unary(UnaryOp.EXP2, linear_expr(_snap(base2), d), d)
+    else:
+        e = Unary(UnaryOp.EXP, linear_expr(t.exponent, d), d)
     if body is None:
         return e
     if isinstance(body, Binary) and body.op is BinaryOp.DIV and isinstance(body.a, Const) and body.a.value == 1.0:

@@ -90,7 +90,9 @@ class _Builder:
         buf = Buffer(name, suggested.type)
         prev = Buffer(f"{name}_prev", suggested.type)
         self.names |= {name, prev.name}
-        rescale = rescale_expr(acc.online, self.to_prev, suggested.dtype, self.safe, acc.powers, self.safe_scale)
+        rescale = rescale_expr(acc.online, lambda e: self.to_prev(self.running(e)), suggested.dtype,
+                               lambda e: self.safe(self.running(e)), acc.powers,
+                               lambda e: self.safe_scale(self.running(e)))
         if member.is_topk:
             st = TopKState(buf, member.indices, prev, member.state_axes, member.rank, self.safe_term(acc), rescale)
         else:
@@ -137,9 +139,9 @@ class _Builder:
     def safe_term(self, acc) -> Expr:
         """The accumulated term with running maxima read safely: as a scale inside quantizations, as an
         offset inside exponentials (see `safe_scale` and `safe`)."""
-        term = self.safe(acc.term)
+        term = self.safe(self.running(acc.term))
         # Inside a quantization the running max is a scale, not an offset: swap in its scale-safe form.
-        scaled = {self.safe(q): self.safe_scale(q) for q in acc.quantized}
+        scaled = {self.safe(self.running(q)): self.safe_scale(self.running(q)) for q in acc.quantized}
         return map_expr(term, lambda n: scaled.get(n)) if scaled else term
 
     def unseen(self, acc) -> Expr | None:
@@ -160,6 +162,11 @@ class _Builder:
         for atom, _ in acc.powers.factors:
             add(self._unset_scale(atom))
         return cond
+
+    def running(self, e: Expr) -> Expr:
+        """`e` with each earlier result that is computed after the loop (``y = acc / l``...) replaced by
+        its running value inside the loop: the same formula over the accumulators' current values."""
+        return inline_loads(e, self.epilogue_values) if self.epilogue_values else e
 
     def to_prev(self, e: Expr) -> Expr:
         prev = {st.acc.name: st.prev for st in self.states if isinstance(st, OnlineState)}
@@ -215,8 +222,10 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
                              f"`{name}` reads the top-k result `{blocked[0]}`, which is only known after the pass")
             group.decompositions[name] = Refusal(refused[name])
             continue
-        value = inline_loads(value, b.epilogue_values)
-        ctx = FusionContext(axis.name, frozenset(st.acc.name for st in b.states), frozenset(b.positive),
+        # Earlier results stay atoms for the algebra (their final values after the loop, their running
+        # values inside it: `running`), so they are never expanded into accumulator polynomials.
+        earlier = {st.acc.name for st in b.states if isinstance(st, OnlineState)} | set(b.epilogue_values)
+        ctx = FusionContext(axis.name, frozenset(earlier), frozenset(b.positive),
                             maxima=frozenset(n for n, v in b.running_extrema().items() if v < 0))
         dec = decompose(value, member.order_op, ctx, name)
         if isinstance(dec, Decomposition):
@@ -246,7 +255,10 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             group.state_of[(name, n)] = accs[-1].name
         if not (direct and isinstance(accs[0], Buffer) and accs[0] == member.out):
             # Inside the loop later members read the running value; after it, the exact one.
-            b.epilogue_values[name] = (member.axes, _epilogue_value(member, dec, accs))
+            running_value = _epilogue_value(member, dec, accs)
+            b.epilogue_values[name] = (member.axes, b.running(running_value))
+            if not member.is_topk and is_positive(b.running(running_value), frozenset(b.positive)):
+                b.positive.add(name)
             b.epilogue.append(Compute(member.out, member.axes, _epilogue_value(member, dec, accs, unseen),
                                       loc=member.loc))
         if dec.expanded:

@@ -168,6 +168,10 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
     pos: Callable[[Expr], bool] = lambda e: is_positive(e, ctx.positive)
     nonneg: Callable[[Expr], bool] = lambda e: is_nonnegative(e, ctx.positive)
     normal = A.normalize(value, pos, nonneg)
+    if not normal:
+        return Refusal(f"`{name}`'s body simplifies to 0 in exact arithmetic, yet reads earlier results; it is "
+                       "kept unfused so that its floating-point value (NaN where an input is infinite) is the "
+                       "reference's")
     splits = []
     for t in normal:
         s = _split(t, ctx, name)

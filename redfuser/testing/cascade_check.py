@@ -24,7 +24,12 @@ the exact value, from a float64 evaluation of the grammar's tree:
   (``matmul`` likewise with ``|v|``); ``depth = 1 + log2 N + sqrt(ceil(N / chunk))``
   covers the reference's pairwise tree and the fused loop's sequential chunk
   updates with their rescales; ``max``/``min`` take the largest element bound
-  plus ``u * depth * max_k sum_j |term_jk|``;
+  plus ``u * depth * max_k sum_j |term_jk|`` (nothing for the bare data: exact);
+- an earlier result ``y`` read by the body moves the whole reduction at once (one
+  value per row), so its bound is carried by re-reducing the body in float64 with
+  ``y +- E_y``: the effects on the elements add up with their signs (the
+  derivative of ``sum (x - mean)^2`` in the mean is 0), and a ``where`` that
+  flips is seen as the jump it is;
 - ``s = q @ k.mT`` gets ``u * D * (|q| @ |k|.mT)``.
 
 A finite element passes when ``|kernel - reference| <= C * E`` with
@@ -46,7 +51,7 @@ import redfuser as rf
 from redfuser.fusion.separability import Refusal
 from redfuser.ir import Reduce
 
-from .cascade_nodes import evaluate_with_error
+from .cascade_nodes import Leaf, evaluate, evaluate_with_error
 from .cascade_templates import MATMUL, SUM
 from .cascades import Cascade
 from .tolerance import C, assert_close, eps, tolerance
@@ -79,10 +84,17 @@ def depth(n: int, chunk: int) -> float:
     return 1.0 + math.log2(max(n, 1)) + math.sqrt(math.ceil(n / max(chunk, 1)))
 
 
+def _reduce(op: str, body: np.ndarray, v: np.ndarray | None) -> np.ndarray:
+    if op == MATMUL:
+        return body @ v
+    return {"sum": np.sum, "max": np.max, "min": np.min}[op](body, axis=-1, keepdims=True)
+
+
 def error_bounds(c: Cascade, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per-element error bound ``E`` of every reduction's result (see the module docstring)."""
     u = eps(c.dtype)
     env = {k: (a if a.dtype == np.bool_ else a.astype(np.float64), np.float64(0.0)) for k, a in arrays.items()}
+    bounds: dict[str, np.ndarray] = {}
     with np.errstate(all="ignore"):
         if c.gemm:
             q, k = env["q"][0], env["k"][0]
@@ -93,24 +105,34 @@ def error_bounds(c: Cascade, arrays: dict[str, np.ndarray]) -> dict[str, np.ndar
             data, err = env[c.data_name]
             env[c.d_name] = (np.where(env["mask"][0], data, -np.inf), np.where(env["mask"][0], err, 0.0))
         grow = depth(c.n, c.chunk)
+        v_in = env["v"][0] if "v" in env else None
         for r in c.reductions:
+            # Rounding inside this reduction, with the earlier results taken as exact ...
             v, e = evaluate_with_error(r.body, env, u)
             terms = [evaluate_with_error(t, env, u) for t in r.terms]
             mag = np.broadcast_to(sum(np.where(np.isfinite(tv), np.abs(tv), 0.0) for tv, _ in terms), v.shape)
             e = np.broadcast_to(np.maximum(e, sum(te for _, te in terms)), v.shape)
+            value = _reduce(r.op, v, v_in)
             if r.op == MATMUL:
-                vv = np.abs(env["v"][0])
-                value = v @ env["v"][0]
-                bound = e @ vv + u * grow * (mag @ vv)
+                bound = e @ np.abs(v_in) + u * grow * (mag @ np.abs(v_in))
             elif r.op == SUM:
-                value = np.sum(v, axis=-1, keepdims=True)
                 bound = np.sum(e, axis=-1, keepdims=True) + u * grow * np.sum(mag, axis=-1, keepdims=True)
-            else:
-                value = (np.max if r.op == "max" else np.min)(v, axis=-1, keepdims=True)
+            else:  # max and min of the bare data are exact; otherwise the fused form adds and rescales
+                exact = 0.0 if isinstance(r.body, Leaf) else u * grow
                 bound = np.max(np.where(np.isfinite(v), e, 0.0), axis=-1, keepdims=True) + \
-                    u * grow * np.max(mag, axis=-1, keepdims=True)
-            env[r.name] = (value, np.where(np.isnan(bound), np.inf, bound))
-    return {r.name: env[r.name][1] for r in c.reductions}
+                    exact * np.max(mag, axis=-1, keepdims=True)
+            # ... plus each earlier result's error, carried through the whole reduction at once (one value per
+            # row: its effects on the elements add up with their signs, e.g. d/dmu sum (x - mu)^2 = 0).
+            values = {k: val for k, (val, _) in env.items()}
+            for j in r.reads:
+                moved = 0.0
+                for sign in (1.0, -1.0):
+                    nudged = _reduce(r.op, evaluate(r.body, {**values, j: values[j] + sign * bounds[j]}), v_in)
+                    moved = np.maximum(moved, np.abs(nudged - value))
+                bound = bound + np.where(np.isfinite(value), np.where(np.isnan(moved), np.inf, moved), 0.0)
+            bounds[r.name] = np.where(np.isnan(bound), np.inf, bound)
+            env[r.name] = (value, np.float64(0.0))
+    return bounds
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, bound: np.ndarray, c: Cascade) -> Failure | None:
@@ -225,8 +247,8 @@ def _classify(verdict: Verdict, lowered) -> None:
             verdict.status[r.name] = "fused"
         elif g is None:
             verdict.status[r.name] = "ungrouped"
-        elif any(not fused.get(j, True) for j in r.reads):
-            verdict.status[r.name] = "blocked"
+        elif any(verdict.status.get(j) in ("refused", "blocked", "ungrouped") for j in r.reads):
+            verdict.status[r.name] = "blocked"  # an earlier result it reads was left out first
         else:
             verdict.status[r.name] = "refused" if reason is not None else "unpaired"
         if g is not None and decision is not None and reason is not None and (not reason.strip() or f"`{en}`" not in reason):

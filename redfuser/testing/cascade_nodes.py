@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -28,19 +28,19 @@ class _Arith:
 
     __slots__ = ()
 
-    def __add__(self, other: object) -> "Op":
+    def __add__(self, other: object) -> Op:
         return Op("add", (self, _node(other)))
 
-    def __sub__(self, other: object) -> "Op":
+    def __sub__(self, other: object) -> Op:
         return Op("sub", (self, _node(other)))
 
-    def __mul__(self, other: object) -> "Op":
+    def __mul__(self, other: object) -> Op:
         return Op("mul", (self, _node(other)))
 
-    def __truediv__(self, other: object) -> "Op":
+    def __truediv__(self, other: object) -> Op:
         return Op("div", (self, _node(other)))
 
-    def __neg__(self) -> "Op":
+    def __neg__(self) -> Op:
         return Op("neg", (self,))
 
 
@@ -63,7 +63,7 @@ class Op(_Arith):
     """``OPS[op]`` applied to `args`."""
 
     op: str
-    args: tuple["Node", ...]
+    args: tuple[Node, ...]
 
 
 Node = Leaf | Num | Op
@@ -124,18 +124,17 @@ def _precedence(n: Node) -> int:
 
 def source(n: Node, parent: int = 0, right: bool = False) -> str:
     """`n` as Python source; operands are parenthesized so the text parses back to this very tree."""
+    p = _precedence(n)
     if isinstance(n, Leaf):
         return n.name
     if isinstance(n, Num):
-        return "-rf.inf" if n.value == -math.inf else "rf.inf" if n.value == math.inf else repr(float(n.value))
-    rule = OPS[n.op]
-    p = rule.precedence
-    if p == 9:
-        text = rule.template.format(*(source(a) for a in n.args))
+        text = "-rf.inf" if n.value == -math.inf else "rf.inf" if n.value == math.inf else repr(float(n.value))
+    elif p == 9:
+        text = OPS[n.op].template.format(*(source(a) for a in n.args))
     else:
         inner = 5 if n.op == "square" else p  # the base of ** binds tighter than unary minus
-        text = rule.template.format(*(source(a, inner, right=k > 0) for k, a in enumerate(n.args)))
-    needs = p < parent or (p == parent and right) or (n.op == "neg" and parent == 3)
+        text = OPS[n.op].template.format(*(source(a, inner, right=k > 0) for k, a in enumerate(n.args)))
+    needs = p < parent or (p == parent and right) or (p == 3 and parent == 3)
     return f"({text})" if needs else text
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import textwrap
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Callable, Iterator
 
 from .cascade_check import Failure, check
 from .cascade_nodes import leaves, rename

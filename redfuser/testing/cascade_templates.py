@@ -26,8 +26,8 @@ suffer). Flags say where a template is well-conditioned:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .cascade_nodes import Leaf, Node, call
 
@@ -52,6 +52,7 @@ class Template:
     d_linear: bool = False
     inf_ok: bool = False
     bare: str = ""  # "d" / "x": the body is the bare data (its max/min is an extremum)
+    weight: int = 1  # how often it is drawn relative to the others (softmax-like families are the point)
 
     def build(self, d: Leaf, x: Leaf, w: Leaf, slots: tuple[Node, ...]) -> tuple[Node, tuple[Node, ...]]:
         """The body and its terms for these leaves and slot values."""
@@ -82,37 +83,42 @@ def _product_of_sums(d, x, w, Y, L):
 
 # Bodies reading no earlier result: always fusable (they join the cascade by their inputs).
 INDEPENDENT: tuple[Template, ...] = (
-    Template("x", (SUM, MIN, MAX, MATMUL), True, (), lambda d, x, w: x, bounded=True, inf_ok=True, bare="x"),
-    Template("d", (MAX,), True, (), lambda d, x, w: d, bounded=True, inf_ok=True, d_linear=True, bare="d"),
+    Template("x", (SUM, MIN, MAX, MATMUL), True, (), lambda d, x, w: x, bounded=True, inf_ok=True, bare="x",
+             weight=2),
+    Template("d", (MAX,), True, (), lambda d, x, w: d, bounded=True, inf_ok=True, d_linear=True, bare="d",
+             weight=3),
     Template("x * w", (SUM, MAX, MIN), True, (), lambda d, x, w: x * w, bounded=True, inf_ok=True),
 )
 
 SEPARABLE: tuple[Template, ...] = (
     Template("exp(d - M)", (SUM, MAX, MIN, MATMUL), True, ("M",), lambda d, x, w, M: exp(d - M),
-             positive=True, bounded=True, inf_ok=True),
+             positive=True, bounded=True, inf_ok=True, weight=4),
     Template("exp(d - M) / L", (SUM, MAX, MIN, MATMUL), True, ("M", "L"), lambda d, x, w, M, L: exp(d - M) / L,
-             positive=True, bounded=True, inf_ok=True),
+             positive=True, bounded=True, inf_ok=True, weight=4),
     Template("exp(2(d - M))", (SUM, MAX), True, ("M",), lambda d, x, w, M: exp((d - M) * 2.0),
-             positive=True, bounded=True),
+             positive=True, bounded=True, weight=2),
     Template("exp2(d - M)", (SUM, MIN), True, ("M",), lambda d, x, w, M: call("exp2", d - M),
              positive=True, bounded=True),
-    Template("exp(d - M) * w", (SUM, MATMUL), True, ("M",), lambda d, x, w, M: exp(d - M) * w, bounded=True),
+    Template("exp(d - M) * w", (SUM, MATMUL), True, ("M",), lambda d, x, w, M: exp(d - M) * w, bounded=True,
+             weight=2),
     Template("exp(d - M) * x / L", (SUM, MATMUL), True, ("M", "L"), lambda d, x, w, M, L: exp(d - M) * x / L,
-             bounded=True),
+             bounded=True, weight=2),
     Template("exp(Mn - x)", (SUM, MAX, MIN), True, ("Mn",), lambda d, x, w, Mn: exp(Mn - x), positive=True,
              bounded=True),
     Template("x * Y", (SUM, MATMUL), True, ("Y",), lambda d, x, w, Y: x * Y),
-    Template("x * L", (SUM, MAX, MIN), True, ("L",), lambda d, x, w, L: x * L, inf_ok=True),
+    Template("x * L", (SUM, MAX, MIN), True, ("L",), lambda d, x, w, L: x * L, inf_ok=True, weight=2),
     Template("x / L", (SUM, MAX, MIN), True, ("L",), lambda d, x, w, L: x / L),
     Template("x * sqrt(L)", (SUM, MAX), True, ("L",), lambda d, x, w, L: x * call("sqrt", L)),
     Template("(x - Y) * w", (SUM, MATMUL), True, ("Y",), lambda d, x, w, Y: ((x - Y) * w, (x * w, Y * w)),
              expands=True),
     Template("x - M - log(L)", (SUM,), True, ("Mx", "L"),
-             lambda d, x, w, M, L: (x - M - log(L), (x, M, log(L))), expands=True),
-    Template("-(p log p), p = exp(x - M) / L", (SUM,), True, ("Mx", "L"), _entropy, expands=True, narrow=True),
-    Template("(x - Y)^2", (SUM,), True, ("Y",), _square_dev, expands=True),
+             lambda d, x, w, M, L: (x - M - log(L), (x, M, log(L))), expands=True, weight=2),
+    Template("-(p log p), p = exp(x - M) / L", (SUM,), True, ("Mx", "L"), _entropy, expands=True, narrow=True,
+             weight=2),
+    Template("(x - Y)^2", (SUM,), True, ("Y",), _square_dev, expands=True, weight=2),
     Template("(x - Y) * (x + L)", (SUM,), True, ("Y", "L"), _product_of_sums, expands=True),
-    Template("d - M", (MAX,), True, ("M",), lambda d, x, w, M: (d - M, (d, M)), d_linear=True, bounded=True),
+    Template("d - M", (MAX,), True, ("M",), lambda d, x, w, M: (d - M, (d, M)), d_linear=True, bounded=True,
+             weight=2),
     Template("x - Y", (MIN, MAX), True, ("Y",), lambda d, x, w, Y: (x - Y, (x, Y))),
     Template("2 (x - Y)", (MAX, MIN), True, ("Y",), lambda d, x, w, Y: ((x - Y) * 2.0, (x * 2.0, Y * 2.0))),
     Template("d - M - log(L)", (MAX,), True, ("M", "L"),

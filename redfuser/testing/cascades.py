@@ -15,27 +15,52 @@ strategy `cascades()` (shrinks toward small, unmasked, float32 programs) and
 the campaign's seeded `RandomDraw`. A cascade is data: it runs through
 `Cascade.function` (``redfuser`` ops; a kernel body on tracers, the reference on
 arrays) and prints through `Cascade.source` / `DataSpec.source` for reproducers.
+
+Well-conditioned by construction (so a mismatch is the engine's, not the
+program's): ``exp`` arguments are bounded above by a running max of the same
+data; a result used as a divisor or inside ``log`` is a sum/max of exponentials
+(>= its largest term, never 0); a result read linearly (``x * Y``) is never
++-inf; bodies that need p = exp(x - M) / L not to underflow (entropy) only get
+narrow data; ``+-inf`` inputs only reach templates that stay equal under them;
+float16 gets bounded bodies only. A result that is a constant (``max(x - max x)
+= 0``), or is computed from one, only feeds separable templates (it would
+collapse ``x * P`` or ``abs(x - G)`` into something separable). Over a reduced
+axis of length 1 every body is separable, so only soundness and reasons are
+checked there.
 """
 from __future__ import annotations
 
 import inspect
 import math
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 from hypothesis import strategies as st
 
 import redfuser as rf
 
+from .cascade_data import DataSpec
 from .cascade_nodes import OPS, Leaf, Node, Num, Op, evaluate, leaves, source
-from .cascade_templates import EXTREMA, INDEPENDENT, MATMUL, MAX, MIN, NON_SEPARABLE, SEPARABLE, SUM, SUMS, Template
+from .cascade_templates import (
+    EXTREMA,
+    INDEPENDENT,
+    MATMUL,
+    MAX,
+    MIN,
+    NON_SEPARABLE,
+    SEPARABLE,
+    SUM,
+    SUMS,
+    Template,
+)
 
 T = TypeVar("T")
 SIDES = (1, 2, 3, 5, 7, 8, 13, 16, 31, 64, 97, 128, 251, 256, 509, 1024, 2039, 4096)
 """Reduced-axis lengths: 1, primes (ragged chunks), powers of two, large."""
-MAX_ELEMENTS = 8192
+MAX_ELEMENTS = 32768
 PROFILES = {"normal": (1.0, 0.0), "wide": (4.0, 0.0), "offset": (1.0, 300.0), "large": (1000.0, 0.0)}
 """Data profile -> (standard deviation, offset) of the reduced data."""
 REDUCERS: dict[str, Callable] = {SUM: rf.sum, MAX: rf.max, MIN: rf.min}
@@ -79,67 +104,6 @@ class HypothesisDraw:
 
     def chance(self, percent: int) -> bool:
         return self.draw(st.integers(0, 99)) >= 100 - percent
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """How the inputs are made: a numpy seed, then the same steps in `build` and in `source`."""
-
-    seed: int
-    dtype: str                                   # rf attribute: float32, float16, bfloat16
-    profile: str
-    shapes: tuple[tuple[str, tuple[int, ...]], ...]
-    data_scale: tuple[tuple[str, float, float], ...] = ()  # (input, std, offset); others are N(0, 1)
-    keep: float = 1.0                            # mask: probability an element is kept (1: no mask)
-    full_row: bool = False                       # mask: row 0 fully masked
-    first_chunk: int = 0                         # mask: row 1 has its first elements masked
-    specials: tuple[tuple[str, int, float], ...] = ()  # (input, flat position, value)
-
-    def _steps(self) -> list[tuple[str, str, Callable]]:
-        """(input, source line, apply(arrays, rng)) in order."""
-        steps = []
-        dt = getattr(rf, self.dtype)
-        for name, shape in self.shapes:
-            if name == "mask":
-                steps.append((name, f"mask = rng.random({shape}) < {self.keep!r}",
-                              lambda a, rng, s=shape: rng.random(s) < self.keep))
-                n = shape[-1]
-                if self.full_row:
-                    steps.append((name, f"mask.reshape(-1, {n})[0] = False", lambda a, rng, n=n: _set(a["mask"], n, 0, n)))
-                if self.first_chunk:
-                    row, c = min(1, math.prod(shape[:-1]) - 1), self.first_chunk
-                    steps.append((name, f"mask.reshape(-1, {n})[{row}, :{c}] = False",
-                                  lambda a, rng, n=n, row=row, c=c: _set(a["mask"], n, row, c)))
-                continue
-            std, off = next(((a, b) for n, a, b in self.data_scale if n == name), (1.0, 0.0))
-            steps.append((name, f"{name} = (rng.standard_normal({shape}) * {std!r} + {off!r}).astype(rf.{self.dtype})",
-                          lambda a, rng, s=shape, std=std, off=off: (rng.standard_normal(s) * std + off).astype(dt)))
-        for name, pos, value in self.specials:
-            text = "np.nan" if math.isnan(value) else ("np.inf" if value > 0 else "-np.inf")
-            steps.append((name, f"{name}.flat[{pos}] = {text}", lambda a, rng, n=name, p=pos, v=value: _put(a[n], p, v)))
-        return steps
-
-    def build(self) -> dict[str, np.ndarray]:
-        """The input arrays, by name."""
-        rng = np.random.default_rng(self.seed)
-        arrays: dict[str, np.ndarray] = {}
-        for name, _, apply in self._steps():
-            out = apply(arrays, rng)
-            if out is not None:
-                arrays[name] = out
-        return arrays
-
-    def source(self) -> list[str]:
-        """Python lines that build the same arrays (``np``, ``rf`` imported)."""
-        return [f"rng = np.random.default_rng({self.seed})"] + [line for _, line, _ in self._steps()]
-
-
-def _set(mask: np.ndarray, n: int, row: int, upto: int) -> None:
-    mask.reshape(-1, n)[row, :upto] = False
-
-
-def _put(a: np.ndarray, pos: int, value: float) -> None:
-    a.flat[pos] = value
 
 
 @dataclass(frozen=True)
@@ -329,14 +293,14 @@ class _ChainBuilder:
 
     def add(self, name: str) -> None:
         first = not self.done
-        ops = (MAX, SUM, MIN) if first else (SUM, MAX, MIN)
+        ops = (MAX, SUM, MAX, MIN) if first else (SUM, MAX, SUM, MIN)
         if self.c["last"] and not first and self.draw.chance(45 if self.c["gemm"] else 15):
             ops = (MATMUL,)
         op = self.draw.pick(ops)
         pools = [INDEPENDENT] if first else ([SEPARABLE, NON_SEPARABLE, INDEPENDENT] if not self.draw.chance(30)
                                              else [NON_SEPARABLE, SEPARABLE, INDEPENDENT])
         for pool in pools:
-            options = [t for t in pool if self.eligible(t, op)]
+            options = [t for t in pool if self.eligible(t, op) for _ in range(t.weight)]
             if options:
                 break
         t = self.draw.pick(options)
@@ -372,7 +336,7 @@ def draw_cascade(draw: Draw, max_axis: int = 4096) -> Cascade:
     n = draw.pick([s for s in SIDES if s <= max_axis])
     dtype = draw.pick(("float32",) * 6 + ("bfloat16",) + (("float16",) if n <= 256 else ()))
     lead = (draw.pick((2, 3)),) if draw.chance(30) else ()
-    rows = draw.pick((1, 2, 3, 5))
+    rows = draw.pick((1, 2, 3, 5, 16))
     while math.prod(lead) * rows * n > MAX_ELEMENTS and (rows > 1 or lead):
         lead, rows = (lead, 1) if rows > 1 else ((), rows)
     gemm = Gemm(draw.pick((1, 3, 4, 8, 16)), draw.pick((1, 2, 5, 8)), draw.pick((1.0, 0.125))) if draw.chance(25) else None
@@ -381,8 +345,9 @@ def draw_cascade(draw: Draw, max_axis: int = 4096) -> Cascade:
         dtype, ("normal", "wide", "large") if gemm else ("normal", "wide", "offset", "large"))
     profile = draw.pick(profiles)
     chunk = draw.integer(1, 7) if n <= 512 else draw.pick((13, 61, 127, 509))
-    c = dict(n=n, dtype=dtype, profile=profile, gemm=gemm, masked=masked, last=False, lead_rows=lead + (rows,),
-             data_name="s" if gemm else "x", d_name=("s" if gemm else "x") + ("m" if masked else ""))
+    c = {"n": n, "dtype": dtype, "profile": profile, "gemm": gemm, "masked": masked, "last": False,
+         "lead_rows": lead + (rows,), "data_name": "s" if gemm else "x",
+         "d_name": ("s" if gemm else "x") + ("m" if masked else "")}
     builder = _ChainBuilder(draw, c)
     count = draw.integer(2, 6)
     for i in range(count):

@@ -10,7 +10,8 @@ completeness on the grammar, reasons for refusals).
 
 The campaign prints a summary (examples, reductions fused / refused by family
 and by the grammar's label, failures by kind) and, for the first failure of
-each kind, shrinks it and prints a self-contained reproducer script. The exit
+each signature (kind, op and family of the failing reduction), shrinks it and
+prints a self-contained reproducer script. The exit
 code is 1 when anything failed. A long campaign: ``--examples 5000 --seed 1``
 (any seed; seeds are independent campaigns), or ``--profile fuzz``.
 """
@@ -63,8 +64,8 @@ class Campaign:
         total = self.totals()
         lines = [f"RedFuser fusion fuzzer: {self.examples} examples, seed {self.seed}, {self.seconds:.1f} s",
                  f"reductions: {sum(total.values())}: " + ", ".join(f"{s} {total[s]}" for s in STATUSES),
-                 "  (refused: its own body; blocked: reads an unfused result; unpaired: fewer than two of its group "
-                 "fuse; dead: not needed by any output)",
+                 ("  (refused: its own body; blocked: reads an unfused result; unpaired: fewer than two of its group "
+                  "fuse; dead: not needed by any output)"),
                  f"{'label':<14} {'op':<7} {'family':<34} " + " ".join(f"{s:>9}" for s in STATUSES)]
         for (label, op, family), counts in sorted(self.by_family.items()):
             lines.append(f"{label:<14} {op:<7} {family[:34]:<34} " + " ".join(f"{counts[s]:>9}" for s in STATUSES))
@@ -93,14 +94,23 @@ def run(examples: int, seed: int, max_axis: int = 4096, verbose: bool = False) -
     return campaign
 
 
-def reproducers(campaign: Campaign, shrink_budget: int = 150) -> list[tuple[str, str]]:
-    """(title, script) for the first failure of each kind, shrunk (budget 0: as found)."""
+def signature(c: Cascade, f: Failure) -> tuple[str, ...]:
+    """Failures with one signature are likely one bug: the kind and the failing reduction's op and family."""
+    r = next((x for x in c.reductions if x.name == f.reduction), None)
+    if r is None:
+        return (f.kind, f.message.split(":")[0])
+    return (f.kind, r.op, r.family, "nan" if "NaN positions" in f.message else "")
+
+
+def reproducers(campaign: Campaign, shrink_budget: int = 150, limit: int = 5) -> list[tuple[str, str]]:
+    """(title, script) for the first failure of each signature (at most `limit`), shrunk (budget 0: as found)."""
     out: list[tuple[str, str]] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, ...]] = set()
     for index, c, f in campaign.failures:
-        if f.kind in seen:
+        key = signature(c, f)
+        if key in seen or len(out) >= limit:
             continue
-        seen.add(f.kind)
+        seen.add(key)
         tried = 0
         if shrink_budget:
             c, tried = shrink(c, same_failure(f), budget=shrink_budget)
@@ -113,20 +123,24 @@ def reproducers(campaign: Campaign, shrink_budget: int = 150) -> list[tuple[str,
 
 def main(argv: list[str] | None = None) -> int:
     """``fuzz`` command line: run a campaign, print the summary and reproducers; 1 when something failed."""
-    parser = argparse.ArgumentParser(prog="redfuser fuzz", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="redfuser fuzz",
+        description="Random cascaded reductions, fused and run on the interpret backend, checked against the numpy "
+                    "reference (soundness), the grammar's separability labels (completeness) and for reasons.")
     parser.add_argument("--examples", type=int, default=None, help="how many cascades (default: from --profile)")
     parser.add_argument("--seed", type=int, default=0, help="campaign seed (example i is reproducible from it)")
     parser.add_argument("--profile", choices=sorted(PROFILE_EXAMPLES), default="ci",
                         help="default size: ci (25 examples) or fuzz (2500)")
     parser.add_argument("--max-axis", type=int, default=4096, help="longest reduced axis to draw")
     parser.add_argument("--shrink-budget", type=int, default=150, help="candidates tried when shrinking (0: off)")
+    parser.add_argument("--reproducers", type=int, default=5, help="print at most this many (one per signature)")
     parser.add_argument("--out", type=Path, default=None, help="also write each reproducer to this folder")
     parser.add_argument("--verbose", action="store_true", help="print one line per example")
     ns = parser.parse_args(argv)
     examples = ns.examples if ns.examples is not None else PROFILE_EXAMPLES[ns.profile]
     campaign = run(examples, ns.seed, ns.max_axis, ns.verbose)
     print(campaign.summary())
-    for n, (title, script) in enumerate(reproducers(campaign, ns.shrink_budget)):
+    for n, (title, script) in enumerate(reproducers(campaign, ns.shrink_budget, ns.reproducers)):
         print(f"\n---- reproducer: {title} ----\n{script}")
         if ns.out is not None:
             ns.out.mkdir(parents=True, exist_ok=True)
