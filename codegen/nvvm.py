@@ -22,16 +22,10 @@ from llvmlite import ir
 
 from ..ir.errors import InternalError
 
-I1 = ir.IntType(1)
-I8 = ir.IntType(8)
-I16 = ir.IntType(16)
-I32 = ir.IntType(32)
-I64 = ir.IntType(64)
-F16 = ir.HalfType()
-F32 = ir.FloatType()
-F64 = ir.DoubleType()
+from .llvm_utils import F16, F32, F64, I1, I8, I16, I32, I64, PTR  # noqa: F401  (re-exported)
+
 HALF2 = ir.VectorType(F16, 2)
-PTR = ir.PointerType()                     # generic address space (0)
+# PTR (from llvm_utils) is the generic address space (0).
 PTR_GLOBAL = ir.PointerType(addrspace=1)
 PTR_SHARED = ir.PointerType(addrspace=3)
 FULL_MASK = 0xFFFFFFFF
