@@ -22,6 +22,15 @@ from hypothesis import HealthCheck, settings
 
 from redfuser import config
 
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_compile_cache(tmp_path_factory):
+    """The suite compiles into a cache folder of its own, never the user's ~/.cache/redfuser."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("REDFUSER_CACHE_DIR", str(tmp_path_factory.mktemp("redfuser-cache")))
+    yield
+    mp.undo()
+
+
 settings.register_profile(
     "ci",
     max_examples=25,
