@@ -1,0 +1,9 @@
+"""MoE routing: softmax over 64 experts, top-2, renormalized by the kept sum; softmax and top-k fuse."""
+import numpy as np
+
+from _check import run_and_check
+from redfuser.workloads import moe_routing
+
+logits = (np.random.default_rng(0).standard_normal((4096, 64)) * 2).astype(np.float32)
+weights, experts = run_and_check(moe_routing, (logits,), 64)
+print("token 0 routes to experts", experts[0].tolist(), "with weights", np.round(weights[0], 4).tolist())
