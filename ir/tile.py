@@ -21,6 +21,24 @@ Semantics every backend implements (the numpy interpreter in
 - `For` runs its `Region` for ``iv = start, start+step, ... < stop``; the
   region's `args` take `inits` on the first trip and the previous `yields`
   after; the op's `results` are the last yields (the inits when it runs 0 times).
+- `TopK` is the top-k monoid of `redfuser.ir.topk` as one op with two results.
+  Its candidates are (value, index) pairs along dimension `axis` of `x` (f32/f64)
+  and `indices` (i32/i64); a candidate whose index is < 0 is empty (a masked
+  lane) and is never kept. `out` and `out_indices` have `x`'s shape with that
+  dimension replaced by k (k = ``out.shape[axis]``): the best k of the candidates
+  together with the k-list `acc`/`acc_indices` when given, best first in top-k
+  order -- numbers before NaN, larger values first, equal values to the lower
+  index -- and slots nothing fills are empty (value NaN, index -1). With `acc`
+  one op is both the chunk update of a running top-k (candidates: the chunk;
+  acc: the list so far, already rescaled) and the merge of two k-lists
+  (candidates: one list; acc: the other), so a split reduction's combine step and
+  a fused loop use the same op. Indices are compared exactly (64-bit); values
+  are compared as floats, so the scheduler casts i32/bool values to f64 (exact)
+  and rounds f16/bf16 values to their type before ranking them.
+
+Split reductions need no op of their own: a kernel runs a fused loop over one
+slice of the axis (a grid dimension picks the slice) and stores its partial
+states into scratch; a second kernel loops over the slices and merges them.
 """
 from __future__ import annotations
 
@@ -246,8 +264,30 @@ class For:
     loc: SourceLoc = field(default=UNKNOWN, compare=False)
 
 
+@dataclass(frozen=True, slots=True)
+class TopK:
+    """The best k of the candidates (`x`, `indices`) along `axis` and of the k-list `acc` (see the module docstring).
+
+    k is ``out.shape[axis]``; `acc`/`acc_indices` are both None or both k-lists of
+    `out`'s/`out_indices`' types.
+    """
+
+    out: Value
+    out_indices: Value
+    x: Value
+    indices: Value
+    axis: int
+    acc: Value | None = None
+    acc_indices: Value | None = None
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+    @property
+    def k(self) -> int:
+        return self.out.shape[self.axis]
+
+
 Op = Union[ProgramId, Constant, Arange, Unary, Binary, Select, Cast, Broadcast, ExpandDims, Permute,
-           Load, Store, Reduce, Dot, For]
+           Load, Store, Reduce, Dot, TopK, For]
 ELEMENTWISE = (Unary, Binary, Select, Cast)
 
 
@@ -255,6 +295,8 @@ def results(op: Op) -> tuple[Value, ...]:
     """The values `op` defines."""
     if isinstance(op, For):
         return op.results
+    if isinstance(op, TopK):
+        return (op.out, op.out_indices)
     if isinstance(op, Store):
         return ()
     return (op.out,)
@@ -276,6 +318,8 @@ def operands(op: Op) -> tuple[Value, ...]:
         return (op.x,)
     if isinstance(op, Dot):
         return (op.a, op.b) + ((op.acc,) if op.acc is not None else ())
+    if isinstance(op, TopK):
+        return tuple(v for v in (op.x, op.indices, op.acc, op.acc_indices) if v is not None)
     if isinstance(op, For):
         return op.inits
     return ()

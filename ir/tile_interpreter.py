@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import InternalError
+from . import topk as topk_semantics
 from .interpreter import BINARY_FUNCS as _BINARY, REDUCERS, UNARY_FUNCS as _UNARY
 from .tile import (
     Arange,
@@ -33,8 +34,10 @@ from .tile import (
     Store,
     TileKernel,
     TileProgram,
+    TopK,
     Unary,
 )
+from .tile import results as t_results
 
 Env = dict[str, np.ndarray]
 
@@ -82,6 +85,23 @@ def _dot(op: Dot, inst: _Instance) -> np.ndarray:
     return out if op.acc is None else inst[op.acc] + out
 
 
+def _topk(op: TopK, inst: _Instance) -> tuple[np.ndarray, np.ndarray]:
+    """The best k of candidates and acc list by `redfuser.ir.topk.merge`; unfilled slots are (NaN, -1)."""
+    def last(v) -> np.ndarray:
+        return np.moveaxis(np.asarray(inst[v]), op.axis, -1)
+
+    x, idx = last(op.x), last(op.indices).astype(np.int64)
+    if op.acc is not None:
+        av, ai = last(op.acc), last(op.acc_indices).astype(np.int64)
+    else:
+        av, ai = topk_semantics.empty(x.shape[:-1], op.k, x.dtype)
+    values, indices = topk_semantics.merge(av, ai, x, idx)
+    empty = indices < 0
+    values, indices = np.where(empty, np.nan, values), np.where(empty, -1, indices)
+    return (np.moveaxis(values, -1, op.axis).astype(op.out.dtype.numpy),
+            np.moveaxis(indices, -1, op.axis).astype(op.out_indices.dtype.numpy))
+
+
 def _for(op: For, inst: _Instance) -> tuple[np.ndarray, ...]:
     carried = tuple(inst[v] for v in op.inits)
     body = op.body
@@ -117,8 +137,8 @@ def run_ops(ops: tuple[Op, ...], inst: _Instance) -> None:
         for op in ops:
             if isinstance(op, Store):
                 _store(op, inst)
-            elif isinstance(op, For):
-                for r, value in zip(op.results, _for(op, inst)):
+            elif isinstance(op, For | TopK):
+                for r, value in zip(t_results(op), (_for if isinstance(op, For) else _topk)(op, inst)):
                     inst.env[r.name] = value
             else:
                 inst.env[op.out.name] = np.asarray(RULES[type(op)](op, inst))

@@ -10,6 +10,8 @@ Each op is one line ``%name: type = op operands``, loops are indented blocks::
         yield %m_new, %l_new
       }
       store m[%offs] = %m mask %mask
+
+A top-k prints both results: ``%v: f32[16,2], %vi: i64[16,2] = topk %x, %xi axis 1 into (%v_run, %vi_run)``.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from .tile import (
     Select,
     Store,
     TileKernel,
+    TopK,
     TileProgram,
     Unary,
     Value,
@@ -75,6 +78,9 @@ def format_op(op: Op, indent: str = "") -> list[str]:
     """The lines of one op (several for a loop)."""
     if isinstance(op, Store):
         return [f"{indent}store {op.buffer.name}[{op.offsets}] = {op.value}{_mask(op.mask)}"]
+    if isinstance(op, TopK):
+        into = f" into ({op.acc}, {op.acc_indices})" if op.acc is not None else ""
+        return [f"{indent}{_decl(op.out)}, {_decl(op.out_indices)} = topk {op.x}, {op.indices} axis {op.axis}{into}"]
     if isinstance(op, For):
         body = op.body
         outs = ", ".join(_decl(r) for r in op.results)

@@ -7,6 +7,8 @@
   types: load, store, cast, dot operands), loads and stores use integer offsets
   of the value's shape and bool masks, reductions and dots have consistent shapes;
 - loops: inits, carried arguments, yields and results agree one to one in type;
+- top-k: f32/f64 candidate values with i32/i64 indices of one shape; the results
+  replace dimension `axis` by k >= 1; an `acc` list has exactly the results' types;
 - buffers: a kernel touches only its params, which are program inputs, outputs or
   scratch; no kernel stores into an input; every non-empty output is stored.
 """
@@ -31,6 +33,7 @@ from .tile import (
     Store,
     TileKernel,
     TileProgram,
+    TopK,
     Unary,
     Value,
     operands,
@@ -109,6 +112,18 @@ def _check_op(op: Op, kernel: TileKernel, pass_name: str) -> None:
         need(op.out.dtype.is_float and _arith(op.out.dtype), "dot accumulates in f32 or f64")
         need(op.a.dtype.is_float and op.b.dtype.is_float, "dot operands are floats")
         need(op.acc is None or op.acc.type == op.out.type, "dot accumulator differs from the result type")
+    elif isinstance(op, TopK):
+        x = op.x.shape
+        need(0 <= op.axis < len(x), f"topk axis {op.axis} outside {op.x.type}")
+        need(op.x.dtype.is_float and _arith(op.x.dtype), "topk ranks f32/f64 values (cast others first)")
+        need(op.indices.dtype in (int32, int64) and op.indices.shape == x, "topk indices must be i32/i64 of x's shape")
+        k = op.out.shape[op.axis] if 0 <= op.axis < len(op.out.shape) else 0
+        need(k >= 1 and op.out.type == op.x.type.with_shape(x[:op.axis] + (k,) + x[op.axis + 1:]),
+             f"topk result {op.out.type} is not {op.x.type} with axis {op.axis} of length k >= 1")
+        need(op.out_indices.type == op.out.type.with_dtype(op.indices.dtype), "topk indices result has the wrong type")
+        need((op.acc is None) == (op.acc_indices is None), "topk takes both acc lists or neither")
+        need(op.acc is None or (op.acc.type == op.out.type and op.acc_indices.type == op.out_indices.type),
+             "topk acc lists differ from the result types")
     elif isinstance(op, For):
         body = op.body
         need(op.step > 0, "loop step must be positive")

@@ -4,8 +4,8 @@
 |-------------|-------------------------------------------------------|-----------------|
 | `interpret` | the numpy interpreter of the Loop IR (the oracle)     | built           |
 | `cpu`       | native code through LLVM (llvmlite)                   | built           |
-| `cuda`      | PTX through LLVM's NVPTX backend, on a GPU            | not built yet   |
-| `simulate`  | the SIMT program that becomes PTX, run on the CPU     | not built yet   |
+| `cuda`      | PTX through LLVM's NVPTX backend, on a GPU            | built (needs a device to run) |
+| `simulate`  | the SIMT program that becomes PTX, run on the CPU     | built           |
 
 ``auto`` picks the best backend that is built and usable here: ``cuda`` with a
 device, else ``cpu``, else ``interpret``.
@@ -31,12 +31,13 @@ class Backend:
     name: str
     description: str
     build: Callable[[Lowered], Executable] | None  # None: not built yet
+    available: Callable[[], str | None] | None = None  # why it cannot run on this machine (None: it can)
 
     def usable(self) -> str | None:
         """None when this backend can run here, else why not (in words)."""
         if self.build is None:
             return f"the {self.name} backend is not built yet (see the status table in README.md)"
-        return None
+        return self.available() if self.available is not None else None
 
 
 def _build_interpret(lowered: Lowered) -> Executable:
@@ -54,22 +55,46 @@ def _build_cpu(lowered: Lowered) -> Executable:
     return CpuProgram(lowered.stages["tile"], lowered.artifacts["host_kernels"], library, threads)
 
 
+def _build_simulate(lowered: Lowered) -> Executable:
+    from .codegen.simt.run import simulate_program
+
+    program = lowered.stages["simt"]
+    return lambda arrays: simulate_program(program, arrays)
+
+
+def _build_cuda(lowered: Lowered) -> Executable:
+    from .runtime.cuda_backend import CudaProgram
+
+    return CudaProgram(lowered.stages["simt"], lowered.stages["ptx"])
+
+
+def _cuda_available() -> str | None:
+    from .runtime.device import device_available, why_no_device
+
+    return None if device_available() else f"cannot use the cuda backend: {why_no_device()}"
+
+
 BACKENDS: dict[str, Backend] = {
     "interpret": Backend("interpret", "numpy interpreter of the Loop IR", _build_interpret),
     "cpu": Backend("cpu", "native CPU code through LLVM", _build_cpu),
-    "cuda": Backend("cuda", "PTX on an NVIDIA GPU", None),
-    "simulate": Backend("simulate", "SIMT simulator of the GPU program", None),
+    "cuda": Backend("cuda", "PTX on an NVIDIA GPU", _build_cuda, _cuda_available),
+    "simulate": Backend("simulate", "SIMT simulator of the GPU program", _build_simulate),
 }
 AUTO_ORDER = ("cuda", "cpu", "interpret")
 
 
-def resolve(name: str | None) -> tuple[str, str]:
-    """The backend to use for `name` (None: ``REDFUSER_BACKEND``), and why it was chosen."""
+def resolve(name: str | None, *, to_run: bool = True) -> tuple[str, str]:
+    """The backend to use for `name` (None: ``REDFUSER_BACKEND``), and why it was chosen.
+
+    With ``to_run=False`` (compiling only, e.g. `Kernel.lower`) a named backend that is
+    built is accepted even where it cannot run: compiling for ``cuda`` needs no GPU.
+    """
     requested = (name or config.default_backend()).lower()
     if requested not in config.BACKENDS:
         raise BackendError(f"unknown backend {requested!r}; choose one of {', '.join(config.BACKENDS)}")
     if requested != "auto":
-        why_not = BACKENDS[requested].usable()
+        backend = BACKENDS[requested]
+        why_not = backend.usable() if to_run or backend.build is None else None
         if why_not:
             raise BackendError(why_not)
         return requested, "requested"

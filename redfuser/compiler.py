@@ -4,7 +4,9 @@
     trace      the Python body on tracers -> Loop IR, one loop nest per op   "traced"
     fuse       inline, CSE, cascade analysis, the fusion theorem             "fused"
     schedule   Loop IR -> Tile IR (grid of programs over tiles)              "tile"     (cpu, cuda, simulate)
-    codegen    Tile IR -> LLVM IR (host) / SIMT IR -> LLVM IR -> PTX         "llvm", "simt", "ptx"
+    codegen    cpu: Tile IR -> LLVM IR (host)                                "llvm"
+               cuda, simulate: Tile IR -> SIMT IR (threads, layouts, mma)    "simt"
+                 -> LLVM IR (nvptx64) -> PTX (no GPU needed)                 "llvm", "ptx"
 
 Every stage's IR is verified when produced and kept in `Lowered.stages`, so a
 person can print any of them (``REDFUSER_DUMP_DIR`` writes them all to disk).
@@ -21,6 +23,15 @@ from .fusion import fuse
 from .trace import ArgSpec, trace
 from .schedule import options_for, schedule_program
 from .codegen.host import build_host_module
+from .codegen.simt import GpuOptions, lower_to_simt
+from .runtime.cuda_backend import compile_ptx
+
+
+def gpu_options(options: dict) -> GpuOptions:
+    """The SIMT lowering's options from a kernel's: ``sm`` (default: the device's, else sm_90), ``num_warps``."""
+    from .runtime.device import target_sm
+
+    return GpuOptions(sm=options.get("sm") or target_sm(), num_warps=int(options.get("num_warps") or 4))
 
 
 @dataclass
@@ -64,7 +75,10 @@ def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict)
     if backend == "cpu":
         out.stages["tile"] = schedule_program(out.program, options_for(backend, options))
         out.stages["llvm"], out.artifacts["host_kernels"] = build_host_module(out.stages["tile"])
-    # cuda / simulate: schedule, then stages "simt", "llvm", "ptx"
+    elif backend in ("cuda", "simulate"):
+        out.stages["tile"] = schedule_program(out.program, options_for(backend, options))
+        out.stages["simt"] = lower_to_simt(out.stages["tile"], gpu_options(options))
+        out.stages["llvm"], out.stages["ptx"] = compile_ptx(out.stages["simt"])
     dump = config.dump_dir()
     if dump is not None:
         out.dump(dump / out.name)

@@ -7,6 +7,8 @@
 - ``REDFUSER_CACHE``: ``0`` turns the on-disk compile cache off (default on).
 - ``REDFUSER_CACHE_DIR``: where the on-disk cache lives (default
   ``$XDG_CACHE_HOME/redfuser`` or ``~/.cache/redfuser``).
+- ``REDFUSER_UPDATE_SNAPSHOTS``: ``1`` makes the snapshot tests (generated SIMT IR
+  and PTX under ``tests/snapshots``) rewrite the snapshots instead of comparing.
 - ``HYPOTHESIS_PROFILE``: the hypothesis profile the test suite runs with
   (``ci``, quick, the default; ``fuzz``, long); see ``tests/conftest.py``.
 """
@@ -46,3 +48,8 @@ def cache_dir() -> Path:
 def hypothesis_profile() -> str:
     """The hypothesis profile for the test suite from ``HYPOTHESIS_PROFILE``, or ``ci``."""
     return os.environ.get("HYPOTHESIS_PROFILE", "").strip().lower() or "ci"
+
+
+def update_snapshots() -> bool:
+    """True when ``REDFUSER_UPDATE_SNAPSHOTS`` is ``1`` (or ``true``/``yes``/``on``)."""
+    return os.environ.get("REDFUSER_UPDATE_SNAPSHOTS", "").strip().lower() in ("1", "true", "yes", "on")

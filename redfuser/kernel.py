@@ -24,6 +24,9 @@ KNOWN_OPTIONS: dict[str, object] = {
     "block_n": None,          # tile columns / chunk of a fused loop's axis; None: default (64)
     "block_k": None,          # chunk of a reduced axis; None: default (cpu 64, gpu 32)
     "num_threads": 0,         # cpu: worker threads splitting the grid; 0: one per core
+    "split": None,            # slices of a fused loop's axis across programs (flash decoding); None: automatic
+    "num_warps": 4,           # cuda/simulate: warps per block (fewer for small tiles)
+    "sm": None,               # cuda/simulate: GPU target such as "sm_80"; None: the device's, else sm_90
 }
 HOST_BACKENDS = frozenset({"interpret", "cpu", "simulate"})
 SUPPORTED_DTYPES = ", ".join(d.numpy_name for d in T.ALL_DTYPES)
@@ -95,15 +98,16 @@ class Kernel:
             arrays.append(value)
         return tuple(specs), arrays
 
-    def _compiled(self, args: tuple[Any, ...]) -> tuple[Lowered, backends.Executable, list[np.ndarray]]:
+    def _compiled(self, args: tuple[Any, ...], *, to_run: bool = True
+                  ) -> tuple[Lowered, backends.Executable | None, list[np.ndarray]]:
         specs, arrays = self._specs(args)
-        backend, _ = backends.resolve(self.backend)
+        backend, _ = backends.resolve(self.backend, to_run=to_run)
         key = (specs, backend, tuple(sorted(self.options.items())))
         entry = self._cache.get(key)
         if entry is None:
-            lowered = lower(self.__wrapped__, specs, backend, self.options)
-            entry = (lowered, backends.BACKENDS[backend].build(lowered))
-            self._cache[key] = entry
+            entry = self._cache[key] = [lower(self.__wrapped__, specs, backend, self.options), None]
+        if to_run and entry[1] is None:   # compiled without running (lower/explain): build it now
+            entry[1] = backends.BACKENDS[backend].build(entry[0])
         return entry[0], entry[1], arrays
 
     # -- public -----------------------------------------------------------------------------------
@@ -124,14 +128,14 @@ class Kernel:
     @_user_facing
     def lower(self, *args: Any) -> Lowered:
         """Compile for these arguments (without running) and return every stage."""
-        return self._compiled(args)[0]
+        return self._compiled(args, to_run=False)[0]
 
     @_user_facing
     def explain(self, *args: Any) -> str:
         """What the compiler found and did for these arguments, in words (cascades, G, H, rescales)."""
         from .fusion.explain import explain
 
-        lowered = self._compiled(args)[0]
+        lowered = self._compiled(args, to_run=False)[0]
         return explain(lowered.name, lowered.groups, lowered.stages.get("fused"))
 
     @property

@@ -5,7 +5,7 @@ nest where the value is defined) or *inline* (its element at an index is
 computed inside the loop nest of whoever reads it, so elementwise chains,
 broadcasts and index arithmetic fuse into one loop with no memory traffic).
 
-Materialized: results of ``reduce``, ``dot`` and ``for``; ``dot`` operands (laid
+Materialized: results of ``reduce``, ``dot``, ``topk`` and ``for``; ``dot`` operands (laid
 out row-major for the inner loop); values a loop yields; and values that are
 costly to recompute (loads, float arithmetic) when more than one consumer reads
 them or a loop deeper than their definition does (loop invariants are computed
@@ -68,8 +68,8 @@ def plan_kernel(k: t.TileKernel) -> Plan:
                 use(v, id(op), level)
             if isinstance(op, t.Dot):
                 forced.update(v.name for v in (op.a, op.b))
-            if isinstance(op, t.Reduce | t.Dot):
-                forced.add(op.out.name)
+            if isinstance(op, t.Reduce | t.Dot | t.TopK):
+                forced.update(r.name for r in t.results(op))
             if isinstance(op, t.For):
                 body = op.body
                 for a in (body.iv,) + body.args:

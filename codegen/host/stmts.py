@@ -6,6 +6,7 @@
 - reduce over the last axis: per output element, an inner loop folds into a register
   (float sums carry ``reassoc`` so the loop vectorizes); over another axis: the
   output is initialized, then one pass over the input combines in place;
+- topk: insertion into a k-list kept in registers (`topk.py`);
 - dot: ``out = acc``, then ``for i, k: for j: out[i,j] += a[i,k] * b[k,j]`` with both
   operands materialized row-major, so the inner loop is contiguous and vectorizes;
 - for: carried values live in stack arrays; inits are copied in, each trip's yields
@@ -34,6 +35,10 @@ def emit_block(em: KernelEmitter, ops: tuple[t.Op, ...]) -> None:
             _reduce(em, op)
         elif isinstance(op, t.Dot):
             _dot(em, op)
+        elif isinstance(op, t.TopK):
+            from .topk import emit_topk
+
+            emit_topk(em, op)
         elif op.out.shape == ():
             em.scalars[op.out.name] = em.inline(op.out, ())
         elif op.out.name in em.plan.materialized:

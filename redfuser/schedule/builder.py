@@ -156,6 +156,14 @@ class KernelBuilder:
         self.emit(t.Dot(out, a, b, acc))
         return out
 
+    def topk(self, x: t.Value, indices: t.Value, axis: int, k: int, acc: tuple[t.Value, t.Value] | None = None,
+             hint: str = "top") -> tuple[t.Value, t.Value]:
+        """The best `k` of (`x`, `indices`) along `axis`, merged into the k-list `acc` (values, indices)."""
+        shape = x.shape[:axis] + (k,) + x.shape[axis + 1:]
+        out, out_i = self.value(hint, x.dtype, shape), self.value(f"{hint}_idx", indices.dtype, shape)
+        self.emit(t.TopK(out, out_i, x, indices, axis, *(acc or (None, None))))
+        return out, out_i
+
     @contextmanager
     def loop(self, start: int, stop: int, step: int, inits: tuple[t.Value, ...], hint: str = "k",
              arg_hints: tuple[str, ...] | None = None) -> Iterator[LoopScope]:

@@ -87,12 +87,12 @@ def _subst(x, names: dict[str, t.Value]):
 
 def _rename(op: t.Op, names: dict[str, t.Value]) -> t.Op:
     changes = {f.name: _subst(getattr(op, f.name), names) for f in fields(op)
-               if f.name not in ("out", "results", "body", "loc")}
+               if f.name not in ("out", "out_indices", "results", "body", "loc")}
     return replace(op, **changes)
 
 
 def _signature(op: t.Op) -> tuple | None:
-    if isinstance(op, t.For | t.Store | t.ProgramId):
+    if isinstance(op, t.For | t.Store | t.ProgramId | t.TopK):  # top-k has two results: never merged
         return None
     parts = [type(op).__name__, op.out.type]
     for f in fields(op):

@@ -6,11 +6,18 @@
 | `block_n`   | columns of an output tile; chunk length of a fused loop's axis  | 64  | 64  |
 | `block_k`   | chunk length of a reduced axis (``for`` over chunks beyond it)  | 64  | 32  |
 | `pow2`      | round tile sizes up to powers of two (masks cover the excess)   | no  | yes |
+| `split`     | slices of a fused loop's axis run by separate programs (flash   | auto| auto|
+|             | decoding); None: automatic (`split.auto_split`), 1: never       |     |     |
+| `workers`   | programs the target runs at once, for the automatic split       | cores | SMs |
 
 A kernel option of the same name (``rf.kernel(fn, block_m=32)``) overrides the default.
+`workers` comes from the machine: the ``num_threads`` option or the core count on
+the CPU; the device's SM count for GPU schedules, or 132 (an H200) when no device
+is present to ask.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields, replace
 
 
@@ -22,14 +29,16 @@ class ScheduleOptions:
     block_n: int = 64
     block_k: int = 64
     pow2: bool = False
+    split: int | None = None
+    workers: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k"):
+        for name in ("block_m", "block_n", "block_k", "workers") + (("split",) if self.split is not None else ()):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 from ..ir import ArgumentError
 
-                raise ArgumentError(f"tile size {name} must be a positive int, got {value!r}", op="schedule")
+                raise ArgumentError(f"{name} must be a positive int, got {value!r}", op="schedule")
 
     def tile(self, block: int, extent: int) -> int:
         """The tile length covering an axis of `extent` in blocks of `block` (at least 1)."""
@@ -43,9 +52,29 @@ DEFAULTS: dict[str, ScheduleOptions] = {
 }
 
 
+GPU_PLANNING_SMS = 132
+"""SMs a GPU schedule plans for when no device can be asked (an H200)."""
+
+
+def gpu_workers() -> int:
+    """The SM count of device 0, or `GPU_PLANNING_SMS` without a usable device."""
+    try:
+        from ..runtime.device import device_available, device_info
+
+        if device_available():
+            return max(1, int(device_info(0).sm_count))
+    except Exception:  # no driver, a broken install: plan for the default GPU
+        pass
+    return GPU_PLANNING_SMS
+
+
 def options_for(backend: str, overrides: dict | None = None) -> ScheduleOptions:
     """The defaults of `backend` (``cpu``; ``cuda``/``simulate`` use ``gpu``) with kernel options applied."""
-    base = DEFAULTS["cpu" if backend in ("cpu", "interpret") else "gpu"]
+    cpu = backend in ("cpu", "interpret")
+    base = DEFAULTS["cpu" if cpu else "gpu"]
     names = {f.name for f in fields(ScheduleOptions)}
     chosen = {k: v for k, v in (overrides or {}).items() if k in names and v is not None}
+    if "workers" not in chosen:
+        threads = int((overrides or {}).get("num_threads") or 0)
+        chosen["workers"] = (threads or os.cpu_count() or 1) if cpu else gpu_workers()
     return replace(base, **chosen)

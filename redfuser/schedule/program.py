@@ -5,7 +5,10 @@ the Loop IR program on every input (checked in tests by running both
 interpreters). Kernels run in program order:
 
 - each `FusedLoop` becomes one kernel, joined by the `Compute` nests right after
-  it that read its states pointwise (the epilogue, e.g. ``out = acc / l``);
+  it that read its states pointwise (the epilogue, e.g. ``out = acc / l``); or,
+  split (`split.py`, flash decoding), two: partial states per slice of the axis
+  into scratch, then their merge by the cascade's merge rule and the epilogue;
+- a `TopK` nest becomes a kernel keeping a sorted k-list per row (`topk.py`);
 - every other nest becomes its own kernel; nests whose result nobody reads are dropped;
 - buffers passed between kernels become scratch buffers; values used only inside
   a kernel (locals, running states) never touch memory.
@@ -14,14 +17,16 @@ Offsets are i32 unless some buffer of a kernel (padded to whole tiles) reaches 2
 """
 from __future__ import annotations
 
-from ..ir import BackendError, Buffer, Compute, FusedLoop, Program, Reduce, Stmt, TopK, TopKState, loads, written
+from ..ir import Buffer, Compute, FusedLoop, Program, Reduce, Stmt, TopK, loads, written
 from ..ir import tile as t
 from ..ir.tile_verifier import verify_tile_program
 from ..ir.types import int32, int64
 from .cleanup import cleanup_kernel
-from .fused import fused_kernel, joins
+from .fused import fused_kernel, joins, layout_or_fail
 from .nests import compute_kernel, reduce_kernel
 from .options import ScheduleOptions
+from .split import plan_split, scratch_of, split_kernels
+from .topk import topk_kernel
 
 Group = list[Stmt]
 
@@ -68,25 +73,16 @@ def _buffers(group: Group) -> list[Buffer]:
     for s in group:
         subs = list(s.locals) if isinstance(s, FusedLoop) else [s]
         for x in subs:
-            out += [x.out] + [ld.buffer for ld in loads(x.value)]
+            out += list(written(x)) + [ld.buffer for ld in loads(x.value)]
         if isinstance(s, FusedLoop):
             for st in s.states:
                 out += [st.acc] + [ld.buffer for ld in loads(st.term)]
     return out
 
 
-def _check_supported(p: Program) -> None:
-    """Top-k nests and running top-k states have no Tile IR form yet: say so plainly."""
-    for s in p.body:
-        if isinstance(s, TopK) or (isinstance(s, FusedLoop) and any(isinstance(x, TopKState) for x in s.states)):
-            raise BackendError(f"{p.name}: top-k is not scheduled to tiles yet (backends that compile cannot run it; "
-                               "use backend='interpret')")
-
-
 def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileProgram:
     """Tile `p` (see the module docstring); the result is verified."""
     opts = opts or ScheduleOptions()
-    _check_supported(p)
     groups = group_statements(p)
     outputs = {b.name for b in p.outputs}
     kernels: list[t.TileKernel] = []
@@ -100,15 +96,23 @@ def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileP
         for b in made:
             if b.name in needed and b.name not in outputs:
                 scratch[b.name] = b
-        index = int64 if _needs_i64(_buffers(group), opts) else int32
-        name = f"{p.name}_{len(kernels)}"
         head = group[0]
-        if isinstance(head, FusedLoop):
-            kernel = fused_kernel(head, list(group[1:]), needed, name, opts, index)  # type: ignore[arg-type]
+        plan = plan_split(layout_or_fail(head, group[1:]), opts) if isinstance(head, FusedLoop) else None  # type: ignore[arg-type]
+        parts = scratch_of(head, plan) if plan is not None else []  # type: ignore[arg-type]
+        index = int64 if _needs_i64(_buffers(group) + parts, opts) else int32
+        name = f"{p.name}_{len(kernels)}"
+        made_here: tuple[t.TileKernel, ...]
+        if isinstance(head, FusedLoop) and plan is not None:
+            made_here = split_kernels(head, list(group[1:]), needed, plan, name, opts, index)  # type: ignore[arg-type]
+            scratch.update({b.name: b for b in parts})
+        elif isinstance(head, FusedLoop):
+            made_here = (fused_kernel(head, list(group[1:]), needed, name, opts, index),)  # type: ignore[arg-type]
+        elif isinstance(head, TopK):
+            made_here = (topk_kernel(head, name, opts, index),)
         elif isinstance(head, Reduce):
-            kernel = reduce_kernel(head, name, opts, index)
+            made_here = (reduce_kernel(head, name, opts, index),)
         else:
-            kernel = compute_kernel(head, name, opts, index)
-        kernels.append(cleanup_kernel(kernel))
+            made_here = (compute_kernel(head, name, opts, index),)
+        kernels += [cleanup_kernel(k) for k in made_here]
     tiled = t.TileProgram(p.name, p.inputs, p.outputs, tuple(scratch.values()), tuple(kernels))
     return verify_tile_program(tiled, pass_name="schedule")

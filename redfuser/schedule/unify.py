@@ -7,12 +7,16 @@ other over (``l``'s term reads ``s[i0, i1, i2, k]``: l's ``i2`` is s's ``i2``).
 Reads at fixed positions (except index 0 of a length-1 axis), or one statement
 axis meeting another of the same statement, cannot be tiled this way and raise
 `Unfusable`.
+
+A running top-k's list has one more axis than its `axes`: the rank (0 = best),
+of length k, at position `rank` of its buffers. `rank_axis` names it, so the
+epilogue's reads of the values and indices line up with it like any other axis.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Axis, Compute, Expr, FusedLoop, Load, Reduce, walk
+from ..ir import Axis, Compute, Expr, FusedLoop, Load, OnlineState, Reduce, TopKState, walk
 
 Node = tuple[int, str]  # (statement number, axis name)
 
@@ -32,6 +36,18 @@ class AxisClasses:
         return self.key[(stmt, axis.name)]
 
 
+def rank_axis(st: TopKState) -> Axis:
+    """The rank axis of a running top-k (a name no traced axis has)."""
+    return Axis(f"rank.{st.acc.name}", st.k)
+
+
+def state_axes(st: OnlineState | TopKState) -> tuple[Axis, ...]:
+    """The axes of a state's buffers, in buffer order (a top-k's rank axis included)."""
+    if isinstance(st, TopKState):
+        return st.axes[: st.rank] + (rank_axis(st),) + st.axes[st.rank:]
+    return st.axes
+
+
 def statement_axes(fl: FusedLoop, epilogue: list[Compute]) -> list[tuple[tuple[Axis, ...], list[Expr], str]]:
     """Per statement: its axes (parallel, then fused axis for states), the expressions it evaluates, its output."""
     out: list[tuple[tuple[Axis, ...], list[Expr], str]] = []
@@ -40,7 +56,7 @@ def statement_axes(fl: FusedLoop, epilogue: list[Compute]) -> list[tuple[tuple[A
         out.append((local.axes + extra, [local.value], local.out.name))
     for st in fl.states:
         exprs = [st.term] + ([st.rescale] if st.rescale is not None else [])
-        out.append((st.axes + (fl.axis,), exprs, st.acc.name))
+        out.append((state_axes(st) + (fl.axis,), exprs, st.acc.name))
     for c in epilogue:
         out.append((c.axes, [c.value], c.out.name))
     return out
@@ -69,7 +85,9 @@ def unify(fl: FusedLoop, epilogue: list[Compute]) -> AxisClasses:
     for n, local in enumerate(fl.locals):
         producers[local.out.name] = (n, local.axes)
     for j, st in enumerate(fl.states):
-        producers[st.acc.name] = producers[st.prev.name] = (len(fl.locals) + j, st.axes)
+        producers[st.acc.name] = producers[st.prev.name] = (len(fl.locals) + j, state_axes(st))
+        if isinstance(st, TopKState):
+            producers[st.indices.name] = producers[st.acc.name]
     for j, c in enumerate(epilogue):
         producers[c.out.name] = (len(fl.locals) + len(fl.states) + j, c.axes)
     first_fused = None

@@ -1,0 +1,129 @@
+"""`lower_to_simt`: Tile IR -> SIMT IR, one `SimtKernel` per Tile IR kernel (ARCHITECTURE.md section 6).
+
+Per kernel, in order:
+
+1. `narrow_dot_operands`  dots that can use tensor cores get f16/bf16/e4m3 operands;
+2. `plan_kernel`          a layout for every concrete tile value (`plan.py`);
+3. emission               the environment walker over the rule tables in `context.py`:
+                          program ids from the block index, then the ops in order;
+4. `size_shared`          the shared scratch arrays get their final sizes;
+5. `drop_unused`          definitions nobody reads go;
+6. `verify_simt_kernel`.
+
+The Tile grid (any rank) becomes a 1-d grid of blocks, the last grid axis
+fastest; each program id is a div/mod of the block index.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from ...ir import tile as t
+from ...ir.errors import BackendError
+from ...ir.expr import Buffer
+from ...ir.simt import (
+    MAX_STATIC_SHARED_BYTES,
+    For,
+    If,
+    IntOp,
+    LoadShared,
+    SharedAlloc,
+    SimtKernel,
+    Stmt,
+    StoreShared,
+)
+from ...ir.simt_verifier import verify_simt_kernel
+from ...ir.types import BufferType, int32
+from . import control, dot, elementwise, memory, reduce  # noqa: F401 - register their rules
+from .cleanup import drop_unused
+from .context import Lowering
+from .narrow import narrow_dot_operands
+from .options import GpuOptions
+from .plan import plan_kernel
+from .values import LoweringBuilder
+
+
+@dataclass(frozen=True)
+class SimtProgram:
+    """A Tile program's kernels in SIMT IR, launched in order over the program's buffers."""
+
+    name: str
+    inputs: tuple[Buffer, ...]
+    outputs: tuple[Buffer, ...]
+    scratch: tuple[Buffer, ...]
+    kernels: tuple[SimtKernel, ...]
+    sm: str
+
+    def __str__(self) -> str:
+        head = (f"simt program {self.name} for {self.sm}: inputs ({', '.join(b.name for b in self.inputs)}) "
+                f"-> outputs ({', '.join(b.name for b in self.outputs)})")
+        if self.scratch:
+            head += f" scratch ({', '.join(b.name for b in self.scratch)})"
+        return "\n\n".join([head] + [str(k) for k in self.kernels])
+
+
+def _program_ids(lw: Lowering, grid: tuple[int, ...]) -> None:
+    """``pid_i = (block // prod(grid[i+1:])) % grid[i]`` (no mod for the first axis)."""
+    b = lw.b
+    block = b.block_idx(0)
+    pids = []
+    inner = 1
+    for axis in reversed(range(len(grid))):
+        if grid[axis] == 1:
+            pid = b.const_of(0, int32)
+        else:
+            pid = block if inner == 1 else b.int_op(IntOp.DIV, block, b.const_of(inner, int32))
+            if axis > 0:
+                pid = b.int_op(IntOp.REM, pid, b.const_of(grid[axis], int32))
+        pids.append(pid)
+        inner *= grid[axis]
+    lw.pids = tuple(reversed(pids))
+
+
+def _resize(stmts: tuple[Stmt, ...], final: dict[str, SharedAlloc]) -> tuple[Stmt, ...]:
+    out = []
+    for s in stmts:
+        if isinstance(s, LoadShared | StoreShared) and s.alloc.name in final:
+            s = replace(s, alloc=final[s.alloc.name])
+        elif isinstance(s, For):
+            s = replace(s, body=replace(s.body, stmts=_resize(s.body.stmts, final)))
+        elif isinstance(s, If):
+            s = replace(s, then=replace(s.then, stmts=_resize(s.then.stmts, final)),
+                        orelse=replace(s.orelse, stmts=_resize(s.orelse.stmts, final)))
+        out.append(s)
+    return tuple(out)
+
+
+def size_shared(kernel: SimtKernel, lw: Lowering) -> SimtKernel:
+    """`kernel` with each shared scratch array as large as its largest use."""
+    final = {name: SharedAlloc(name, BufferType(alloc.dtype, (lw.arena_size[name],)))
+             for name, alloc in lw.arenas.items()}
+    sized = replace(kernel, shared=tuple(final.values()), body=_resize(kernel.body, final))
+    if sized.shared_bytes > MAX_STATIC_SHARED_BYTES:
+        raise BackendError(f"kernel {kernel.name} needs {sized.shared_bytes} bytes of shared memory for its layout "
+                           f"conversions (at most {MAX_STATIC_SHARED_BYTES}); use smaller block_m / block_n")
+    return sized
+
+
+def symbol(name: str) -> str:
+    """`name` as a PTX identifier (``<lambda>_0`` -> ``_lambda__0``): LLVM's NVPTX backend aborts on others."""
+    text = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return text if text and not text[0].isdigit() else f"_{text}"
+
+
+def lower_kernel(k: t.TileKernel, opts: GpuOptions) -> SimtKernel:
+    """One Tile IR kernel as a verified SIMT kernel (see the module docstring)."""
+    k = narrow_dot_operands(k, opts)
+    plan = plan_kernel(k, opts)
+    b = LoweringBuilder(symbol(k.name), warps=plan.warps, grid=(max(1, k.num_programs),))
+    b.params.extend(k.params)
+    lw = Lowering(k, plan, opts, b)
+    _program_ids(lw, k.grid)
+    lw.emit_ops(k.body)
+    return verify_simt_kernel(drop_unused(size_shared(b.build(verify=False), lw)), "lower_to_simt")
+
+
+def lower_to_simt(p: t.TileProgram, opts: GpuOptions = GpuOptions()) -> SimtProgram:
+    """Every kernel of `p` with at least one program, lowered (see the module docstring)."""
+    kernels = tuple(lower_kernel(k, opts) for k in p.kernels if k.num_programs > 0)
+    return SimtProgram(p.name, p.inputs, p.outputs, p.scratch, kernels, opts.sm)

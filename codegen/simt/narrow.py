@@ -1,0 +1,139 @@
+"""`narrow_dot_operands`: give a `Dot` its operands in f16/bf16/e4m3 so it can run on tensor cores.
+
+The scheduler computes in f32, so a ``dot`` of half-precision data reads
+``permute(cast_f32(load_f16))``. This Tile IR -> Tile IR pass rewrites such an
+operand to ``permute(load_f16)`` — the same values, exactly (`Dot` multiplies in
+the accumulator's dtype) — when the dot can use an mma instruction (shape and
+target, `plan.mma_shape`). When only one operand is exactly low precision,
+the other (an f32 computation, like ``P`` in ``P @ V``) is rounded to that type
+only if `GpuOptions.round_operands` and every value the dot's result reaches is
+stored in that precision or coarser (`store_precision`): the rounding is then
+smaller than what the store rounds away anyway. Otherwise the dot stays f32 (FMA).
+Guarantees: verified Tile IR in and out; exact operands give the same result.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import ml_dtypes
+import numpy as np
+
+from ...ir import tile as t
+from ...ir.tile_verifier import verify_kernel
+from ...ir.types import float32
+from .options import GpuOptions
+from .plan import mma_shape
+
+NARROW = ("f16", "bf16", "f8e4m3")
+_VIEWS = (t.Permute, t.Broadcast, t.ExpandDims)
+
+
+def eps(dtype) -> float:
+    """Machine epsilon of a float dtype; 0 (exact) for the others."""
+    return float(ml_dtypes.finfo(dtype.numpy).eps) if dtype.is_float else 0.0
+
+
+def store_precision(k: t.TileKernel) -> dict[str, float]:
+    """For each value, the smallest epsilon among the stores its value flows into (inf: none)."""
+    sink: dict[str, float] = {}
+
+    def lower(v: t.Value, e: float) -> bool:
+        if e < sink.get(v.name, np.inf):
+            sink[v.name] = e
+            return True
+        return False
+
+    changed = True
+    while changed:
+        changed = False
+        for op in reversed(list(t.walk_ops(k.body))):
+            if isinstance(op, t.Store):
+                changed |= lower(op.value, eps(op.buffer.dtype))
+            elif isinstance(op, t.For):
+                body = op.body
+                for init, arg, y, r in zip(op.inits, body.args, body.yields, op.results):
+                    e = min(sink.get(arg.name, np.inf), sink.get(r.name, np.inf))
+                    changed |= lower(init, e)
+                    changed |= lower(y, e)
+            else:
+                outs = t.results(op)
+                e = min((sink.get(r.name, np.inf) for r in outs), default=np.inf)
+                for v in t.operands(op):
+                    changed |= lower(v, e)
+    return sink
+
+
+class _Narrower:
+    def __init__(self, k: t.TileKernel, opts: GpuOptions) -> None:
+        self.opts = opts
+        self.defs: dict[str, t.Op] = {r.name: op for op in t.walk_ops(k.body) for r in t.results(op)}
+        self.taken = set(self.defs)
+        for op in t.walk_ops(k.body):
+            if isinstance(op, t.For):
+                self.taken |= {v.name for v in (op.body.iv,) + op.body.args}
+        self.sink = store_precision(k)
+
+    def fresh(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.taken:
+            name, n = f"{base}_{n}", n + 1
+        self.taken.add(name)
+        return name
+
+    def exact(self, v: t.Value) -> tuple[t.Value, list[t.Op]] | None:
+        """``(x, views)`` when `v` is `views` applied to ``cast_f32(x)`` with a narrow ``x``."""
+        op = self.defs.get(v.name)
+        views: list[t.Op] = []
+        while isinstance(op, _VIEWS):
+            views.append(op)
+            op = self.defs.get(op.x.name)
+        if isinstance(op, t.Cast) and op.x.dtype.name in NARROW and op.out.dtype == float32:
+            return op.x, views[::-1]
+        return None
+
+    def rebuild(self, x: t.Value, views: list[t.Op], out: list[t.Op]) -> t.Value:
+        for view in views:
+            new = t.Value(self.fresh(f"{view.out.name}_{x.dtype}"), t.TileType(x.dtype, view.out.shape))
+            out.append(replace(view, out=new, x=x))
+            x = new
+        return x
+
+    def dot(self, op: t.Dot, out: list[t.Op]) -> t.Dot:
+        if op.out.dtype != float32:
+            return op
+        a, b = self.exact(op.a), self.exact(op.b)
+        kinds = {s[0].dtype for s in (a, b) if s is not None}
+        if len(kinds) != 1:
+            return op
+        (narrow,) = kinds
+        if (a is None or b is None) and not (self.opts.round_operands and narrow.name != "f8e4m3"
+                                             and self.sink.get(op.out.name, np.inf) >= eps(narrow)):
+            return op
+        probe = t.Dot(op.out, t.Value("a", op.a.type.with_dtype(narrow)), t.Value("b", op.b.type.with_dtype(narrow)),
+                      op.acc)
+        if mma_shape(probe, self.opts) is None:
+            return op
+        operands = []
+        for value, exact in ((op.a, a), (op.b, b)):
+            if exact is not None:
+                operands.append(self.rebuild(exact[0], exact[1], out))
+            else:
+                rounded = t.Value(self.fresh(f"{value.name}_{narrow}"), value.type.with_dtype(narrow))
+                out.append(t.Cast(rounded, value, op.loc))
+                operands.append(rounded)
+        return replace(op, a=operands[0], b=operands[1])
+
+    def block(self, ops: tuple[t.Op, ...]) -> tuple[t.Op, ...]:
+        out: list[t.Op] = []
+        for op in ops:
+            if isinstance(op, t.Dot):
+                op = self.dot(op, out)
+            elif isinstance(op, t.For):
+                op = replace(op, body=replace(op.body, ops=self.block(op.body.ops)))
+            out.append(op)
+        return tuple(out)
+
+
+def narrow_dot_operands(k: t.TileKernel, opts: GpuOptions) -> t.TileKernel:
+    """`k` with tensor-core-ready dot operands (see the module docstring); verified."""
+    return verify_kernel(replace(k, body=_Narrower(k, opts).block(k.body)), pass_name="narrow_dot_operands")

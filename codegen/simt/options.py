@@ -1,0 +1,35 @@
+"""The knobs of the Tile IR -> SIMT IR lowering.
+
+| option          | meaning                                                                 | default |
+|-----------------|-------------------------------------------------------------------------|---------|
+| `sm`            | the GPU generation lowered for: tensor-core FP8 and f8 conversions need | sm_90   |
+|                 | sm_89+, so the SIMT program (not only the PTX) depends on it             |         |
+| `num_warps`     | warps per block (fewer when a kernel's tiles are small)                  | 4       |
+| `round_operands`| let a `dot` round an f32 operand to f16/bf16 for tensor cores when every | True    |
+|                 | result it feeds is stored in that precision or coarser (FlashAttention's |         |
+|                 | ``P @ V``); the rounding is then below what the store rounds away        |         |
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir.errors import ArgumentError
+from ..nvptx import sm_number
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOptions:
+    """See the module docstring."""
+
+    sm: str = "sm_90"
+    num_warps: int = 4
+    round_operands: bool = True
+
+    def __post_init__(self) -> None:
+        sm_number(self.sm)   # BackendError on an unknown target
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ArgumentError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}", op="kernel")
+
+    @property
+    def sm_number(self) -> int:
+        return sm_number(self.sm)

@@ -1,0 +1,179 @@
+"""Where the axes of a fused loop's kernel go, and the kernel builder that binds them.
+
+`fused_layout` classifies the (unified, see `unify.py`) axes of a fused loop and
+its epilogue: the axes every state shares go to the grid, the last of them tiled
+by ``block_m`` (query rows in attention); axes only some states have (attention's
+head dimension, a running top-k's rank) stay whole inside the tile; the fused
+axis is walked in chunks. `FusedBuilder` opens a kernel on that layout: program
+ids for the grid (plus, for a split reduction, one more grid dimension for the
+slice), a `Dim` per tiled or whole axis, and helpers to bind a statement's axes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, TopKState, loads
+from ..ir import tile as t
+from .builder import KernelBuilder
+from .exprs import ExprLowering
+from .nests import _ceil_div, premake
+from .options import ScheduleOptions
+from .space import Binding, Dim, Fixed, ordered
+from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
+
+
+@dataclass(frozen=True)
+class FusedLayout:
+    """The roles of a fused kernel's axis classes (see the module docstring)."""
+
+    fl: FusedLoop
+    epilogue: tuple[Compute, ...]
+    classes: AxisClasses
+    grid_keys: tuple[str, ...]
+    tiled_key: str | None
+    whole_keys: tuple[str, ...]
+    fused_key: str
+    rank_keys: frozenset[str]
+
+    def state_stmt(self, j: int) -> int:
+        """The statement number of state `j` in `classes`."""
+        return len(self.fl.locals) + j
+
+    def epilogue_stmt(self, j: int) -> int:
+        return len(self.fl.locals) + len(self.fl.states) + j
+
+    def programs(self, opts: ScheduleOptions) -> int:
+        """How many program instances the grid has (without a split)."""
+        n = 1
+        for key in self.grid_keys:
+            n *= self.classes.extent[key]
+        if self.tiled_key is not None:
+            extent = self.classes.extent[self.tiled_key]
+            n *= _ceil_div(extent, opts.tile(opts.block_m, extent))
+        return n
+
+
+def fused_layout(fl: FusedLoop, epilogue: list[Compute] | tuple[Compute, ...],
+                 classes: AxisClasses | None = None) -> FusedLayout:
+    """The layout of `fl` and `epilogue` in one kernel; raises `Unfusable` when they cannot share one.
+
+    `classes` may come from unifying more nests than `epilogue` (to ask whether one more would join).
+    """
+    classes = classes or unify(fl, list(epilogue))
+    n_locals = len(fl.locals)
+    raw = [[classes.of(n_locals + j, a) for a in st.axes] for j, st in enumerate(fl.states)]
+    ranks = {classes.of(n_locals + j, rank_axis(st)) for j, st in enumerate(fl.states) if isinstance(st, TopKState)}
+    fused = classes.of(n_locals, fl.axis) if fl.states else classes.of(0, fl.axis)
+    shared = [c for c in raw[0] if all(c in ks for ks in raw)] if raw else []
+    if ranks & set(shared):
+        raise Unfusable("a top-k rank axis meets an axis every state has")
+    seen: list[str] = []
+    for j, st in enumerate(fl.states):
+        seen += [classes.of(n_locals + j, a) for a in state_axes(st)]
+    for n, local in enumerate(fl.locals):
+        seen += [classes.of(n, a) for a in local.axes]
+    for j, c in enumerate(epilogue):
+        seen += [classes.of(n_locals + len(fl.states) + j, a) for a in c.axes]
+    whole = [c for c in dict.fromkeys(seen) if c not in shared and c != fused]
+    grid, tiled = shared[:-1], (shared[-1] if shared else None)
+    if tiled is not None and classes.extent[tiled] == 1:  # nothing to tile: one program per row
+        grid, tiled = grid + [tiled], None
+    return FusedLayout(fl, tuple(epilogue), classes, tuple(grid), tiled, tuple(whole), fused, frozenset(ranks))
+
+
+def _chunk_first(lay: FusedLayout) -> bool:
+    """Whether a state's term loads memory whose innermost index is a whole axis (not the fused one)."""
+    whole = set(lay.whole_keys)
+    for j, st in enumerate(lay.fl.states):
+        stmt = lay.state_stmt(j)
+        for ld in loads(st.term):
+            last = ld.indices[-1] if ld.indices else None
+            if isinstance(last, Axis) and (stmt, last.name) in lay.classes.key and lay.classes.of(stmt, last) in whole:
+                return True
+    return False
+
+
+class FusedBuilder:
+    """A kernel under construction on a `FusedLayout`: its builder, expression lowering and axis bindings.
+
+    With `split` > 0 the grid gets one more (last) dimension of that many slices,
+    whose program id is `split_pid`.
+    """
+
+    def __init__(self, lay: FusedLayout, name: str, opts: ScheduleOptions, index: DType, split: int = 0) -> None:
+        self.lay, self.opts = lay, opts
+        self.kb = KernelBuilder(name, index)
+        self.lw = ExprLowering(self.kb)
+        self.binding: dict[str, Binding] = {}
+        self.grid: list[int] = []
+        kb, extent = self.kb, lay.classes.extent
+        for key in lay.grid_keys:
+            self.binding[key] = Fixed(kb.program_id(len(self.grid), hint=f"pid_{key}"), extent[key])
+            self.grid.append(extent[key])
+        if lay.tiled_key is not None:
+            n = extent[lay.tiled_key]
+            size = opts.tile(opts.block_m, n)
+            pid = kb.program_id(len(self.grid), hint=f"pid_{lay.tiled_key}")
+            base = pid if size == 1 else kb.binary(BinaryOp.MUL, pid, kb.const(size, index), hint=f"{lay.tiled_key}_start")
+            self.binding[lay.tiled_key] = Dim(lay.tiled_key, 0, size, n, base, _ceil_div(n, size) * size > n)
+            premake(kb, self.binding[lay.tiled_key])
+            self.grid.append(_ceil_div(n, size))
+        # the chunk's dim goes before the whole dims when memory runs along a whole dim (decoding's v[j, d]),
+        # so reductions over the chunk combine whole rows in place instead of gathering columns
+        chunk_first = _chunk_first(lay)
+        self.fused_order = 1 if chunk_first else 1 + len(lay.whole_keys)
+        first_whole = 2 if chunk_first else 1
+        for n_whole, key in enumerate(lay.whole_keys):
+            n = extent[key]
+            if n == 1 and key not in lay.rank_keys:  # index 0, not a dim (a top-k keeps its list axis)
+                self.binding[key] = Fixed(kb.const(0, index), 1)
+                continue
+            size = opts.tile(max(n, 1), n)
+            self.binding[key] = Dim(key, first_whole + n_whole, size, n, None, size > n)
+            premake(kb, self.binding[key])
+        self.split_pid: t.Value | None = None
+        if split:
+            self.split_pid = kb.program_id(len(self.grid), hint="pid_split")
+            self.grid.append(split)
+        self.local_order = 2 + len(lay.whole_keys)  # then the reduced dims of locals, one each
+
+    # -- bindings ---------------------------------------------------------------------------------
+    def bind(self, stmt: int, axes: tuple[Axis, ...]) -> dict[str, Binding]:
+        """Statement `stmt`'s `axes` bound to the kernel's grid ids and dims."""
+        return {a.name: self.binding[self.lay.classes.of(stmt, a)] for a in axes}
+
+    @staticmethod
+    def dims(b: dict[str, Binding], axes: tuple[Axis, ...]) -> tuple[Dim, ...]:
+        """The tile dims of `axes` under `b`, in canonical order."""
+        return ordered(b[a.name] for a in axes if isinstance(b[a.name], Dim))
+
+    def state_binding(self, j: int) -> dict[str, Binding]:
+        """State `j`'s buffer axes (with a top-k's rank) bound."""
+        st = self.lay.fl.states[j]
+        return self.bind(self.lay.state_stmt(j), state_axes(st))
+
+    def state_dims(self, j: int) -> tuple[Dim, ...]:
+        """The tile dims of state `j`'s value (a top-k's rank dim included)."""
+        st = self.lay.fl.states[j]
+        return self.dims(self.state_binding(j), state_axes(st))
+
+    def row_dims(self, j: int) -> tuple[Dim, ...]:
+        """The tile dims of state `j`'s `axes` (without a top-k's rank)."""
+        return self.dims(self.state_binding(j), self.lay.fl.states[j].axes)
+
+    def rank_dim(self, j: int) -> Dim:
+        """The rank dim of running top-k `j`."""
+        st = self.lay.fl.states[j]
+        assert isinstance(st, TopKState)
+        dim = self.state_binding(j)[rank_axis(st).name]
+        assert isinstance(dim, Dim)
+        return dim
+
+    def positions(self, j: int, lead: list[Binding] | None = None) -> list[Binding | int]:
+        """Bindings of state `j`'s buffer dims, after `lead` (a split partial's slice index)."""
+        st = self.lay.fl.states[j]
+        b = self.state_binding(j)
+        return list(lead or []) + [b[a.name] for a in state_axes(st)]
+
+    def finish(self) -> t.TileKernel:
+        return self.kb.finish(tuple(self.grid))

@@ -1,0 +1,190 @@
+"""The loop-carried states of a fused kernel: initial values, the per-chunk update, and the merge of partials.
+
+A state is carried as one tile (an `OnlineState`, in its compute dtype) or two
+(a `TopKState`: values in `rank_dtype`, i64 indices). Per chunk, in cascade
+order, exactly as `OnlineState` / `TopKState` say:
+
+    scaled = prev if no rescale else select(prev == identity, prev, prev * r)
+    SUM:     new = scaled + partial          MAX/MIN: new = maximum/minimum(scaled, partial)
+    top-k:   new = topk(chunk candidates, into prev * r)
+
+where ``partial`` is the chunk's reduction of the term (a ``dot`` when the term is
+a product such as ``exp(s - m) * v``). `merge_states` combines two partial
+states of a split reduction by `redfuser.fusion.merge.merge_rule` -- the rule
+derived for this very cascade: each side rescaled by its own scale expression
+(side buffers ``<acc>_a``/``<acc>_b`` are the two partials, unsuffixed names the
+values merged so far), then combined by the monoid (a top-k merge is one `TopK`
+with one list as candidates and the other as the list).
+"""
+from __future__ import annotations
+
+from ..fusion.merge import MergeStep
+from ..ir import BinaryOp, Buffer, BufferType, OnlineState, Reduce, TopKState
+from ..ir import tile as t
+from ..ir.types import int64
+from .exprs import compute_dtype, store_tile
+from .layout import FusedBuilder
+from .reduce import COMBINE, reduce_axes, reduce_chunk
+from .space import Dim, Fixed, Tiled, mask_tile, offsets, ordered, place
+from .topk import candidate_indices, empty_list, rank_dtype, ranked_values, rescale_list, update_list
+
+Carried = list[t.Value]
+"""The flat list of carried tiles, state after state (two for a top-k)."""
+
+
+def state_dtype(st: OnlineState | TopKState):
+    """The dtype a state's values are carried in."""
+    return rank_dtype(st.acc.dtype) if isinstance(st, TopKState) else compute_dtype(st.acc.dtype)
+
+
+def split_carried(fb: FusedBuilder, flat: Carried | tuple[t.Value, ...]) -> list[tuple[t.Value, ...]]:
+    """The flat carried list cut into one tuple per state."""
+    out, i = [], 0
+    for st in fb.lay.fl.states:
+        n = 2 if isinstance(st, TopKState) else 1
+        out.append(tuple(flat[i:i + n]))
+        i += n
+    return out
+
+
+def carried_names(fb: FusedBuilder) -> tuple[str, ...]:
+    names: list[str] = []
+    for st in fb.lay.fl.states:
+        names += [st.prev.name] + ([f"{st.indices.name}_prev"] if isinstance(st, TopKState) else [])
+    return tuple(names)
+
+
+def initial_states(fb: FusedBuilder) -> Carried:
+    """Each state's identity: the monoid's neutral element, k empty slots for a top-k."""
+    out: Carried = []
+    for j, st in enumerate(fb.lay.fl.states):
+        dims = fb.state_dims(j)
+        if isinstance(st, TopKState):
+            out += empty_list(fb.kb, state_dtype(st), dims, st.acc.name)
+        else:
+            out.append(fb.kb.const(st.op.identity(st.acc.dtype), state_dtype(st), tuple(d.size for d in dims),
+                                   hint=f"{st.acc.name}0"))
+    return out
+
+
+def expose(fb: FusedBuilder, carried: Carried, final: bool) -> None:
+    """Make the states' current tiles readable by later expressions (`final`: after the loop)."""
+    for j, (st, vals) in enumerate(zip(fb.lay.fl.states, split_carried(fb, carried))):
+        dims = fb.state_dims(j)
+        if final:
+            fb.lw.tiles.pop(st.prev.name, None)
+        else:
+            fb.lw.tiles[st.prev.name] = Tiled(vals[0], dims)
+        if isinstance(st, TopKState):
+            if final:  # a running top-k is readable only after the loop
+                fb.lw.tiles[st.acc.name] = Tiled(vals[0], dims)
+                fb.lw.tiles[st.indices.name] = Tiled(vals[1], dims)
+        else:
+            fb.lw.tiles[st.acc.name] = Tiled(vals[0], dims)
+
+
+def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
+    """One chunk (`kdim`) of the fused loop: the locals, then every state in cascade order."""
+    kb, lw, lay = fb.kb, fb.lw, fb.lay
+    fl = lay.fl
+    fb.binding[lay.fused_key] = kdim
+    expose(fb, carried, final=False)
+    for i, local in enumerate(fl.locals):
+        b = fb.bind(i, local.axes)
+        dims = fb.dims(b, local.axes)
+        if isinstance(local, Reduce):
+            value = reduce_axes(lw, fb.opts, local.op, local.value, dims, b, local.reduce_axes,
+                                fb.local_order + i, hint=local.out.name).value
+        else:
+            value = place(kb, lw.lower(local.value, b), dims)
+        lw.tiles[local.out.name] = Tiled(value, dims)
+    news: Carried = []
+    for j, (st, prev) in enumerate(zip(fl.states, split_carried(fb, carried))):
+        b = fb.bind(lay.state_stmt(j), st.axes + (fl.axis,))
+        dims, d = fb.state_dims(j), state_dtype(st)
+        r = place(kb, lw.lower_as(st.rescale, d, b), dims) if st.rescale is not None else None
+        if isinstance(st, TopKState):
+            rows = fb.row_dims(j)
+            cand = ordered(rows + (kdim,))
+            values = place(kb, ranked_values(lw, st.term, b), cand)
+            acc = (prev[0] if r is None else rescale_list(kb, prev[0], r), prev[1])
+            news += update_list(kb, values, candidate_indices(kb, kdim, cand), rows, kdim, acc, dims,
+                                fb.rank_dim(j), st.acc.name)
+            continue
+        acc = prev[0]
+        if r is not None:
+            scaled = kb.binary(BinaryOp.MUL, acc, r, hint=f"{st.acc.name}_scaled")
+            # the identity stays put (-inf * 0 must stay -inf; 0 * NaN must stay 0)
+            empty = kb.binary(BinaryOp.EQ, acc, kb.const(st.op.identity(st.acc.dtype), d, r.shape))
+            acc = kb.select(empty, acc, scaled, hint=f"{st.acc.name}_rescaled")
+        new = reduce_chunk(lw, st.op, st.term, dims, kdim, b, acc, hint=st.acc.name)
+        lw.tiles[st.acc.name] = Tiled(new, dims)
+        news.append(new)
+    return news
+
+
+# -- split reductions: partial states in scratch, and their merge ----------------------------------
+def partial_buffers(states: tuple[OnlineState | TopKState, ...], count: int) -> list[Buffer]:
+    """The scratch buffers of `count` slices' partial states (``[count, *state shape]``), flat like `Carried`."""
+    out: list[Buffer] = []
+    for st in states:
+        out.append(Buffer(f"{st.acc.name}_part", BufferType(state_dtype(st), (count,) + st.acc.shape)))
+        if isinstance(st, TopKState):
+            out.append(Buffer(f"{st.indices.name}_part", BufferType(int64, (count,) + st.indices.shape)))
+    return out
+
+
+def _state_of(fb: FusedBuilder) -> list[int]:
+    """For each flat carried entry, the number of its state."""
+    return [j for j, st in enumerate(fb.lay.fl.states) for _ in range(2 if isinstance(st, TopKState) else 1)]
+
+
+def store_partials(fb: FusedBuilder, carried: Carried, buffers: list[Buffer], split: t.Value) -> None:
+    """Store this slice's final states at slice index `split` of their partial buffers."""
+    for j, value, buf in zip(_state_of(fb), carried, buffers):
+        store_tile(fb.kb, buf, Tiled(value, fb.state_dims(j)), fb.positions(j, [Fixed(split, buf.shape[0])]))
+
+
+def load_partials(fb: FusedBuilder, buffers: list[Buffer], split: t.Value) -> Carried:
+    """Slice `split`'s partial states, loaded onto the states' dims."""
+    out: Carried = []
+    for j, buf in zip(_state_of(fb), buffers):
+        off = offsets(fb.kb, buf, fb.positions(j, [Fixed(split, buf.shape[0])]))
+        v = fb.kb.load(buf, off.value, mask_tile(fb.kb, off.dims), 0, hint=buf.name)
+        out.append(place(fb.kb, Tiled(v, off.dims), fb.state_dims(j)))
+    return out
+
+
+def merge_states(fb: FusedBuilder, steps: tuple[MergeStep, ...], a: Carried, b: Carried) -> Carried:
+    """`a` merged with `b` by the cascade's merge rule (see the module docstring)."""
+    kb, lw, fl = fb.kb, fb.lw, fb.lay.fl
+    sides = list(zip(fl.states, split_carried(fb, a), split_carried(fb, b)))
+    for j, (st, va, vb) in enumerate(sides):
+        dims = fb.state_dims(j)
+        lw.tiles[f"{st.acc.name}_a"], lw.tiles[f"{st.acc.name}_b"] = Tiled(va[0], dims), Tiled(vb[0], dims)
+    merged: Carried = []
+    for j, (step, (st, va, vb)) in enumerate(zip(steps, sides)):
+        bind = fb.bind(fb.lay.state_stmt(j), st.axes)
+        dims, d = fb.state_dims(j), state_dtype(st)
+        parts = []
+        for side, scale in ((va, step.scale_a), (vb, step.scale_b)):
+            value = side[0]
+            if scale is not None:
+                r = place(kb, lw.lower_as(scale, d, bind), dims)
+                if isinstance(st, TopKState):
+                    value = rescale_list(kb, value, r)
+                else:
+                    scaled = kb.binary(BinaryOp.MUL, value, r, hint=f"{st.acc.name}_scaled")
+                    empty = kb.binary(BinaryOp.EQ, value, kb.const(st.op.identity(st.acc.dtype), d, r.shape))
+                    value = kb.select(empty, value, scaled, hint=f"{st.acc.name}_rescaled")
+            parts.append((value,) + side[1:])
+        if isinstance(st, TopKState):
+            axis = dims.index(fb.rank_dim(j))
+            new = kb.topk(parts[1][0], parts[1][1], axis, st.k, parts[0], hint=st.acc.name)
+            merged += new
+            continue
+        value = kb.binary(COMBINE[st.op], parts[0][0], parts[1][0], hint=f"{st.acc.name}_merged")
+        lw.tiles[st.acc.name] = Tiled(value, dims)
+        merged.append(value)
+    return merged
+

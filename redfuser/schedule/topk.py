@@ -1,0 +1,111 @@
+"""Top-k on tiles: the candidates of a chunk, the running list's update, and the kernel of a `TopK` nest.
+
+A chunk's candidates are the term's values over (rows..., chunk) with their
+positions along the ranked axis as i64 indices; lanes past the axis' end get
+index -1, so the Tile IR `TopK` op never keeps them. Values are ranked in
+`rank_dtype`: f32 for f32 and the narrow floats (rounded to their own type
+first, so ties the reference sees stay ties), f64 for f64, i32 and bool (exact).
+The list is carried with its rank axis in the tile's canonical dim order; the
+`TopK` op here ranks along the last dim, so the candidates and the list are
+permuted there and back (identities when the chunk and the rank are the last
+dims already, as in MoE routing).
+"""
+from __future__ import annotations
+
+from ..ir import BackendError, BinaryOp, DType, Expr, TopK
+from ..ir import tile as t
+from ..ir.types import float32, float64, int32, int64
+from .builder import KernelBuilder
+from .exprs import LOW_PRECISION, ExprLowering, store_tile
+from .nests import bind_grid
+from .options import ScheduleOptions
+from .space import Binding, Dim, Tiled, index_tile, mask_tile, ordered, place
+
+
+def rank_dtype(d: DType) -> DType:
+    """The float type values of dtype `d` are ranked in (exactly, see the module docstring)."""
+    if d == int64:
+        raise BackendError("top-k of int64 values is not compiled (their float64 ranking key rounds); "
+                           "use backend='interpret'")
+    if d == float64 or d == int32 or d.is_bool:
+        return float64
+    return float32
+
+
+def ranked_values(lw: ExprLowering, e: Expr, b: dict[str, Binding]) -> Tiled:
+    """`e` lowered, rounded to its own dtype when that is narrow, in `rank_dtype`."""
+    x = lw.lower(e, b)
+    v = x.value
+    if e.dtype.name in LOW_PRECISION:
+        v = lw.kb.cast(lw.kb.cast(v, e.dtype), float32)
+    return Tiled(lw.kb.cast(v, rank_dtype(e.dtype)), x.dims)
+
+
+def candidate_indices(kb: KernelBuilder, kdim: Dim, dims: tuple[Dim, ...]) -> t.Value:
+    """Positions of `kdim`'s lanes as i64, -1 past the axis' end, placed on `dims`."""
+    idx = kb.cast(index_tile(kb, kdim).value, int64, hint=f"{kdim.key}_pos")
+    mask = mask_tile(kb, (kdim,))
+    if mask is not None:
+        idx = kb.select(mask, idx, kb.const(-1, int64, idx.shape), hint=f"{kdim.key}_cand")
+    return place(kb, Tiled(idx, (kdim,)), dims)
+
+
+def empty_list(kb: KernelBuilder, dtype: DType, dims: tuple[Dim, ...], hint: str) -> tuple[t.Value, t.Value]:
+    """k empty slots (NaN, -1) over `dims`."""
+    shape = tuple(d.size for d in dims)
+    return kb.const(float("nan"), dtype, shape, hint=f"{hint}0"), kb.const(-1, int64, shape, hint=f"{hint}_idx0")
+
+
+def update_list(kb: KernelBuilder, values: t.Value, indices: t.Value, rows: tuple[Dim, ...], kdim: Dim,
+                acc: tuple[t.Value, t.Value], dims: tuple[Dim, ...], rank: Dim, hint: str) -> tuple[t.Value, t.Value]:
+    """The list `acc` (on `dims`, rank included) merged with candidates (`values`, `indices` on rows + kdim)."""
+    last = tuple(d for d in dims if d.key != rank.key) + (rank,)
+    to_last = tuple(dims.index(d) for d in last)
+    acc_v, acc_i = kb.permute(acc[0], to_last), kb.permute(acc[1], to_last)
+    cand = ordered(rows + (kdim,))
+    chunk_last = tuple(n for n, d in enumerate(cand) if d.key != kdim.key) + (cand.index(kdim),)
+    values, indices = kb.permute(values, chunk_last), kb.permute(indices, chunk_last)
+    v, i = kb.topk(values, indices, len(cand) - 1, rank.size, (acc_v, acc_i), hint=hint)
+    back = tuple(last.index(d) for d in dims)
+    return kb.permute(v, back), kb.permute(i, back)
+
+
+def rescale_list(kb: KernelBuilder, values: t.Value, r: t.Value) -> t.Value:
+    """A list's values times the positive factor `r` (empty slots hold NaN and stay NaN)."""
+    return kb.binary(BinaryOp.MUL, values, r, hint=f"{values.name}_scaled")
+
+
+def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType) -> t.TileKernel:
+    """``values, indices = top k over reduce_axis of value``: rows tiled, the axis in chunks of ``block_k``."""
+    kb = KernelBuilder(name, index)
+    par = s.parallel
+    tiled = [(par[-1], opts.tile(opts.block_m, par[-1].extent), 0)] if par else []
+    bindings, grid = bind_grid(kb, par[: len(par) - len(tiled)], tiled)
+    rows = tuple(b for b in (bindings[a.name] for a, _, _ in tiled) if isinstance(b, Dim))
+    rank = Dim(f"{s.values.name}.rank", 1, s.k, s.k, None, False)
+    dims = ordered(rows + (rank,))
+    lw = ExprLowering(kb)
+    d = rank_dtype(s.values.dtype)
+    acc = empty_list(kb, d, dims, s.values.name)
+    n = s.reduce_axis.extent
+    size = opts.tile(opts.block_k, n)
+
+    def chunk(kdim: Dim, acc: tuple[t.Value, t.Value]) -> tuple[t.Value, t.Value]:
+        b = dict(bindings)
+        b[s.reduce_axis.name] = kdim
+        cand = ordered(rows + (kdim,))
+        values = place(kb, ranked_values(lw, s.value, b), cand)
+        return update_list(kb, values, candidate_indices(kb, kdim, cand), rows, kdim, acc, dims, rank, s.values.name)
+
+    if size >= n:
+        acc = chunk(Dim(f"{s.values.name}.{s.reduce_axis.name}", 2, size, n, None, size > n), acc)
+    else:
+        with kb.loop(0, n, size, acc, hint=s.reduce_axis.name,
+                     arg_hints=(f"{s.values.name}_run", f"{s.indices.name}_run")) as lp:
+            kdim = Dim(f"{s.values.name}.{s.reduce_axis.name}", 2, size, n, lp.iv, n % size != 0)
+            lp.yield_(*chunk(kdim, lp.args))
+        acc = lp.results
+    positions: list[Binding | int] = [rank if i == s.rank else bindings[a.name] for i, a in enumerate(s.axes)]
+    store_tile(kb, s.values, Tiled(acc[0], dims), positions)
+    store_tile(kb, s.indices, Tiled(acc[1], dims), positions)
+    return kb.finish(tuple(grid))

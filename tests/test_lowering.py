@@ -1,0 +1,239 @@
+"""The Tile IR -> SIMT IR lowering: layouts, conversions, dot operands, the structure of what it emits, and
+that the simulator catches a barrier or a bound taken out of it."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import ml_dtypes
+import numpy as np
+import pytest
+from redfuser.codegen.nvvm_mma import fragment_a, fragment_b, fragment_c
+from redfuser.codegen.simt import GpuOptions, lower_kernel, lower_to_simt, narrow_dot_operands
+from redfuser.codegen.simt.affine import AffineInfo
+from redfuser.codegen.simt.convert import register_map
+from redfuser.codegen.simt.layouts import blocked, mma_a, mma_acc, mma_b, sliced
+from redfuser.codegen.simt.run import simulate_program
+from redfuser.codegen.simt.views import source_layout
+from redfuser.codegen.simulator import SimOptions
+from redfuser.ir import BinaryOp, SimulationError
+from redfuser.ir import tile as t
+from redfuser.ir.simt import Barrier, For, LoadGlobal, Mma, MmaShape, Shuffle, StoreShared, walk_stmts
+from redfuser.ir.tile_interpreter import run_tile_program
+from redfuser.ir.types import float16, int64
+
+import redfuser as rf
+from redfuser.schedule import options_for, schedule_program
+from redfuser.workloads import attention, fp8_quant_gemm, softmax
+
+RNG = np.random.default_rng(5)
+
+
+def tile_program(fn, *args, **options) -> t.TileProgram:
+    lowered = rf.kernel(fn, backend="interpret").lower(*args)
+    return schedule_program(lowered.program, options_for("simulate", options))
+
+
+def normal(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def elements(layout) -> np.ndarray:
+    """Each thread's elements, as a [threads, regs] table of flat indices."""
+    return layout.table()
+
+
+# --- layouts ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,order,vec,warps", [((64, 64), (1, 0), 4, 4), ((8, 256), (1, 0), 4, 4),
+                                                   ((32, 16), (0, 1), 2, 2), ((4, 2, 8), (2, 1, 0), 1, 1),
+                                                   ((1024,), (0,), 8, 4)])
+def test_blocked_layouts_give_every_element_to_exactly_one_owner(shape, order, vec, warps):
+    layout = blocked(shape, warps, order, vec)
+    owners = elements(layout)[[tid for tid in range(layout.threads) if not tid & layout.replica_mask()]]
+    assert sorted(owners.ravel().tolist()) == list(range(int(np.prod(shape))))
+    fast = order[0]
+    assert all(b[fast] == 1 << i for i, b in enumerate(layout.regs[: (vec.bit_length() - 1)]))
+
+
+def test_small_tiles_replicate_instead_of_dropping_elements():
+    layout = blocked((8,), 4, None, 4)
+    table = elements(layout)
+    assert set(table.ravel().tolist()) == set(range(8))
+    assert bin(layout.replica_mask()).count("1") >= 4    # 128 threads, 8 elements
+
+
+@pytest.mark.parametrize("k,dtype", [(16, "f16"), (32, "f8")])
+def test_mma_layouts_are_the_ptx_fragments(k, dtype):
+    acc, a, b = mma_acc(16, 8, 1), mma_a(16, k, 8, 1, k), mma_b(k, 8, 16, 1, k)
+    for lane in range(32):
+        assert acc.table()[lane].tolist() == [r * 8 + c for r, c in fragment_c(lane)]
+        assert a.table()[lane].tolist() == [r * k + c for reg in fragment_a(lane, k) for r, c in reg]
+        assert b.table()[lane].tolist() == [r * 8 + c for reg in fragment_b(lane, k) for r, c in reg]
+
+
+def test_warps_tile_the_mma_output_and_operands_follow():
+    acc, a, b = mma_acc(64, 32, 4), mma_a(64, 32, 32, 4, 16), mma_b(32, 32, 64, 4, 16)
+    assert sorted(acc.table().ravel().tolist()) == list(range(64 * 32))
+    for warp in range(4):    # a warp holds the A rows and B columns of the outputs it computes
+        lanes = slice(32 * warp, 32 * warp + 32)
+        rows = {i // 32 for i in acc.table()[lanes].ravel()}
+        cols = {i % 32 for i in acc.table()[lanes].ravel()}
+        assert {i // 32 for i in a.table()[lanes].ravel()} == rows
+        assert {i % 32 for i in b.table()[lanes].ravel()} == cols
+
+
+def test_an_accumulator_is_reread_as_an_a_operand_without_moving_data():
+    # P = softmax(Q K^T) in accumulator fragments feeds P @ V's A operand by renaming registers (FlashAttention-2).
+    assert register_map(mma_acc(64, 32, 4), mma_a(64, 32, 64, 4, 16)) is not None
+    assert register_map(blocked((64, 32), 4, (1, 0), 4), mma_a(64, 32, 64, 4, 16)) is None
+
+
+def test_a_reduction_slices_the_reduced_dim_away():
+    layout = blocked((16, 64), 4, (1, 0), 4)
+    out = sliced(layout, 1)
+    table, src = out.table(), layout.table()
+    for tid in range(128):
+        assert set(table[tid].tolist()) == {i // 64 for i in src[tid]}
+
+
+@pytest.mark.parametrize("view", [t.Permute(t.Value("o", t.TileType(float16, (8, 16))),
+                                            t.Value("x", t.TileType(float16, (16, 8))), (1, 0)),
+                                  t.ExpandDims(t.Value("o", t.TileType(float16, (16, 1))),
+                                               t.Value("x", t.TileType(float16, (16,))), 1),
+                                  t.Broadcast(t.Value("o", t.TileType(float16, (16, 8))),
+                                              t.Value("x", t.TileType(float16, (16, 1))))])
+def test_a_views_source_layout_holds_the_elements_the_view_reads(view):
+    out = blocked(view.out.shape, 2, None, 2)
+    src = source_layout(view, out)
+    out_shape, x_shape = view.out.shape, view.x.shape
+    for tid in range(64):
+        for r in range(out.num_regs):
+            coord = np.unravel_index(out.table()[tid, r], out_shape)
+            if isinstance(view, t.Permute):
+                want = tuple(coord[view.perm.index(d)] for d in range(len(x_shape)))
+            else:
+                want = tuple(c if s != 1 else 0 for c, s in zip(coord, x_shape))
+            assert src.table()[tid, r] == np.ravel_multi_index(want, x_shape)
+
+
+# --- analyses and the dot pre-pass ----------------------------------------------------------------
+
+def test_offsets_are_affine_and_ragged_masks_constant_over_vectors():
+    k = tile_program(softmax, normal(8, 100), block_m=8, block_n=64).kernels[-1]
+    defs = {r.name: op for op in t.walk_ops(k.body) for r in t.results(op)}
+    info = AffineInfo(defs)
+    load = next(op for op in t.walk_ops(k.body) if isinstance(op, t.Load) and op.out.shape == (8, 64))
+    form = info.of(load.offsets)
+    assert form is not None and form.strides == (100, 1) and form.div % 4 == 0
+    assert info.constancy(load.mask, 1) == 4      # 100 = 4 * 25: 16-byte vectors stay inside the row
+
+
+def test_dots_get_half_precision_operands_only_when_exact_or_rounded_away():
+    q = normal(1, 1, 32, 16, dtype=ml_dtypes.bfloat16)
+    prog = tile_program(attention, q, q, q, block_m=16, block_n=16)   # bf16 in, f32 out
+    kernel = narrow_dot_operands(prog.kernels[0], GpuOptions())
+    dots = [op for op in t.walk_ops(kernel.body) if isinstance(op, t.Dot)]
+    assert [(d.a.dtype.name, d.b.dtype.name) for d in dots] == [("bf16", "bf16"), ("f32", "f32")]
+    # exact operands: the rewritten kernel computes the very same values
+    same = replace(prog, kernels=(kernel,))
+    np.testing.assert_array_equal(run_tile_program(same, [q, q, q])[0], run_tile_program(prog, [q, q, q])[0])
+    h = normal(1, 1, 32, 16, dtype=np.float16)                        # f16 out: P is rounded for P @ V
+    kernel = narrow_dot_operands(tile_program(attention, h, h, h, block_m=16, block_n=16).kernels[0], GpuOptions())
+    assert all(op.a.dtype == float16 for op in t.walk_ops(kernel.body) if isinstance(op, t.Dot))
+
+
+# --- what the lowering emits ----------------------------------------------------------------------
+
+def stmts(kernel, kind):
+    return [s for s in walk_stmts(kernel.body) if isinstance(s, kind)]
+
+
+def test_attention_runs_on_tensor_cores_with_its_online_state_in_registers():
+    h = normal(1, 2, 64, 32, dtype=np.float16)
+    simt = lower_to_simt(tile_program(attention, h, h, h), GpuOptions()).kernels[0]
+    assert {s.shape for s in stmts(simt, Mma)} == {MmaShape.M16N8K16_F16}
+    loop = next(s for s in simt.body if isinstance(s, For))
+    assert [r.dtype.name for r in loop.results] == ["f32"] * len(loop.results) and len(loop.results) >= 3
+    assert stmts(simt, Shuffle), "row reductions go through warp shuffles"
+    assert any(s.out.length > 1 for s in stmts(simt, LoadGlobal)), "global loads are vectors"
+    f32 = lower_to_simt(tile_program(attention, *(x.astype(np.float32) for x in (h, h, h))), GpuOptions())
+    assert not stmts(f32.kernels[0], Mma), "f32 dots run as FMA"
+
+
+@pytest.mark.parametrize("sm,shape", [("sm_90", MmaShape.M16N8K32_E4M3), ("sm_80", None)])
+def test_fp8_gemm_uses_e4m3_tensor_cores_only_where_they_exist(sm, shape):
+    x, w = normal(32, 64, dtype=np.float16), normal(64, 32, dtype=ml_dtypes.float8_e4m3fn)
+    prog = tile_program(fp8_quant_gemm, x, w, normal(32))
+    simt = lower_to_simt(prog, GpuOptions(sm=sm)).kernels[0]
+    assert {s.shape for s in stmts(simt, Mma)} == ({shape} if shape else set())
+
+
+def test_64_bit_offsets_where_the_tile_ir_says_i64():
+    from redfuser.schedule.nests import compute_kernel
+
+    x = normal(5, 37)
+    lowered = rf.kernel(lambda a: a * 2.0 + 1.0, backend="interpret").lower(x)
+    stmt = lowered.program.body[-1]
+    kernel = compute_kernel(stmt, "scale64", options_for("simulate", dict(block_m=4, block_n=16)), int64)
+    prog = t.TileProgram("scale64", lowered.program.inputs, lowered.program.outputs, (), (kernel,))
+    simt = lower_to_simt(prog, GpuOptions())
+    assert {s.index.dtype for s in stmts(simt.kernels[0], LoadGlobal)} == {int64}
+    np.testing.assert_array_equal(simulate_program(simt, [x])[0], x * 2.0 + 1.0)
+
+
+def test_kernel_names_become_ptx_identifiers():
+    prog = tile_program(lambda a: a + 1.0, normal(4))
+    assert lower_to_simt(prog, GpuOptions()).kernels[0].name == "_lambda__0"
+
+
+def test_fma_dots_stage_the_contraction_in_chunks_that_fit_shared_memory():
+    q = normal(1, 1, 64, 128)    # P @ V: a 64 x 64 and b 64 x 128 in f32 would be 48 KiB at once
+    simt = lower_to_simt(tile_program(attention, q, q, q), GpuOptions()).kernels[0]
+    chunks = [s for s in stmts(simt, For) if s.body.iv.name.startswith("kk")]
+    assert len(chunks) >= 4 and simt.shared_bytes <= 32 * 1024
+
+
+def test_too_much_shared_memory_is_a_clear_error():
+    q = normal(1, 1, 128, 256, dtype=np.float16)   # q: 128 x 256 f16 through shared memory is 64 KiB
+    with pytest.raises(rf.BackendError, match="shared memory"):
+        lower_to_simt(tile_program(attention, q, q, q, block_m=128, block_n=128), GpuOptions())
+
+
+# --- planted bugs the simulator must catch ----------------------------------------------------------
+
+def _drop_barrier_after_first_shared_store(stmts_):
+    out, dropped = [], False
+    for i, s in enumerate(stmts_):
+        if not dropped and isinstance(s, Barrier) and i and isinstance(stmts_[i - 1], StoreShared):
+            dropped = True
+            continue
+        out.append(s)
+    return tuple(out), dropped
+
+
+def test_a_missing_barrier_in_a_layout_conversion_is_a_race():
+    x = normal(4, 16)
+    prog = tile_program(lambda a: rf.swapaxes(a, 0, 1) @ a, x, block_m=16, block_n=16, block_k=16)
+    simt = lower_to_simt(prog, GpuOptions())
+    assert simulate_program(simt, [x])[0].shape == (16, 16)
+    body, dropped = _drop_barrier_after_first_shared_store(simt.kernels[0].body)
+    assert dropped
+    broken = replace(simt, kernels=(replace(simt.kernels[0], body=body),))
+    with pytest.raises(SimulationError) as info:
+        simulate_program(broken, [x], SimOptions(check_uninitialized=False))
+    assert info.value.kind == "race"
+
+
+def test_an_off_by_one_mask_reads_out_of_bounds():
+    x = normal(5, 37)
+    prog = tile_program(lambda a: a * 2.0, x, block_m=4, block_n=16)
+    kernel = prog.kernels[0]
+
+    def loosen(ops):
+        return tuple(replace(op, op=BinaryOp.LE) if isinstance(op, t.Binary) and op.op is BinaryOp.LT
+                     and op.b.shape and op.a.dtype.is_int else op for op in ops)
+
+    broken = lower_kernel(replace(kernel, body=loosen(kernel.body)), GpuOptions())
+    with pytest.raises(SimulationError) as info:
+        simulate_program(replace(lower_to_simt(prog, GpuOptions()), kernels=(broken,)), [x])
+    assert info.value.kind == "out_of_bounds"

@@ -1,0 +1,259 @@
+"""The ``simulate`` backend end to end: every program of the earlier issues, lowered to SIMT IR (the program
+that becomes PTX) and run by the SIMT simulator with its bound, race and divergence checks on, equals its numpy
+reference (`redfuser.testing.tolerance`). Shapes are small and ragged; tiles are small so programs take
+several blocks and several trips of their loops."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+from redfuser.codegen.ptx_check import check_ptx
+from redfuser.codegen.simt import GpuOptions, lower_to_simt
+from redfuser.codegen.simt.run import simulate_program
+
+import redfuser as rf
+from redfuser.schedule import options_for, schedule_program
+from redfuser.testing import assert_close
+from redfuser.testing.strategies import arrays, programs
+from redfuser.workloads import attention, causal_attention, fp8_quant_gemm, log_softmax, moe_routing, softmax
+
+SMALL = dict(block_m=16, block_n=16, block_k=16)
+BF16, F8 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
+
+
+def as_tuple(x):
+    return tuple(x) if isinstance(x, tuple | list) else (x,)
+
+
+def assemble(lowered) -> None:
+    """Assemble each kernel's PTX for every architecture among sm_80/sm_90 it runs on; no spills."""
+    for k in lowered.stages["ptx"].kernels:
+        for arch, result in check_ptx(k.ptx).items():
+            assert all(u.spill_store_bytes == 0 for u in result.usage), f"{k.name} spills on {arch}"
+
+
+def run_simulated(body, *args, **options):
+    """(simulated outputs, reference outputs) through ``rf.kernel(backend="simulate")``; inputs untouched.
+
+    The PTX of the simulated program (sm_90) and of the sm_80 build are assembled on the way."""
+    copies = [a.copy() for a in args]
+    with np.errstate(all="ignore"):
+        expected = as_tuple(body(*args))
+    kernel = rf.kernel(body, backend="simulate", **options)
+    actual = as_tuple(kernel(*args))
+    for a, c in zip(args, copies):
+        assert a.tobytes() == c.tobytes(), "an input was modified"
+    assemble(kernel.lower(*args))
+    assemble(rf.kernel(body, backend="cuda", **{**options, "sm": "sm_80"}).lower(*args))
+    return actual, expected
+
+
+def simulated(body, *args, sm: str = "sm_90", **options) -> tuple[np.ndarray, ...]:
+    """The SIMT pipeline without LLVM: schedule, lower, simulate (for many random programs)."""
+    lowered = rf.kernel(body, backend="interpret").lower(*args)
+    tile = schedule_program(lowered.program, options_for("simulate", options))
+    return simulate_program(lower_to_simt(tile, GpuOptions(sm=sm)), args)
+
+
+def check(body, *args, n: int | None = None, **options) -> None:
+    actual, expected = run_simulated(body, *args, **options)
+    for a, e in zip(actual, expected):
+        assert_close(a, e, e.dtype, n or args[0].shape[-1])
+
+
+RNG = np.random.default_rng(11)
+
+
+def normal(*shape, dtype=np.float32, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(dtype)
+
+
+# --- programs of the earlier issues --------------------------------------------------------------
+
+def test_elementwise_chain_with_casts_bools_and_ints():
+    def body(x, y, n):
+        z = rf.where(x > y, rf.exp(x) * y + 1.0, rf.sqrt(rf.abs(y)))
+        return z.astype(rf.float16), (x > 0) & (y < 0.5), n * 3 + 1, rf.maximum(x, y) ** 2
+
+    x, y = normal(5, 37), normal(5, 37)
+    y[0, :3] = np.nan                        # maximum propagates NaN like numpy
+    check(body, x, y, RNG.integers(-50, 50, (5, 37)).astype(np.int32), block_m=4, block_n=16)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_reductions_with_keepdims(op, axis):
+    x = normal(6, 3, 37)
+    x[1, 2, 5] = np.nan if op != "sum" else x[1, 2, 5]
+    fn = getattr(rf, op)
+    check(lambda a: fn(a, axis=axis, keepdims=True) + 1.0, x, block_m=4, block_n=8, block_k=8)
+
+
+@pytest.mark.parametrize("shapes", [((3, 20, 30), (3, 30, 10)), ((30,), (30, 7)), ((7, 30), (30,)),
+                                    ((2, 1, 17, 8), (5, 8, 3))])
+def test_batched_and_1d_matmuls(shapes):
+    a, b = normal(*shapes[0]), normal(*shapes[1])
+    check(lambda x, y: x @ y, a, b, n=shapes[0][-1], block_m=8, block_n=8, block_k=8)
+
+
+def test_transposes_and_swapped_axes():
+    x, y = normal(5, 9, 12), normal(12, 9)
+    check(lambda a, b: rf.swapaxes(a, -1, -2) * 2.0 + b, x, y, block_m=4, block_n=4)
+
+
+def test_causal_masks_and_fully_masked_rows():
+    def masked_softmax(x, keep):
+        s = rf.where(keep, x, -rf.inf)
+        m = rf.max(s, axis=-1, keepdims=True)
+        e = rf.exp(s - m)
+        return e / rf.sum(e, axis=-1, keepdims=True)
+
+    x = normal(6, 37)
+    keep = np.ones((6, 37), bool)
+    keep[1] = False
+    keep[3, :30] = False
+    for fuse in (True, False):
+        actual, expected = run_simulated(masked_softmax, x, keep, fuse=fuse, block_n=8)
+        assert np.isnan(expected[0][1]).all()
+        assert_close(actual[0], expected[0], np.float32, 37)
+
+
+@pytest.mark.parametrize("fn", [softmax, log_softmax])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16])
+def test_softmax_and_log_softmax(fn, dtype):
+    check(fn, normal(9, 70, dtype=dtype, scale=3.0), block_m=4, block_n=16)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16])
+@pytest.mark.parametrize("head", [16, 32, 128])
+def test_attention(dtype, head):
+    q, k, v = (normal(1, 2, 19, head, dtype=dtype) for _ in range(3))
+    check(attention, q, k, v, n=19, **SMALL)
+
+
+def test_f32_attention_head_dim_128_at_default_tiles():
+    # P @ V by FMA in chunks of the key axis: both operands whole would not fit 48 KiB of shared memory.
+    q, k, v = (normal(1, 1, 40, 128) for _ in range(3))
+    check(attention, q, k, v, n=40)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_causal_attention(dtype):
+    q, k, v = (normal(2, 1, 24, 16, dtype=dtype) for _ in range(3))
+    check(causal_attention, q, k, v, n=24, **SMALL)
+
+
+def test_attention_with_fully_masked_rows_gives_nan_rows():
+    def masked_attention(q, k, v, keep):
+        s = rf.where(keep, q @ rf.swapaxes(k, -1, -2), -rf.inf)
+        p = rf.exp(s - rf.max(s, axis=-1, keepdims=True))
+        return (p / rf.sum(p, axis=-1, keepdims=True)) @ v
+
+    q, k, v = (normal(20, 16) for _ in range(3))
+    keep = RNG.random((20, 20)) < 0.7
+    keep[4] = False
+    keep[7, :17] = False
+    actual, expected = run_simulated(masked_attention, q, k, v, keep, **SMALL)
+    assert np.isnan(expected[0][4]).all() and not np.isnan(expected[0][7]).any()
+    assert_close(actual[0], expected[0], np.float32, 20)
+
+
+def quantization_bound(x, w, w_scale):
+    """|result - exact| that rounding ``x * 448 / a`` to e4m3 allows (docs/fusion.md)."""
+    xa = np.abs(x.astype(np.float64))
+    per_elem = 2.0**-4 * xa + 2.0**-10 * xa.max(axis=-1, keepdims=True) / 448.0
+    return (per_elem @ np.abs(w.astype(np.float64))) * w_scale * (1 + 1e-5) + 1e-6
+
+
+@pytest.mark.parametrize("sm", ["sm_80", "sm_90"])
+def test_fp8_quant_gemm_within_the_quantization_bound(sm):
+    x = normal(20, 64, dtype=np.float16)
+    x[3] = 0                                        # an all-zero row gives the reference's result
+    w, ws = normal(64, 24, dtype=F8), RNG.uniform(0.5, 2.0, 24).astype(np.float32)
+    kernel = rf.kernel(fp8_quant_gemm, backend="simulate", sm=sm, **SMALL)
+    actual = kernel(x, w, ws)
+    assemble(kernel.lower(x, w, ws))
+    expected = fp8_quant_gemm(x, w, ws)
+    assert np.array_equal(np.isnan(actual), np.isnan(expected))
+    exact = (x.astype(np.float64) @ w.astype(np.float64)) * ws
+    finite = ~np.isnan(expected)
+    assert np.all(np.abs(actual - exact)[finite] <= quantization_bound(x, w, ws)[finite])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16, F8, np.int32, np.bool_])
+def test_casts_round_like_numpy(dtype):
+    x = np.concatenate([RNG.standard_normal(500) * 300, RNG.standard_normal(500) * 1e-3,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 448, 464, 470, 2.0**-9, 3e38, -2.0**-10]]).astype(np.float32)
+    if dtype is np.int32:
+        x = x[np.abs(x) < 2**31]   # numpy's NaN/inf/out-of-range -> int conversion is undefined behaviour in C
+    with np.errstate(all="ignore"):
+        expected = x.astype(dtype)
+        round_trip = expected.astype(np.float32)
+    actual, _ = run_simulated(lambda a: a.astype(dtype), x) if dtype is not F8 else (
+        (rf.kernel(lambda a: a.astype(dtype), backend="simulate")(x),), None)
+    actual = actual[0]
+    assert np.array_equal(actual.astype(np.float32), expected.astype(np.float32), equal_nan=True)
+    for sm in ("sm_80", "sm_90"):   # sm_80 has no e4m3 conversion instruction: rounded in f32 arithmetic
+        back = simulated(lambda a: a.astype(dtype).astype(rf.float32), x, sm=sm)[0]
+        assert np.array_equal(back, round_trip, equal_nan=True), sm
+
+
+def test_storing_float8_on_sm80_says_it_needs_sm89():
+    with pytest.raises(rf.BackendError, match="sm_89"):
+        rf.kernel(lambda a: a.astype(F8), backend="simulate", sm="sm_80")(normal(8))
+
+
+def test_topk_says_the_gpu_cannot_lower_it_yet():
+    with pytest.raises(rf.BackendError, match="TopK"):
+        rf.kernel(moe_routing, backend="simulate")(normal(16, 8))
+
+
+# --- random programs and shapes (hypothesis, the suite's profile) ---------------------------------
+
+@given(programs(max_steps=5, max_size=256), st.sampled_from([(4, 8, 8), (16, 16, 16), (64, 64, 32)]))
+def test_random_programs(program, tiles):
+    note(repr(program))
+    with np.errstate(all="ignore"):
+        expected = as_tuple(program.body(*program.inputs))
+    actual = simulated(program.body, *program.inputs, block_m=tiles[0], block_n=tiles[1], block_k=tiles[2])
+    for a, e in zip(actual, expected):
+        assert_close(a, np.asarray(e), program.dtype, program.reduction_length, repr(program), scale=program.scale)
+
+
+@given(st.data(), st.sampled_from([(1, 1, 1, 1), (1, 2, 7, 3), (2, 1, 17, 8), (1, 1, 33, 5)]),
+       st.sampled_from([attention, causal_attention]), st.sampled_from([(16, 64), (4, 8), (5, 3)]))
+def test_attention_with_masks_ragged_tiles_and_large_scores(data, shape, fn, tiles):
+    q, k, v = (data.draw(arrays(np.dtype(np.float32), shape, large=True)) for _ in range(3))
+    with np.errstate(all="ignore"):
+        expected = fn(q, k, v)
+    actual = simulated(fn, q, k, v, block_m=tiles[0], block_n=tiles[1])[0]
+    assert_close(actual, expected, np.float32, shape[-2], scale=float(np.abs(v).max(initial=1.0)))
+
+
+# --- the cuda backend: compiled everywhere, run where there is a device -------------------------
+
+def test_cuda_runs_where_there_is_a_device_and_says_why_not_elsewhere():
+    from redfuser import backends
+    from redfuser.runtime.device import device_available
+
+    q = normal(1, 2, 24, 16, dtype=np.float16)
+    kernel = rf.kernel(attention, backend="cuda", **SMALL)
+    assert "mma.sync" in str(kernel.lower(q, q, q).stages["ptx"])      # compiling needs no GPU
+    if device_available():
+        assert backends.resolve("auto")[0] == "cuda"
+        assert_close(kernel(q, q, q), attention(q, q, q), np.float16, 24)
+    else:
+        assert backends.resolve("auto")[0] == "cpu"
+        with pytest.raises(rf.BackendError, match="no CUDA driver found|no CUDA device"):
+            kernel(q, q, q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16])
+def test_attention_on_the_device_equals_the_simulator(dtype):
+    q, k, v = (normal(2, 2, 70, 64, dtype=dtype) for _ in range(3))
+    on_device = rf.kernel(attention, backend="cuda")(q, k, v)
+    assert_close(on_device, attention(q, k, v), np.dtype(dtype), 70)
+    assert_close(on_device, rf.kernel(attention, backend="simulate")(q, k, v), np.dtype(dtype), 70)
