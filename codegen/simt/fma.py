@@ -113,8 +113,8 @@ def fma_dot(lw: Lowering, op: t.Dot, layout: Layout, acc: Regs | None) -> Regs:
     def index(r: int, bits: list[int]) -> int:
         return sum(1 << n_ for n_, i in enumerate(bits) if r >> i & 1)
 
-    def widen(x: Reg) -> Reg:
-        return x if x.dtype == float32 else b.cast(x, float32)
+    def widen(x: Reg) -> Reg:   # products and sums in the accumulator's dtype (f32, f64 from numpy promotion)
+        return x if x.dtype == op.out.dtype else b.cast(x, op.out.dtype)
 
     def body(kk: Reg, *chunks: Reg) -> list[Reg]:
         with lw.region():
