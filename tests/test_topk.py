@@ -92,3 +92,14 @@ def test_topk_merge_law(n, seed, data):
             assert np.array_equal(merged[name], value), name
         else:
             assert_close(merged[name], value, np.float32, n, err_msg=name)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_a_nan_met_late_gives_the_references_indices(chunk):
+    x = (np.random.default_rng(3).standard_normal((3, 40)) * 2).astype(np.float32)
+    x[0, 33] = np.nan          # the reference's whole softmax row is NaN: top-k keeps positions 0, 1, 2
+    x[1, 0] = np.nan
+    k = rf.kernel(route, backend="interpret", interpret_chunk=chunk)
+    (w, idx), (w_ref, idx_ref) = k(x), route(x)
+    assert np.array_equal(idx, idx_ref) and idx_ref[0].tolist() == [0, 1, 2]
+    assert np.array_equal(np.isnan(w), np.isnan(w_ref))

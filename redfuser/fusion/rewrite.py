@@ -76,7 +76,7 @@ class _Builder:
         self.names: set[str] = set()
         self.online: list = []                         # each state's online exponent (for sharing)
 
-    def state_for(self, member: Member, acc, suggested: Buffer) -> Buffer:
+    def state_for(self, member: Member, acc, suggested: Buffer, indices: Buffer | None = None) -> Buffer:
         """The state accumulating `acc` (shared with an equal one already in the loop)."""
         for st, online in zip(self.states, self.online):
             if (isinstance(st, OnlineState) and not member.is_topk
@@ -94,7 +94,8 @@ class _Builder:
                                lambda e: self.safe(self.running(e)), acc.powers,
                                lambda e: self.safe_scale(self.running(e)))
         if member.is_topk:
-            st = TopKState(buf, member.indices, prev, member.state_axes, member.rank, self.safe_term(acc), rescale)
+            st = TopKState(buf, indices or member.indices, prev, member.state_axes, member.rank, self.safe_term(acc),
+                           rescale)
         else:
             st = OnlineState(buf, prev, member.state_axes, acc.op, self.safe_term(acc), rescale)
         self.states.append(st)
@@ -143,6 +144,21 @@ class _Builder:
         # Inside a quantization the running max is a scale, not an offset: swap in its scale-safe form.
         scaled = {self.safe(self.running(q)): self.safe_scale(self.running(q)) for q in acc.quantized}
         return map_expr(term, lambda n: scaled.get(n)) if scaled else term
+
+    def extrema_read(self, acc) -> list[Load]:
+        """The running max/min loads in `acc`'s online exponent."""
+        ext = self.running_extrema()
+        return [n for mono, _ in acc.online.terms for atom, _ in mono.factors for n in walk(atom)
+                if isinstance(n, Load) and n.buffer.name in ext]
+
+    def nan_row(self, acc) -> Expr | None:
+        """True where a running max the accumulator's exponent reads ended NaN: the reference's whole row
+        of terms is NaN then (a top-k of it keeps positions 0..k-1)."""
+        cond: Expr | None = None
+        for n in self.extrema_read(acc):
+            c = Binary(BinaryOp.NE, n, n, bool_)
+            cond = c if cond is None else Binary(BinaryOp.OR, cond, c, bool_)
+        return cond
 
     def unseen(self, acc) -> Expr | None:
         """True where the reference's own value is NaN because a running max the accumulator depends
@@ -251,8 +267,15 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
                 accs.append(Binary(BinaryOp.MUL, Const(float(axis.extent), acc.term.dtype), acc.term, acc.term.dtype))
                 continue
             suggested = member.out if direct else Buffer(f"{name}_acc", member.out.type)
-            accs.append(b.state_for(member, acc, suggested))
+            nan_row = b.nan_row(acc) if member.is_topk else None
+            indices = Buffer(f"{member.indices.name}_acc", member.indices.type) if nan_row is not None else None
+            accs.append(b.state_for(member, acc, suggested, indices))
             group.state_of[(name, n)] = accs[-1].name
+            if indices is not None:
+                # A NaN met in a late chunk would keep earlier positions; the reference's NaN row keeps 0..k-1.
+                rank = IndexValue(member.axes[member.rank], member.indices.dtype)
+                fixed = Select(nan_row, rank, Load(indices, member.axes), member.indices.dtype)
+                b.epilogue.append(Compute(member.indices, member.axes, fixed, loc=member.loc))
         if not (direct and isinstance(accs[0], Buffer) and accs[0] == member.out):
             # Inside the loop later members read the running value; after it, the exact one.
             running_value = _epilogue_value(member, dec, accs)
