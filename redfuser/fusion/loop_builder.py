@@ -1,0 +1,160 @@
+"""`LoopBuilder`: the states, rescales and epilogue of one fused loop, as `fuse_cascade` adds members.
+
+It owns the numerics of reading running values inside the loop (see `OnlineState`):
+a running max read as 0 inside exponentials while it is still -inf (`safe`), as 1
+inside a quantization while it is -inf or 0 (`safe_scale`), earlier results read
+as their running values (`running`), and the conditions under which the
+reference's own value is NaN (`unseen`, `nan_row`).
+"""
+from __future__ import annotations
+
+
+from ..ir import (
+    Axis,
+    Binary,
+    BinaryOp,
+    Buffer,
+    Compute,
+    Const,
+    Expr,
+    Load,
+    OnlineState,
+    ReduceOp,
+    Select,
+    TopKState,
+    map_expr,
+    walk,
+)
+from ..ir.types import bool_
+from .member import Member
+from .positivity import is_positive
+from .separability import rescale_expr
+from .substitute import inline_loads
+
+
+class LoopBuilder:
+    """Accumulates the states and epilogue of one fused loop."""
+
+    def __init__(self, axis: Axis) -> None:
+        self.axis = axis
+        self.states: list[OnlineState | TopKState] = []
+        self.positive: set[str] = set()
+        self.epilogue: list[Compute] = []
+        self.epilogue_values: dict[str, tuple] = {}   # member -> (axes, value over state buffers)
+        self.names: set[str] = set()
+        self.online: list = []                         # each state's online exponent (for sharing)
+
+    def state_for(self, member: Member, acc, suggested: Buffer, indices: Buffer | None = None) -> Buffer:
+        """The state accumulating `acc` (shared with an equal one already in the loop)."""
+        for st, online in zip(self.states, self.online):
+            if (isinstance(st, OnlineState) and not member.is_topk
+                    and (st.op, st.axes, st.term, online) == (acc.op, member.state_axes, self.safe_term(acc),
+                                                               (acc.online, acc.powers))):
+                return st.acc
+        name = suggested.name
+        k = 1
+        while name in self.names:
+            name, k = f"{suggested.name}{k}", k + 1
+        buf = Buffer(name, suggested.type)
+        prev = Buffer(f"{name}_prev", suggested.type)
+        self.names |= {name, prev.name}
+        rescale = rescale_expr(acc.online, lambda e: self.to_prev(self.running(e)), suggested.dtype,
+                               lambda e: self.safe(self.running(e)), acc.powers,
+                               lambda e: self.safe_scale(self.running(e)))
+        if member.is_topk:
+            st = TopKState(buf, indices or member.indices, prev, member.state_axes, member.rank, self.safe_term(acc),
+                           rescale)
+        else:
+            st = OnlineState(buf, prev, member.state_axes, acc.op, self.safe_term(acc), rescale)
+        self.states.append(st)
+        self.online.append((acc.online, acc.powers))
+        if not member.is_topk and is_positive(acc.term, frozenset(self.positive)):
+            self.positive.add(name)
+        return buf
+
+    def running_extrema(self) -> dict[str, float]:
+        """Max/min states and their identities (what they hold before any element is seen)."""
+        return {st.acc.name: st.op.identity(st.acc.dtype) for st in self.states
+                if isinstance(st, OnlineState) and st.op is not ReduceOp.SUM}
+
+    def safe(self, e: Expr) -> Expr:
+        """`e` reading each running max/min as 0 while it still holds its identity (see OnlineState)."""
+        ext = self.running_extrema()
+
+        def fix(n: Expr) -> Expr | None:
+            if isinstance(n, Load) and n.buffer.name in ext:
+                is_identity = Binary(BinaryOp.EQ, n, Const(ext[n.buffer.name], n.dtype), bool_)
+                return Select(is_identity, Const(0.0, n.dtype), n, n.dtype)
+            return None
+
+        return map_expr(e, fix)
+
+    def safe_scale(self, e: Expr) -> Expr:
+        """`e` reading each running max as 1 while it is still at its identity or 0 (nothing but zeros
+        seen): a quantization scaled by ``1 / a`` then gives the exact 0 instead of ``0 * inf``."""
+        ext = self.running_extrema()
+
+        def fix(n: Expr) -> Expr | None:
+            if isinstance(n, Load) and n.buffer.name in ext:
+                return Select(self._unset_scale(n), Const(1.0, n.dtype), n, n.dtype)
+            return None
+
+        return map_expr(e, fix)
+
+    def _unset_scale(self, n: Load) -> Expr:
+        ident = Binary(BinaryOp.EQ, n, Const(self.running_extrema()[n.buffer.name], n.dtype), bool_)
+        return Binary(BinaryOp.OR, ident, Binary(BinaryOp.EQ, n, Const(0.0, n.dtype), bool_), bool_)
+
+    def safe_term(self, acc) -> Expr:
+        """The accumulated term with running maxima read safely: as a scale inside quantizations, as an
+        offset inside exponentials (see `safe_scale` and `safe`)."""
+        term = self.safe(self.running(acc.term))
+        # Inside a quantization the running max is a scale, not an offset: swap in its scale-safe form.
+        scaled = {self.safe(self.running(q)): self.safe_scale(self.running(q)) for q in acc.quantized}
+        return map_expr(term, lambda n: scaled.get(n)) if scaled else term
+
+    def extrema_read(self, acc) -> list[Load]:
+        """The running max/min loads in `acc`'s online exponent."""
+        ext = self.running_extrema()
+        return [n for mono, _ in acc.online.terms for atom, _ in mono.factors for n in walk(atom)
+                if isinstance(n, Load) and n.buffer.name in ext]
+
+    def nan_row(self, acc) -> Expr | None:
+        """True where a running max the accumulator's exponent reads ended NaN: the reference's whole row
+        of terms is NaN then (a top-k of it keeps positions 0..k-1)."""
+        cond: Expr | None = None
+        for n in self.extrema_read(acc):
+            c = Binary(BinaryOp.NE, n, n, bool_)
+            cond = c if cond is None else Binary(BinaryOp.OR, cond, c, bool_)
+        return cond
+
+    def unseen(self, acc) -> Expr | None:
+        """True where the reference's own value is NaN because a running max the accumulator depends
+        on ended at its identity (every element -inf) or, scaling a quantization, at 0."""
+        ext = self.running_extrema()
+        cond: Expr | None = None
+
+        def add(c: Expr) -> None:
+            nonlocal cond
+            cond = c if cond is None else Binary(BinaryOp.OR, cond, c, bool_)
+
+        for mono, _ in acc.online.terms:
+            for atom, _ in mono.factors:
+                for n in walk(atom):
+                    if isinstance(n, Load) and n.buffer.name in ext:
+                        add(Binary(BinaryOp.EQ, n, Const(ext[n.buffer.name], n.dtype), bool_))
+        for atom, _ in acc.powers.factors:
+            add(self._unset_scale(atom))
+        return cond
+
+    def running(self, e: Expr) -> Expr:
+        """`e` with each earlier result that is computed after the loop (``y = acc / l``...) replaced by
+        its running value inside the loop: the same formula over the accumulators' current values."""
+        return inline_loads(e, self.epilogue_values) if self.epilogue_values else e
+
+    def to_prev(self, e: Expr) -> Expr:
+        prev = {st.acc.name: st.prev for st in self.states if isinstance(st, OnlineState)}
+        return map_expr(e, lambda n: Load(prev[n.buffer.name], n.indices)
+                        if isinstance(n, Load) and n.buffer.name in prev else None)
+
+
