@@ -8,7 +8,6 @@ reference's own value is NaN (`unseen`, `nan_row`).
 """
 from __future__ import annotations
 
-
 from ..ir import (
     Axis,
     Binary,
