@@ -17,6 +17,8 @@ executable definition; `codegen/simt_to_llvm` emits the same for nvptx64):
   arithmetic wraps. `IntBinary` ``div``/``rem`` truncate toward zero (C), ``shr``
   is arithmetic, shift amounts must be below the bit width. exp/log/pow are
   f32 only and within a few ulp (see `codegen.simt_to_llvm.mathlib`).
+- `Bitcast` reinterprets bits between a float and an integer at least as wide
+  (zero-extending float bits; keeping an integer's low bits).
 - `Cast` rounds to nearest even; to f8 e4m3 it *saturates* to +-448 (NaN stays
   NaN), as ``cvt.rn.satfinite`` does; float to int truncates; to bool is ``!= 0``.
 - `LoadGlobal`/`LoadShared` of a vector type read ``length`` consecutive elements
@@ -43,6 +45,7 @@ from .expr import Buffer
 from .simt_ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     Barrier,
     Binary,
+    Bitcast,
     BlockIdx,
     Cast,
     Const,
@@ -124,7 +127,7 @@ class If:
     loc: SourceLoc = _loc()
 
 
-Stmt = Union[ThreadIdx, LaneId, WarpId, BlockIdx, Const, Unary, Binary, IntBinary, Select, Cast, Pack, Extract,
+Stmt = Union[ThreadIdx, LaneId, WarpId, BlockIdx, Const, Unary, Binary, IntBinary, Select, Cast, Bitcast, Pack, Extract,
              LoadGlobal, StoreGlobal, LoadShared, StoreShared, Barrier, Shuffle, Mma, For, If]
 ELEMENTWISE = (Unary, Binary, IntBinary, Select, Cast)
 
@@ -139,7 +142,7 @@ def defs(s: Stmt) -> tuple[Reg, ...]:
 
 def uses(s: Stmt) -> tuple[Reg, ...]:
     """The registers `s` reads directly (for `For`/`If`: bounds, inits, condition; regions read more)."""
-    if isinstance(s, Unary | Cast):
+    if isinstance(s, Unary | Cast | Bitcast):
         return (s.x,)
     if isinstance(s, Binary | IntBinary):
         return (s.a, s.b)

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from .errors import InternalError
 from .expr import BinaryOp, Buffer, UnaryOp
 from .simt import (
-    Barrier, Binary, BlockIdx, Branch, Cast, Const, Extract, For, If, IntBinary, IntOp, LaneId, LoadGlobal, LoadShared,
+    Barrier, Binary, Bitcast, BlockIdx, Branch, Cast, Const, Extract, For, If, IntBinary, IntOp, LaneId, LoadGlobal, LoadShared,
     Mma, MmaShape, Pack, Reg, RegType, Region, Scalar, Select, SharedAlloc, Shuffle, ShuffleKind, SimtKernel, Stmt,
     StoreGlobal, StoreShared, ThreadIdx, Unary, WarpId,
 )
@@ -118,6 +118,11 @@ class SimtBuilder:
 
     def cast(self, x: Reg, dtype: DType) -> Reg:
         return self._def(lambda o: Cast(o, x), f"{x.name}_{dtype}", x.type.with_dtype(dtype))
+
+    def bitcast(self, x: Reg, dtype: DType) -> Reg:
+        """`x`'s bits as `dtype` (see `Bitcast`)."""
+        return self._def(lambda o: Bitcast(o, x), f"{x.name}_bits" if dtype.is_int else f"{x.name}_{dtype}",
+                         x.type.with_dtype(dtype))
 
     def pack(self, parts: Sequence[Reg]) -> Reg:
         length = sum(p.length for p in parts)

@@ -112,6 +112,20 @@ class Cast:
 
 
 @dataclass(frozen=True, slots=True)
+class Bitcast:
+    """The bit pattern of `x` as `out`'s dtype: between a float and an integer at least as wide, elementwise.
+
+    float -> int zero-extends the float's bits (``f32 -> i32`` reinterprets; an e4m3 byte gives 0..255);
+    int -> float keeps the low bits (``i32 -> f8e4m3`` takes the low byte). Software float conversions
+    (float8_e4m3fn without sm_89's ``cvt``) and 64-bit values crossing lanes as two i32 words use it.
+    """
+
+    out: Reg
+    x: Reg
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
 class Pack:
     """The concatenation of `parts` (scalars or vectors of `out`'s dtype) into one vector."""
 

@@ -23,6 +23,7 @@ from .printer import format_const
 from .simt import (
     Barrier,
     Binary,
+    Bitcast,
     BlockIdx,
     Cast,
     Const,
@@ -80,6 +81,7 @@ _RHS: dict[type, Callable[..., str]] = {
     IntBinary: lambda s: f"{s.op.value} {s.a}, {s.b}",
     Select: lambda s: f"select {s.cond}, {s.a}, {s.b}",
     Cast: lambda s: f"cast {s.x}",
+    Bitcast: lambda s: f"bitcast {s.x}",
     Pack: lambda s: f"pack {', '.join(str(p) for p in s.parts)}",
     Extract: lambda s: f"extract {s.vec}[{s.index}]",
     LoadGlobal: lambda s: _load("global", s.buffer.name, s),

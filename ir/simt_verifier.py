@@ -25,6 +25,7 @@ from .simt import (
     MAX_VECTOR,
     Barrier,
     Binary,
+    Bitcast,
     BlockIdx,
     Cast,
     Const,
@@ -169,6 +170,11 @@ def _check_stmt(s: Stmt, ctx: _Ctx) -> None:
         need(s.a.type == s.b.type == s.out.type, "select branches and result differ in type")
     elif isinstance(s, Cast):
         need(s.x.type.length == s.out.type.length, "cast changes the vector length")
+    elif isinstance(s, Bitcast):
+        f, i = (s.x, s.out) if s.x.dtype.is_float else (s.out, s.x)
+        need(f.dtype.is_float and i.dtype in (int32, int64) and f.dtype.itemsize <= i.dtype.itemsize
+             and s.x.length == s.out.length, f"bitcast {s.x.type} to {s.out.type}: a float and an integer "
+             "at least as wide, of one length")
     elif isinstance(s, Pack):
         need(all(p.dtype == s.out.dtype for p in s.parts), "pack parts differ in dtype from the result")
         need(sum(p.length for p in s.parts) == s.out.length, "pack parts do not add up to the result length")

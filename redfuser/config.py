@@ -11,6 +11,9 @@
   and PTX under ``tests/snapshots``) rewrite the snapshots instead of comparing.
 - ``HYPOTHESIS_PROFILE``: the hypothesis profile the test suite runs with
   (``ci``, quick, the default; ``fuzz``, long); see ``tests/conftest.py``.
+- ``OUT``: a folder the benchmark scripts (``benchmarks/gpu_check.py``) also
+  write their table and JSON results into, when set (the device machine's
+  folder whose files come back).
 """
 from __future__ import annotations
 
@@ -53,3 +56,9 @@ def hypothesis_profile() -> str:
 def update_snapshots() -> bool:
     """True when ``REDFUSER_UPDATE_SNAPSHOTS`` is ``1`` (or ``true``/``yes``/``on``)."""
     return os.environ.get("REDFUSER_UPDATE_SNAPSHOTS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def results_dir() -> Path | None:
+    """The folder from ``OUT`` that benchmark scripts write their results into, or None."""
+    value = os.environ.get("OUT", "").strip()
+    return Path(value) if value else None

@@ -112,7 +112,10 @@ class Kernel:
 
     # -- public -----------------------------------------------------------------------------------
     @_user_facing
-    def __call__(self, *args: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    def __call__(self, *args: Any, stream: object | None = None) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run on `args`. `stream`: the CUDA stream the ``cuda`` backend queues its work on (an int handle, a
+        torch or cupy stream...; default: torch's/cupy's current one for their tensors); host backends ignore
+        it. See docs/gpu-backend.md, "Arrays and streams"."""
         lowered, run, arrays = self._compiled(args)
         if lowered.backend in HOST_BACKENDS:
             # Host backends read numpy views of host arrays (torch CPU tensors too, without a copy) and
@@ -122,7 +125,7 @@ class Kernel:
             outputs = tuple(arrays_rt.as_caller_type(o, library)
                             for o in run([arrays_rt.host_array(a, f"argument {n!r}") for a, n in zip(arrays, names)]))
         else:
-            outputs = run(arrays)
+            outputs = run(arrays, stream=stream)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     @_user_facing

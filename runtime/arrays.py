@@ -52,9 +52,21 @@ class ArrayInfo:
         return all(s == e for s, e, n in zip(self.strides, reversed(expected), self.shape) if n > 1)
 
 
+def _has(x: object, name: str) -> bool:
+    """`hasattr` that also says yes when the attribute exists but raises (torch's CAI for float8 raises
+    KeyError, for tensors that require grad RuntimeError): `describe` then says what is wrong."""
+    try:
+        getattr(x, name)
+    except AttributeError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
 def is_array(x: object) -> bool:
     """True for anything `describe` accepts."""
-    return isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")
+    return isinstance(x, np.ndarray) or _has(x, "__cuda_array_interface__") or _has(x, "__dlpack__")
 
 
 def _library(x: object) -> str:
@@ -67,9 +79,26 @@ def describe(x: object, name: str = "argument") -> ArrayInfo:
         dtype = _ir_dtype(x.dtype, name)
         strides = tuple(s // x.itemsize for s in x.strides)
         return ArrayInfo(tuple(x.shape), dtype, strides, CPU, 0, x.ctypes.data, "numpy")
-    if hasattr(x, "__cuda_array_interface__"):
-        return _from_cai(x.__cuda_array_interface__, _library(x), name)
-    if hasattr(x, "__dlpack__"):
+    # Device arrays through DLPack first: it names the device ordinal and every dtype (torch's CAI
+    # spells bfloat16 "<V2" and has no float8); the CAI is the fallback (Numba, or a producer whose
+    # export fails, e.g. torch for a tensor on another device than the current one).
+    dlpack_error: Exception | None = None
+    if _has(x, "__dlpack__") and _has(x, "__dlpack_device__") and _device_type(x) != CPU:
+        try:
+            return _from_dlpack(x, name)
+        except (ArgumentError, DTypeError):
+            raise
+        except Exception as exc:  # BufferError, RuntimeError...: try the other protocol
+            dlpack_error = exc
+    if _has(x, "__cuda_array_interface__"):
+        try:
+            cai = x.__cuda_array_interface__
+        except Exception as exc:
+            raise ArgumentError(f"{name}: its __cuda_array_interface__ failed: {exc}") from None
+        return _from_cai(cai, _library(x), name)
+    if dlpack_error is not None:
+        raise ArgumentError(f"{name}: its DLPack export failed: {dlpack_error}")
+    if _has(x, "__dlpack__"):
         return _from_dlpack(x, name)
     raise ArgumentError(f"{name} must be an array (numpy, DLPack or __cuda_array_interface__), got "
                         f"{type(x).__name__}")
@@ -128,11 +157,21 @@ def _capsule_tensor(capsule: object) -> _DLTensor:
     return _DLTensor.from_address(address)   # DLManagedTensor starts with its DLTensor
 
 
+def _device_type(x: object) -> int:
+    try:
+        return int(x.__dlpack_device__()[0])
+    except Exception:
+        return CPU
+
+
 def _from_dlpack(x: object, name: str) -> ArrayInfo:
     device_type, device_id = (int(v) for v in x.__dlpack_device__())
     if device_type == CPU:
         return replace(describe(np.from_dlpack(x), name), library=_library(x))
-    capsule = x.__dlpack__()
+    try:   # stream=-1: no synchronization by the producer; the cuda backend orders work on its stream
+        capsule = x.__dlpack__(stream=-1)
+    except TypeError:
+        capsule = x.__dlpack__()
     t = _capsule_tensor(capsule)
     dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
     if dtype is None:
@@ -181,7 +220,8 @@ def new_like(library: str, shape: tuple[int, ...], dtype: DType, device_id: int 
 
         torch_dtype = {T.float32: torch.float32, T.float16: torch.float16, T.bfloat16: torch.bfloat16,
                        T.int32: torch.int32, T.int64: torch.int64, T.bool_: torch.bool,
-                       T.float64: torch.float64}.get(dtype)
+                       T.float64: torch.float64,
+                       T.float8_e4m3fn: getattr(torch, "float8_e4m3fn", None)}.get(dtype)
         if torch_dtype is not None:
             device = f"cuda:{max(device_id, 0)}" if on_gpu else "cpu"
             return torch.empty(shape, dtype=torch_dtype, device=device)

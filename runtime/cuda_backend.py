@@ -1,16 +1,38 @@
-"""The ``cuda`` backend's executable: load the PTX, copy numpy arrays in, launch every kernel, copy results out.
+"""The ``cuda`` backend's executable: load the PTX, take the arguments where they live, launch every kernel.
 
 `compile_ptx(simt_program)` gives the program's LLVM IR and PTX (no GPU needed)
 with each kernel's PTX served by the compile cache (keyed by the LLVM IR text,
-the target and the versions). `CudaProgram` runs it on device 0: modules are
-loaded once per context (`cuda_driver.load_module` caches them), inputs are
-copied to fresh device buffers, outputs and scratch are allocated, the kernels
-launch in order on the default stream with ``grid`` blocks of ``warps * 32``
-threads, and the outputs come back as numpy arrays. Device arrays in and out
-(DLPack, ``__cuda_array_interface__``) and streams are the runtime issue's.
+the target and the versions). `CudaProgram` runs it; modules are loaded once per
+context (`cuda_driver.load_module` caches them).
+
+Arguments (docs/gpu-backend.md, "Arrays and streams"):
+
+- **Host arrays only** (numpy, torch CPU tensors...): copied to fresh device
+  buffers, the kernels run on device 0, the outputs come back as the caller's
+  host type after a synchronization (the call is synchronous).
+- **Any device array** (torch/cupy CUDA tensors, DLPack or
+  ``__cuda_array_interface__``): device inputs are read in place (zero copy) when
+  C-contiguous; a strided one is first copied to a contiguous device array by its
+  own library (torch, cupy; others are refused). Every device input must be on
+  one device (its ordinal is checked); host inputs among them are copied to it.
+  Outputs are new arrays of the caller's type on that device (`arrays.new_like`);
+  for a library RedFuser cannot allocate in, they come back as numpy. The
+  kernels are queued on the stream and the call returns without waiting, like a
+  torch op, unless RedFuser-owned temporaries must be copied back or freed.
+- **Stream**: ``stream=`` of the call (an int handle, a torch/cupy stream, a
+  `cuda_memory.Stream`, anything with ``__cuda_stream__``); by default torch's
+  current stream for torch callers, cupy's for cupy callers, else the legacy
+  default stream. The caller's library allocates outputs under that stream.
+
+Scratch buffers (split reductions' partial states) are kept per (device,
+stream) for the program's lifetime, so calls on one stream reuse them in stream
+order and calls on two streams never share one. Every driver call is checked
+(`CudaError`).
 """
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
 from typing import Sequence
 
 import llvmlite
@@ -19,6 +41,10 @@ import numpy as np
 from ..codegen.nvptx import compile_module
 from ..codegen.simt import SimtProgram
 from ..codegen.simt.ptx import LlvmModules, PtxProgram, program_ptx
+from ..ir.errors import ArgumentError, BackendError
+from . import arrays as arrays_rt
+from .arrays import ArrayInfo
+from .cuda_driver import DeviceAddress
 
 
 def _cached_ptx(text: str, sm: str) -> str:
@@ -36,38 +62,271 @@ def compile_ptx(program: SimtProgram) -> tuple[LlvmModules, PtxProgram]:
     return ptx.llvm(), ptx
 
 
+# --- streams ---------------------------------------------------------------------------------------
+
+def stream_handle(stream: object) -> int:
+    """The raw ``CUstream`` of a user-given stream (see the module docstring); `ArgumentError` otherwise."""
+    from .cuda_memory import Stream
+
+    if isinstance(stream, Stream):
+        return int(stream.handle)
+    if isinstance(stream, (int, np.integer)) and not isinstance(stream, bool):
+        return int(stream)
+    if hasattr(stream, "__cuda_stream__"):             # the CUDA Python stream protocol: (version, handle)
+        return int(stream.__cuda_stream__()[1])
+    for attribute in ("cuda_stream", "ptr"):           # torch.cuda.Stream, cupy.cuda.Stream
+        value = getattr(stream, attribute, None)
+        if isinstance(value, (int, np.integer)):
+            return int(value)
+    if type(stream).__name__ == "CUstream":            # cuda.bindings.driver.CUstream
+        return int(stream)
+    raise ArgumentError(f"stream must be a CUDA stream (an int handle, a torch or cupy stream, a "
+                        f"redfuser Stream or an object with __cuda_stream__), got {type(stream).__name__}")
+
+
+def _library_stream(library: str, stream: object | None, handle: int | None, device: int):
+    """The caller library's stream object for `stream` (None: its current stream), or None."""
+    if library == "torch":
+        import torch
+
+        if stream is not None and isinstance(stream, torch.cuda.Stream):
+            return stream
+        if handle is None:
+            return torch.cuda.current_stream(device)
+        return torch.cuda.ExternalStream(handle, device=device)
+    if library == "cupy":
+        import cupy
+
+        if stream is not None and isinstance(stream, cupy.cuda.Stream):
+            return stream
+        with cupy.cuda.Device(device):
+            return cupy.cuda.get_current_stream() if handle is None else cupy.cuda.ExternalStream(handle, device)
+    return None
+
+
+def _using(library: str, library_stream: object):
+    """A context in which the caller's library allocates and copies on `library_stream`."""
+    if library_stream is None:
+        return contextlib.nullcontext()
+    if library == "torch":
+        import torch
+
+        return torch.cuda.stream(library_stream)
+    return library_stream   # a cupy stream is a context manager making itself current
+
+
+def _library_handle(library: str, library_stream: object) -> int:
+    return int(library_stream.cuda_stream if library == "torch" else library_stream.ptr)
+
+
+# --- device placement ------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class _Pointer(DeviceAddress):
+    """A device address the caller owns, passed to a kernel as is."""
+
+    ptr: int
+
+
+def _device_of(info: ArrayInfo, name: str) -> int | None:
+    """The ordinal of the device `info` lives on (asked of the driver when the protocol did not say)."""
+    if info.device_id >= 0:
+        return info.device_id
+    if not info.pointer:
+        return None                                      # empty array: no memory, any device will do
+    from .cuda_driver import call, driver
+
+    try:
+        return int(call("cuPointerGetAttribute",
+                        driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, info.pointer))
+    except BackendError as err:
+        raise ArgumentError(f"{name} has a device pointer the CUDA driver does not know ({err})") from None
+
+
+def _common_device(infos: Sequence[tuple[str, ArrayInfo]]) -> int:
+    devices = {}
+    for name, info in infos:
+        device = _device_of(info, name)
+        if device is not None:
+            devices.setdefault(device, name)
+    if len(devices) > 1:
+        where = ", ".join(f"{name} on cuda:{device}" for device, name in sorted(devices.items()))
+        raise ArgumentError(f"the device arrays are on different devices ({where}); move them to one device")
+    return next(iter(devices), 0)
+
+
+def _contiguous_copy(value: object, library: str, name: str) -> object:
+    """A C-contiguous copy of a strided device array, made by its own library on the current stream."""
+    if library == "torch":
+        return value.contiguous()
+    if library == "cupy":
+        import cupy
+
+        return cupy.ascontiguousarray(value)
+    raise ArgumentError(f"{name} is a non-contiguous {library} device array; RedFuser copies strided device "
+                        "arrays of torch and cupy only: pass a contiguous one")
+
+
+def _nbytes(buffer) -> int:
+    return buffer.type.size * buffer.dtype.itemsize
+
+
+@contextlib.contextmanager
+def _keeping_current_context():
+    """Restore the thread's current CUDA context afterwards (torch reads its current device from it)."""
+    from .cuda_driver import call
+
+    previous = call("cuCtxGetCurrent")
+    try:
+        yield
+    finally:
+        if previous is not None and int(previous) != 0:
+            call("cuCtxSetCurrent", previous)
+
+
+# --- the program ---------------------------------------------------------------------------------
+
 class CudaProgram:
-    """A compiled program on device 0; call it with numpy arrays (one per input), get the outputs."""
+    """A compiled program; call it with one array per input (and optionally ``stream=``), get the outputs."""
 
     def __init__(self, simt: SimtProgram, ptx: PtxProgram) -> None:
         self.simt, self.ptx = simt, ptx
-        self._functions: list | None = None
+        self._functions: dict[int, list] = {}               # device -> its loaded kernels, in launch order
+        self._workspaces: dict[tuple[int, int], dict] = {}  # (device, stream) -> scratch buffers by name
 
-    def _kernels(self) -> list:
+    def _kernels(self, context) -> list:
         from .cuda_driver import load_module
 
-        if self._functions is None:
-            self._functions = [load_module(k.ptx).function(k.entry) for k in self.ptx.kernels]
-        return self._functions
+        functions = self._functions.get(context.device_index)
+        if functions is None:
+            functions = [load_module(k.ptx, context).function(k.entry) for k in self.ptx.kernels]
+            self._functions[context.device_index] = functions
+        return functions
 
-    def __call__(self, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
-        from .cuda_driver import primary_context
+    def _scratch(self, context, handle: int) -> dict:
         from .cuda_memory import DeviceBuffer
 
-        context = primary_context()
-        p = self.simt
-        buffers: dict[str, DeviceBuffer] = {}
+        key = (context.device_index, handle)
+        workspace = self._workspaces.get(key)
+        if workspace is None:
+            workspace = {b.name: DeviceBuffer.alloc(_nbytes(b), context) for b in self.simt.scratch}
+            self._workspaces[key] = workspace
+        return workspace
+
+    def close(self) -> None:
+        """Free the scratch buffers kept between calls (the next call allocates them again)."""
+        workspaces, self._workspaces = self._workspaces, {}
+        for workspace in workspaces.values():
+            for buffer in workspace.values():
+                buffer.free()
+
+    def __del__(self) -> None:
         try:
-            for b, a in zip(p.inputs, arrays):
-                buffers[b.name] = DeviceBuffer.from_numpy(np.ascontiguousarray(np.asarray(a), dtype=b.dtype.numpy),
-                                                          context)
-            for b in p.outputs + p.scratch:
-                buffers[b.name] = DeviceBuffer.alloc(b.type.size * b.dtype.itemsize, context)
-            for kernel, function in zip(p.kernels, self._kernels()):
-                function.launch(grid=kernel.grid, block=(kernel.threads,),
-                                args=[buffers[buf.name] for buf in kernel.buffers])
-            context.synchronize()
-            return tuple(buffers[b.name].to_numpy(b.shape, b.dtype.numpy) for b in p.outputs)
+            self.close()
+        except Exception:  # interpreter shutdown or a driver already gone: nothing left to free
+            pass
+
+    def _launch(self, context, pointers: dict, stream) -> None:
+        for kernel, function in zip(self.simt.kernels, self._kernels(context)):
+            function.launch(grid=kernel.grid, block=(kernel.threads,),
+                            args=[pointers[b.name] for b in kernel.buffers], stream=stream)
+
+    def __call__(self, arrays: Sequence[object], stream: object | None = None) -> tuple:
+        p = self.simt
+        if len(arrays) != len(p.inputs):
+            raise ArgumentError(f"{p.name} takes {len(p.inputs)} array(s), got {len(arrays)}")
+        infos = [(f"argument {b.name!r}", arrays_rt.describe(a, f"argument {b.name!r}"))
+                 for b, a in zip(p.inputs, arrays)]
+        with _keeping_current_context():
+            if any(info.on_gpu for _, info in infos):
+                return self._run_on_device(arrays, infos, stream)
+            return self._run_from_host(arrays, infos, stream)
+
+    def _run_from_host(self, arrays: Sequence[object], infos: list, stream: object | None) -> tuple:
+        from .cuda_driver import driver, primary_context
+        from .cuda_memory import DeviceBuffer, Stream
+
+        p = self.simt
+        context = primary_context(0)
+        handle = 0 if stream is None else stream_handle(stream)
+        on = None if stream is None else Stream(driver.CUstream(handle))
+        library = next((info.library for _, info in infos if info.library != "numpy"), "numpy")
+        owned: list[DeviceBuffer] = []
+        try:
+            pointers: dict[str, object] = {}
+            for b, a, (name, _) in zip(p.inputs, arrays, infos):
+                host = np.ascontiguousarray(arrays_rt.host_array(a, name), dtype=b.dtype.numpy)
+                owned.append(DeviceBuffer.alloc(host.nbytes, context))
+                owned[-1].copy_from(host)
+                pointers[b.name] = owned[-1]
+            for b in p.outputs:
+                owned.append(DeviceBuffer.alloc(_nbytes(b), context))
+                pointers[b.name] = owned[-1]
+            pointers.update(self._scratch(context, handle))
+            self._launch(context, pointers, on)
+            if on is None:
+                context.synchronize()
+            results = tuple(pointers[b.name].copy_to(np.empty(b.shape, b.dtype.numpy), on) for b in p.outputs)
+            return tuple(arrays_rt.as_caller_type(r, library) for r in results)
         finally:
-            for buffer in buffers.values():
+            for buffer in owned:
+                buffer.free()
+
+    def _run_on_device(self, arrays: Sequence[object], infos: list, stream: object | None) -> tuple:
+        from .cuda_driver import driver, primary_context
+        from .cuda_memory import DeviceBuffer, Stream
+
+        p = self.simt
+        device = _common_device([(name, info) for name, info in infos if info.on_gpu])
+        library = next(info.library for _, info in infos if info.on_gpu)
+        context = primary_context(device)
+        given = None if stream is None else stream_handle(stream)
+        library_stream = _library_stream(library, stream, given, device)
+        handle = given if given is not None else (
+            _library_handle(library, library_stream) if library_stream is not None else 0)
+        on = Stream(driver.CUstream(handle))
+        owned: list[DeviceBuffer] = []        # RedFuser's temporaries: freed after the stream has finished
+        keep: list[object] = []               # the caller library's contiguous copies, alive until launched
+        outputs: list[object] = []
+        launched = False
+        try:
+            pointers: dict[str, object] = {}
+            with _using(library, library_stream):
+                for b, a, (name, info) in zip(p.inputs, arrays, infos):
+                    if (info.dtype, tuple(info.shape)) != (b.dtype, tuple(b.shape)):
+                        raise ArgumentError(f"{name} is {info.dtype}{list(info.shape)}; the kernel was compiled "
+                                            f"for {b.dtype}{list(b.shape)}")
+                    if not info.on_gpu:
+                        host = np.ascontiguousarray(arrays_rt.host_array(a, name), dtype=b.dtype.numpy)
+                        owned.append(DeviceBuffer.alloc(host.nbytes, context))
+                        owned[-1].copy_from(host)     # synchronous: complete before the kernels start
+                        pointers[b.name] = owned[-1]
+                        continue
+                    if not info.contiguous:
+                        keep.append(_contiguous_copy(a, info.library, name))
+                        info = arrays_rt.describe(keep[-1], name)
+                    pointers[b.name] = _Pointer(info.pointer)
+                for b in p.outputs:
+                    out = arrays_rt.new_like(library, b.shape, b.dtype, device, on_gpu=True)
+                    out_info = arrays_rt.describe(out, f"output {b.name!r}")
+                    if out_info.on_gpu and out_info.contiguous and out_info.dtype == b.dtype:
+                        pointers[b.name] = _Pointer(out_info.pointer)
+                    else:                             # a library RedFuser cannot allocate in: numpy comes back
+                        owned.append(DeviceBuffer.alloc(_nbytes(b), context))
+                        pointers[b.name] = owned[-1]
+                        out = None
+                    outputs.append(out)
+            pointers.update(self._scratch(context, handle))
+            launched = True
+            self._launch(context, pointers, on)
+            if not owned:
+                return tuple(outputs)         # asynchronous, ordered on the stream like the library's own ops
+            on.synchronize()
+            return tuple(out if out is not None else pointers[b.name].copy_to(np.empty(b.shape, b.dtype.numpy))
+                         for b, out in zip(p.outputs, outputs))
+        finally:
+            if owned and launched:
+                with contextlib.suppress(BackendError):
+                    on.synchronize()          # never free memory a queued kernel may still read
+            for buffer in owned:
                 buffer.free()

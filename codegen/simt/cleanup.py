@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from ...ir.simt import (
     Binary,
+    Bitcast,
     BlockIdx,
     Cast,
     Const,
@@ -34,7 +35,7 @@ from ...ir.simt import (
     walk_stmts,
 )
 
-_PURE = (Const, Unary, Binary, IntBinary, Select, Cast, Pack, Extract, ThreadIdx, LaneId, WarpId, BlockIdx,
+_PURE = (Const, Unary, Binary, IntBinary, Select, Cast, Bitcast, Pack, Extract, ThreadIdx, LaneId, WarpId, BlockIdx,
          LoadGlobal, LoadShared, Shuffle, Mma)
 
 

@@ -4,7 +4,7 @@ Every operand is read in the result's layout, so an elementwise op is one SIMT
 statement per chunk. Semantics are the Tile IR's (numpy's): ``maximum``/
 ``minimum`` propagate NaN (the SIMT ops do), ``x ** c`` for the constants numpy
 special-cases is computed like numpy does (``x * x`` rather than ``exp2(2 log2 x)``),
-integer ``/`` truncates, casts to float8_e4m3fn give NaN past the range (`fp8.py`).
+integer ``/`` truncates, casts to float8_e4m3fn give NaN past the range (`fp8.py`; in software on sm_80/86, `fp8_bits.py`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ...ir import tile as t
 from ...ir.errors import BackendError
 from ...ir.simt import IntOp, Reg
 from ...ir.types import DType, float32
-from . import fp8
+from . import fp8, fp8_bits
 from .context import Lowering, value_rule
 from .layouts import Layout
 from .values import Regs, chunk_len, splat
@@ -168,13 +168,14 @@ def _cast(lw: Lowering, op: t.Cast, layout: Layout) -> Regs:
         source = _round_trip_source(lw, op)
         if source is not None:
             return Regs(layout, dst, tuple(fp8.quantize(b, x) for (x,) in _chunks(lw, (source,), layout)))
-    xs = tuple(x for (x,) in _chunks(lw, (op.x,), layout))
+    source = op.x
+    inner = lw.plan.defs.get(op.x.name)
+    if dst.name == "f8e4m3" and lw.opts.sm_number < 89 and isinstance(inner, t.Cast):
+        source = _round_trip_source(lw, inner) or source   # e4m3(f32(e4m3(y))) is e4m3(y), NaN signs included
+    xs = tuple(x for (x,) in _chunks(lw, (source,), layout))
     if dst.name == "f8e4m3":
-        if lw.opts.sm_number < 89:
-            raise BackendError(f"converting {op.x.dtype} to float8_e4m3fn registers needs sm_89+ "
-                               f"(cvt.rn.satfinite.e4m3x2), the target is {lw.opts.sm}; a value only read back "
-                               "as f32 is rounded in f32 arithmetic instead")
-        if op.x.dtype != float32:
+        if source.dtype != float32:
             xs = tuple(b.cast(x, float32) for x in xs)
-        return Regs(layout, dst, tuple(fp8.to_e4m3(b, x) for x in xs))
+        convert = fp8.to_e4m3 if lw.opts.sm_number >= 89 else fp8_bits.f32_to_e4m3   # sm_80/86: no cvt to e4m3
+        return Regs(layout, dst, tuple(convert(b, x) for x in xs))
     return Regs(layout, dst, tuple(b.cast(x, dst) for x in xs))

@@ -34,7 +34,7 @@ from ...ir.simt import (
 )
 from ...ir.simt_verifier import verify_simt_kernel
 from ...ir.types import BufferType, int32
-from . import control, dot, elementwise, memory, reduce  # noqa: F401 - register their rules
+from . import control, dot, elementwise, memory, reduce, topk  # noqa: F401 - register their rules
 from .cleanup import drop_unused
 from .context import Lowering
 from .narrow import narrow_dot_operands

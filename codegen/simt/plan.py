@@ -218,6 +218,15 @@ _RULES = {
 }
 
 
+def plan_rule(*types: type):
+    """Register a planning rule ``rule(planner, op, depth)`` for ops of `types` (rules in other modules)."""
+    def register(fn):
+        for typ in types:
+            _RULES[typ] = fn
+        return fn
+    return register
+
+
 def choose_warps(k: t.TileKernel, opts: GpuOptions) -> int:
     """`opts.num_warps`, fewer when the kernel's largest tile would leave threads idle."""
     biggest = max((r.type.size for op in t.walk_ops(k.body) for r in t.results(op)), default=1)

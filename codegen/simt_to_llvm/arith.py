@@ -11,7 +11,7 @@ from llvmlite import ir
 
 from ...ir.expr import BinaryOp, UnaryOp
 from ...ir.simt import (
-    Binary, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Select, ThreadIdx, Unary, WarpId,
+    Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Select, ThreadIdx, Unary, WarpId,
 )
 from ...ir.types import DType
 from .. import nvvm
@@ -106,6 +106,25 @@ def _cast(s: Cast, em: Emitter) -> None:
     em.set(s.out, lanewise(b, reg_type(s.out.type), lambda x: convert(b, x, s.x.dtype, s.out.dtype), em[s.x]))
 
 
+def _bitcast(s: Bitcast, em: Emitter) -> None:
+    """Float registers are bitcast to the integer of their width (bf16 and e4m3 registers are i16/i8 already),
+    then zero-extended; the other way the integer is truncated to the float's width first."""
+    b, x = em.builder, em[s.x]
+    out_type = reg_type(s.out.type)
+    if s.x.dtype.is_float:
+        width = ir.IntType(8 * s.x.dtype.itemsize)
+        bits = x if x.type == _vector_of(width, s.x.length) else b.bitcast(x, _vector_of(width, s.x.length))
+        em.set(s.out, bits if bits.type == out_type else b.zext(bits, out_type))
+        return
+    width = ir.IntType(8 * s.out.dtype.itemsize)
+    bits = x if x.type == _vector_of(width, s.x.length) else b.trunc(x, _vector_of(width, s.x.length))
+    em.set(s.out, bits if bits.type == out_type else b.bitcast(bits, out_type))
+
+
+def _vector_of(elem: ir.Type, length: int) -> ir.Type:
+    return elem if length == 1 else ir.VectorType(elem, length)
+
+
 def _pack(s: Pack, em: Emitter) -> None:
     b = em.builder
     vec = ir.Constant(reg_type(s.out.type), ir.Undefined)
@@ -143,6 +162,7 @@ RULES: dict[type, Callable[..., None]] = {
     IntBinary: _int_binary,
     Select: lambda s, em: em.set(s.out, em.builder.select(em[s.cond], em[s.a], em[s.b], name=s.out.name)),
     Cast: _cast,
+    Bitcast: _bitcast,
     Pack: _pack,
     Extract: _extract,
 }

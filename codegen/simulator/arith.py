@@ -15,7 +15,7 @@ import numpy as np
 
 from ...ir.interpreter import BINARY_FUNCS, UNARY_FUNCS
 from ...ir.simt import (
-    Binary, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Select, ThreadIdx, Unary, WarpId,
+    Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Select, ThreadIdx, Unary, WarpId,
 )
 from ...ir.types import DType, float32
 from .state import Block
@@ -59,6 +59,17 @@ def convert(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
     return x.astype(dst.numpy)
 
 
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def bitcast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
+    """`x`'s bits as `dst` (`Bitcast`: float bits zero-extended to an integer, an integer's low bits as a float)."""
+    x = np.ascontiguousarray(x, dtype=src.numpy)
+    if src.is_float:
+        return x.view(_UINT[src.itemsize]).astype(dst.numpy)
+    return x.astype(_UINT[dst.itemsize]).view(dst.numpy)
+
+
 def _const(s: Const, block: Block) -> None:
     block.set(s.out, np.asarray(s.value).astype(s.out.dtype.numpy))
 
@@ -90,6 +101,7 @@ RULES: dict[type, Callable[..., None]] = {
     IntBinary: lambda s, b: b.set(s.out, INT_FUNCS[s.op](b[s.a], b[s.b])),
     Select: _select,
     Cast: lambda s, b: b.set(s.out, convert(b[s.x], s.x.dtype, s.out.dtype)),
+    Bitcast: lambda s, b: b.set(s.out, bitcast(b[s.x], s.x.dtype, s.out.dtype)),
     Pack: _pack,
     Extract: _extract,
 }

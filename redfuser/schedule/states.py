@@ -148,9 +148,11 @@ def store_partials(fb: FusedBuilder, carried: Carried, buffers: list[Buffer], sp
 def load_partials(fb: FusedBuilder, buffers: list[Buffer], split: t.Value) -> Carried:
     """Slice `split`'s partial states, loaded onto the states' dims."""
     out: Carried = []
-    for j, buf in zip(_state_of(fb), buffers):
+    index = [i for st in fb.lay.fl.states for i in ((False, True) if isinstance(st, TopKState) else (False,))]
+    for j, buf, is_index in zip(_state_of(fb), buffers, index):
         off = offsets(fb.kb, buf, fb.positions(j, [Fixed(split, buf.shape[0])]))
-        v = fb.kb.load(buf, off.value, mask_tile(fb.kb, off.dims), 0, hint=buf.name)
+        # a top-k list's slots past k (a power-of-two rank dim on the GPU) are masked: empty (index -1)
+        v = fb.kb.load(buf, off.value, mask_tile(fb.kb, off.dims), -1 if is_index else 0, hint=buf.name)
         out.append(place(fb.kb, Tiled(v, off.dims), fb.state_dims(j)))
     return out
 
@@ -180,7 +182,7 @@ def merge_states(fb: FusedBuilder, steps: tuple[MergeStep, ...], a: Carried, b: 
             parts.append((value,) + side[1:])
         if isinstance(st, TopKState):
             axis = dims.index(fb.rank_dim(j))
-            new = kb.topk(parts[1][0], parts[1][1], axis, st.k, parts[0], hint=st.acc.name)
+            new = kb.topk(parts[1][0], parts[1][1], axis, fb.rank_dim(j).size, parts[0], hint=st.acc.name)
             merged += new
             continue
         value = kb.binary(COMBINE[st.op], parts[0][0], parts[1][0], hint=f"{st.acc.name}_merged")

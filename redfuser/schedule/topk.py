@@ -82,7 +82,8 @@ def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType) -> t.Ti
     tiled = [(par[-1], opts.tile(opts.block_m, par[-1].extent), 0)] if par else []
     bindings, grid = bind_grid(kb, par[: len(par) - len(tiled)], tiled)
     rows = tuple(b for b in (bindings[a.name] for a, _, _ in tiled) if isinstance(b, Dim))
-    rank = Dim(f"{s.values.name}.rank", 1, s.k, s.k, None, False)
+    k = opts.tile(s.k, s.k)   # a power of two on the GPU: the extra slots rank below the k stored
+    rank = Dim(f"{s.values.name}.rank", 1, k, s.k, None, k > s.k)
     dims = ordered(rows + (rank,))
     lw = ExprLowering(kb)
     d = rank_dtype(s.values.dtype)

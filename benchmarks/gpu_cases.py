@@ -1,0 +1,202 @@
+"""The cases `gpu_check.py` (and `compile_time.py`) run: shapes, work counts, the unfused torch programs,
+float64 references and the checks. torch is imported only by the functions that use it.
+
+Work counted (METHOD.md's two numbers): attention ``4·B·H·Nq·Nk·D`` FLOPs (half of it causal); the
+FP8 GEMM ``2·M·N·K``; the memory-bound cases the bytes each input is read once and each output written
+once (flash decoding is memory-bound: one query reads all of K and V).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import redfuser as rf
+from redfuser import workloads
+
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": rf.bfloat16,
+                "float8_e4m3fn": rf.float8_e4m3fn}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
+SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row group of the table: a workload at one shape and dtype, and its peers."""
+
+    name: str
+    workload: str                                       # a function of redfuser.workloads
+    inputs: tuple[tuple[tuple[int, ...], str], ...]     # (shape, dtype name) per argument
+    peers: tuple[str, ...]
+    peak: str                                           # "bf16", "fp8" (TFLOP/s) or "hbm" (GB/s)
+    work: float                                         # FLOPs, or bytes for "hbm"
+    causal: bool = False
+    options: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def fn(self):
+        return getattr(workloads, self.workload)
+
+    @property
+    def label(self) -> str:
+        shape, dtype = self.inputs[0]
+        return f"{self.name} {SHORT[dtype]} [{','.join(map(str, shape))}]"
+
+    def compile_args(self) -> list[np.ndarray]:
+        """Zero-stride numpy arrays of the right shapes and dtypes: enough to compile, no memory."""
+        return [np.broadcast_to(np.zeros((), NUMPY_DTYPES[d]), s) for s, d in self.inputs]
+
+    def input_bytes(self) -> int:
+        return sum(math.prod(s) * ITEMSIZE[d] for s, d in self.inputs)
+
+
+def _attention(name, workload, b, h, n, d, dtype, causal=False, nq=None) -> Case:
+    nq = n if nq is None else nq
+    shapes = (((b, h, nq, d), dtype), ((b, h, n, d), dtype), ((b, h, n, d), dtype))
+    peers = ("sdpa", "torch", "triton", "torch.compile")
+    if nq == 1:   # decoding: bytes of q, k, v and the output
+        return Case(name, workload, shapes, peers, "hbm", (2 * b * h * n * d + 2 * b * h * d) * ITEMSIZE[dtype])
+    return Case(name, workload, shapes, peers, "bf16", 4 * b * h * nq * n * d / (2 if causal else 1), causal)
+
+
+def _rows(name, workload, t, c, dtype) -> Case:
+    return Case(name, workload, (((t, c), dtype),), (f"torch.{workload}", "torch", "triton", "torch.compile"),
+                "hbm", 2 * t * c * ITEMSIZE[dtype])
+
+
+def cases(size: str = "full") -> list[Case]:
+    """The benchmark set: ``full`` (an H200, < 8 minutes in all) or ``tiny`` (a CPU smoke run)."""
+    tiny = size == "tiny"
+    b, h, n = (1, 2, 128) if tiny else (4, 16, 4096)
+    keys, dec_bh = (1024, (1, 2)) if tiny else (32768, (4, 32))
+    rows = (64, 512) if tiny else (16384, 8192)
+    tokens, experts = (256, 64) if tiny else (262144, 128)
+    m, k, nn = (64, 128, 64) if tiny else (4096, 4096, 4096)
+    return [
+        _attention("attention", "attention", b, h, n, 64, "float16"),
+        _attention("attention", "attention", b, h, n, 128, "bfloat16"),
+        _attention("causal", "causal_attention", b, h, n, 128, "float16", causal=True),
+        _attention("decode", "attention", *dec_bh, keys, 128, "float16", nq=1),
+        _rows("softmax", "softmax", *rows, "float16"),
+        _rows("log_softmax", "log_softmax", *rows, "float16"),
+        Case("moe_routing", "moe_routing", (((tokens, experts), "float32"),), ("torch topk(softmax)", "torch.compile"),
+             "hbm", tokens * experts * 4 + tokens * 2 * (4 + 8)),
+        Case("fp8_gemm", "fp8_quant_gemm", (((m, k), "float16"), ((k, nn), "float8_e4m3fn"), ((nn,), "float32")),
+             ("scaled_mm", "torch", "torch.compile"), "fp8", 2 * m * k * nn),
+    ]
+
+
+CASES = cases()
+
+
+# --- inputs, torch programs, references, checks ------------------------------------------------------
+
+def make_inputs(case: Case, torch, device: str, seed: int) -> tuple:
+    """Fresh random inputs (never zeros) for `case` on `device`."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for i, (shape, dtype) in enumerate(case.inputs):
+        if case.workload == "fp8_quant_gemm" and i == 2:
+            x = torch.rand(shape, generator=g, device=device) * 1.5 + 0.5          # per-channel scales
+        else:
+            x = torch.randn(shape, generator=g, device=device, dtype=torch.float32)
+            if case.workload in ("softmax", "log_softmax", "moe_routing"):
+                x = x * 3
+        out.append(x.to(getattr(torch, dtype)))
+    return tuple(out)
+
+
+def torch_program(workload: str, torch):
+    """The workload's body written in torch ops, unfused, as a user would (the "torch" peer)."""
+    if workload in ("attention", "causal_attention"):
+        def attention(q, k, v):
+            s = (q @ k.transpose(-1, -2)) * (1.0 / q.shape[-1] ** 0.5)
+            if workload == "causal_attention":
+                n, m_ = k.shape[-2], q.shape[-2]
+                keep = torch.arange(n, device=q.device)[None, :] <= torch.arange(m_, device=q.device)[:, None]
+                s = s.masked_fill(~keep, float("-inf"))
+            p = torch.exp(s - s.amax(-1, keepdim=True))
+            return (p / p.sum(-1, keepdim=True)) @ v
+        return attention
+    if workload in ("softmax", "log_softmax"):
+        def rows(x):
+            m = x.amax(-1, keepdim=True)
+            if workload == "softmax":
+                e = torch.exp(x - m)
+                return e / e.sum(-1, keepdim=True)
+            return x - m - torch.log(torch.exp(x - m).sum(-1, keepdim=True))
+        return rows
+    if workload == "moe_routing":
+        def route(logits):
+            w, i = torch.topk(torch.softmax(logits, -1), 2)
+            return w / w.sum(-1, keepdim=True), i
+        return route
+    if workload == "fp8_quant_gemm":
+        def fp8(x, w, w_scale):
+            xf = x.float()
+            a = xf.abs().amax(-1, keepdim=True)
+            xq = (xf * (448.0 / a)).to(torch.float8_e4m3fn)
+            return (xq.float() @ w.float()) * w_scale * (a / 448.0)
+        return fp8
+    raise KeyError(workload)
+
+
+def reference(case: Case, inputs: tuple, torch) -> tuple:
+    """float64 reference outputs (attention by batch, to bound the memory of the scores)."""
+    if case.workload in ("attention", "causal_attention"):
+        q, k, v = (t.double() for t in inputs)
+        out = []
+        for b in range(q.shape[0]):
+            s = q[b] @ k[b].transpose(-1, -2) / math.sqrt(q.shape[-1])
+            if case.causal:
+                n, m_ = k.shape[-2], q.shape[-2]
+                keep = torch.arange(n, device=s.device)[None, :] <= torch.arange(m_, device=s.device)[:, None]
+                s = s.masked_fill(~keep, float("-inf"))
+            out.append(torch.softmax(s, -1) @ v[b])
+        return (torch.stack(out),)
+    if case.workload == "softmax":
+        return (torch.softmax(inputs[0].double(), -1),)
+    if case.workload == "log_softmax":
+        return (torch.log_softmax(inputs[0].double(), -1),)
+    if case.workload == "moe_routing":
+        p = torch.softmax(inputs[0].double(), -1)
+        w, i = torch.topk(p, 3)
+        return (w[:, :2] / w[:, :2].sum(-1, keepdim=True), i[:, :2], w)
+    x, w, ws = (t.double() for t in inputs)
+    exact = (x @ w) * ws
+    bound = ((2.0**-4 * x.abs() + 2.0**-10 * x.abs().amax(-1, keepdim=True) / 448) @ w.abs()) * ws
+    return (exact, bound)
+
+
+TOLERANCE = {"torch.float32": 1e-3, "torch.float16": 1e-2, "torch.bfloat16": 2e-2}
+
+
+def _relative(out, ref, torch) -> float:
+    diff = out.double() - ref
+    if not torch.isfinite(out.double()).all():
+        return math.inf
+    return float(diff.norm() / ref.norm().clamp_min(1e-300))
+
+
+def check(case: Case, impl: str, got, ref: tuple, torch) -> tuple[bool, str]:
+    """(passed, what was measured) for outputs `got` of `impl` against `reference`'s `ref`."""
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    if case.workload == "fp8_quant_gemm":
+        exact, bound = ref
+        out = got[0].double()
+        ratio = float(((out - exact).abs() / (bound * (1 + 1e-5) + 1e-6)).max())
+        rel = _relative(got[0], exact, torch)
+        # RedFuser must meet the quantization bound (docs/fusion.md); peers rounding their output to bf16
+        # cannot, so they are held to the relative error of the quantization itself.
+        ok = ratio <= 1.0 if impl == "redfuser" else rel <= 0.08
+        return ok, f"rel {rel:.1e}, {ratio:.2f}x bound"
+    if case.workload == "moe_routing":
+        weights, experts, top3 = ref
+        same = got[1].long() == experts
+        tie = (top3[:, 1] - top3[:, 2]).abs() < 1e-6                 # 2nd and 3rd too close to order
+        wrong_rows = int((~same.all(-1) & ~tie).sum())
+        rel = _relative(got[0], weights, torch)
+        return wrong_rows == 0 and rel <= 1e-3, f"rel {rel:.1e}, {wrong_rows} rows' experts differ"
+    rel = _relative(got[0], ref[0], torch)
+    return rel <= TOLERANCE.get(str(got[0].dtype), 1e-3), f"rel {rel:.1e}"

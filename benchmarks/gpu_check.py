@@ -1,0 +1,446 @@
+"""The device check: every RedFuser workload compiled, checked against torch on the device, and timed
+against the peers a user would pick instead. One command, one table.
+
+    python3 benchmarks/gpu_check.py              # on a CUDA machine with torch (and Triton)
+    python3 benchmarks/gpu_check.py --dry-run    # anywhere: compile every case to PTX, print the skeleton
+    python3 benchmarks/gpu_check.py --smoke-cpu  # where torch is installed: the whole script on the CPU,
+                                                 # tiny shapes, the cpu backend (a test of the script itself)
+
+Cases: attention f16/bf16 ``[B,H,N,D]`` with D=64/128, causal, flash decoding (one query, N=32768),
+softmax / log-softmax rows, MoE routing (softmax + top-2 + renormalize), per-token FP8 quantization
++ GEMM. Peers: ``torch.nn.functional.scaled_dot_product_attention``, the unfused torch program (the
+workload's body written in torch ops), ``torch.compile`` of it, a Triton kernel with a hand-written
+online softmax (``benchmarks/triton_peers.py``; skipped with a note without Triton), ``torch.softmax``,
+``torch.topk(torch.softmax(...))`` for routing and ``torch._scaled_mm`` for the FP8 GEMM.
+
+Method (docs/gpu-backend.md): each implementation is first checked on fresh random inputs against a
+float64 torch reference on the device (relative Frobenius error; indices exactly; the FP8 GEMM against
+its quantization bound), then timed with CUDA events per call after a warm-up: the median of many
+calls, cycling through input sets that together are several times the L2 (50 MB on an H200). A case
+or peer that fails prints FAILED with the error and the script goes on; a global time budget
+(``--budget``, default 400 s) skips what is left (``torch.compile``, the slowest peer, runs last).
+The table and a JSON of every number go to ``$OUT`` when set (`redfuser.config.results_dir`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # triton_peers, gpu_cases beside this file
+
+import redfuser as rf                                         # noqa: E402
+from redfuser import config                                   # noqa: E402
+from gpu_cases import Case, cases, check, make_inputs, reference, torch_program  # noqa: E402
+
+# Peaks the "% peak" column divides by, and where each number comes from.
+PEAKS = {
+    "H200": {"bf16": 790e12, "fp8": 1580e12, "hbm": 4.8e12, "source": (
+        "bf16 dense 790 TFLOP/s: an 8192^3 bf16 product through torch measured on an H200 of this workplace "
+        "(device README, KINDS.md; datasheet 989); fp8 dense 1580 TFLOP/s: twice that, the datasheet's "
+        "fp8:bf16 ratio (1979:989); HBM3e 4.8 TB/s: the vendor datasheet (a device-to-device copy "
+        "measured ~4.3 TB/s here)")},
+}
+UNITS = {"bf16": ("TFLOP/s", 1e12), "fp8": ("TFLOP/s", 1e12), "hbm": ("GB/s", 1e9)}
+
+
+@dataclass
+class Row:
+    """One implementation of one case: its check and its time."""
+
+    case: str
+    impl: str
+    status: str = "ok"               # ok, WRONG, FAILED, skipped, no device
+    check: str = ""
+    ms: float | None = None
+    spread_ms: float | None = None   # p90 - p10 of the timed calls
+    rate: float | None = None        # in the case's unit
+    unit: str = ""
+    fraction_of_peak: float | None = None
+    redfuser_speedup: float | None = None   # this implementation's time / RedFuser's (> 1: RedFuser faster)
+    first_call_s: float | None = None       # compile (RedFuser: lower; peers: first call, JIT included)
+    error: str = ""
+    details: dict = field(default_factory=dict)
+
+
+class Budget:
+    """The global time budget: what is left of it, in seconds."""
+
+    def __init__(self, seconds: float) -> None:
+        self.start, self.seconds = time.perf_counter(), seconds
+
+    def spent(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.seconds - self.spent()
+
+
+# --- the device -------------------------------------------------------------------------------------
+
+class Device:
+    """torch on the GPU (CUDA events) or, for ``--smoke-cpu``, on the CPU (host clock)."""
+
+    def __init__(self, smoke: bool) -> None:
+        import torch
+
+        self.torch, self.smoke = torch, smoke
+        self.name = "cpu" if smoke else "cuda"
+        if not smoke and not torch.cuda.is_available():
+            raise SystemExit("gpu_check: torch sees no CUDA device (use --dry-run to compile only)")
+        self.backend = "cpu" if smoke else "cuda"
+        torch.backends.cuda.matmul.allow_tf32 = False          # references stay float64 anyway
+
+    def sync(self) -> None:
+        if not self.smoke:
+            self.torch.cuda.synchronize()
+
+    def hardware(self) -> dict:
+        torch = self.torch
+        info = {"python": platform.python_version(), "torch": torch.__version__, "redfuser": rf.__version__}
+        try:
+            import triton
+            info["triton"] = triton.__version__
+        except Exception as exc:  # Triton missing or broken: its peers are skipped with this note
+            info["triton"] = f"not available ({type(exc).__name__})"
+        if self.smoke:
+            info.update(device="cpu (--smoke-cpu)", sm_count=0, l2_bytes=32 << 20)
+            return info
+        props = torch.cuda.get_device_properties(0)
+        info.update(device=props.name, sm_count=props.multi_processor_count, memory_gib=props.total_memory / 2**30,
+                    l2_bytes=getattr(props, "L2_cache_size", 50 << 20), cuda=torch.version.cuda,
+                    capability=f"{props.major}.{props.minor}")
+        try:
+            from redfuser.runtime.device import device_info
+            driver = device_info(0).driver_version
+            info["driver_api"] = f"{driver // 1000}.{driver % 1000 // 10}"
+        except Exception as exc:  # the RedFuser driver wrapper itself failing is worth seeing in the header
+            info["driver_api"] = f"unknown ({exc})"
+        try:
+            import subprocess
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            info["nvidia_smi"] = out.stdout.strip()
+        except Exception:  # no nvidia-smi: the header just lacks the line
+            pass
+        return info
+
+    def time(self, fn, sets: list, budget_s: float = 0.25, max_calls: int = 200, warmup: int = 3) -> tuple:
+        """(median ms, p90 - p10 ms, calls) of `fn(*set)` over the rotating `sets`, after `warmup` calls."""
+        for i in range(warmup):
+            fn(*sets[i % len(sets)])
+        self.sync()
+        probe = self._times(fn, sets[:1] * 1)[0]
+        calls = int(max(10, min(max_calls, budget_s * 1e3 / max(probe, 1e-3))))
+        times = sorted(self._times(fn, sets, calls))
+        return statistics.median(times), times[int(0.9 * (len(times) - 1))] - times[int(0.1 * (len(times) - 1))], calls
+
+    def _times(self, fn, sets: list, calls: int = 1) -> list[float]:
+        if self.smoke:
+            out = []
+            for i in range(calls):
+                start = time.perf_counter()
+                fn(*sets[i % len(sets)])
+                out.append((time.perf_counter() - start) * 1e3)
+            return out
+        events = [(self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True))
+                  for _ in range(calls)]
+        for i, (start, end) in enumerate(events):
+            start.record()
+            fn(*sets[i % len(sets)])
+            end.record()
+        self.torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in events]
+
+    def ceilings(self) -> dict:
+        """A device-to-device copy's bandwidth and a bf16 8192^3 product's rate, measured now."""
+        if self.smoke:
+            return {}
+        torch = self.torch
+        a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+        b = torch.empty_like(a)
+        copy_ms = self.time(lambda x: b.copy_(x), [(a,)], budget_s=0.1)[0]
+        x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        mm_ms = self.time(lambda m: m @ m, [(x,)], budget_s=0.2)[0]
+        return {"copy_bytes_per_s": 2 * a.numel() / (copy_ms * 1e-3), "bf16_flops_per_s": 2 * 8192**3 / (mm_ms * 1e-3)}
+
+
+# --- peers ------------------------------------------------------------------------------------------
+
+class Skip(Exception):
+    """A peer that does not apply here (Triton missing, a CPU smoke run...): a note, not a failure."""
+
+
+def peer(name: str, case: Case, dev: Device, hardware: dict):
+    """The callable for peer `name` of `case` (same arguments as the RedFuser kernel)."""
+    torch = dev.torch
+    F = torch.nn.functional
+    if name == "sdpa":
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+    if name in ("torch", "torch topk(softmax)"):
+        return torch_program(case.workload, torch)
+    if name == "torch.compile":
+        if dev.smoke:
+            raise Skip("not in a --smoke-cpu run")
+        return torch.compile(torch_program(case.workload, torch), dynamic=False)
+    if name == "torch.softmax":
+        return lambda x: torch.softmax(x, -1)
+    if name == "torch.log_softmax":
+        return lambda x: torch.log_softmax(x, -1)
+    if name == "triton":
+        if dev.smoke:
+            raise Skip("not in a --smoke-cpu run")
+        try:
+            import triton_peers
+        except Exception as exc:
+            raise Skip(f"Triton is not installed ({type(exc).__name__}: {exc})") from None
+        if case.name == "decode":
+            return lambda q, k, v: triton_peers.decode(q, k, v, sm_count=hardware.get("sm_count") or 132)
+        if case.workload in ("attention", "causal_attention"):
+            return lambda q, k, v: triton_peers.attention(q, k, v, causal=case.causal)
+        return getattr(triton_peers, case.workload)
+    if name == "scaled_mm":
+        def scaled(x, w_colmajor, w_scale):
+            a = x.float().abs().amax(-1, keepdim=True)
+            xq = (x.float() * (448.0 / a)).to(torch.float8_e4m3fn)
+            return torch._scaled_mm(xq, w_colmajor, scale_a=a / 448.0, scale_b=w_scale.view(1, -1),
+                                    out_dtype=torch.bfloat16)
+        return scaled
+    raise KeyError(name)
+
+
+def peer_inputs(name: str, sets: list) -> list:
+    """The input sets as `name` takes them: ``torch._scaled_mm`` wants the weights column-major, which a
+    user prepares once (outside the timed call)."""
+    if name != "scaled_mm":
+        return sets
+    return [(x, w.t().contiguous().t(), s) for x, w, s in sets]
+
+
+# --- running a case ---------------------------------------------------------------------------------
+
+def _rate(case: Case, ms: float, peaks: dict) -> tuple[float, str, float | None]:
+    unit, scale = UNITS[case.peak]
+    per_s = case.work / (ms * 1e-3)
+    peak = peaks.get(case.peak)
+    return per_s / scale, unit, (per_s / peak if peak else None)
+
+
+def _failed(row: Row, exc: BaseException) -> Row:
+    row.status = "FAILED"
+    row.error = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ")
+    row.details["traceback"] = traceback.format_exc(limit=6)
+    return row
+
+
+def measure(impl: str, fn, case: Case, sets: list, ref: tuple, dev: Device, peaks: dict, budget: Budget) -> Row:
+    """Check `fn` on the first input set, then time it over all of them."""
+    row = Row(case.label, impl)
+    if budget.left() <= 0:
+        row.status, row.check = "skipped", "time budget spent"
+        return row
+    try:
+        start = time.perf_counter()
+        out = fn(*sets[0])
+        dev.sync()
+        row.first_call_s = time.perf_counter() - start
+        passed, row.check = check(case, impl, out, ref, dev.torch)
+        del out
+        if not passed:
+            row.status = "WRONG"
+        row.ms, row.spread_ms, calls = dev.time(fn, sets)
+        row.details["calls"] = calls
+        row.rate, row.unit, row.fraction_of_peak = _rate(case, row.ms, peaks)
+    except Skip as note:
+        row.status, row.check = "skipped", str(note)
+    except Exception as exc:  # a failing implementation is a row, not the end of the check
+        _failed(row, exc)
+    return row
+
+
+def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
+    """Enough fresh input sets that cycling through them streams several times the L2 (and at least 2)."""
+    count = max(2, min(16, math.ceil(4 * l2_bytes / max(1, case.input_bytes()))))
+    return [make_inputs(case, dev.torch, dev.name, seed) for seed in range(count)]
+
+
+def run_redfuser(case: Case, sets: list, ref: tuple, dev: Device, peaks: dict, budget: Budget) -> Row:
+    """Compile the workload (timed), then check and time it like any peer."""
+    try:
+        kernel = rf.kernel(case.fn, backend=dev.backend, **case.options)
+        start = time.perf_counter()
+        kernel.lower(*sets[0])
+        compile_s = time.perf_counter() - start
+    except Exception as exc:  # a workload the GPU backend cannot compile yet: FAILED, the peers still run
+        return _failed(Row(case.label, "redfuser"), exc)
+    row = measure("redfuser", kernel, case, sets, ref, dev, peaks, budget)
+    row.details["compile_s"] = compile_s
+    return row
+
+
+def run_case(case: Case, dev: Device, peaks: dict, budget: Budget, hardware: dict, later: list) -> list[Row]:
+    """RedFuser and every peer but ``torch.compile`` (appended to `later`) for `case`."""
+    try:
+        check_set = make_inputs(case, dev.torch, dev.name, 1000)
+        ref = reference(case, check_set, dev.torch)
+        sets = [check_set] + input_sets(case, dev, hardware.get("l2_bytes", 50 << 20))
+    except Exception as exc:  # out of memory making inputs, say: the whole case is one FAILED row
+        return [_failed(Row(case.label, "redfuser"), exc)]
+    rows = [run_redfuser(case, sets, ref, dev, peaks, budget)]
+    for name in case.peers:
+        if name == "torch.compile":
+            later.append((case, sets, ref))
+            continue
+        try:
+            fn = peer(name, case, dev, hardware)
+        except Skip as note:
+            rows.append(Row(case.label, name, status="skipped", check=str(note)))
+            continue
+        rows.append(measure(name, fn, case, peer_inputs(name, sets), ref, dev, peaks, budget))
+    return rows
+
+
+def run_compiled(case: Case, sets: list, ref: tuple, dev: Device, peaks: dict, budget: Budget,
+                 hardware: dict) -> Row:
+    """The ``torch.compile`` peer (compiling takes seconds to a minute: run last, only with budget left)."""
+    if budget.left() < 60:
+        return Row(case.label, "torch.compile", status="skipped", check="time budget spent")
+    try:
+        fn = peer("torch.compile", case, dev, hardware)
+    except Skip as note:
+        return Row(case.label, "torch.compile", status="skipped", check=str(note))
+    return measure("torch.compile", fn, case, sets, ref, dev, peaks, budget)
+
+
+# --- the table --------------------------------------------------------------------------------------
+
+def speedups(rows: list[Row]) -> None:
+    """Fill each peer's ``redfuser_speedup``: its time over RedFuser's in the same case."""
+    ours = {r.case: r.ms for r in rows if r.impl == "redfuser" and r.status in ("ok", "WRONG") and r.ms}
+    for r in rows:
+        if r.impl != "redfuser" and r.ms and r.case in ours:
+            r.redfuser_speedup = r.ms / ours[r.case]
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def table(rows: list[Row], header: list[str]) -> str:
+    """The one table: a line per implementation of each case."""
+    head = ["case", "impl", "status", "check", "ms", "rate", "% peak", "x RF", "first call s"]
+    lines = []
+    for r in rows:
+        rate = "-" if r.rate is None else f"{r.rate:,.1f} {r.unit}"
+        note = r.check if r.status != "FAILED" else r.error[:110]
+        lines.append([r.case, r.impl, r.status, note, _cell(r.ms, ".3f"), rate,
+                      _cell(None if r.fraction_of_peak is None else 100 * r.fraction_of_peak, ".1f"),
+                      _cell(r.redfuser_speedup, ".2f"), _cell(r.first_call_s, ".2f")])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()   # noqa: E731
+    out = header + ["", fmt(head), fmt(["-" * w for w in widths])]
+    previous = None
+    for cells in lines:
+        out.append(fmt([cells[0] if cells[0] != previous else ""] + cells[1:]))
+        previous = cells[0]
+    out += ["", "ms: median of the timed calls (CUDA events per call); rate: FLOP/s (attention, FP8 GEMM) or bytes "
+            "read once + written once per second; x RF: the implementation's time / RedFuser's (above 1: "
+            "RedFuser is faster); first call s: RedFuser's compile to a loaded kernel, a peer's first call "
+            "(JIT included)."]
+    return "\n".join(out)
+
+
+def write_results(text: str, payload: dict) -> None:
+    folder = config.results_dir()
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "gpu_check.txt").write_text(text + "\n")
+    (folder / "gpu_check.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+
+
+# --- dry run: compile everything, no device ----------------------------------------------------------
+
+def dry_run(all_cases: list[Case], sm: str) -> tuple[list[Row], list[str]]:
+    """Compile every case to PTX for `sm` (no GPU needed) and give the table's rows with "no device"."""
+    rows = []
+    for case in all_cases:
+        row = Row(case.label, "redfuser", status="no device")
+        try:
+            start = time.perf_counter()
+            lowered = rf.kernel(case.fn, backend="cuda", sm=sm, **case.options).lower(*case.compile_args())
+            row.first_call_s = time.perf_counter() - start
+            ptx = lowered.stages["ptx"]
+            mma = sum(k.ptx.count("mma.sync") for k in ptx.kernels)
+            row.check = f"PTX for {ptx.sm}: {len(ptx.kernels)} kernel(s), {mma} mma.sync"
+        except Exception as exc:  # the table shows what does not compile yet
+            _failed(row, exc)
+        rows.append(row)
+        rows.extend(Row(case.label, name, status="no device") for name in case.peers)
+    return rows, [f"gpu_check --dry-run: compiled for {sm}; no device, so nothing ran or was timed"]
+
+
+# --- main -------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="compile every case to PTX; no device needed")
+    parser.add_argument("--smoke-cpu", action="store_true", help="run the script on the CPU, tiny shapes")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (implied by --smoke-cpu)")
+    parser.add_argument("--sm", default="sm_90", help="the target of --dry-run (default sm_90, an H100/H200)")
+    parser.add_argument("--budget", type=float, default=400.0, help="seconds; past it the rest is skipped")
+    parser.add_argument("--only", nargs="*", default=None, help="case names to run (default all)")
+    args = parser.parse_args(argv)
+    all_cases = [c for c in cases("tiny" if args.smoke_cpu or args.tiny else "full") if not args.only or c.name in args.only]
+    budget = Budget(args.budget)
+    if args.dry_run:
+        rows, header = dry_run(all_cases, args.sm)
+        payload = {"mode": "dry-run", "rows": [asdict(r) for r in rows]}
+    else:
+        dev = Device(args.smoke_cpu)
+        hardware = dev.hardware()
+        name = hardware["device"]
+        peaks = next((dict(p) for key, p in PEAKS.items() if key in name), {})
+        print(f"gpu_check on {name}: {hardware}", flush=True)
+        measured = dev.ceilings()
+        if not peaks and measured:     # an unknown device: its measured ceilings are the peaks
+            peaks = {"bf16": measured["bf16_flops_per_s"], "fp8": 2 * measured["bf16_flops_per_s"],
+                     "hbm": measured["copy_bytes_per_s"], "source": "measured in this run (unknown device)"}
+        rows, later = [], []
+        for case in all_cases:
+            rows += run_case(case, dev, peaks, budget, hardware, later)
+            print(f"  {case.label}: done at {budget.spent():.0f} s", flush=True)
+        for case, sets, ref in later:
+            compiled = run_compiled(case, sets, ref, dev, peaks, budget, hardware)
+            at = max(i for i, r in enumerate(rows) if r.case == case.label)
+            rows.insert(at + 1, compiled)
+            print(f"  {case.label} torch.compile: done at {budget.spent():.0f} s", flush=True)
+        speedups(rows)
+        header = [f"hardware: {name}, {hardware.get('sm_count')} SMs, capability {hardware.get('capability')}, "
+                  f"CUDA driver API {hardware.get('driver_api')}, nvidia-smi [{hardware.get('nvidia_smi', '')}], "
+                  f"torch {hardware['torch']}, triton {hardware['triton']}",
+                  f"peaks for % peak: {peaks.get('source', 'none known')}"]
+        if measured:
+            header.append(f"measured now: device-to-device copy {measured['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+                          f"bf16 8192^3 product {measured['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
+        header.append(f"total time {budget.spent():.0f} s (budget {args.budget:.0f} s)")
+        payload = {"mode": "smoke-cpu" if args.smoke_cpu else "device", "hardware": hardware,
+                   "peaks": peaks, "measured": measured, "rows": [asdict(r) for r in rows]}
+    text = table(rows, header)
+    print(text, flush=True)
+    payload["elapsed_s"] = budget.spent()
+    write_results(text, payload)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

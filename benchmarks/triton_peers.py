@@ -1,0 +1,248 @@
+"""Triton peers of the RedFuser workloads, written for this project (benchmarks only; never imported by RedFuser).
+
+- `attention(q, k, v, causal)`: FlashAttention-2 style forward over ``[B, H, N, D]``: one program per
+  ``BLOCK_M`` query rows of one head; the keys in ``BLOCK_N`` chunks with a hand-written online softmax
+  (running max ``m``, running sum ``l``, the accumulator rescaled by ``exp2(m_old - m_new)``, divided by
+  ``l`` once at the end). Causal masks keys after the query (top-left aligned, like the workload).
+- `decode(q, k, v)`: one query per head against a long key axis, split across programs (each writes its
+  partial ``m, l, acc``), then a combine kernel merges the partials.
+- `softmax(x)`, `log_softmax(x)`: one program per row; an online pass keeps a running max and sum per
+  lane, a second pass writes the result.
+
+`KERNELS` names each kernel with a signature and constants for `compile_to_ptx`, which compiles it for
+a GPU target without a GPU (used by ``benchmarks/compile_time.py``). The wrappers take torch tensors;
+set ``triton.knobs.runtime.interpret = True`` before importing this module to run them on the CPU.
+"""
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def attention_kernel(Q, K, V, O, scale_log2, n_q, n_k, heads,
+                     s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_om,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, CAUSAL: tl.constexpr):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // heads).to(tl.int64)
+    h = (bh % heads).to(tl.int64)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, HEAD_D)
+    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qm + d[None, :], mask=rows[:, None] < n_q, other=0.0)
+    k_base = K + b * s_kb + h * s_kh
+    v_base = V + b * s_vb + h * s_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    end = n_k
+    if CAUSAL:
+        end = (start_m + 1) * BLOCK_M                       # later keys are masked for every row here
+    for start_n in range(0, end, BLOCK_N):
+        keys = start_n + tl.arange(0, BLOCK_N)
+        kt = tl.load(k_base + keys[None, :] * s_kn + d[:, None], mask=keys[None, :] < n_k, other=0.0)
+        s = tl.dot(q, kt) * scale_log2                     # scores in log2 units: exp2 below
+        valid = keys[None, :] < n_k
+        if CAUSAL:
+            valid = valid & (keys[None, :] <= rows[:, None])
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows with no key yet: no NaN from -inf - -inf
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + keys[:, None] * s_vn + d[None, :], mask=keys[:, None] < n_k, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(O + b * s_ob + h * s_oh + rows[:, None] * s_om + d[None, :], out.to(O.dtype.element_ty),
+             mask=rows[:, None] < n_q)
+
+
+@triton.jit
+def decode_partial_kernel(Q, K, V, M_part, L_part, ACC_part, scale_log2, n_k, heads, chunk,
+                          s_qb, s_qh, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                          BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr):
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (bh // heads).to(tl.int64)
+    h = (bh % heads).to(tl.int64)
+    d = tl.arange(0, HEAD_D)
+    q = tl.load(Q + b * s_qb + h * s_qh + d).to(tl.float32) * scale_log2
+    k_base = K + b * s_kb + h * s_kh
+    v_base = V + b * s_vb + h * s_vh
+    lo = split * chunk
+    m_i = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), 0)
+    l_i = tl.sum(tl.zeros([BLOCK_N], tl.float32), 0)
+    acc = tl.zeros([HEAD_D], tl.float32)
+    for start in range(lo, lo + chunk, BLOCK_N):           # chunk: a multiple of BLOCK_N
+        keys = start + tl.arange(0, BLOCK_N)
+        inside = keys < n_k
+        kk = tl.load(k_base + keys[:, None].to(tl.int64) * s_kn + d[None, :], mask=inside[:, None], other=0.0)
+        s = tl.where(inside, tl.sum(kk.to(tl.float32) * q[None, :], 1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref)
+        vv = tl.load(v_base + keys[:, None].to(tl.int64) * s_vn + d[None, :], mask=inside[:, None], other=0.0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        acc = acc * alpha + tl.sum(p[:, None] * vv.to(tl.float32), 0)
+        m_i = m_new
+    slot = bh * tl.num_programs(1) + split
+    tl.store(M_part + slot, m_i)
+    tl.store(L_part + slot, l_i)
+    tl.store(ACC_part + slot * HEAD_D + d, acc)
+
+
+@triton.jit
+def decode_combine_kernel(M_part, L_part, ACC_part, O, splits, heads, s_ob, s_oh,
+                          SPLITS: tl.constexpr, HEAD_D: tl.constexpr):
+    bh = tl.program_id(0)
+    b = (bh // heads).to(tl.int64)
+    h = (bh % heads).to(tl.int64)
+    part = tl.arange(0, SPLITS)
+    used = part < splits
+    d = tl.arange(0, HEAD_D)
+    m = tl.load(M_part + bh * splits + part, mask=used, other=float("-inf"))
+    l = tl.load(L_part + bh * splits + part, mask=used, other=0.0)
+    top = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - top))   # the merge: rescale each partial to the max
+    acc = tl.load(ACC_part + (bh * splits + part)[:, None] * HEAD_D + d[None, :], mask=used[:, None], other=0.0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l, 0)
+    tl.store(O + b * s_ob + h * s_oh + d, out.to(O.dtype.element_ty))
+
+
+@triton.jit
+def softmax_kernel(X, Y, n_cols, s_x, s_y, BLOCK: tl.constexpr, LOG: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
+    l_vec = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):                   # online: running max and sum per lane
+        x = tl.load(X + row * s_x + start + cols, mask=start + cols < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m_vec, x)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l_vec = l_vec * tl.exp(m_vec - m_ref) + tl.exp(x - m_ref)
+        m_vec = m_new
+    m = tl.max(m_vec, 0)
+    l = tl.sum(tl.where(m_vec == float("-inf"), 0.0, l_vec * tl.exp(m_vec - m)), 0)
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(X + row * s_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if LOG:
+            y = x - m - tl.log(l)
+        else:
+            y = tl.exp(x - m) / l
+        tl.store(Y + row * s_y + start + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+# --- launchers (torch tensors) ------------------------------------------------------------------------
+
+def attention(q, k, v, causal: bool = False, block_m: int = 128, block_n: int = 64, num_stages: int = 3):
+    """Attention forward over contiguous ``[B, H, N, D]`` tensors (see the module docstring)."""
+    import torch
+
+    batch, heads, n_q, dim = q.shape
+    n_k = k.shape[2]
+    o = torch.empty_like(q)
+    grid = (triton.cdiv(n_q, block_m), batch * heads)
+    attention_kernel[grid](q, k, v, o, LOG2E / math.sqrt(dim), n_q, n_k, heads,
+                           *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+                           BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=dim, CAUSAL=causal,
+                           num_warps=8 if dim >= 128 else 4, num_stages=num_stages)
+    return o
+
+
+def decode(q, k, v, splits: int | None = None, sm_count: int = 132, block_n: int = 64):
+    """One query per head (``q [B, H, 1, D]``) against ``k, v [B, H, N, D]``: split keys, then combine."""
+    import torch
+
+    batch, heads, n_q, dim = q.shape
+    assert n_q == 1, "decode takes one query per head"
+    n_k = k.shape[2]
+    if splits is None:
+        splits = max(1, min(128, (4 * sm_count) // (batch * heads)))
+    chunk = triton.cdiv(triton.cdiv(n_k, splits), block_n) * block_n
+    splits = triton.cdiv(n_k, chunk)
+    m_part = torch.empty(batch * heads * splits, device=q.device, dtype=torch.float32)
+    l_part = torch.empty_like(m_part)
+    acc_part = torch.empty(batch * heads * splits * dim, device=q.device, dtype=torch.float32)
+    decode_partial_kernel[(batch * heads, splits)](q, k, v, m_part, l_part, acc_part, LOG2E / math.sqrt(dim),
+                                                  n_k, heads, chunk, q.stride(0), q.stride(1),
+                                                  *k.stride()[:3], *v.stride()[:3],
+                                                  BLOCK_N=block_n, HEAD_D=dim, num_warps=4)
+    o = torch.empty_like(q)
+    decode_combine_kernel[(batch * heads,)](m_part, l_part, acc_part, o, splits, heads, o.stride(0), o.stride(1),
+                                           SPLITS=triton.next_power_of_2(splits), HEAD_D=dim, num_warps=4)
+    return o
+
+
+def _rows(x, log: bool):
+    import torch
+
+    y = torch.empty_like(x)
+    n_cols = x.shape[-1]
+    block = min(triton.next_power_of_2(n_cols), 8192)
+    softmax_kernel[(x.numel() // n_cols,)](x, y, n_cols, x.stride(-2), y.stride(-2), BLOCK=block, LOG=log,
+                                           num_warps=16 if block >= 4096 else 4)
+    return y
+
+
+def softmax(x):
+    """Softmax over the last axis of a contiguous 2-d tensor."""
+    return _rows(x, False)
+
+
+def log_softmax(x):
+    """Log-softmax over the last axis of a contiguous 2-d tensor."""
+    return _rows(x, True)
+
+
+# --- compiling without a GPU (benchmarks/compile_time.py) ---------------------------------------------
+
+_ATTN_SIG = {name: "*fp16" for name in ("Q", "K", "V", "O")} | {"scale_log2": "fp32", "n_q": "i32", "n_k": "i32",
+                                                                 "heads": "i32"}
+_ATTN_SIG |= {f"s_{t}{a}": "i32" for t in "qkvo" for a in ("b", "h", "m" if t in "qo" else "n")}
+KERNELS = {
+    "attention": (attention_kernel, _ATTN_SIG | {n: "constexpr" for n in ("BLOCK_M", "BLOCK_N", "HEAD_D", "CAUSAL")},
+                  {"BLOCK_M": 128, "BLOCK_N": 64, "HEAD_D": 64, "CAUSAL": False}, {"num_warps": 4, "num_stages": 3}),
+    "softmax": (softmax_kernel, {"X": "*fp32", "Y": "*fp32", "n_cols": "i32", "s_x": "i32", "s_y": "i32",
+                                 "BLOCK": "constexpr", "LOG": "constexpr"},
+                {"BLOCK": 1024, "LOG": False}, {"num_warps": 4}),
+}
+
+
+def compile_to_ptx(name: str, arch: int = 90, cache_dir: str | None = None) -> dict:
+    """Compile `KERNELS[name]` for ``sm_<arch>`` without a GPU; returns microseconds per stage
+    (``ir_initialization``, ``ttir``, ``ttgir``, ``llir``, ``ptx``, ``cubin``) and the PTX text."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn, signature, constants, options = KERNELS[name]
+    times: dict[str, int] = {}
+
+    def listen(*, src, metadata, metadata_group, times: object, cache_hit: bool) -> None:
+        record["times"], record["hit"] = times, cache_hit
+
+    record: dict = {}
+    previous_listener, previous_dir = triton.knobs.compilation.listener, triton.knobs.cache.dir
+    triton.knobs.compilation.listener = listen
+    if cache_dir is not None:
+        triton.knobs.cache.dir = cache_dir
+    try:
+        compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", arch, 32),
+                                  options=options)
+    finally:
+        triton.knobs.compilation.listener = previous_listener
+        triton.knobs.cache.dir = previous_dir
+    if record.get("hit"):
+        raise RuntimeError(f"triton served {name} from its cache: not a cold compile")
+    stage_times = record["times"]
+    times["ir_initialization"] = stage_times.ir_initialization
+    times.update(dict(stage_times.lowering_stages))
+    times["ptx_text"] = compiled.asm["ptx"]
+    return times

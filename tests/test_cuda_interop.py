@@ -1,0 +1,457 @@
+"""The cuda backend's arguments without a GPU: numpy, device tensors (zero copy), streams, device ordinals.
+
+A fake driver (`FakeGpu`) stands in for ``cuda.bindings.driver``: its "device memory" is host memory
+(numpy arrays at their real addresses), copies are ``memmove``s, and a launch runs the very SIMT kernel
+the PTX was made from in the simulator over the buffers the launch's pointers name. So these tests check
+what would reach the GPU (pointers, sizes, stream handles, synchronizations, frees) and that the values
+land in the caller's arrays. A fake ``torch`` module plays the caller's library (allocation under a
+stream, ``contiguous()``, current and external streams). The no-GPU paths (clean errors, ``auto`` on cpu,
+the demo's message) run against a fake driver that is missing, so they hold on any machine.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+from cuda.bindings import driver as real_driver
+
+import redfuser as rf
+from redfuser import backends, cli
+from redfuser.ir.errors import ArgumentError, BackendError, CudaError
+from redfuser.runtime import arrays, cuda_driver
+from redfuser.runtime.arrays import CUDA
+from redfuser.runtime.cuda_backend import stream_handle
+from redfuser.runtime.cuda_memory import Stream
+from redfuser.workloads import attention, softmax
+from test_cuda_runtime import OK, FakeDriver
+
+
+class FakeGpu(FakeDriver):
+    """A driver whose memory is host memory and whose launches run the simulator (see the module doc)."""
+
+    def __init__(self, **overrides):
+        super().__init__(CUstream=real_driver.CUstream, CUcontext=real_driver.CUcontext,
+                         CUpointer_attribute=real_driver.CUpointer_attribute, **overrides)
+        self.regions: dict[int, tuple[np.ndarray, int]] = {}     # base address -> (bytes, device)
+        self.kernels: dict[str, object] = {}                      # PTX entry -> SIMT kernel
+        self.launches: list[dict] = []
+        self.current = real_driver.CUcontext(0)
+
+    def program(self, lowered) -> None:
+        self.kernels.update({k.entry: s for k, s in zip(lowered.stages["ptx"].kernels, lowered.stages["simt"].kernels)})
+
+    def own(self, array: np.ndarray, device: int = 0) -> int:
+        base = array.ctypes.data
+        self.regions[base] = (array.reshape(-1).view(np.uint8), device)
+        return base
+
+    def _region(self, ptr: int) -> tuple[np.ndarray, int, int]:
+        for base, (data, device) in self.regions.items():
+            if base <= ptr < base + max(1, data.size):
+                return data, ptr - base, device
+        raise AssertionError(f"pointer {ptr:#x} is not fake device memory")
+
+    def cuMemAlloc(self, nbytes):
+        data = np.full(nbytes, 0xFF, np.uint8)                    # poison: NaN in every float type
+        self.calls.append(("cuMemAlloc", (nbytes,)))
+        return OK, self.own(data)
+
+    def cuMemFree(self, ptr):
+        self.calls.append(("cuMemFree", (ptr,)))
+        self.regions.pop(int(ptr))
+        return (OK,)
+
+    def cuMemcpyHtoD(self, dst, src, nbytes):
+        self._region(dst)
+        ctypes.memmove(dst, src, nbytes)
+        return self._record("cuMemcpyHtoD", (dst, nbytes), (OK,))
+
+    def cuMemcpyDtoH(self, dst, src, nbytes):
+        self._region(src)
+        ctypes.memmove(dst, src, nbytes)
+        return self._record("cuMemcpyDtoH", (src, nbytes), (OK,))
+
+    def cuMemcpyDtoHAsync(self, dst, src, nbytes, stream):
+        self._region(src)
+        ctypes.memmove(dst, src, nbytes)
+        return self._record("cuMemcpyDtoHAsync", (src, nbytes, int(stream)), (OK,))
+
+    def cuCtxGetCurrent(self):
+        return self._record("cuCtxGetCurrent", (), (OK, self.current))
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        return self._record("cuDevicePrimaryCtxRetain", (dev,), (OK, real_driver.CUcontext(0x100 + dev)))
+
+    def cuDeviceGetCount(self):
+        return self._record("cuDeviceGetCount", (), (OK, 2))
+
+    def cuPointerGetAttribute(self, attribute, ptr):
+        assert attribute == real_driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        return self._record("cuPointerGetAttribute", (ptr,), (OK, self._region(ptr)[2]))
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        from redfuser.codegen.simulator import simulate
+
+        kernel = self.kernels[fn.split(":", 1)[1]]
+        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        pointers = [ctypes.c_uint64.from_address(slots[i]).value for i in range(len(kernel.buffers))]
+        views = {}
+        for b, ptr in zip(kernel.buffers, pointers):
+            data, offset, _ = self._region(ptr)
+            nbytes = b.type.size * b.dtype.itemsize
+            views[b.name] = data[offset:offset + nbytes].view(b.dtype.numpy).reshape(b.shape)
+        for name, value in simulate(kernel, views, verify=False).items():
+            views[name][...] = value
+        self.launches.append({"entry": kernel.name, "grid": (gx, gy, gz), "block": (bx, by, bz),
+                              "stream": int(stream), "pointers": pointers})
+        return self._record("cuLaunchKernel", (kernel.name, int(stream)), (OK,))
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A fresh `FakeGpu` installed as the driver (the real driver's state forgotten before and after)."""
+    fake = FakeGpu()
+    monkeypatch.setattr(cuda_driver, "driver", fake)
+    cuda_driver.reset_state()
+    yield fake
+    cuda_driver.reset_state()
+
+
+# --- a fake torch: tensors in fake device memory, streams, allocation under a stream ----------------
+
+class FakeTensor:
+    """What the backend sees of a torch CUDA tensor: the CUDA Array Interface (the device is asked of the
+    driver) and ``contiguous()``; its data is a numpy array the fake GPU knows as device memory."""
+
+    __module__ = "torch"                                      # the caller's library, as `arrays` reads it
+
+    def __init__(self, data: np.ndarray, gpu: FakeGpu, device: int = 0, base: np.ndarray | None = None):
+        self.data, self.gpu, self.device = data, gpu, device
+        gpu.own(data if base is None else base, device)
+
+    @property
+    def __cuda_array_interface__(self):
+        strides = None if self.data.flags.c_contiguous else self.data.strides
+        return {"shape": self.data.shape, "typestr": self.data.dtype.str, "data": (self.data.ctypes.data, False),
+                "version": 2, "strides": strides}
+
+    def contiguous(self) -> "FakeTensor":
+        self.gpu.torch.log.append(("contiguous", self.gpu.torch.cuda.current.cuda_stream))
+        return FakeTensor(np.ascontiguousarray(self.data), self.gpu, self.device)
+
+    @property
+    def T(self) -> "FakeTensor":
+        return FakeTensor(self.data.T, self.gpu, self.device, base=self.data)
+
+
+def fake_torch(gpu: FakeGpu) -> types.ModuleType:
+    torch = types.ModuleType("torch")
+    torch.log = []
+    for name, dtype in [("float32", np.float32), ("float16", np.float16), ("int32", np.int32),
+                        ("int64", np.int64), ("bool", np.bool_), ("float64", np.float64),
+                        ("bfloat16", rf.bfloat16), ("float8_e4m3fn", rf.float8_e4m3fn)]:
+        setattr(torch, name, np.dtype(dtype))
+
+    class Stream:
+        def __init__(self, cuda_stream: int = 0x5000):
+            self.cuda_stream = cuda_stream
+
+    class ExternalStream(Stream):
+        def __init__(self, handle: int, device: int = 0):
+            super().__init__(handle)
+
+    cuda = types.SimpleNamespace(Stream=Stream, ExternalStream=ExternalStream, current=Stream(0x5000))
+    cuda.current_stream = lambda device=None: cuda.current
+
+    @contextlib.contextmanager
+    def stream(s):
+        before, cuda.current = cuda.current, s
+        try:
+            yield
+        finally:
+            cuda.current = before
+
+    cuda.stream = stream
+    torch.cuda = cuda
+
+    def empty(shape, dtype, device):
+        torch.log.append(("empty", device, cuda.current.cuda_stream))
+        index = int(device.split(":")[1]) if device.startswith("cuda") else -1
+        return FakeTensor(np.full(shape, np.nan).astype(dtype), gpu, index)
+
+    torch.empty = empty
+    gpu.torch = torch
+    return torch
+
+
+@pytest.fixture
+def torch(gpu, monkeypatch):
+    module = fake_torch(gpu)
+    monkeypatch.setitem(sys.modules, "torch", module)
+    return module
+
+
+def compiled(gpu: FakeGpu, fn, *args, **options):
+    k = rf.kernel(fn, backend="cuda", **options)
+    gpu.program(k.lower(*args))
+    return k
+
+
+def rows(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 3
+
+
+def expected_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+# --- numpy in, numpy out -----------------------------------------------------------------------------
+
+def test_numpy_arguments_are_copied_in_and_out(gpu):
+    x = rows(4, 64)
+    k = compiled(gpu, softmax, x)
+    out = k(x)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_allclose(out, expected_softmax(x), rtol=1e-5, atol=1e-6)
+    names = gpu.names()
+    assert names.count("cuMemcpyHtoD") == 1 and names.count("cuMemcpyDtoH") == 1
+    assert [c for c in gpu.calls if c[0] == "cuMemcpyHtoD"][0][1][1] == x.nbytes
+    assert all(launch["stream"] == 0 for launch in gpu.launches)                # the legacy default stream
+    assert names.index("cuCtxSynchronize") < names.index("cuMemcpyDtoH")
+    scratch = len(k.lower(x).stages["simt"].scratch)                            # softmax's row statistics
+    assert names.count("cuMemAlloc") == 2 + scratch and names.count("cuMemFree") == 2   # input, output freed
+
+
+def test_numpy_arguments_on_a_given_stream(gpu):
+    x = rows(4, 64)
+    k = compiled(gpu, softmax, x)
+    out = k(x, stream=0x77)
+    np.testing.assert_allclose(out, expected_softmax(x), rtol=1e-5, atol=1e-6)
+    assert {launch["stream"] for launch in gpu.launches} == {0x77}
+    assert ("cuMemcpyDtoHAsync", (gpu.launches[-1]["pointers"][-1], x.nbytes, 0x77)) in gpu.calls
+    assert any(n == "cuStreamSynchronize" and int(a[0]) == 0x77 for n, a in gpu.calls)
+
+
+# --- device arrays -----------------------------------------------------------------------------------
+
+def test_torch_tensors_are_read_in_place_and_outputs_are_torch_tensors_on_their_device(gpu, torch):
+    x = rows(4, 64)
+    k = compiled(gpu, softmax, x)
+    t = FakeTensor(x.copy(), gpu)
+    out = k(t)
+    assert isinstance(out, FakeTensor) and out.device == 0
+    np.testing.assert_allclose(out.data, expected_softmax(x), rtol=1e-5, atol=1e-6)
+    assert gpu.launches[0]["pointers"][0] == t.data.ctypes.data                 # zero copy: the tensor itself
+    assert out.data.ctypes.data in gpu.launches[-1]["pointers"]                 # written in place
+    assert not {"cuMemcpyHtoD", "cuMemcpyDtoH", "cuStreamSynchronize", "cuCtxSynchronize"} & set(gpu.names())
+    assert {launch["stream"] for launch in gpu.launches} == {0x5000}            # torch's current stream
+    assert torch.log == [("empty", "cuda:0", 0x5000)]
+    assert gpu.names().count("cuMemAlloc") == len(k.lower(x).stages["simt"].scratch)   # scratch only
+
+
+@pytest.mark.parametrize("how", ["torch stream", "int", "redfuser Stream", "__cuda_stream__"])
+def test_a_user_given_stream_is_honoured(gpu, torch, how):
+    x = rows(4, 64)
+    k = compiled(gpu, softmax, x)
+    given = {"torch stream": torch.cuda.Stream(0x6100), "int": 0x6100,
+             "redfuser Stream": Stream(real_driver.CUstream(0x6100)),
+             "__cuda_stream__": types.SimpleNamespace(__cuda_stream__=lambda: (0, 0x6100))}[how]
+    out = k(FakeTensor(x.copy(), gpu), stream=given)
+    np.testing.assert_allclose(out.data, expected_softmax(x), rtol=1e-5, atol=1e-6)
+    assert {launch["stream"] for launch in gpu.launches} == {0x6100}
+    assert torch.log == [("empty", "cuda:0", 0x6100)]                           # allocated under that stream
+    assert torch.cuda.current.cuda_stream == 0x5000                             # and torch's current restored
+
+
+def test_stream_arguments_that_are_not_streams_are_refused():
+    assert stream_handle(types.SimpleNamespace(ptr=0x42)) == 0x42               # a cupy stream
+    assert stream_handle(real_driver.CUstream(9)) == 9
+    with pytest.raises(ArgumentError, match="stream must be a CUDA stream"):
+        stream_handle("default")
+    with pytest.raises(ArgumentError, match="stream must be a CUDA stream"):
+        stream_handle(True)
+
+
+def test_a_strided_device_input_is_made_contiguous_by_its_library_on_the_stream(gpu, torch):
+    x = rows(64, 4)
+    k = compiled(gpu, softmax, np.ascontiguousarray(x.T))
+    t = FakeTensor(x.copy(), gpu).T                                             # a transposed view
+    out = k(t, stream=0x6200)
+    np.testing.assert_allclose(out.data, expected_softmax(x.T), rtol=1e-5, atol=1e-6)
+    assert torch.log[0] == ("contiguous", 0x6200)
+    assert gpu.launches[0]["pointers"][0] != t.data.ctypes.data                 # the copy was read
+
+
+def test_a_strided_device_array_of_an_unknown_library_is_refused(gpu):
+    class Strided:
+        __module__ = "somelib"
+
+        def __init__(self, data):
+            gpu.own(data)
+            view = data.T
+            self.__cuda_array_interface__ = {"shape": view.shape, "typestr": "<f4", "version": 3,
+                                             "data": (view.ctypes.data, False), "strides": view.strides}
+    k = compiled(gpu, softmax, rows(64, 4).T.copy())
+    with pytest.raises(ArgumentError, match="non-contiguous somelib device array"):
+        k(Strided(rows(64, 4)))
+
+
+def test_device_ordinals_are_checked_and_the_callers_device_used(gpu, torch):
+    x = rows(4, 64)
+    k = compiled(gpu, lambda a, b: rf.sum(a * b, axis=-1), x, x)
+    with pytest.raises(ArgumentError, match="different devices .*cuda:0.*cuda:1"):
+        k(FakeTensor(x.copy(), gpu, 0), FakeTensor(x.copy(), gpu, 1))
+    gpu.current = real_driver.CUcontext(0x100)                                  # torch's device-0 context
+    out = k(FakeTensor(x.copy(), gpu, 1), FakeTensor(x.copy(), gpu, 1))
+    assert out.device == 1 and torch.log[-1] == ("empty", "cuda:1", 0x5000)
+    np.testing.assert_allclose(out.data, (x * x).sum(-1), rtol=1e-5)
+    assert ("cuDeviceGet", (1,)) in gpu.calls
+    assert [int(a[0]) for n, a in gpu.calls if n == "cuCtxSetCurrent"][-1] == 0x100   # restored afterwards
+
+
+def test_host_inputs_beside_device_ones_are_copied_and_freed_after_the_stream_finished(gpu, torch):
+    x, y = rows(4, 64), rows(4, 64, seed=1)
+    k = compiled(gpu, lambda a, b: rf.sum(a * b, axis=-1), x, y)
+    out = k(FakeTensor(x.copy(), gpu), y)
+    np.testing.assert_allclose(out.data, (x * y).sum(-1), rtol=1e-5)
+    names = gpu.names()
+    assert names.count("cuMemcpyHtoD") == 1
+    assert names.index("cuLaunchKernel") < names.index("cuStreamSynchronize") < names.index("cuMemFree")
+
+
+def test_device_arrays_of_a_library_redfuser_cannot_allocate_in_give_numpy_outputs(gpu):
+    class Foreign:
+        __module__ = "somelib"
+
+        def __init__(self, data):
+            self.data = data
+            gpu.own(data)
+            self.__cuda_array_interface__ = {"shape": data.shape, "typestr": "<f4", "version": 3,
+                                             "data": (data.ctypes.data, False), "strides": None}
+    x = rows(4, 64)
+    k = compiled(gpu, softmax, x)
+    out = k(Foreign(x.copy()))
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_allclose(out, expected_softmax(x), rtol=1e-5, atol=1e-6)
+    names = gpu.names()
+    assert names.index("cuStreamSynchronize") < names.index("cuMemcpyDtoH")
+    assert names.count("cuMemFree") == 1                                        # the numpy output's buffer
+
+
+def test_split_reduction_scratch_is_kept_per_stream(gpu, torch):
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 1, 1, 16)).astype(np.float32)
+    kv = rng.standard_normal((1, 1, 1024, 16)).astype(np.float32)
+    k = compiled(gpu, attention, q, kv, kv)
+    program = k.lower(q, kv, kv).stages["simt"]
+    assert program.scratch and len(program.kernels) == 2                       # partial states, then merge
+    args = [FakeTensor(a.copy(), gpu) for a in (q, kv, kv)]
+    first, second = k(*args), k(*args)
+    third = k(*args, stream=0x6300)
+    for out in (first, second, third):
+        np.testing.assert_allclose(out.data, attention(q, kv, kv), rtol=1e-4, atol=1e-5)
+    assert gpu.names().count("cuMemAlloc") == 2 * len(program.scratch)          # once per stream
+    assert "cuMemFree" not in gpu.names()
+    executable = next(entry[1] for entry in k._cache.values())
+    executable.close()
+    assert gpu.names().count("cuMemFree") == 2 * len(program.scratch)
+
+
+def test_float8_and_bfloat16_device_tensors_are_described_through_dlpack():
+    class TorchLikeFp8:
+        """torch's CAI raises KeyError for float8; its DLPack names the dtype and the device ordinal."""
+
+        def __init__(self, raw: np.ndarray):
+            self.raw = raw
+
+        @property
+        def __cuda_array_interface__(self):
+            raise KeyError("torch.float8_e4m3fn")
+
+        def __dlpack__(self, stream=None):
+            assert stream == -1                                   # no producer-side synchronization asked
+            capsule = self.raw.__dlpack__()
+            arrays._capsule_tensor(capsule).dtype.code = arrays._DL_FLOAT8_E4M3FN
+            return capsule
+
+        def __dlpack_device__(self):
+            return (CUDA, 1)
+
+    t = TorchLikeFp8(np.zeros((3, 5), np.uint8))
+    assert arrays.is_array(t)
+    info = arrays.describe(t)
+    assert (info.dtype, info.device_id, info.shape, info.on_gpu) == (rf.ir.types.float8_e4m3fn, 1, (3, 5), True)
+    assert info.pointer == t.raw.ctypes.data
+
+
+def test_a_device_array_whose_protocols_fail_is_a_clear_error():
+    class RequiresGrad:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad.")
+
+    assert arrays.is_array(RequiresGrad())
+    with pytest.raises(ArgumentError, match="requires grad"):
+        rf.kernel(softmax, backend="cuda").lower(RequiresGrad())
+
+
+def test_a_failed_launch_raises_the_drivers_error_and_frees_the_buffers(gpu):
+    x = rows(4, 64)
+    k = compiled(gpu, softmax, x)
+    gpu.cuLaunchKernel = lambda *a: (real_driver.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,)
+    with pytest.raises(CudaError, match="cuLaunchKernel failed: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"):
+        k(x)
+    scratch = len(k.lower(x).stages["simt"].scratch)                            # kept for the next call
+    assert gpu.names().count("cuMemAlloc") == gpu.names().count("cuMemFree") + scratch
+
+
+def test_host_backends_ignore_the_stream():
+    x = rows(4, 64)
+    np.testing.assert_allclose(rf.kernel(softmax, backend="interpret")(x, stream=0x1234), expected_softmax(x),
+                               rtol=1e-5)
+
+
+# --- without a GPU -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_driver(monkeypatch):
+    def missing(flags):
+        raise RuntimeError('"cuda" is an NVIDIA driver library and can only be found via system search')
+    monkeypatch.setattr(cuda_driver, "driver", FakeDriver(cuInit=missing))
+    cuda_driver.reset_state()
+    yield
+    cuda_driver.reset_state()
+
+
+def test_importing_redfuser_needs_no_driver_and_no_cuda_python():
+    code = ("import sys; sys.modules['cuda'] = None; sys.modules['cuda.bindings'] = None\n"
+            "import redfuser as rf, redfuser.runtime.cuda_backend, redfuser.runtime.device as d\n"
+            "from redfuser import backends\n"
+            "print(d.why_no_device()); print(backends.resolve('auto')[0])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["no CUDA driver found (cuda-python is not installed)", "cpu"]
+
+
+def test_the_cuda_backend_without_a_driver_is_a_clear_error_and_auto_runs_on_cpu(no_driver):
+    x = rows(4, 64)
+    with pytest.raises(BackendError, match="cannot use the cuda backend: no CUDA driver found"):
+        rf.kernel(softmax, backend="cuda")(x)
+    assert "mov" in str(rf.kernel(softmax, backend="cuda").lower(x).stages["ptx"])   # compiling needs none
+    assert backends.resolve("auto") == ("cpu", "auto: best backend available (cannot use the cuda backend: "
+                                                "no CUDA driver found)")
+    k = rf.kernel(softmax)
+    np.testing.assert_allclose(k(x), expected_softmax(x), rtol=1e-5, atol=1e-6)
+    assert k.lower(x).backend == "cpu"
+
+
+def test_the_demo_says_which_backend_ran_and_why(no_driver, capsys):
+    assert cli.main(["demo", "--workload", "softmax"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == "backend: cpu (auto: best backend available (cannot use the cuda backend: no CUDA driver found))"
