@@ -70,7 +70,7 @@ def cases(size: str = "full") -> list[Case]:
     tiny = size == "tiny"
     b, h, n = (1, 2, 128) if tiny else (4, 16, 4096)
     keys, dec_bh = (1024, (1, 2)) if tiny else (32768, (4, 32))
-    rows = (64, 512) if tiny else (16384, 8192)
+    rows = (64, 512) if tiny else (32768, 16384)
     tokens, experts = (256, 64) if tiny else (262144, 128)
     m, k, nn = (64, 128, 64) if tiny else (4096, 4096, 4096)
     return [

@@ -63,6 +63,7 @@ class Row:
     check: str = ""
     ms: float | None = None
     spread_ms: float | None = None   # p90 - p10 of the timed calls
+    wall_ms: float | None = None     # wall time per call back to back: launch overhead included
     rate: float | None = None        # in the case's unit
     unit: str = ""
     fraction_of_peak: float | None = None
@@ -134,32 +135,55 @@ class Device:
             pass
         return info
 
-    def time(self, fn, sets: list, budget_s: float = 0.25, max_calls: int = 200, warmup: int = 3) -> tuple:
-        """(median ms, p90 - p10 ms, calls) of `fn(*set)` over the rotating `sets`, after `warmup` calls."""
+    def time(self, fn, sets: list, budget_s: float = 0.25, max_calls: int = 200, warmup: int = 3) -> dict:
+        """Time `fn(*set)` over the rotating `sets` after `warmup` calls.
+
+        ``ms``: the median device time per call, measured with the queue kept ahead of the device (a
+        leading ``torch.cuda._sleep`` while the calls are queued), so it is the kernels' time alone;
+        ``spread_ms``: p90 - p10 of those; ``wall_ms``: wall time per call of the same calls run back to
+        back, the host's launch overhead included; ``host_bound``: queueing outlasted the sleep.
+        """
         for i in range(warmup):
             fn(*sets[i % len(sets)])
         self.sync()
-        probe = self._times(fn, sets[:1] * 1)[0]
+        probe = self._times(fn, sets[:1], 1)[0][0]
         calls = int(max(10, min(max_calls, budget_s * 1e3 / max(probe, 1e-3))))
-        times = sorted(self._times(fn, sets, calls))
-        return statistics.median(times), times[int(0.9 * (len(times) - 1))] - times[int(0.1 * (len(times) - 1))], calls
+        times, queued_s, sleep_ms = self._times(fn, sets, calls)
+        times.sort()
+        self.sync()
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(*sets[i % len(sets)])
+        self.sync()
+        wall_ms = (time.perf_counter() - start) * 1e3 / calls
+        return {"ms": statistics.median(times), "spread_ms": times[int(0.9 * (calls - 1))] - times[int(0.1 * (calls - 1))],
+                "wall_ms": wall_ms, "calls": calls, "host_bound": queued_s * 1e3 > sleep_ms}
 
-    def _times(self, fn, sets: list, calls: int = 1) -> list[float]:
+    def _times(self, fn, sets: list, calls: int) -> tuple[list[float], float, float]:
+        """Per-call milliseconds, the seconds spent queueing them and the sleep queued ahead of them."""
         if self.smoke:
             out = []
             for i in range(calls):
                 start = time.perf_counter()
                 fn(*sets[i % len(sets)])
                 out.append((time.perf_counter() - start) * 1e3)
-            return out
-        events = [(self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True))
-                  for _ in range(calls)]
-        for i, (start, end) in enumerate(events):
-            start.record()
+            return out, 0.0, 0.0
+        torch = self.torch
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+        sleep_ms = min(200.0, max(20.0, 0.5 * calls))
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None and calls > 1:
+            sleep(int(sleep_ms * 2e6))            # ~2 GHz: cycles for sleep_ms; the device waits, the host queues
+        else:
+            sleep_ms = 0.0
+        start = time.perf_counter()
+        for i, (begin, end) in enumerate(events):
+            begin.record()
             fn(*sets[i % len(sets)])
             end.record()
-        self.torch.cuda.synchronize()
-        return [start.elapsed_time(end) for start, end in events]
+        queued_s = time.perf_counter() - start
+        torch.cuda.synchronize()
+        return [begin.elapsed_time(end) for begin, end in events], queued_s, sleep_ms
 
     def ceilings(self) -> dict:
         """A device-to-device copy's bandwidth and a bf16 8192^3 product's rate, measured now."""
@@ -168,9 +192,9 @@ class Device:
         torch = self.torch
         a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
         b = torch.empty_like(a)
-        copy_ms = self.time(lambda x: b.copy_(x), [(a,)], budget_s=0.1)[0]
+        copy_ms = self.time(lambda x: b.copy_(x), [(a,)], budget_s=0.1)["ms"]
         x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        mm_ms = self.time(lambda m: m @ m, [(x,)], budget_s=0.2)[0]
+        mm_ms = self.time(lambda m: m @ m, [(x,)], budget_s=0.2)["ms"]
         return {"copy_bytes_per_s": 2 * a.numel() / (copy_ms * 1e-3), "bf16_flops_per_s": 2 * 8192**3 / (mm_ms * 1e-3)}
 
 
@@ -257,8 +281,9 @@ def measure(impl: str, fn, case: Case, sets: list, ref: tuple, dev: Device, peak
         del out
         if not passed:
             row.status = "WRONG"
-        row.ms, row.spread_ms, calls = dev.time(fn, sets)
-        row.details["calls"] = calls
+        timing = dev.time(fn, sets)
+        row.ms, row.spread_ms, row.wall_ms = timing["ms"], timing["spread_ms"], timing["wall_ms"]
+        row.details.update(calls=timing["calls"], host_bound=timing["host_bound"])
         row.rate, row.unit, row.fraction_of_peak = _rate(case, row.ms, peaks)
     except Skip as note:
         row.status, row.check = "skipped", str(note)
@@ -284,6 +309,7 @@ def run_redfuser(case: Case, sets: list, ref: tuple, dev: Device, peaks: dict, b
         return _failed(Row(case.label, "redfuser"), exc)
     row = measure("redfuser", kernel, case, sets, ref, dev, peaks, budget)
     row.details["compile_s"] = compile_s
+    row.first_call_s = None if row.first_call_s is None else row.first_call_s + compile_s
     return row
 
 
@@ -337,12 +363,13 @@ def _cell(value, fmt: str) -> str:
 
 def table(rows: list[Row], header: list[str]) -> str:
     """The one table: a line per implementation of each case."""
-    head = ["case", "impl", "status", "check", "ms", "rate", "% peak", "x RF", "first call s"]
+    head = ["case", "impl", "status", "check", "ms", "wall ms", "rate", "% peak", "x RF", "first call s"]
     lines = []
     for r in rows:
         rate = "-" if r.rate is None else f"{r.rate:,.1f} {r.unit}"
         note = r.check if r.status != "FAILED" else r.error[:110]
-        lines.append([r.case, r.impl, r.status, note, _cell(r.ms, ".3f"), rate,
+        wall = _cell(r.wall_ms, ".3f") + ("*" if r.details.get("host_bound") else "")
+        lines.append([r.case, r.impl, r.status, note, _cell(r.ms, ".3f"), wall, rate,
                       _cell(None if r.fraction_of_peak is None else 100 * r.fraction_of_peak, ".1f"),
                       _cell(r.redfuser_speedup, ".2f"), _cell(r.first_call_s, ".2f")])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
@@ -352,10 +379,12 @@ def table(rows: list[Row], header: list[str]) -> str:
     for cells in lines:
         out.append(fmt([cells[0] if cells[0] != previous else ""] + cells[1:]))
         previous = cells[0]
-    out += ["", "ms: median of the timed calls (CUDA events per call); rate: FLOP/s (attention, FP8 GEMM) or bytes "
-            "read once + written once per second; x RF: the implementation's time / RedFuser's (above 1: "
-            "RedFuser is faster); first call s: RedFuser's compile to a loaded kernel, a peer's first call "
-            "(JIT included)."]
+    out += ["", "ms: median device time per call (CUDA events, calls queued ahead of the device: the kernels "
+            "alone); wall ms: wall time per call back to back, launch overhead included (* the host could not "
+            "keep ahead of the device: ms includes host gaps); rate: FLOP/s (attention, FP8 GEMM) or bytes read "
+            "once + written once per second, from ms; x RF: the implementation's ms / RedFuser's (above 1: "
+            "RedFuser is faster); first call s: RedFuser's compile + first call, a peer's first call (JIT "
+            "included)."]
     return "\n".join(out)
 
 

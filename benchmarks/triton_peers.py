@@ -9,8 +9,8 @@
 - `softmax(x)`, `log_softmax(x)`: one program per row; an online pass keeps a running max and sum per
   lane, a second pass writes the result.
 
-`KERNELS` names each kernel with a signature and constants for `compile_to_ptx`, which compiles it for
-a GPU target without a GPU (used by ``benchmarks/compile_time.py``). The wrappers take torch tensors;
+`kernel_specs` gives each peer's kernels with a signature and constants for `compile_to_ptx`, which
+compiles them for a GPU target without a GPU (used by ``benchmarks/compile_time.py``). The wrappers take torch tensors;
 set ``triton.knobs.runtime.interpret = True`` before importing this module to run them on the CPU.
 """
 from __future__ import annotations
@@ -204,31 +204,58 @@ def log_softmax(x):
 
 # --- compiling without a GPU (benchmarks/compile_time.py) ---------------------------------------------
 
-_ATTN_SIG = {name: "*fp16" for name in ("Q", "K", "V", "O")} | {"scale_log2": "fp32", "n_q": "i32", "n_k": "i32",
-                                                                 "heads": "i32"}
-_ATTN_SIG |= {f"s_{t}{a}": "i32" for t in "qkvo" for a in ("b", "h", "m" if t in "qo" else "n")}
-KERNELS = {
-    "attention": (attention_kernel, _ATTN_SIG | {n: "constexpr" for n in ("BLOCK_M", "BLOCK_N", "HEAD_D", "CAUSAL")},
-                  {"BLOCK_M": 128, "BLOCK_N": 64, "HEAD_D": 64, "CAUSAL": False}, {"num_warps": 4, "num_stages": 3}),
-    "softmax": (softmax_kernel, {"X": "*fp32", "Y": "*fp32", "n_cols": "i32", "s_x": "i32", "s_y": "i32",
-                                 "BLOCK": "constexpr", "LOG": "constexpr"},
-                {"BLOCK": 1024, "LOG": False}, {"num_warps": 4}),
-}
+TRITON_TYPES = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}
 
 
-def compile_to_ptx(name: str, arch: int = 90, cache_dir: str | None = None) -> dict:
-    """Compile `KERNELS[name]` for ``sm_<arch>`` without a GPU; returns microseconds per stage
-    (``ir_initialization``, ``ttir``, ``ttgir``, ``llir``, ``ptx``, ``cubin``) and the PTX text."""
+def _attention_spec(ptr: str, head_d: int, causal: bool) -> tuple:
+    signature = {name: ptr for name in ("Q", "K", "V", "O")} | {"scale_log2": "fp32", "n_q": "i32", "n_k": "i32",
+                                                                "heads": "i32"}
+    signature |= {f"s_{t}{a}": "i32" for t in "qkvo" for a in ("b", "h", "m" if t in "qo" else "n")}
+    signature |= {n: "constexpr" for n in ("BLOCK_M", "BLOCK_N", "HEAD_D", "CAUSAL")}
+    constants = {"BLOCK_M": 128, "BLOCK_N": 64, "HEAD_D": head_d, "CAUSAL": causal}
+    return attention_kernel, signature, constants, {"num_warps": 8 if head_d >= 128 else 4, "num_stages": 3}
+
+
+def _decode_specs(ptr: str, head_d: int) -> list[tuple]:
+    partial = {"Q": ptr, "K": ptr, "V": ptr, "M_part": "*fp32", "L_part": "*fp32", "ACC_part": "*fp32",
+               "scale_log2": "fp32", "n_k": "i32", "heads": "i32", "chunk": "i32"}
+    partial |= {name: "i32" for name in ("s_qb", "s_qh", "s_kb", "s_kh", "s_kn", "s_vb", "s_vh", "s_vn")}
+    partial |= {"BLOCK_N": "constexpr", "HEAD_D": "constexpr"}
+    combine = {"M_part": "*fp32", "L_part": "*fp32", "ACC_part": "*fp32", "O": ptr, "splits": "i32", "heads": "i32",
+               "s_ob": "i32", "s_oh": "i32", "SPLITS": "constexpr", "HEAD_D": "constexpr"}
+    return [(decode_partial_kernel, partial, {"BLOCK_N": 64, "HEAD_D": head_d}, {"num_warps": 4}),
+            (decode_combine_kernel, combine, {"SPLITS": 8, "HEAD_D": head_d}, {"num_warps": 4})]
+
+
+def kernel_specs(case_name: str, dtype: str, head_d: int = 64, cols: int = 1024) -> list[tuple]:
+    """``(jit function, signature, constants, options)`` of each Triton kernel the peer of a
+    ``gpu_cases`` case launches, specialized like the peer would be at run time."""
+    ptr = TRITON_TYPES[dtype]
+    if case_name in ("attention", "causal"):
+        return [_attention_spec(ptr, head_d, case_name == "causal")]
+    if case_name == "decode":
+        return _decode_specs(ptr, head_d)
+    if case_name in ("softmax", "log_softmax"):
+        block = min(triton.next_power_of_2(cols), 8192)
+        signature = {"X": ptr, "Y": ptr, "n_cols": "i32", "s_x": "i32", "s_y": "i32", "BLOCK": "constexpr",
+                     "LOG": "constexpr"}
+        return [(softmax_kernel, signature, {"BLOCK": block, "LOG": case_name == "log_softmax"},
+                 {"num_warps": 16 if block >= 4096 else 4})]
+    raise KeyError(case_name)
+
+
+def compile_to_ptx(spec: tuple, arch: int = 90, cache_dir: str | None = None) -> dict:
+    """Compile one `kernel_specs` entry for ``sm_<arch>`` without a GPU; returns microseconds per stage
+    (``ir_initialization``, ``ttir``, ``ttgir``, ``llir``, ``ptx``, ``cubin``) and the PTX (``ptx_text``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn, signature, constants, options = KERNELS[name]
-    times: dict[str, int] = {}
+    fn, signature, constants, options = spec
+    record: dict = {}
 
-    def listen(*, src, metadata, metadata_group, times: object, cache_hit: bool) -> None:
+    def listen(*, src, metadata, metadata_group, times, cache_hit: bool) -> None:
         record["times"], record["hit"] = times, cache_hit
 
-    record: dict = {}
     previous_listener, previous_dir = triton.knobs.compilation.listener, triton.knobs.cache.dir
     triton.knobs.compilation.listener = listen
     if cache_dir is not None:
@@ -240,9 +267,8 @@ def compile_to_ptx(name: str, arch: int = 90, cache_dir: str | None = None) -> d
         triton.knobs.compilation.listener = previous_listener
         triton.knobs.cache.dir = previous_dir
     if record.get("hit"):
-        raise RuntimeError(f"triton served {name} from its cache: not a cold compile")
-    stage_times = record["times"]
-    times["ir_initialization"] = stage_times.ir_initialization
-    times.update(dict(stage_times.lowering_stages))
+        raise RuntimeError(f"triton served {fn.__name__} from its cache: not a cold compile")
+    times: dict = {"ir_initialization": record["times"].ir_initialization}
+    times.update(dict(record["times"].lowering_stages))
     times["ptx_text"] = compiled.asm["ptx"]
     return times

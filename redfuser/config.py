@@ -9,6 +9,9 @@
   ``$XDG_CACHE_HOME/redfuser`` or ``~/.cache/redfuser``).
 - ``REDFUSER_UPDATE_SNAPSHOTS``: ``1`` makes the snapshot tests (generated SIMT IR
   and PTX under ``tests/snapshots``) rewrite the snapshots instead of comparing.
+- ``REDFUSER_AUTOTUNE``: ``1`` makes every kernel autotune its tile sizes, warps
+  and split on first call, as the ``autotune=True`` kernel option does (default
+  off; see ``runtime/autotune.py``).
 - ``HYPOTHESIS_PROFILE``: the hypothesis profile the test suite runs with
   (``ci``, quick, the default; ``fuzz``, long); see ``tests/conftest.py``.
 - ``OUT``: a folder the benchmark scripts (``benchmarks/gpu_check.py``) also
@@ -46,6 +49,11 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "redfuser"
+
+
+def autotune_enabled() -> bool:
+    """True when ``REDFUSER_AUTOTUNE`` is ``1`` (or ``true``/``yes``/``on``): every kernel autotunes."""
+    return os.environ.get("REDFUSER_AUTOTUNE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def hypothesis_profile() -> str:

@@ -27,6 +27,7 @@ KNOWN_OPTIONS: dict[str, object] = {
     "split": None,            # slices of a fused loop's axis across programs (flash decoding); None: automatic
     "num_warps": 4,           # cuda/simulate: warps per block (fewer for small tiles)
     "sm": None,               # cuda/simulate: GPU target such as "sm_80"; None: the device's, else sm_90
+    "autotune": False,        # cpu/cuda: time a few tile sizes, warps and splits on first call (runtime/autotune.py)
 }
 HOST_BACKENDS = frozenset({"interpret", "cpu", "simulate"})
 SUPPORTED_DTYPES = ", ".join(d.numpy_name for d in T.ALL_DTYPES)
@@ -105,10 +106,27 @@ class Kernel:
         key = (specs, backend, tuple(sorted(self.options.items())))
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._cache[key] = [lower(self.__wrapped__, specs, backend, self.options), None]
+            options = self._tuned(specs, backend, arrays, to_run)
+            entry = self._cache[key] = [lower(self.__wrapped__, specs, backend, options), None]
         if to_run and entry[1] is None:   # compiled without running (lower/explain): build it now
             entry[1] = backends.BACKENDS[backend].build(entry[0])
         return entry[0], entry[1], arrays
+
+    def _tuned(self, specs: tuple[ArgSpec, ...], backend: str, arrays: list, to_run: bool) -> dict:
+        """The options to compile with: tuned ones where autotuning is on (stored results only when not running)."""
+        from .runtime import autotune
+        from .trace import trace
+
+        if backend not in autotune.SPACES or not autotune.wanted(self.options):
+            return self.options
+
+        def prepare(options: dict) -> Callable[[], object]:
+            run = backends.BACKENDS[backend].build(lower(self.__wrapped__, specs, backend, options))
+            inputs = [arrays_rt.host_array(a) for a in arrays] if backend in HOST_BACKENDS else arrays
+            return lambda: run(inputs)
+
+        return autotune.tuned_options(self.__name__, str(trace(self.__wrapped__, specs)), repr(specs), backend,
+                                      self.options, KNOWN_OPTIONS, prepare, measure=to_run)
 
     # -- public -----------------------------------------------------------------------------------
     @_user_facing

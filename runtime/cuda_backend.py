@@ -5,29 +5,13 @@ with each kernel's PTX served by the compile cache (keyed by the LLVM IR text,
 the target and the versions). `CudaProgram` runs it; modules are loaded once per
 context (`cuda_driver.load_module` caches them).
 
-Arguments (docs/gpu-backend.md, "Arrays and streams"):
-
-- **Host arrays only** (numpy, torch CPU tensors...): copied to fresh device
-  buffers, the kernels run on device 0, the outputs come back as the caller's
-  host type after a synchronization (the call is synchronous).
-- **Any device array** (torch/cupy CUDA tensors, DLPack or
-  ``__cuda_array_interface__``): device inputs are read in place (zero copy) when
-  C-contiguous; a strided one is first copied to a contiguous device array by its
-  own library (torch, cupy; others are refused). Every device input must be on
-  one device (its ordinal is checked); host inputs among them are copied to it.
-  Outputs are new arrays of the caller's type on that device (`arrays.new_like`);
-  for a library RedFuser cannot allocate in, they come back as numpy. The
-  kernels are queued on the stream and the call returns without waiting, like a
-  torch op, unless RedFuser-owned temporaries must be copied back or freed.
-- **Stream**: ``stream=`` of the call (an int handle, a torch/cupy stream, a
-  `cuda_memory.Stream`, anything with ``__cuda_stream__``); by default torch's
-  current stream for torch callers, cupy's for cupy callers, else the legacy
-  default stream. The caller's library allocates outputs under that stream.
-
-Scratch buffers (split reductions' partial states) are kept per (device,
-stream) for the program's lifetime, so calls on one stream reuse them in stream
-order and calls on two streams never share one. Every driver call is checked
-(`CudaError`).
+Arguments (the rules in full: docs/gpu-backend.md, "Arrays and streams"): host
+arrays only are copied in and out, synchronously; device arrays (DLPack,
+``__cuda_array_interface__``) are read in place on their one device (a strided
+one copied by its own library), outputs are the caller's type on that device,
+and the work is queued on the call's ``stream=`` (default: torch's or cupy's
+current stream) without waiting. Scratch buffers (split reductions' partial
+states) are kept per (device, stream). Every driver call is checked (`CudaError`).
 """
 from __future__ import annotations
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import redfuser as rf
 from redfuser.codegen.ptx_check import check_ptx
 from redfuser.codegen.simt import GpuOptions, lower_to_simt
 from redfuser.codegen.simt.run import simulate_program
@@ -17,6 +15,8 @@ from redfuser.ir import topk as topk_semantics
 from redfuser.ir import types as T
 from redfuser.ir.tile_interpreter import run_tile_program
 from redfuser.ir.tile_verifier import verify_tile_program
+
+import redfuser as rf
 from redfuser.testing import assert_close
 
 F32, F64, I32, I64 = T.float32, T.float64, T.int32, T.int64

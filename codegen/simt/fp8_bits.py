@@ -56,4 +56,4 @@ def f32_to_e4m3(b: LoweringBuilder, x: Reg) -> Reg:
     return b.bitcast(f32_to_e4m3_bits(b, x), float8_e4m3fn)
 
 
-__all__ = ["f32_to_e4m3", "f32_to_e4m3_bits", "NAN_ABOVE_BITS", "MIN_NORMAL_BITS"]
+__all__ = ["MIN_NORMAL_BITS", "NAN_ABOVE_BITS", "f32_to_e4m3", "f32_to_e4m3_bits"]

@@ -76,7 +76,7 @@ class Ranker:
         c_num, e_num = self._num(c), self._num(e)
         greater = a(BinaryOp.GT, c.value, e.value)
         level = a(BinaryOp.OR, a(BinaryOp.EQ, c.value, e.value), self._negate(c_num))
-        lower = a(BinaryOp.GT, c.index, e.index)
+        lower = a(BinaryOp.LT, c.index, e.index)
         same_class = a(BinaryOp.AND, a(BinaryOp.EQ, c_num, e_num), a(BinaryOp.OR, greater, a(BinaryOp.AND, level, lower)))
         better_class = a(BinaryOp.AND, c_num, self._negate(e_num))
         wins = a(BinaryOp.OR, a(BinaryOp.OR, self._negate(self._ok(e)), better_class), same_class)

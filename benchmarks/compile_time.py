@@ -1,0 +1,158 @@
+"""Compile time to PTX: RedFuser cold, warm (memory) and from the disk cache, against Triton's cold compile.
+
+    python benchmarks/compile_time.py [--repeats 3] [--tiny]
+
+No GPU needed: both compilers target ``sm_90`` (an H100/H200). For every case of
+``benchmarks/gpu_cases.py`` (the shapes ``gpu_check.py`` runs):
+
+- **cold**: a fresh `Kernel` and a fresh, empty cache folder: trace, fuse, schedule, SIMT, LLVM, PTX;
+- **warm**: the same `Kernel` object again (its in-memory specialization cache);
+- **disk**: a fresh `Kernel` and a fresh cache object over the populated folder (the front end runs,
+  the PTX is read from disk).
+
+Where Triton is installed, its cold compile of the equivalent kernel (``benchmarks/triton_peers.py``:
+attention with a hand-written online softmax, row softmax) for ``GPUTarget("cuda", 90, 32)`` runs in
+the same process with a fresh cache folder: "to PTX" sums its stages up to PTX (``ir_initialization``,
+``ttir``, ``ttgir``, ``llir``, ``ptx``), "+cubin" adds ptxas. Each cold number is the median of
+``--repeats`` runs; each compiler first compiles something else once, so one-time process start-up
+(imports, LLVM initialization) is in neither. The goal: a cold RedFuser compile at most a fifth of
+Triton's (ratio <= 0.20).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import redfuser as rf                                          # noqa: E402
+from redfuser.runtime.cache import reset_default_cache         # noqa: E402
+from gpu_cases import Case, cases                              # noqa: E402
+
+TRITON_EQUIVALENT = ("attention", "causal", "decode", "softmax", "log_softmax")   # cases with a Triton peer
+
+
+class _CacheFolder:
+    """``REDFUSER_CACHE_DIR`` pointed at `folder` (and the process's cache object renewed) for a while."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.old = folder, None
+
+    def __enter__(self) -> "_CacheFolder":
+        self.old = os.environ.get("REDFUSER_CACHE_DIR")
+        os.environ["REDFUSER_CACHE_DIR"] = self.folder
+        reset_default_cache()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.old is None:
+            os.environ.pop("REDFUSER_CACHE_DIR", None)
+        else:
+            os.environ["REDFUSER_CACHE_DIR"] = self.old
+        reset_default_cache()
+
+
+def _lower(kernel, args) -> float:
+    start = time.perf_counter()
+    kernel.lower(*args)
+    return time.perf_counter() - start
+
+
+def redfuser_times(case: Case, repeats: int) -> dict:
+    """Seconds: cold (median of `repeats`), warm and disk for `case`, or the error."""
+    args = case.compile_args()
+    colds, warm, disk = [], None, None
+    try:
+        for _ in range(repeats):
+            with tempfile.TemporaryDirectory() as folder, _CacheFolder(folder):
+                kernel = rf.kernel(case.fn, backend="cuda", sm="sm_90", **case.options)
+                colds.append(_lower(kernel, args))
+                warm = _lower(kernel, args)
+                reset_default_cache()                    # a new cache object over the populated folder
+                disk = _lower(rf.kernel(case.fn, backend="cuda", sm="sm_90", **case.options), args)
+    except Exception as exc:  # a case that does not compile yet is a row saying why
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}"}
+    return {"cold": statistics.median(colds), "warm": warm, "disk": disk}
+
+
+def triton_times(case: Case, repeats: int) -> dict:
+    """Seconds: Triton's cold compile of `case`'s peer kernels to PTX and to cubin (medians), or why none."""
+    try:
+        import triton_peers
+    except Exception as exc:
+        return {"error": f"Triton is not installed ({type(exc).__name__})"}
+    shape, dtype = case.inputs[0]
+    to_ptx, to_cubin = [], []
+    try:
+        specs = triton_peers.kernel_specs(case.name, dtype, head_d=shape[-1], cols=shape[-1])
+        for _ in range(repeats):
+            ptx = cubin = 0.0
+            for spec in specs:
+                with tempfile.TemporaryDirectory() as folder:
+                    t = triton_peers.compile_to_ptx(spec, 90, cache_dir=folder)
+                ptx += sum(t[k] for k in ("ir_initialization", "ttir", "ttgir", "llir", "ptx")) * 1e-6
+                cubin += t.get("cubin", 0) * 1e-6
+            to_ptx.append(ptx)
+            to_cubin.append(ptx + cubin)
+    except Exception as exc:  # Triton that cannot compile without a GPU here: said in the table
+        return {"error": f"Triton could not compile: {type(exc).__name__}: {str(exc)[:80]}"}
+    return {"cold": statistics.median(to_ptx), "cubin": statistics.median(to_cubin)}
+
+
+def warm_up() -> None:
+    """Compile one small kernel with each compiler: process start-up stays out of the numbers."""
+    x = np.zeros((4, 32), np.float32)
+    with tempfile.TemporaryDirectory() as folder, _CacheFolder(folder):
+        rf.kernel(lambda a: rf.sum(a * 2.0, axis=-1), backend="cuda", sm="sm_90").lower(x)
+    try:
+        import triton_peers
+        with tempfile.TemporaryDirectory() as folder:
+            triton_peers.compile_to_ptx(triton_peers.kernel_specs("softmax", "float32")[0], 90, cache_dir=folder)
+    except Exception:  # no Triton: its column says so
+        pass
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.0f}" if seconds >= 0.01 else f"{seconds * 1e3:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="the tiny shapes (a quick run)")
+    args = parser.parse_args(argv)
+    warm_up()
+    head = ["case", "RF cold ms", "RF warm ms", "RF disk ms", "Triton to PTX ms", "Triton +cubin ms",
+            "RF cold / Triton", "goal <= 0.20"]
+    lines = []
+    for case in cases("tiny" if args.tiny else "full"):
+        ours = redfuser_times(case, args.repeats)
+        theirs = triton_times(case, args.repeats) if case.name in TRITON_EQUIVALENT \
+            else {"error": "no Triton peer"}
+        ratio = ours["cold"] / theirs["cold"] if "cold" in ours and "cold" in theirs else None
+        lines.append([case.label, ours.get("error") or _ms(ours["cold"]), _ms(ours.get("warm")),
+                      _ms(ours.get("disk")), theirs.get("error") or _ms(theirs["cold"]), _ms(theirs.get("cubin")),
+                      "-" if ratio is None else f"{ratio:.2f}",
+                      "-" if ratio is None else ("met" if ratio <= 0.2 else "missed")])
+        print(f"  {case.label}: done", flush=True)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    for cells in [head, ["-" * w for w in widths]] + lines:
+        print("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip())
+    try:
+        import triton
+        print(f"\ntriton {triton.__version__}; RedFuser {rf.__version__}; both for sm_90; medians of "
+              f"{args.repeats} cold compiles, each in a fresh cache folder")
+    except Exception:
+        print("\nTriton is not installed here: its columns are empty (pip install triton to compare)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

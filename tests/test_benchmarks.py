@@ -1,0 +1,113 @@
+"""The benchmark scripts without a GPU: ``gpu_check.py --dry-run`` compiles every case and writes its
+table and JSON to ``$OUT``; the budget, speed-up and table logic; ``compile_time.py``'s cache folders.
+Where torch (and Triton) are installed, the whole device check runs on the CPU (``--smoke-cpu``) and
+the Triton peers compile to PTX without a GPU; elsewhere those two tests skip, naming the package."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import compile_time  # noqa: E402
+import gpu_cases  # noqa: E402
+import gpu_check  # noqa: E402
+
+
+def test_dry_run_compiles_every_case_and_writes_the_table_to_out(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert gpu_check.main(["--dry-run", "--tiny"]) == 0
+    printed = capsys.readouterr().out
+    assert "no device" in printed and "compiled for sm_90" in printed
+    payload = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert payload["mode"] == "dry-run"
+    assert (tmp_path / "gpu_check.txt").read_text().strip() == printed.strip()
+    rows = payload["rows"]
+    for case in gpu_cases.cases("tiny"):
+        ours = next(r for r in rows if r["case"] == case.label and r["impl"] == "redfuser")
+        assert ours["status"] in ("no device", "FAILED")
+        if ours["status"] == "no device":
+            assert ours["check"].startswith("PTX for sm_90:")
+        else:                                              # a case the GPU backend cannot compile says why
+            assert ours["error"]
+        assert [r["impl"] for r in rows if r["case"] == case.label][1:] == list(case.peers)
+    assert any(r["impl"] == "redfuser" and "mma.sync" in r["check"] and not r["check"].endswith(" 0 mma.sync")
+               for r in rows)                            # attention runs on tensor cores
+
+
+def test_every_case_names_work_peers_and_inputs():
+    full = gpu_cases.cases("full")
+    assert {c.workload for c in full} == {"attention", "causal_attention", "softmax", "log_softmax",
+                                          "moe_routing", "fp8_quant_gemm"}
+    decode = next(c for c in full if c.name == "decode")
+    assert decode.inputs[0][0][2] == 1 and decode.inputs[1][0][2] == 32768 and decode.peak == "hbm"
+    assert {c.inputs[0][0][-1] for c in full if c.name == "attention"} == {64, 128}
+    assert {c.inputs[0][1] for c in full if c.name == "attention"} == {"float16", "bfloat16"}
+    for c in full:
+        assert c.work > 0 and c.peak in gpu_check.UNITS
+        assert all(p in ("sdpa", "torch", "torch.compile", "triton", "scaled_mm", "torch topk(softmax)",
+                         f"torch.{c.workload}") for p in c.peers)
+    causal = next(c for c in full if c.causal)
+    plain = next(c for c in full if c.name == "attention" and c.inputs[0][0] == causal.inputs[0][0])
+    assert causal.work == plain.work / 2
+
+
+def test_measure_skips_once_the_budget_is_spent():
+    case = gpu_cases.cases("tiny")[0]
+    budget = gpu_check.Budget(0.0)
+    row = gpu_check.measure("sdpa", lambda *a: pytest.fail("must not run"), case, [], (), None, {}, budget)
+    assert (row.status, row.check) == ("skipped", "time budget spent")
+
+
+def test_speedups_and_the_table():
+    rows = [gpu_check.Row("c", "redfuser", ms=2.0, rate=10.0, unit="GB/s", fraction_of_peak=0.5),
+            gpu_check.Row("c", "torch", ms=3.0), gpu_check.Row("c", "triton", status="skipped", check="no Triton"),
+            gpu_check.Row("d", "redfuser", status="FAILED", error="BackendError: no TopK"),
+            gpu_check.Row("d", "torch", ms=1.0)]
+    gpu_check.speedups(rows)
+    assert rows[1].redfuser_speedup == pytest.approx(1.5)
+    assert rows[4].redfuser_speedup is None                 # RedFuser failed there: no ratio
+    text = gpu_check.table(rows, ["header"])
+    assert "BackendError: no TopK" in text and "no Triton" in text and "1.50" in text and "50.0" in text
+
+
+def test_compile_time_cache_folders_are_private_and_restored(tmp_path, monkeypatch):
+    from redfuser.runtime.cache import default_cache
+
+    monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path / "mine"))
+    with compile_time._CacheFolder(str(tmp_path / "fresh")):
+        assert default_cache().directory == tmp_path / "fresh"
+    assert default_cache().directory == tmp_path / "mine"
+
+
+def test_compile_time_rows(monkeypatch):
+    case = next(c for c in gpu_cases.cases("tiny") if c.name == "softmax")
+    times = compile_time.redfuser_times(case, 1)
+    assert set(times) == {"cold", "warm", "disk"} and all(t > 0 for t in times.values())
+    monkeypatch.setitem(sys.modules, "triton_peers", None)            # as where Triton is not installed
+    assert compile_time.triton_times(case, 1)["error"].startswith("Triton is not installed")
+
+
+def test_triton_peers_compile_to_ptx_without_a_gpu(tmp_path):
+    pytest.importorskip("triton")
+    import triton_peers
+
+    for name, dtype in [("attention", "float16"), ("decode", "bfloat16"), ("log_softmax", "float16")]:
+        for spec in triton_peers.kernel_specs(name, dtype, head_d=64, cols=1000):
+            result = triton_peers.compile_to_ptx(spec, 90, cache_dir=str(tmp_path / name))
+            assert ".target sm_90" in result["ptx_text"] and result["ptx"] > 0
+
+
+def test_the_device_check_runs_whole_on_the_cpu(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert gpu_check.main(["--smoke-cpu", "--only", "softmax", "moe_routing"]) == 0
+    rows = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    ours = [r for r in rows if r["impl"] == "redfuser"]
+    assert [r["status"] for r in ours] == ["ok", "ok"] and all(r["ms"] > 0 for r in ours)
+    assert {r["impl"]: r["status"] for r in rows if r["case"].startswith("softmax")} == {
+        "redfuser": "ok", "torch.softmax": "ok", "torch": "ok", "triton": "skipped", "torch.compile": "skipped"}
