@@ -73,7 +73,9 @@ def explain_cmd(args: argparse.Namespace) -> int:
     if args.backend in ("cuda", "simulate"):
         print("\n" + gpu_resources(k.lower(*inputs)))
     if args.stages:
-        print("\n" + str(k.lower(*inputs)))
+        lowered = k.lower(*inputs)
+        print("\n" + str(lowered))
+        print("\n" + lowered.timing_table())
     return 0
 
 

@@ -13,6 +13,8 @@ person can print any of them (``REDFUSER_DUMP_DIR`` writes them all to disk).
 """
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -51,6 +53,22 @@ class Lowered:
     program: Program | None = None
     groups: list = field(default_factory=list)
     artifacts: dict[str, object] = field(default_factory=dict)  # backend products (compiled code, ...)
+    timings: dict[str, float] = field(default_factory=dict)     # seconds per stage, in pipeline order
+
+    @contextmanager
+    def timed(self, stage: str):
+        """Add the wall time of the ``with`` body to ``timings[stage]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start
+
+    def timing_table(self) -> str:
+        """The stages' wall times, one line each, and their total (milliseconds)."""
+        lines = [f"  {name:<10} {1e3 * s:9.1f} ms" for name, s in self.timings.items()]
+        lines.append(f"  {'total':<10} {1e3 * sum(self.timings.values()):9.1f} ms")
+        return "compile time per stage:\n" + "\n".join(lines)
 
     def __str__(self) -> str:
         return "\n\n".join(f"=== {name} ===\n{ir}" for name, ir in self.stages.items())
@@ -65,20 +83,27 @@ class Lowered:
 def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict) -> Lowered:
     """Run the compiler's stages on `fn` specialized to `specs`; keep every stage."""
     out = Lowered(getattr(fn, "__name__", "kernel"), specs, backend, dict(options))
-    program = verify_program(trace(fn, specs), pass_name="trace")
+    with out.timed("trace"):
+        program = verify_program(trace(fn, specs), pass_name="trace")
     out.stages["traced"] = program
     out.program = program
     if options.get("fuse", True):
-        program, out.groups = fuse(program)
+        with out.timed("fuse"):
+            program, out.groups = fuse(program)
         out.stages["fused"] = program
         out.program = program
     if backend == "cpu":
-        out.stages["tile"] = schedule_program(out.program, options_for(backend, options))
-        out.stages["llvm"], out.artifacts["host_kernels"] = build_host_module(out.stages["tile"])
+        with out.timed("schedule"):
+            out.stages["tile"] = schedule_program(out.program, options_for(backend, options))
+        with out.timed("llvm"):
+            out.stages["llvm"], out.artifacts["host_kernels"] = build_host_module(out.stages["tile"])
     elif backend in ("cuda", "simulate"):
-        out.stages["tile"] = schedule_program(out.program, options_for(backend, options))
-        out.stages["simt"] = lower_to_simt(out.stages["tile"], gpu_options(options))
-        out.stages["llvm"], out.stages["ptx"] = compile_ptx(out.stages["simt"])
+        with out.timed("schedule"):
+            out.stages["tile"] = schedule_program(out.program, options_for(backend, options))
+        with out.timed("simt"):
+            out.stages["simt"] = lower_to_simt(out.stages["tile"], gpu_options(options))
+        with out.timed("ptx"):
+            out.stages["llvm"], out.stages["ptx"] = compile_ptx(out.stages["simt"])
     dump = config.dump_dir()
     if dump is not None:
         out.dump(dump / out.name)

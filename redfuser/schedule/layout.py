@@ -4,20 +4,25 @@
 its epilogue: the axes every state shares go to the grid, the last of them tiled
 by ``block_m`` (query rows in attention); axes only some states have (attention's
 head dimension, a running top-k's rank) stay whole inside the tile; the fused
-axis is walked in chunks. `FusedBuilder` opens a kernel on that layout: program
-ids for the grid (plus, for a split reduction, one more grid dimension for the
-slice), a `Dim` per tiled or whole axis, and helpers to bind a statement's axes.
+axis is walked in chunks. A state axis too long to stay whole (longer than
+`WHOLE_MAX` and ``block_n``: the N columns of a quantized GEMM's ``y[M, N]``) is
+*grid-tiled*: tiled by ``block_n`` with one more grid dimension over its tiles.
+Each such program recomputes the states that lack the axis (the GEMM's per-row
+absmax) -- exact, since they never read the axis (`_gridable`). `FusedBuilder`
+opens a kernel on that layout: program ids for the grid (plus, for a split
+reduction, one more grid dimension for the slice), a `Dim` per tiled or whole
+axis, and helpers to bind a statement's axes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, TopKState, loads
+from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, Reduce, TopKState, loads
 from ..ir import tile as t
 from .builder import KernelBuilder
 from .exprs import ExprLowering
 from .nests import _ceil_div, premake
-from .options import ScheduleOptions
+from .options import WHOLE_MAX, ScheduleOptions
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
 
@@ -34,6 +39,12 @@ class FusedLayout:
     whole_keys: tuple[str, ...]
     fused_key: str
     rank_keys: frozenset[str]
+    gridable: tuple[str, ...] = ()
+
+    def grid_tiled(self, opts: ScheduleOptions) -> tuple[str, ...]:
+        """The whole keys tiled across the grid under `opts` (see the module docstring)."""
+        limit = max(WHOLE_MAX, opts.block_n)
+        return tuple(k for k in self.gridable if self.classes.extent[k] > limit)
 
     def state_stmt(self, j: int) -> int:
         """The statement number of state `j` in `classes`."""
@@ -50,6 +61,9 @@ class FusedLayout:
         if self.tiled_key is not None:
             extent = self.classes.extent[self.tiled_key]
             n *= _ceil_div(extent, opts.tile(opts.block_m, extent))
+        for key in self.grid_tiled(opts):
+            extent = self.classes.extent[key]
+            n *= _ceil_div(extent, opts.tile(opts.block_n, extent))
         return n
 
 
@@ -78,7 +92,23 @@ def fused_layout(fl: FusedLoop, epilogue: list[Compute] | tuple[Compute, ...],
     grid, tiled = shared[:-1], (shared[-1] if shared else None)
     if tiled is not None and classes.extent[tiled] == 1:  # nothing to tile: one program per row
         grid, tiled = grid + [tiled], None
-    return FusedLayout(fl, tuple(epilogue), classes, tuple(grid), tiled, tuple(whole), fused, frozenset(ranks))
+    gridable = _gridable(fl, classes, whole, ranks)
+    return FusedLayout(fl, tuple(epilogue), classes, tuple(grid), tiled, tuple(whole), fused, frozenset(ranks),
+                       gridable)
+
+
+def _gridable(fl: FusedLoop, classes: AxisClasses, whole: list[str], ranks: set[str]) -> tuple[str, ...]:
+    """The whole keys a program may own only a tile of: axes of some state, not a top-k rank, never reduced.
+
+    A local reducing over the axis would need all of it in one program. Any statement reading a value
+    that varies along the axis has the axis itself (reads unify axes), so a statement without it, a
+    state recomputed by every tile's program, reads nothing that differs between those programs.
+    """
+    n_locals = len(fl.locals)
+    reduced = {classes.of(n, a) for n, local in enumerate(fl.locals) if isinstance(local, Reduce)
+               for a in local.reduce_axes}
+    on_states = {classes.of(n_locals + j, a) for j, st in enumerate(fl.states) for a in st.axes}
+    return tuple(k for k in whole if k in on_states and k not in ranks and k not in reduced)
 
 
 def _chunk_first(lay: FusedLayout) -> bool:
@@ -123,13 +153,21 @@ class FusedBuilder:
         chunk_first = _chunk_first(lay)
         self.fused_order = 1 if chunk_first else 1 + len(lay.whole_keys)
         first_whole = 2 if chunk_first else 1
+        grid_tiled = lay.grid_tiled(opts)
         for n_whole, key in enumerate(lay.whole_keys):
             n = extent[key]
             if n == 1 and key not in lay.rank_keys:  # index 0, not a dim (a top-k keeps its list axis)
                 self.binding[key] = Fixed(kb.const(0, index), 1)
                 continue
-            size = opts.tile(max(n, 1), n)
-            self.binding[key] = Dim(key, first_whole + n_whole, size, n, None, size > n)
+            if key in grid_tiled:  # this program's tile of the axis, at pid * size
+                size, tiles = opts.tile(opts.block_n, n), _ceil_div(n, opts.tile(opts.block_n, n))
+                pid = kb.program_id(len(self.grid), hint=f"pid_{key}")
+                base = kb.binary(BinaryOp.MUL, pid, kb.const(size, index), hint=f"{key}_start")
+                self.binding[key] = Dim(key, first_whole + n_whole, size, n, base, tiles * size > n)
+                self.grid.append(tiles)
+            else:
+                size = opts.tile(max(n, 1), n)
+                self.binding[key] = Dim(key, first_whole + n_whole, size, n, None, size > n)
             premake(kb, self.binding[key])
         self.split_pid: t.Value | None = None
         if split:

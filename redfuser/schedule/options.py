@@ -52,6 +52,12 @@ DEFAULTS: dict[str, ScheduleOptions] = {
 }
 
 
+WHOLE_MAX = 128
+"""A state axis that is neither the fused axis nor shared by every state (GEMM's output columns,
+attention's head dimension) stays whole in the tile up to this extent (and ``block_n``); a longer
+one is tiled by ``block_n`` across an extra grid dimension (see `layout.py`)."""
+
+
 GPU_PLANNING_SMS = 132
 """SMs a GPU schedule plans for when no device can be asked (an H200)."""
 
