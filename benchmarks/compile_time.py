@@ -21,7 +21,6 @@ Triton's (ratio <= 0.20).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -35,28 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import redfuser as rf                                          # noqa: E402
 from redfuser.runtime.cache import reset_default_cache         # noqa: E402
 from gpu_cases import Case, cases                              # noqa: E402
+from bench_common import CacheFolder                           # noqa: E402
 
 TRITON_EQUIVALENT = ("attention", "causal", "decode", "softmax", "log_softmax")   # cases with a Triton peer
-
-
-class _CacheFolder:
-    """``REDFUSER_CACHE_DIR`` pointed at `folder` (and the process's cache object renewed) for a while."""
-
-    def __init__(self, folder: str) -> None:
-        self.folder, self.old = folder, None
-
-    def __enter__(self) -> "_CacheFolder":
-        self.old = os.environ.get("REDFUSER_CACHE_DIR")
-        os.environ["REDFUSER_CACHE_DIR"] = self.folder
-        reset_default_cache()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.old is None:
-            os.environ.pop("REDFUSER_CACHE_DIR", None)
-        else:
-            os.environ["REDFUSER_CACHE_DIR"] = self.old
-        reset_default_cache()
 
 
 def _lower(kernel, args) -> float:
@@ -71,7 +51,7 @@ def redfuser_times(case: Case, repeats: int) -> dict:
     colds, warm, disk = [], None, None
     try:
         for _ in range(repeats):
-            with tempfile.TemporaryDirectory() as folder, _CacheFolder(folder):
+            with tempfile.TemporaryDirectory() as folder, CacheFolder(folder):
                 kernel = rf.kernel(case.fn, backend="cuda", sm="sm_90", **case.options)
                 colds.append(_lower(kernel, args))
                 warm = _lower(kernel, args)
@@ -109,7 +89,7 @@ def triton_times(case: Case, repeats: int) -> dict:
 def warm_up() -> None:
     """Compile one small kernel with each compiler: process start-up stays out of the numbers."""
     x = np.zeros((4, 32), np.float32)
-    with tempfile.TemporaryDirectory() as folder, _CacheFolder(folder):
+    with tempfile.TemporaryDirectory() as folder, CacheFolder(folder):
         rf.kernel(lambda a: rf.sum(a * 2.0, axis=-1), backend="cuda", sm="sm_90").lower(x)
     try:
         import triton_peers

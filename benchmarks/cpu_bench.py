@@ -28,6 +28,7 @@ import numpy as np
 
 import redfuser as rf
 from redfuser.workloads import attention, fp8_quant_gemm, log_softmax, moe_routing, softmax
+from bench_common import CacheFolder
 
 
 def cpu_model() -> str:
@@ -93,27 +94,17 @@ def compile_times(fn, args, options: dict) -> tuple[float, float, float]:
     """(cold, warm from memory, from disk) seconds to get a callable kernel, in a private cache folder."""
     from redfuser.runtime.cache import reset_default_cache
 
-    old = os.environ.get("REDFUSER_CACHE_DIR")
-    with tempfile.TemporaryDirectory() as folder:
-        os.environ["REDFUSER_CACHE_DIR"] = folder
-        reset_default_cache()
-        try:
-            out = []
-            for fresh_cache in (False, False, True):
-                if fresh_cache:
-                    reset_default_cache()
-                start = time.perf_counter()
-                rf.kernel(fn, backend="cpu", **options).lower(*args)
-                k = rf.kernel(fn, backend="cpu", **options)
-                k._compiled(args)  # noqa: SLF001 - trace, schedule, codegen and load, without running
-                out.append(time.perf_counter() - start)
-            return out[0], out[1], out[2]
-        finally:
-            if old is None:
-                os.environ.pop("REDFUSER_CACHE_DIR", None)
-            else:
-                os.environ["REDFUSER_CACHE_DIR"] = old
-            reset_default_cache()
+    with tempfile.TemporaryDirectory() as folder, CacheFolder(folder):
+        out = []
+        for fresh_cache in (False, False, True):
+            if fresh_cache:
+                reset_default_cache()
+            start = time.perf_counter()
+            rf.kernel(fn, backend="cpu", **options).lower(*args)
+            k = rf.kernel(fn, backend="cpu", **options)
+            k._compiled(args)  # noqa: SLF001 - trace, schedule, codegen and load, without running
+            out.append(time.perf_counter() - start)
+        return out[0], out[1], out[2]
 
 
 def main() -> None:

@@ -79,7 +79,7 @@ def test_compile_time_cache_folders_are_private_and_restored(tmp_path, monkeypat
     from redfuser.runtime.cache import default_cache
 
     monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path / "mine"))
-    with compile_time._CacheFolder(str(tmp_path / "fresh")):
+    with compile_time.CacheFolder(str(tmp_path / "fresh")):
         assert default_cache().directory == tmp_path / "fresh"
     assert default_cache().directory == tmp_path / "mine"
 
