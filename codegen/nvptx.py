@@ -98,8 +98,22 @@ def new_module(name: str) -> ir.Module:
     return module
 
 
-def parse_and_verify(text: str, *, pass_name: str = "nvptx") -> llvm.ModuleRef:
-    """Parse LLVM IR text and run LLVM's verifier; `InternalError` with LLVM's message otherwise."""
+# The last module `parse_and_verify(..., keep=True)` checked, by its text: `compile_module` of the same
+# text takes it (once: the optimizer changes it in place) instead of parsing and verifying it again.
+_KEPT: dict[str, llvm.ModuleRef] = {}
+
+
+def parse_and_verify(text: str, *, pass_name: str = "nvptx", keep: bool = False) -> llvm.ModuleRef:
+    """Parse LLVM IR text and run LLVM's verifier; `InternalError` with LLVM's message otherwise.
+    With `keep`, the next `compile_module` of this very text starts from this parse."""
+    mod = _parse_and_verify(text, pass_name)
+    if keep:
+        _KEPT.clear()
+        _KEPT[text] = mod
+    return mod
+
+
+def _parse_and_verify(text: str, pass_name: str) -> llvm.ModuleRef:
     try:
         mod = llvm.parse_assembly(text)
     except RuntimeError as exc:
@@ -130,7 +144,7 @@ def compile_module(module: ir.Module | str, sm: str = "sm_90", *, ptx_version: i
     version = default_ptx_version(sm) if ptx_version is None else ptx_version
     machine = target_machine(sm, version, opt_level)
     text = str(module)
-    mod = parse_and_verify(text)
+    mod = _KEPT.pop(text, None) or parse_and_verify(text)
     if mod.triple not in ("", TRIPLE, "unknown-unknown-unknown"):
         raise InternalError(f"module targets {mod.triple!r}, not {TRIPLE}", pass_name="nvptx")
     mod.triple = TRIPLE

@@ -271,8 +271,9 @@ def load_masked(builder: ir.IRBuilder, ptr: ir.Value, elem_type: ir.Type, mask: 
                 *, align: int | None = None) -> ir.Value:
     """``mask ? *ptr : other``; the load only executes where `mask` holds (never touches memory otherwise)."""
     entry = builder.block
-    then = builder.append_basic_block(f"{entry.name}.mload")
-    done = builder.append_basic_block(f"{entry.name}.mload.done")
+    # fixed names (llvmlite numbers repeats): deriving them from `entry` would grow a name per masked load
+    then = builder.append_basic_block("mload")
+    done = builder.append_basic_block("mload.done")
     builder.cbranch(mask, then, done)
     builder.position_at_end(then)
     loaded = builder.load(ptr, typ=elem_type, align=align)
@@ -287,8 +288,13 @@ def load_masked(builder: ir.IRBuilder, ptr: ir.Value, elem_type: ir.Type, mask: 
 def store_masked(builder: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value, *,
                  align: int | None = None) -> None:
     """``if mask: *ptr = value``."""
-    with builder.if_then(mask):
-        builder.store(value, ptr, align=align)
+    then = builder.append_basic_block("mstore")
+    done = builder.append_basic_block("mstore.done")
+    builder.cbranch(mask, then, done)
+    builder.position_at_end(then)
+    builder.store(value, ptr, align=align)
+    builder.branch(done)
+    builder.position_at_end(done)
 
 
 def vector_type(elem_type: ir.Type, nbytes: int = 16) -> ir.VectorType:

@@ -195,8 +195,9 @@ def test_fma_dots_stage_the_contraction_in_chunks_that_fit_shared_memory():
 
 def test_too_much_shared_memory_is_a_clear_error():
     q = normal(1, 1, 128, 256, dtype=np.float16)   # q: 128 x 256 f16 through shared memory is 64 KiB
+    # block_n=256 keeps the 256-long head dim whole (a longer one would be tiled across the grid)
     with pytest.raises(rf.BackendError, match="shared memory"):
-        lower_to_simt(tile_program(attention, q, q, q, block_m=128, block_n=128), GpuOptions())
+        lower_to_simt(tile_program(attention, q, q, q, block_m=128, block_n=256), GpuOptions())
 
 
 # --- planted bugs the simulator must catch ----------------------------------------------------------

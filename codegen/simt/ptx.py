@@ -1,7 +1,7 @@
 """A `SimtProgram` through LLVM (nvptx64) to PTX, one module per kernel; kept for ``stages["llvm"]``/``["ptx"]``.
 
 `program_ptx(p, ptx_of)` emits each kernel's verified LLVM module
-(`codegen.simt_to_llvm.emit_module`) and turns its text into PTX with `ptx_of`
+(`codegen.simt_to_llvm.emit_text`) and turns its text into PTX with `ptx_of`
 (default: `codegen.nvptx.compile_module`; the runtime passes a cached one).
 Nothing here needs a GPU.
 """
@@ -13,7 +13,7 @@ from typing import Callable
 
 from ...ir.errors import InternalError
 from ..nvptx import compile_module
-from ..simt_to_llvm import emit_module
+from ..simt_to_llvm import emit_text
 from .kernel import SimtProgram
 
 
@@ -60,7 +60,7 @@ def program_ptx(p: SimtProgram, ptx_of: Callable[[str, str], str] | None = None)
     compile_text = ptx_of or _compile
     kernels = []
     for k in p.kernels:
-        text = str(emit_module(k))
+        text = emit_text(k)
         ptx = compile_text(text, p.sm)
         entries = re.findall(r"^(?:\.(?:visible|weak)\s+)?\.entry\s+([\w$]+)", ptx, flags=re.MULTILINE)
         if len(entries) != 1:

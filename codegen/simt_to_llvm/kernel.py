@@ -1,4 +1,4 @@
-"""`emit_module`: one `SimtKernel` as a verified nvptx64 LLVM module, and `compile_simt` on to PTX."""
+"""`emit_module` (`emit_text`): one `SimtKernel` as a verified nvptx64 LLVM module, and `compile_simt` on to PTX."""
 from __future__ import annotations
 
 from llvmlite import ir
@@ -20,6 +20,21 @@ def emit_module(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, ver
     """`kernel` as an LLVM module for ``nvptx64-nvidia-cuda``: a ``ptx_kernel`` function taking the buffers
     as pointers and the scalars by value (bool as a byte), its shared arrays as ``addrspace(3)`` globals
     named ``smem_<name>``, and ``.maxntid`` set to the block size. LLVM's verifier checks the result."""
+    module = _build(kernel, options, verify)
+    parse_and_verify(str(module), pass_name="simt_to_llvm")
+    return module
+
+
+def emit_text(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, verify: bool = True) -> str:
+    """The text of `emit_module(kernel)` (verified by LLVM the same way), printed once: printing a big
+    llvmlite module costs as much as building it."""
+    text = str(_build(kernel, options, verify))
+    parse_and_verify(text, pass_name="simt_to_llvm", keep=True)
+    return text
+
+
+def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> ir.Module:
+    """The module of `emit_module`, not yet checked by LLVM."""
     if verify:
         verify_simt_kernel(kernel, "simt_to_llvm")
     module = new_module(kernel.name)
@@ -40,7 +55,6 @@ def emit_module(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, ver
         em.shared[alloc.name] = nvvm.declare_shared(module, f"smem_{alloc.name}", mem_type(alloc.dtype), alloc.size)
     em.emit(kernel.body)
     builder.ret_void()
-    parse_and_verify(str(module), pass_name="simt_to_llvm")
     return module
 
 
@@ -50,4 +64,4 @@ def compile_simt(kernel: SimtKernel, sm: str = "sm_90", options: LlvmOptions = L
     return compile_module(emit_module(kernel, options), sm, ptx_version=ptx_version)
 
 
-__all__ = ["emit_module", "compile_simt", "RULES"]
+__all__ = ["emit_module", "emit_text", "compile_simt", "RULES"]

@@ -1,0 +1,80 @@
+"""What the compile-time work keeps true: per-stage timings are recorded (never asserted as numbers),
+printing a module once gives the same text, a verified kernel is not re-checked but a broken one
+still fails, and the garbage collector paused during a compile comes back on."""
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+import simt_kernels as K
+from redfuser import cli, compiler, workloads
+from redfuser.codegen import nvptx
+from redfuser.codegen.simt_to_llvm import emit_module, emit_text
+from redfuser.ir import simt_verifier
+from redfuser.ir.errors import RedFuserError, VerifyError
+
+
+def _softmax_input() -> np.ndarray:
+    return np.ones((4, 64), np.float32)
+
+
+def test_lower_records_each_stage_in_pipeline_order():
+    lowered = rf.kernel(workloads.softmax, backend="cuda", sm="sm_90").lower(_softmax_input())
+    assert list(lowered.timings) == ["trace", "fuse", "schedule", "simt", "ptx"]
+    assert all(seconds >= 0.0 for seconds in lowered.timings.values())
+    table = lowered.timing_table()
+    assert table.startswith("compile time per stage:") and "ptx" in table and "total" in table
+
+
+def test_cpu_lower_records_its_stages():
+    lowered = rf.kernel(workloads.softmax, backend="cpu").lower(_softmax_input())
+    assert list(lowered.timings) == ["trace", "fuse", "schedule", "llvm"]
+
+
+def test_explain_stages_prints_the_timings(capsys):
+    assert cli.main(["explain", "--backend", "interpret", "--workload", "softmax", "--stages"]) == 0
+    assert "compile time per stage:" in capsys.readouterr().out
+
+
+def test_emit_text_is_the_printed_module_and_feeds_compile_module():
+    text = emit_text(K.block_sum())
+    assert text == str(emit_module(K.block_sum()))
+    assert nvptx.compile_module(text).ptx == nvptx.compile_module(str(emit_module(K.block_sum()))).ptx
+    assert not nvptx._KEPT            # the kept parse was taken once, not left behind
+
+
+def test_a_verified_kernel_is_remembered_and_a_broken_one_still_fails():
+    kernel = K.block_sum()
+    assert simt_verifier.verify_simt_kernel(kernel) is kernel
+    assert simt_verifier._VERIFIED.get(id(kernel)) is kernel
+    broken = dataclasses.replace(kernel, warps=40)  # more than 32 warps per block
+    for _ in range(2):
+        with pytest.raises(VerifyError):
+            simt_verifier.verify_simt_kernel(broken)
+    assert id(broken) not in simt_verifier._VERIFIED
+
+
+def test_the_garbage_collector_is_back_on_after_a_compile_even_a_failing_one():
+    assert gc.isenabled()
+    rf.kernel(workloads.softmax, backend="cpu").lower(_softmax_input())
+    assert gc.isenabled()
+
+    def broken(x):
+        return x.no_such_method()
+
+    with pytest.raises((RedFuserError, AttributeError)):
+        rf.kernel(broken, backend="cpu").lower(_softmax_input())
+    assert gc.isenabled() and compiler._gc_pausers == 0
+
+
+def test_a_compile_leaves_a_disabled_collector_disabled():
+    gc.disable()
+    try:
+        rf.kernel(workloads.softmax, backend="cpu").lower(_softmax_input())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -1,0 +1,124 @@
+"""FP8 per-token quant + GEMM on the GPU path: the GEMM's output columns are tiled across the grid.
+
+The fused loop's states are ``a[M]`` (running absmax) and ``y_acc[M, N]``. N is not shared by every state,
+so it used to stay whole in the tile (``f32[block_m, N]`` per program), which no GPU block holds for N in
+the thousands. Beyond `WHOLE_MAX` it is tiled by ``block_n`` over one more grid dimension, each program
+recomputing ``a`` (exact: ``a`` never reads N). Attention's head dimension (<= 128) stays whole.
+"""
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+from redfuser.codegen.ptx_check import check_ptx, resource_usage
+from redfuser.ir import run_program
+from redfuser.ir import tile as t
+from redfuser.ir.tile_interpreter import run_tile_program
+from redfuser.ir.tile_verifier import verify_tile_program
+from test_quant import quantization_bound
+
+import redfuser as rf
+from redfuser.schedule import ScheduleOptions, options_for, schedule_program
+from redfuser.schedule.options import WHOLE_MAX
+from redfuser.workloads import attention, fp8_quant_gemm
+
+MAX_SHARED = 48 * 1024
+
+
+def fp8_inputs(m: int, k: int, n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    x[0, : k // 3] = 0                 # leading zeros: the running absmax starts at 0
+    x[1 % m] *= 40                      # a large row
+    w = rng.standard_normal((k, n)).astype(ml_dtypes.float8_e4m3fn)
+    ws = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    return x, w, ws
+
+
+def within_bound(out, x, w, ws) -> bool:
+    exact = (x.astype(np.float64) @ w.astype(np.float64)) * ws
+    return bool(np.all(np.abs(out - exact) <= quantization_bound(x, w, ws)))
+
+
+def fused_kernels(tiled: t.TileProgram) -> list[t.TileKernel]:
+    return [k for k in tiled.kernels if any(isinstance(op, t.For) for op in k.body)]
+
+
+def carried_shapes(kernel: t.TileKernel) -> list[tuple[int, ...]]:
+    (loop,) = [op for op in kernel.body if isinstance(op, t.For)]
+    return [v.shape for v in loop.inits]
+
+
+@pytest.mark.parametrize("n", [512, 300])
+def test_long_output_axis_is_tiled_across_the_grid(n):
+    x, w, ws = fp8_inputs(64, 256, n)
+    opts = options_for("simulate")
+    tiled = schedule_program(rf.kernel(fp8_quant_gemm, backend="interpret").lower(x, w, ws).program, opts)
+    verify_tile_program(tiled)
+    for kernel in fused_kernels(tiled):
+        # the states: a[block_m] and y_acc[block_m, block_n], never the whole N
+        assert carried_shapes(kernel) == [(opts.block_m,), (opts.block_m, opts.block_n)]
+        assert -(-n // opts.block_n) in kernel.grid
+
+
+def test_head_dimension_of_attention_stays_whole():
+    q = np.zeros((2, 3, 64, WHOLE_MAX), np.float32)
+    tiled = schedule_program(rf.kernel(attention, backend="interpret").lower(q, q, q).program, options_for("simulate"))
+    (kernel,) = fused_kernels(tiled)
+    assert carried_shapes(kernel)[-1] == (64, WHOLE_MAX)
+    assert kernel.grid == (2, 3, 1)  # batch, heads, query tiles: no grid dimension over the head dim
+
+
+@pytest.mark.parametrize("opts", [ScheduleOptions(block_m=16, block_n=32, split=1),
+                                  ScheduleOptions(block_m=8, block_n=64, pow2=True),            # automatic split
+                                  ScheduleOptions(block_m=32, block_n=16, split=3, pow2=True)])
+@pytest.mark.parametrize("n", [200, 257])
+def test_tile_interpreter_matches_the_fused_program(opts, n):
+    x, w, ws = fp8_inputs(37, 150, n, seed=n)
+    program = rf.kernel(fp8_quant_gemm, backend="interpret").lower(x, w, ws).program
+    tiled = schedule_program(program, opts)
+    verify_tile_program(tiled)
+    assert any(len(k.grid) >= 2 and -(-n // opts.tile(opts.block_n, n)) in k.grid for k in fused_kernels(tiled))
+    (out,) = run_tile_program(tiled, (x, w, ws))
+    assert within_bound(out, x, w, ws)
+    if opts.split == 1:  # same chunks, same running absmax: the loop quantizes the same values
+        (ref,) = run_program(program, (x, w, ws), chunk=opts.block_n)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_backends_run_a_moderate_fp8_gemm_within_the_quantization_bound(backend):
+    x, w, ws = fp8_inputs(64, 512, 512)
+    out = rf.kernel(fp8_quant_gemm, backend=backend)(x, w, ws)
+    assert out.shape == (64, 512) and within_bound(out, x, w, ws)
+
+
+def test_simulate_ragged_columns():
+    x, w, ws = fp8_inputs(20, 96, 200, seed=3)
+    out = rf.kernel(fp8_quant_gemm, backend="simulate")(x, w, ws)
+    assert within_bound(out, x, w, ws)
+
+
+def test_4096_cube_compiles_for_sm90_in_shared_memory_without_spills():
+    m = k = n = 4096
+    x = np.ones((m, k), np.float16)
+    w = np.ones((k, n), ml_dtypes.float8_e4m3fn)
+    ws = np.ones(n, np.float32)
+    lowered = rf.kernel(fp8_quant_gemm, backend="cuda", sm="sm_90").lower(x, w, ws)
+    (kernel,) = fused_kernels(lowered.stages["tile"])
+    assert kernel.grid == (m // 64, n // 64)
+    for kp in lowered.stages["ptx"].kernels:
+        check_ptx(kp.ptx, archs=("sm_90",))
+        usage = resource_usage(kp.ptx, "sm_90")
+        assert usage.shared_bytes <= MAX_SHARED
+        assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0
+
+
+def test_llvm_block_names_stay_short():
+    """Masked loads and stores name their blocks by kind (llvmlite numbers repeats), not by the block before."""
+    x, w, ws = fp8_inputs(100, 300, 1000)
+    llvm = str(rf.kernel(fp8_quant_gemm, backend="cuda", sm="sm_90").lower(x, w, ws).stages["llvm"])
+    labels = re.findall(r"^([\w.$-]+):", llvm, re.MULTILINE)
+    assert len(labels) > 20 and max(map(len, labels)) <= 24
