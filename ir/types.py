@@ -75,6 +75,15 @@ def from_numpy(dtype: object) -> DType | None:
         return None
 
 
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a dense row-major array of `shape` (the last dim has stride 1)."""
+    out, n = [], 1
+    for s in reversed(shape):
+        out.append(n)
+        n *= s
+    return tuple(reversed(out))
+
+
 @dataclass(frozen=True, slots=True)
 class BufferType:
     """A dense, row-major array type with a static shape."""

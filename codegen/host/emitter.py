@@ -21,7 +21,7 @@ from typing import Iterator
 import llvmlite.ir as ir
 
 from ...ir import DType, tile as t
-from ...ir.types import int64
+from ...ir.types import int64, row_major_strides
 from ..llvm_utils import I64, PTR, VOID, counted_loop, entry_alloca
 from . import dtypes
 from .plan import plan_kernel
@@ -34,14 +34,6 @@ class Slot:
     ptr: ir.Value
     shape: tuple[int, ...]
     dtype: DType
-
-
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    out, n = [], 1
-    for s in reversed(shape):
-        out.append(n)
-        n *= s
-    return out[::-1]
 
 
 class KernelEmitter:
@@ -126,7 +118,7 @@ class KernelEmitter:
 
     def address(self, slot: Slot, idx: tuple[ir.Value, ...]) -> ir.Value:
         linear: ir.Value = self.zero
-        for i, s in zip(idx, _strides(slot.shape)):
+        for i, s in zip(idx, row_major_strides(slot.shape)):
             term = i if s == 1 else self.b.mul(i, ir.Constant(I64, s), flags=("nsw", "nuw"))
             linear = term if linear is self.zero else self.b.add(linear, term, flags=("nsw", "nuw"))
         return self.b.gep(slot.ptr, [linear], inbounds=True, source_etype=dtypes.mem_type(slot.dtype))

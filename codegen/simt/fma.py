@@ -18,7 +18,8 @@ from ...ir.simt import Reg, SharedAlloc
 from ...ir.types import float32, int32
 from .context import Lowering
 from .convert import writer_mask
-from .layouts import Layout, contiguous_run, log2, strides
+from ...ir.types import row_major_strides as strides
+from .layouts import Layout, contiguous_run, log2
 from .narrow import NARROW
 from .plan import default_layout
 from .values import Regs, pieces, splat

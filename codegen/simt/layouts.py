@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...ir.errors import InternalError
+from ...ir.types import row_major_strides
 
 LANE_BITS = 5
 Basis = tuple[int, ...]
@@ -112,18 +113,9 @@ class Layout:
                 f"replicas={bin(self.replica_mask()).count('1')} bits")
 
 
-def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major element strides of `shape`."""
-    out, n = [], 1
-    for s in reversed(shape):
-        out.append(n)
-        n *= s
-    return tuple(reversed(out))
-
-
 def flat(basis: Basis, shape: tuple[int, ...]) -> int:
     """The flat (row-major) offset of coordinate `basis` in `shape`."""
-    return sum(c * s for c, s in zip(basis, strides(shape)))
+    return sum(c * s for c, s in zip(basis, row_major_strides(shape)))
 
 
 @functools.lru_cache(maxsize=512)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..ir import BinaryOp, Buffer
 from ..ir import tile as t
+from ..ir.types import row_major_strides
 from .builder import KernelBuilder
 
 
@@ -119,22 +120,13 @@ def mask_tile(kb: KernelBuilder, dims: tuple[Dim, ...]) -> t.Value | None:
     return kb.remember(key, mask)  # type: ignore[return-value]
 
 
-def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major element strides."""
-    out, n = [], 1
-    for s in reversed(shape):
-        out.append(n)
-        n *= s
-    return tuple(reversed(out))
-
-
 def offsets(kb: KernelBuilder, buffer: Buffer, positions: list[Binding | int]) -> Tiled:
     """Element offsets of `buffer` at `positions` (one binding or fixed int per buffer dim)."""
     idx = kb.index_dtype
     const_part = 0
     scalar: t.Value | None = None
     tiles: list[Tiled] = []
-    for pos, stride in zip(positions, strides(buffer.shape)):
+    for pos, stride in zip(positions, row_major_strides(buffer.shape)):
         if isinstance(pos, int):
             const_part += pos * stride
         elif isinstance(pos, Fixed):
