@@ -30,6 +30,7 @@ from .expr import (
 )
 from . import topk as topk_semantics
 from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
+from .types import from_numpy
 
 Space = tuple[Axis, ...]
 
@@ -201,6 +202,29 @@ def run_topk(s: TopK, env: Env) -> dict[str, np.ndarray]:
             s.indices.name: np.ascontiguousarray(np.moveaxis(indices, -1, s.rank))}
 
 
+def rescale_partial(op: ReduceOp, part: np.ndarray, r: np.ndarray | None) -> np.ndarray:
+    """A partial state times its rescale `r`; the monoid's identity stays itself (see `OnlineState`)."""
+    if r is None:
+        return part
+    identity = np.asarray(op.identity(from_numpy(part.dtype)), dtype=part.dtype)
+    return np.where(part == identity, part, part * np.broadcast_to(r, part.shape))
+
+
+def combine(op: ReduceOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a (+) b`` for the monoid `op` (max/min propagate NaN, like numpy)."""
+    if op is ReduceOp.SUM:
+        return a + b
+    return (np.maximum if op is ReduceOp.MAX else np.minimum)(a, b)
+
+
+def rescale_list(values: np.ndarray, indices: np.ndarray, r: np.ndarray | None) -> np.ndarray:
+    """A running top-k's values times `r` (one per list, positive: the order stays); empty slots stay."""
+    if r is None:
+        return values
+    r = np.broadcast_to(r, values.shape[:-1])[..., None]
+    return np.where(indices >= 0, values * r, values).astype(values.dtype)
+
+
 def _topk_chunk(st: TopKState, inner: Env, lists: dict, axis: Axis, start: int, stop: int) -> None:
     """One chunk of a running top-k: the chunk's best k merge with the rescaled previous list."""
     space = st.axes + (Axis(axis.name, stop - start),)
@@ -211,9 +235,7 @@ def _topk_chunk(st: TopKState, inner: Env, lists: dict, axis: Axis, start: int, 
         ev, ei = topk_semantics.empty(v.shape[:-1], k - v.shape[-1], v.dtype)
         v, i = np.concatenate([v, ev], -1), np.concatenate([i + start, ei], -1)
         pv, pi = lists[st.acc.name]
-        if st.rescale is not None:
-            r = np.broadcast_to(evaluate(st.rescale, inner, st.axes), pv.shape[:-1])[..., None]
-            pv = np.where(pi >= 0, pv * r, pv).astype(pv.dtype)
+        pv = rescale_list(pv, pi, None if st.rescale is None else evaluate(st.rescale, inner, st.axes))
         lists[st.acc.name] = topk_semantics.merge(pv, pi, v.astype(st.acc.dtype.numpy), i)
 
 
@@ -259,14 +281,8 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                     partial = REDUCERS[st.op](full, axis=-1)
                 partial = partial.astype(st.acc.dtype.numpy, copy=False)
                 prev = inner[st.prev.name]
-                if st.rescale is not None:
-                    r = np.broadcast_to(evaluate(st.rescale, inner, st.axes), prev.shape)
-                    identity = np.asarray(st.op.identity(st.acc.dtype), dtype=prev.dtype)
-                    prev = np.where(prev == identity, prev, prev * r)
-                if st.op is ReduceOp.SUM:
-                    new = prev + partial
-                else:
-                    new = (np.maximum if st.op is ReduceOp.MAX else np.minimum)(prev, partial)
+                r = None if st.rescale is None else evaluate(st.rescale, inner, st.axes)
+                new = combine(st.op, rescale_partial(st.op, prev, r), partial)
             new = np.broadcast_to(new, prev.shape).astype(st.acc.dtype.numpy, order="C")  # a fresh array (0-d stays 0-d)
             inner[st.acc.name] = acc[st.acc.name] = new
     for st in s.states:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir import Buffer, Expr, FusedLoop, Load, OnlineState, ReduceOp, TopKState, map_expr
+from ..ir import Buffer, Expr, FusedLoop, Load, OnlineState, TopKState, map_expr
 from ..ir import topk as topk_semantics
-from ..ir.interpreter import Env, evaluate
+from ..ir.interpreter import Env, combine, evaluate, rescale_list, rescale_partial
 
 
 @dataclass(frozen=True)
@@ -69,18 +69,10 @@ def merge_partials(loop: FusedLoop, a: dict[str, np.ndarray], b: dict[str, np.nd
             merged.update(_merge_topk(step, a, b, scope))
             continue
         scope[step.a.name], scope[step.b.name] = a[st.acc.name], b[st.acc.name]
-        identity = np.asarray(st.op.identity(st.acc.dtype), dtype=st.acc.dtype.numpy)
-        parts = []
         with np.errstate(all="ignore"):
-            for part, scale in ((a[st.acc.name], step.scale_a), (b[st.acc.name], step.scale_b)):
-                if scale is not None:
-                    r = np.broadcast_to(evaluate(scale, scope, st.axes), part.shape)
-                    part = np.where(part == identity, part, part * r)
-                parts.append(part)
-            if st.op is ReduceOp.SUM:
-                value = parts[0] + parts[1]
-            else:
-                value = (np.maximum if st.op is ReduceOp.MAX else np.minimum)(parts[0], parts[1])
+            parts = [rescale_partial(st.op, part, None if scale is None else evaluate(scale, scope, st.axes))
+                     for part, scale in ((a[st.acc.name], step.scale_a), (b[st.acc.name], step.scale_b))]
+            value = combine(st.op, parts[0], parts[1])
         merged[st.acc.name] = scope[st.acc.name] = np.asarray(value, dtype=st.acc.dtype.numpy)
     return merged
 
@@ -93,9 +85,7 @@ def _merge_topk(step: MergeStep, a: dict[str, np.ndarray], b: dict[str, np.ndarr
         for part, scale in ((a, step.scale_a), (b, step.scale_b)):
             values = np.moveaxis(part[st.acc.name], st.rank, -1)
             indices = np.moveaxis(part[st.indices.name], st.rank, -1)
-            if scale is not None:
-                r = np.broadcast_to(evaluate(scale, scope, st.axes), values.shape[:-1])[..., None]
-                values = np.where(indices >= 0, values * r, values).astype(values.dtype)
+            values = rescale_list(values, indices, None if scale is None else evaluate(scale, scope, st.axes))
             sides.append((values, indices))
     values, indices = topk_semantics.merge(*sides[0], *sides[1])
     return {st.acc.name: np.moveaxis(values, -1, st.rank), st.indices.name: np.moveaxis(indices, -1, st.rank)}
