@@ -139,7 +139,7 @@ class Kernel:
             # Host backends read numpy views of host arrays (torch CPU tensors too, without a copy) and
             # hand results back as the caller's array type.
             names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
-            library = next((arrays_rt.describe(a).library for a in arrays if not isinstance(a, np.ndarray)), "numpy")
+            library = next((arrays_rt.library_of(a) for a in arrays if not isinstance(a, np.ndarray)), "numpy")
             outputs = tuple(arrays_rt.as_caller_type(o, library)
                             for o in run([arrays_rt.host_array(a, f"argument {n!r}") for a, n in zip(arrays, names)]))
         else:

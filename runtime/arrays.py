@@ -45,11 +45,8 @@ class ArrayInfo:
 
     @property
     def contiguous(self) -> bool:
-        expected, step = [], 1
-        for size in reversed(self.shape):
-            expected.append(step)
-            step *= size
-        return all(s == e for s, e, n in zip(self.strides, reversed(expected), self.shape) if n > 1)
+        expected = T.row_major_strides(self.shape)
+        return all(s == e for s, e, n in zip(self.strides, expected, self.shape) if n > 1)
 
 
 def _has(x: object, name: str) -> bool:
@@ -69,7 +66,8 @@ def is_array(x: object) -> bool:
     return isinstance(x, np.ndarray) or _has(x, "__cuda_array_interface__") or _has(x, "__dlpack__")
 
 
-def _library(x: object) -> str:
+def library_of(x: object) -> str:
+    """The library an array object comes from ("numpy", "torch", "cupy"...): the caller's array type."""
     return type(x).__module__.split(".")[0]
 
 
@@ -95,7 +93,7 @@ def describe(x: object, name: str = "argument") -> ArrayInfo:
             cai = x.__cuda_array_interface__
         except Exception as exc:
             raise ArgumentError(f"{name}: its __cuda_array_interface__ failed: {exc}") from None
-        return _from_cai(cai, _library(x), name)
+        return _from_cai(cai, library_of(x), name)
     if dlpack_error is not None:
         raise ArgumentError(f"{name}: its DLPack export failed: {dlpack_error}")
     if _has(x, "__dlpack__"):
@@ -118,11 +116,7 @@ def _from_cai(cai: dict, library: str, name: str) -> ArrayInfo:
     item = dtype.itemsize
     strides = cai.get("strides")
     if strides is None:
-        elems, step = [], 1
-        for size in reversed(shape):
-            elems.append(step)
-            step *= size
-        strides_e = tuple(reversed(elems))
+        strides_e = T.row_major_strides(shape)
     else:
         strides_e = tuple(int(s) // item for s in strides)
     pointer = int(cai["data"][0])
@@ -167,7 +161,7 @@ def _device_type(x: object) -> int:
 def _from_dlpack(x: object, name: str) -> ArrayInfo:
     device_type, device_id = (int(v) for v in x.__dlpack_device__())
     if device_type == CPU:
-        return replace(describe(np.from_dlpack(x), name), library=_library(x))
+        return replace(describe(np.from_dlpack(x), name), library=library_of(x))
     try:   # stream=-1: no synchronization by the producer; the cuda backend orders work on its stream
         capsule = x.__dlpack__(stream=-1)
     except TypeError:
@@ -181,13 +175,9 @@ def _from_dlpack(x: object, name: str) -> ArrayInfo:
     if t.strides:
         strides = tuple(t.strides[i] for i in range(t.ndim))
     else:
-        elems, step = [], 1
-        for size in reversed(shape):
-            elems.append(step)
-            step *= size
-        strides = tuple(reversed(elems))
+        strides = T.row_major_strides(shape)
     pointer = (t.data or 0) + t.byte_offset
-    return ArrayInfo(shape, dtype, strides, device_type, device_id, pointer, _library(x))
+    return ArrayInfo(shape, dtype, strides, device_type, device_id, pointer, library_of(x))
 
 
 def host_array(x: object, name: str = "argument") -> np.ndarray:
