@@ -17,6 +17,7 @@ Tensor-core helpers (mma, fragment layouts, ldmatrix, cp.async, bf16/fp8 packing
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from llvmlite import ir
 
@@ -62,6 +63,30 @@ INTRINSIC_REQUIREMENTS: dict[str, tuple[int, int]] = {
     "llvm.nvvm.shfl.sync": (30, 60),
     "llvm.nvvm.barrier.cta": (30, 60),
 }
+
+
+def splat(t: ir.Type, value: object) -> ir.Constant:
+    """`value` as a constant of type `t`, in every element when `t` is a vector."""
+    if isinstance(t, ir.VectorType):
+        return ir.Constant(t, [ir.Constant(t.element, value)] * t.count)
+    return ir.Constant(t, value)
+
+
+def like(t: ir.Type, scalar: ir.Type) -> ir.Type:
+    """`scalar`, as a vector with as many elements as `t` when `t` is a vector."""
+    return ir.VectorType(scalar, t.count) if isinstance(t, ir.VectorType) else scalar
+
+
+def lanewise(b: ir.IRBuilder, out_type: ir.Type, fn: Callable[..., ir.Value], *operands: ir.Value) -> ir.Value:
+    """`fn` applied to each element of the vector operands (scalar operands passed as they are)."""
+    if not isinstance(out_type, ir.VectorType):
+        return fn(*operands)
+    vec = ir.Constant(out_type, ir.Undefined)
+    for i in range(out_type.count):
+        at = ir.Constant(I32, i)
+        elems = [b.extract_element(v, at) if isinstance(v.type, ir.VectorType) else v for v in operands]
+        vec = b.insert_element(vec, fn(*elems), at)
+    return vec
 
 
 def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ir.errors import InternalError
-from .nvvm import BF16, F16, F32, HALF2, I16, I32, PTR_GLOBAL, PTR_SHARED, call_intrinsic
+from .nvvm import BF16, F16, F32, HALF2, I16, I32, PTR_GLOBAL, PTR_SHARED, call_intrinsic, like, splat
 
 _RESULT4 = ir.LiteralStructType([F32, F32, F32, F32])
 
@@ -102,13 +102,14 @@ def pack_i16x2(builder: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
 
 
 def f32_to_bf16_bits(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """Round-to-nearest-even bf16 of `x`, as its i16 bit pattern (``cvt.rn.bf16.f32`` on sm_80+)."""
-    return builder.bitcast(builder.fptrunc(x, BF16), I16)
+    """Round-to-nearest-even bf16 of `x` (a scalar or vector), as i16 bit patterns (``cvt.rn.bf16.f32`` on sm_80+)."""
+    return builder.bitcast(builder.fptrunc(x, like(x.type, BF16)), like(x.type, I16))
 
 
 def bf16_bits_to_f32(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
-    """The f32 value of a bf16 bit pattern (exact: the pattern shifted into the high half)."""
-    return builder.bitcast(builder.shl(builder.zext(bits, I32), ir.Constant(I32, 16)), F32)
+    """The f32 value of bf16 bit patterns (scalar or vector; exact: shifted into the high half)."""
+    wide = builder.zext(bits, like(bits.type, I32))
+    return builder.bitcast(builder.shl(wide, splat(wide.type, 16)), like(bits.type, F32))
 
 
 def f32x2_to_e4m3x2(builder: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:

@@ -222,17 +222,21 @@ INT_BINARY = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.MAX, BinaryOp.M
 CASTS = (float16, bfloat16, int32, int64, float32)
 
 
-def all_ops(*, portable: bool = False) -> tuple[SimtKernel, list[str]]:
+def all_ops(*, portable: bool = False, lanes: int = 1) -> tuple[SimtKernel, list[str]]:
     """One warp applies every arithmetic op and cast to per-lane inputs ``f``, ``g > 0``, ``i``, ``j != 0`` and
     fp8 bytes ``q``; result ``r`` (as f32) goes to ``out[r * 32 + lane]``. Returns the kernel and the result
-    names in order. `portable` leaves out shuffles and f16/bf16 (for running the LLVM IR on the host CPU)."""
-    b = SimtBuilder("all_ops", warps=1, grid=(1,))
-    bufs = {name: b.buffer(name, dtype, (32,)) for name, dtype in
+    names in order. `portable` leaves out shuffles and f16/bf16 (for running the LLVM IR on the host CPU).
+    With `lanes` > 1 (even) every register is a `lanes`-vector (thread t reads and writes elements
+    ``t * lanes ...``), so each op is emitted as a vector op, and packs and extracts mix vector parts."""
+    b = SimtBuilder("all_ops" if lanes == 1 else f"all_ops_x{lanes}", warps=1, grid=(1,))
+    size = 32 * lanes
+    bufs = {name: b.buffer(name, dtype, (size,)) for name, dtype in
             (("f", float32), ("g", float32), ("i", int32), ("j", int32), ("q", MmaShape.M16N8K32_E4M3.operand_dtype))}
     names: list[str] = []
     results: list[Reg] = []
     tid = b.thread_idx()
-    f, g, i, j, q = (b.load_global(bufs[name], tid) for name in ("f", "g", "i", "j", "q"))
+    first = tid if lanes == 1 else b.mul(tid, _c(b, lanes))
+    f, g, i, j, q = (b.load_global(bufs[name], first, length=lanes) for name in ("f", "g", "i", "j", "q"))
 
     def emit(name: str, value: Reg) -> None:
         names.append(name)
@@ -246,7 +250,7 @@ def all_ops(*, portable: bool = False) -> tuple[SimtKernel, list[str]]:
         emit(f"i{op.value}", b.binary(op, i, j))
     for op in IntOp:
         shift = op in (IntOp.SHL, IntOp.SHR)
-        emit(op.value, b.int_op(op, i, b.int_op(IntOp.AND, j, b.const(7, int32)) if shift else j))
+        emit(op.value, b.int_op(op, i, b.int_op(IntOp.AND, j, b.const(7, int32, lanes)) if shift else j))
     emit("ineg", b.unary(UnaryOp.NEG, i))
     emit("iabs", b.unary(UnaryOp.ABS, i))
     emit("not", b.unary(UnaryOp.NOT, b.lt(f, g)))
@@ -257,14 +261,20 @@ def all_ops(*, portable: bool = False) -> tuple[SimtKernel, list[str]]:
     emit("i2f", b.cast(i, float32))
     emit("e4m3", b.cast(q, float32))
     emit("select", b.select(b.lt(f, g), f, g))
-    vec = b.pack([f, g, b.cast(i, float32), f])
-    emit("extract", b.add(b.extract(vec, 1), b.extract(b.extract(vec, 2, 2), 0)))
-    if not portable:
+    if lanes == 1:
+        vec = b.pack([f, g, b.cast(i, float32), f])
+        emit("extract", b.add(b.extract(vec, 1), b.extract(b.extract(vec, 2, 2), 0)))
+    else:   # [f, g] halves; scalars then a vector part at an offset; a vector part first, then scalars
+        half = lanes // 2
+        emit("halves", b.extract(b.pack([f, g]), lanes, lanes))
+        emit("mixed", b.pack([b.extract(g, k) for k in range(half)] + [b.extract(f, half, lanes - half)]))
+        emit("part_first", b.pack([b.extract(f, 0, half)] + [b.extract(g, k) for k in range(half, lanes)]))
+    if not portable and lanes == 1:
         emit("shfl_idx", b.shuffle(ShuffleKind.IDX, f, b.int_op(IntOp.AND, j, b.const(31, int32)), 8))
         emit("shfl_down", b.shuffle(ShuffleKind.DOWN, i, 3, 16))
-    out = b.buffer("out", float32, (32 * len(results),))
+    out = b.buffer("out", float32, (size * len(results),))
     for r, value in enumerate(results):
-        b.store_global(out, b.add(tid, b.const(32 * r, int32)), value)
+        b.store_global(out, b.add(first, b.const(size * r, int32)), value)
     return b.build(), names
 
 

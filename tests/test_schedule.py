@@ -95,6 +95,24 @@ def test_fused_attention_is_one_kernel_with_two_dots_and_loop_carried_state():
     assert [s.buffer.name for s in stores] == ["out"]
 
 
+def test_decoding_heads_go_to_the_grid_not_into_a_three_dimensional_tile():
+    """With one query row per head, heads are the last axis every state shares; each head reads its own
+    k[h, j, :] and v[h, j, :], so a tile of heads would only stack rows (a heads x keys x d product,
+    255 registers and spills on sm_90) with nothing shared. One program per head, 2-d tiles."""
+    q = np.zeros((2, 8, 1, 16), np.float32)
+    k, v = (np.zeros((2, 8, 256, 16), np.float32) for _ in range(2))
+    tiled = schedule_program(lowered(attention, q, k, v).program, ScheduleOptions(block_m=4, block_n=32, split=1))
+    (kernel,) = tiled.kernels
+    assert kernel.grid == (2, 8)
+    ranks = {len(op.out.type.shape) for op in t.walk_ops(kernel.body) if hasattr(op, "out")
+             and isinstance(op.out.type, t.TileType)}
+    assert max(ranks) == 2
+    rows = np.zeros((2, 8, 6, 16), np.float32)   # several query rows per head: those still share a tile
+    (kernel,) = schedule_program(lowered(attention, rows, k, v).program,
+                                 ScheduleOptions(block_m=4, block_n=32, split=1)).kernels
+    assert kernel.grid == (2, 8, 2)
+
+
 def test_matmuls_become_dots_and_batch_axes_fold_into_the_grid():
     a = np.ones((3, 5, 7, 9), np.float32)
     b = np.ones((3, 5, 9, 4), np.float32)

@@ -1,7 +1,12 @@
 """Thread coordinates, constants, elementwise arithmetic, casts and vector packing as LLVM IR.
 
-Vector registers are computed element by element (`lanewise`); LLVM's
-vectorizers regroup what the target can do wider.
+A vector register's arithmetic is one LLVM vector instruction (``fadd <16 x float>``,
+``llvm.maximum.v16f32``); the NVPTX backend splits it into the scalar or paired
+(``f16x2``) instructions the target has. Only what has no vector form goes element by
+element (`lanewise`): the NVVM approximations (``lg2``), ``pow`` and the e4m3
+conversions. Packs and multi-element extracts are ``shufflevector``s. One vector
+instruction instead of an extract, op and insert per element keeps the module about
+half as long, and every LLVM stage's time with it.
 """
 from __future__ import annotations
 
@@ -15,27 +20,19 @@ from ...ir.simt import (
 )
 from ...ir.types import DType
 from .. import nvvm
-from ..nvvm import I1, I32, call_intrinsic
+from ..nvvm import I32, call_intrinsic, lanewise, splat
 from . import mathlib
 from .convert import convert
 from .emitter import Emitter
-from .types import const, reg_type
+from .types import const, overload, reg_type
 
 
-def lanewise(b: ir.IRBuilder, out_type: ir.Type, fn: Callable[..., ir.Value], *operands: ir.Value) -> ir.Value:
-    """`fn` applied to each element of the vector operands (scalar operands passed as they are)."""
-    if not isinstance(out_type, ir.VectorType):
-        return fn(*operands)
-    vec = ir.Constant(out_type, ir.Undefined)
-    for i in range(out_type.count):
-        at = ir.Constant(I32, i)
-        elems = [b.extract_element(v, at) if isinstance(v.type, ir.VectorType) else v for v in operands]
-        vec = b.insert_element(vec, fn(*elems), at)
-    return vec
+# Unary float ops without a vector form on NVPTX: one call per element.
+_SCALAR_ONLY_UNARY = frozenset({UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2})
 
 
 def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.Value:
-    suffix = "f32" if x.type == nvvm.F32 else "f64"
+    suffix = overload(x.type)
     if op is UnaryOp.NEG:
         return b.fneg(x)
     if op is UnaryOp.ABS:
@@ -43,7 +40,7 @@ def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.V
     if op is UnaryOp.SQRT:
         return call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x])
     if op is UnaryOp.RSQRT:
-        return b.fdiv(ir.Constant(x.type, 1.0), call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x]))
+        return b.fdiv(splat(x.type, 1.0), call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x]))
     # The verifier admits the transcendental ops on f32 only.
     return {UnaryOp.EXP: lambda: mathlib.exp(b, x, fast=em.options.fast_math), UnaryOp.EXP2: lambda: mathlib.exp2(b, x),
             UnaryOp.LOG: lambda: mathlib.log(b, x), UnaryOp.LOG2: lambda: mathlib.log2(b, x)}[op]()
@@ -54,15 +51,18 @@ def _unary(s: Unary, em: Emitter) -> None:
 
     def one(x: ir.Value) -> ir.Value:
         if s.op is UnaryOp.NOT:
-            return b.xor(x, ir.Constant(I1, 1))
+            return b.xor(x, splat(x.type, 1))
         if dtype.is_float:
             return _float_unary(s.op, b, x, em)
-        zero = ir.Constant(x.type, 0)
+        zero = splat(x.type, 0)
         if s.op is UnaryOp.NEG:
             return b.sub(zero, x)
         return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x)   # ABS
 
-    em.set(s.out, lanewise(b, reg_type(s.out.type), one, em[s.x]))
+    if dtype.is_float and s.op in _SCALAR_ONLY_UNARY:
+        em.set(s.out, lanewise(b, reg_type(s.out.type), one, em[s.x]))
+    else:
+        em.set(s.out, one(em[s.x]))
 
 
 _FLOAT = {BinaryOp.ADD: "fadd", BinaryOp.SUB: "fsub", BinaryOp.MUL: "fmul", BinaryOp.DIV: "fdiv"}
@@ -79,7 +79,7 @@ def _binary_scalar(op: BinaryOp, dtype: DType, b: ir.IRBuilder, x: ir.Value, y: 
             return getattr(b, _FLOAT[op])(x, y)
         if op is BinaryOp.POW:
             return mathlib.pow_(b, x, y)
-        name = f"llvm.{'maximum' if op is BinaryOp.MAX else 'minimum'}.{'f32' if x.type == nvvm.F32 else 'f64'}"
+        name = f"llvm.{'maximum' if op is BinaryOp.MAX else 'minimum'}.{overload(x.type)}"
         return call_intrinsic(b, name, x.type, [x, y])   # NaN-propagating, like numpy
     if op in _INT:
         return getattr(b, _INT[op])(x, y)
@@ -89,7 +89,10 @@ def _binary_scalar(op: BinaryOp, dtype: DType, b: ir.IRBuilder, x: ir.Value, y: 
 def _binary(s: Binary, em: Emitter) -> None:
     b = em.builder
     fn = lambda x, y: _binary_scalar(s.op, s.a.dtype, b, x, y)  # noqa: E731
-    em.set(s.out, lanewise(b, reg_type(s.out.type), fn, em[s.a], em[s.b]))
+    if s.op is BinaryOp.POW:   # mathlib.pow_ calls lg2.approx, which has no vector form
+        em.set(s.out, lanewise(b, reg_type(s.out.type), fn, em[s.a], em[s.b]))
+    else:
+        em.set(s.out, fn(em[s.a], em[s.b]))
 
 
 _INT_OPS = {IntOp.DIV: "sdiv", IntOp.REM: "srem", IntOp.SHL: "shl", IntOp.SHR: "ashr", IntOp.AND: "and_",
@@ -103,7 +106,11 @@ def _int_binary(s: IntBinary, em: Emitter) -> None:
 
 def _cast(s: Cast, em: Emitter) -> None:
     b = em.builder
-    em.set(s.out, lanewise(b, reg_type(s.out.type), lambda x: convert(b, x, s.x.dtype, s.out.dtype), em[s.x]))
+    fn = lambda x: convert(b, x, s.x.dtype, s.out.dtype)  # noqa: E731
+    if "f8e4m3" in (s.x.dtype.name, s.out.dtype.name):   # bit-level decoding and a 2-element cvt
+        em.set(s.out, lanewise(b, reg_type(s.out.type), fn, em[s.x]))
+    else:
+        em.set(s.out, fn(em[s.x]))
 
 
 def _bitcast(s: Bitcast, em: Emitter) -> None:
@@ -126,16 +133,36 @@ def _vector_of(elem: ir.Type, length: int) -> ir.Type:
 
 
 def _pack(s: Pack, em: Emitter) -> None:
+    """Scalar parts are inserted; a vector part is widened to the output's length and blended in, one
+    ``shufflevector`` each (two equal halves: one shuffle)."""
     b = em.builder
-    vec = ir.Constant(reg_type(s.out.type), ir.Undefined)
+    out_type = reg_type(s.out.type)
+    parts = [em[p] for p in s.parts]
+    if len(parts) == 2 and s.parts[0].length == s.parts[1].length > 1:
+        em.set(s.out, b.shuffle_vector(parts[0], parts[1], _indices(range(s.out.length))))
+        return
+    vec: ir.Value = ir.Constant(out_type, ir.Undefined)
     at = 0
-    for part in s.parts:
-        value = em[part]
-        for i in range(part.length):
-            elem = b.extract_element(value, ir.Constant(I32, i)) if part.length > 1 else value
-            vec = b.insert_element(vec, elem, ir.Constant(I32, at))
-            at += 1
+    for part, value in zip(s.parts, parts):
+        if part.length == 1:
+            vec = b.insert_element(vec, value, ir.Constant(I32, at))
+        elif at == 0:
+            vec = b.shuffle_vector(value, ir.Constant(value.type, ir.Undefined),
+                                   _indices([i if i < part.length else -1 for i in range(s.out.length)]))
+        else:
+            wide = b.shuffle_vector(value, ir.Constant(value.type, ir.Undefined),
+                                    _indices([i - at if at <= i < at + part.length else -1
+                                              for i in range(s.out.length)]))
+            # lanes below `at + length` from `wide` where they are the part's, else from what was packed so far
+            vec = b.shuffle_vector(vec, wide, _indices([s.out.length + i if at <= i < at + part.length else i
+                                                        for i in range(s.out.length)]))
+        at += part.length
     em.set(s.out, vec)
+
+
+def _indices(mask) -> ir.Constant:
+    """A ``shufflevector`` mask; -1 marks a lane nobody reads (element 0 goes there: llvmlite takes no undef)."""
+    return ir.Constant(ir.VectorType(I32, len(mask)), [ir.Constant(I32, max(i, 0)) for i in mask])
 
 
 def _extract(s: Extract, em: Emitter) -> None:
@@ -143,8 +170,8 @@ def _extract(s: Extract, em: Emitter) -> None:
     if s.out.length == 1:
         em.set(s.out, b.extract_element(vec, ir.Constant(I32, s.index)))
         return
-    mask = ir.Constant(ir.VectorType(I32, s.out.length), [ir.Constant(I32, s.index + i) for i in range(s.out.length)])
-    em.set(s.out, b.shuffle_vector(vec, ir.Constant(vec.type, ir.Undefined), mask))
+    em.set(s.out, b.shuffle_vector(vec, ir.Constant(vec.type, ir.Undefined),
+                                   _indices(range(s.index, s.index + s.out.length))))
 
 
 def _thread_idx(em: Emitter) -> ir.Value:

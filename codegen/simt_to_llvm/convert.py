@@ -1,4 +1,6 @@
-"""`Cast` as LLVM conversions, scalar by scalar, with the semantics the simulator emulates.
+"""`Cast` as LLVM conversions, with the semantics the simulator emulates.
+
+`convert` takes a scalar or (except for e4m3, converted element by element) a whole vector.
 
 - f8 e4m3 -> f32 is decoded from the bits with integer ops (any sm); f32 -> e4m3
   is ``cvt.rn.satfinite.e4m3x2.f32`` (sm_89+, saturating); other sources go
@@ -11,9 +13,9 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ...ir.types import DType, float32
-from ..nvvm import F32, I8, I32, call_intrinsic
+from ..nvvm import F32, I8, I32, call_intrinsic, like, splat
 from ..nvvm_mma import bf16_bits_to_f32, f32_to_bf16_bits, f32x2_to_e4m3x2
-from .types import scalar_type
+from .types import overload, scalar_type
 
 _E4M3_NAN = 0x7F
 
@@ -57,11 +59,11 @@ def convert(b: ir.IRBuilder, x: ir.Value, src: DType, dst: DType) -> ir.Value:
         return f32_to_e4m3(b, x if src == float32 else convert(b, x, src, float32))
     if dst.name == "bf16":
         return f32_to_bf16_bits(b, x if src == float32 else convert(b, x, src, float32))
-    target = scalar_type(dst)
+    target = like(x.type, scalar_type(dst))
     if dst.is_bool:
         if src.is_float:
-            return b.fcmp_unordered("!=", x, ir.Constant(x.type, 0.0))
-        return b.icmp_unsigned("!=", x, ir.Constant(x.type, 0))
+            return b.fcmp_unordered("!=", x, splat(x.type, 0.0))
+        return b.icmp_unsigned("!=", x, splat(x.type, 0))
     if src.is_bool:
         return b.uitofp(x, target) if dst.is_float else b.zext(x, target)
     if src.is_int and dst.is_int:
@@ -69,7 +71,7 @@ def convert(b: ir.IRBuilder, x: ir.Value, src: DType, dst: DType) -> ir.Value:
     if src.is_int:
         return b.sitofp(x, target)
     if dst.is_int:
-        name = f"llvm.fptosi.sat.i{8 * dst.itemsize}.{src.name}"   # f16, f32 or f64
+        name = f"llvm.fptosi.sat.{overload(target)}.{overload(x.type)}"   # from f16, f32 or f64
         return call_intrinsic(b, name, target, [x])
     return b.fpext(x, target) if dst.itemsize > src.itemsize else b.fptrunc(x, target)
 

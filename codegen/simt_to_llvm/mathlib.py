@@ -1,5 +1,8 @@
 """f32 transcendental functions for NVPTX, built from what the hardware has (``ex2``/``lg2`` approx).
 
+`exp` takes a scalar or a vector (only its ``ex2.approx`` goes element by element); the
+others take scalars.
+
 LLVM's NVPTX backend has no ``llvm.exp``/``llvm.log``/``llvm.pow`` lowering (it
 stops with "no libcall available"), so they are expanded here:
 
@@ -17,7 +20,8 @@ import math
 
 from llvmlite import ir
 
-from ..nvvm import F32, I1, I32, call_intrinsic
+from ..nvvm import F32, I1, I32, call_intrinsic, lanewise, like, splat
+from .types import overload
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -31,17 +35,33 @@ def _f(value: float) -> ir.Constant:
 
 def _clamp_keep_nan(b: ir.IRBuilder, x: ir.Value, lo: float, hi: float) -> ir.Value:
     # Ordered compares are false on NaN, so NaN passes through (minnum/maxnum would drop it).
-    x = b.select(b.fcmp_ordered("<", x, _f(lo)), _f(lo), x)
-    return b.select(b.fcmp_ordered(">", x, _f(hi)), _f(hi), x)
+    lo_c, hi_c = splat(x.type, lo), splat(x.type, hi)
+    x = b.select(b.fcmp_ordered("<", x, lo_c), lo_c, x)
+    return b.select(b.fcmp_ordered(">", x, hi_c), hi_c, x)
 
 
-def _pow2(b: ir.IRBuilder, j: ir.Value) -> ir.Value:
-    """``2**j`` for an i32 ``j`` in [-126, 127], from the exponent bits."""
-    return b.bitcast(b.shl(b.add(j, ir.Constant(I32, 127)), ir.Constant(I32, 23)), F32)
+_MANTISSA_BIAS = float(2 ** 23 + 254)   # j + this, for whole j in [-150, 128], holds j + 254 in its low mantissa bits
+
+
+def _pow2_halves(b: ir.IRBuilder, j: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``2**j1`` and ``2**j2`` with ``j1 = floor(j / 2)``, ``j2 = j - j1``, for a whole f32 (vector) ``j`` in
+    [-150, 128] (both halves normal); NaN gives 0.0 (the caller's other factor carries the NaN).
+
+    ``j + 2**23 + 254`` is exact and its low 23 bits are the integer ``t = j + 254``; then ``t >> 1`` and
+    ``t - (t >> 1)`` are the halves plus the exponent bias 127, shifted into place. No float-to-int
+    conversion, and no ``(x << 23) + C``: that form, once per exponential, made LLVM 22's straight-line
+    strength reduction (run by the NVPTX code generator) pair every such add with every other one,
+    90% of a softmax kernel's compile time."""
+    ints = like(j.type, I32)
+    t = b.and_(b.bitcast(b.fadd(j, splat(j.type, _MANTISSA_BIAS)), ints), splat(ints, (1 << 23) - 1))
+    e1 = b.lshr(t, splat(ints, 1))
+    e2 = b.sub(t, e1)
+    return tuple(b.bitcast(b.shl(e, splat(ints, 23)), j.type) for e in (e1, e2))  # type: ignore[return-value]
 
 
 def ex2_approx_ftz(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return call_intrinsic(b, "llvm.nvvm.ex2.approx.ftz.f32", F32, [x])
+    """``ex2.approx.ftz.f32`` of each element of `x` (the NVVM intrinsic has no vector form)."""
+    return lanewise(b, x.type, lambda e: call_intrinsic(b, "llvm.nvvm.ex2.approx.ftz.f32", F32, [e]), x)
 
 
 def exp2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -59,18 +79,18 @@ def log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 def exp(b: ir.IRBuilder, x: ir.Value, *, fast: bool = False) -> ir.Value:
-    """``e**x`` in f32 (see the module docstring); `fast`: one ``ex2.approx.ftz(x * log2 e)``."""
+    """``e**x`` of an f32 scalar or vector (see the module docstring); `fast`: one ``ex2.approx.ftz(x * log2 e)``."""
+    t = x.type
     if fast:
-        return ex2_approx_ftz(b, b.fmul(x, _f(LOG2E)))
+        return ex2_approx_ftz(b, b.fmul(x, splat(t, LOG2E)))
     xc = _clamp_keep_nan(b, x, -104.0, 89.0)
-    j = call_intrinsic(b, "llvm.rint.f32", F32, [b.fmul(xc, _f(LOG2E))])
-    r = call_intrinsic(b, "llvm.fma.f32", F32, [j, _f(-_LN2_HI), xc])
-    r = call_intrinsic(b, "llvm.fma.f32", F32, [j, _f(-_LN2_LO), r])
-    p = ex2_approx_ftz(b, b.fmul(r, _f(LOG2E)))
-    ji = call_intrinsic(b, "llvm.fptosi.sat.i32.f32", I32, [j])   # NaN -> 0; r carries the NaN
-    j1 = b.ashr(ji, ir.Constant(I32, 1))
-    j2 = b.sub(ji, j1)
-    return b.fmul(b.fmul(p, _pow2(b, j1)), _pow2(b, j2))
+    rint, fma = (f"llvm.{name}.{overload(t)}" for name in ("rint", "fma"))
+    j = call_intrinsic(b, rint, t, [b.fmul(xc, splat(t, LOG2E))])
+    r = call_intrinsic(b, fma, t, [j, splat(t, -_LN2_HI), xc])
+    r = call_intrinsic(b, fma, t, [j, splat(t, -_LN2_LO), r])
+    p = ex2_approx_ftz(b, b.fmul(r, splat(t, LOG2E)))
+    s1, s2 = _pow2_halves(b, j)
+    return b.fmul(b.fmul(p, s1), s2)
 
 
 def pow_(b: ir.IRBuilder, a: ir.Value, e: ir.Value) -> ir.Value:

@@ -33,6 +33,13 @@ def reg_type(t: RegType) -> ir.Type:
     return elem if t.length == 1 else ir.VectorType(elem, t.length)
 
 
+def overload(t: ir.Type) -> str:
+    """An overloaded intrinsic's type suffix: ``f32``, ``v16f32``, ``i32``."""
+    elem = t.element if isinstance(t, ir.VectorType) else t
+    name = {F32: "f32", F64: "f64", F16: "f16"}.get(elem, str(elem))
+    return f"v{t.count}{name}" if isinstance(t, ir.VectorType) else name
+
+
 def mem_type(dtype: DType, length: int = 1) -> ir.Type:
     """The LLVM type of `length` elements of `dtype` in memory (bool is a byte)."""
     elem = I8 if dtype.is_bool else scalar_type(dtype)
@@ -58,4 +65,4 @@ def const(value: Scalar, t: RegType) -> ir.Constant:
     return c if t.length == 1 else ir.Constant(reg_type(t), [c] * t.length)
 
 
-__all__ = ["scalar_type", "reg_type", "mem_type", "scalar_const", "const"]
+__all__ = ["scalar_type", "reg_type", "overload", "mem_type", "scalar_const", "const"]

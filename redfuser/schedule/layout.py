@@ -90,11 +90,36 @@ def fused_layout(fl: FusedLoop, epilogue: list[Compute] | tuple[Compute, ...],
         seen += [classes.of(n_locals + len(fl.states) + j, a) for a in c.axes]
     whole = [c for c in dict.fromkeys(seen) if c not in shared and c != fused]
     grid, tiled = shared[:-1], (shared[-1] if shared else None)
-    if tiled is not None and classes.extent[tiled] == 1:  # nothing to tile: one program per row
-        grid, tiled = grid + [tiled], None
+    if tiled is not None and (classes.extent[tiled] == 1 or _tiling_reuses_nothing(fl, classes, tiled, fused, set(grid))):
+        grid, tiled = grid + [tiled], None   # one program per row
     gridable = _gridable(fl, classes, whole, ranks)
     return FusedLayout(fl, tuple(epilogue), classes, tuple(grid), tiled, tuple(whole), fused, frozenset(ranks),
                        gridable)
+
+
+def _tiling_reuses_nothing(fl: FusedLoop, classes: AxisClasses, tiled: str, fused: str, grid: set[str]) -> bool:
+    """Whether tiling `tiled` by ``block_m`` would only stack independent rows into a 3-d chunk.
+
+    Tiling the rows pays when the chunk's loads along the fused axis are shared by the rows (attention's
+    ``k[j, d]`` serves every query row). When a load indexed by the fused axis and at least one more
+    axis is indexed by the rows too (flash decoding's heads: each head has its own ``k[h, j, d]``),
+    nothing is shared and the chunk becomes a ``rows x chunk x d`` tile of elementwise products:
+    block_m times the registers and code for no reuse. Such rows go to the grid instead. Only loads of
+    memory the loop does not compute count (a local such as ``s[i, j]`` is made per chunk), and only
+    axes inside the tile (not the grid's)."""
+    n_locals = len(fl.locals)
+    computed = {local.out.name for local in fl.locals} | {st.prev.name for st in fl.states}
+    stmts = [(n, local.value) for n, local in enumerate(fl.locals)]
+    stmts += [(n_locals + j, st.term) for j, st in enumerate(fl.states)]
+    for stmt, expr in stmts:
+        for ld in loads(expr):
+            if ld.buffer.name in computed:
+                continue
+            keys = {classes.of(stmt, a) for a in ld.indices if isinstance(a, Axis) and (stmt, a.name) in classes.key}
+            keys -= grid
+            if tiled in keys and fused in keys and len(keys) >= 3:
+                return True
+    return False
 
 
 def _gridable(fl: FusedLoop, classes: AxisClasses, whole: list[str], ranks: set[str]) -> tuple[str, ...]:
