@@ -9,12 +9,15 @@ The target machine is ``nvptx64-nvidia-cuda`` with CPU ``sm_XX`` and feature
 *aborts the process* on a version too old for the sm, so both are checked
 against `SM_MIN_PTX`/`PTX_VERSIONS` here first). Kernels are functions with the
 ``ptx_kernel`` calling convention. Optimization is LLVM's default O3 module
-pipeline from the new pass manager (``PassBuilder``).
+pipeline from the new pass manager (``PassBuilder``), with one knob turned while
+it runs (`GPU_PIPELINE_OPTIONS`).
 """
 from __future__ import annotations
 
 import functools
 import re
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -35,6 +38,30 @@ PTX_VERSIONS = frozenset({63, 64, 65, 70, 71, 72, 73, 74, 75, 76, 77, 78, 80, 81
 # Default ISA floor: 8.4 (CUDA 12.4 drivers, R550+, which every Hopper H200 driver is) is the first with
 # FP8 mma.sync m16n8k32, so one default serves f16, bf16 and fp8 kernels.
 DEFAULT_PTX_FLOOR = 84
+
+
+# LLVM command-line options set while the O3 pipeline runs on a GPU module, with LLVM's defaults restored
+# after (they are process-wide: the CPU backend, or numba in the same process, keep theirs).
+# LICM's scalar promotion looks for memory a loop could keep in a register instead; SIMT IR carries its
+# loop state in registers already, so it never finds any, yet its MemorySSA walk over an attention
+# loop's ~150 shared-memory accesses was 60% of the pipeline. The PTX is the same without it.
+GPU_PIPELINE_OPTIONS: dict[str, tuple[str, str]] = {
+    "licm-mssa-max-acc-promotion": ("0", "250"),     # (while compiling for the GPU, LLVM's default)
+}
+_options_lock = threading.Lock()
+
+
+@contextmanager
+def _gpu_pipeline_options():
+    """`GPU_PIPELINE_OPTIONS` in force for the ``with`` body (one GPU pipeline at a time runs under them)."""
+    with _options_lock:
+        for name, (value, _) in GPU_PIPELINE_OPTIONS.items():
+            llvm.set_option("redfuser", f"-{name}={value}")
+        try:
+            yield
+        finally:
+            for name, (_, default) in GPU_PIPELINE_OPTIONS.items():
+                llvm.set_option("redfuser", f"-{name}={default}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +178,10 @@ def compile_module(module: ir.Module | str, sm: str = "sm_90", *, ptx_version: i
     mod.data_layout = data_layout()
     check_intrinsics(mod, sm, version)
     if opt_level:
-        tuning = llvm.create_pipeline_tuning_options(speed_level=opt_level)
-        builder = llvm.create_pass_builder(machine, tuning)
-        builder.getModulePassManager().run(mod, builder)
+        with _gpu_pipeline_options():   # read when the tuning options are made
+            tuning = llvm.create_pipeline_tuning_options(speed_level=opt_level)
+            builder = llvm.create_pass_builder(machine, tuning)
+            builder.getModulePassManager().run(mod, builder)
         try:
             mod.verify()
         except RuntimeError as exc:  # an LLVM bug, but say so rather than emit bad PTX
