@@ -1,8 +1,10 @@
 """The ``cuda`` backend's executable: load the PTX, take the arguments where they live, launch every kernel.
 
 `compile_ptx(simt_program)` gives the program's LLVM IR and PTX (no GPU needed)
-with each kernel's PTX served by the compile cache (keyed by the LLVM IR text,
-the target and the versions). `CudaProgram` runs it; modules are loaded once per
+with each kernel's LLVM IR and PTX served by the compile cache, keyed by the
+kernel's printed SIMT IR (the last text before emission, so a hit skips the
+LLVM emission too), the target and the versions (RedFuser's source fingerprint
+covers the emitter). `CudaProgram` runs it; modules are loaded once per
 context (`cuda_driver.load_module` caches them).
 
 Arguments (the rules in full: docs/gpu-backend.md, "Arrays and streams"): host
@@ -22,22 +24,29 @@ from typing import Sequence
 import llvmlite
 import numpy as np
 
-from ..codegen.nvptx import compile_module
 from ..codegen.simt import SimtProgram
-from ..codegen.simt.ptx import LlvmModules, PtxProgram, program_ptx
+from ..codegen.simt.ptx import LlvmModules, PtxProgram, kernel_ptx, program_ptx
+from ..ir.simt import SimtKernel
 from ..ir.errors import ArgumentError, BackendError
 from . import arrays as arrays_rt
 from .arrays import ArrayInfo
 from .cuda_driver import DeviceAddress
 
 
-def _cached_ptx(text: str, sm: str) -> str:
+def _cached_ptx(kernel: SimtKernel, sm: str) -> tuple[str, str]:
+    """``(llvm_ir, ptx)`` of `kernel` from the compile cache, made by `kernel_ptx` on a miss."""
     from .cache import CacheKey, default_cache
 
-    key = CacheKey.build(artifact="ptx", stage=text, options={}, target=sm)
-    fetched = default_cache().fetch(key, lambda: compile_module(text, sm).ptx.encode(),
-                                    {"llvmlite": llvmlite.__version__})
-    return fetched.payload.decode()
+    def make() -> bytes:
+        return _SEPARATOR.join(part.encode() for part in kernel_ptx(kernel, sm))
+
+    key = CacheKey.build(artifact="llvm+ptx", stage=str(kernel), options={}, target=sm)
+    fetched = default_cache().fetch(key, make, {"llvmlite": llvmlite.__version__})
+    llvm_ir, ptx = fetched.payload.split(_SEPARATOR)
+    return llvm_ir.decode(), ptx.decode()
+
+
+_SEPARATOR = b"\0"   # between the LLVM IR and the PTX in one cache entry (neither text has a NUL)
 
 
 def compile_ptx(program: SimtProgram) -> tuple[LlvmModules, PtxProgram]:

@@ -418,3 +418,29 @@ def test_readers_never_see_a_half_written_entry(tmp_path):
     seen.add(reader.get(key))
     assert seen <= {None, b"A" * (1 << 20), b"B" * (1 << 20)} and len(seen - {None}) >= 1
     assert reader.stats.corrupt == 0
+
+
+def test_a_cached_gpu_kernel_skips_llvm_emission_and_gives_the_same_stages(tmp_path, monkeypatch):
+    """The PTX entry is keyed by the printed SIMT IR and holds the LLVM IR too: a fresh kernel object over
+    the populated folder emits no LLVM module and compiles nothing, yet prints the same stages."""
+    import redfuser as rf
+    from redfuser.codegen.simt import ptx as ptx_mod
+    from redfuser.workloads import softmax
+
+    monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("REDFUSER_CACHE", raising=False)
+    reset_default_cache()
+    x = np.zeros((8, 300), np.float32)
+    first = rf.kernel(softmax, backend="cuda", sm="sm_90").lower(x)
+    reset_default_cache()                                  # only the disk layer is left
+
+    def no_emission(*args, **kwargs):
+        raise AssertionError("emitted LLVM IR on a cache hit")
+
+    monkeypatch.setattr(ptx_mod, "emit_text", no_emission)
+    again = rf.kernel(softmax, backend="cuda", sm="sm_90").lower(x)
+    assert str(again.stages["llvm"]) == str(first.stages["llvm"])
+    assert str(again.stages["ptx"]) == str(first.stages["ptx"])
+    with pytest.raises(AssertionError, match="emitted LLVM IR"):   # another shape: a miss, which emits
+        rf.kernel(softmax, backend="cuda", sm="sm_90").lower(np.zeros((8, 301), np.float32))
+    reset_default_cache()

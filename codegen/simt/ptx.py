@@ -1,9 +1,9 @@
 """A `SimtProgram` through LLVM (nvptx64) to PTX, one module per kernel; kept for ``stages["llvm"]``/``["ptx"]``.
 
-`program_ptx(p, ptx_of)` emits each kernel's verified LLVM module
-(`codegen.simt_to_llvm.emit_text`) and turns its text into PTX with `ptx_of`
-(default: `codegen.nvptx.compile_module`; the runtime passes a cached one).
-Nothing here needs a GPU.
+`program_ptx(p, ptx_of)` turns each kernel into its verified LLVM module's text
+(`codegen.simt_to_llvm.emit_text`) and PTX with `ptx_of` (default: `kernel_ptx`,
+emission then `codegen.nvptx.compile_module`; the runtime passes one served by
+the compile cache, which skips both on a hit). Nothing here needs a GPU.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Callable
 from ...ir.errors import InternalError
 from ..nvptx import compile_module
 from ..simt_to_llvm import emit_text
+from ...ir.simt import SimtKernel
 from .kernel import SimtProgram
 
 
@@ -51,17 +52,18 @@ class LlvmModules:
         return "\n".join(f"; ===== kernel {k.name} =====\n{k.llvm_ir}" for k in self.kernels)
 
 
-def _compile(text: str, sm: str) -> str:
-    return compile_module(text, sm).ptx
+def kernel_ptx(kernel: SimtKernel, sm: str) -> tuple[str, str]:
+    """``(llvm_ir, ptx)`` of one kernel: its emitted (verified) LLVM module's text, compiled for `sm`."""
+    text = emit_text(kernel)
+    return text, compile_module(text, sm).ptx
 
 
-def program_ptx(p: SimtProgram, ptx_of: Callable[[str, str], str] | None = None) -> PtxProgram:
-    """Every kernel of `p` as LLVM IR and PTX for ``p.sm``."""
-    compile_text = ptx_of or _compile
+def program_ptx(p: SimtProgram, ptx_of: Callable[[SimtKernel, str], tuple[str, str]] | None = None) -> PtxProgram:
+    """Every kernel of `p` as LLVM IR and PTX for ``p.sm``; `ptx_of(kernel, sm)` gives ``(llvm_ir, ptx)``."""
+    compile_kernel = ptx_of or kernel_ptx
     kernels = []
     for k in p.kernels:
-        text = emit_text(k)
-        ptx = compile_text(text, p.sm)
+        text, ptx = compile_kernel(k, p.sm)
         entries = re.findall(r"^(?:\.(?:visible|weak)\s+)?\.entry\s+([\w$]+)", ptx, flags=re.MULTILINE)
         if len(entries) != 1:
             raise InternalError(f"kernel {k.name}: PTX with entries {entries}", pass_name="nvptx")
