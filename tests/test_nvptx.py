@@ -309,3 +309,19 @@ def test_pack_mma_operands_bit_layout(kind):
     d = np.arange(128, dtype=np.float32).reshape(16, 8)
     d_regs = np.array([[d[r, c] for r, c in nvvm_mma.fragment_c(lane)] for lane in range(32)], np.float32)
     assert np.array_equal(nvptx_samples.unpack_mma_result(d_regs), d)
+
+
+def test_gpu_pipeline_options_are_set_for_the_compile_and_llvms_defaults_restored(monkeypatch):
+    """The process-wide LLVM options change only around a GPU compile, also when the compile fails."""
+    calls: list[str] = []
+    real = nvptx.llvm.set_option
+    monkeypatch.setattr(nvptx.llvm, "set_option", lambda name, option: (calls.append(option), real(name, option)))
+    nvptx.compile_module(nvptx_samples.vector_add(), "sm_90")
+    gpu = [f"-{k}={v[0]}" for k, v in nvptx.GPU_PIPELINE_OPTIONS.items()]
+    defaults = [f"-{k}={v[1]}" for k, v in nvptx.GPU_PIPELINE_OPTIONS.items()]
+    assert calls == gpu + defaults
+    calls.clear()
+    monkeypatch.setattr(nvptx.llvm, "create_pass_builder", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        nvptx.compile_module(nvptx_samples.vector_add(), "sm_90")
+    assert calls == gpu + defaults
