@@ -65,11 +65,31 @@ INTRINSIC_REQUIREMENTS: dict[str, tuple[int, int]] = {
 }
 
 
+class _Splat(ir.Constant):
+    """A vector constant with one value in every element, printed the short way: ``splat (float 1.0)``."""
+
+    def _get_reference(self) -> str:
+        elem = self.constant[0]
+        return f"splat ({elem.type} {elem.get_reference()})"
+
+
 def splat(t: ir.Type, value: object) -> ir.Constant:
-    """`value` as a constant of type `t`, in every element when `t` is a vector."""
-    if isinstance(t, ir.VectorType):
-        return ir.Constant(t, [ir.Constant(t.element, value)] * t.count)
-    return ir.Constant(t, value)
+    """`value` as a constant of type `t`, in every element when `t` is a vector (`value` may be a scalar
+    `ir.Constant` of the element type). Made once per (type, value): llvmlite caches a constant's
+    text, and kernels use the same few constants hundreds of times."""
+    key = (str(t), type(value).__name__, str(value) if isinstance(value, ir.Constant) else repr(value))
+    found = _SPLATS.get(key)
+    if found is None:
+        if isinstance(t, ir.VectorType):
+            elem = value if isinstance(value, ir.Constant) else ir.Constant(t.element, value)
+            found = _Splat(t, [elem] * t.count)
+        else:
+            found = value if isinstance(value, ir.Constant) else ir.Constant(t, value)
+        _SPLATS[key] = found
+    return found
+
+
+_SPLATS: dict[tuple[str, str, str], ir.Constant] = {}
 
 
 def like(t: ir.Type, scalar: ir.Type) -> ir.Type:

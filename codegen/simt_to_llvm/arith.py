@@ -10,6 +10,7 @@ half as long, and every LLVM stage's time with it.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from llvmlite import ir
@@ -162,7 +163,13 @@ def _pack(s: Pack, em: Emitter) -> None:
 
 def _indices(mask) -> ir.Constant:
     """A ``shufflevector`` mask; -1 marks a lane nobody reads (element 0 goes there: llvmlite takes no undef)."""
-    return ir.Constant(ir.VectorType(I32, len(mask)), [ir.Constant(I32, max(i, 0)) for i in mask])
+    return _mask_constant(tuple(max(i, 0) for i in mask))
+
+
+@functools.lru_cache(maxsize=4096)
+def _mask_constant(mask: tuple[int, ...]) -> ir.Constant:
+    # one object per mask: llvmlite caches a constant's text, and packs reuse a few masks many times
+    return ir.Constant(ir.VectorType(I32, len(mask)), [ir.Constant(I32, i) for i in mask])
 
 
 def _extract(s: Extract, em: Emitter) -> None:

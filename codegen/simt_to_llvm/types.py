@@ -12,7 +12,7 @@ from llvmlite import ir
 from ...ir.errors import InternalError
 from ...ir.simt import RegType, Scalar
 from ...ir.types import DType
-from ..nvvm import F16, F32, F64, I1, I8, I16, I32, I64
+from ..nvvm import F16, F32, F64, I1, I8, I16, I32, I64, splat
 
 _SCALAR: dict[str, ir.Type] = {
     "f32": F32, "f64": F64, "f16": F16, "bf16": I16, "f8e4m3": I8, "i32": I32, "i64": I64, "bool": I1,
@@ -62,7 +62,7 @@ def scalar_const(value: Scalar, dtype: DType) -> ir.Constant:
 def const(value: Scalar, t: RegType) -> ir.Constant:
     """`value` in every element of a register of type `t`."""
     c = scalar_const(value, t.dtype)
-    return c if t.length == 1 else ir.Constant(reg_type(t), [c] * t.length)
+    return c if t.length == 1 else splat(reg_type(t), c)
 
 
 __all__ = ["scalar_type", "reg_type", "overload", "mem_type", "scalar_const", "const"]
