@@ -219,3 +219,21 @@ def test_emitted_control_flow_and_vectors_match_the_simulator_on_the_host():
     kernel = K.vector_scale(1001)
     assert np.array_equal(run_on_host(kernel, [x, np.zeros(1001), 1.5])["out"],
                           simulate(kernel, [x, np.zeros(1001), 1.5])["out"])
+
+
+def test_mma_chains_pass_accumulators_as_scalars_and_share_a_fragments():
+    """Down a k loop each mma's result is the next one's accumulator: it passes as four floats, and only
+    a chain's ends are vectors (not an extract and insert per mma); an A fragment serves every n-tile of
+    its k-step after one conversion to registers. (The PTX is the same either way: this is emission.)"""
+    import numpy as np
+
+    import redfuser as rf
+    from redfuser.workloads import attention
+
+    q = np.zeros((1, 2, 128, 64), np.float16)
+    text = str(rf.kernel(attention, backend="cuda", sm="sm_90").lower(q, q, q).stages["llvm"])
+    mmas = text.count('call {float, float, float, float} @"llvm.nvvm.mma')
+    assert mmas >= 32
+    assert text.count("insertelement <4 x float>") <= 2 * mmas        # 4 per mma without chaining
+    assert text.count("extractelement <4 x float>") <= 2 * mmas
+    assert text.count("bitcast <8 x half>") <= mmas // 4                # one per mma without sharing

@@ -17,7 +17,8 @@ from llvmlite import ir
 
 from ...ir.expr import BinaryOp, UnaryOp
 from ...ir.simt import (
-    Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Select, ThreadIdx, Unary, WarpId,
+    Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Reg, Select, ThreadIdx, Unary,
+    WarpId,
 )
 from ...ir.types import DType
 from .. import nvvm
@@ -134,14 +135,17 @@ def _vector_of(elem: ir.Type, length: int) -> ir.Type:
 
 
 def _pack(s: Pack, em: Emitter) -> None:
-    """Scalar parts are inserted; a vector part is widened to the output's length and blended in, one
-    ``shufflevector`` each (two equal halves: one shuffle)."""
+    """One ``shufflevector`` when the parts are elements of at most two same-typed vectors (whole, or
+    `Extract`s of them: layout changes and broadcasts pack like that). Otherwise scalar parts are
+    inserted and a vector part widened to the output's length and blended in, one shuffle each."""
     b = em.builder
     out_type = reg_type(s.out.type)
-    parts = [em[p] for p in s.parts]
-    if len(parts) == 2 and s.parts[0].length == s.parts[1].length > 1:
-        em.set(s.out, b.shuffle_vector(parts[0], parts[1], _indices(range(s.out.length))))
+    gathered = _gather(s, em)
+    if gathered is not None:
+        first, second, mask = gathered
+        em.set(s.out, b.shuffle_vector(first, second, _indices(mask)))
         return
+    parts = [em[p] for p in s.parts]
     vec: ir.Value = ir.Constant(out_type, ir.Undefined)
     at = 0
     for part, value in zip(s.parts, parts):
@@ -159,6 +163,28 @@ def _pack(s: Pack, em: Emitter) -> None:
                                                         for i in range(s.out.length)]))
         at += part.length
     em.set(s.out, vec)
+
+
+def _gather(s: Pack, em: Emitter) -> tuple[ir.Value, ir.Value, list[int]] | None:
+    """``(first, second, mask)`` of one shuffle building `s` from at most two source vectors, or None."""
+    sources: list[Reg] = []
+    lanes: list[tuple[int, int]] = []               # (which source, element) per output element
+    for part in s.parts:
+        made = em.extracts.get(part.name)
+        src, start = (made.vec, made.index) if made is not None else (part, 0)
+        if src.length == 1:
+            return None
+        if src not in sources:
+            if len(sources) == 2 or (sources and sources[0].type != src.type):
+                return None
+            sources.append(src)
+        which = sources.index(src)
+        lanes += [(which, start + i) for i in range(part.length)]
+    length = sources[0].length
+    mask = [which * length + i for which, i in lanes]
+    first = em[sources[0]]
+    second = em[sources[1]] if len(sources) == 2 else ir.Constant(first.type, ir.Undefined)
+    return first, second, mask
 
 
 def _indices(mask) -> ir.Constant:

@@ -7,7 +7,7 @@ from typing import Callable
 from llvmlite import ir
 
 from ...ir.errors import InternalError
-from ...ir.simt import Reg, SimtKernel, Stmt
+from ...ir.simt import Extract, For, If, Mma, Reg, SimtKernel, Stmt, uses, walk_stmts
 from ...ir.simt_printer import format_stmt
 
 
@@ -29,8 +29,12 @@ class Emitter:
                  options: LlvmOptions) -> None:
         self.kernel, self.builder, self.rules, self.options = kernel, builder, rules, options
         self.env: dict[str, ir.Value] = {}
+        self.lanes: dict[str, list[ir.Value]] = {}     # a register's elements as scalars, where known
+        self.memo: dict[tuple, object] = {}             # per-block derived values (mma operand registers)
         self.buffers: dict[str, ir.Value] = {}
         self.shared: dict[str, ir.GlobalVariable] = {}
+        self.vector_uses = _vector_uses(kernel)
+        self.extracts = {s.out.name: s for s in walk_stmts(kernel.body) if isinstance(s, Extract)}
         self._blocks = 0
 
     @property
@@ -43,11 +47,38 @@ class Emitter:
         except KeyError:
             raise InternalError(f"{reg} has no LLVM value (was the kernel verified?)", pass_name="simt_to_llvm") from None
 
+    def in_block(self, key: tuple, make: Callable[[], object]) -> object:
+        """`make()`, once per `key` and basic block (a value made in one block is reused only there, where
+        it certainly dominates the use)."""
+        full = (id(self.builder.block),) + key
+        found = self.memo.get(full)
+        if found is None:
+            found = self.memo[full] = make()
+        return found
+
     def set(self, reg: Reg, value: ir.Value) -> None:
         """Bind `reg` to `value`; an unnamed instruction takes the register's name (readable LLVM IR)."""
         if isinstance(value, ir.Instruction) and (not value.name or value.name.startswith(".")):
             value.name = reg.name
         self.env[reg.name] = value
+
+    def set_lanes(self, reg: Reg, values: list[ir.Value], vector_type: ir.Type) -> None:
+        """Bind `reg` to its elements; the vector itself is built only when something other than an mma
+        accumulator reads `reg` (see `_vector_uses`)."""
+        self.lanes[reg.name] = values
+        if reg.name in self.vector_uses:
+            vec: ir.Value = ir.Constant(vector_type, ir.Undefined)
+            for i, value in enumerate(values):
+                vec = self.builder.insert_element(vec, value, ir.Constant(ir.IntType(32), i))
+            self.set(reg, vec)
+
+    def elements(self, reg: Reg) -> list[ir.Value]:
+        """`reg`'s elements as scalars (extracted from its vector unless known already)."""
+        found = self.lanes.get(reg.name)
+        if found is None:
+            vec = self[reg]
+            found = [self.builder.extract_element(vec, ir.Constant(ir.IntType(32), i)) for i in range(reg.length)]
+        return found
 
     def block_name(self, kind: str) -> str:
         """A fresh, readable basic-block name prefix (``for3``, ``if4``)."""
@@ -62,3 +93,18 @@ class Emitter:
                 raise InternalError(f"no LLVM rule for {type(s).__name__}", pass_name="simt_to_llvm",
                                     context="\n".join(format_stmt(s)))
             rule(s, self)
+
+
+def _vector_uses(kernel: SimtKernel) -> set[str]:
+    """Registers read as whole vectors: by any statement or yield except as an `Mma`'s accumulator. An mma
+    chain (``d = a b + c`` down a k loop) passes its accumulator as four scalars, so only the chain's
+    last result becomes a vector, when something else reads it."""
+    used: set[str] = set()
+    for s in walk_stmts(kernel.body):
+        read = (s.a, s.b) if isinstance(s, Mma) else uses(s)
+        used.update(r.name for r in read if isinstance(r, Reg))
+        if isinstance(s, For):
+            used.update(r.name for r in s.body.yields)
+        elif isinstance(s, If):
+            used.update(r.name for r in s.then.yields + s.orelse.yields)
+    return used

@@ -29,25 +29,21 @@ def _shuffle(s: Shuffle, em: Emitter) -> None:
 
 
 def _registers(em: Emitter, reg: Reg, shape: MmaShape) -> list[ir.Value]:
-    """A fragment vector as the intrinsic's 32-bit operand registers."""
-    b, value = em.builder, em[reg]
-    count = reg.type.nbytes // 4
-    if shape is MmaShape.M16N8K16_F16:
-        halves = b.bitcast(value, ir.VectorType(I32, count))
-        return [b.bitcast(b.extract_element(halves, ir.Constant(I32, r)), HALF2) for r in range(count)]
-    words = b.bitcast(value, ir.VectorType(I32, count))
-    return [b.extract_element(words, ir.Constant(I32, r)) for r in range(count)]
+    """A fragment vector as the intrinsic's 32-bit operand registers (made once per block: an A fragment
+    feeds every n-tile's mma of its k-step)."""
+    def make() -> list[ir.Value]:
+        b, value = em.builder, em[reg]
+        count = reg.type.nbytes // 4
+        words = b.bitcast(value, ir.VectorType(I32, count))
+        regs = [b.extract_element(words, ir.Constant(I32, r)) for r in range(count)]
+        return [b.bitcast(r, HALF2) for r in regs] if shape is MmaShape.M16N8K16_F16 else regs
+
+    return em.in_block(("mma operand", reg.name, shape), make)  # type: ignore[return-value]
 
 
 def _mma(s: Mma, em: Emitter) -> None:
-    b = em.builder
-    acc = em[s.c]
-    c = [b.extract_element(acc, ir.Constant(I32, i)) for i in range(4)]
-    d = _MMA[s.shape](b, _registers(em, s.a, s.shape), _registers(em, s.b, s.shape), c)
-    out = ir.Constant(reg_type(s.out.type), ir.Undefined)
-    for i, value in enumerate(d):
-        out = b.insert_element(out, value, ir.Constant(I32, i))
-    em.set(s.out, out)
+    d = _MMA[s.shape](em.builder, _registers(em, s.a, s.shape), _registers(em, s.b, s.shape), em.elements(s.c))
+    em.set_lanes(s.out, d, reg_type(s.out.type))
 
 
 RULES: dict[type, Callable[..., None]] = {
