@@ -136,19 +136,26 @@ def _vector_of(elem: ir.Type, length: int) -> ir.Type:
 
 def _pack(s: Pack, em: Emitter) -> None:
     """One ``shufflevector`` when the parts are elements of at most two same-typed vectors (whole, or
-    `Extract`s of them: layout changes and broadcasts pack like that). Otherwise scalar parts are
-    inserted and a vector part widened to the output's length and blended in, one shuffle each."""
+    `Extract`s of them: layout changes and broadcasts pack like that). Otherwise scalar parts and the
+    elements of mma results are inserted, and a vector part is widened to the output's length and
+    blended in, one shuffle each."""
     b = em.builder
     out_type = reg_type(s.out.type)
-    gathered = _gather(s, em)
+    gathered = None if any(p.name in em.lanes for p in s.parts) else _gather(s, em)
     if gathered is not None:
         first, second, mask = gathered
         em.set(s.out, b.shuffle_vector(first, second, _indices(mask)))
         return
-    parts = [em[p] for p in s.parts]
     vec: ir.Value = ir.Constant(out_type, ir.Undefined)
     at = 0
-    for part, value in zip(s.parts, parts):
+    for part in s.parts:
+        scalars = em.lanes.get(part.name)
+        if scalars is not None:   # an mma result: its elements go straight in
+            for i, elem in enumerate(scalars):
+                vec = b.insert_element(vec, elem, ir.Constant(I32, at + i))
+            at += part.length
+            continue
+        value = em[part]
         if part.length == 1:
             vec = b.insert_element(vec, value, ir.Constant(I32, at))
         elif at == 0:

@@ -7,7 +7,7 @@ from typing import Callable
 from llvmlite import ir
 
 from ...ir.errors import InternalError
-from ...ir.simt import Extract, For, If, Mma, Reg, SimtKernel, Stmt, uses, walk_stmts
+from ...ir.simt import Extract, For, If, Mma, Pack, Reg, SimtKernel, Stmt, uses, walk_stmts
 from ...ir.simt_printer import format_stmt
 
 
@@ -96,12 +96,18 @@ class Emitter:
 
 
 def _vector_uses(kernel: SimtKernel) -> set[str]:
-    """Registers read as whole vectors: by any statement or yield except as an `Mma`'s accumulator. An mma
-    chain (``d = a b + c`` down a k loop) passes its accumulator as four scalars, so only the chain's
-    last result becomes a vector, when something else reads it."""
+    """Registers read as whole vectors: by any statement or yield, except an `Mma` result read as the next
+    mma's accumulator or as a `Pack` part. An mma chain (``d = a b + c`` down a k loop) passes its
+    accumulator as four scalars, so a result becomes a vector only when something else reads it."""
     used: set[str] = set()
+    mma_results = {s.out.name for s in walk_stmts(kernel.body) if isinstance(s, Mma)}
     for s in walk_stmts(kernel.body):
-        read = (s.a, s.b) if isinstance(s, Mma) else uses(s)
+        if isinstance(s, Mma):
+            read: tuple = (s.a, s.b)
+        elif isinstance(s, Pack):   # packs take an mma result's elements one by one
+            read = tuple(p for p in s.parts if p.name not in mma_results)
+        else:
+            read = uses(s)
         used.update(r.name for r in read if isinstance(r, Reg))
         if isinstance(s, For):
             used.update(r.name for r in s.body.yields)
