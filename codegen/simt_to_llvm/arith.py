@@ -136,15 +136,19 @@ def _vector_of(elem: ir.Type, length: int) -> ir.Type:
 
 def _pack(s: Pack, em: Emitter) -> None:
     """One ``shufflevector`` when the parts are elements of at most two same-typed vectors (whole, or
-    `Extract`s of them: layout changes and broadcasts pack like that). Otherwise scalar parts and the
-    elements of mma results are inserted, and a vector part is widened to the output's length and
-    blended in, one shuffle each."""
+    `Extract`s of them: layout changes and broadcasts pack like that); equal vector parts joined
+    pairwise. Otherwise scalar parts and the elements of mma results are inserted, and a vector part is
+    widened to the output's length and blended in, one shuffle each."""
     b = em.builder
     out_type = reg_type(s.out.type)
     gathered = None if any(p.name in em.lanes for p in s.parts) else _gather(s, em)
     if gathered is not None:
         first, second, mask = gathered
         em.set(s.out, b.shuffle_vector(first, second, _indices(mask)))
+        return
+    lengths = {p.length for p in s.parts}
+    if len(lengths) == 1 and min(lengths) > 1 and not any(p.name in em.lanes for p in s.parts):
+        em.set(s.out, _concatenate(b, [em[p] for p in s.parts]))   # equal vector parts: halving shuffles
         return
     vec: ir.Value = ir.Constant(out_type, ir.Undefined)
     at = 0
@@ -170,6 +174,14 @@ def _pack(s: Pack, em: Emitter) -> None:
                                                         for i in range(s.out.length)]))
         at += part.length
     em.set(s.out, vec)
+
+
+def _concatenate(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
+    """Equal-length vectors end to end (a power-of-two count of them, as packs have), pairwise: n - 1 shuffles."""
+    while len(parts) > 1:
+        n = parts[0].type.count
+        parts = [b.shuffle_vector(x, y, _indices(range(2 * n))) for x, y in zip(parts[::2], parts[1::2])]
+    return parts[0]
 
 
 def _gather(s: Pack, em: Emitter) -> tuple[ir.Value, ir.Value, list[int]] | None:
