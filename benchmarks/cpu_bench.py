@@ -6,7 +6,8 @@ the ratio numpy/compiled (> 1: the compiled kernel is faster), and the compile
 time of each kernel cold (LLVM from scratch), warm (the in-memory cache) and from
 disk (a fresh cache object reading the on-disk entry).
 
-Rows: attention (prefill), softmax and log-softmax over large rows, flash
+Rows: attention (prefill), causal attention (every key block, and with
+``skip_masked=True``: only blocks on or before the diagonal), softmax and log-softmax over large rows, flash
 decoding (one query, 32768 keys) with the automatic split and unsplit
 (``split=1``), MoE routing (softmax + top-2 + renormalize, 4096 tokens x 64
 experts) and the per-token FP8 quantized GEMM (1024 x 4096 x 1024). The peers are
@@ -27,7 +28,7 @@ import time
 import numpy as np
 
 import redfuser as rf
-from redfuser.workloads import attention, fp8_quant_gemm, log_softmax, moe_routing, softmax
+from redfuser.workloads import attention, causal_attention, fp8_quant_gemm, log_softmax, moe_routing, softmax
 from bench_common import CacheFolder
 
 
@@ -60,6 +61,8 @@ def torch_version(fn_name: str, args):
     tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in args if a.dtype.kind == "f" and a.itemsize >= 2]
     if fn_name in ("attention", "decode"):
         return lambda: torch.nn.functional.scaled_dot_product_attention(*tensors)
+    if fn_name == "causal":
+        return lambda: torch.nn.functional.scaled_dot_product_attention(*tensors, is_causal=True)
     if fn_name == "softmax":
         return lambda: torch.softmax(tensors[0], -1)
     if fn_name == "log_softmax":
@@ -122,6 +125,9 @@ def main() -> None:
     cases = [
         ("attention", attention, [rng.standard_normal((1, 8, n1, 64)).astype(np.float32) for _ in range(3)], {}),
         ("attention", attention, [rng.standard_normal((1, 8, n2, 64)).astype(np.float32) for _ in range(3)], {}),
+        ("causal", causal_attention, [rng.standard_normal((1, 8, n2, 64)).astype(np.float32) for _ in range(3)], {}),
+        ("causal", causal_attention, [rng.standard_normal((1, 8, n2, 64)).astype(np.float32) for _ in range(3)],
+         {"skip_masked": True}),
         ("softmax", softmax, [rng.standard_normal(rows).astype(np.float32) * 3], {}),
         ("log_softmax", log_softmax, [rng.standard_normal(rows).astype(np.float32) * 3], {}),
         ("decode", attention, decode, {}),
@@ -149,7 +155,7 @@ def main() -> None:
         torch_cols = (f"{t_torch * 1e3:>10.1f} {t_torch / t_cpu:>9.2f}" if t_torch is not None
                       else f"{'-':>10} {'-':>9}")
         shape = "x".join(map(str, args[-1 if name == "decode" else 0].shape))
-        label = name
+        label = name + (" skip" if options.get("skip_masked") else "")
         if name == "decode":  # how many slices the split used (1: unsplit)
             first = kernel.lower(*args).stages["tile"].kernels[0]
             label += f" split={first.grid[-1] if first.name.endswith('_partial') else 1}"

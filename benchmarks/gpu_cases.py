@@ -51,13 +51,13 @@ class Case:
         return sum(math.prod(s) * ITEMSIZE[d] for s, d in self.inputs)
 
 
-def _attention(name, workload, b, h, n, d, dtype, causal=False, nq=None) -> Case:
+def _attention(name, workload, b, h, n, d, dtype, causal=False, nq=None, **options) -> Case:
     nq = n if nq is None else nq
     shapes = (((b, h, nq, d), dtype), ((b, h, n, d), dtype), ((b, h, n, d), dtype))
     peers = ("sdpa", "torch", "triton", "torch.compile")
     if nq == 1:   # decoding: bytes of q, k, v and the output
         return Case(name, workload, shapes, peers, "hbm", (2 * b * h * n * d + 2 * b * h * d) * ITEMSIZE[dtype])
-    return Case(name, workload, shapes, peers, "bf16", 4 * b * h * nq * n * d / (2 if causal else 1), causal)
+    return Case(name, workload, shapes, peers, "bf16", 4 * b * h * nq * n * d / (2 if causal else 1), causal, options)
 
 
 def _rows(name, workload, t, c, dtype) -> Case:
@@ -76,7 +76,7 @@ def cases(size: str = "full") -> list[Case]:
     return [
         _attention("attention", "attention", b, h, n, 64, "float16"),
         _attention("attention", "attention", b, h, n, 128, "bfloat16"),
-        _attention("causal", "causal_attention", b, h, n, 128, "float16", causal=True),
+        _attention("causal", "causal_attention", b, h, n, 128, "float16", causal=True, skip_masked=True),
         _attention("decode", "attention", *dec_bh, keys, 128, "float16", nq=1),
         _rows("softmax", "softmax", *rows, "float16"),
         _rows("log_softmax", "log_softmax", *rows, "float16"),

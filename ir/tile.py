@@ -253,11 +253,13 @@ class Region:
 
 @dataclass(frozen=True, slots=True)
 class For:
-    """``for iv in range(start, stop, step)`` carrying `inits` -> `results` through `body`."""
+    """``for iv in range(start, stop, step)`` carrying `inits` -> `results` through `body`; `stop` is a
+    constant or a scalar of the iv's dtype computed before the loop (a bound that depends on the program,
+    such as the last key block a causal row tile can see)."""
 
     results: tuple[Value, ...]
     start: int
-    stop: int
+    stop: int | Value
     step: int
     inits: tuple[Value, ...]
     body: Region
@@ -303,7 +305,7 @@ def results(op: Op) -> tuple[Value, ...]:
 
 
 def operands(op: Op) -> tuple[Value, ...]:
-    """The values `op` reads directly (for `For`: its inits; the region reads more)."""
+    """The values `op` reads directly (for `For`: its inits and a computed stop; the region reads more)."""
     if isinstance(op, Unary | Cast | Broadcast | ExpandDims | Permute):
         return (op.x,)
     if isinstance(op, Binary):
@@ -321,7 +323,7 @@ def operands(op: Op) -> tuple[Value, ...]:
     if isinstance(op, TopK):
         return tuple(v for v in (op.x, op.indices, op.acc, op.acc_indices) if v is not None)
     if isinstance(op, For):
-        return op.inits
+        return op.inits + ((op.stop,) if isinstance(op.stop, Value) else ())
     return ()
 
 

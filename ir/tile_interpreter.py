@@ -105,7 +105,8 @@ def _topk(op: TopK, inst: _Instance) -> tuple[np.ndarray, np.ndarray]:
 def _for(op: For, inst: _Instance) -> tuple[np.ndarray, ...]:
     carried = tuple(inst[v] for v in op.inits)
     body = op.body
-    for i in range(op.start, op.stop, op.step):
+    stop = op.stop if isinstance(op.stop, int) else int(inst[op.stop])
+    for i in range(op.start, stop, op.step):
         inst.env[body.iv.name] = np.asarray(i, dtype=body.iv.dtype.numpy)
         for a, value in zip(body.args, carried):
             inst.env[a.name] = value

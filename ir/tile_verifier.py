@@ -128,6 +128,8 @@ def _check_op(op: Op, kernel: TileKernel, pass_name: str) -> None:
         body = op.body
         need(op.step > 0, "loop step must be positive")
         need(body.iv.shape == () and body.iv.dtype in (int32, int64), "induction variable is an i32/i64 scalar")
+        need(not isinstance(op.stop, Value) or op.stop.type == body.iv.type,
+             f"loop stop {op.stop} is not a {body.iv.type} scalar")
         n = len(op.inits)
         need(len(body.args) == n and len(body.yields) == n and len(op.results) == n,
              "inits, carried args, yields and results differ in number")

@@ -28,6 +28,7 @@ KNOWN_OPTIONS: dict[str, object] = {
     "num_warps": 4,           # cuda/simulate: warps per block (fewer for small tiles)
     "sm": None,               # cuda/simulate: GPU target such as "sm_80"; None: the device's, else sm_90
     "autotune": False,        # cpu/cuda: time a few tile sizes, warps and splits on first call (runtime/autotune.py)
+    "skip_masked": False,     # skip key blocks a causal-style mask hides (exact for finite values; schedule/masked.py)
 }
 HOST_BACKENDS = frozenset({"interpret", "cpu", "simulate"})
 SUPPORTED_DTYPES = ", ".join(d.numpy_name for d in T.ALL_DTYPES)

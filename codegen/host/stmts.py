@@ -134,7 +134,12 @@ def _for(em: KernelEmitter, op: t.For) -> None:
     slots = [em.new_slot(a) for a in body.args]
     for init, slot in zip(op.inits, slots):
         _copy(em, init, slot)
-    start, stop = ir.Constant(I64, op.start), ir.Constant(I64, op.stop)
+    start = ir.Constant(I64, op.start)
+    if isinstance(op.stop, int):
+        stop = ir.Constant(I64, op.stop)
+    else:   # a bound computed before the loop (scalars are i64 or narrower here)
+        stop = em.value(op.stop, ())
+        stop = em.b.sext(stop, I64) if stop.type != I64 else stop
     with counted_loop(em.b, start, stop, op.step, name=f"for.{body.iv.name}") as iv:
         with em.level():
             em.scalars[body.iv.name] = iv

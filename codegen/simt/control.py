@@ -32,7 +32,8 @@ def _for(lw: Lowering, op: t.For) -> None:
             yields = [lw.get(y, layout) for y, layout in zip(body.yields, layouts)]
         return [c for r in yields for c in r.chunks]
 
-    results = lw.b.for_(op.start, op.stop, op.step, [c for r in inits for c in r.chunks], run,
+    stop = op.stop if isinstance(op.stop, int) else lw.get(op.stop, lw.scalar).chunks[0]
+    results = lw.b.for_(op.start, stop, op.step, [c for r in inits for c in r.chunks], run,
                         iv_type=RegType(body.iv.dtype), names=names, iv_name=body.iv.name)
     at = 0
     for r, layout, n in zip(op.results, layouts, counts):

@@ -165,7 +165,7 @@ class KernelBuilder:
         return out, out_i
 
     @contextmanager
-    def loop(self, start: int, stop: int, step: int, inits: tuple[t.Value, ...], hint: str = "k",
+    def loop(self, start: int, stop: int | t.Value, step: int, inits: tuple[t.Value, ...], hint: str = "k",
              arg_hints: tuple[str, ...] | None = None) -> Iterator[LoopScope]:
         """Open ``for iv = start to stop step step`` carrying `inits`; the body goes inside the ``with``."""
         iv = self.value(hint, self.index_dtype)

@@ -64,7 +64,7 @@ def _drop(ops: tuple[t.Op, ...], live: set[str]) -> tuple[t.Op, ...]:
                 continue
             inner_live = set(live) | {y.name for y in op.body.yields}
             body = _drop(op.body.ops, inner_live)
-            live |= inner_live | {v.name for v in op.inits}
+            live |= inner_live | {v.name for v in t.operands(op)}
             for x in t.walk_ops(body):
                 live |= {v.name for v in t.operands(x)}
             kept.append(replace(op, body=replace(op.body, ops=body)))

@@ -11,10 +11,11 @@ like this one.
 """
 from __future__ import annotations
 
-from ..ir import Compute, DType, FusedLoop, InternalError, TopKState
+from ..ir import BinaryOp, Compute, DType, FusedLoop, InternalError, TopKState
 from ..ir import tile as t
 from .exprs import store_tile
 from .layout import FusedBuilder, FusedLayout, fused_layout
+from .masked import live_bound
 from .options import ScheduleOptions
 from .space import Dim, Tiled, place
 from .states import Carried, carried_names, expose, initial_states, update_states
@@ -52,11 +53,31 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
     fb = FusedBuilder(layout_or_fail(fl, epilogue), name, opts, index)
     n = fl.axis.extent
     size = opts.tile(opts.block_n, n)
-    with fb.kb.loop(0, n, size, tuple(initial_states(fb)), hint=fb.lay.fused_key, arg_hints=carried_names(fb)) as lp:
+    stop = live_stop(fb, n) if opts.skip_masked else n
+    with fb.kb.loop(0, stop, size, tuple(initial_states(fb)), hint=fb.lay.fused_key, arg_hints=carried_names(fb)) as lp:
         kdim = Dim(fb.lay.fused_key, fb.fused_order, size, n, lp.iv, n % size != 0)
         lp.yield_(*update_states(fb, kdim, list(lp.args)))
     finish_states(fb, list(lp.results), needed)
     return fb.finish()
+
+
+def live_stop(fb: FusedBuilder, n: int) -> int | t.Value:
+    """Where this program's walk of the fused axis may stop (`masked.live_bound`): after the last chunk a
+    row of its tile can see, clamped to ``[0, n]``; `n` when the loop has no such mask."""
+    lay, kb = fb.lay, fb.kb
+    bound = live_bound(lay.fl, lay.classes, lay.fused_key)
+    row = fb.binding.get(bound.row_key) if bound is not None else None
+    if row is None:
+        return n
+    if isinstance(row, Dim):     # rows base .. base + size - 1 of the axis
+        if row.base is None:
+            return max(0, min(n, row.size + bound.offset))
+        last, past = row.base, row.size + bound.offset
+    else:                        # one row per program
+        last, past = row.index, 1 + bound.offset
+    stop = kb.binary(BinaryOp.ADD, last, kb.const(past, kb.index_dtype), hint="live_end")
+    stop = kb.binary(BinaryOp.MAX, stop, kb.const(0, kb.index_dtype))
+    return kb.binary(BinaryOp.MIN, stop, kb.const(n, kb.index_dtype), hint="live_stop")
 
 
 def joins(fl: FusedLoop, epilogue: list[Compute], candidate: Compute) -> bool:

@@ -9,6 +9,8 @@
 | `split`     | slices of a fused loop's axis run by separate programs (flash   | auto| auto|
 |             | decoding); None: automatic (`split.auto_split`), 1: never       |     |     |
 | `workers`   | programs the target runs at once, for the automatic split       | cores | SMs |
+| `skip_masked` | stop a fused loop after the last chunk its rows' mask lets    | no  | no  |
+|             | through (causal attention; `masked.py`: exact for finite values)|     |     |
 
 A kernel option of the same name (``rf.kernel(fn, block_m=32)``) overrides the default.
 `workers` comes from the machine: the ``num_threads`` option or the core count on
@@ -31,6 +33,7 @@ class ScheduleOptions:
     pow2: bool = False
     split: int | None = None
     workers: int = 1
+    skip_masked: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "workers") + (("split",) if self.split is not None else ()):

@@ -1,0 +1,140 @@
+"""``skip_masked=True``: fused loops stop after the last chunk a causal-style mask lets through.
+
+The bound comes from `redfuser.schedule.masked` (the mask found in every state's term, the dead terms checked
+on random points); the loop's stop is then a value computed per program (Tile IR ``for ... to %live_stop``)
+on every backend that runs Tile IR (the tile interpreter, cpu, simulate, cuda's PTX). Results equal the
+reference for finite inputs; the one documented difference (an inf or NaN under the mask, which numpy turns
+into NaN through ``0 * v``) is pinned here too.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import redfuser as rf
+from redfuser.ir import ArgumentError, VerifyError
+from redfuser.ir import tile as t
+from redfuser.ir.tile_interpreter import run_tile_program
+from redfuser.ir.tile_verifier import verify_tile_program
+from redfuser.schedule import ScheduleOptions, schedule_program
+from redfuser.testing import assert_close
+from redfuser.workloads import causal_attention
+
+
+def shifted_causal(shift: int, flipped: bool):
+    """Attention where query i sees keys j <= i + shift, masked as ``where(live, s, -inf)`` or, flipped,
+    ``where(j > i + shift, -inf, s)``."""
+    def fn(q, k, v):
+        n, m_ = k.shape[-2], q.shape[-2]
+        s = (q @ rf.swapaxes(k, -1, -2)) * 0.25
+        j, i = rf.arange(n)[None, :], rf.arange(m_)[:, None]
+        s = rf.where(j > i + shift, -rf.inf, s) if flipped else rf.where(j <= i + shift, s, -rf.inf)
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        return (p / rf.sum(p, axis=-1, keepdims=True)) @ v
+    return fn
+
+
+def unmasked_extra(q, k):
+    """A cascade with one state the mask does not cover: no chunk may be skipped."""
+    n, m_ = k.shape[-2], q.shape[-2]
+    s0 = (q @ rf.swapaxes(k, -1, -2)) * 0.25
+    s = rf.where(rf.arange(n)[None, :] <= rf.arange(m_)[:, None], s0, -rf.inf)
+    m = rf.max(s, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(s - m), axis=-1, keepdims=True) + rf.sum(rf.exp(s0 - m), axis=-1, keepdims=True)
+
+
+def _qkv(seed: int, rows: int, keys: int, d: int = 16, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((1, 2, rows, d)).astype(dtype),
+            rng.standard_normal((1, 2, keys, d)).astype(dtype), rng.standard_normal((1, 2, keys, d)).astype(dtype))
+
+
+def _tile_text(kern, *args) -> str:
+    return str(kern.lower(*args).stages["tile"])
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_causal_attention_skips_blocks_past_the_diagonal_with_the_same_result(backend):
+    q, k, v = _qkv(0, 200, 200)
+    kern = rf.kernel(causal_attention, backend=backend, skip_masked=True)
+    assert_close(kern(q, k, v), causal_attention(q, k, v), np.float32, 200)
+    text = _tile_text(kern, q, k, v)
+    assert "to %live_stop step" in text
+    assert "to %live_stop step" not in _tile_text(rf.kernel(causal_attention, backend=backend), q, k, v)
+
+
+@pytest.mark.parametrize("shift,flipped", [(3, False), (-5, False), (0, True), (40, True), (-20, False)])
+def test_shifted_and_flipped_masks(shift, flipped):
+    fn = shifted_causal(shift, flipped)
+    q, k, v = _qkv(1, 150, 170)
+    ref = fn(q, k, v)      # shift -20: rows 0..19 see no key (NaN, like the reference; a tile loops 0 times)
+    for backend in ("cpu", "simulate"):
+        kern = rf.kernel(fn, backend=backend, skip_masked=True)
+        assert_close(kern(q, k, v), ref, np.float32, 170)
+        assert "to %live_stop step" in _tile_text(kern, q, k, v)
+
+
+def test_a_state_without_the_mask_keeps_the_whole_loop():
+    rng = np.random.default_rng(2)
+    q, k = (rng.standard_normal((1, 1, 150, 16)).astype(np.float32) for _ in range(2))
+    kern = rf.kernel(unmasked_extra, backend="cpu", skip_masked=True)
+    assert_close(kern(q, k), unmasked_extra(q, k), np.float32, 150)
+    assert "live_stop" not in _tile_text(kern, q, k)
+
+
+def test_infinity_under_the_mask_is_the_documented_difference():
+    """numpy's 0 * inf makes every row that masks key 149 NaN; a skipped block never reads it, so only the
+    rows whose own last block holds key 149 (masked there, computed as 0 * inf) turn NaN."""
+    q, k, v = _qkv(3, 150, 150)
+    v[0, 0, 149] = np.inf
+    ref = causal_attention(q, k, v)
+    whole = rf.kernel(causal_attention, backend="cpu")(q, k, v)
+    skipping = rf.kernel(causal_attention, backend="cpu", skip_masked=True, block_m=32, block_n=64)(q, k, v)
+    assert np.isnan(ref[0, 0]).any(-1).sum() == 149 and np.array_equal(np.isnan(whole), np.isnan(ref))
+    nan_rows = np.flatnonzero(np.isnan(skipping[0, 0]).any(-1))
+    assert list(nan_rows) == list(range(128, 149))       # the row tile 128..159 reads the block 128..191
+    finite = ~np.isnan(ref).any(-1, keepdims=True) | np.isnan(skipping).any(-1, keepdims=True)
+    assert_close(np.where(finite, skipping, 0), np.where(finite, ref, 0), np.float32, 150)
+
+
+def test_gpu_code_for_the_skipping_loop_assembles():
+    q, k, v = _qkv(4, 128, 128, 64, np.float16)
+    low = rf.kernel(causal_attention, backend="cuda", sm="sm_90", skip_masked=True).lower(q, k, v)
+    assert "to %live_stop" in str(low.stages["tile"]) and "mma.sync" in str(low.stages["ptx"])
+
+
+def test_a_loop_stop_must_be_an_iv_typed_scalar():
+    q, k, v = _qkv(5, 64, 64)
+    tiled = rf.kernel(causal_attention, backend="cpu", skip_masked=True).lower(q, k, v).stages["tile"]
+    (kernel,) = tiled.kernels
+    (loop,) = [op for op in kernel.body if isinstance(op, t.For)]
+    wrong = t.Value("bad_stop", t.TileType(rf.float32, ()))
+    body: list = []
+    for op in kernel.body:
+        body += [t.Constant(wrong, 1.0), t.For(loop.results, 0, wrong, loop.step, loop.inits, loop.body)] \
+            if op is loop else [op]
+    broken = t.TileKernel(kernel.name, kernel.grid, kernel.params, tuple(body))
+    with pytest.raises(VerifyError, match="loop stop"):
+        verify_tile_program(t.TileProgram(tiled.name, tiled.inputs, tiled.outputs, tiled.scratch, (broken,)))
+
+
+def test_skip_masked_is_a_known_option_and_off_by_default():
+    assert rf.kernel(causal_attention).options["skip_masked"] is False
+    with pytest.raises(ArgumentError, match="unknown option"):
+        rf.kernel(causal_attention, skip_mask=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 40), keys=st.integers(1, 70), shift=st.integers(-8, 8), block_m=st.sampled_from([1, 4, 16]),
+       block_n=st.sampled_from([1, 3, 8, 32]), flipped=st.booleans(), seed=st.integers(0, 2**16))
+def test_random_shapes_tiles_and_shifts_in_the_tile_interpreter(rows, keys, shift, block_m, block_n, flipped, seed):
+    fn = shifted_causal(shift, flipped)
+    q, k, v = _qkv(seed, rows, keys)
+    program = rf.kernel(fn, backend="interpret").lower(q, k, v).program
+    tiled = schedule_program(program, ScheduleOptions(block_m=block_m, block_n=block_n, skip_masked=True))
+    verify_tile_program(tiled)
+    (out,) = run_tile_program(tiled, (q, k, v))
+    assert_close(out, fn(q, k, v), np.float32, keys)
