@@ -138,3 +138,16 @@ def test_random_shapes_tiles_and_shifts_in_the_tile_interpreter(rows, keys, shif
     verify_tile_program(tiled)
     (out,) = run_tile_program(tiled, (q, k, v))
     assert_close(out, fn(q, k, v), np.float32, keys)
+
+
+def test_a_far_shifted_mask_still_fuses_and_skips():
+    """With the mask keeping few (i, j) pairs, the fusion engine's random-point checks used to find too few
+    live points and left the program unfused; they now draw enough points."""
+    from redfuser.ir import FusedLoop
+
+    fn = shifted_causal(-60, False)
+    q, k, v = _qkv(6, 150, 170)
+    kern = rf.kernel(fn, backend="cpu", skip_masked=True)
+    assert any(isinstance(s, FusedLoop) for s in kern.lower(q, k, v).program.body)
+    assert_close(kern(q, k, v), fn(q, k, v), np.float32, 170)
+    assert "to %live_stop step" in _tile_text(kern, q, k, v)
