@@ -1,7 +1,9 @@
 """NVPTX building blocks emitted with `llvmlite.ir`: the vocabulary the SIMT lowering speaks.
 
 Every helper takes the `ir.IRBuilder` positioned where the code goes and
-declares the intrinsics it needs in the builder's module. Names are the
+declares the intrinsics it needs in the builder's module; the GPU emission
+passes the text builder of `codegen.llvm_text` (same interface, faster), the
+hand-built samples and tests an `llvmlite.ir` one. Names are the
 LLVM 22 ones (llvmlite 0.50): ``llvm.nvvm.barrier0`` is gone, a CTA barrier is
 ``llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)``. Kernels are functions with
 the ``ptx_kernel`` calling convention (no ``!nvvm.annotations`` "kernel").
@@ -23,6 +25,7 @@ from llvmlite import ir
 
 from ..ir.errors import InternalError
 
+from .llvm_text import TextModule
 from .llvm_utils import F16, F32, F64, I1, I8, I16, I32, I64, PTR  # noqa: F401  (re-exported)
 
 HALF2 = ir.VectorType(F16, 2)
@@ -114,7 +117,7 @@ def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -
     fnty = ir.FunctionType(ret, args)
     existing = module.globals.get(name)
     if existing is None:
-        return ir.Function(module, fnty, name)
+        return module.add_function(fnty, name) if isinstance(module, TextModule) else ir.Function(module, fnty, name)
     if existing.function_type != fnty:
         raise InternalError(f"{name} declared as {existing.function_type}, wanted {fnty}", pass_name="nvvm")
     return existing
@@ -130,7 +133,8 @@ def call_intrinsic(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir
 def define_kernel(module: ir.Module, name: str, arg_types: list[ir.Type], *, noalias: bool = True) -> ir.Function:
     """A ``.entry`` kernel: ``ptx_kernel`` calling convention; pointer args ``noalias`` when asked
     (our buffers never overlap, and it lets LLVM use ``ld.global.nc`` for read-only ones)."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), arg_types), name)
+    fnty = ir.FunctionType(ir.VoidType(), arg_types)
+    fn = module.add_function(fnty, name) if isinstance(module, TextModule) else ir.Function(module, fnty, name)
     fn.calling_convention = "ptx_kernel"
     if noalias:
         for arg in fn.args:
@@ -146,13 +150,14 @@ def set_launch_bounds(fn: ir.Function, max_threads: int, min_blocks_per_sm: int 
     ``!nvvm.annotations`` entries to ``"nvvm.maxntid"``/``"nvvm.minctasm"`` attributes.
     """
     module = fn.module
-    module.add_named_metadata(
-        "nvvm.annotations", [fn, ir.MetaDataString(module, "maxntidx"), ir.Constant(I32, max_threads)]
-    )
+    text = isinstance(module, TextModule)
+
+    def string(s: str):
+        return s if text else ir.MetaDataString(module, s)
+
+    module.add_named_metadata("nvvm.annotations", [fn, string("maxntidx"), ir.Constant(I32, max_threads)])
     if min_blocks_per_sm is not None:
-        module.add_named_metadata(
-            "nvvm.annotations", [fn, ir.MetaDataString(module, "minctasm"), ir.Constant(I32, min_blocks_per_sm)]
-        )
+        module.add_named_metadata("nvvm.annotations", [fn, string("minctasm"), ir.Constant(I32, min_blocks_per_sm)])
 
 
 # --- special registers ------------------------------------------------------------------------
@@ -257,7 +262,9 @@ def warp_allreduce(builder: ir.IRBuilder, value: ir.Value, combine, *, width: in
 def declare_shared(module: ir.Module, name: str, elem_type: ir.Type, count: int, *,
                    align: int = 16) -> ir.GlobalVariable:
     """A static ``.shared`` array of `count` `elem_type` (addrspace 3, internal, undefined contents)."""
-    var = _opaque(ir.GlobalVariable(module, ir.ArrayType(elem_type, count), name, addrspace=3))
+    array = ir.ArrayType(elem_type, count)
+    var = (module.add_global_variable(array, name, addrspace=3) if isinstance(module, TextModule)
+           else _opaque(ir.GlobalVariable(module, array, name, addrspace=3)))
     var.linkage = "internal"
     var.initializer = ir.Constant(var.value_type, ir.Undefined)
     var.align = align

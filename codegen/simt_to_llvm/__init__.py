@@ -1,6 +1,7 @@
 """SIMT IR -> LLVM IR for ``nvptx64-nvidia-cuda`` -> PTX (ARCHITECTURE.md sections 3 and 6).
 
-`emit_module(kernel)` builds a verified `llvmlite.ir.Module` with one ``ptx_kernel``
+`emit_module(kernel)` builds a verified module (`codegen.llvm_text`: llvmlite's builder interface,
+printed straight to LLVM IR text) with one ``ptx_kernel``
 from a `SimtKernel` (an environment walker with one rule per statement type, over
 the `codegen.nvvm`/`codegen.nvvm_mma` helpers); `compile_simt(kernel, sm)` goes on
 to PTX through `codegen.nvptx.compile_module`. Nothing here needs a GPU.

@@ -7,6 +7,7 @@ from typing import Callable
 from llvmlite import ir
 
 from ...ir.errors import InternalError
+from ..llvm_text import TextBuilder, TextModule, TextValue
 from ...ir.simt import Extract, For, If, Mma, Pack, Reg, SimtKernel, Stmt, uses, walk_stmts
 from ...ir.simt_printer import format_stmt
 
@@ -25,7 +26,7 @@ class LlvmOptions:
 class Emitter:
     """Where code goes (`builder`), what each register is (`env`), and the module-level objects."""
 
-    def __init__(self, kernel: SimtKernel, builder: ir.IRBuilder, rules: dict[type, Callable[[Stmt, "Emitter"], None]],
+    def __init__(self, kernel: SimtKernel, builder: TextBuilder, rules: dict[type, Callable[[Stmt, "Emitter"], None]],
                  options: LlvmOptions) -> None:
         self.kernel, self.builder, self.rules, self.options = kernel, builder, rules, options
         self.env: dict[str, ir.Value] = {}
@@ -38,7 +39,7 @@ class Emitter:
         self._blocks = 0
 
     @property
-    def module(self) -> ir.Module:
+    def module(self) -> TextModule:
         return self.builder.module
 
     def __getitem__(self, reg: Reg) -> ir.Value:
@@ -58,7 +59,7 @@ class Emitter:
 
     def set(self, reg: Reg, value: ir.Value) -> None:
         """Bind `reg` to `value`; an unnamed instruction takes the register's name (readable LLVM IR)."""
-        if isinstance(value, ir.Instruction) and (not value.name or value.name.startswith(".")):
+        if isinstance(value, TextValue) and (not value.name or value.name.startswith(".")):
             value.name = reg.name
         self.env[reg.name] = value
 

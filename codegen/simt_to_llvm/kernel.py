@@ -7,7 +7,8 @@ from ...ir.expr import Buffer
 from ...ir.simt import SimtKernel
 from ...ir.simt_verifier import verify_simt_kernel
 from .. import nvvm
-from ..nvptx import PtxArtifact, compile_module, new_module, parse_and_verify
+from ..llvm_text import TextBuilder, TextModule
+from ..nvptx import TRIPLE, PtxArtifact, compile_module, data_layout, parse_and_verify
 from ..nvvm import PTR
 from . import arith, control, memory, warp
 from .emitter import Emitter, LlvmOptions
@@ -16,7 +17,7 @@ from .types import mem_type
 RULES = {**arith.RULES, **memory.RULES, **warp.RULES, **control.RULES}
 
 
-def emit_module(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, verify: bool = True) -> ir.Module:
+def emit_module(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, verify: bool = True) -> TextModule:
     """`kernel` as an LLVM module for ``nvptx64-nvidia-cuda``: a ``ptx_kernel`` function taking the buffers
     as pointers and the scalars by value (bool as a byte), its shared arrays as ``addrspace(3)`` globals
     named ``smem_<name>``, and ``.maxntid`` set to the block size. LLVM's verifier checks the result."""
@@ -33,15 +34,16 @@ def emit_text(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, verif
     return text
 
 
-def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> ir.Module:
+def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule:
     """The module of `emit_module`, not yet checked by LLVM."""
     if verify:
         verify_simt_kernel(kernel, "simt_to_llvm")
-    module = new_module(kernel.name)
+    module = TextModule(kernel.name)
+    module.triple, module.data_layout = TRIPLE, data_layout()
     arg_types = [PTR if isinstance(p, Buffer) else mem_type(p.dtype) for p in kernel.params]
     fn = nvvm.define_kernel(module, kernel.name, arg_types)
     nvvm.set_launch_bounds(fn, kernel.threads)
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    builder = TextBuilder(fn.append_basic_block("entry"))
     em = Emitter(kernel, builder, RULES, options)
     for param, arg in zip(kernel.params, fn.args):
         arg.name = param.name

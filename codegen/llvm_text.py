@@ -1,0 +1,445 @@
+"""A fast LLVM IR *text* builder with the `llvmlite.ir` builder's interface, for the GPU emission.
+
+`llvmlite.ir` builds a Python object per instruction and prints each through a
+general formatter; for a 2 000-instruction attention kernel that was 30 ms, a
+fifth of the whole compile. `TextModule` / `TextBuilder` take the same calls
+the SIMT -> LLVM rules and the `codegen.nvvm` helpers make (``b.fadd(x, y)``,
+``b.call(fn, args)``, ``b.phi(t)``, blocks, globals, metadata) and keep each
+instruction as one small record rendered once, when the module is printed.
+Types and constants stay `llvmlite.ir` objects (their text is cached), so the
+two builders mix freely in helpers; the text is the same LLVM IR up to value
+names. Only what the GPU emission uses is here; the host (CPU) code generator
+and the hand-built NVPTX samples keep using `llvmlite.ir`.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Sequence
+
+from llvmlite import ir
+
+_CMP_INT = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
+_CMP_FLOAT = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
+
+
+def _ref(v) -> str:
+    return v.get_reference()
+
+
+def _typed(v) -> str:
+    return f"{v.type} {v.get_reference()}"
+
+
+class TextValue:
+    """An instruction's result (or an argument): a type and a name, printed ``%"name"``."""
+
+    __slots__ = ("type", "_name", "_scope", "_line")
+
+    def __init__(self, typ: ir.Type, scope: "_Scope", name: str, line) -> None:
+        self.type = typ
+        self._scope = scope
+        self._name = scope.fresh(name)
+        self._line = line     # a callable giving the instruction's text without the ``%x =`` part
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = self._scope.fresh(value)
+
+    def get_reference(self) -> str:
+        return f'%"{self._name}"'
+
+    def render(self) -> str:
+        return f'  %"{self._name}" = {self._line()}'
+
+
+class _Effect:
+    """An instruction without a result (store, branch, a void call)."""
+
+    __slots__ = ("_line",)
+
+    def __init__(self, line) -> None:
+        self._line = line
+
+    def render(self) -> str:
+        return f"  {self._line()}"
+
+
+class _Phi(TextValue):
+    __slots__ = ("incoming",)
+
+    def __init__(self, typ: ir.Type, scope: "_Scope", name: str) -> None:
+        super().__init__(typ, scope, name, self._text)
+        self.incoming: list[tuple[object, "TextBlock"]] = []
+
+    def add_incoming(self, value, block: "TextBlock") -> None:
+        self.incoming.append((value, block))
+
+    def _text(self) -> str:
+        return f"phi {self.type} " + ", ".join(f"[{_ref(v)}, {_ref(b)}]" for v, b in self.incoming)
+
+
+class _Scope:
+    """Unique local names of one function (``x``, ``x.1``, ...; unnamed values ``.N``)."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+        self.counter = itertools.count(1)
+
+    def fresh(self, name: str) -> str:
+        if not name:
+            name = f".{next(self.counter)}"
+            while name in self.used:
+                name = f".{next(self.counter)}"
+        elif name in self.used:
+            base = name
+            for n in itertools.count(1):
+                name = f"{base}.{n}"
+                if name not in self.used:
+                    break
+        self.used.add(name)
+        return name
+
+
+class TextBlock:
+    """A basic block: a label and its instructions."""
+
+    __slots__ = ("name", "instructions", "function")
+
+    def __init__(self, function: "TextFunction", name: str) -> None:
+        self.function = function
+        self.name = function.scope.fresh(name)
+        self.instructions: list = []
+
+    def get_reference(self) -> str:
+        return f'%"{self.name}"'
+
+
+class TextArgument:
+    """A function argument; its name is taken in the function's scope when set."""
+
+    __slots__ = ("type", "_name", "_scope", "attributes")
+
+    def __init__(self, typ: ir.Type, scope: _Scope) -> None:
+        self.type, self._scope, self.attributes = typ, scope, []
+        self._name = scope.fresh("")
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = self._scope.fresh(value)
+
+    def add_attribute(self, attribute: str) -> None:
+        self.attributes.append(attribute)
+
+    def get_reference(self) -> str:
+        return f'%"{self._name}"'
+
+
+class TextFunction:
+    """A declaration, or (with blocks) the kernel's definition."""
+
+    def __init__(self, module: "TextModule", function_type: ir.FunctionType, name: str) -> None:
+        self.module, self.function_type, self.name = module, function_type, name
+        self.calling_convention = ""
+        self.scope = _Scope()
+        self.args = [TextArgument(t, self.scope) for t in function_type.args]
+        self.blocks: list[TextBlock] = []
+        self.type = ir.PointerType()
+
+    @property
+    def return_type(self) -> ir.Type:
+        return self.function_type.return_type
+
+    def append_basic_block(self, name: str = "") -> TextBlock:
+        block = TextBlock(self, name)
+        self.blocks.append(block)
+        return block
+
+    def get_reference(self) -> str:
+        return f'@"{self.name}"'
+
+    def __str__(self) -> str:
+        ret, params = self.function_type.return_type, self.function_type.args
+        if not self.blocks:
+            return f"declare {ret} @\"{self.name}\"({', '.join(str(p) for p in params)})"
+        args = ", ".join(f"{a.type}{''.join(' ' + x for x in a.attributes)} {_ref(a)}" for a in self.args)
+        cc = f"{self.calling_convention} " if self.calling_convention else ""
+        lines = [f'define {cc}{ret} @"{self.name}"({args})', "{"]
+        for block in self.blocks:
+            lines.append(f"{block.name}:")
+            lines += [i.render() for i in block.instructions]
+        lines.append("}")
+        return "\n".join(lines)
+
+
+class TextGlobal:
+    """A module-level variable (the shared-memory arrays): ``@"name" = internal addrspace(3) global ...``."""
+
+    def __init__(self, module: "TextModule", value_type: ir.Type, name: str, addrspace: int) -> None:
+        self.module, self.value_type, self.name, self.addrspace = module, value_type, name, addrspace
+        self.linkage = ""
+        self.initializer = None
+        self.align: int | None = None
+        self.type = ir.PointerType(addrspace=addrspace)
+
+    def get_reference(self) -> str:
+        return f'@"{self.name}"'
+
+    def __str__(self) -> str:
+        space = f" addrspace({self.addrspace})" if self.addrspace else ""
+        init = f" {self.initializer.get_reference()}" if self.initializer is not None else ""
+        align = f", align {self.align}" if self.align else ""
+        linkage = f"{self.linkage} " if self.linkage else ""
+        return f'@"{self.name}" = {linkage}{space.strip()}{" " if space else ""}global {self.value_type}{init}{align}'
+
+
+class TextModule:
+    """Functions, globals and named metadata, printed as one LLVM module."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.triple = ""
+        self.data_layout = ""
+        self.globals: dict[str, object] = {}
+        self._metadata: dict[str, list[list]] = {}
+
+    def add_function(self, function_type: ir.FunctionType, name: str) -> TextFunction:
+        fn = TextFunction(self, function_type, name)
+        self.globals[name] = fn
+        return fn
+
+    def add_global_variable(self, value_type: ir.Type, name: str, addrspace: int = 0) -> TextGlobal:
+        var = TextGlobal(self, value_type, name, addrspace)
+        self.globals[name] = var
+        return var
+
+    def add_named_metadata(self, name: str, operands: Sequence) -> None:
+        self._metadata.setdefault(name, []).append(list(operands))
+
+    def __str__(self) -> str:
+        lines = [f'; ModuleID = "{self.name}"', f'target triple = "{self.triple}"',
+                 f'target datalayout = "{self.data_layout}"', ""]
+        for g in self.globals.values():
+            if isinstance(g, TextGlobal):
+                lines += [str(g), ""]
+        for g in self.globals.values():
+            if isinstance(g, TextFunction):
+                lines += [str(g), ""]
+        number = 0
+        nodes = []
+        for name, entries in self._metadata.items():
+            refs = []
+            for ops in entries:
+                text = ", ".join(_metadata_operand(op) for op in ops)
+                nodes.append(f"!{number} = !{{{text}}}")
+                refs.append(f"!{number}")
+                number += 1
+            lines.append(f"!{name} = !{{{', '.join(refs)}}}")
+        lines += nodes
+        return "\n".join(lines) + "\n"
+
+
+def _metadata_operand(op) -> str:
+    if isinstance(op, str):
+        return f'!"{op}"'
+    if isinstance(op, TextFunction):
+        return f"ptr {op.get_reference()}"
+    return _typed(op)
+
+
+class TextBuilder:
+    """The `llvmlite.ir.IRBuilder` calls the GPU emission makes, appending text records to a `TextBlock`."""
+
+    def __init__(self, block: TextBlock) -> None:
+        self.block = block
+
+    # -- position ------------------------------------------------------------------------------------
+    @property
+    def function(self) -> TextFunction:
+        return self.block.function
+
+    @property
+    def module(self) -> TextModule:
+        return self.block.function.module
+
+    def append_basic_block(self, name: str = "") -> TextBlock:
+        return self.function.append_basic_block(name)
+
+    def position_at_end(self, block: TextBlock) -> None:
+        self.block = block
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _value(self, typ: ir.Type, name: str, line) -> TextValue:
+        v = TextValue(typ, self.function.scope, name, line)
+        self.block.instructions.append(v)
+        return v
+
+    def _effect(self, line) -> None:
+        self.block.instructions.append(_Effect(line))
+
+    def _binop(self, op: str, a, b, name: str = "", flags: Iterable[str] = ()) -> TextValue:
+        prefix = " ".join((op, *flags))
+        return self._value(a.type, name, lambda: f"{prefix} {_typed(a)}, {_ref(b)}")
+
+    # -- arithmetic ----------------------------------------------------------------------------------
+    def add(self, a, b, name: str = "", flags=()):
+        return self._binop("add", a, b, name, flags)
+
+    def sub(self, a, b, name: str = "", flags=()):
+        return self._binop("sub", a, b, name, flags)
+
+    def mul(self, a, b, name: str = "", flags=()):
+        return self._binop("mul", a, b, name, flags)
+
+    def sdiv(self, a, b, name: str = ""):
+        return self._binop("sdiv", a, b, name)
+
+    def srem(self, a, b, name: str = ""):
+        return self._binop("srem", a, b, name)
+
+    def shl(self, a, b, name: str = ""):
+        return self._binop("shl", a, b, name)
+
+    def lshr(self, a, b, name: str = ""):
+        return self._binop("lshr", a, b, name)
+
+    def ashr(self, a, b, name: str = ""):
+        return self._binop("ashr", a, b, name)
+
+    def and_(self, a, b, name: str = ""):
+        return self._binop("and", a, b, name)
+
+    def or_(self, a, b, name: str = ""):
+        return self._binop("or", a, b, name)
+
+    def xor(self, a, b, name: str = ""):
+        return self._binop("xor", a, b, name)
+
+    def fadd(self, a, b, name: str = ""):
+        return self._binop("fadd", a, b, name)
+
+    def fsub(self, a, b, name: str = ""):
+        return self._binop("fsub", a, b, name)
+
+    def fmul(self, a, b, name: str = ""):
+        return self._binop("fmul", a, b, name)
+
+    def fdiv(self, a, b, name: str = ""):
+        return self._binop("fdiv", a, b, name)
+
+    def fneg(self, x, name: str = ""):
+        return self._value(x.type, name, lambda: f"fneg {_typed(x)}")
+
+    # -- comparisons and select ----------------------------------------------------------------------
+    def _cmp(self, kind: str, pred: str, a, b, name: str) -> TextValue:
+        typ = ir.VectorType(ir.IntType(1), a.type.count) if isinstance(a.type, ir.VectorType) else ir.IntType(1)
+        return self._value(typ, name, lambda: f"{kind} {pred} {_typed(a)}, {_ref(b)}")
+
+    def icmp_signed(self, op: str, a, b, name: str = ""):
+        pred = _CMP_INT[op]
+        return self._cmp("icmp", pred if pred in ("eq", "ne") else "s" + pred, a, b, name)
+
+    def icmp_unsigned(self, op: str, a, b, name: str = ""):
+        pred = _CMP_INT[op]
+        return self._cmp("icmp", pred if pred in ("eq", "ne") else "u" + pred, a, b, name)
+
+    def fcmp_ordered(self, op: str, a, b, name: str = ""):
+        return self._cmp("fcmp", "o" + _CMP_FLOAT[op], a, b, name)
+
+    def fcmp_unordered(self, op: str, a, b, name: str = ""):
+        return self._cmp("fcmp", "u" + _CMP_FLOAT[op], a, b, name)
+
+    def select(self, cond, a, b, name: str = ""):
+        return self._value(a.type, name, lambda: f"select {_typed(cond)}, {_typed(a)}, {_typed(b)}")
+
+    # -- conversions ---------------------------------------------------------------------------------
+    def _cast(self, op: str, x, typ: ir.Type, name: str) -> TextValue:
+        return self._value(typ, name, lambda: f"{op} {_typed(x)} to {typ}")
+
+    def bitcast(self, x, typ, name: str = ""):
+        return self._cast("bitcast", x, typ, name)
+
+    def zext(self, x, typ, name: str = ""):
+        return self._cast("zext", x, typ, name)
+
+    def sext(self, x, typ, name: str = ""):
+        return self._cast("sext", x, typ, name)
+
+    def trunc(self, x, typ, name: str = ""):
+        return self._cast("trunc", x, typ, name)
+
+    def fpext(self, x, typ, name: str = ""):
+        return self._cast("fpext", x, typ, name)
+
+    def fptrunc(self, x, typ, name: str = ""):
+        return self._cast("fptrunc", x, typ, name)
+
+    def sitofp(self, x, typ, name: str = ""):
+        return self._cast("sitofp", x, typ, name)
+
+    def uitofp(self, x, typ, name: str = ""):
+        return self._cast("uitofp", x, typ, name)
+
+    def addrspacecast(self, x, typ, name: str = ""):
+        return self._cast("addrspacecast", x, typ, name)
+
+    # -- vectors and aggregates ----------------------------------------------------------------------
+    def extract_element(self, vec, index, name: str = ""):
+        return self._value(vec.type.element, name, lambda: f"extractelement {_typed(vec)}, {_typed(index)}")
+
+    def insert_element(self, vec, value, index, name: str = ""):
+        return self._value(vec.type, name, lambda: f"insertelement {_typed(vec)}, {_typed(value)}, {_typed(index)}")
+
+    def shuffle_vector(self, a, b, mask, name: str = ""):
+        typ = ir.VectorType(a.type.element, mask.type.count)
+        return self._value(typ, name, lambda: f"shufflevector {_typed(a)}, {_typed(b)}, {_typed(mask)}")
+
+    def extract_value(self, agg, index: int, name: str = ""):
+        return self._value(agg.type.elements[index], name, lambda: f"extractvalue {_typed(agg)}, {index}")
+
+    # -- memory --------------------------------------------------------------------------------------
+    def gep(self, ptr, indices, inbounds: bool = False, name: str = "", source_etype=None):
+        kw = "getelementptr inbounds" if inbounds else "getelementptr"
+        return self._value(ptr.type, name,
+                           lambda: f"{kw} {source_etype}, {_typed(ptr)}, " + ", ".join(_typed(i) for i in indices))
+
+    def load(self, ptr, name: str = "", align: int | None = None, typ=None):
+        tail = f", align {align}" if align else ""
+        return self._value(typ, name, lambda: f"load {typ}, {_typed(ptr)}{tail}")
+
+    def store(self, value, ptr, align: int | None = None) -> None:
+        tail = f", align {align}" if align else ""
+        self._effect(lambda: f"store {_typed(value)}, {_typed(ptr)}{tail}")
+
+    # -- calls and control flow ----------------------------------------------------------------------
+    def call(self, fn, args, name: str = ""):
+        ret = fn.function_type.return_type
+        text = lambda: f"call {ret} {_ref(fn)}(" + ", ".join(_typed(a) for a in args) + ")"  # noqa: E731
+        if isinstance(ret, ir.VoidType):
+            self._effect(text)
+            return None
+        return self._value(ret, name, text)
+
+    def phi(self, typ, name: str = "") -> _Phi:
+        p = _Phi(typ, self.function.scope, name)
+        self.block.instructions.append(p)
+        return p
+
+    def branch(self, target: TextBlock) -> None:
+        self._effect(lambda: f"br label {_ref(target)}")
+
+    def cbranch(self, cond, then: TextBlock, orelse: TextBlock) -> None:
+        self._effect(lambda: f"br {_typed(cond)}, label {_ref(then)}, label {_ref(orelse)}")
+
+    def ret_void(self) -> None:
+        self._effect(lambda: "ret void")
+
+
+__all__ = ["TextModule", "TextBuilder", "TextFunction", "TextGlobal", "TextValue", "TextBlock"]
