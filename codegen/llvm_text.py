@@ -30,16 +30,15 @@ def _typed(v) -> str:
     return f"{v.type} {v.get_reference()}"
 
 
-class TextValue:
-    """An instruction's result (or an argument): a type and a name, printed ``%"name"``."""
+class _Local:
+    """A named local (an instruction's result or an argument), printed ``%"name"``; a name set later is
+    made unique in the function's scope too."""
 
-    __slots__ = ("type", "_name", "_scope", "_line")
+    __slots__ = ("type", "_name", "_scope")
 
-    def __init__(self, typ: ir.Type, scope: "_Scope", name: str, line) -> None:
-        self.type = typ
-        self._scope = scope
+    def __init__(self, typ: ir.Type, scope: "_Scope", name: str) -> None:
+        self.type, self._scope = typ, scope
         self._name = scope.fresh(name)
-        self._line = line     # a callable giving the instruction's text without the ``%x =`` part
 
     @property
     def name(self) -> str:
@@ -51,6 +50,16 @@ class TextValue:
 
     def get_reference(self) -> str:
         return f'%"{self._name}"'
+
+
+class TextValue(_Local):
+    """An instruction's result: its text is made when the module is printed."""
+
+    __slots__ = ("_line",)
+
+    def __init__(self, typ: ir.Type, scope: "_Scope", name: str, line) -> None:
+        super().__init__(typ, scope, name)
+        self._line = line     # a callable giving the instruction's text without the ``%x =`` part
 
     def render(self) -> str:
         return f'  %"{self._name}" = {self._line()}'
@@ -118,28 +127,17 @@ class TextBlock:
         return f'%"{self.name}"'
 
 
-class TextArgument:
-    """A function argument; its name is taken in the function's scope when set."""
+class TextArgument(_Local):
+    """A function argument (its attributes printed before its name)."""
 
-    __slots__ = ("type", "_name", "_scope", "attributes")
+    __slots__ = ("attributes",)
 
     def __init__(self, typ: ir.Type, scope: _Scope) -> None:
-        self.type, self._scope, self.attributes = typ, scope, []
-        self._name = scope.fresh("")
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @name.setter
-    def name(self, value: str) -> None:
-        self._name = self._scope.fresh(value)
+        super().__init__(typ, scope, "")
+        self.attributes: list[str] = []
 
     def add_attribute(self, attribute: str) -> None:
         self.attributes.append(attribute)
-
-    def get_reference(self) -> str:
-        return f'%"{self._name}"'
 
 
 class TextFunction:

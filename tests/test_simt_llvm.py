@@ -237,3 +237,31 @@ def test_mma_chains_pass_accumulators_as_scalars_and_share_a_fragments():
     assert text.count("insertelement <4 x float>") <= 2 * mmas        # 4 per mma without chaining
     assert text.count("extractelement <4 x float>") <= 2 * mmas
     assert text.count("bitcast <8 x half>") <= mmas // 4                # one per mma without sharing
+
+
+def test_the_text_builder_keeps_names_unique_and_parses():
+    """Values, arguments and blocks share one namespace per function: repeats get ``.N`` suffixes (LLVM would
+    reject the module otherwise), renaming later stays unique, and the printed module parses and verifies."""
+    import llvmlite.binding as llvm
+    from llvmlite import ir
+
+    from redfuser.codegen import nvvm
+    from redfuser.codegen.llvm_text import TextBuilder, TextModule
+
+    module = TextModule("names")
+    fn = nvvm.define_kernel(module, "names", [nvvm.PTR, nvvm.I32])
+    fn.args[0].name, fn.args[1].name = "x", "x"
+    entry = fn.append_basic_block("x")
+    b = TextBuilder(entry)
+    a = b.add(fn.args[1], ir.Constant(nvvm.I32, 1), name="x")
+    c = b.mul(a, a)
+    c.name = "x"
+    smem = nvvm.declare_shared(module, "smem_x", nvvm.F32, 4)
+    b.store(b.sitofp(c, nvvm.F32), nvvm.shared_gep(b, smem, nvvm.F32, c), align=4)
+    b.ret_void()
+    nvvm.set_launch_bounds(fn, 64)
+    text = str(module)
+    names = [fn.args[0].name, fn.args[1].name, entry.name, a.name, c.name]
+    assert len(set(names)) == len(names) and fn.args[0].name == "x"
+    llvm.parse_assembly(text).verify()
+    assert '!"maxntidx", i32 64' in text and "internal addrspace(3) global [4 x float] undef, align 16" in text
