@@ -137,7 +137,11 @@ def test_unfused_programs_pass_temporaries_through_scratch():
     tiled = check_schedule(lowered(softmax, x, fuse=False).program, (x,), ScheduleOptions(block_m=2, block_k=8), n=37)
     assert len(tiled.kernels) == 5 and {b.name for b in tiled.scratch} >= {"m", "e"}
     fused = check_schedule(lowered(log_softmax, x).program, (x,), ScheduleOptions(block_m=2, block_n=8), n=37)
-    assert len(fused.kernels) == 2  # one pass for (m, l), one elementwise pass for the output
+    (kernel,) = fused.kernels   # the (m, l) loop, then the output swept in chunks by the same programs
+    assert not fused.scratch and [op.stop for op in kernel.body if isinstance(op, t.For)] == [37, 37]
+    split = check_schedule(lowered(log_softmax, x).program, (x,),
+                           ScheduleOptions(block_m=2, block_n=8, split=3), n=37)
+    assert len(split.kernels) == 3  # partial states, their merge, and the output over the whole grid
 
 
 def test_huge_buffers_get_64_bit_offsets():

@@ -40,11 +40,29 @@ def finish_states(fb: FusedBuilder, final: Carried, needed: set[str]) -> None:
             if buf.name in needed:
                 store_tile(kb, buf, lw.tiles[buf.name], fb.positions(j))
     for j, c in enumerate(lay.epilogue):
+        if lay.sweep_key is not None and j == len(lay.epilogue) - 1:
+            _sweep(fb, j, c, needed)
+            continue
         b = fb.bind(lay.epilogue_stmt(j), c.axes)
         dims = fb.dims(b, c.axes)
         lw.tiles[c.out.name] = Tiled(place(kb, lw.lower(c.value, b), dims), dims)
         if c.out.name in needed:
             store_tile(kb, c.out, lw.tiles[c.out.name], [b[a.name] for a in c.axes])
+
+
+def _sweep(fb: FusedBuilder, j: int, c: Compute, needed: set[str]) -> None:
+    """The last epilogue statement over its own axis (`layout._sweep_key`), chunk by chunk after the loop."""
+    lay, kb, lw = fb.lay, fb.kb, fb.lw
+    n = lay.classes.extent[lay.sweep_key]
+    size = fb.opts.tile(fb.opts.block_n, n)
+    if c.out.name not in needed:
+        return
+    with kb.loop(0, n, size, (), hint=lay.sweep_key) as lp:
+        fb.binding[lay.sweep_key] = Dim(lay.sweep_key, fb.fused_order, size, n, lp.iv, n % size != 0)
+        b = fb.bind(lay.epilogue_stmt(j), c.axes)
+        dims = fb.dims(b, c.axes)
+        store_tile(kb, c.out, Tiled(place(kb, lw.lower(c.value, b), dims), dims), [b[a.name] for a in c.axes])
+        lp.yield_()
 
 
 def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name: str, opts: ScheduleOptions,
@@ -82,11 +100,15 @@ def live_stop(fb: FusedBuilder, n: int) -> int | t.Value:
 
 def joins(fl: FusedLoop, epilogue: list[Compute], candidate: Compute) -> bool:
     """Whether `candidate` can run in `fl`'s kernel after `epilogue`: it reads the kernel's tiles pointwise
-    and adds no axis of its own."""
+    and adds no axis of its own, or adds one axis as the kernel's closing sweep (`layout._sweep_key`)."""
     try:
         lay = fused_layout(fl, epilogue, unify(fl, epilogue + [candidate]))
+        sweep = fused_layout(fl, epilogue + [candidate]).sweep_key
     except Unfusable:
         return False
+    if lay.sweep_key is not None:
+        return False   # a sweep ends the kernel
     known = set(lay.grid_keys) | set(lay.whole_keys) | ({lay.tiled_key} if lay.tiled_key else set())
+    known |= {sweep} if sweep is not None else set()
     me = lay.epilogue_stmt(len(epilogue))
     return all(lay.classes.of(me, a) in known for a in candidate.axes)

@@ -40,6 +40,7 @@ class FusedLayout:
     fused_key: str
     rank_keys: frozenset[str]
     gridable: tuple[str, ...] = ()
+    sweep_key: str | None = None
 
     def grid_tiled(self, opts: ScheduleOptions) -> tuple[str, ...]:
         """The whole keys tiled across the grid under `opts` (see the module docstring)."""
@@ -86,15 +87,33 @@ def fused_layout(fl: FusedLoop, epilogue: list[Compute] | tuple[Compute, ...],
         seen += [classes.of(n_locals + j, a) for a in state_axes(st)]
     for n, local in enumerate(fl.locals):
         seen += [classes.of(n, a) for a in local.axes]
+    sweep = _sweep_key(fl, epilogue, classes, fused, set(seen) | set(shared))
     for j, c in enumerate(epilogue):
         seen += [classes.of(n_locals + len(fl.states) + j, a) for a in c.axes]
-    whole = [c for c in dict.fromkeys(seen) if c not in shared and c != fused]
+    whole = [c for c in dict.fromkeys(seen) if c not in shared and c != fused and c != sweep]
     grid, tiled = shared[:-1], (shared[-1] if shared else None)
     if tiled is not None and (classes.extent[tiled] == 1 or _tiling_reuses_nothing(fl, classes, tiled, fused, set(grid))):
         grid, tiled = grid + [tiled], None   # one program per row
     gridable = _gridable(fl, classes, whole, ranks)
     return FusedLayout(fl, tuple(epilogue), classes, tuple(grid), tiled, tuple(whole), fused, frozenset(ranks),
-                       gridable)
+                       gridable, sweep)
+
+
+def _sweep_key(fl: FusedLoop, epilogue, classes: AxisClasses, fused: str, before: set[str]) -> str | None:
+    """The axis a *sweep* walks: the last epilogue statement may add one axis of the fused axis's length that
+    no earlier statement has (softmax's ``out[i, j] = exp(x[i, j] - m[i]) / l[i]``). The kernel then runs a
+    second loop over that axis in chunks after the states are final, instead of a kernel of its own that
+    would read the states back from memory."""
+    if not epilogue:
+        return None
+    last = len(fl.locals) + len(fl.states) + len(epilogue) - 1
+    earlier = set(before)
+    for j, c in enumerate(epilogue[:-1]):
+        earlier |= {classes.of(len(fl.locals) + len(fl.states) + j, a) for a in c.axes}
+    new = [k for k in dict.fromkeys(classes.of(last, a) for a in epilogue[-1].axes) if k not in earlier and k != fused]
+    if len(new) == 1 and classes.extent[new[0]] == classes.extent[fused]:
+        return new[0]
+    return None
 
 
 def _tiling_reuses_nothing(fl: FusedLoop, classes: AxisClasses, tiled: str, fused: str, grid: set[str]) -> bool:

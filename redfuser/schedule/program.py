@@ -5,9 +5,12 @@ the Loop IR program on every input (checked in tests by running both
 interpreters). Kernels run in program order:
 
 - each `FusedLoop` becomes one kernel, joined by the `Compute` nests right after
-  it that read its states pointwise (the epilogue, e.g. ``out = acc / l``); or,
-  split (`split.py`, flash decoding), two: partial states per slice of the axis
-  into scratch, then their merge by the cascade's merge rule and the epilogue;
+  it that read its states pointwise (the epilogue, e.g. ``out = acc / l``) and by
+  a closing *sweep*, one more nest with an axis of the loop's length walked in
+  chunks after it (softmax's ``exp(x - m) / l``); or, split (`split.py`, flash
+  decoding), two: partial states per slice of the axis into scratch, then their
+  merge by the cascade's merge rule and the epilogue (a sweep then runs as a
+  kernel of its own, over the whole grid);
 - a `TopK` nest becomes a kernel keeping a sorted k-list per row (`topk.py`);
 - every other nest becomes its own kernel; nests whose result nobody reads are dropped;
 - buffers passed between kernels become scratch buffers; values used only inside
@@ -87,7 +90,16 @@ def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileP
     outputs = {b.name for b in p.outputs}
     kernels: list[t.TileKernel] = []
     scratch: dict[str, Buffer] = {}
-    for g, group in enumerate(groups):
+    g = -1
+    while g + 1 < len(groups):
+        g += 1
+        group = groups[g]
+        if isinstance(group[0], FusedLoop) and len(group) > 1:
+            lay = layout_or_fail(group[0], group[1:])  # type: ignore[arg-type]
+            if lay.sweep_key is not None and plan_split(layout_or_fail(group[0], group[1:-1]), opts) is not None:  # type: ignore[arg-type]
+                # a split loop ends in a merge over few programs: its closing sweep gets a kernel again
+                groups[g:g + 1] = [group[:-1], group[-1:]]
+                group = groups[g]
         later = set().union(*(_reads(s) for other in groups[g + 1:] for s in other))
         made = [b for s in group for b in written(s)]
         needed = {b.name for b in made if b.name in outputs or b.name in later}

@@ -1,0 +1,59 @@
+"""The closing *sweep*: a fused loop's kernel also computes the next nest that adds one axis of the loop's
+length (softmax's ``exp(x - m) / l``), in a second loop after the states are final, instead of a kernel of
+its own reading the states back from memory (`redfuser.schedule.layout._sweep_key`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+from redfuser.codegen.ptx_check import check_ptx
+from redfuser.ir import tile as t
+from redfuser.testing import assert_close
+from redfuser.workloads import log_softmax, softmax
+
+
+def _loops(kernel: t.TileKernel) -> list[t.For]:
+    return [op for op in kernel.body if isinstance(op, t.For)]
+
+
+@pytest.mark.parametrize("fn", [softmax, log_softmax])
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_softmax_is_one_kernel_with_two_loops(fn, backend):
+    x = (np.random.default_rng(0).standard_normal((70, 333)) * 3).astype(np.float32)
+    x[3] = -np.inf                                   # a fully masked row: NaN out, like the reference
+    kern = rf.kernel(fn, backend=backend, split=1)
+    assert_close(kern(x), fn(x), np.float32, 333)
+    tiled = kern.lower(x).stages["tile"]
+    (kernel,) = tiled.kernels
+    assert len(_loops(kernel)) == 2 and not tiled.scratch   # m and l never leave the kernel
+
+
+def test_the_gpu_kernel_with_a_sweep_assembles_without_spills():
+    x = np.zeros((64, 16384), np.float16)
+    low = rf.kernel(softmax, backend="cuda", sm="sm_90", split=1).lower(x)
+    (k,) = low.stages["ptx"].kernels
+    (usage,) = check_ptx(k.ptx)["sm_90"].usage
+    assert usage.spill_store_bytes == usage.spill_load_bytes == 0
+
+
+def test_a_split_loop_leaves_its_sweep_to_a_kernel_over_the_whole_grid():
+    x = np.random.default_rng(1).standard_normal((8, 300)).astype(np.float32)
+    kern = rf.kernel(softmax, backend="cpu", split=3)
+    assert_close(kern(x), softmax(x), np.float32, 300)
+    names = [k.name for k in kern.lower(x).stages["tile"].kernels]
+    assert names == ["softmax_0_partial", "softmax_0_combine", "softmax_2"]
+
+
+def test_only_an_axis_of_the_loops_length_is_swept():
+    """``out[i, c] = l[i] * w[c]`` adds an axis of another length: it gets a kernel of its own."""
+    def scaled(x, w):
+        m = rf.max(x, axis=-1, keepdims=True)
+        l = rf.sum(rf.exp(x - m), axis=-1, keepdims=True)
+        return l * w
+
+    x = np.random.default_rng(2).standard_normal((40, 96)).astype(np.float32)
+    w = np.arange(7, dtype=np.float32)
+    kern = rf.kernel(scaled, backend="cpu", split=1)
+    assert_close(kern(x, w), scaled(x, w), np.float32, 96)
+    assert len(kern.lower(x, w).stages["tile"].kernels) == 2
