@@ -18,8 +18,7 @@ from typing import Iterable, Sequence
 
 from llvmlite import ir
 
-_CMP_INT = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
-_CMP_FLOAT = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
+_CMP = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}   # llvmlite's operators
 
 
 def _ref(v) -> str:
@@ -341,18 +340,18 @@ class TextBuilder:
         return self._value(typ, name, lambda: f"{kind} {pred} {_typed(a)}, {_ref(b)}")
 
     def icmp_signed(self, op: str, a, b, name: str = ""):
-        pred = _CMP_INT[op]
+        pred = _CMP[op]
         return self._cmp("icmp", pred if pred in ("eq", "ne") else "s" + pred, a, b, name)
 
     def icmp_unsigned(self, op: str, a, b, name: str = ""):
-        pred = _CMP_INT[op]
+        pred = _CMP[op]
         return self._cmp("icmp", pred if pred in ("eq", "ne") else "u" + pred, a, b, name)
 
     def fcmp_ordered(self, op: str, a, b, name: str = ""):
-        return self._cmp("fcmp", "o" + _CMP_FLOAT[op], a, b, name)
+        return self._cmp("fcmp", "o" + _CMP[op], a, b, name)
 
     def fcmp_unordered(self, op: str, a, b, name: str = ""):
-        return self._cmp("fcmp", "u" + _CMP_FLOAT[op], a, b, name)
+        return self._cmp("fcmp", "u" + _CMP[op], a, b, name)
 
     def select(self, cond, a, b, name: str = ""):
         return self._value(a.type, name, lambda: f"select {_typed(cond)}, {_typed(a)}, {_typed(b)}")

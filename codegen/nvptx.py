@@ -9,8 +9,8 @@ The target machine is ``nvptx64-nvidia-cuda`` with CPU ``sm_XX`` and feature
 *aborts the process* on a version too old for the sm, so both are checked
 against `SM_MIN_PTX`/`PTX_VERSIONS` here first). Kernels are functions with the
 ``ptx_kernel`` calling convention. Optimization is LLVM's default module pipeline
-at `GPU_OPT_LEVEL` from the new pass manager (``PassBuilder``), with one knob
-turned (`GPU_PIPELINE_OPTIONS`); code generation is always O3.
+at `GPU_OPT_LEVEL` from the new pass manager (``PassBuilder``), with two
+searches turned off (`GPU_PIPELINE_OPTIONS`); code generation is always O3.
 """
 from __future__ import annotations
 
@@ -129,9 +129,10 @@ def data_layout() -> str:
     return str(target_machine("sm_80", 70).target_data)
 
 
-def new_module(name: str) -> ir.Module:
-    """An empty `llvmlite.ir` module set up for ``nvptx64-nvidia-cuda``."""
-    module = ir.Module(name)
+def new_module(name: str, kind: type = ir.Module):
+    """An empty module set up for ``nvptx64-nvidia-cuda``: an `llvmlite.ir.Module`, or another `kind` with
+    its interface (`codegen.llvm_text.TextModule`)."""
+    module = kind(name)
     module.triple = TRIPLE
     module.data_layout = data_layout()
     return module

@@ -112,12 +112,17 @@ def lanewise(b: ir.IRBuilder, out_type: ir.Type, fn: Callable[..., ir.Value], *o
     return vec
 
 
+def _new_function(module, fnty: ir.FunctionType, name: str):
+    """A function of `module`, an `llvmlite.ir.Module` or a `TextModule`."""
+    return module.add_function(fnty, name) if isinstance(module, TextModule) else ir.Function(module, fnty, name)
+
+
 def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
     """The declaration of intrinsic `name` in `module`, declared on first use."""
     fnty = ir.FunctionType(ret, args)
     existing = module.globals.get(name)
     if existing is None:
-        return module.add_function(fnty, name) if isinstance(module, TextModule) else ir.Function(module, fnty, name)
+        return _new_function(module, fnty, name)
     if existing.function_type != fnty:
         raise InternalError(f"{name} declared as {existing.function_type}, wanted {fnty}", pass_name="nvvm")
     return existing
@@ -133,8 +138,7 @@ def call_intrinsic(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir
 def define_kernel(module: ir.Module, name: str, arg_types: list[ir.Type], *, noalias: bool = True) -> ir.Function:
     """A ``.entry`` kernel: ``ptx_kernel`` calling convention; pointer args ``noalias`` when asked
     (our buffers never overlap, and it lets LLVM use ``ld.global.nc`` for read-only ones)."""
-    fnty = ir.FunctionType(ir.VoidType(), arg_types)
-    fn = module.add_function(fnty, name) if isinstance(module, TextModule) else ir.Function(module, fnty, name)
+    fn = _new_function(module, ir.FunctionType(ir.VoidType(), arg_types), name)
     fn.calling_convention = "ptx_kernel"
     if noalias:
         for arg in fn.args:

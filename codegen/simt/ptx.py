@@ -53,9 +53,9 @@ class LlvmModules:
 
 
 def kernel_ptx(kernel: SimtKernel, sm: str) -> tuple[str, str]:
-    """``(llvm_ir, ptx)`` of one kernel: its emitted (LLVM-verified) module's text, compiled for `sm`.
-    `kernel` is verified SIMT IR already (`lower_to_simt` verifies what it returns), so it is not checked again."""
-    text = emit_text(kernel, verify=False)
+    """``(llvm_ir, ptx)`` of one kernel: its emitted (LLVM-verified) module's text, compiled for `sm`
+    (a kernel `lower_to_simt` made is not checked twice: the SIMT verifier remembers what passed)."""
+    text = emit_text(kernel)
     return text, compile_module(text, sm).ptx
 
 

@@ -141,13 +141,14 @@ def _pack(s: Pack, em: Emitter) -> None:
     widened to the output's length and blended in, one shuffle each."""
     b = em.builder
     out_type = reg_type(s.out.type)
-    gathered = None if any(p.name in em.lanes for p in s.parts) else _gather(s, em)
+    mma_parts = any(p.name in em.lanes for p in s.parts)
+    gathered = None if mma_parts else _gather(s, em)
     if gathered is not None:
         first, second, mask = gathered
         em.set(s.out, b.shuffle_vector(first, second, _indices(mask)))
         return
     lengths = {p.length for p in s.parts}
-    if len(lengths) == 1 and min(lengths) > 1 and not any(p.name in em.lanes for p in s.parts):
+    if len(lengths) == 1 and min(lengths) > 1 and not mma_parts:
         em.set(s.out, _concatenate(b, [em[p] for p in s.parts]))   # equal vector parts: halving shuffles
         return
     vec: ir.Value = ir.Constant(out_type, ir.Undefined)

@@ -8,7 +8,7 @@ from ...ir.simt import SimtKernel
 from ...ir.simt_verifier import verify_simt_kernel
 from .. import nvvm
 from ..llvm_text import TextBuilder, TextModule
-from ..nvptx import TRIPLE, PtxArtifact, compile_module, data_layout, parse_and_verify
+from ..nvptx import PtxArtifact, compile_module, new_module, parse_and_verify
 from ..nvvm import PTR
 from . import arith, control, memory, warp
 from .emitter import Emitter, LlvmOptions
@@ -38,8 +38,7 @@ def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule
     """The module of `emit_module`, not yet checked by LLVM."""
     if verify:
         verify_simt_kernel(kernel, "simt_to_llvm")
-    module = TextModule(kernel.name)
-    module.triple, module.data_layout = TRIPLE, data_layout()
+    module = new_module(kernel.name, TextModule)
     arg_types = [PTR if isinstance(p, Buffer) else mem_type(p.dtype) for p in kernel.params]
     fn = nvvm.define_kernel(module, kernel.name, arg_types)
     nvvm.set_launch_bounds(fn, kernel.threads)

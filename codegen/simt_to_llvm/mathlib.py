@@ -50,8 +50,8 @@ def _pow2_halves(b: ir.IRBuilder, j: ir.Value) -> tuple[ir.Value, ir.Value]:
     ``j + 2**23 + 254`` is exact and its low 23 bits are the integer ``t = j + 254``; then ``t >> 1`` and
     ``t - (t >> 1)`` are the halves plus the exponent bias 127, shifted into place. No float-to-int
     conversion, and no ``(x << 23) + C``: that form, once per exponential, made LLVM 22's straight-line
-    strength reduction (run by the NVPTX code generator) pair every such add with every other one,
-    90% of a softmax kernel's compile time."""
+    strength reduction (run by the NVPTX code generator) pair every such add with every other one:
+    88% of a softmax kernel's code generation."""
     ints = like(j.type, I32)
     t = b.and_(b.bitcast(b.fadd(j, splat(j.type, _MANTISSA_BIAS)), ints), splat(ints, (1 << 23) - 1))
     e1 = b.lshr(t, splat(ints, 1))

@@ -52,11 +52,11 @@ def finish_states(fb: FusedBuilder, final: Carried, needed: set[str]) -> None:
 
 def _sweep(fb: FusedBuilder, j: int, c: Compute, needed: set[str]) -> None:
     """The last epilogue statement over its own axis (`layout._sweep_key`), chunk by chunk after the loop."""
+    if c.out.name not in needed:
+        return
     lay, kb, lw = fb.lay, fb.kb, fb.lw
     n = lay.classes.extent[lay.sweep_key]
     size = fb.opts.tile(fb.opts.block_n, n)
-    if c.out.name not in needed:
-        return
     with kb.loop(0, n, size, (), hint=lay.sweep_key) as lp:
         fb.binding[lay.sweep_key] = Dim(lay.sweep_key, fb.fused_order, size, n, lp.iv, n % size != 0)
         b = fb.bind(lay.epilogue_stmt(j), c.axes)
@@ -102,8 +102,9 @@ def joins(fl: FusedLoop, epilogue: list[Compute], candidate: Compute) -> bool:
     """Whether `candidate` can run in `fl`'s kernel after `epilogue`: it reads the kernel's tiles pointwise
     and adds no axis of its own, or adds one axis as the kernel's closing sweep (`layout._sweep_key`)."""
     try:
-        lay = fused_layout(fl, epilogue, unify(fl, epilogue + [candidate]))
-        sweep = fused_layout(fl, epilogue + [candidate]).sweep_key
+        classes = unify(fl, epilogue + [candidate])
+        lay = fused_layout(fl, epilogue, classes)
+        sweep = fused_layout(fl, epilogue + [candidate], classes).sweep_key
     except Unfusable:
         return False
     if lay.sweep_key is not None:

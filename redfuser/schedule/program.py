@@ -60,6 +60,21 @@ def group_statements(p: Program) -> list[Group]:
     return groups
 
 
+def _sweeps_of_split_loops_apart(groups: list[Group], opts: ScheduleOptions) -> list[Group]:
+    """`groups` with the closing sweep of a fused loop that will be split made a group of its own: a split
+    loop ends in a merge over few programs, and the sweep is better run over the whole grid."""
+    out: list[Group] = []
+    for group in groups:
+        head = group[0]
+        if (isinstance(head, FusedLoop) and len(group) > 1
+                and layout_or_fail(head, group[1:]).sweep_key is not None  # type: ignore[arg-type]
+                and plan_split(layout_or_fail(head, group[1:-1]), opts) is not None):  # type: ignore[arg-type]
+            out += [group[:-1], group[-1:]]
+        else:
+            out.append(group)
+    return out
+
+
 def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions) -> bool:
     pad = max(opts.block_m, opts.block_n, opts.block_k) * (2 if opts.pow2 else 1)
     for b in buffers:
@@ -86,20 +101,11 @@ def _buffers(group: Group) -> list[Buffer]:
 def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileProgram:
     """Tile `p` (see the module docstring); the result is verified."""
     opts = opts or ScheduleOptions()
-    groups = group_statements(p)
+    groups = _sweeps_of_split_loops_apart(group_statements(p), opts)
     outputs = {b.name for b in p.outputs}
     kernels: list[t.TileKernel] = []
     scratch: dict[str, Buffer] = {}
-    g = -1
-    while g + 1 < len(groups):
-        g += 1
-        group = groups[g]
-        if isinstance(group[0], FusedLoop) and len(group) > 1:
-            lay = layout_or_fail(group[0], group[1:])  # type: ignore[arg-type]
-            if lay.sweep_key is not None and plan_split(layout_or_fail(group[0], group[1:-1]), opts) is not None:  # type: ignore[arg-type]
-                # a split loop ends in a merge over few programs: its closing sweep gets a kernel again
-                groups[g:g + 1] = [group[:-1], group[-1:]]
-                group = groups[g]
+    for g, group in enumerate(groups):
         later = set().union(*(_reads(s) for other in groups[g + 1:] for s in other))
         made = [b for s in group for b in written(s)]
         needed = {b.name for b in made if b.name in outputs or b.name in later}
