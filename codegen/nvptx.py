@@ -8,9 +8,9 @@ The target machine is ``nvptx64-nvidia-cuda`` with CPU ``sm_XX`` and feature
 ``+ptxNN`` (the PTX ISA version; LLVM ignores unknown ones with a warning and
 *aborts the process* on a version too old for the sm, so both are checked
 against `SM_MIN_PTX`/`PTX_VERSIONS` here first). Kernels are functions with the
-``ptx_kernel`` calling convention. Optimization is LLVM's default module pipeline
-at `GPU_OPT_LEVEL` from the new pass manager (``PassBuilder``), with two
-searches turned off (`GPU_PIPELINE_OPTIONS`); code generation is always O3.
+``ptx_kernel`` calling convention. The middle end is a short pipeline of our own
+(`GPU_PASSES`; LLVM's O1/O3 on request), with two searches turned off
+(`GPU_PIPELINE_OPTIONS`); code generation is always O3.
 """
 from __future__ import annotations
 
@@ -40,13 +40,22 @@ PTX_VERSIONS = frozenset({63, 64, 65, 70, 71, 72, 73, 74, 75, 76, 77, 78, 80, 81
 DEFAULT_PTX_FLOOR = 84
 
 
-GPU_OPT_LEVEL = 1
-"""The middle-end pipeline a GPU module gets by default. SIMT IR arrives scheduled: tiles, loops, hoisted
-loads and vector widths are chosen already, and ptxas optimizes again after us. On the benchmark kernels
-(`benchmarks/gpu_cases.py`) O1 gave ptxas the same register counts and code size as O3 within 2% (the
-MoE routing kernel 131 registers instead of 151) in 25-40% less pipeline time; O3's extra work (vectorizers
-that NVPTX scalarizes again, bigger unrolling, argument promotion) found little here. ``compile_module(...,
-opt_level=3)`` still runs O3; confirming the choice with timings on a device is an open check."""
+GPU_PASSES: tuple[str, ...] = (
+    "post_order_function_attributes", "instruction_combine", "simplify_cfg", "aggressive_dce")
+"""The middle end a GPU module gets by default (``compile_module(..., opt_level=None)``): llvmlite's
+pass-manager methods ``add_<name>_pass``, in order. SIMT IR arrives scheduled -- tiles, loops, hoisted
+loads and vector widths chosen, values loaded once -- and the code generator (O3) runs its own CSE, GVN,
+strength reduction, load/store vectorizing and machine LICM, then ptxas optimizes again. What the middle
+end still adds: the function attributes that mark a never-stored ``noalias`` buffer ``readonly`` (so
+its loads become ``ld.global.nc``), and InstCombine's folding of the emitter's plumbing (vector packs and
+extracts, index arithmetic, masks), without which code generation is slower and registers go up. On the benchmark
+kernels (`benchmarks/gpu_cases.py`) this pipeline takes a quarter of LLVM's O1 time (MoE routing a sixth)
+with ptxas registers within 4% of O1's and instruction counts within 1% (MoE routing 6% more: O1 folds
+more of its top-k compare network). What O1's other passes found for us, the emitter and scheduler now
+state: the alignment of shared accesses (``ld.shared.v4``, `simt_to_llvm.memory`) and a split loop's
+bounds (`schedule.split`: no masks when the axis is whole chunks).
+``opt_level=1`` or ``3`` runs LLVM's O1/O3 module pipeline instead; confirming the choice with timings
+on a device is an open check."""
 
 # LLVM command-line options in force while a GPU module is optimized and emitted, LLVM's defaults restored
 # after (they are process-wide: the CPU backend, or numba in the same process, keep theirs). Each only
@@ -78,12 +87,13 @@ def _gpu_pipeline_options():
 
 @dataclass(frozen=True, slots=True)
 class PtxArtifact:
-    """One module through the NVPTX backend: every stage's text, kept for `lowered.stages`."""
+    """One module through the NVPTX backend: every stage's text (the optimized IR only when asked for:
+    printing it costs a few milliseconds of every compile)."""
 
     sm: str
     ptx_version: int
-    llvm_ir: str          # the module as given (verified)
-    optimized_ir: str     # after the O3 pipeline
+    llvm_ir: str               # the module as given (verified)
+    optimized_ir: str | None   # after the middle end, with ``compile_module(..., keep_optimized=True)``
     ptx: str
     kernels: tuple[str, ...]  # the ``.entry`` names, in PTX order
 
@@ -179,10 +189,11 @@ def check_intrinsics(mod: llvm.ModuleRef, sm: str, ptx_version: int) -> None:
 
 
 def compile_module(module: ir.Module | str, sm: str = "sm_90", *, ptx_version: int | None = None,
-                   opt_level: int = GPU_OPT_LEVEL) -> PtxArtifact:
-    """`module` (an `llvmlite.ir.Module` or LLVM IR text) to PTX for `sm`, keeping every stage's text."""
+                   opt_level: int | None = None, keep_optimized: bool = False) -> PtxArtifact:
+    """`module` (an `llvmlite.ir.Module` or LLVM IR text) to PTX for `sm`, keeping every stage's text.
+    `opt_level`: None runs `GPU_PASSES`, 1-3 LLVM's O1-O3 pipeline, 0 nothing (and code generation O0)."""
     version = default_ptx_version(sm) if ptx_version is None else ptx_version
-    machine = target_machine(sm, version, 3 if opt_level else 0)   # code generation: O3 (or none)
+    machine = target_machine(sm, version, 0 if opt_level == 0 else 3)   # code generation: O3 (or none)
     text = str(module)
     mod = _KEPT.pop(text, None) or parse_and_verify(text)
     if mod.triple not in ("", TRIPLE, "unknown-unknown-unknown"):
@@ -191,24 +202,37 @@ def compile_module(module: ir.Module | str, sm: str = "sm_90", *, ptx_version: i
     mod.data_layout = data_layout()
     check_intrinsics(mod, sm, version)
     with _gpu_pipeline_options():   # the pipeline reads them when its tuning options are made
-        if opt_level:
-            tuning = llvm.create_pipeline_tuning_options(speed_level=opt_level)
-            builder = llvm.create_pass_builder(machine, tuning)
-            builder.getModulePassManager().run(mod, builder)
-            try:
-                mod.verify()
-            except RuntimeError as exc:  # an LLVM bug, but say so rather than emit bad PTX
-                raise InternalError(f"LLVM verifier after O{opt_level}: {exc}", pass_name="nvptx") from None
+        if opt_level != 0:
+            _optimize(mod, machine, opt_level)
+        optimized = str(mod) if keep_optimized else None   # before code generation rewrites it
         ptx = machine.emit_assembly(mod)
     kernels = tuple(re.findall(r"^(?:\.(?:visible|weak)\s+)?\.entry\s+([\w$]+)", ptx, flags=re.M))
     if not kernels:
         raise InternalError("the module has no kernel: give the entry function calling_convention='ptx_kernel' "
                             "(codegen.nvvm.define_kernel)", pass_name="nvptx")
-    return PtxArtifact(sm, version, text, str(mod), ptx, kernels)
+    return PtxArtifact(sm, version, text, optimized, ptx, kernels)
+
+
+def _optimize(mod: llvm.ModuleRef, machine: llvm.TargetMachine, opt_level: int | None) -> None:
+    """Run the middle end on `mod` in place (`GPU_PASSES`, or LLVM's O`opt_level`), then LLVM's verifier."""
+    tuning = llvm.create_pipeline_tuning_options(speed_level=opt_level or 1)
+    builder = llvm.create_pass_builder(machine, tuning)
+    if opt_level is None:
+        manager = llvm.create_new_module_pass_manager()
+        for name in GPU_PASSES:
+            getattr(manager, f"add_{name}_pass")()
+    else:
+        manager = builder.getModulePassManager()
+    manager.run(mod, builder)
+    try:
+        mod.verify()
+    except RuntimeError as exc:  # an LLVM bug, but say so rather than emit bad PTX
+        raise InternalError(f"LLVM verifier after the middle end ({opt_level or 'GPU_PASSES'}): {exc}",
+                            pass_name="nvptx") from None
 
 
 def compile_to_ptx(module: ir.Module | str, sm: str = "sm_90", *, ptx_version: int | None = None,
-                   opt_level: int = GPU_OPT_LEVEL) -> str:
+                   opt_level: int | None = None) -> str:
     """The PTX text of `module` for `sm` (see `compile_module`)."""
     return compile_module(module, sm, ptx_version=ptx_version, opt_level=opt_level).ptx
 

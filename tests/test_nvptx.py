@@ -325,3 +325,30 @@ def test_gpu_pipeline_options_are_set_for_the_compile_and_llvms_defaults_restore
     with pytest.raises(RuntimeError, match="boom"):
         nvptx.compile_module(nvptx_samples.vector_add(), "sm_90")
     assert calls == gpu + defaults
+
+
+def test_middle_end_choices_and_the_optimized_text_only_when_asked(monkeypatch):
+    """By default the middle end is `GPU_PASSES`, in order; ``opt_level=1``/``3`` run LLVM's pipelines
+    instead, ``0`` nothing. The optimized IR is printed only with ``keep_optimized=True``."""
+    added: list[str] = []
+    real = nvptx.llvm.create_new_module_pass_manager
+
+    def recording():
+        manager = real()
+        for name in nvptx.GPU_PASSES:
+            method = getattr(manager, f"add_{name}_pass")
+            monkeypatch.setattr(manager, f"add_{name}_pass", lambda m=method, n=name: (added.append(n), m())[1],
+                                raising=False)
+        return manager
+
+    monkeypatch.setattr(nvptx.llvm, "create_new_module_pass_manager", recording)
+    art = nvptx.compile_module(nvptx_samples.vector_add(), "sm_90")
+    assert added == list(nvptx.GPU_PASSES) and art.optimized_ir is None
+    assert "ld.global.nc" in art.ptx          # the function attributes found the inputs read-only
+    added.clear()
+    for level in (1, 3):
+        art = nvptx.compile_module(nvptx_samples.vector_add(), "sm_90", opt_level=level, keep_optimized=True)
+        assert added == [] and "ld.global.nc" in art.ptx
+        assert "readonly" in art.optimized_ir and "readonly" not in art.llvm_ir
+    plain = nvptx.compile_module(nvptx_samples.vector_add(), "sm_90", opt_level=0, keep_optimized=True)
+    assert "readonly" not in plain.optimized_ir and "ld.global.nc" not in plain.ptx

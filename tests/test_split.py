@@ -69,6 +69,19 @@ def test_gpu_schedules_plan_for_the_devices_sms_or_an_h200(monkeypatch):
         ScheduleOptions(split=0)
 
 
+@pytest.mark.parametrize("n, masked", [(640, False), (650, True)])
+def test_an_overhanging_last_slice_stops_at_the_axis_end(n, masked):
+    """3 slices of 256 over 640 keys: each slice stops at min(256, n - start), so no program walks a chunk
+    wholly past the axis, and an axis of whole chunks (640 = 10 x 64) loads without a bounds mask."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((2, n)) * 3).astype(np.float32)
+    tiled = check_tiles(W.softmax, (x,), ScheduleOptions(block_n=64, split=3), n)
+    partial = str(tiled).split("kernel softmax_0_combine")[0]
+    assert "for %j: i32 = 0 to %slice_stop step 64" in partial
+    assert "%slice_stop: i32 = minimum %slice_left, %c_1" in partial
+    assert ("load x[%x_off] mask" in partial) is masked
+
+
 # ---------------------------------------------------------------------------------------------
 # the Tile IR interpreter runs split schedules (checked against the Loop IR interpreter)
 # ---------------------------------------------------------------------------------------------

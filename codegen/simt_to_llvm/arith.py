@@ -190,8 +190,8 @@ def _gather(s: Pack, em: Emitter) -> tuple[ir.Value, ir.Value, list[int]] | None
     sources: list[Reg] = []
     lanes: list[tuple[int, int]] = []               # (which source, element) per output element
     for part in s.parts:
-        made = em.extracts.get(part.name)
-        src, start = (made.vec, made.index) if made is not None else (part, 0)
+        made = em.defs.get(part.name)
+        src, start = (made.vec, made.index) if isinstance(made, Extract) else (part, 0)
         if src.length == 1:
             return None
         if src not in sources:

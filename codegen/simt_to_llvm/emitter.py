@@ -8,7 +8,7 @@ from llvmlite import ir
 
 from ...ir.errors import InternalError
 from ..llvm_text import TextBuilder, TextModule, TextValue
-from ...ir.simt import Extract, For, If, Mma, Pack, Reg, SimtKernel, Stmt, uses, walk_stmts
+from ...ir.simt import For, If, Mma, Pack, Reg, SimtKernel, Stmt, uses, walk_stmts
 from ...ir.simt_printer import format_stmt
 
 
@@ -35,7 +35,8 @@ class Emitter:
         self.buffers: dict[str, ir.Value] = {}
         self.shared: dict[str, ir.GlobalVariable] = {}
         self.vector_uses = _vector_uses(kernel)
-        self.extracts = {s.out.name: s for s in walk_stmts(kernel.body) if isinstance(s, Extract)}
+        # each register's defining statement (the statements with one result)
+        self.defs = {s.out.name: s for s in walk_stmts(kernel.body) if isinstance(getattr(s, "out", None), Reg)}
         self._blocks = 0
 
     @property

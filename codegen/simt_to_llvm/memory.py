@@ -3,8 +3,12 @@
 A global index is widened to i64 before the GEP (never integer pointer
 arithmetic). A vector access of n bytes is one ``ld``/``st .v{2,4}`` with
 alignment n (the SIMT IR guarantees the index is a multiple of the length and
-allocations are 16-byte aligned). A masked load branches around the access, so
-a masked-off address is never dereferenced.
+allocations are 16-byte aligned). A shared access states the larger alignment
+its index is known to have in the 16-byte aligned allocation (its low zero bits,
+`known_zero_bits`): LLVM's load/store vectorizer then joins neighbouring scalar
+accesses (a cross-warp reduction's reads of each warp's partials) into one
+``ld.shared.v4``, without the middle-end pass that would infer it. A masked
+load branches around the access, so a masked-off address is never dereferenced.
 """
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.simt import LoadGlobal, LoadShared, Reg, StoreGlobal, StoreShared
+from ...ir.expr import BinaryOp
+from ...ir.simt import (
+    Binary, Cast, Const, IntBinary, IntOp, LoadGlobal, LoadShared, Reg, StoreGlobal, StoreShared,
+)
 from .. import nvvm
 from ..nvvm import I8
 from .emitter import Emitter
@@ -41,11 +48,53 @@ def _to_memory(em: Emitter, value: ir.Value, reg: Reg) -> ir.Value:
     return em.builder.zext(value, mem_type(reg.dtype, reg.length) if reg.length > 1 else I8)
 
 
+SHARED_ALIGNMENT = 16   # bytes: every shared allocation's alignment (`nvvm.shared_array`)
+
+
+def _alignment(s: LoadGlobal | LoadShared | StoreGlobal | StoreShared, em: Emitter, reg: Reg) -> int:
+    """The access's alignment in bytes: its size (a vector) or its element's, or more for a shared access
+    whose byte offset has more known low zero bits (up to the allocation's alignment)."""
+    align = reg.type.nbytes if reg.length > 1 else reg.dtype.itemsize
+    if isinstance(s, LoadShared | StoreShared):
+        known = 1 << min(known_zero_bits(s.index, em) + (s.alloc.dtype.itemsize.bit_length() - 1), 4)
+        align = max(align, min(known, SHARED_ALIGNMENT))
+    return align
+
+
+def known_zero_bits(reg: Reg, em: Emitter, depth: int = 6) -> int:
+    """How many low bits of the integer register `reg` are zero in every thread, from its definition:
+    constants, ``<<`` by a constant, products, sums, ``&``/``|`` and integer casts (0 when unknown)."""
+    key = ("known_zero_bits", reg.name)
+    found = em.memo.get(key)
+    if found is not None:
+        return found  # type: ignore[return-value]
+    s = em.defs.get(reg.name)
+    zeros = 0
+    if depth and reg.length == 1 and not reg.dtype.is_float:
+        if isinstance(s, Const):
+            value = int(s.value)
+            zeros = 64 if value == 0 else (value & -value).bit_length() - 1
+        elif isinstance(s, Cast) and not s.x.dtype.is_float:
+            zeros = known_zero_bits(s.x, em, depth - 1)
+        elif isinstance(s, Binary | IntBinary):
+            a, b = known_zero_bits(s.a, em, depth - 1), known_zero_bits(s.b, em, depth - 1)
+            if s.op in (BinaryOp.ADD, BinaryOp.SUB, IntOp.OR):
+                zeros = min(a, b)
+            elif s.op is BinaryOp.MUL:
+                zeros = a + b
+            elif s.op is IntOp.AND:
+                zeros = max(a, b)
+            elif s.op is IntOp.SHL and isinstance(em.defs.get(s.b.name), Const):
+                zeros = a + int(em.defs[s.b.name].value)  # type: ignore[union-attr]
+    em.memo[key] = zeros = min(zeros, 64)
+    return zeros
+
+
 def _load(s: LoadGlobal | LoadShared, em: Emitter) -> None:
     b = em.builder
     ptr, _ = _pointer(s, em)
     typ = mem_type(s.out.dtype, s.out.length)
-    align = s.out.type.nbytes if s.out.length > 1 else s.out.dtype.itemsize
+    align = _alignment(s, em, s.out)
     if s.mask is None:
         value = b.load(ptr, typ=typ, align=align)
     else:
@@ -58,7 +107,7 @@ def _store(s: StoreGlobal | StoreShared, em: Emitter) -> None:
     b = em.builder
     ptr, _ = _pointer(s, em)
     value = _to_memory(em, em[s.value], s.value)
-    align = s.value.type.nbytes if s.value.length > 1 else s.value.dtype.itemsize
+    align = _alignment(s, em, s.value)
     if s.mask is None:
         b.store(value, ptr, align=align)
     else:

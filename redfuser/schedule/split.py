@@ -82,10 +82,16 @@ def partial_kernel(lay: FusedLayout, plan: SplitPlan, name: str, opts: ScheduleO
     kb, n = fb.kb, lay.fl.axis.extent
     assert fb.split_pid is not None
     start = kb.binary(BinaryOp.MUL, fb.split_pid, kb.const(plan.length, index), hint="slice_start")
-    with kb.loop(0, plan.length, plan.chunk, tuple(initial_states(fb)), hint=lay.fused_key,
+    stop: int | t.Value = plan.length
+    if plan.count * plan.length > n:
+        # The last slice overhangs the axis: every slice stops at the axis's end, so no program walks a
+        # chunk wholly past it, and when the axis is whole chunks no lane needs a bounds mask at all.
+        left = kb.binary(BinaryOp.SUB, kb.const(n, index), start, hint="slice_left")
+        stop = kb.binary(BinaryOp.MIN, left, kb.const(plan.length, index), hint="slice_stop")
+    with kb.loop(0, stop, plan.chunk, tuple(initial_states(fb)), hint=lay.fused_key,
                  arg_hints=carried_names(fb)) as lp:
         base = kb.binary(BinaryOp.ADD, start, lp.iv, hint=f"{lay.fused_key}_base")
-        kdim = Dim(lay.fused_key, fb.fused_order, plan.chunk, n, base, plan.count * plan.length > n)
+        kdim = Dim(lay.fused_key, fb.fused_order, plan.chunk, n, base, n % plan.chunk != 0)
         lp.yield_(*update_states(fb, kdim, list(lp.args)))
     store_partials(fb, list(lp.results), scratch_of(lay.fl, plan), fb.split_pid)
     return fb.finish()
