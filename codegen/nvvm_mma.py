@@ -129,14 +129,24 @@ def f16_to_f32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 # --- shared-memory staging (sm_80 pipelines) ------------------------------------------------------
 
-def ldmatrix_x4(builder: ir.IRBuilder, smem_ptr: ir.Value, *, trans: bool = False) -> list[ir.Value]:
-    """``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16``: four 8x8 b16 tiles, one i32 each per lane.
+def ldmatrix(builder: ir.IRBuilder, smem_ptr: ir.Value, count: int = 4, *, trans: bool = False) -> list[ir.Value]:
+    """``ldmatrix.sync.aligned.m8n8.x<count>[.trans].shared.b16``: `count` 8x8 b16 tiles, one i32 each per lane
+    (the two elements a lane receives, the first in the low half).
 
     Lane `i` gives the shared address of row ``i % 8`` of tile ``i // 8`` (`smem_ptr`, addrspace 3).
     """
-    name = "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") + ".b16"
-    result = call_intrinsic(builder, name, ir.LiteralStructType([I32] * 4), [_shared(smem_ptr, name)])
-    return [builder.extract_value(result, i) for i in range(4)]
+    if count not in (1, 2, 4):
+        raise InternalError(f"ldmatrix of {count} tiles: 1, 2 or 4", pass_name="nvvm")
+    name = f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{count}" + (".trans" if trans else "") + ".b16"
+    if count == 1:
+        return [call_intrinsic(builder, name, I32, [_shared(smem_ptr, name)])]
+    result = call_intrinsic(builder, name, ir.LiteralStructType([I32] * count), [_shared(smem_ptr, name)])
+    return [builder.extract_value(result, i) for i in range(count)]
+
+
+def ldmatrix_x4(builder: ir.IRBuilder, smem_ptr: ir.Value, *, trans: bool = False) -> list[ir.Value]:
+    """`ldmatrix` of four tiles."""
+    return ldmatrix(builder, smem_ptr, 4, trans=trans)
 
 
 def cp_async_16(builder: ir.IRBuilder, smem_ptr: ir.Value, gmem_ptr: ir.Value) -> None:
@@ -167,5 +177,5 @@ __all__ = [
     "fragment_a", "fragment_b", "fragment_c",
     "mma_m16n8k16_f16_f32", "mma_m16n8k16_bf16_f32", "mma_m16n8k32_e4m3_f32",
     "pack_half2", "pack_i16x2", "f32_to_bf16_bits", "bf16_bits_to_f32", "f32x2_to_e4m3x2", "f16_to_f32",
-    "ldmatrix_x4", "cp_async_16", "cp_async_commit", "cp_async_wait",
+    "ldmatrix", "ldmatrix_x4", "cp_async_16", "cp_async_commit", "cp_async_wait",
 ]

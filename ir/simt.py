@@ -27,9 +27,10 @@ executable definition; `codegen/simt_to_llvm` emits the same for nvptx64):
   where `mask` holds. Indices count elements; i64 where they can pass 2**31.
 - `Barrier` is ``bar.sync 0``: every thread of the block must reach it (never
   under divergent control flow). Shared memory is ordered only by barriers.
-- `Shuffle` and `Mma` are warp-collective: all 32 lanes of a warp execute them
-  together (``shfl.sync``/``mma.sync`` with the full member mask). `Shuffle`
-  follows the PTX ISA pseudo-code for ``shfl.sync`` with segment width `width`.
+- `Shuffle`, `LdMatrix` and `Mma` are warp-collective: all 32 lanes of a warp
+  execute them together (``shfl.sync``/``ldmatrix.sync``/``mma.sync`` with the
+  full member mask). `Shuffle` follows the PTX ISA pseudo-code for ``shfl.sync``
+  with segment width `width`; `LdMatrix` is ``ldmatrix.m8n8`` (see its docstring).
   `Mma` operands are the per-lane fragments of ``codegen.nvvm_mma.fragment_a/b/c``:
   vector element ``r * per_reg + j`` is element ``j`` of fragment register ``r``.
 - `For` runs `body` for ``iv = start, start+step, ... < stop`` per thread (trip
@@ -52,6 +53,7 @@ from .simt_ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     Extract,
     IntBinary,
     LaneId,
+    LdMatrix,
     LoadGlobal,
     LoadShared,
     Mma,
@@ -128,7 +130,7 @@ class If:
 
 
 Stmt = Union[ThreadIdx, LaneId, WarpId, BlockIdx, Const, Unary, Binary, IntBinary, Select, Cast, Bitcast, Pack, Extract,
-             LoadGlobal, StoreGlobal, LoadShared, StoreShared, Barrier, Shuffle, Mma, For, If]
+             LoadGlobal, StoreGlobal, LoadShared, StoreShared, Barrier, Shuffle, LdMatrix, Mma, For, If]
 ELEMENTWISE = (Unary, Binary, IntBinary, Select, Cast)
 
 
@@ -154,6 +156,8 @@ def uses(s: Stmt) -> tuple[Reg, ...]:
         return (s.vec,)
     if isinstance(s, LoadGlobal | LoadShared):
         return (s.index,) + ((s.mask,) if s.mask is not None else ())
+    if isinstance(s, LdMatrix):
+        return (s.index,)
     if isinstance(s, StoreGlobal | StoreShared):
         return (s.index, s.value) + ((s.mask,) if s.mask is not None else ())
     if isinstance(s, Shuffle):

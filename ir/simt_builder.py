@@ -16,9 +16,9 @@ from typing import Callable, Sequence
 from .errors import InternalError
 from .expr import BinaryOp, Buffer, UnaryOp
 from .simt import (
-    Barrier, Binary, Bitcast, BlockIdx, Branch, Cast, Const, Extract, For, If, IntBinary, IntOp, LaneId, LoadGlobal, LoadShared,
-    Mma, MmaShape, Pack, Reg, RegType, Region, Scalar, Select, SharedAlloc, Shuffle, ShuffleKind, SimtKernel, Stmt,
-    StoreGlobal, StoreShared, ThreadIdx, Unary, WarpId,
+    Barrier, Binary, Bitcast, BlockIdx, Branch, Cast, Const, Extract, For, If, IntBinary, IntOp, LaneId, LdMatrix,
+    LoadGlobal, LoadShared, Mma, MmaShape, Pack, Reg, RegType, Region, Scalar, Select, SharedAlloc, Shuffle, ShuffleKind,
+    SimtKernel, Stmt, StoreGlobal, StoreShared, ThreadIdx, Unary, WarpId,
 )
 from .simt_verifier import verify_simt_kernel
 from .types import BufferType, DType, bool_, int32
@@ -152,6 +152,10 @@ class SimtBuilder:
 
     def shuffle(self, kind: ShuffleKind, value: Reg, lane: Reg | int, width: int = 32) -> Reg:
         return self._def(lambda o: Shuffle(o, kind, value, lane, width), f"shfl_{kind.value}", value.type)
+
+    def ldmatrix(self, alloc: SharedAlloc, index: Reg, count: int, *, trans: bool = False) -> Reg:
+        """`count` 8x8 matrices of `alloc` (see `LdMatrix`): ``2 count`` elements per lane."""
+        return self._def(lambda o: LdMatrix(o, alloc, index, count, trans), alloc.name, RegType(alloc.dtype, 2 * count))
 
     def mma(self, shape: MmaShape, a: Reg, b: Reg, c: Reg) -> Reg:
         return self._def(lambda o: Mma(o, shape, a, b, c), "mma", shape.c_type)

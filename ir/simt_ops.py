@@ -217,6 +217,24 @@ class Shuffle:
 
 
 @dataclass(frozen=True, slots=True)
+class LdMatrix:
+    """``ldmatrix.sync.aligned.m8n8.x<count>[.trans].shared.b16``: `count` 8x8 matrices of a 16-bit `alloc`.
+
+    Lane ``8 m + r`` gives in `index` where row ``r`` of matrix ``m`` starts: 8 consecutive elements, the
+    index a multiple of 8 (16 bytes); lanes past ``8 count`` give none. Lane ``4 r + w`` receives, for
+    each matrix ``m``, elements ``2 m, 2 m + 1`` of `out`: row ``r``, columns ``2 w, 2 w + 1`` of the
+    matrix, or of its transpose with `trans` (rows ``2 w, 2 w + 1``, column ``r``).
+    """
+
+    out: Reg
+    alloc: SharedAlloc
+    index: Reg
+    count: int
+    trans: bool = False
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
 class Mma:
     """``D = A·B + C`` on a warp's fragments (`shape` names the instruction); `out` is D."""
 

@@ -32,6 +32,7 @@ from .simt import (
     If,
     IntBinary,
     LaneId,
+    LdMatrix,
     LoadGlobal,
     LoadShared,
     Mma,
@@ -87,6 +88,7 @@ _RHS: dict[type, Callable[..., str]] = {
     LoadGlobal: lambda s: _load("global", s.buffer.name, s),
     LoadShared: lambda s: _load("shared", s.alloc.name, s),
     Shuffle: lambda s: f"shfl.{s.kind.value} {s.value}, {s.lane} width {s.width}",
+    LdMatrix: lambda s: f"ldmatrix.x{s.count}{'.trans' if s.trans else ''} {s.alloc.name}[{s.index}]",
     Mma: lambda s: f"mma.{s.shape.value} {s.a}, {s.b}, {s.c}",
 }
 

@@ -34,11 +34,13 @@ from .simt import (
     If,
     IntBinary,
     LaneId,
+    LdMatrix,
     LoadGlobal,
     LoadShared,
     Mma,
     Pack,
     Reg,
+    RegType,
     Select,
     Shuffle,
     SimtKernel,
@@ -190,6 +192,19 @@ def _check_stmt(s: Stmt, ctx: _Ctx) -> None:
         need(s.width in (1, 2, 4, 8, 16, 32), f"shuffle width {s.width} is not a power of two <= 32")
         need(_index(s.lane) and s.lane.dtype == int32 if isinstance(s.lane, Reg) else 0 <= s.lane < 32,
              f"shuffle lane {s.lane} must be an i32 scalar or a constant in [0, 32)")
+    elif isinstance(s, LdMatrix):
+        target = s.alloc
+        need(target in ctx.kernel.shared, f"{target.name} is not a shared allocation of the kernel")
+        need(s.count in (1, 2, 4), f"ldmatrix of {s.count} matrices: 1, 2 or 4")
+        need(target.dtype.itemsize == 2, f"ldmatrix reads 16-bit elements, {target.name} holds {target.dtype}")
+        need(s.out.type == RegType(target.dtype, 2 * s.count), f"ldmatrix.x{s.count} of {target.dtype} gives "
+             f"{2 * s.count} of them per lane, not {s.out.type}")
+        need(_index(s.index), f"index {s.index} must be an i32/i64 scalar")
+        r = ctx.ranges.get(s.index.name)
+        if not ctx.conditional and r is not None and r.exact:
+            need(r.lo >= 0 and r.hi + 8 <= target.type.size,
+                 f"{target.name}[{s.index}] rows reach elements {r.lo}..{r.hi + 7}, outside the "
+                 f"{target.type.size} of {target.name}: {target.type}")
     elif isinstance(s, Mma):
         for what, reg, want in (("A", s.a, s.shape.a_type), ("B", s.b, s.shape.b_type),
                                 ("C", s.c, s.shape.c_type), ("D", s.out, s.shape.c_type)):

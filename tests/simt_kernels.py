@@ -319,3 +319,21 @@ def branchy_reference(warps: int = 1) -> list[int]:
         total = sum(range(1, g % 5 + 1))
         out.append(g if g % 3 == 0 else 4 * total if g % 3 == 1 else -total)
     return out
+
+
+def ldmatrix_probe(count: int, trans: bool, dtype: DType = float16, rows: int = 64) -> SimtKernel:
+    """One warp: ``smem = x`` (a ``rows x 8`` tile), lane ``t`` gives row index ``starts[t]``, then
+    ``ldmatrix.x<count>[.trans]``; ``out[t, :]`` is what lane ``t`` received."""
+    b = SimtBuilder(f"ldmatrix_x{count}{'_t' if trans else ''}", warps=1, grid=(1,))
+    n = rows * 8
+    x, starts = b.buffer("x", dtype, (n,)), b.buffer("starts", int32, (32,))
+    out = b.buffer("out", dtype, (32, 2 * count))
+    smem = b.shared("tile", dtype, (n,))
+    tid = b.thread_idx()
+    for i in range(0, n, 32):                  # each lane copies every 32nd element
+        at = b.add(tid, _c(b, i))
+        b.store_shared(smem, at, b.load_global(x, at))
+    b.barrier()
+    got = b.ldmatrix(smem, b.load_global(starts, tid), count, trans=trans)
+    b.store_global(out, b.mul(tid, _c(b, 2 * count)), got)
+    return b.build()

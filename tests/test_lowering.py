@@ -10,14 +10,16 @@ import pytest
 from redfuser.codegen.nvvm_mma import fragment_a, fragment_b, fragment_c
 from redfuser.codegen.simt import GpuOptions, lower_kernel, lower_to_simt, narrow_dot_operands
 from redfuser.codegen.simt.affine import AffineInfo
-from redfuser.codegen.simt.convert import register_map
+from redfuser.codegen.simt.convert import ldmatrix_plan, register_map
 from redfuser.codegen.simt.layouts import blocked, mma_a, mma_acc, mma_b, sliced
 from redfuser.codegen.simt.run import simulate_program
 from redfuser.codegen.simt.views import source_layout
 from redfuser.codegen.simulator import SimOptions
 from redfuser.ir import BinaryOp, SimulationError
 from redfuser.ir import tile as t
-from redfuser.ir.simt import Barrier, For, LoadGlobal, Mma, MmaShape, Shuffle, StoreShared, walk_stmts
+from redfuser.ir.simt import (
+    Barrier, For, LdMatrix, LoadGlobal, LoadShared, Mma, MmaShape, Shuffle, StoreShared, walk_stmts,
+)
 from redfuser.ir.tile_interpreter import run_tile_program
 from redfuser.ir.types import float16, int64
 
@@ -160,6 +162,20 @@ def test_attention_runs_on_tensor_cores_with_its_online_state_in_registers():
     assert any(s.out.length > 1 for s in stmts(simt, LoadGlobal)), "global loads are vectors"
     f32 = lower_to_simt(tile_program(attention, *(x.astype(np.float32) for x in (h, h, h))), GpuOptions())
     assert not stmts(f32.kernels[0], Mma), "f32 dots run as FMA"
+
+
+def test_mma_operands_come_out_of_shared_memory_through_ldmatrix():
+    """Q and K^T fragments are ``ldmatrix``'s own layout, V's (pairs down the columns of a row-major tile)
+    its transpose; a blocked layout or an 8-bit tile is neither."""
+    assert ldmatrix_plan(mma_a(64, 64, 64, 4, 16), 2) == ldmatrix_plan(mma_a(64, 64, 64, 4, 16), 2)
+    assert not ldmatrix_plan(mma_a(64, 64, 64, 4, 16), 2).trans
+    assert ldmatrix_plan(mma_b(64, 64, 64, 4, 16), 2).trans
+    assert ldmatrix_plan(blocked((64, 64), 4, vec=8), 2) is None
+    assert ldmatrix_plan(mma_b(64, 64, 64, 4, 32), 1) is None
+    h = normal(1, 2, 64, 64, dtype=np.float16)
+    simt = lower_to_simt(tile_program(attention, h, h, h), GpuOptions()).kernels[0]
+    assert {(s.count, s.trans) for s in stmts(simt, LdMatrix)} == {(4, False), (4, True)}
+    assert not stmts(simt, LoadShared), "every shared read of attention is an ldmatrix"
 
 
 @pytest.mark.parametrize("sm,shape", [("sm_90", MmaShape.M16N8K32_E4M3), ("sm_80", None)])

@@ -146,6 +146,11 @@ BAD_KERNELS = {
                                        Branch((), (R("inner"),)))]),
     "do not add up": lambda: _bad(lambda b: b.emit(_pack_wrong(b))),
     "extract": lambda: _bad(lambda b: b.extract(b.const(0.0, float32, 4), 3, 2)),
+    "ldmatrix reads 16-bit elements": lambda: _bad(lambda b: b.ldmatrix(b.shared("s", float32, (64,)),
+                                                                        b.const(0, int32), 4)),
+    "ldmatrix of 8 matrices": lambda: _bad(lambda b: b.ldmatrix(b.shared("s", float16, (64,)), b.const(0, int32), 8)),
+    "rows reach elements 64..71": lambda: _bad(lambda b: b.ldmatrix(b.shared("s", float16, (64,)),
+                                                                    b.const(64, int32), 1, trans=True)),
 }
 
 

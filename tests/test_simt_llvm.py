@@ -298,3 +298,11 @@ def test_shared_accesses_state_the_alignment_their_index_has(shift, align, vecto
     assert first_store.endswith(f"align {align}"), first_store
     ptx = compile_simt(kernel).ptx
     assert ("ld.shared.v4" in ptx and "st.shared.v4" in ptx) is vector
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+@pytest.mark.parametrize("trans", [False, True])
+def test_ldmatrix_is_one_instruction(count, trans):
+    ptx = compile_simt(K.ldmatrix_probe(count, trans)).ptx
+    assert ptx.count(f"ldmatrix.sync.aligned.m8n8.x{count}{'.trans' if trans else ''}.shared.b16") == 1
+    assert "ld.shared" not in ptx

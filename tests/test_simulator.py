@@ -160,6 +160,32 @@ def test_shuffle_semantics(kind, operand, width):
         assert list(out) == expected
 
 
+def _ldmatrix_reference(tile: np.ndarray, starts: np.ndarray, count: int, trans: bool) -> np.ndarray:
+    """The PTX ISA's rule, lane by lane: lane 8m + r gives where row r of matrix m starts; lane 4r + w
+    gets columns 2w, 2w + 1 of row r (with .trans: rows 2w, 2w + 1 of column r) of each matrix m."""
+    out = np.zeros((32, 2 * count), tile.dtype)
+    for lane in range(32):
+        r, w = divmod(lane, 4)
+        for m in range(count):
+            for e in range(2):
+                if trans:
+                    out[lane, 2 * m + e] = tile[starts[8 * m + 2 * w + e] + r]
+                else:
+                    out[lane, 2 * m + e] = tile[starts[8 * m + r] + 2 * w + e]
+    return out
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("dtype", [float16, bfloat16])
+def test_ldmatrix_semantics(count, trans, dtype):
+    """Rows at shuffled, 16-byte aligned places; lanes past 8 * count give addresses nobody reads."""
+    x = RNG.standard_normal(64 * 8).astype(dtype.numpy)
+    starts = (RNG.permutation(64)[:32] * 8).astype(np.int32)
+    got = simulate(K.ldmatrix_probe(count, trans, dtype), [x, starts, np.zeros((32, 2 * count), dtype.numpy)])["out"]
+    assert np.array_equal(got, _ldmatrix_reference(x, starts, count, trans))
+
+
 # --- planted bugs ---------------------------------------------------------------------------------------
 
 def _raises(kind: str, kernel, args, *needles: str) -> SimulationError:
@@ -288,3 +314,13 @@ def test_inputs_are_not_modified_and_comparisons_keep_nan():
     got = simulate(K.elementwise(64), [x, y, np.zeros(64), np.zeros(64), 64])
     assert np.isnan(got["out"]).all() and np.isnan(x).all()   # nan > 0 is false: sqrt(|nan|) = nan
     assert BinaryOp.NE.is_comparison
+
+
+def test_ldmatrix_row_must_be_16_byte_aligned_and_inside():
+    x = np.zeros(64 * 8, np.float16)
+    starts = np.arange(32, dtype=np.int32) * 8
+    starts[5] = 12
+    _raises("misaligned", K.ldmatrix_probe(4, False), [x, starts, np.zeros((32, 8), np.float16)],
+            "tile[12:20]", "lane 5", "multiple of 8")
+    starts[5] = 64 * 8
+    _raises("out_of_bounds", K.ldmatrix_probe(4, True), [x, starts, np.zeros((32, 8), np.float16)], "tile[512:520]")

@@ -20,6 +20,7 @@ from ...ir.simt import (
     If,
     IntBinary,
     LaneId,
+    LdMatrix,
     LoadGlobal,
     LoadShared,
     Mma,
@@ -36,7 +37,7 @@ from ...ir.simt import (
 )
 
 _PURE = (Const, Unary, Binary, IntBinary, Select, Cast, Bitcast, Pack, Extract, ThreadIdx, LaneId, WarpId, BlockIdx,
-         LoadGlobal, LoadShared, Shuffle, Mma)
+         LoadGlobal, LoadShared, LdMatrix, Shuffle, Mma)
 
 
 def _used(stmts: tuple[Stmt, ...]) -> set[str]:

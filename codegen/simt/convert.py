@@ -7,11 +7,16 @@ a broadcast). Otherwise the tile goes through shared memory: a barrier (the
 scratch array may still be read by an earlier conversion), each element stored
 once (replica threads stay quiet), a barrier, then every thread loads what the
 target layout gives it. Stores and loads are vectors where a thread's registers
-are consecutive in the tile (up to 16 bytes).
+are consecutive in the tile (up to 16 bytes), and a 16-bit tile whose target
+layout is ``ldmatrix``'s -- the mma A and B fragments, transposed or not -- is read
+with ``ldmatrix`` (`ldmatrix_plan`): one instruction gives a lane 8 elements that
+would otherwise be four 2-element loads, or eight single ones for a B operand
+whose pairs run down the columns of a row-major tile (``P @ V``'s V).
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,10 +72,67 @@ def store_shared(lw, regs: Regs, alloc, offset: int = 0) -> None:
         b.store_shared(alloc, index, pieces(b, regs, r, n), mask=mask)
 
 
+@dataclass(frozen=True)
+class LdMatrixPlan:
+    """How ``ldmatrix`` reads a tile: `trans`, the flat offsets of a matrix's 8 rows (bits of the row
+    number), and of its matrices (bits of the matrix number, from register bit 1 up)."""
+
+    trans: bool
+    rows: tuple[int, int, int]
+    matrices: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=256)
+def ldmatrix_plan(layout: Layout, itemsize: int) -> LdMatrixPlan | None:
+    """The plan when `layout` (no zero register bases) is ``ldmatrix``'s, else None.
+
+    ``ldmatrix`` gives lane ``4 r + w`` elements ``2 w, 2 w + 1`` of row ``r`` of each 8x8 matrix (of its
+    transpose with ``.trans``), a row being 8 consecutive 16-bit elements at a 16-byte aligned address.
+    So: register bit 0 and lane bits 0, 1 step through a row (flat +1, +2, +4) and lane bits 2-4 pick the
+    row, or (transposed) lane bits 2-4 step through the row and register bit 0, lane bits 0, 1 pick it;
+    the other register bits pick the matrix. Every row start must be a multiple of 8 elements.
+    """
+    if itemsize != 2 or layout.num_regs < 2:
+        return None
+    f = [flat(x, layout.shape) for x in layout.regs]
+    lanes = [flat(x, layout.shape) for x in layout.lanes]
+    warps = [flat(x, layout.shape) for x in layout.warps]
+    if (f[0], lanes[0], lanes[1]) == (1, 2, 4):
+        trans, rows = False, (lanes[2], lanes[3], lanes[4])
+    elif tuple(lanes[2:]) == (1, 2, 4):
+        trans, rows = True, (f[0], lanes[0], lanes[1])
+    else:
+        return None
+    if any(x % 8 for x in (*rows, *f[1:], *warps)):
+        return None
+    return LdMatrixPlan(trans, rows, tuple(f[1:]))   # type: ignore[arg-type]
+
+
+def _load_ldmatrix(lw, alloc, lean: Layout, plan: LdMatrixPlan) -> list:
+    """`lean`'s registers in order, ``2 count`` per ``ldmatrix.x<count>``: lane ``8 m + r`` of a call gives
+    row ``r`` of its ``m``-th matrix."""
+    b = lw.b
+    matrices = lean.num_regs // 2
+    count = min(4, matrices)
+    per_call = count.bit_length() - 1                 # matrix-number bits one call covers (lane bits 3, 4)
+    lane_coefs = list(plan.rows) + [plan.matrices[i] if i < per_call else 0 for i in range(2)]
+    base = b.thread_field(lw.tid, lane_coefs + [flat(x, lean.shape) for x in lean.warps])
+    parts = []
+    for first in range(0, matrices, count):
+        origin = sum(m for i, m in enumerate(plan.matrices) if first >> i & 1)
+        index = b.arith(BinaryOp.ADD, base, b.const_of(origin, int32))
+        parts.append(b.ldmatrix(alloc, index, count, trans=plan.trans))
+    return parts
+
+
 def load_shared(lw, alloc, layout: Layout, dtype) -> Regs:
     """A tile in `layout` read from `alloc` (flat, row-major)."""
     b = lw.b
     lean, index = without_duplicate_regs(layout)
+    plan = ldmatrix_plan(lean, dtype.itemsize)
+    if plan is not None:
+        regs = from_registers(b, lean, dtype, _load_ldmatrix(lw, alloc, lean, plan))
+        return regs if lean == layout else gather(b, regs, index, layout)
     n = vector_width(lean, dtype.itemsize, min(lean.num_regs, 16))
     base = b.thread_field(lw.tid, [flat(x, lean.shape) for x in lean.thread_bases])
     parts = []

@@ -26,6 +26,7 @@ from ...ir.simt import (
     For,
     If,
     IntOp,
+    LdMatrix,
     LoadShared,
     SharedAlloc,
     SimtKernel,
@@ -83,7 +84,7 @@ def _program_ids(lw: Lowering, grid: tuple[int, ...]) -> None:
 def _resize(stmts: tuple[Stmt, ...], final: dict[str, SharedAlloc]) -> tuple[Stmt, ...]:
     out = []
     for s in stmts:
-        if isinstance(s, LoadShared | StoreShared) and s.alloc.name in final:
+        if isinstance(s, LoadShared | StoreShared | LdMatrix) and s.alloc.name in final:
             s = replace(s, alloc=final[s.alloc.name])
         elif isinstance(s, For):
             s = replace(s, body=replace(s.body, stmts=_resize(s.body.stmts, final)))

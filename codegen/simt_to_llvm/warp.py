@@ -1,4 +1,4 @@
-"""Barriers, warp shuffles and tensor-core mma as LLVM IR (``codegen.nvvm`` / ``codegen.nvvm_mma``).
+"""Barriers, warp shuffles, ldmatrix and tensor-core mma as LLVM IR (``codegen.nvvm`` / ``codegen.nvvm_mma``).
 
 Mma fragments are SIMT vectors in `fragment_a/b/c` order; the intrinsics want
 them as 32-bit registers: f16 pairs as ``<2 x half>``, bf16 pairs and e4m3
@@ -11,11 +11,11 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.simt import Barrier, Mma, MmaShape, Reg, Shuffle, ShuffleKind
+from ...ir.simt import Barrier, LdMatrix, Mma, MmaShape, Reg, Shuffle, ShuffleKind
 from .. import nvvm, nvvm_mma
 from ..nvvm import HALF2, I32
 from .emitter import Emitter
-from .types import reg_type
+from .types import mem_type, reg_type
 
 _SHUFFLE = {ShuffleKind.BFLY: nvvm.shfl_bfly, ShuffleKind.IDX: nvvm.shfl_idx, ShuffleKind.DOWN: nvvm.shfl_down}
 _MMA = {MmaShape.M16N8K16_F16: nvvm_mma.mma_m16n8k16_f16_f32,
@@ -26,6 +26,17 @@ _MMA = {MmaShape.M16N8K16_F16: nvvm_mma.mma_m16n8k16_f16_f32,
 def _shuffle(s: Shuffle, em: Emitter) -> None:
     lane = em[s.lane] if isinstance(s.lane, Reg) else s.lane
     em.set(s.out, _SHUFFLE[s.kind](em.builder, em[s.value], lane, width=s.width))
+
+
+def _ldmatrix(s: LdMatrix, em: Emitter) -> None:
+    """The tiles' i32 words (two elements each) gathered into one vector and reinterpreted as `s.out`."""
+    b = em.builder
+    ptr = nvvm.shared_gep(b, em.shared[s.alloc.name], mem_type(s.alloc.dtype), em[s.index])
+    words = nvvm_mma.ldmatrix(b, ptr, s.count, trans=s.trans)
+    vec: ir.Value = ir.Constant(ir.VectorType(I32, s.count), ir.Undefined)
+    for i, word in enumerate(words):
+        vec = b.insert_element(vec, word, ir.Constant(I32, i))
+    em.set(s.out, b.bitcast(vec, reg_type(s.out.type)))
 
 
 def _registers(em: Emitter, reg: Reg, shape: MmaShape) -> list[ir.Value]:
@@ -49,5 +60,6 @@ def _mma(s: Mma, em: Emitter) -> None:
 RULES: dict[type, Callable[..., None]] = {
     Barrier: lambda s, em: nvvm.barrier(em.builder),
     Shuffle: _shuffle,
+    LdMatrix: _ldmatrix,
     Mma: _mma,
 }

@@ -1,13 +1,15 @@
-"""Warp-collective statements: ``shfl.sync`` and ``mma.sync``, exactly as the PTX ISA defines them.
+"""Warp-collective statements: ``shfl.sync``, ``ldmatrix.sync`` and ``mma.sync``, as the PTX ISA defines them.
 
-Both need all 32 lanes of a warp (full member mask): a warp with some lanes
+All need all 32 lanes of a warp (full member mask): a warp with some lanes
 active and some not is a `SimulationError` (``divergent_warp_op``); a warp with
 no active lane does not execute the statement.
 
 The shuffle follows the ISA's pseudo-code for ``shfl.sync`` with
 ``c = ((32 - width) << 8) | 31`` (what `codegen.nvvm` emits): a lane reads lane
 ``j`` of its warp, or keeps its own value when ``j`` is past its segment's last
-lane. The mma fragments are `codegen.nvvm_mma.fragment_a/b/c`, the same tables
+lane. ``ldmatrix`` reads each row at the index its address lane gives (bounds,
+16-byte alignment and races checked like any shared load) and hands the elements
+out by the ISA's fragment rule (`LdMatrix`). The mma fragments are `codegen.nvvm_mma.fragment_a/b/c`, the same tables
 the LLVM emission and the hardware tests use.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...ir.simt import WARP_SIZE, Mma, MmaShape, Reg, Shuffle, ShuffleKind, Stmt
+from ...ir.simt import WARP_SIZE, LdMatrix, Mma, MmaShape, Reg, Shuffle, ShuffleKind, Stmt
 from ..nvvm_mma import fragment_a, fragment_b, fragment_c
 from .state import Block
 
@@ -58,6 +60,39 @@ def _shuffle(s: Shuffle, block: Block) -> None:
     block.set(s.out, block[s.value][src])
 
 
+def _ldmatrix(s: LdMatrix, block: Block) -> None:
+    check_warps_converged(s, block, f"ldmatrix.x{s.count}")
+    array, name = block.shared[s.alloc.name], s.alloc.name
+    threads = np.flatnonzero(block.active)
+    lane = block.tid[threads] & 31
+    givers = threads[lane < 8 * s.count]                # the lanes whose index is where a row starts
+    first = block[s.index][givers].astype(np.int64)
+    for bad, kind, why in (((first < 0) | (first + 8 > array.size), "out_of_bounds", f"{name} has {array.size} elements"),
+                           (first % 8 != 0, "misaligned", "a row starts at a multiple of 8 elements (16 bytes)")):
+        hit = np.flatnonzero(bad)
+        if hit.size:
+            k = hit[0]
+            block.fail(kind, f"ldmatrix row {name}[{first[k]}:{first[k] + 8}] given by "
+                       f"{block.thread_name(givers[k])}: {why}", s)
+    elems = first[:, None] + np.arange(8)
+    tracker = block.shared_trackers.get(name)
+    if tracker is not None:
+        tracker.read(elems.ravel(), np.repeat(block.gid[givers], 8), block.launch.epoch,
+                     lambda kind, message: block.fail(kind, message, s))
+    # rows[warp, m, r]: row r of matrix m, read where lane 8 m + r of the warp said
+    rows = np.zeros((block.threads // WARP_SIZE, s.count, 8, 8), dtype=array.dtype)
+    given = block.tid[givers]
+    rows[given // WARP_SIZE, (given & 31) // 8, given & 7] = array[elems]
+    mine = rows[block.tid[threads] // WARP_SIZE]        # [active threads, count, 8, 8]
+    r, w = lane // 4, lane % 4
+    out = np.zeros((block.threads, 2 * s.count), dtype=array.dtype)
+    at = np.arange(len(threads))
+    for m in range(s.count):
+        for e in range(2):
+            out[threads, 2 * m + e] = mine[at, m, 2 * w + e, r] if s.trans else mine[at, m, r, 2 * w + e]
+    block.set(s.out, out)
+
+
 @functools.cache
 def _layout(shape: MmaShape) -> tuple[np.ndarray, ...]:
     """(rows, cols) index arrays ``[32, elements]`` of the A, B and C fragments of `shape`."""
@@ -96,5 +131,6 @@ def _mma(s: Mma, block: Block) -> None:
 
 RULES: dict[type, Callable[..., None]] = {
     Shuffle: _shuffle,
+    LdMatrix: _ldmatrix,
     Mma: _mma,
 }
