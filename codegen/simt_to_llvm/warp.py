@@ -11,7 +11,7 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.simt import Barrier, LdMatrix, Mma, MmaShape, Reg, Shuffle, ShuffleKind
+from ...ir.simt import Barrier, Extract, LdMatrix, Mma, MmaShape, Pack, Reg, Shuffle, ShuffleKind
 from .. import nvvm, nvvm_mma
 from ..nvvm import HALF2, I32
 from .emitter import Emitter
@@ -33,20 +33,45 @@ def _ldmatrix(s: LdMatrix, em: Emitter) -> None:
     b = em.builder
     ptr = nvvm.shared_gep(b, em.shared[s.alloc.name], mem_type(s.alloc.dtype), em[s.index])
     words = nvvm_mma.ldmatrix(b, ptr, s.count, trans=s.trans)
+    em.memo[("ldmatrix words", s.out.name)] = words
     vec: ir.Value = ir.Constant(ir.VectorType(I32, s.count), ir.Undefined)
     for i, word in enumerate(words):
         vec = b.insert_element(vec, word, ir.Constant(I32, i))
     em.set(s.out, b.bitcast(vec, reg_type(s.out.type)))
 
 
+def _loaded_words(em: Emitter, reg: Reg) -> list[ir.Value] | None:
+    """`reg`'s 32-bit words as an ``ldmatrix`` gave them, when `reg` is (a word-aligned slice of a pack of)
+    ldmatrix results -- how the SIMT lowering hands mma its operands -- else None."""
+    source, start = reg, 0
+    made = em.defs.get(reg.name)
+    if isinstance(made, Extract):
+        source, start = made.vec, made.index
+        made = em.defs.get(source.name)
+    if isinstance(made, Pack):
+        for part in made.parts:
+            if start < part.length:
+                source, made = part, em.defs.get(part.name)
+                break
+            start -= part.length
+    words = em.memo.get(("ldmatrix words", source.name)) if isinstance(made, LdMatrix) else None
+    per_word = 4 // reg.dtype.itemsize
+    if words is None or start % per_word or start + reg.length > source.length:
+        return None
+    return words[start // per_word:(start + reg.length) // per_word]  # type: ignore[index]
+
+
 def _registers(em: Emitter, reg: Reg, shape: MmaShape) -> list[ir.Value]:
     """A fragment vector as the intrinsic's 32-bit operand registers (made once per block: an A fragment
-    feeds every n-tile's mma of its k-step)."""
+    feeds every n-tile's mma of its k-step); taken straight from the ``ldmatrix`` words where it came from
+    one (no vector built and taken apart again)."""
     def make() -> list[ir.Value]:
-        b, value = em.builder, em[reg]
-        count = reg.type.nbytes // 4
-        words = b.bitcast(value, ir.VectorType(I32, count))
-        regs = [b.extract_element(words, ir.Constant(I32, r)) for r in range(count)]
+        b = em.builder
+        regs = _loaded_words(em, reg)
+        if regs is None:
+            count = reg.type.nbytes // 4
+            words = b.bitcast(em[reg], ir.VectorType(I32, count))
+            regs = [b.extract_element(words, ir.Constant(I32, r)) for r in range(count)]
         return [b.bitcast(r, HALF2) for r in regs] if shape is MmaShape.M16N8K16_F16 else regs
 
     return em.in_block(("mma operand", reg.name, shape), make)  # type: ignore[return-value]
