@@ -298,16 +298,28 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
     return [make_inputs(case, dev.torch, dev.name, seed) for seed in range(count)]
 
 
-def run_redfuser(case: Case, sets: list, ref: tuple, dev: Device, peaks: dict, budget: Budget) -> Row:
-    """Compile the workload (timed), then check and time it like any peer."""
+# RedFuser built another way, timed beside the default on the cases named: LLVM's O1 middle end against
+# RedFuser's short one (`codegen/nvptx.py`, GPU_PASSES), whose choice rests on static counts until a
+# device times both.
+VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
+    "attention": (("redfuser llvm_opt=1", {"llvm_opt": 1}),),
+    "causal": (("redfuser llvm_opt=1", {"llvm_opt": 1}),),
+    "fp8_gemm": (("redfuser llvm_opt=1", {"llvm_opt": 1}),),
+}
+
+
+def run_redfuser(case: Case, sets: list, ref: tuple, dev: Device, peaks: dict, budget: Budget,
+                 name: str = "redfuser", extra: dict | None = None) -> Row:
+    """Compile the workload (timed; `extra` kernel options on top of the case's), then check and time it
+    like any peer."""
     try:
-        kernel = rf.kernel(case.fn, backend=dev.backend, **case.options)
+        kernel = rf.kernel(case.fn, backend=dev.backend, **{**case.options, **(extra or {})})
         start = time.perf_counter()
         kernel.lower(*sets[0])
         compile_s = time.perf_counter() - start
     except Exception as exc:  # a workload the GPU backend cannot compile yet: FAILED, the peers still run
-        return _failed(Row(case.label, "redfuser"), exc)
-    row = measure("redfuser", kernel, case, sets, ref, dev, peaks, budget)
+        return _failed(Row(case.label, name), exc)
+    row = measure(name, kernel, case, sets, ref, dev, peaks, budget)
     row.details["compile_s"] = compile_s
     row.first_call_s = None if row.first_call_s is None else row.first_call_s + compile_s
     return row
@@ -322,6 +334,7 @@ def run_case(case: Case, dev: Device, peaks: dict, budget: Budget, hardware: dic
     except Exception as exc:  # out of memory making inputs, say: the whole case is one FAILED row
         return [_failed(Row(case.label, "redfuser"), exc)]
     rows = [run_redfuser(case, sets, ref, dev, peaks, budget)]
+    rows += [run_redfuser(case, sets, ref, dev, peaks, budget, name, extra) for name, extra in VARIANTS.get(case.name, ())]
     for name in case.peers:
         if name == "torch.compile":
             later.append((case, sets, ref))
@@ -414,6 +427,7 @@ def dry_run(all_cases: list[Case], sm: str) -> tuple[list[Row], list[str]]:
         except Exception as exc:  # the table shows what does not compile yet
             _failed(row, exc)
         rows.append(row)
+        rows.extend(Row(case.label, name, status="no device") for name, _ in VARIANTS.get(case.name, ()))
         rows.extend(Row(case.label, name, status="no device") for name in case.peers)
     return rows, [f"gpu_check --dry-run: compiled for {sm}; no device, so nothing ran or was timed"]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import config
-from .ir import Program, verify_program
+from .ir import ArgumentError, Program, verify_program
 from .fusion import fuse
 from .trace import ArgSpec, trace
 from .schedule import options_for, schedule_program
@@ -38,6 +38,15 @@ def gpu_options(options: dict) -> GpuOptions:
     from .runtime.device import target_sm
 
     return GpuOptions(sm=options.get("sm") or target_sm(), num_warps=int(options.get("num_warps") or 4))
+
+
+def llvm_opt_level(options: dict) -> int | None:
+    """The ``llvm_opt`` kernel option: None runs RedFuser's own short middle end before NVPTX code
+    generation (`codegen.nvptx.GPU_PASSES`), 1, 2 or 3 LLVM's O1-O3 pipeline instead."""
+    level = options.get("llvm_opt")
+    if level is not None and (isinstance(level, bool) or level not in (1, 2, 3)):
+        raise ArgumentError(f"llvm_opt must be None, 1, 2 or 3, got {level!r}", op="kernel")
+    return level
 
 
 @dataclass
@@ -134,12 +143,13 @@ def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict
         with out.timed("llvm"):
             out.stages["llvm"], out.artifacts["host_kernels"] = build_host_module(out.stages["tile"])
     elif backend in ("cuda", "simulate"):
+        opt_level = llvm_opt_level(options)
         with out.timed("schedule"):
             out.stages["tile"] = schedule_program(out.program, options_for(backend, options))
         with out.timed("simt"):
             out.stages["simt"] = lower_to_simt(out.stages["tile"], gpu_options(options))
         with out.timed("ptx"):
-            out.stages["llvm"], out.stages["ptx"] = compile_ptx(out.stages["simt"])
+            out.stages["llvm"], out.stages["ptx"] = compile_ptx(out.stages["simt"], opt_level)
     dump = config.dump_dir()
     if dump is not None:
         out.dump(dump / out.name)

@@ -33,14 +33,15 @@ from .arrays import ArrayInfo
 from .cuda_driver import DeviceAddress
 
 
-def _cached_ptx(kernel: SimtKernel, sm: str) -> tuple[str, str]:
+def _cached_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None) -> tuple[str, str]:
     """``(llvm_ir, ptx)`` of `kernel` from the compile cache, made by `kernel_ptx` on a miss."""
     from .cache import CacheKey, default_cache
 
     def make() -> bytes:
-        return _SEPARATOR.join(part.encode() for part in kernel_ptx(kernel, sm))
+        return _SEPARATOR.join(part.encode() for part in kernel_ptx(kernel, sm, opt_level))
 
-    key = CacheKey.build(artifact="llvm+ptx", stage=str(kernel), options={}, target=sm)
+    options = {} if opt_level is None else {"llvm_opt": opt_level}
+    key = CacheKey.build(artifact="llvm+ptx", stage=str(kernel), options=options, target=sm)
     fetched = default_cache().fetch(key, make, {"llvmlite": llvmlite.__version__})
     llvm_ir, ptx = fetched.payload.split(_SEPARATOR)
     return llvm_ir.decode(), ptx.decode()
@@ -49,9 +50,10 @@ def _cached_ptx(kernel: SimtKernel, sm: str) -> tuple[str, str]:
 _SEPARATOR = b"\0"   # between the LLVM IR and the PTX in one cache entry (neither text has a NUL)
 
 
-def compile_ptx(program: SimtProgram) -> tuple[LlvmModules, PtxProgram]:
-    """``(llvm, ptx)`` stages of `program` (see the module docstring)."""
-    ptx = program_ptx(program, _cached_ptx)
+def compile_ptx(program: SimtProgram, opt_level: int | None = None) -> tuple[LlvmModules, PtxProgram]:
+    """``(llvm, ptx)`` stages of `program` (see the module docstring); `opt_level` is the ``llvm_opt``
+    kernel option (None: RedFuser's middle end, `codegen.nvptx.GPU_PASSES`; 1-3: LLVM's O1-O3)."""
+    ptx = program_ptx(program, lambda kernel, sm: _cached_ptx(kernel, sm, opt_level))
     return ptx.llvm(), ptx
 
 

@@ -444,3 +444,26 @@ def test_a_cached_gpu_kernel_skips_llvm_emission_and_gives_the_same_stages(tmp_p
     with pytest.raises(AssertionError, match="emitted LLVM IR"):   # another shape: a miss, which emits
         rf.kernel(softmax, backend="cuda", sm="sm_90").lower(np.zeros((8, 301), np.float32))
     reset_default_cache()
+
+
+def test_llvm_opt_picks_the_middle_end_and_is_part_of_the_cache_key(tmp_path, monkeypatch):
+    """``llvm_opt=None`` runs `GPU_PASSES`, 1-3 LLVM's pipelines; each its own cache entry; others refused."""
+    import redfuser as rf
+    from redfuser.codegen import nvptx
+    from redfuser.workloads import softmax
+
+    monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("REDFUSER_CACHE", raising=False)
+    reset_default_cache()
+    ran: list = []
+    real = nvptx._optimize
+    monkeypatch.setattr(nvptx, "_optimize", lambda mod, machine, level: (ran.append(level), real(mod, machine, level)))
+    x = np.zeros((8, 300), np.float32)
+    for level in (None, 1, 3, None, 1):      # the repeats are cache hits: nothing optimized again
+        ptx = rf.kernel(softmax, backend="cuda", sm="sm_90", llvm_opt=level).lower(x).stages["ptx"]
+        assert "softmax" in str(ptx)
+    assert ran == [None, 1, 3]
+    for bad in (0, 4, "O3", True):
+        with pytest.raises(rf.ArgumentError, match="llvm_opt must be None, 1, 2 or 3"):
+            rf.kernel(softmax, backend="cuda", sm="sm_90", llvm_opt=bad).lower(x)
+    reset_default_cache()

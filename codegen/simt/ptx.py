@@ -52,11 +52,12 @@ class LlvmModules:
         return "\n".join(f"; ===== kernel {k.name} =====\n{k.llvm_ir}" for k in self.kernels)
 
 
-def kernel_ptx(kernel: SimtKernel, sm: str) -> tuple[str, str]:
-    """``(llvm_ir, ptx)`` of one kernel: its emitted (LLVM-verified) module's text, compiled for `sm`
-    (a kernel `lower_to_simt` made is not checked twice: the SIMT verifier remembers what passed)."""
+def kernel_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None) -> tuple[str, str]:
+    """``(llvm_ir, ptx)`` of one kernel: its emitted (LLVM-verified) module's text, compiled for `sm` with
+    the middle end `opt_level` picks (`codegen.nvptx.compile_module`; a kernel `lower_to_simt` made is not
+    checked twice: the SIMT verifier remembers what passed)."""
     text = emit_text(kernel)
-    return text, compile_module(text, sm).ptx
+    return text, compile_module(text, sm, opt_level=opt_level).ptx
 
 
 def program_ptx(p: SimtProgram, ptx_of: Callable[[SimtKernel, str], tuple[str, str]] | None = None) -> PtxProgram:
