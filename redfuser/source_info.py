@@ -1,6 +1,7 @@
 """Finding the user's source line for a traced op (the first frame outside RedFuser)."""
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -21,6 +22,7 @@ _OWN_DIRS = tuple(
 _USER_LEVEL = (os.path.join(_PKG_ROOT, "workloads.py"), os.path.join(_PKG_ROOT, "testing", ""))
 
 
+@functools.lru_cache(maxsize=4096)
 def is_internal(filename: str) -> bool:
     """True for files of RedFuser's compiler itself (their frames are never the user's line)."""
     path = os.path.abspath(filename)

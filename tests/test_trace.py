@@ -40,6 +40,36 @@ def test_printed_ir_names_buffers_after_user_variables():
     assert any(line.startswith("l: f32[2,3,16] = ") and "sum over r0<16 of p[" in line for line in lines)
 
 
+def _doubled(x):
+    doubled = x * 2.0                # no op of this frame runs after: the name is seen only as it returns
+    return doubled
+
+
+def _helper_kernel(x):
+    return rf.sum(_doubled(x), axis=-1)
+
+
+@pytest.mark.parametrize("under_a_tracer", [False, True])
+def test_names_come_from_returning_helper_frames_with_or_without_a_debugger(under_a_tracer):
+    """Buffers are named after locals of user frames as they return (a helper's too), whether RedFuser
+    watches returns with a trace function or, under a debugger or coverage tool already tracing, with a
+    profile hook -- and the user's tracer is left installed."""
+    import sys
+
+    def debugger(frame, event, arg):
+        return None
+
+    x = np.ones((4, 8), np.float32)
+    previous = sys.gettrace()
+    sys.settrace(debugger if under_a_tracer else None)
+    try:
+        text = traced_text(_helper_kernel, x)
+        assert sys.gettrace() is (debugger if under_a_tracer else None)
+    finally:
+        sys.settrace(previous)
+    assert any(line.strip().startswith("doubled: f32[4,8] = ") for line in text.splitlines()), text
+
+
 def test_printed_ir_shows_the_user_source_lines():
     text = traced_text(attention, *qkv())
     assert "# test_trace.py:" in text
