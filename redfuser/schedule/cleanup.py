@@ -10,9 +10,16 @@ whose results nobody uses. Both keep the kernel's meaning on every input.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import fields, replace
 
 from ..ir import tile as t
+
+
+@functools.cache
+def _fields(cls: type, skip: tuple[str, ...]) -> tuple[str, ...]:
+    """The field names of op class `cls` but those in `skip` (``dataclasses.fields`` is slow per call)."""
+    return tuple(f.name for f in fields(cls) if f.name not in skip)
 
 
 def _pure(op: t.Op, stored: set[str]) -> bool:
@@ -75,30 +82,37 @@ def _drop(ops: tuple[t.Op, ...], live: set[str]) -> tuple[t.Op, ...]:
 
 
 def _subst(x, names: dict[str, t.Value]):
-    """`x` (an op, region, value or tuple of them) with values renamed by `names`."""
+    """`x` (an op, region, value or tuple of them) with values renamed by `names` (`x` itself, the same
+    object, when nothing in it is renamed)."""
     if isinstance(x, t.Value):
         return names.get(x.name, x)
     if isinstance(x, tuple):
-        return tuple(_subst(v, names) for v in x)
+        renamed = tuple(_subst(v, names) for v in x)
+        return x if all(a is b for a, b in zip(renamed, x)) else renamed
     if isinstance(x, t.Region):
-        return replace(x, args=x.args, ops=x.ops, yields=_subst(x.yields, names))
+        yields = _subst(x.yields, names)
+        return x if yields is x.yields else replace(x, yields=yields)
     return x
 
 
 def _rename(op: t.Op, names: dict[str, t.Value]) -> t.Op:
-    changes = {f.name: _subst(getattr(op, f.name), names) for f in fields(op)
-               if f.name not in ("out", "out_indices", "results", "body", "loc")}
-    return replace(op, **changes)
+    if not names:
+        return op
+    changes = {}
+    for name in _fields(type(op), ("out", "out_indices", "results", "body", "loc")):
+        old = getattr(op, name)
+        new = _subst(old, names)
+        if new is not old:
+            changes[name] = new
+    return replace(op, **changes) if changes else op
 
 
 def _signature(op: t.Op) -> tuple | None:
     if isinstance(op, t.For | t.Store | t.ProgramId | t.TopK):  # top-k has two results: never merged
         return None
     parts = [type(op).__name__, op.out.type]
-    for f in fields(op):
-        if f.name in ("out", "loc"):
-            continue
-        v = getattr(op, f.name)
+    for name in _fields(type(op), ("out", "loc")):
+        v = getattr(op, name)
         parts.append(v.name if isinstance(v, t.Value) else (v, type(v).__name__))
     return tuple(parts)
 
