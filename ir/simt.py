@@ -144,31 +144,29 @@ def defs(s: Stmt) -> tuple[Reg, ...]:
 
 def uses(s: Stmt) -> tuple[Reg, ...]:
     """The registers `s` reads directly (for `For`/`If`: bounds, inits, condition; regions read more)."""
-    if isinstance(s, Unary | Cast | Bitcast):
-        return (s.x,)
-    if isinstance(s, Binary | IntBinary):
-        return (s.a, s.b)
-    if isinstance(s, Select):
-        return (s.cond, s.a, s.b)
-    if isinstance(s, Pack):
-        return s.parts
-    if isinstance(s, Extract):
-        return (s.vec,)
-    if isinstance(s, LoadGlobal | LoadShared):
-        return (s.index,) + ((s.mask,) if s.mask is not None else ())
-    if isinstance(s, LdMatrix):
-        return (s.index,)
-    if isinstance(s, StoreGlobal | StoreShared):
-        return (s.index, s.value) + ((s.mask,) if s.mask is not None else ())
-    if isinstance(s, Shuffle):
-        return (s.value,) + ((s.lane,) if isinstance(s.lane, Reg) else ())
-    if isinstance(s, Mma):
-        return (s.a, s.b, s.c)
-    if isinstance(s, For):
-        return tuple(v for v in (s.start, s.stop) if isinstance(v, Reg)) + s.inits
-    if isinstance(s, If):
-        return (s.cond,)
-    return ()
+    read = _USES.get(type(s))
+    return () if read is None else read(s)
+
+
+def _masked(s) -> tuple[Reg, ...]:
+    return () if s.mask is None else (s.mask,)
+
+
+# What each statement kind reads (a table: `uses` runs for every statement of every pass).
+_USES = {
+    Unary: lambda s: (s.x,), Cast: lambda s: (s.x,), Bitcast: lambda s: (s.x,),
+    Binary: lambda s: (s.a, s.b), IntBinary: lambda s: (s.a, s.b),
+    Select: lambda s: (s.cond, s.a, s.b),
+    Pack: lambda s: s.parts,
+    Extract: lambda s: (s.vec,),
+    LoadGlobal: lambda s: (s.index,) + _masked(s), LoadShared: lambda s: (s.index,) + _masked(s),
+    LdMatrix: lambda s: (s.index,),
+    StoreGlobal: lambda s: (s.index, s.value) + _masked(s), StoreShared: lambda s: (s.index, s.value) + _masked(s),
+    Shuffle: lambda s: (s.value, s.lane) if isinstance(s.lane, Reg) else (s.value,),
+    Mma: lambda s: (s.a, s.b, s.c),
+    For: lambda s: tuple(v for v in (s.start, s.stop) if isinstance(v, Reg)) + s.inits,
+    If: lambda s: (s.cond,),
+}
 
 
 def walk_stmts(stmts: tuple[Stmt, ...]):

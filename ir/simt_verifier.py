@@ -16,7 +16,7 @@
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Union
 
 from .errors import VerifyError
 from .expr import BinaryOp, Buffer, UnaryOp
@@ -58,6 +58,10 @@ from .simt_ranges import Ranges, transfer, trip_range
 from .types import DType, bool_, float32, int32, int64
 
 LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
+# A check's message: text, or a function making it -- most messages show values, and formatting them
+# for every statement that passes was a third of the verifier's time.
+Message = Union[str, Callable[[], str]]
+Need = Callable[[bool, Message], None]
 _TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2})
 _I64_ABOVE = 2**31
 
@@ -97,76 +101,76 @@ def _fits(value: object, dtype: DType) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _check_unary(s: Unary, need: Callable[[bool, str], None]) -> None:
+def _check_unary(s: Unary, need: Need) -> None:
     need(s.out.type == s.x.type, "unary op changes type")
-    need(_arith(s.x.dtype), f"arithmetic in {s.x.dtype}: compute in f32 and cast")
+    need(_arith(s.x.dtype), lambda: f"arithmetic in {s.x.dtype}: compute in f32 and cast")
     if s.op is UnaryOp.NOT:
         need(s.x.dtype == bool_, "not is on bool")
     elif s.op in (UnaryOp.NEG, UnaryOp.ABS):
-        need(not s.x.dtype.is_bool, f"{s.op.value} of bool")
+        need(not s.x.dtype.is_bool, lambda: f"{s.op.value} of bool")
     else:
         need(s.x.dtype == float32 or (s.x.dtype.is_float and s.op not in _TRANSCENDENTAL),
-             f"{s.op.value} of {s.x.dtype}: the GPU computes it in f32 only")
+             lambda: f"{s.op.value} of {s.x.dtype}: the GPU computes it in f32 only")
 
 
-def _check_binary(s: Binary, need: Callable[[bool, str], None]) -> None:
+def _check_binary(s: Binary, need: Need) -> None:
     a = s.a.dtype
-    need(s.a.type == s.b.type, f"operands of {s.op.value} differ: {s.a.type} and {s.b.type}")
+    need(s.a.type == s.b.type, lambda: f"operands of {s.op.value} differ: {s.a.type} and {s.b.type}")
     need(s.out.type == (s.a.type.with_dtype(bool_) if s.op.is_comparison else s.a.type),
-         f"{s.op.value} gives the wrong type")
-    need(_arith(a), f"arithmetic in {a}: compute in f32 and cast")
+         lambda: f"{s.op.value} gives the wrong type")
+    need(_arith(a), lambda: f"arithmetic in {a}: compute in f32 and cast")
     if a.is_bool:
-        need(s.op in (BinaryOp.AND, BinaryOp.OR, BinaryOp.EQ, BinaryOp.NE), f"{s.op.value} of bool")
+        need(s.op in (BinaryOp.AND, BinaryOp.OR, BinaryOp.EQ, BinaryOp.NE), lambda: f"{s.op.value} of bool")
     else:
-        need(s.op not in (BinaryOp.AND, BinaryOp.OR), f"{s.op.value} is on bool; use int ops for bits")
+        need(s.op not in (BinaryOp.AND, BinaryOp.OR), lambda: f"{s.op.value} is on bool; use int ops for bits")
     if s.op is BinaryOp.DIV:
         need(a.is_float, "integer division is IntBinary div (truncating)")
     if s.op is BinaryOp.POW:
-        need(a == float32, f"** of {a}: the GPU computes it in f32 only")
+        need(a == float32, lambda: f"** of {a}: the GPU computes it in f32 only")
 
 
-def _check_memory(s: Stmt, ctx: _Ctx, need: Callable[[bool, str], None]) -> None:
+def _check_memory(s: Stmt, ctx: _Ctx, need: Need) -> None:
     load = isinstance(s, LoadGlobal | LoadShared)
     reg = s.out if load else s.value
     target = s.buffer if isinstance(s, LoadGlobal | StoreGlobal) else s.alloc
     if isinstance(target, Buffer):
-        need(target in ctx.kernel.buffers, f"{target.name} is not a buffer param of the kernel")
+        need(target in ctx.kernel.buffers, lambda: f"{target.name} is not a buffer param of the kernel")
         need(s.index.dtype == int64 or target.type.size <= _I64_ABOVE,
-             f"{target.name} has {target.type.size} elements: index it with i64")
+             lambda: f"{target.name} has {target.type.size} elements: index it with i64")
     else:
-        need(target in ctx.kernel.shared, f"{target.name} is not a shared allocation of the kernel")
-    need(reg.dtype == target.dtype, f"{target.name} holds {target.dtype}, the register is {reg.type}")
-    need(_index(s.index), f"index {s.index} must be an i32/i64 scalar")
-    need(_is_bool_scalar(s.mask), f"mask {s.mask} must be a bool scalar")
-    need(reg.type.nbytes <= 16, f"memory vectors are at most 16 bytes, {reg.type} is {reg.type.nbytes}")
+        need(target in ctx.kernel.shared, lambda: f"{target.name} is not a shared allocation of the kernel")
+    need(reg.dtype == target.dtype, lambda: f"{target.name} holds {target.dtype}, the register is {reg.type}")
+    need(_index(s.index), lambda: f"index {s.index} must be an i32/i64 scalar")
+    need(_is_bool_scalar(s.mask), lambda: f"mask {s.mask} must be a bool scalar")
+    need(reg.type.nbytes <= 16, lambda: f"memory vectors are at most 16 bytes, {reg.type} is {reg.type.nbytes}")
     if load:
-        need(_fits(s.other, reg.dtype), f"other {s.other!r} is not a {reg.dtype}")
+        need(_fits(s.other, reg.dtype), lambda: f"other {s.other!r} is not a {reg.dtype}")
     r = ctx.ranges.get(s.index.name)
     if s.mask is None and not ctx.conditional and r is not None and r.exact:
         need(r.lo >= 0 and r.hi + reg.length <= target.type.size,
-             f"{target.name}[{s.index}] reaches elements {r.lo}..{r.hi + reg.length - 1}, "
+             lambda: f"{target.name}[{s.index}] reaches elements {r.lo}..{r.hi + reg.length - 1}, "
              f"outside the {target.type.size} of {target.name}: {target.type}")
 
 
 def _check_stmt(s: Stmt, ctx: _Ctx) -> None:
-    def need(cond: bool, msg: str) -> None:
+    def need(cond: bool, msg: Message) -> None:
         if not cond:
-            _fail(msg, s, ctx)
+            _fail(msg if isinstance(msg, str) else msg(), s, ctx)
 
     for r in defs(s):
-        need(r.type.length in (1, 2, 4, 8, MAX_VECTOR), f"{r} has {r.type.length} elements (1, 2, 4, 8 or 16)")
+        need(r.type.length in (1, 2, 4, 8, MAX_VECTOR), lambda: f"{r} has {r.type.length} elements (1, 2, 4, 8 or 16)")
     if isinstance(s, ThreadIdx | LaneId | WarpId | BlockIdx):
         need(s.out.type.dtype == int32 and not s.out.type.is_vector, "thread coordinates are i32 scalars")
         if isinstance(s, BlockIdx):
-            need(0 <= s.axis < len(ctx.kernel.grid), f"block_idx axis {s.axis} outside grid {ctx.kernel.grid}")
+            need(0 <= s.axis < len(ctx.kernel.grid), lambda: f"block_idx axis {s.axis} outside grid {ctx.kernel.grid}")
     elif isinstance(s, Const):
-        need(_fits(s.value, s.out.dtype), f"constant {s.value!r} is not a {s.out.dtype}")
+        need(_fits(s.value, s.out.dtype), lambda: f"constant {s.value!r} is not a {s.out.dtype}")
     elif isinstance(s, Unary):
         _check_unary(s, need)
     elif isinstance(s, Binary):
         _check_binary(s, need)
     elif isinstance(s, IntBinary):
-        need(s.a.type == s.b.type == s.out.type and s.a.dtype in (int32, int64), f"{s.op.value} wants one i32/i64 type")
+        need(s.a.type == s.b.type == s.out.type and s.a.dtype in (int32, int64), lambda: f"{s.op.value} wants one i32/i64 type")
     elif isinstance(s, Select):
         need(s.cond.dtype == bool_ and s.cond.type.length in (1, s.a.type.length), "select condition must be bool")
         need(s.a.type == s.b.type == s.out.type, "select branches and result differ in type")
@@ -175,52 +179,52 @@ def _check_stmt(s: Stmt, ctx: _Ctx) -> None:
     elif isinstance(s, Bitcast):
         f, i = (s.x, s.out) if s.x.dtype.is_float else (s.out, s.x)
         need(f.dtype.is_float and i.dtype in (int32, int64) and f.dtype.itemsize <= i.dtype.itemsize
-             and s.x.length == s.out.length, f"bitcast {s.x.type} to {s.out.type}: a float and an integer "
+             and s.x.length == s.out.length, lambda: f"bitcast {s.x.type} to {s.out.type}: a float and an integer "
              "at least as wide, of one length")
     elif isinstance(s, Pack):
         need(all(p.dtype == s.out.dtype for p in s.parts), "pack parts differ in dtype from the result")
         need(sum(p.length for p in s.parts) == s.out.length, "pack parts do not add up to the result length")
     elif isinstance(s, Extract):
         need(s.vec.dtype == s.out.dtype and 0 <= s.index and s.index + s.out.length <= s.vec.length,
-             f"extract {s.out.type} at {s.index} of {s.vec.type}")
+             lambda: f"extract {s.out.type} at {s.index} of {s.vec.type}")
     elif isinstance(s, LoadGlobal | StoreGlobal | LoadShared | StoreShared):
         _check_memory(s, ctx, need)
     elif isinstance(s, Shuffle):
         need(s.value.dtype in (float32, int32) and not s.value.type.is_vector,
-             f"shuffle of {s.value.type}: only f32 and i32 scalars")
+             lambda: f"shuffle of {s.value.type}: only f32 and i32 scalars")
         need(s.out.type == s.value.type, "shuffle changes type")
-        need(s.width in (1, 2, 4, 8, 16, 32), f"shuffle width {s.width} is not a power of two <= 32")
+        need(s.width in (1, 2, 4, 8, 16, 32), lambda: f"shuffle width {s.width} is not a power of two <= 32")
         need(_index(s.lane) and s.lane.dtype == int32 if isinstance(s.lane, Reg) else 0 <= s.lane < 32,
-             f"shuffle lane {s.lane} must be an i32 scalar or a constant in [0, 32)")
+             lambda: f"shuffle lane {s.lane} must be an i32 scalar or a constant in [0, 32)")
     elif isinstance(s, LdMatrix):
         target = s.alloc
-        need(target in ctx.kernel.shared, f"{target.name} is not a shared allocation of the kernel")
-        need(s.count in (1, 2, 4), f"ldmatrix of {s.count} matrices: 1, 2 or 4")
-        need(target.dtype.itemsize == 2, f"ldmatrix reads 16-bit elements, {target.name} holds {target.dtype}")
-        need(s.out.type == RegType(target.dtype, 2 * s.count), f"ldmatrix.x{s.count} of {target.dtype} gives "
+        need(target in ctx.kernel.shared, lambda: f"{target.name} is not a shared allocation of the kernel")
+        need(s.count in (1, 2, 4), lambda: f"ldmatrix of {s.count} matrices: 1, 2 or 4")
+        need(target.dtype.itemsize == 2, lambda: f"ldmatrix reads 16-bit elements, {target.name} holds {target.dtype}")
+        need(s.out.type == RegType(target.dtype, 2 * s.count), lambda: f"ldmatrix.x{s.count} of {target.dtype} gives "
              f"{2 * s.count} of them per lane, not {s.out.type}")
-        need(_index(s.index), f"index {s.index} must be an i32/i64 scalar")
+        need(_index(s.index), lambda: f"index {s.index} must be an i32/i64 scalar")
         r = ctx.ranges.get(s.index.name)
         if not ctx.conditional and r is not None and r.exact:
             need(r.lo >= 0 and r.hi + 8 <= target.type.size,
-                 f"{target.name}[{s.index}] rows reach elements {r.lo}..{r.hi + 7}, outside the "
+                 lambda: f"{target.name}[{s.index}] rows reach elements {r.lo}..{r.hi + 7}, outside the "
                  f"{target.type.size} of {target.name}: {target.type}")
     elif isinstance(s, Mma):
         for what, reg, want in (("A", s.a, s.shape.a_type), ("B", s.b, s.shape.b_type),
                                 ("C", s.c, s.shape.c_type), ("D", s.out, s.shape.c_type)):
-            need(reg.type == want, f"mma.{s.shape.value} {what} fragment is {reg.type}, wants {want}")
+            need(reg.type == want, lambda: f"mma.{s.shape.value} {what} fragment is {reg.type}, wants {want}")
     elif isinstance(s, For):
         body = s.body
         need(s.step > 0, "loop step must be positive")
         need(_index(body.iv), "induction variable is an i32/i64 scalar")
         for bound in (s.start, s.stop):
             need(bound.type == body.iv.type if isinstance(bound, Reg) else _fits(bound, body.iv.dtype),
-                 f"loop bound {bound} is not a {body.iv.type}")
+                 lambda: f"loop bound {bound} is not a {body.iv.type}")
         n = len(s.inits)
         need(len(body.args) == n and len(body.yields) == n and len(s.results) == n,
              "inits, carried args, yields and results differ in number")
         for i, a, y, r in zip(s.inits, body.args, body.yields, s.results):
-            need(i.type == a.type == y.type == r.type, f"carried value {a} changes type")
+            need(i.type == a.type == y.type == r.type, lambda: f"carried value {a} changes type")
     elif isinstance(s, If):
         need(_is_bool_scalar(s.cond), "if condition must be a bool scalar")
         for side in (s.then, s.orelse):
