@@ -18,6 +18,7 @@ Tensor-core helpers (mma, fragment layouts, ldmatrix, cp.async, bf16/fp8 packing
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -66,6 +67,13 @@ INTRINSIC_REQUIREMENTS: dict[str, tuple[int, int]] = {
     "llvm.nvvm.shfl.sync": (30, 60),
     "llvm.nvvm.barrier.cta": (30, 60),
 }
+
+
+@functools.lru_cache(maxsize=1024)
+def i32(value: int) -> ir.Constant:
+    """The i32 constant `value`, one object per value (llvmlite caches a constant's text per object, and
+    element indices are printed thousands of times)."""
+    return ir.Constant(I32, value)
 
 
 class _Splat(ir.Constant):

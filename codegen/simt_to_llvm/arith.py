@@ -22,7 +22,7 @@ from ...ir.simt import (
 )
 from ...ir.types import DType
 from .. import nvvm
-from ..nvvm import I32, call_intrinsic, lanewise, splat
+from ..nvvm import I32, call_intrinsic, i32, lanewise, splat
 from . import mathlib
 from .convert import convert
 from .emitter import Emitter
@@ -157,12 +157,12 @@ def _pack(s: Pack, em: Emitter) -> None:
         scalars = em.lanes.get(part.name)
         if scalars is not None:   # an mma result: its elements go straight in
             for i, elem in enumerate(scalars):
-                vec = b.insert_element(vec, elem, ir.Constant(I32, at + i))
+                vec = b.insert_element(vec, elem, i32(at + i))
             at += part.length
             continue
         value = em[part]
         if part.length == 1:
-            vec = b.insert_element(vec, value, ir.Constant(I32, at))
+            vec = b.insert_element(vec, value, i32(at))
         elif at == 0:
             vec = b.shuffle_vector(value, ir.Constant(value.type, ir.Undefined),
                                    _indices([i if i < part.length else -1 for i in range(s.out.length)]))
@@ -215,13 +215,13 @@ def _indices(mask) -> ir.Constant:
 @functools.lru_cache(maxsize=4096)
 def _mask_constant(mask: tuple[int, ...]) -> ir.Constant:
     # one object per mask: llvmlite caches a constant's text, and packs reuse a few masks many times
-    return ir.Constant(ir.VectorType(I32, len(mask)), [ir.Constant(I32, i) for i in mask])
+    return ir.Constant(ir.VectorType(I32, len(mask)), [i32(i) for i in mask])
 
 
 def _extract(s: Extract, em: Emitter) -> None:
     b, vec = em.builder, em[s.vec]
     if s.out.length == 1:
-        em.set(s.out, b.extract_element(vec, ir.Constant(I32, s.index)))
+        em.set(s.out, b.extract_element(vec, i32(s.index)))
         return
     em.set(s.out, b.shuffle_vector(vec, ir.Constant(vec.type, ir.Undefined),
                                    _indices(range(s.index, s.index + s.out.length))))
@@ -233,8 +233,8 @@ def _thread_idx(em: Emitter) -> ir.Value:
 
 RULES: dict[type, Callable[..., None]] = {
     ThreadIdx: lambda s, em: em.set(s.out, _thread_idx(em)),
-    LaneId: lambda s, em: em.set(s.out, em.builder.and_(_thread_idx(em), ir.Constant(I32, 31), name=s.out.name)),
-    WarpId: lambda s, em: em.set(s.out, em.builder.lshr(_thread_idx(em), ir.Constant(I32, 5), name=s.out.name)),
+    LaneId: lambda s, em: em.set(s.out, em.builder.and_(_thread_idx(em), i32(31), name=s.out.name)),
+    WarpId: lambda s, em: em.set(s.out, em.builder.lshr(_thread_idx(em), i32(5), name=s.out.name)),
     BlockIdx: lambda s, em: em.set(s.out, nvvm.block_idx(em.builder, "xyz"[s.axis])),
     Const: lambda s, em: em.set(s.out, const(s.value, s.out.type)),
     Unary: _unary,

@@ -8,6 +8,7 @@ from llvmlite import ir
 
 from ...ir.errors import InternalError
 from ..llvm_text import TextBuilder, TextModule, TextValue
+from ..nvvm import i32
 from ...ir.simt import For, If, Mma, Pack, Reg, SimtKernel, Stmt, uses, walk_stmts
 from ...ir.simt_printer import format_stmt
 
@@ -71,7 +72,7 @@ class Emitter:
         if reg.name in self.vector_uses:
             vec: ir.Value = ir.Constant(vector_type, ir.Undefined)
             for i, value in enumerate(values):
-                vec = self.builder.insert_element(vec, value, ir.Constant(ir.IntType(32), i))
+                vec = self.builder.insert_element(vec, value, i32(i))
             self.set(reg, vec)
 
     def elements(self, reg: Reg) -> list[ir.Value]:
@@ -79,7 +80,7 @@ class Emitter:
         found = self.lanes.get(reg.name)
         if found is None:
             vec = self[reg]
-            found = [self.builder.extract_element(vec, ir.Constant(ir.IntType(32), i)) for i in range(reg.length)]
+            found = [self.builder.extract_element(vec, i32(i)) for i in range(reg.length)]
         return found
 
     def block_name(self, kind: str) -> str:

@@ -6,6 +6,8 @@ i32/i64, bool ``i1``; an n-vector is ``<n x T>``. In memory bool is ``i8``.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from llvmlite import ir
 
@@ -27,6 +29,7 @@ def scalar_type(dtype: DType) -> ir.Type:
         raise InternalError(f"no LLVM type for {dtype}", pass_name="simt_to_llvm") from None
 
 
+@functools.lru_cache(maxsize=256)
 def reg_type(t: RegType) -> ir.Type:
     """The LLVM type of a register of type `t`."""
     elem = scalar_type(t.dtype)
@@ -40,6 +43,7 @@ def overload(t: ir.Type) -> str:
     return f"v{t.count}{name}" if isinstance(t, ir.VectorType) else name
 
 
+@functools.lru_cache(maxsize=256)
 def mem_type(dtype: DType, length: int = 1) -> ir.Type:
     """The LLVM type of `length` elements of `dtype` in memory (bool is a byte)."""
     elem = I8 if dtype.is_bool else scalar_type(dtype)

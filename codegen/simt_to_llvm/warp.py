@@ -13,7 +13,7 @@ from llvmlite import ir
 
 from ...ir.simt import Barrier, Extract, LdMatrix, Mma, MmaShape, Pack, Reg, Shuffle, ShuffleKind
 from .. import nvvm, nvvm_mma
-from ..nvvm import HALF2, I32
+from ..nvvm import HALF2, I32, i32
 from .emitter import Emitter
 from .types import mem_type, reg_type
 
@@ -36,7 +36,7 @@ def _ldmatrix(s: LdMatrix, em: Emitter) -> None:
     em.memo[("ldmatrix words", s.out.name)] = words
     vec: ir.Value = ir.Constant(ir.VectorType(I32, s.count), ir.Undefined)
     for i, word in enumerate(words):
-        vec = b.insert_element(vec, word, ir.Constant(I32, i))
+        vec = b.insert_element(vec, word, i32(i))
     em.set(s.out, b.bitcast(vec, reg_type(s.out.type)))
 
 
@@ -71,7 +71,7 @@ def _registers(em: Emitter, reg: Reg, shape: MmaShape) -> list[ir.Value]:
         if regs is None:
             count = reg.type.nbytes // 4
             words = b.bitcast(em[reg], ir.VectorType(I32, count))
-            regs = [b.extract_element(words, ir.Constant(I32, r)) for r in range(count)]
+            regs = [b.extract_element(words, i32(r)) for r in range(count)]
         return [b.bitcast(r, HALF2) for r in regs] if shape is MmaShape.M16N8K16_F16 else regs
 
     return em.in_block(("mma operand", reg.name, shape), make)  # type: ignore[return-value]
