@@ -7,7 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from redfuser.codegen.ptx_check import check_ptx
 from redfuser.codegen.simt import GpuOptions, lower_to_simt
@@ -270,3 +270,22 @@ def test_attention_on_the_device_equals_the_simulator(dtype):
     on_device = rf.kernel(attention, backend="cuda")(q, k, v)
     assert_close(on_device, attention(q, k, v), np.dtype(dtype), 70)
     assert_close(on_device, rf.kernel(attention, backend="simulate")(q, k, v), np.dtype(dtype), 70)
+
+
+@settings(max_examples=max(8, settings().max_examples // 5))   # each example simulates a whole attention
+@given(st.sampled_from([np.float16, BF16]), st.sampled_from([16, 32, 64]), st.integers(1, 48),
+       st.sampled_from([16, 32, 64]), st.sampled_from([16, 32, 64]), st.sampled_from([1, 2, 4]), st.integers(0, 2**16))
+def test_tensor_core_operands_read_through_ldmatrix_at_random_shapes(dtype, head, n, block_m, block_n, warps, seed):
+    """Attention's mma operands come out of shared memory by ``ldmatrix`` (``.trans`` for V) for every tile
+    shape and warp count: the simulator runs the PTX ISA's rule, the result must still be the reference."""
+    # A warp holding 64 rows of a 64-wide head runs out of registers (255 and spills, which `check` refuses):
+    # at most 32 rows a warp, as the default tiles have.
+    block_m = min(block_m, 32 * warps)
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((1, 2, n, head)).astype(dtype) for _ in range(3))
+    options = dict(block_m=block_m, block_n=block_n, block_k=16, num_warps=warps)
+    check(attention, q, k, v, n=n, **options)
+    tile = schedule_program(rf.kernel(attention, backend="interpret").lower(q, k, v).program,
+                            options_for("simulate", options))
+    text = str(lower_to_simt(tile, GpuOptions(num_warps=warps)))
+    assert "ldmatrix.x" in text or "mma." not in text     # tiny tiles shrink below an mma: FMA, no operands
