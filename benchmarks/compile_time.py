@@ -14,9 +14,10 @@ Where Triton is installed, its cold compile of the equivalent kernel (``benchmar
 attention with a hand-written online softmax, row softmax) for ``GPUTarget("cuda", 90, 32)`` runs in
 the same process with a fresh cache folder: "to PTX" sums its stages up to PTX (``ir_initialization``,
 ``ttir``, ``ttgir``, ``llir``, ``ptx``), "+cubin" adds ptxas. Each cold number is the median of
-``--repeats`` runs; each compiler first compiles something else once, so one-time process start-up
-(imports, LLVM initialization) is in neither. The goal: a cold RedFuser compile at most a fifth of
-Triton's (ratio <= 0.20).
+``--repeats`` runs, the two compilers alternating so that both see the machine in the same state; the
+ratio is the median of the pairs' ratios. Each compiler first compiles something else once, so
+one-time process start-up (imports, LLVM initialization) is in neither. The goal: a cold RedFuser
+compile at most a fifth of Triton's (ratio <= 0.20).
 """
 from __future__ import annotations
 
@@ -87,6 +88,32 @@ def triton_times(case: Case, repeats: int) -> dict:
     return {"cold": statistics.median(to_ptx), "cubin": statistics.median(to_cubin)}
 
 
+def paired_times(case: Case, repeats: int) -> tuple[dict, dict, float | None]:
+    """`repeats` cold compiles by each compiler, alternating (RedFuser, Triton, RedFuser, ...), so both see
+    the machine in the same state; ``(ours, theirs, ratio)`` with medians, the ratio the median of the
+    pairs' ratios (the development machine's speed drifts by up to half within minutes)."""
+    ours_runs: list[dict] = []
+    theirs_runs: list[dict] = []
+    theirs: dict = {"error": "no Triton peer"} if case.name not in TRITON_EQUIVALENT else {}
+    for _ in range(repeats):
+        ours = redfuser_times(case, 1)
+        if "error" in ours:
+            return ours, theirs or {"error": "not run"}, None
+        ours_runs.append(ours)
+        if not theirs:                                  # a peer, and no error from it yet
+            once = triton_times(case, 1)
+            if "error" in once:
+                theirs = once
+            else:
+                theirs_runs.append(once)
+    ours = {key: statistics.median(r[key] for r in ours_runs) for key in ("cold", "warm", "disk")}
+    if not theirs_runs:
+        return ours, theirs, None
+    theirs = {key: statistics.median(r[key] for r in theirs_runs) for key in ("cold", "cubin")}
+    ratio = statistics.median(a["cold"] / b["cold"] for a, b in zip(ours_runs, theirs_runs))
+    return ours, theirs, ratio
+
+
 def warm_up() -> None:
     """Compile one small kernel with each compiler: process start-up stays out of the numbers. RedFuser's is a
     small f16 attention (another shape than any case), so the first case does not pay alone for loading
@@ -116,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             "RF cold / Triton", "goal <= 0.20"]
     lines = []
     for case in cases("tiny" if args.tiny else "full"):
-        ours = redfuser_times(case, args.repeats)
-        theirs = triton_times(case, args.repeats) if case.name in TRITON_EQUIVALENT \
-            else {"error": "no Triton peer"}
-        ratio = ours["cold"] / theirs["cold"] if "cold" in ours and "cold" in theirs else None
+        ours, theirs, ratio = paired_times(case, args.repeats)
         lines.append([case.label, ours.get("error") or _ms(ours["cold"]), _ms(ours.get("warm")),
                       _ms(ours.get("disk")), theirs.get("error") or _ms(theirs["cold"]), _ms(theirs.get("cubin")),
                       "-" if ratio is None else f"{ratio:.2f}",
@@ -131,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import triton
         print(f"\ntriton {triton.__version__}; RedFuser {rf.__version__}; both for sm_90; medians of "
-              f"{args.repeats} cold compiles, each in a fresh cache folder")
+              f"{args.repeats} cold compiles, each in a fresh cache folder, the two compilers alternating; "
+              "the ratio is the median of the pairs' ratios")
     except Exception:
         print("\nTriton is not installed here: its columns are empty (pip install triton to compare)")
     return 0

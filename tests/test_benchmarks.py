@@ -93,6 +93,28 @@ def test_compile_time_rows(monkeypatch):
     assert compile_time.triton_times(case, 1)["error"].startswith("Triton is not installed")
 
 
+def test_compile_times_alternate_and_the_ratio_is_the_median_of_pairs(monkeypatch):
+    """RedFuser and Triton compile alternately (a drifting machine slows both alike); the ratio is the
+    median of the pairs' ratios; a case without a peer or with a failing one has no ratio."""
+    order: list[str] = []
+    ours = iter([1.0, 4.0, 2.0])
+    theirs = iter([10.0, 10.0, 40.0])
+    monkeypatch.setattr(compile_time, "redfuser_times",
+                        lambda case, n: (order.append("rf"), {"cold": next(ours), "warm": 0.1, "disk": 0.2})[1])
+    monkeypatch.setattr(compile_time, "triton_times",
+                        lambda case, n: (order.append("triton"), {"cold": next(theirs), "cubin": 50.0})[1])
+    case = next(c for c in gpu_cases.cases("tiny") if c.name == "softmax")
+    got, peer, ratio = compile_time.paired_times(case, 3)
+    assert order == ["rf", "triton"] * 3
+    assert got["cold"] == 2.0 and peer["cold"] == 10.0 and ratio == pytest.approx(0.1)   # pairs: .1 .4 .05
+    moe = next(c for c in gpu_cases.cases("tiny") if c.name == "moe_routing")
+    ours = iter([1.0])
+    assert compile_time.paired_times(moe, 1)[1:] == ({"error": "no Triton peer"}, None)
+    monkeypatch.setattr(compile_time, "triton_times", lambda case, n: {"error": "Triton is not installed"})
+    ours = iter([1.0, 1.0])
+    assert compile_time.paired_times(case, 2)[1:] == ({"error": "Triton is not installed"}, None)
+
+
 def test_triton_peers_compile_to_ptx_without_a_gpu(tmp_path):
     pytest.importorskip("triton")
     import triton_peers
