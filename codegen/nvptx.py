@@ -44,18 +44,19 @@ GPU_PASSES: tuple[str, ...] = (
     "post_order_function_attributes", "instruction_combine", "simplify_cfg", "aggressive_dce")
 """The middle end a GPU module gets by default (``compile_module(..., opt_level=None)``): llvmlite's
 pass-manager methods ``add_<name>_pass``, in order. SIMT IR arrives scheduled -- tiles, loops, hoisted
-loads and vector widths chosen, values loaded once -- and the code generator (O3) runs its own CSE, GVN,
-strength reduction, load/store vectorizing and machine LICM, then ptxas optimizes again. What the middle
-end still adds: the function attributes that mark a never-stored ``noalias`` buffer ``readonly`` (so
-its loads become ``ld.global.nc``), and InstCombine's folding of the emitter's plumbing (vector packs and
-extracts, index arithmetic, masks), without which code generation is slower and registers go up. On the benchmark
-kernels (`benchmarks/gpu_cases.py`) this pipeline takes a quarter of LLVM's O1 time (MoE routing a sixth)
-with ptxas registers within 4% of O1's and instruction counts within 1% (MoE routing 6% more: O1 folds
-more of its top-k compare network). What O1's other passes found for us, the emitter and scheduler now
-state: the alignment of shared accesses (``ld.shared.v4``, `simt_to_llvm.memory`) and a split loop's
-bounds (`schedule.split`: no masks when the axis is whole chunks).
-``opt_level=1`` or ``3`` runs LLVM's O1/O3 module pipeline instead; confirming the choice with timings
-on a device is an open check."""
+loads and vector widths chosen, values loaded once -- and the code generator (O3) runs its own CSE,
+GVN, strength reduction, load/store vectorizing and machine LICM, then ptxas optimizes again. What the
+middle end still adds: the function attributes that mark a never-stored ``noalias`` buffer
+``readonly`` (so its loads become ``ld.global.nc``), and InstCombine's folding of the emitter's
+plumbing (vector packs and extracts, index arithmetic, masks), without which code generation is slower
+and registers go up. On the benchmark kernels (`benchmarks/gpu_cases.py`) this pipeline takes a
+quarter of LLVM's O1 time (MoE routing a sixth) with ptxas registers within 10% of O1's either way
+(most within 5%) and instruction counts within 2% (MoE routing 6% more: O1 folds more of its top-k
+compare network; a single warp holding a 64x64 f16 attention tile spills 96 bytes where O1 does not).
+What O1's other passes found for us, the emitter and scheduler now state: the alignment of shared
+accesses (``ld.shared.v4``, `simt_to_llvm.memory`) and a split loop's bounds (`schedule.split`: no
+masks when the axis is whole chunks). ``opt_level=1`` to ``3`` (the ``llvm_opt`` kernel option) runs
+LLVM's O1-O3 module pipeline instead; `benchmarks/gpu_check.py` times both on a device."""
 
 # LLVM command-line options in force while a GPU module is optimized and emitted, LLVM's defaults restored
 # after (they are process-wide: the CPU backend, or numba in the same process, keep theirs). Each only
