@@ -157,3 +157,15 @@ def test_low_precision_attention_computed_in_f32_passes(dtype):
 def test_rule_is_the_documented_formula():
     for n in (1, 3, 256, 10**6):
         assert tolerance(np.float16, n)[0] == pytest.approx(C * 2.0**-10 * (1 + math.log2(n)))
+
+
+def test_any_nonfinite_matches_nan_and_infinities_only_with_each_other():
+    ref = np.array([np.inf, -np.inf, np.nan, 1.0], np.float32)
+    swapped = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)
+    with pytest.raises(AssertionError, match="NaN positions differ"):
+        assert_close(swapped, ref, np.float32, 4)
+    assert_close(swapped, ref, np.float32, 4, any_nonfinite=True)
+    with pytest.raises(AssertionError, match="NaN positions differ"):      # finite where the reference is not
+        assert_close(np.array([np.nan, np.inf, 0.0, 1.0], np.float32), ref, np.float32, 4, any_nonfinite=True)
+    with pytest.raises(AssertionError):                                  # finite values still within tolerance
+        assert_close(np.array([np.nan, np.inf, -np.inf, 1.5], np.float32), ref, np.float32, 4, any_nonfinite=True)
