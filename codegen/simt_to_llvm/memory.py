@@ -48,7 +48,7 @@ def _to_memory(em: Emitter, value: ir.Value, reg: Reg) -> ir.Value:
     return em.builder.zext(value, mem_type(reg.dtype, reg.length) if reg.length > 1 else I8)
 
 
-SHARED_ALIGNMENT = 16   # bytes: every shared allocation's alignment (`nvvm.shared_array`)
+SHARED_ALIGNMENT = 16   # bytes: every shared allocation's alignment (`nvvm.declare_shared`)
 
 
 def _alignment(s: LoadGlobal | LoadShared | StoreGlobal | StoreShared, em: Emitter, reg: Reg) -> int:
@@ -56,8 +56,8 @@ def _alignment(s: LoadGlobal | LoadShared | StoreGlobal | StoreShared, em: Emitt
     whose byte offset has more known low zero bits (up to the allocation's alignment)."""
     align = reg.type.nbytes if reg.length > 1 else reg.dtype.itemsize
     if isinstance(s, LoadShared | StoreShared):
-        known = 1 << min(known_zero_bits(s.index, em) + (s.alloc.dtype.itemsize.bit_length() - 1), 4)
-        align = max(align, min(known, SHARED_ALIGNMENT))
+        zeros = known_zero_bits(s.index, em) + s.alloc.dtype.itemsize.bit_length() - 1   # of the byte offset
+        align = max(align, min(1 << min(zeros, 16), SHARED_ALIGNMENT))
     return align
 
 
