@@ -207,11 +207,16 @@ def compile_module(module: ir.Module | str, sm: str = "sm_90", *, ptx_version: i
             _optimize(mod, machine, opt_level)
         optimized = str(mod) if keep_optimized else None   # before code generation rewrites it
         ptx = machine.emit_assembly(mod)
-    kernels = tuple(re.findall(r"^(?:\.(?:visible|weak)\s+)?\.entry\s+([\w$]+)", ptx, flags=re.M))
+    kernels = entry_names(ptx)
     if not kernels:
         raise InternalError("the module has no kernel: give the entry function calling_convention='ptx_kernel' "
                             "(codegen.nvvm.define_kernel)", pass_name="nvptx")
     return PtxArtifact(sm, version, text, optimized, ptx, kernels)
+
+
+def entry_names(ptx: str) -> tuple[str, ...]:
+    """The ``.entry`` (kernel) names of a PTX text, in order."""
+    return tuple(re.findall(r"^(?:\.(?:visible|weak)\s+)?\.entry\s+([\w$]+)", ptx, flags=re.M))
 
 
 def _optimize(mod: llvm.ModuleRef, machine: llvm.TargetMachine, opt_level: int | None) -> None:

@@ -114,7 +114,7 @@ def lanewise(b: ir.IRBuilder, out_type: ir.Type, fn: Callable[..., ir.Value], *o
         return fn(*operands)
     vec = ir.Constant(out_type, ir.Undefined)
     for i in range(out_type.count):
-        at = ir.Constant(I32, i)
+        at = i32(i)
         elems = [b.extract_element(v, at) if isinstance(v.type, ir.VectorType) else v for v in operands]
         vec = b.insert_element(vec, fn(*elems), at)
     return vec

@@ -145,10 +145,17 @@ def _check_memory(s: Stmt, ctx: _Ctx, need: Need) -> None:
     need(reg.type.nbytes <= 16, lambda: f"memory vectors are at most 16 bytes, {reg.type} is {reg.type.nbytes}")
     if load:
         need(_fits(s.other, reg.dtype), lambda: f"other {s.other!r} is not a {reg.dtype}")
-    r = ctx.ranges.get(s.index.name)
-    if s.mask is None and not ctx.conditional and r is not None and r.exact:
-        need(r.lo >= 0 and r.hi + reg.length <= target.type.size,
-             lambda: f"{target.name}[{s.index}] reaches elements {r.lo}..{r.hi + reg.length - 1}, "
+    if s.mask is None:
+        _check_reach(s.index, reg.length, target, "reaches", ctx, need)
+
+
+def _check_reach(index: Reg, length: int, target, reach: str, ctx: _Ctx, need: Need) -> None:
+    """Where the range of `index` is known exactly and every thread gets here (no condition on the way),
+    elements ``index .. index + length - 1`` must lie inside `target`."""
+    r = ctx.ranges.get(index.name)
+    if not ctx.conditional and r is not None and r.exact:
+        need(r.lo >= 0 and r.hi + length <= target.type.size,
+             lambda: f"{target.name}[{index}] {reach} elements {r.lo}..{r.hi + length - 1}, "
              f"outside the {target.type.size} of {target.name}: {target.type}")
 
 
@@ -204,11 +211,7 @@ def _check_stmt(s: Stmt, ctx: _Ctx) -> None:
         need(s.out.type == RegType(target.dtype, 2 * s.count), lambda: f"ldmatrix.x{s.count} of {target.dtype} gives "
              f"{2 * s.count} of them per lane, not {s.out.type}")
         need(_index(s.index), lambda: f"index {s.index} must be an i32/i64 scalar")
-        r = ctx.ranges.get(s.index.name)
-        if not ctx.conditional and r is not None and r.exact:
-            need(r.lo >= 0 and r.hi + 8 <= target.type.size,
-                 lambda: f"{target.name}[{s.index}] rows reach elements {r.lo}..{r.hi + 7}, outside the "
-                 f"{target.type.size} of {target.name}: {target.type}")
+        _check_reach(s.index, 8, target, "rows reach", ctx, need)
     elif isinstance(s, Mma):
         for what, reg, want in (("A", s.a, s.shape.a_type), ("B", s.b, s.shape.b_type),
                                 ("C", s.c, s.shape.c_type), ("D", s.out, s.shape.c_type)):

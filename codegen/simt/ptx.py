@@ -7,12 +7,11 @@ the compile cache, which skips both on a hit). Nothing here needs a GPU.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable
 
 from ...ir.errors import InternalError
-from ..nvptx import compile_module
+from ..nvptx import compile_module, entry_names
 from ..simt_to_llvm import emit_text
 from ...ir.simt import SimtKernel
 from .kernel import SimtProgram
@@ -66,7 +65,7 @@ def program_ptx(p: SimtProgram, ptx_of: Callable[[SimtKernel, str], tuple[str, s
     kernels = []
     for k in p.kernels:
         text, ptx = compile_kernel(k, p.sm)
-        entries = re.findall(r"^(?:\.(?:visible|weak)\s+)?\.entry\s+([\w$]+)", ptx, flags=re.MULTILINE)
+        entries = entry_names(ptx)
         if len(entries) != 1:
             raise InternalError(f"kernel {k.name}: PTX with entries {entries}", pass_name="nvptx")
         kernels.append(KernelPtx(k.name, entries[0], text, ptx))

@@ -32,12 +32,14 @@ class Emitter:
         self.kernel, self.builder, self.rules, self.options = kernel, builder, rules, options
         self.env: dict[str, ir.Value] = {}
         self.lanes: dict[str, list[ir.Value]] = {}     # a register's elements as scalars, where known
-        self.memo: dict[tuple, object] = {}             # per-block derived values (mma operand registers)
+        # derived values: per basic block under `in_block` (mma operand registers), kernel-wide under keys
+        # of their own (an index's known zero bits, an ldmatrix's words)
+        self.memo: dict[tuple, object] = {}
         self.buffers: dict[str, ir.Value] = {}
         self.shared: dict[str, ir.GlobalVariable] = {}
-        self.vector_uses = _vector_uses(kernel)
         # each register's defining statement (the statements with one result)
         self.defs = {s.out.name: s for s in walk_stmts(kernel.body) if isinstance(getattr(s, "out", None), Reg)}
+        self.vector_uses = _vector_uses(kernel, {name for name, s in self.defs.items() if isinstance(s, Mma)})
         self._blocks = 0
 
     @property
@@ -98,12 +100,12 @@ class Emitter:
             rule(s, self)
 
 
-def _vector_uses(kernel: SimtKernel) -> set[str]:
-    """Registers read as whole vectors: by any statement or yield, except an `Mma` result read as the next
-    mma's accumulator or as a `Pack` part. An mma chain (``d = a b + c`` down a k loop) passes its
-    accumulator as four scalars, so a result becomes a vector only when something else reads it."""
+def _vector_uses(kernel: SimtKernel, mma_results: set[str]) -> set[str]:
+    """Registers read as whole vectors: by any statement or yield, except an `Mma` result (one of
+    `mma_results`) read as the next mma's accumulator or as a `Pack` part. An mma chain (``d = a b + c``
+    down a k loop) passes its accumulator as four scalars, so a result becomes a vector only when
+    something else reads it."""
     used: set[str] = set()
-    mma_results = {s.out.name for s in walk_stmts(kernel.body) if isinstance(s, Mma)}
     for s in walk_stmts(kernel.body):
         if isinstance(s, Mma):
             read: tuple = (s.a, s.b)

@@ -51,7 +51,8 @@ def _elements(s: LoadGlobal | LoadShared | StoreGlobal | StoreShared, block: Blo
     return threads, first[:, None] + np.arange(length)
 
 
-def _fail_at(block: Block, s: Stmt) -> Callable[[str, str], None]:
+def fail_at(block: Block, s: Stmt) -> Callable[[str, str], None]:
+    """The tracker's failure callback for statement `s` of `block`."""
     return lambda kind, message: block.fail(kind, message, s)
 
 
@@ -60,7 +61,7 @@ def load(s: LoadGlobal | LoadShared, block: Block) -> None:
     length = s.out.length
     threads, elems = _elements(s, block, array.size, name, space, length)
     if tracker is not None:
-        tracker.read(elems.ravel(), np.repeat(block.gid[threads], length), block.launch.epoch, _fail_at(block, s))
+        tracker.read(elems.ravel(), np.repeat(block.gid[threads], length), block.launch.epoch, fail_at(block, s))
     shape = (block.threads,) if length == 1 else (block.threads, length)
     out = np.full(shape, s.other).astype(s.out.dtype.numpy)
     out[threads] = array[elems] if length > 1 else array[elems[:, 0]]
@@ -75,7 +76,7 @@ def store(s: StoreGlobal | StoreShared, block: Block) -> None:
     if tracker is not None:
         flat = elems.ravel()
         tracker.write(flat, np.repeat(block.gid[threads], length), _bits(array[flat]), _bits(values.ravel()),
-                      block.launch.epoch, _fail_at(block, s))
+                      block.launch.epoch, fail_at(block, s))
     array[elems] = values
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from ...ir.simt import WARP_SIZE, LdMatrix, Mma, MmaShape, Reg, Shuffle, ShuffleKind, Stmt
 from ..nvvm_mma import fragment_a, fragment_b, fragment_c
+from .memory import fail_at
 from .state import Block
 
 
@@ -77,8 +78,7 @@ def _ldmatrix(s: LdMatrix, block: Block) -> None:
     elems = first[:, None] + np.arange(8)
     tracker = block.shared_trackers.get(name)
     if tracker is not None:
-        tracker.read(elems.ravel(), np.repeat(block.gid[givers], 8), block.launch.epoch,
-                     lambda kind, message: block.fail(kind, message, s))
+        tracker.read(elems.ravel(), np.repeat(block.gid[givers], 8), block.launch.epoch, fail_at(block, s))
     # rows[warp, m, r]: row r of matrix m, read where lane 8 m + r of the warp said
     rows = np.zeros((block.threads // WARP_SIZE, s.count, 8, 8), dtype=array.dtype)
     given = block.tid[givers]
