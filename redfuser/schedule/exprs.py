@@ -30,6 +30,7 @@ from ..ir import (
     Load,
     Select,
     Unary,
+    UnaryOp,
     walk,
 )
 from ..ir import tile as t
@@ -128,9 +129,29 @@ def _load(lw: ExprLowering, e: Load, b: dict[str, Binding]) -> Tiled:
     return Tiled(kb.cast(v, compute_dtype(e.buffer.dtype)), off.dims)
 
 
+LOG2E = float(np.log2(np.e))
+
+
 def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
     x = lw.lower_as(e.x, compute_dtype(e.dtype), b)
+    if e.op is UnaryOp.EXP and e.dtype.name in LOW_PRECISION:
+        return _exp_as_exp2(lw, x)
     return Tiled(lw.kb.unary(e.op, x.value), x.dims)
+
+
+def _exp_as_exp2(lw: ExprLowering, x: Tiled) -> Tiled:
+    """``exp`` of a 16- or 8-bit float computed as ``exp2(x * log2 e)`` in f32.
+
+    The program rounds this exponential to its narrow type, so its error budget is half an ulp of
+    that type (2**-9 for bf16, 2**-12 for f16). Rounding ``x * log2 e`` to f32 moves the result by at
+    most ``|x| log2(e) ln(2) 2**-24 = |x| 2**-24`` relative, and ``exp2`` (one ``ex2.approx`` on a GPU,
+    2**-22) adds its own: below 2**-17 wherever the narrow type's exponential is neither 0 nor inf
+    (|x| < 104), 2**8 under the budget. The range-reduced ``exp`` that f32 programs get costs about
+    twelve more instructions per element, the bulk of a softmax's or an attention's inner loop.
+    docs/numerics.md, "Low-precision exponentials"."""
+    scale = Tiled(lw.kb.const(LOG2E, float32), ())
+    scaled = lw.elementwise([x, scale], lambda v: lw.kb.binary(BinaryOp.MUL, v[0], v[1]))
+    return Tiled(lw.kb.unary(UnaryOp.EXP2, scaled.value), scaled.dims)
 
 
 def _common(a: DType, b: DType) -> DType:
