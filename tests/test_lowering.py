@@ -25,6 +25,7 @@ from redfuser.ir.types import float16, int64
 
 import redfuser as rf
 from redfuser.schedule import options_for, schedule_program
+from redfuser.testing import assert_close
 from redfuser.workloads import attention, fp8_quant_gemm, softmax
 
 RNG = np.random.default_rng(5)
@@ -137,13 +138,65 @@ def test_dots_get_half_precision_operands_only_when_exact_or_rounded_away():
     prog = tile_program(attention, q, q, q, block_m=16, block_n=16)   # bf16 in, f32 out
     kernel = narrow_dot_operands(prog.kernels[0], GpuOptions())
     dots = [op for op in t.walk_ops(kernel.body) if isinstance(op, t.Dot)]
-    assert [(d.a.dtype.name, d.b.dtype.name) for d in dots] == [("bf16", "bf16"), ("f32", "f32")]
-    # exact operands: the rewritten kernel computes the very same values
+    # Q @ K^T: both exact; P @ V: the f32 P split into three bf16 parts, chained through the accumulator
+    assert [(d.a.dtype.name, d.b.dtype.name) for d in dots] == [("bf16", "bf16")] * 4
+    assert dots[2].acc == dots[1].out and dots[3].acc == dots[2].out
+    assert dots[1].b == dots[2].b == dots[3].b
     same = replace(prog, kernels=(kernel,))
-    np.testing.assert_array_equal(run_tile_program(same, [q, q, q])[0], run_tile_program(prog, [q, q, q])[0])
+    assert_close(run_tile_program(same, [q, q, q])[0], run_tile_program(prog, [q, q, q])[0], np.float32, 32)
     h = normal(1, 1, 32, 16, dtype=np.float16)                        # f16 out: P is rounded for P @ V
     kernel = narrow_dot_operands(tile_program(attention, h, h, h, block_m=16, block_n=16).kernels[0], GpuOptions())
     assert all(op.a.dtype == float16 for op in t.walk_ops(kernel.body) if isinstance(op, t.Dot))
+
+
+def adversarial_f32(rows: int, cols: int) -> np.ndarray:
+    """f32 values with full 24-bit significands over the whole exponent range a bf16 split keeps exactly
+    (|x| >= 2**-110), f32's largest, and values between bf16's largest finite and f32's largest."""
+    rng = np.random.default_rng(23)
+    significand = 1 + rng.integers(0, 1 << 23, (rows, cols)) / float(1 << 23)
+    x = (rng.choice([-1.0, 1.0], (rows, cols)) * significand * 2.0 ** rng.integers(-110, 127, (rows, cols)))
+    x = x.astype(np.float32)
+    beyond = np.float32(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    x[0, :4] = [np.finfo(np.float32).max, -np.finfo(np.float32).max, np.nextafter(beyond, np.float32(np.inf)),
+                -np.nextafter(beyond, np.float32(np.inf))]
+    return x
+
+
+def matmul(p, v):
+    return p @ v
+
+
+@pytest.mark.parametrize("backend", ["tile", "simulate"])
+def test_an_f32_operand_split_into_bf16_parts_is_exact(backend):
+    """f32 @ bf16 with f32 out: the f32 operand is split into bf16 parts that sum to it exactly, so with a
+    one-hot V each output is one of P's values, bit for bit, on the Tile interpreter and the mma simulator."""
+    p = adversarial_f32(32, 32)
+    perm = np.random.default_rng(24).permutation(32)
+    v = np.eye(32, dtype=np.float32)[:, perm].astype(ml_dtypes.bfloat16)   # out[:, j] = p[:, perm[j]]
+    prog = tile_program(matmul, p, v, block_m=16, block_n=16)
+    kernel = narrow_dot_operands(prog.kernels[0], GpuOptions())
+    assert sum(isinstance(op, t.Dot) and op.a.dtype.name == "bf16" for op in t.walk_ops(kernel.body)) == 3
+    if backend == "tile":
+        out = run_tile_program(replace(prog, kernels=(kernel,)), [p, v])[0]
+    else:
+        out = rf.kernel(matmul, backend="simulate", block_m=16, block_n=16)(p, v)
+    np.testing.assert_array_equal(out, p[:, perm])
+
+
+@pytest.mark.parametrize("backend", ["tile", "simulate"])
+def test_a_split_operand_keeps_infinities_and_nan(backend):
+    p = normal(16, 16)
+    p[1, 3], p[2, 5], p[3, 7] = np.inf, -np.inf, np.nan
+    v = normal(16, 16, dtype=ml_dtypes.bfloat16)
+    v[3, 0] = 0.0                                        # inf * 0: NaN, as in the reference
+    with np.errstate(all="ignore"):
+        expected = (p.astype(np.float64)[:, :, None] * v.astype(np.float64)[None]).sum(1)
+    if backend == "tile":
+        prog = tile_program(matmul, p, v, block_m=16, block_n=16)
+        out = run_tile_program(replace(prog, kernels=(narrow_dot_operands(prog.kernels[0], GpuOptions()),)), [p, v])[0]
+    else:
+        out = rf.kernel(matmul, backend="simulate", block_m=16, block_n=16)(p, v)
+    assert_close(out, expected.astype(np.float32), np.float32, 16)
 
 
 # --- what the lowering emits ----------------------------------------------------------------------

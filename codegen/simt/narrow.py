@@ -8,8 +8,26 @@ target, `plan.mma_shape`). When only one operand is exactly low precision,
 the other (an f32 computation, like ``P`` in ``P @ V``) is rounded to that type
 only if `GpuOptions.round_operands` and every value the dot's result reaches is
 stored in that precision or coarser (`store_precision`): the rounding is then
-smaller than what the store rounds away anyway. Otherwise the dot stays f32 (FMA).
+smaller than what the store rounds away anyway. Otherwise, when the exact operand is
+bf16, the f32 operand is *split*: three bf16 values that sum to it exactly, each
+multiplied by the exact operand in its own mma, the three chained through the
+accumulator (numpy computes ``bf16 @ bf16`` in f32, so an f32 ``P @ V`` is what a
+bf16 attention written in numpy asks for). Otherwise the dot stays f32 (FMA).
 Guarantees: verified Tile IR in and out; exact operands give the same result.
+
+Why the split is exact. bf16 has f32's exponent range and 8 of its 24 significant
+bits. ``a1 = bf16(a)`` (round to nearest) leaves ``a - a1`` exactly representable in
+f32 with at most 16 significant bits; ``a2 = bf16(a - a1)`` leaves at most 8, which
+``a3`` holds exactly. So ``a1 + a2 + a3 == a``, and every product with a bf16 value is
+exact in f32: the three mmas add the very products the FMA path adds, in another
+order (the smallest part first, so ``a3 + a2 == a - a1`` exactly and no partial sum
+overflows where ``a`` does not). Two edges: what ``a1`` and ``a2`` are cast from is clamped to bf16's largest
+finite value, so an f32 beyond it (up to f32's largest) does not round to inf, and
+an infinity reaches ``a3`` unclamped (``inf - max = inf``) and stays one; bits of
+``a`` below bf16's smallest subnormal (2**-133, only when ``|a| < 2**-110``) are
+lost. NaN stays NaN. The cost is
+three tensor-core instructions where one would do, against a ``[M, K] x [K, N]``
+loop of FMAs.
 """
 from __future__ import annotations
 
@@ -19,12 +37,15 @@ import ml_dtypes
 import numpy as np
 
 from ...ir import tile as t
+from ...ir.expr import BinaryOp
 from ...ir.tile_verifier import verify_kernel
-from ...ir.types import float32
+from ...ir.types import bfloat16, float32
 from .options import GpuOptions
 from .plan import mma_shape
 
 NARROW = ("f16", "bf16", "f8e4m3")
+BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+SPLIT_PARTS = 3   # bf16 parts of an f32 operand: 3 x 8 significant bits hold f32's 24
 _VIEWS = (t.Permute, t.Broadcast, t.ExpandDims)
 
 
@@ -106,22 +127,56 @@ class _Narrower:
         if len(kinds) != 1:
             return op
         (narrow,) = kinds
-        if (a is None or b is None) and not (self.opts.round_operands and narrow.name != "f8e4m3"
-                                             and self.sink.get(op.out.name, np.inf) >= eps(narrow)):
+        one_exact = a is None or b is None
+        rounds = one_exact and self.opts.round_operands and narrow.name != "f8e4m3" \
+            and self.sink.get(op.out.name, np.inf) >= eps(narrow)
+        if one_exact and not rounds and narrow != bfloat16:
             return op
         probe = t.Dot(op.out, t.Value("a", op.a.type.with_dtype(narrow)), t.Value("b", op.b.type.with_dtype(narrow)),
                       op.acc)
         if mma_shape(probe, self.opts) is None:
             return op
-        operands = []
+        operands: list[list[t.Value]] = []
         for value, exact in ((op.a, a), (op.b, b)):
             if exact is not None:
-                operands.append(self.rebuild(exact[0], exact[1], out))
-            else:
+                operands.append([self.rebuild(exact[0], exact[1], out)])
+            elif rounds:
                 rounded = t.Value(self.fresh(f"{value.name}_{narrow}"), value.type.with_dtype(narrow))
                 out.append(t.Cast(rounded, value, op.loc))
-                operands.append(rounded)
-        return replace(op, a=operands[0], b=operands[1])
+                operands.append([rounded])
+            else:   # the smallest part first: each partial sum stays below |a| (no overflow on the way)
+                operands.append(self.split(value, out, op.loc)[::-1])
+        pairs = [(x, y) for x in operands[0] for y in operands[1]]
+        acc = op.acc
+        for i, (x, y) in enumerate(pairs[:-1]):
+            part = t.Value(self.fresh(f"{op.out.name}_part{i}"), op.out.type)
+            out.append(replace(op, out=part, a=x, b=y, acc=acc))
+            acc = part
+        return replace(op, a=pairs[-1][0], b=pairs[-1][1], acc=acc)
+
+    def split(self, value: t.Value, out: list[t.Op], loc) -> list[t.Value]:
+        """`SPLIT_PARTS` bf16 values summing exactly to the f32 `value` (see the module docstring)."""
+        def new(suffix: str, dtype=float32) -> t.Value:
+            return t.Value(self.fresh(f"{value.name}_{suffix}"), value.type.with_dtype(dtype))
+
+        def emit(op: t.Op) -> t.Value:
+            out.append(op)
+            return op.out
+
+        high = emit(t.Constant(new("bf16_max"), BF16_MAX, loc))
+        low = emit(t.Constant(new("bf16_lowest"), -BF16_MAX, loc))
+        rest, parts = value, []
+        for i in range(SPLIT_PARTS):
+            last = i + 1 == SPLIT_PARTS
+            # clamped, so that a finite f32 beyond bf16's range gives a finite part and the rest goes on;
+            # the last part is not: an infinite value reaches it (inf - max = inf) and stays infinite
+            part_f32 = rest if last else emit(t.Binary(
+                new(f"clamp{i}"), BinaryOp.MIN, emit(t.Binary(new(f"floor{i}"), BinaryOp.MAX, rest, low, loc)), high, loc))
+            parts.append(emit(t.Cast(new(f"part{i}", bfloat16), part_f32, loc)))
+            if not last:
+                back = emit(t.Cast(new(f"part{i}_f32"), parts[-1], loc))
+                rest = emit(t.Binary(new(f"rest{i}"), BinaryOp.SUB, rest, back, loc))
+        return parts
 
     def block(self, ops: tuple[t.Op, ...]) -> tuple[t.Op, ...]:
         out: list[t.Op] = []
