@@ -10,10 +10,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-
-import redfuser as rf
 from redfuser.ir import tile as t
 from redfuser.ir.expr import UnaryOp
+
+import redfuser as rf
 from redfuser.schedule import options_for, schedule_program
 
 NARROW = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
