@@ -59,7 +59,7 @@ def test_long_output_axis_is_tiled_across_the_grid(n):
     verify_tile_program(tiled)
     for kernel in fused_kernels(tiled):
         # the states: a[block_m] and y_acc[block_m, block_n], never the whole N
-        assert carried_shapes(kernel) == [(opts.block_m,), (opts.block_m, opts.block_n)]
+        assert carried_shapes(kernel) == [(opts.rows(),), (opts.rows(), opts.block_n)]
         assert -(-n // opts.block_n) in kernel.grid
 
 

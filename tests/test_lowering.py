@@ -121,6 +121,22 @@ def test_a_views_source_layout_holds_the_elements_the_view_reads(view):
             assert src.table()[tid, r] == np.ravel_multi_index(want, x_shape)
 
 
+def test_gpu_tile_rows_follow_what_the_fused_states_hold():
+    """GPU default (``block_m=None``): 32 rows when every fused state is one value per row (softmax's m and
+    l: no tensor cores to feed, half the code per thread), 64 when the tile feeds mma (attention's query
+    rows); a block_m the user gives is kept either way."""
+    x, q = normal(256, 1024), normal(1, 2, 256, 64)
+
+    def grids(fn, *args, **options):
+        lowered = rf.kernel(fn, backend="interpret").lower(*args)
+        return [k.grid for k in schedule_program(lowered.program, options_for("simulate", {"workers": 1, **options})).kernels]
+
+    assert grids(softmax, x) == [(256 // 32,)]
+    assert grids(softmax, x, block_m=64) == [(256 // 64,)]
+    assert grids(attention, q, q, q) == [(2, 256 // 64)]
+    assert grids(attention, q, q, q, block_m=32) == [(2, 256 // 32)]
+
+
 # --- analyses and the dot pre-pass ----------------------------------------------------------------
 
 def test_offsets_are_affine_and_ragged_masks_constant_over_vectors():

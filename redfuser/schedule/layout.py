@@ -2,7 +2,7 @@
 
 `fused_layout` classifies the (unified, see `unify.py`) axes of a fused loop and
 its epilogue: the axes every state shares go to the grid, the last of them tiled
-by ``block_m`` (query rows in attention); axes only some states have (attention's
+by ``block_m`` (query rows in attention; `FusedLayout.rows`); axes only some states have (attention's
 head dimension, a running top-k's rank) stay whole inside the tile; the fused
 axis is walked in chunks. A state axis too long to stay whole (longer than
 `WHOLE_MAX` and ``block_n``: the N columns of a quantized GEMM's ``y[M, N]``) is
@@ -54,6 +54,16 @@ class FusedLayout:
     def epilogue_stmt(self, j: int) -> int:
         return len(self.fl.locals) + len(self.fl.states) + j
 
+    @property
+    def per_row_states(self) -> bool:
+        """Whether every state is one value per row of the tiled axis (softmax's ``m`` and ``l``): no
+        whole axis and no top-k rank inside the tile."""
+        return not self.whole_keys and not self.rank_keys
+
+    def rows(self, opts: ScheduleOptions) -> int:
+        """The tile rows of the tiled axis under `opts` (`ScheduleOptions.rows`)."""
+        return opts.rows(self.per_row_states)
+
     def programs(self, opts: ScheduleOptions) -> int:
         """How many program instances the grid has (without a split)."""
         n = 1
@@ -61,7 +71,7 @@ class FusedLayout:
             n *= self.classes.extent[key]
         if self.tiled_key is not None:
             extent = self.classes.extent[self.tiled_key]
-            n *= _ceil_div(extent, opts.tile(opts.block_m, extent))
+            n *= _ceil_div(extent, opts.tile(self.rows(opts), extent))
         for key in self.grid_tiled(opts):
             extent = self.classes.extent[key]
             n *= _ceil_div(extent, opts.tile(opts.block_n, extent))
@@ -186,7 +196,7 @@ class FusedBuilder:
             self.grid.append(extent[key])
         if lay.tiled_key is not None:
             n = extent[lay.tiled_key]
-            size = opts.tile(opts.block_m, n)
+            size = opts.tile(lay.rows(opts), n)
             pid = kb.program_id(len(self.grid), hint=f"pid_{lay.tiled_key}")
             base = pid if size == 1 else kb.binary(BinaryOp.MUL, pid, kb.const(size, index), hint=f"{lay.tiled_key}_start")
             self.binding[lay.tiled_key] = Dim(lay.tiled_key, 0, size, n, base, _ceil_div(n, size) * size > n)

@@ -49,10 +49,10 @@ def compute_kernel(s: Compute, name: str, opts: ScheduleOptions, index: DType) -
     kb = KernelBuilder(name, index)
     axes = s.axes
     if len(axes) >= 2:
-        tiled = [(axes[-2], opts.tile(opts.block_m, axes[-2].extent), 0),
+        tiled = [(axes[-2], opts.tile(opts.rows(), axes[-2].extent), 0),
                  (axes[-1], opts.tile(opts.block_n, axes[-1].extent), 1)]
     elif axes:
-        tiled = [(axes[-1], opts.tile(opts.block_m * opts.block_n, axes[-1].extent), 0)]
+        tiled = [(axes[-1], opts.tile(opts.rows() * opts.block_n, axes[-1].extent), 0)]
     else:
         tiled = []
     bindings, grid = bind_grid(kb, axes[: len(axes) - len(tiled)], tiled)
@@ -86,10 +86,10 @@ def reduce_kernel(s: Reduce, name: str, opts: ScheduleOptions, index: DType) -> 
     kb = KernelBuilder(name, index)
     axes = s.axes
     if is_matmul(s):
-        tiled = [(axes[-2], opts.tile(opts.block_m, axes[-2].extent), 0),
+        tiled = [(axes[-2], opts.tile(opts.rows(), axes[-2].extent), 0),
                  (axes[-1], opts.tile(opts.block_n, axes[-1].extent), 1)]
     elif axes:
-        tiled = [(axes[-1], opts.tile(opts.block_m, axes[-1].extent), 0)]
+        tiled = [(axes[-1], opts.tile(opts.rows(), axes[-1].extent), 0)]
     else:
         tiled = []
     bindings, grid = bind_grid(kb, axes[: len(axes) - len(tiled)], tiled)

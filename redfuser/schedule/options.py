@@ -2,7 +2,9 @@
 
 | option      | meaning                                                         | cpu | gpu |
 |-------------|-----------------------------------------------------------------|-----|-----|
-| `block_m`   | rows of an output tile (second-to-last tiled axis, query rows)  | 32  | 64  |
+| `block_m`   | rows of an output tile (second-to-last tiled axis, query rows)  | 32  | auto|
+|             | auto (None): `ROWS` -- 64, or 32 for a fused loop whose states  |     |     |
+|             | are one value per row (softmax's ``m``, ``l``)                  |     |     |
 | `block_n`   | columns of an output tile; chunk length of a fused loop's axis  | 64  | 64  |
 | `block_k`   | chunk length of a reduced axis (``for`` over chunks beyond it)  | 64  | 32  |
 | `pow2`      | round tile sizes up to powers of two (masks cover the excess)   | no  | yes |
@@ -27,7 +29,7 @@ from dataclasses import dataclass, fields, replace
 class ScheduleOptions:
     """The knobs `schedule_program` reads (see the module docstring)."""
 
-    block_m: int = 32
+    block_m: int | None = 32
     block_n: int = 64
     block_k: int = 64
     pow2: bool = False
@@ -36,12 +38,21 @@ class ScheduleOptions:
     skip_masked: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k", "workers") + (("split",) if self.split is not None else ()):
+        for name in ("block_m", "block_n", "block_k", "workers", "split"):
             value = getattr(self, name)
+            if value is None and name in ("block_m", "split"):
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 from ..ir import ArgumentError
 
                 raise ArgumentError(f"{name} must be a positive int, got {value!r}", op="schedule")
+
+    def rows(self, per_row_states: bool = False) -> int:
+        """Rows of a tile: `block_m`, or where that is None (the GPU default) `ROWS` for a tile whose fused
+        states are one value per row (`per_row_states`) or any other."""
+        if self.block_m is not None:
+            return self.block_m
+        return ROWS[per_row_states]
 
     def tile(self, block: int, extent: int) -> int:
         """The tile length covering an axis of `extent` in blocks of `block` (at least 1)."""
@@ -51,8 +62,21 @@ class ScheduleOptions:
 
 DEFAULTS: dict[str, ScheduleOptions] = {
     "cpu": ScheduleOptions(),
-    "gpu": ScheduleOptions(block_m=64, block_n=64, block_k=32, pow2=True),
+    "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=32, pow2=True),
 }
+
+
+ROWS: dict[bool, int] = {False: 64, True: 32}
+"""GPU tile rows when `block_m` is None, by whether the tile's fused states are one value per row.
+
+64 rows suit tiles that feed tensor cores (16 rows per warp for 4 warps: attention's query rows).
+A row softmax's tile feeds none: at 64 x 64 with 4 warps a thread holds 32 elements in each pass,
+which doubles its code (and compile time) over 16 without adding to what is in flight per SM. For a
+[32768, 16384] f16 softmax on an H200 the whole grid is resident either way: 512 blocks of 64 rows
+(about 4 per SM, 8 KiB of loads each per step) or 1024 of 32 (about 8 per SM, 4 KiB each), so the
+same 31 KiB per SM is in flight, with twice the warps to hide latency behind and 48 registers a
+thread instead of 76. Triton's softmax holds 16 elements a thread too (8192 columns, 16 warps).
+`benchmarks/gpu_check.py` times ``block_m=64`` beside it for softmax and log-softmax."""
 
 
 WHOLE_MAX = 128

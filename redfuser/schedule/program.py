@@ -76,7 +76,7 @@ def _sweeps_of_split_loops_apart(groups: list[Group], opts: ScheduleOptions) -> 
 
 
 def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions) -> bool:
-    pad = max(opts.block_m, opts.block_n, opts.block_k) * (2 if opts.pow2 else 1)
+    pad = max(opts.rows(), opts.block_n, opts.block_k) * (2 if opts.pow2 else 1)
     for b in buffers:
         n = 1
         for s in b.shape:

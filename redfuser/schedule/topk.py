@@ -79,7 +79,7 @@ def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType) -> t.Ti
     """``values, indices = top k over reduce_axis of value``: rows tiled, the axis in chunks of ``block_k``."""
     kb = KernelBuilder(name, index)
     par = s.parallel
-    tiled = [(par[-1], opts.tile(opts.block_m, par[-1].extent), 0)] if par else []
+    tiled = [(par[-1], opts.tile(opts.rows(), par[-1].extent), 0)] if par else []
     bindings, grid = bind_grid(kb, par[: len(par) - len(tiled)], tiled)
     rows = tuple(b for b in (bindings[a.name] for a, _, _ in tiled) if isinstance(b, Dim))
     k = opts.tile(s.k, s.k)   # a power of two on the GPU: the extra slots rank below the k stored
