@@ -307,6 +307,7 @@ VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
     "fp8_gemm": (("redfuser llvm_opt=1", {"llvm_opt": 1}),),
     "softmax": (("redfuser block_m=64", {"block_m": 64}),),       # the tile before options.ROWS
     "log_softmax": (("redfuser block_m=64", {"block_m": 64}),),
+    "moe_routing": (("redfuser block_m=64", {"block_m": 64}),),
 }
 
 

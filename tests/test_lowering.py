@@ -28,7 +28,7 @@ from redfuser.ir.types import float16, int64
 import redfuser as rf
 from redfuser.schedule import options_for, schedule_program
 from redfuser.testing import assert_close
-from redfuser.workloads import attention, fp8_quant_gemm, softmax
+from redfuser.workloads import attention, fp8_quant_gemm, moe_routing, softmax
 
 RNG = np.random.default_rng(5)
 
@@ -122,9 +122,9 @@ def test_a_views_source_layout_holds_the_elements_the_view_reads(view):
 
 
 def test_gpu_tile_rows_follow_what_the_fused_states_hold():
-    """GPU default (``block_m=None``): 32 rows when every fused state is one value per row (softmax's m and
-    l: no tensor cores to feed, half the code per thread), 64 when the tile feeds mma (attention's query
-    rows); a block_m the user gives is kept either way."""
+    """GPU default (``block_m=None``): 32 rows when every fused state is one value or top-k list per row
+    (softmax's m and l, routing's top-k: no tensor cores to feed, half the code per thread), 64 when the
+    tile feeds mma (attention's query rows); a block_m the user gives is kept either way."""
     x, q = normal(256, 1024), normal(1, 2, 256, 64)
 
     def grids(fn, *args, **options):
@@ -135,6 +135,7 @@ def test_gpu_tile_rows_follow_what_the_fused_states_hold():
     assert grids(softmax, x, block_m=64) == [(256 // 64,)]
     assert grids(attention, q, q, q) == [(2, 256 // 64)]
     assert grids(attention, q, q, q, block_m=32) == [(2, 256 // 32)]
+    assert grids(moe_routing, x[:, :64])[0] == (256 // 32,)   # the fused kernel; its epilogue nests keep 64
 
 
 # --- analyses and the dot pre-pass ----------------------------------------------------------------

@@ -56,9 +56,12 @@ class FusedLayout:
 
     @property
     def per_row_states(self) -> bool:
-        """Whether every state is one value per row of the tiled axis (softmax's ``m`` and ``l``): no
-        whole axis and no top-k rank inside the tile."""
-        return not self.whole_keys and not self.rank_keys
+        """Whether every state is one value (or one short top-k list) per row of the tiled axis: softmax's
+        ``m`` and ``l``, MoE routing's running top-k. No state has a whole axis (attention's head
+        dimension), so nothing feeds tensor cores; an epilogue's own small axes do not count."""
+        n_locals = len(self.fl.locals)
+        keys = {self.classes.of(n_locals + j, a) for j, st in enumerate(self.fl.states) for a in st.axes}
+        return not (keys & set(self.whole_keys)) - self.rank_keys
 
     def rows(self, opts: ScheduleOptions) -> int:
         """The tile rows of the tiled axis under `opts` (`ScheduleOptions.rows`)."""
