@@ -21,13 +21,12 @@ f32 with at most 16 significant bits; ``a2 = bf16(a - a1)`` leaves at most 8, wh
 ``a3`` holds exactly. So ``a1 + a2 + a3 == a``, and every product with a bf16 value is
 exact in f32: the three mmas add the very products the FMA path adds, in another
 order (the smallest part first, so ``a3 + a2 == a - a1`` exactly and no partial sum
-overflows where ``a`` does not). Two edges: what ``a1`` and ``a2`` are cast from is clamped to bf16's largest
-finite value, so an f32 beyond it (up to f32's largest) does not round to inf, and
-an infinity reaches ``a3`` unclamped (``inf - max = inf``) and stays one; bits of
-``a`` below bf16's smallest subnormal (2**-133, only when ``|a| < 2**-110``) are
-lost. NaN stays NaN. The cost is
-three tensor-core instructions where one would do, against a ``[M, K] x [K, N]``
-loop of FMAs.
+overflows where ``a`` does not). Two edges: what ``a1`` and ``a2`` are cast from is
+clamped to bf16's largest finite value, so an f32 beyond it (up to f32's largest)
+does not round to inf, and an infinity reaches ``a3`` unclamped (``inf - max =
+inf``) and stays one; bits of ``a`` below bf16's smallest subnormal (2**-133, only
+when ``|a| < 2**-110``) are lost. NaN stays NaN. The cost is three tensor-core
+instructions where one would do, against a ``[M, K] x [K, N]`` loop of FMAs.
 """
 from __future__ import annotations
 
@@ -38,8 +37,9 @@ import numpy as np
 
 from ...ir import tile as t
 from ...ir.expr import BinaryOp
+from ...ir.source import SourceLoc
 from ...ir.tile_verifier import verify_kernel
-from ...ir.types import bfloat16, float32
+from ...ir.types import DType, bfloat16, float32
 from .options import GpuOptions
 from .plan import mma_shape
 
@@ -154,9 +154,9 @@ class _Narrower:
             acc = part
         return replace(op, a=pairs[-1][0], b=pairs[-1][1], acc=acc)
 
-    def split(self, value: t.Value, out: list[t.Op], loc) -> list[t.Value]:
+    def split(self, value: t.Value, out: list[t.Op], loc: SourceLoc) -> list[t.Value]:
         """`SPLIT_PARTS` bf16 values summing exactly to the f32 `value` (see the module docstring)."""
-        def new(suffix: str, dtype=float32) -> t.Value:
+        def new(suffix: str, dtype: DType = float32) -> t.Value:
             return t.Value(self.fresh(f"{value.name}_{suffix}"), value.type.with_dtype(dtype))
 
         def emit(op: t.Op) -> t.Value:

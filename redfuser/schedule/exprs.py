@@ -147,8 +147,8 @@ def _exp_as_exp2(lw: ExprLowering, x: Tiled) -> Tiled:
     most ``|x| log2(e) ln(2) 2**-24 = |x| 2**-24`` relative, and ``exp2`` (one ``ex2.approx`` on a GPU,
     2**-22) adds its own: below 2**-17 wherever the narrow type's exponential is neither 0 nor inf
     (|x| < 104), 2**8 under the budget. The range-reduced ``exp`` that f32 programs get costs about
-    twelve more instructions per element, the bulk of a softmax's or an attention's inner loop.
-    docs/numerics.md, "Low-precision exponentials"."""
+    fifteen more instructions per element, the bulk of a softmax's or an attention's inner loop
+    (docs/gpu-backend.md, "Numerics")."""
     scale = Tiled(lw.kb.const(LOG2E, float32), ())
     scaled = lw.elementwise([x, scale], lambda v: lw.kb.binary(BinaryOp.MUL, v[0], v[1]))
     return Tiled(lw.kb.unary(UnaryOp.EXP2, scaled.value), scaled.dims)
