@@ -8,7 +8,7 @@ user set on the kernel are never tuned: they override every candidate.
 
 Tuning off (the default, ``autotune=False``) compiles the fixed defaults of
 `redfuser.schedule.options.DEFAULTS`: cpu ``block_m=32, block_n=64, block_k=64``;
-GPU ``block_n=64, block_k=32`` and ``block_m`` 64, or 32 where every fused state is one
+GPU ``block_n=64, block_k=64`` and ``block_m`` 64, or 32 where every fused state is one
 value or top-k list per row (``options.ROWS``), 4 warps (fewer for small tiles);
 ``split`` automatic. On (``rf.kernel(fn, autotune=True)`` or ``REDFUSER_AUTOTUNE=1``),
 the first call of a specialization compiles and times each candidate with the
@@ -72,7 +72,7 @@ SPACES: dict[str, tuple[Config, ...]] = {
             Config(block_n=32, block_k=32), Config(block_m=64, block_n=128), Config(split=1)),
     "cuda": (Config(), Config(block_m=32), Config(block_m=128, num_warps=8), Config(block_n=128),
              Config(block_n=128, block_k=64, num_warps=8), Config(block_m=128, block_n=128, num_warps=8),
-             Config(block_n=32, num_warps=2), Config(block_k=64), Config(split=1)),
+             Config(block_n=32, num_warps=2), Config(block_k=32), Config(split=1)),
 }
 """The candidates per backend, the untuned kernel first (small on purpose: each costs a compile)."""
 

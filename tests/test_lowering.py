@@ -138,6 +138,23 @@ def test_gpu_tile_rows_follow_what_the_fused_states_hold():
     assert grids(moe_routing, x[:, :64])[0] == (256 // 32,)   # the fused kernel; its epilogue nests keep 64
 
 
+def test_attention_reads_q_once_and_contractions_divide_into_chunks():
+    """GPU ``block_k=64``: a head dimension of 64 is one chunk, so the q tile is loop-invariant, loaded
+    before the key loop, and the key loop has no inner loop (4 barriers a key block, not 2 + 4 per
+    head-dim chunk); 96 divides into chunks of 32 (`ScheduleOptions.chunk`) and stays on tensor cores."""
+    h = normal(1, 2, 128, 64, dtype=np.float16)
+    simt = lower_to_simt(tile_program(attention, h, h, h), GpuOptions()).kernels[0]
+    loop = next(s for s in simt.body if isinstance(s, For))
+    assert "q" in {s.buffer.name for s in simt.body if isinstance(s, LoadGlobal)}
+    assert "q" not in {s.buffer.name for s in walk_stmts(loop.body.stmts) if isinstance(s, LoadGlobal)}
+    assert not [s for s in walk_stmts(loop.body.stmts) if isinstance(s, For)]
+    opts = options_for("simulate")
+    assert [opts.chunk(n) for n in (64, 96, 128, 48, 4096, 100)] == [64, 32, 64, 16, 64, 64]
+    wide = normal(1, 1, 32, 96, dtype=np.float16)
+    simt = lower_to_simt(tile_program(attention, wide, wide, wide), GpuOptions()).kernels[0]
+    assert {s.shape for s in stmts(simt, Mma)} == {MmaShape.M16N8K16_F16}
+
+
 # --- analyses and the dot pre-pass ----------------------------------------------------------------
 
 def test_offsets_are_affine_and_ragged_masks_constant_over_vectors():

@@ -6,7 +6,8 @@
 |             | auto (None): `ROWS` -- 64, or 32 for a fused loop whose states  |     |     |
 |             | are one value or top-k list per row (softmax's ``m``, ``l``)    |     |     |
 | `block_n`   | columns of an output tile; chunk length of a fused loop's axis  | 64  | 64  |
-| `block_k`   | chunk length of a reduced axis (``for`` over chunks beyond it)  | 64  | 32  |
+| `block_k`   | chunk length of a reduced axis (``for`` over chunks beyond it;  | 64  | 64  |
+|             | GPU: a smaller power of two dividing the axis, `chunk`)         |     |     |
 | `pow2`      | round tile sizes up to powers of two (masks cover the excess)   | no  | yes |
 | `split`     | slices of a fused loop's axis run by separate programs (flash   | auto| auto|
 |             | decoding); None: automatic (`split.auto_split`), 1: never       |     |     |
@@ -54,16 +55,40 @@ class ScheduleOptions:
             return self.block_m
         return ROWS[per_row_states]
 
+    def chunk(self, extent: int) -> int:
+        """The chunk length of a reduced axis of `extent`: ``tile(block_k, extent)``, except that with
+        power-of-two tiles a smaller power of two that divides the axis (down to `MIN_DIVIDING_CHUNK`) is
+        taken where that one would leave a masked remainder: a head dimension of 96 is three chunks of
+        32, not 64 and a padded 64, and its contraction stays on tensor cores."""
+        size = self.tile(self.block_k, extent)
+        if self.pow2 and extent % size:
+            smaller = size // 2
+            while smaller >= MIN_DIVIDING_CHUNK:
+                if extent % smaller == 0:
+                    return smaller
+                smaller //= 2
+        return size
+
     def tile(self, block: int, extent: int) -> int:
         """The tile length covering an axis of `extent` in blocks of `block` (at least 1)."""
         size = max(1, min(block, extent))
         return 1 << (size - 1).bit_length() if self.pow2 else size
 
 
+# GPU block_k is 64 (it was 32): attention's ``q @ k^T`` contracts the head dimension inside the key loop.
+# In chunks of 32, each chunk of q was loaded again from global memory every key block, with four
+# barriers per chunk; a head dimension of 64 in one chunk makes the q tile loop-invariant, so the
+# scheduler's hoisting loads it once, before the loop, and a key block needs 4 barriers instead of 10
+# (18 for a head dimension of 128, now 10). ptxas: attention f16 172 registers instead of 182, the same
+# code size and compile time. `benchmarks/gpu_check.py` times ``block_k=32`` beside it.
 DEFAULTS: dict[str, ScheduleOptions] = {
     "cpu": ScheduleOptions(),
-    "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=32, pow2=True),
+    "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=64, pow2=True),
 }
+
+
+MIN_DIVIDING_CHUNK = 16
+"""The shortest chunk `ScheduleOptions.chunk` takes to divide a reduced axis (an f16 mma's k)."""
 
 
 ROWS: dict[bool, int] = {False: 64, True: 32}

@@ -94,7 +94,7 @@ def _nest(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, ou
             bindings[axis.name] = Fixed(lp.iv, axis.extent)
             lp.yield_(_nest(lw, opts, op, value, out_dims, bindings, rest, order, hint, lp.args[0], False))
         return lp.results[0]
-    size = opts.tile(opts.block_k, axis.extent)
+    size = opts.chunk(axis.extent)
     if size >= axis.extent:  # one chunk covers the axis: no loop
         dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, None, size > axis.extent)
         bindings[axis.name] = dim
