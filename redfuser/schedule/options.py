@@ -80,7 +80,9 @@ class ScheduleOptions:
 # barriers per chunk; a head dimension of 64 in one chunk makes the q tile loop-invariant, so the
 # scheduler's hoisting loads it once, before the loop, and a key block needs 4 barriers instead of 10
 # (18 for a head dimension of 128, now 10). ptxas: attention f16 172 registers instead of 182, the same
-# code size and compile time. `benchmarks/gpu_check.py` times ``block_k=32`` beside it.
+# code size and compile time. `benchmarks/gpu_check.py` times ``block_k=32`` beside it. Not 128: a head
+# dimension of 128 would then be one chunk too (q resident, 4 barriers, 6% more compile time), but f32
+# attention's FMA contraction over it spills at the default tiles.
 DEFAULTS: dict[str, ScheduleOptions] = {
     "cpu": ScheduleOptions(),
     "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=64, pow2=True),
