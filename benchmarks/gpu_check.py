@@ -301,10 +301,11 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 # RedFuser built another way, timed beside the default on the cases named, for choices that rest on
 # static counts until a device times both: LLVM's O1 middle end against RedFuser's short one
 # (`codegen/nvptx.py`, GPU_PASSES); softmax's 64-row tile against the 32 rows of `options.ROWS`; attention's
-# head dimension in chunks of 32 against one chunk (`options.DEFAULTS`).
+# head dimension in chunks of 32 or 64 against one chunk (`options.K_BLOCK`).
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
     "attention": (("redfuser llvm_opt=1", {"llvm_opt": 1}), ("redfuser block_k=32", {"block_k": 32})),
-    "causal": (("redfuser llvm_opt=1", {"llvm_opt": 1}), ("redfuser block_k=32", {"block_k": 32})),
+    "causal": (("redfuser llvm_opt=1", {"llvm_opt": 1}), ("redfuser block_k=32", {"block_k": 32}),
+               ("redfuser block_k=64", {"block_k": 64})),
     "fp8_gemm": (("redfuser llvm_opt=1", {"llvm_opt": 1}),),
     "softmax": (("redfuser block_m=64", {"block_m": 64}),),       # the tile before options.ROWS
     "log_softmax": (("redfuser block_m=64", {"block_m": 64}),),

@@ -138,18 +138,25 @@ def test_gpu_tile_rows_follow_what_the_fused_states_hold():
     assert grids(moe_routing, x[:, :64])[0] == (256 // 32,)   # the fused kernel; its epilogue nests keep 64
 
 
-def test_attention_reads_q_once_and_contractions_divide_into_chunks():
-    """GPU ``block_k=64``: a head dimension of 64 is one chunk, so the q tile is loop-invariant, loaded
-    before the key loop, and the key loop has no inner loop (4 barriers a key block, not 2 + 4 per
-    head-dim chunk); 96 divides into chunks of 32 (`ScheduleOptions.chunk`) and stays on tensor cores."""
-    h = normal(1, 2, 128, 64, dtype=np.float16)
+@pytest.mark.parametrize("head", [64, 128])
+def test_attention_reads_q_once_and_contractions_divide_into_chunks(head):
+    """GPU ``block_k=None``: a 16-bit contraction up to 128 long is one chunk (`options.K_BLOCK`), so the q
+    tile is loop-invariant, loaded and made into mma fragments before the key loop, and the key loop has
+    no inner loop (4 barriers a key block, not 2 + 4 per head-dim chunk); f32 contractions are cut at
+    64; 96 divides into chunks of 32 (`ScheduleOptions.chunk`) and stays on tensor cores."""
+    h = normal(1, 2, 128, head, dtype=np.float16)
     simt = lower_to_simt(tile_program(attention, h, h, h), GpuOptions()).kernels[0]
     loop = next(s for s in simt.body if isinstance(s, For))
     assert "q" in {s.buffer.name for s in simt.body if isinstance(s, LoadGlobal)}
     assert "q" not in {s.buffer.name for s in walk_stmts(loop.body.stmts) if isinstance(s, LoadGlobal)}
     assert not [s for s in walk_stmts(loop.body.stmts) if isinstance(s, For)]
+    f32 = lower_to_simt(tile_program(attention, *(h.astype(np.float32),) * 3), GpuOptions()).kernels[0]
+    f32_loop = next(s for s in f32.body if isinstance(s, For))
+    in_loop = {s.buffer.name for s in walk_stmts(f32_loop.body.stmts) if isinstance(s, LoadGlobal)}
+    assert ("q" in in_loop) == (head > 64)      # f32 (FMA): q re-read per 64-wide chunk of a longer head dim
     opts = options_for("simulate")
     assert [opts.chunk(n) for n in (64, 96, 128, 48, 4096, 100)] == [64, 32, 64, 16, 64, 64]
+    assert [opts.chunk(n, narrow_product=True) for n in (64, 96, 128, 256)] == [64, 32, 128, 128]
     wide = normal(1, 1, 32, 96, dtype=np.float16)
     simt = lower_to_simt(tile_program(attention, wide, wide, wide), GpuOptions()).kernels[0]
     assert {s.shape for s in stmts(simt, Mma)} == {MmaShape.M16N8K16_F16}

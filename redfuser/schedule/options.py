@@ -6,8 +6,9 @@
 |             | auto (None): `ROWS` -- 64, or 32 for a fused loop whose states  |     |     |
 |             | are one value or top-k list per row (softmax's ``m``, ``l``)    |     |     |
 | `block_n`   | columns of an output tile; chunk length of a fused loop's axis  | 64  | 64  |
-| `block_k`   | chunk length of a reduced axis (``for`` over chunks beyond it;  | 64  | 64  |
-|             | GPU: a smaller power of two dividing the axis, `chunk`)         |     |     |
+| `block_k`   | chunk length of a reduced axis (``for`` over chunks beyond it;  | 64  | auto|
+|             | GPU: a smaller power of two dividing the axis, `chunk`); auto   |     |     |
+|             | (None): `K_BLOCK` -- 128 for a contraction of 16-bit data, 64   |     |     |
 | `pow2`      | round tile sizes up to powers of two (masks cover the excess)   | no  | yes |
 | `split`     | slices of a fused loop's axis run by separate programs (flash   | auto| auto|
 |             | decoding); None: automatic (`split.auto_split`), 1: never       |     |     |
@@ -32,7 +33,7 @@ class ScheduleOptions:
 
     block_m: int | None = 32
     block_n: int = 64
-    block_k: int = 64
+    block_k: int | None = 64
     pow2: bool = False
     split: int | None = None
     workers: int = 1
@@ -41,7 +42,7 @@ class ScheduleOptions:
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "workers", "split"):
             value = getattr(self, name)
-            if value is None and name in ("block_m", "split"):
+            if value is None and name in ("block_m", "block_k", "split"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 from ..ir import ArgumentError
@@ -55,12 +56,19 @@ class ScheduleOptions:
             return self.block_m
         return ROWS[per_row_states]
 
-    def chunk(self, extent: int) -> int:
-        """The chunk length of a reduced axis of `extent`: ``tile(block_k, extent)``, except that with
-        power-of-two tiles a smaller power of two that divides the axis (down to `MIN_DIVIDING_CHUNK`) is
-        taken where that one would leave a masked remainder: a head dimension of 96 is three chunks of
-        32, not 64 and a padded 64, and its contraction stays on tensor cores."""
-        size = self.tile(self.block_k, extent)
+    def k_block(self, narrow_product: bool = False) -> int:
+        """`block_k`, or where that is None (the GPU default) `K_BLOCK` for a contraction of 16-bit or
+        narrower floats (`narrow_product`: it runs on tensor cores) or any other reduced axis."""
+        if self.block_k is not None:
+            return self.block_k
+        return K_BLOCK[narrow_product]
+
+    def chunk(self, extent: int, narrow_product: bool = False) -> int:
+        """The chunk length of a reduced axis of `extent`: ``tile(k_block(narrow_product), extent)``, except
+        that with power-of-two tiles a smaller power of two that divides the axis (down to
+        `MIN_DIVIDING_CHUNK`) is taken where that one would leave a masked remainder: a head dimension of
+        96 is three chunks of 32, not 64 and a padded 64, and its contraction stays on tensor cores."""
+        size = self.tile(self.k_block(narrow_product), extent)
         if self.pow2 and extent % size:
             smaller = size // 2
             while smaller >= MIN_DIVIDING_CHUNK:
@@ -75,19 +83,25 @@ class ScheduleOptions:
         return 1 << (size - 1).bit_length() if self.pow2 else size
 
 
-# GPU block_k is 64 (it was 32): attention's ``q @ k^T`` contracts the head dimension inside the key loop.
-# In chunks of 32, each chunk of q was loaded again from global memory every key block, with four
-# barriers per chunk; a head dimension of 64 in one chunk makes the q tile loop-invariant, so the
-# scheduler's hoisting loads it once, before the loop, and a key block needs 4 barriers instead of 10
-# (18 for a head dimension of 128, now 10). ptxas: attention f16 172 registers instead of 182, the same
-# code size and compile time. `benchmarks/gpu_check.py` times ``block_k=32`` beside it. Not 128: a head
-# dimension of 128 would then be one chunk too (q resident, 4 barriers, 6% more compile time), but f32
-# attention's FMA contraction over it spills at the default tiles.
 DEFAULTS: dict[str, ScheduleOptions] = {
     "cpu": ScheduleOptions(),
-    "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=64, pow2=True),
+    "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True),
 }
 
+
+K_BLOCK: dict[bool, int] = {False: 64, True: 128}
+"""GPU chunk of a reduced axis when `block_k` is None, by whether it is a contraction of 16-bit or narrower
+floats over a 2-d output (a `dot` for tensor cores; `reduce._narrow_product`) or any other.
+
+Attention's ``q @ k^T`` contracts the head dimension inside the key loop. Cut in chunks of 32 (the old
+GPU default), each chunk of q was loaded again from global memory every key block, with four barriers
+per chunk. A head dimension in one chunk makes the q tile loop-invariant, so the scheduler's hoisting
+loads it, and the SIMT lowering makes its mma fragments, once, before the loop: a key block waits at 4
+barriers instead of 10 (head dim 64) or 18 (128), and reads only k and v, as FlashAttention does.
+ptxas (nvJitLink 13.5): attention f16 172 registers instead of 182, causal (head dim 128) 230 instead of
+243; compile time the same at head dim 64 and 10-15% longer at 128. f32 contractions (FMA) stop at 64:
+f32 attention over a whole head dim of 128 spills. `benchmarks/gpu_check.py` times ``block_k=32`` and
+``64`` beside it."""
 
 MIN_DIVIDING_CHUNK = 16
 """The shortest chunk `ScheduleOptions.chunk` takes to divide a reduced axis (an f16 mma's k)."""

@@ -76,7 +76,8 @@ def _sweeps_of_split_loops_apart(groups: list[Group], opts: ScheduleOptions) -> 
 
 
 def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions) -> bool:
-    pad = max(opts.rows(), opts.block_n, opts.block_k) * (2 if opts.pow2 else 1)
+    # with power-of-two tiles a chunk overhangs its axis by less than the chunk: 2 x 64 covers a 128 chunk
+    pad = max(opts.rows(), opts.block_n, opts.k_block()) * (2 if opts.pow2 else 1)
     for b in buffers:
         n = 1
         for s in b.shape:

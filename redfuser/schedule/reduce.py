@@ -8,7 +8,7 @@ index at a time, the last one in chunks of `block_k`).
 """
 from __future__ import annotations
 
-from ..ir import Axis, Binary, BinaryOp, Expr, ReduceOp
+from ..ir import Axis, Binary, BinaryOp, Expr, ReduceOp, loads
 from ..ir import tile as t
 from .exprs import ExprLowering, compute_dtype
 from .options import ScheduleOptions
@@ -47,6 +47,15 @@ def _dot_operands(lw: ExprLowering, value: Expr, out_dims: tuple[Dim, ...], rdim
             v = kb.select(place(kb, Tiled(mask, (rdim,)), z.dims), v, zero, hint=f"{v.name}_k")
         operands.append(v if z.dims[0].key == first.key else kb.permute(v, (1, 0)))
     return operands[0], operands[1]
+
+
+def _narrow_product(value: Expr) -> bool:
+    """Whether `value` is a product of 16-bit or narrower float data: over a 2-d output, a `dot` whose
+    operands `codegen.simt.narrow` hands to tensor cores."""
+    if not (isinstance(value, Binary) and value.op is BinaryOp.MUL):
+        return False
+    found = loads(value)
+    return bool(found) and all(ld.buffer.dtype.is_float and ld.buffer.dtype.itemsize <= 2 for ld in found)
 
 
 def reduce_chunk(lw: ExprLowering, op: ReduceOp, value: Expr, out_dims: tuple[Dim, ...], rdim: Dim,
@@ -94,7 +103,7 @@ def _nest(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, ou
             bindings[axis.name] = Fixed(lp.iv, axis.extent)
             lp.yield_(_nest(lw, opts, op, value, out_dims, bindings, rest, order, hint, lp.args[0], False))
         return lp.results[0]
-    size = opts.chunk(axis.extent)
+    size = opts.chunk(axis.extent, len(out_dims) == 2 and _narrow_product(value))
     if size >= axis.extent:  # one chunk covers the axis: no loop
         dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, None, size > axis.extent)
         bindings[axis.name] = dim

@@ -89,7 +89,7 @@ def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType) -> t.Ti
     d = rank_dtype(s.values.dtype)
     acc = empty_list(kb, d, dims, s.values.name)
     n = s.reduce_axis.extent
-    size = opts.tile(opts.block_k, n)
+    size = opts.tile(opts.k_block(), n)
 
     def chunk(kdim: Dim, acc: tuple[t.Value, t.Value]) -> tuple[t.Value, t.Value]:
         b = dict(bindings)
