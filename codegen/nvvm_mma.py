@@ -144,11 +144,6 @@ def ldmatrix(builder: ir.IRBuilder, smem_ptr: ir.Value, count: int = 4, *, trans
     return [builder.extract_value(result, i) for i in range(count)]
 
 
-def ldmatrix_x4(builder: ir.IRBuilder, smem_ptr: ir.Value, *, trans: bool = False) -> list[ir.Value]:
-    """`ldmatrix` of four tiles."""
-    return ldmatrix(builder, smem_ptr, 4, trans=trans)
-
-
 def cp_async_16(builder: ir.IRBuilder, smem_ptr: ir.Value, gmem_ptr: ir.Value) -> None:
     """``cp.async.cg.shared.global`` of 16 bytes (bypasses L1 and registers); both pointers 16-byte aligned."""
     if gmem_ptr.type != PTR_GLOBAL:
@@ -177,5 +172,5 @@ __all__ = [
     "fragment_a", "fragment_b", "fragment_c",
     "mma_m16n8k16_f16_f32", "mma_m16n8k16_bf16_f32", "mma_m16n8k32_e4m3_f32",
     "pack_half2", "pack_i16x2", "f32_to_bf16_bits", "bf16_bits_to_f32", "f32x2_to_e4m3x2", "f16_to_f32",
-    "ldmatrix", "ldmatrix_x4", "cp_async_16", "cp_async_commit", "cp_async_wait",
+    "ldmatrix", "cp_async_16", "cp_async_commit", "cp_async_wait",
 ]

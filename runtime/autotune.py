@@ -8,8 +8,9 @@ user set on the kernel are never tuned: they override every candidate.
 
 Tuning off (the default, ``autotune=False``) compiles the fixed defaults of
 `redfuser.schedule.options.DEFAULTS`: cpu ``block_m=32, block_n=64, block_k=64``;
-GPU ``block_n=64``, ``block_k`` 128 for 16-bit contractions, else 64 (``options.K_BLOCK``), ``block_m`` 64, or 32 where every fused state is one
-value or top-k list per row (``options.ROWS``), 4 warps (fewer for small tiles);
+GPU ``block_n=64``; ``block_k`` 128 for 16-bit contractions, else 64
+(``options.K_BLOCK``); ``block_m`` 64, or 32 where every fused state is one
+value or top-k list per row (``options.ROWS``); 4 warps (fewer for small tiles);
 ``split`` automatic. On (``rf.kernel(fn, autotune=True)`` or ``REDFUSER_AUTOTUNE=1``),
 the first call of a specialization compiles and times each candidate with the
 backend's timer -- `wall_clock` on the cpu, `cuda_events` on the GPU (around

@@ -132,7 +132,7 @@ def test_conversions_ldmatrix_cp_async_on_sm80():
     nvvm_mma.cp_async_commit(b)
     nvvm_mma.cp_async_wait(b, 0)
     nvvm.barrier(b)
-    frags = nvvm_mma.ldmatrix_x4(b, nvvm.shared_gep(b, tile, I16, b.mul(nvvm.lane_id(b), ir.Constant(I32, 8))))
+    frags = nvvm_mma.ldmatrix(b, nvvm.shared_gep(b, tile, I16, b.mul(nvvm.lane_id(b), ir.Constant(I32, 8))), 4)
     bits = nvvm_mma.f32_to_bf16_bits(b, b.bitcast(frags[0], F32))
     half = b.fptrunc(nvvm_mma.bf16_bits_to_f32(b, bits), F16)
     packed = b.bitcast(nvvm_mma.pack_half2(b, half, half), I32)

@@ -91,7 +91,7 @@ DEFAULTS: dict[str, ScheduleOptions] = {
 
 K_BLOCK: dict[bool, int] = {False: 64, True: 128}
 """GPU chunk of a reduced axis when `block_k` is None, by whether it is a contraction of 16-bit or narrower
-floats over a 2-d output (a `dot` for tensor cores; `reduce._narrow_product`) or any other.
+floats over a 2-d output (a `dot` for tensor cores; `reduce._narrow_dot`) or any other.
 
 Attention's ``q @ k^T`` contracts the head dimension inside the key loop. Cut in chunks of 32 (the old
 GPU default), each chunk of q was loaded again from global memory every key block, with four barriers

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..ir import Axis, Binary, BinaryOp, Expr, ReduceOp, loads
 from ..ir import tile as t
-from .exprs import ExprLowering, compute_dtype
+from .exprs import LOW_PRECISION, ExprLowering, compute_dtype
 from .options import ScheduleOptions
 from .space import Binding, Dim, Fixed, Tiled, mask_tile, ordered, place
 
@@ -24,7 +24,7 @@ def shape_of(dims: tuple[Dim, ...]) -> tuple[int, ...]:
 def _dot_operands(lw: ExprLowering, value: Expr, out_dims: tuple[Dim, ...], rdim: Dim,
                   bindings: dict[str, Binding]) -> tuple[t.Value, t.Value] | None:
     """``(a [m,k], b [k,n])`` when `value` is such a product over (m, n) = `out_dims`, else None."""
-    if len(out_dims) != 2 or not (isinstance(value, Binary) and value.op is BinaryOp.MUL):
+    if not _product_over_2d(value, out_dims):
         return None
     acc_dtype = compute_dtype(value.dtype)
     if not acc_dtype.is_float:
@@ -49,13 +49,16 @@ def _dot_operands(lw: ExprLowering, value: Expr, out_dims: tuple[Dim, ...], rdim
     return operands[0], operands[1]
 
 
-def _narrow_product(value: Expr) -> bool:
-    """Whether `value` is a product of 16-bit or narrower float data: over a 2-d output, a `dot` whose
+def _product_over_2d(value: Expr, out_dims: tuple[Dim, ...]) -> bool:
+    """Whether `value` is a product summed into a 2-d output: the shape a `dot` can take."""
+    return len(out_dims) == 2 and isinstance(value, Binary) and value.op is BinaryOp.MUL
+
+
+def _narrow_dot(value: Expr, out_dims: tuple[Dim, ...]) -> bool:
+    """Whether the sum of `value` over a reduced axis is a `dot` of low-precision data (f16/bf16/e4m3), whose
     operands `codegen.simt.narrow` hands to tensor cores."""
-    if not (isinstance(value, Binary) and value.op is BinaryOp.MUL):
-        return False
-    found = loads(value)
-    return bool(found) and all(ld.buffer.dtype.is_float and ld.buffer.dtype.itemsize <= 2 for ld in found)
+    found = loads(value) if _product_over_2d(value, out_dims) else []
+    return bool(found) and all(ld.buffer.dtype.name in LOW_PRECISION for ld in found)
 
 
 def reduce_chunk(lw: ExprLowering, op: ReduceOp, value: Expr, out_dims: tuple[Dim, ...], rdim: Dim,
@@ -103,7 +106,7 @@ def _nest(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, ou
             bindings[axis.name] = Fixed(lp.iv, axis.extent)
             lp.yield_(_nest(lw, opts, op, value, out_dims, bindings, rest, order, hint, lp.args[0], False))
         return lp.results[0]
-    size = opts.chunk(axis.extent, len(out_dims) == 2 and _narrow_product(value))
+    size = opts.chunk(axis.extent, _narrow_dot(value, out_dims))
     if size >= axis.extent:  # one chunk covers the axis: no loop
         dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, None, size > axis.extent)
         bindings[axis.name] = dim
