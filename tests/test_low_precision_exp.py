@@ -37,19 +37,7 @@ def narrow_ulps(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
 
 
 def unary_ops(tile_program) -> list[UnaryOp]:
-    found = []
-
-    def visit(ops):
-        for op in ops:
-            if isinstance(op, t.Unary):
-                found.append(op.op)
-            for region in (getattr(op, "body", None), getattr(op, "then", None), getattr(op, "orelse", None)):
-                if region is not None:
-                    visit(region.ops if hasattr(region, "ops") else region)
-
-    for kernel in tile_program.kernels:
-        visit(kernel.body)
-    return found
+    return [op.op for kernel in tile_program.kernels for op in t.walk_ops(kernel.body) if isinstance(op, t.Unary)]
 
 
 @pytest.mark.parametrize("name,expected", [("f16", [UnaryOp.EXP2]), ("bf16", [UnaryOp.EXP2]),

@@ -128,8 +128,7 @@ def test_gpu_tile_rows_follow_what_the_fused_states_hold():
     x, q = normal(256, 1024), normal(1, 2, 256, 64)
 
     def grids(fn, *args, **options):
-        lowered = rf.kernel(fn, backend="interpret").lower(*args)
-        return [k.grid for k in schedule_program(lowered.program, options_for("simulate", {"workers": 1, **options})).kernels]
+        return [k.grid for k in tile_program(fn, *args, workers=1, **options).kernels]
 
     assert grids(softmax, x) == [(256 // 32,)]
     assert grids(softmax, x, block_m=64) == [(256 // 64,)]
