@@ -339,7 +339,8 @@ def run_case(case: Case, dev: Device, peaks: dict, budget: Budget, hardware: dic
     except Exception as exc:  # out of memory making inputs, say: the whole case is one FAILED row
         return [_failed(Row(case.label, "redfuser"), exc)]
     rows = [run_redfuser(case, sets, ref, dev, peaks, budget)]
-    rows += [run_redfuser(case, sets, ref, dev, peaks, budget, name, extra) for name, extra in VARIANTS.get(case.name, ())]
+    rows += [run_redfuser(case, sets, ref, dev, peaks, budget, name, extra)
+             for name, extra in VARIANTS.get(case.name, ())]
     for name in case.peers:
         if name == "torch.compile":
             later.append((case, sets, ref))

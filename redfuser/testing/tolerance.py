@@ -119,7 +119,7 @@ def assert_close(actual: object, expected: object, dtype: object, reduction_leng
 
     `any_nonfinite`: where both are non-finite, any NaN or infinity matches any other. For random
     programs fed infinities: where an infinity meets a value the tolerance lets round differently -- a
-    sum that cancels to exactly 0 under one summation order or storage rounding and to 2^-9 under
+    sum that cancels to exactly 0 under one summation order or storage rounding and to 2^-11 under
     another -- the result is NaN (``inf * 0``) or an infinity (``inf * tiny``) by that rounding alone.
     Non-finite exactly where the reference is, and every finite value, are still checked.
     """
