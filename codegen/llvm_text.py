@@ -14,7 +14,8 @@ and the hand-built NVPTX samples keep using `llvmlite.ir`.
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Sequence
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Sequence
 
 from llvmlite import ir
 
@@ -74,6 +75,21 @@ class _Effect:
 
     def render(self) -> str:
         return f"  {self._line()}"
+
+
+class TextSlot:
+    """A place kept in a block for instructions made later (`TextBuilder.reserve`): a value is emitted
+    there only when something first reads it, yet sits where its statement was, so it dominates every
+    read. Prints what was put there, in order (nothing if no one asked)."""
+
+    __slots__ = ("function", "instructions")
+
+    def __init__(self, function: "TextFunction") -> None:
+        self.function = function
+        self.instructions: list = []
+
+    def render(self) -> str:
+        return "\n".join(i.render() for i in self.instructions)
 
 
 class _Phi(TextValue):
@@ -171,7 +187,7 @@ class TextFunction:
         lines = [f'define {cc}{ret} @"{self.name}"({args})', "{"]
         for block in self.blocks:
             lines.append(f"{block.name}:")
-            lines += [i.render() for i in block.instructions]
+            lines += [text for text in (i.render() for i in block.instructions) if text]   # unused slots: ""
         lines.append("}")
         return "\n".join(lines)
 
@@ -271,6 +287,21 @@ class TextBuilder:
 
     def position_at_end(self, block: TextBlock) -> None:
         self.block = block
+
+    def reserve(self) -> TextSlot:
+        """A slot at the current position for instructions made later (`at`)."""
+        slot = TextSlot(self.block.function)
+        self.block.instructions.append(slot)
+        return slot
+
+    @contextmanager
+    def at(self, slot: TextSlot) -> Iterator[None]:
+        """Build into `slot` for the ``with`` body, then continue where the builder was."""
+        here, self.block = self.block, slot
+        try:
+            yield
+        finally:
+            self.block = here
 
     # -- helpers -------------------------------------------------------------------------------------
     def _value(self, typ: ir.Type, name: str, line) -> TextValue:
@@ -439,4 +470,4 @@ class TextBuilder:
         self._effect(lambda: "ret void")
 
 
-__all__ = ["TextModule", "TextBuilder", "TextFunction", "TextGlobal", "TextValue", "TextBlock"]
+__all__ = ["TextModule", "TextBuilder", "TextFunction", "TextGlobal", "TextValue", "TextBlock", "TextSlot"]

@@ -25,7 +25,7 @@ from .. import nvvm
 from ..nvvm import I32, call_intrinsic, i32, lanewise, splat
 from . import mathlib
 from .convert import convert
-from .emitter import Emitter
+from .emitter import Emitter, deferred
 from .types import const, overload, reg_type
 
 
@@ -243,6 +243,6 @@ RULES: dict[type, Callable[..., None]] = {
     Select: lambda s, em: em.set(s.out, em.builder.select(em[s.cond], em[s.a], em[s.b], name=s.out.name)),
     Cast: _cast,
     Bitcast: _bitcast,
-    Pack: _pack,
-    Extract: _extract,
+    Pack: deferred(_pack),         # the mma path reads fragments' words around packs and slices of them
+    Extract: deferred(_extract),
 }

@@ -7,7 +7,7 @@ from typing import Callable
 from llvmlite import ir
 
 from ...ir.errors import InternalError
-from ..llvm_text import TextBuilder, TextModule, TextValue
+from ..llvm_text import TextBuilder, TextModule, TextSlot, TextValue
 from ..nvvm import i32
 from ...ir.simt import For, If, Mma, Pack, Reg, SimtKernel, Stmt, uses, walk_stmts
 from ...ir.simt_printer import format_stmt
@@ -48,9 +48,21 @@ class Emitter:
 
     def __getitem__(self, reg: Reg) -> ir.Value:
         try:
-            return self.env[reg.name]
+            value = self.env[reg.name]
         except KeyError:
             raise InternalError(f"{reg} has no LLVM value (was the kernel verified?)", pass_name="simt_to_llvm") from None
+        if value.__class__ is _Deferred:
+            with self.builder.at(value.slot):
+                value.make()
+            value = self.env[reg.name]
+        return value
+
+    def defer(self, reg: Reg, make: Callable[[], None]) -> None:
+        """Bind `reg` on its first read: `make()` (which `set`s it) runs then, its instructions put in a slot
+        kept here, where the statement is, so they dominate every read. For the plumbing that the mma path
+        reads around (a fragment's vector, the packs and slices of it): never read, it is never written,
+        and neither LLVM's parser nor its InstCombine meets it."""
+        self.env[reg.name] = _Deferred(make, self.builder.reserve())
 
     def in_block(self, key: tuple, make: Callable[[], object]) -> object:
         """`make()`, once per `key` and basic block (a value made in one block is reused only there, where
@@ -98,6 +110,23 @@ class Emitter:
                 raise InternalError(f"no LLVM rule for {type(s).__name__}", pass_name="simt_to_llvm",
                                     context="\n".join(format_stmt(s)))
             rule(s, self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Deferred:
+    """A register's value not emitted yet (`Emitter.defer`)."""
+
+    make: Callable[[], None]
+    slot: TextSlot
+
+
+def deferred(rule: Callable[[Stmt, "Emitter"], None]) -> Callable[[Stmt, "Emitter"], None]:
+    """`rule` for a pure one-result statement, run only when its result is first read (`Emitter.defer`)."""
+    def run_when_read(s: Stmt, em: "Emitter") -> None:
+        em.defer(s.out, lambda: rule(s, em))  # type: ignore[attr-defined]
+
+    run_when_read.__doc__ = rule.__doc__
+    return run_when_read
 
 
 def _vector_uses(kernel: SimtKernel, mma_results: set[str]) -> set[str]:

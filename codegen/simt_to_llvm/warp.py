@@ -29,15 +29,20 @@ def _shuffle(s: Shuffle, em: Emitter) -> None:
 
 
 def _ldmatrix(s: LdMatrix, em: Emitter) -> None:
-    """The tiles' i32 words (two elements each) gathered into one vector and reinterpreted as `s.out`."""
+    """The tiles' i32 words (two elements each); `s.out` is them gathered into one vector and reinterpreted,
+    built only if something reads it as a vector (an mma takes the words, `_loaded_words`)."""
     b = em.builder
     ptr = nvvm.shared_gep(b, em.shared[s.alloc.name], mem_type(s.alloc.dtype), em[s.index])
     words = nvvm_mma.ldmatrix(b, ptr, s.count, trans=s.trans)
     em.memo[("ldmatrix words", s.out.name)] = words
-    vec: ir.Value = ir.Constant(ir.VectorType(I32, s.count), ir.Undefined)
-    for i, word in enumerate(words):
-        vec = b.insert_element(vec, word, i32(i))
-    em.set(s.out, b.bitcast(vec, reg_type(s.out.type)))
+
+    def vector() -> None:
+        vec: ir.Value = ir.Constant(ir.VectorType(I32, s.count), ir.Undefined)
+        for i, word in enumerate(words):
+            vec = b.insert_element(vec, word, i32(i))
+        em.set(s.out, b.bitcast(vec, reg_type(s.out.type)))
+
+    em.defer(s.out, vector)
 
 
 def _loaded_words(em: Emitter, reg: Reg) -> list[ir.Value] | None:
