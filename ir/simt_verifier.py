@@ -159,82 +159,109 @@ def _check_reach(index: Reg, length: int, target, reach: str, ctx: _Ctx, need: N
              f"outside the {target.type.size} of {target.name}: {target.type}")
 
 
+def _check_coordinates(s: ThreadIdx | LaneId | WarpId | BlockIdx, ctx: _Ctx, need: Need) -> None:
+    need(s.out.type.dtype == int32 and not s.out.type.is_vector, "thread coordinates are i32 scalars")
+    if isinstance(s, BlockIdx):
+        need(0 <= s.axis < len(ctx.kernel.grid), lambda: f"block_idx axis {s.axis} outside grid {ctx.kernel.grid}")
+
+
+def _check_bitcast(s: Bitcast, ctx: _Ctx, need: Need) -> None:
+    f, i = (s.x, s.out) if s.x.dtype.is_float else (s.out, s.x)
+    need(f.dtype.is_float and i.dtype in (int32, int64) and f.dtype.itemsize <= i.dtype.itemsize
+         and s.x.length == s.out.length, lambda: f"bitcast {s.x.type} to {s.out.type}: a float and an integer "
+         "at least as wide, of one length")
+
+
+def _check_shuffle(s: Shuffle, ctx: _Ctx, need: Need) -> None:
+    need(s.value.dtype in (float32, int32) and not s.value.type.is_vector,
+         lambda: f"shuffle of {s.value.type}: only f32 and i32 scalars")
+    need(s.out.type == s.value.type, "shuffle changes type")
+    need(s.width in (1, 2, 4, 8, 16, 32), lambda: f"shuffle width {s.width} is not a power of two <= 32")
+    need(_index(s.lane) and s.lane.dtype == int32 if isinstance(s.lane, Reg) else 0 <= s.lane < 32,
+         lambda: f"shuffle lane {s.lane} must be an i32 scalar or a constant in [0, 32)")
+
+
+def _check_ldmatrix(s: LdMatrix, ctx: _Ctx, need: Need) -> None:
+    target = s.alloc
+    need(target in ctx.kernel.shared, lambda: f"{target.name} is not a shared allocation of the kernel")
+    need(s.count in (1, 2, 4), lambda: f"ldmatrix of {s.count} matrices: 1, 2 or 4")
+    need(target.dtype.itemsize == 2, lambda: f"ldmatrix reads 16-bit elements, {target.name} holds {target.dtype}")
+    need(s.out.type == RegType(target.dtype, 2 * s.count), lambda: f"ldmatrix.x{s.count} of {target.dtype} gives "
+         f"{2 * s.count} of them per lane, not {s.out.type}")
+    need(_index(s.index), lambda: f"index {s.index} must be an i32/i64 scalar")
+    _check_reach(s.index, 8, target, "rows reach", ctx, need)
+
+
+def _check_mma(s: Mma, ctx: _Ctx, need: Need) -> None:
+    for what, reg, want in (("A", s.a, s.shape.a_type), ("B", s.b, s.shape.b_type),
+                            ("C", s.c, s.shape.c_type), ("D", s.out, s.shape.c_type)):
+        need(reg.type == want, lambda: f"mma.{s.shape.value} {what} fragment is {reg.type}, wants {want}")
+
+
+def _check_for(s: For, ctx: _Ctx, need: Need) -> None:
+    body = s.body
+    need(s.step > 0, "loop step must be positive")
+    need(_index(body.iv), "induction variable is an i32/i64 scalar")
+    for bound in (s.start, s.stop):
+        need(bound.type == body.iv.type if isinstance(bound, Reg) else _fits(bound, body.iv.dtype),
+             lambda: f"loop bound {bound} is not a {body.iv.type}")
+    n = len(s.inits)
+    need(len(body.args) == n and len(body.yields) == n and len(s.results) == n,
+         "inits, carried args, yields and results differ in number")
+    for i, a, y, r in zip(s.inits, body.args, body.yields, s.results):
+        need(i.type == a.type == y.type == r.type, lambda: f"carried value {a} changes type")
+
+
+def _check_if(s: If, ctx: _Ctx, need: Need) -> None:
+    need(_is_bool_scalar(s.cond), "if condition must be a bool scalar")
+    for side in (s.then, s.orelse):
+        need(len(side.yields) == len(s.results) and all(y.type == r.type for y, r in zip(side.yields, s.results)),
+             "a branch yields values that do not match the results")
+
+
+# The checks of each statement kind (a table: the verifier runs on every statement of every kernel, and a
+# chain of isinstance tests was a fifth of its time).
+_CHECKS: dict[type, Callable[[Stmt, _Ctx, Need], None]] = {
+    ThreadIdx: _check_coordinates, LaneId: _check_coordinates, WarpId: _check_coordinates,
+    BlockIdx: _check_coordinates,
+    Const: lambda s, ctx, need: need(_fits(s.value, s.out.dtype), lambda: f"constant {s.value!r} is not a {s.out.dtype}"),
+    Unary: lambda s, ctx, need: _check_unary(s, need),
+    Binary: lambda s, ctx, need: _check_binary(s, need),
+    IntBinary: lambda s, ctx, need: need(s.a.type == s.b.type == s.out.type and s.a.dtype in (int32, int64),
+                                         lambda: f"{s.op.value} wants one i32/i64 type"),
+    Select: lambda s, ctx, need: (
+        need(s.cond.dtype == bool_ and s.cond.type.length in (1, s.a.type.length), "select condition must be bool"),
+        need(s.a.type == s.b.type == s.out.type, "select branches and result differ in type")),
+    Cast: lambda s, ctx, need: need(s.x.type.length == s.out.type.length, "cast changes the vector length"),
+    Bitcast: _check_bitcast,
+    Pack: lambda s, ctx, need: (
+        need(all(p.dtype == s.out.dtype for p in s.parts), "pack parts differ in dtype from the result"),
+        need(sum(p.length for p in s.parts) == s.out.length, "pack parts do not add up to the result length")),
+    Extract: lambda s, ctx, need: need(
+        s.vec.dtype == s.out.dtype and 0 <= s.index and s.index + s.out.length <= s.vec.length,
+        lambda: f"extract {s.out.type} at {s.index} of {s.vec.type}"),
+    LoadGlobal: _check_memory, StoreGlobal: _check_memory, LoadShared: _check_memory, StoreShared: _check_memory,
+    Shuffle: _check_shuffle,
+    LdMatrix: _check_ldmatrix,
+    Mma: _check_mma,
+    For: _check_for,
+    If: _check_if,
+    Barrier: lambda s, ctx, need: None,
+}
+_VECTOR_LENGTHS = frozenset({1, 2, 4, 8, MAX_VECTOR})
+
+
 def _check_stmt(s: Stmt, ctx: _Ctx) -> None:
     def need(cond: bool, msg: Message) -> None:
         if not cond:
             _fail(msg if isinstance(msg, str) else msg(), s, ctx)
 
     for r in defs(s):
-        need(r.type.length in (1, 2, 4, 8, MAX_VECTOR), lambda: f"{r} has {r.type.length} elements (1, 2, 4, 8 or 16)")
-    if isinstance(s, ThreadIdx | LaneId | WarpId | BlockIdx):
-        need(s.out.type.dtype == int32 and not s.out.type.is_vector, "thread coordinates are i32 scalars")
-        if isinstance(s, BlockIdx):
-            need(0 <= s.axis < len(ctx.kernel.grid), lambda: f"block_idx axis {s.axis} outside grid {ctx.kernel.grid}")
-    elif isinstance(s, Const):
-        need(_fits(s.value, s.out.dtype), lambda: f"constant {s.value!r} is not a {s.out.dtype}")
-    elif isinstance(s, Unary):
-        _check_unary(s, need)
-    elif isinstance(s, Binary):
-        _check_binary(s, need)
-    elif isinstance(s, IntBinary):
-        need(s.a.type == s.b.type == s.out.type and s.a.dtype in (int32, int64), lambda: f"{s.op.value} wants one i32/i64 type")
-    elif isinstance(s, Select):
-        need(s.cond.dtype == bool_ and s.cond.type.length in (1, s.a.type.length), "select condition must be bool")
-        need(s.a.type == s.b.type == s.out.type, "select branches and result differ in type")
-    elif isinstance(s, Cast):
-        need(s.x.type.length == s.out.type.length, "cast changes the vector length")
-    elif isinstance(s, Bitcast):
-        f, i = (s.x, s.out) if s.x.dtype.is_float else (s.out, s.x)
-        need(f.dtype.is_float and i.dtype in (int32, int64) and f.dtype.itemsize <= i.dtype.itemsize
-             and s.x.length == s.out.length, lambda: f"bitcast {s.x.type} to {s.out.type}: a float and an integer "
-             "at least as wide, of one length")
-    elif isinstance(s, Pack):
-        need(all(p.dtype == s.out.dtype for p in s.parts), "pack parts differ in dtype from the result")
-        need(sum(p.length for p in s.parts) == s.out.length, "pack parts do not add up to the result length")
-    elif isinstance(s, Extract):
-        need(s.vec.dtype == s.out.dtype and 0 <= s.index and s.index + s.out.length <= s.vec.length,
-             lambda: f"extract {s.out.type} at {s.index} of {s.vec.type}")
-    elif isinstance(s, LoadGlobal | StoreGlobal | LoadShared | StoreShared):
-        _check_memory(s, ctx, need)
-    elif isinstance(s, Shuffle):
-        need(s.value.dtype in (float32, int32) and not s.value.type.is_vector,
-             lambda: f"shuffle of {s.value.type}: only f32 and i32 scalars")
-        need(s.out.type == s.value.type, "shuffle changes type")
-        need(s.width in (1, 2, 4, 8, 16, 32), lambda: f"shuffle width {s.width} is not a power of two <= 32")
-        need(_index(s.lane) and s.lane.dtype == int32 if isinstance(s.lane, Reg) else 0 <= s.lane < 32,
-             lambda: f"shuffle lane {s.lane} must be an i32 scalar or a constant in [0, 32)")
-    elif isinstance(s, LdMatrix):
-        target = s.alloc
-        need(target in ctx.kernel.shared, lambda: f"{target.name} is not a shared allocation of the kernel")
-        need(s.count in (1, 2, 4), lambda: f"ldmatrix of {s.count} matrices: 1, 2 or 4")
-        need(target.dtype.itemsize == 2, lambda: f"ldmatrix reads 16-bit elements, {target.name} holds {target.dtype}")
-        need(s.out.type == RegType(target.dtype, 2 * s.count), lambda: f"ldmatrix.x{s.count} of {target.dtype} gives "
-             f"{2 * s.count} of them per lane, not {s.out.type}")
-        need(_index(s.index), lambda: f"index {s.index} must be an i32/i64 scalar")
-        _check_reach(s.index, 8, target, "rows reach", ctx, need)
-    elif isinstance(s, Mma):
-        for what, reg, want in (("A", s.a, s.shape.a_type), ("B", s.b, s.shape.b_type),
-                                ("C", s.c, s.shape.c_type), ("D", s.out, s.shape.c_type)):
-            need(reg.type == want, lambda: f"mma.{s.shape.value} {what} fragment is {reg.type}, wants {want}")
-    elif isinstance(s, For):
-        body = s.body
-        need(s.step > 0, "loop step must be positive")
-        need(_index(body.iv), "induction variable is an i32/i64 scalar")
-        for bound in (s.start, s.stop):
-            need(bound.type == body.iv.type if isinstance(bound, Reg) else _fits(bound, body.iv.dtype),
-                 lambda: f"loop bound {bound} is not a {body.iv.type}")
-        n = len(s.inits)
-        need(len(body.args) == n and len(body.yields) == n and len(s.results) == n,
-             "inits, carried args, yields and results differ in number")
-        for i, a, y, r in zip(s.inits, body.args, body.yields, s.results):
-            need(i.type == a.type == y.type == r.type, lambda: f"carried value {a} changes type")
-    elif isinstance(s, If):
-        need(_is_bool_scalar(s.cond), "if condition must be a bool scalar")
-        for side in (s.then, s.orelse):
-            need(len(side.yields) == len(s.results) and all(y.type == r.type for y, r in zip(side.yields, s.results)),
-                 "a branch yields values that do not match the results")
-    elif not isinstance(s, Barrier):
+        need(r.type.length in _VECTOR_LENGTHS, lambda: f"{r} has {r.type.length} elements (1, 2, 4, 8 or 16)")
+    check = _CHECKS.get(type(s))
+    if check is None:
         _fail(f"unknown SIMT statement {type(s).__name__}", None, ctx)
+    check(s, ctx, need)
 
 
 def _define(r: Reg, scope: set[str], defined: set[str], s: Stmt | None, ctx: _Ctx) -> None:

@@ -9,7 +9,7 @@ from ...ir.simt_verifier import verify_simt_kernel
 from .. import nvvm
 from ..llvm_text import TextBuilder, TextModule
 from ..nvptx import PtxArtifact, compile_module, new_module, parse_and_verify
-from ..nvvm import PTR
+from ..nvvm import PTR, PTR_GLOBAL
 from . import arith, control, memory, warp
 from .emitter import Emitter, LlvmOptions
 from .types import mem_type
@@ -46,8 +46,8 @@ def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule
     em = Emitter(kernel, builder, RULES, options)
     for param, arg in zip(kernel.params, fn.args):
         arg.name = param.name
-        if isinstance(param, Buffer):
-            em.buffers[param.name] = arg
+        if isinstance(param, Buffer):   # a kernel's buffers are global memory: said here, not left to inference
+            em.buffers[param.name] = builder.addrspacecast(arg, PTR_GLOBAL, name=f"{param.name}.global")
         elif param.dtype.is_bool:
             em.set(param, builder.icmp_unsigned("!=", arg, ir.Constant(arg.type, 0)))
         else:
