@@ -245,3 +245,37 @@ def test_stores_and_loads_are_distinct_statements():
     stores = [s for s in walk_stmts(kernel.body) if isinstance(s, StoreShared)]
     loads = [s for s in walk_stmts(kernel.body) if isinstance(s, LoadShared)]
     assert len(stores) == 1 and len(loads) == 1 and stores[0].alloc == loads[0].alloc
+
+
+def test_drop_unused_removes_dead_chains_in_one_call_and_keeps_effects():
+    """A dead statement's own reads go with it (a chain ``a -> b -> unread`` in one call, also inside a loop
+    body); stores, barriers, loops, carried values and what they read stay; a clean kernel comes back as
+    the same object."""
+    from redfuser.codegen.simt.cleanup import drop_unused
+    from redfuser.ir.simt import walk_stmts
+
+    b = SimtBuilder("dead", warps=1, grid=(1,))
+    out = b.buffer("out", float32, (32,))
+    tid = b.thread_idx()
+    a = b.add(tid, b.const(1, int32))
+    b.mul(a, b.const(2, int32))                                      # reads a; nobody reads it
+    kept = b.cast(tid, float32)
+
+    def body(i, acc):
+        wasted = b.unary(UnaryOp.EXP, b.cast(i, float32))             # dead inside the loop
+        b.add(wasted, acc)
+        return [b.add(acc, kept)]                                     # the carried value stays
+
+    (total,) = b.for_(0, 4, 1, [b.const(0.0, float32)], body)
+    b.barrier()
+    b.store_global(out, tid, total)
+    kernel = b.build()
+    cleaned = drop_unused(kernel)
+    before, after = list(walk_stmts(kernel.body)), list(walk_stmts(cleaned.body))
+    assert len(before) - len(after) == 7   # a, the product, their two constants; the cast, exp and add in the loop
+    names = {getattr(s, "out", None) and s.out.name for s in after}
+    assert a.name not in names and kept.name in names
+    assert [type(s).__name__ for s in after if type(s).__name__ in ("For", "Barrier", "StoreGlobal")] == \
+        ["For", "Barrier", "StoreGlobal"]
+    verify_simt_kernel(cleaned)
+    assert drop_unused(cleaned) is cleaned
