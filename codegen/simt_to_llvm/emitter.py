@@ -39,7 +39,8 @@ class Emitter:
         self.shared: dict[str, ir.GlobalVariable] = {}
         # each register's defining statement (the statements with one result)
         self.defs = {s.out.name: s for s in walk_stmts(kernel.body) if isinstance(getattr(s, "out", None), Reg)}
-        self.vector_uses = _vector_uses(kernel, {name for name, s in self.defs.items() if isinstance(s, Mma)})
+        mma_results = {name for name, s in self.defs.items() if isinstance(s, Mma)}
+        self.vector_uses = _vector_uses(kernel, mma_results) if mma_results else set()   # read by `set_lanes` only
         self._blocks = 0
 
     @property
