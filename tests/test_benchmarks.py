@@ -1,5 +1,6 @@
 """The benchmark scripts without a GPU: ``gpu_check.py --dry-run`` compiles every case and writes its
-table and JSON to ``$OUT``; the budget, speed-up and table logic; ``compile_time.py``'s cache folders.
+table and JSON to ``$OUT``; the budget, speed-up and table logic; ``compile_time.py``'s cache folders;
+``static_counts.py``'s table and counters.
 Where torch (and Triton) are installed, the whole device check runs on the CPU (``--smoke-cpu``) and
 the Triton peers compile to PTX without a GPU; elsewhere those two tests skip, naming the package."""
 from __future__ import annotations
@@ -16,6 +17,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import compile_time  # noqa: E402
 import gpu_cases  # noqa: E402
 import gpu_check  # noqa: E402
+import static_counts  # noqa: E402
 
 
 def test_dry_run_compiles_every_case_and_writes_the_table_to_out(tmp_path, monkeypatch, capsys):
@@ -134,3 +136,31 @@ def test_the_device_check_runs_whole_on_the_cpu(tmp_path, monkeypatch, capsys):
     assert [r["status"] for r in ours] == ["ok", "ok"] and all(r["ms"] > 0 for r in ours)
     assert {r["impl"]: r["status"] for r in rows if r["case"].startswith("softmax")} == {
         "redfuser": "ok", "torch.softmax": "ok", "torch": "ok", "triton": "skipped", "torch.compile": "skipped"}
+
+
+def test_static_counts_table_has_every_kernel_and_variant(capsys, monkeypatch):
+    """A row per kernel of every case (and per `gpu_check.VARIANTS` option with ``--variants``), whose
+    counts are the kernel's own: the PTX column is the PTX's instruction count, registers are positive."""
+    monkeypatch.setattr(static_counts, "find_cuobjdump", lambda: None)
+    assert static_counts.main(["--tiny", "--variants"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["case", "kernel", "llvm", "ptx", "sass", "regs", "spill", "B"]
+    body = [line for line in lines[2:] if line.strip() and not line.startswith("RedFuser")]
+    for case in gpu_cases.cases("tiny"):
+        assert any(line.startswith(case.label + " ") for line in body), case.label
+        for name, _ in gpu_check.VARIANTS.get(case.name, ()):
+            assert any(line.startswith(f"{case.label} {name.removeprefix('redfuser ')}") for line in body)
+    attention = next(line for line in body if line.startswith(gpu_cases.cases("tiny")[0].label + " "))
+    llvm, ptx, sass, regs, spill = attention.split()[-5:]
+    assert int(llvm) > int(ptx) / 4 > 0 and sass == "-" and int(regs) > 0 and spill == "0"
+    assert "no cuobjdump" in lines[-1]
+
+
+def test_static_counts_counters():
+    ptx = "//\n.visible .entry k()\n{\n\t.reg .b32 %r<3>;\n\tmov.u32 %r1, 1;\n\tadd.s32 %r2, %r1, 1;\n\tret;\n}\n"
+    assert static_counts.ptx_instructions(ptx) == 3
+    assert static_counts.llvm_instructions('define void @k() {\nentry:\n  %x = add i32 1, 2\n  ret void\n}') == 2
+    listing = ("        /*0000*/                   LDC R1, c[0x0][0x28] ;\n"
+               "        /*0010*/                   NOP ;\n"
+               "        /*0020*/              @!P0 EXIT ;\n")
+    assert static_counts.count_sass(listing) == 2
