@@ -161,11 +161,17 @@ def _device_type(x: object) -> int:
 def _from_dlpack(x: object, name: str) -> ArrayInfo:
     device_type, device_id = (int(v) for v in x.__dlpack_device__())
     if device_type == CPU:
-        return replace(describe(np.from_dlpack(x), name), library=library_of(x))
+        return replace(describe(_host_dlpack(x, name), name), library=library_of(x))
     try:   # stream=-1: no synchronization by the producer; the cuda backend orders work on its stream
         capsule = x.__dlpack__(stream=-1)
     except TypeError:
         capsule = x.__dlpack__()
+    dtype, shape, strides, pointer = _read_capsule(capsule, name)
+    return ArrayInfo(shape, dtype, strides, device_type, device_id, pointer, library_of(x))
+
+
+def _read_capsule(capsule: object, name: str) -> tuple[DType, tuple[int, ...], tuple[int, ...], int]:
+    """``(dtype, shape, element strides, address of the first element)`` of a DLPack capsule's tensor."""
     t = _capsule_tensor(capsule)
     dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
     if dtype is None:
@@ -176,8 +182,33 @@ def _from_dlpack(x: object, name: str) -> ArrayInfo:
         strides = tuple(t.strides[i] for i in range(t.ndim))
     else:
         strides = T.row_major_strides(shape)
-    pointer = (t.data or 0) + t.byte_offset
-    return ArrayInfo(shape, dtype, strides, device_type, device_id, pointer, library_of(x))
+    return dtype, shape, strides, (t.data or 0) + t.byte_offset
+
+
+class _HostMemory:
+    """Another library's host memory as numpy sees it (``__array_interface__``); holding the producer keeps
+    the memory alive as long as a view of it is."""
+
+    def __init__(self, producer: object, pointer: int, shape: tuple[int, ...], byte_strides: tuple[int, ...],
+                 itemsize: int) -> None:
+        self.producer = producer
+        self.__array_interface__ = {"data": (pointer, False), "shape": shape, "strides": byte_strides,
+                                    "typestr": f"|V{itemsize}", "version": 3}
+
+
+def _host_dlpack(x: object, name: str) -> np.ndarray:
+    """A zero-copy numpy view of a host DLPack tensor: numpy's own import, or, for the dtypes it lacks
+    (bfloat16 and float8, which numpy knows only through ml_dtypes), the tensor read from its capsule."""
+    try:
+        return np.from_dlpack(x)
+    except (RuntimeError, BufferError, TypeError):   # "Unsupported dtype in DLTensor" and the like
+        pass
+    dtype, shape, strides, pointer = _read_capsule(x.__dlpack__(), name)
+    if 0 in shape:
+        return np.empty(shape, dtype.numpy)
+    item = dtype.itemsize
+    raw = np.asarray(_HostMemory(x, pointer, shape, tuple(s * item for s in strides), item))
+    return raw.view(dtype.numpy)
 
 
 def host_array(x: object, name: str = "argument") -> np.ndarray:
@@ -188,7 +219,7 @@ def host_array(x: object, name: str = "argument") -> np.ndarray:
     if info.device_type != CPU:
         raise ArgumentError(f"{name} lives on a GPU (DLPack device {info.device_type}); this backend takes host "
                             "arrays — use backend='cuda' or copy it to the host")
-    return np.from_dlpack(x)
+    return _host_dlpack(x, name)
 
 
 def as_caller_type(out: np.ndarray, library: str):
@@ -198,8 +229,12 @@ def as_caller_type(out: np.ndarray, library: str):
 
         try:
             return torch.from_numpy(out)
-        except TypeError:   # dtypes torch lacks (float8 in old versions): numpy it is
-            return out
+        except TypeError:   # an ml_dtypes array (bfloat16, float8): torch takes its bits and reinterprets them
+            torch_dtype = getattr(torch, out.dtype.name, None)
+            if torch_dtype is None or torch_dtype.itemsize != out.dtype.itemsize:   # old torch without float8
+                return out
+            bits = np.int16 if out.dtype.itemsize == 2 else np.int8
+            return torch.from_numpy(np.ascontiguousarray(out).view(bits)).view(torch_dtype)
     return out
 
 

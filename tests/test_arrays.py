@@ -76,3 +76,48 @@ def test_torch_cpu_tensors_come_back_as_torch():
     x = torch.arange(8, dtype=torch.float32).reshape(2, 4)
     out = rf.kernel(lambda x: rf.max(x, axis=-1), backend="interpret")(x)
     assert isinstance(out, torch.Tensor) and out.tolist() == [3.0, 7.0]
+
+
+class HostBfloat16:
+    """A host DLPack producer of a bfloat16 tensor, as torch is: numpy's own DLPack import refuses the
+    dtype ("Unsupported dtype in DLTensor"); the bits live in a uint16 array."""
+
+    def __init__(self, bits: np.ndarray):
+        self.bits = bits
+
+    def __dlpack__(self, **kwargs):
+        capsule = self.bits.__dlpack__()
+        arrays._capsule_tensor(capsule).dtype.code = arrays._DL_BFLOAT
+        return capsule
+
+    def __dlpack_device__(self):
+        return (CPU, 0)
+
+
+def test_host_bfloat16_dlpack_arguments_are_read_zero_copy():
+    """numpy cannot import a bfloat16 DLPack tensor; RedFuser reads the capsule itself and views the
+    producer's memory as ml_dtypes' bfloat16 (strides kept, the producer kept alive by the view)."""
+    values = (np.arange(12, dtype=np.float32).reshape(3, 4) - 5.5).astype(rf.bfloat16)
+    producer = HostBfloat16(values.view(np.uint16))
+    with pytest.raises(RuntimeError):
+        np.from_dlpack(producer)
+    view = arrays.host_array(producer)
+    assert view.dtype == rf.bfloat16 and np.shares_memory(view, producer.bits)
+    assert np.array_equal(view.astype(np.float32), values.astype(np.float32))
+    strided = arrays.host_array(HostBfloat16(values.view(np.uint16)[:, ::2]))
+    assert np.array_equal(strided.astype(np.float32), values[:, ::2].astype(np.float32))
+    info = arrays.describe(producer)
+    assert (info.dtype, info.shape, info.strides, info.device_type) == (rf.ir.types.bfloat16, (3, 4), (4, 1), CPU)
+    k = rf.kernel(lambda x: rf.sum(x.astype(np.float32), axis=-1), backend="interpret")
+    np.testing.assert_array_equal(k(producer), values.astype(np.float32).sum(-1))
+
+
+def test_torch_bfloat16_and_float8_cpu_tensors_run_and_come_back_as_torch():
+    torch = pytest.importorskip("torch")
+    x = torch.linspace(-3, 3, 16).reshape(2, 8).to(torch.bfloat16)
+    out = rf.kernel(lambda x: (x * 2.0).astype(rf.bfloat16), backend="cpu")(x)   # numpy: bf16 * 2.0 is f32
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+    assert torch.equal(out, (x.float() * 2).to(torch.bfloat16))
+    f8 = torch.linspace(-2, 2, 16).reshape(2, 8).to(torch.float8_e4m3fn)
+    total = rf.kernel(lambda x: rf.sum(x.astype(np.float32), axis=-1), backend="cpu")(f8)
+    assert torch.equal(total, f8.float().sum(-1))
