@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="the tiny shapes")
     parser.add_argument("--sm", default="sm_90", help="the target (default sm_90, an H100/H200)")
-    parser.add_argument("--variants", action="store_true", help="also the options gpu_check.py times beside the defaults")
+    parser.add_argument("--variants", action="store_true",
+                        help="also the options gpu_check.py times beside the defaults")
     args = parser.parse_args(argv)
     cuobjdump = find_cuobjdump()
     head = ["case", "kernel", "llvm", "ptx", "sass", "regs", "spill B"]

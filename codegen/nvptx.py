@@ -69,15 +69,15 @@ LLVM's O1-O3 module pipeline instead; `benchmarks/gpu_check.py` times both on a 
 # One changes the code (measured on every benchmark and corpus kernel, with nvJitLink 13.5 and ptxas 13.0):
 # - the code generator's loop strength reduction rewrites a loop's address arithmetic into pointer
 #   increments. The SIMT lowering already hoists what a loop does not change, and ptxas strength-reduces
-#   again. Without it code generation is 10-30% faster (decode's partial kernel 24 -> 17 ms), SASS is
-#   within 1% (a few small combine kernels 10% longer, plain matmul 13% shorter), nvJitLink's registers
-#   fewer or the same but for softmax, 48 -> 52 (attention f16 174 -> 168, causal 230 -> 225; ptxas gives
-#   the corpus's small f16 attention 10% more), and the "bf16" attention kernel, whose f32 `P @ V` is split for tensor cores,
-#   stops spilling (nvJitLink: 4 bytes -> none; ptxas: 255 -> 178 registers). Over 288 attention tile
-#   configurations (f16/bf16/f32, head 16-128, 1-4 warps) nvJitLink's registers average 130 instead of
-#   133 and the spills of those at 255 come to 3 668 bytes instead of 3 856, though in 18 configurations
-#   instead of 16: a few sit at the edge either way (one warp of 32 bf16 rows at head 64 now spills 32
-#   bytes; the default tiles give bf16 16 rows a warp).
+#   again. Without it code generation is 10-30% faster (decode's partial kernel 24 -> 17 ms) and SASS is
+#   within 1% (a few small combine kernels 10% longer, plain matmul 13% shorter). nvJitLink's registers
+#   are fewer or the same (attention f16 174 -> 168, causal 230 -> 225), but for softmax (48 -> 52);
+#   ptxas gives the corpus's small f16 attention 10% more. The "bf16" attention kernel, whose f32
+#   `P @ V` is split for tensor cores, stops spilling (nvJitLink: 4 bytes -> none; ptxas: 255 -> 178
+#   registers). Over 288 attention tile configurations (f16/bf16/f32, head 16-128, 1-4 warps)
+#   nvJitLink's registers average 130 instead of 133, and the spills of those at 255 come to 3 668
+#   bytes instead of 3 856, though in 18 configurations instead of 16: a few sit at the edge either way
+#   (one warp of 32 bf16 rows at head 64 now spills 32 bytes; the default tiles give bf16 16 rows a warp).
 GPU_PIPELINE_OPTIONS: dict[str, tuple[str, str]] = {   # name: (while compiling for the GPU, LLVM's default)
     "licm-mssa-max-acc-promotion": ("0", "250"),
     "enable-gvn-memdep": ("false", "true"),

@@ -224,7 +224,8 @@ def _check_if(s: If, ctx: _Ctx, need: Need) -> None:
 _CHECKS: dict[type, Callable[[Stmt, _Ctx, Need], None]] = {
     ThreadIdx: _check_coordinates, LaneId: _check_coordinates, WarpId: _check_coordinates,
     BlockIdx: _check_coordinates,
-    Const: lambda s, ctx, need: need(_fits(s.value, s.out.dtype), lambda: f"constant {s.value!r} is not a {s.out.dtype}"),
+    Const: lambda s, ctx, need: need(_fits(s.value, s.out.dtype),
+                                     lambda: f"constant {s.value!r} is not a {s.out.dtype}"),
     Unary: lambda s, ctx, need: _check_unary(s, need),
     Binary: lambda s, ctx, need: _check_binary(s, need),
     IntBinary: lambda s, ctx, need: need(s.a.type == s.b.type == s.out.type and s.a.dtype in (int32, int64),
