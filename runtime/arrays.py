@@ -73,10 +73,15 @@ def library_of(x: object) -> str:
 
 def describe(x: object, name: str = "argument") -> ArrayInfo:
     """`x` as an `ArrayInfo`; raises `ArgumentError`/`DTypeError` for what RedFuser cannot take."""
+    return _describe(x, name)[0]
+
+
+def _describe(x: object, name: str) -> tuple[ArrayInfo, np.ndarray | None]:
+    """`describe`, and the numpy view a host argument was read through (None for a device array)."""
     if isinstance(x, np.ndarray):
         dtype = _ir_dtype(x.dtype, name)
         strides = tuple(s // x.itemsize for s in x.strides)
-        return ArrayInfo(tuple(x.shape), dtype, strides, CPU, 0, x.ctypes.data, "numpy")
+        return ArrayInfo(tuple(x.shape), dtype, strides, CPU, 0, x.ctypes.data, "numpy"), x
     # Device arrays through DLPack first: it names the device ordinal and every dtype (torch's CAI
     # spells bfloat16 "<V2" and has no float8); the CAI is the fallback (Numba, or a producer whose
     # export fails, e.g. torch for a tensor on another device than the current one).
@@ -93,7 +98,7 @@ def describe(x: object, name: str = "argument") -> ArrayInfo:
             cai = x.__cuda_array_interface__
         except Exception as exc:
             raise ArgumentError(f"{name}: its __cuda_array_interface__ failed: {exc}") from None
-        return _from_cai(cai, library_of(x), name)
+        return _from_cai(cai, library_of(x), name), None
     if dlpack_error is not None:
         raise ArgumentError(f"{name}: its DLPack export failed: {dlpack_error}")
     if _has(x, "__dlpack__"):
@@ -158,16 +163,17 @@ def _device_type(x: object) -> int:
         return CPU
 
 
-def _from_dlpack(x: object, name: str) -> ArrayInfo:
+def _from_dlpack(x: object, name: str) -> tuple[ArrayInfo, np.ndarray | None]:
     device_type, device_id = (int(v) for v in x.__dlpack_device__())
     if device_type == CPU:
-        return replace(describe(_host_dlpack(x, name), name), library=library_of(x))
+        view = _host_dlpack(x, name)
+        return replace(describe(view, name), library=library_of(x)), view
     try:   # stream=-1: no synchronization by the producer; the cuda backend orders work on its stream
         capsule = x.__dlpack__(stream=-1)
     except TypeError:
         capsule = x.__dlpack__()
     dtype, shape, strides, pointer = _read_capsule(capsule, name)
-    return ArrayInfo(shape, dtype, strides, device_type, device_id, pointer, library_of(x))
+    return ArrayInfo(shape, dtype, strides, device_type, device_id, pointer, library_of(x)), None
 
 
 def _read_capsule(capsule: object, name: str) -> tuple[DType, tuple[int, ...], tuple[int, ...], int]:
@@ -215,11 +221,11 @@ def host_array(x: object, name: str = "argument") -> np.ndarray:
     """A numpy view of a host-resident argument (no copy); `ArgumentError` for device arrays."""
     if isinstance(x, np.ndarray):
         return x
-    info = describe(x, name)
-    if info.device_type != CPU:
+    info, view = _describe(x, name)   # a host DLPack tensor is imported once, for the checks and the view
+    if view is None:
         raise ArgumentError(f"{name} lives on a GPU (DLPack device {info.device_type}); this backend takes host "
                             "arrays — use backend='cuda' or copy it to the host")
-    return _host_dlpack(x, name)
+    return view
 
 
 def as_caller_type(out: np.ndarray, library: str):
