@@ -23,7 +23,7 @@ from redfuser.ir.simt import (
     Barrier, For, LdMatrix, LoadGlobal, LoadShared, Mma, MmaShape, Shuffle, StoreShared, walk_stmts,
 )
 from redfuser.ir.tile_interpreter import run_tile_program
-from redfuser.ir.types import float16, int64
+from redfuser.ir.types import float16, int32, int64
 
 import redfuser as rf
 from redfuser.schedule import options_for, schedule_program
@@ -173,6 +173,26 @@ def test_offsets_are_affine_and_ragged_masks_constant_over_vectors():
     form = info.of(load.offsets)
     assert form is not None and form.strides == (100, 1) and form.div % 4 == 0
     assert info.constancy(load.mask, 1) == 4      # 100 = 4 * 25: 16-byte vectors stay inside the row
+
+
+def test_which_affine_offsets_are_known_non_negative():
+    def val(name, dtype=int32, shape=(8,)):
+        return t.Value(name, t.TileType(dtype, shape))
+
+    ops = [t.Arange(val("j")), t.Constant(val("two"), 2), t.Constant(val("neg"), -3),
+           t.ProgramId(val("pid", shape=()), 0),
+           t.Binary(val("up"), BinaryOp.ADD, val("j"), val("two")),              # j + 2
+           t.Binary(val("scaled"), BinaryOp.MUL, val("j"), val("two")),          # 2 j
+           t.Binary(val("down"), BinaryOp.SUB, val("two"), val("j")),            # 2 - j: negative past j = 2
+           t.Binary(val("shifted"), BinaryOp.ADD, val("j"), val("neg")),         # j - 3
+           t.Binary(val("flipped"), BinaryOp.MUL, val("j"), val("neg")),         # -3 j
+           t.Binary(val("zero"), BinaryOp.SUB, val("two"), val("two")),          # 0
+           t.Cast(val("wide", int64), val("up")),                                # i32 -> i64 keeps the sign
+           t.Cast(val("narrow"), val("wide", int64))]                            # i64 -> i32 could wrap
+    info = AffineInfo({r.name: op for op in ops for r in t.results(op)})
+    known = {op.out.name: info.of(op.out).nonneg for op in ops}
+    assert known == {"j": True, "two": True, "neg": False, "pid": True, "up": True, "scaled": True, "down": False,
+                     "shifted": False, "flipped": False, "zero": True, "wide": True, "narrow": False}
 
 
 def test_dots_get_half_precision_operands_only_when_exact_or_rounded_away():

@@ -4,6 +4,8 @@ i32/i64 indices, f32/f64 values -- and MoE routing (E = 8..256, k = 1..8) gives 
 ``simulate`` with PTX that assembles for sm_80 and sm_90 without spills."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from redfuser.codegen.ptx_check import check_ptx
@@ -114,6 +116,73 @@ def test_topk_without_acc_and_the_structure_of_its_lowering():
     got_v, got_i = simulated(p, [x, xi])
     ev, ei = reference_merge(x, xi, *topk_semantics.empty((1,), 8, np.float32))   # no acc: k empty slots
     assert np.array_equal(got_i, ei) and np.array_equal(got_v, ev, equal_nan=True)
+
+
+def positions_program(rows: int, n: int, k: int, indices: str, index=I64) -> t.TileProgram:
+    """``topk(x, xi) into (a, ai)`` where the candidates' indices are computed, not loaded: ``up`` (100 + j, the
+    positions a scheduler builds), ``down`` (100 + n - 1 - j) or ``shifted`` (j - 1: candidate 0 is empty)."""
+    p = merge_program(rows, n, k, index)
+    kernel = p.kernels[0]
+    start, step = {"up": (100, 1), "down": (100 + n - 1, -1), "shifted": (-1, 1)}[indices]
+    j, first = v("j", I32, n), v("first", I32, n)
+    ops = [t.Arange(j), t.Constant(first, start)]
+    if step == 1:
+        ops.append(t.Binary(v("pos", I32, n), t.BinaryOp.ADD, first, j))
+    else:
+        ops.append(t.Binary(v("pos", I32, n), t.BinaryOp.SUB, first, j))
+    ops += [t.ExpandDims(v("pos_e", I32, 1, n), v("pos", I32, n), 0),
+            t.Broadcast(v("pos_b", I32, rows, n), v("pos_e", I32, 1, n))]
+    if index is I64:
+        ops.append(t.Cast(v("xiv", I64, rows, n), v("pos_b", I32, rows, n)))
+    else:
+        ops[-1] = t.Broadcast(v("xiv", I32, rows, n), v("pos_e", I32, 1, n))
+    body = [op for op in kernel.body if not (isinstance(op, t.Load) and op.out.name == "xiv")]
+    at = next(i for i, op in enumerate(body) if isinstance(op, t.TopK))
+    kernel = replace(kernel, params=tuple(b for b in kernel.params if b.name != "xi"),
+                     body=tuple(body[:at] + ops + body[at:]))
+    return verify_tile_program(replace(p, inputs=tuple(b for b in p.inputs if b.name != "xi"), kernels=(kernel,)))
+
+
+# What the lowering knows of computed indices (`topk._candidate_facts`) changes the code it emits; these check that
+# every way it can know something gives the definition's answer, ties, NaN, -0.0 and empty candidates included.
+@pytest.mark.parametrize("indices", ["up", "down", "shifted"])
+@pytest.mark.parametrize("rows,n,k,warps", [(64, 16, 4, 2), (4, 64, 8, 4), (1, 256, 2, 4), (256, 4, 2, 1),
+                                            (8, 8, 1, 1), (32, 64, 2, 4)])
+@pytest.mark.parametrize("index", [I64, I32])
+def test_topk_of_computed_positions_follows_the_definition(indices, rows, n, k, warps, index):
+    rng = np.random.default_rng(rows * 1000 + n * 10 + k)
+    x, _, a, ai = random_lists(rng, rows, n, k, index=np.int64 if index is I64 else np.int32)
+    ai = np.where(ai >= 0, ai + 1000, ai)          # the acc list's positions are not the candidates' (as in a loop)
+    start, step = {"up": (100, 1), "down": (100 + n - 1, -1), "shifted": (-1, 1)}[indices]
+    xi = np.broadcast_to(start + step * np.arange(n), (rows, n)).astype(ai.dtype)
+    got_v, got_i = simulated(positions_program(rows, n, k, indices, index), [x, a, ai], warps=warps)
+    ev, ei = reference_merge(x, xi, a, ai)
+    assert np.array_equal(got_i, ei)
+    assert np.array_equal(got_v, ev, equal_nan=True)
+    assert np.array_equal(np.signbit(got_v), np.signbit(ev))
+
+
+def test_what_the_lowering_knows_of_computed_positions():
+    from redfuser.codegen.simt.plan import plan_kernel
+    from redfuser.codegen.simt.topk import _candidate_facts, _Rows
+    from redfuser.codegen.simt.context import Lowering
+    from redfuser.codegen.simt.values import LoweringBuilder
+
+    def facts(p):
+        kernel, opts = p.kernels[0], GpuOptions(num_warps=2)
+        plan = plan_kernel(kernel, opts)
+        op = next(op for op in kernel.body if isinstance(op, t.TopK))
+        layout = plan.reduce_in[op.out.name]
+        lw = Lowering(kernel, plan, opts, LoweringBuilder("k", warps=plan.warps, grid=(1,)))
+        return _candidate_facts(lw, op, layout, _Rows(layout, op.axis))
+
+    assert facts(positions_program(64, 16, 4, "up")) == (True, True)          # real positions, in order
+    assert facts(positions_program(64, 16, 4, "down")) == (False, False)      # descending; sign unknown
+    assert facts(positions_program(64, 16, 4, "shifted")) == (False, True)    # in order; one is -1
+    assert facts(merge_program(64, 16, 4)) == (False, False)                  # loaded: nothing known
+    ranked = lower_to_simt(positions_program(64, 16, 4, "up"), GpuOptions(num_warps=2)).kernels[0]
+    loaded = lower_to_simt(merge_program(64, 16, 4), GpuOptions(num_warps=2)).kernels[0]
+    assert len(str(ranked).splitlines()) < 0.75 * len(str(loaded).splitlines())
 
 
 def routing(k):

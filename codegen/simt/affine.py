@@ -8,7 +8,12 @@ constants are affine; a load then computes each thread's address as the base
 plus a bit field of the thread index plus a constant per register, and reads
 ``n`` elements at once where the stride along the fastest dim is 1, every
 other step is a multiple of ``n`` and the base is (the alignment argument of
-16-byte vector loads, ARCHITECTURE.md section 6).
+16-byte vector loads, ARCHITECTURE.md section 6). A form is also *non-negative*
+when its base is known to be >= 0 and no stride is negative (aranges, program ids,
+counters of loops that start at 0 or above and step up, sums and non-negative
+multiples of those): top-k then knows its candidates' indices are real ones
+(`topk.py`). Like the alignment facts, this takes the index arithmetic not to
+overflow, which holds for the positions and offsets the scheduler builds.
 
 `constancy` says how many consecutive elements along a dim a bool mask is
 guaranteed to share (``idx < limit`` is constant over aligned groups of ``n``
@@ -17,7 +22,7 @@ when ``idx`` steps by 1 from a multiple of ``n`` and ``limit`` is a multiple of 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...ir import BinaryOp
 from ...ir import tile as t
@@ -33,11 +38,13 @@ def pow2_factor(c: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Affine:
-    """``base + sum strides[d] * c_d`` with ``base % div == 0``; `const` is the value when it is a known constant."""
+    """``base + sum strides[d] * c_d`` with ``base % div == 0``; `const` is the value when it is a known constant;
+    `nonneg` when ``base >= 0`` and every stride is (so is every element)."""
 
     strides: tuple[int, ...]
     div: int
     const: int | None = None
+    nonneg: bool = False
 
 
 class AffineInfo:
@@ -57,30 +64,35 @@ class AffineInfo:
         op = self.defs.get(v.name)
         rank = len(v.shape)
         if isinstance(op, t.Constant):
-            return Affine((0,) * rank, pow2_factor(int(op.value)), int(op.value))
+            return Affine((0,) * rank, pow2_factor(int(op.value)), int(op.value), int(op.value) >= 0)
         if isinstance(op, t.Arange):
-            return Affine((1,), MAX_DIV)
+            return Affine((1,), MAX_DIV, None, True)
         if isinstance(op, t.ProgramId):
-            return Affine((), 1)
+            return Affine((), 1, None, True)
         if isinstance(op, t.For):
             if v == op.body.iv:
-                return Affine((), pow2_factor(math.gcd(op.start, op.step)))
+                return Affine((), pow2_factor(math.gcd(op.start, op.step)), None, op.start >= 0 and op.step > 0)
             return None
         if isinstance(op, t.Broadcast):
             x = self.of(op.x)
             if x is None:
                 return None
             if not op.x.shape:
-                return Affine((0,) * rank, x.div, x.const)
-            return Affine(tuple(s if n != 1 else 0 for s, n in zip(x.strides, op.x.shape)), x.div, x.const)
+                return Affine((0,) * rank, x.div, x.const, x.nonneg)
+            return Affine(tuple(s if n != 1 else 0 for s, n in zip(x.strides, op.x.shape)), x.div, x.const, x.nonneg)
         if isinstance(op, t.ExpandDims):
             x = self.of(op.x)
-            return None if x is None else Affine(x.strides[:op.axis] + (0,) + x.strides[op.axis:], x.div, x.const)
+            return None if x is None else Affine(x.strides[:op.axis] + (0,) + x.strides[op.axis:], x.div, x.const,
+                                                 x.nonneg)
         if isinstance(op, t.Permute):
             x = self.of(op.x)
-            return None if x is None else Affine(tuple(x.strides[p] for p in op.perm), x.div, x.const)
+            return None if x is None else Affine(tuple(x.strides[p] for p in op.perm), x.div, x.const, x.nonneg)
         if isinstance(op, t.Cast):
-            return self.of(op.x) if op.x.dtype.is_int else None
+            if not op.x.dtype.is_int:
+                return None
+            x = self.of(op.x)
+            narrowing = x is not None and op.out.dtype.itemsize < op.x.dtype.itemsize
+            return replace(x, nonneg=False) if narrowing and x.nonneg else x
         if isinstance(op, t.Binary):
             return self._binary(op)
         return None
@@ -91,20 +103,23 @@ class AffineInfo:
             return None
         both = None if a.const is None or b.const is None else (a.const, b.const)
         if op.op is BinaryOp.ADD:
-            return Affine(tuple(x + y for x, y in zip(a.strides, b.strides)), min(a.div, b.div),
-                          None if both is None else both[0] + both[1])
+            c = None if both is None else both[0] + both[1]
+            return Affine(tuple(x + y for x, y in zip(a.strides, b.strides)), min(a.div, b.div), c,
+                          a.nonneg and b.nonneg if c is None else c >= 0)
         if op.op is BinaryOp.SUB:
-            return Affine(tuple(x - y for x, y in zip(a.strides, b.strides)), min(a.div, b.div),
-                          None if both is None else both[0] - both[1])
+            c = None if both is None else both[0] - both[1]
+            return Affine(tuple(x - y for x, y in zip(a.strides, b.strides)), min(a.div, b.div), c,
+                          c is not None and c >= 0)
         if op.op is BinaryOp.MUL:
             if both is not None:
                 c = both[0] * both[1]
-                return Affine(a.strides, pow2_factor(c), c)
+                return Affine(a.strides, pow2_factor(c), c, c >= 0)
             if b.const is not None or a.const is not None:
                 x, c = (a, b.const) if b.const is not None else (b, a.const)
-                return Affine(tuple(s * c for s in x.strides), min(x.div * pow2_factor(c), MAX_DIV))
+                return Affine(tuple(s * c for s in x.strides), min(x.div * pow2_factor(c), MAX_DIV), None,
+                              x.nonneg and c >= 0)
             if not any(a.strides) and not any(b.strides):
-                return Affine(a.strides, min(a.div * b.div, MAX_DIV))
+                return Affine(a.strides, min(a.div * b.div, MAX_DIV), None, a.nonneg and b.nonneg)
         return None
 
     # --- masks ---------------------------------------------------------------------------------

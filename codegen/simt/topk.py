@@ -11,7 +11,10 @@ GPU (slots past the k the program asked for rank below them and are never stored
 Emission (`_topk`), for each of the thread's rows at once (vectors over rows):
 
 1. per thread: the candidates along the axis in its registers go into a k-list
-   one by one (`Ranker.insert`);
+   one by one (`Ranker.insert`); where the index tile is affine (`affine.py`),
+   the candidates are known to be real positions when it is non-negative, and
+   to arrive in increasing index order when it grows along the axis and the
+   thread's registers go up the axis (`_candidate_facts`);
 2. per lane bit along the axis: the partner lane's list arrives by ``shfl.bfly``
    and the two sorted lists merge (`Ranker.merge`); afterwards those lanes agree;
 3. warp bits along the axis: each warp group writes its list to shared memory
@@ -101,18 +104,31 @@ class _Rows:
         self.groups = self.rows // self.width
 
 
+def _candidate_facts(lw: Lowering, op: t.TopK, layout: Layout, rows: _Rows) -> tuple[bool, bool]:
+    """``(real, ascending)``: every candidate index is >= 0, and a thread's candidate ``a + 1`` has a larger
+    index than candidate ``a`` in every row. Both from the index tile's affine form: non-negative; and a
+    positive stride along the axis with the thread's positions (its register bits along the axis) increasing."""
+    form = lw.plan.affine.of(op.indices)
+    if form is None:
+        return False, False
+    coords = [layout.reg_coord(rows.sources[a * rows.rows])[op.axis] for a in range(rows.positions)]
+    ascending = form.strides[op.axis] > 0 and all(x < y for x, y in zip(coords, coords[1:]))
+    return form.nonneg, ascending
+
+
 def _own_lists(lw: Lowering, op: t.TopK, layout: Layout, rows: _Rows, ranker: Ranker) -> list[KList]:
     """Step 1: each thread's candidates, per row vector, into sorted k-lists."""
     b = lw.b
     xs = gather(b, lw.get(op.x, layout), rows.sources, layout)
     ids = gather(b, lw.get(op.indices, layout), rows.sources, layout)
+    real, ascending = _candidate_facts(lw, op, layout, rows)
     lists = []
     for g in range(rows.groups):
         lst: KList | None = None
         for a in range(rows.positions):
             at = a * rows.rows + g * rows.width
-            c = Entry(pieces(b, xs, at, rows.width), pieces(b, ids, at, rows.width))
-            lst = ranker.single(c, op.k) if lst is None else ranker.insert(lst, c)
+            c = Entry(pieces(b, xs, at, rows.width), pieces(b, ids, at, rows.width), True if real else None)
+            lst = ranker.single(c, op.k) if lst is None else ranker.insert(lst, c, later=ascending)
         lists.append(lst)
     return lists
 

@@ -22,10 +22,21 @@ they see (distinct indices; empties are interchangeable):
 - `sort` (any list, k a power of two): Batcher's bitonic sorting network;
 - `shuffle_list`: a lane's whole list from its ``shfl.bfly`` partner; 64-bit
   values and indices cross as two i32 words (`Bitcast`, shifts, casts).
+
+What is known at compile time is not computed at run time. An `Entry` carries
+`ok` when known: an empty slot (`Ranker.empty`) is not ok, and a candidate
+whose index tile is proven non-negative (`affine.py`) is, as is any pick
+between two entries that agree. A comparison with an empty slot, or between
+entries known ok, then drops those terms; and where `c` is known to come after
+`e` in index order (`insert` of a thread's own candidates, which arrive by
+increasing position), ``c.i < e.i`` is false, so the comparison shrinks to
+``c.ok and (not e.ok or (c.num and not e.num) or c.v > e.v)``. A comparison
+the facts decide is a Python bool, and a pick on it emits nothing (MoE routing's
+kernel: a quarter fewer PTX instructions, docs/gpu-backend.md).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...ir.expr import BinaryOp, UnaryOp
 from ...ir.simt import IntOp, Reg, ShuffleKind
@@ -35,10 +46,12 @@ from .values import LoweringBuilder
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One slot of a k-list: `value` (f32/f64) and `index` (i32/i64) registers of one length."""
+    """One slot of a k-list: `value` (f32/f64) and `index` (i32/i64) registers of one length; `ok` what is known
+    of the index at compile time (True: a real position, >= 0; False: an empty slot; None: either)."""
 
     value: Reg
     index: Reg
+    ok: bool | None = field(default=None, compare=False)
 
 
 KList = tuple[Entry, ...]
@@ -50,13 +63,14 @@ class Ranker:
     def __init__(self, b: LoweringBuilder) -> None:
         self.b = b
         self._not: dict[str, Reg] = {}
+        self._nums: dict[str, Reg] = {}
 
     def _const(self, value, like: Reg) -> Reg:
         return self.b.const_of(value, like.dtype, like.length)
 
     def empty(self, like: Entry) -> Entry:
         """An empty slot shaped like `like`: (NaN, -1)."""
-        return Entry(self._const(float("nan"), like.value), self._const(-1, like.index))
+        return Entry(self._const(float("nan"), like.value), self._const(-1, like.index), ok=False)
 
     def _negate(self, x: Reg) -> Reg:
         found = self._not.get(x.name)
@@ -68,25 +82,42 @@ class Ranker:
         return self.b.arith(BinaryOp.GE, e.index, self._const(0, e.index))
 
     def _num(self, e: Entry) -> Reg:
-        return self.b.arith(BinaryOp.EQ, e.value, e.value)
+        found = self._nums.get(e.value.name)
+        if found is None:
+            found = self._nums[e.value.name] = self.b.arith(BinaryOp.EQ, e.value, e.value)
+        return found
 
-    def beats(self, c: Entry, e: Entry) -> Reg:
-        """Whether `c` comes before `e` in top-k order (a bool register; see the module docstring)."""
-        b, a = self.b, self.b.arith
+    def beats(self, c: Entry, e: Entry, later: bool = False) -> Reg | bool:
+        """Whether `c` comes before `e` in top-k order: a bool register, or a Python bool where the entries'
+        facts decide it (see the module docstring). `later`: `c`'s index is known to be above `e`'s."""
+        if c.ok is False:
+            return False
+        if e.ok is False:
+            return True if c.ok else self._ok(c)
+        a = self.b.arith
         c_num, e_num = self._num(c), self._num(e)
         greater = a(BinaryOp.GT, c.value, e.value)
-        level = a(BinaryOp.OR, a(BinaryOp.EQ, c.value, e.value), self._negate(c_num))
-        lower = a(BinaryOp.LT, c.index, e.index)
-        same_class = a(BinaryOp.AND, a(BinaryOp.EQ, c_num, e_num), a(BinaryOp.OR, greater, a(BinaryOp.AND, level, lower)))
         better_class = a(BinaryOp.AND, c_num, self._negate(e_num))
-        wins = a(BinaryOp.OR, a(BinaryOp.OR, self._negate(self._ok(e)), better_class), same_class)
-        return b.arith(BinaryOp.AND, self._ok(c), wins)
+        if later:    # the same class then needs a larger value: a tie, of numbers or of NaNs, keeps e
+            wins = a(BinaryOp.OR, better_class, greater)
+        else:
+            level = a(BinaryOp.OR, a(BinaryOp.EQ, c.value, e.value), self._negate(c_num))
+            lower = a(BinaryOp.LT, c.index, e.index)
+            same_class = a(BinaryOp.AND, a(BinaryOp.EQ, c_num, e_num),
+                           a(BinaryOp.OR, greater, a(BinaryOp.AND, level, lower)))
+            wins = a(BinaryOp.OR, better_class, same_class)
+        if e.ok is None:
+            wins = a(BinaryOp.OR, self._negate(self._ok(e)), wins)
+        return wins if c.ok else a(BinaryOp.AND, self._ok(c), wins)
 
-    def pick(self, cond: Reg, x: Entry, y: Entry) -> Entry:
-        """`x` where `cond`, else `y`."""
-        if x == y:
+    def pick(self, cond: Reg | bool, x: Entry, y: Entry) -> Entry:
+        """`x` where `cond`, else `y` (nothing emitted when `cond` is a Python bool or both are one entry)."""
+        if cond is True or x == y:
             return x
-        return Entry(self.b.select(cond, x.value, y.value), self.b.select(cond, x.index, y.index))
+        if cond is False:
+            return y
+        return Entry(self.b.select(cond, x.value, y.value), self.b.select(cond, x.index, y.index),
+                     ok=x.ok if x.ok == y.ok else None)
 
     def exchange(self, x: Entry, y: Entry) -> tuple[Entry, Entry]:
         """(the better, the worse) of `x` and `y` (`y` first when neither beats the other)."""
@@ -97,9 +128,10 @@ class Ranker:
         """The k-list holding only `c`."""
         return (c,) + (self.empty(c),) * (k - 1)
 
-    def insert(self, lst: KList, c: Entry) -> KList:
-        """Sorted `lst` with candidate `c` taken in (the worst entry drops out)."""
-        wins = [self.beats(c, e) for e in lst]
+    def insert(self, lst: KList, c: Entry, later: bool = False) -> KList:
+        """Sorted `lst` with candidate `c` taken in (the worst entry drops out); `later`: `c`'s index is known to
+        be above every index in `lst`."""
+        wins = [self.beats(c, e, later) for e in lst]
         out = [self.pick(wins[0], c, lst[0])]
         for j in range(1, len(lst)):
             out.append(self.pick(wins[j], self.pick(wins[j - 1], lst[j - 1], c), lst[j]))
@@ -146,6 +178,9 @@ class Ranker:
         """Empty slots written as (NaN, -1) whatever they carried."""
         out = []
         for e in lst:
+            if e.ok is not None:                  # known: a real entry stays, an empty one is (NaN, -1) already
+                out.append(e if e.ok else self.empty(e))
+                continue
             empty = self.b.arith(BinaryOp.LT, e.index, self._const(0, e.index))
             out.append(Entry(self.b.select(empty, self._const(float("nan"), e.value), e.value),
                              self.b.select(empty, self._const(-1, e.index), e.index)))
@@ -185,8 +220,9 @@ def shuffle_reg(b: LoweringBuilder, x: Reg, mask: int) -> Reg:
 
 
 def shuffle_list(b: LoweringBuilder, lst: KList, mask: int) -> KList:
-    """The k-list of the lane ``lane ^ mask``."""
-    return tuple(Entry(shuffle_reg(b, e.value, mask), shuffle_reg(b, e.index, mask)) for e in lst)
+    """The k-list of the lane ``lane ^ mask`` (slot facts are the same in every lane; an empty slot stays)."""
+    return tuple(e if e.ok is False else Entry(shuffle_reg(b, e.value, mask), shuffle_reg(b, e.index, mask), e.ok)
+                 for e in lst)
 
 
 __all__ = ["Entry", "KList", "Ranker", "shuffle_list", "shuffle_reg"]
