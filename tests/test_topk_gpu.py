@@ -4,6 +4,7 @@ i32/i64 indices, f32/f64 values -- and MoE routing (E = 8..256, k = 1..8) gives 
 ``simulate`` with PTX that assembles for sm_80 and sm_90 without spills."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -183,6 +184,14 @@ def test_what_the_lowering_knows_of_computed_positions():
     ranked = lower_to_simt(positions_program(64, 16, 4, "up"), GpuOptions(num_warps=2)).kernels[0]
     loaded = lower_to_simt(merge_program(64, 16, 4), GpuOptions(num_warps=2)).kernels[0]
     assert len(str(ranked).splitlines()) < 0.75 * len(str(loaded).splitlines())
+
+
+def test_moe_routing_ranks_its_i64_positions_as_i32():
+    # the expert indices are i64 positions cast from i32: lanes exchange them as one 32-bit word, not two
+    x = moe_logits(64, 128, 2, 3)
+    kernel = lower_to_simt(rf.kernel(routing(2), backend="simulate").lower(x).stages["tile"], GpuOptions()).kernels[0]
+    text = str(kernel)
+    assert "shfl.bfly" in text and not re.search(r"i64>? = shr", text)
 
 
 def routing(k):

@@ -14,7 +14,10 @@ Emission (`_topk`), for each of the thread's rows at once (vectors over rows):
    one by one (`Ranker.insert`); where the index tile is affine (`affine.py`),
    the candidates are known to be real positions when it is non-negative, and
    to arrive in increasing index order when it grows along the axis and the
-   thread's registers go up the axis (`_candidate_facts`);
+   thread's registers go up the axis (`_candidate_facts`); i64 indices cast
+   from i32 positions are ranked as the i32 (sign extension keeps their order),
+   which halves the index registers, selects and shuffles, and are widened after
+   step 2 (`_ranks_as_i32`);
 2. per lane bit along the axis: the partner lane's list arrives by ``shfl.bfly``
    and the two sorted lists merge (`Ranker.merge`); afterwards those lanes agree;
 3. warp bits along the axis: each warp group writes its list to shared memory
@@ -32,7 +35,7 @@ from __future__ import annotations
 from ...ir import BinaryOp
 from ...ir import tile as t
 from ...ir.simt import IntOp
-from ...ir.types import int32
+from ...ir.types import int32, int64
 from .context import Lowering, effect_rule
 from .layouts import LANE_BITS, Layout, flat, log2
 from .plan import plan_rule
@@ -116,18 +119,30 @@ def _candidate_facts(lw: Lowering, op: t.TopK, layout: Layout, rows: _Rows) -> t
     return form.nonneg, ascending
 
 
+def _ranks_as_i32(lw: Lowering, op: t.TopK) -> bool:
+    """Whether `op`'s i64 indices are i32 values sign-extended (a cast from i32 under broadcasts, expand_dims and
+    permutes: the positions a scheduler builds), so that ranking their i32 truncations is exact."""
+    made = lw.plan.affine.defs.get(op.indices.name)
+    while isinstance(made, (t.Broadcast, t.ExpandDims, t.Permute)):
+        made = lw.plan.affine.defs.get(made.x.name)
+    return op.indices.dtype == int64 and isinstance(made, t.Cast) and made.x.dtype == int32
+
+
 def _own_lists(lw: Lowering, op: t.TopK, layout: Layout, rows: _Rows, ranker: Ranker) -> list[KList]:
     """Step 1: each thread's candidates, per row vector, into sorted k-lists."""
     b = lw.b
     xs = gather(b, lw.get(op.x, layout), rows.sources, layout)
     ids = gather(b, lw.get(op.indices, layout), rows.sources, layout)
     real, ascending = _candidate_facts(lw, op, layout, rows)
+    narrow = _ranks_as_i32(lw, op)
     lists = []
     for g in range(rows.groups):
         lst: KList | None = None
         for a in range(rows.positions):
             at = a * rows.rows + g * rows.width
-            c = Entry(pieces(b, xs, at, rows.width), pieces(b, ids, at, rows.width), True if real else None)
+            index = pieces(b, ids, at, rows.width)
+            c = Entry(pieces(b, xs, at, rows.width), b.cast(index, int32) if narrow else index,
+                      True if real else None)
             lst = ranker.single(c, op.k) if lst is None else ranker.insert(lst, c, later=ascending)
         lists.append(lst)
     return lists
@@ -196,6 +211,7 @@ def _topk(lw: Lowering, op: t.TopK) -> None:
     lanes = [i for i in range(5) if thread[i][axis]]
     for bit in lanes:
         lists = [ranker.merge(lst, shuffle_list(b, lst, 1 << bit)) for lst in lists]
+    lists = [ranker.widen(lst, op.out_indices.dtype) for lst in lists]
     warps = [i for i in range(5, len(thread)) if thread[i][axis]]
     if warps:
         quiet = sum(1 << i for i, x in enumerate(thread) if not any(x)) | sum(1 << i for i in lanes)

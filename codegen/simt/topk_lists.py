@@ -174,6 +174,13 @@ class Ranker:
             size *= 2
         return tuple(out)
 
+    def widen(self, lst: KList, dtype: DType) -> KList:
+        """`lst` with its indices in `dtype` (a sign extension, which keeps their order)."""
+        if all(e.index.dtype == dtype for e in lst):
+            return lst
+        return tuple(Entry(e.value, self.b.const_of(-1, dtype, e.index.length), ok=False) if e.ok is False
+                     else Entry(e.value, self.b.cast(e.index, dtype), e.ok) for e in lst)
+
     def normalize(self, lst: KList) -> KList:
         """Empty slots written as (NaN, -1) whatever they carried."""
         out = []
