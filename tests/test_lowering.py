@@ -320,6 +320,23 @@ def test_fp8_gemm_uses_e4m3_tensor_cores_only_where_they_exist(sm, shape):
     assert {s.shape for s in stmts(simt, Mma)} == ({shape} if shape else set())
 
 
+def test_fp8_b_fragments_are_read_as_words_from_a_column_major_scratch():
+    """An e4m3 mma's B fragment holds four consecutive k of one column: a row-major ``[k, n]`` scratch would
+    give them as four byte loads, so the conversion keeps that tile column-major and reads 32-bit words."""
+    from redfuser.codegen.simt.convert import _reads_wider_transposed, transposed
+
+    b_frag, a_frag = mma_b(64, 64, 64, 4, 32), mma_a(64, 64, 64, 4, 32)
+    assert _reads_wider_transposed(b_frag, 1) and not _reads_wider_transposed(a_frag, 1)
+    assert not _reads_wider_transposed(b_frag, 2)                  # 16-bit: ldmatrix.trans reads it
+    assert transposed(transposed(b_frag)) == b_frag
+    x, w, ws = normal(64, 128, dtype=np.float16), normal(128, 64, dtype=ml_dtypes.float8_e4m3fn), normal(64)
+    prog = tile_program(fp8_quant_gemm, x, w, ws)
+    simt = lower_to_simt(prog, GpuOptions(sm="sm_90"))
+    f8_reads = [s for s in stmts(simt.kernels[0], LoadShared) if s.out.dtype.name == "f8e4m3"]
+    assert f8_reads and all(s.out.length == 4 for s in f8_reads)
+    assert_close(simulate_program(simt, [x, w, ws])[0], run_tile_program(prog, [x, w, ws])[0], np.float32, 128)
+
+
 def test_64_bit_offsets_where_the_tile_ir_says_i64():
     from redfuser.schedule.nests import compute_kernel
 

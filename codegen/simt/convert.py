@@ -11,7 +11,9 @@ are consecutive in the tile (up to 16 bytes), and a 16-bit tile whose target
 layout is ``ldmatrix``'s -- the mma A and B fragments, transposed or not -- is read
 with ``ldmatrix`` (`ldmatrix_plan`): one instruction gives a lane 8 elements that
 would otherwise be four 2-element loads, or eight single ones for a B operand
-whose pairs run down the columns of a row-major tile (``P @ V``'s V).
+whose pairs run down the columns of a row-major tile (``P @ V``'s V). An 8-bit
+tile whose target reads words from a column-major scratch and bytes from a
+row-major one (an e4m3 mma's B operand) goes through shared memory transposed.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 from ...ir.expr import BinaryOp
 from ...ir.simt import IntOp
 from ...ir.types import int32
-from .layouts import Layout, flat, flat_run, without_duplicate_regs
+from .layouts import Layout, flat, flat_run, mapped, without_duplicate_regs
 from .values import Regs, from_registers, gather, pieces
 
 
@@ -151,6 +153,29 @@ def convert(lw, regs: Regs, target: Layout) -> Regs:
     sources = register_map(regs.layout, target)
     if sources is not None:
         return gather(lw.b, regs, sources, target)
+    if _reads_wider_transposed(target, regs.dtype.itemsize):
+        moved = _through_shared(lw, Regs(transposed(regs.layout), regs.dtype, regs.chunks), transposed(target))
+        return Regs(target, regs.dtype, moved.chunks)
+    return _through_shared(lw, regs, target)
+
+
+def transposed(layout: Layout) -> Layout:
+    """`layout` seen as a layout of the transposed 2-D tile: the same registers, coordinates swapped."""
+    return mapped(layout, layout.shape[::-1], lambda basis: basis[::-1])
+
+
+def _reads_wider_transposed(target: Layout, itemsize: int) -> bool:
+    """Whether an 8-bit 2-D tile is better kept column-major in shared memory for `target`: its threads' runs
+    then reach a 32-bit word where row-major they are single bytes (an FP8 mma's B fragment, four consecutive
+    k of one column, from a row-major ``[k, n]`` tile). The stores get narrower instead, but every warp
+    that shares the operand reads it, and one ``ld.shared.b32`` replaces four byte loads and their packing."""
+    if itemsize != 1 or len(target.shape) != 2:
+        return False
+    lean, _ = without_duplicate_regs(target)
+    return flat_run(lean) * itemsize < 4 <= flat_run(transposed(lean)) * itemsize
+
+
+def _through_shared(lw, regs: Regs, target: Layout) -> Regs:
     b = lw.b
     alloc = lw.arena(regs.dtype, int(np.prod(target.shape, dtype=np.int64)))
     b.barrier()
