@@ -2,6 +2,7 @@
 that the simulator catches a barrier or a bound taken out of it."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import ml_dtypes
@@ -335,6 +336,27 @@ def test_fp8_b_fragments_are_read_as_words_from_a_column_major_scratch():
     f8_reads = [s for s in stmts(simt.kernels[0], LoadShared) if s.out.dtype.name == "f8e4m3"]
     assert f8_reads and all(s.out.length == 4 for s in f8_reads)
     assert_close(simulate_program(simt, [x, w, ws])[0], run_tile_program(prog, [x, w, ws])[0], np.float32, 128)
+
+
+def test_a_transposed_byte_scratch_is_padded_so_b_fragment_reads_collide_less():
+    """Shared memory has 32 banks of 4 bytes; lanes reading distinct words of one bank take turns. Rows of
+    a 64-byte scratch put the 8 fragment rows a warp reads 4 to a bank; 4 bytes of padding halve that."""
+    from redfuser.codegen.simt.convert import BYTE_ROW_PAD, transposed
+
+    scratch = transposed(mma_b(64, 64, 64, 4, 32))        # B fragments as a layout of the [n, k] scratch
+    rows, width = scratch.shape
+    table = scratch.table()                               # [threads, registers] row-major flat indices
+
+    def turns(pitch: int) -> int:                         # the worst word read (4 registers) of any warp
+        worst = 0
+        for warp in range(scratch.threads // 32):
+            for r in range(0, scratch.num_regs, 4):
+                flat_index = table[32 * warp: 32 * warp + 32, r]
+                words = {(i // width * pitch + i % width) // 4 for i in flat_index.tolist()}
+                worst = max(worst, max(Counter(w % 32 for w in words).values()))
+        return worst
+
+    assert (rows, width) == (64, 64) and turns(width) == 4 and turns(width + BYTE_ROW_PAD) == 2
 
 
 def test_64_bit_offsets_where_the_tile_ir_says_i64():

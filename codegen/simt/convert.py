@@ -18,6 +18,7 @@ row-major one (an e4m3 mma's B operand) goes through shared memory transposed.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,21 +56,31 @@ def writer_mask(lw, layout: Layout):
     return b.binary(BinaryOp.EQ, bits, b.const_of(0, int32))
 
 
-def vector_width(layout: Layout, itemsize: int, limit: int) -> int:
-    """Registers per shared-memory access: the thread's contiguous run, at most 16 bytes and `limit`."""
-    return max(1, min(flat_run(layout), 16 // max(1, itemsize), limit))
+def vector_width(layout: Layout, itemsize: int, limit: int, pitch: int | None = None) -> int:
+    """Registers per shared-memory access: the thread's contiguous run, at most 16 bytes and `limit`; with a
+    row `pitch` (2-D, elements) also within a row and no wider than a row start's alignment."""
+    n = max(1, min(flat_run(layout), 16 // max(1, itemsize), limit))
+    if pitch is not None:
+        n = min(n, layout.shape[1], math.gcd(pitch * itemsize, 16) // itemsize or 1)
+    return max(1, n)
 
 
-def store_shared(lw, regs: Regs, alloc, offset: int = 0) -> None:
-    """Every element of `regs` into `alloc` at `offset` plus its flat index (one writer per element)."""
+def _at(coord, shape: tuple[int, ...], pitch: int | None) -> int:
+    """The scratch offset of `coord`: row-major, or rows `pitch` elements apart (a padded 2-D scratch)."""
+    return flat(coord, shape) if pitch is None else coord[0] * pitch + coord[1]
+
+
+def store_shared(lw, regs: Regs, alloc, offset: int = 0, pitch: int | None = None) -> None:
+    """Every element of `regs` into `alloc` at `offset` plus its flat index (rows `pitch` apart if given; one
+    writer per element)."""
     b, layout = lw.b, regs.layout
-    n = vector_width(layout, regs.dtype.itemsize, regs.chunk_len)
+    n = vector_width(layout, regs.dtype.itemsize, regs.chunk_len, pitch)
     if offset % n:
         n = 1
     mask = writer_mask(lw, layout)
-    base = b.thread_field(lw.tid, [flat(x, layout.shape) for x in layout.thread_bases])
+    base = b.thread_field(lw.tid, [_at(x, layout.shape, pitch) for x in layout.thread_bases])
     for r in range(0, layout.num_regs, n):
-        at = offset + flat(layout.reg_coord(r), layout.shape)
+        at = offset + _at(layout.reg_coord(r), layout.shape, pitch)
         index = b.arith(BinaryOp.ADD, base, b.const_of(at, int32))
         b.store_shared(alloc, index, pieces(b, regs, r, n), mask=mask)
 
@@ -127,19 +138,19 @@ def _load_ldmatrix(lw, alloc, lean: Layout, plan: LdMatrixPlan) -> list:
     return parts
 
 
-def load_shared(lw, alloc, layout: Layout, dtype) -> Regs:
-    """A tile in `layout` read from `alloc` (flat, row-major)."""
+def load_shared(lw, alloc, layout: Layout, dtype, pitch: int | None = None) -> Regs:
+    """A tile in `layout` read from `alloc` (flat, row-major; rows `pitch` apart if given)."""
     b = lw.b
     lean, index = without_duplicate_regs(layout)
-    plan = ldmatrix_plan(lean, dtype.itemsize)
+    plan = ldmatrix_plan(lean, dtype.itemsize) if pitch is None else None
     if plan is not None:
         regs = from_registers(b, lean, dtype, _load_ldmatrix(lw, alloc, lean, plan))
         return regs if lean == layout else gather(b, regs, index, layout)
-    n = vector_width(lean, dtype.itemsize, min(lean.num_regs, 16))
-    base = b.thread_field(lw.tid, [flat(x, lean.shape) for x in lean.thread_bases])
+    n = vector_width(lean, dtype.itemsize, min(lean.num_regs, 16), pitch)
+    base = b.thread_field(lw.tid, [_at(x, lean.shape, pitch) for x in lean.thread_bases])
     parts = []
     for r in range(0, lean.num_regs, n):
-        at = flat(lean.reg_coord(r), lean.shape)
+        at = _at(lean.reg_coord(r), lean.shape, pitch)
         idx = b.arith(BinaryOp.ADD, base, b.const_of(at, int32))
         parts.append(b.load_shared(alloc, idx, length=n, other=False if dtype.is_bool else 0))
     regs = from_registers(b, lean, dtype, parts)
@@ -154,9 +165,20 @@ def convert(lw, regs: Regs, target: Layout) -> Regs:
     if sources is not None:
         return gather(lw.b, regs, sources, target)
     if _reads_wider_transposed(target, regs.dtype.itemsize):
-        moved = _through_shared(lw, Regs(transposed(regs.layout), regs.dtype, regs.chunks), transposed(target))
+        rows, width = target.shape[::-1]
+        moved = _through_shared(lw, Regs(transposed(regs.layout), regs.dtype, regs.chunks), transposed(target),
+                                pitch=width + BYTE_ROW_PAD)
         return Regs(target, regs.dtype, moved.chunks)
     return _through_shared(lw, regs, target)
+
+
+BYTE_ROW_PAD = 4
+"""Bytes added to each row of a transposed 8-bit scratch. Shared memory has 32 banks of 4 bytes: the 8
+rows an e4m3 B-fragment read touches, 64 bytes apart, fall 4 to a bank; 68 bytes apart, 2 (the test
+`test_a_transposed_byte_scratch_is_padded...` counts it). Over the FP8 GEMM benchmark kernel's 8-bit
+conversions that is 672 shared-memory wavefronts a block instead of 1 184 unpadded, counted the same
+way (row-major, before the transposition: 2 240; pads of 8 to 32 bytes: 672-928, so 4 is as good as
+any and the least memory)."""
 
 
 def transposed(layout: Layout) -> Layout:
@@ -175,10 +197,11 @@ def _reads_wider_transposed(target: Layout, itemsize: int) -> bool:
     return flat_run(lean) * itemsize < 4 <= flat_run(transposed(lean)) * itemsize
 
 
-def _through_shared(lw, regs: Regs, target: Layout) -> Regs:
+def _through_shared(lw, regs: Regs, target: Layout, pitch: int | None = None) -> Regs:
     b = lw.b
-    alloc = lw.arena(regs.dtype, int(np.prod(target.shape, dtype=np.int64)))
+    size = int(np.prod(target.shape, dtype=np.int64)) if pitch is None else target.shape[0] * pitch
+    alloc = lw.arena(regs.dtype, size)
     b.barrier()
-    store_shared(lw, regs, alloc)
+    store_shared(lw, regs, alloc, pitch=pitch)
     b.barrier()
-    return load_shared(lw, alloc, target, regs.dtype)
+    return load_shared(lw, alloc, target, regs.dtype, pitch)
