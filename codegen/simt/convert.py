@@ -165,9 +165,9 @@ def convert(lw, regs: Regs, target: Layout) -> Regs:
     if sources is not None:
         return gather(lw.b, regs, sources, target)
     if _reads_wider_transposed(target, regs.dtype.itemsize):
-        rows, width = target.shape[::-1]
+        row = target.shape[0]               # a row of the transposed tile: one column of the target's
         moved = _through_shared(lw, Regs(transposed(regs.layout), regs.dtype, regs.chunks), transposed(target),
-                                pitch=width + BYTE_ROW_PAD)
+                                pitch=row + BYTE_ROW_PAD)
         return Regs(target, regs.dtype, moved.chunks)
     return _through_shared(lw, regs, target)
 
