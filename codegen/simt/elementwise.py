@@ -120,11 +120,17 @@ def _power(b, x: Reg, exponent: float | None, y: Reg) -> Reg:
     return b.binary(BinaryOp.POW, x, y)
 
 
-def constant_value(lw: Lowering, v: t.Value) -> float | int | bool | None:
-    """`v`'s value when it is a constant (through views)."""
+def defined_through_views(lw: Lowering, v: t.Value) -> t.Op | None:
+    """The op that makes `v`'s elements: its definition, seen through broadcasts, expand_dims and permutes."""
     op = lw.plan.defs.get(v.name)
     while isinstance(op, t.Broadcast | t.ExpandDims | t.Permute):
         op = lw.plan.defs.get(op.x.name)
+    return op
+
+
+def constant_value(lw: Lowering, v: t.Value) -> float | int | bool | None:
+    """`v`'s value when it is a constant (through views)."""
+    op = defined_through_views(lw, v)
     return op.value if isinstance(op, t.Constant) else None
 
 

@@ -37,6 +37,7 @@ from ...ir import tile as t
 from ...ir.simt import IntOp
 from ...ir.types import int32, int64
 from .context import Lowering, effect_rule
+from .elementwise import defined_through_views
 from .layouts import LANE_BITS, Layout, flat, log2
 from .plan import plan_rule
 from .topk_lists import Entry, KList, Ranker, shuffle_list
@@ -122,9 +123,7 @@ def _candidate_facts(lw: Lowering, op: t.TopK, layout: Layout, rows: _Rows) -> t
 def _ranks_as_i32(lw: Lowering, op: t.TopK) -> bool:
     """Whether `op`'s i64 indices are i32 values sign-extended (a cast from i32 under broadcasts, expand_dims and
     permutes: the positions a scheduler builds), so that ranking their i32 truncations is exact."""
-    made = lw.plan.affine.defs.get(op.indices.name)
-    while isinstance(made, (t.Broadcast, t.ExpandDims, t.Permute)):
-        made = lw.plan.affine.defs.get(made.x.name)
+    made = defined_through_views(lw, op.indices)
     return op.indices.dtype == int64 and isinstance(made, t.Cast) and made.x.dtype == int32
 
 
