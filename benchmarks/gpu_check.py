@@ -299,13 +299,16 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 
 
 # RedFuser built another way, timed beside the default on the cases named, for choices that rest on
-# static counts until a device times both: LLVM's O1 middle end against RedFuser's short one
-# (`codegen/nvptx.py`, GPU_PASSES); softmax's 64-row tile against the 32 rows of `options.ROWS`; attention's
-# head dimension in chunks of 32 or 64 against one chunk (`options.K_BLOCK`).
+# static counts until a device times them: attention's head dimension in chunks of 32 or 64 against one
+# chunk (`options.K_BLOCK`), 8 warps against 4 (a warp then holds 8 or 16 query rows, not 16), 128 query
+# rows a block; LLVM's O1 middle end against RedFuser's short one (`codegen/nvptx.py`, GPU_PASSES; on
+# attention the first device run, 2026-11-29, timed it equal); softmax's 64-row tile against the 32 rows of
+# `options.ROWS`.
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "attention": (("redfuser llvm_opt=1", {"llvm_opt": 1}), ("redfuser block_k=32", {"block_k": 32})),
-    "causal": (("redfuser llvm_opt=1", {"llvm_opt": 1}), ("redfuser block_k=32", {"block_k": 32}),
-               ("redfuser block_k=64", {"block_k": 64})),
+    "attention": (("redfuser block_k=32", {"block_k": 32}), ("redfuser warps=8", {"num_warps": 8}),
+                  ("redfuser block_m=128 warps=8", {"block_m": 128, "num_warps": 8})),
+    "causal": (("redfuser block_k=32", {"block_k": 32}), ("redfuser warps=8", {"num_warps": 8}),
+               ("redfuser block_m=128 warps=8", {"block_m": 128, "num_warps": 8})),
     "fp8_gemm": (("redfuser llvm_opt=1", {"llvm_opt": 1}),),
     "softmax": (("redfuser block_m=64", {"block_m": 64}),),       # the tile before options.ROWS
     "log_softmax": (("redfuser block_m=64", {"block_m": 64}),),
@@ -468,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
         for case in all_cases:
             rows += run_case(case, dev, peaks, budget, hardware, later)
             print(f"  {case.label}: done at {budget.spent():.0f} s", flush=True)
+        # The table so far goes to $OUT before the torch.compile peers, whose compiles can outrun a lease:
+        # a run killed among them still leaves every other row behind.
+        write_results(table(rows, [f"{name}: torch.compile peers still to run"]),
+                      {"mode": "device, before torch.compile", "hardware": hardware, "rows": [asdict(r) for r in rows]})
         for case, sets, ref in later:
             compiled = run_compiled(case, sets, ref, dev, peaks, budget, hardware)
             at = max(i for i, r in enumerate(rows) if r.case == case.label)

@@ -313,6 +313,30 @@ def test_mma_operands_come_out_of_shared_memory_through_ldmatrix():
     assert not stmts(simt, LoadShared), "every shared read of attention is an ldmatrix"
 
 
+@pytest.mark.parametrize("head", [32, 64, 128])
+def test_ldmatrix_reads_of_a_padded_scratch_are_one_wavefront_a_matrix(head):
+    """An 8x8 matrix of ``ldmatrix`` is 8 rows of 16 bytes; the 32 banks span 128 bytes, so the read is one
+    wavefront when the rows fall in distinct 16-byte quarters, else one per row sharing a quarter. Row-major
+    attention tiles ``head`` halves wide put the rows 4 (head 32) or 8 to a quarter; `ldmatrix_pitch` pads
+    them to one."""
+    from redfuser.codegen.simt.convert import ldmatrix_pitch, transposed
+
+    def wavefronts(layout, pitch):
+        plan = ldmatrix_plan(layout, 2, pitch)
+        rows = [sum(r for bit, r in enumerate(plan.rows) if i >> bit & 1) for i in range(8)]
+        return plan.trans, max(Counter(2 * r // 16 % 8 for r in rows).values())
+
+    operands = {"Q (A)": mma_a(64, head, 64, 4, 16), "K (B of K^T)": transposed(mma_b(head, 64, 64, 4, 16)),
+                "V (B, transposed read)": mma_b(64, head, 64, 4, 16)}
+    for name, layout in operands.items():
+        pitch = ldmatrix_pitch(layout, 2)
+        assert layout.shape[1] == head and pitch == head + 8, name
+        trans, unpadded = wavefronts(layout, None)
+        assert wavefronts(layout, pitch) == (trans, 1), name
+        assert unpadded == {32: 4, 64: 8, 128: 8}[head], name
+    assert ldmatrix_pitch(blocked((64, 64), 4, vec=8), 2) is None        # not an ldmatrix read: row-major
+
+
 @pytest.mark.parametrize("sm,shape", [("sm_90", MmaShape.M16N8K32_E4M3), ("sm_80", None)])
 def test_fp8_gemm_uses_e4m3_tensor_cores_only_where_they_exist(sm, shape):
     x, w = normal(32, 64, dtype=np.float16), normal(64, 32, dtype=ml_dtypes.float8_e4m3fn)

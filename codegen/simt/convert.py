@@ -87,7 +87,7 @@ def store_shared(lw, regs: Regs, alloc, offset: int = 0, pitch: int | None = Non
 
 @dataclass(frozen=True)
 class LdMatrixPlan:
-    """How ``ldmatrix`` reads a tile: `trans`, the flat offsets of a matrix's 8 rows (bits of the row
+    """How ``ldmatrix`` reads a tile: `trans`, the scratch offsets of a matrix's 8 rows (bits of the row
     number), and of its matrices (bits of the matrix number, from register bit 1 up)."""
 
     trans: bool
@@ -96,8 +96,9 @@ class LdMatrixPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def ldmatrix_plan(layout: Layout, itemsize: int) -> LdMatrixPlan | None:
-    """The plan when `layout` (no zero register bases) is ``ldmatrix``'s, else None.
+def ldmatrix_plan(layout: Layout, itemsize: int, pitch: int | None = None) -> LdMatrixPlan | None:
+    """The plan when `layout` (no zero register bases) is ``ldmatrix``'s over a scratch whose rows are `pitch`
+    elements apart (row-major when None), else None.
 
     ``ldmatrix`` gives lane ``4 r + w`` elements ``2 w, 2 w + 1`` of row ``r`` of each 8x8 matrix (of its
     transpose with ``.trans``), a row being 8 consecutive 16-bit elements at a 16-byte aligned address.
@@ -107,9 +108,9 @@ def ldmatrix_plan(layout: Layout, itemsize: int) -> LdMatrixPlan | None:
     """
     if itemsize != 2 or layout.num_regs < 2:
         return None
-    f = [flat(x, layout.shape) for x in layout.regs]
-    lanes = [flat(x, layout.shape) for x in layout.lanes]
-    warps = [flat(x, layout.shape) for x in layout.warps]
+    f = [_at(x, layout.shape, pitch) for x in layout.regs]
+    lanes = [_at(x, layout.shape, pitch) for x in layout.lanes]
+    warps = [_at(x, layout.shape, pitch) for x in layout.warps]
     if (f[0], lanes[0], lanes[1]) == (1, 2, 4):
         trans, rows = False, (lanes[2], lanes[3], lanes[4])
     elif tuple(lanes[2:]) == (1, 2, 4):
@@ -121,7 +122,7 @@ def ldmatrix_plan(layout: Layout, itemsize: int) -> LdMatrixPlan | None:
     return LdMatrixPlan(trans, rows, tuple(f[1:]))   # type: ignore[arg-type]
 
 
-def _load_ldmatrix(lw, alloc, lean: Layout, plan: LdMatrixPlan) -> list:
+def _load_ldmatrix(lw, alloc, lean: Layout, plan: LdMatrixPlan, pitch: int | None) -> list:
     """`lean`'s registers in order, ``2 count`` per ``ldmatrix.x<count>``: lane ``8 m + r`` of a call gives
     row ``r`` of its ``m``-th matrix."""
     b = lw.b
@@ -129,7 +130,7 @@ def _load_ldmatrix(lw, alloc, lean: Layout, plan: LdMatrixPlan) -> list:
     count = min(4, matrices)
     per_call = count.bit_length() - 1                 # matrix-number bits one call covers (lane bits 3, 4)
     lane_coefs = list(plan.rows) + [plan.matrices[i] if i < per_call else 0 for i in range(2)]
-    base = b.thread_field(lw.tid, lane_coefs + [flat(x, lean.shape) for x in lean.warps])
+    base = b.thread_field(lw.tid, lane_coefs + [_at(x, lean.shape, pitch) for x in lean.warps])
     parts = []
     for first in range(0, matrices, count):
         origin = sum(m for i, m in enumerate(plan.matrices) if first >> i & 1)
@@ -142,9 +143,9 @@ def load_shared(lw, alloc, layout: Layout, dtype, pitch: int | None = None) -> R
     """A tile in `layout` read from `alloc` (flat, row-major; rows `pitch` apart if given)."""
     b = lw.b
     lean, index = without_duplicate_regs(layout)
-    plan = ldmatrix_plan(lean, dtype.itemsize) if pitch is None else None
+    plan = ldmatrix_plan(lean, dtype.itemsize, pitch)
     if plan is not None:
-        regs = from_registers(b, lean, dtype, _load_ldmatrix(lw, alloc, lean, plan))
+        regs = from_registers(b, lean, dtype, _load_ldmatrix(lw, alloc, lean, plan, pitch))
         return regs if lean == layout else gather(b, regs, index, layout)
     n = vector_width(lean, dtype.itemsize, min(lean.num_regs, 16), pitch)
     base = b.thread_field(lw.tid, [_at(x, lean.shape, pitch) for x in lean.thread_bases])
@@ -169,7 +170,25 @@ def convert(lw, regs: Regs, target: Layout) -> Regs:
         moved = _through_shared(lw, Regs(transposed(regs.layout), regs.dtype, regs.chunks), transposed(target),
                                 pitch=row + BYTE_ROW_PAD)
         return Regs(target, regs.dtype, moved.chunks)
-    return _through_shared(lw, regs, target)
+    return _through_shared(lw, regs, target, ldmatrix_pitch(target, regs.dtype.itemsize))
+
+
+def ldmatrix_pitch(target: Layout, itemsize: int) -> int | None:
+    """The row pitch (elements) of a scratch that `target` reads with ``ldmatrix``; None (row-major) otherwise.
+
+    An 8x8 matrix read is one shared-memory wavefront when its 8 rows, 16 bytes each, fall in distinct
+    16-byte quarters of the 128 bytes the 32 banks span: when the rows are an odd number of 16-byte units
+    apart. A row-major tile 64 or 128 bytes wide puts all 8 (4) rows in one quarter: 8 (4) wavefronts a
+    matrix. So rows that are an even number of 16-byte units long get 16 bytes of padding (attention's
+    K and V tiles, `test_ldmatrix_reads_of_a_padded_scratch_are_one_wavefront_a_matrix`)."""
+    if len(target.shape) != 2 or (target.shape[1] * itemsize) % 16:
+        return None
+    lean, _ = without_duplicate_regs(target)
+    units = target.shape[1] * itemsize // 16
+    pitch = target.shape[1] + (16 // itemsize if units % 2 == 0 else 0)
+    if pitch == target.shape[1] or ldmatrix_plan(lean, itemsize, pitch) is None:
+        return None
+    return pitch
 
 
 BYTE_ROW_PAD = 4

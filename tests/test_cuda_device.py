@@ -1,0 +1,137 @@
+"""The cuda backend on a real device: every workload against its numpy body, and the caller's arrays and
+streams through the real driver, torch and cupy.
+
+`test_cuda_interop.py` checks the same paths against a fake driver (what reaches the driver: pointers,
+handles, synchronizations); these tests check that the real driver, torch's allocator and streams and
+cupy's ``__cuda_array_interface__`` agree with it. All are ``gpu``-marked: skipped, with the reason,
+where there is no device. torch's and cupy's tests also skip where those libraries cannot reach a GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_quant import quantization_bound
+
+import redfuser as rf
+from redfuser.codegen import nvptx, nvptx_samples
+from redfuser.ir.errors import BackendError, CudaError
+from redfuser.runtime import cuda_driver, device
+from redfuser.runtime.cuda_memory import DeviceBuffer
+from redfuser.testing import assert_close
+from redfuser.workloads import WORKLOADS, softmax
+
+pytestmark = pytest.mark.gpu
+
+
+def _as_tuple(x) -> tuple:
+    return tuple(x) if isinstance(x, tuple | list) else (x,)
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.fixture
+def torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch is installed without CUDA or sees no device")
+    return torch
+
+
+# --- every workload, numpy in and out ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_every_workload_on_the_device_equals_its_numpy_body(name):
+    w = WORKLOADS[name]
+    args = w.make_inputs(np.random.default_rng(11))
+    copies = [a.copy() for a in args]
+    with np.errstate(all="ignore"):
+        expected = _as_tuple(w.fn(*args))
+    actual = _as_tuple(rf.kernel(w.fn, backend="cuda")(*args))
+    assert all(a.tobytes() == c.tobytes() for a, c in zip(args, copies)), "an input was modified"
+    assert all(isinstance(a, np.ndarray) for a in actual)
+    if name == "fp8_quant_gemm":   # the running absmax quantizes within the quantization error
+        x, wt, ws = args
+        exact = (x.astype(np.float64) @ wt.astype(np.float64)) * ws
+        assert np.all(np.abs(actual[0].astype(np.float64) - exact) <= quantization_bound(x, wt, ws))
+        return
+    for a, e in zip(actual, expected):
+        assert_close(a, e, e.dtype, args[0].shape[-1], name)
+
+
+# --- torch tensors and streams -------------------------------------------------------------------------
+
+def test_torch_cuda_tensors_in_give_torch_cuda_tensors_out_and_the_input_is_untouched(torch_cuda):
+    torch = torch_cuda
+    x = torch.randn(96, 700, device="cuda") * 3
+    before = x.clone()
+    out = rf.kernel(softmax, backend="cuda")(x)
+    torch.cuda.synchronize()
+    assert isinstance(out, torch.Tensor) and out.device == x.device and out.dtype == torch.float32
+    assert torch.equal(x, before)
+    np.testing.assert_allclose(out.cpu().numpy(), _softmax_rows(before.cpu().numpy()), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["torch stream", "int handle"])
+def test_a_user_given_torch_stream_is_the_one_the_kernel_runs_on(torch_cuda, how):
+    """The new values reach `x` on a side stream behind a ~25 ms sleep. A kernel on that stream reads them;
+    one on any other (torch's streams do not synchronize with the legacy default stream) would read the
+    old values before the copy ran."""
+    torch = torch_cuda
+    old, new = (torch.randn(64, 512, device="cuda") * 3 for _ in range(2))
+    x = old.clone()
+    kernel = rf.kernel(softmax, backend="cuda")
+    kernel(x)                                    # compiled and loaded before the race is set up
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        x.copy_(new)
+    out = kernel(x, stream=side if how == "torch stream" else side.cuda_stream)
+    side.synchronize()
+    np.testing.assert_allclose(out.cpu().numpy(), _softmax_rows(new.cpu().numpy()), rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_torch_tensors_through_dlpack(torch_cuda):
+    torch = torch_cuda
+    q, k, v = (torch.randn(1, 2, 80, 64, device="cuda").to(torch.bfloat16) for _ in range(3))
+    out = rf.kernel(WORKLOADS["attention"].fn, backend="cuda")(q, k, v)
+    assert isinstance(out, torch.Tensor) and out.device == q.device
+    host = [t.float().cpu().numpy().astype(rf.bfloat16) for t in (q, k, v)]
+    expected = WORKLOADS["attention"].fn(*host)
+    assert_close(out.float().cpu().numpy().astype(expected.dtype), expected, expected.dtype, 80)
+
+
+# --- cupy arrays (__cuda_array_interface__) -------------------------------------------------------------
+
+def test_cupy_arrays_in_give_cupy_arrays_out():
+    cupy = pytest.importorskip("cupy")
+    try:
+        x = cupy.asarray(np.random.default_rng(5).standard_normal((40, 300)).astype(np.float32) * 3)
+    except Exception as exc:  # cupy installed for another CUDA than the driver has
+        pytest.skip(f"cupy cannot allocate here ({type(exc).__name__})")
+    out = rf.kernel(softmax, backend="cuda")(x)
+    assert isinstance(out, cupy.ndarray) and out.device.id == x.device.id
+    np.testing.assert_allclose(cupy.asnumpy(out), _softmax_rows(cupy.asnumpy(x)), rtol=1e-5, atol=1e-6)
+
+
+# --- the real driver's errors ------------------------------------------------------------------------
+
+def test_the_real_drivers_errors_carry_its_error_name_and_the_context_survives_them():
+    with pytest.raises(CudaError, match="cuModuleLoadData failed: CUDA_ERROR_"):
+        cuda_driver.load_module("this is not PTX")
+    sm = device.target_sm() if device.target_sm() in nvptx.SM_MIN_PTX else "sm_90"
+    mirror = cuda_driver.load_module(nvptx.compile_to_ptx(nvptx_samples.reverse_in_block(), sm)).function(
+        "reverse_in_block")
+    x = np.arange(256, dtype=np.float32)
+    with DeviceBuffer.from_numpy(x) as src, DeviceBuffer.alloc(x.nbytes) as out:
+        with pytest.raises(CudaError, match="cuLaunchKernel failed: CUDA_ERROR_(INVALID_VALUE|LAUNCH_OUT_OF_RESOURCES)"):
+            mirror.launch((1,), (4096,), [src, out], shared_bytes=1024)        # past 1024 threads a block
+        # Shared memory past the device's opt-in limit is refused before the driver is asked, naming both.
+        with pytest.raises(BackendError, match=r"asks for 1048576 B dynamic .* the device allows \d+ B"):
+            mirror.launch((1,), (256,), [src, out], shared_bytes=1 << 20)
+        mirror.launch((1,), (256,), [src, out], shared_bytes=1024)              # the context still works
+        cuda_driver.primary_context().synchronize()
+        np.testing.assert_array_equal(out.to_numpy(x.shape, np.float32), x[::-1])
