@@ -299,17 +299,17 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 
 
 # RedFuser built another way, timed beside the default on the cases named, for choices that rest on
-# static counts until a device times them: attention's head dimension in chunks of 32 or 64 against one
-# chunk (`options.K_BLOCK`), 8 warps against 4 (a warp then holds 8 or 16 query rows, not 16), 128 query
-# rows a block; LLVM's O1 middle end against RedFuser's short one (`codegen/nvptx.py`, GPU_PASSES; on
-# attention the first device run, 2026-11-29, timed it equal); softmax's 64-row tile against the 32 rows of
-# `options.ROWS`.
+# static counts until a device times them: operand tiles loaded one iteration ahead or not
+# (`schedule/prefetch.py`), 8 warps against 4 (a warp then holds 8 or 16 query rows, not 16), 128 query
+# rows a block; softmax's 64-row tile against the 32 rows of `options.ROWS`. (Timed equal or slower on
+# the H200 of 2026-11-29 and dropped from this list: LLVM's O1 middle end, head dimension chunks of 32.)
+_TILE_VARIANTS = (("redfuser prefetch", {"prefetch": True}), ("redfuser warps=8", {"num_warps": 8}),
+                  ("redfuser warps=8 prefetch", {"num_warps": 8, "prefetch": True}),
+                  ("redfuser block_m=128 warps=8", {"block_m": 128, "num_warps": 8}))
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "attention": (("redfuser block_k=32", {"block_k": 32}), ("redfuser warps=8", {"num_warps": 8}),
-                  ("redfuser block_m=128 warps=8", {"block_m": 128, "num_warps": 8})),
-    "causal": (("redfuser block_k=32", {"block_k": 32}), ("redfuser warps=8", {"num_warps": 8}),
-               ("redfuser block_m=128 warps=8", {"block_m": 128, "num_warps": 8})),
-    "fp8_gemm": (("redfuser llvm_opt=1", {"llvm_opt": 1}),),
+    "attention": _TILE_VARIANTS,
+    "causal": _TILE_VARIANTS,
+    "fp8_gemm": _TILE_VARIANTS,
     "softmax": (("redfuser block_m=64", {"block_m": 64}),),       # the tile before options.ROWS
     "log_softmax": (("redfuser block_m=64", {"block_m": 64}),),
     "moe_routing": (("redfuser block_m=64", {"block_m": 64}),),

@@ -3,7 +3,8 @@
     stage      what it does                                                  kept as
     trace      the Python body on tracers -> Loop IR, one loop nest per op   "traced"
     fuse       inline, CSE, cascade analysis, the fusion theorem             "fused"
-    schedule   Loop IR -> Tile IR (grid of programs over tiles)              "tile"     (cpu, cuda, simulate)
+    schedule   Loop IR -> Tile IR (grid of programs over tiles; GPU, with    "tile"     (cpu, cuda, simulate)
+               `prefetch`: operand tiles loaded one loop iteration ahead)
     codegen    cpu: Tile IR -> LLVM IR (host)                                "llvm"
                cuda, simulate: Tile IR -> SIMT IR (threads, layouts, mma)    "simt"
                  -> LLVM IR (nvptx64) -> PTX (no GPU needed)                 "llvm", "ptx"
@@ -28,8 +29,10 @@ from .ir import ArgumentError, Program, verify_program
 from .fusion import fuse
 from .trace import ArgSpec, trace
 from .schedule import options_for, schedule_program
+from .schedule.prefetch import prefetch_operands
 from .codegen.host import build_host_module
 from .codegen.simt import GpuOptions, lower_to_simt
+from .codegen.simt.plan import choose_warps
 from .runtime.cuda_backend import compile_ptx
 
 
@@ -144,10 +147,14 @@ def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict
             out.stages["llvm"], out.artifacts["host_kernels"] = build_host_module(out.stages["tile"])
     elif backend in ("cuda", "simulate"):
         opt_level = llvm_opt_level(options)
+        gpu = gpu_options(options)
         with out.timed("schedule"):
-            out.stages["tile"] = schedule_program(out.program, options_for(backend, options))
+            tile = schedule_program(out.program, options_for(backend, options))
+            if options.get("prefetch"):
+                tile = prefetch_operands(tile, lambda k: 32 * choose_warps(k, gpu))
+            out.stages["tile"] = tile
         with out.timed("simt"):
-            out.stages["simt"] = lower_to_simt(out.stages["tile"], gpu_options(options))
+            out.stages["simt"] = lower_to_simt(out.stages["tile"], gpu)
         with out.timed("ptx"):
             out.stages["llvm"], out.stages["ptx"] = compile_ptx(out.stages["simt"], opt_level)
     dump = config.dump_dir()

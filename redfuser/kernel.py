@@ -29,6 +29,7 @@ KNOWN_OPTIONS: dict[str, object] = {
     "sm": None,               # cuda/simulate: GPU target such as "sm_80"; None: the device's, else sm_90
     "autotune": False,        # cpu/cuda: time a few tile sizes, warps and splits on first call (runtime/autotune.py)
     "skip_masked": False,     # skip key blocks a causal-style mask hides (exact for finite values; schedule/masked.py)
+    "prefetch": False,        # cuda/simulate: load tensor-core operand tiles one loop iteration ahead (schedule/prefetch.py)
     "llvm_opt": None,         # cuda/simulate: None, RedFuser's middle end; 1-3, LLVM's O1-O3 (codegen/nvptx.py)
 }
 HOST_BACKENDS = frozenset({"interpret", "cpu", "simulate"})

@@ -1,7 +1,7 @@
 """Autotuning: try a few tile configurations of one kernel specialization, keep the fastest, remember it on disk.
 
-A *candidate* is a `Config`: ``block_m``, ``block_n``, ``block_k``, ``num_warps``
-and ``split`` (None: the kernel's own value). Each backend has a small, fixed
+A *candidate* is a `Config`: ``block_m``, ``block_n``, ``block_k``, ``num_warps``,
+``split`` and (cuda) ``prefetch`` (None: the kernel's own value). Each backend has a small, fixed
 search space (`SPACES`): ``cpu`` (so the machinery runs on every machine) and
 ``cuda``; its first entry is the empty config, the untuned kernel. Options the
 user set on the kernel are never tuned: they override every candidate.
@@ -47,7 +47,7 @@ from .cache import CacheKey, CacheWarning
 from .cache_entry import write_atomic
 
 FORMAT = 1
-TUNED = ("block_m", "block_n", "block_k", "num_warps", "split")
+TUNED = ("block_m", "block_n", "block_k", "num_warps", "split", "prefetch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +59,9 @@ class Config:
     block_k: int | None = None
     num_warps: int | None = None
     split: int | None = None
+    prefetch: bool | None = None
 
-    def options(self) -> dict[str, int]:
+    def options(self) -> dict[str, int | bool]:
         """The kernel options this candidate sets."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
@@ -73,7 +74,8 @@ SPACES: dict[str, tuple[Config, ...]] = {
             Config(block_n=32, block_k=32), Config(block_m=64, block_n=128), Config(split=1)),
     "cuda": (Config(), Config(block_m=32), Config(block_m=128, num_warps=8), Config(block_n=128),
              Config(block_n=128, block_k=64, num_warps=8), Config(block_m=128, block_n=128, num_warps=8),
-             Config(block_n=32, num_warps=2), Config(block_k=32), Config(split=1)),
+             Config(block_n=32, num_warps=2), Config(block_k=32), Config(split=1),
+             Config(prefetch=True), Config(block_m=128, num_warps=8, prefetch=True)),
 }
 """The candidates per backend, the untuned kernel first (small on purpose: each costs a compile)."""
 
@@ -203,7 +205,8 @@ class TuningStore:
 def _config(data: object) -> Config:
     """A stored config, checked (`ValueError` when it is not one: the file is then unreadable)."""
     if not isinstance(data, dict) or not all(
-            k in TUNED and isinstance(v, int) and not isinstance(v, bool) and v >= 1 for k, v in data.items()):
+            k in TUNED and (isinstance(v, bool) if k == "prefetch" else
+                            isinstance(v, int) and not isinstance(v, bool) and v >= 1) for k, v in data.items()):
         raise ValueError(f"not a config: {data!r}")
     return Config(**data)
 

@@ -185,3 +185,14 @@ def test_autotuning_on_the_device_with_cuda_events(cache, capfd):
     (record,) = stored(cache)
     assert record["backend"] == "cuda" and all(s is None or 0 < s < 1 for _, s in record["timings"])
     assert "autotune softmax [cuda]" in capfd.readouterr().err
+
+
+def test_a_stored_config_may_set_prefetch_only_as_a_bool():
+    from redfuser.runtime.autotune import _config
+
+    assert _config({"block_m": 64, "prefetch": True}) == Config(block_m=64, prefetch=True)
+    assert str(Config(num_warps=8, prefetch=True)) == "num_warps=8 prefetch=True"
+    for bad in ({"prefetch": 1}, {"block_m": True}, {"prefetch": "yes"}, {"unknown": 1}):
+        with pytest.raises(ValueError, match="not a config"):
+            _config(bad)
+    assert Config(prefetch=True) in SPACES["cuda"]          # the device measures it; off by default

@@ -1,0 +1,219 @@
+"""Prefetch: a loop's tensor-core operand tiles are loaded one iteration ahead.
+
+In attention's key loop each iteration loads a ``k`` and a ``v`` tile and cannot start its products until
+they arrive: a full trip to global memory, twice an iteration, hidden only by the other blocks on the SM.
+`prefetch_operands` software-pipelines such a load by one stage::
+
+    k_first = load k[off(start)]                          # in front of the loop
+    for j ... iter (..., k_cur = k_first):
+        j_next = j + step < stop ? j + step : j           # the last iteration re-reads its own tile
+        k_next = load k[off(j_next)]                      # issued first, used by the next iteration
+        ... every use of the tile reads k_cur ...
+        yield ..., k_next
+
+so the load of iteration ``j + step`` is in flight while iteration ``j`` computes. The re-read on the last
+iteration keeps every address one the original loop reads: no mask is needed and nothing out of bounds is
+touched. The cost is registers: the next tile is held across the body, in its load layout (a 64 x 64 f16
+tile is 16 registers a thread of 128). So loads are taken in body order while the 2-d tiles the loop
+carries -- its state (attention's output accumulator) and the prefetched tiles -- stay within
+`BUDGET_BYTES` a thread; the rest load as before.
+
+A load is prefetched when it is a 2-d tile of 16- or 8-bit floats at the top level of a loop body, reads a
+buffer the kernel never stores,
+its offsets and mask are computed from the loop counter and values defined outside the loop alone, and its
+tile reaches a `Dot` operand through casts, views and masking selects (the loads whose latency the products wait on; a
+memory-bound stream such as softmax's rows has other blocks to hide it and would only pay the registers).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+from typing import Callable
+
+from ..ir import tile as t
+from ..ir.expr import BinaryOp
+from ..ir.tile_verifier import verify_tile_program
+from ..ir.types import bool_
+from .cleanup import _drop, _free_reads, _rename
+
+_VIEWS = (t.Cast, t.Permute, t.ExpandDims, t.Broadcast)
+
+BUDGET_BYTES = 256
+"""Bytes of 2-d tiles a loop may carry a thread, its state and its prefetched tiles together: 64 of the 255
+registers, the rest left to the body. With 4 warps, attention at head 64 carries a 128-byte accumulator
+and fits its k and v tiles (64 bytes each); at head 128 the accumulator alone is 256 bytes, and
+prefetching even k made the bf16 kernel spill (116 bytes, nvJitLink, sm_90) and the FP8 corpus GEMM
+(a 256-byte accumulator) spill on sm_80. With 8 warps, head 128 fits both again."""
+
+
+def prefetch_operands(p: t.TileProgram, threads: Callable[[t.TileKernel], int],
+                      budget: int = BUDGET_BYTES) -> t.TileProgram:
+    """`p` with the eligible tensor-core operand loads of its loops issued one iteration ahead, within
+    `budget` bytes a thread of a kernel of ``threads(kernel)`` threads (see the module docstring); the
+    result is verified and computes the same values on every input."""
+    kernels = tuple(_kernel(k, threads(k), budget) for k in p.kernels)
+    if all(a is b for a, b in zip(kernels, p.kernels)):
+        return p
+    return verify_tile_program(replace(p, kernels=kernels), pass_name="prefetch_operands")
+
+
+def _kernel(k: t.TileKernel, threads: int, budget: int) -> t.TileKernel:
+    stored = {b.name for b in k.stored()}
+    names = _Names(k)
+    body = _ops(k.body, stored, names, threads, budget)
+    if body is k.body:
+        return k
+    return replace(k, body=_drop(body, set()))
+
+
+class _Names:
+    """Fresh value names: the kernel's own, suffixed, never one already taken."""
+
+    def __init__(self, k: t.TileKernel) -> None:
+        self.taken = {p.name for p in k.params}
+        for op in t.walk_ops(k.body):
+            self.taken |= {v.name for v in t.results(op)}
+            if isinstance(op, t.For):
+                self.taken |= {op.body.iv.name} | {a.name for a in op.body.args}
+
+    def __call__(self, base: str, like: t.Value | t.TileType) -> t.Value:
+        for n in itertools.count():
+            name = f"{base}{n or ''}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return t.Value(name, like.type if isinstance(like, t.Value) else like)
+        raise AssertionError("unreachable")
+
+
+class _Budget:
+    """What is left of the bytes of 2-d tiles a loop may carry a thread."""
+
+    def __init__(self, loop: t.For, threads: int, budget: int) -> None:
+        self.threads = max(1, threads)
+        self.left = budget - sum(self.bytes(a) for a in loop.body.args if len(a.shape) == 2)
+
+    def bytes(self, v: t.Value) -> int:
+        return math.ceil(v.type.size * v.dtype.itemsize / self.threads)
+
+    def take(self, v: t.Value) -> bool:
+        need = self.bytes(v)
+        if need > self.left:
+            return False
+        self.left -= need
+        return True
+
+
+def _ops(ops: tuple[t.Op, ...], stored: set[str], names: _Names, threads: int, budget: int) -> tuple[t.Op, ...]:
+    out: list[t.Op] = []
+    changed = False
+    for op in ops:
+        if isinstance(op, t.For):
+            inner = _ops(op.body.ops, stored, names, threads, budget)
+            loop = op if inner is op.body.ops else replace(op, body=replace(op.body, ops=inner))
+            pre, loop = _pipeline(loop, stored, names, _Budget(loop, threads, budget))
+            changed |= loop is not op
+            out += pre
+            out.append(loop)
+        else:
+            out.append(op)
+    return tuple(out) if changed else ops
+
+
+def _slice(load: t.Load, defs: dict[str, t.Op], iv: str) -> list[t.Op] | None:
+    """The body ops `load`'s offsets and mask are computed by, in body order, when they read only the loop
+    counter and values from outside the loop (None otherwise, or when they do not read the counter)."""
+    need, seen, reads_iv = [v for v in t.operands(load)], set(), False
+    while need:
+        v = need.pop()
+        if v.name in seen:
+            continue
+        seen.add(v.name)
+        if v.name == iv:
+            reads_iv = True
+            continue
+        op = defs.get(v.name)
+        if op is None:
+            continue                                  # defined outside the loop
+        if isinstance(op, t.For | t.Load | t.TopK | t.Store):
+            return None                               # a loop-carried or loaded value: not known ahead
+        need += t.operands(op)
+    if not reads_iv:
+        return None
+    return [op for op in defs.values() if any(r.name in seen for r in t.results(op))]
+
+
+def _tensor_core_operand(v: t.Value) -> bool:
+    """A 16- or 8-bit float tile: what a product runs on tensor cores from (f32 products are FMA loops that
+    stage their operands in chunks of their own, and carrying a whole f32 tile spills)."""
+    return v.dtype.is_float and v.dtype.itemsize <= 2 and len(v.shape) == 2
+
+
+def _feeds_dot(load: t.Load, ops: tuple[t.Op, ...]) -> bool:
+    views = {load.out.name}
+    for op in ops:
+        if isinstance(op, _VIEWS) and op.x.name in views \
+                or isinstance(op, t.Select) and {op.a.name, op.b.name} & views:    # a tail's masking
+            views.add(op.out.name)
+        elif isinstance(op, t.Dot) and {op.a.name, op.b.name} & views:
+            return True
+    return False
+
+
+def _pipeline(loop: t.For, stored: set[str], names: _Names, budget: _Budget) -> tuple[list[t.Op], t.For]:
+    """(ops to put in front of `loop`, `loop` with its operand loads one iteration ahead)."""
+    body = loop.body
+    defs = {r.name: op for op in body.ops for r in t.results(op)}
+    nested = set().union(*(_free_reads(op) for op in body.ops if isinstance(op, t.For)))   # not renamed there
+    chosen = [(op, s) for op in body.ops if isinstance(op, t.Load) and op.buffer.name not in stored
+              and _tensor_core_operand(op.out) and op.out.name not in nested and _feeds_dot(op, body.ops)
+              and (s := _slice(op, defs, body.iv.name)) is not None and budget.take(op.out)]
+    if not chosen:
+        return [], loop
+    iv = body.iv
+    step = names(f"{iv.name}_step", iv)
+    after = names(f"{iv.name}_after", iv)
+    stop = loop.stop
+    if isinstance(stop, int):
+        stop_value = names(f"{iv.name}_stop", iv)
+        head = [t.Constant(stop_value, stop)]
+        stop = stop_value
+    else:
+        head = []
+    start = names(f"{iv.name}_first", iv)
+    more = names(f"{iv.name}_more", t.TileType(bool_, ()))
+    following = names(f"{iv.name}_next", iv)
+    pre: list[t.Op] = [t.Constant(start, loop.start)] + head
+    top: list[t.Op] = [t.Constant(step, loop.step), t.Binary(after, BinaryOp.ADD, iv, step),
+                       t.Binary(more, BinaryOp.LT, after, stop), t.Select(following, more, after, iv)]
+    inits, args, yields, results = [], [], [], []
+    carried: dict[str, t.Value] = {}
+    for load, ops in chosen:
+        first = _copy(ops + [load], {iv.name: start}, names, "first")
+        ahead = _copy(ops + [load], {iv.name: following}, names, "next")
+        pre += first
+        top += ahead
+        current = names(f"{load.out.name}_cur", load.out)
+        carried[load.out.name] = current
+        inits.append(first[-1].out)
+        args.append(current)
+        yields.append(ahead[-1].out)
+        results.append(names(f"{load.out.name}_last", load.out))
+    dropped = {id(load) for load, _ in chosen}
+    rest = tuple(_rename(op, carried) for op in body.ops if id(op) not in dropped)
+    new_body = replace(body, args=body.args + tuple(args), ops=tuple(top) + rest,
+                       yields=tuple(carried.get(y.name, y) for y in body.yields) + tuple(yields))
+    return pre, replace(loop, results=loop.results + tuple(results), inits=loop.inits + tuple(inits),
+                        body=new_body)
+
+
+def _copy(ops: list[t.Op], names_in: dict[str, t.Value], names: _Names, suffix: str) -> list[t.Op]:
+    """`ops` again, reading `names_in` for the values named, each result a fresh value."""
+    renamed = dict(names_in)
+    out = []
+    for op in ops:
+        op = _rename(op, renamed)
+        fresh = names(f"{op.out.name}_{suffix}", op.out)
+        renamed[op.out.name] = fresh
+        out.append(replace(op, out=fresh))
+    return out
