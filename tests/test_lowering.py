@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redfuser.codegen.nvvm_mma import fragment_a, fragment_b, fragment_c
 from redfuser.codegen.simt import GpuOptions, lower_kernel, lower_to_simt, narrow_dot_operands
-from redfuser.codegen.simt.affine import AffineInfo
+from redfuser.codegen.simt.affine import Affine, AffineInfo
 from redfuser.codegen.simt.convert import ldmatrix_plan, register_map
 from redfuser.codegen.simt.layouts import blocked, mma_a, mma_acc, mma_b, sliced
 from redfuser.codegen.simt.run import simulate_program
@@ -24,7 +24,7 @@ from redfuser.ir.simt import (
     Barrier, For, LdMatrix, LoadGlobal, LoadShared, Mma, MmaShape, Shuffle, StoreShared, walk_stmts,
 )
 from redfuser.ir.tile_interpreter import run_tile_program
-from redfuser.ir.types import float16, int32, int64
+from redfuser.ir.types import bool_, float16, int32, int64
 
 import redfuser as rf
 from redfuser.schedule import options_for, schedule_program
@@ -194,6 +194,27 @@ def test_which_affine_offsets_are_known_non_negative():
     known = {op.out.name: info.of(op.out).nonneg for op in ops}
     assert known == {"j": True, "two": True, "neg": False, "pid": True, "up": True, "scaled": True, "down": False,
                      "shifted": False, "flipped": False, "zero": True, "wide": True, "narrow": False}
+
+
+def test_a_select_under_one_scalar_condition_between_equal_strides_is_affine():
+    """The prefetched loop's next counter, ``j + 64 < stop ? j + 64 : j``, keeps its offsets affine: the next
+    tile is loaded in 16-byte vectors from a base, not element by element (schedule/prefetch.py)."""
+    def val(name, shape=(8,), dtype=int32):
+        return t.Value(name, t.TileType(dtype, shape))
+
+    ops = [t.Arange(val("j")), t.Constant(val("c4"), 4), t.Constant(val("c64", ()), 64),
+           t.ProgramId(val("pid", ()), 0), t.Binary(val("later", ()), BinaryOp.ADD, val("pid", ()), val("c64", ())),
+           t.Binary(val("more", (), bool_), BinaryOp.LT, val("later", ()), val("c64", ())),
+           t.Select(val("next", ()), val("more", (), bool_), val("later", ()), val("pid", ())),
+           t.Broadcast(val("row"), val("next", ())), t.Binary(val("four_j"), BinaryOp.MUL, val("j"), val("c4")),
+           t.Binary(val("off"), BinaryOp.ADD, val("row"), val("j")),
+           t.Select(val("mixed"), val("more", (), bool_), val("off"), val("four_j")),         # strides 1 and 4
+           t.Binary(val("lane_cond"), BinaryOp.LT, val("j"), val("c4")),
+           t.Select(val("per_lane"), val("lane_cond", dtype=bool_), val("off"), val("j"))]   # a tile condition
+    info = AffineInfo({r.name: op for op in ops for r in t.results(op)})
+    assert info.of(val("next", ())) == Affine((), 1, None, True)
+    assert info.of(val("off")).strides == (1,)
+    assert info.of(val("mixed")) is None and info.of(val("per_lane")) is None
 
 
 def test_dots_get_half_precision_operands_only_when_exact_or_rounded_away():

@@ -3,8 +3,8 @@
 An integer tile is *affine* when its element at coordinates ``(c_0, ...)`` is
 ``base + sum_d stride_d * c_d`` with compile-time `strides` and a runtime
 `base` (its element at the origin, known to be a multiple of `div`, a power of
-two). Offsets the scheduler builds from aranges, program ids, loop counters and
-constants are affine; a load then computes each thread's address as the base
+two). Offsets the scheduler builds from aranges, program ids, loop counters,
+constants and selects between such forms under one scalar condition are affine; a load then computes each thread's address as the base
 plus a bit field of the thread index plus a constant per register, and reads
 ``n`` elements at once where the stride along the fastest dim is 1, every
 other step is a multiple of ``n`` and the base is (the alignment argument of
@@ -95,6 +95,14 @@ class AffineInfo:
             return replace(x, nonneg=False) if narrowing and x.nonneg else x
         if isinstance(op, t.Binary):
             return self._binary(op)
+        if isinstance(op, t.Select) and not op.cond.shape:
+            # One condition for every element: either base plus the same strides (the prefetched loop's
+            # ``j_next = j + step < stop ? j + step : j``, schedule/prefetch.py).
+            a, b = self.of(op.a), self.of(op.b)
+            if a is None or b is None or a.strides != b.strides:
+                return None
+            const = a.const if a.const is not None and a.const == b.const else None
+            return Affine(a.strides, min(a.div, b.div), const, a.nonneg and b.nonneg)
         return None
 
     def _binary(self, op: t.Binary) -> Affine | None:
