@@ -52,11 +52,20 @@ class UnaryOp(enum.Enum):
     ABS = "abs"
     EXP = "exp"
     EXP2 = "exp2"
+    EXP2_FTZ = "exp2_ftz"   # 2**x with results below f32's smallest normal (2**-126) flushed to +0: not in the
+    #                         op namespace; the scheduler's exp of an f16 or e4m3 result (schedule/exprs.py)
     LOG = "log"
     LOG2 = "log2"
     SQRT = "sqrt"
     RSQRT = "rsqrt"
     NOT = "not"
+
+
+TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2})
+"""The unary ops a GPU computes in f32 only (from ``ex2``/``lg2``)."""
+
+F32_TINY = 2.0 ** -126
+"""f32's smallest normal number: `UnaryOp.EXP2_FTZ` flushes results below it to 0."""
 
 
 class BinaryOp(enum.Enum):

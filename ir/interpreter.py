@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from .expr import (
+    F32_TINY,
     Axis,
     Binary,
     BinaryOp,
@@ -60,6 +61,7 @@ UNARY_FUNCS: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.ABS: np.abs,
     UnaryOp.EXP: np.exp,
     UnaryOp.EXP2: np.exp2,
+    UnaryOp.EXP2_FTZ: lambda x: (lambda r: np.where(r < F32_TINY, np.zeros_like(r), r))(np.exp2(x)),
     UnaryOp.LOG: np.log,
     UnaryOp.LOG2: np.log2,
     UnaryOp.SQRT: np.sqrt,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable, Union
 
 from .errors import VerifyError
-from .expr import BinaryOp, Buffer, UnaryOp
+from .expr import TRANSCENDENTAL, BinaryOp, Buffer, UnaryOp
 from .simt import (
     MAX_STATIC_SHARED_BYTES,
     MAX_VECTOR,
@@ -62,7 +62,6 @@ LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
 # for every statement that passes was a third of the verifier's time.
 Message = Union[str, Callable[[], str]]
 Need = Callable[[bool, Message], None]
-_TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2})
 _I64_ABOVE = 2**31
 
 
@@ -109,7 +108,7 @@ def _check_unary(s: Unary, need: Need) -> None:
     elif s.op in (UnaryOp.NEG, UnaryOp.ABS):
         need(not s.x.dtype.is_bool, lambda: f"{s.op.value} of bool")
     else:
-        need(s.x.dtype == float32 or (s.x.dtype.is_float and s.op not in _TRANSCENDENTAL),
+        need(s.x.dtype == float32 or (s.x.dtype.is_float and s.op not in TRANSCENDENTAL),
              lambda: f"{s.op.value} of {s.x.dtype}: the GPU computes it in f32 only")
 
 

@@ -214,8 +214,8 @@ __all__ = ["elementwise", "vector_scale", "block_sum", "softmax_stats", "mma_gem
            "uninitialized_read"]
 
 
-FLOAT_UNARY = (UnaryOp.NEG, UnaryOp.ABS, UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2, UnaryOp.SQRT,
-               UnaryOp.RSQRT)
+FLOAT_UNARY = (UnaryOp.NEG, UnaryOp.ABS, UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2,
+               UnaryOp.SQRT, UnaryOp.RSQRT)
 FLOAT_BINARY = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV, BinaryOp.POW, BinaryOp.MAX, BinaryOp.MIN,
                 BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE, BinaryOp.EQ, BinaryOp.NE)
 INT_BINARY = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.MAX, BinaryOp.MIN, BinaryOp.LT, BinaryOp.NE)

@@ -40,7 +40,7 @@ def unary_ops(tile_program) -> list[UnaryOp]:
     return [op.op for kernel in tile_program.kernels for op in t.walk_ops(kernel.body) if isinstance(op, t.Unary)]
 
 
-@pytest.mark.parametrize("name,expected", [("f16", [UnaryOp.EXP2]), ("bf16", [UnaryOp.EXP2]),
+@pytest.mark.parametrize("name,expected", [("f16", [UnaryOp.EXP2_FTZ]), ("bf16", [UnaryOp.EXP2]),
                                            ("f32", [UnaryOp.EXP])])
 def test_narrow_exp_is_scheduled_as_exp2(name, expected):
     x = np.ones((4, 8), dtype=NARROW.get(name, np.float32))
@@ -72,3 +72,19 @@ def test_narrow_exp_has_no_range_reduction_in_the_ptx():
     assert "cvt.rni" not in ptx        # the f32 exp's rounding of x log2 e to a whole exponent
     wide = str(rf.kernel(exp, backend="cuda", sm="sm_90").lower(x.astype(np.float32)).stages["ptx"])
     assert "cvt.rni" in wide
+
+
+def test_an_f16_exp_flushes_f32_subnormals_in_one_instruction_and_a_bf16_one_keeps_them():
+    """f16 rounds everything below 2**-25 to 0, so its exp is ``ex2.approx.ftz`` (one SASS instruction);
+    bf16 holds values down to 2**-133, so its exp is ``ex2.approx.f32`` (ptxas adds a range check and two
+    multiplies to keep subnormal results). Over every value, both stay within one narrow ulp (above)."""
+    x = np.ones((64, 64), np.float16)
+    ptx = str(rf.kernel(exp, backend="cuda", sm="sm_90").lower(x).stages["ptx"])
+    assert "ex2.approx.ftz.f32" in ptx and "ex2.approx.f32" not in ptx
+    ptx = str(rf.kernel(exp, backend="cuda", sm="sm_90").lower(x.astype(ml_dtypes.bfloat16)).stages["ptx"])
+    assert "ex2.approx.f32" in ptx and "ex2.approx.ftz" not in ptx
+    tiny = np.array([-126.0, -127.0, -149.0, -1.0, np.nan, -np.inf], np.float32)
+    from redfuser.ir.interpreter import UNARY_FUNCS
+    flushed = UNARY_FUNCS[UnaryOp.EXP2_FTZ](tiny)
+    assert flushed.dtype == np.float32
+    np.testing.assert_array_equal(flushed, [2.0**-126, 0.0, 0.0, 0.5, np.nan, 0.0])

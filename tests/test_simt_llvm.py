@@ -118,7 +118,8 @@ _HOST_DEFS = {
     "llvm.nvvm.read.ptx.sreg.tid.x": "define i32 @{n}() {{\n  %v = load i32, ptr @host_tid\n  ret i32 %v\n}}",
     "llvm.nvvm.read.ptx.sreg.ctaid.x": "define i32 @{n}() {{\n  %v = load i32, ptr @host_ctaid\n  ret i32 %v\n}}",
     "llvm.nvvm.ex2.approx.ftz.f32": "define float @{n}(float %x) {{\n  %v = call float @llvm.exp2.f32(float %x)\n"
-                                    "  ret float %v\n}}",
+                                    "  %tiny = fcmp olt float %v, 0x3810000000000000\n"      # below 2**-126: flushed
+                                    "  %r = select i1 %tiny, float 0.0, float %v\n  ret float %r\n}}",
     "llvm.nvvm.lg2.approx.f": "define float @{n}(float %x) {{\n  %v = call float @llvm.log2.f32(float %x)\n"
                               "  ret float %v\n}}",
 }
@@ -188,6 +189,7 @@ def test_emitted_arithmetic_matches_the_simulator_on_the_host(lanes):
     f = (rng.standard_normal(n) * 30).astype(np.float32)
     f[:6] = [0.0, -0.0, np.inf, -np.inf, np.nan, -100.0]
     f[6:10] = [-87.5, 88.5, -103.5, 89.5]   # exp: both scale halves at their ends, subnormal, overflow
+    f[10:12] = [-125.5, -130.0]             # exp2: normal; subnormal (exp2_ftz flushes it to 0)
     g = rng.uniform(0.01, 40, n).astype(np.float32)
     i = rng.integers(-10**6, 10**6, n).astype(np.int32)
     j = (rng.integers(1, 100, n) * rng.choice([-1, 1], n)).astype(np.int32)
@@ -196,7 +198,7 @@ def test_emitted_arithmetic_matches_the_simulator_on_the_host(lanes):
     host = run_on_host(kernel, args)["out"].reshape(len(names), n)
     sim = simulate(kernel, args)["out"].reshape(len(names), n)
     for name, h, s in zip(names, host, sim):
-        if name in ("exp", "exp2", "log", "log2", "f**"):   # libm vs numpy, range-reduced exp, pow: a few ulp
+        if name in ("exp", "exp2", "exp2_ftz", "log", "log2", "f**"):   # libm vs numpy, range-reduced exp, pow: a few ulp
             np.testing.assert_allclose(h, s, rtol=3e-6 if name != "f**" else 3e-5, atol=1e-37, err_msg=name)
         else:
             np.testing.assert_array_equal(h, s, err_msg=name)

@@ -286,10 +286,13 @@ def test_attention_on_the_device_equals_the_simulator(dtype):
 
 @settings(max_examples=max(8, settings().max_examples // 5))   # each example simulates a whole attention
 @given(st.sampled_from([np.float16, BF16]), st.sampled_from([16, 32, 64]), st.integers(1, 48),
-       st.sampled_from([16, 32, 64]), st.sampled_from([16, 32, 64]), st.sampled_from([1, 2, 4]), st.integers(0, 2**16))
-def test_tensor_core_operands_read_through_ldmatrix_at_random_shapes(dtype, head, n, block_m, block_n, warps, seed):
-    """Attention's mma operands come out of shared memory by ``ldmatrix`` (``.trans`` for V) for every tile
-    shape and warp count: the simulator runs the PTX ISA's rule, the result must still be the reference."""
+       st.sampled_from([16, 32, 64]), st.sampled_from([16, 32, 64]), st.sampled_from([1, 2, 4]), st.integers(0, 2**16),
+       st.booleans())
+def test_tensor_core_operands_read_through_ldmatrix_at_random_shapes(dtype, head, n, block_m, block_n, warps, seed,
+                                                                     prefetch):
+    """Attention's mma operands come out of shared memory by ``ldmatrix`` (``.trans`` for V, from a padded
+    scratch) for every tile shape and warp count, with the k and v tiles loaded one iteration ahead or not:
+    the simulator runs the PTX ISA's rule, the result must still be the reference, with no spills."""
     # A warp holding 64 rows of a 64-wide head runs out of registers (255 and spills, which `check` refuses):
     # at most 32 rows a warp, as the default tiles have. bf16 holds more per row (numpy makes P f32, and
     # `P @ V` is split into three bf16 products): at most 16 rows a warp, as its default tiles have (one
@@ -299,7 +302,7 @@ def test_tensor_core_operands_read_through_ldmatrix_at_random_shapes(dtype, head
     rng = np.random.default_rng(seed)
     q, k, v = (rng.standard_normal((1, 2, n, head)).astype(dtype) for _ in range(3))
     options = dict(block_m=block_m, block_n=block_n, block_k=16, num_warps=warps)
-    check(attention, q, k, v, n=n, **options)
+    check(attention, q, k, v, n=n, prefetch=prefetch, **options)
     tile = schedule_program(rf.kernel(attention, backend="interpret").lower(q, k, v).program,
                             options_for("simulate", options))
     text = str(lower_to_simt(tile, GpuOptions(num_warps=warps)))

@@ -15,6 +15,7 @@ from typing import Callable
 import llvmlite.ir as ir
 
 from ...ir import BinaryOp, UnaryOp, tile as t
+from ...ir.expr import F32_TINY
 from ..llvm_utils import F32, F64, I1, I64, declare_intrinsic
 from . import dtypes, mathlib
 from .emitter import KernelEmitter
@@ -60,6 +61,10 @@ def _unary(em: KernelEmitter, op: t.Unary, idx: Idx) -> ir.Value:
         return b.call(_intrinsic(em, "sqrt", x.type), [x])
     if op.op is UnaryOp.RSQRT:
         return b.fdiv(ir.Constant(x.type, 1.0), b.call(_intrinsic(em, "sqrt", x.type), [x]))
+    if op.op is UnaryOp.EXP2_FTZ:
+        r = b.call(mathlib.F32_FUNCTIONS["exp2"](em.module), [x]) if x.type == F32 else \
+            b.call(_intrinsic(em, "exp2", x.type), [x])
+        return b.select(b.fcmp_ordered("<", r, ir.Constant(x.type, F32_TINY)), ir.Constant(x.type, 0.0), r)
     name = op.op.value  # exp, exp2, log, log2
     if x.type == F32:
         return b.call(mathlib.F32_FUNCTIONS[name](em.module), [x])

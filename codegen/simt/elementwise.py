@@ -9,6 +9,7 @@ integer ``/`` truncates, casts to float8_e4m3fn give NaN past the range (`fp8.py
 from __future__ import annotations
 
 from ...ir import BinaryOp, UnaryOp
+from ...ir.expr import TRANSCENDENTAL
 from ...ir import tile as t
 from ...ir.errors import BackendError
 from ...ir.simt import IntOp, Reg
@@ -18,9 +19,6 @@ from .context import Lowering, value_rule
 from .layouts import Layout
 from .values import Regs, chunk_len, splat
 from .views import source_layout
-
-_TRANSCENDENTAL = (UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2)
-
 
 def coerce(value, dtype: DType):
     """A Tile IR constant as the SIMT IR wants it for `dtype`."""
@@ -83,9 +81,9 @@ def _in_f32(b, x: Reg, fn) -> Reg:
 @value_rule(t.Unary)
 def _unary(lw: Lowering, op: t.Unary, layout: Layout) -> Regs:
     b, dtype = lw.b, op.x.dtype
-    if op.op in _TRANSCENDENTAL and dtype.name not in ("f32", "f64"):
+    if op.op in TRANSCENDENTAL and dtype.name not in ("f32", "f64"):
         raise BackendError(f"{op.op.value} of {dtype} tiles: the GPU computes it in f32 only")
-    if op.op in _TRANSCENDENTAL:
+    if op.op in TRANSCENDENTAL:
         return Regs(layout, op.out.dtype, tuple(_in_f32(b, x, lambda y: b.unary(op.op, y))
                                                 for (x,) in _chunks(lw, (op.x,), layout)))
     return Regs(layout, op.out.dtype, tuple(b.unary(op.op, x) for (x,) in _chunks(lw, (op.x,), layout)))

@@ -30,7 +30,7 @@ from .types import const, overload, reg_type
 
 
 # Unary float ops without a vector form on NVPTX: one call per element.
-_SCALAR_ONLY_UNARY = frozenset({UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2})
+_SCALAR_ONLY_UNARY = frozenset({UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2})
 
 
 def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.Value:
@@ -45,6 +45,7 @@ def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.V
         return b.fdiv(splat(x.type, 1.0), call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x]))
     # The verifier admits the transcendental ops on f32 only.
     return {UnaryOp.EXP: lambda: mathlib.exp(b, x, fast=em.options.fast_math), UnaryOp.EXP2: lambda: mathlib.exp2(b, x),
+            UnaryOp.EXP2_FTZ: lambda: mathlib.ex2_approx_ftz(b, x),
             UnaryOp.LOG: lambda: mathlib.log(b, x), UnaryOp.LOG2: lambda: mathlib.log2(b, x)}[op]()
 
 

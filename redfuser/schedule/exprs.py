@@ -135,11 +135,16 @@ LOG2E = float(np.log2(np.e))
 def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
     x = lw.lower_as(e.x, compute_dtype(e.dtype), b)
     if e.op is UnaryOp.EXP and e.dtype.name in LOW_PRECISION:
-        return _exp_as_exp2(lw, x)
+        return _exp_as_exp2(lw, x, flush=e.dtype.name in FLUSHED)
     return Tiled(lw.kb.unary(e.op, x.value), x.dims)
 
 
-def _exp_as_exp2(lw: ExprLowering, x: Tiled) -> Tiled:
+FLUSHED = frozenset({"f16", "f8e4m3"})
+"""Narrow types whose smallest subnormal is far above f32's smallest normal (2**-24 and 2**-9, against
+2**-126): an exponential rounded to one of them loses nothing when f32 subnormal results flush to 0."""
+
+
+def _exp_as_exp2(lw: ExprLowering, x: Tiled, flush: bool) -> Tiled:
     """``exp`` of a 16- or 8-bit float computed as ``exp2(x * log2 e)`` in f32.
 
     The program rounds this exponential to its narrow type, so its error budget is half an ulp of
@@ -148,10 +153,16 @@ def _exp_as_exp2(lw: ExprLowering, x: Tiled) -> Tiled:
     2**-22) adds its own: below 2**-17 wherever the narrow type's exponential is neither 0 nor inf
     (|x| < 104), 2**8 under the budget. The range-reduced ``exp`` that f32 programs get costs about
     fifteen more instructions per element, the bulk of a softmax's or an attention's inner loop
-    (docs/gpu-backend.md, "Numerics")."""
+    (docs/gpu-backend.md, "Numerics").
+
+    With `flush` (f16, e4m3: `FLUSHED`) it is ``exp2_ftz``: results below 2**-126 become 0, which
+    rounding to the narrow type does to them anyway (its half-smallest subnormal is 2**-25 or more). On a
+    GPU that is one ``ex2.approx.ftz``: the non-flushing ``ex2.approx.f32`` is the same instruction
+    behind a range check and two multiplies, about a sixth of f16 attention's key loop. bf16 reaches
+    down to 2**-133 and keeps ``exp2``."""
     scale = Tiled(lw.kb.const(LOG2E, float32), ())
     scaled = lw.elementwise([x, scale], lambda v: lw.kb.binary(BinaryOp.MUL, v[0], v[1]))
-    return Tiled(lw.kb.unary(UnaryOp.EXP2, scaled.value), scaled.dims)
+    return Tiled(lw.kb.unary(UnaryOp.EXP2_FTZ if flush else UnaryOp.EXP2, scaled.value), scaled.dims)
 
 
 def _common(a: DType, b: DType) -> DType:
