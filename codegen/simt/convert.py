@@ -177,10 +177,11 @@ def ldmatrix_pitch(target: Layout, itemsize: int) -> int | None:
     """The row pitch (elements) of a scratch that `target` reads with ``ldmatrix``; None (row-major) otherwise.
 
     An 8x8 matrix read is one shared-memory wavefront when its 8 rows, 16 bytes each, fall in distinct
-    16-byte quarters of the 128 bytes the 32 banks span: when the rows are an odd number of 16-byte units
-    apart. A row-major tile 64 or 128 bytes wide puts all 8 (4) rows in one quarter: 8 (4) wavefronts a
-    matrix. So rows that are an even number of 16-byte units long get 16 bytes of padding (attention's
-    K and V tiles, `test_ldmatrix_reads_of_a_padded_scratch_are_one_wavefront_a_matrix`)."""
+    16-byte slots of the 128 bytes the 32 banks span (distinct modulo 128): when the rows are an odd number
+    of 16-byte units apart. Rows 128 bytes apart (or a multiple) all share one slot, 8 wavefronts a
+    matrix; 64 bytes apart, 4 to a slot, 4 wavefronts. So rows that are an even number of 16-byte units
+    long get 16 bytes of padding (attention's K and V tiles;
+    `test_ldmatrix_reads_of_a_padded_scratch_are_one_wavefront_a_matrix` counts it)."""
     if len(target.shape) != 2 or (target.shape[1] * itemsize) % 16:
         return None
     lean, _ = without_duplicate_regs(target)

@@ -41,7 +41,7 @@ def _hoist(ops: tuple[t.Op, ...], stored: set[str]) -> tuple[t.Op, ...]:
         for x in inner:
             reads = {v.name for v in t.operands(x)}
             if isinstance(x, t.For):
-                reads |= _free_reads(x)
+                reads |= free_reads(x)
             if _pure(x, stored) and not reads & variant:
                 out.append(x)
             else:
@@ -51,7 +51,7 @@ def _hoist(ops: tuple[t.Op, ...], stored: set[str]) -> tuple[t.Op, ...]:
     return tuple(out)
 
 
-def _free_reads(op: t.For) -> set[str]:
+def free_reads(op: t.For) -> set[str]:
     """Every value a loop's body reads (including values defined in the body itself)."""
     names = {v.name for v in op.body.yields}
     for x in t.walk_ops(op.body.ops):
@@ -61,7 +61,9 @@ def _free_reads(op: t.For) -> set[str]:
     return names
 
 
-def _drop(ops: tuple[t.Op, ...], live: set[str]) -> tuple[t.Op, ...]:
+def drop_dead(ops: tuple[t.Op, ...], live: set[str]) -> tuple[t.Op, ...]:
+    """`ops` without the pure ops whose results neither `live` nor a later op reads (stores and the loops
+    holding them stay)."""
     kept: list[t.Op] = []
     for op in reversed(ops):
         if isinstance(op, t.For):
@@ -70,7 +72,7 @@ def _drop(ops: tuple[t.Op, ...], live: set[str]) -> tuple[t.Op, ...]:
             if not needed:
                 continue
             inner_live = set(live) | {y.name for y in op.body.yields}
-            body = _drop(op.body.ops, inner_live)
+            body = drop_dead(op.body.ops, inner_live)
             live |= inner_live | {v.name for v in t.operands(op)}
             for x in t.walk_ops(body):
                 live |= {v.name for v in t.operands(x)}
@@ -95,7 +97,9 @@ def _subst(x, names: dict[str, t.Value]):
     return x
 
 
-def _rename(op: t.Op, names: dict[str, t.Value]) -> t.Op:
+def rename_operands(op: t.Op, names: dict[str, t.Value]) -> t.Op:
+    """`op` reading ``names[v]`` for each operand `v` named there (a loop's inits and yields too, not the ops
+    inside its body); `op` itself when none is."""
     if not names:
         return op
     changes = {}
@@ -121,7 +125,7 @@ def _merge(ops: tuple[t.Op, ...], seen: dict[tuple, t.Value], names: dict[str, t
            stored: set[str]) -> tuple[t.Op, ...]:
     out: list[t.Op] = []
     for op in ops:
-        op = _rename(op, names)
+        op = rename_operands(op, names)
         if isinstance(op, t.For):
             body = op.body
             inner = _merge(body.ops, dict(seen), names, stored)
@@ -147,4 +151,4 @@ def merge_duplicates(k: t.TileKernel) -> t.TileKernel:
 def cleanup_kernel(k: t.TileKernel) -> t.TileKernel:
     """`k` with duplicates merged, loop invariants hoisted and dead ops dropped."""
     stored = {b.name for b in k.stored()}
-    return merge_duplicates(replace(k, body=_drop(_hoist(merge_duplicates(k).body, stored), set())))
+    return merge_duplicates(replace(k, body=drop_dead(_hoist(merge_duplicates(k).body, stored), set())))

@@ -13,16 +13,21 @@ they arrive: a full trip to global memory, twice an iteration, hidden only by th
 
 so the load of iteration ``j + step`` is in flight while iteration ``j`` computes. The re-read on the last
 iteration keeps every address one the original loop reads: no mask is needed and nothing out of bounds is
-touched. The cost is registers: the next tile is held across the body, in its load layout (a 64 x 64 f16
+touched. The first tile is loaded even when a computed stop lets the loop run no iteration (a causal row
+tile's skipped key blocks, `masked.py`): such a stop only cuts a range whose first iteration the scheduler
+built in bounds, and a loop whose constant range is empty is left alone. The cost is registers: the next tile is held across the body, in its load layout (a 64 x 64 f16
 tile is 16 registers a thread of 128). So loads are taken in body order while the 2-d tiles the loop
 carries -- its state (attention's output accumulator) and the prefetched tiles -- stay within
 `BUDGET_BYTES` a thread; the rest load as before.
 
-A load is prefetched when it is a 2-d tile of 16- or 8-bit floats at the top level of a loop body, reads a
-buffer the kernel never stores,
-its offsets and mask are computed from the loop counter and values defined outside the loop alone, and its
-tile reaches a `Dot` operand through casts, views and masking selects (the loads whose latency the products wait on; a
-memory-bound stream such as softmax's rows has other blocks to hide it and would only pay the registers).
+A load is prefetched when:
+- it is a 2-d tile of 16- or 8-bit floats at the top level of a loop body;
+- it reads a buffer the kernel never stores;
+- its offsets and mask are computed from the loop counter and values from outside the loop alone;
+- its tile reaches a `Dot` operand through casts, views and masking selects.
+
+These are the loads whose latency the products wait on. A memory-bound stream, such as softmax's rows,
+has other blocks to hide its latency and would only pay the registers.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from ..ir import tile as t
 from ..ir.expr import BinaryOp
 from ..ir.tile_verifier import verify_tile_program
 from ..ir.types import bool_
-from .cleanup import _drop, _free_reads, _rename
+from .cleanup import drop_dead, free_reads, rename_operands
 
 _VIEWS = (t.Cast, t.Permute, t.ExpandDims, t.Broadcast)
 
@@ -64,7 +69,7 @@ def _kernel(k: t.TileKernel, threads: int, budget: int) -> t.TileKernel:
     body = _ops(k.body, stored, names, threads, budget)
     if body is k.body:
         return k
-    return replace(k, body=_drop(body, set()))
+    return replace(k, body=drop_dead(body, set()))
 
 
 class _Names:
@@ -163,8 +168,10 @@ def _feeds_dot(load: t.Load, ops: tuple[t.Op, ...]) -> bool:
 def _pipeline(loop: t.For, stored: set[str], names: _Names, budget: _Budget) -> tuple[list[t.Op], t.For]:
     """(ops to put in front of `loop`, `loop` with its operand loads one iteration ahead)."""
     body = loop.body
+    if isinstance(loop.stop, int) and loop.stop <= loop.start:
+        return [], loop                   # never runs: its first tile's addresses need not exist
     defs = {r.name: op for op in body.ops for r in t.results(op)}
-    nested = set().union(*(_free_reads(op) for op in body.ops if isinstance(op, t.For)))   # not renamed there
+    nested = set().union(*(free_reads(op) for op in body.ops if isinstance(op, t.For)))   # not renamed there
     chosen = [(op, s) for op in body.ops if isinstance(op, t.Load) and op.buffer.name not in stored
               and _tensor_core_operand(op.out) and op.out.name not in nested and _feeds_dot(op, body.ops)
               and (s := _slice(op, defs, body.iv.name)) is not None and budget.take(op.out)]
@@ -200,7 +207,7 @@ def _pipeline(loop: t.For, stored: set[str], names: _Names, budget: _Budget) -> 
         yields.append(ahead[-1].out)
         results.append(names(f"{load.out.name}_last", load.out))
     dropped = {id(load) for load, _ in chosen}
-    rest = tuple(_rename(op, carried) for op in body.ops if id(op) not in dropped)
+    rest = tuple(rename_operands(op, carried) for op in body.ops if id(op) not in dropped)
     new_body = replace(body, args=body.args + tuple(args), ops=tuple(top) + rest,
                        yields=tuple(carried.get(y.name, y) for y in body.yields) + tuple(yields))
     return pre, replace(loop, results=loop.results + tuple(results), inits=loop.inits + tuple(inits),
@@ -212,7 +219,7 @@ def _copy(ops: list[t.Op], names_in: dict[str, t.Value], names: _Names, suffix: 
     renamed = dict(names_in)
     out = []
     for op in ops:
-        op = _rename(op, renamed)
+        op = rename_operands(op, renamed)
         fresh = names(f"{op.out.name}_{suffix}", op.out)
         renamed[op.out.name] = fresh
         out.append(replace(op, out=fresh))
