@@ -299,21 +299,29 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 
 
 # RedFuser built another way, timed beside the default on the cases named, for choices that rest on
-# static counts until a device times them: operand tiles loaded one iteration ahead or not
-# (`schedule/prefetch.py`), 8 warps against 4 (a warp then holds 8 or 16 query rows, not 16), 128 query
-# rows a block; softmax's 64-row tile against the 32 rows of `options.ROWS`. (Timed equal or slower on
-# the H200 of 2026-11-29 and dropped from this list: LLVM's O1 middle end, head dimension chunks of 32.)
+# static counts until a device times them (predictions in benchmarks/device_notes.md): operand tiles
+# loaded one iteration ahead (`prefetch`), 8 warps against 4, 128 query rows a block; a softmax row in
+# one chunk with one row a block, which `cleanup.peel_single_trips` turns into one read of the row
+# instead of two. (Timed on the H200 of 2026-11-29 and dropped from this list: LLVM's O1 middle end,
+# equal; head dimension chunks of 32, and 64-row softmax, log-softmax and MoE tiles, slower.)
 _TILE_VARIANTS = (("redfuser prefetch", {"prefetch": True}), ("redfuser warps=8", {"num_warps": 8}),
                   ("redfuser warps=8 prefetch", {"num_warps": 8, "prefetch": True}),
                   ("redfuser block_m=128 warps=8", {"block_m": 128, "num_warps": 8}))
+_ONE_PASS = (("redfuser one pass, warps=8", {"block_m": 1, "block_n": "row", "num_warps": 8}),
+             ("redfuser one pass, warps=16", {"block_m": 1, "block_n": "row", "num_warps": 16}))
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
     "attention": _TILE_VARIANTS,
     "causal": _TILE_VARIANTS,
     "fp8_gemm": _TILE_VARIANTS,
-    "softmax": (("redfuser block_m=64", {"block_m": 64}),),       # the tile before options.ROWS
-    "log_softmax": (("redfuser block_m=64", {"block_m": 64}),),
-    "moe_routing": (("redfuser block_m=64", {"block_m": 64}),),
+    "softmax": _ONE_PASS,
+    "log_softmax": _ONE_PASS,
 }
+
+
+def variants(case: Case) -> list[tuple[str, dict]]:
+    """`VARIANTS` of `case`, with ``"row"`` standing for the length of its first input's last axis."""
+    row = case.inputs[0][0][-1]
+    return [(name, {k: row if v == "row" else v for k, v in extra.items()}) for name, extra in VARIANTS.get(case.name, ())]
 
 
 def run_redfuser(case: Case, sets: list, ref: tuple, dev: Device, peaks: dict, budget: Budget,
@@ -343,7 +351,7 @@ def run_case(case: Case, dev: Device, peaks: dict, budget: Budget, hardware: dic
         return [_failed(Row(case.label, "redfuser"), exc)]
     rows = [run_redfuser(case, sets, ref, dev, peaks, budget)]
     rows += [run_redfuser(case, sets, ref, dev, peaks, budget, name, extra)
-             for name, extra in VARIANTS.get(case.name, ())]
+             for name, extra in variants(case)]
     for name in case.peers:
         if name == "torch.compile":
             later.append((case, sets, ref))
@@ -436,7 +444,7 @@ def dry_run(all_cases: list[Case], sm: str) -> tuple[list[Row], list[str]]:
         except Exception as exc:  # the table shows what does not compile yet
             _failed(row, exc)
         rows.append(row)
-        rows.extend(Row(case.label, name, status="no device") for name, _ in VARIANTS.get(case.name, ()))
+        rows.extend(Row(case.label, name, status="no device") for name, _ in variants(case))
         rows.extend(Row(case.label, name, status="no device") for name in case.peers)
     return rows, [f"gpu_check --dry-run: compiled for {sm}; no device, so nothing ran or was timed"]
 

@@ -32,7 +32,7 @@ import redfuser as rf                                        # noqa: E402
 from redfuser.codegen.ptx_check import assemble               # noqa: E402
 from bench_common import CacheFolder                          # noqa: E402
 from gpu_cases import cases                                   # noqa: E402
-from gpu_check import VARIANTS                                # noqa: E402
+from gpu_check import variants                                # noqa: E402
 
 _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", re.M)
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[list[str]] = []
     with tempfile.TemporaryDirectory() as folder, CacheFolder(folder):
         for case in cases("tiny" if args.tiny else "full"):
-            settings = [("", {})] + (list(VARIANTS.get(case.name, ())) if args.variants else [])
+            settings = [("", {})] + (variants(case) if args.variants else [])
             for name, extra in settings:
                 label = case.label + (f" {name.removeprefix('redfuser ')}" if name else "")
                 try:

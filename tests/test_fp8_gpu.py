@@ -65,7 +65,8 @@ def test_long_output_axis_is_tiled_across_the_grid(n):
 
 def test_head_dimension_of_attention_stays_whole():
     q = np.zeros((2, 3, 64, WHOLE_MAX), np.float32)
-    tiled = schedule_program(rf.kernel(attention, backend="interpret").lower(q, q, q).program, options_for("simulate"))
+    kv = np.zeros((2, 3, 128, WHOLE_MAX), np.float32)       # two key blocks: a loop (one would be inlined)
+    tiled = schedule_program(rf.kernel(attention, backend="interpret").lower(q, kv, kv).program, options_for("simulate"))
     (kernel,) = fused_kernels(tiled)
     assert carried_shapes(kernel)[-1] == (64, WHOLE_MAX)
     assert kernel.grid == (2, 3, 1)  # batch, heads, query tiles: no grid dimension over the head dim

@@ -310,7 +310,8 @@ def stmts(kernel, kind):
 
 def test_attention_runs_on_tensor_cores_with_its_online_state_in_registers():
     h = normal(1, 2, 64, 32, dtype=np.float16)
-    simt = lower_to_simt(tile_program(attention, h, h, h), GpuOptions()).kernels[0]
+    kv = normal(1, 2, 128, 32, dtype=np.float16)           # two key blocks: a loop (one would be inlined)
+    simt = lower_to_simt(tile_program(attention, h, kv, kv), GpuOptions()).kernels[0]
     assert {s.shape for s in stmts(simt, Mma)} == {MmaShape.M16N8K16_F16}
     loop = next(s for s in simt.body if isinstance(s, For))
     assert [r.dtype.name for r in loop.results] == ["f32"] * len(loop.results) and len(loop.results) >= 3

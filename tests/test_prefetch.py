@@ -64,7 +64,7 @@ def test_tiles_are_taken_in_order_while_the_loops_tiles_fit_the_budget(head, thr
     the 64 x head f16 k and v tiles. At head 64 and 128 threads: 128 + 64 + 64 bytes; at head 128 the
     accumulator alone is 256; with 256 threads, 128 + 64 + 64 again; with 64 threads, 256 alone."""
     assert BUDGET_BYTES == 256
-    tile = scheduled(attention, *qkv(64, head))
+    tile = scheduled(attention, *qkv(128, head))            # two key blocks: a loop
     ahead = prefetch_operands(tile, lambda k: threads)
     assert [a for a in carried(ahead) if a not in carried(tile)] == expected
     assert (ahead is tile) == (not expected)

@@ -219,3 +219,37 @@ def test_hand_built_fused_loop_matches_the_interpreter_chunk_for_chunk(rows, key
     program = online_softmax_sum(rows, keys)
     tiled = check_schedule(program, (x,), ScheduleOptions(block_m=3, block_n=chunk), n=keys, chunk=chunk)
     assert len(tiled.kernels) == 1  # the epilogue joined the fused loop
+
+
+# ---------------------------------------------------------------------------------------------
+# loops of one iteration are inlined (cleanup.peel_single_trips)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fn", [softmax, log_softmax])
+def test_a_row_in_one_chunk_is_loaded_once(fn):
+    """With the chunk the whole row, the fused loop and the second pass run once each: inlined, their two
+    loads of the same tile merge, and the row goes to memory once instead of twice."""
+    x = (np.random.default_rng(3).standard_normal((6, 512)) * 3).astype(np.float16)
+    low = lowered(fn, x)
+    one = check_schedule(low.program, [x], ScheduleOptions(block_m=1, block_n=512), np.float16, 512)
+    (kernel,) = one.kernels
+    assert not ops_of(kernel, t.For) and len(ops_of(kernel, t.Load)) == 1
+    two = check_schedule(low.program, [x], ScheduleOptions(block_m=1, block_n=256), np.float16, 512)
+    assert len(ops_of(two.kernels[0], t.For)) == 2 and len(ops_of(two.kernels[0], t.Load)) == 2
+    for backend in ("cpu", "simulate"):
+        out = rf.kernel(fn, backend=backend, block_m=1, block_n=512, num_warps=2)(x)
+        assert_close(out, fn(x), np.float16, 512)
+
+
+def test_an_inlined_loop_inside_a_loop_and_around_one_keeps_the_values():
+    """Attention with one key block (its loop inlined) whose head dimension is chunked (inner loops kept),
+    and with two key blocks (kept) whose chunks are one each (inlined): both equal the reference."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 2, 40, 64)).astype(np.float32) for _ in range(3))
+    low = lowered(attention, q, k, v)
+    one_block = check_schedule(low.program, [q, k, v], ScheduleOptions(block_m=16, block_n=64, block_k=16),
+                               n=40)
+    loops = [(op.body.iv.name, op.stop, op.step) for op in ops_of(one_block.kernels[0], t.For)]
+    assert loops == [("r0", 64, 16)]                        # the key loop inlined, q @ k^T's chunks kept
+    two_blocks = check_schedule(low.program, [q, k, v], ScheduleOptions(block_m=16, block_n=32, block_k=64), n=40)
+    loops = [(op.body.iv.name, op.stop, op.step) for op in ops_of(two_blocks.kernels[0], t.For)]
+    assert loops == [("j", 40, 32)]                          # the key loop kept, the head in one chunk

@@ -1,4 +1,8 @@
-"""Clean-up passes on a scheduled kernel: merge duplicates, hoist loop invariants, drop dead values.
+"""Clean-up passes on a scheduled kernel: inline one-iteration loops, merge duplicates, hoist loop
+invariants, drop dead values.
+
+`peel_single_trips` replaces a loop that runs once by its body, so what it loads can merge with a
+later load of the same tile (a softmax whose chunk is the whole row reads it once, not twice).
 
 `merge_duplicates` (CSE) replaces an op that repeats an earlier visible op with the
 same operands by that op's value (index arithmetic repeats across loads).
@@ -148,7 +152,43 @@ def merge_duplicates(k: t.TileKernel) -> t.TileKernel:
     return replace(k, body=_merge(k.body, {}, {}, stored))
 
 
+def _single_trip(op: t.For) -> bool:
+    return isinstance(op.stop, int) and op.start < op.stop <= op.start + op.step
+
+
+def _peel(ops: tuple[t.Op, ...], names: dict[str, t.Value]) -> tuple[t.Op, ...]:
+    """`ops` with every loop of one iteration replaced by its body: the counter a constant, the carried
+    values their inits, the results what the body yields (`names` renames the values later ops read)."""
+    out: list[t.Op] = []
+    for op in ops:
+        op = rename_operands(op, names)
+        if not isinstance(op, t.For):
+            out.append(op)
+            continue
+        body = op.body
+        if not _single_trip(op):
+            inner = _peel(body.ops, names)
+            out.append(replace(op, body=replace(body, ops=inner, yields=_subst(body.yields, names))))
+            continue
+        out.append(t.Constant(body.iv, op.start, op.loc))
+        names.update({a.name: init for a, init in zip(body.args, op.inits)})
+        out += _peel(body.ops, names)
+        names.update({r.name: _subst(y, names) for r, y in zip(op.results, body.yields)})
+    return tuple(out)
+
+
+def peel_single_trips(k: t.TileKernel) -> t.TileKernel:
+    """`k` with its loops of one iteration inlined (see `_peel`). A fused loop whose chunk is the whole
+    axis (softmax with ``block_n`` the row length) then reads its tile as a plain load, which
+    `merge_duplicates` merges with the second pass's load of the same tile: one trip to memory."""
+    if not any(isinstance(op, t.For) and _single_trip(op) for op in t.walk_ops(k.body)):
+        return k
+    return replace(k, body=_peel(k.body, {}))
+
+
 def cleanup_kernel(k: t.TileKernel) -> t.TileKernel:
-    """`k` with duplicates merged, loop invariants hoisted and dead ops dropped."""
+    """`k` with single-iteration loops inlined, duplicates merged, loop invariants hoisted and dead ops
+    dropped."""
     stored = {b.name for b in k.stored()}
-    return merge_duplicates(replace(k, body=drop_dead(_hoist(merge_duplicates(k).body, stored), set())))
+    k = merge_duplicates(peel_single_trips(k))
+    return merge_duplicates(replace(k, body=drop_dead(_hoist(k.body, stored), set())))
