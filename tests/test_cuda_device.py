@@ -61,6 +61,27 @@ def test_every_workload_on_the_device_equals_its_numpy_body(name):
         assert_close(a, e, e.dtype, args[0].shape[-1], name)
 
 
+@pytest.mark.parametrize("name,shape,options", [
+    ("attention", (2, 4, 256, 64), {"prefetch": True}),
+    ("causal_attention", (1, 2, 256, 128), {"prefetch": True, "num_warps": 8, "skip_masked": True}),
+    ("softmax", (8, 4096), {"block_m": 1, "block_n": 4096, "num_warps": 8}),        # one pass over each row
+    ("log_softmax", (8, 4096), {"block_m": 1, "block_n": 4096, "num_warps": 16}),
+])
+def test_the_variants_the_device_check_times_equal_the_numpy_body(name, shape, options):
+    """What `gpu_check.py` times beside the defaults (prefetched operand tiles, one-pass rows) computes the
+    same values on the device as the defaults' numpy body."""
+    rng = np.random.default_rng(13)
+    fn = WORKLOADS[name].fn
+    attention_like = "attention" in name
+    args = tuple((rng.standard_normal(shape) * (1 if attention_like else 3)).astype(np.float16)
+                 for _ in range(3 if attention_like else 1))
+    with np.errstate(all="ignore"):
+        expected = fn(*args)
+    reduced = shape[-2] if attention_like else shape[-1]           # keys, or the row
+    assert_close(rf.kernel(fn, backend="cuda", **options)(*args), expected, expected.dtype, reduced,
+                 f"{name} {options}")
+
+
 # --- torch tensors and streams -------------------------------------------------------------------------
 
 def test_torch_cuda_tensors_in_give_torch_cuda_tensors_out_and_the_input_is_untouched(torch_cuda):
