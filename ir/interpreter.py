@@ -56,12 +56,17 @@ class Env(dict):
 DEFAULT_CHUNK = 64
 """Chunk length the interpreter runs fused loops with (an option of the interpret backend)."""
 
+def _flush_tiny(r: np.ndarray) -> np.ndarray:
+    """`r` with values below f32's smallest normal (2**-126) made +0 (`UnaryOp.EXP2_FTZ`; NaN stays)."""
+    return np.where(r < F32_TINY, np.zeros_like(r), r)
+
+
 UNARY_FUNCS: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.NEG: np.negative,
     UnaryOp.ABS: np.abs,
     UnaryOp.EXP: np.exp,
     UnaryOp.EXP2: np.exp2,
-    UnaryOp.EXP2_FTZ: lambda x: (lambda r: np.where(r < F32_TINY, np.zeros_like(r), r))(np.exp2(x)),
+    UnaryOp.EXP2_FTZ: lambda x: _flush_tiny(np.exp2(x)),
     UnaryOp.LOG: np.log,
     UnaryOp.LOG2: np.log2,
     UnaryOp.SQRT: np.sqrt,
