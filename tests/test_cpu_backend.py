@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
+from test_quant import quantization_bound
 
 import redfuser as rf
 from redfuser.runtime import cpu_jit
@@ -18,13 +19,6 @@ from redfuser.testing.strategies import arrays, programs
 from redfuser.workloads import WORKLOADS, attention, causal_attention, log_softmax, softmax
 
 CPU_WORKLOADS = list(WORKLOADS)
-
-
-def quantization_bound(x, w, w_scale):
-    """|result - exact| that rounding ``x * 448 / a`` to e4m3 allows (any running a' <= a), per output."""
-    xa = np.abs(x.astype(np.float64))
-    per_elem = 2.0**-4 * xa + 2.0**-10 * xa.max(axis=-1, keepdims=True) / 448.0
-    return (per_elem @ np.abs(w.astype(np.float64))) * w_scale * (1 + 1e-5) + 1e-6
 
 
 def as_tuple(x):

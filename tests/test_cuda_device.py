@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_cpu_backend import as_tuple
+from test_cuda_interop import expected_softmax
 from test_quant import quantization_bound
 
 import redfuser as rf
@@ -21,15 +23,6 @@ from redfuser.testing import assert_close
 from redfuser.workloads import WORKLOADS, softmax
 
 pytestmark = pytest.mark.gpu
-
-
-def _as_tuple(x) -> tuple:
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
-
-
-def _softmax_rows(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
 
 
 @pytest.fixture
@@ -48,8 +41,8 @@ def test_every_workload_on_the_device_equals_its_numpy_body(name):
     args = w.make_inputs(np.random.default_rng(11))
     copies = [a.copy() for a in args]
     with np.errstate(all="ignore"):
-        expected = _as_tuple(w.fn(*args))
-    actual = _as_tuple(rf.kernel(w.fn, backend="cuda")(*args))
+        expected = as_tuple(w.fn(*args))
+    actual = as_tuple(rf.kernel(w.fn, backend="cuda")(*args))
     assert all(a.tobytes() == c.tobytes() for a, c in zip(args, copies)), "an input was modified"
     assert all(isinstance(a, np.ndarray) for a in actual)
     if name == "fp8_quant_gemm":   # the running absmax quantizes within the quantization error
@@ -92,7 +85,7 @@ def test_torch_cuda_tensors_in_give_torch_cuda_tensors_out_and_the_input_is_unto
     torch.cuda.synchronize()
     assert isinstance(out, torch.Tensor) and out.device == x.device and out.dtype == torch.float32
     assert torch.equal(x, before)
-    np.testing.assert_allclose(out.cpu().numpy(), _softmax_rows(before.cpu().numpy()), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.cpu().numpy(), expected_softmax(before.cpu().numpy()), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("how", ["torch stream", "int handle"])
@@ -112,7 +105,7 @@ def test_a_user_given_torch_stream_is_the_one_the_kernel_runs_on(torch_cuda, how
         x.copy_(new)
     out = kernel(x, stream=side if how == "torch stream" else side.cuda_stream)
     side.synchronize()
-    np.testing.assert_allclose(out.cpu().numpy(), _softmax_rows(new.cpu().numpy()), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.cpu().numpy(), expected_softmax(new.cpu().numpy()), rtol=1e-5, atol=1e-6)
 
 
 def test_bf16_torch_tensors_through_dlpack(torch_cuda):
@@ -135,7 +128,7 @@ def test_cupy_arrays_in_give_cupy_arrays_out():
         pytest.skip(f"cupy cannot allocate here ({type(exc).__name__})")
     out = rf.kernel(softmax, backend="cuda")(x)
     assert isinstance(out, cupy.ndarray) and out.device.id == x.device.id
-    np.testing.assert_allclose(cupy.asnumpy(out), _softmax_rows(cupy.asnumpy(x)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cupy.asnumpy(out), expected_softmax(cupy.asnumpy(x)), rtol=1e-5, atol=1e-6)
 
 
 # --- the real driver's errors ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from redfuser.codegen.ptx_check import check_ptx
 from redfuser.codegen.simt import GpuOptions, lower_to_simt
 from redfuser.codegen.simt.run import simulate_program
+from test_quant import quantization_bound
 
 import redfuser as rf
 from redfuser.schedule import options_for, schedule_program
@@ -158,13 +159,6 @@ def test_attention_with_fully_masked_rows_gives_nan_rows():
     actual, expected = run_simulated(masked_attention, q, k, v, keep, **SMALL)
     assert np.isnan(expected[0][4]).all() and not np.isnan(expected[0][7]).any()
     assert_close(actual[0], expected[0], np.float32, 20)
-
-
-def quantization_bound(x, w, w_scale):
-    """|result - exact| that rounding ``x * 448 / a`` to e4m3 allows (docs/fusion.md)."""
-    xa = np.abs(x.astype(np.float64))
-    per_elem = 2.0**-4 * xa + 2.0**-10 * xa.max(axis=-1, keepdims=True) / 448.0
-    return (per_elem @ np.abs(w.astype(np.float64))) * w_scale * (1 + 1e-5) + 1e-6
 
 
 @pytest.mark.parametrize("sm", ["sm_80", "sm_90"])
