@@ -321,7 +321,8 @@ VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
 def variants(case: Case) -> list[tuple[str, dict]]:
     """`VARIANTS` of `case`, with ``"row"`` standing for the length of its first input's last axis."""
     row = case.inputs[0][0][-1]
-    return [(name, {k: row if v == "row" else v for k, v in extra.items()}) for name, extra in VARIANTS.get(case.name, ())]
+    return [(name, {k: row if v == "row" else v for k, v in extra.items()})
+            for name, extra in VARIANTS.get(case.name, ())]
 
 
 def run_redfuser(case: Case, sets: list, ref: tuple, dev: Device, peaks: dict, budget: Budget,

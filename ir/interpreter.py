@@ -56,6 +56,7 @@ class Env(dict):
 DEFAULT_CHUNK = 64
 """Chunk length the interpreter runs fused loops with (an option of the interpret backend)."""
 
+
 def _flush_tiny(r: np.ndarray) -> np.ndarray:
     """`r` with values below f32's smallest normal (2**-126) made +0 (`UnaryOp.EXP2_FTZ`; NaN stays)."""
     return np.where(r < F32_TINY, np.zeros_like(r), r)

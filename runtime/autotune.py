@@ -47,7 +47,6 @@ from .cache import CacheKey, CacheWarning
 from .cache_entry import write_atomic
 
 FORMAT = 1
-TUNED = ("block_m", "block_n", "block_k", "num_warps", "split", "prefetch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +66,10 @@ class Config:
 
     def __str__(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.options().items()) or "defaults"
+
+
+TUNED = tuple(f.name for f in fields(Config))
+"""The options a candidate may set: `Config`'s fields."""
 
 
 SPACES: dict[str, tuple[Config, ...]] = {

@@ -61,14 +61,15 @@ def _unary(em: KernelEmitter, op: t.Unary, idx: Idx) -> ir.Value:
         return b.call(_intrinsic(em, "sqrt", x.type), [x])
     if op.op is UnaryOp.RSQRT:
         return b.fdiv(ir.Constant(x.type, 1.0), b.call(_intrinsic(em, "sqrt", x.type), [x]))
-    if op.op is UnaryOp.EXP2_FTZ:
-        r = b.call(mathlib.F32_FUNCTIONS["exp2"](em.module), [x]) if x.type == F32 else \
-            b.call(_intrinsic(em, "exp2", x.type), [x])
-        return b.select(b.fcmp_ordered("<", r, ir.Constant(x.type, F32_TINY)), ir.Constant(x.type, 0.0), r)
-    name = op.op.value  # exp, exp2, log, log2
+    flush = op.op is UnaryOp.EXP2_FTZ       # exp2, then results below 2**-126 made 0
+    name = "exp2" if flush else op.op.value  # exp, exp2, log, log2
     if x.type == F32:
-        return b.call(mathlib.F32_FUNCTIONS[name](em.module), [x])
-    return b.call(_intrinsic(em, name, x.type), [x])
+        r = b.call(mathlib.F32_FUNCTIONS[name](em.module), [x])
+    else:
+        r = b.call(_intrinsic(em, name, x.type), [x])
+    if flush:
+        return b.select(b.fcmp_ordered("<", r, ir.Constant(x.type, F32_TINY)), ir.Constant(x.type, 0.0), r)
+    return r
 
 
 def _int_power(b: ir.IRBuilder, x: ir.Value, n: int) -> ir.Value:

@@ -4,7 +4,8 @@ An integer tile is *affine* when its element at coordinates ``(c_0, ...)`` is
 ``base + sum_d stride_d * c_d`` with compile-time `strides` and a runtime
 `base` (its element at the origin, known to be a multiple of `div`, a power of
 two). Offsets the scheduler builds from aranges, program ids, loop counters,
-constants and selects between such forms under one scalar condition are affine; a load then computes each thread's address as the base
+constants and selects between such forms under one scalar condition are
+affine; a load then computes each thread's address as the base
 plus a bit field of the thread index plus a constant per register, and reads
 ``n`` elements at once where the stride along the fastest dim is 1, every
 other step is a multiple of ``n`` and the base is (the alignment argument of

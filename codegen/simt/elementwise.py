@@ -9,9 +9,9 @@ integer ``/`` truncates, casts to float8_e4m3fn give NaN past the range (`fp8.py
 from __future__ import annotations
 
 from ...ir import BinaryOp, UnaryOp
-from ...ir.expr import TRANSCENDENTAL
 from ...ir import tile as t
 from ...ir.errors import BackendError
+from ...ir.expr import TRANSCENDENTAL
 from ...ir.simt import IntOp, Reg
 from ...ir.types import DType, float32
 from . import fp8, fp8_bits
@@ -19,6 +19,7 @@ from .context import Lowering, value_rule
 from .layouts import Layout
 from .values import Regs, chunk_len, splat
 from .views import source_layout
+
 
 def coerce(value, dtype: DType):
     """A Tile IR constant as the SIMT IR wants it for `dtype`."""
