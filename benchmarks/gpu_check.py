@@ -299,30 +299,21 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 
 
 # RedFuser built another way, timed beside the default on the cases named, for choices that rest on
-# static counts until a device times them (predictions in benchmarks/device_notes.md): operand tiles
-# loaded one iteration ahead (`prefetch`), 8 warps against 4, 128 query rows a block; a softmax row in
-# one chunk with one row a block, which `cleanup.peel_single_trips` turns into one read of the row
-# instead of two. (Timed on the H200 of 2026-11-29 and dropped from this list: LLVM's O1 middle end,
-# equal; head dimension chunks of 32, and 64-row softmax, log-softmax and MoE tiles, slower.)
-_TILE_VARIANTS = (("redfuser prefetch", {"prefetch": True}), ("redfuser warps=8", {"num_warps": 8}),
-                  ("redfuser warps=8 prefetch", {"num_warps": 8, "prefetch": True}),
-                  ("redfuser block_m=128 warps=8", {"block_m": 128, "num_warps": 8}))
-_ONE_PASS = (("redfuser one pass, warps=8", {"block_m": 1, "block_n": "row", "num_warps": 8}),
-             ("redfuser one pass, warps=16", {"block_m": 1, "block_n": "row", "num_warps": 16}))
+# static counts until a device times them (predictions in benchmarks/device_notes.md): a softmax row in
+# chunks of 64 (two reads of the row; the default before whole-row tiles), and 8 warps against the 16 the
+# whole-row tile gets. (Timed on H200s on 2026-11-29 and dropped from this list, all slower or equal:
+# LLVM's O1 middle end; head dimension chunks of 32; 64-row softmax, log-softmax and MoE tiles; for
+# attention, causal attention and the FP8 GEMM `prefetch`, 8 warps with and without it, and 128 rows.)
+_ROW_VARIANTS = (("redfuser warps=8", {"num_warps": 8}), ("redfuser chunks of 64", {"block_n": 64}))
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "attention": _TILE_VARIANTS,
-    "causal": _TILE_VARIANTS,
-    "fp8_gemm": _TILE_VARIANTS,
-    "softmax": _ONE_PASS,
-    "log_softmax": _ONE_PASS,
+    "softmax": _ROW_VARIANTS,
+    "log_softmax": _ROW_VARIANTS,
 }
 
 
 def variants(case: Case) -> list[tuple[str, dict]]:
-    """`VARIANTS` of `case`, with ``"row"`` standing for the length of its first input's last axis."""
-    row = case.inputs[0][0][-1]
-    return [(name, {k: row if v == "row" else v for k, v in extra.items()})
-            for name, extra in VARIANTS.get(case.name, ())]
+    """`VARIANTS` of `case`: (row name, kernel options) pairs."""
+    return list(VARIANTS.get(case.name, ()))
 
 
 def run_redfuser(case: Case, sets: list, ref: tuple, dev: Device, peaks: dict, budget: Budget,

@@ -40,7 +40,8 @@ def gpu_options(options: dict) -> GpuOptions:
     """The SIMT lowering's options from a kernel's: ``sm`` (default: the device's, else sm_90), ``num_warps``."""
     from .runtime.device import target_sm
 
-    return GpuOptions(sm=options.get("sm") or target_sm(), num_warps=int(options.get("num_warps") or 4))
+    warps = options.get("num_warps")
+    return GpuOptions(sm=options.get("sm") or target_sm(), num_warps=None if warps is None else int(warps))
 
 
 def llvm_opt_level(options: dict) -> int | None:

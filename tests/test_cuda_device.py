@@ -57,12 +57,14 @@ def test_every_workload_on_the_device_equals_its_numpy_body(name):
 @pytest.mark.parametrize("name,shape,options", [
     ("attention", (2, 4, 256, 64), {"prefetch": True}),
     ("causal_attention", (1, 2, 256, 128), {"prefetch": True, "num_warps": 8, "skip_masked": True}),
-    ("softmax", (8, 4096), {"block_m": 1, "block_n": 4096, "num_warps": 8}),        # one pass over each row
-    ("log_softmax", (8, 4096), {"block_m": 1, "block_n": 4096, "num_warps": 16}),
+    ("softmax", (512, 4096), {}),                                  # the default: whole rows, one pass
+    ("log_softmax", (512, 4096), {"num_warps": 16}),
+    ("softmax", (512, 4096), {"block_n": 64}),                     # chunks: two passes
+    ("log_softmax", (8, 4096), {}),                                # too few rows: chunked and split
 ])
 def test_the_variants_the_device_check_times_equal_the_numpy_body(name, shape, options):
-    """What `gpu_check.py` times beside the defaults (prefetched operand tiles, one-pass rows) computes the
-    same values on the device as the defaults' numpy body."""
+    """What `gpu_check.py` times beside the defaults (prefetched operand tiles, whole or chunked rows)
+    computes the same values on the device as the defaults' numpy body."""
     rng = np.random.default_rng(13)
     fn = WORKLOADS[name].fn
     attention_like = "attention" in name

@@ -123,16 +123,18 @@ def test_a_views_source_layout_holds_the_elements_the_view_reads(view):
 
 
 def test_gpu_tile_rows_follow_what_the_fused_states_hold():
-    """GPU default (``block_m=None``): 32 rows when every fused state is one value or top-k list per row
-    (softmax's m and l, routing's top-k: no tensor cores to feed, half the code per thread), 64 when the
-    tile feeds mma (attention's query rows); a block_m the user gives is kept either way."""
+    """GPU default (``block_m=None``): a fused loop of per-row values (softmax's m and l) over a row that
+    fits `ONE_PASS_MAX` takes whole rows, `ONE_PASS_TILE` elements a tile; 32 rows for per-row top-k
+    lists (routing: no tensor cores to feed, half the code per thread); 64 when the tile feeds mma
+    (attention's query rows). A block_m or block_n the user gives is kept either way."""
     x, q = normal(256, 1024), normal(1, 2, 256, 64)
 
     def grids(fn, *args, **options):
         return [k.grid for k in tile_program(fn, *args, workers=1, **options).kernels]
 
-    assert grids(softmax, x) == [(256 // 32,)]
+    assert grids(softmax, x) == [(256 // 16,)]
     assert grids(softmax, x, block_m=64) == [(256 // 64,)]
+    assert grids(softmax, x, block_n=64) == [(256 // 32,)]
     assert grids(attention, q, q, q) == [(2, 256 // 64)]
     assert grids(attention, q, q, q, block_m=32) == [(2, 256 // 32)]
     assert grids(moe_routing, x[:, :64])[0] == (256 // 32,)   # the fused kernel; its epilogue nests keep 64

@@ -4,7 +4,9 @@
 |-----------------|-------------------------------------------------------------------------|---------|
 | `sm`            | the GPU generation lowered for: tensor-core FP8 and f8 conversions need | sm_90   |
 |                 | sm_89+, so the SIMT program (not only the PTX) depends on it             |         |
-| `num_warps`     | warps per block (fewer when a kernel's tiles are small)                  | 4       |
+| `num_warps`     | warps per block (fewer when a kernel's tiles are small); None: 4, or for | None    |
+|                 | a kernel without tensor-core products enough that a thread holds at most |         |
+|                 | `plan.ELEMENTS_PER_THREAD` of its largest tile (up to 16)                |         |
 | `round_operands`| let a `dot` round an f32 operand to f16/bf16 for tensor cores when every | True    |
 |                 | result it feeds is stored in that precision or coarser (FlashAttention's |         |
 |                 | ``P @ V``); the rounding is then below what the store rounds away        |         |
@@ -22,12 +24,12 @@ class GpuOptions:
     """See the module docstring."""
 
     sm: str = "sm_90"
-    num_warps: int = 4
+    num_warps: int | None = None
     round_operands: bool = True
 
     def __post_init__(self) -> None:
         sm_number(self.sm)   # BackendError on an unknown target
-        if self.num_warps not in (1, 2, 4, 8, 16):
+        if self.num_warps not in (None, 1, 2, 4, 8, 16):
             raise ArgumentError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}", op="kernel")
 
     @property

@@ -7,6 +7,8 @@
     find_candidates      reductions over one axis linked by dependencies or inputs
     fuse_cascade         per cascade: factor each body (G, H, rescale, deferred factors),
                          confirm numerically, emit one FusedLoop + epilogue
+    read_extrema_safely  exponentials after a loop read its running max as the loop's terms do,
+                         where a NaN guard makes the value NaN anyway (one exponential, not two)
 
 Every pass's output is verified.
 """
@@ -17,6 +19,7 @@ from .cascade import find_candidates
 from .cse import share_common_nests
 from .group import CascadeGroup
 from .inline import eliminate_dead, inline_elementwise
+from .nan_guard import read_extrema_safely
 from .rewrite import fuse_cascade
 
 
@@ -29,6 +32,7 @@ def fuse(program: Program) -> tuple[Program, list[CascadeGroup]]:
         p, group = fuse_cascade(p, candidate)
         p = verify_program(p, "fuse_cascade")
         groups.append(group)
+    p = verify_program(read_extrema_safely(p), "read_extrema_safely")
     p = verify_program(eliminate_dead(p), "eliminate_dead")
     return p, groups
 

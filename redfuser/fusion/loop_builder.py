@@ -26,6 +26,7 @@ from ..ir import (
 )
 from ..ir.types import bool_
 from .member import Member
+from .nan_guard import read_safely
 from .positivity import is_positive
 from .separability import rescale_expr
 from .substitute import inline_loads
@@ -78,15 +79,7 @@ class LoopBuilder:
 
     def safe(self, e: Expr) -> Expr:
         """`e` reading each running max/min as 0 while it still holds its identity (see OnlineState)."""
-        ext = self.running_extrema()
-
-        def fix(n: Expr) -> Expr | None:
-            if isinstance(n, Load) and n.buffer.name in ext:
-                is_identity = Binary(BinaryOp.EQ, n, Const(ext[n.buffer.name], n.dtype), bool_)
-                return Select(is_identity, Const(0.0, n.dtype), n, n.dtype)
-            return None
-
-        return map_expr(e, fix)
+        return read_safely(e, self.running_extrema())
 
     def safe_scale(self, e: Expr) -> Expr:
         """`e` reading each running max as 1 while it is still at its identity or 0 (nothing but zeros

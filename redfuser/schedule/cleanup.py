@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import fields, replace
 
+from ..ir import BinaryOp
 from ..ir import tile as t
 
 
@@ -115,9 +116,18 @@ def rename_operands(op: t.Op, names: dict[str, t.Value]) -> t.Op:
     return replace(op, **changes) if changes else op
 
 
+COMMUTATIVE = frozenset({BinaryOp.ADD, BinaryOp.MUL, BinaryOp.EQ, BinaryOp.NE, BinaryOp.AND, BinaryOp.OR})
+"""Binary ops whose operands `merge_duplicates` compares as a set: ``a * b`` and ``b * a`` are the same
+bits in IEEE arithmetic (attention's ``s * 0.125`` for the max and ``0.125 * s`` for the exponentials
+were two multiplies of the score tile). Not ``maximum``/``minimum``, which may pick between -0 and +0
+by operand order."""
+
+
 def _signature(op: t.Op) -> tuple | None:
     if isinstance(op, t.For | t.Store | t.ProgramId | t.TopK):  # top-k has two results: never merged
         return None
+    if isinstance(op, t.Binary) and op.op in COMMUTATIVE:
+        return ("Binary", op.out.type, op.op, frozenset((op.a.name, op.b.name)))
     parts = [type(op).__name__, op.out.type]
     for name in _fields(type(op), ("out", "loc")):
         v = getattr(op, name)

@@ -56,7 +56,7 @@ def _sweep(fb: FusedBuilder, j: int, c: Compute, needed: set[str]) -> None:
         return
     lay, kb, lw = fb.lay, fb.kb, fb.lw
     n = lay.classes.extent[lay.sweep_key]
-    size = fb.opts.tile(fb.opts.block_n, n)
+    size = lay.sweep_chunk(fb.opts)
     with kb.loop(0, n, size, (), hint=lay.sweep_key) as lp:
         fb.binding[lay.sweep_key] = Dim(lay.sweep_key, fb.fused_order, size, n, lp.iv, n % size != 0)
         b = fb.bind(lay.epilogue_stmt(j), c.axes)
@@ -70,7 +70,7 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
     """The kernel of `fl` and `epilogue`; stores exactly the buffers named in `needed`."""
     fb = FusedBuilder(layout_or_fail(fl, epilogue), name, opts, index)
     n = fl.axis.extent
-    size = opts.tile(opts.block_n, n)
+    size = fb.lay.chunk(opts)
     stop = live_stop(fb, n) if opts.skip_masked else n
     with fb.kb.loop(0, stop, size, tuple(initial_states(fb)), hint=fb.lay.fused_key, arg_hints=carried_names(fb)) as lp:
         kdim = Dim(fb.lay.fused_key, fb.fused_order, size, n, lp.iv, n % size != 0)

@@ -22,7 +22,7 @@ from ..ir import tile as t
 from .builder import KernelBuilder
 from .exprs import ExprLowering
 from .nests import _ceil_div, premake
-from .options import WHOLE_MAX, ScheduleOptions
+from .options import ONE_PASS_MAX, ONE_PASS_TILE, WHOLE_MAX, ScheduleOptions
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
 
@@ -64,17 +64,49 @@ class FusedLayout:
         return not (keys & set(self.whole_keys)) - self.rank_keys
 
     def rows(self, opts: ScheduleOptions) -> int:
-        """The tile rows of the tiled axis under `opts` (`ScheduleOptions.rows`)."""
-        return opts.rows(self.per_row_states)
+        """The tile rows of the tiled axis under `opts`: `ScheduleOptions.rows`, or for a one-pass loop
+        `one_pass_rows`."""
+        return self.one_pass_rows(opts) or opts.rows(self.per_row_states)
 
-    def programs(self, opts: ScheduleOptions) -> int:
-        """How many program instances the grid has (without a split)."""
+    def chunk(self, opts: ScheduleOptions) -> int:
+        """The chunk length of the fused axis: ``block_n``, or the whole axis for a one-pass loop."""
+        n = self.fl.axis.extent
+        return opts.tile(n if self.one_pass_rows(opts) else opts.block_n, n)
+
+    def sweep_chunk(self, opts: ScheduleOptions) -> int:
+        """The chunk length of the closing sweep's axis: ``block_n``, or in a one-pass kernel the whole
+        axis when it is as long as the fused one (softmax's output row: the same tile as the loop's,
+        so its load merges with the loop's and the row is read once)."""
+        n = self.classes.extent[self.sweep_key]
+        whole = self.one_pass_rows(opts) and n == self.fl.axis.extent
+        return opts.tile(n if whole else opts.block_n, n)
+
+    def one_pass_rows(self, opts: ScheduleOptions) -> int:
+        """The rows of a tile when `opts.whole_rows` makes the fused axis one chunk, else 0.
+
+        That takes states that are per-row values (not a running top-k, whose sorting network grows with
+        the chunk) over an axis of at most `ONE_PASS_MAX`. A tile holds as many whole rows as
+        `ONE_PASS_TILE` elements do, fewer while there are fewer tiles than workers. With fewer than half
+        as many tiles as workers even at one row a tile, the loop is chunked and split across programs
+        instead (`split.py`): more SMs then read, if each element twice."""
+        n = self.fl.axis.extent
+        if not (opts.whole_rows and self.per_row_states and 0 < opts.tile(n, n) <= ONE_PASS_MAX
+                and not any(isinstance(st, TopKState) for st in self.fl.states)):
+            return 0
+        rows = max(1, ONE_PASS_TILE // opts.tile(n, n))
+        while rows > 1 and self.programs(opts, rows) < opts.workers:
+            rows //= 2
+        return rows if 2 * self.programs(opts, rows) >= opts.workers else 0
+
+    def programs(self, opts: ScheduleOptions, rows: int | None = None) -> int:
+        """How many program instances the grid has (without a split), with tiles of `rows` (default:
+        `rows(opts)`)."""
         n = 1
         for key in self.grid_keys:
             n *= self.classes.extent[key]
         if self.tiled_key is not None:
             extent = self.classes.extent[self.tiled_key]
-            n *= _ceil_div(extent, opts.tile(self.rows(opts), extent))
+            n *= _ceil_div(extent, opts.tile(rows or self.rows(opts), extent))
         for key in self.grid_tiled(opts):
             extent = self.classes.extent[key]
             n *= _ceil_div(extent, opts.tile(opts.block_n, extent))

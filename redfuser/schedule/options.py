@@ -15,6 +15,10 @@
 | `workers`   | programs the target runs at once, for the automatic split       | cores | SMs |
 | `skip_masked` | stop a fused loop after the last chunk its rows' mask lets    | no  | no  |
 |             | through (causal attention; `masked.py`: exact for finite values)|     |     |
+| `whole_rows`| a fused loop of per-row states over an axis of at most          | no  | yes |
+|             | `ONE_PASS_MAX` is one chunk of whole rows, `ONE_PASS_TILE`      |     |     |
+|             | elements a tile (one pass over memory); off when ``block_m`` or |     |     |
+|             | ``block_n`` is given, and where it would leave SMs idle         |     |     |
 
 A kernel option of the same name (``rf.kernel(fn, block_m=32)``) overrides the default.
 `workers` comes from the machine: the ``num_threads`` option or the core count on
@@ -38,6 +42,7 @@ class ScheduleOptions:
     split: int | None = None
     workers: int = 1
     skip_masked: bool = False
+    whole_rows: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "workers", "split"):
@@ -85,7 +90,7 @@ class ScheduleOptions:
 
 DEFAULTS: dict[str, ScheduleOptions] = {
     "cpu": ScheduleOptions(),
-    "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True),
+    "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True),
 }
 
 
@@ -123,6 +128,20 @@ MoE routing over 128 experts held 64 candidates a thread at 64 rows (123 registe
 ``block_m=64`` beside the default for softmax, log-softmax and routing."""
 
 
+ONE_PASS_MAX = 16384
+"""The longest fused axis `ScheduleOptions.whole_rows` takes in one chunk (after rounding to a power of two).
+
+A row softmax walked in chunks reads its row twice: once for the states, once for the epilogue after
+them. With the whole row in one chunk the loop runs once (`cleanup.peel_single_trips` inlines it) and
+the epilogue reuses the loaded tile, so the row is read once. On an H200 ([32768, 16384] f16, commit
+0098dbd) that took softmax from 0.963 to 0.658 ms and log-softmax from 0.929 to 0.520 ms, against
+torch's 0.937 and 0.737 (benchmarks/device_notes.md). 16384 elements over 16 warps are 32 a thread
+(72 registers); twice that needs 137 registers at 8 warps, over the 128 a thread that 16 warps allow."""
+
+ONE_PASS_TILE = 16384
+"""Elements of a whole-rows tile: ``ONE_PASS_TILE // row`` rows of a shorter row (at least one row)."""
+
+
 WHOLE_MAX = 128
 """A state axis that is neither the fused axis nor shared by every state (GEMM's output columns,
 attention's head dimension) stays whole in the tile up to this extent (and ``block_n``); a longer
@@ -151,6 +170,8 @@ def options_for(backend: str, overrides: dict | None = None) -> ScheduleOptions:
     base = DEFAULTS["cpu" if cpu else "gpu"]
     names = {f.name for f in fields(ScheduleOptions)}
     chosen = {k: v for k, v in (overrides or {}).items() if k in names and v is not None}
+    if chosen.keys() & {"block_m", "block_n"}:
+        chosen.setdefault("whole_rows", False)   # a tile the user chose is the tile
     if "workers" not in chosen:
         threads = int((overrides or {}).get("num_threads") or 0)
         chosen["workers"] = (threads or os.cpu_count() or 1) if cpu else gpu_workers()

@@ -61,7 +61,7 @@ def plan_split(lay: FusedLayout, opts: ScheduleOptions) -> SplitPlan | None:
         return None
     requested = opts.split
     if requested is None:
-        requested = auto_split(lay.programs(opts), _ceil_div(n, opts.tile(opts.block_n, n)), opts.workers)
+        requested = auto_split(lay.programs(opts), _ceil_div(n, lay.chunk(opts)), opts.workers)
     if requested <= 1:
         return None
     per = _ceil_div(n, requested)

@@ -1,0 +1,142 @@
+"""Pass `read_extrema_safely`: after the loop, exponentials read a running max as the loop does.
+
+Inside a fused loop a running max is read as 0 inside exponentials while it still holds its identity
+(`LoopBuilder.safe`: ``exp(x - where(m == -inf, 0, m))``), so that a chunk of -inf does not make the
+running sum NaN. The statements after the loop read the final ``m`` as it is: softmax's output is
+``exp(x - m) / sum`` with ``sum = where(m == -inf, nan, sum_acc)``. Where the loop's last chunk is its
+only one (a row that fits one tile), the two exponentials differ only in that guard, so the scheduler
+cannot share them and computes each element's exponential twice.
+
+This pass reads such a max safely in a statement whose value is NaN whenever the max is at its
+identity, because a NaN guard (`LoopBuilder.unseen`'s ``where(m == -inf, nan, ...)``) reaches the
+value through NaN-propagating arithmetic only. There the replaced read changes nothing: where the max
+is at its identity the value is NaN either way, and elsewhere ``where(m == -inf, 0, m)`` is ``m``.
+
+Guarantees: every value is unchanged (NaN stays NaN); only reads of running maxima (or minima) inside
+exponentials of statements after a fused loop are replaced, and never inside a condition.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from ..ir import (
+    Binary,
+    BinaryOp,
+    Cast,
+    Compute,
+    Const,
+    Expr,
+    FusedLoop,
+    Load,
+    OnlineState,
+    Program,
+    ReduceOp,
+    Select,
+    Unary,
+    UnaryOp,
+    map_expr,
+    walk,
+)
+from ..ir.types import bool_
+from .substitute import rename_axes
+
+_PROPAGATING_BINARY = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV})
+"""Binary ops whose result is NaN when either operand is (not ``**``: ``1 ** nan`` is 1)."""
+
+_PROPAGATING_UNARY = frozenset({UnaryOp.NEG, UnaryOp.ABS, UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2,
+                                UnaryOp.SQRT, UnaryOp.RSQRT})
+
+_EXPONENTIALS = frozenset({UnaryOp.EXP, UnaryOp.EXP2})
+
+
+def read_safely(e: Expr, extrema: dict[str, float], only: frozenset[Load] | None = None) -> Expr:
+    """`e` reading each running max/min of `extrema` (name -> identity) as 0 while it holds its identity:
+    ``where(m == identity, 0, m)``. With `only`, just the reads in it."""
+
+    def fix(n: Expr) -> Expr | None:
+        if isinstance(n, Load) and n.buffer.name in extrema and (only is None or n in only):
+            is_identity = Binary(BinaryOp.EQ, n, Const(extrema[n.buffer.name], n.dtype), bool_)
+            return Select(is_identity, Const(0.0, n.dtype), n, n.dtype)
+        return None
+
+    return map_expr(e, fix)
+
+
+def read_extrema_safely(p: Program) -> Program:
+    """`p` with the statements after its fused loops reading running maxima safely where that cannot
+    change their value (see the module docstring)."""
+    extrema: dict[str, float] = {}
+    guards: dict[str, tuple[tuple[str, ...], frozenset[Load]]] = {}   # buffer -> (its axes, reads at identity)
+    body = []
+    for s in p.body:
+        if isinstance(s, FusedLoop):
+            extrema.update({st.acc.name: st.op.identity(st.acc.dtype) for st in s.states
+                            if isinstance(st, OnlineState) and st.op is not ReduceOp.SUM})
+        elif isinstance(s, Compute) and extrema:
+            guard = _guard_reads(s.value, extrema)
+            if guard is not None and _is_guard(s.value):
+                guards[s.out.name] = (tuple(a.name for a in s.axes), guard)
+            nan_when = _nan_when(s.value, extrema, guards)
+            if nan_when:
+                s = replace(s, value=_rewrite(s.value, extrema, nan_when))
+        body.append(s)
+    return replace(p, body=tuple(body))
+
+
+def _is_guard(e: Expr) -> bool:
+    return isinstance(e, Select) and isinstance(e.a, Const) and isinstance(e.a.value, float) and math.isnan(e.a.value)
+
+
+def _guard_reads(e: Expr, extrema: dict[str, float]) -> frozenset[Load] | None:
+    """For ``where(c, nan, x)`` with `c` an OR of ``m[...] == identity`` over running extrema: those reads."""
+    if not _is_guard(e):
+        return None
+    found: set[Load] = set()
+
+    def atoms(c: Expr) -> bool:
+        if isinstance(c, Binary) and c.op is BinaryOp.OR:
+            return atoms(c.a) and atoms(c.b)
+        if (isinstance(c, Binary) and c.op is BinaryOp.EQ and isinstance(c.a, Load) and c.a.buffer.name in extrema
+                and isinstance(c.b, Const) and c.b.value == extrema[c.a.buffer.name]):
+            found.add(c.a)
+            return True
+        return False
+
+    return frozenset(found) if atoms(e.cond) else None
+
+
+def _nan_when(e: Expr, extrema: dict[str, float], guards: dict) -> frozenset[Load]:
+    """Reads ``m[...]`` such that `e` is NaN whenever one of them holds its identity."""
+    if not e.dtype.is_float:
+        return frozenset()
+    if isinstance(e, Select):
+        return _guard_reads(e, extrema) or frozenset()
+    if isinstance(e, Load) and e.buffer.name in guards:
+        axes, reads = guards[e.buffer.name]
+        mapping = dict(zip(axes, e.indices))
+        return frozenset(rename_axes(r, mapping) for r in reads)
+    if isinstance(e, Binary) and e.op in _PROPAGATING_BINARY:
+        return _nan_when(e.a, extrema, guards) | _nan_when(e.b, extrema, guards)
+    if isinstance(e, Unary) and e.op in _PROPAGATING_UNARY:
+        return _nan_when(e.x, extrema, guards)
+    if isinstance(e, Cast):
+        return _nan_when(e.x, extrema, guards)
+    return frozenset()
+
+
+def _rewrite(e: Expr, extrema: dict[str, float], reads: frozenset[Load]) -> Expr:
+    """`e` with the `reads` inside its exponentials read safely, conditions left alone."""
+    if isinstance(e, Unary) and e.op in _EXPONENTIALS:
+        if not any(isinstance(n, Select) for n in walk(e.x)):
+            return replace(e, x=read_safely(e.x, extrema, reads))
+    if isinstance(e, Unary | Cast):
+        x = _rewrite(e.x, extrema, reads)
+        return e if x is e.x else replace(e, x=x)
+    if isinstance(e, Binary):
+        a, b = _rewrite(e.a, extrema, reads), _rewrite(e.b, extrema, reads)
+        return e if (a is e.a and b is e.b) else replace(e, a=a, b=b)
+    if isinstance(e, Select):   # its condition is kept as it is: a guard's own test must not change
+        a, b = _rewrite(e.a, extrema, reads), _rewrite(e.b, extrema, reads)
+        return e if (a is e.a and b is e.b) else replace(e, a=a, b=b)
+    return e
