@@ -5,7 +5,7 @@
 | `sm`            | the GPU generation lowered for: tensor-core FP8 and f8 conversions need | sm_90   |
 |                 | sm_89+, so the SIMT program (not only the PTX) depends on it             |         |
 | `num_warps`     | warps per block (fewer when a kernel's tiles are small); None: 4, or for | None    |
-|                 | a kernel without tensor-core products enough that a thread holds at most |         |
+|                 | a kernel without products or loops enough that a thread holds at most    |         |
 |                 | `plan.ELEMENTS_PER_THREAD` of its largest tile (up to 16)                |         |
 | `round_operands`| let a `dot` round an f32 operand to f16/bf16 for tensor cores when every | True    |
 |                 | result it feeds is stored in that precision or coarser (FlashAttention's |         |

@@ -231,11 +231,14 @@ DEFAULT_WARPS = 4
 """Warps a block when the kernel option leaves it open, unless `ELEMENTS_PER_THREAD` asks for more."""
 
 ELEMENTS_PER_THREAD = 32
-"""Without a ``num_warps`` option, a kernel without tensor-core products gets enough warps (up to 16) that
-a thread holds at most this many elements of its largest tile. A whole-row softmax tile of 16384
-elements is then 16 warps of 32 elements a thread: on an H200 16 warps ran it in 0.658 ms and 8 warps
-(64 a thread, 137 registers) in 0.761. Kernels with a ``dot`` keep 4 warps: their largest tiles are
-accumulators spread over the mma layout, and attention ran 1.1-1.4x slower with 8."""
+"""Without a ``num_warps`` option, a kernel that is one tile of work (no tensor-core product, no loop: a
+whole-row softmax, an elementwise nest) gets enough warps (up to 16) that a thread holds at most this many
+elements of its largest tile. A whole-row softmax tile of 16384 elements is then 16 warps of 32 elements
+a thread: on an H200 that ran in 0.658 ms where 8 warps (64 a thread, 137 registers) took 0.761 (before
+`exp2_ftz` and the reciprocal made both issue-light; after, 0.531 and 0.526). Other kernels keep
+`DEFAULT_WARPS`: a ``dot``'s largest tiles are accumulators spread over the mma layout (attention ran
+1.1-1.4x slower with 8 warps), and a loop carries its tiles from one iteration to the next (decoding's
+partial kernel, 64 keys x 128, ran in 0.719 ms at 8 warps against 0.496 at 4)."""
 
 
 def choose_warps(k: t.TileKernel, opts: GpuOptions) -> int:
@@ -245,7 +248,7 @@ def choose_warps(k: t.TileKernel, opts: GpuOptions) -> int:
     warps = opts.num_warps
     if warps is None:
         warps = DEFAULT_WARPS
-        if not any(isinstance(op, t.Dot) for op in t.walk_ops(k.body)):
+        if not any(isinstance(op, t.Dot | t.For) for op in t.walk_ops(k.body)):
             while warps < 16 and biggest > 32 * warps * ELEMENTS_PER_THREAD:
                 warps *= 2
     while warps > 1 and biggest < 64 * warps:
