@@ -299,13 +299,22 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 
 
 # RedFuser built another way, timed beside the default on the cases named, for choices that rest on
-# static counts until a device times them (predictions in benchmarks/device_notes.md): a softmax row in
-# chunks of 64 (two reads of the row; the default before whole-row tiles), and 8 warps against the 16 the
-# whole-row tile gets. (Timed on H200s on 2026-11-29 and dropped from this list, all slower or equal:
-# LLVM's O1 middle end; head dimension chunks of 32; 64-row softmax, log-softmax and MoE tiles; for
-# attention, causal attention and the FP8 GEMM `prefetch`, 8 warps with and without it, and 128 rows.)
+# static counts until a device times them (predictions in benchmarks/device_notes.md):
+# - rows: a softmax row in chunks of 64 (two reads of the row; the default before whole-row tiles), and
+#   8 warps against the 16 a whole-row tile gets;
+# - tensor-core kernels: built for more blocks an SM (`min_blocks_per_sm`: ptxas caps the registers, so
+#   more warps hide the key loop's global loads), alone and with `prefetch` (the next key block's tiles
+#   loaded during this one), which needed more registers than 3 blocks an SM leave.
+# (Timed on H200s on 2026-11-29 and dropped from this list, all slower or equal: LLVM's O1 middle end;
+# head dimension chunks of 32; 64-row softmax, log-softmax and MoE tiles; for attention, causal
+# attention and the FP8 GEMM `prefetch` alone, 8 warps with and without it, and 128 rows.)
 _ROW_VARIANTS = (("redfuser warps=8", {"num_warps": 8}), ("redfuser chunks of 64", {"block_n": 64}))
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
+    "attention": (("redfuser 4 blocks/SM", {"min_blocks_per_sm": 4}),
+                  ("redfuser prefetch 3 blocks/SM", {"prefetch": True, "min_blocks_per_sm": 3})),
+    "causal": (("redfuser 3 blocks/SM", {"min_blocks_per_sm": 3}),),
+    "fp8_gemm": (("redfuser 4 blocks/SM", {"min_blocks_per_sm": 4}),
+                 ("redfuser prefetch 4 blocks/SM", {"prefetch": True, "min_blocks_per_sm": 4})),
     "softmax": _ROW_VARIANTS,
     "log_softmax": _ROW_VARIANTS,
 }

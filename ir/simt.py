@@ -195,6 +195,7 @@ class SimtKernel:
     shared: tuple[SharedAlloc, ...]
     body: tuple[Stmt, ...]
     loc: SourceLoc = _loc()
+    min_blocks_per_sm: int | None = None   # `.minnctapersm`: ptxas keeps registers low enough for this many
 
     @property
     def threads(self) -> int:

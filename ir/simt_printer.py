@@ -137,8 +137,9 @@ def format_simt_kernel(k: SimtKernel) -> str:
     """The kernel: signature, launch shape, shared allocations, then its statements."""
     grid = "(" + ", ".join(str(g) for g in k.grid) + ("," if len(k.grid) == 1 else "") + ")"
     params = ", ".join(format_param(p) for p in k.params)
+    bound = "" if k.min_blocks_per_sm is None else f", at least {k.min_blocks_per_sm} blocks an SM"
     lines = [f"simt kernel {k.name}({params}) grid {grid} block {k.threads} "
-             f"({k.warps} warp{'s' if k.warps != 1 else ''})"]
+             f"({k.warps} warp{'s' if k.warps != 1 else ''}{bound})"]
     lines += [f"  shared {a.name}: {a.type}" for a in k.shared]
     for s in k.body:
         lines += format_stmt(s, "  ")

@@ -37,11 +37,13 @@ from .runtime.cuda_backend import compile_ptx
 
 
 def gpu_options(options: dict) -> GpuOptions:
-    """The SIMT lowering's options from a kernel's: ``sm`` (default: the device's, else sm_90), ``num_warps``."""
+    """The SIMT lowering's options from a kernel's: ``sm`` (default: the device's, else sm_90), ``num_warps``,
+    ``min_blocks_per_sm``."""
     from .runtime.device import target_sm
 
     warps = options.get("num_warps")
-    return GpuOptions(sm=options.get("sm") or target_sm(), num_warps=None if warps is None else int(warps))
+    return GpuOptions(sm=options.get("sm") or target_sm(), num_warps=None if warps is None else int(warps),
+                      min_blocks_per_sm=options.get("min_blocks_per_sm"))
 
 
 def llvm_opt_level(options: dict) -> int | None:

@@ -26,6 +26,7 @@ KNOWN_OPTIONS: dict[str, object] = {
     "num_threads": 0,         # cpu: worker threads splitting the grid; 0: one per core
     "split": None,            # slices of a fused loop's axis across programs (flash decoding); None: automatic
     "num_warps": None,        # cuda/simulate: warps per block; None: 4, more for big tiles without mma (codegen/simt/plan.py)
+    "min_blocks_per_sm": None,  # cuda/simulate: build for this many blocks an SM (.minnctapersm; caps registers)
     "sm": None,               # cuda/simulate: GPU target such as "sm_80"; None: the device's, else sm_90
     "autotune": False,        # cpu/cuda: time a few tile sizes, warps and splits on first call (runtime/autotune.py)
     "skip_masked": False,     # skip key blocks a causal-style mask hides (exact for finite values; schedule/masked.py)

@@ -55,7 +55,7 @@ def test_every_workload_on_the_device_equals_its_numpy_body(name):
 
 
 @pytest.mark.parametrize("name,shape,options", [
-    ("attention", (2, 4, 256, 64), {"prefetch": True}),
+    ("attention", (2, 4, 256, 64), {"prefetch": True, "min_blocks_per_sm": 3}),
     ("causal_attention", (1, 2, 256, 128), {"prefetch": True, "num_warps": 8, "skip_masked": True}),
     ("softmax", (512, 4096), {}),                                  # the default: whole rows, one pass
     ("log_softmax", (512, 4096), {"num_warps": 16}),

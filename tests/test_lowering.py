@@ -477,3 +477,23 @@ def test_an_off_by_one_mask_reads_out_of_bounds():
     with pytest.raises(SimulationError) as info:
         simulate_program(replace(lower_to_simt(prog, GpuOptions()), kernels=(broken,)), [x])
     assert info.value.kind == "out_of_bounds"
+
+
+def test_min_blocks_per_sm_reaches_ptxas_and_caps_registers():
+    """``min_blocks_per_sm=4`` on 128-thread attention blocks: the SIMT header says so, the PTX carries
+    ``.minnctapersm 4``, and ptxas keeps a thread within 65536 / (4 * 128) = 128 registers, where by
+    default it takes more; bad values are refused by name."""
+    from redfuser.codegen.ptx_check import assemble
+
+    h = normal(1, 2, 256, 64, dtype=np.float16)
+    usage = {}
+    for blocks in (None, 4):
+        low = rf.kernel(attention, backend="cuda", sm="sm_90", min_blocks_per_sm=blocks).lower(h, h, h)
+        (k,) = low.stages["ptx"].kernels
+        assert (".minnctapersm 4" in k.ptx) == (blocks == 4)
+        assert ("at least 4 blocks an SM" in str(low.stages["simt"])) == (blocks == 4)
+        usage[blocks] = assemble(k.ptx, "sm_90").usage[0].registers
+    assert usage[4] <= 128 < usage[None]
+    for bad in (0, True, 2.0, 33):
+        with pytest.raises(rf.ArgumentError, match="min_blocks_per_sm"):
+            rf.kernel(attention, backend="cuda", sm="sm_90", min_blocks_per_sm=bad).lower(h, h, h)

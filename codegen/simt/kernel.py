@@ -121,7 +121,8 @@ def lower_kernel(k: t.TileKernel, opts: GpuOptions) -> SimtKernel:
     lw = Lowering(k, plan, opts, b)
     _program_ids(lw, k.grid)
     lw.emit_ops(k.body)
-    return verify_simt_kernel(drop_unused(size_shared(b.build(verify=False), lw)), "lower_to_simt")
+    built = replace(b.build(verify=False), min_blocks_per_sm=opts.min_blocks_per_sm)
+    return verify_simt_kernel(drop_unused(size_shared(built, lw)), "lower_to_simt")
 
 
 def lower_to_simt(p: t.TileProgram, opts: GpuOptions = GpuOptions()) -> SimtProgram:

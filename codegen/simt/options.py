@@ -7,6 +7,9 @@
 | `num_warps`     | warps per block (fewer when a kernel's tiles are small); None: 4, or for | None    |
 |                 | a kernel without products or loops enough that a thread holds at most    |         |
 |                 | `plan.ELEMENTS_PER_THREAD` of its largest tile (up to 16)                |         |
+| `min_blocks_per_sm` | blocks an SM the kernel is built for: ptxas caps registers at what   | None    |
+|                 | that many blocks leave a thread (CUDA's ``__launch_bounds__``; spills    |         |
+|                 | possible); None: ptxas's choice                                          |         |
 | `round_operands`| let a `dot` round an f32 operand to f16/bf16 for tensor cores when every | True    |
 |                 | result it feeds is stored in that precision or coarser (FlashAttention's |         |
 |                 | ``P @ V``); the rounding is then below what the store rounds away        |         |
@@ -26,11 +29,15 @@ class GpuOptions:
     sm: str = "sm_90"
     num_warps: int | None = None
     round_operands: bool = True
+    min_blocks_per_sm: int | None = None
 
     def __post_init__(self) -> None:
         sm_number(self.sm)   # BackendError on an unknown target
         if self.num_warps not in (None, 1, 2, 4, 8, 16):
             raise ArgumentError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}", op="kernel")
+        blocks = self.min_blocks_per_sm
+        if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= 32):
+            raise ArgumentError(f"min_blocks_per_sm must be None or an int from 1 to 32, got {blocks!r}", op="kernel")
 
     @property
     def sm_number(self) -> int:

@@ -41,7 +41,7 @@ def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule
     module = new_module(kernel.name, TextModule)
     arg_types = [PTR if isinstance(p, Buffer) else mem_type(p.dtype) for p in kernel.params]
     fn = nvvm.define_kernel(module, kernel.name, arg_types)
-    nvvm.set_launch_bounds(fn, kernel.threads)
+    nvvm.set_launch_bounds(fn, kernel.threads, kernel.min_blocks_per_sm)
     builder = TextBuilder(fn.append_basic_block("entry"))
     em = Emitter(kernel, builder, RULES, options)
     for param, arg in zip(kernel.params, fn.args):
