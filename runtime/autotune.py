@@ -1,7 +1,7 @@
 """Autotuning: try a few tile configurations of one kernel specialization, keep the fastest, remember it on disk.
 
 A *candidate* is a `Config`: ``block_m``, ``block_n``, ``block_k``, ``num_warps``,
-``split`` and (cuda) ``prefetch`` (None: the kernel's own value). Each backend has a small, fixed
+``split`` and (cuda) ``prefetch`` and ``min_blocks_per_sm`` (None: the kernel's own value). Each backend has a small, fixed
 search space (`SPACES`): ``cpu`` (so the machinery runs on every machine) and
 ``cuda``; its first entry is the empty config, the untuned kernel. Options the
 user set on the kernel are never tuned: they override every candidate.
@@ -10,8 +10,9 @@ Tuning off (the default, ``autotune=False``) compiles the fixed defaults of
 `redfuser.schedule.options.DEFAULTS`: cpu ``block_m=32, block_n=64, block_k=64``;
 GPU ``block_n=64``; ``block_k`` 128 for 16-bit contractions, else 64
 (``options.K_BLOCK``); ``block_m`` 64, or 32 where every fused state is one
-value or top-k list per row (``options.ROWS``); 4 warps (fewer for small tiles);
-``split`` automatic. On (``rf.kernel(fn, autotune=True)`` or ``REDFUSER_AUTOTUNE=1``),
+value or top-k list per row (``options.ROWS``), or whole rows of such a loop
+(``options.ONE_PASS_MAX``); 4 warps (fewer for small tiles, up to 16 for a
+whole-row tile: ``codegen.simt.plan.choose_warps``); ``split`` automatic. On (``rf.kernel(fn, autotune=True)`` or ``REDFUSER_AUTOTUNE=1``),
 the first call of a specialization compiles and times each candidate with the
 backend's timer -- `wall_clock` on the cpu, `cuda_events` on the GPU (around
 the whole call, so host arrays add the same copies to every candidate) --
@@ -59,6 +60,7 @@ class Config:
     num_warps: int | None = None
     split: int | None = None
     prefetch: bool | None = None
+    min_blocks_per_sm: int | None = None
 
     def options(self) -> dict[str, int | bool]:
         """The kernel options this candidate sets."""
@@ -78,9 +80,14 @@ SPACES: dict[str, tuple[Config, ...]] = {
     "cuda": (Config(), Config(block_m=32), Config(block_m=128, num_warps=8), Config(block_n=128),
              Config(block_n=128, block_k=64, num_warps=8), Config(block_m=128, block_n=128, num_warps=8),
              Config(block_n=32, num_warps=2), Config(block_k=32), Config(split=1),
-             Config(prefetch=True), Config(block_m=128, num_warps=8, prefetch=True)),
+             Config(min_blocks_per_sm=3), Config(prefetch=True, min_blocks_per_sm=3),
+             Config(prefetch=True, min_blocks_per_sm=4)),
 }
-"""The candidates per backend, the untuned kernel first (small on purpose: each costs a compile)."""
+"""The candidates per backend, the untuned kernel first (small on purpose: each costs a compile). The last
+three cuda ones are what an H200 found faster than the defaults for some tensor-core kernels (2026-11-29,
+benchmarks/device_notes.md): causal attention at 3 blocks an SM 0.91x the time, f16 attention prefetched at
+3 blocks 0.96x, the FP8 GEMM prefetched at 4 blocks 0.94x; "bf16" attention spilled and ran slower with
+each, so none is a default."""
 
 Timer = Callable[[Callable[[], object], Config], float]
 """``timer(run, config)``: seconds one call of `run` takes (`config` names the candidate, for logs and fakes)."""

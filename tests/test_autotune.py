@@ -195,4 +195,5 @@ def test_a_stored_config_may_set_prefetch_only_as_a_bool():
     for bad in ({"prefetch": 1}, {"block_m": True}, {"prefetch": "yes"}, {"unknown": 1}):
         with pytest.raises(ValueError, match="not a config"):
             _config(bad)
-    assert Config(prefetch=True) in SPACES["cuda"]          # the device measures it; off by default
+    assert Config(prefetch=True, min_blocks_per_sm=3) in SPACES["cuda"]   # the device measures it; off by default
+    assert _config({"min_blocks_per_sm": 3}) == Config(min_blocks_per_sm=3)
