@@ -36,7 +36,6 @@ from ..ir import (
     Unary,
     UnaryOp,
     map_expr,
-    walk,
 )
 from ..ir.types import bool_
 from .substitute import rename_axes
@@ -75,7 +74,7 @@ def read_extrema_safely(p: Program) -> Program:
                             if isinstance(st, OnlineState) and st.op is not ReduceOp.SUM})
         elif isinstance(s, Compute) and extrema:
             guard = _guard_reads(s.value, extrema)
-            if guard is not None and _is_guard(s.value):
+            if guard is not None:
                 guards[s.out.name] = (tuple(a.name for a in s.axes), guard)
             nan_when = _nan_when(s.value, extrema, guards)
             if nan_when:
@@ -125,18 +124,19 @@ def _nan_when(e: Expr, extrema: dict[str, float], guards: dict) -> frozenset[Loa
     return frozenset()
 
 
-def _rewrite(e: Expr, extrema: dict[str, float], reads: frozenset[Load]) -> Expr:
-    """`e` with the `reads` inside its exponentials read safely, conditions left alone."""
-    if isinstance(e, Unary) and e.op in _EXPONENTIALS:
-        if not any(isinstance(n, Select) for n in walk(e.x)):
-            return replace(e, x=read_safely(e.x, extrema, reads))
+def _rewrite(e: Expr, extrema: dict[str, float], reads: frozenset[Load], inside_exp: bool = False) -> Expr:
+    """`e` with the `reads` inside its exponentials read safely; conditions are left as they are (a guard's
+    own test must not change)."""
+    if isinstance(e, Load):
+        return read_safely(e, extrema, reads) if inside_exp else e
     if isinstance(e, Unary | Cast):
-        x = _rewrite(e.x, extrema, reads)
+        inner = inside_exp or (isinstance(e, Unary) and e.op in _EXPONENTIALS)
+        x = _rewrite(e.x, extrema, reads, inner)
         return e if x is e.x else replace(e, x=x)
     if isinstance(e, Binary):
-        a, b = _rewrite(e.a, extrema, reads), _rewrite(e.b, extrema, reads)
+        a, b = _rewrite(e.a, extrema, reads, inside_exp), _rewrite(e.b, extrema, reads, inside_exp)
         return e if (a is e.a and b is e.b) else replace(e, a=a, b=b)
-    if isinstance(e, Select):   # its condition is kept as it is: a guard's own test must not change
-        a, b = _rewrite(e.a, extrema, reads), _rewrite(e.b, extrema, reads)
+    if isinstance(e, Select):
+        a, b = _rewrite(e.a, extrema, reads, inside_exp), _rewrite(e.b, extrema, reads, inside_exp)
         return e if (a is e.a and b is e.b) else replace(e, a=a, b=b)
     return e
