@@ -13,20 +13,23 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import redfuser as rf
-from redfuser.codegen.simt import GpuOptions
+from redfuser.codegen.simt import GpuOptions, lower_to_simt
+from redfuser.codegen.simt.run import simulate_program
 from redfuser.codegen.simt.plan import choose_warps
 from redfuser.ir import BinaryOp, Buffer, UnaryOp
 from redfuser.ir import tile as t
 from redfuser.ir.interpreter import run_program
-from redfuser.schedule import options_for
+from redfuser.schedule import options_for, schedule_program
 from redfuser.schedule.cleanup import merge_duplicates
 from redfuser.schedule.builder import KernelBuilder
 from redfuser.ir import types as T
 from redfuser.ir.types import BufferType
 from redfuser.testing import assert_close
-from redfuser.workloads import log_softmax, moe_routing, softmax
+from redfuser.workloads import layer_norm_stats, log_softmax, moe_routing, softmax, softmax_entropy
 
 RNG = np.random.default_rng(11)
 
@@ -118,6 +121,33 @@ def test_default_gpu_tiles_equal_the_reference(fn, shape):
     with np.errstate(invalid="ignore"):
         expected = fn(x)
     assert_close(out, expected, np.float16, shape[1], any_nonfinite=True)
+
+
+@given(rows=st.integers(1, 40), cols=st.sampled_from([1, 3, 16, 100, 257, 1024, 3000]),
+       fn=st.sampled_from([softmax, log_softmax, softmax_entropy, layer_norm_stats]),
+       dtype=st.sampled_from([np.float16, np.float32]), seed=st.integers(0, 2**16))
+def test_whole_row_tiles_of_random_shapes_equal_numpy_on_the_simulator(rows, cols, fn, dtype, seed):
+    """Whole-row tiles (scheduled for one worker, so that every shape takes them) of per-row cascades over
+    random row counts and lengths, ragged and not, with -inf, NaN and +inf rows: the simulator gives
+    numpy's values under the tolerance rule, NaN where numpy's are."""
+    if fn is softmax_entropy and dtype is np.float16:
+        dtype = np.float32   # numpy's f16 p underflows to 0 and 0 * log 0 is NaN; RedFuser computes in f32
+    x = (np.random.default_rng(seed).standard_normal((rows, cols)) * 3).astype(dtype)
+    for row, value in zip(range(1, rows, 3), (-np.inf, np.nan, np.inf)):
+        x[row, seed % cols] = value
+    if rows > 4:
+        x[4] = -np.inf
+    low = rf.kernel(fn, backend="interpret").lower(x)
+    opts = options_for("simulate", {"workers": 1})
+    tiled = schedule_program(low.program, opts)
+    if rows > 1:   # (one row: its index folds to 0, the states are not per-row values, and chunks stay)
+        assert not ops(tiled.kernels[0], t.For)
+    simt = lower_to_simt(tiled, GpuOptions())
+    with np.errstate(all="ignore"):
+        expected = fn(x)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for actual, e in zip(simulate_program(simt, [x]), expected):
+        assert_close(actual, e, np.dtype(dtype), cols, fn.__name__, any_nonfinite=True)
 
 
 # ---------------------------------------------------------------------------------------------
