@@ -57,6 +57,8 @@ class Lowering:
         self.memo: dict[int, dict[tuple[str, Layout], Regs]] = {0: {}}   # per block of the builder
         self.arenas: dict[str, SharedAlloc] = {}
         self.arena_size: dict[str, int] = {}
+        self.alternate = True                          # conversions alternate between two arrays a dtype
+        self._turn: dict[str, int] = {}
         self.tid: Reg = builder.thread_idx()
         self.scalar = scalar(plan.warps)
 
@@ -140,11 +142,18 @@ class Lowering:
 
     # --- shared memory -----------------------------------------------------------------------------
 
-    def arena(self, dtype: DType, elements: int) -> SharedAlloc:
+    def arena(self, dtype: DType, elements: int, alternate: bool = False) -> SharedAlloc:
         """The block's shared scratch array for `dtype`, sized at the end to its largest use.
 
-        Every use starts with a barrier (an earlier use may still be reading it)."""
+        Every use starts with a barrier (an earlier use may still be reading it). With `alternate` (layout
+        conversions, while `self.alternate`), successive uses take two arrays in turn, so that a loop
+        converting two tiles gives each its own and `barriers.drop_redundant_barriers` can see that the
+        barrier in front of each is covered by the other's."""
         name = f"smem_{dtype.name}"
+        if alternate and self.alternate:
+            turn = self._turn.get(name, 0)
+            self._turn[name] = 1 - turn
+            name = f"{name}_{'ab'[turn]}"
         self.arena_size[name] = max(self.arena_size.get(name, 0), elements)
         if name not in self.arenas:
             self.arenas[name] = SharedAlloc(name, BufferType(dtype, (1,)))

@@ -220,7 +220,7 @@ def _reads_wider_transposed(target: Layout, itemsize: int) -> bool:
 def _through_shared(lw, regs: Regs, target: Layout, pitch: int | None = None) -> Regs:
     b = lw.b
     size = int(np.prod(target.shape, dtype=np.int64)) if pitch is None else target.shape[0] * pitch
-    alloc = lw.arena(regs.dtype, size)
+    alloc = lw.arena(regs.dtype, size, alternate=True)
     b.barrier()
     store_shared(lw, regs, alloc, pitch=pitch)
     b.barrier()

@@ -6,9 +6,11 @@ Per kernel, in order:
 2. `plan_kernel`          a layout for every concrete tile value (`plan.py`);
 3. emission               the environment walker over the rule tables in `context.py`:
                           program ids from the block index, then the ops in order;
-4. `size_shared`          the shared scratch arrays get their final sizes;
+4. `size_shared`          the shared scratch arrays get their final sizes (conversions alternate
+                          between two arrays a dtype; one, when two do not fit);
 5. `drop_unused`          definitions nobody reads go;
-6. `verify_simt_kernel`.
+6. `drop_redundant_barriers`  barriers that separate no conflicting accesses go (`barriers.py`);
+7. `verify_simt_kernel`.
 
 The Tile grid (any rank) becomes a 1-d grid of blocks, the last grid axis
 fastest; each program id is a div/mod of the block index.
@@ -36,6 +38,7 @@ from ...ir.simt import (
 from ...ir.simt_verifier import verify_simt_kernel
 from ...ir.types import BufferType, int32
 from . import control, dot, elementwise, memory, reduce, topk  # noqa: F401 - register their rules
+from .barriers import drop_redundant_barriers
 from .cleanup import drop_unused
 from .context import Lowering
 from .narrow import narrow_dot_operands
@@ -101,9 +104,13 @@ def size_shared(kernel: SimtKernel, lw: Lowering) -> SimtKernel:
              for name, alloc in lw.arenas.items()}
     sized = replace(kernel, shared=tuple(final.values()), body=_resize(kernel.body, final))
     if sized.shared_bytes > MAX_STATIC_SHARED_BYTES:
-        raise BackendError(f"kernel {kernel.name} needs {sized.shared_bytes} bytes of shared memory for its layout "
+        raise SharedMemoryExceeded(f"kernel {kernel.name} needs {sized.shared_bytes} bytes of shared memory for its layout "
                            f"conversions (at most {MAX_STATIC_SHARED_BYTES}); use smaller block_m / block_n")
     return sized
+
+
+class SharedMemoryExceeded(BackendError):
+    """A kernel's scratch arrays need more shared memory than a block may have."""
 
 
 def symbol(name: str) -> str:
@@ -116,13 +123,23 @@ def lower_kernel(k: t.TileKernel, opts: GpuOptions) -> SimtKernel:
     """One Tile IR kernel as a verified SIMT kernel (see the module docstring)."""
     k = narrow_dot_operands(k, opts)
     plan = plan_kernel(k, opts)
+    try:
+        kernel = _emit(k, plan, opts, alternate=True)
+    except SharedMemoryExceeded:    # two scratch arrays a dtype are too many: one, as before
+        kernel = _emit(k, plan, opts, alternate=False)
+    return verify_simt_kernel(drop_redundant_barriers(drop_unused(kernel)), "lower_to_simt")
+
+
+def _emit(k: t.TileKernel, plan, opts: GpuOptions, alternate: bool) -> SimtKernel:
+    """Steps 3-4 of the module docstring: the kernel's statements, its scratch arrays sized."""
     b = LoweringBuilder(symbol(k.name), warps=plan.warps, grid=(max(1, k.num_programs),))
     b.params.extend(k.params)
     lw = Lowering(k, plan, opts, b)
+    lw.alternate = alternate
     _program_ids(lw, k.grid)
     lw.emit_ops(k.body)
     built = replace(b.build(verify=False), min_blocks_per_sm=opts.min_blocks_per_sm)
-    return verify_simt_kernel(drop_unused(size_shared(built, lw)), "lower_to_simt")
+    return size_shared(built, lw)
 
 
 def lower_to_simt(p: t.TileProgram, opts: GpuOptions = GpuOptions()) -> SimtProgram:

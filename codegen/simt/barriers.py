@@ -1,0 +1,151 @@
+"""`drop_redundant_barriers`: remove each barrier that separates no conflicting memory accesses.
+
+A barrier orders the block's memory accesses: what any thread did before it is seen by every thread
+after it. It is needed only where an access before it and one after it touch the same shared array (or
+global buffer) and one of the two writes: a store then another thread's load (read after write), or a
+load then another thread's store (write after read). The layout conversions (`convert.py`) put a
+barrier in front of every use of a scratch array, because an earlier conversion may still be reading
+it. In a loop that converts two tiles into two scratch arrays of their own (attention's ``k`` and ``v``,
+`Lowering.arena`'s alternation), the barrier in front of each is already covered: the array's last
+read, an iteration earlier, and its next write have another barrier between them. Attention's key loop
+keeps 2 of its 4 barriers.
+
+The analysis, per barrier: the accesses that can run after the barrier before it (back to the barriers
+that precede it on every path: around a loop's back edge to the end of its body, and in front of the
+loop for the first iteration) and those that can run after it (up to the next barriers: on to the start
+of the body for the next iteration, and past the loop for the last). A loop or branch on the way counts
+with everything it contains, unless the scan can stop at a barrier inside a loop known to run at least
+once. Arrays are compared by name, not by address, so the answer errs towards keeping a barrier. Barriers
+inside an ``if`` stay. Barriers are removed one at a time, each decision made on the kernel without the
+ones removed before it.
+
+Guarantees: the same kernel but for barriers between accesses that cannot conflict; the simulator's race
+trackers (`codegen.simulator`) check every kernel the tests run.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...ir.simt import (
+    Barrier,
+    For,
+    If,
+    LdMatrix,
+    LoadGlobal,
+    LoadShared,
+    SimtKernel,
+    Stmt,
+    StoreGlobal,
+    StoreShared,
+    walk_stmts,
+)
+
+Access = tuple[str, str, bool]   # (memory space, array name, writes)
+
+
+def _accesses(s: Stmt) -> set[Access]:
+    """The memory accesses of `s` (all of them, nested ones included, for a loop or a branch)."""
+    out: set[Access] = set()
+    for x in walk_stmts((s,)):
+        if isinstance(x, LoadShared | LdMatrix):
+            out.add(("shared", x.alloc.name, False))
+        elif isinstance(x, StoreShared):
+            out.add(("shared", x.alloc.name, True))
+        elif isinstance(x, LoadGlobal):
+            out.add(("global", x.buffer.name, False))
+        elif isinstance(x, StoreGlobal):
+            out.add(("global", x.buffer.name, True))
+    return out
+
+
+def _conflict(before: set[Access], after: set[Access]) -> bool:
+    writes = {(space, name) for space, name, w in before | after if w}
+    touched_before = {(space, name) for space, name, _ in before}
+    touched_after = {(space, name) for space, name, _ in after}
+    return bool(writes & touched_before & touched_after)
+
+
+def _runs(loop: For) -> bool:
+    """Whether `loop` surely runs its body at least once."""
+    return isinstance(loop.start, int) and isinstance(loop.stop, int) and loop.start < loop.stop
+
+
+# A position: the chain of (statements, index) from the kernel body down to a statement; a statement's
+# frame is the last, its enclosing loops' frames come before.
+Frame = tuple[tuple[Stmt, ...], int]
+
+
+def _scan(stmts: tuple[Stmt, ...], order: range, seen: set[Access]) -> bool:
+    """Add the accesses of ``stmts[i]`` for `i` in `order` to `seen` until a barrier; True if one stopped it."""
+    for i in order:
+        s = stmts[i]
+        if isinstance(s, Barrier):
+            return True
+        if isinstance(s, For) and _runs(s):
+            body = s.body.stmts
+            forward = order.step > 0
+            inner = range(0, len(body)) if forward else range(len(body) - 1, -1, -1)
+            if _scan(body, inner, seen):
+                return True
+            continue
+        seen |= _accesses(s)
+    return False
+
+
+def _reach(path: list[Frame], forward: bool) -> set[Access]:
+    """The accesses that can run after (`forward`) or before the statement at `path` with no barrier
+    between."""
+    seen: set[Access] = set()
+    for depth in range(len(path) - 1, -1, -1):
+        stmts, at = path[depth]
+        order = range(at + 1, len(stmts)) if forward else range(at - 1, -1, -1)
+        if _scan(stmts, order, seen):
+            return seen
+        if depth == 0:
+            return seen                   # the kernel's start or end
+        outer_stmts, outer_at = path[depth - 1]
+        loop = outer_stmts[outer_at]
+        if isinstance(loop, If):
+            seen |= _accesses(loop)       # conservatively, the whole branch
+            continue
+        # around the back edge: the rest of the body in the next (or previous) iteration
+        wrap = range(0, at) if forward else range(len(stmts) - 1, at, -1)
+        _scan(stmts, wrap, seen)
+        # and out of the loop: what follows it (the last iteration) or precedes it (the first)
+    return seen
+
+
+def _barrier_paths(stmts: tuple[Stmt, ...], prefix: list[Frame]):
+    """Paths to every barrier outside an ``if``, in program order."""
+    for i, s in enumerate(stmts):
+        here = prefix + [(stmts, i)]
+        if isinstance(s, Barrier):
+            yield here
+        elif isinstance(s, For):
+            yield from _barrier_paths(s.body.stmts, here)
+
+
+def _without(stmts: tuple[Stmt, ...], target: Stmt) -> tuple[Stmt, ...]:
+    out = []
+    for s in stmts:
+        if s is target:
+            continue
+        if isinstance(s, For):
+            s = replace(s, body=replace(s.body, stmts=_without(s.body.stmts, target)))
+        out.append(s)
+    return tuple(out)
+
+
+def drop_redundant_barriers(kernel: SimtKernel) -> SimtKernel:
+    """`kernel` without the barriers that separate no conflicting accesses (see the module docstring)."""
+    body = kernel.body
+    changed = True
+    while changed:
+        changed = False
+        for path in _barrier_paths(body, []):
+            if not _conflict(_reach(path, forward=False), _reach(path, forward=True)):
+                stmts, at = path[-1]
+                body = _without(body, stmts[at])
+                changed = True
+                break
+    return kernel if body is kernel.body else replace(kernel, body=body)
