@@ -29,7 +29,6 @@ from dataclasses import replace
 from ...ir.simt import (
     Barrier,
     For,
-    If,
     LdMatrix,
     LoadGlobal,
     LoadShared,
@@ -70,9 +69,9 @@ def _runs(loop: For) -> bool:
     return isinstance(loop.start, int) and isinstance(loop.stop, int) and loop.start < loop.stop
 
 
-# A position: the chain of (statements, index) from the kernel body down to a statement; a statement's
-# frame is the last, its enclosing loops' frames come before.
 Frame = tuple[tuple[Stmt, ...], int]
+"""One step of a position: a block of statements and an index into it. A position is the chain of frames
+from the kernel body down through loop bodies to a statement."""
 
 
 def _scan(stmts: tuple[Stmt, ...], order: range, seen: set[Access]) -> bool:
@@ -103,12 +102,7 @@ def _reach(path: list[Frame], forward: bool) -> set[Access]:
             return seen
         if depth == 0:
             return seen                   # the kernel's start or end
-        outer_stmts, outer_at = path[depth - 1]
-        loop = outer_stmts[outer_at]
-        if isinstance(loop, If):
-            seen |= _accesses(loop)       # conservatively, the whole branch
-            continue
-        # around the back edge: the rest of the body in the next (or previous) iteration
+        # `stmts` is a loop's body (`_barrier_paths` enters no branch): around the back edge: the rest of the body in the next (or previous) iteration
         wrap = range(0, at) if forward else range(len(stmts) - 1, at, -1)
         _scan(stmts, wrap, seen)
         # and out of the loop: what follows it (the last iteration) or precedes it (the first)
