@@ -298,21 +298,25 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
     return [make_inputs(case, dev.torch, dev.name, seed) for seed in range(count)]
 
 
-# RedFuser built another way, timed beside the default on the cases named, for choices that rest on
-# static counts until a device times them (predictions in benchmarks/device_notes.md):
+# RedFuser built another way, timed beside the default on the cases named (a key matches the start of a
+# case's label), for choices that rest on static counts until a device times them (predictions in
+# benchmarks/device_notes.md):
 # - rows: a softmax row in chunks of 64 (two reads of the row; the default before whole-row tiles), and
 #   8 warps against the 16 a whole-row tile gets;
+# - attention: 128 query rows a block of 4 warps, 32 rows a warp (twice the independent mma chains a
+#   warp, at 2 blocks an SM), with key blocks of 64 or 32;
 # - tensor-core kernels: built for more blocks an SM (`min_blocks_per_sm`: ptxas caps the registers, so
-#   more warps hide the key loop's global loads), alone and with `prefetch` (the next key block's tiles
-#   loaded during this one), which needed more registers than 3 blocks an SM leave.
+#   more warps hide the key loop's latencies), alone and with `prefetch`.
 # (Timed on H200s on 2026-11-29 and dropped from this list, all slower or equal: LLVM's O1 middle end;
 # head dimension chunks of 32; 64-row softmax, log-softmax and MoE tiles; for attention, causal
-# attention and the FP8 GEMM `prefetch` alone, 8 warps with and without it, and 128 rows.)
+# attention and the FP8 GEMM `prefetch` alone, 8 warps with and without it, 128 rows with 8 warps, and
+# for attention 4 blocks an SM and `prefetch` at 3.)
 _ROW_VARIANTS = (("redfuser warps=8", {"num_warps": 8}), ("redfuser chunks of 64", {"block_n": 64}))
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "attention": (("redfuser 4 blocks/SM", {"min_blocks_per_sm": 4}),
-                  ("redfuser prefetch 3 blocks/SM", {"prefetch": True, "min_blocks_per_sm": 3})),
-    "causal": (("redfuser 3 blocks/SM", {"min_blocks_per_sm": 3}),),
+    "attention f16": (("redfuser block_m=128", {"block_m": 128}),
+                      ("redfuser block_m=128 block_n=32", {"block_m": 128, "block_n": 32})),
+    "causal": (("redfuser 3 blocks/SM", {"min_blocks_per_sm": 3}),
+               ("redfuser block_m=128 block_n=32", {"block_m": 128, "block_n": 32})),
     "fp8_gemm": (("redfuser 4 blocks/SM", {"min_blocks_per_sm": 4}),
                  ("redfuser prefetch 4 blocks/SM", {"prefetch": True, "min_blocks_per_sm": 4})),
     "softmax": _ROW_VARIANTS,
@@ -321,8 +325,8 @@ VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
 
 
 def variants(case: Case) -> list[tuple[str, dict]]:
-    """`VARIANTS` of `case`: (row name, kernel options) pairs."""
-    return list(VARIANTS.get(case.name, ()))
+    """`VARIANTS` of `case` (the first key its label starts with): (row name, kernel options) pairs."""
+    return next((list(v) for key, v in VARIANTS.items() if case.label.startswith(key)), [])
 
 
 def run_redfuser(case: Case, sets: list, ref: tuple, dev: Device, peaks: dict, budget: Budget,

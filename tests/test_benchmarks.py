@@ -36,7 +36,7 @@ def test_dry_run_compiles_every_case_and_writes_the_table_to_out(tmp_path, monke
             assert ours["check"].startswith("PTX for sm_90:")
         else:                                              # a case the GPU backend cannot compile says why
             assert ours["error"]
-        variants = [name for name, _ in gpu_check.VARIANTS.get(case.name, ())]
+        variants = [name for name, _ in gpu_check.variants(case)]
         assert [r["impl"] for r in rows if r["case"] == case.label][1:] == variants + list(case.peers)
     assert any(r["impl"] == "redfuser" and "mma.sync" in r["check"] and not r["check"].endswith(" 0 mma.sync")
                for r in rows)                            # attention runs on tensor cores
@@ -150,7 +150,7 @@ def test_static_counts_table_has_every_kernel_and_variant(capsys, monkeypatch):
     body = [line for line in lines[2:] if line.strip() and not line.startswith("RedFuser")]
     for case in gpu_cases.cases("tiny"):
         assert any(line.startswith(case.label + " ") for line in body), case.label
-        for name, _ in gpu_check.VARIANTS.get(case.name, ()):
+        for name, _ in gpu_check.variants(case):
             assert any(line.startswith(f"{case.label} {name.removeprefix('redfuser ')}") for line in body)
     attention = next(line for line in body if line.startswith(gpu_cases.cases("tiny")[0].label + " "))
     llvm, ptx, sass, regs, spill = attention.split()[-5:]
