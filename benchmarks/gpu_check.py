@@ -303,21 +303,19 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 # benchmarks/device_notes.md):
 # - rows: a softmax row in chunks of 64 (two reads of the row; the default before whole-row tiles), and
 #   8 warps against the 16 a whole-row tile gets;
-# - attention: 128 query rows a block of 4 warps, 32 rows a warp (twice the independent mma chains a
-#   warp, at 2 blocks an SM), with key blocks of 64 or 32;
+# - attention: 64 query rows a block, the default before `options.WIDE_ROWS`; the FP8 GEMM at 128 rows;
 # - tensor-core kernels: built for more blocks an SM (`min_blocks_per_sm`: ptxas caps the registers, so
 #   more warps hide the key loop's latencies), alone and with `prefetch`.
 # (Timed on H200s on 2026-11-29 and dropped from this list, all slower or equal: LLVM's O1 middle end;
 # head dimension chunks of 32; 64-row softmax, log-softmax and MoE tiles; for attention, causal
-# attention and the FP8 GEMM `prefetch` alone, 8 warps with and without it, 128 rows with 8 warps, and
-# for attention 4 blocks an SM and `prefetch` at 3.)
+# attention and the FP8 GEMM `prefetch` alone, 8 warps with and without it, 128 rows with 8 warps; for
+# attention 4 blocks an SM, `prefetch` at 3, and 128 rows with key blocks of 32; for causal attention
+# 128 rows with key blocks of 32.)
 _ROW_VARIANTS = (("redfuser warps=8", {"num_warps": 8}), ("redfuser chunks of 64", {"block_n": 64}))
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "attention f16": (("redfuser block_m=128", {"block_m": 128}),
-                      ("redfuser block_m=128 block_n=32", {"block_m": 128, "block_n": 32})),
-    "causal": (("redfuser 3 blocks/SM", {"min_blocks_per_sm": 3}),
-               ("redfuser block_m=128 block_n=32", {"block_m": 128, "block_n": 32})),
-    "fp8_gemm": (("redfuser 4 blocks/SM", {"min_blocks_per_sm": 4}),
+    "attention f16": (("redfuser block_m=64", {"block_m": 64}),),
+    "causal": (("redfuser 3 blocks/SM", {"min_blocks_per_sm": 3}),),
+    "fp8_gemm": (("redfuser block_m=128", {"block_m": 128}), ("redfuser 4 blocks/SM", {"min_blocks_per_sm": 4}),
                  ("redfuser prefetch 4 blocks/SM", {"prefetch": True, "min_blocks_per_sm": 4})),
     "softmax": _ROW_VARIANTS,
     "log_softmax": _ROW_VARIANTS,

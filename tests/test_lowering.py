@@ -125,8 +125,9 @@ def test_a_views_source_layout_holds_the_elements_the_view_reads(view):
 def test_gpu_tile_rows_follow_what_the_fused_states_hold():
     """GPU default (``block_m=None``): a fused loop of per-row values (softmax's m and l) over a row that
     fits `ONE_PASS_MAX` takes whole rows, `ONE_PASS_TILE` elements a tile; 32 rows for per-row top-k
-    lists (routing: no tensor cores to feed, half the code per thread); 64 when the tile feeds mma
-    (attention's query rows). A block_m or block_n the user gives is kept either way."""
+    lists (routing: no tensor cores to feed, half the code per thread); 64 for attention's query rows,
+    128 where its contraction runs on tensor cores and the accumulator fits `ACC_TILE`. A block_m or
+    block_n the user gives is kept either way."""
     x, q = normal(256, 1024), normal(1, 2, 256, 64)
 
     def grids(fn, *args, **options):
@@ -137,6 +138,11 @@ def test_gpu_tile_rows_follow_what_the_fused_states_hold():
     assert grids(softmax, x, block_n=64) == [(256 // 32,)]
     assert grids(attention, q, q, q) == [(2, 256 // 64)]
     assert grids(attention, q, q, q, block_m=32) == [(2, 256 // 32)]
+    # f16 attention feeds tensor cores: 128 rows (`WIDE_ROWS`) while rows x head dim stays within `ACC_TILE`
+    h64, h128 = normal(1, 2, 256, 64, dtype=np.float16), normal(1, 2, 256, 128, dtype=np.float16)
+    assert grids(attention, h64, h64, h64) == [(2, 256 // 128)]
+    assert grids(attention, h128, h128, h128) == [(2, 256 // 64)]
+    assert grids(attention, h64, h64, h64, block_m=64) == [(2, 256 // 64)]
     assert grids(moe_routing, x[:, :64])[0] == (256 // 32,)   # the fused kernel; its epilogue nests keep 64
 
 

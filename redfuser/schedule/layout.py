@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, Reduce, TopKState, loads
+from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, Reduce, ReduceOp, TopKState, loads
 from ..ir import tile as t
 from .builder import KernelBuilder
-from .exprs import ExprLowering
+from .exprs import LOW_PRECISION, ExprLowering
 from .nests import _ceil_div, premake
-from .options import ONE_PASS_MAX, ONE_PASS_TILE, WHOLE_MAX, ScheduleOptions
+from .options import ACC_TILE, ONE_PASS_MAX, ONE_PASS_TILE, WHOLE_MAX, WIDE_ROWS, ScheduleOptions
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
 
@@ -64,9 +64,35 @@ class FusedLayout:
         return not (keys & set(self.whole_keys)) - self.rank_keys
 
     def rows(self, opts: ScheduleOptions) -> int:
-        """The tile rows of the tiled axis under `opts`: `ScheduleOptions.rows`, or for a one-pass loop
-        `one_pass_rows`."""
-        return self.one_pass_rows(opts) or opts.rows(self.per_row_states)
+        """The tile rows of the tiled axis under `opts`: `ScheduleOptions.rows`; for a one-pass loop
+        `one_pass_rows`; `WIDE_ROWS` on the GPU (``block_m`` None) for a loop that feeds tensor cores
+        while its accumulator tile stays within `ACC_TILE` elements."""
+        one = self.one_pass_rows(opts)
+        if one:
+            return one
+        if opts.block_m is None and self.feeds_tensor_cores and WIDE_ROWS * self.state_width(opts) <= ACC_TILE:
+            return WIDE_ROWS
+        return opts.rows(self.per_row_states)
+
+    @property
+    def feeds_tensor_cores(self) -> bool:
+        """Whether a local of the loop is a sum of products of 16- or 8-bit floats (attention's ``q @ k^T``):
+        a contraction `codegen.simt.narrow` hands to tensor cores."""
+        return any(isinstance(local, Reduce) and local.op is ReduceOp.SUM and len(loads(local.value)) > 1
+                   and all(ld.buffer.dtype.name in LOW_PRECISION for ld in loads(local.value))
+                   for local in self.fl.locals)
+
+    def state_width(self, opts: ScheduleOptions) -> int:
+        """Elements a row of the tile holds along the whole axes (attention's head dimension; a grid-tiled
+        one's tile), the width of the widest state's accumulator."""
+        width = 1
+        tiled = self.grid_tiled(opts)
+        for key in self.whole_keys:
+            if key in self.rank_keys:
+                continue
+            extent = self.classes.extent[key]
+            width *= opts.tile(opts.block_n if key in tiled else extent, extent)
+        return width
 
     def chunk(self, opts: ScheduleOptions) -> int:
         """The chunk length of the fused axis: ``block_n``, or the whole axis for a one-pass loop."""

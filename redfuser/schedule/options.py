@@ -128,6 +128,19 @@ MoE routing over 128 experts held 64 candidates a thread at 64 rows (123 registe
 ``block_m=64`` beside the default for softmax, log-softmax and routing."""
 
 
+WIDE_ROWS = 128
+"""GPU tile rows (``block_m`` None) of a fused loop that feeds tensor cores (`FusedLayout.feeds_tensor_cores`)
+when its accumulator tile, rows times `FusedLayout.state_width`, stays within `ACC_TILE`: f16 attention at
+head dimension 64 takes 128 query rows a block of 4 warps, 32 a warp, instead of 64. A warp then runs two
+independent chains of mma, softmax and mma where it ran one, which is what the key loop waits on (not its
+loads: benchmarks/device_notes.md). On an H200, [4,16,4096,64] f16 attention: 1.114 ms against 1.216 at
+64 rows (254 registers, no spills, 2 blocks an SM instead of 3). At head dimension 128 the accumulator
+alone would be 128 registers a thread and spills (causal attention 528 bytes): 64 rows stay."""
+
+ACC_TILE = 8192
+"""The accumulator elements a block's tile may hold to take `WIDE_ROWS` rows (64 f32 a thread at 4 warps)."""
+
+
 ONE_PASS_MAX = 16384
 """The longest fused axis `ScheduleOptions.whole_rows` takes in one chunk (after rounding to a power of two).
 
