@@ -20,7 +20,7 @@ from .trace import ArgSpec, ArraySpec, StaticSpec
 KNOWN_OPTIONS: dict[str, object] = {
     "fuse": True,             # run the fusion engine (False: every reduction is its own pass)
     "interpret_chunk": 64,    # chunk length the interpret backend runs fused loops with
-    "block_m": None,          # tile rows (query rows); None: the backend's default (cpu 32; gpu 64, 32 for per-row states)
+    "block_m": None,          # tile rows (query rows); None: the backend's default (cpu 32; gpu: schedule/options.py)
     "block_n": None,          # tile columns / chunk of a fused loop's axis; None: default (64)
     "block_k": None,          # chunk of a reduced axis; None: default (cpu 64; gpu 128 for 16-bit dots, else 64)
     "num_threads": 0,         # cpu: worker threads splitting the grid; 0: one per core

@@ -11,7 +11,7 @@ Tuning off (the default, ``autotune=False``) compiles the fixed defaults of
 GPU ``block_n=64``; ``block_k`` 128 for 16-bit contractions, else 64
 (``options.K_BLOCK``); ``block_m`` 64, or 32 where every fused state is one
 value or top-k list per row (``options.ROWS``), or whole rows of such a loop
-(``options.ONE_PASS_MAX``); 4 warps (fewer for small tiles, up to 16 for a
+(``options.ONE_PASS_MAX``), or 128 for attention's rows on tensor cores (``options.WIDE_ROWS``); 4 warps (fewer for small tiles, up to 16 for a
 whole-row tile: ``codegen.simt.plan.choose_warps``); ``split`` automatic. On (``rf.kernel(fn, autotune=True)`` or ``REDFUSER_AUTOTUNE=1``),
 the first call of a specialization compiles and times each candidate with the
 backend's timer -- `wall_clock` on the cpu, `cuda_events` on the GPU (around

@@ -4,7 +4,9 @@
 |-------------|-----------------------------------------------------------------|-----|-----|
 | `block_m`   | rows of an output tile (second-to-last tiled axis, query rows)  | 32  | auto|
 |             | auto (None): `ROWS` -- 64, or 32 for a fused loop whose states  |     |     |
-|             | are one value or top-k list per row (softmax's ``m``, ``l``)    |     |     |
+|             | are one value or top-k list per row (softmax's ``m``, ``l``);   |     |     |
+|             | `WIDE_ROWS` (128) for a loop feeding tensor cores within        |     |     |
+|             | `ACC_TILE`; whole rows with `whole_rows` (below)                |     |     |
 | `block_n`   | columns of an output tile; chunk length of a fused loop's axis  | 64  | 64  |
 | `block_k`   | chunk length of a reduced axis (``for`` over chunks beyond it;  | 64  | auto|
 |             | GPU: a smaller power of two dividing the axis, `chunk`); auto   |     |     |
