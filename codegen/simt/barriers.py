@@ -16,8 +16,8 @@ loop for the first iteration) and those that can run after it (up to the next ba
 of the body for the next iteration, and past the loop for the last). A loop or branch on the way counts
 with everything it contains, unless the scan can stop at a barrier inside a loop known to run at least
 once. Arrays are compared by name, not by address, so the answer errs towards keeping a barrier. Barriers
-inside an ``if`` stay. Barriers are removed one at a time, each decision made on the kernel without the
-ones removed before it.
+inside an ``if`` stay. Barriers are decided one at a time in program order, each on the kernel without
+the ones removed before it (removing one only joins two intervals, so a barrier kept stays needed).
 
 Guarantees: the same kernel but for barriers between accesses that cannot conflict; the simulator's race
 trackers (`codegen.simulator`) check every kernel the tests run.
@@ -29,6 +29,7 @@ from dataclasses import replace
 from ...ir.simt import (
     Barrier,
     For,
+    If,
     LdMatrix,
     LoadGlobal,
     LoadShared,
@@ -42,19 +43,32 @@ from ...ir.simt import (
 Access = tuple[str, str, bool]   # (memory space, array name, writes)
 
 
-def _accesses(s: Stmt) -> set[Access]:
-    """The memory accesses of `s` (all of them, nested ones included, for a loop or a branch)."""
-    out: set[Access] = set()
-    for x in walk_stmts((s,)):
-        if isinstance(x, LoadShared | LdMatrix):
-            out.add(("shared", x.alloc.name, False))
-        elif isinstance(x, StoreShared):
-            out.add(("shared", x.alloc.name, True))
-        elif isinstance(x, LoadGlobal):
-            out.add(("global", x.buffer.name, False))
-        elif isinstance(x, StoreGlobal):
-            out.add(("global", x.buffer.name, True))
-    return out
+_MEMO: dict[int, tuple[Stmt, frozenset[Access]]] = {}   # id -> (a loop or branch, its accesses), one pass's
+
+
+_KINDS: dict[type, tuple[str, str, bool]] = {
+    LoadShared: ("shared", "alloc", False), LdMatrix: ("shared", "alloc", False), StoreShared: ("shared", "alloc", True),
+    LoadGlobal: ("global", "buffer", False), StoreGlobal: ("global", "buffer", True)}
+"""Statement kinds that touch memory: (space, the field naming the array, writes)."""
+
+
+def _access(s: Stmt) -> Access | None:
+    """The memory access of a plain statement, None for one that touches no memory."""
+    kind = _KINDS.get(type(s))
+    if kind is None:
+        return None
+    space, field, writes = kind
+    return (space, getattr(s, field).name, writes)
+
+
+def _accesses(s: For | If) -> frozenset[Access]:
+    """Every memory access of a loop or a branch, nested ones included; remembered during one
+    `drop_redundant_barriers`, which asks again for every barrier."""
+    found = _MEMO.get(id(s))
+    if found is None or found[0] is not s:
+        found = (s, frozenset(a for x in walk_stmts((s,)) if (a := _access(x)) is not None))
+        _MEMO[id(s)] = found
+    return found[1]
 
 
 def _conflict(before: set[Access], after: set[Access]) -> bool:
@@ -86,8 +100,12 @@ def _scan(stmts: tuple[Stmt, ...], order: range, seen: set[Access]) -> bool:
             inner = range(0, len(body)) if forward else range(len(body) - 1, -1, -1)
             if _scan(body, inner, seen):
                 return True
-            continue
-        seen |= _accesses(s)
+        elif isinstance(s, For | If):
+            seen |= _accesses(s)
+        else:
+            access = _access(s)
+            if access is not None:
+                seen.add(access)
     return False
 
 
@@ -133,13 +151,18 @@ def _without(stmts: tuple[Stmt, ...], target: Stmt) -> tuple[Stmt, ...]:
 def drop_redundant_barriers(kernel: SimtKernel) -> SimtKernel:
     """`kernel` without the barriers that separate no conflicting accesses (see the module docstring)."""
     body = kernel.body
-    changed = True
-    while changed:
-        changed = False
-        for path in _barrier_paths(body, []):
-            if not _conflict(_reach(path, forward=False), _reach(path, forward=True)):
+    kept = 0       # removing a barrier only joins intervals: a barrier kept stays needed, so one sweep
+    try:
+        while True:
+            paths = list(_barrier_paths(body, []))
+            if kept == len(paths):
+                break
+            path = paths[kept]
+            if _conflict(_reach(path, forward=False), _reach(path, forward=True)):
+                kept += 1
+            else:
                 stmts, at = path[-1]
                 body = _without(body, stmts[at])
-                changed = True
-                break
+    finally:
+        _MEMO.clear()
     return kernel if body is kernel.body else replace(kernel, body=body)
