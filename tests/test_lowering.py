@@ -29,7 +29,7 @@ from redfuser.ir.types import bool_, float16, int32, int64
 import redfuser as rf
 from redfuser.schedule import options_for, schedule_program
 from redfuser.testing import assert_close
-from redfuser.workloads import attention, fp8_quant_gemm, moe_routing, softmax
+from redfuser.workloads import attention, causal_attention, fp8_quant_gemm, moe_routing, softmax
 
 RNG = np.random.default_rng(5)
 
@@ -503,3 +503,19 @@ def test_min_blocks_per_sm_reaches_ptxas_and_caps_registers():
     for bad in (0, True, 2.0, 33):
         with pytest.raises(rf.ArgumentError, match="min_blocks_per_sm"):
             rf.kernel(attention, backend="cuda", sm="sm_90", min_blocks_per_sm=bad).lower(h, h, h)
+
+
+@pytest.mark.parametrize("fn,n,m,options", [(attention, 200, 200, {}), (attention, 77, 150, {}),
+                                            (causal_attention, 200, 200, {"skip_masked": True})])
+def test_wide_attention_rows_on_ragged_shapes_equal_numpy(fn, n, m, options):
+    """f16 attention at head 64 takes 128-row tiles (`WIDE_ROWS`); ragged query and key counts (masked
+    rows and keys, a causal diagonal cutting a tile) give numpy's values on the simulator."""
+    rng = np.random.default_rng(n + m)
+    q = rng.standard_normal((1, 2, n, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 2, m, 64)).astype(np.float16) for _ in range(2))
+    kernel = rf.kernel(fn, backend="simulate", **options)
+    (tiled,) = kernel.lower(q, k, v).stages["tile"].kernels
+    assert tiled.grid[-1] == -(-n // 128)
+    with np.errstate(all="ignore"):
+        expected = fn(q, k, v)
+    assert_close(kernel(q, k, v), expected, np.float16, m)
