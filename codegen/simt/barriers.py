@@ -43,11 +43,9 @@ from ...ir.simt import (
 Access = tuple[str, str, bool]   # (memory space, array name, writes)
 
 
-_MEMO: dict[int, tuple[Stmt, frozenset[Access]]] = {}   # id -> (a loop or branch, its accesses), one pass's
-
-
 _KINDS: dict[type, tuple[str, str, bool]] = {
-    LoadShared: ("shared", "alloc", False), LdMatrix: ("shared", "alloc", False), StoreShared: ("shared", "alloc", True),
+    LoadShared: ("shared", "alloc", False), LdMatrix: ("shared", "alloc", False),
+    StoreShared: ("shared", "alloc", True),
     LoadGlobal: ("global", "buffer", False), StoreGlobal: ("global", "buffer", True)}
 """Statement kinds that touch memory: (space, the field naming the array, writes)."""
 
@@ -61,14 +59,9 @@ def _access(s: Stmt) -> Access | None:
     return (space, getattr(s, field).name, writes)
 
 
-def _accesses(s: For | If) -> frozenset[Access]:
-    """Every memory access of a loop or a branch, nested ones included; remembered during one
-    `drop_redundant_barriers`, which asks again for every barrier."""
-    found = _MEMO.get(id(s))
-    if found is None or found[0] is not s:
-        found = (s, frozenset(a for x in walk_stmts((s,)) if (a := _access(x)) is not None))
-        _MEMO[id(s)] = found
-    return found[1]
+def _accesses(s: For | If) -> set[Access]:
+    """Every memory access of a loop or a branch, nested ones included."""
+    return {a for x in walk_stmts((s,)) if (a := _access(x)) is not None}
 
 
 def _conflict(before: set[Access], after: set[Access]) -> bool:
@@ -120,7 +113,8 @@ def _reach(path: list[Frame], forward: bool) -> set[Access]:
             return seen
         if depth == 0:
             return seen                   # the kernel's start or end
-        # `stmts` is a loop's body (`_barrier_paths` enters no branch): around the back edge: the rest of the body in the next (or previous) iteration
+        # `stmts` is a loop's body (`_barrier_paths` enters no branch). Around the back edge: the rest of
+        # the body in the next (or previous) iteration
         wrap = range(0, at) if forward else range(len(stmts) - 1, at, -1)
         _scan(stmts, wrap, seen)
         # and out of the loop: what follows it (the last iteration) or precedes it (the first)
@@ -152,17 +146,14 @@ def drop_redundant_barriers(kernel: SimtKernel) -> SimtKernel:
     """`kernel` without the barriers that separate no conflicting accesses (see the module docstring)."""
     body = kernel.body
     kept = 0       # removing a barrier only joins intervals: a barrier kept stays needed, so one sweep
-    try:
-        while True:
-            paths = list(_barrier_paths(body, []))
-            if kept == len(paths):
-                break
-            path = paths[kept]
-            if _conflict(_reach(path, forward=False), _reach(path, forward=True)):
-                kept += 1
-            else:
-                stmts, at = path[-1]
-                body = _without(body, stmts[at])
-    finally:
-        _MEMO.clear()
+    while True:
+        paths = list(_barrier_paths(body, []))
+        if kept == len(paths):
+            break
+        path = paths[kept]
+        if _conflict(_reach(path, forward=False), _reach(path, forward=True)):
+            kept += 1
+        else:
+            stmts, at = path[-1]
+            body = _without(body, stmts[at])
     return kernel if body is kernel.body else replace(kernel, body=body)
