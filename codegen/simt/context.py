@@ -52,12 +52,13 @@ def effect_rule(*types: type) -> Callable[[EffectRule], EffectRule]:
 class Lowering:
     """One kernel being lowered: the plan, the builder, the register environment and the shared arenas."""
 
-    def __init__(self, kernel: t.TileKernel, plan: Plan, opts: GpuOptions, builder: LoweringBuilder) -> None:
+    def __init__(self, kernel: t.TileKernel, plan: Plan, opts: GpuOptions, builder: LoweringBuilder,
+                 alternate: bool = True) -> None:
         self.kernel, self.plan, self.opts, self.b = kernel, plan, opts, builder
         self.memo: dict[int, dict[tuple[str, Layout], Regs]] = {0: {}}   # per block of the builder
         self.arenas: dict[str, SharedAlloc] = {}
         self.arena_size: dict[str, int] = {}
-        self.alternate = True                          # conversions alternate between two arrays a dtype
+        self.alternate = alternate                     # conversions alternate between two arrays a dtype
         self._turn: dict[str, int] = {}
         self.tid: Reg = builder.thread_idx()
         self.scalar = scalar(plan.warps)

@@ -43,7 +43,7 @@ from .cleanup import drop_unused
 from .context import Lowering
 from .narrow import narrow_dot_operands
 from .options import GpuOptions
-from .plan import plan_kernel
+from .plan import Plan, plan_kernel
 from .values import LoweringBuilder
 
 
@@ -104,8 +104,9 @@ def size_shared(kernel: SimtKernel, lw: Lowering) -> SimtKernel:
              for name, alloc in lw.arenas.items()}
     sized = replace(kernel, shared=tuple(final.values()), body=_resize(kernel.body, final))
     if sized.shared_bytes > MAX_STATIC_SHARED_BYTES:
-        raise SharedMemoryExceeded(f"kernel {kernel.name} needs {sized.shared_bytes} bytes of shared memory for its layout "
-                           f"conversions (at most {MAX_STATIC_SHARED_BYTES}); use smaller block_m / block_n")
+        raise SharedMemoryExceeded(f"kernel {kernel.name} needs {sized.shared_bytes} bytes of shared memory for its "
+                                   f"layout conversions (at most {MAX_STATIC_SHARED_BYTES}); use smaller "
+                                   "block_m / block_n")
     return sized
 
 
@@ -130,12 +131,11 @@ def lower_kernel(k: t.TileKernel, opts: GpuOptions) -> SimtKernel:
     return verify_simt_kernel(drop_redundant_barriers(drop_unused(kernel)), "lower_to_simt")
 
 
-def _emit(k: t.TileKernel, plan, opts: GpuOptions, alternate: bool) -> SimtKernel:
+def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool) -> SimtKernel:
     """Steps 3-4 of the module docstring: the kernel's statements, its scratch arrays sized."""
     b = LoweringBuilder(symbol(k.name), warps=plan.warps, grid=(max(1, k.num_programs),))
     b.params.extend(k.params)
-    lw = Lowering(k, plan, opts, b)
-    lw.alternate = alternate
+    lw = Lowering(k, plan, opts, b, alternate)
     _program_ids(lw, k.grid)
     lw.emit_ops(k.body)
     built = replace(b.build(verify=False), min_blocks_per_sm=opts.min_blocks_per_sm)
