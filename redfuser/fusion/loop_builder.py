@@ -18,7 +18,6 @@ from ..ir import (
     Expr,
     Load,
     OnlineState,
-    ReduceOp,
     Select,
     TopKState,
     map_expr,
@@ -26,7 +25,7 @@ from ..ir import (
 )
 from ..ir.types import bool_
 from .member import Member
-from .nan_guard import read_safely
+from .nan_guard import read_safely, running_extrema
 from .positivity import is_positive
 from .separability import rescale_expr
 from .substitute import inline_loads
@@ -74,8 +73,7 @@ class LoopBuilder:
 
     def running_extrema(self) -> dict[str, float]:
         """Max/min states and their identities (what they hold before any element is seen)."""
-        return {st.acc.name: st.op.identity(st.acc.dtype) for st in self.states
-                if isinstance(st, OnlineState) and st.op is not ReduceOp.SUM}
+        return running_extrema(self.states)
 
     def safe(self, e: Expr) -> Expr:
         """`e` reading each running max/min as 0 while it still holds its identity (see OnlineState)."""

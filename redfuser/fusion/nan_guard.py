@@ -49,6 +49,12 @@ _PROPAGATING_UNARY = frozenset({UnaryOp.NEG, UnaryOp.ABS, UnaryOp.EXP, UnaryOp.E
 _EXPONENTIALS = frozenset({UnaryOp.EXP, UnaryOp.EXP2})
 
 
+def running_extrema(states) -> dict[str, float]:
+    """The max/min states among `states` and their identities (what they hold before any element is seen)."""
+    return {st.acc.name: st.op.identity(st.acc.dtype) for st in states
+            if isinstance(st, OnlineState) and st.op is not ReduceOp.SUM}
+
+
 def read_safely(e: Expr, extrema: dict[str, float], only: frozenset[Load] | None = None) -> Expr:
     """`e` reading each running max/min of `extrema` (name -> identity) as 0 while it holds its identity:
     ``where(m == identity, 0, m)``. With `only`, just the reads in it."""
@@ -70,8 +76,7 @@ def read_extrema_safely(p: Program) -> Program:
     body = []
     for s in p.body:
         if isinstance(s, FusedLoop):
-            extrema.update({st.acc.name: st.op.identity(st.acc.dtype) for st in s.states
-                            if isinstance(st, OnlineState) and st.op is not ReduceOp.SUM})
+            extrema.update(running_extrema(s.states))
         elif isinstance(s, Compute) and extrema:
             guard = _guard_reads(s.value, extrema)
             if guard is not None:

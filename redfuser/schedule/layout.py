@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, Reduce, ReduceOp, TopKState, loads
 from ..ir import tile as t
 from .builder import KernelBuilder
-from .exprs import LOW_PRECISION, ExprLowering
+from .exprs import ExprLowering
 from .nests import _ceil_div, premake
 from .options import ACC_TILE, ONE_PASS_MAX, ONE_PASS_TILE, WHOLE_MAX, WIDE_ROWS, ScheduleOptions
+from .reduce import reads_only_narrow
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
 
@@ -79,8 +80,7 @@ class FusedLayout:
         """Whether a local of the loop is a sum of products of 16- or 8-bit floats (attention's ``q @ k^T``):
         a contraction `codegen.simt.narrow` hands to tensor cores."""
         return any(isinstance(local, Reduce) and local.op is ReduceOp.SUM and len(loads(local.value)) > 1
-                   and all(ld.buffer.dtype.name in LOW_PRECISION for ld in loads(local.value))
-                   for local in self.fl.locals)
+                   and reads_only_narrow(local.value) for local in self.fl.locals)
 
     def state_width(self, opts: ScheduleOptions) -> int:
         """Elements a row of the tile holds along the whole axes (attention's head dimension; a grid-tiled

@@ -57,7 +57,12 @@ def _product_over_2d(value: Expr, out_dims: tuple[Dim, ...]) -> bool:
 def _narrow_dot(value: Expr, out_dims: tuple[Dim, ...]) -> bool:
     """Whether the sum of `value` over a reduced axis is a `dot` of low-precision data (f16/bf16/e4m3), whose
     operands `codegen.simt.narrow` hands to tensor cores."""
-    found = loads(value) if _product_over_2d(value, out_dims) else []
+    return _product_over_2d(value, out_dims) and reads_only_narrow(value)
+
+
+def reads_only_narrow(value: Expr) -> bool:
+    """Whether `value` reads memory, and only 16- or 8-bit floats (f16/bf16/e4m3): what tensor cores take."""
+    found = loads(value)
     return bool(found) and all(ld.buffer.dtype.name in LOW_PRECISION for ld in found)
 
 
