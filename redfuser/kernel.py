@@ -25,12 +25,12 @@ KNOWN_OPTIONS: dict[str, object] = {
     "block_k": None,          # chunk of a reduced axis; None: default (cpu 64; gpu 128 for 16-bit dots, else 64)
     "num_threads": 0,         # cpu: worker threads splitting the grid; 0: one per core
     "split": None,            # slices of a fused loop's axis across programs (flash decoding); None: automatic
-    "num_warps": None,        # cuda/simulate: warps per block; None: 4, more for big tiles without mma (codegen/simt/plan.py)
+    "num_warps": None,        # cuda/simulate: warps per block; None: codegen/simt/plan.py (4, up to 16 a big tile)
     "min_blocks_per_sm": None,  # cuda/simulate: build for this many blocks an SM (.minnctapersm; caps registers)
     "sm": None,               # cuda/simulate: GPU target such as "sm_80"; None: the device's, else sm_90
     "autotune": False,        # cpu/cuda: time a few tile sizes, warps and splits on first call (runtime/autotune.py)
     "skip_masked": False,     # skip key blocks a causal-style mask hides (exact for finite values; schedule/masked.py)
-    "prefetch": False,        # cuda/simulate: load tensor-core operand tiles one loop iteration ahead (schedule/prefetch.py)
+    "prefetch": False,        # cuda/simulate: load tensor-core operands a loop iteration ahead (schedule/prefetch.py)
     "llvm_opt": None,         # cuda/simulate: None, RedFuser's middle end; 1-3, LLVM's O1-O3 (codegen/nvptx.py)
 }
 HOST_BACKENDS = frozenset({"interpret", "cpu", "simulate"})

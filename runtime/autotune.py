@@ -1,23 +1,26 @@
 """Autotuning: try a few tile configurations of one kernel specialization, keep the fastest, remember it on disk.
 
 A *candidate* is a `Config`: ``block_m``, ``block_n``, ``block_k``, ``num_warps``,
-``split`` and (cuda) ``prefetch`` and ``min_blocks_per_sm`` (None: the kernel's own value). Each backend has a small, fixed
-search space (`SPACES`): ``cpu`` (so the machinery runs on every machine) and
-``cuda``; its first entry is the empty config, the untuned kernel. Options the
+``split`` and (cuda) ``prefetch`` and ``min_blocks_per_sm`` (None: the kernel's own
+value). Each backend has a small, fixed search space (`SPACES`): ``cpu`` (so the
+machinery runs on every machine) and ``cuda``; its first entry is the empty config,
+the untuned kernel. Options the
 user set on the kernel are never tuned: they override every candidate.
 
 Tuning off (the default, ``autotune=False``) compiles the fixed defaults of
 `redfuser.schedule.options.DEFAULTS`: cpu ``block_m=32, block_n=64, block_k=64``;
 GPU ``block_n=64``; ``block_k`` 128 for 16-bit contractions, else 64
-(``options.K_BLOCK``); ``block_m`` 64, or 32 where every fused state is one
-value or top-k list per row (``options.ROWS``), or whole rows of such a loop
-(``options.ONE_PASS_MAX``), or 128 for attention's rows on tensor cores (``options.WIDE_ROWS``); 4 warps (fewer for small tiles, up to 16 for a
-whole-row tile: ``codegen.simt.plan.choose_warps``); ``split`` automatic. On (``rf.kernel(fn, autotune=True)`` or ``REDFUSER_AUTOTUNE=1``),
-the first call of a specialization compiles and times each candidate with the
-backend's timer -- `wall_clock` on the cpu, `cuda_events` on the GPU (around
-the whole call, so host arrays add the same copies to every candidate) --
-printing one progress line to stderr, rewritten per candidate, and compiles the
-fastest. Candidates that fail to compile (too much shared memory...) are skipped.
+(``options.K_BLOCK``); ``block_m`` 64, or 32 where every fused state is one value or
+top-k list per row (``options.ROWS``), or whole rows of such a loop
+(``options.ONE_PASS_MAX``), or 128 for attention's rows on tensor cores
+(``options.WIDE_ROWS``); 4 warps (fewer for small tiles, up to 16 for a whole-row
+tile: ``codegen.simt.plan.choose_warps``); ``split`` automatic. On (``rf.kernel(fn,
+autotune=True)`` or ``REDFUSER_AUTOTUNE=1``), the first call of a specialization
+compiles and times each candidate with the backend's timer -- `wall_clock` on the
+cpu, `cuda_events` on the GPU (around the whole call, so host arrays add the same
+copies to every candidate) -- printing one progress line to stderr, rewritten per
+candidate, and compiles the fastest. Candidates that fail to compile (too much
+shared memory...) are skipped.
 
 Results live in ``<cache dir>/autotune/<digest>.json`` beside the compile cache.
 The digest (`tuning_key`) covers the kernel's traced Loop IR (source locations

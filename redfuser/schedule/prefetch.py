@@ -15,10 +15,10 @@ so the load of iteration ``j + step`` is in flight while iteration ``j`` compute
 iteration keeps every address one the original loop reads: no mask is needed and nothing out of bounds is
 touched. The first tile is loaded even when a computed stop lets the loop run no iteration (a causal row
 tile's skipped key blocks, `masked.py`): such a stop only cuts a range whose first iteration the scheduler
-built in bounds, and a loop whose constant range is empty is left alone. The cost is registers: the next tile is held across the body, in its load layout (a 64 x 64 f16
-tile is 16 registers a thread of 128). So loads are taken in body order while the 2-d tiles the loop
-carries -- its state (attention's output accumulator) and the prefetched tiles -- stay within
-`BUDGET_BYTES` a thread; the rest load as before.
+built in bounds, and a loop whose constant range is empty is left alone. The cost is registers: the next
+tile is held across the body, in its load layout (a 64 x 64 f16 tile is 16 registers a thread of 128). So
+loads are taken in body order while the 2-d tiles the loop carries -- its state (attention's output
+accumulator) and the prefetched tiles -- stay within `BUDGET_BYTES` a thread; the rest load as before.
 
 A load is prefetched when:
 - it is a 2-d tile of 16- or 8-bit floats at the top level of a loop body;
