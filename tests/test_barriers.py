@@ -6,11 +6,15 @@ shared access that conflicts within one barrier interval, runs the result.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 
 import redfuser as rf
 from redfuser.codegen.simt.barriers import drop_redundant_barriers
 from redfuser.codegen.simulator import simulate
+from redfuser.ir import SimulationError
 from redfuser.ir.simt import Barrier, For, IntOp, SimtKernel, walk_stmts
 from redfuser.ir.simt_builder import SimtBuilder
 from redfuser.ir.types import float32, int32
@@ -103,11 +107,6 @@ def test_attention_key_loop_keeps_two_barriers_and_equals_numpy():
 def test_without_the_kept_barrier_the_simulator_finds_the_race():
     """What the pass keeps is needed: the one-array loop without its leading barrier is a write-after-read
     race across iterations, and the simulator says so."""
-    import pytest
-    from dataclasses import replace
-
-    from redfuser.ir import SimulationError
-
     kernel = exchange(("s", "s"), loop=True)
     at = next(i for i, s in enumerate(kernel.body) if isinstance(s, For))
     loop = kernel.body[at]

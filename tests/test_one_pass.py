@@ -30,6 +30,8 @@ from redfuser.ir import types as T
 from redfuser.ir.types import BufferType
 from redfuser.testing import assert_close
 from redfuser.workloads import layer_norm_stats, log_softmax, moe_routing, softmax, softmax_entropy
+from test_cpu_backend import as_tuple
+from test_schedule import ops_of
 
 RNG = np.random.default_rng(11)
 
@@ -37,11 +39,6 @@ RNG = np.random.default_rng(11)
 def gpu_tiles(fn, *args, **options) -> t.TileProgram:
     """The GPU schedule of `fn` for `args` (no device needed)."""
     return rf.kernel(fn, backend="simulate", sm="sm_90", **options).lower(*args).stages["tile"]
-
-
-def ops(kernel: t.TileKernel, kind, op=None) -> list:
-    found = [x for x in t.walk_ops(kernel.body) if isinstance(x, kind)]
-    return [x for x in found if op is None or x.op is op]
 
 
 def awkward_rows(shape, dtype=np.float16) -> np.ndarray:
@@ -63,7 +60,7 @@ def test_the_gpu_default_reads_a_row_once(fn):
     x = np.broadcast_to(np.float16(0), (32768, 16384))   # only its shape and dtype are read
     (kernel,) = gpu_tiles(fn, x).kernels
     assert kernel.grid == (32768,)
-    assert not ops(kernel, t.For) and len(ops(kernel, t.Load)) == 1
+    assert not ops_of(kernel, t.For) and len(ops_of(kernel, t.Load)) == 1
     assert choose_warps(kernel, GpuOptions()) == 16
     assert choose_warps(kernel, GpuOptions(num_warps=8)) == 8          # the option is the option
 
@@ -79,7 +76,7 @@ def test_whole_row_tiles_stack_short_rows_and_keep_the_grid_full():
     assert grid(64, 16384)[-1] != (64,)                # 64 tiles < 132 / 2: chunked and split
     assert len(grid(64, 16384)) == 3
     long_rows = gpu_tiles(softmax, np.broadcast_to(np.float16(0), (8192, 32768))).kernels
-    assert all(ops(k, t.For) for k in long_rows)        # over ONE_PASS_MAX: chunks
+    assert all(ops_of(k, t.For) for k in long_rows)        # over ONE_PASS_MAX: chunks
 
 
 def test_a_tile_the_user_gives_and_the_cpu_default_are_kept():
@@ -107,7 +104,7 @@ def test_kernels_with_products_or_loops_keep_four_warps():
     assert choose_warps(kernel, GpuOptions()) == 4
     q, kv = np.zeros((4, 32, 1, 128), np.float16), np.broadcast_to(np.float16(0), (4, 32, 32768, 128))
     partial = gpu_tiles(attention, q, kv, kv).kernels[0]
-    assert ops(partial, t.For) and max(v.type.size for op in t.walk_ops(partial.body) for v in t.results(op)) > 4096
+    assert ops_of(partial, t.For) and max(v.type.size for op in t.walk_ops(partial.body) for v in t.results(op)) > 4096
     assert choose_warps(partial, GpuOptions()) == 4
 
 
@@ -141,11 +138,11 @@ def test_whole_row_tiles_of_random_shapes_equal_numpy_on_the_simulator(rows, col
     opts = options_for("simulate", {"workers": 1})
     tiled = schedule_program(low.program, opts)
     if rows > 1:   # (one row: its index folds to 0, the states are not per-row values, and chunks stay)
-        assert not ops(tiled.kernels[0], t.For)
+        assert not ops_of(tiled.kernels[0], t.For)
     simt = lower_to_simt(tiled, GpuOptions())
     with np.errstate(all="ignore"):
         expected = fn(x)
-    expected = expected if isinstance(expected, tuple) else (expected,)
+    expected = as_tuple(expected)
     # the entropy cancels terms of size |x - m| (log l against sum p (x - m)), the fused variance terms of
     # size x^2 (sum x^2 against n mean^2; the fusion notes the cancellation): those are their honest scales
     finite = float(np.abs(x[np.isfinite(x)]).max(initial=1.0))
@@ -162,7 +159,7 @@ def test_softmax_output_reads_the_max_safely_and_shares_the_exponential():
     low = rf.kernel(softmax, backend="simulate", sm="sm_90", block_m=1, block_n=256).lower(x)
     assert "exp(x[i0,i1] - where(m[i0] == -inf, 0.0, m[i0]))" in str(low.stages["fused"])
     (kernel,) = low.stages["tile"].kernels
-    full = [op for op in ops(kernel, t.Unary) if op.op in (UnaryOp.EXP2, UnaryOp.EXP2_FTZ) and op.out.shape[-1] > 1]
+    full = [op for op in ops_of(kernel, t.Unary) if op.op in (UnaryOp.EXP2, UnaryOp.EXP2_FTZ) and op.out.shape[-1] > 1]
     assert len(full) == 1                               # one exponential a row element, not two
 
 
@@ -192,7 +189,7 @@ def test_the_pass_changes_nothing_where_no_nan_guard_decides():
         safe_reads.append(["== -inf, 0.0" in line for line in outputs])
         with np.errstate(invalid="ignore", divide="ignore"):
             expected = fn(x)
-        expected = expected if isinstance(expected, tuple) else (expected,)
+        expected = as_tuple(expected)
         for a, e in zip(run_program(fused, (x,)), expected):
             assert_close(a, e, np.float32, 64, any_nonfinite=True)
     assert safe_reads == [[True, False], [False], [False]]   # returns_max: its softmax output, not its m
@@ -210,7 +207,7 @@ def test_a_row_divisor_is_inverted_once_for_narrow_results(dtype):
     x = np.zeros((64, 256), dtype)
     s = np.zeros((64, 1), dtype)
     (kernel,) = gpu_tiles(row_normalize, x, s).kernels
-    divides = ops(kernel, t.Binary, BinaryOp.DIV)
+    divides = [op for op in ops_of(kernel, t.Binary) if op.op is BinaryOp.DIV]
     ranks = [len(d.out.shape) for d in divides]
     assert ranks == ([1] if dtype is np.float16 else [2])  # f16: 1 / s once a row; f32 stays a division
 
