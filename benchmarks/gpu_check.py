@@ -34,7 +34,6 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # triton_peers, gpu_cases beside this file
 

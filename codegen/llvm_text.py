@@ -4,8 +4,13 @@
 general formatter; for a 2 000-instruction attention kernel that was 30 ms, a
 fifth of the whole compile. `TextModule` / `TextBuilder` take the same calls
 the SIMT -> LLVM rules and the `codegen.nvvm` helpers make (``b.fadd(x, y)``,
-``b.call(fn, args)``, ``b.phi(t)``, blocks, globals, metadata) and keep each
-instruction as one small record rendered once, when the module is printed.
+``b.call(fn, args)``, ``b.phi(t)``, blocks, globals, metadata) and make each
+instruction's text when it is built: its operands are final by then (a value
+is named before anything reads it; `_Local.name` refuses a rename after a
+read). Only a phi, whose incoming values arrive later, is printed at the end.
+Text made at once holds no closures: the earlier deferred form kept a closure
+and its cells per instruction, all of them cyclic garbage that the collector
+had to walk after each compile.
 Types and constants stay `llvmlite.ir` objects (their text is cached), so the
 two builders mix freely in helpers; the text is the same LLVM IR up to value
 names. Only what the GPU emission uses is here; the host (CPU) code generator
@@ -18,6 +23,8 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator, Sequence
 
 from llvmlite import ir
+
+from ..ir.errors import InternalError
 
 _CMP = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}   # llvmlite's operators
 
@@ -32,13 +39,15 @@ def _typed(v) -> str:
 
 class _Local:
     """A named local (an instruction's result or an argument), printed ``%"name"``; a name set later is
-    made unique in the function's scope too."""
+    made unique in the function's scope too, and only while nothing has read the value yet (the text
+    that read it is made already)."""
 
-    __slots__ = ("type", "_name", "_scope")
+    __slots__ = ("type", "_name", "_scope", "read")
 
     def __init__(self, typ: ir.Type, scope: "_Scope", name: str) -> None:
         self.type, self._scope = typ, scope
         self._name = scope.fresh(name)
+        self.read = False      # whether an instruction's text names it already
 
     @property
     def name(self) -> str:
@@ -46,35 +55,40 @@ class _Local:
 
     @name.setter
     def name(self, value: str) -> None:
+        if self.read:
+            raise InternalError(f"renaming %{self._name} to {value!r} after an instruction read it",
+                                pass_name="simt_to_llvm")
         self._name = self._scope.fresh(value)
 
     def get_reference(self) -> str:
+        self.read = True
         return f'%"{self._name}"'
 
 
 class TextValue(_Local):
-    """An instruction's result: its text is made when the module is printed."""
+    """An instruction's result and its text (without the ``%x =`` part, which is printed with the name
+    the value has at the end)."""
 
     __slots__ = ("_line",)
 
-    def __init__(self, typ: ir.Type, scope: "_Scope", name: str, line) -> None:
+    def __init__(self, typ: ir.Type, scope: "_Scope", name: str, line: str) -> None:
         super().__init__(typ, scope, name)
-        self._line = line     # a callable giving the instruction's text without the ``%x =`` part
-
-    def render(self) -> str:
-        return f'  %"{self._name}" = {self._line()}'
-
-
-class _Effect:
-    """An instruction without a result (store, branch, a void call)."""
-
-    __slots__ = ("_line",)
-
-    def __init__(self, line) -> None:
         self._line = line
 
     def render(self) -> str:
-        return f"  {self._line()}"
+        return f'  %"{self._name}" = {self._line}'
+
+
+class _Effect:
+    """An instruction without a result (store, branch, a void call): its text."""
+
+    __slots__ = ("_line",)
+
+    def __init__(self, line: str) -> None:
+        self._line = line
+
+    def render(self) -> str:
+        return f"  {self._line}"
 
 
 class TextSlot:
@@ -93,17 +107,20 @@ class TextSlot:
 
 
 class _Phi(TextValue):
+    """A phi: its incoming values arrive after it is made, so its text is made when it is printed."""
+
     __slots__ = ("incoming",)
 
     def __init__(self, typ: ir.Type, scope: "_Scope", name: str) -> None:
-        super().__init__(typ, scope, name, self._text)
+        super().__init__(typ, scope, name, "")
         self.incoming: list[tuple[object, "TextBlock"]] = []
 
     def add_incoming(self, value, block: "TextBlock") -> None:
         self.incoming.append((value, block))
 
-    def _text(self) -> str:
-        return f"phi {self.type} " + ", ".join(f"[{_ref(v)}, {_ref(b)}]" for v, b in self.incoming)
+    def render(self) -> str:
+        incoming = ", ".join(f"[{_ref(v)}, {_ref(b)}]" for v, b in self.incoming)
+        return f'  %"{self._name}" = phi {self.type} {incoming}'
 
 
 class _Scope:
@@ -233,6 +250,17 @@ class TextModule:
         self.globals[name] = var
         return var
 
+    def dispose(self) -> None:
+        """Empty the module once printed: functions and blocks refer to each other, so without this its
+        instructions would wait for the cyclic garbage collector (a full pass after every compile)."""
+        for g in self.globals.values():
+            if isinstance(g, TextFunction):
+                for block in g.blocks:
+                    block.instructions.clear()
+                g.blocks.clear()
+        self.globals.clear()
+        self._metadata.clear()
+
     def add_named_metadata(self, name: str, operands: Sequence) -> None:
         self._metadata.setdefault(name, []).append(list(operands))
 
@@ -304,17 +332,17 @@ class TextBuilder:
             self.block = here
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _value(self, typ: ir.Type, name: str, line) -> TextValue:
+    def _value(self, typ: ir.Type, name: str, line: str) -> TextValue:
         v = TextValue(typ, self.function.scope, name, line)
         self.block.instructions.append(v)
         return v
 
-    def _effect(self, line) -> None:
+    def _effect(self, line: str) -> None:
         self.block.instructions.append(_Effect(line))
 
     def _binop(self, op: str, a, b, name: str = "", flags: Iterable[str] = ()) -> TextValue:
         prefix = " ".join((op, *flags))
-        return self._value(a.type, name, lambda: f"{prefix} {_typed(a)}, {_ref(b)}")
+        return self._value(a.type, name, f"{prefix} {_typed(a)}, {_ref(b)}")
 
     # -- arithmetic ----------------------------------------------------------------------------------
     def add(self, a, b, name: str = "", flags=()):
@@ -363,12 +391,12 @@ class TextBuilder:
         return self._binop("fdiv", a, b, name)
 
     def fneg(self, x, name: str = ""):
-        return self._value(x.type, name, lambda: f"fneg {_typed(x)}")
+        return self._value(x.type, name, f"fneg {_typed(x)}")
 
     # -- comparisons and select ----------------------------------------------------------------------
     def _cmp(self, kind: str, pred: str, a, b, name: str) -> TextValue:
         typ = ir.VectorType(ir.IntType(1), a.type.count) if isinstance(a.type, ir.VectorType) else ir.IntType(1)
-        return self._value(typ, name, lambda: f"{kind} {pred} {_typed(a)}, {_ref(b)}")
+        return self._value(typ, name, f"{kind} {pred} {_typed(a)}, {_ref(b)}")
 
     def icmp_signed(self, op: str, a, b, name: str = ""):
         pred = _CMP[op]
@@ -385,11 +413,11 @@ class TextBuilder:
         return self._cmp("fcmp", "u" + _CMP[op], a, b, name)
 
     def select(self, cond, a, b, name: str = ""):
-        return self._value(a.type, name, lambda: f"select {_typed(cond)}, {_typed(a)}, {_typed(b)}")
+        return self._value(a.type, name, f"select {_typed(cond)}, {_typed(a)}, {_typed(b)}")
 
     # -- conversions ---------------------------------------------------------------------------------
     def _cast(self, op: str, x, typ: ir.Type, name: str) -> TextValue:
-        return self._value(typ, name, lambda: f"{op} {_typed(x)} to {typ}")
+        return self._value(typ, name, f"{op} {_typed(x)} to {typ}")
 
     def bitcast(self, x, typ, name: str = ""):
         return self._cast("bitcast", x, typ, name)
@@ -420,36 +448,35 @@ class TextBuilder:
 
     # -- vectors and aggregates ----------------------------------------------------------------------
     def extract_element(self, vec, index, name: str = ""):
-        return self._value(vec.type.element, name, lambda: f"extractelement {_typed(vec)}, {_typed(index)}")
+        return self._value(vec.type.element, name, f"extractelement {_typed(vec)}, {_typed(index)}")
 
     def insert_element(self, vec, value, index, name: str = ""):
-        return self._value(vec.type, name, lambda: f"insertelement {_typed(vec)}, {_typed(value)}, {_typed(index)}")
+        return self._value(vec.type, name, f"insertelement {_typed(vec)}, {_typed(value)}, {_typed(index)}")
 
     def shuffle_vector(self, a, b, mask, name: str = ""):
         typ = ir.VectorType(a.type.element, mask.type.count)
-        return self._value(typ, name, lambda: f"shufflevector {_typed(a)}, {_typed(b)}, {_typed(mask)}")
+        return self._value(typ, name, f"shufflevector {_typed(a)}, {_typed(b)}, {_typed(mask)}")
 
     def extract_value(self, agg, index: int, name: str = ""):
-        return self._value(agg.type.elements[index], name, lambda: f"extractvalue {_typed(agg)}, {index}")
+        return self._value(agg.type.elements[index], name, f"extractvalue {_typed(agg)}, {index}")
 
     # -- memory --------------------------------------------------------------------------------------
     def gep(self, ptr, indices, inbounds: bool = False, name: str = "", source_etype=None):
         kw = "getelementptr inbounds" if inbounds else "getelementptr"
-        return self._value(ptr.type, name,
-                           lambda: f"{kw} {source_etype}, {_typed(ptr)}, " + ", ".join(_typed(i) for i in indices))
+        return self._value(ptr.type, name, f"{kw} {source_etype}, {_typed(ptr)}, " + ", ".join(_typed(i) for i in indices))
 
     def load(self, ptr, name: str = "", align: int | None = None, typ=None):
         tail = f", align {align}" if align else ""
-        return self._value(typ, name, lambda: f"load {typ}, {_typed(ptr)}{tail}")
+        return self._value(typ, name, f"load {typ}, {_typed(ptr)}{tail}")
 
     def store(self, value, ptr, align: int | None = None) -> None:
         tail = f", align {align}" if align else ""
-        self._effect(lambda: f"store {_typed(value)}, {_typed(ptr)}{tail}")
+        self._effect(f"store {_typed(value)}, {_typed(ptr)}{tail}")
 
     # -- calls and control flow ----------------------------------------------------------------------
     def call(self, fn, args, name: str = ""):
         ret = fn.function_type.return_type
-        text = lambda: f"call {ret} {_ref(fn)}(" + ", ".join(_typed(a) for a in args) + ")"  # noqa: E731
+        text = f"call {ret} {_ref(fn)}(" + ", ".join(_typed(a) for a in args) + ")"
         if isinstance(ret, ir.VoidType):
             self._effect(text)
             return None
@@ -461,13 +488,13 @@ class TextBuilder:
         return p
 
     def branch(self, target: TextBlock) -> None:
-        self._effect(lambda: f"br label {_ref(target)}")
+        self._effect(f"br label {_ref(target)}")
 
     def cbranch(self, cond, then: TextBlock, orelse: TextBlock) -> None:
-        self._effect(lambda: f"br {_typed(cond)}, label {_ref(then)}, label {_ref(orelse)}")
+        self._effect(f"br {_typed(cond)}, label {_ref(then)}, label {_ref(orelse)}")
 
     def ret_void(self) -> None:
-        self._effect(lambda: "ret void")
+        self._effect("ret void")
 
 
 __all__ = ["TextModule", "TextBuilder", "TextFunction", "TextGlobal", "TextValue", "TextBlock", "TextSlot"]

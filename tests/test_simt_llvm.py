@@ -294,6 +294,66 @@ def test_a_reserved_slot_prints_what_was_put_there_in_place_or_nothing():
     assert unused.instructions == []
 
 
+def test_a_value_an_instruction_read_keeps_its_name():
+    """Instruction text is made when the instruction is built, so a value read by one can no longer be
+    renamed (the reader's text names it already): the builder refuses, and `Emitter.set` leaves such a
+    value its name instead of giving it the register's."""
+    from llvmlite import ir
+
+    from redfuser.codegen import nvvm
+    from redfuser.codegen.llvm_text import TextBuilder, TextModule
+    from redfuser.codegen.simt_to_llvm.emitter import Emitter
+    from redfuser.ir.errors import InternalError
+
+    module = TextModule("reads")
+    fn = nvvm.define_kernel(module, "reads", [nvvm.I32])
+    b = TextBuilder(fn.append_basic_block("entry"))
+    a = b.add(fn.args[0], ir.Constant(nvvm.I32, 1))
+    a.name = "a"                                          # not read yet: fine
+    square = b.mul(a, a)
+    with pytest.raises(InternalError, match="after an instruction read it"):
+        a.name = "b"
+    unnamed = b.add(square, a)                            # named ".N", then read
+    total = b.add(unnamed, unnamed)
+    kernel = K.elementwise()
+    first, second = kernel.body[0].out, kernel.body[1].out   # two i32 registers to bind
+    emitter = Emitter(kernel, b, {}, LlvmOptions())
+    emitter.set(first, unnamed)                           # read already: keeps its name
+    emitter.set(second, total)                            # unread and unnamed: takes the register's name
+    b.ret_void()
+    assert unnamed.name.startswith(".") and total.name == second.name
+    text = str(module)
+    assert 'mul i32 %"a", %"a"' in text and f'%"{second.name}" = add i32 %"{unnamed.name}"' in text
+
+
+def test_emitting_leaves_no_cyclic_garbage():
+    """`emit_text` empties its module and emitter once printed, so what the emission built is freed by
+    reference counting when it returns; the cyclic collector, paused during a compile
+    (`compiler._gc_paused`), has nothing of it to walk afterwards (about 10 000 objects for a small
+    attention kernel before)."""
+    import gc
+
+    import numpy as np
+
+    import redfuser as rf
+    from redfuser import workloads
+    from redfuser.codegen.simt_to_llvm.kernel import emit_text
+
+    q = np.zeros((1, 1, 64, 64), np.float16)
+    kernel = rf.kernel(workloads.attention, backend="simulate").lower(q, q, q).stages["simt"].kernels[0]
+    emit_text(kernel)                                     # first emission: one-time caches (types, intrinsics)
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        text = emit_text(kernel)
+        assert gc.collect() == 0
+    finally:
+        if enabled:
+            gc.enable()
+    assert "mma.sync" in text or "llvm.nvvm.mma" in text
+
+
 @pytest.mark.parametrize("name", ["attention_f16", "attention_f32", "softmax", "fp8_quant_gemm"])
 def test_the_emitted_module_holds_no_dead_instruction(name):
     """Plumbing the mma path reads around (a fragment's ``ldmatrix`` words gathered into a vector, packs

@@ -47,6 +47,14 @@ class Emitter:
     def module(self) -> TextModule:
         return self.builder.module
 
+    def dispose(self) -> None:
+        """Drop what the emission kept (registers' values, memos) once the kernel is emitted: the deferred
+        values' closures refer back to this emitter, and without this the whole graph would wait for
+        the cyclic garbage collector."""
+        self.env.clear()
+        self.lanes.clear()
+        self.memo.clear()
+
     def __getitem__(self, reg: Reg) -> ir.Value:
         try:
             value = self.env[reg.name]
@@ -75,8 +83,9 @@ class Emitter:
         return found
 
     def set(self, reg: Reg, value: ir.Value) -> None:
-        """Bind `reg` to `value`; an unnamed instruction takes the register's name (readable LLVM IR)."""
-        if isinstance(value, TextValue) and (not value.name or value.name.startswith(".")):
+        """Bind `reg` to `value`; an unnamed instruction nothing has read yet takes the register's name
+        (readable LLVM IR)."""
+        if isinstance(value, TextValue) and not value.read and (not value.name or value.name.startswith(".")):
             value.name = reg.name
         self.env[reg.name] = value
 

@@ -29,7 +29,9 @@ def emit_module(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, ver
 def emit_text(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, verify: bool = True) -> str:
     """The text of `emit_module(kernel)` (verified by LLVM the same way), printed once: printing a big
     llvmlite module costs as much as building it."""
-    text = str(_build(kernel, options, verify))
+    module = _build(kernel, options, verify)
+    text = str(module)
+    module.dispose()
     parse_and_verify(text, pass_name="simt_to_llvm", keep=True)
     return text
 
@@ -55,6 +57,7 @@ def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule
     for alloc in kernel.shared:
         em.shared[alloc.name] = nvvm.declare_shared(module, f"smem_{alloc.name}", mem_type(alloc.dtype), alloc.size)
     em.emit(kernel.body)
+    em.dispose()
     builder.ret_void()
     return module
 
