@@ -335,6 +335,25 @@ def walk_ops(ops: tuple[Op, ...]):
             yield from walk_ops(op.body.ops)
 
 
+class FreshValues:
+    """New values for a rewrite of one kernel, each named after a `base` and never after a name the kernel
+    takes (params, results, loop variables) or an earlier call gave: ``base``, else ``base_1``, ``base_2``..."""
+
+    def __init__(self, k: "TileKernel") -> None:
+        self.taken = {p.name for p in k.params}
+        for op in walk_ops(k.body):
+            self.taken.update(v.name for v in results(op))
+            if isinstance(op, For):
+                self.taken.update(v.name for v in (op.body.iv,) + op.body.args)
+
+    def __call__(self, base: str, type_: TileType) -> Value:
+        name, n = base, 1
+        while name in self.taken:
+            name, n = f"{base}_{n}", n + 1
+        self.taken.add(name)
+        return Value(name, type_)
+
+
 @dataclass(frozen=True, slots=True)
 class TileKernel:
     """One launch: `grid` program instances running `body`, over the global buffers in `params`."""

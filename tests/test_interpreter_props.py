@@ -19,13 +19,10 @@ from hypothesis import strategies as st
 import redfuser as rf
 from redfuser.ir import Program, verify_program
 from redfuser.testing import assert_close
+from test_cpu_backend import as_tuple
 from redfuser.testing.strategies import FLOAT_DTYPES, arrays, broadcast_shape_pairs, programs, shapes
 
 dtypes = st.sampled_from(FLOAT_DTYPES)
-
-
-def as_tuple(x):
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
 
 
 def run_both(body, *args, fuse=False):

@@ -17,15 +17,12 @@ from test_quant import quantization_bound
 import redfuser as rf
 from redfuser.schedule import options_for, schedule_program
 from redfuser.testing import assert_close
+from test_cpu_backend import as_tuple
 from redfuser.testing.strategies import arrays, programs
 from redfuser.workloads import attention, causal_attention, fp8_quant_gemm, log_softmax, moe_routing, softmax
 
 SMALL = dict(block_m=16, block_n=16, block_k=16)
 BF16, F8 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
-
-
-def as_tuple(x):
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
 
 
 def assemble(lowered) -> None:

@@ -88,18 +88,8 @@ class _Narrower:
     def __init__(self, k: t.TileKernel, opts: GpuOptions) -> None:
         self.opts = opts
         self.defs: dict[str, t.Op] = {r.name: op for op in t.walk_ops(k.body) for r in t.results(op)}
-        self.taken = set(self.defs)
-        for op in t.walk_ops(k.body):
-            if isinstance(op, t.For):
-                self.taken |= {v.name for v in (op.body.iv,) + op.body.args}
+        self.fresh = t.FreshValues(k)
         self.sink = store_precision(k)
-
-    def fresh(self, base: str) -> str:
-        name, n = base, 1
-        while name in self.taken:
-            name, n = f"{base}_{n}", n + 1
-        self.taken.add(name)
-        return name
 
     def exact(self, v: t.Value) -> tuple[t.Value, list[t.Op]] | None:
         """``(x, views)`` when `v` is `views` applied to ``cast_f32(x)`` with a narrow ``x``."""
@@ -114,7 +104,7 @@ class _Narrower:
 
     def rebuild(self, x: t.Value, views: list[t.Op], out: list[t.Op]) -> t.Value:
         for view in views:
-            new = t.Value(self.fresh(f"{view.out.name}_{x.dtype}"), t.TileType(x.dtype, view.out.shape))
+            new = self.fresh(f"{view.out.name}_{x.dtype}", t.TileType(x.dtype, view.out.shape))
             out.append(replace(view, out=new, x=x))
             x = new
         return x
@@ -141,7 +131,7 @@ class _Narrower:
             if exact is not None:
                 operands.append([self.rebuild(exact[0], exact[1], out)])
             elif rounds:
-                rounded = t.Value(self.fresh(f"{value.name}_{narrow}"), value.type.with_dtype(narrow))
+                rounded = self.fresh(f"{value.name}_{narrow}", value.type.with_dtype(narrow))
                 out.append(t.Cast(rounded, value, op.loc))
                 operands.append([rounded])
             else:   # the smallest part first: each partial sum stays below |a| (no overflow on the way)
@@ -149,7 +139,7 @@ class _Narrower:
         pairs = [(x, y) for x in operands[0] for y in operands[1]]
         acc = op.acc
         for i, (x, y) in enumerate(pairs[:-1]):
-            part = t.Value(self.fresh(f"{op.out.name}_part{i}"), op.out.type)
+            part = self.fresh(f"{op.out.name}_part{i}", op.out.type)
             out.append(replace(op, out=part, a=x, b=y, acc=acc))
             acc = part
         return replace(op, a=pairs[-1][0], b=pairs[-1][1], acc=acc)
@@ -157,7 +147,7 @@ class _Narrower:
     def split(self, value: t.Value, out: list[t.Op], loc: SourceLoc) -> list[t.Value]:
         """`SPLIT_PARTS` bf16 values summing exactly to the f32 `value` (see the module docstring)."""
         def new(suffix: str, dtype: DType = float32) -> t.Value:
-            return t.Value(self.fresh(f"{value.name}_{suffix}"), value.type.with_dtype(dtype))
+            return self.fresh(f"{value.name}_{suffix}", value.type.with_dtype(dtype))
 
         def emit(op: t.Op) -> t.Value:
             out.append(op)

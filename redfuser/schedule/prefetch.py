@@ -31,7 +31,6 @@ has other blocks to hide its latency and would only pay the registers.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import replace
 from typing import Callable
@@ -65,30 +64,11 @@ def prefetch_operands(p: t.TileProgram, threads: Callable[[t.TileKernel], int],
 
 def _kernel(k: t.TileKernel, threads: int, budget: int) -> t.TileKernel:
     stored = {b.name for b in k.stored()}
-    names = _Names(k)
+    names = t.FreshValues(k)
     body = _ops(k.body, stored, names, threads, budget)
     if body is k.body:
         return k
     return replace(k, body=drop_dead(body, set()))
-
-
-class _Names:
-    """Fresh value names: the kernel's own, suffixed, never one already taken."""
-
-    def __init__(self, k: t.TileKernel) -> None:
-        self.taken = {p.name for p in k.params}
-        for op in t.walk_ops(k.body):
-            self.taken |= {v.name for v in t.results(op)}
-            if isinstance(op, t.For):
-                self.taken |= {op.body.iv.name} | {a.name for a in op.body.args}
-
-    def __call__(self, base: str, like: t.Value | t.TileType) -> t.Value:
-        for n in itertools.count():
-            name = f"{base}{n or ''}"
-            if name not in self.taken:
-                self.taken.add(name)
-                return t.Value(name, like.type if isinstance(like, t.Value) else like)
-        raise AssertionError("unreachable")
 
 
 class _Budget:
@@ -109,7 +89,7 @@ class _Budget:
         return True
 
 
-def _ops(ops: tuple[t.Op, ...], stored: set[str], names: _Names, threads: int, budget: int) -> tuple[t.Op, ...]:
+def _ops(ops: tuple[t.Op, ...], stored: set[str], names: t.FreshValues, threads: int, budget: int) -> tuple[t.Op, ...]:
     out: list[t.Op] = []
     changed = False
     for op in ops:
@@ -165,7 +145,7 @@ def _feeds_dot(load: t.Load, ops: tuple[t.Op, ...]) -> bool:
     return False
 
 
-def _pipeline(loop: t.For, stored: set[str], names: _Names, budget: _Budget) -> tuple[list[t.Op], t.For]:
+def _pipeline(loop: t.For, stored: set[str], names: t.FreshValues, budget: _Budget) -> tuple[list[t.Op], t.For]:
     """(ops to put in front of `loop`, `loop` with its operand loads one iteration ahead)."""
     body = loop.body
     if isinstance(loop.stop, int) and loop.stop <= loop.start:
@@ -178,18 +158,18 @@ def _pipeline(loop: t.For, stored: set[str], names: _Names, budget: _Budget) -> 
     if not chosen:
         return [], loop
     iv = body.iv
-    step = names(f"{iv.name}_step", iv)
-    after = names(f"{iv.name}_after", iv)
+    step = names(f"{iv.name}_step", iv.type)
+    after = names(f"{iv.name}_after", iv.type)
     stop = loop.stop
     if isinstance(stop, int):
-        stop_value = names(f"{iv.name}_stop", iv)
+        stop_value = names(f"{iv.name}_stop", iv.type)
         head = [t.Constant(stop_value, stop)]
         stop = stop_value
     else:
         head = []
-    start = names(f"{iv.name}_first", iv)
+    start = names(f"{iv.name}_first", iv.type)
     more = names(f"{iv.name}_more", t.TileType(bool_, ()))
-    following = names(f"{iv.name}_next", iv)
+    following = names(f"{iv.name}_next", iv.type)
     pre: list[t.Op] = [t.Constant(start, loop.start)] + head
     top: list[t.Op] = [t.Constant(step, loop.step), t.Binary(after, BinaryOp.ADD, iv, step),
                        t.Binary(more, BinaryOp.LT, after, stop), t.Select(following, more, after, iv)]
@@ -200,12 +180,12 @@ def _pipeline(loop: t.For, stored: set[str], names: _Names, budget: _Budget) -> 
         ahead = _copy(ops + [load], {iv.name: following}, names, "next")
         pre += first
         top += ahead
-        current = names(f"{load.out.name}_cur", load.out)
+        current = names(f"{load.out.name}_cur", load.out.type)
         carried[load.out.name] = current
         inits.append(first[-1].out)
         args.append(current)
         yields.append(ahead[-1].out)
-        results.append(names(f"{load.out.name}_last", load.out))
+        results.append(names(f"{load.out.name}_last", load.out.type))
     dropped = {id(load) for load, _ in chosen}
     rest = tuple(rename_operands(op, carried) for op in body.ops if id(op) not in dropped)
     new_body = replace(body, args=body.args + tuple(args), ops=tuple(top) + rest,
@@ -214,13 +194,13 @@ def _pipeline(loop: t.For, stored: set[str], names: _Names, budget: _Budget) -> 
                         body=new_body)
 
 
-def _copy(ops: list[t.Op], names_in: dict[str, t.Value], names: _Names, suffix: str) -> list[t.Op]:
+def _copy(ops: list[t.Op], names_in: dict[str, t.Value], names: t.FreshValues, suffix: str) -> list[t.Op]:
     """`ops` again, reading `names_in` for the values named, each result a fresh value."""
     renamed = dict(names_in)
     out = []
     for op in ops:
         op = rename_operands(op, renamed)
-        fresh = names(f"{op.out.name}_{suffix}", op.out)
+        fresh = names(f"{op.out.name}_{suffix}", op.out.type)
         renamed[op.out.name] = fresh
         out.append(replace(op, out=fresh))
     return out
