@@ -11,8 +11,10 @@
 
 Every stage's IR is verified when produced and kept in `Lowered.stages`, so a
 person can print any of them (``REDFUSER_DUMP_DIR`` writes them all to disk).
-Each stage's wall time is kept in `Lowered.timings` (``python -m redfuser explain
---stages`` prints them); the cyclic garbage collector is paused while compiling.
+Each stage's wall time is kept in `Lowered.timings`, and where the ``ptx`` stage's
+went (cache key, LLVM emission, LLVM to PTX) in `Lowered.parts` (``python -m
+redfuser explain --stages`` prints both); the cyclic garbage collector is paused
+while compiling.
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ class Lowered:
     groups: list = field(default_factory=list)
     artifacts: dict[str, object] = field(default_factory=dict)  # backend products (compiled code, ...)
     timings: dict[str, float] = field(default_factory=dict)     # seconds per stage, in pipeline order
+    # where some stages' time went: stage -> part -> seconds (inside the stage's own time, not added to it)
+    parts: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @contextmanager
     def timed(self, stage: str):
@@ -84,9 +88,13 @@ class Lowered:
             self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start
 
     def timing_table(self) -> str:
-        """The stages' wall times, one line each, and their total (milliseconds)."""
-        lines = [f"  {name:<10} {1e3 * s:9.1f} ms" for name, s in self.timings.items()]
-        lines.append(f"  {'total':<10} {1e3 * sum(self.timings.values()):9.1f} ms")
+        """The stages' wall times, one line each (with the parts of those that record them, indented),
+        and their total (milliseconds)."""
+        lines = []
+        for name, s in self.timings.items():
+            lines.append(f"  {name:<13} {1e3 * s:9.1f} ms")
+            lines += [f"    {part:<11} {1e3 * t:9.1f} ms" for part, t in self.parts.get(name, {}).items()]
+        lines.append(f"  {'total':<13} {1e3 * sum(self.timings.values()):9.1f} ms")
         return "compile time per stage:\n" + "\n".join(lines)
 
     def __str__(self) -> str:
@@ -159,7 +167,8 @@ def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict
         with out.timed("simt"):
             out.stages["simt"] = lower_to_simt(out.stages["tile"], gpu)
         with out.timed("ptx"):
-            out.stages["llvm"], out.stages["ptx"] = compile_ptx(out.stages["simt"], opt_level)
+            out.stages["llvm"], out.stages["ptx"] = compile_ptx(out.stages["simt"], opt_level,
+                                                                out.parts.setdefault("ptx", {}))
     dump = config.dump_dir()
     if dump is not None:
         out.dump(dump / out.name)

@@ -18,6 +18,7 @@ states) are kept per (device, stream). Every driver call is checked (`CudaError`
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,15 +34,20 @@ from .arrays import ArrayInfo
 from .cuda_driver import DeviceAddress
 
 
-def _cached_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None) -> tuple[str, str]:
-    """``(llvm_ir, ptx)`` of `kernel` from the compile cache, made by `kernel_ptx` on a miss."""
+def _cached_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None,
+                parts: dict[str, float] | None = None) -> tuple[str, str]:
+    """``(llvm_ir, ptx)`` of `kernel` from the compile cache, made by `kernel_ptx` on a miss. With `parts`,
+    the seconds of the key (printing the SIMT IR) and of `kernel_ptx`'s halves are added there."""
     from .cache import CacheKey, default_cache
 
     def make() -> bytes:
-        return _SEPARATOR.join(part.encode() for part in kernel_ptx(kernel, sm, opt_level))
+        return _SEPARATOR.join(part.encode() for part in kernel_ptx(kernel, sm, opt_level, parts))
 
     options = {} if opt_level is None else {"llvm_opt": opt_level}
+    start = time.perf_counter()
     key = CacheKey.build(artifact="llvm+ptx", stage=str(kernel), options=options, target=sm)
+    if parts is not None:
+        parts["cache key"] = parts.get("cache key", 0.0) + time.perf_counter() - start
     fetched = default_cache().fetch(key, make, {"llvmlite": llvmlite.__version__})
     llvm_ir, ptx = fetched.payload.split(_SEPARATOR)
     return llvm_ir.decode(), ptx.decode()
@@ -50,10 +56,12 @@ def _cached_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None) -> tu
 _SEPARATOR = b"\0"   # between the LLVM IR and the PTX in one cache entry (neither text has a NUL)
 
 
-def compile_ptx(program: SimtProgram, opt_level: int | None = None) -> tuple[LlvmModules, PtxProgram]:
+def compile_ptx(program: SimtProgram, opt_level: int | None = None,
+                parts: dict[str, float] | None = None) -> tuple[LlvmModules, PtxProgram]:
     """``(llvm, ptx)`` stages of `program` (see the module docstring); `opt_level` is the ``llvm_opt``
-    kernel option (None: RedFuser's middle end, `codegen.nvptx.GPU_PASSES`; 1-3: LLVM's O1-O3)."""
-    ptx = program_ptx(program, lambda kernel, sm: _cached_ptx(kernel, sm, opt_level))
+    kernel option (None: RedFuser's middle end, `codegen.nvptx.GPU_PASSES`; 1-3: LLVM's O1-O3). With
+    `parts`, where the time went (`_cached_ptx`; nothing for kernels the cache served)."""
+    ptx = program_ptx(program, lambda kernel, sm: _cached_ptx(kernel, sm, opt_level, parts))
     return ptx.llvm(), ptx
 
 

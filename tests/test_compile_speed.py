@@ -30,6 +30,31 @@ def test_lower_records_each_stage_in_pipeline_order():
     assert table.startswith("compile time per stage:") and "ptx" in table and "total" in table
 
 
+def test_the_ptx_stage_says_where_its_time_went(tmp_path, monkeypatch):
+    """The ``ptx`` stage records its parts: the cache key (the printed SIMT IR), the LLVM emission and
+    LLVM's middle end and code generation; they lie inside the stage's own time, and the table prints
+    them under it. A kernel the disk cache serves has no emission or code generation to report."""
+    from redfuser.runtime.cache import reset_default_cache
+
+    monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path))
+    reset_default_cache()
+    try:
+        lowered = rf.kernel(workloads.softmax, backend="simulate").lower(_softmax_input())
+        parts = lowered.parts["ptx"]
+        assert list(parts) == ["cache key", "llvm ir", "llvm -> ptx"]
+        assert all(t > 0.0 for t in parts.values()) and sum(parts.values()) <= lowered.timings["ptx"]
+        table = lowered.timing_table().splitlines()
+        at = next(i for i, line in enumerate(table) if line.split()[0] == "ptx")
+        under = table[at + 1:at + 4]
+        assert all(line.startswith("    ") and line.strip().startswith(name) for line, name in zip(under, parts))
+        assert table[-1].split()[0] == "total" and "total" not in parts
+        reset_default_cache()                              # a new cache object over the same folder
+        again = rf.kernel(workloads.softmax, backend="simulate").lower(_softmax_input())
+        assert list(again.parts["ptx"]) == ["cache key"]
+    finally:
+        reset_default_cache()
+
+
 def test_cpu_lower_records_its_stages():
     lowered = rf.kernel(workloads.softmax, backend="cpu").lower(_softmax_input())
     assert list(lowered.timings) == ["trace", "fuse", "schedule", "llvm"]

@@ -7,6 +7,7 @@ the compile cache, which skips both on a hit). Nothing here needs a GPU.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -51,12 +52,21 @@ class LlvmModules:
         return "\n".join(f"; ===== kernel {k.name} =====\n{k.llvm_ir}" for k in self.kernels)
 
 
-def kernel_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None) -> tuple[str, str]:
+def kernel_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None,
+               parts: dict[str, float] | None = None) -> tuple[str, str]:
     """``(llvm_ir, ptx)`` of one kernel: its emitted (LLVM-verified) module's text, compiled for `sm` with
     the middle end `opt_level` picks (`codegen.nvptx.compile_module`; a kernel `lower_to_simt` made is not
-    checked twice: the SIMT verifier remembers what passed)."""
+    checked twice: the SIMT verifier remembers what passed). With `parts`, adds the seconds of each half
+    to ``parts["llvm ir"]`` (the emission, with LLVM's parse and verifier) and ``parts["llvm -> ptx"]``
+    (LLVM's middle end and code generation)."""
+    start = time.perf_counter()
     text = emit_text(kernel)
-    return text, compile_module(text, sm, opt_level=opt_level).ptx
+    emitted = time.perf_counter()
+    ptx = compile_module(text, sm, opt_level=opt_level).ptx
+    if parts is not None:
+        parts["llvm ir"] = parts.get("llvm ir", 0.0) + emitted - start
+        parts["llvm -> ptx"] = parts.get("llvm -> ptx", 0.0) + time.perf_counter() - emitted
+    return text, ptx
 
 
 def program_ptx(p: SimtProgram, ptx_of: Callable[[SimtKernel, str], tuple[str, str]] | None = None) -> PtxProgram:
