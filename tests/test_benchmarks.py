@@ -90,7 +90,8 @@ def test_compile_time_cache_folders_are_private_and_restored(tmp_path, monkeypat
 def test_compile_time_rows(monkeypatch):
     case = next(c for c in gpu_cases.cases("tiny") if c.name == "softmax")
     times = compile_time.redfuser_times(case, 1)
-    assert set(times) == {"cold", "warm", "disk"} and all(t > 0 for t in times.values())
+    assert set(times) == {"cold", "llvm", "warm", "disk"} and all(t > 0 for t in times.values())
+    assert times["llvm"] < times["cold"]                      # LLVM's part lies inside the cold compile
     monkeypatch.setitem(sys.modules, "triton_peers", None)            # as where Triton is not installed
     assert compile_time.triton_times(case, 1)["error"].startswith("Triton is not installed")
 
@@ -101,14 +102,19 @@ def test_compile_times_alternate_and_the_ratio_is_the_median_of_pairs(monkeypatc
     order: list[str] = []
     ours = iter([1.0, 4.0, 2.0])
     theirs = iter([10.0, 10.0, 40.0])
-    monkeypatch.setattr(compile_time, "redfuser_times",
-                        lambda case, n: (order.append("rf"), {"cold": next(ours), "warm": 0.1, "disk": 0.2})[1])
+    def redfuser_times(case, n):
+        order.append("rf")
+        cold = next(ours)
+        return {"cold": cold, "llvm": cold / 2, "warm": 0.1, "disk": 0.2}
+
+    monkeypatch.setattr(compile_time, "redfuser_times", redfuser_times)
     monkeypatch.setattr(compile_time, "triton_times",
                         lambda case, n: (order.append("triton"), {"cold": next(theirs), "cubin": 50.0})[1])
     case = next(c for c in gpu_cases.cases("tiny") if c.name == "softmax")
     got, peer, ratio = compile_time.paired_times(case, 3)
     assert order == ["rf", "triton"] * 3
     assert got["cold"] == 2.0 and peer["cold"] == 10.0 and ratio == pytest.approx(0.1)   # pairs: .1 .4 .05
+    assert got["llvm_ratio"] == pytest.approx(0.05)                                      # half of each
     moe = next(c for c in gpu_cases.cases("tiny") if c.name == "moe_routing")
     ours = iter([1.0])
     assert compile_time.paired_times(moe, 1)[1:] == ({"error": "no Triton peer"}, None)
