@@ -11,10 +11,11 @@
 
 Every stage's IR is verified when produced and kept in `Lowered.stages`, so a
 person can print any of them (``REDFUSER_DUMP_DIR`` writes them all to disk).
-Each stage's wall time is kept in `Lowered.timings`, and where the ``ptx`` stage's
-went (cache key, LLVM emission, LLVM to PTX) in `Lowered.parts` (``python -m
-redfuser explain --stages`` prints both); the cyclic garbage collector is paused
-while compiling.
+Each stage's wall time is kept in `Lowered.timings`, and where the ``simt`` and
+``ptx`` stages' went (planning, emission, clean-up, barriers, verifier; cache
+key, LLVM emission, LLVM to PTX) in `Lowered.parts` (``python -m redfuser
+explain --stages`` prints both); the cyclic garbage collector is paused while
+compiling.
 """
 from __future__ import annotations
 
@@ -165,7 +166,7 @@ def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict
                 tile = prefetch_operands(tile, lambda k: 32 * choose_warps(k, gpu))
             out.stages["tile"] = tile
         with out.timed("simt"):
-            out.stages["simt"] = lower_to_simt(out.stages["tile"], gpu)
+            out.stages["simt"] = lower_to_simt(out.stages["tile"], gpu, out.parts.setdefault("simt", {}))
         with out.timed("ptx"):
             out.stages["llvm"], out.stages["ptx"] = compile_ptx(out.stages["simt"], opt_level,
                                                                 out.parts.setdefault("ptx", {}))

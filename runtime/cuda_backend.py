@@ -18,7 +18,6 @@ states) are kept per (device, stream). Every driver call is checked (`CudaError`
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,6 +26,7 @@ import numpy as np
 
 from ..codegen.simt import SimtProgram
 from ..codegen.simt.ptx import LlvmModules, PtxProgram, kernel_ptx, program_ptx
+from ..codegen.timing import timed_part
 from ..ir.simt import SimtKernel
 from ..ir.errors import ArgumentError, BackendError
 from . import arrays as arrays_rt
@@ -44,10 +44,8 @@ def _cached_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None,
         return _SEPARATOR.join(part.encode() for part in kernel_ptx(kernel, sm, opt_level, parts))
 
     options = {} if opt_level is None else {"llvm_opt": opt_level}
-    start = time.perf_counter()
-    key = CacheKey.build(artifact="llvm+ptx", stage=str(kernel), options=options, target=sm)
-    if parts is not None:
-        parts["cache key"] = parts.get("cache key", 0.0) + time.perf_counter() - start
+    with timed_part(parts, "cache key"):
+        key = CacheKey.build(artifact="llvm+ptx", stage=str(kernel), options=options, target=sm)
     fetched = default_cache().fetch(key, make, {"llvmlite": llvmlite.__version__})
     llvm_ir, ptx = fetched.payload.split(_SEPARATOR)
     return llvm_ir.decode(), ptx.decode()

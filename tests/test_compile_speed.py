@@ -30,16 +30,20 @@ def test_lower_records_each_stage_in_pipeline_order():
     assert table.startswith("compile time per stage:") and "ptx" in table and "total" in table
 
 
-def test_the_ptx_stage_says_where_its_time_went(tmp_path, monkeypatch):
-    """The ``ptx`` stage records its parts: the cache key (the printed SIMT IR), the LLVM emission and
-    LLVM's middle end and code generation; they lie inside the stage's own time, and the table prints
-    them under it. A kernel the disk cache serves has no emission or code generation to report."""
+def test_the_gpu_stages_say_where_their_time_went(tmp_path, monkeypatch):
+    """The ``simt`` stage records its steps (planning, emission, clean-up, barriers, verifier) and the
+    ``ptx`` stage its parts (the cache key, i.e. the printed SIMT IR; the LLVM emission; LLVM's middle
+    end and code generation); they lie inside their stage's own time, and the table prints them under
+    it. A kernel the disk cache serves has no emission or code generation to report."""
     from redfuser.runtime.cache import reset_default_cache
 
     monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path))
     reset_default_cache()
     try:
         lowered = rf.kernel(workloads.softmax, backend="simulate").lower(_softmax_input())
+        steps = lowered.parts["simt"]
+        assert list(steps) == ["plan", "emit", "clean-up", "barriers", "verify"]
+        assert all(t > 0.0 for t in steps.values()) and sum(steps.values()) <= lowered.timings["simt"]
         parts = lowered.parts["ptx"]
         assert list(parts) == ["cache key", "llvm ir", "llvm -> ptx"]
         assert all(t > 0.0 for t in parts.values()) and sum(parts.values()) <= lowered.timings["ptx"]

@@ -37,6 +37,7 @@ from ...ir.simt import (
 )
 from ...ir.simt_verifier import verify_simt_kernel
 from ...ir.types import BufferType, int32
+from ..timing import timed_part
 from . import control, dot, elementwise, memory, reduce, topk  # noqa: F401 - register their rules
 from .barriers import drop_redundant_barriers
 from .cleanup import drop_unused
@@ -120,15 +121,24 @@ def symbol(name: str) -> str:
     return text if text and not text[0].isdigit() else f"_{text}"
 
 
-def lower_kernel(k: t.TileKernel, opts: GpuOptions) -> SimtKernel:
-    """One Tile IR kernel as a verified SIMT kernel (see the module docstring)."""
-    k = narrow_dot_operands(k, opts)
-    plan = plan_kernel(k, opts)
-    try:
-        kernel = _emit(k, plan, opts, alternate=True)
-    except SharedMemoryExceeded:    # two scratch arrays a dtype are too many: one, as before
-        kernel = _emit(k, plan, opts, alternate=False)
-    return verify_simt_kernel(drop_redundant_barriers(drop_unused(kernel)), "lower_to_simt")
+def lower_kernel(k: t.TileKernel, opts: GpuOptions, parts: dict[str, float] | None = None) -> SimtKernel:
+    """One Tile IR kernel as a verified SIMT kernel (see the module docstring). With `parts`, the wall time
+    of each step is added there (`codegen.timing`): ``plan`` (steps 1-2), ``emit`` (3-4), ``clean-up``
+    (5), ``barriers`` (6) and ``verify`` (7)."""
+    with timed_part(parts, "plan"):
+        k = narrow_dot_operands(k, opts)
+        plan = plan_kernel(k, opts)
+    with timed_part(parts, "emit"):
+        try:
+            kernel = _emit(k, plan, opts, alternate=True)
+        except SharedMemoryExceeded:    # two scratch arrays a dtype are too many: one, as before
+            kernel = _emit(k, plan, opts, alternate=False)
+    with timed_part(parts, "clean-up"):
+        kernel = drop_unused(kernel)
+    with timed_part(parts, "barriers"):
+        kernel = drop_redundant_barriers(kernel)
+    with timed_part(parts, "verify"):
+        return verify_simt_kernel(kernel, "lower_to_simt")
 
 
 def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool) -> SimtKernel:
@@ -142,7 +152,9 @@ def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool) -> Sim
     return size_shared(built, lw)
 
 
-def lower_to_simt(p: t.TileProgram, opts: GpuOptions = GpuOptions()) -> SimtProgram:
-    """Every kernel of `p` with at least one program, lowered (see the module docstring)."""
-    kernels = tuple(lower_kernel(k, opts) for k in p.kernels if k.num_programs > 0)
+def lower_to_simt(p: t.TileProgram, opts: GpuOptions = GpuOptions(),
+                  parts: dict[str, float] | None = None) -> SimtProgram:
+    """Every kernel of `p` with at least one program, lowered (see the module docstring); `parts` as for
+    `lower_kernel`, summed over the kernels."""
+    kernels = tuple(lower_kernel(k, opts, parts) for k in p.kernels if k.num_programs > 0)
     return SimtProgram(p.name, p.inputs, p.outputs, p.scratch, kernels, opts.sm)

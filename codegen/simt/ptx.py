@@ -7,12 +7,12 @@ the compile cache, which skips both on a hit). Nothing here needs a GPU.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 from ...ir.errors import InternalError
 from ..nvptx import compile_module, entry_names
+from ..timing import timed_part
 from ..simt_to_llvm import emit_text
 from ...ir.simt import SimtKernel
 from .kernel import SimtProgram
@@ -59,13 +59,10 @@ def kernel_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None,
     checked twice: the SIMT verifier remembers what passed). With `parts`, adds the seconds of each half
     to ``parts["llvm ir"]`` (the emission, with LLVM's parse and verifier) and ``parts["llvm -> ptx"]``
     (LLVM's middle end and code generation)."""
-    start = time.perf_counter()
-    text = emit_text(kernel)
-    emitted = time.perf_counter()
-    ptx = compile_module(text, sm, opt_level=opt_level).ptx
-    if parts is not None:
-        parts["llvm ir"] = parts.get("llvm ir", 0.0) + emitted - start
-        parts["llvm -> ptx"] = parts.get("llvm -> ptx", 0.0) + time.perf_counter() - emitted
+    with timed_part(parts, "llvm ir"):
+        text = emit_text(kernel)
+    with timed_part(parts, "llvm -> ptx"):
+        ptx = compile_module(text, sm, opt_level=opt_level).ptx
     return text, ptx
 
 
