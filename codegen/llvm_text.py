@@ -252,7 +252,7 @@ class TextModule:
 
     def dispose(self) -> None:
         """Empty the module once printed: functions and blocks refer to each other, so without this its
-        instructions would wait for the cyclic garbage collector (a full pass after every compile)."""
+        instructions would wait for the cyclic garbage collector, which walks them after every compile."""
         for g in self.globals.values():
             if isinstance(g, TextFunction):
                 for block in g.blocks:
