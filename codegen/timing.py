@@ -1,8 +1,8 @@
-"""`timed_part`: where a compile stage's time goes, for `Lowered.parts` (``explain --stages``).
+"""`timed_part`: the wall time of a piece of a compile, added to a dict of seconds by name.
 
-A stage (``simt``, ``ptx``) is timed as a whole by the compiler; the code generators add the wall time of
-their main steps to a ``parts`` dict the compiler hands them, so the stage table can say, say, how much
-of ``simt`` the verifier took. Steps run once per kernel add up over a program's kernels. Nothing is
+The compiler times each stage with it (`Lowered.timed`, into `Lowered.timings`), and the code generators
+add the time of their main steps to a ``parts`` dict the compiler hands them (`Lowered.parts`), so the
+stage table (``explain --stages``) can say, say, how much of ``simt`` the verifier took. Steps run once per kernel add up over a program's kernels. Nothing is
 recorded when no dict is given (the code generators called on their own, as the tests do).
 """
 from __future__ import annotations

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -36,6 +35,7 @@ from .schedule.prefetch import prefetch_operands
 from .codegen.host import build_host_module
 from .codegen.simt import GpuOptions, lower_to_simt
 from .codegen.simt.plan import choose_warps
+from .codegen.timing import timed_part
 from .runtime.cuda_backend import compile_ptx
 
 
@@ -79,14 +79,9 @@ class Lowered:
     # where some stages' time went: stage -> part -> seconds (inside the stage's own time, not added to it)
     parts: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    @contextmanager
-    def timed(self, stage: str):
+    def timed(self, stage: str) -> AbstractContextManager[None]:
         """Add the wall time of the ``with`` body to ``timings[stage]``."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start
+        return timed_part(self.timings, stage)
 
     def timing_table(self) -> str:
         """The stages' wall times, one line each (with the parts of those that record them, indented),

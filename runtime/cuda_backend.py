@@ -58,7 +58,7 @@ def compile_ptx(program: SimtProgram, opt_level: int | None = None,
                 parts: dict[str, float] | None = None) -> tuple[LlvmModules, PtxProgram]:
     """``(llvm, ptx)`` stages of `program` (see the module docstring); `opt_level` is the ``llvm_opt``
     kernel option (None: RedFuser's middle end, `codegen.nvptx.GPU_PASSES`; 1-3: LLVM's O1-O3). With
-    `parts`, where the time went (`_cached_ptx`; nothing for kernels the cache served)."""
+    `parts`, where the time went (`_cached_ptx`; only the key for kernels the cache served)."""
     ptx = program_ptx(program, lambda kernel, sm: _cached_ptx(kernel, sm, opt_level, parts))
     return ptx.llvm(), ptx
 
