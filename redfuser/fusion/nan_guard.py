@@ -138,10 +138,7 @@ def _rewrite(e: Expr, extrema: dict[str, float], reads: frozenset[Load], inside_
         inner = inside_exp or (isinstance(e, Unary) and e.op in _EXPONENTIALS)
         x = _rewrite(e.x, extrema, reads, inner)
         return e if x is e.x else replace(e, x=x)
-    if isinstance(e, Binary):
-        a, b = _rewrite(e.a, extrema, reads, inside_exp), _rewrite(e.b, extrema, reads, inside_exp)
-        return e if (a is e.a and b is e.b) else replace(e, a=a, b=b)
-    if isinstance(e, Select):
+    if isinstance(e, Binary | Select):              # a select's condition stays as it is
         a, b = _rewrite(e.a, extrema, reads, inside_exp), _rewrite(e.b, extrema, reads, inside_exp)
         return e if (a is e.a and b is e.b) else replace(e, a=a, b=b)
     return e
