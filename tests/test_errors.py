@@ -269,12 +269,29 @@ def test_logical_operator_on_non_bool():
     raises_at(rf.DTypeError, "and_float", interp(body), X, contains=("logical_and", "bool", "f32[3,4]"))
 
 
-def test_no_common_dtype():
+def test_mixed_float_dtypes_follow_numpys_result_type():
+    """f16 with bf16: numpy's own promotion decides (ml_dtypes < 0.7 refuses it, 0.7 gives f32), and the
+    kernel follows whichever the installed numpy says: the same dtype and values, or a DTypeError."""
     def body(x, y):
         return rf.where(x > 0, x, y)  # <- no_common
 
-    raises_at(rf.DTypeError, "no_common", interp(body), np.zeros(3, np.float16), np.zeros(3, rf.bfloat16),
-              contains=("where", "f16[3]", "bf16[3]"))
+    x = np.array([1.5, -2.0, 0.0], np.float16)
+    y = np.array([0.25, 3.0, -1.0], rf.bfloat16)
+    try:
+        expected = np.where(x > 0, x, y)
+    except TypeError:
+        raises_at(rf.DTypeError, "no_common", interp(body), x, y, contains=("where", "f16[3]", "bf16[3]"))
+        return
+    got = interp(body)(x, y)
+    assert got.dtype == expected.dtype == np.result_type(np.float16, rf.bfloat16)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_an_operation_numpy_refuses_is_a_dtype_error():
+    def body(x, y):
+        return (x > 0) - (y > 0)  # <- bool_subtract
+
+    raises_at(rf.DTypeError, "bool_subtract", interp(body), X, X, contains=("subtract", "bool[3,4]"))
 
 
 def test_returning_a_non_array():
