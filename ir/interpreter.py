@@ -210,12 +210,25 @@ def run_topk(s: TopK, env: Env) -> dict[str, np.ndarray]:
             s.indices.name: np.ascontiguousarray(np.moveaxis(indices, -1, s.rank))}
 
 
+def identity(op: ReduceOp, dtype: np.dtype) -> np.ndarray:
+    """`op`'s identity as a value of `dtype`.
+
+    A float type without infinities (float8 e4m3fn) cannot hold max's ``-inf``: cast, it is NaN, which
+    poisons every max. Its lowest finite value is the identity there instead (max(lowest, x) == x for
+    every value of the type, and NaN still propagates); likewise its highest for min.
+    """
+    value = op.identity(from_numpy(dtype))
+    if isinstance(value, float) and np.isinf(value) and np.isnan(np.asarray(value).astype(dtype)):
+        value = float(np.copysign(float(np.finfo(dtype).max), value))
+    return np.asarray(value).astype(dtype)
+
+
 def rescale_partial(op: ReduceOp, part: np.ndarray, r: np.ndarray | None) -> np.ndarray:
     """A partial state times its rescale `r`; the monoid's identity stays itself (see `OnlineState`)."""
     if r is None:
         return part
-    identity = np.asarray(op.identity(from_numpy(part.dtype)), dtype=part.dtype)
-    return np.where(part == identity, part, part * np.broadcast_to(r, part.shape))
+    identity_value = identity(op, part.dtype)
+    return np.where(part == identity_value, part, part * np.broadcast_to(r, part.shape))
 
 
 def combine(op: ReduceOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -261,7 +274,7 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
 
     `span` ``(lo, hi)`` runs only that part of the axis (a partial state, for the merge rule).
     """
-    acc = {st.acc.name: np.full([a.extent for a in st.axes], st.op.identity(st.acc.dtype), dtype=st.acc.dtype.numpy)
+    acc = {st.acc.name: np.full([a.extent for a in st.axes], identity(st.op, st.acc.dtype.numpy))
            for st in s.states if isinstance(st, OnlineState)}
     lists = {st.acc.name: topk_semantics.empty(tuple(a.extent for a in st.axes), st.k, st.acc.dtype.numpy)
              for st in s.states if isinstance(st, TopKState)}
@@ -315,7 +328,7 @@ def run_stmt(s: Stmt, env: Env) -> np.ndarray:
             full = np.broadcast_to(evaluate(s.value, env, space), [a.extent for a in space])
             reduced = tuple(range(len(s.axes), len(space)))
             with np.errstate(all="ignore"):
-                value = REDUCERS[s.op](full, axis=reduced, initial=s.op.identity(s.out.dtype))
+                value = REDUCERS[s.op](full, axis=reduced, initial=identity(s.op, s.out.dtype.numpy))
     else:
         raise TypeError(f"the interpreter has no rule for {type(s).__name__}")
     # always a fresh, writable array: `value` may be a read-only broadcast view of an input
