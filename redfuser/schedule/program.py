@@ -127,7 +127,7 @@ def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileP
         elif isinstance(head, FusedLoop):
             made_here = (fused_kernel(head, list(group[1:]), needed, name, opts, index),)  # type: ignore[arg-type]
         elif isinstance(head, TopK):
-            made_here = (topk_kernel(head, name, opts, index),)
+            made_here = (topk_kernel(head, name, opts, index, needed),)
         elif isinstance(head, Reduce):
             made_here = (reduce_kernel(head, name, opts, index),)
         else:

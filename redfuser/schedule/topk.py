@@ -75,8 +75,10 @@ def rescale_list(kb: KernelBuilder, values: t.Value, r: t.Value) -> t.Value:
     return kb.binary(BinaryOp.MUL, values, r, hint=f"{values.name}_scaled")
 
 
-def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType) -> t.TileKernel:
-    """``values, indices = top k over reduce_axis of value``: rows tiled, the axis in chunks of ``block_k``."""
+def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType,
+                needed: frozenset[str] | set[str] | None = None) -> t.TileKernel:
+    """``values, indices = top k over reduce_axis of value``: rows tiled, the axis in chunks of ``block_k``;
+    stores the buffers in `needed` (None: both; a program may use only the values or only the indices)."""
     kb = KernelBuilder(name, index)
     par = s.parallel
     tiled = [(par[-1], opts.tile(opts.rows(), par[-1].extent), 0)] if par else []
@@ -107,6 +109,7 @@ def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType) -> t.Ti
             lp.yield_(*chunk(kdim, lp.args))
         acc = lp.results
     positions: list[Binding | int] = [rank if i == s.rank else bindings[a.name] for i, a in enumerate(s.axes)]
-    store_tile(kb, s.values, Tiled(acc[0], dims), positions)
-    store_tile(kb, s.indices, Tiled(acc[1], dims), positions)
+    for buffer, tile in ((s.values, acc[0]), (s.indices, acc[1])):
+        if needed is None or buffer.name in needed:
+            store_tile(kb, buffer, Tiled(tile, dims), positions)
     return kb.finish(tuple(grid))
