@@ -10,10 +10,16 @@
 from __future__ import annotations
 
 from .errors import VerifyError
-from .expr import Axis, Binary, Buffer, Cast, Expr, IndexValue, Load, Select, Unary, UnaryOp, walk
+from .expr import Axis, Binary, BinaryOp, Buffer, Cast, Expr, IndexValue, Load, ReduceOp, Select, Unary, UnaryOp, walk
 from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from .printer import format_stmt
 from .types import bool_, int64
+
+
+_ARITHMETIC = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV, BinaryOp.POW, BinaryOp.MAX,
+                         BinaryOp.MIN})
+"""Binary ops whose meaning on bools would depend on the backend (LLVM's 1-bit add is xor): bool values
+use only comparisons and the logical ops."""
 
 
 def _fail(msg: str, stmt: Stmt | None, pass_name: str) -> None:
@@ -46,6 +52,11 @@ def verify_expr(e: Expr, scope: dict[str, Axis], defined: dict[str, Buffer], stm
             _fail(f"where() condition must be bool, not {node.cond.dtype}", stmt, pass_name)
         elif isinstance(node, Unary) and node.op is UnaryOp.NOT and node.dtype != bool_:
             _fail("logical not must be on bool", stmt, pass_name)
+        elif isinstance(node, Unary) and node.dtype == bool_ and node.op is not UnaryOp.NOT:
+            _fail(f"{node.op.value} of bool: bools have only logical ops", stmt, pass_name)
+        elif isinstance(node, Binary) and node.dtype == bool_ and node.op in _ARITHMETIC:
+            _fail(f"arithmetic {node.op.value} on bool: numpy's bool + * maximum minimum are | & | & "
+                  "(the tracer writes them so: ops/elementwise.py, BOOL_FORMS)", stmt, pass_name)
         elif isinstance(node, Cast | Unary | Binary | Select) and node.dtype is None:
             _fail("expression without a dtype", stmt, pass_name)
 
@@ -60,6 +71,8 @@ def verify_stmt(s: Stmt, defined: dict[str, Buffer], pass_name: str = "") -> Non
         _fail(f"loops {[a.extent for a in s.axes]} do not cover {s.out.name}'s shape {list(s.out.shape)}", s, pass_name)
     if s.value.dtype != s.out.dtype:
         _fail(f"value has dtype {s.value.dtype} but {s.out.name} is {s.out.dtype}", s, pass_name)
+    if isinstance(s, Reduce) and s.op is ReduceOp.SUM and s.out.dtype == bool_:
+        _fail("a sum of bools (numpy counts them in an integer; or over bools is a max)", s, pass_name)
     verify_expr(s.value, {a.name: a for a in axes}, defined, s, pass_name)
 
 

@@ -51,7 +51,9 @@ def _unary(op: UnaryOp, np_fn: Callable) -> Callable:
     def fn(x):
         if not _traced(x):
             return np_fn(x)
-        return _elementwise(op.value, np_fn, [x], lambda e, d: Unary(op, e[0], d))
+        # numpy's abs of a bool is the bool itself; the Loop IR has no arithmetic on bools (ir/verifier.py)
+        return _elementwise(op.value, np_fn, [x],
+                            lambda e, d: e[0] if d.is_bool and op is UnaryOp.ABS else Unary(op, e[0], d))
 
     fn.__name__ = fn.__qualname__ = op.value
     fn.__doc__ = f"Elementwise ``{op.value}``; numpy's result on arrays."
@@ -90,11 +92,20 @@ def _truth(e: Expr) -> Expr:
     return e if e.dtype.is_bool else Binary(BinaryOp.NE, e, constant(0, e.dtype), T.bool_)
 
 
+BOOL_FORMS: dict[BinaryOp, BinaryOp] = {
+    BinaryOp.ADD: BinaryOp.OR, BinaryOp.MUL: BinaryOp.AND, BinaryOp.MAX: BinaryOp.OR, BinaryOp.MIN: BinaryOp.AND,
+}
+"""numpy's add, multiply, maximum and minimum of bools are logical or, and, or, and (``True + True`` is
+``True``). The tracer writes them so: the Loop IR has no arithmetic on bools (ir/verifier.py), so no
+backend can read a bool ``+`` as the 1-bit integer add (xor) LLVM's ``i1`` would compute."""
+
+
 def _binary(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
     def fn(a, b):
         if not _traced(a, b):
             return np_fn(a, b)
-        return _elementwise(name, np_fn, [a, b], lambda e, d: Binary(op, e[0], e[1], d))
+        return _elementwise(name, np_fn, [a, b],
+                            lambda e, d: Binary(BOOL_FORMS.get(op, op) if d.is_bool else op, e[0], e[1], d))
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"Elementwise ``{op.value}`` with broadcasting; numpy's result on arrays."
@@ -102,7 +113,15 @@ def _binary(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
 
 
 add = _binary(BinaryOp.ADD, np.add, "add")
-subtract = _binary(BinaryOp.SUB, np.subtract, "subtract")
+_subtract = _binary(BinaryOp.SUB, np.subtract, "subtract")
+
+
+def subtract(a, b):
+    """Elementwise ``-`` with broadcasting; numpy's result on arrays (numpy refuses bool - bool)."""
+    if _traced(a, b) and _is_bool(a) and _is_bool(b):
+        raise DTypeError(f"numpy does not subtract bools ({describe(a)} - {describe(b)}); for logical xor use "
+                         "a ^ b (rf.logical_xor), for 'a and not b' use a & ~b", op="subtract", loc=user_loc())
+    return _subtract(a, b)
 multiply = _binary(BinaryOp.MUL, np.multiply, "multiply")
 divide = _binary(BinaryOp.DIV, np.true_divide, "divide")
 maximum = _binary(BinaryOp.MAX, np.maximum, "maximum")
@@ -175,6 +194,33 @@ def _logical_operand(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
 
 logical_and = _logical_operand(BinaryOp.AND, np.logical_and, "logical_and")
 logical_or = _logical_operand(BinaryOp.OR, np.logical_or, "logical_or")
+logical_xor = _logical(BinaryOp.NE, np.logical_xor, "logical_xor")
+logical_xor.__doc__ = "Elementwise logical xor (truth values), giving bool (numpy's ``logical_xor``)."
+
+
+def bitwise_xor(a, b):
+    """``a ^ b``: numpy's on arrays; on traced bools, logical xor. Bitwise ops on integers are not in the
+    subset (a `DTypeError` says so)."""
+    if not _traced(a, b):
+        return np.bitwise_xor(a, b)
+    for x in (a, b):
+        _check_operand("bitwise_xor", x)
+        if not _is_bool(x):
+            raise DTypeError(f"^ is logical xor on bools; bitwise operations on {describe(x)} are not in RedFuser's "
+                             "op subset", op="bitwise_xor", loc=user_loc())
+    return logical_xor(a, b)
+
+
+def invert(x):
+    """``~x``: numpy's on arrays; on a traced bool, logical not. Bitwise not of integers is not in the subset
+    (a `DTypeError` says so), and numpy has no ``~`` of floats."""
+    if not _traced(x):
+        return np.invert(x)
+    if not _is_bool(x):
+        what = "bitwise not of integers is not in RedFuser's op subset" if x.ir_dtype.is_int else \
+            "numpy has no ~ of floats"
+        raise DTypeError(f"~ is logical not on bools; {what}, got {describe(x)}", op="invert", loc=user_loc())
+    return logical_not(x)
 
 
 def where(cond, a, b):

@@ -122,8 +122,10 @@ def matmul(a, b):
     batch_axes = axes[: len(batch)]
     a_axes = (batch_axes[len(batch) - len(batch_a):] + (axes[len(batch)], r)) if a.ndim > 1 else (r,)
     b_axes = (batch_axes[len(batch) - len(batch_b):] + (r, axes[-1])) if b.ndim > 1 else (r,)
-    value = Binary(BinaryOp.MUL, cast(a.expr_for(a_axes), out_dtype), cast(b.expr_for(b_axes), out_dtype), out_dtype)
-    return builder.emit("matmul", out_dtype, shape, lambda out: Reduce(out, axes, (r,), ReduceOp.SUM, value, loc=loc))
+    # numpy's matmul of bools is an or of ands: the Loop IR says so (it has no arithmetic on bools)
+    product, monoid = (BinaryOp.AND, ReduceOp.MAX) if out_dtype.is_bool else (BinaryOp.MUL, ReduceOp.SUM)
+    value = Binary(product, cast(a.expr_for(a_axes), out_dtype), cast(b.expr_for(b_axes), out_dtype), out_dtype)
+    return builder.emit("matmul", out_dtype, shape, lambda out: Reduce(out, axes, (r,), monoid, value, loc=loc))
 
 
 
