@@ -43,9 +43,9 @@ class Case:
         shape, dtype = self.inputs[0]
         return f"{self.name} {SHORT[dtype]} [{','.join(map(str, shape))}]"
 
-    def compile_args(self) -> list[np.ndarray]:
-        """Zero-stride numpy arrays of the right shapes and dtypes: enough to compile, no memory."""
-        return [np.broadcast_to(np.zeros((), NUMPY_DTYPES[d]), s) for s, d in self.inputs]
+    def compile_args(self) -> list[rf.ShapeDtype]:
+        """The inputs' shapes and dtypes (dense): enough to compile, no memory."""
+        return [rf.ShapeDtype(s, NUMPY_DTYPES[d]) for s, d in self.inputs]
 
     def input_bytes(self) -> int:
         return sum(math.prod(s) * ITEMSIZE[d] for s, d in self.inputs)

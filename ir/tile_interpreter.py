@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from .array_memory import memory_of
 from .errors import InternalError
 from . import topk as topk_semantics
 from .interpreter import BINARY_FUNCS as _BINARY, REDUCERS, UNARY_FUNCS as _UNARY
@@ -155,7 +156,7 @@ def run_tile_program(p: TileProgram, args: list[np.ndarray] | tuple[np.ndarray, 
     """Run `p` on numpy arrays (one per input); return its outputs. Scratch is poisoned with NaN/garbage."""
     buffers: dict[str, np.ndarray] = {}
     for b, a in zip(p.inputs, args):
-        buffers[b.name] = np.ascontiguousarray(a, dtype=b.dtype.numpy).reshape(-1)
+        buffers[b.name] = memory_of(a, b.type)   # a view: the memory it spans (array_memory.py)
     for b in p.outputs + p.scratch:
         poison = np.full(b.type.size, np.nan if b.dtype.is_float else 0).astype(b.dtype.numpy)
         buffers[b.name] = poison

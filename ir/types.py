@@ -86,10 +86,23 @@ def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class BufferType:
-    """A dense, row-major array type with a static shape."""
+    """An array type with a static shape: dense row-major, or a strided view of memory.
+
+    `strides` are element strides, one per dim (any sign; 0 repeats one element along a dim, as
+    ``numpy.broadcast_to`` does); None means dense row-major, the layout of every array the compiler
+    allocates. Only kernel inputs are ever strided: a kernel is specialized on its arguments' strides,
+    so it reads a view in place instead of copying it (a 4-byte ``broadcast_to`` view of a large shape
+    stays 4 bytes). Memory is addressed from the view's lowest element: element ``i`` lives at
+    ``base_offset + sum(i[d] * strides[d])`` elements past it, and the view covers `span` elements.
+    """
 
     dtype: DType
     shape: tuple[int, ...]
+    strides: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.strides is not None and len(self.strides) != len(self.shape):
+            raise ValueError(f"{len(self.strides)} strides for a {len(self.shape)}-d shape")
 
     @property
     def ndim(self) -> int:
@@ -97,10 +110,35 @@ class BufferType:
 
     @property
     def size(self) -> int:
+        """Elements of the array (the product of its shape)."""
         n = 1
         for s in self.shape:
             n *= s
         return n
 
+    @property
+    def element_strides(self) -> tuple[int, ...]:
+        """Element strides per dim (row-major ones for a dense buffer)."""
+        return self.strides if self.strides is not None else row_major_strides(self.shape)
+
+    @property
+    def base_offset(self) -> int:
+        """Elements from the lowest addressed element to element ``[0, ..., 0]`` (> 0 only with negative
+        strides)."""
+        if self.size == 0:
+            return 0
+        return sum((1 - n) * s for n, s in zip(self.shape, self.element_strides) if s < 0)
+
+    @property
+    def span(self) -> int:
+        """Elements of memory between the lowest and the highest addressed element, both included (the
+        size for a dense buffer; 0 for an empty one)."""
+        if self.size == 0:
+            return 0
+        return 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.element_strides))
+
     def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(str(s) for s in self.shape)}]"
+        text = f"{self.dtype}[{','.join(str(s) for s in self.shape)}]"
+        if self.strides is not None:
+            text += f"{{strides {','.join(str(s) for s in self.strides)}}}"
+        return text

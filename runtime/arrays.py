@@ -38,6 +38,8 @@ class ArrayInfo:
     device_id: int
     pointer: int                      # address of element [0, 0, ...]
     library: str                      # "numpy", "torch", "cupy", ... (the caller's array type)
+    whole_elements: bool = True       # the address and every stride are whole elements (a numpy view of
+    #                                   a structured or byte-offset buffer may not be)
 
     @property
     def on_gpu(self) -> bool:
@@ -81,7 +83,8 @@ def _describe(x: object, name: str) -> tuple[ArrayInfo, np.ndarray | None]:
     if isinstance(x, np.ndarray):
         dtype = _ir_dtype(x.dtype, name)
         strides = tuple(s // x.itemsize for s in x.strides)
-        return ArrayInfo(tuple(x.shape), dtype, strides, CPU, 0, x.ctypes.data, "numpy"), x
+        whole = x.flags.aligned and all(s % x.itemsize == 0 for s in x.strides)
+        return ArrayInfo(tuple(x.shape), dtype, strides, CPU, 0, x.ctypes.data, "numpy", whole), x
     # Device arrays through DLPack first: it names the device ordinal and every dtype (torch's CAI
     # spells bfloat16 "<V2" and has no float8); the CAI is the fallback (Numba, or a producer whose
     # export fails, e.g. torch for a tensor on another device than the current one).
@@ -105,6 +108,32 @@ def _describe(x: object, name: str) -> tuple[ArrayInfo, np.ndarray | None]:
         return _from_dlpack(x, name)
     raise ArgumentError(f"{name} must be an array (numpy, DLPack or __cuda_array_interface__), got "
                         f"{type(x).__name__}")
+
+
+def specialized_strides(info: ArrayInfo) -> tuple[int, ...] | None:
+    """The element strides a kernel is specialized on for this argument (`ir.types.BufferType.strides`):
+    None for a dense row-major array (or an empty one), else its strides with those of size-1 dims set to
+    0 (they never move), so views that address the same elements the same way share a kernel."""
+    if 0 in info.shape or info.contiguous:
+        return None
+    return tuple(0 if n == 1 else s for n, s in zip(info.shape, info.strides))
+
+
+def readable_in_place(x: object, info: ArrayInfo, name: str) -> tuple[object, ArrayInfo]:
+    """`x` and its info, or, where a kernel cannot address `x`'s elements through element strides (a
+    numpy view whose address or byte strides are not whole elements), a dense copy and its info. A copy
+    larger than the memory the argument spans is refused before anything is allocated: the caller
+    decides whether to spend that memory."""
+    if info.whole_elements:
+        return x, info
+    assert isinstance(x, np.ndarray)   # only numpy describes byte strides that are not whole elements
+    spans = 0 if x.size == 0 else x.itemsize + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.strides))
+    if x.nbytes > spans:
+        raise ArgumentError(f"{name} is a view with byte strides {x.strides} that are not whole {x.itemsize}-byte "
+                            f"elements, so it must be copied, and a dense copy would take {x.nbytes} bytes where "
+                            f"the view spans {spans}; pass np.ascontiguousarray of it if that is what you want")
+    copy = np.ascontiguousarray(x)
+    return copy, describe(copy, name)
 
 
 def _ir_dtype(dtype: np.dtype, name: str) -> DType:

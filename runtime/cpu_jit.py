@@ -25,6 +25,7 @@ import llvmlite
 import llvmlite.binding as llvm
 
 from ..codegen.llvm_utils import initialize_native, parse_and_verify
+from ..ir.array_memory import memory_of
 
 STACK_BYTES = 256 << 20
 """Stack of each worker thread: room for the largest tiles a schedule keeps (virtual, paid when touched)."""
@@ -206,7 +207,7 @@ class CpuProgram:
         p = self.program
         buffers = {}
         for b, a in zip(p.inputs, arrays):
-            buffers[b.name] = np.ascontiguousarray(a, dtype=b.dtype.numpy)
+            buffers[b.name] = memory_of(a, b.type)   # a view is read in place
         for b in p.outputs + p.scratch:
             buffers[b.name] = np.empty(b.shape, dtype=b.dtype.numpy)
         for fn, params, programs in self._kernels:

@@ -9,8 +9,10 @@ context (`cuda_driver.load_module` caches them).
 
 Arguments (the rules in full: docs/gpu-backend.md, "Arrays and streams"): host
 arrays only are copied in and out, synchronously; device arrays (DLPack,
-``__cuda_array_interface__``) are read in place on their one device (a strided
-one copied by its own library), outputs are the caller's type on that device,
+``__cuda_array_interface__``) are read in place on their one device, with their
+strides (a kernel is specialized on them), except that one whose lowest element is
+not 16-byte aligned (the vector loads' alignment) is first copied, the memory it
+spans and no more, into aligned memory; outputs are the caller's type on that device,
 and the work is queued on the call's ``stream=`` (default: torch's or cupy's
 current stream) without waiting. Scratch buffers (split reductions' partial
 states) are kept per (device, stream). Every driver call is checked (`CudaError`).
@@ -28,7 +30,9 @@ from ..codegen.simt import SimtProgram
 from ..codegen.simt.ptx import LlvmModules, PtxProgram, kernel_ptx, program_ptx
 from ..codegen.timing import timed_part
 from ..ir.simt import SimtKernel
+from ..ir.array_memory import memory_of
 from ..ir.errors import ArgumentError, BackendError
+from ..ir.types import BufferType
 from . import arrays as arrays_rt
 from .arrays import ArrayInfo
 from .cuda_driver import DeviceAddress
@@ -156,20 +160,22 @@ def _common_device(infos: Sequence[tuple[str, ArrayInfo]]) -> int:
     return next(iter(devices), 0)
 
 
-def _contiguous_copy(value: object, library: str, name: str) -> object:
-    """A C-contiguous copy of a strided device array, made by its own library on the current stream."""
-    if library == "torch":
-        return value.contiguous()
-    if library == "cupy":
-        import cupy
+VECTOR_ALIGNMENT = 16
+"""Bytes the generated code assumes an input's lowest element is aligned to (16-byte vector loads; `codegen.simt.memory`)."""
 
-        return cupy.ascontiguousarray(value)
-    raise ArgumentError(f"{name} is a non-contiguous {library} device array; RedFuser copies strided device "
-                        "arrays of torch and cupy only: pass a contiguous one")
+
+def _host_memory(a: object, b, name: str) -> np.ndarray:
+    """The memory of host argument `a` as the kernel addresses it (`ir.array_memory`), contiguous for a copy."""
+    return np.ascontiguousarray(memory_of(arrays_rt.host_array(a, name), b.type))
+
+
+def _lowest_address(info: ArrayInfo, b) -> int:
+    """The address of a device argument's lowest element (its first one unless strides are negative)."""
+    return info.pointer - b.type.base_offset * b.dtype.itemsize
 
 
 def _nbytes(buffer) -> int:
-    return buffer.type.size * buffer.dtype.itemsize
+    return buffer.type.span * buffer.dtype.itemsize
 
 
 @contextlib.contextmanager
@@ -256,7 +262,7 @@ class CudaProgram:
         try:
             pointers: dict[str, object] = {}
             for b, a, (name, _) in zip(p.inputs, arrays, infos):
-                host = np.ascontiguousarray(arrays_rt.host_array(a, name), dtype=b.dtype.numpy)
+                host = _host_memory(a, b, name)
                 owned.append(DeviceBuffer.alloc(host.nbytes, context))
                 owned[-1].copy_from(host)
                 pointers[b.name] = owned[-1]
@@ -287,26 +293,29 @@ class CudaProgram:
             _library_handle(library, library_stream) if library_stream is not None else 0)
         on = Stream(driver.CUstream(handle))
         owned: list[DeviceBuffer] = []        # RedFuser's temporaries: freed after the stream has finished
-        keep: list[object] = []               # the caller library's contiguous copies, alive until launched
         outputs: list[object] = []
         launched = False
         try:
             pointers: dict[str, object] = {}
             with _using(library, library_stream):
                 for b, a, (name, info) in zip(p.inputs, arrays, infos):
-                    if (info.dtype, tuple(info.shape)) != (b.dtype, tuple(b.shape)):
-                        raise ArgumentError(f"{name} is {info.dtype}{list(info.shape)}; the kernel was compiled "
-                                            f"for {b.dtype}{list(b.shape)}")
+                    strides = arrays_rt.specialized_strides(info)
+                    if (info.dtype, tuple(info.shape), strides) != (b.dtype, tuple(b.shape), b.type.strides):
+                        raise ArgumentError(f"{name} is {BufferType(info.dtype, info.shape, strides)}; the kernel "
+                                            f"was compiled for {b.type}")
                     if not info.on_gpu:
-                        host = np.ascontiguousarray(arrays_rt.host_array(a, name), dtype=b.dtype.numpy)
+                        host = _host_memory(a, b, name)
                         owned.append(DeviceBuffer.alloc(host.nbytes, context))
                         owned[-1].copy_from(host)     # synchronous: complete before the kernels start
                         pointers[b.name] = owned[-1]
                         continue
-                    if not info.contiguous:
-                        keep.append(_contiguous_copy(a, info.library, name))
-                        info = arrays_rt.describe(keep[-1], name)
-                    pointers[b.name] = _Pointer(info.pointer)
+                    lowest = _lowest_address(info, b)
+                    if lowest % VECTOR_ALIGNMENT:     # e.g. x[1:] of a 1-d tensor: copy what it spans
+                        owned.append(DeviceBuffer.alloc(_nbytes(b), context))
+                        owned[-1].copy_from_device(lowest, _nbytes(b), on)
+                        pointers[b.name] = owned[-1]
+                        continue
+                    pointers[b.name] = _Pointer(lowest)
                 for b in p.outputs:
                     out = arrays_rt.new_like(library, b.shape, b.dtype, device, on_gpu=True)
                     out_info = arrays_rt.describe(out, f"output {b.name!r}")

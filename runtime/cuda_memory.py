@@ -65,6 +65,12 @@ class DeviceBuffer(DeviceAddress):
             call("cuMemcpyHtoDAsync", self.ptr, host.ctypes.data, host.nbytes, stream.handle)
             stream.synchronize()  # `host` may be a temporary copy: it must outlive the transfer
 
+    def copy_from_device(self, address: int, nbytes: int, stream: Stream) -> None:
+        """Device -> device copy of `nbytes` at `address` into the start of this buffer, queued on `stream`
+        (kernels queued after it on the stream see the copy)."""
+        self._fits(nbytes)
+        call("cuMemcpyDtoDAsync", self.ptr, int(address), int(nbytes), stream.handle)
+
     def copy_to(self, out: np.ndarray, stream: Stream | None = None) -> np.ndarray:
         """Device -> host copy into the C-contiguous array `out` (returned)."""
         if not out.flags.c_contiguous:

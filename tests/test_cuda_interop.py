@@ -81,6 +81,11 @@ class FakeGpu(FakeDriver):
         ctypes.memmove(dst, src, nbytes)
         return self._record("cuMemcpyDtoHAsync", (src, nbytes, int(stream)), (OK,))
 
+    def cuMemcpyDtoDAsync(self, dst, src, nbytes, stream):
+        self._region(dst), self._region(src)
+        ctypes.memmove(dst, src, nbytes)
+        return self._record("cuMemcpyDtoDAsync", (dst, src, nbytes, int(stream)), (OK,))
+
     def cuCtxGetCurrent(self):
         return self._record("cuCtxGetCurrent", (), (OK, self.current))
 
@@ -103,8 +108,10 @@ class FakeGpu(FakeDriver):
         views = {}
         for b, ptr in zip(kernel.buffers, pointers):
             data, offset, _ = self._region(ptr)
-            nbytes = b.type.size * b.dtype.itemsize
-            views[b.name] = data[offset:offset + nbytes].view(b.dtype.numpy).reshape(b.shape)
+            assert ptr % 16 == 0, f"{b.name} at {ptr:#x}: a vector load would fault on a misaligned address"
+            nbytes = b.type.span * b.dtype.itemsize     # a strided input: the memory it spans, flat
+            flat = data[offset:offset + nbytes].view(b.dtype.numpy)
+            views[b.name] = flat.reshape(b.shape) if b.type.strides is None else flat
         for name, value in simulate(kernel, views, verify=False).items():
             views[name][...] = value
         self.launches.append({"entry": kernel.name, "grid": (gx, gy, gz), "block": (bx, by, bz),
@@ -278,28 +285,50 @@ def test_stream_arguments_that_are_not_streams_are_refused():
         stream_handle(True)
 
 
-def test_a_strided_device_input_is_made_contiguous_by_its_library_on_the_stream(gpu, torch):
+def test_a_strided_device_input_is_read_in_place_with_its_strides(gpu, torch):
     x = rows(64, 4)
-    k = compiled(gpu, softmax, np.ascontiguousarray(x.T))
+    k = compiled(gpu, softmax, x.T)                                             # specialized on the view
     t = FakeTensor(x.copy(), gpu).T                                             # a transposed view
     out = k(t, stream=0x6200)
     np.testing.assert_allclose(out.data, expected_softmax(x.T), rtol=1e-5, atol=1e-6)
-    assert torch.log[0] == ("contiguous", 0x6200)
-    assert gpu.launches[0]["pointers"][0] != t.data.ctypes.data                 # the copy was read
+    assert gpu.launches[0]["pointers"][0] == t.data.ctypes.data                 # no copy
+    assert "contiguous" not in [entry[0] for entry in torch.log]
+    assert "cuMemcpyDtoDAsync" not in gpu.names()
 
 
-def test_a_strided_device_array_of_an_unknown_library_is_refused(gpu):
-    class Strided:
-        __module__ = "somelib"
+class Strided:
+    """A device array of a library RedFuser knows nothing of, as a view of `data` (any strides)."""
 
-        def __init__(self, data):
-            gpu.own(data)
-            view = data.T
-            self.__cuda_array_interface__ = {"shape": view.shape, "typestr": "<f4", "version": 3,
-                                             "data": (view.ctypes.data, False), "strides": view.strides}
-    k = compiled(gpu, softmax, rows(64, 4).T.copy())
-    with pytest.raises(ArgumentError, match="non-contiguous somelib device array"):
-        k(Strided(rows(64, 4)))
+    __module__ = "somelib"
+
+    def __init__(self, gpu: FakeGpu, data: np.ndarray, view: np.ndarray):
+        gpu.own(data)
+        self.view = view
+        self.__cuda_array_interface__ = {"shape": view.shape, "typestr": view.dtype.str, "version": 3,
+                                         "data": (view.ctypes.data, False), "strides": view.strides}
+
+
+def test_negative_and_zero_strides_of_any_library_are_read_in_place(gpu):
+    data = rows(64, 8)
+    for view in (data[::-1, -2::-2], np.broadcast_to(data[4], (64, 8))):   # lowest elements 16-byte aligned
+        k = compiled(gpu, softmax, view)
+        out = k(Strided(gpu, data, view))
+        np.testing.assert_allclose(out, expected_softmax(view), rtol=1e-5, atol=1e-6)
+        lowest = min(view.ctypes.data + sum((n - 1) * s for n, s in zip(view.shape, view.strides) if s < 0),
+                     view.ctypes.data)
+        assert gpu.launches[-1]["pointers"][0] == lowest                          # the memory itself
+    assert "cuMemcpyDtoDAsync" not in gpu.names()
+
+
+def test_a_device_input_not_aligned_for_vector_loads_is_copied_to_aligned_memory(gpu):
+    data = rows(4 * 64 + 1)
+    view = data[1:].reshape(4, 64)                                              # 4 bytes past an aligned start
+    k = compiled(gpu, softmax, view)
+    out = k(Strided(gpu, data, view))
+    np.testing.assert_allclose(out, expected_softmax(view), rtol=1e-5, atol=1e-6)
+    copies = [args for name, args in gpu.calls if name == "cuMemcpyDtoDAsync"]
+    assert len(copies) == 1 and copies[0][1] == view.ctypes.data and copies[0][2] == view.nbytes
+    assert gpu.launches[0]["pointers"][0] == copies[0][0] != view.ctypes.data
 
 
 def test_device_ordinals_are_checked_and_the_callers_device_used(gpu, torch):

@@ -57,7 +57,7 @@ def awkward_rows(shape, dtype=np.float16) -> np.ndarray:
 @pytest.mark.parametrize("fn", [softmax, log_softmax])
 def test_the_gpu_default_reads_a_row_once(fn):
     """[32768, 16384]: one row a tile, no loop left, one load of ``x``, 16 warps of 32 elements a thread."""
-    x = np.broadcast_to(np.float16(0), (32768, 16384))   # only its shape and dtype are read
+    x = rf.ShapeDtype((32768, 16384), np.float16)   # only its shape and dtype are read
     (kernel,) = gpu_tiles(fn, x).kernels
     assert kernel.grid == (32768,)
     assert not ops_of(kernel, t.For) and len(ops_of(kernel, t.Load)) == 1
@@ -75,7 +75,7 @@ def test_whole_row_tiles_stack_short_rows_and_keep_the_grid_full():
     assert grid(1024, 2048) == [(1024 // 4,)]          # 8 a tile would be 128 tiles for 132 SMs: 4
     assert grid(64, 16384)[-1] != (64,)                # 64 tiles < 132 / 2: chunked and split
     assert len(grid(64, 16384)) == 3
-    long_rows = gpu_tiles(softmax, np.broadcast_to(np.float16(0), (8192, 32768))).kernels
+    long_rows = gpu_tiles(softmax, rf.ShapeDtype((8192, 32768), np.float16)).kernels
     assert all(ops_of(k, t.For) for k in long_rows)        # over ONE_PASS_MAX: chunks
 
 
@@ -102,7 +102,7 @@ def test_kernels_with_products_or_loops_keep_four_warps():
     q = np.zeros((1, 2, 256, 64), np.float16)
     (kernel,) = gpu_tiles(attention, q, q, q).kernels
     assert choose_warps(kernel, GpuOptions()) == 4
-    q, kv = np.zeros((4, 32, 1, 128), np.float16), np.broadcast_to(np.float16(0), (4, 32, 32768, 128))
+    q, kv = np.zeros((4, 32, 1, 128), np.float16), rf.ShapeDtype((4, 32, 32768, 128), np.float16)
     partial = gpu_tiles(attention, q, kv, kv).kernels[0]
     assert ops_of(partial, t.For) and max(v.type.size for op in t.walk_ops(partial.body) for v in t.results(op)) > 4096
     assert choose_warps(partial, GpuOptions()) == 4

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ...ir.array_memory import memory_of
 from ..simulator import SimOptions, simulate
 from .kernel import SimtProgram
 
@@ -26,7 +27,7 @@ def simulate_program(p: SimtProgram, arrays: Sequence[np.ndarray], options: SimO
     """`p`'s outputs for `arrays` (one per input, in order), computed by the simulator."""
     buffers: dict[str, np.ndarray] = {}
     for b, a in zip(p.inputs, arrays):
-        buffers[b.name] = np.ascontiguousarray(a, dtype=b.dtype.numpy).reshape(-1)
+        buffers[b.name] = memory_of(a, b.type)   # a view's own memory (ir/array_memory.py)
     for b in p.outputs + p.scratch:
         buffers[b.name] = _poison(b)
     for k in p.kernels:

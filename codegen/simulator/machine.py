@@ -36,8 +36,8 @@ def _bind(kernel: SimtKernel, args: Sequence[object] | Mapping[str, object]) -> 
 
 def _buffer(p: Buffer, value: object, kernel: str) -> np.ndarray:
     arr = np.array(value, dtype=p.dtype.numpy, copy=True).reshape(-1)
-    if arr.size != p.type.size:
-        raise SimulationError("argument", f"{p.name} wants {p.type.size} elements ({p.type}), got {arr.size}",
+    if arr.size != p.type.span:   # a strided view's memory: its span (its size when dense)
+        raise SimulationError("argument", f"{p.name} wants {p.type.span} elements ({p.type}), got {arr.size}",
                               kernel=kernel)
     return arr
 
@@ -62,4 +62,6 @@ def simulate(kernel: SimtKernel, args: Sequence[object] | Mapping[str, object], 
             for p in kernel.scalars:
                 block.set(p, scalars[p.name])
             block.run(kernel.body)
-    return {p.name: globals_[p.name].reshape(p.shape) for p in kernel.buffers}
+    # a strided input comes back as the flat memory it was passed as (ir/array_memory.py)
+    return {p.name: globals_[p.name].reshape(p.shape) if p.type.strides is None else globals_[p.name]
+            for p in kernel.buffers}

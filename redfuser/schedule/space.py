@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from ..ir import BinaryOp, Buffer
 from ..ir import tile as t
-from ..ir.types import row_major_strides
 from .builder import KernelBuilder
 
 
@@ -123,10 +122,12 @@ def mask_tile(kb: KernelBuilder, dims: tuple[Dim, ...]) -> t.Value | None:
 def offsets(kb: KernelBuilder, buffer: Buffer, positions: list[Binding | int]) -> Tiled:
     """Element offsets of `buffer` at `positions` (one binding or fixed int per buffer dim)."""
     idx = kb.index_dtype
-    const_part = 0
+    const_part = buffer.type.base_offset   # > 0 for a view with negative strides (ir.types.BufferType)
     scalar: t.Value | None = None
     tiles: list[Tiled] = []
-    for pos, stride in zip(positions, row_major_strides(buffer.shape)):
+    for pos, stride in zip(positions, buffer.type.element_strides):
+        if stride == 0 and buffer.type.strides is not None:
+            continue   # a broadcast view's repeated dim (only inputs are views, so only loads get here)
         if isinstance(pos, int):
             const_part += pos * stride
         elif isinstance(pos, Fixed):
