@@ -13,6 +13,7 @@ from .errors import (
     ShapeError,
     SimulationError,
     TracerBoolError,
+    UnknownNameError,
     UnsupportedError,
     VerifyError,
 )

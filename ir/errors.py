@@ -13,6 +13,18 @@ class RedFuserError(Exception):
     """Base of every error RedFuser raises on purpose."""
 
 
+def render_user_error(message: str, op: str | None, loc: SourceLoc | None) -> str:
+    """``op: message``, then the user's ``file:line`` and the source line underlined, when known."""
+    text = f"{op}: {message}" if op else message
+    if loc is not None and loc.line:
+        text += f"\n  at {loc.file}:{loc.line}"
+        if loc.text.strip():
+            stripped = loc.text.rstrip()
+            indent = len(stripped) - len(stripped.lstrip())
+            text += f"\n    {stripped.strip()}\n    {'^' * max(1, len(stripped) - indent)}"
+    return text
+
+
 class CompileError(RedFuserError):
     """A problem in the user's kernel, found while tracing or compiling it.
 
@@ -23,17 +35,7 @@ class CompileError(RedFuserError):
         self.message = message
         self.op = op
         self.loc = loc
-        super().__init__(self._render())
-
-    def _render(self) -> str:
-        text = f"{self.op}: {self.message}" if self.op else self.message
-        if self.loc is not None and self.loc.line:
-            text += f"\n  at {self.loc.file}:{self.loc.line}"
-            if self.loc.text.strip():
-                stripped = self.loc.text.rstrip()
-                indent = len(stripped) - len(stripped.lstrip())
-                text += f"\n    {stripped.strip()}\n    {'^' * max(1, len(stripped) - indent)}"
-        return text
+        super().__init__(render_user_error(message, op, loc))
 
 
 class ShapeError(CompileError):
@@ -48,6 +50,11 @@ class UnsupportedError(CompileError):
     """Something outside RedFuser's subset: a numpy function, an op, an argument kind."""
 
 
+class UnknownNameError(UnsupportedError, AttributeError):
+    """``rf.<name>`` for a name the redfuser namespace does not have (an `AttributeError` too, so
+    ``hasattr`` and ``getattr(rf, name, default)`` keep working)."""
+
+
 class TracerBoolError(CompileError):
     """Python control flow (``if``, ``while``, ``and``...) on a traced value."""
 
@@ -57,7 +64,14 @@ class ArgumentError(CompileError):
 
 
 class BackendError(RedFuserError):
-    """A backend that is unknown, not built yet, or not usable on this machine."""
+    """A backend that is unknown, not built yet, or not usable on this machine (with the user's line where
+    the user named it)."""
+
+    def __init__(self, message: str, *, op: str | None = None, loc: SourceLoc | None = None) -> None:
+        self.message = message
+        self.op = op
+        self.loc = loc
+        super().__init__(render_user_error(message, op, loc))
 
 
 class InternalError(RedFuserError):

@@ -22,10 +22,13 @@ from .ir.errors import (
     ShapeError,
     SimulationError,
     TracerBoolError,
+    UnknownNameError,
     UnsupportedError,
     VerifyError,
 )
+from .arguments import ShapeDtype
 from .kernel import Kernel, kernel
+from . import ops as _ops
 from .ops import (
     abs,
     add,
@@ -44,6 +47,7 @@ from .ops import (
     logical_and,
     logical_not,
     logical_or,
+    logical_xor,
     matmul,
     max,
     maximum,
@@ -64,6 +68,26 @@ from .ops import (
 )
 
 __version__ = "0.1.0"
+
+OPS: frozenset[str] = frozenset(_ops.PUBLIC)
+"""The op namespace a kernel body uses (each is numpy's on arrays; README.md, "Op subset")."""
+
+_SUBPACKAGES = frozenset({"testing", "ir", "codegen", "runtime", "fusion", "schedule", "ops"})
+
+
+def __getattr__(name: str):
+    """``rf.<name>`` for a name RedFuser does not have: an error saying so (from inside a kernel, at the
+    user's line); subpackages (``rf.testing``) are imported on first use."""
+    if name in _SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from .source_info import user_loc
+
+    raise UnknownNameError(f"redfuser has no {name!r}; its ops: {', '.join(sorted(OPS))} (README.md, 'Op subset')",
+                           op=f"rf.{name}", loc=user_loc())
 
 # The dtypes are numpy's and ml_dtypes' own objects, so ``x.astype(rf.bfloat16)``
 # means the same inside and outside a kernel.

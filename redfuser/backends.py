@@ -19,7 +19,7 @@ import numpy as np
 
 from . import config
 from .compiler import Lowered
-from .ir import BackendError, run_program
+from .ir import BackendError, SourceLoc, run_program
 
 Executable = Callable[[list[np.ndarray]], tuple[np.ndarray, ...]]
 
@@ -49,7 +49,7 @@ def _build_interpret(lowered: Lowered) -> Executable:
 def _build_cpu(lowered: Lowered) -> Executable:
     from .runtime.cpu_jit import CpuProgram, compile_cached
 
-    library, info = compile_cached(str(lowered.stages["llvm"]), {"backend": "cpu"})
+    library, info = compile_cached(str(lowered.stages["llvm"]), {"backend": "cpu"}, lowered.artifacts["host_kernels"])
     lowered.artifacts["compile"] = info
     threads = int(lowered.options.get("num_threads") or 0)
     return CpuProgram(lowered.stages["tile"], lowered.artifacts["host_kernels"], library, threads)
@@ -83,15 +83,27 @@ BACKENDS: dict[str, Backend] = {
 AUTO_ORDER = ("cuda", "cpu", "interpret")
 
 
+def check_name(name: object, loc: SourceLoc | None = None) -> str:
+    """`name` lower-cased when it names a backend (or ``auto``); `BackendError` otherwise."""
+    if not isinstance(name, str) or name.lower() not in config.BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(config.BACKENDS)}", op="kernel",
+                           loc=loc)
+    return name.lower()
+
+
 def resolve(name: str | None, *, to_run: bool = True) -> tuple[str, str]:
     """The backend to use for `name` (None: ``REDFUSER_BACKEND``), and why it was chosen.
 
     With ``to_run=False`` (compiling only, e.g. `Kernel.lower`) a named backend that is
     built is accepted even where it cannot run: compiling for ``cuda`` needs no GPU.
     """
-    requested = (name or config.default_backend()).lower()
-    if requested not in config.BACKENDS:
-        raise BackendError(f"unknown backend {requested!r}; choose one of {', '.join(config.BACKENDS)}")
+    if name is None:
+        requested = config.default_backend()
+        if requested not in config.BACKENDS:
+            raise BackendError(f"REDFUSER_BACKEND={requested!r} is not a backend; set it to one of "
+                               f"{', '.join(config.BACKENDS)} (or unset it for auto)")
+    else:
+        requested = check_name(name)
     if requested != "auto":
         backend = BACKENDS[requested]
         why_not = backend.usable() if to_run or backend.build is None else None

@@ -2,39 +2,20 @@
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any, Callable
 
 import numpy as np
 
 from . import backends
 from .compiler import Lowered, lower
-from .ir import ArgumentError, DTypeError, RedFuserError, UnsupportedError
-from .ir import types as T
-from .ir.types import BufferType
+from .arguments import ShapeDtype, bind, check_signature, spec_of
+from .ir import ArgumentError, RedFuserError
+from .kernel_options import KNOWN_OPTIONS, checked_options
 from .runtime import arrays as arrays_rt
 from .source_info import user_loc
-from .trace import ArgSpec, ArraySpec, StaticSpec
+from .trace import ArgSpec, ArraySpec
 
-# Options a kernel accepts, with their defaults (later stages add theirs here).
-KNOWN_OPTIONS: dict[str, object] = {
-    "fuse": True,             # run the fusion engine (False: every reduction is its own pass)
-    "interpret_chunk": 64,    # chunk length the interpret backend runs fused loops with
-    "block_m": None,          # tile rows (query rows); None: the backend's default (cpu 32; gpu: schedule/options.py)
-    "block_n": None,          # tile columns / chunk of a fused loop's axis; None: default (64)
-    "block_k": None,          # chunk of a reduced axis; None: default (cpu 64; gpu 128 for 16-bit dots, else 64)
-    "num_threads": 0,         # cpu: worker threads splitting the grid; 0: one per core
-    "split": None,            # slices of a fused loop's axis across programs (flash decoding); None: automatic
-    "num_warps": None,        # cuda/simulate: warps per block; None: codegen/simt/plan.py (4, up to 16 a big tile)
-    "min_blocks_per_sm": None,  # cuda/simulate: build for this many blocks an SM (.minnctapersm; caps registers)
-    "sm": None,               # cuda/simulate: GPU target such as "sm_80"; None: the device's, else sm_90
-    "autotune": False,        # cpu/cuda: time a few tile sizes, warps and splits on first call (runtime/autotune.py)
-    "skip_masked": False,     # skip key blocks a causal-style mask hides (exact for finite values; schedule/masked.py)
-    "prefetch": False,        # cuda/simulate: load tensor-core operands a loop iteration ahead (schedule/prefetch.py)
-    "llvm_opt": None,         # cuda/simulate: None, RedFuser's middle end; 1-3, LLVM's O1-O3 (codegen/nvptx.py)
-}
 HOST_BACKENDS = frozenset({"interpret", "cpu", "simulate"})
-SUPPORTED_DTYPES = ", ".join(d.numpy_name for d in T.ALL_DTYPES)
 
 
 def _user_facing(method: Callable) -> Callable:
@@ -58,14 +39,13 @@ class Kernel:
     """
 
     def __init__(self, fn: Callable, backend: str | None = None, **options: object) -> None:
-        unknown = sorted(set(options) - set(KNOWN_OPTIONS))
-        if unknown:
-            known = ", ".join(sorted(KNOWN_OPTIONS)) or "none yet"
-            raise ArgumentError(f"unknown option(s) {', '.join(unknown)}; known options: {known}", op="kernel")
+        name = getattr(fn, "__name__", "kernel")
+        self._signature = check_signature(fn, name)
+        self.options = checked_options(options, loc=user_loc())
+        if backend is not None:
+            backends.check_name(backend, loc=user_loc())
         self.__wrapped__ = fn
         self.backend = backend
-        self.options = {**KNOWN_OPTIONS, **options}
-        self._params = list(inspect.signature(fn).parameters.values())
         self._cache: dict[tuple, tuple[Lowered, backends.Executable]] = {}
         functools.update_wrapper(self, fn)
 
@@ -73,39 +53,24 @@ class Kernel:
         return f"<redfuser.kernel {self.__name__} backend={self.backend or 'auto'}>"
 
     # -- arguments --------------------------------------------------------------------------------
-    def _specs(self, args: tuple[Any, ...]) -> tuple[tuple[ArgSpec, ...], list[np.ndarray]]:
-        names = [p.name for p in self._params]
-        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in self._params):
-            raise UnsupportedError("kernels take positional parameters only (no *args, **kwargs or keyword-only)",
-                                   op=self.__name__, loc=user_loc())
-        if len(args) != len(names):
-            raise ArgumentError(f"takes {len(names)} argument(s) ({', '.join(names)}) but {len(args)} were given",
-                                op=self.__name__, loc=user_loc())
+    def _specs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[ArgSpec, ...], list[Any]]:
+        """The call's specs, one per parameter in order, and its arrays (views read in place)."""
+        loc = user_loc()
         specs: list[ArgSpec] = []
-        arrays: list[np.ndarray] = []
-        for name, value in zip(names, args):
-            if isinstance(value, bool | int | float) and not isinstance(value, np.generic):
-                specs.append(StaticSpec(name, value))
-                continue
-            if not arrays_rt.is_array(value):
-                raise ArgumentError(
-                    f"argument {name!r} must be an array (numpy, DLPack or __cuda_array_interface__) or a Python "
-                    f"scalar, got {type(value).__name__}", op=self.__name__, loc=user_loc())
-            try:
-                info = arrays_rt.describe(value, f"argument {name!r}")
-            except (ArgumentError, DTypeError) as err:
-                raise type(err)(err.message, op=self.__name__, loc=user_loc()) from None
-            if info.dtype == T.float64:
-                raise DTypeError(f"argument {name!r} has dtype float64, which is not supported; "
-                                 f"supported: {', '.join(d.numpy_name for d in T.ALL_DTYPES if d != T.float64)}",
-                                 op=self.__name__, loc=user_loc())
-            specs.append(ArraySpec(name, BufferType(info.dtype, info.shape)))
-            arrays.append(value)
+        arrays: list[Any] = []
+        for name, value in bind(self._signature, self.__name__, args, kwargs, loc).items():
+            spec, array = spec_of(name, value, self.__name__, loc)
+            specs.append(spec)
+            if array is not None:
+                arrays.append(array)
         return tuple(specs), arrays
 
-    def _compiled(self, args: tuple[Any, ...], *, to_run: bool = True
-                  ) -> tuple[Lowered, backends.Executable | None, list[np.ndarray]]:
-        specs, arrays = self._specs(args)
+    def _compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, to_run: bool = True
+                  ) -> tuple[Lowered, backends.Executable | None, list[Any]]:
+        specs, arrays = self._specs(args, kwargs)
+        if to_run and any(isinstance(a, ShapeDtype) for a in arrays):
+            raise ArgumentError("an rf.ShapeDtype argument can be compiled (kernel.lower, kernel.explain) but not run",
+                                op=self.__name__, loc=user_loc())
         backend, _ = backends.resolve(self.backend, to_run=to_run)
         key = (specs, backend, tuple(sorted(self.options.items())))
         entry = self._cache.get(key)
@@ -134,11 +99,12 @@ class Kernel:
 
     # -- public -----------------------------------------------------------------------------------
     @_user_facing
-    def __call__(self, *args: Any, stream: object | None = None) -> np.ndarray | tuple[np.ndarray, ...]:
-        """Run on `args`. `stream`: the CUDA stream the ``cuda`` backend queues its work on (an int handle, a
-        torch or cupy stream...; default: torch's/cupy's current one for their tensors); host backends ignore
-        it. See docs/gpu-backend.md, "Arrays and streams"."""
-        lowered, run, arrays = self._compiled(args)
+    def __call__(self, *args: Any, stream: object | None = None, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run on `args` and `kwargs` (Python's rules: by position or by name, defaults applied). `stream`: the
+        CUDA stream the ``cuda`` backend queues its work on (an int handle, a torch or cupy stream...; default:
+        torch's/cupy's current one for their tensors); host backends ignore it. See docs/gpu-backend.md,
+        "Arrays and streams"."""
+        lowered, run, arrays = self._compiled(args, kwargs)
         if lowered.backend in HOST_BACKENDS:
             # Host backends read numpy views of host arrays (torch CPU tensors too, without a copy) and
             # hand results back as the caller's array type.
@@ -151,16 +117,16 @@ class Kernel:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     @_user_facing
-    def lower(self, *args: Any) -> Lowered:
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Compile for these arguments (without running) and return every stage."""
-        return self._compiled(args, to_run=False)[0]
+        return self._compiled(args, kwargs, to_run=False)[0]
 
     @_user_facing
-    def explain(self, *args: Any) -> str:
+    def explain(self, *args: Any, **kwargs: Any) -> str:
         """What the compiler found and did for these arguments, in words (cascades, G, H, rescales)."""
         from .fusion.explain import explain
 
-        lowered = self._compiled(args, to_run=False)[0]
+        lowered = self._compiled(args, kwargs, to_run=False)[0]
         return explain(lowered.name, lowered.groups, lowered.stages.get("fused"))
 
     @property

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import functools
 import linecache
+import inspect
 import os
+import struct
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
-from typing import Callable
+from typing import Callable, Union
 
 import numpy as np
 
@@ -33,12 +35,46 @@ class ArraySpec:
         return f"{self.name}: {self.type}"
 
 
+StaticValue = Union[None, bool, int, float, str, np.generic, tuple]
+"""What a static (non-array) kernel argument may be: a Python or numpy scalar, a string, None, or a
+tuple of these."""
+
+
+def static_key(value: object) -> tuple:
+    """What two static values must share to share a compiled kernel: their type and their exact value.
+
+    Python's ``==`` is not enough: ``2``, ``2.0`` and ``True`` are equal but numpy promotes them to
+    different dtypes; ``0.0`` and ``-0.0`` are equal but ``1 / x`` differs; NaN is not even equal to
+    itself. So floats are keyed by their bits and numpy scalars by their dtype and bytes.
+    """
+    if value is None:
+        return ("none",)
+    if isinstance(value, np.generic):
+        return ("numpy", value.dtype.str, value.tobytes())
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int):
+        return ("int", int(value))
+    if isinstance(value, float):
+        return ("float", struct.pack("<d", value))
+    if isinstance(value, str):
+        return ("str", value)
+    if isinstance(value, tuple):
+        return ("tuple",) + tuple(static_key(v) for v in value)
+    raise TypeError(f"not a static value: {type(value).__name__}")
+
+
 @dataclass(frozen=True, slots=True)
 class StaticSpec:
-    """A Python scalar argument, baked into the traced program (part of the cache key)."""
+    """A static argument (see `StaticValue`), baked into the traced program; two specs are equal when
+    their names and `static_key`s are (the cache key of compiled kernels)."""
 
     name: str
-    value: bool | int | float
+    value: StaticValue = field(compare=False)
+    key: tuple = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", static_key(self.value))
 
     def __str__(self) -> str:
         return f"{self.name} = {self.value!r}"
@@ -109,11 +145,11 @@ def _watching_returns(returned: Callable[[FrameType], None]):
 def trace(fn: Callable, specs: tuple[ArgSpec, ...]) -> Program:
     """Run `fn` on tracers for `specs`; return the unfused Loop IR of what it computes."""
     builder = TraceBuilder(getattr(fn, "__name__", "kernel"))
-    args = [builder.add_input(s.name, s.type.dtype, s.type.shape) if isinstance(s, ArraySpec) else s.value
-            for s in specs]
+    values = {s.name: builder.add_input(s.name, s.type) if isinstance(s, ArraySpec) else s.value for s in specs}
+    args, kwargs = _call_arguments(fn, values)
     returns: list[SourceLoc] = []
     with tracing(builder), _watching_returns(_on_return(builder, getattr(fn, "__code__", None), returns)):
-        result = fn(*args)
+        result = fn(*args, **kwargs)
     outputs = list(result) if isinstance(result, tuple | list) else [result]
     for n, out in enumerate(outputs):
         if not isinstance(out, Tracer):
@@ -122,6 +158,18 @@ def trace(fn: Callable, specs: tuple[ArgSpec, ...]) -> Program:
                 op="return", loc=returns[-1] if returns else user_loc())
     names = ["out"] if len(outputs) == 1 else [f"out{n}" for n in range(len(outputs))]
     return builder.finish(outputs, names)
+
+
+def _call_arguments(fn: Callable, values: dict[str, object]) -> tuple[list[object], dict[str, object]]:
+    """`values` (by parameter name, every parameter's) as the positional and keyword arguments of `fn`:
+    keyword-only parameters by name, the others by position."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):   # a callable without a signature: everything by position
+        return list(values.values()), {}
+    args = [values[p.name] for p in params if p.kind is not p.KEYWORD_ONLY and p.name in values]
+    kwargs = {p.name: values[p.name] for p in params if p.kind is p.KEYWORD_ONLY and p.name in values}
+    return args, kwargs
 
 
 def as_ir_dtype(dtype: np.dtype) -> DType | None:

@@ -28,6 +28,7 @@ from .ir import (
     Load,
     Program,
     Reduce,
+    ShapeError,
     SourceLoc,
     Stmt,
     TracerBoolError,
@@ -66,11 +67,12 @@ class TraceBuilder:
         self._counter[hint] = n + 1
         return f"%{hint}.{n}"
 
-    def add_input(self, name: str, dtype: DType, shape: tuple[int, ...]) -> "Tracer":
-        buf = Buffer(name, BufferType(dtype, shape))
+    def add_input(self, name: str, type_: BufferType) -> "Tracer":
+        """A kernel argument of `type_` (dense, or the strides of the view the caller passed)."""
+        buf = Buffer(name, type_)
         self.inputs.append(buf)
         self._taken.add(name)
-        return Tracer(self, buf, tuple(range(len(shape))), shape)
+        return Tracer(self, buf, tuple(range(type_.ndim)), type_.shape)
 
     def emit(self, hint: str, dtype: DType, shape: tuple[int, ...], make: Callable[[Buffer], Stmt]) -> "Tracer":
         """Append the loop nest `make(out)` writing a new buffer; return a tracer for it."""
@@ -233,24 +235,44 @@ class Tracer:
             loc=user_loc(),
         )
 
+    def _no_python_number(self, what: str, uses: str):
+        raise TracerBoolError(
+            f"{what} of a traced value {self.ir_dtype}[{','.join(map(str, self.shape))}] needs a number that is not "
+            f"known at trace time ({uses}); compute on traced values with the redfuser ops instead (rf.exp, not "
+            "math.exp)",
+            op=what,
+            loc=user_loc(),
+        )
+
     def __bool__(self) -> bool:
         self._no_python_value("bool()")
 
     def __float__(self) -> float:
-        self._no_python_value("float()")
+        self._no_python_number("float()", "float(x), math.* functions")
 
     def __int__(self) -> int:
-        self._no_python_value("int()")
+        self._no_python_number("int()", "int(x), math.* functions")
 
     def __index__(self) -> int:
-        self._no_python_value("int()")
+        self._no_python_number("index", "an index, a slice bound, range(), a shape")
+
+    def __complex__(self) -> complex:
+        self._no_python_number("complex()", "complex(x), cmath.* functions")
 
     def __iter__(self) -> Iterator:
         self._no_python_value("iteration")
 
+    def __setitem__(self, key: object, value: object) -> None:
+        raise UnsupportedError(
+            "item assignment: traced arrays cannot be modified in place; build the new value with rf.where "
+            "(e.g. rf.where(mask, new, x))", op="setitem", loc=user_loc())
+
+    def __delitem__(self, key: object) -> None:
+        raise UnsupportedError("item deletion: traced arrays cannot be modified", op="delitem", loc=user_loc())
+
     def __len__(self) -> int:
         if not self.shape:
-            raise TypeError("len() of a 0-d traced value")
+            raise ShapeError("len() of a 0-d traced value (it has no first dimension)", op="len()", loc=user_loc())
         return self.shape[0]
 
     def __array__(self, *args, **kwargs):
@@ -258,12 +280,8 @@ class Tracer:
 
     def __array_function__(self, func, types, args, kwargs):
         name = getattr(func, "__name__", str(func))
-        raise UnsupportedError(
-            f"numpy.{name} is not in RedFuser's op subset; inside a kernel use the redfuser namespace "
-            f"(rf.{name} where it exists) on traced values",
-            op=f"numpy.{name}",
-            loc=user_loc(),
-        )
+        raise UnsupportedError(f"numpy.{name} on a traced value is not supported; {_instead(name)}",
+                               op=f"numpy.{name}", loc=user_loc())
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         from . import ops
@@ -274,10 +292,10 @@ class Tracer:
         scalars_ok = all(isinstance(x, Tracer) or np.ndim(x) == 0 and not isinstance(x, np.ndarray) for x in inputs)
         if method == "__call__" and op is not None and not kwargs and scalars_ok:
             return op(*inputs)  # a numpy scalar on the left of an operator: np.float32(2) * x
+        captured = any(isinstance(x, np.ndarray) for x in inputs)
         raise UnsupportedError(
-            f"numpy.{ufunc.__name__} on a traced value is not supported; use the redfuser namespace "
-            f"(rf.{ufunc.__name__} where it exists), and pass arrays as kernel arguments rather than "
-            "capturing them",
+            f"numpy.{ufunc.__name__} on a traced value is not supported; {_instead(ufunc.__name__)}"
+            + ("; pass arrays as kernel arguments rather than capturing them" if captured else ""),
             op=f"numpy.{ufunc.__name__}",
             loc=user_loc(),
         )
@@ -290,6 +308,38 @@ class Tracer:
             op=f".{name}",
             loc=user_loc(),
         )
+
+
+def _instead(name: str) -> str:
+    """What to use instead of numpy's `name` inside a kernel: ``rf.name`` when RedFuser has it."""
+    import redfuser
+
+    if name in redfuser.OPS:
+        return f"inside a kernel use rf.{name}"
+    return (f"RedFuser has no {name} (its ops are listed in README.md, 'Op subset'; rf.where, rf.exp and "
+            "friends build most others)")
+
+
+UNSUPPORTED_OPERATORS: dict[str, str] = {
+    "floordiv": "//", "mod": "%", "divmod": "divmod()", "lshift": "<<", "rshift": ">>",
+}
+"""Python operators with no RedFuser op yet (numpy's integer floor semantics are not implemented)."""
+
+
+def _unsupported_operator(symbol: str):
+    def refuse(self, *other):
+        raise UnsupportedError(f"the {symbol} operator on traced values is not in RedFuser's op subset",
+                               op=symbol, loc=user_loc())
+
+    return refuse
+
+
+def _no_rounding(name: str):
+    def refuse(self, *args):
+        raise UnsupportedError(f"{name}() of a traced value is not in RedFuser's op subset (no rounding ops yet)",
+                               op=f"{name}()", loc=user_loc())
+
+    return refuse
 
 
 def _install_operators() -> None:
@@ -315,14 +365,18 @@ def _install_operators() -> None:
     Tracer.__neg__ = lambda self: ops.negative(self)  # type: ignore[attr-defined]
     Tracer.__pos__ = lambda self: self  # type: ignore[attr-defined]
     Tracer.__abs__ = lambda self: ops.abs(self)  # type: ignore[attr-defined]
-    Tracer.__invert__ = lambda self: ops.logical_not(self)  # type: ignore[attr-defined]
+    Tracer.__invert__ = lambda self: ops.invert(self)  # type: ignore[attr-defined]
+    Tracer.__xor__ = binary(ops.bitwise_xor)  # type: ignore[attr-defined]
+    Tracer.__rxor__ = binary(ops.bitwise_xor, reflected=True)  # type: ignore[attr-defined]
+    for name, symbol in UNSUPPORTED_OPERATORS.items():
+        setattr(Tracer, f"__{name}__", _unsupported_operator(symbol))
+        setattr(Tracer, f"__r{name}__", _unsupported_operator(symbol))
+    for name in ("round", "trunc", "floor", "ceil"):
+        setattr(Tracer, f"__{name}__", _no_rounding(name if name == "round" else f"math.{name}"))
     Tracer.__getitem__ = lambda self, key: ops.getitem(self, key)  # type: ignore[attr-defined]
-    Tracer.astype = lambda self, dtype: ops.astype(self, dtype)  # type: ignore[attr-defined]
-    Tracer.swapaxes = lambda self, a, b: ops.swapaxes(self, a, b)  # type: ignore[attr-defined]
-    Tracer.transpose = lambda self, *axes: ops.transpose(self, *axes)  # type: ignore[attr-defined]
-    Tracer.sum = lambda self, axis=None, keepdims=False: ops.sum(self, axis=axis, keepdims=keepdims)  # type: ignore[attr-defined]
-    Tracer.max = lambda self, axis=None, keepdims=False: ops.max(self, axis=axis, keepdims=keepdims)  # type: ignore[attr-defined]
-    Tracer.min = lambda self, axis=None, keepdims=False: ops.min(self, axis=axis, keepdims=keepdims)  # type: ignore[attr-defined]
+    # methods forward to the op of the same name, looked up when called (ops checks its own arguments)
+    for name in ("astype", "swapaxes", "transpose", "sum", "max", "min"):
+        setattr(Tracer, name, lambda self, *args, _op=name, **kwargs: getattr(ops, _op)(self, *args, **kwargs))
     Tracer.T = property(lambda self: ops.transpose(self))  # type: ignore[attr-defined]
     Tracer.mT = property(lambda self: ops.swapaxes(self, -1, -2))  # type: ignore[attr-defined]
 

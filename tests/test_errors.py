@@ -60,11 +60,20 @@ def test_wrong_number_of_arguments():
     raises_at(rf.ArgumentError, "argcount3", lambda: k(X, X, X), contains=("but 3 were given",))  # <- argcount3
 
 
-@pytest.mark.parametrize("value,kind", [([1.0, 2.0], "list"), ("abc", "str"), (None, "NoneType")])
+@pytest.mark.parametrize("value,kind", [([1.0, 2.0], "list"), ({"a": 1}, "dict"), ((1.0, [2.0]), "tuple")])
 def test_non_array_argument(value, kind):
     k = interp(lambda x, y: x + y)
     raises_at(rf.ArgumentError, "nonarray", lambda: k(X, value),  # <- nonarray
               contains=("argument 'y'", "must be an array", kind))
+
+
+@pytest.mark.parametrize("value", ["abc", None])
+def test_a_static_string_or_none_reaching_arithmetic_names_the_op(value):
+    def body(x, y):
+        return x + y  # <- static_operand
+
+    raises_at(rf.UnsupportedError, "static_operand", interp(body), X, value,
+              contains=("add", type(value).__name__, "not an array or a scalar"))
 
 
 @pytest.mark.parametrize("dtype", [np.complex64, np.float64, np.uint8])
@@ -199,7 +208,10 @@ def test_numpy_function_in_the_body(name):
     def body(x):
         return fn(x) if name != "maximum" else fn(x, 0.0)  # <- numpy
 
-    raises_at(rf.UnsupportedError, "numpy", interp(body), X, contains=(f"numpy.{name}", "redfuser"))
+    hint = f"use rf.{name}" if hasattr(rf, name) else f"RedFuser has no {name}"
+    err = raises_at(rf.UnsupportedError, "numpy", interp(body), X, contains=(f"numpy.{name}", hint))
+    if not hasattr(rf, name):   # a hint never points at an op that does not exist
+        assert f"rf.{name}" not in str(err)
 
 
 def test_numpy_function_on_a_list_of_traced_values():
@@ -305,9 +317,8 @@ def test_returning_a_non_array():
 # kernel configuration
 # ---------------------------------------------------------------------------------------------
 def test_unknown_backend_name():
-    k = rf.kernel(lambda x: x, backend="tpu")
     with pytest.raises(rf.BackendError, match="unknown backend 'tpu'") as info:
-        k(X)
+        rf.kernel(lambda x: x, backend="tpu")
     for name in ("interpret", "cpu", "cuda", "simulate"):
         assert name in str(info.value)
 

@@ -9,29 +9,35 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 | file            | ops                                                                  |
 |-----------------|----------------------------------------------------------------------|
 | elementwise.py  | + - * / ** neg abs exp exp2 log log2 sqrt rsqrt maximum minimum      |
-|                 | comparisons, & | ~, where, astype                                    |
+|                 | comparisons, & | ^ ~ (on bools), logical_xor, where, astype          |
 | reductions.py   | sum max min, matmul, topk                                            |
 | views.py        | swapaxes transpose, indexing, arange                                 |
 | common.py       | operand helpers shared by all                                        |
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Callable
 
 import numpy as np
 
+from ..ir import UnsupportedError
+from ..source_info import user_loc
 from ..tracer import _install_operators
 from .common import describe, inf, result_dtype
 from .elementwise import (
     abs,
     add,
     astype,
+    bitwise_xor,
     divide,
     equal,
     exp,
     exp2,
     greater,
     greater_equal,
+    invert,
     less,
     less_equal,
     log,
@@ -39,6 +45,7 @@ from .elementwise import (
     logical_and,
     logical_not,
     logical_or,
+    logical_xor,
     maximum,
     minimum,
     multiply,
@@ -57,6 +64,35 @@ UFUNC_OPERATORS: dict[np.ufunc, Callable] = {
     np.add: add, np.subtract: subtract, np.multiply: multiply, np.true_divide: divide, np.power: power,
     np.less: less, np.less_equal: less_equal, np.greater: greater, np.greater_equal: greater_equal,
     np.equal: equal, np.not_equal: not_equal, np.matmul: matmul,
+    # a numpy bool scalar on the left of & | ^ hands over numpy's bitwise ufuncs: on bools they are logical
+    np.bitwise_and: logical_and, np.bitwise_or: logical_or, np.bitwise_xor: bitwise_xor,
 }
+"""The numpy ufunc behind each Python operator, for a numpy scalar on its left (``np.float32(2) * x``)."""
 
 _install_operators()
+
+
+def _arguments_checked(fn: Callable) -> Callable:
+    """`fn`, where a call Python refuses (an unknown keyword such as ``dtype=``, a missing or an extra
+    argument) is an `UnsupportedError` naming the op and the user's line, not a bare `TypeError`."""
+
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TypeError as exc:
+            if exc.__traceback__ is None or exc.__traceback__.tb_next is not None:
+                raise   # raised inside the op (numpy's own refusal on arrays): not about the call
+            raise UnsupportedError(f"{exc}; RedFuser's {fn.__name__} takes {inspect.signature(fn)}",
+                                   op=fn.__name__, loc=user_loc()) from None
+
+    return op
+
+
+PUBLIC = ("abs", "add", "arange", "astype", "divide", "equal", "exp", "exp2", "greater", "greater_equal", "less",
+          "less_equal", "log", "log2", "logical_and", "logical_not", "logical_or", "logical_xor", "matmul", "max",
+          "maximum", "min", "minimum", "multiply", "negative", "not_equal", "power", "rsqrt", "sqrt", "subtract",
+          "sum", "swapaxes", "topk", "transpose", "where")
+"""The ops `redfuser` exports (its namespace, README "Op subset")."""
+for _name in PUBLIC:
+    globals()[_name] = _arguments_checked(globals()[_name])
