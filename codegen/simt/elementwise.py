@@ -133,6 +133,18 @@ def constant_value(lw: Lowering, v: t.Value) -> float | int | bool | None:
     return op.value if isinstance(op, t.Constant) else None
 
 
+_BOOL_ORDER = {   # False < True: each ordered comparison of bools as (negate a, negate b, and/or)
+    BinaryOp.LT: (True, False, BinaryOp.AND), BinaryOp.LE: (True, False, BinaryOp.OR),
+    BinaryOp.GT: (False, True, BinaryOp.AND), BinaryOp.GE: (False, True, BinaryOp.OR),
+}
+
+
+def _bool_order(b, o: BinaryOp, x: Reg, y: Reg) -> Reg:
+    """``x < y`` and the like on bools with logical ops (SIMT IR compares bools only for (in)equality)."""
+    not_x, not_y, logic = _BOOL_ORDER[o]
+    return b.binary(logic, b.unary(UnaryOp.NOT, x) if not_x else x, b.unary(UnaryOp.NOT, y) if not_y else y)
+
+
 @value_rule(t.Binary)
 def _binary(lw: Lowering, op: t.Binary, layout: Layout) -> Regs:
     b, dtype, o = lw.b, op.a.dtype, op.op
@@ -145,6 +157,8 @@ def _binary(lw: Lowering, op: t.Binary, layout: Layout) -> Regs:
     elif dtype.is_bool and o in (BinaryOp.MAX, BinaryOp.MIN):
         o = BinaryOp.OR if o is BinaryOp.MAX else BinaryOp.AND
         out = tuple(b.binary(o, x, y) for x, y in pairs)
+    elif dtype.is_bool and o in _BOOL_ORDER:
+        out = tuple(_bool_order(b, o, x, y) for x, y in pairs)
     else:
         out = tuple(b.arith(o, x, y) for x, y in pairs)
     return Regs(layout, op.out.dtype, out)

@@ -1,0 +1,285 @@
+"""The op x dtype x backend conformance table: one row per op of the subset (README, "Op subset").
+
+Each `Op` is a kernel body over the inputs of its group (`conformance_values.GROUPS`), the dtypes numpy
+accepts it for (run on every backend and compared with the same body run on numpy) and the dtypes numpy
+refuses (the kernel must raise a `redfuser.DTypeError` naming the op). `DIVERGENCES` lists the cases where
+a backend knowingly differs from numpy, with the reason and what the kernel does instead; the tests check
+that the kernel does exactly that, and that the divergence still occurs. `tests/test_conformance.py` is
+generated from this table; ``python tests/conformance_table.py`` prints it as markdown for docs/testing.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+import redfuser as rf
+from conformance_values import ALL, DTYPES, FLOATS, INTS
+
+BACKENDS = ("interpret", "cpu", "simulate")
+COMPILED = ("cpu", "simulate")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One row: `body` over the inputs of `group`, run for `dtypes`, refused by numpy for `errors`."""
+
+    name: str
+    group: str
+    body: Callable
+    dtypes: tuple[str, ...] = ALL
+    errors: tuple[str, ...] = ()
+    error_op: tuple[str, ...] = ()     # the op names a DTypeError for `errors` may carry (the first is preferred)
+    length: int = 1                    # longest accumulation feeding a value (the tolerance rule's n)
+    scale: Callable | None = None      # inputs -> magnitude of the accumulated terms, per output element
+    signed_zeros: bool = True          # the sign of a zero result is compared (numpy's is exactly defined)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """A case where `backends` knowingly differ from numpy for `op` on `dtypes`, and why.
+
+    Either the kernel raises `raises` (numpy gives a result), or on the elements `affected(op, inputs,
+    expected)` selects it gives `gives(op, inputs, expected)` instead of numpy's value (exactly, or under
+    the tolerance of dtype `within`); elsewhere it must still equal numpy. `numpy_defined=False` where
+    numpy's own value there is undefined (a C cast out of range), so the divergence is only that the
+    kernel gives `gives`, whatever numpy gives.
+    """
+
+    op: str
+    dtypes: tuple[str, ...]
+    backends: tuple[str, ...]
+    reason: str
+    raises: type | None = None
+    affected: Callable | None = None
+    gives: Callable | None = None
+    numpy_defined: bool = True
+    within: type | None = None        # compare with `gives` under this dtype's tolerance (default: exactly)
+
+
+def _abs_sum(i: int, axis: object = None, keepdims: bool = False) -> Callable:
+    def scale(inputs):
+        x = np.asarray(inputs[i]).astype(np.float64)
+        return np.sum(np.where(np.isfinite(x), np.abs(x), 0.0), axis=axis, keepdims=keepdims)
+    return scale
+
+
+def _abs_matmul(left: Callable, right: Callable) -> Callable:
+    def scale(inputs):
+        a, b = (np.asarray(f(inputs)).astype(np.float64) for f in (left, right))
+        return np.matmul(np.where(np.isfinite(a), np.abs(a), 0.0), np.where(np.isfinite(b), np.abs(b), 0.0))
+    return scale
+
+
+NOT_BOOL = FLOATS + INTS
+SIGNED_ZERO_FREE = "numpy's max/min of -0.0 and +0.0 depends on its loop; a sum's depends on order and start"
+
+OPS: list[Op] = [
+    # -- unary (x: (131,), every special value) -------------------------------------------------------
+    Op("neg", "unary", lambda x: -x, NOT_BOOL, errors=("bool",), error_op=("neg", "negative")),
+    Op("abs", "unary", lambda x: rf.abs(x)),
+    Op("exp", "unary", lambda x: rf.exp(x)),
+    Op("exp2", "unary", lambda x: rf.exp2(x)),
+    Op("log", "unary", lambda x: rf.log(x)),
+    Op("log2", "unary", lambda x: rf.log2(x)),
+    Op("sqrt", "unary", lambda x: rf.sqrt(x)),
+    Op("rsqrt", "unary", lambda x: rf.rsqrt(x)),
+    Op("pow2", "unary", lambda x: x ** 2),
+    Op("pow3", "unary", lambda x: x ** 3),
+    Op("pow_half", "unary", lambda x: x ** 0.5),
+    Op("pow_m1", "unary", lambda x: x ** -1, FLOATS, errors=INTS + ("bool",), error_op=("power",)),
+    # -- binary (x: (29, 1), y: (131,), broadcast to every pair; c: a bool condition) ------------------
+    Op("add", "binary", lambda x, y, c: x + y),
+    Op("sub", "binary", lambda x, y, c: x - y, NOT_BOOL, errors=("bool",), error_op=("subtract",)),
+    Op("mul", "binary", lambda x, y, c: x * y),
+    Op("div", "binary", lambda x, y, c: x / y),
+    Op("maximum", "binary", lambda x, y, c: rf.maximum(x, y), signed_zeros=False, note=SIGNED_ZERO_FREE),
+    Op("minimum", "binary", lambda x, y, c: rf.minimum(x, y), signed_zeros=False, note=SIGNED_ZERO_FREE),
+    Op("where", "binary", lambda x, y, c: rf.where(c, x, y)),
+    Op("lt", "binary", lambda x, y, c: x < y),
+    Op("le", "binary", lambda x, y, c: x <= y),
+    Op("gt", "binary", lambda x, y, c: x > y),
+    Op("ge", "binary", lambda x, y, c: x >= y),
+    Op("eq", "binary", lambda x, y, c: x == y),
+    Op("ne", "binary", lambda x, y, c: x != y),
+    Op("and", "binary", lambda x, y, c: x & y, INTS + ("bool",), errors=FLOATS, error_op=("logical_and",)),
+    Op("or", "binary", lambda x, y, c: x | y, INTS + ("bool",), errors=FLOATS, error_op=("logical_or",)),
+    Op("invert", "binary", lambda x, y, c: ~x, INTS + ("bool",), errors=FLOATS, error_op=("logical_not", "not", "invert")),
+    # -- astype from every dtype to every dtype ------------------------------------------------------
+    *(Op(f"astype_{t}", "astype", (lambda x, t=t: x.astype(DTYPES[t])) if t != "f16" else
+         (lambda x: rf.astype(x, rf.float16))) for t in ALL),
+    # -- Python and numpy scalars (NEP 50) -------------------------------------------------------------
+    Op("add_int", "scalars", lambda x: x + 1),
+    Op("rsub_int", "scalars", lambda x: 1 - x),
+    Op("mul_float", "scalars", lambda x: x * 2.5),
+    Op("div_int", "scalars", lambda x: x / 3),
+    Op("rdiv_float", "scalars", lambda x: 2.0 / x),
+    Op("add_np_f32", "scalars", lambda x: x + np.float32(0.5)),
+    Op("np_f32_mul", "scalars", lambda x: np.float32(2) * x),
+    Op("np_f64_mul", "scalars", lambda x: np.float64(2) * x),
+    Op("add_np_i64", "scalars", lambda x: x + np.int64(3)),
+    Op("add_true", "scalars", lambda x: x + True),
+    Op("lt_int", "scalars", lambda x: x < 1),
+    Op("eq_float", "scalars", lambda x: x == 0.5),
+    Op("ge_float", "scalars", lambda x: x >= -1.5),
+    Op("maximum_int", "scalars", lambda x: rf.maximum(x, 0), signed_zeros=False, note=SIGNED_ZERO_FREE),
+    Op("where_float", "scalars", lambda x: rf.where(x > 0, x, 0.5)),
+    Op("add_big_int", "scalars", lambda x: x + 2**40, tuple(d for d in ALL if d != "i32"), errors=("i32",),
+       error_op=("add",)),
+    Op("lt_big_int", "scalars", lambda x: x < 2**40),
+    Op("mul_huge", "scalars", lambda x: x * 1e300),
+    # -- mixed array dtypes: x (29, 1) of the row's dtype with a (131,) array of every dtype -----------
+    *(Op(f"add_{t}", "promote", lambda x, *ys, i=i: x + ys[i]) for i, t in enumerate(ALL)),
+    *(Op(f"lt_{t}", "promote", lambda x, *ys, i=i: x < ys[i]) for i, t in enumerate(ALL)),
+    # -- reductions over 1, 37, 7, 259, 300 and 134 elements ------------------------------------------
+    *(op for name, fn in (("sum", rf.sum), ("max", rf.max), ("min", rf.min)) for op in (
+        Op(f"{name}_len1", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x1, axis=-1), signed_zeros=False),
+        Op(f"{name}_row", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x37, axis=-1), length=37,
+           scale=_abs_sum(1, -1) if name == "sum" else None, signed_zeros=False),
+        Op(f"{name}_col", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x37, axis=0), length=7,
+           scale=_abs_sum(1, 0) if name == "sum" else None, signed_zeros=False),
+        Op(f"{name}_all", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x37), length=259,
+           scale=_abs_sum(1) if name == "sum" else None, signed_zeros=False),
+        Op(f"{name}_keep", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x300, axis=1, keepdims=True),
+           length=300, scale=_abs_sum(2, 1, True) if name == "sum" else None, signed_zeros=False),
+        Op(f"{name}_axes", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x3, axis=(0, 2)), length=134,
+           scale=_abs_sum(3, (0, 2)) if name == "sum" else None, signed_zeros=False),
+    )),
+    Op("sum_method", "reduce", lambda x1, x37, x300, x3: x37.sum(axis=-1, keepdims=True), length=37,
+       scale=_abs_sum(1, -1, True), signed_zeros=False),
+    # -- matmul: a (2, 5, 37), b (37, 3), v (37,), w (2, 37, 3) ----------------------------------------
+    Op("mm", "matmul", lambda a, b, v, w: a[0] @ b, length=37, scale=_abs_matmul(lambda i: i[0][0], lambda i: i[1]),
+       signed_zeros=False),
+    Op("mm_batched", "matmul", lambda a, b, v, w: a @ b, length=37,
+       scale=_abs_matmul(lambda i: i[0], lambda i: i[1]), signed_zeros=False),
+    Op("mm_bcast", "matmul", lambda a, b, v, w: a[0][None] @ w, length=37,
+       scale=_abs_matmul(lambda i: i[0][0][None], lambda i: i[3]), signed_zeros=False),
+    Op("mm_vec_mat", "matmul", lambda a, b, v, w: v @ b, length=37,
+       scale=_abs_matmul(lambda i: i[2], lambda i: i[1]), signed_zeros=False),
+    Op("mm_mat_vec", "matmul", lambda a, b, v, w: a @ v, length=37,
+       scale=_abs_matmul(lambda i: i[0], lambda i: i[2]), signed_zeros=False),
+    Op("mm_dot", "matmul", lambda a, b, v, w: v @ v, length=37,
+       scale=_abs_matmul(lambda i: i[2], lambda i: i[2]), signed_zeros=False),
+    Op("mm_transposed", "matmul", lambda a, b, v, w: b.mT @ a.mT, length=37,
+       scale=_abs_matmul(lambda i: i[1].T, lambda i: np.swapaxes(i[0], -1, -2)), signed_zeros=False),
+    # -- views of x (3, 5, 37) -------------------------------------------------------------------------
+    Op("swapaxes", "views", lambda x: rf.swapaxes(x, 0, 2)),
+    Op("transpose", "views", lambda x: rf.transpose(x)),
+    Op("transpose_axes", "views", lambda x: rf.transpose(x, (1, 0, 2))),
+    Op("T", "views", lambda x: x.T),
+    Op("mT", "views", lambda x: x.mT),
+    Op("index_none", "views", lambda x: x[None, ..., 1]),
+    Op("index_int", "views", lambda x: x[:, 2]),
+    Op("index_mixed", "views", lambda x: x[-1, :, None, ...]),
+    Op("view_of_view", "views", lambda x: rf.swapaxes(x.mT, 0, 1)[1]),
+    # -- arange ----------------------------------------------------------------------------------------
+    Op("arange", "arange", lambda x: rf.arange(37, dtype=x.dtype), NOT_BOOL, errors=("bool",), error_op=("arange",)),
+    Op("arange_step", "arange", lambda x: rf.arange(2, 40, 3, dtype=x.dtype), NOT_BOOL, errors=("bool",),
+       error_op=("arange",)),
+    Op("arange_plus", "arange", lambda x: x + rf.arange(131)),
+    Op("arange_float_plus", "arange", lambda x: x + rf.arange(0.5, 33.25, 0.25)),
+    # -- top-k of x (4, 37): ties, NaN, -0.0 against 0.0, -inf; full sorts of s (5, 4) -----------------
+    Op("topk_1", "topk", lambda x, s: rf.topk(x, 1, -1)),
+    Op("topk_4", "topk", lambda x, s: rf.topk(x, 4, -1)),
+    Op("topk_axis0", "topk", lambda x, s: rf.topk(x, 2, 0)),
+    Op("topk_full", "topk", lambda x, s: rf.topk(s, 4, -1)),
+]
+OPS_BY_NAME = {op.name: op for op in OPS}
+
+
+# -- divergences ---------------------------------------------------------------------------------------
+
+def _saturated(target: str) -> tuple[Callable, Callable]:
+    """float -> int the way LLVM's fptosi.sat and PTX's cvt.rzi do it: NaN -> 0, out of range -> the bound."""
+    info = np.iinfo(DTYPES[target])
+
+    bound = 2.0 ** (info.bits - 1)   # exact in float64, unlike info.max
+
+    def affected(op, inputs, expected):
+        x = inputs[0].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            return ~np.isfinite(x) | (np.trunc(x) < -bound) | (np.trunc(x) >= bound)
+
+    def gives(op, inputs, expected):
+        x = inputs[0].astype(np.float64)
+        inside = np.where(affected(op, inputs, expected), 0.0, x).astype(DTYPES[target])
+        out = np.where(np.isnan(x), 0, np.where(x > 0, info.max, info.min)).astype(DTYPES[target])
+        return np.where(affected(op, inputs, expected), out, inside)
+
+    return affected, gives
+
+
+def _in_f32(op: Op, inputs: tuple, expected: np.ndarray) -> np.ndarray:
+    """`op`'s body with its inputs as f32 (a float64 result computed in f32, then widened)."""
+    with np.errstate(all="ignore"):
+        return np.asarray(op.body(*(a.astype(np.float32) for a in inputs))).astype(np.float64)
+
+
+def _everywhere(op: Op, inputs: tuple, expected: np.ndarray) -> np.ndarray:
+    return np.ones(expected.shape, bool)
+
+
+_SAT_INT = ("float -> int of NaN, +-inf and out-of-range values saturates (NaN -> 0, else the nearest bound: "
+            "LLVM's fptosi.sat on cpu, PTX's cvt.rzi on GPUs); numpy's result is undefined there (a C cast; "
+            "INT_MIN on x86)")
+_F64_IN_F32 = ("GPUs compute exp/exp2/log/log2 of float64 values in f32 (docs/gpu-backend.md, \"Numerics\"): "
+               "numpy's float64 result of exp(int array) has f32 precision and range there (exp(100) is inf)")
+
+DIVERGENCES: list[Divergence] = [
+    *(Divergence(f"astype_{t}", FLOATS, COMPILED, _SAT_INT, affected=_saturated(t)[0], gives=_saturated(t)[1],
+                 numpy_defined=False) for t in INTS),
+    *(Divergence(name, INTS, ("simulate",), _F64_IN_F32, affected=_everywhere, gives=_in_f32, within=np.float32)
+      for name in ("exp", "exp2", "log", "log2")),
+    *(Divergence(name, ("i64",), COMPILED, "top-k of int64 is not compiled (the ranking key is a float64, "
+                 "which rounds int64): the kernel raises BackendError", raises=rf.BackendError)
+      for name in ("topk_1", "topk_4", "topk_axis0", "topk_full")),
+    Divergence("pow2", ("bool",), BACKENDS, "numpy gives int8 (bool ** Python int), a dtype RedFuser does "
+               "not have: the kernel raises DTypeError", raises=rf.DTypeError),
+    *(Divergence(name, INTS, BACKENDS, "& | ~ are in the subset for bools only (numpy's bitwise ops on "
+                 "integers are not): the kernel raises DTypeError", raises=rf.DTypeError)
+      for name in ("and", "or", "invert")),
+]
+
+
+def divergence(op: Op, dtype: str, backend: str) -> Divergence | None:
+    """The divergence listed for this cell, if any (at most one a cell)."""
+    found = [d for d in DIVERGENCES if d.op == op.name and dtype in d.dtypes and backend in d.backends]
+    assert len(found) <= 1, f"{op.name}-{dtype}-{backend} has {len(found)} divergences"
+    return found[0] if found else None
+
+
+def raises(op: Op, dtype: str, backend: str) -> type | None:
+    """The error the kernel must raise for this cell: numpy refuses it, or a divergence says it raises."""
+    if dtype in op.errors:
+        return rf.DTypeError
+    div = divergence(op, dtype, backend)
+    return div.raises if div is not None else None
+
+
+def markdown() -> str:
+    """The table as markdown: op x dtype, each cell ok / error / a divergence footnote."""
+    reasons: list[str] = []
+    lines = ["| op | " + " | ".join(ALL) + " |", "|---" * (len(ALL) + 1) + "|"]
+    for op in OPS:
+        cells = []
+        for d in ALL:
+            if d in op.errors:
+                cells.append("error")
+                continue
+            divs = [v for v in DIVERGENCES if v.op == op.name and d in v.dtypes]
+            marks = []
+            for v in divs:
+                if v.reason not in reasons:
+                    reasons.append(v.reason)
+                marks.append(f"{'raises' if v.raises else 'div'}[{reasons.index(v.reason) + 1}] "
+                             f"({', '.join(v.backends) if v.backends != BACKENDS else 'all'})")
+            cells.append("; ".join(marks) if marks else "ok")
+        lines.append(f"| `{op.name}` | " + " | ".join(cells) + " |")
+    notes = [f"[{i + 1}] {r}" for i, r in enumerate(reasons)]
+    return "\n".join(lines + [""] + notes)
+
+
+if __name__ == "__main__":
+    print(markdown())
