@@ -53,14 +53,11 @@ def demo(args: argparse.Namespace) -> int:
 
 def _check_quantized(out: np.ndarray, x: np.ndarray, w: np.ndarray, w_scale: np.ndarray) -> int:
     """The fused FP8 GEMM quantizes with the running absmax, so it rounds other values than the unfused
-    program: check the bound both meet against the exact product (docs/fusion.md, FP8 section)."""
-    xa = np.abs(x.astype(np.float64))
-    exact = (x.astype(np.float64) @ w.astype(np.float64)) * w_scale
-    bound = ((2.0**-4 * xa + 2.0**-10 * xa.max(-1, keepdims=True) / 448) @ np.abs(w.astype(np.float64))) * w_scale
-    worst = float(np.max(np.abs(out - exact) / (bound * (1 + 1e-5) + 1e-6)))
-    if not worst <= 1.0:
-        raise AssertionError(f"fp8_quant_gemm: error {worst:.3g} times the quantization bound")
-    print(f"\ncheck against the exact product: max error {worst:.3g} of the quantization bound — OK")
+    program: check the bounds both meet (`redfuser.testing.quantization`; docs/fusion.md, FP8 section)."""
+    from .testing.quantization import assert_quantized_gemm
+
+    result = assert_quantized_gemm(out, x, w, w_scale)
+    print(f"\ncheck against the exact product: {result} — OK")
     return 0
 
 

@@ -1,0 +1,152 @@
+"""The check for per-token FP8 quantization + GEMM (`redfuser.workloads.fp8_quant_gemm`): one function,
+used by the tests, ``python -m redfuser demo fp8_quant_gemm`` and the device check (benchmarks/gpu_cases.py).
+
+Two bounds, both per output element ``(i, j)``; ``s_j`` is the channel's weight scale, ``a_i = max_k |x_ik|``
+the token's absmax, ``q_ik = e4m3(x_ik * 448 / a_i)`` what the numpy body quantizes to.
+
+1. **The quantization bound** (docs/fusion.md, "Quantization inside a cascade"), against the exact
+   product ``x @ w * s`` in float64::
+
+       |out - x@w*s| <= s_j * sum_k |w_kj| * (2^-4 |x_ik| + 2^-10 a_i / 448)
+
+   Each element rounds to e4m3 with at most half an ulp (``2^-4`` relative) or half the smallest
+   subnormal step (``2^-10`` of the scale), whatever absmax ``a' <= a_i`` it was quantized with, so this
+   holds for the unfused program and for a fused loop that quantizes each chunk with the running absmax.
+   It is a worst case: it grows like ``K`` while the rounding errors, of both signs, add up like
+   ``sqrt(K)``. At ``K = 4096`` a correct kernel uses 3% of it, and an output scaled by 0.5 (76%), a
+   quarter of ``K`` left out (84%) or a GEMM that never quantizes (0%) all stay inside it.
+
+2. **The quantized reference**, on rows where every kernel quantizes exactly like the numpy body: when
+   the row's absmax occurs in every aligned window of `period` elements along ``K``, each chunk a fused
+   loop reads (a whole number of windows, chunks and split slices starting at multiples of the chunk)
+   already holds ``a_i`` when it quantizes, so every ``q_ik`` is the body's, bit for bit (the scale
+   ``448 / a`` and the product are correctly rounded f32 operations on both sides). What is left is the
+   f32 accumulation of exact e4m3 products and two f32 roundings of the epilogue::
+
+       |out - ref_q| <= (K * 2^-23) * s_j * a_i/448 * sum_k |q_ik w_kj|  +  2^-22 |ref_q|
+
+   with ``ref_q = (q @ w) * s * a / 448`` in float64. ``K * 2^-23`` is the worst case of summing ``K``
+   terms in f32 in any order, with every addition allowed a whole ulp (truncating tensor-core adders
+   included). A GEMM that skips the quantization differs from ``ref_q`` by the rounding errors
+   themselves: 4 times this allowance at ``K = 4096``, 285 times at ``K = 256``; an output scaled by 0.99
+   is 1.9 times over it at ``K = 4096``, one scaled by 0.5 or missing a quarter of ``K`` about 100 times.
+   A correct kernel (the CPU backend, quantizing chunk by chunk with the running absmax) uses 0.00x.
+   `tests/test_benchmarks.py` plants each of these.
+
+`check_quantized_gemm` reports both ratios; `assert_quantized_gemm` raises when either exceeds 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+E4M3_REL = 2.0**-4
+"""Half an e4m3 ulp, relative to the value (3 mantissa bits)."""
+
+E4M3_SUBNORMAL = 2.0**-10
+"""Half the smallest e4m3 subnormal step (``2^-9``), relative to the largest value 448."""
+
+_TINY = float(np.finfo(np.float32).tiny)
+
+PERIOD = 16
+"""The window the device check's inputs repeat each row's absmax in: every GPU and CPU schedule reads ``K``
+in chunks of a multiple of 16 elements (the smallest ``block_k``, an mma's k is 16 or 32)."""
+
+
+def quantization_bound(x: np.ndarray, w: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
+    """Bound 1 of the module docstring, per output element (float64)."""
+    xa = np.abs(x.astype(np.float64))
+    a = xa.max(axis=-1, keepdims=True)
+    per_element = E4M3_REL * xa + E4M3_SUBNORMAL * a / 448.0
+    return (per_element @ np.abs(w.astype(np.float64))) * w_scale.astype(np.float64)
+
+
+def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(q, a)``: the e4m3 values and absmax per row, computed as `fp8_quant_gemm`'s body does (f32)."""
+    xf = x.astype(np.float32)
+    a = np.max(np.abs(xf), axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (xf * (np.float32(448.0) / a)).astype(ml_dtypes.float8_e4m3fn), a
+
+
+def absmax_in_every_window(x: np.ndarray, period: int = PERIOD) -> np.ndarray:
+    """Per row: whether its absmax (nonzero) occurs in every aligned window of `period` elements (the last,
+    possibly shorter, window included)."""
+    xa = np.abs(x.astype(np.float32))
+    a = xa.max(axis=-1, keepdims=True)
+    k = xa.shape[-1]
+    pad = -k % period
+    hit = np.pad(xa == a, [(0, 0)] * (xa.ndim - 1) + [(0, pad)], constant_values=False)
+    windows = hit.reshape(hit.shape[:-1] + (-1, period)).any(axis=-1)
+    if pad:   # the padded tail belongs to the last window, which holds real elements
+        windows[..., -1] = hit[..., k - (k % period):k].any(axis=-1)
+    return windows.all(axis=-1) & (a[..., 0] > 0)
+
+
+@dataclass(frozen=True)
+class QuantizedCheck:
+    """The outcome of `check_quantized_gemm`: each ratio is the worst element's error over its bound."""
+
+    bound_ratio: float      # against the exact product and the quantization bound
+    exact_ratio: float      # against the quantized reference, on `exact_rows` rows (nan when none)
+    exact_rows: int
+    rows: int
+
+    @property
+    def passed(self) -> bool:
+        return self.bound_ratio <= 1.0 and not self.exact_ratio > 1.0
+
+    def __str__(self) -> str:
+        exact = (f"{self.exact_ratio:.3g}x the accumulation bound against the quantized reference on "
+                 f"{self.exact_rows} of {self.rows} rows" if self.exact_rows else "no row quantizes exactly")
+        return f"{self.bound_ratio:.3g}x the quantization bound; {exact}"
+
+
+def check_quantized_gemm(out: np.ndarray, x: np.ndarray, w: np.ndarray, w_scale: np.ndarray, *,
+                         period: int = PERIOD) -> QuantizedCheck:
+    """Both bounds of the module docstring for a kernel's `out` of ``fp8_quant_gemm(x, w, w_scale)``.
+
+    Rows whose absmax is zero are the reference's NaN and must be NaN in `out`; the ratios cover the rest.
+    """
+    out = np.asarray(out, np.float64)
+    x64, w64, s64 = x.astype(np.float64), w.astype(np.float64), w_scale.astype(np.float64)
+    zero = np.abs(x64).max(axis=-1) == 0
+    if not np.array_equal(np.isnan(out), np.broadcast_to(zero[..., None], out.shape)):
+        raise AssertionError("fp8_quant_gemm: NaN outputs differ from the reference's (its all-zero rows)")
+    keep = ~zero
+    exact = (x64 @ w64) * s64
+    with np.errstate(divide="ignore", invalid="ignore"):
+        allowed = quantization_bound(x, w, w_scale) + 2.0**-22 * np.abs(exact) + _TINY   # + out's f32 rounding
+        bound_ratio = float(np.max((np.abs(out - exact) / allowed)[keep], initial=0.0))
+    rows = absmax_in_every_window(x, period) & keep
+    exact_ratio = float("nan")
+    if rows.any():
+        q, a = quantize(x[rows])
+        q64, k = q.astype(np.float64), x.shape[-1]
+        unit = s64 * a.astype(np.float64) / 448.0
+        ref = (q64 @ w64) * unit
+        allowed = k * 2.0**-23 * (np.abs(q64) @ np.abs(w64)) * unit + 2.0**-22 * np.abs(ref) + _TINY
+        with np.errstate(divide="ignore", invalid="ignore"):
+            exact_ratio = float(np.max(np.abs(out[rows] - ref) / allowed))
+    return QuantizedCheck(bound_ratio, exact_ratio, int(rows.sum()), int(keep.sum()))
+
+
+def assert_quantized_gemm(out: np.ndarray, x: np.ndarray, w: np.ndarray, w_scale: np.ndarray, *,
+                          period: int = PERIOD) -> QuantizedCheck:
+    """`check_quantized_gemm`, raising `AssertionError` when an element is outside either bound."""
+    result = check_quantized_gemm(out, x, w, w_scale, period=period)
+    if not result.passed:
+        raise AssertionError(f"fp8_quant_gemm: error {result}")
+    return result
+
+
+def spike_rows(x: np.ndarray, period: int = PERIOD) -> np.ndarray:
+    """`x` with each row's absmax copied (with the element's sign) to every `period`-th element: inputs on
+    which every kernel quantizes exactly like the numpy body (bound 2 of the module docstring)."""
+    x = np.array(x, copy=True)
+    a = np.max(np.abs(x), axis=-1, keepdims=True)
+    head = x[..., ::period]
+    x[..., ::period] = np.where(head < 0, -a, a)
+    return x
