@@ -204,18 +204,23 @@ def test_shrinking_keeps_the_failure_and_simplifies():
 
 
 # ---------------------------------------------------------------------------------------------
-# the command line
+# the command line (the cascades are every eighth example of the whole-compiler fuzzer's campaign)
 # ---------------------------------------------------------------------------------------------
 def test_main_runs_a_few_examples_and_prints_a_summary(capsys):
-    assert main(["--examples", "6", "--seed", "0", "--max-axis", "256"]) == 0
+    assert main(["--backend", "interpret", "--examples", "8", "--seed", "0", "--max-axis", "256", "--jobs", "0"]) == 0
     out = capsys.readouterr().out
-    assert "6 examples, seed 0" in out and "failures: 0" in out and "separable" in out
+    assert "8 examples (7 programs, 1 cascades), seed 0" in out and "failures: 0" in out
+    assert "cascade reductions:" in out and "separable" in out
 
 
 def test_main_exits_1_and_prints_a_reproducer_when_something_fails(capsys, monkeypatch):
     c, _ = _wrongly_labelled()
-    monkeypatch.setattr("redfuser.testing.fuzz.example", lambda seed, index, max_axis=4096: c)
-    assert main(["--examples", "1", "--seed", "0", "--shrink-budget", "5"]) == 1
+    for module in ("redfuser.testing.fuzz", "redfuser.testing.fuzz_tasks"):
+        monkeypatch.setattr(f"{module}.cascade_example", lambda seed, index, max_axis=4096: c)
+    argv = ["--backend", "interpret", "--first", "7", "--examples", "1", "--seed", "0", "--shrink-budget", "5",
+            "--jobs", "0"]
+    assert main(argv) == 1
     out = capsys.readouterr().out
-    assert "failures: 1 (completeness 1)" in out and "---- reproducer: completeness" in out
+    assert "failures: 1 (1 signatures)" in out and "interpret / cascade completeness / cascade" in out
+    assert "---- reproducer: cascade completeness on interpret" in out
     assert "def cascade(" in out and "rng = np.random.default_rng(" in out

@@ -1,150 +1,295 @@
-"""The fusion fuzzer's campaign: ``python -m redfuser fuzz --examples N --seed S``.
+"""The fuzzer's campaign and command line: ``python -m redfuser fuzz --backend all --examples N --seed S``.
 
-Example ``i`` of seed ``S`` is the cascade `draw_cascade` builds from
-``RandomDraw("redfuser-fuzz:S:i")`` (the grammar of `redfuser.testing.cascades`),
-so any example can be rebuilt from the seed and its number alone. Each one is
-lowered and run on the ``interpret`` backend in chunks of a few elements and
-checked for the three properties of `redfuser.testing.cascade_check`
-(soundness against the numpy reference under the documented tolerance rule,
-completeness on the grammar, reasons for refusals).
+A campaign runs examples ``0 .. N-1`` of seed ``S`` (`fuzz_tasks`: most are
+whole-compiler programs of `program_grammar`, run on every chosen backend and
+judged against the numpy body by `program_judge`; every eighth is a cascade of
+the fusion grammar, checked for fusion soundness, completeness and reasons).
+Examples run in ``--jobs`` worker processes (`fuzz_pool`; ``0``: in this
+process), so a crash or a hang is one failure, not the end of the campaign.
 
-The campaign prints a summary (examples, reductions fused / refused by family
-and by the grammar's label, failures by kind) and, for the first failure of
-each signature (kind, op and family of the failing reduction), shrinks it and
-prints a self-contained reproducer script. The exit
-code is 1 when anything failed. A long campaign: ``--examples 5000 --seed 1``
-(any seed; seeds are independent campaigns), or ``--profile fuzz``.
+It prints a summary (examples, time and throughput per backend, calls and
+elements judged, the ops and idioms drawn, the fusion grammar's table, failures
+by signature) and, for the first failure of each signature, shrinks it and
+prints a runnable reproducer script (``--out``: also written to files). The
+exit code is 1 when anything failed, 2 for a bad command line.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cascade_check import KINDS, Failure, check
-from .cascade_repro import reproducer, same_failure, shrink
-from .cascades import Cascade, RandomDraw, draw_cascade
+from . import cascade_repro
+from .cascade_check import Failure as CascadeFailure
+from .cascade_check import check
+from .cascades import Cascade
+from .fuzz_pool import Pool
+from .fuzz_tasks import Config, Result, cascade_example, is_cascade, program_example, run_example
+from .program import Program
+from .program_judge import Failure
+from .program_judge import run as judge_program
+from .program_repro import reproducer
+from .program_shrink import shrink
 
 PROFILE_EXAMPLES = {"ci": 25, "fuzz": 2500}
-"""Examples per run when ``--examples`` is not given (the hypothesis profiles' sizes)."""
+"""Examples per run when ``--examples`` is not given."""
+HOST_BACKENDS = ("interpret", "cpu", "simulate")
 STATUSES = ("fused", "refused", "blocked", "unpaired", "ungrouped", "dead")
-
-
-def example(seed: int, index: int, max_axis: int = 4096) -> Cascade:
-    """Example `index` of the campaign with `seed`."""
-    return draw_cascade(RandomDraw(f"redfuser-fuzz:{seed}:{index}"), max_axis)
+example = cascade_example  # the fusion fuzzer's name for a cascade example
 
 
 @dataclass
 class Campaign:
-    """Counts and failures of one run."""
+    """Counts, timings and failures of one run."""
 
-    seed: int
+    config: Config
+    jobs: int = 0
     examples: int = 0
+    programs: int = 0
     seconds: float = 0.0
+    backend_seconds: Counter = field(default_factory=Counter)
+    calls: int = 0
+    judged: int = 0
+    unsure: int = 0
+    refusals: int = 0
+    ops: Counter = field(default_factory=Counter)
+    labels: Counter = field(default_factory=Counter)
     by_family: dict[tuple[str, str, str], Counter] = field(default_factory=dict)
-    failures: list[tuple[int, Cascade, Failure]] = field(default_factory=list)
+    failures: list[tuple[int, Failure]] = field(default_factory=list)
 
-    def record(self, index: int, c: Cascade, status: dict[str, str], failures: list[Failure]) -> None:
+    def record(self, r: Result) -> None:
         self.examples += 1
-        for r in c.reductions:
-            key = ("separable" if r.separable else "non-separable", r.op, r.family)
-            self.by_family.setdefault(key, Counter())[status.get(r.name, "ungrouped")] += 1
-        self.failures += [(index, c, f) for f in failures]
-
-    def totals(self) -> Counter:
-        out: Counter = Counter()
-        for counts in self.by_family.values():
-            out.update(counts)
-        return out
+        self.programs += r.kind == "program"
+        self.backend_seconds.update(r.seconds)
+        self.calls += r.calls
+        self.judged += r.judged
+        self.unsure += r.unsure
+        self.refusals += r.refusals
+        self.ops.update(r.ops)
+        self.labels.update(x for x in r.label.split("+") if x)
+        for key, counts in r.cascade_status.items():
+            self.by_family.setdefault(key, Counter()).update(counts)
+        self.failures += [(r.index, f) for f in r.failures]
 
     def summary(self) -> str:
-        total = self.totals()
-        lines = [f"RedFuser fusion fuzzer: {self.examples} examples, seed {self.seed}, {self.seconds:.1f} s",
-                 f"reductions: {sum(total.values())}: " + ", ".join(f"{s} {total[s]}" for s in STATUSES),
-                 ("  (refused: its own body; blocked: reads an unfused result; unpaired: fewer than two of its group "
-                  "fuse; dead: not needed by any output)"),
-                 f"{'label':<14} {'op':<7} {'family':<34} " + " ".join(f"{s:>9}" for s in STATUSES)]
-        for (label, op, family), counts in sorted(self.by_family.items()):
-            lines.append(f"{label:<14} {op:<7} {family[:34]:<34} " + " ".join(f"{counts[s]:>9}" for s in STATUSES))
-        kinds = Counter(f.kind for _, _, f in self.failures)
-        lines.append(f"failures: {len(self.failures)}" +
-                     (" (" + ", ".join(f"{k} {kinds[k]}" for k in KINDS if kinds[k]) + ")" if self.failures else ""))
-        for index, c, f in self.failures[:40]:
-            lines.append(f"  example {index}: {f.kind}: {f.message[:300]}")
-            lines.append(f"    {c.describe()[:300]}")
-        if len(self.failures) > 40:
-            lines.append(f"  ... and {len(self.failures) - 40} more")
+        c = self.config
+        rate = self.examples / self.seconds if self.seconds else 0.0
+        lines = [f"RedFuser fuzzer: {self.examples} examples ({self.programs} programs, "
+                 f"{self.examples - self.programs} cascades), seed {c.seed}, backends {', '.join(c.backends)}, "
+                 f"{self.jobs or 'no'} worker process{'es' if self.jobs != 1 else ''}, {self.seconds:.1f} s "
+                 f"({rate:.2f} examples/s)",
+                 "CPU seconds per example: " + ", ".join(
+                     f"{b} {self.backend_seconds[b] / max(self.examples, 1):.3f}" for b in ("oracle",) + c.backends)]
+        total = self.judged + self.unsure
+        lines.append(f"programs: {self.calls} calls ({self.refusals} refused by numpy and the kernel alike), "
+                     f"{self.judged} elements judged, {self.unsure} unsure ({100 * self.unsure / max(total, 1):.2f}%)")
+        lines.append("ops: " + ", ".join(f"{op} {n}" for op, n in self.ops.most_common()))
+        if self.labels:
+            lines.append("idioms: " + ", ".join(f"{x} {n}" for x, n in self.labels.most_common()))
+        if self.by_family:
+            lines += _cascade_table(self.by_family)
+        lines += _failure_lines(self.failures)
         return "\n".join(lines)
 
 
-def run(examples: int, seed: int, max_axis: int = 4096, verbose: bool = False) -> Campaign:
-    """Check `examples` cascades of campaign `seed`."""
-    campaign = Campaign(seed)
+def _cascade_table(by_family: dict[tuple[str, str, str], Counter]) -> list[str]:
+    total: Counter = Counter()
+    for counts in by_family.values():
+        total.update(counts)
+    lines = [f"cascade reductions: {sum(total.values())}: " + ", ".join(f"{s} {total[s]}" for s in STATUSES),
+             f"  {'label':<14} {'op':<7} {'family':<34} " + " ".join(f"{s:>9}" for s in STATUSES)]
+    for (label, op, family), counts in sorted(by_family.items()):
+        lines.append(f"  {label:<14} {op:<7} {family[:34]:<34} " + " ".join(f"{counts[s]:>9}" for s in STATUSES))
+    return lines
+
+
+def _failure_lines(failures: list[tuple[int, Failure]]) -> list[str]:
+    groups: dict[tuple, list[tuple[int, Failure]]] = {}
+    for index, f in failures:
+        groups.setdefault(f.signature(), []).append((index, f))
+    lines = [f"failures: {len(failures)}" + (f" ({len(groups)} signatures)" if failures else "")]
+    for sig, items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        index, f = items[0]
+        lines.append(f"  {len(items):5d} x {' / '.join(x for x in sig if x)}: first example {index}: {f.message[:240]}")
+    return lines
+
+
+def run(config: Config, examples: int, jobs: int = 0, verbose: bool = False, pool: Pool | None = None,
+        first: int = 0) -> Campaign:
+    """Run examples ``first .. first+examples-1`` of `config` (in `pool`'s workers; without one, here)."""
+    campaign = Campaign(config, jobs if pool is not None else 0)
     start = time.monotonic()
-    for i in range(examples):
-        c = example(seed, i, max_axis)
-        verdict = check(c)
-        campaign.record(i, c, verdict.status, verdict.failures)
+    indices = range(first, first + examples)
+    results = pool.examples(indices) if pool is not None else (run_example(config, i) for i in indices)
+    for r in results:
+        campaign.record(r)
         if verbose:
-            print(f"{i:5d} {'FAIL' if verdict.failures else 'ok  '} {c.describe()[:150]}", flush=True)
+            print(f"{r.index:6d} {'FAIL' if r.failures else 'ok  '} {r.kind:8s} {r.description[:150]}", flush=True)
     campaign.seconds = time.monotonic() - start
     return campaign
 
 
-def signature(c: Cascade, f: Failure) -> tuple[str, ...]:
-    """Failures with one signature are likely one bug: the kind and the failing reduction's op and family."""
-    r = next((x for x in c.reductions if x.name == f.reduction), None)
-    if r is None:
-        return (f.kind, f.message.split(":")[0])
-    return (f.kind, r.op, r.family, "nan" if "NaN positions" in f.message else "")
-
-
-def reproducers(campaign: Campaign, shrink_budget: int = 150, limit: int = 5) -> list[tuple[str, str]]:
+def reproducers(campaign: Campaign, shrink_budget: int = 300, limit: int = 5,
+                pool: Pool | None = None) -> list[tuple[str, str]]:
     """(title, script) for the first failure of each signature (at most `limit`), shrunk (budget 0: as found)."""
     out: list[tuple[str, str]] = []
-    seen: set[tuple[str, ...]] = set()
-    for index, c, f in campaign.failures:
-        key = signature(c, f)
-        if key in seen or len(out) >= limit:
+    seen: set[tuple] = set()
+    c = campaign.config
+    for index, f in campaign.failures:
+        if f.signature() in seen or len(out) >= limit or f.backend == "fuzzer":
             continue
-        seen.add(key)
-        tried = 0
-        if shrink_budget:
-            c, tried = shrink(c, same_failure(f), budget=shrink_budget)
-            verdict = check(c, soundness=True)
-            f = next((g for g in verdict.failures if g.kind == f.kind and (not f.reduction or g.reduction == f.reduction)), f)
-        origin = f" (seed {campaign.seed}, example {index}" + (f", shrunk in {tried} tries)" if tried else ")")
-        out.append((f"{f.kind} (example {index})", reproducer(c, f, origin)))
+        seen.add(f.signature())
+        if is_cascade(index):
+            script = _cascade_reproducer(c, index, f, shrink_budget)
+        else:
+            script = _program_reproducer(c, index, f, shrink_budget, pool)
+        if script:
+            out.append((f"{f.kind} on {f.backend} (example {index})", script))
     return out
+
+
+def _program_reproducer(c: Config, index: int, f: Failure, budget: int, pool: Pool | None) -> str:
+    """Shrink program example `index` while it fails like `f`, in a worker when there is a pool (a candidate
+    may crash the process), and print it."""
+    p = program_example(c.seed, index, c.max_size)
+
+    def failures(q: Program) -> list[Failure]:
+        return pool.judge(q, f.backend).failures if pool is not None else judge_program(q, f.backend).failures
+
+    def fails(q: Program) -> bool:
+        try:
+            return any(g.signature() == f.signature() for g in failures(q))
+        except Exception:  # the oracle cannot run this candidate
+            return False
+
+    original, tried, note = p, 0, ""
+    if budget:
+        p, tried = shrink(p, fails, budget=min(budget, 40) if f.kind in ("crash", "timeout") else budget)
+    confirmed = None
+    for candidate in ([p, original] if p is not original else [p]):  # in a fresh worker: earlier tasks may matter
+        if pool is not None:
+            pool.fresh()
+        found = [g for g in failures(candidate) if g.signature() == f.signature()]
+        if found:
+            confirmed = candidate, found[0]
+            break
+    if confirmed is None:
+        p, note = original, ("\n\nNOT CONFIRMED: this program did not fail again in a fresh process; the failure "
+                             "depends on what the worker ran before it (a cache, or memory an earlier kernel wrote)")
+    else:
+        p, f = confirmed
+        if p is original and tried:
+            note = "\n\n(The shrunk program did not fail in a fresh process: printed as drawn.)"
+    origin = f" (seed {c.seed}, example {index}" + (f", shrunk in {tried} tries)" if tried and p is not original
+                                                      else ")")
+    return reproducer(p, f, origin + note)
+
+
+def _cascade_reproducer(c: Config, index: int, f: Failure, budget: int) -> str:
+    cascade: Cascade = cascade_example(c.seed, index, c.max_axis)
+    verdict = check(cascade)
+    kind = f.kind.removeprefix("cascade ") if f.kind.startswith("cascade ") else "soundness"
+    target = next((g for g in verdict.failures if g.kind == kind), None)
+    if f.backend != "interpret" or target is None:
+        target = CascadeFailure("soundness", cascade.returns[0], f.message)
+        text = cascade_repro.reproducer(cascade, target, f" (seed {c.seed}, example {index}, on {f.backend})")
+        return re.sub(r'backend="interpret", interpret_chunk=\d+', f'backend="{f.backend}"', text)
+    tried = 0
+    if budget:
+        cascade, tried = cascade_repro.shrink(cascade, cascade_repro.same_failure(target), budget=budget)
+        again = check(cascade).failures
+        target = next((g for g in again if g.kind == target.kind), target)
+    origin = f" (seed {c.seed}, example {index}" + (f", shrunk in {tried} tries)" if tried else ")")
+    return cascade_repro.reproducer(cascade, target, origin)
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line
+# ---------------------------------------------------------------------------------------------
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def backends_here() -> tuple[str, ...]:
+    """The host backends, and ``cuda`` where a device is present."""
+    from redfuser import backends
+
+    return HOST_BACKENDS + (("cuda",) if backends.BACKENDS["cuda"].usable() is None else ())
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``fuzz`` command's argument parser."""
+    p = argparse.ArgumentParser(
+        prog="redfuser fuzz",
+        description="Random programs over RedFuser's whole op subset (dtypes, casts, masks, top-k, quantization, "
+                    "matmul, static scalars, views, kernel options), run on each backend and judged against the "
+                    "numpy body; every eighth example a cascade of the fusion grammar, checked for fusion "
+                    "soundness, completeness and reasons. Failures are shrunk and printed as runnable scripts.",
+        epilog="A long campaign: python -m redfuser fuzz --examples 35000 --seed 1 --jobs 2 --out repro/ "
+               "(docs/testing.md, 'The fuzzer').")
+    p.add_argument("--backend", default="all", choices=("all", *HOST_BACKENDS, "cuda"),
+                   help="run every program on this backend, or on all that run here (default: all: interpret, "
+                        "cpu, simulate, and cuda with a device)")
+    p.add_argument("--examples", type=_count(1), default=None, help="how many examples (default: from --profile)")
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (example i is reproducible from it)")
+    p.add_argument("--first", type=_count(0), default=0,
+                   help="number of the first example (--first 117 --examples 1 reruns example 117 alone)")
+    p.add_argument("--profile", choices=sorted(PROFILE_EXAMPLES), default="ci",
+                   help="default size: ci (25 examples) or fuzz (2500)")
+    p.add_argument("--jobs", type=_count(0), default=1,
+                   help="worker processes (default 1; 0 runs in this process: a crash ends the campaign)")
+    p.add_argument("--max-axis", type=_count(1), default=4096, help="longest reduced axis of a cascade")
+    p.add_argument("--max-size", type=_count(1), default=256, help="elements of a program's typical array")
+    p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds one example may run on one backend")
+    p.add_argument("--shrink-budget", type=_count(0), default=300, help="candidates tried when shrinking (0: off)")
+    p.add_argument("--reproducers", type=_count(0), default=5, help="print at most this many (one per signature)")
+    p.add_argument("--out", type=Path, default=None, help="also write each reproducer to this folder")
+    p.add_argument("--verbose", action="store_true", help="print one line per example")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """``fuzz`` command line: run a campaign, print the summary and reproducers; 1 when something failed."""
-    parser = argparse.ArgumentParser(
-        prog="redfuser fuzz",
-        description="Random cascaded reductions, fused and run on the interpret backend, checked against the numpy "
-                    "reference (soundness), the grammar's separability labels (completeness) and for reasons.")
-    parser.add_argument("--examples", type=int, default=None, help="how many cascades (default: from --profile)")
-    parser.add_argument("--seed", type=int, default=0, help="campaign seed (example i is reproducible from it)")
-    parser.add_argument("--profile", choices=sorted(PROFILE_EXAMPLES), default="ci",
-                        help="default size: ci (25 examples) or fuzz (2500)")
-    parser.add_argument("--max-axis", type=int, default=4096, help="longest reduced axis to draw")
-    parser.add_argument("--shrink-budget", type=int, default=150, help="candidates tried when shrinking (0: off)")
-    parser.add_argument("--reproducers", type=int, default=5, help="print at most this many (one per signature)")
-    parser.add_argument("--out", type=Path, default=None, help="also write each reproducer to this folder")
-    parser.add_argument("--verbose", action="store_true", help="print one line per example")
-    ns = parser.parse_args(argv)
+    p = parser()
+    ns = p.parse_args(argv)
+    here = backends_here()
+    if ns.backend != "all" and ns.backend not in here:
+        p.error(f"backend {ns.backend!r} cannot run here (runs here: {', '.join(here)})")
+    config = Config(ns.seed, here if ns.backend == "all" else (ns.backend,), ns.max_axis, ns.max_size)
     examples = ns.examples if ns.examples is not None else PROFILE_EXAMPLES[ns.profile]
-    campaign = run(examples, ns.seed, ns.max_axis, ns.verbose)
-    print(campaign.summary())
-    for n, (title, script) in enumerate(reproducers(campaign, ns.shrink_budget, ns.reproducers)):
-        print(f"\n---- reproducer: {title} ----\n{script}")
-        if ns.out is not None:
-            ns.out.mkdir(parents=True, exist_ok=True)
-            (ns.out / f"fuzz_repro_{n}.py").write_text(script)
+    pool = Pool(ns.jobs, config, ns.timeout) if ns.jobs else None
+    try:
+        campaign = run(config, examples, ns.jobs, ns.verbose, pool, ns.first)
+        print(campaign.summary(), flush=True)
+        for n, (title, script) in enumerate(reproducers(campaign, ns.shrink_budget, ns.reproducers, pool)):
+            print(f"\n---- reproducer: {title} ----\n{script}", flush=True)
+            if ns.out is not None:
+                ns.out.mkdir(parents=True, exist_ok=True)
+                (ns.out / f"fuzz_repro_{n}.py").write_text(script)
+    finally:
+        if pool is not None:
+            pool.close()
     return 1 if campaign.failures else 0
 
 

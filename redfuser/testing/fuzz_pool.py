@@ -1,0 +1,185 @@
+"""Worker processes for the fuzzer: examples run in parallel, and a crash or a hang costs one example.
+
+Each worker is a spawned process (`multiprocessing`, ``spawn``: a fresh
+interpreter, never a fork of one holding LLVM and thread pools) connected by a
+pipe. It runs one task at a time -- an example (`fuzz_tasks.run_example`) or one
+program on one backend (for the shrinker) -- and says which backend it starts
+before each, so that when the process dies (a segmentation fault in generated
+code) or outlives the timeout (it is then killed), the campaign records a
+``crash`` or ``timeout`` failure for that example and backend and starts a new
+worker. Workers compile with the on-disk cache off (``REDFUSER_CACHE=0`` in their
+own environment): a campaign of 100 000 programs would otherwise leave as many
+cache entries behind.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+
+from .fuzz_tasks import Config, Result, run_example
+from .program import Program
+from .program_judge import Failure, Outcome, run
+
+
+def _worker(conn: Connection, config: Config) -> None:  # pragma: no cover - runs in the child
+    os.environ["REDFUSER_CACHE"] = "0"
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        tag, payload = message
+        try:
+            if tag == "example":
+                result = run_example(config, payload, progress=lambda b: conn.send(("progress", b)))
+                conn.send(("done", result))
+            else:
+                program, backend = payload
+                conn.send(("progress", backend))
+                conn.send(("done", run(program, backend)))
+        except Exception:
+            conn.send(("error", traceback.format_exc()))
+
+
+@dataclass
+class _Slot:
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    task: tuple | None = None
+    backend: str = ""
+    since: float = 0.0
+
+
+class Pool:
+    """`jobs` worker processes; use as a context manager."""
+
+    def __init__(self, jobs: int, config: Config, timeout: float = 300.0) -> None:
+        self.config, self.timeout = config, timeout
+        self._context = multiprocessing.get_context("spawn")
+        self.slots = [self._start() for _ in range(max(1, jobs))]
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(self) -> _Slot:
+        ours, theirs = self._context.Pipe()
+        process = self._context.Process(target=_worker, args=(theirs, self.config), daemon=True)
+        process.start()
+        theirs.close()
+        return _Slot(process, ours)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            try:
+                slot.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for slot in self.slots:
+            slot.process.join(timeout=5)
+            if slot.process.is_alive():
+                slot.process.kill()
+                slot.process.join()
+
+    def fresh(self) -> None:
+        """A new process for worker 0 (nothing earlier tasks left in memory or caches)."""
+        self._restart(0)
+
+    def _restart(self, k: int) -> None:
+        old = self.slots[k]
+        if old.process.is_alive():
+            old.process.kill()
+        old.process.join()
+        old.conn.close()
+        self.slots[k] = self._start()
+
+    # -- running tasks -----------------------------------------------------------------------------
+    def _give(self, k: int, task: tuple) -> None:
+        slot = self.slots[k]
+        slot.task, slot.backend, slot.since = task, "", time.monotonic()
+        slot.conn.send(task)
+
+    def _lost(self, k: int, why: str) -> tuple[tuple, Failure]:
+        """The worker of slot `k` died or hung: the failure to record for its task; a fresh worker."""
+        slot = self.slots[k]
+        kind = "timeout" if why == "timeout" else "crash"
+        if kind == "crash":
+            slot.process.join(timeout=5)  # reap it, for its exit code
+        code = slot.process.exitcode
+        message = (f"the worker ran {self.timeout:.0f} s on this backend and was killed" if kind == "timeout" else
+                   f"the worker process died (exit code {code}{_signal_name(code)})")
+        failure = Failure(kind, slot.backend or "?", 0, message, kind)
+        task = slot.task
+        self._restart(k)
+        return task, failure
+
+    def _poll(self) -> Iterator[tuple[int, tuple, object]]:
+        """(slot, task, answer) for each finished task; answer is a Result/Outcome, a Failure, or an error text."""
+        busy = {slot.conn: k for k, slot in enumerate(self.slots) if slot.task is not None}
+        for conn in wait(list(busy), timeout=1.0):
+            k = busy[conn]
+            slot = self.slots[k]
+            try:
+                tag, payload = conn.recv()
+            except (EOFError, OSError):
+                task, failure = self._lost(k, "crash")
+                yield k, task, failure
+                continue
+            if tag == "progress":
+                slot.backend, slot.since = payload, time.monotonic()
+                continue
+            task, slot.task = slot.task, None
+            yield k, task, payload if tag == "done" else f"the fuzzer itself failed:\n{payload}"
+        now = time.monotonic()
+        for k, slot in enumerate(self.slots):
+            if slot.task is not None and now - slot.since > self.timeout:
+                task, failure = self._lost(k, "timeout")
+                yield k, task, failure
+
+    def examples(self, indices: Iterable[int]) -> Iterator[Result]:
+        """Run the examples (in any order); a lost worker gives a Result holding its crash or timeout."""
+        todo = deque(indices)
+        while todo or any(s.task is not None for s in self.slots):
+            for k, slot in enumerate(self.slots):
+                if slot.task is None and todo:
+                    self._give(k, ("example", todo.popleft()))
+            for _, task, answer in self._poll():
+                if isinstance(answer, Result):
+                    yield answer
+                else:
+                    failure = answer if isinstance(answer, Failure) else Failure("exception", "fuzzer", 0, answer,
+                                                                                 "fuzzer")
+                    yield Result(task[1], "program", failures=[failure])
+
+    def judge(self, program: Program, backend: str) -> Outcome:
+        """Run one program on one backend in a worker (for shrinking crashes); a lost worker is its failure."""
+        self._give(0, ("judge", (program, backend)))
+        while True:
+            for k, _, answer in self._poll():
+                if k != 0:
+                    continue
+                if isinstance(answer, Outcome):
+                    return answer
+                failure = answer if isinstance(answer, Failure) else Failure("exception", "fuzzer", 0, answer)
+                return Outcome([failure])
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None or code >= 0:
+        return ""
+    import signal
+
+    try:
+        return f", {signal.Signals(-code).name}"
+    except ValueError:
+        return ""

@@ -1,0 +1,192 @@
+"""The oracle's error bounds: how far a correct kernel's value may be from numpy's, per element.
+
+`error` gives the bound of an inexact value from its operands' values and
+bounds (first order, as in `cascade_check`): each step adds its own rounding,
+``4 u |out|`` (``u`` the unit roundoff of the lowest-precision dtype involved:
+numpy rounds an f16 step to f16, a kernel keeps f32; a libm function is a few
+ulps), and carries its operands' bounds through its condition (``mul``:
+``|b| e_a + |a| e_b``; ``div``: ``(e_a + |out| e_b) / (|b| - e_b)``; ``exp``:
+``|out| (exp(e_a) - 1)``...). A lossy cast to f16, bf16 or e4m3 adds one ulp and
+one subnormal step of the target over ``C``: the fusion engine may round it on
+another scale (a running absmax, docs/fusion.md "Quantization").
+
+A float ``sum`` or ``@`` adds ``u (1 + log2 n + sqrt n)`` times the sum of its
+terms' *magnitudes* (`magnitude`): the size of the terms an algebraic expansion
+of the body can produce. The fusion engine expands a sum of separable terms
+(``sum((x - mu)**2)`` becomes ``sum(x**2) - 2 mu sum(x) + n mu**2``,
+docs/fusion.md "layer-norm statistics"), which is exact in real arithmetic and
+rounds relative to ``(|x| + |mu|)**2``, not to ``(x - mu)**2``. Magnitudes follow
+absolute arithmetic through the polynomial ops (``|a| + |b|`` for ``a - b``,
+``|a| |b|`` for ``a * b``, division by a value as a factor) and restart at
+``|value|`` after any other op, which the engine evaluates whole. The depth
+covers any summation order, down to a sequential loop of one-element chunks.
+
+`expansion_hazard` marks the documented limit of such expansions (docs/fusion.md,
+"Limits of exactness with infinities"): where an expanded body's terms are
+infinite or overflow the result's dtype, the expanded sums can be ``inf - inf``
+where numpy's body is finite or infinite.
+"""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from .program_rules import RULES
+from .tolerance import C
+
+POLYNOMIAL = frozenset({"add", "sub", "mul", "neg", "square", "add_c", "rsub_c", "mul_c", "rmul_c", "div_c",
+                        "div", "div_safe"})
+"""Ops the fusion algebra expands through (`magnitude` follows them; every other op restarts)."""
+
+
+def _f64(x: object) -> np.ndarray:
+    a = np.ma.getdata(x) if isinstance(x, np.ma.MaskedArray) else x
+    return np.asarray(a).astype(np.float64)
+
+
+def magnitude(node, ins: list, r: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(magnitude of the terms an expansion of this value can produce, whether it is a sum of such terms)."""
+    op = node.op
+    out = np.abs(_f64(r))
+    rule = RULES[op]
+    if rule.kind == "view":
+        return np.asarray(rule.apply([ins[0].mag], node.params), np.float64), ins[0].expanded
+    if op == "astype" and np.dtype(r.dtype).itemsize >= ins[0].dtype.itemsize and r.dtype.kind == "f":
+        return np.broadcast_to(ins[0].mag, r.shape), ins[0].expanded  # a widening cast: transparent
+    if op not in POLYNOMIAL or not all(np.asarray(v.ref).dtype.kind in "fVbiu" for v in ins):
+        return out, False
+    m = [v.mag for v in ins]
+    c = abs(float(node.params[0])) if node.params else 1.0
+    with np.errstate(all="ignore"):
+        mag = {"add": lambda: m[0] + m[1], "sub": lambda: m[0] + m[1], "mul": lambda: m[0] * m[1],
+               "neg": lambda: m[0], "square": lambda: m[0] ** 2, "add_c": lambda: m[0] + c,
+               "rsub_c": lambda: m[0] + c, "mul_c": lambda: m[0] * c, "rmul_c": lambda: m[0] * c,
+               "div_c": lambda: m[0] / c, "div": lambda: m[0] / np.abs(_f64(ins[1].ref)),
+               "div_safe": lambda: m[0] / (np.abs(_f64(ins[1].ref)) + 1.0)}[op]()
+    expanded = op in ("add", "sub", "add_c", "rsub_c") or any(v.expanded for v in ins)
+    mag = np.where(np.isnan(mag), np.inf, mag)
+    return np.broadcast_to(np.maximum(mag, np.where(np.isnan(out), 0.0, out)), r.shape), expanded
+
+
+def expansion_hazard(node, ins: list, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Elements of a float sum or ``@`` whose expanded terms are infinite or overflow `dtype`."""
+    if node.op not in ("sum", "sum_method", "matmul") or dtype.kind not in "fV":
+        return np.zeros(shape, bool)
+    top = float(ml_dtypes.finfo(dtype).max)
+    bad = [np.asarray(v.expanded & ~(np.asarray(v.mag) < top)) for v in ins]
+    if not any(b.any() for b in bad):
+        return np.zeros(shape, bool)
+    if node.op == "matmul":
+        a, b = (np.broadcast_to(x, np.shape(v.ref)).astype(np.float64) for x, v in zip(bad, ins))
+        return (np.matmul(a, np.ones(np.shape(ins[1].ref))) + np.matmul(np.ones(np.shape(ins[0].ref)), b)) > 0
+    return np.asarray(np.any(np.broadcast_to(bad[0], np.shape(ins[0].ref)), axis=node.params[0],
+                             keepdims=node.params[1]))
+
+
+def error(node, ins: list, r: np.ndarray, u: float, lossy: bool) -> np.ndarray:
+    """The error bound of an inexact result (see the module docstring)."""
+    out = np.abs(_f64(r))
+    a = [(_f64(v.ref), v.err) for v in ins]
+    with np.errstate(all="ignore"):
+        e = ERRORS.get(node.op, _worst)(node, a, out) if ins else np.zeros(r.shape)
+        if node.op in ("sum", "sum_method", "matmul"):
+            rounding = _accumulation(node, ins, u)
+        elif lossy:  # one ulp and one subnormal step of the target, after the factor C
+            f = ml_dtypes.finfo(r.dtype)
+            rounding = (float(f.eps) * out + float(f.smallest_subnormal)) / C
+        else:
+            rounding = 4 * u * out
+        total = np.asarray(e, np.float64) + rounding
+        return np.where(np.isnan(total), np.inf, total)
+
+
+def _depth(n: int) -> float:
+    return 1.0 + math.log2(max(n, 1)) + math.sqrt(max(n, 1))
+
+
+def _accumulation(node, ins: list, u: float) -> np.ndarray:
+    mags = [np.broadcast_to(v.mag, np.shape(v.ref)) for v in ins]
+    if node.op == "matmul":
+        n = mags[0].shape[-1]
+        return u * _depth(n) * np.matmul(mags[0], mags[1])
+    x = mags[0]
+    axis, keep = node.params[0], node.params[1]
+    n = x.size // max(np.sum(np.zeros(x.shape), axis=axis).size, 1) if x.size else 0
+    return u * _depth(n) * np.sum(np.where(np.isnan(x), 0.0, x), axis=axis, keepdims=keep)
+
+
+def _worst(node, a, out) -> np.ndarray:
+    """Exact ops on inexact operands (views, selections, casts): at most the largest operand bound moved."""
+    rule = RULES[node.op]
+    errs = [e for _, e in a]
+    if rule.kind == "view":
+        return np.asarray(rule.apply([errs[0]], node.params))
+    if rule.kind == "reduce":
+        return np.max(errs[0], axis=node.params[0], keepdims=node.params[1]) if errs[0].size else \
+            np.zeros(out.shape)
+    if rule.kind == "topk":
+        return np.broadcast_to(np.max(errs[0], axis=-1, keepdims=True), out.shape)
+    if node.op in ("where", "where_c"):
+        return np.maximum.reduce([np.broadcast_to(e, out.shape) for e in errs[1:]]) if len(errs) > 1 else 0.0
+    return np.maximum.reduce([np.broadcast_to(e, out.shape) for e in errs]) if errs else np.zeros(out.shape)
+
+
+def _mul(node, a, out):
+    (x, ex), (y, ey) = a
+    return np.abs(y) * ex + np.abs(x) * ey + ex * ey
+
+
+def _div(node, a, out):
+    (x, ex), (y, ey) = a
+    if node.op == "div_safe":
+        y = np.abs(y) + 1.0
+    room = np.abs(y) - ey
+    return np.where(room > 0, (ex + out * ey) / np.where(room > 0, room, 1.0), np.inf)
+
+
+def _sum2(node, a, out):
+    return a[0][1] + a[1][1]
+
+
+def _first(node, a, out):
+    return a[0][1]
+
+
+def _recip(node, a, out):
+    (y, ey), = a
+    room = np.abs(y) - ey
+    return np.where(room > 0, out * ey / np.where(room > 0, room, 1.0), np.inf)
+
+
+def _sqrt(node, a, out):
+    (x, ex), = a
+    if node.op == "sqrt":
+        return np.minimum(np.sqrt(ex), ex / np.maximum(2 * np.sqrt(np.abs(x)), 1e-300))
+    return ex / 2
+
+
+def _log(node, a, out):
+    (x, ex), = a
+    base = np.abs(x) + 1.0 if node.op.endswith("_safe") else np.abs(x)
+    room = base - ex
+    scale = 1.0 / math.log(2.0) if node.op.startswith("log2") else 1.0
+    return np.where(room > 0, scale * np.log1p(ex / np.where(room > 0, room, 1.0)), np.inf)
+
+
+ERRORS = {
+    "add": _sum2, "sub": _sum2, "mul": _mul, "div": _div, "div_safe": _div, "recip": _recip,
+    "add_c": _first, "rsub_c": _first, "neg": _first, "abs": _first,
+    "mul_c": lambda n, a, o: a[0][1] * abs(float(n.params[0])),
+    "rmul_c": lambda n, a, o: a[0][1] * abs(float(n.params[0])),
+    "div_c": lambda n, a, o: a[0][1] / abs(float(n.params[0])),
+    "square": lambda n, a, o: 2 * np.abs(a[0][0]) * a[0][1] + a[0][1] ** 2,
+    "exp": lambda n, a, o: o * np.expm1(a[0][1]), "exp_safe": lambda n, a, o: o * np.expm1(a[0][1]),
+    "exp2_safe": lambda n, a, o: o * np.expm1(math.log(2.0) * a[0][1]),
+    "log": _log, "log_safe": _log, "log2_safe": _log, "sqrt": _sqrt, "sqrt_safe": _sqrt,
+    "rsqrt_safe": lambda n, a, o: a[0][1] / 2,
+    "sum": lambda n, a, o: np.sum(a[0][1], axis=n.params[0], keepdims=n.params[1]),
+    "sum_method": lambda n, a, o: np.sum(a[0][1], axis=n.params[0], keepdims=n.params[1]),
+    "matmul": lambda n, a, o: np.matmul(a[0][1], np.abs(a[1][0])) + np.matmul(np.abs(a[0][0]), a[1][1]),
+}

@@ -1,0 +1,253 @@
+"""The fuzzer's oracle: a program's numpy results for one call, and how far a correct kernel may be from them.
+
+The reference is the body run on the call's own arguments (numpy arrays, views,
+masked arrays, static scalars): each node's rule applied to numpy values, which
+is what ``Program.body`` does outside a kernel. Beside it, per value, the oracle
+keeps what judging needs (`Value`):
+
+- ``exact``: every backend must compute it bit for bit (see `program_rules`;
+  for floats equal as numbers, so ``0.0 == -0.0``);
+- ``err``: a per-element first-order bound on how far a correct evaluation can
+  be from the reference (`program_bounds`: 0 for exact values; each inexact
+  step's rounding, carried through later steps; float sums and products over
+  the magnitude of the terms an algebraic expansion can make). A kernel passes
+  where ``|kernel - reference| <= C err`` (`tolerance.C`); ``inf``: no finite
+  bound, only the class is judged;
+- ``unsure``: elements whose class (finite, NaN, +inf, -inf) the model cannot
+  tell, where nothing is judged:
+  (1) *storage precision*: a second evaluation computes every f16/bf16 value in
+      f32 (an ``astype`` to a narrow type rounds, then widens), as compiled
+      kernels do; where its value, rounded to the reference's dtype, is in
+      another class than the reference's (``x * x`` overflows f16 at 300 in
+      numpy, not in f32), the element is unsure;
+  (2) an inexact operand that may be zero (``|value| <= C e``) multiplied by an
+      infinity, or used as a divisor, or under ``log``/``sqrt``; a zero whose
+      sign is not determined (``maximum(-0.0, 0.0)``) used as a divisor;
+  (3) a float sum or ``@`` whose expanded terms are infinite or overflow its
+      dtype (`program_bounds.expansion_hazard`, a documented limit of fused
+      sums of separable terms);
+  (4) any element computed from an unsure one.
+
+Where a discontinuous op (`Rule.discontinuous`) gets an inexact operand, its
+result is unsure everywhere: the grammar does not draw that, the shrinker can.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from . import program_bounds as bounds
+from .program import Program
+from .program_rules import RULES
+from .tolerance import C
+
+NARROW = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn)}
+F32 = np.dtype(np.float32)
+
+
+def is_float(dt: np.dtype) -> bool:
+    return dt.kind == "f" or dt in NARROW
+
+
+def unit_roundoff(dt: np.dtype) -> float:
+    return float(ml_dtypes.finfo(dt).eps) if is_float(dt) else 0.0
+
+
+@dataclass
+class Value:
+    """One value of a call: reference, storage-precision twin, exactness, error bound, unsure elements."""
+
+    ref: object
+    wide: object
+    exact: bool
+    err: np.ndarray
+    unsure: np.ndarray
+    zsign: bool = False     # exact, but the sign of a zero may differ (maximum(-0.0, 0.0))
+    mag: np.ndarray | None = None   # magnitude of the terms an expansion can make (program_bounds.magnitude)
+    expanded: bool = False          # ... and whether the value is a sum of such terms
+
+    def __post_init__(self) -> None:
+        if self.mag is None:
+            self.mag = np.abs(_f64(self.ref))
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.asarray(self.ref).dtype
+
+
+@dataclass
+class Reference:
+    """What numpy computes for one call and how it is judged; `error` when numpy refuses the program."""
+
+    outputs: tuple[Value, ...] = ()
+    error: BaseException | None = None
+    masked: bool = False          # a MaskedArray argument
+    mask_matters: bool = False    # ... whose mask changes numpy's result
+
+
+def _class(x: np.ndarray) -> np.ndarray:
+    """0 finite, 1 NaN, 2 +inf, 3 -inf (per element)."""
+    f = np.asarray(x).astype(np.float64) if is_float(np.asarray(x).dtype) else np.zeros(np.shape(x))
+    return np.select([np.isnan(f), f == np.inf, f == -np.inf], [1, 2, 3], 0)
+
+
+def _f64(x: object) -> np.ndarray:
+    a = np.ma.getdata(np.asarray(x)) if isinstance(x, np.ma.MaskedArray) else np.asarray(x)
+    return a.astype(np.float64)
+
+
+def _widen(x: object) -> object:
+    a = np.asarray(np.ma.getdata(x) if isinstance(x, np.ma.MaskedArray) else x)
+    return a.astype(F32) if a.dtype in NARROW else a
+
+
+def _argument(value: object) -> Value:
+    if not isinstance(value, np.ndarray):  # a static scalar
+        return Value(value, value, True, np.zeros(()), np.zeros((), bool))
+    shape = np.shape(value)
+    return Value(value, _widen(value), True, np.zeros(shape), np.zeros(shape, bool))
+
+
+def evaluate(program: Program, args: list[object]) -> tuple[dict[str, Value], list[object]]:
+    """Every value of `program` on `args` (raises what numpy raises), and the body's outputs."""
+    env: dict[str, Value] = {n: _argument(a) for n, a in zip(program.params, args)}
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for node in program.nodes:
+            _step(node, env)
+    return env, [env[o].ref for o in program.outputs]
+
+
+def reference(program: Program, call: int) -> Reference:
+    """The judged reference of call number `call` (see the module docstring)."""
+    args = program.arguments(call)
+    masked = any(isinstance(a, np.ma.MaskedArray) for a in args)
+    try:
+        env, _ = evaluate(program, args)
+    except Exception as err:  # numpy refuses the program: the kernel must refuse it too
+        return Reference(error=err, masked=masked)
+    outputs = tuple(env[o] for o in program.outputs)
+    if not masked:
+        return Reference(outputs)
+    plain = [np.ma.getdata(a) if isinstance(a, np.ma.MaskedArray) else a for a in args]
+    try:
+        penv, _ = evaluate(program, plain)
+    except Exception as err:
+        return Reference(error=err, masked=True, mask_matters=True)
+    matters = any(np.ma.is_masked(v.ref) or not _same(np.ma.getdata(v.ref), penv[o].ref)
+                  for o, v in zip(program.outputs, outputs))
+    return Reference(tuple(penv[o] for o in program.outputs), masked=True, mask_matters=matters)
+
+
+def _same(a: object, b: object) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(np.array_equal(a, b, equal_nan=is_float(a.dtype)))
+
+
+# ---------------------------------------------------------------------------------------------
+# one step
+# ---------------------------------------------------------------------------------------------
+def _step(node, env: dict[str, Value]) -> None:
+    rule = RULES[node.op]
+    ins = [env[a] for a in node.args]
+    ref = rule.apply([v.ref for v in ins], node.params)
+    try:
+        wide = rule.apply([v.wide for v in ins], node.params)
+    except Exception:  # f32 twins numpy will not combine: no storage-precision information
+        wide = ref
+    refs = ref if rule.outputs > 1 else (ref,)
+    wides = wide if rule.outputs > 1 else (wide,)
+    for n, (out, r, w) in enumerate(zip(node.outs, refs, wides)):
+        if node.op == "astype" and np.dtype(r.dtype) in NARROW:
+            w = np.asarray(w).astype(F32)  # rounded to the narrow type, then computed on in f32
+        w = _widen(w)
+        env[out] = _value(node, rule, ins, r, w, indices=(n == 1))
+
+
+def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: bool) -> Value:
+    r = np.asarray(np.ma.getdata(ref) if isinstance(ref, np.ma.MaskedArray) else ref)
+    dt, shape = r.dtype, r.shape
+    all_exact = all(v.exact for v in ins)
+    if rule.kind == "arange":  # reads only its operand's shape
+        return Value(ref, wide, True, np.zeros(shape), np.zeros(shape, bool))
+    lossy = _lossy_cast(node, ins, dt)
+    kind = rule.exactness
+    exact = all_exact and (kind == "exact" or (kind == "arith" and dt not in NARROW)
+                           or (kind == "intsum" and not is_float(dt))) and not lossy
+    unsure = _propagate(node, rule, ins, shape) | bounds.expansion_hazard(node, ins, shape, dt)
+    u = max([unit_roundoff(dt)] + [unit_roundoff(v.dtype) for v in ins])
+    err = np.zeros(shape) if exact else bounds.error(node, ins, r, u, lossy)
+    with np.errstate(all="ignore"):
+        mag, expanded = bounds.magnitude(node, ins, r)
+    if rule.discontinuous and not all_exact:
+        unsure = np.ones(shape, bool)
+    elif indices and not all_exact:
+        unsure = np.ones(shape, bool)
+    unsure = unsure | _new_unsure(node, ins, r)
+    if is_float(dt):  # storage precision: f32 twin in another class than numpy's step-by-step rounding
+        with np.errstate(all="ignore"):
+            twin = np.asarray(wide).astype(dt)
+        if np.shape(twin) == shape:
+            unsure = unsure | (_class(twin) != _class(r))
+        err = np.where(np.isfinite(_f64(r)), err, 0.0)
+    zsign = exact and is_float(dt) and (node.op in ("maximum", "minimum", "max", "min")
+                                        or any(v.zsign for v in ins))
+    return Value(ref, wide, exact, np.broadcast_to(np.asarray(err, np.float64), shape),
+                 np.broadcast_to(unsure, shape), zsign, mag, expanded)
+
+
+def _lossy_cast(node, ins: list[Value], dt: np.dtype) -> bool:
+    """A cast that rounds to f16, bf16 or e4m3. The fusion engine may evaluate it on another scale (a running
+    absmax, docs/fusion.md "Quantization"), so it is within an ulp, not exact."""
+    if node.op != "astype" or dt not in NARROW:
+        return False
+    src = ins[0].dtype
+    return src != dt and src != np.bool_ and src != np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+def _propagate(node, rule, ins: list[Value], shape: tuple[int, ...]) -> np.ndarray:
+    """Unsure elements inherited from the operands (any element feeding an element)."""
+    masks = [v.unsure for v in ins]
+    if not any(m.any() for m in masks):
+        return np.zeros(shape, bool)
+    if rule.kind == "elementwise":
+        return np.broadcast_to(np.logical_or.reduce([np.broadcast_to(m, shape) for m in masks]), shape)
+    if rule.kind in ("view", "arange"):
+        return np.asarray(rule.apply([masks[0]], node.params)) if rule.kind == "view" else np.zeros(shape, bool)
+    if rule.kind == "reduce":
+        return np.asarray(np.any(masks[0], axis=node.params[0], keepdims=node.params[1]))
+    if rule.kind == "matmul":
+        a, b = (m.astype(np.float64) for m in masks)
+        return (np.matmul(a, np.ones(ins[1].unsure.shape)) + np.matmul(np.ones(ins[0].unsure.shape), b)) > 0
+    row = np.any(masks[0], axis=-1, keepdims=True)  # top-k: any element of the row
+    return np.broadcast_to(row, shape)
+
+
+def _may_be_zero(v: Value) -> np.ndarray:
+    """Elements of an operand whose sign or zeroness a correct kernel may change."""
+    r = _f64(v.ref)
+    if v.exact:
+        return (r == 0) & v.zsign
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(r) & (np.abs(r) <= C * v.err)
+
+
+def _new_unsure(node, ins: list[Value], r: np.ndarray) -> np.ndarray:
+    op = node.op
+    if op not in ("mul", "div", "recip", "log", "sqrt") or not ins:
+        return np.zeros(r.shape, bool)
+    with np.errstate(all="ignore"):
+        if op == "mul" and len(ins) == 2:
+            a, b = ins
+            inf_a, inf_b = np.isinf(_f64(a.ref)), np.isinf(_f64(b.ref))
+            out = (_may_be_zero(a) & inf_b) | (_may_be_zero(b) & inf_a)
+        elif op == "div":
+            out = _may_be_zero(ins[1]) if not ins[1].exact or ins[1].zsign else np.zeros((), bool)
+        elif op in ("recip", "log", "sqrt"):
+            out = _may_be_zero(ins[0]) if not ins[0].exact or ins[0].zsign else np.zeros((), bool)
+    return np.broadcast_to(out, r.shape)

@@ -1,0 +1,336 @@
+"""The whole-compiler fuzzer: its grammar, oracle, judge, shrinker, reproducers, worker pool, and a CI campaign.
+
+The CI campaign runs a fixed seed's programs on ``cpu`` and ``simulate`` and
+must find nothing. The planted-bug test shows the other direction: with a
+codegen rule broken on purpose (in a subprocess), the fuzzer finds the bug,
+shrinks it, and prints a script that fails with the bug and passes without it.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import redfuser as rf
+from redfuser.testing import fuzz, program_judge
+from redfuser.testing.fuzz_pool import Pool
+from redfuser.testing.fuzz_tasks import Config, is_cascade, program_example, run_example
+from redfuser.testing.program import Arg, Node, Program
+from redfuser.testing.program_data import LAYOUTS, ArrayData
+from redfuser.testing.program_judge import Failure, run
+from redfuser.testing.program_oracle import evaluate, reference
+from redfuser.testing.program_repro import reproducer
+from redfuser.testing.program_shrink import same_failure, shrink
+
+REPO = Path(__file__).resolve().parents[1]
+CI_SEED, CI_EXAMPLES = 2026, 24
+
+
+def _program(nodes: list[Node], outputs: tuple[str, ...], *calls: tuple[Arg, ...], options=()) -> Program:
+    params = tuple(f"x{k}" for k in range(len(calls[0])))
+    return Program(params, tuple(nodes), outputs, tuple(calls), tuple(options))
+
+
+def _array(values, dtype: str = "float32") -> Arg:
+    values = np.asarray(values)
+    return Arg(ArrayData(dtype, values.shape, values=tuple(values.reshape(-1).tolist())))
+
+
+# ---------------------------------------------------------------------------------------------
+# the CI campaign
+# ---------------------------------------------------------------------------------------------
+def test_ci_campaign_on_cpu_and_simulate_finds_nothing():
+    campaign = fuzz.run(Config(CI_SEED, ("cpu", "simulate")), CI_EXAMPLES)
+    assert campaign.examples == CI_EXAMPLES and campaign.judged > 0
+    assert campaign.failures == [], campaign.summary()
+
+
+# ---------------------------------------------------------------------------------------------
+# the grammar
+# ---------------------------------------------------------------------------------------------
+def test_examples_are_reproducible_from_seed_and_index():
+    a, b = program_example(3, 17), program_example(3, 17)
+    assert a.source() == b.source() and a.describe() == b.describe()
+    for call in range(len(a.calls)):
+        for x, y in zip(a.arguments(call), b.arguments(call)):
+            assert type(x) is type(y) and np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+    assert program_example(3, 18).source() != a.source()
+
+
+def test_grammar_draws_every_op_dtype_layout_scalar_and_option():
+    programs = [program_example(7, i) for i in range(400) if not is_cascade(i)]
+    ops = Counter(n.op for p in programs for n in p.nodes)
+    dtypes = Counter(a.data.dtype for p in programs for call in p.calls for a in call if a.is_array)
+    layouts = Counter(a.layout for p in programs for call in p.calls for a in call if a.is_array)
+    scalars = [a.scalar for p in programs for call in p.calls for a in call if not a.is_array]
+    options = Counter(k for p in programs for k, _ in p.options)
+    casts = Counter(n.params[0] for p in programs for n in p.nodes if n.op == "astype")
+    labels = Counter(x for p in programs for x in p.label.split("+") if x)
+    assert set(ops) >= {"add", "sub", "mul", "div", "maximum", "minimum", "where", "where_c", "lt", "eq", "and",
+                        "or", "not", "abs", "neg", "exp", "log", "sum", "max", "min", "matmul", "topk",
+                        "topk_values", "swapaxes", "transpose", "index", "arange", "astype", "to_int"}, ops
+    assert set(dtypes) >= {"float32", "float16", "bfloat16", "int32", "bool"}
+    assert set(casts) >= {"float32", "float16", "bfloat16", "float8_e4m3fn", "int32", "bool_"}
+    assert set(layouts) == set(LAYOUTS)
+    assert {type(s) for s in scalars} >= {int, float, bool, np.float32} and any(
+        isinstance(s, float) and s == 0 and np.signbit(s) for s in scalars)
+    assert set(options) >= {"block_m", "block_n", "block_k", "split", "num_warps", "prefetch", "skip_masked"}
+    assert set(labels) >= {"softmax", "attention", "routing", "quantize", "mask", "causal", "window"}
+    sizes = {s for p in programs for a in p.calls[0] if a.is_array for s in a.data.shape}
+    assert {1, 2, 3, 5, 7, 13} <= sizes and max(sizes) >= 100
+    assert sum(len(p.calls) > 1 for p in programs) > len(programs) // 4
+
+
+def test_array_sources_build_the_same_arrays(tmp_path):
+    cases = [ArrayData("float32", (3, 5), None, 4, "normal", ((1, float("nan")), (7, -0.0))),
+             ArrayData("bfloat16", (40, 7), None, 5, "wide", ((3, float("inf")),)),
+             ArrayData("int32", (2, 3), (1, 3), 6, "int_edge"), ArrayData("bool", (4,), None, 7, "bool"),
+             ArrayData("float16", (2, 4), (2, 1), 8, "ints", mask_seed=3)]
+    cases.append(cases[0].literal_form())
+    lines, expected = ["import numpy as np", "import redfuser as rf", "out = {}"], {}
+    for k, data in enumerate(cases):
+        for layout in LAYOUTS:
+            name = f"a{k}_{layout}"
+            lines += data.source(name, layout) + [f"out[{name!r}] = describe({name})"]
+            expected[name] = _describe_array(data.present(layout))
+    script = "\n".join([textwrap.dedent(inspect.getsource(_describe_array)).replace("_describe_array", "describe")]
+                       + lines + ["import pickle", f"pickle.dump(out, open({str(tmp_path / 'a.pkl')!r}, 'wb'))"])
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=REPO)
+    with open(tmp_path / "a.pkl", "rb") as f:
+        built = pickle.load(f)
+    assert built == expected
+
+
+def _describe_array(x):
+    """Type, dtype, shape, strides, bytes and mask of an array (pickling would lose the strides)."""
+    import numpy as np
+
+    data = np.ma.getdata(x)
+    mask = np.ma.getmaskarray(x).tobytes() if isinstance(x, np.ma.MaskedArray) else None
+    return type(x).__name__, str(x.dtype), x.shape, data.strides, np.ascontiguousarray(data).tobytes(), mask
+
+
+# ---------------------------------------------------------------------------------------------
+# the oracle and the judge
+# ---------------------------------------------------------------------------------------------
+def test_storage_precision_overflow_is_unsure_and_only_there():
+    """``(x * x) / 1000`` in f16: numpy overflows 300 * 300 to inf, a kernel computing in f32 gives 90."""
+    p = _program([Node(("v0",), "mul", ("x0", "x0")), Node(("v1",), "div_c", ("v0",), (1000.0,))], ("v1",),
+                 (_array([300.0, 2.0], "float16"),))
+    out = reference(p, 0).outputs[0]
+    assert list(np.asarray(out.unsure)) == [True, False]
+    for kernel_value in (np.inf, 90.0):
+        got = np.array([kernel_value, 0.004], np.float16)
+        assert program_judge.compare(got, reference(p, 0), "cpu", 0) is None
+    wrong = np.array([90.0, np.inf], np.float16)
+    assert program_judge.compare(wrong, reference(p, 0), "cpu", 0).kind == "wrong class"
+
+
+def test_an_infinity_times_a_sum_that_may_cancel_is_unsure():
+    p = _program([Node(("v0",), "sum", ("x0",), (-1, True)), Node(("v1",), "mul", ("v0", "x1"))], ("v1",),
+                 (_array([[0.1, 0.2, -0.30000001]]), _array([[np.inf, 1.0, 2.0]])))
+    assert np.asarray(reference(p, 0).outputs[0].unsure).tolist() == [[True, False, False]]
+
+
+def test_a_small_error_in_a_long_sum_fails_and_an_exact_value_must_be_equal():
+    x = np.abs(np.random.default_rng(0).standard_normal((2, 512))).astype(np.float32) + 0.5
+    p = _program([Node(("v0",), "sum", ("x0",), (-1, False)), Node(("v1",), "max", ("x0",), (-1, False))],
+                 ("v0", "v1"), (_array(x),))
+    ref = reference(p, 0)
+    s, m = np.asarray(ref.outputs[0].ref), np.asarray(ref.outputs[1].ref)
+    assert program_judge.compare((s, m), ref, "cpu", 0) is None
+    assert program_judge.compare(((s * np.float32(1 + 1 / 512)).astype(np.float32), m), ref, "cpu", 0) is not None
+    assert program_judge.compare((s, np.nextafter(m, np.float32(0))), ref, "cpu", 0).kind == "wrong value"
+
+
+def test_integers_and_bools_are_judged_exactly_and_dtypes_must_match():
+    p = _program([Node(("v0",), "mul", ("x0", "x1"))], ("v0",), (_array([True, False, True], "bool"),
+                                                                _array([True, True, False], "bool")))
+    ref = reference(p, 0)
+    assert program_judge.compare(np.array([True, False, False]), ref, "cpu", 0) is None
+    assert program_judge.compare(np.array([False, True, True]), ref, "cpu", 0).kind == "wrong value"  # XOR
+    assert program_judge.compare(np.array([1, 0, 0], np.int64), ref, "cpu", 0).kind == "wrong dtype"
+
+
+class _FakeKernel:
+    def __init__(self, behaviour):
+        self.behaviour = behaviour
+
+    def __call__(self, *args):
+        return self.behaviour(*args)
+
+
+@pytest.mark.parametrize("behaviour, numpy_refuses, kind", [
+    (lambda *a: (_ for _ in ()).throw(rf.ShapeError("no", op="add")), True, None),
+    (lambda *a: np.zeros(3, np.float32), True, "accepted"),
+    (lambda *a: (_ for _ in ()).throw(rf.ShapeError("no", op="add")), False, "refused"),
+    (lambda *a: (_ for _ in ()).throw(rf.VerifyError("bad IR")), False, "internal error"),
+    (lambda *a: (_ for _ in ()).throw(rf.SimulationError("race", "two writers")), False, "simulation error"),
+    (lambda *a: (_ for _ in ()).throw(IndexError("oops")), False, "exception"),
+])
+def test_errors_are_judged_by_who_refused(monkeypatch, behaviour, numpy_refuses, kind):
+    second = _array([1.0, 2.0] if numpy_refuses else [1.0, 2.0, 3.0])
+    p = _program([Node(("v0",), "add", ("x0", "x1"))], ("v0",), (_array([1.0, 2.0, 3.0]), second))
+    monkeypatch.setattr(program_judge.rf, "kernel", lambda *a, **k: _FakeKernel(behaviour))
+    failures = run(p, "cpu").failures
+    assert [f.kind for f in failures] == ([kind] if kind else [])
+
+
+def test_a_masked_array_must_be_refused_when_its_mask_matters(monkeypatch):
+    data = ArrayData("float32", (2, 3), None, 1, "normal", mask_seed=0)
+    p = _program([Node(("v0",), "sum", ("x0",), (-1, False))], ("v0",), (Arg(data, "masked"),))
+    assert reference(p, 0).mask_matters
+    plain = np.sum(data.build(), axis=-1)
+    monkeypatch.setattr(program_judge.rf, "kernel", lambda *a, **k: _FakeKernel(lambda *args: plain))
+    assert [f.kind for f in run(p, "cpu").failures] == ["mask dropped"]
+
+
+def test_static_scalars_that_compare_equal_are_judged_call_by_call(monkeypatch):
+    """A kernel that kept what its first call compiled (``x * 2`` as int32) is caught on ``x * 2.0``."""
+    p = _program([Node(("v0",), "mul", ("x0", "x1"))], ("v0",), (_array([3, 4], "int32"), Arg(scalar=2)),
+                 (_array([3, 4], "int32"), Arg(scalar=2.0)))
+    assert [np.asarray(reference(p, c).outputs[0].ref).dtype for c in (0, 1)] == [np.int32, np.float64]
+    monkeypatch.setattr(program_judge.rf, "kernel",
+                        lambda *a, **k: _FakeKernel(lambda x, s: (np.asarray(x) * 2).astype(np.int32)))
+    failures = run(p, "cpu").failures
+    assert [(f.kind, f.call) for f in failures] == [("wrong dtype", 1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# shrinking and reproducers
+# ---------------------------------------------------------------------------------------------
+def test_shrinking_keeps_the_failure_and_makes_the_program_small(monkeypatch):
+    """A fake backend whose ``maximum`` is ``minimum``: found in a bigger program, shrunk to a few nodes."""
+    make = rf.kernel
+
+    def kernel(fn, backend=None, **options):
+        return make(fn, backend="interpret")
+
+    monkeypatch.setattr(program_judge.rf, "kernel", kernel)
+    monkeypatch.setattr(rf, "maximum", _bad_maximum(rf.maximum))
+    candidates = (program_example(11, i) for i in range(400) if not is_cascade(i))
+    p, target = next((q, f) for q in candidates if sum(n.op == "maximum" for n in q.nodes) and len(q.nodes) >= 4
+                     for f in run(q, "cpu").failures[:1] if f.kind.startswith("wrong"))
+    small, tried = shrink(p, same_failure(target), budget=200)
+    assert tried > 0 and same_failure(target)(small)
+    assert len(small.nodes) < len(p.nodes) and any(n.op == "maximum" for n in small.nodes)
+    assert sum(a.data.size() for a in small.calls[0] if a.is_array) <= 16
+
+
+def _bad_maximum(good):
+    from redfuser.tracer import Tracer
+
+    def maximum(a, b):
+        if isinstance(a, Tracer) or isinstance(b, Tracer):
+            return rf.minimum(a, b)
+        return good(a, b)
+    return maximum
+
+
+def _run_script(text: str, tmp_path: Path, prelude: str = "") -> subprocess.CompletedProcess:
+    path = tmp_path / "repro.py"
+    path.write_text(text)
+    code = f"{prelude}\nexec(compile(open({str(path)!r}).read(), {str(path)!r}, 'exec'), {{'__name__': '__main__'}})"
+    env = {**os.environ, "REDFUSER_CACHE": "0", "PYTHONPATH": str(tmp_path)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=300, check=False)
+
+
+PLANT = textwrap.dedent('''
+    """A planted codegen bug: the cpu backend's abs of an integer returns its operand."""
+    from redfuser.codegen.host import rules
+    from redfuser.ir import UnaryOp
+
+    _good = rules._unary
+
+    def _unary(em, op, idx):
+        if op.op is UnaryOp.ABS and op.x.dtype.is_int:
+            return em.value(op.x, idx)
+        return _good(em, op, idx)
+
+    rules._unary = _unary
+    rules.RULES[rules.t.Unary] = _unary
+''')
+
+
+def test_a_planted_codegen_bug_is_found_shrunk_and_reproduced(tmp_path):
+    """In a subprocess with the bug planted, one campaign on cpu finds it and prints a script; the script fails
+    with the bug planted and passes without it."""
+    index = next(i for i in range(2000) if not is_cascade(i) and _has_negative_int_abs(program_example(1, i)))
+    (tmp_path / "plant.py").write_text(PLANT)
+    campaign = ("import sys, plant\nfrom redfuser.testing.fuzz import main\n"
+                f"sys.exit(main(['--backend', 'cpu', '--seed', '1', '--first', '{index}', '--examples', '1', "
+                f"'--jobs', '0', '--out', {str(tmp_path / 'out')!r}]))")
+    env = {**os.environ, "REDFUSER_CACHE": "0", "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", campaign], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=600, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cpu / wrong value" in done.stdout and "---- reproducer: wrong value on cpu" in done.stdout
+    script = (tmp_path / "out" / "fuzz_repro_0.py").read_text()
+    assert "rf.abs(" in script and script.count("\n    v") <= 4, script
+    with_bug = _run_script(script, tmp_path, "import plant")
+    assert with_bug.returncode != 0 and "AssertionError" in with_bug.stderr, with_bug.stdout + with_bug.stderr
+    fixed = _run_script(script, tmp_path)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+def _has_negative_int_abs(p: Program) -> bool:
+    try:
+        env, _ = evaluate(p, p.arguments(0))
+    except Exception:
+        return False
+    return any(n.op == "abs" and env[n.args[0]].dtype == np.int32 and (np.asarray(env[n.args[0]].ref) < 0).any()
+               for n in p.nodes)
+
+
+def test_reproducer_of_a_cache_sharing_bug_replays_the_calls_in_order(tmp_path):
+    p = _program([Node(("v0",), "mul", ("x0", "x1"))], ("v0",), (_array([3, 4], "int32"), Arg(scalar=2)),
+                 (_array([3, 4], "int32"), Arg(scalar=2.0)))
+    f = Failure("wrong dtype", "interpret", 1, "output 0: dtype int32, numpy float64")
+    text = reproducer(p, f)
+    assert "kernel(x0, 2)  # call 0" in text and "got = kernel(x0, 2.0)" in text
+    done = _run_script(text, tmp_path)
+    judged = run(p, "interpret").failures  # the script fails exactly when the judge does
+    assert (done.returncode != 0) == bool(judged), done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker pool
+# ---------------------------------------------------------------------------------------------
+def test_a_worker_that_dies_is_a_crash_and_the_campaign_goes_on():
+    with Pool(1, Config(0, ("interpret",)), timeout=120) as pool:
+        pool._give(0, ("example", 0))
+        os.kill(pool.slots[0].process.pid, signal.SIGSEGV)
+        answers = []
+        while not answers:
+            answers = [a for _, _, a in pool._poll()]
+        assert isinstance(answers[0], Failure) and answers[0].kind == "crash" and "SIGSEGV" in answers[0].message
+        results = list(pool.examples([1, 2]))
+        assert sorted(r.index for r in results) == [1, 2]
+
+
+def test_a_worker_that_outlives_the_timeout_is_killed():
+    with Pool(1, Config(0, ("cpu",)), timeout=0.05) as pool:
+        results = list(pool.examples([0]))
+    assert [f.kind for f in results[0].failures] == ["timeout"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the cascade campaign inside the new one
+# ---------------------------------------------------------------------------------------------
+def test_cascade_examples_keep_the_fusion_properties_and_run_on_other_backends():
+    index = next(i for i in range(64) if is_cascade(i))
+    result = run_example(Config(0, ("interpret", "cpu")), index)
+    assert result.kind == "cascade" and result.cascade_status and "cpu" in result.seconds
+    assert result.failures == []
