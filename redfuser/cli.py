@@ -1,14 +1,15 @@
-"""``python -m redfuser``: the demo, explanations of the reference kernels, and the fusion fuzzer.
+"""``python -m redfuser``: the demo, explanations of the reference kernels, and the fuzzer.
 
     python -m redfuser demo [--backend B] [--workload W]   compile, fuse, run and check a kernel
     python -m redfuser explain [--workload W] [--stages]    what the compiler does with it, in words
-    python -m redfuser fuzz --examples N --seed S           random cascades: fused == reference?
+    python -m redfuser fuzz [--backend B] --examples N      random programs on every backend == numpy?
 """
 from __future__ import annotations
 
 import argparse
 import shutil
 import sys
+import textwrap
 
 import numpy as np
 
@@ -97,21 +98,43 @@ def fuzz_cmd(argv: list[str]) -> int:
     return fuzz_main(argv)
 
 
+DEMO_HELP = ("Compile, fuse, run and check a workload on the best backend present (or --backend), printing each "
+             "stage: the traced, fused and tile programs (--stages: every stage), what was fused and why, and the "
+             "largest error against the numpy reference.")
+EXPLAIN_HELP = ("Print what the compiler does with a workload, in words: its cascades of reductions, which are fused "
+                "into one pass and why (the separable factors G and H, the rescales, what is deferred to the end), "
+                "which are not and the reason; on cuda and simulate the GPU kernels' registers and shared memory; "
+                "with --stages every stage's program and the compile time of each.")
+
+
+def _workload_list() -> str:
+    lines = ["workloads:"]
+    for name, work in sorted(WORKLOADS.items()):
+        doc = (work.fn.__doc__ or "").strip().splitlines()
+        lines.append(f"  {name:<20} {doc[0] if doc else ''}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m redfuser`` and the ``redfuser`` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "fuzz":
         return fuzz_cmd(argv[1:])
-    parser = argparse.ArgumentParser(prog="redfuser", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="redfuser", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_workload_list())
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, fn, help_text in (("demo", demo, "compile, fuse, run and check a kernel"),
-                                ("explain", explain_cmd, "explain what the compiler does with a kernel")):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--workload", choices=sorted(WORKLOADS), default="attention")
+    for name, fn, help_text, text in (
+            ("demo", demo, "compile, fuse, run and check a workload, printing each stage", DEMO_HELP),
+            ("explain", explain_cmd, "print what the compiler does with a workload and why", EXPLAIN_HELP)):
+        p = sub.add_parser(name, help=help_text, description=textwrap.fill(text, 100), epilog=_workload_list(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--workload", choices=sorted(WORKLOADS), default="attention", metavar="W",
+                       help="the workload (listed below; default: attention)")
         p.add_argument("--backend", default=None, help="auto (default), interpret, cpu, cuda, simulate")
         p.add_argument("--stages", action="store_true", help="print every stage of the compiler")
         p.set_defaults(run=fn)
-    sub.add_parser("fuzz", help="run the fusion fuzzer (see `python -m redfuser fuzz --help`)")
+    sub.add_parser("fuzz", help="the whole-compiler fuzzer: random programs on every backend against numpy "
+                                "(see `python -m redfuser fuzz --help`)")
     args = parser.parse_args(argv)
     from .ir import RedFuserError
 

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from redfuser import cli
+from redfuser.workloads import WORKLOADS
 
 
 def test_demo_says_which_backend_ran_and_checks_the_result(capsys):
@@ -34,8 +35,51 @@ def test_user_errors_exit_2_with_the_message(capsys):
     assert "unknown backend" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args", [["fuzz", "--examples", "3", "--seed", "5"]])
+@pytest.mark.parametrize("args", [["fuzz", "--examples", "3", "--seed", "5", "--backend", "interpret"]])
 def test_module_entry_point_runs(args):
     done = subprocess.run([sys.executable, "-m", "redfuser", *args], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "failures: 0" in done.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--examples", "-5"], "--examples: must be at least 1, got -5"),
+    (["--examples", "0"], "--examples: must be at least 1"),
+    (["--max-axis", "0"], "--max-axis: must be at least 1, got 0"),
+    (["--jobs", "-1"], "--jobs: must be at least 0"),
+    (["--backend", "bogus"], "--backend: invalid choice: 'bogus'"),
+    (["--examples", "lots"], "'lots' is not a whole number"),
+    (["--timeout", "0"], "--timeout: must be positive"),
+])
+def test_fuzz_refuses_bad_values_with_a_usage_error(args, message):
+    done = subprocess.run([sys.executable, "-m", "redfuser", "fuzz", *args], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and message in done.stderr and "usage: redfuser fuzz" in done.stderr, done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+def test_fuzz_refuses_cuda_where_it_cannot_run(capsys, monkeypatch):
+    monkeypatch.setattr("redfuser.testing.fuzz.backends_here", lambda: ("interpret", "cpu", "simulate"))
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["fuzz", "--backend", "cuda"])
+    assert exit_.value.code == 2 and "backend 'cuda' cannot run here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, says", [
+    ("demo", "Compile, fuse, run and check a workload on the best backend present"),
+    ("explain", "Print what the compiler does with a workload, in words"),
+])
+def test_demo_and_explain_help_say_what_they_do_and_list_the_workloads(capsys, command, says):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0 and says in out
+    for name in WORKLOADS:
+        assert name in out
+
+
+def test_top_level_help_names_every_command(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "demo" in out and "explain" in out and "fuzz" in out and "workloads:" in out
