@@ -12,9 +12,25 @@ JSON metadata, the payload. `cache_entry` defines the format.
 Reading checks every field: a short or over-long file, a wrong magic, another
 key's digest or a checksum mismatch is *corrupt* (a `CacheWarning`, the file is
 removed, the artifact rebuilt and re-stored); another format version is *stale*
-(logged, rebuilt). A bad entry therefore costs one rebuild, never a crash and
-never a wrong artifact. A release bump or an edited compiler changes the key
-itself (versions are part of it), so old entries are simply never looked up.
+(logged, rebuilt). A release bump or an edited compiler changes the key itself
+(versions are part of it), so old entries are simply never looked up.
+
+Checked payloads. The header's checksum only says the file is what *some*
+writer wrote: a buggy writer, another tool or a copy whose checksum was redone
+after a bit flip passes it. Code that is about to be linked into the process or
+handed to a driver is therefore checked too: `fetch(..., check=...)` takes the
+caller's check of the payload itself (`check(payload)` returns None or why the
+payload must not be loaded; `runtime.object_check` for host objects, the PTX
+check of `runtime.cuda_backend`). A disk entry served to a checked fetch must
+also carry its *build record*, the payload's sha256 that `put` writes into the
+metadata, and match it: a payload replaced under a redone checksum (a structurally
+perfect object of the same kernel built for other shapes, say) fails there. A
+payload that fails is *invalid*: the file is removed, a `CacheWarning` naming
+what was asked for (`describe`) is shown at the user's call (the first frame
+outside RedFuser, `ir.source.user_frame`), and the artifact is rebuilt and
+re-stored. A fresh build that fails its own check is kept in memory only, with a
+warning, so a check that is too strict can never make every later process warn.
+Any bad entry therefore costs one rebuild: never a crash, never a wrong artifact.
 
 Atomicity. A write goes to ``.<digest[:16]>.<random>.tmp`` in the entry's
 folder, then `os.replace` renames it over the entry, so a reader sees the old
@@ -36,6 +52,7 @@ that cannot be created or written turns the cache memory-only with one
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import threading
@@ -47,6 +64,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..ir.errors import InternalError
+from ..ir.source import user_frame
 from . import cache_entry
 from .cache_entry import BadEntry, decode_entry, encode_entry
 from .cache_key import CacheKey
@@ -56,10 +74,15 @@ __all__ = ["CacheKey", "CacheStats", "CacheWarning", "CompileCache", "Fetched", 
 log = logging.getLogger("redfuser.cache")
 
 TEMP_MAX_AGE_S = 3600.0
+BUILD_RECORD = "payload_sha256"
+"""The metadata field `put` writes: the payload's sha256, which a checked fetch compares with the payload."""
+
+Check = Callable[[bytes], "str | None"]
+"""A caller's check of a payload before it is used: None when it is fine, else why not (in words)."""
 
 
 class CacheWarning(RuntimeWarning):
-    """The compile cache hit a problem it worked around (corrupt entry, unwritable folder)."""
+    """The compile cache hit a problem it worked around (corrupt or unloadable entry, unwritable folder)."""
 
 
 @dataclass(slots=True)
@@ -72,6 +95,7 @@ class CacheStats:
     builds: int = 0          # build callbacks run by get_or_build
     writes: int = 0          # entries written to disk
     corrupt: int = 0         # corrupt entries found (each then rebuilt)
+    invalid: int = 0         # whole entries whose payload failed the caller's check (each then rebuilt)
     stale: int = 0           # entries of another format version found
     write_failures: int = 0
     lock_timeouts: int = 0
@@ -137,9 +161,10 @@ class CompileCache:
 
     # -- lookups ---------------------------------------------------------------------------------
 
-    def get(self, key: CacheKey) -> bytes | None:
-        """The payload stored under `key`, or None; a corrupt disk entry is removed and reads as None."""
-        found = self._lookup(key)
+    def get(self, key: CacheKey, *, check: Check | None = None, describe: str = "") -> bytes | None:
+        """The payload stored under `key`, or None; a corrupt (or, with `check`, invalid) disk entry is
+        removed and reads as None."""
+        found = self._lookup(key, check, describe)
         if found is None:
             self._count("misses")
             return None
@@ -149,18 +174,24 @@ class CompileCache:
         """The payload of `key`, running `build()` and storing its result on a miss."""
         return self.fetch(key, build, meta).payload
 
-    def fetch(self, key: CacheKey, build: Callable[[], bytes], meta: Mapping[str, object] | None = None) -> Fetched:
-        """Like `get_or_build`, also saying which layer served the payload and how long it took."""
+    def fetch(self, key: CacheKey, build: Callable[[], bytes], meta: Mapping[str, object] | None = None, *,
+              check: Check | None = None, describe: str = "") -> Fetched:
+        """Like `get_or_build`, also saying which layer served the payload and how long it took.
+
+        With `check`, a payload read from disk is used only if it matches its build
+        record and passes `check` (module docstring, "Checked payloads"); `describe`
+        names the artifact in the warning (``"object code of kernel softmax_0"``).
+        """
         start = time.perf_counter()
-        found = self._lookup(key)
+        found = self._lookup(key, check, describe)
         if found is None:
             self._count("misses")
             with self._build_lock(key) as locked:
                 # Another process may have finished this key while we waited for its lock.
-                found = self._lookup(key) if locked else None
+                found = self._lookup(key, check, describe) if locked else None
                 if found is None:
                     payload = self._run_build(key, build)
-                    self.put(key, payload, meta)
+                    self._store_build(key, payload, meta, check, describe)
                     found = (payload, "build")
         return Fetched(found[0], found[1], time.perf_counter() - start)
 
@@ -174,14 +205,15 @@ class CompileCache:
         except BadEntry:
             return None
 
-    def _lookup(self, key: CacheKey) -> tuple[bytes, str] | None:
+    def _lookup(self, key: CacheKey, check: Check | None, describe: str) -> tuple[bytes, str] | None:
+        # The memory layer holds only what this process built or checked, so it is not checked again.
         with self._mutex:
             payload = self._memory.get(key.digest)
             if payload is not None:
                 self._memory.move_to_end(key.digest)
                 self._stats.memory_hits += 1
                 return payload, "memory"
-        payload = self._read_disk(key)
+        payload = self._read_disk(key, check, describe)
         if payload is None:
             return None
         self._count("disk_hits")
@@ -196,6 +228,18 @@ class CompileCache:
                                 f"{type(payload).__name__}, expected bytes")
         return bytes(payload)
 
+    def _store_build(self, key: CacheKey, payload: bytes, meta: Mapping[str, object] | None, check: Check | None,
+                     describe: str) -> None:
+        reason = check(payload) if check is not None else None
+        if reason is None:
+            self.put(key, payload, meta)
+            return
+        # Our own compiler's output fails our own check: the check (or the compiler) is wrong. Keep the
+        # artifact for this process, as before the check existed, but never write what cannot be read back.
+        self._remember(key, payload)
+        _warn(f"RedFuser compile cache: the {describe or key.describe} just built fails its load check "
+              f"({reason}); using it without caching it on disk (please report this)")
+
     # -- storing ---------------------------------------------------------------------------------
 
     def put(self, key: CacheKey, payload: bytes, meta: Mapping[str, object] | None = None) -> None:
@@ -205,7 +249,8 @@ class CompileCache:
         path = self.entry_path(key)
         if path is None or not self._writable:
             return
-        full_meta = {"created": time.time(), "key": key.describe, **(meta or {})}
+        full_meta = {"created": time.time(), "key": key.describe, **(meta or {}),
+                     BUILD_RECORD: hashlib.sha256(payload).hexdigest()}
         try:
             self._prepare_folder(path.parent)
             cache_entry.write_atomic(path, encode_entry(key, payload, full_meta))
@@ -254,24 +299,31 @@ class CompileCache:
             log.debug("compile cache: cannot read %s (%s)", path, err)
             return None
 
-    def _read_disk(self, key: CacheKey) -> bytes | None:
+    def _read_disk(self, key: CacheKey, check: Check | None, describe: str) -> bytes | None:
         found = self._read_file(key)
         if found is None:
             return None
         data, stat = found
+        path = self.entry_path(key)
         try:
-            return decode_entry(key, data)[0]
+            payload, meta = decode_entry(key, data)
         except BadEntry as bad:
-            path = self.entry_path(key)
+            self._discard(path, stat)   # first: a warning turned into an error must not leave the file behind
             if bad.stale:
                 self._count("stale")
                 log.info("compile cache: %s is stale (%s); rebuilding it", path, bad.reason)
             else:
                 self._count("corrupt")
-                warnings.warn(f"RedFuser compile cache: entry {path} is corrupt ({bad.reason}); rebuilding it",
-                              CacheWarning, stacklevel=4)
-            self._discard(path, stat)
+                _warn(f"RedFuser compile cache: entry {path} is corrupt ({bad.reason}); rebuilding it")
             return None
+        reason = _invalid(payload, meta, check) if check is not None else None
+        if reason is None:
+            return payload
+        self._count("invalid")
+        self._discard(path, stat)
+        _warn(f"RedFuser compile cache: the cached {describe or key.describe} in {path} cannot be loaded "
+              f"({reason}); removed it, rebuilding")
+        return None
 
     def _discard(self, path: Path, seen: os.stat_result) -> None:
         """Remove the bad file we read, unless another process has already replaced it."""
@@ -292,8 +344,7 @@ class CompileCache:
             first = self._writable
             self._writable = False
         if first:
-            warnings.warn(f"RedFuser compile cache: {why}; caching in memory only from now on",
-                          CacheWarning, stacklevel=4)
+            _warn(f"RedFuser compile cache: {why}; caching in memory only from now on")
 
     @contextlib.contextmanager
     def _build_lock(self, key: CacheKey) -> Iterator[bool]:
@@ -316,6 +367,30 @@ class CompileCache:
     def _count(self, name: str) -> None:
         with self._mutex:
             setattr(self._stats, name, getattr(self._stats, name) + 1)
+
+
+def _invalid(payload: bytes, meta: dict, check: Check) -> str | None:
+    """Why a decoded disk payload must not be used (its build record, then the caller's check), or None."""
+    record = meta.get(BUILD_RECORD)
+    if not isinstance(record, str):
+        return "no build record in its metadata"
+    if record != hashlib.sha256(payload).hexdigest():
+        return "the payload is not the one its build record describes"
+    return check(payload)
+
+
+def _warn(message: str) -> None:
+    """A `CacheWarning` shown at the user's line (the first frame outside RedFuser), as `warnings.warn` would."""
+    frame = user_frame()
+    if frame is None:
+        warnings.warn(message, CacheWarning, stacklevel=2)
+        return
+    # No module_globals: like warnings.warn, the line's text comes from the file (a `python -c` main
+    # module's loader cannot give it and would raise).
+    globals_ = frame.f_globals
+    warnings.warn_explicit(message, CacheWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=globals_.get("__name__", "<string>"),
+                           registry=globals_.setdefault("__warningregistry__", {}))
 
 
 _default: tuple[tuple[bool, str], CompileCache] | None = None

@@ -5,10 +5,14 @@
 - `optimize(module)`: LLVM's O3 pipeline (loop and SLP vectorizers on);
   `optimized_ir(text)` shows what it made of a module;
 - `compile_object(text)`: verified, optimized, emitted as an ELF object (bytes);
-  `load_object` links it in memory with MCJIT (libm symbols come from the process);
-- `compile_cached(text, options)`: `compile_object` through the compile cache
+  `JitLibrary` links it in memory with MCJIT (memcpy/memset come from the process);
+- `compile_cached(text, options, kernels)`: `compile_object` through the compile cache
   (`runtime.cache`), keyed by the IR text, options, the target (triple, CPU,
-  features) and versions: cold builds, warm hits in memory, later processes hit disk;
+  features) and versions: cold builds, warm hits in memory, later processes hit disk.
+  An object read from disk is linked only after `runtime.object_check` has read it
+  (MCJIT would crash the process on a bad one): a bad entry is rebuilt with a
+  `CacheWarning` at the user's call. On a machine the check has no table for, host
+  objects are cached in memory only;
 - `GridPool`: worker threads with large stacks (tiles live on the stack) that
   split a kernel's program instances; ctypes releases the GIL during each call.
 """
@@ -18,14 +22,22 @@ import ctypes
 import functools
 import os
 import queue
+import re
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import llvmlite
 import llvmlite.binding as llvm
 
 from ..codegen.llvm_utils import initialize_native, parse_and_verify
 from ..ir.array_memory import memory_of
+from .object_check import BadObject, check_host_object
+from .object_machines import Machine, machine_of_triple
+
+if TYPE_CHECKING:
+    from ..codegen.host import KernelABI
 
 STACK_BYTES = 256 << 20
 """Stack of each worker thread: room for the largest tiles a schedule keeps (virtual, paid when touched)."""
@@ -119,16 +131,84 @@ class CompileInfo:
     seconds: float
 
 
-def compile_cached(text: str, options: dict | None = None) -> tuple[JitLibrary, CompileInfo]:
-    """The linked library of a host module, its object code served by the compile cache."""
+def compile_cached(text: str, options: dict | None = None,
+                   kernels: Sequence[KernelABI] | None = None) -> tuple[JitLibrary, CompileInfo]:
+    """The linked library of a host module, its object code served by the compile cache.
+
+    `kernels`: the calling conventions `codegen.host.build_host_module` returned
+    with the module; their symbols must be defined in an object read from disk
+    (default: every function the module text defines for export).
+    """
     from .cache import CacheKey, default_cache
 
     target = host_target()
+    symbols = [k.symbol for k in kernels] if kernels is not None else exported_functions(text)
     key = CacheKey.build(artifact="host-object", stage=text, options=dict(options or {}),
                          target=f"{target.triple}:{target.cpu}:{target.features}",
                          versions=None)
-    fetched = default_cache().fetch(key, lambda: compile_object(text), {"llvmlite": llvmlite.__version__})
+    machine = machine_of_triple(target.triple)
+    cache = default_cache() if machine is not None else _memory_cache()
+    check = _load_check(machine, tuple(symbols)) if machine is not None else None
+    fetched = cache.fetch(key, lambda: compile_object(text), {"llvmlite": llvmlite.__version__, "symbols": symbols},
+                          check=check, describe=_describe(text, kernels, symbols))
     return JitLibrary(fetched.payload), CompileInfo(fetched.source, fetched.seconds)
+
+
+_DEFINE = re.compile(r'^define\s([^@\n]*)@"?([-\w$.]+)"?\(', re.M)
+_MODULE_ID = re.compile(r'^; ModuleID = "([^"\n]*)"', re.M)
+
+
+def exported_functions(text: str) -> list[str]:
+    """The functions an LLVM module's text defines with external linkage (what another module can call)."""
+    return [name for linkage, name in _DEFINE.findall(text) if not {"internal", "private"} & set(linkage.split())]
+
+
+def _describe(text: str, kernels: Sequence[KernelABI] | None, symbols: list[str]) -> str:
+    """``object code of softmax (kernel softmax_0)``: the program and its kernels, for warnings."""
+    program = _MODULE_ID.search(text)
+    names = [k.name for k in kernels] if kernels is not None else symbols
+    which = f"kernel{'s' if len(names) != 1 else ''} {', '.join(names)}"
+    return f"object code of {program.group(1)} ({which})" if program else f"object code of {which}"
+
+
+def _load_check(machine: Machine, symbols: tuple[str, ...]) -> Callable[[bytes], str | None]:
+    """The compile cache's check of a host object for `machine` defining `symbols` (`runtime.object_check`)."""
+    def check(payload: bytes) -> str | None:
+        try:
+            check_host_object(payload, machine, symbols, in_process)
+        except BadObject as bad:
+            return str(bad)
+        return None
+
+    return check
+
+
+@functools.cache
+def _memory_cache():
+    """A memory-only cache for host objects on machines without a load check (never read back from disk)."""
+    import logging
+
+    from .cache import CompileCache
+
+    logging.getLogger("redfuser.cache").info("compile cache: no load check for %s host objects; caching them "
+                                             "in memory only", host_target().triple)
+    return CompileCache(None)
+
+
+@functools.cache
+def _process_library() -> ctypes.CDLL:
+    return ctypes.CDLL(None)
+
+
+def in_process(name: str) -> bool:
+    """Whether MCJIT can resolve an undefined symbol `name` from this process (as it does memcpy)."""
+    if llvm.address_of_symbol(name):
+        return True
+    try:
+        _process_library()[name]
+    except (AttributeError, ValueError, OSError):
+        return False
+    return True
 
 
 class GridPool:

@@ -34,6 +34,7 @@ from ..ir.array_memory import memory_of
 from ..ir.errors import ArgumentError, BackendError
 from ..ir.types import BufferType
 from . import arrays as arrays_rt
+from . import ptx_payload
 from .arrays import ArrayInfo
 from .cuda_driver import DeviceAddress
 
@@ -41,21 +42,21 @@ from .cuda_driver import DeviceAddress
 def _cached_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None,
                 parts: dict[str, float] | None = None) -> tuple[str, str]:
     """``(llvm_ir, ptx)`` of `kernel` from the compile cache, made by `kernel_ptx` on a miss. With `parts`,
-    the seconds of the key (printing the SIMT IR) and of `kernel_ptx`'s halves are added there."""
+    the seconds of the key (printing the SIMT IR) and of `kernel_ptx`'s halves are added there. An entry
+    read from disk is used only if `ptx_payload.problem` finds nothing wrong with it (else it is rebuilt,
+    with a `CacheWarning` at the user's call), so a bad one never reaches the driver."""
     from .cache import CacheKey, default_cache
 
     def make() -> bytes:
-        return _SEPARATOR.join(part.encode() for part in kernel_ptx(kernel, sm, opt_level, parts))
+        return ptx_payload.encode(*kernel_ptx(kernel, sm, opt_level, parts))
 
     options = {} if opt_level is None else {"llvm_opt": opt_level}
     with timed_part(parts, "cache key"):
         key = CacheKey.build(artifact="llvm+ptx", stage=str(kernel), options=options, target=sm)
-    fetched = default_cache().fetch(key, make, {"llvmlite": llvmlite.__version__})
-    llvm_ir, ptx = fetched.payload.split(_SEPARATOR)
-    return llvm_ir.decode(), ptx.decode()
-
-
-_SEPARATOR = b"\0"   # between the LLVM IR and the PTX in one cache entry (neither text has a NUL)
+    fetched = default_cache().fetch(key, make, {"llvmlite": llvmlite.__version__},
+                                    check=lambda payload: ptx_payload.problem(payload, kernel.name, sm),
+                                    describe=f"PTX of kernel {kernel.name} for {sm}")
+    return ptx_payload.decode(fetched.payload)
 
 
 def compile_ptx(program: SimtProgram, opt_level: int | None = None,

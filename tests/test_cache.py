@@ -1,7 +1,10 @@
-"""The compile cache: keys, memory and disk layers, corrupt entries, unwritable folders, concurrency."""
+"""The compile cache: keys, memory and disk layers, corrupt entries, unwritable folders, concurrency, and payloads
+that must not be loaded (host objects MCJIT would crash on, bad PTX)."""
 from __future__ import annotations
 
 import errno
+import functools
+import hashlib
 import json
 import math
 import os
@@ -464,6 +467,515 @@ def test_llvm_opt_picks_the_middle_end_and_is_part_of_the_cache_key(tmp_path, mo
         assert "softmax" in str(ptx)
     assert ran == [None, 1, 3]
     for bad in (0, 4, "O3", True):
-        with pytest.raises(rf.ArgumentError, match="llvm_opt must be None, 1, 2 or 3"):
+        with pytest.raises(rf.ArgumentError, match="llvm_opt must be"):
             rf.kernel(softmax, backend="cuda", sm="sm_90", llvm_opt=bad).lower(x)
     reset_default_cache()
+
+
+# -- payloads that must not be loaded (issue 18) --------------------------------------------------
+#
+# A cache entry whose header and checksum are valid but whose payload is bad (garbage, truncated, another
+# kernel's object, an object for another machine...) used to be handed to MCJIT and crash every later
+# process. Each case below poisons a real entry and calls the kernel in a fresh interpreter, so a crash
+# fails the test instead of killing pytest; the call must give the right result, warn at its own line and
+# re-store a good entry, which a second interpreter then loads without a warning.
+
+# Every interpreter of these tests pins RedFuser's source fingerprint (part of every key), so the entries
+# one of them writes are the ones the next one looks up even while the working tree is being edited.
+PIN = """
+import redfuser.runtime.cache_key as _key
+_key.source_fingerprint = lambda: "pinned by test_cache"
+"""
+
+KERNEL = """
+import json, sys, warnings
+import numpy as np
+import redfuser as rf
+from redfuser.runtime.cache import default_cache
+
+def body(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    e = rf.exp(x - m)
+    return e / rf.sum(e, axis=-1, keepdims=True)
+
+def other(x):
+    return rf.sum(x * x, axis=-1)
+
+def reference(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+x = np.random.default_rng(7).standard_normal((8, 300)).astype(np.float32)
+"""
+
+BUILD = PIN + KERNEL + """
+import re
+import llvmlite.binding as llvm
+from redfuser.runtime import cache as cache_mod
+
+folder = sys.argv[1]
+def in_folder(name):
+    import os
+    os.environ["REDFUSER_CACHE_DIR"] = f"{folder}/{name}"
+    cache_mod.reset_default_cache()
+
+in_folder("template")                               # the entries the cases poison
+kernel = rf.kernel(body, backend="cpu")
+kernel(x)
+ptx = rf.kernel(body, backend="cuda", sm="sm_90").lower(x).stages["ptx"]
+in_folder("other")                                  # another kernel, whose object and PTX are poison
+rf.kernel(other, backend="cpu")(x)
+rf.kernel(other, backend="cuda", sm="sm_90").lower(x)
+in_folder("narrow")                                 # the same kernel (same symbol) for rows of 260
+rf.kernel(body, backend="cpu")(np.zeros((8, 260), np.float32))
+
+# The same module compiled for another machine (what a cache folder shared across machines could hold).
+llvm.initialize_all_targets()
+llvm.initialize_all_asmprinters()
+triple = "aarch64-unknown-linux-gnu" if llvm.get_process_triple().startswith("x86_64") else "x86_64-unknown-linux-gnu"
+machine = llvm.Target.from_triple(triple).create_target_machine(opt=2, reloc="pic", codemodel="jitdefault", jit=True)
+text = re.sub(r'target (triple|datalayout) = "[^"]*"\\n', "", str(kernel.lower(x).stages["llvm"]))
+module = llvm.parse_assembly(text)
+module.triple, module.data_layout = triple, str(machine.target_data)
+open(f"{folder}/foreign.o", "wb").write(machine.emit_object(module))
+json.dump({"ptx": str(ptx), "symbol": kernel.lower(x).artifacts["host_kernels"][0].symbol},
+          open(f"{folder}/built.json", "w"))
+"""
+
+# One interpreter per case pays for the imports once, then forks a child for the poisoned call and, after it
+# has ended, another for the second call: two fresh processes (nothing compiled, empty memory cache), each
+# of which may crash without taking the other or pytest down.
+CALL = PIN + KERNEL + """
+import os
+backend, built_json = sys.argv[1], sys.argv[2]
+
+def call():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if backend == "cpu":
+            kernel = rf.kernel(body, backend="cpu")
+            y = kernel(x)  # the call (cpu)
+            ok = bool(np.allclose(y, reference(x), rtol=1e-5, atol=1e-6))
+            source = kernel.lower(x).artifacts["compile"].source
+        else:
+            lowered = rf.kernel(body, backend="cuda", sm="sm_90").lower(x)  # the call (cuda)
+            with open(built_json) as f:
+                ok, source = str(lowered.stages["ptx"]) == json.load(f)["ptx"], None
+    stats = default_cache().stats
+    return {"ok": ok, "source": source,
+            "stats": {name: getattr(stats, name) for name in ("disk_hits", "builds", "invalid")},
+            "warnings": [[w.category.__name__, w.filename, w.lineno, str(w.message)] for w in caught]}
+
+runs = []
+for attempt in ("first", "again"):
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            report = call()
+        except BaseException as err:
+            report = {"error": repr(err)}
+        os.write(write_end, json.dumps(report).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        report = pipe.read()
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    runs.append({"exit": status, **(json.loads(report) if status == 0 else {})})
+print(json.dumps(runs))
+"""
+
+
+def _entries(folder: Path) -> dict[str, tuple[CacheKey, bytes, dict]]:
+    """The entries of a cache folder by artifact (``host-object``, ``llvm+ptx``): key, payload, metadata."""
+    found = {}
+    for path in folder.rglob("*.bin"):
+        key = CacheKey(path.stem)
+        payload, meta = decode_entry(key, path.read_bytes())
+        found[meta["key"].split(" ")[0]] = (key, payload, meta)
+    return found
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """A folder with the kernel's good entries (``template``), the poison, and the fresh kernel's PTX."""
+    folder = tmp_path_factory.mktemp("payloads")
+    done = run_python(BUILD, str(folder), timeout=300)
+    assert done.returncode == 0, done.stderr
+    return folder
+
+
+def _random_bytes(good: bytes, built: Path, artifact: str) -> bytes:
+    return np.random.default_rng(3).bytes(len(good))
+
+
+def _truncated(good: bytes, built: Path, artifact: str) -> bytes:
+    if artifact == "llvm+ptx":
+        llvm_ir, ptx = good.split(b"\0")
+        return llvm_ir + b"\0" + ptx[: len(ptx) // 2]
+    return good[: len(good) // 2]
+
+
+def _other_kernel(good: bytes, built: Path, artifact: str) -> bytes:
+    return _entries(built / "other")[artifact][1]
+
+
+def _missing_symbol(good: bytes, built: Path, artifact: str) -> bytes:
+    name = json.loads((built / "built.json").read_text())["symbol"].encode() + b"\0"
+    assert good.count(name) == 1                        # its one mention, in the string table
+    return good.replace(name, name[:-2] + b"Z\0")       # same length: only the name is wrong
+
+
+def _foreign_machine(good: bytes, built: Path, artifact: str) -> bytes:
+    return (built / "foreign.o").read_bytes()
+
+
+def _other_shape(good: bytes, built: Path, artifact: str) -> bytes:
+    from redfuser.runtime.cpu_jit import host_target, in_process
+    from redfuser.runtime.object_check import check_host_object
+    from redfuser.runtime.object_machines import machine_of_triple
+
+    narrow = _entries(built / "narrow")[artifact][1]
+    machine = machine_of_triple(host_target().triple)
+    symbol = json.loads((built / "built.json").read_text())["symbol"]
+    check_host_object(narrow, machine, [symbol], in_process)   # a perfect object: only the build record tells
+    return narrow
+
+
+# name: (artifact, how the payload is replaced, whether the writer also redid the build record)
+POISON = {
+    "random bytes": ("host-object", _random_bytes, True),
+    "truncated object": ("host-object", _truncated, True),
+    "object of another kernel": ("host-object", _other_kernel, True),
+    "object missing the kernel symbol": ("host-object", _missing_symbol, True),
+    "object for another machine": ("host-object", _foreign_machine, True),
+    "same kernel for other shapes": ("host-object", _other_shape, False),
+    "truncated PTX": ("llvm+ptx", _truncated, True),
+    "PTX of another kernel": ("llvm+ptx", _other_kernel, True),
+}
+
+
+def _call_twice(script: Path, *args: str) -> list[dict]:
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    for run in runs:
+        assert run["exit"] == 0, f"the kernel call died (exit {run['exit']}):\n{done.stderr[-3000:]}"
+        assert "error" not in run, run["error"]
+    return runs
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the calls run in forked children")
+@pytest.mark.parametrize("case", list(POISON), ids=list(POISON))
+def test_bad_payload_is_rebuilt_with_a_warning_at_the_users_call(built, tmp_path, monkeypatch, case):
+    import shutil
+
+    artifact, poison, redo_record = POISON[case]
+    cache = tmp_path / "cache"
+    shutil.copytree(built / "template", cache)
+    key, good, meta = _entries(cache)[artifact]
+    bad = poison(good, built, artifact)
+    assert bad != good
+    if redo_record:          # a writer that recorded what it wrote: only the payload itself can tell
+        meta = {**meta, cache_mod.BUILD_RECORD: hashlib.sha256(bad).hexdigest()}
+    path = CompileCache(cache).entry_path(key)
+    path.write_bytes(encode_entry(key, bad, meta))
+    backend = "cpu" if artifact == "host-object" else "cuda"
+    script = tmp_path / "user_code.py"
+    script.write_text(textwrap.dedent(CALL))
+    call_line = 1 + next(n for n, line in enumerate(script.read_text().splitlines())
+                         if line.endswith(f"# the call ({backend})"))
+    monkeypatch.setenv("REDFUSER_CACHE_DIR", str(cache))
+    monkeypatch.delenv("REDFUSER_CACHE", raising=False)
+
+    first, again = _call_twice(script, backend, str(built / "built.json"))
+    assert first["ok"], "wrong result from the rebuilt kernel"
+    assert [w[:3] for w in first["warnings"]] == [["CacheWarning", str(script), call_line]], first["warnings"]
+    message = first["warnings"][0][3]
+    assert "cannot be loaded" in message and str(path) in message
+    assert ("object code of body (kernel body_0)" if backend == "cpu" else "PTX of kernel body_0") in message
+    assert first["stats"]["invalid"] == 1 and first["stats"]["builds"] >= 1
+    assert first["source"] == ("build" if backend == "cpu" else None)
+    rebuilt, rebuilt_meta = decode_entry(key, path.read_bytes())
+    assert rebuilt == good and rebuilt_meta[cache_mod.BUILD_RECORD] == hashlib.sha256(good).hexdigest()
+
+    assert again["ok"] and again["warnings"] == [], again["warnings"]
+    assert again["stats"]["builds"] == 0 and again["stats"]["invalid"] == 0 and again["stats"]["disk_hits"] >= 1
+    assert again["source"] == ("disk" if backend == "cpu" else None)
+
+
+# -- the load check of host objects, in process ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def host_object() -> tuple[bytes, str, object]:
+    """A real object of the host backend (attention: it calls memset and memcpy), its kernel symbol, machine."""
+    import redfuser as rf
+    from redfuser.runtime.cpu_jit import compile_object, host_target
+    from redfuser.runtime.object_machines import machine_of_triple
+    from redfuser.workloads import attention
+
+    machine = machine_of_triple(host_target().triple)
+    if machine is None:
+        pytest.skip(f"no load check for {host_target().triple} objects (they are cached in memory only)")
+    q = np.random.default_rng(0).standard_normal((1, 1, 16, 16)).astype(np.float32)
+    lowered = rf.kernel(attention, backend="cpu").lower(q, q, q)
+    (abi,) = lowered.artifacts["host_kernels"]
+    return compile_object(str(lowered.stages["llvm"])), abi.symbol, machine
+
+
+def _elf_sections(data: bytes) -> list[dict]:
+    """Section headers of a little-endian ELF64 object (test helper: where to plant a fault)."""
+    shoff, = struct.unpack_from("<Q", data, 40)
+    shnum, shstrndx = struct.unpack_from("<HH", data, 60)
+    fields = ("name", "type", "flags", "addr", "offset", "size", "link", "info", "align", "entsize")
+    sections = [dict(zip(fields, struct.unpack_from("<IIQQQQIIQQ", data, shoff + 64 * i)), header=shoff + 64 * i)
+                for i in range(shnum)]
+    names = sections[shstrndx]
+    for s in sections:
+        start = names["offset"] + s["name"]
+        s["label"] = data[start:data.index(b"\0", start)].decode()
+    return sections
+
+
+def _put(data: bytes, offset: int, fmt: str, *values) -> bytes:
+    patched = bytearray(data)
+    struct.pack_into(fmt, patched, offset, *values)
+    return bytes(patched)
+
+
+def _section(data: bytes, kind: int) -> dict:
+    return next(s for s in _elf_sections(data) if s["type"] == kind)
+
+
+def _symbol_offset(data: bytes, name: str | None = None, kind: int | None = None) -> int:
+    """The offset of the first symbol named `name` (or of `kind`, an STT_ value) in the symbol table."""
+    symtab = _section(data, 2)
+    strtab = _elf_sections(data)[symtab["link"]]
+    for at in range(symtab["offset"] + 24, symtab["offset"] + symtab["size"], 24):
+        name_at, info = struct.unpack_from("<IB", data, at)
+        start = strtab["offset"] + name_at
+        if (name is None or data[start:data.index(b"\0", start)].decode() == name) and \
+                (kind is None or info & 0xF == kind):
+            return at
+    raise AssertionError(f"no symbol {name or kind}")
+
+
+def _first_relocation(data: bytes) -> int:
+    return _section(data, 4)["offset"]
+
+
+def _other_machine(data, symbol, machine):
+    return _put(data, 18, "<H", 183 if machine.e_machine == 62 else 62)
+
+
+def _empty_section_far_away(data, symbol, machine):
+    empty = next(s for s in _elf_sections(data) if s["size"] == 0 and s["type"] == 1)
+    return _put(data, empty["header"] + 24, "<Q", len(data) + 4096)
+
+
+def _as_eh_frame(data: bytes, offset: int) -> bytes:
+    """The empty ``.note.GNU-stack`` renamed ``.eh_frame`` (same name length) over 8 bytes at `offset`."""
+    note = next(s for s in _elf_sections(data) if s["label"] == ".note.GNU-stack")
+    patched = data.replace(b".note.GNU-stack\0", b".eh_frame\0\0\0\0\0\0\0", 1)
+    return _put(_put(patched, note["header"] + 24, "<Q", offset), note["header"] + 32, "<Q", 8)
+
+
+# name: (how the object is damaged, what the refusal says)
+DAMAGE = {
+    "garbage": (lambda d, s, m: b"\x13\x37" * 4000, "not an ELF object"),
+    "32-bit class": (lambda d, s, m: _put(d, 4, "B", 1), "ELF class 1"),
+    "other byte order": (lambda d, s, m: _put(d, 5, "B", 2), "byte order"),
+    "shared library": (lambda d, s, m: _put(d, 16, "<H", 3), "ELF type 3"),
+    "another machine": (_other_machine, "an object for ELF machine"),
+    "section table past the end": (lambda d, s, m: _put(d, 40, "<Q", len(d)), "section header table"),
+    "section past the end": (lambda d, s, m: _put(d, _section(d, 2)["header"] + 32, "<Q", len(d)), "lies outside"),
+    "empty section past the end": (_empty_section_far_away, "lies outside"),
+    "kernel symbol missing": (lambda d, s, m: d.replace(s.encode() + b"\0", s[:-1].encode() + b"Z\0"),
+                              "is not defined"),
+    "kernel symbol is data": (lambda d, s, m: _put(d, _symbol_offset(d, s) + 4, "B", 0x11),
+                              "is not a global function"),
+    "unresolvable outside symbol": (lambda d, s, m: d.replace(b"memset\0", b"memsex\0"),
+                                    "this process does not provide it"),
+    "undefined section symbol": (lambda d, s, m: _put(d, _symbol_offset(d, kind=3) + 6, "<H", 0),
+                                 "undefined but not a named global"),
+    "common-typed symbol": (lambda d, s, m: _put(d, _symbol_offset(d, kind=4) + 4, "B", 0x05),
+                            "not ones LLVM emits"),
+    "unknown relocation type": (lambda d, s, m: _put(d, _first_relocation(d) + 8, "<I", 0x7FFF),
+                                "has type 32767"),
+    "relocation of no symbol": (lambda d, s, m: _put(d, _first_relocation(d) + 12, "<I", 100000),
+                                "refers to symbol 100000"),
+    "relocation past its section": (lambda d, s, m: _put(d, _first_relocation(d), "<Q", 1 << 40),
+                                    "patches bytes"),
+    "unwind records past the section": (lambda d, s, m: _as_eh_frame(d, 0), "runs past the section"),
+}
+
+
+def test_object_check_accepts_what_the_host_backend_emits(host_object):
+    from redfuser.runtime.cpu_jit import in_process
+    from redfuser.runtime.object_check import check_host_object
+
+    data, symbol, machine = host_object
+    check_host_object(data, machine, [symbol], in_process)
+    check_host_object(_as_eh_frame(data, 24), machine, [symbol], in_process)   # bytes 24..32 are 0: a terminator
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE), ids=list(DAMAGE))
+def test_object_check_refuses_what_would_crash_mcjit(host_object, damage):
+    from redfuser.runtime.cpu_jit import in_process
+    from redfuser.runtime.object_check import BadObject, check_host_object
+
+    data, symbol, machine = host_object
+    if machine.e_machine != 62 or not machine.little_endian:
+        pytest.skip("the faults are planted at x86-64 little-endian offsets")
+    make, says = DAMAGE[damage]
+    bad = make(data, symbol, machine)
+    assert bad != data
+    with pytest.raises(BadObject, match=says):
+        check_host_object(bad, machine, [symbol], in_process)
+
+
+def test_object_check_only_ever_raises_bad_object(host_object):
+    """Random damage to the headers and tables: accepted or `BadObject`, never another exception."""
+    from redfuser.runtime.cpu_jit import in_process
+    from redfuser.runtime.object_check import BadObject, check_host_object
+
+    data, symbol, machine = host_object
+    rng = np.random.default_rng(18)
+    regions = [(0, 64)] + [(s["header"], s["header"] + 64) for s in _elf_sections(data)] + \
+        [(s["offset"], s["offset"] + s["size"]) for s in _elf_sections(data) if s["type"] in (2, 3, 4) and s["size"]]
+    refused = 0
+    for _ in range(600):
+        bad = bytearray(data)
+        start, end = regions[rng.integers(len(regions))]
+        for at in rng.integers(start, end, size=rng.integers(1, 4)):
+            bad[at] = rng.integers(256)
+        try:
+            check_host_object(bytes(bad), machine, [symbol], in_process)
+        except BadObject:
+            refused += 1
+    assert refused > 300
+
+
+def test_machines_without_a_table_have_no_check():
+    from redfuser.runtime.object_machines import AARCH64, X86_64, machine_of_triple
+
+    assert machine_of_triple("x86_64-unknown-linux-gnu") is X86_64
+    assert machine_of_triple("arm64-apple-darwin23.0.0") is AARCH64
+    assert machine_of_triple("aarch64_be-unknown-linux-gnu").little_endian is False
+    assert machine_of_triple("riscv64-unknown-linux-gnu") is None
+    assert machine_of_triple("powerpc64le-unknown-linux-gnu") is None
+
+
+def test_host_objects_stay_in_memory_where_the_machine_has_no_check(tmp_path, monkeypatch):
+    """On a machine without a relocation table nothing is linked from disk: nothing is written there either."""
+    import redfuser as rf
+    from redfuser.runtime import cpu_jit
+    from redfuser.workloads import softmax
+
+    monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_jit, "machine_of_triple", lambda triple: None)
+    monkeypatch.setattr(cpu_jit, "_memory_cache", functools.cache(cpu_jit._memory_cache.__wrapped__))
+    reset_default_cache()
+    try:
+        text = str(rf.kernel(softmax, backend="cpu").lower(np.zeros((2, 40), np.float32)).stages["llvm"])
+        _, first = cpu_jit.compile_cached(text, {"test": "no table"})
+        _, second = cpu_jit.compile_cached(text, {"test": "no table"})
+        assert (first.source, second.source) == ("build", "memory")
+        assert not list((tmp_path / "cache").rglob("*.bin"))
+    finally:
+        reset_default_cache()
+
+
+def test_exported_functions_are_the_modules_external_definitions():
+    from redfuser.runtime.cpu_jit import exported_functions
+
+    text = ('define internal float @"rf.expf"(float %".1") nounwind\n{\n}\n'
+            'define void @"rf_softmax_0"(ptr noalias %"x", i64 %"begin") nounwind\n{\n}\n'
+            'define private void @helper() {\n}\ndefine void @plain(i64 %n) {\n}\n')
+    assert exported_functions(text) == ["rf_softmax_0", "plain"]
+
+
+# -- checked payloads in the cache, in process ----------------------------------------------------
+
+def _only_good(payload: bytes) -> str | None:
+    return None if payload.startswith(b"good") else f"it starts with {payload[:4]!r}"
+
+
+def test_checked_fetch_rebuilds_an_invalid_entry_and_warns_at_the_callers_line(tmp_path):
+    CompileCache(tmp_path).put(key_of(), b"bad payload")
+    cache = CompileCache(tmp_path)
+    with pytest.warns(CacheWarning) as caught:
+        line = sys._getframe().f_lineno + 1     # the warning points at the call below, not into the cache
+        got = cache.fetch(key_of(), lambda: b"good payload", check=_only_good, describe="object code of f")
+    (warning,) = caught
+    assert (warning.filename, warning.lineno) == (__file__, line)
+    assert "the cached object code of f in" in str(warning.message) and "it starts with b'bad '" in str(warning.message)
+    assert (got.source, got.payload, cache.stats.invalid) == ("build", b"good payload", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = CompileCache(tmp_path).fetch(key_of(), lambda: pytest.fail("stored"), check=_only_good)
+    assert (again.source, again.payload) == ("disk", b"good payload")
+
+
+@pytest.mark.parametrize("meta, says", [
+    ({}, "no build record"),
+    ({cache_mod.BUILD_RECORD: hashlib.sha256(b"good other").hexdigest()}, "not the one its build record describes"),
+], ids=["no record", "record of another payload"])
+def test_checked_fetch_wants_the_build_record_of_the_payload(tmp_path, meta, says):
+    path = CompileCache(tmp_path).entry_path(key_of())
+    path.parent.mkdir(parents=True)
+    path.write_bytes(encode_entry(key_of(), b"good but unrecorded", meta))
+    assert CompileCache(tmp_path).get(key_of()) == b"good but unrecorded"   # an unchecked read does not care
+    with pytest.warns(CacheWarning, match=says):
+        assert CompileCache(tmp_path).get(key_of(), check=_only_good) is None
+    assert not path.exists()
+
+
+def test_a_fresh_build_failing_its_check_is_used_but_never_written(tmp_path):
+    cache = CompileCache(tmp_path)
+    with pytest.warns(CacheWarning, match="just built fails its load check"):
+        got = cache.fetch(key_of(), lambda: b"bad build", check=_only_good, describe="thing")
+    assert got.payload == b"bad build" and not list(tmp_path.rglob("*.bin"))
+    assert cache.fetch(key_of(), lambda: pytest.fail("kept"), check=_only_good).source == "memory"
+
+
+# -- the PTX payload ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ptx_payload_of_softmax() -> bytes:
+    import redfuser as rf
+    from redfuser.runtime import ptx_payload
+    from redfuser.workloads import softmax
+
+    lowered = rf.kernel(softmax, backend="cuda", sm="sm_90").lower(np.zeros((4, 100), np.float32))
+    (kernel,) = lowered.stages["ptx"].kernels
+    assert kernel.entry == "softmax_0"
+    return ptx_payload.encode(kernel.llvm_ir, kernel.ptx)
+
+
+def _ptx_edit(payload: bytes, old: bytes, new: bytes) -> bytes:
+    assert payload.count(old) >= 1
+    return payload.replace(old, new)
+
+
+PTX_DAMAGE = {
+    "no separator": (lambda p: p.replace(b"\0", b"\n"), "0 separators"),
+    "two separators": (lambda p: p + b"\0", "2 separators"),
+    "not UTF-8": (lambda p: p + b"\xff", "not UTF-8"),
+    "LLVM IR of another kernel": (lambda p: _ptx_edit(p, b'@"softmax_0"(', b'@"other_0"('), "does not define"),
+    "another PTX version": (lambda p: _ptx_edit(p, b"\n.version ", b"\n.version 1"), ".version"),
+    "another target": (lambda p: _ptx_edit(p, b".target sm_90", b".target sm_80"), ".target sm_90"),
+    "32-bit addresses": (lambda p: _ptx_edit(p, b".address_size 64", b".address_size 32"), ".address_size"),
+    "another entry": (lambda p: _ptx_edit(p, b".entry softmax_0", b".entry other_0"), "entries ['other_0']"),
+    "truncated": (lambda p: p[:-40], "ends inside a block"),
+}
+
+
+@pytest.mark.parametrize("damage", list(PTX_DAMAGE), ids=list(PTX_DAMAGE))
+def test_ptx_payload_check(ptx_payload_of_softmax, damage):
+    from redfuser.runtime import ptx_payload
+
+    assert ptx_payload.problem(ptx_payload_of_softmax, "softmax_0", "sm_90") is None
+    make, says = PTX_DAMAGE[damage]
+    assert says in (ptx_payload.problem(make(ptx_payload_of_softmax), "softmax_0", "sm_90") or "accepted")
