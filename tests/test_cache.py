@@ -191,9 +191,10 @@ def test_get_of_a_corrupt_entry_is_none_and_removes_it(tmp_path):
     cache.put(key_of(), b"payload")
     path = cache.entry_path(key_of())
     path.write_bytes(_flip(path.read_bytes(), len(path.read_bytes()) - 1))
-    with pytest.warns(CacheWarning):
+    with pytest.warns(CacheWarning) as caught:
         assert cache.get(key_of()) is None
     assert not path.exists()
+    assert caught[0].filename == __file__      # the caller's line, not a frame inside the cache
 
 
 def test_entry_of_another_format_version_is_stale_and_rebuilt_quietly(tmp_path):
@@ -671,7 +672,13 @@ def _call_twice(script: Path, *args: str) -> list[dict]:
 def test_bad_payload_is_rebuilt_with_a_warning_at_the_users_call(built, tmp_path, monkeypatch, case):
     import shutil
 
+    import llvmlite.binding as llvm
+
+    from redfuser.runtime.object_machines import machine_of_triple
+
     artifact, poison, redo_record = POISON[case]
+    if artifact == "host-object" and machine_of_triple(llvm.get_process_triple()) is None:
+        pytest.skip("no load check for this machine's objects: they are cached in memory only (tested below)")
     cache = tmp_path / "cache"
     shutil.copytree(built / "template", cache)
     key, good, meta = _entries(cache)[artifact]
