@@ -112,17 +112,14 @@ OPS: list[Op] = [
          (lambda x: rf.astype(x, rf.float16))) for t in ALL),
     # -- Python and numpy scalars (NEP 50) -------------------------------------------------------------
     Op("add_int", "scalars", lambda x: x + 1),
-    Op("rsub_int", "scalars", lambda x: 1 - x),
     Op("mul_float", "scalars", lambda x: x * 2.5),
     Op("div_int", "scalars", lambda x: x / 3),
     Op("rdiv_float", "scalars", lambda x: 2.0 / x),
     Op("add_np_f32", "scalars", lambda x: x + np.float32(0.5)),
-    Op("np_f32_mul", "scalars", lambda x: np.float32(2) * x),
     Op("np_f64_mul", "scalars", lambda x: np.float64(2) * x),
     Op("add_np_i64", "scalars", lambda x: x + np.int64(3)),
     Op("add_true", "scalars", lambda x: x + True),
     Op("lt_int", "scalars", lambda x: x < 1),
-    Op("eq_float", "scalars", lambda x: x == 0.5),
     Op("ge_float", "scalars", lambda x: x >= -1.5),
     Op("maximum_int", "scalars", lambda x: rf.maximum(x, 0), signed_zeros=False, note=SIGNED_ZERO_FREE),
     Op("where_float", "scalars", lambda x: rf.where(x > 0, x, 0.5)),
@@ -133,13 +130,11 @@ OPS: list[Op] = [
     # -- mixed array dtypes: x (29, 1) of the row's dtype with a (131,) array of every dtype -----------
     *(Op(f"add_{t}", "promote", lambda x, *ys, i=i: x + ys[i]) for i, t in enumerate(ALL)),
     *(Op(f"lt_{t}", "promote", lambda x, *ys, i=i: x < ys[i]) for i, t in enumerate(ALL)),
-    # -- reductions over 1, 37, 7, 259, 300 and 134 elements ------------------------------------------
+    # -- reductions over 1, 37, 259, 300 and 134 elements (the last over axes 0 and 2) ------------------------------------------
     *(op for name, fn in (("sum", rf.sum), ("max", rf.max), ("min", rf.min)) for op in (
         Op(f"{name}_len1", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x1, axis=-1), signed_zeros=False),
         Op(f"{name}_row", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x37, axis=-1), length=37,
            scale=_abs_sum(1, -1) if name == "sum" else None, signed_zeros=False),
-        Op(f"{name}_col", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x37, axis=0), length=7,
-           scale=_abs_sum(1, 0) if name == "sum" else None, signed_zeros=False),
         Op(f"{name}_all", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x37), length=259,
            scale=_abs_sum(1) if name == "sum" else None, signed_zeros=False),
         Op(f"{name}_keep", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x300, axis=1, keepdims=True),
@@ -166,9 +161,8 @@ OPS: list[Op] = [
        scale=_abs_matmul(lambda i: i[1].T, lambda i: np.swapaxes(i[0], -1, -2)), signed_zeros=False),
     # -- views of x (3, 5, 37) -------------------------------------------------------------------------
     Op("swapaxes", "views", lambda x: rf.swapaxes(x, 0, 2)),
-    Op("transpose", "views", lambda x: rf.transpose(x)),
     Op("transpose_axes", "views", lambda x: rf.transpose(x, (1, 0, 2))),
-    Op("T", "views", lambda x: x.T),
+    Op("T", "views", lambda x: x.T),               # rf.transpose(x) with no axes
     Op("mT", "views", lambda x: x.mT),
     Op("index_none", "views", lambda x: x[None, ..., 1]),
     Op("index_int", "views", lambda x: x[:, 2]),
@@ -258,27 +252,47 @@ def raises(op: Op, dtype: str, backend: str) -> type | None:
     return div.raises if div is not None else None
 
 
+def _cells(op: Op, reasons: list[str]) -> tuple[str, ...]:
+    cells = []
+    for d in ALL:
+        if d in op.errors:
+            cells.append("error")
+            continue
+        marks = []
+        for v in (v for v in DIVERGENCES if v.op == op.name and d in v.dtypes):
+            if v.reason not in reasons:
+                reasons.append(v.reason)
+            where = "" if v.backends == BACKENDS else f" ({', '.join(v.backends)})"
+            marks.append(f"{'raises' if v.raises else 'differs'} [{reasons.index(v.reason) + 1}]{where}")
+        cells.append("; ".join(marks) if marks else "ok")
+    return tuple(cells)
+
+
+LEGEND = """\
+ok: run on interpret, cpu and simulate and equal to numpy (dtype, NaN/inf positions, the sign of zero
+where marked, finite values under the tolerance rule). error: numpy refuses, and so does the kernel with
+a DTypeError naming the op. raises [n]: numpy gives a result, RedFuser refuses as note n says. differs [n]:
+the kernel differs from numpy as note n says, on the listed backends; the test checks that it does
+exactly that (and that it still does), and compares everything else with numpy."""
+
+
 def markdown() -> str:
-    """The table as markdown: op x dtype, each cell ok / error / a divergence footnote."""
+    """The table as markdown: ops x dtypes (ops with the same verdicts share a row), legend and notes."""
     reasons: list[str] = []
-    lines = ["| op | " + " | ".join(ALL) + " |", "|---" * (len(ALL) + 1) + "|"]
+    rows: list[tuple[str, list[str], tuple[str, ...], bool]] = []
     for op in OPS:
-        cells = []
-        for d in ALL:
-            if d in op.errors:
-                cells.append("error")
-                continue
-            divs = [v for v in DIVERGENCES if v.op == op.name and d in v.dtypes]
-            marks = []
-            for v in divs:
-                if v.reason not in reasons:
-                    reasons.append(v.reason)
-                marks.append(f"{'raises' if v.raises else 'div'}[{reasons.index(v.reason) + 1}] "
-                             f"({', '.join(v.backends) if v.backends != BACKENDS else 'all'})")
-            cells.append("; ".join(marks) if marks else "ok")
-        lines.append(f"| `{op.name}` | " + " | ".join(cells) + " |")
+        cells = _cells(op, reasons)
+        if rows and rows[-1][0] == op.group and rows[-1][2] == cells and rows[-1][3] == op.signed_zeros:
+            rows[-1][1].append(op.name)
+        else:
+            rows.append((op.group, [op.name], cells, op.signed_zeros))
+    lines = ["| group | ops | -0.0 | " + " | ".join(ALL) + " |", "|---" * (len(ALL) + 3) + "|"]
+    for group, names, cells, zeros in rows:
+        lines.append(f"| {group} | {' '.join(f'`{n}`' for n in names)} | {'sign' if zeros else 'any'} | "
+                     + " | ".join(cells) + " |")
     notes = [f"[{i + 1}] {r}" for i, r in enumerate(reasons)]
-    return "\n".join(lines + [""] + notes)
+    zero_note = ("-0.0: `sign` means a zero result must have numpy's sign; `any`: " + SIGNED_ZERO_FREE + ".")
+    return "\n".join(lines + ["", LEGEND, "", zero_note, ""] + notes)
 
 
 if __name__ == "__main__":

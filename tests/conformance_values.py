@@ -142,20 +142,26 @@ def _reduce(name: str, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
 
 
 def _matmul(name: str, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
-    """``a`` (2, 5, 37), ``b`` (37, 3), ``v`` (37,), ``w`` (2, 37, 3): odd M, N and K."""
+    """``a`` (2, 5, 37), ``b`` (37, 3), ``v`` (37,), ``w`` (2, 37, 3): odd M, N and K.
+
+    Floats get a NaN, infinities, -0.0 and subnormals but not the largest finite value, whose sums with
+    mixed signs overflow or not by summation order; integers get INT_MIN/INT_MAX rows (wrapping)."""
     d = DTYPES[name]
-    a, b = rows(name, 10, 37, rng)[:, :].reshape(2, 5, 37), randoms(name, 37 * 3, rng).reshape(37, 3)
-    if name in FLOATS:   # one NaN, one inf, -0.0 and subnormals (no max: sums of it overflow by order)
+    a, b = rows(name, 10, 37, rng).reshape(2, 5, 37), randoms(name, 37 * 3, rng).reshape(37, 3)
+    v = values(name, 37, rng)
+    if name in FLOATS:
         fi = ml_dtypes.finfo(d)
         a = randoms(name, 2 * 5 * 37, rng).reshape(2, 5, 37)
         a[0, 1, 4], a[1, 2, 10] = np.nan, (np.inf if name != "e4m3" else fi.max)
         a[1, 3, :5] = -0.0
         b[7, :] = fi.smallest_subnormal
         b[5, 1] = np.inf if name != "e4m3" else -fi.max
-    return a, b, values(name, 37, rng), randoms(name, 2 * 37 * 3, rng).reshape(2, 37, 3)
+        v = np.where(np.abs(v.astype(np.float64)) == float(fi.max), np.ones((), d), v).astype(d)
+    return a, b, v, randoms(name, 2 * 37 * 3, rng).reshape(2, 37, 3)
 
 
 def _views(name: str, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """``x`` (3, 5, 37) with every special value (views move values, so all must survive bit for bit)."""
     return (values(name, 3 * 5 * 37, rng).reshape(3, 5, 37),)
 
 
