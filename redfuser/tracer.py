@@ -353,7 +353,7 @@ def _install_operators() -> None:
 
     table = {
         "add": ops.add, "sub": ops.subtract, "mul": ops.multiply, "truediv": ops.divide,
-        "pow": ops.power, "matmul": ops.matmul, "and": ops.logical_and, "or": ops.logical_or,
+        "pow": ops.power_operator, "matmul": ops.matmul, "and": ops.logical_and, "or": ops.logical_or,
     }
     for name, fn in table.items():
         setattr(Tracer, f"__{name}__", binary(fn))

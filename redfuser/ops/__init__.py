@@ -52,6 +52,7 @@ from .elementwise import (
     negative,
     not_equal,
     power,
+    power_operator,
     rsqrt,
     sqrt,
     subtract,

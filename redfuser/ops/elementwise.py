@@ -1,6 +1,7 @@
 """Elementwise ops: arithmetic, math functions, comparisons, logic, `where`, `astype`."""
 from __future__ import annotations
 
+import operator
 from typing import Callable, Sequence
 
 import numpy as np
@@ -128,20 +129,58 @@ maximum = _binary(BinaryOp.MAX, np.maximum, "maximum")
 minimum = _binary(BinaryOp.MIN, np.minimum, "minimum")
 
 
-def power(a, b):
-    """``a ** b`` with a constant (Python or numpy scalar) exponent."""
-    if not _traced(a, b):
-        return np.power(a, b)
+def _power(a, b, numpy_fn: Callable, name: str):
     if isinstance(b, Tracer) or not isinstance(a, Tracer):
         raise UnsupportedError(f"only a constant exponent is supported, got {describe(a)} ** {describe(b)}",
-                               op="power", loc=user_loc())
-    return _elementwise("power", np.power, [a, b], lambda e, d: Binary(BinaryOp.POW, e[0], e[1], d))
+                               op=name, loc=user_loc())
+    _check_operand(name, b)
+    half = isinstance(b, float | np.floating) and float(b) == 0.5
+    if half and result_dtype(name, numpy_fn, a, b).is_float:
+        return _elementwise(name, numpy_fn, [a, b], _half_power(a, b, numpy_fn))
+    return _elementwise(name, numpy_fn, [a, b], lambda e, d: Binary(BinaryOp.POW, e[0], e[1], d))
+
+
+def _half_power(a: Tracer, b: object, numpy_fn: Callable) -> Callable[[list[Expr], DType], Expr]:
+    """``x ** 0.5`` as numpy computes it for these operands, asked of numpy itself at the two points where
+    the answers differ: a square root (``sqrt(-inf)`` is NaN, ``sqrt(-0.0)`` is -0.0; numpy's float32 and
+    float64 loops, and the ``**`` operator's fast path for float16) or C's ``pow`` (``pow(-inf, 0.5)`` is
+    +inf, ``pow(-0.0, 0.5)`` is +0.0; ``np.power`` of float16, every power of bfloat16 and float8)."""
+    with np.errstate(all="ignore"):
+        probe = np.asarray(numpy_fn(np.array([-np.inf, -0.0], a.dtype), b))
+    like_sqrt = bool(np.isnan(probe[0])) and bool(np.signbit(probe[1]))
+
+    def make(e: list[Expr], d: DType) -> Expr:
+        root = Unary(UnaryOp.SQRT, e[0], d)
+        if like_sqrt:
+            return root
+        is_minus_inf = Binary(BinaryOp.EQ, e[0], constant(-np.inf, d), T.bool_)
+        return Select(is_minus_inf, constant(np.inf, d), Unary(UnaryOp.ABS, root, d), d)
+
+    return make
+
+
+def power(a, b):
+    """``np.power(a, b)`` with a constant (Python or numpy scalar) exponent."""
+    if not _traced(a, b):
+        return np.power(a, b)
+    return _power(a, b, np.power, "power")
+
+
+def power_operator(a, b):
+    """``a ** b`` with a constant exponent: numpy's operator, which is not always ``np.power`` (``bool ** 2``
+    is int8, through ``np.square``; ``float16 ** 0.5`` is a square root)."""
+    if not _traced(a, b):
+        return a ** b
+    return _power(a, b, operator.pow, "power")
 
 
 def _comparison(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
     def fn(a, b):
         if not _traced(a, b):
             return np_fn(a, b)
+        fixed = _beyond_range(np_fn, a, b)
+        if fixed is not None:
+            return _elementwise(name, np_fn, [a, b], lambda e, d: constant(fixed, d), operand_dtype=lambda d: d)
         common = result_dtype(name, np.add, a, b) if not (_is_bool(a) and _is_bool(b)) else T.bool_
         return _elementwise(name, np_fn, [a, b], lambda e, d: Binary(op, e[0], e[1], d),
                             operand_dtype=lambda d: common)
@@ -149,6 +188,25 @@ def _comparison(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"Elementwise ``{op.value}``, giving bool; numpy's result on arrays."
     return fn
+
+
+def _beyond_range(np_fn: Callable, a: object, b: object) -> bool | None:
+    """The result of comparing an integer (or bool) array with a Python int outside its dtype's range:
+    numpy compares such ints exactly (NEP 50), so the answer is the same for every element (asked of
+    numpy at the dtype's two extremes). None when the comparison is an ordinary one."""
+    array, value = (a, b) if isinstance(a, Tracer) else (b, a)
+    if not isinstance(array, Tracer) or not isinstance(value, int) or isinstance(value, bool):
+        return None
+    if not (array.ir_dtype.is_int or array.ir_dtype.is_bool):
+        return None
+    info = np.iinfo(array.dtype) if array.ir_dtype.is_int else None
+    low, high = (int(info.min), int(info.max)) if info else (0, 1)
+    if low <= value <= high:
+        return None
+    extremes = np.array([low, high], array.dtype)
+    with np.errstate(all="ignore"):
+        answers = np_fn(extremes, value) if array is a else np_fn(value, extremes)
+    return bool(answers[0])
 
 
 def _is_bool(x: object) -> bool:

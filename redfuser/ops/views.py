@@ -121,7 +121,11 @@ def arange(start, stop=None, step=1, dtype=None):
         if isinstance(v, Tracer):
             raise UnsupportedError("arange bounds must be static Python numbers (use x.shape)", op="arange",
                                    loc=user_loc())
-    ref = np.arange(start, stop, step, dtype=dtype) if stop is not None else np.arange(start, dtype=dtype)
+    try:
+        ref = np.arange(start, stop, step, dtype=dtype) if stop is not None else np.arange(start, dtype=dtype)
+    except (TypeError, ValueError) as exc:   # numpy's own refusal (a bool range longer than 2, a bad dtype...)
+        raise DTypeError(f"numpy refuses arange({start!r}, {stop!r}, {step!r}, dtype={dtype!r}): {exc}",
+                         op="arange", loc=user_loc()) from None
     out_dtype = T.from_numpy(ref.dtype)
     if out_dtype is None:
         raise DTypeError(f"dtype {ref.dtype} is not supported", op="arange", loc=user_loc())

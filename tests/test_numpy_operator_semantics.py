@@ -1,0 +1,72 @@
+"""Where numpy's operators are not its ufuncs, kernels follow the operator the body wrote.
+
+- ``x ** 0.5``: numpy's float32/float64 loops and the ``**`` operator's fast path for float16 take a square
+  root (``sqrt(-inf)`` is NaN, ``sqrt(-0.0)`` is -0.0), while ``np.power`` of float16 and every power of
+  bfloat16 and float8 is C's ``pow`` (+inf and +0.0 there). Kernels strength-reduced every ``0.5`` to a
+  square root, and the interpreter used ``np.power`` where the body wrote ``**``.
+- ``bool ** 2`` is int8 in numpy (``np.square``); kernels gave int64. RedFuser has no int8: a DTypeError.
+- An int array compared with a Python int outside its dtype's range is compared exactly by numpy; kernels
+  raised a DTypeError (the common dtype came from ``np.add``, which overflows).
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import redfuser as rf
+
+BACKENDS = ("interpret", "cpu", "simulate")
+SPECIAL = [-np.inf, -0.0, 0.0, 2.0, np.inf, np.nan, -3.0]
+
+
+def same(got, expected) -> bool:
+    """Equal values and dtype, NaN where numpy has NaN, and the sign of every number (zeros included)."""
+    got, expected = np.asarray(got), np.asarray(expected)
+    numbers = ~np.isnan(expected.astype(np.float64))
+    return (got.dtype == expected.dtype and np.array_equal(got, expected, equal_nan=True)
+            and np.array_equal(np.signbit(got[numbers]), np.signbit(expected[numbers])))
+
+
+HALF_POWERS = {"operator": lambda x: x ** 0.5, "np.power": lambda x: rf.power(x, 0.5),
+               "f32 exponent": lambda x: x ** np.float32(0.5)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, ml_dtypes.bfloat16], ids=["f16", "f32", "bf16"])
+@pytest.mark.parametrize("form", sorted(HALF_POWERS))
+def test_half_powers_at_minus_inf_and_minus_zero(form, dtype, backend):
+    x = np.array(SPECIAL, dtype)
+    body = HALF_POWERS[form]
+    assert same(rf.kernel(body, backend=backend)(x), body(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bool_squared_is_int8_in_numpy_so_a_dtype_error(backend):
+    x = np.array([True, False])
+    assert (x ** 2).dtype == np.int8
+    with pytest.raises(rf.DTypeError, match="int8"):
+        rf.kernel(lambda x: x ** 2, backend=backend)(x)
+    got = rf.kernel(lambda x: rf.power(x, 2), backend=backend)(x)   # np.power: int64
+    assert same(got, np.power(x, 2))
+
+
+COMPARISONS = {
+    "lt": lambda x: x < 2**40, "ge_left": lambda x: 2**40 <= x, "eq": lambda x: x == -2**70,
+    "ne": lambda x: x != 2**40, "gt_bool": lambda x: x.astype(rf.bool_) > 2, "le_i64": lambda x: x <= -2**63 - 1,
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(COMPARISONS))
+def test_comparisons_with_python_ints_beyond_the_dtype_are_exact(name, backend):
+    x = np.array([1, -5, 2**31 - 1, -2**31], np.int32)
+    if name == "le_i64":
+        x = x.astype(np.int64)
+    body = COMPARISONS[name]
+    assert same(rf.kernel(body, backend=backend)(x), body(x))
+
+
+def test_an_arange_numpy_refuses_is_a_dtype_error():
+    with pytest.raises(rf.DTypeError, match="arange"):
+        rf.kernel(lambda x: x * rf.arange(3, dtype=x.dtype), backend="interpret")(np.ones(3, bool))
