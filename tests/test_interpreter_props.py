@@ -103,7 +103,9 @@ def test_matmul(operands, transpose_b):
     else:
         body = lambda a, b: a @ b  # noqa: E731
     actual, expected = run_both(body, a, b)
-    assert_close(actual[0], np.asarray(expected[0]), max((a.dtype, b.dtype), key=lambda d: d.itemsize == 2), k)
+    # numpy multiplies f16 by f16 into an f32 sum rounded once to f16, and bf16 (or mixed) operands into f32
+    expected = np.asarray(expected[0])
+    assert_close(actual[0], expected, expected.dtype, k, roundings=1)
 
 
 @given(programs(allow_zero=False))
@@ -172,7 +174,8 @@ def test_attention_with_masks_and_large_scores(data, shape, dtype, causal, fuse)
 
     actual, expected = run_both(body, q, k, v, fuse=fuse)
     scale = float(np.max(np.abs(v.astype(np.float64)), initial=0.0))
-    assert_close(actual[0], np.asarray(expected[0]), dtype, shape[-2] * shape[-1], scale=scale)
+    expected = np.asarray(expected[0])   # f32 for bf16 inputs (numpy's bf16 matmul gives f32): the f32 rule
+    assert_close(actual[0], expected, expected.dtype, shape[-2] * shape[-1], scale=scale)
 
 
 def test_attention_at_full_size():
