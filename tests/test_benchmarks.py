@@ -172,3 +172,38 @@ def test_static_counts_counters():
                "        /*0010*/                   NOP ;\n"
                "        /*0020*/              @!P0 EXIT ;\n")
     assert static_counts.count_sass(listing) == 2
+
+
+def test_the_fp8_gemm_check_catches_what_the_worst_case_bound_lets_through():
+    """The device check's FP8 GEMM test, on the host: inputs made like `gpu_cases.make_inputs` (each
+    token's absmax repeated every 16 elements). The numpy body and RedFuser's cpu kernel pass; an output
+    scaled by 0.5 or 0.7, a GEMM over three quarters of K and one that never quantizes (each computed with
+    numpy from the same inputs) fail, though every one of them is inside the documented worst-case bound."""
+    import numpy as np
+
+    import redfuser as rf
+    from redfuser.testing.quantization import absmax_in_every_window, spike_rows
+    from redfuser.workloads import fp8_quant_gemm
+
+    rng = np.random.default_rng(0)
+    m, k, n = 32, 4096, 48
+    x = spike_rows(rng.standard_normal((m, k)).astype(np.float32)).astype(np.float16)
+    w = rng.standard_normal((k, n)).astype(rf.float8_e4m3fn)
+    ws = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    assert absmax_in_every_window(x).all()
+    ref = gpu_cases.QuantizedReference(x, w, ws)
+    body = fp8_quant_gemm(x, w, ws)
+    for honest in (body, rf.kernel(fp8_quant_gemm, backend="cpu")(x, w, ws)):
+        passed, text = gpu_cases.fp8_check("redfuser", honest, ref)
+        assert passed, text
+    quarter = k // 4
+    planted = {"scaled by 0.5": body * 0.5, "scaled by 0.7": body * 0.7,
+               "a quarter of K missing": fp8_quant_gemm(x[:, quarter:], w[quarter:], ws),
+               "not quantized": ((x.astype(np.float64) @ w.astype(np.float64)) * ws).astype(np.float32)}
+    for name, out in planted.items():
+        assert ref.check(out).bound_ratio <= 1.0, name      # what the device check used to accept
+        passed, text = gpu_cases.fp8_check("redfuser", out, ref)
+        assert not passed, f"{name}: {text}"
+    # a peer is held to the quantization's relative error only (it rounds its output to bf16)
+    assert gpu_cases.fp8_check("scaled_mm", body.astype(rf.bfloat16).astype(np.float32), ref)[0]
+    assert not gpu_cases.fp8_check("scaled_mm", body * 0.7, ref)[0]

@@ -87,12 +87,13 @@ def absmax_in_every_window(x: np.ndarray, period: int = PERIOD) -> np.ndarray:
 
 @dataclass(frozen=True)
 class QuantizedCheck:
-    """The outcome of `check_quantized_gemm`: each ratio is the worst element's error over its bound."""
+    """The outcome of a check: each ratio is the worst element's error over its bound (<= 1 passes)."""
 
     bound_ratio: float      # against the exact product and the quantization bound
     exact_ratio: float      # against the quantized reference, on `exact_rows` rows (nan when none)
     exact_rows: int
-    rows: int
+    rows: int               # rows with a nonzero absmax (the others must be NaN)
+    relative: float         # ||out - exact|| / ||exact|| over those rows (Frobenius), for the record
 
     @property
     def passed(self) -> bool:
@@ -104,33 +105,49 @@ class QuantizedCheck:
         return f"{self.bound_ratio:.3g}x the quantization bound; {exact}"
 
 
+class QuantizedReference:
+    """What both bounds need from the inputs ``(x, w, w_scale)``, computed once (four float64 GEMMs):
+    `check` then costs one pass over an output."""
+
+    def __init__(self, x: np.ndarray, w: np.ndarray, w_scale: np.ndarray, *, period: int = PERIOD) -> None:
+        x64, w64, s64 = x.astype(np.float64), w.astype(np.float64), w_scale.astype(np.float64)
+        self.zero = np.abs(x64).max(axis=-1) == 0          # the reference's NaN rows (0 * 448 / 0)
+        self.exact = (x64 @ w64) * s64
+        # + the output's own f32 rounding, and a floor where a bound is 0 (a zero column of w)
+        self.allowed = quantization_bound(x, w, w_scale) + 2.0**-22 * np.abs(self.exact) + _TINY
+        self.rows = absmax_in_every_window(x, period) & ~self.zero
+        self.ref_q = self.allowed_q = None
+        if self.rows.any():
+            q, a = quantize(x[self.rows])
+            q64 = q.astype(np.float64)
+            unit = s64 * a.astype(np.float64) / 448.0
+            self.ref_q = (q64 @ w64) * unit
+            self.allowed_q = (x.shape[-1] * 2.0**-23 * (np.abs(q64) @ np.abs(w64)) * unit
+                              + 2.0**-22 * np.abs(self.ref_q) + _TINY)
+
+    def check(self, out: np.ndarray) -> QuantizedCheck:
+        """Both bounds of the module docstring for a kernel's output `out`."""
+        out = np.asarray(out, np.float64)
+        if not np.array_equal(np.isnan(out), np.broadcast_to(self.zero[..., None], out.shape)):
+            raise AssertionError("fp8_quant_gemm: NaN outputs differ from the reference's (its all-zero rows)")
+        keep = ~self.zero
+        with np.errstate(invalid="ignore", over="ignore"):
+            bound_ratio = float(np.max((np.abs(out - self.exact) / self.allowed)[keep], initial=0.0))
+            exact_ratio = float("nan")
+            if self.ref_q is not None:
+                exact_ratio = float(np.max(np.abs(out[self.rows] - self.ref_q) / self.allowed_q))
+            diff = np.linalg.norm((out - self.exact)[keep])
+            relative = float(diff / max(np.linalg.norm(self.exact[keep]), 1e-300))
+        return QuantizedCheck(bound_ratio, exact_ratio, int(self.rows.sum()), int(keep.sum()), relative)
+
+
 def check_quantized_gemm(out: np.ndarray, x: np.ndarray, w: np.ndarray, w_scale: np.ndarray, *,
                          period: int = PERIOD) -> QuantizedCheck:
     """Both bounds of the module docstring for a kernel's `out` of ``fp8_quant_gemm(x, w, w_scale)``.
 
     Rows whose absmax is zero are the reference's NaN and must be NaN in `out`; the ratios cover the rest.
     """
-    out = np.asarray(out, np.float64)
-    x64, w64, s64 = x.astype(np.float64), w.astype(np.float64), w_scale.astype(np.float64)
-    zero = np.abs(x64).max(axis=-1) == 0
-    if not np.array_equal(np.isnan(out), np.broadcast_to(zero[..., None], out.shape)):
-        raise AssertionError("fp8_quant_gemm: NaN outputs differ from the reference's (its all-zero rows)")
-    keep = ~zero
-    exact = (x64 @ w64) * s64
-    with np.errstate(divide="ignore", invalid="ignore"):
-        allowed = quantization_bound(x, w, w_scale) + 2.0**-22 * np.abs(exact) + _TINY   # + out's f32 rounding
-        bound_ratio = float(np.max((np.abs(out - exact) / allowed)[keep], initial=0.0))
-    rows = absmax_in_every_window(x, period) & keep
-    exact_ratio = float("nan")
-    if rows.any():
-        q, a = quantize(x[rows])
-        q64, k = q.astype(np.float64), x.shape[-1]
-        unit = s64 * a.astype(np.float64) / 448.0
-        ref = (q64 @ w64) * unit
-        allowed = k * 2.0**-23 * (np.abs(q64) @ np.abs(w64)) * unit + 2.0**-22 * np.abs(ref) + _TINY
-        with np.errstate(divide="ignore", invalid="ignore"):
-            exact_ratio = float(np.max(np.abs(out[rows] - ref) / allowed))
-    return QuantizedCheck(bound_ratio, exact_ratio, int(rows.sum()), int(keep.sum()))
+    return QuantizedReference(x, w, w_scale, period=period).check(out)
 
 
 def assert_quantized_gemm(out: np.ndarray, x: np.ndarray, w: np.ndarray, w_scale: np.ndarray, *,
