@@ -154,6 +154,17 @@ def test_a_small_error_in_a_long_sum_fails_and_an_exact_value_must_be_equal():
     assert program_judge.compare((s, np.nextafter(m, np.float32(0))), ref, "cpu", 0).kind == "wrong value"
 
 
+def test_gpu_backends_compute_f64_exp_in_f32_and_only_they_are_allowed_to():
+    """docs/gpu-backend.md: ``exp`` of a float64 value (numpy's promotion of int32 * 2.5) is f32 on the GPU."""
+    p = _program([Node(("v0",), "mul_c", ("x0",), (2.5,)), Node(("v1",), "exp", ("v0",))], ("v1",),
+                 (_array([8, 20, 40], "int32"),))
+    exact = np.exp(np.array([20.0, 50.0, 100.0]))
+    f32 = np.exp(np.array([20.0, 50.0, 100.0], np.float32)).astype(np.float64)  # exp(100) overflows f32
+    assert program_judge.compare(f32, reference(p, 0, "simulate"), "simulate", 0) is None
+    assert program_judge.compare(f32, reference(p, 0, "cpu"), "cpu", 0) is not None
+    assert program_judge.compare(exact * (1 + 1e-3), reference(p, 0, "simulate"), "simulate", 0) is not None
+
+
 def test_integers_and_bools_are_judged_exactly_and_dtypes_must_match():
     p = _program([Node(("v0",), "mul", ("x0", "x1"))], ("v0",), (_array([True, False, True], "bool"),
                                                                 _array([True, True, False], "bool")))

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from .fuzz_tasks import Config, Result, run_example
@@ -56,6 +56,7 @@ class _Slot:
     task: tuple | None = None
     backend: str = ""
     since: float = 0.0
+    history: list = field(default_factory=list)   # examples this process ran before (a crash may need them)
 
 
 class Pool:
@@ -107,6 +108,8 @@ class Pool:
     def _give(self, k: int, task: tuple) -> None:
         slot = self.slots[k]
         slot.task, slot.backend, slot.since = task, "", time.monotonic()
+        if task[0] == "example":
+            slot.history.append(task[1])
         slot.conn.send(task)
 
     def _lost(self, k: int, why: str) -> tuple[tuple, Failure]:
@@ -118,6 +121,9 @@ class Pool:
         code = slot.process.exitcode
         message = (f"the worker ran {self.timeout:.0f} s on this backend and was killed" if kind == "timeout" else
                    f"the worker process died (exit code {code}{_signal_name(code)})")
+        if len(slot.history) > 1:
+            message += (f"; it had run {len(slot.history) - 1} examples before ({_ranges(slot.history[:-1])}): "
+                        "rerun them in one process (--jobs 0) if this one alone does not fail")
         failure = Failure(kind, slot.backend or "?", 0, message, kind)
         task = slot.task
         self._restart(k)
@@ -172,6 +178,17 @@ class Pool:
                     return answer
                 failure = answer if isinstance(answer, Failure) else Failure("exception", "fuzzer", 0, answer)
                 return Outcome([failure])
+
+
+def _ranges(xs: list[int]) -> str:
+    """``3-7, 9``: a sorted list of ints as ranges."""
+    out: list[str] = []
+    for x in sorted(xs):
+        if out and x == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{x}"
+        else:
+            out.append(str(x))
+    return ", ".join(out)
 
 
 def _signal_name(code: int | None) -> str:

@@ -29,7 +29,7 @@ from .cascades import Cascade, RandomDraw, draw_cascade
 from .program import Program
 from .program_grammar import draw_program
 from .program_judge import Failure, run
-from .program_oracle import reference
+from .program_oracle import GPU_BACKENDS, reference
 
 CASCADE_EVERY = 8
 SIMULATE_CASCADE_ELEMENTS = 4096
@@ -83,14 +83,15 @@ def run_example(config: Config, index: int, progress=None) -> Result:
         return _run_cascade(config, index, progress)
     start = time.process_time()
     p = program_example(config.seed, index, config.max_size)
-    refs = [reference(p, c) for c in range(len(p.calls))]
+    refs = {gpu: [reference(p, c, "simulate" if gpu else "cpu") for c in range(len(p.calls))]
+            for gpu in {b in GPU_BACKENDS for b in config.backends}}
     result = Result(index, "program", p.describe(), p.label, ops=tuple(n.op for n in p.nodes))
     result.seconds["oracle"] = time.process_time() - start
     for backend in config.backends:
         if progress is not None:
             progress(backend)
         t = time.process_time()
-        outcome = run(p, backend, refs)
+        outcome = run(p, backend, refs[backend in GPU_BACKENDS])
         result.seconds[backend] = time.process_time() - t
         result.failures += outcome.failures
         result.calls += outcome.calls

@@ -41,6 +41,28 @@ POLYNOMIAL = frozenset({"add", "sub", "mul", "neg", "square", "add_c", "rsub_c",
 """Ops the fusion algebra expands through (`magnitude` follows them; every other op restarts)."""
 
 
+F32_MATH = frozenset({"exp", "exp_safe", "exp2_safe", "log", "log_safe", "log2_safe"})
+"""Ops the GPU backends compute in f32 on f64 values (docs/gpu-backend.md, "Numerics")."""
+
+
+def f32_math(node, ins: list, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For an op of `F32_MATH` on f64 values computed in f32: (the extra error bound, the elements beyond f32's
+    range, whose class f32 can change). The argument rounds to f32 (relative ``eps32``): ``exp`` moves by
+    ``|out| |x| eps32`` (``ln 2`` times that for ``exp2``), ``log`` by ``eps32`` (over ``ln 2`` for ``log2``);
+    the result rounds to f32 (a few ulps, and a subnormal step)."""
+    f = ml_dtypes.finfo(np.float32)
+    out = np.abs(_f64(r))
+    x = np.abs(_f64(ins[0].ref))
+    with np.errstate(all="ignore"):
+        if node.op.startswith("exp"):
+            arg = out * np.minimum(x, 4.0 if node.op.endswith("_safe") else np.inf) * float(f.eps)
+        else:
+            arg = np.full(out.shape, float(f.eps) / (math.log(2.0) if node.op.startswith("log2") else 1.0))
+        extra = arg + 4 * float(f.eps) * out + float(f.tiny)
+        beyond = np.isfinite(out) & (out > float(f.max) / 2)
+    return np.where(np.isnan(extra), np.inf, extra), np.broadcast_to(beyond, out.shape)
+
+
 def _f64(x: object) -> np.ndarray:
     a = np.ma.getdata(x) if isinstance(x, np.ma.MaskedArray) else x
     return np.asarray(a).astype(np.float64)

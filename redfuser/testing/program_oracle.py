@@ -23,10 +23,14 @@ keeps what judging needs (`Value`):
   (2) an inexact operand that may be zero (``|value| <= C e``) multiplied by an
       infinity, or used as a divisor, or under ``log``/``sqrt``; a zero whose
       sign is not determined (``maximum(-0.0, 0.0)``) used as a divisor;
-  (3) a float sum or ``@`` whose expanded terms are infinite or overflow its
+  (3) on the GPU backends (``simulate``, ``cuda``), which compute ``exp`` and
+      ``log`` of f64 values in f32 (docs/gpu-backend.md, "Numerics"), a result
+      beyond f32's range (`program_bounds.f32_math`, which also widens the
+      bound to f32's rounding of the argument and the result);
+  (4) a float sum or ``@`` whose expanded terms are infinite or overflow its
       dtype (`program_bounds.expansion_hazard`, a documented limit of fused
       sums of separable terms);
-  (4) any element computed from an unsure one.
+  (5) any element computed from an unsure one.
 
 Where a discontinuous op (`Rule.discontinuous`) gets an inexact operand, its
 result is unsure everywhere: the grammar does not draw that, the shrinker can.
@@ -111,22 +115,28 @@ def _argument(value: object) -> Value:
     return Value(value, _widen(value), True, np.zeros(shape), np.zeros(shape, bool))
 
 
-def evaluate(program: Program, args: list[object]) -> tuple[dict[str, Value], list[object]]:
-    """Every value of `program` on `args` (raises what numpy raises), and the body's outputs."""
+GPU_BACKENDS = frozenset({"simulate", "cuda"})
+"""Backends that compute ``exp``/``log`` of f64 values in f32 (docs/gpu-backend.md, "Numerics")."""
+
+
+def evaluate(program: Program, args: list[object], gpu: bool = False) -> tuple[dict[str, Value], list[object]]:
+    """Every value of `program` on `args` (raises what numpy raises), and the body's outputs; `gpu`: bounds for
+    a backend of `GPU_BACKENDS`."""
     env: dict[str, Value] = {n: _argument(a) for n, a in zip(program.params, args)}
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for node in program.nodes:
-            _step(node, env)
+            _step(node, env, gpu)
     return env, [env[o].ref for o in program.outputs]
 
 
-def reference(program: Program, call: int) -> Reference:
-    """The judged reference of call number `call` (see the module docstring)."""
+def reference(program: Program, call: int, backend: str = "cpu") -> Reference:
+    """The judged reference of call number `call` on `backend` (see the module docstring)."""
     args = program.arguments(call)
+    gpu = backend in GPU_BACKENDS
     masked = any(isinstance(a, np.ma.MaskedArray) for a in args)
     try:
-        env, _ = evaluate(program, args)
+        env, _ = evaluate(program, args, gpu)
     except Exception as err:  # numpy refuses the program: the kernel must refuse it too
         return Reference(error=err, masked=masked)
     outputs = tuple(env[o] for o in program.outputs)
@@ -134,7 +144,7 @@ def reference(program: Program, call: int) -> Reference:
         return Reference(outputs)
     plain = [np.ma.getdata(a) if isinstance(a, np.ma.MaskedArray) else a for a in args]
     try:
-        penv, _ = evaluate(program, plain)
+        penv, _ = evaluate(program, plain, gpu)
     except Exception as err:
         return Reference(error=err, masked=True, mask_matters=True)
     matters = any(np.ma.is_masked(v.ref) or not _same(np.ma.getdata(v.ref), penv[o].ref)
@@ -152,7 +162,7 @@ def _same(a: object, b: object) -> bool:
 # ---------------------------------------------------------------------------------------------
 # one step
 # ---------------------------------------------------------------------------------------------
-def _step(node, env: dict[str, Value]) -> None:
+def _step(node, env: dict[str, Value], gpu: bool = False) -> None:
     rule = RULES[node.op]
     ins = [env[a] for a in node.args]
     ref = rule.apply([v.ref for v in ins], node.params)
@@ -166,10 +176,10 @@ def _step(node, env: dict[str, Value]) -> None:
         if node.op == "astype" and np.dtype(r.dtype) in NARROW:
             w = np.asarray(w).astype(F32)  # rounded to the narrow type, then computed on in f32
         w = _widen(w)
-        env[out] = _value(node, rule, ins, r, w, indices=(n == 1))
+        env[out] = _value(node, rule, ins, r, w, indices=(n == 1), gpu=gpu)
 
 
-def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: bool) -> Value:
+def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: bool, gpu: bool = False) -> Value:
     r = np.asarray(np.ma.getdata(ref) if isinstance(ref, np.ma.MaskedArray) else ref)
     dt, shape = r.dtype, r.shape
     all_exact = all(v.exact for v in ins)
@@ -182,6 +192,9 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
     unsure = _propagate(node, rule, ins, shape) | bounds.expansion_hazard(node, ins, shape, dt)
     u = max([unit_roundoff(dt)] + [unit_roundoff(v.dtype) for v in ins])
     err = np.zeros(shape) if exact else bounds.error(node, ins, r, u, lossy)
+    if gpu and dt == np.float64 and node.op in bounds.F32_MATH:  # computed in f32 on the GPU backends
+        extra, out_of_range = bounds.f32_math(node, ins, r)
+        err, unsure = err + extra, unsure | out_of_range
     with np.errstate(all="ignore"):
         mag, expanded = bounds.magnitude(node, ins, r)
     if rule.discontinuous and not all_exact:

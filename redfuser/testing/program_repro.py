@@ -11,6 +11,7 @@ the bug is there and 0 once it is fixed.
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 
 from .program import Arg, Program
 from .program_data import scalar_source
@@ -19,6 +20,7 @@ from .program_judge import Failure
 
 def reproducer(p: Program, f: Failure, origin: str = "") -> str:
     """The script for failure `f` of program `p` (see the module docstring)."""
+    f = f if f.call < len(p.calls) else replace(f, call=len(p.calls) - 1)
     summary = "\n".join(textwrap.wrap(f.message, 100, break_long_words=False)[:10])
     lines = [f'"""RedFuser fuzzer: {f.kind} on the {f.backend} backend{origin}.', "", summary, '"""',
              "import numpy as np", "", "import redfuser as rf", "", "", p.source(), "", ""]
