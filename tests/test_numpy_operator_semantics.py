@@ -42,6 +42,14 @@ def test_half_powers_at_minus_inf_and_minus_zero(form, dtype, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_])
+def test_half_powers_of_integers_and_bools_are_float64_roots(dtype, backend):
+    x = np.array([0, 1, 2, 9, -4], dtype) if dtype is not np.bool_ else np.array([True, False])
+    for body in HALF_POWERS.values():
+        assert same(rf.kernel(body, backend=backend)(x), body(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bool_squared_is_int8_in_numpy_so_a_dtype_error(backend):
     x = np.array([True, False])
     assert (x ** 2).dtype == np.int8

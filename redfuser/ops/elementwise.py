@@ -145,9 +145,12 @@ def _half_power(a: Tracer, b: object, numpy_fn: Callable) -> Callable[[list[Expr
     the answers differ: a square root (``sqrt(-inf)`` is NaN, ``sqrt(-0.0)`` is -0.0; numpy's float32 and
     float64 loops, and the ``**`` operator's fast path for float16) or C's ``pow`` (``pow(-inf, 0.5)`` is
     +inf, ``pow(-0.0, 0.5)`` is +0.0; ``np.power`` of float16, every power of bfloat16 and float8)."""
-    with np.errstate(all="ignore"):
-        probe = np.asarray(numpy_fn(np.array([-np.inf, -0.0], a.dtype), b))
-    like_sqrt = bool(np.isnan(probe[0])) and bool(np.signbit(probe[1]))
+    if a.ir_dtype.is_float:
+        with np.errstate(all="ignore"):
+            probe = np.asarray(numpy_fn(np.array([-np.inf, -0.0], a.dtype), b))
+        like_sqrt = bool(np.isnan(probe[0])) and bool(np.signbit(probe[1]))
+    else:   # integers and bools hold neither -inf nor -0.0: both answers agree
+        like_sqrt = True
 
     def make(e: list[Expr], d: DType) -> Expr:
         root = Unary(UnaryOp.SQRT, e[0], d)
