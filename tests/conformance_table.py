@@ -34,6 +34,8 @@ class Op:
     length: int = 1                    # longest accumulation feeding a value (the tolerance rule's n)
     scale: Callable | None = None      # inputs -> magnitude of the accumulated terms, per output element
     signed_zeros: bool = True          # the sign of a zero result is compared (numpy's is exactly defined)
+    roundings: int | None = 1          # roundings to an f16/bf16/e4m3 result on numpy's path and the kernel's
+                                       # beyond its one store (tolerance rule); None: the rule's default
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,10 @@ def _abs_matmul(left: Callable, right: Callable) -> Callable:
 
 
 NOT_BOOL = FLOATS + INTS
+_ACCUMULATED = {"signed_zeros": False, "roundings": None}
+"""Reductions and matmuls: the zero's sign follows order and start; the roundings numpy's low-precision
+accumulation makes vary by axis and dtype (f16 sums along a row round once, bf16 sums every term), so the
+tolerance rule's default count applies."""
 SIGNED_ZERO_FREE = "numpy's max/min of -0.0 and +0.0 depends on its loop; a sum's depends on order and start"
 
 OPS: list[Op] = [
@@ -84,7 +90,7 @@ OPS: list[Op] = [
     Op("log", "unary", lambda x: rf.log(x)),
     Op("log2", "unary", lambda x: rf.log2(x)),
     Op("sqrt", "unary", lambda x: rf.sqrt(x)),
-    Op("rsqrt", "unary", lambda x: rf.rsqrt(x)),
+    Op("rsqrt", "unary", lambda x: rf.rsqrt(x), roundings=2),    # numpy: 1 / np.sqrt(x), two roundings
     Op("pow2", "unary", lambda x: x ** 2),
     Op("pow3", "unary", lambda x: x ** 3),
     Op("pow_half", "unary", lambda x: x ** 0.5),
@@ -109,7 +115,7 @@ OPS: list[Op] = [
        error_op=("logical_not", "not", "invert")),
     # -- astype from every dtype to every dtype ------------------------------------------------------
     *(Op(f"astype_{t}", "astype", (lambda x, t=t: x.astype(DTYPES[t])) if t != "f16" else
-         (lambda x: rf.astype(x, rf.float16))) for t in ALL),
+         (lambda x: rf.astype(x, rf.float16)), roundings=2) for t in ALL),   # int -> bf16/e4m3 goes via f32
     # -- Python and numpy scalars (NEP 50) -------------------------------------------------------------
     Op("add_int", "scalars", lambda x: x + 1),
     Op("mul_float", "scalars", lambda x: x * 2.5),
@@ -132,33 +138,33 @@ OPS: list[Op] = [
     *(Op(f"lt_{t}", "promote", lambda x, *ys, i=i: x < ys[i]) for i, t in enumerate(ALL)),
     # -- reductions over 1, 37, 259, 300 and 134 elements (the last over axes 0 and 2) -----------------------
     *(op for name, fn in (("sum", rf.sum), ("max", rf.max), ("min", rf.min)) for op in (
-        Op(f"{name}_len1", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x1, axis=-1), signed_zeros=False),
+        Op(f"{name}_len1", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x1, axis=-1), **_ACCUMULATED),
         Op(f"{name}_row", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x37, axis=-1), length=37,
-           scale=_abs_sum(1, -1) if name == "sum" else None, signed_zeros=False),
+           scale=_abs_sum(1, -1) if name == "sum" else None, **_ACCUMULATED),
         Op(f"{name}_all", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x37), length=259,
-           scale=_abs_sum(1) if name == "sum" else None, signed_zeros=False),
+           scale=_abs_sum(1) if name == "sum" else None, **_ACCUMULATED),
         Op(f"{name}_keep", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x300, axis=1, keepdims=True),
-           length=300, scale=_abs_sum(2, 1, True) if name == "sum" else None, signed_zeros=False),
+           length=300, scale=_abs_sum(2, 1, True) if name == "sum" else None, **_ACCUMULATED),
         Op(f"{name}_axes", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x3, axis=(0, 2)), length=134,
-           scale=_abs_sum(3, (0, 2)) if name == "sum" else None, signed_zeros=False),
+           scale=_abs_sum(3, (0, 2)) if name == "sum" else None, **_ACCUMULATED),
     )),
     Op("sum_method", "reduce", lambda x1, x37, x300, x3: x37.sum(axis=-1, keepdims=True), length=37,
-       scale=_abs_sum(1, -1, True), signed_zeros=False),
+       scale=_abs_sum(1, -1, True), **_ACCUMULATED),
     # -- matmul: a (2, 5, 37), b (37, 3), v (37,), w (2, 37, 3) ----------------------------------------
     Op("mm", "matmul", lambda a, b, v, w: a[0] @ b, length=37, scale=_abs_matmul(lambda i: i[0][0], lambda i: i[1]),
-       signed_zeros=False),
+       **_ACCUMULATED),
     Op("mm_batched", "matmul", lambda a, b, v, w: a @ b, length=37,
-       scale=_abs_matmul(lambda i: i[0], lambda i: i[1]), signed_zeros=False),
+       scale=_abs_matmul(lambda i: i[0], lambda i: i[1]), **_ACCUMULATED),
     Op("mm_bcast", "matmul", lambda a, b, v, w: a[0][None] @ w, length=37,
-       scale=_abs_matmul(lambda i: i[0][0][None], lambda i: i[3]), signed_zeros=False),
+       scale=_abs_matmul(lambda i: i[0][0][None], lambda i: i[3]), **_ACCUMULATED),
     Op("mm_vec_mat", "matmul", lambda a, b, v, w: v @ b, length=37,
-       scale=_abs_matmul(lambda i: i[2], lambda i: i[1]), signed_zeros=False),
+       scale=_abs_matmul(lambda i: i[2], lambda i: i[1]), **_ACCUMULATED),
     Op("mm_mat_vec", "matmul", lambda a, b, v, w: a @ v, length=37,
-       scale=_abs_matmul(lambda i: i[0], lambda i: i[2]), signed_zeros=False),
+       scale=_abs_matmul(lambda i: i[0], lambda i: i[2]), **_ACCUMULATED),
     Op("mm_dot", "matmul", lambda a, b, v, w: v @ v, length=37,
-       scale=_abs_matmul(lambda i: i[2], lambda i: i[2]), signed_zeros=False),
+       scale=_abs_matmul(lambda i: i[2], lambda i: i[2]), **_ACCUMULATED),
     Op("mm_transposed", "matmul", lambda a, b, v, w: b.mT @ a.mT, length=37,
-       scale=_abs_matmul(lambda i: i[1].T, lambda i: np.swapaxes(i[0], -1, -2)), signed_zeros=False),
+       scale=_abs_matmul(lambda i: i[1].T, lambda i: np.swapaxes(i[0], -1, -2)), **_ACCUMULATED),
     # -- views of x (3, 5, 37) -------------------------------------------------------------------------
     Op("swapaxes", "views", lambda x: rf.swapaxes(x, 0, 2)),
     Op("transpose_axes", "views", lambda x: rf.transpose(x, (1, 0, 2))),

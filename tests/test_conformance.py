@@ -5,8 +5,9 @@ backend and compares the result with the same body run on the numpy arrays:
 
 - the result dtype and shape must be numpy's; integers and bools must be equal;
 - floats: NaN exactly where numpy has NaN, infinities exactly with their sign, the sign of zero where the
-  op's is exactly defined (`Op.signed_zeros`), and finite values under `redfuser.testing.assert_close`,
-  applied to the whole result (the documented rule) and again to the elements of each binade of the
+  op's is exactly defined (`Op.signed_zeros`), and finite values under `redfuser.testing.assert_close`
+  (f16/bf16/e4m3 results with the roundings `Op.roundings` counts: one for an elementwise op, where numpy
+  and the kernel both round once), applied to the whole result (the documented rule) and again to the elements of each binade of the
   reference's magnitude (a dtype's largest value in the same array would otherwise widen every other
   element's absolute tolerance to uselessness). The magnitude of an accumulated value is that of its
   terms (`Op.scale`); values below the smallest normal share one group at the smallest normal's scale;
@@ -107,7 +108,7 @@ def _binade_check(actual: np.ndarray, expected: np.ndarray, op: Op, scale: np.nd
     for b in np.unique(binade[finite]):
         sel = finite & (binade == b)
         assert_close(actual[sel], expected[sel], tol, op.length, f"{label}: values of magnitude ~2^{int(b)}",
-                     scale=float(2.0 ** (b + 1)))
+                     scale=float(2.0 ** (b + 1)), roundings=op.roundings)
 
 
 def compare(actual: object, expected: np.ndarray, op: Op, scale: np.ndarray, label: str,
@@ -121,7 +122,8 @@ def compare(actual: object, expected: np.ndarray, op: Op, scale: np.ndarray, lab
     if expected.dtype.kind in "biu":
         assert_close(actual, expected, expected.dtype, op.length, label)
         return
-    assert_close(actual, expected, tol, op.length, label, scale=float(np.max(scale, initial=0.0)))
+    assert_close(actual, expected, tol, op.length, label, scale=float(np.max(scale, initial=0.0)),
+                 roundings=op.roundings)
     _binade_check(actual, expected, op, scale, tol, label)
     if op.signed_zeros:
         a, e = actual.astype(np.float64), expected.astype(np.float64)
