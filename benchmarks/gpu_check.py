@@ -14,8 +14,9 @@ online softmax (``benchmarks/triton_peers.py``; skipped with a note without Trit
 ``torch.topk(torch.softmax(...))`` for routing and ``torch._scaled_mm`` for the FP8 GEMM.
 
 Method (docs/gpu-backend.md): each implementation is first checked on fresh random inputs against a
-float64 torch reference on the device (relative Frobenius error; indices exactly; the FP8 GEMM against
-its quantization bound), then timed with CUDA events per call after a warm-up: the median of many
+float64 torch reference on the device (relative Frobenius error; indices exactly; RedFuser's FP8 GEMM
+element by element against its quantization bound and the quantized reference, redfuser.testing.quantization),
+then timed with CUDA events per call after a warm-up: the median of many
 calls, cycling through input sets that together are several times the L2 (50 MB on an H200). A case
 or peer that fails prints FAILED with the error and the script goes on; a global time budget
 (``--budget``, default 400 s) skips what is left (``torch.compile``, the slowest peer, runs last).
