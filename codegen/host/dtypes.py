@@ -3,12 +3,13 @@
 | dtype  | in registers        | in memory | note                                        |
 |--------|---------------------|-----------|---------------------------------------------|
 | bool   | i1                  | i8        |                                             |
-| f16    | half                | half      | converted with fpext/fptrunc (F16C)         |
+| f16    | half                | half      | converted with fpext/fptrunc (F16C) to f32  |
 | bf16   | i16 (the raw bits)  | i16       | to f32: shift; from f32: round to even      |
 | f8e4m3 | i8 (the raw bits)   | i8        | e4m3fn: no inf, NaN = S.1111.111, max 448   |
 
 Arithmetic never happens in f16/bf16/f8 (the scheduler computes in f32), so
-those types only meet loads, stores and casts here.
+those types only meet loads, stores and casts here. f64 and integers reach them
+through f32 rounded to odd (`_f64_to_f32_odd`): one rounding, as numpy's.
 """
 from __future__ import annotations
 
@@ -120,10 +121,29 @@ def _float_bits(d: DType) -> int:
     return {"f16": 16, "f32": 32, "f64": 64}[d.name]
 
 
+def _f64_to_f32_odd(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """`v` rounded to f32 *to odd* (toward zero, the last bit set when inexact). Rounding that again to a type of
+    at most 22 significant bits (f16, bf16, e4m3) rounds `v` once, as numpy does; f64 -> f32 -> narrow by
+    nearest would round twice (1 + 2**-8 + 2**-30 -> bf16 is 1.0078125, not 1.0)."""
+    t = b.fptrunc(v, F32)
+    back = b.fpext(t, F64)
+    fabs = declare_intrinsic(b.module, "llvm.fabs.f64", F64, [F64])
+    away = b.fcmp_ordered(">", b.call(fabs, [back]), b.call(fabs, [v]))   # rounded up in magnitude: one step back
+    bits = b.bitcast(t, I32)
+    bits = b.select(away, b.sub(bits, ir.Constant(I32, 1)), bits)
+    inexact = b.fcmp_ordered("!=", back, v)                                 # NaN: false, kept as it is
+    return b.bitcast(b.select(inexact, b.or_(bits, ir.Constant(I32, 1)), bits), F32)
+
+
 def cast(b: ir.IRBuilder, v: ir.Value, src: DType, dst: DType) -> ir.Value:
     """`v` (a register of `src`) converted like numpy's ``astype`` (float->int saturates; NaN -> 0)."""
     if src == dst:
         return v
+    if dst.name in ("f16", "bf16", "f8e4m3") and src.name in ("f64", "i32", "i64"):
+        # one rounding, as numpy's: through f64 (exact from i32) and f32 rounded to odd. (f64 -> half by
+        # fptrunc is also a call of __truncdfhf2, which the JIT cannot resolve.)
+        wide = v if src.name == "f64" else b.sitofp(v, F64)
+        return cast(b, _f64_to_f32_odd(b, wide), _F32, dst)
     if src.name in ("bf16", "f8e4m3"):
         return cast(b, _to_f32(b, v, src), _F32, dst)
     if dst.name in ("bf16", "f8e4m3"):

@@ -4,7 +4,8 @@ Every operand is read in the result's layout, so an elementwise op is one SIMT
 statement per chunk. Semantics are the Tile IR's (numpy's): ``maximum``/
 ``minimum`` propagate NaN (the SIMT ops do), ``x ** c`` for the constants numpy
 special-cases is computed like numpy does (``x * x`` rather than ``exp2(2 log2 x)``),
-integer ``/`` truncates, casts to float8_e4m3fn give NaN past the range (`fp8.py`; in software on sm_80/86, `fp8_bits.py`).
+integer ``/`` truncates, casts to float8_e4m3fn give NaN past the range (`fp8.py`; in software on sm_80/86, `fp8_bits.py`),
+and f64 or integers cast to f16, bf16 or e4m3 round once, as numpy's do (through f32 rounded to odd).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ...ir import tile as t
 from ...ir.errors import BackendError
 from ...ir.expr import TRANSCENDENTAL
 from ...ir.simt import IntOp, Reg
-from ...ir.types import DType, float32
+from ...ir.types import DType, float32, float64, int32
 from . import fp8, fp8_bits
 from .context import Lowering, value_rule
 from .layouts import Layout
@@ -180,6 +181,21 @@ def _round_trip_source(lw: Lowering, op: t.Cast) -> t.Value | None:
     return None
 
 
+def _f32_rounded_to_odd(b, x: Reg) -> Reg:
+    """`x` (f64, i32 or i64) as f32 rounded to odd: toward zero, the last bit set when inexact. Rounding that
+    to f16, bf16 or e4m3 (at most 22 bits) rounds `x` once, as numpy does; through f32 by nearest it would
+    round twice (1 + 2**-8 + 2**-30 -> bf16 is 1.0078125, not 1.0)."""
+    wide = x if x.dtype == float64 else b.cast(x, float64)   # exact from i32
+    t = b.cast(wide, float32)
+    back = b.cast(t, float64)
+    one = b.const(1, int32, x.type.length)
+    bits = b.bitcast(t, int32)
+    away = b.binary(BinaryOp.GT, b.unary(UnaryOp.ABS, back), b.unary(UnaryOp.ABS, wide))  # rounded up: step back
+    bits = b.select(away, b.sub(bits, one), bits)
+    inexact = b.binary(BinaryOp.NE, back, wide)   # NaN too: a NaN with its last bit set is still NaN
+    return b.bitcast(b.select(inexact, b.int_op(IntOp.OR, bits, one), bits), float32)
+
+
 @value_rule(t.Cast)
 def _cast(lw: Lowering, op: t.Cast, layout: Layout) -> Regs:
     b, dst = lw.b, op.out.dtype
@@ -192,8 +208,10 @@ def _cast(lw: Lowering, op: t.Cast, layout: Layout) -> Regs:
     if dst.name == "f8e4m3" and lw.opts.sm_number < 89 and isinstance(inner, t.Cast):
         source = _round_trip_source(lw, inner) or source   # e4m3(f32(e4m3(y))) is e4m3(y), NaN signs included
     xs = tuple(x for (x,) in _chunks(lw, (source,), layout))
+    if dst.name in ("f16", "bf16", "f8e4m3") and source.dtype.name in ("f64", "i32", "i64"):
+        xs = tuple(_f32_rounded_to_odd(b, x) for x in xs)   # then one more rounding: numpy's one
     if dst.name == "f8e4m3":
-        if source.dtype != float32:
+        if xs[0].dtype != float32:
             xs = tuple(b.cast(x, float32) for x in xs)
         convert = fp8.to_e4m3 if lw.opts.sm_number >= 89 else fp8_bits.f32_to_e4m3   # sm_80/86: no cvt to e4m3
         return Regs(layout, dst, tuple(convert(b, x) for x in xs))
