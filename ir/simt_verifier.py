@@ -134,8 +134,8 @@ def _check_memory(s: Stmt, ctx: _Ctx, need: Need) -> None:
     target = s.buffer if isinstance(s, LoadGlobal | StoreGlobal) else s.alloc
     if isinstance(target, Buffer):
         need(target in ctx.kernel.buffers, lambda: f"{target.name} is not a buffer param of the kernel")
-        need(s.index.dtype == int64 or target.type.size <= _I64_ABOVE,
-             lambda: f"{target.name} has {target.type.size} elements: index it with i64")
+        need(s.index.dtype == int64 or target.type.span <= _I64_ABOVE,
+             lambda: f"{target.name} has {target.type.span} elements: index it with i64")
     else:
         need(target in ctx.kernel.shared, lambda: f"{target.name} is not a shared allocation of the kernel")
     need(reg.dtype == target.dtype, lambda: f"{target.name} holds {target.dtype}, the register is {reg.type}")
@@ -153,9 +153,9 @@ def _check_reach(index: Reg, length: int, target, reach: str, ctx: _Ctx, need: N
     elements ``index .. index + length - 1`` must lie inside `target`."""
     r = ctx.ranges.get(index.name)
     if not ctx.conditional and r is not None and r.exact:
-        need(r.lo >= 0 and r.hi + length <= target.type.size,
+        need(r.lo >= 0 and r.hi + length <= target.type.span,
              lambda: f"{target.name}[{index}] {reach} elements {r.lo}..{r.hi + length - 1}, "
-             f"outside the {target.type.size} of {target.name}: {target.type}")
+             f"outside the {target.type.span} of {target.name}: {target.type}")
 
 
 def _check_coordinates(s: ThreadIdx | LaneId | WarpId | BlockIdx, ctx: _Ctx, need: Need) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import redfuser as rf
+from redfuser.ir import tile as t
 from redfuser.ir.array_memory import memory_of
 from redfuser.ir.types import BufferType, float32
 from redfuser.testing import assert_close
@@ -99,3 +100,20 @@ def test_nothing_the_user_passed_is_modified():
     for backend in BACKENDS:
         rf.kernel(lambda a: a * 3 + 1, backend=backend)(x)
     np.testing.assert_array_equal(BASE, before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_spanning_more_elements_than_it_has(backend):
+    """Every second element of a repeated row: 32 elements spanning 63, which the SIMT verifier once
+    compared with the 32 (found by the program fuzzer)."""
+    x = np.repeat(np.arange(32, dtype=np.float32).reshape(4, 8), 2, axis=-1)[..., ::2]
+    np.testing.assert_array_equal(rf.kernel(lambda a: a * 2.0, backend=backend)(x), x * 2.0)
+
+
+def test_a_view_whose_offsets_pass_2_to_the_31_is_indexed_in_64_bits():
+    """A view of 2 x 2**20 elements 2**12 apart spans 2**32 elements: its offsets need i64 though a dense
+    array of its shape would not."""
+    view = rf.ShapeDtype((2, 2**20), np.float32, strides=(2**32, 2**12))
+    tile = rf.kernel(lambda a: a * 2.0, backend="simulate").lower(view).stages["tile"]
+    loads = [op for k in tile.kernels for op in t.walk_ops(k.body) if isinstance(op, t.Load)]
+    assert loads and all(op.offsets.dtype.name == "i64" for op in loads)

@@ -79,9 +79,12 @@ def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions) -> bool:
     # with power-of-two tiles a chunk overhangs its axis by less than the chunk: 2 x 64 covers a 128 chunk
     pad = max(opts.rows(), opts.block_n, opts.k_block()) * (2 if opts.pow2 else 1)
     for b in buffers:
-        n = 1
-        for s in b.shape:
-            n *= s + pad
+        if b.type.strides is None:
+            n = 1
+            for s in b.shape:
+                n *= s + pad
+        else:   # a view: its offsets run from its lowest element with its own strides (ir.types.BufferType)
+            n = b.type.base_offset + 1 + sum((s + pad - 1) * abs(st) for s, st in zip(b.shape, b.type.strides))
         if n >= 2**31:
             return True
     return False
