@@ -63,3 +63,18 @@ def test_float64_and_int32_cast_to_a_narrow_float_round_once(backend, dtype):
         assert g.dtype == w.dtype
         assert np.array_equal(g.view(np.uint8), w.view(np.uint8)) or np.array_equal(
             np.asarray(g, np.float64), np.asarray(w, np.float64), equal_nan=True), (g, w)
+
+
+def top1_of_a_sum_then_divided(x, y):
+    s = rf.sum(rf.exp(x), axis=-1, keepdims=True)
+    return rf.topk(s, 1)[0] / (rf.abs(y) + 1.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fixed_read_of_a_top1_list_after_a_fused_loop(backend):
+    """The fused loop keeps a top-1 list's rank as a tile dim; a later nest reading the list at index 0 joined
+    the kernel as if the rank were a fixed 0 (InternalError "fused read ... does not line up with its tile")."""
+    x = np.array([-3.0, 0.0, 4.0, -2.0], np.float32).reshape(2, 2, 1)
+    y = np.array([-1.0, -1.0, 1.0, -4.0], np.float32).reshape(2, 2, 1)
+    got, want = rf.kernel(top1_of_a_sum_then_divided, backend=backend)(x, y), top1_of_a_sum_then_divided(x, y)
+    assert got.dtype == want.dtype and np.allclose(got, want, rtol=1e-6)

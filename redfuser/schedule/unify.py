@@ -4,7 +4,8 @@ Inside a fused loop every statement (local nests, online states, fused epilogue
 nests) names its own axes. Two axes are one kernel axis when a statement reads a
 buffer computed in the kernel with one at a position the producer runs the
 other over (``l``'s term reads ``s[i0, i1, i2, k]``: l's ``i2`` is s's ``i2``).
-Reads at fixed positions (except index 0 of a length-1 axis), or one statement
+Reads at fixed positions (except index 0 of a length-1 axis that is no top-1 list's
+rank: the kernel keeps a rank as a tile dim), or one statement
 axis meeting another of the same statement, cannot be tiled this way and raise
 `Unfusable`.
 
@@ -84,10 +85,12 @@ def unify(fl: FusedLoop, epilogue: list[Compute]) -> AxisClasses:
             extents[(n, a.name)] = a.extent
     for n, local in enumerate(fl.locals):
         producers[local.out.name] = (n, local.axes)
+    ranks: list[Node] = []
     for j, st in enumerate(fl.states):
         producers[st.acc.name] = producers[st.prev.name] = (len(fl.locals) + j, state_axes(st))
         if isinstance(st, TopKState):
             producers[st.indices.name] = producers[st.acc.name]
+            ranks.append((len(fl.locals) + j, rank_axis(st).name))
     for j, c in enumerate(epilogue):
         producers[c.out.name] = (len(fl.locals) + len(fl.states) + j, c.axes)
     first_fused = None
@@ -102,8 +105,9 @@ def unify(fl: FusedLoop, epilogue: list[Compute]) -> AxisClasses:
                 p, p_axes = producers[load.buffer.name]
                 for idx, pa in zip(load.indices, p_axes):
                     if not isinstance(idx, Axis):
-                        if pa.extent == 1:
+                        if pa.extent == 1 and find((p, pa.name)) not in {find(r) for r in ranks}:
                             continue  # index 0 of a length-1 axis: the kernel keeps that axis as a fixed 0
+                        # (not a top-1 list's rank: the kernel keeps that one as a tile dim)
                         raise Unfusable(f"{load.buffer.name} is read at a fixed position")
                     union((n, idx.name), (p, pa.name))
     groups: dict[Node, list[Node]] = {}
