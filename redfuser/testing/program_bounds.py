@@ -6,9 +6,10 @@ bounds (first order, as in `cascade_check`): each step adds its own rounding,
 numpy rounds an f16 step to f16, a kernel keeps f32; a libm function is a few
 ulps), and carries its operands' bounds through its condition (``mul``:
 ``|b| e_a + |a| e_b``; ``div``: ``(e_a + |out| e_b) / (|b| - e_b)``; ``exp``:
-``|out| (exp(e_a) - 1)``...). A lossy cast to f16, bf16 or e4m3 adds one ulp and
-one subnormal step of the target over ``C``: the fusion engine may round it on
-another scale (a running absmax, docs/fusion.md "Quantization").
+``|out| (exp(e_a) - 1)``...). A cast to f16, bf16 or e4m3 of a value computed
+from a max or min reduction is not exact but within one ulp and one subnormal
+step of the target (over ``C``): the fusion engine may round it with a running
+absmax (docs/fusion.md "Quantization"); any other cast of an exact value is exact.
 
 A float ``sum`` or ``@`` adds ``u (1 + log2 n + sqrt n)`` times the sum of its
 terms' *magnitudes* (`magnitude`): the size of the terms an algebraic expansion
@@ -120,8 +121,20 @@ def error(node, ins: list, r: np.ndarray, u: float, lossy: bool) -> np.ndarray:
             rounding = (float(f.eps) * out + float(f.smallest_subnormal)) / C
         else:
             rounding = 4 * u * out
-        total = np.asarray(e, np.float64) + rounding
+        total = np.asarray(e, np.float64) + rounding + _inner(node, a, out, u)
         return np.where(np.isnan(total), np.inf, total)
+
+
+def _inner(node, a, out: np.ndarray, u: float) -> np.ndarray | float:
+    """The rounding of ``|x| + 1`` inside the guarded rules (``log(|x| + 1)``...), carried through their function:
+    in f16 or bf16, numpy rounds it to that type before the function, a kernel does not."""
+    if not node.op.endswith("_safe") or node.op == "exp_safe" or node.op == "exp2_safe":
+        return 0.0
+    x = a[-1][0]
+    y = np.abs(x) + 1.0
+    return {"log_safe": lambda: np.full(out.shape, 2 * u),
+            "log2_safe": lambda: np.full(out.shape, 2 * u / math.log(2.0)), "sqrt_safe": lambda: u * np.sqrt(y), "rsqrt_safe": lambda: u / np.sqrt(y),
+            "div_safe": lambda: 2 * u * out}[node.op]()
 
 
 def _depth(n: int) -> float:

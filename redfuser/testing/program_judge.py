@@ -11,7 +11,8 @@ called with each of the program's calls in order. Each call is judged against
   otherwise); where the mask changes nothing, a refusal or the plain result
   both pass;
 - numpy computes it: a user error is ``refused`` (the grammar draws only the
-  subset), an `InternalError`/`VerifyError` is ``internal error``, a
+  subset; unless numpy's values pass through a dtype RedFuser lacks, such as the
+  int8 of ``bool_array ** 2``, which a kernel must refuse), an `InternalError`/`VerifyError` is ``internal error``, a
   `SimulationError` ``simulation error``, a `BackendError` ``backend error``, any
   other exception ``exception`` (except the refusals by design of
   `KNOWN_LIMITS`); returned outputs must have numpy's count,
@@ -123,7 +124,7 @@ def run(program: Program, backend: str, references: list[Reference] | None = Non
             try:
                 got = kernel(*args)
             except CompileError as err:
-                if ref.error is not None or ref.masked:
+                if ref.error is not None or ref.masked or ref.unsupported:
                     out.refusals += 1
                 else:
                     out.failures.append(Failure("refused", backend, i, f"the kernel refused a program numpy runs: "

@@ -49,6 +49,8 @@ from .program_rules import RULES
 from .tolerance import C
 
 NARROW = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn)}
+SUPPORTED = NARROW | {np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.bool_)}
+"""The dtypes a RedFuser kernel computes in; numpy reaching another one (``bool ** 2`` is int8) is refused."""
 F32 = np.dtype(np.float32)
 
 
@@ -72,6 +74,7 @@ class Value:
     zsign: bool = False     # exact, but the sign of a zero may differ (maximum(-0.0, 0.0))
     mag: np.ndarray | None = None   # magnitude of the terms an expansion can make (program_bounds.magnitude)
     expanded: bool = False          # ... and whether the value is a sum of such terms
+    extremum: bool = False          # computed elementwise from a max/min reduction (a running one when fused)
 
     def __post_init__(self) -> None:
         if self.mag is None:
@@ -90,6 +93,7 @@ class Reference:
     error: BaseException | None = None
     masked: bool = False          # a MaskedArray argument
     mask_matters: bool = False    # ... whose mask changes numpy's result
+    unsupported: str = ""         # a dtype numpy computes on the way that RedFuser has not (int8...): a user error
 
 
 def _class(x: np.ndarray) -> np.ndarray:
@@ -140,8 +144,9 @@ def reference(program: Program, call: int, backend: str = "cpu") -> Reference:
     except Exception as err:  # numpy refuses the program: the kernel must refuse it too
         return Reference(error=err, masked=masked)
     outputs = tuple(env[o] for o in program.outputs)
+    unsupported = ", ".join(sorted({str(v.dtype) for v in env.values() if v.dtype not in SUPPORTED}))
     if not masked:
-        return Reference(outputs)
+        return Reference(outputs, unsupported=unsupported)
     plain = [np.ma.getdata(a) if isinstance(a, np.ma.MaskedArray) else a for a in args]
     try:
         penv, _ = evaluate(program, plain, gpu)
@@ -149,7 +154,8 @@ def reference(program: Program, call: int, backend: str = "cpu") -> Reference:
         return Reference(error=err, masked=True, mask_matters=True)
     matters = any(np.ma.is_masked(v.ref) or not _same(np.ma.getdata(v.ref), penv[o].ref)
                   for o, v in zip(program.outputs, outputs))
-    return Reference(tuple(penv[o] for o in program.outputs), masked=True, mask_matters=matters)
+    return Reference(tuple(penv[o] for o in program.outputs), masked=True, mask_matters=matters,
+                     unsupported=unsupported)
 
 
 def _same(a: object, b: object) -> bool:
@@ -185,6 +191,8 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
     all_exact = all(v.exact for v in ins)
     if rule.kind == "arange":  # reads only its operand's shape
         return Value(ref, wide, True, np.zeros(shape), np.zeros(shape, bool))
+    extremum = (rule.kind == "reduce" and node.op in ("max", "min")) or (
+        rule.kind in ("elementwise", "view") and any(v.extremum for v in ins))
     lossy = _lossy_cast(node, ins, dt)
     kind = rule.exactness
     exact = all_exact and (kind == "exact" or (kind == "arith" and dt not in NARROW)
@@ -211,13 +219,14 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
     zsign = exact and is_float(dt) and (node.op in ("maximum", "minimum", "max", "min")
                                         or any(v.zsign for v in ins))
     return Value(ref, wide, exact, np.broadcast_to(np.asarray(err, np.float64), shape),
-                 np.broadcast_to(unsure, shape), zsign, mag, expanded)
+                 np.broadcast_to(unsure, shape), zsign, mag, expanded, extremum)
 
 
 def _lossy_cast(node, ins: list[Value], dt: np.dtype) -> bool:
-    """A cast that rounds to f16, bf16 or e4m3. The fusion engine may evaluate it on another scale (a running
-    absmax, docs/fusion.md "Quantization"), so it is within an ulp, not exact."""
-    if node.op != "astype" or dt not in NARROW:
+    """A cast that rounds to f16, bf16 or e4m3 a value computed from a max or min reduction. The fusion engine
+    may evaluate it with a running extremum (per-row absmax quantization, docs/fusion.md "Quantization"), so it
+    is within an ulp, not exact. Any other cast must round as numpy does."""
+    if node.op != "astype" or dt not in NARROW or not ins[0].extremum:
         return False
     src = ins[0].dtype
     return src != dt and src != np.bool_ and src != np.dtype(ml_dtypes.float8_e4m3fn)

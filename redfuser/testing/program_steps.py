@@ -20,7 +20,7 @@ def unary(b: ProgramBuilder, a: str) -> bool:
     dt = v.dtype
     if dt == np.bool_:
         choices = [("not", ()), ("astype", ("int32",)), ("astype", ("float32",)), ("astype", ("float16",)),
-                   ("abs", ())] * 4 + [("square", ())]  # numpy's bool ** 2 is int8 (bugs.md): rare
+                   ("abs", ())] * 4 + [("square", ())]  # numpy's bool ** 2 is int8, a refusal: rare
     elif dt.kind in "iu":
         choices = [("neg", ()), ("abs", ()), ("abs", ()), ("square", ()), ("astype", (d.pick(CASTS),)), ("recip", ()),
                    ("add_c", (d.pick(INT_CONSTANTS),)), ("mul_c", (d.pick(INT_CONSTANTS),)),
