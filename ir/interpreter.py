@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 
 from .expr import (
@@ -219,7 +220,7 @@ def identity(op: ReduceOp, dtype: np.dtype) -> np.ndarray:
     """
     value = op.identity(from_numpy(dtype))
     if isinstance(value, float) and np.isinf(value) and np.isnan(np.asarray(value).astype(dtype)):
-        value = float(np.copysign(float(np.finfo(dtype).max), value))
+        value = float(np.copysign(float(ml_dtypes.finfo(dtype).max), value))  # np.finfo knows it from ml_dtypes 0.7 on
     return np.asarray(value).astype(dtype)
 
 
