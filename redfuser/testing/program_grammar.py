@@ -31,6 +31,7 @@ What is drawn:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -38,7 +39,7 @@ import numpy as np
 from .cascades import Draw
 from .program import Arg, Node, Program
 from .program_data import SCALAR_FAMILIES, ArrayData
-from .program_oracle import NARROW, Value, _step, _argument, is_float
+from .program_oracle import Value, _argument, _step, is_float
 
 SIDES = (1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 33)
 LONG_SIDES = (64, 100, 127, 257, 1000)
@@ -208,8 +209,6 @@ def _calls(b: ProgramBuilder, first: tuple[Arg, ...]) -> tuple[tuple[Arg, ...], 
 
 
 def _reseed(data: ArrayData, d: Draw) -> ArrayData:
-    from dataclasses import replace
-
     return replace(data, seed=d.integer(0, 2**31 - 1))
 
 
@@ -227,11 +226,8 @@ def _has_nonfinite_inputs(b: ProgramBuilder) -> bool:
     return any(a.is_array and a.data.specials for a in b.args) or bool(b.families)
 
 
-def is_narrow(dt: np.dtype) -> bool:
-    return dt in NARROW
-
-
 def floats(b: ProgramBuilder, name: str) -> bool:
+    """Whether value `name` is a float (f16, bf16, e4m3 included)."""
     return is_float(b.dtype(name))
 
 
