@@ -78,3 +78,17 @@ def test_a_fixed_read_of_a_top1_list_after_a_fused_loop(backend):
     y = np.array([-1.0, -1.0, 1.0, -4.0], np.float32).reshape(2, 2, 1)
     got, want = rf.kernel(top1_of_a_sum_then_divided, backend=backend)(x, y), top1_of_a_sum_then_divided(x, y)
     assert got.dtype == want.dtype and np.allclose(got, want, rtol=1e-6)
+
+
+def sum_of_a_shifted_max(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return (m + 448.0).sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fusion_checks_a_body_of_constants_over_a_length_one_axis(backend):
+    """Over an axis of length 1 the body ``max(x) + 448`` reads no point of the check: the numeric check's
+    two sides were scalars, indexed with a mask of points (a bare IndexError from the compiler)."""
+    x = np.full((3, 1), -2.0, np.float32)
+    got, want = rf.kernel(sum_of_a_shifted_max, backend=backend)(x), sum_of_a_shifted_max(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want)

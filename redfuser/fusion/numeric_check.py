@@ -73,7 +73,7 @@ class _TooFewPoints(Exception):
 
 
 def _close(a: np.ndarray, b: np.ndarray, ok: np.ndarray) -> bool:
-    a, b = np.broadcast_arrays(a, b)
+    a, b, _ = np.broadcast_arrays(a, b, ok)   # a body of constants is one value: one per point all the same
     with np.errstate(all="ignore"):
         good = ok & np.isfinite(a) & np.isfinite(b)
         if good.sum() < (POINTS // 4 if len(ok) == POINTS else MIN_USABLE):
