@@ -32,7 +32,7 @@ from redfuser.testing.program_repro import reproducer
 from redfuser.testing.program_shrink import same_failure, shrink
 
 REPO = Path(__file__).resolve().parents[1]
-CI_SEED, CI_EXAMPLES = 2026, 24
+CI_SEED, CI_EXAMPLES = 2026, 40
 
 
 def _program(nodes: list[Node], outputs: tuple[str, ...], *calls: tuple[Arg, ...], options=()) -> Program:

@@ -220,9 +220,9 @@ def scalar(b: ProgramBuilder, a: str) -> bool:
     choices = [("mul", [a, s]), ("add", [a, s]), ("add", [s, a]), ("maximum", [a, s]), ("sub", [a, s])]
     if b.info(a).exact:
         choices += [("div", [a, s]), ("gt", [a, s]), ("eq", [a, s])]
-        added = b.add("add", [a, s])
-        if added and b.info(added).exact and d.chance(50) and b.add("recip", [added]):
-            return True  # 1 / (x + s): the sign of zero shows as the sign of an infinity
+        scaled = b.add(d.pick(("mul", "add")), [a, s])
+        if scaled and b.info(scaled).exact and d.chance(50) and b.add("recip", [scaled]):
+            return True  # 1 / (x * s): the sign of a zero (s = 0.0 or -0.0) shows as the sign of an infinity
     cond = _condition(b, a) if d.chance(20) else None
     if cond is not None:
         choices.append(("where", [cond, a, s]))
