@@ -92,3 +92,18 @@ def test_fusion_checks_a_body_of_constants_over_a_length_one_axis(backend):
     x = np.full((3, 1), -2.0, np.float32)
     got, want = rf.kernel(sum_of_a_shifted_max, backend=backend)(x), sum_of_a_shifted_max(x)
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def sum_of_refused_topk_indices(x):
+    m = rf.max(x, axis=-1)
+    i = rf.topk(m / x, 1)[1]
+    return rf.sum(i, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_reduction_of_a_refused_topks_indices_is_not_fused(backend):
+    """Over a length-1 axis the three reductions are one cascade; the top-k is refused, and the sum of its
+    indices was fused all the same, reading them before they exist (VerifyError after fuse_cascade)."""
+    x = np.array([3.0], np.float32)
+    got, want = rf.kernel(sum_of_refused_topk_indices, backend=backend)(x), sum_of_refused_topk_indices(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want)

@@ -99,14 +99,16 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
     fused: list[Member] = []
     after_loop: set[str] = set()   # results that exist only once the loop is over (a top-k's lists)
     refused: dict[str, str] = {}
+    unfused: set[str] = set()      # every buffer a refused member writes (a top-k's indices too)
     notes: list[str] = []
     for member in cand.members:
         name = member.name
         value = rename_axes(member.value, {member.reduce_axis.name: axis})
-        blocked = sorted(reads(member.stmt) & (set(refused) | after_loop))
+        blocked = sorted(reads(member.stmt) & (unfused | after_loop))
         if blocked:
+            unfused.update(out.name for out in written(member.stmt))
             refused[name] = (f"`{name}` reads `{blocked[0]}`, which is not fused, so it needs its final value"
-                             if blocked[0] in refused else
+                             if blocked[0] in unfused else
                              f"`{name}` reads the top-k result `{blocked[0]}`, which is only known after the pass")
             group.decompositions[name] = Refusal(refused[name])
             continue
@@ -124,6 +126,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         group.decompositions[name] = dec
         if isinstance(dec, Refusal):
             refused[name] = dec.reason
+            unfused.update(out.name for out in written(member.stmt))
             continue
         fused.append(member)
         if member.is_topk:
