@@ -94,7 +94,7 @@ def test_array_sources_build_the_same_arrays(tmp_path):
     cases = [ArrayData("float32", (3, 5), None, 4, "normal", ((1, float("nan")), (7, -0.0))),
              ArrayData("bfloat16", (40, 7), None, 5, "wide", ((3, float("inf")),)),
              ArrayData("int32", (2, 3), (1, 3), 6, "int_edge"), ArrayData("bool", (4,), None, 7, "bool"),
-             ArrayData("float16", (2, 4), (2, 1), 8, "ints", mask_seed=3)]
+             ArrayData("float16", (2, 4), (2, 1), 8, "ints", mask_seed=3), ArrayData("float32", (), None, 9, "wide")]
     cases.append(cases[0].literal_form())
     lines, expected = ["import numpy as np", "import redfuser as rf", "out = {}"], {}
     for k, data in enumerate(cases):
@@ -139,6 +139,23 @@ def test_an_infinity_times_a_sum_that_may_cancel_is_unsure():
     p = _program([Node(("v0",), "sum", ("x0",), (-1, True)), Node(("v1",), "mul", ("v0", "x1"))], ("v1",),
                  (_array([[0.1, 0.2, -0.30000001]]), _array([[np.inf, 1.0, 2.0]])))
     assert np.asarray(reference(p, 0).outputs[0].unsure).tolist() == [[True, False, False]]
+
+
+def test_an_expanded_product_with_an_infinity_is_unsure():
+    """docs/fusion.md: ``(x - Y) @ w`` may be fused as ``x @ w - Y sum(w)``, inf - inf where numpy has inf."""
+    p = _program([Node(("v0",), "sum", ("x0",), (-1, True)), Node(("v1",), "sub", ("x0", "v0")),
+                  Node(("v2",), "matmul", ("v1", "x1"))], ("v2",),
+                 (_array([[1.0, 2.0], [3.0, 5.0]]), _array([[np.inf, 1.0], [2.0, 3.0]])))
+    assert np.asarray(reference(p, 0).outputs[0].unsure).tolist() == [[True, False], [True, False]]
+
+
+def test_a_guarded_divisor_in_f16_is_not_exact_even_in_a_float64_result():
+    """``i / (abs(h) + 1.0)``, int32 over f16: numpy rounds ``abs(h) + 1`` to f16 before the f64 division."""
+    h = np.array([-0.9462890625, 2.837890625], np.float16)
+    p = _program([Node(("v0",), "div_safe", ("x0", "x1"))], ("v0",), (_array([-2, 5], "int32"), _array(h, "float16")))
+    ref = reference(p, 0)
+    kernel = np.array([-2, 5]) / (np.abs(h.astype(np.float32)) + np.float32(1)).astype(np.float64)
+    assert not ref.outputs[0].exact and program_judge.compare(kernel, ref, "cpu", 0) is None
 
 
 def test_a_small_error_in_a_long_sum_fails_and_an_exact_value_must_be_equal():
@@ -323,15 +340,19 @@ def test_reproducer_of_a_cache_sharing_bug_replays_the_calls_in_order(tmp_path):
 # the worker pool
 # ---------------------------------------------------------------------------------------------
 def test_a_worker_that_dies_is_a_crash_and_the_campaign_goes_on():
-    with Pool(1, Config(0, ("interpret",)), timeout=120) as pool:
+    """A worker killed by SIGSEGV mid-example is that example's crash; a fresh worker takes the rest, and is
+    itself replaced after `recycle` examples."""
+    with Pool(1, Config(0, ("interpret",)), timeout=120, recycle=2) as pool:
         pool._give(0, ("example", 0))
         os.kill(pool.slots[0].process.pid, signal.SIGSEGV)
         answers = []
         while not answers:
             answers = [a for _, _, a in pool._poll()]
         assert isinstance(answers[0], Failure) and answers[0].kind == "crash" and "SIGSEGV" in answers[0].message
-        results = list(pool.examples([1, 2]))
-        assert sorted(r.index for r in results) == [1, 2]
+        fresh = pool.slots[0].process.pid
+        results = list(pool.examples([1, 2, 3]))
+        assert sorted(r.index for r in results) == [1, 2, 3] and not any(r.failures for r in results)
+        assert pool.slots[0].process.pid != fresh and pool.slots[0].history == [3]
 
 
 def test_a_worker_that_outlives_the_timeout_is_killed():
@@ -348,3 +369,11 @@ def test_cascade_examples_keep_the_fusion_properties_and_run_on_other_backends()
     result = run_example(Config(0, ("interpret", "cpu")), index)
     assert result.kind == "cascade" and result.cascade_status and "cpu" in result.seconds
     assert result.failures == []
+
+
+def test_a_cascade_failure_on_cpu_prints_a_script_that_runs_cpu(tmp_path):
+    index = next(i for i in range(64) if is_cascade(i))
+    failure = Failure("wrong value", "cpu", 0, "cascade `r1`: planted")
+    script = fuzz._cascade_reproducer(Config(0, ("cpu",)), index, failure, 0)
+    assert 'backend="cpu"' in script and "interpret_chunk" not in script
+    assert _run_script(script, tmp_path).returncode == 0   # nothing is wrong with the kernel itself

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,9 +35,12 @@ from .program_judge import run as judge_program
 from .program_repro import reproducer
 from .program_shrink import shrink
 
-PROFILE_EXAMPLES = {"ci": 25, "fuzz": 2500}
-"""Examples per run when ``--examples`` is not given."""
+PROFILE_EXAMPLES = {"ci": 25, "fuzz": 2500, "long": 115000}
+"""Examples per run when ``--examples`` is not given (``long``: the campaign of issue 18, 100 625 programs on every
+backend and 14 375 cascades, about 4 hours with ``--jobs 2`` on an idle 2-core machine)."""
 HOST_BACKENDS = ("interpret", "cpu", "simulate")
+PROGRESS_EVERY = 1000
+"""Without ``--verbose``, a line on stderr every this many examples (a long campaign runs for hours)."""
 STATUSES = ("fused", "refused", "blocked", "unpaired", "ungrouped", "dead")
 example = cascade_example  # the fusion fuzzer's name for a cascade example
 
@@ -128,6 +132,9 @@ def run(config: Config, examples: int, jobs: int = 0, verbose: bool = False, poo
         campaign.record(r)
         if verbose:
             print(f"{r.index:6d} {'FAIL' if r.failures else 'ok  '} {r.kind:8s} {r.description[:150]}", flush=True)
+        elif campaign.examples % PROGRESS_EVERY == 0:
+            print(f"{campaign.examples}/{examples} examples, {len(campaign.failures)} failures, "
+                  f"{time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
     campaign.seconds = time.monotonic() - start
     return campaign
 
@@ -246,7 +253,7 @@ def parser() -> argparse.ArgumentParser:
                     "matmul, static scalars, views, kernel options), run on each backend and judged against the "
                     "numpy body; every eighth example a cascade of the fusion grammar, checked for fusion "
                     "soundness, completeness and reasons. Failures are shrunk and printed as runnable scripts.",
-        epilog="A long campaign: python -m redfuser fuzz --examples 35000 --seed 1 --jobs 2 --out repro/ "
+        epilog="The long campaign: python -m redfuser fuzz --profile long --seed 1 --jobs 2 --out repro/ "
                "(docs/testing.md, 'The fuzzer').")
     p.add_argument("--backend", default="all", choices=("all", *HOST_BACKENDS, "cuda"),
                    help="run every program on this backend, or on all that run here (default: all: interpret, "
@@ -256,12 +263,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--first", type=_count(0), default=0,
                    help="number of the first example (--first 117 --examples 1 reruns example 117 alone)")
     p.add_argument("--profile", choices=sorted(PROFILE_EXAMPLES), default="ci",
-                   help="default size: ci (25 examples) or fuzz (2500)")
+                   help="default size: ci (25 examples), fuzz (2500) or long (115000: 100 625 programs)")
     p.add_argument("--jobs", type=_count(0), default=1,
                    help="worker processes (default 1; 0 runs in this process: a crash ends the campaign)")
     p.add_argument("--max-axis", type=_count(1), default=4096, help="longest reduced axis of a cascade")
     p.add_argument("--max-size", type=_count(1), default=256, help="elements of a program's typical array")
     p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds one example may run on one backend")
+    p.add_argument("--recycle", type=_count(0), default=2000,
+                   help="a worker process is replaced after this many examples (0: never)")
     p.add_argument("--shrink-budget", type=_count(0), default=300, help="candidates tried when shrinking (0: off)")
     p.add_argument("--reproducers", type=_count(0), default=5, help="print at most this many (one per signature)")
     p.add_argument("--out", type=Path, default=None, help="also write each reproducer to this folder")
@@ -278,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"backend {ns.backend!r} cannot run here (runs here: {', '.join(here)})")
     config = Config(ns.seed, here if ns.backend == "all" else (ns.backend,), ns.max_axis, ns.max_size)
     examples = ns.examples if ns.examples is not None else PROFILE_EXAMPLES[ns.profile]
-    pool = Pool(ns.jobs, config, ns.timeout) if ns.jobs else None
+    pool = Pool(ns.jobs, config, ns.timeout, ns.recycle) if ns.jobs else None
     try:
         campaign = run(config, examples, ns.jobs, ns.verbose, pool, ns.first)
         print(campaign.summary(), flush=True)

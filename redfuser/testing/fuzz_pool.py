@@ -9,7 +9,8 @@ code) or outlives the timeout (it is then killed), the campaign records a
 ``crash`` or ``timeout`` failure for that example and backend and starts a new
 worker. Workers compile with the on-disk cache off (``REDFUSER_CACHE=0`` in their
 own environment): a campaign of 100 000 programs would otherwise leave as many
-cache entries behind.
+cache entries behind. A worker is replaced after `recycle` examples, so a long
+campaign's processes stay small (the in-memory cache alone grows to 256 MB).
 """
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ class _Slot:
 class Pool:
     """`jobs` worker processes; use as a context manager."""
 
-    def __init__(self, jobs: int, config: Config, timeout: float = 300.0) -> None:
-        self.config, self.timeout = config, timeout
+    def __init__(self, jobs: int, config: Config, timeout: float = 300.0, recycle: int = 2000) -> None:
+        self.config, self.timeout, self.recycle = config, timeout, recycle
         self._context = multiprocessing.get_context("spawn")
         self.slots = [self._start() for _ in range(max(1, jobs))]
 
@@ -98,6 +99,12 @@ class Pool:
 
     def _restart(self, k: int) -> None:
         old = self.slots[k]
+        if old.task is None and old.process.is_alive():  # idle: asked to stop
+            try:
+                old.conn.send(None)
+                old.process.join(timeout=5)
+            except (BrokenPipeError, OSError):
+                pass
         if old.process.is_alive():
             old.process.kill()
         old.process.join()
@@ -158,6 +165,8 @@ class Pool:
         while todo or any(s.task is not None for s in self.slots):
             for k, slot in enumerate(self.slots):
                 if slot.task is None and todo:
+                    if self.recycle and len(slot.history) >= self.recycle:
+                        self._restart(k)   # bounds what a process accumulates (its compile cache is 256 MB)
                     self._give(k, ("example", todo.popleft()))
             for _, task, answer in self._poll():
                 if isinstance(answer, Result):

@@ -98,12 +98,15 @@ def expansion_hazard(node, ins: list, shape: tuple[int, ...], dtype: np.dtype) -
     if node.op not in ("sum", "sum_method", "matmul") or dtype.kind not in "fV":
         return np.zeros(shape, bool)
     top = float(ml_dtypes.finfo(dtype).max)
+    if node.op == "matmul":  # the products of an expanded operand's terms with the other one's elements
+        if not (ins[0].expanded or ins[1].expanded):
+            return np.zeros(shape, bool)
+        a, b = (np.broadcast_to(v.mag, np.shape(v.ref)) for v in ins)
+        with np.errstate(all="ignore"):
+            return np.broadcast_to(~(np.matmul(a, b) < top), shape)
     bad = [np.asarray(v.expanded & ~(np.asarray(v.mag) < top)) for v in ins]
     if not any(b.any() for b in bad):
         return np.zeros(shape, bool)
-    if node.op == "matmul":
-        a, b = (np.broadcast_to(x, np.shape(v.ref)).astype(np.float64) for x, v in zip(bad, ins))
-        return (np.matmul(a, np.ones(np.shape(ins[1].ref))) + np.matmul(np.ones(np.shape(ins[0].ref)), b)) > 0
     return np.asarray(np.any(np.broadcast_to(bad[0], np.shape(ins[0].ref)), axis=node.params[0],
                              keepdims=node.params[1]))
 

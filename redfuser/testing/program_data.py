@@ -66,8 +66,8 @@ class ArrayData:
         return np.asarray(x).astype(dt)
 
     def build(self) -> np.ndarray:
-        """The logical array (contiguous)."""
-        return np.ascontiguousarray(np.broadcast_to(self.base_values(), self.shape))
+        """The logical array (contiguous; 0-d stays 0-d, which ``np.ascontiguousarray`` would not keep)."""
+        return np.array(np.broadcast_to(self.base_values(), self.shape), order="C")
 
     def present(self, layout: str) -> object:
         """The array as the kernel gets it: the same values in `layout`."""
@@ -115,7 +115,7 @@ class ArrayData:
             lines.append(f"{name} = np.broadcast_to({name}, {shape})  # a read-only view with zero strides")
             return lines
         if self.base is not None:
-            lines.append(f"{name} = np.ascontiguousarray(np.broadcast_to({name}, {shape}))")
+            lines.append(f"{name} = np.array(np.broadcast_to({name}, {shape}), order='C')")
         lines += {
             "F": [f"{name} = np.asfortranarray({name})"],
             "rev": [f"{name} = np.ascontiguousarray({name}[..., ::-1])[..., ::-1]  # negative strides"]

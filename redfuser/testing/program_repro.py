@@ -68,9 +68,14 @@ def _check(p: Program, f: Failure, args: str) -> list[str]:
                 "        print('the kernel refuses the masked array (fixed):', err)", "    else:",
                 "        raise AssertionError('a masked array was accepted and its mask dropped')"]
     if f.kind not in ("wrong value", "wrong class", "wrong dtype", "wrong shape"):
-        # errors, crashes and hangs: running the call is the reproducer
-        return [f"    want = program({args})  # numpy computes it", f"    got = kernel({args})  # {f.kind}",
-                "print('no error: fixed')"]
+        # errors, crashes and hangs: running the call is the reproducer; a user error is right where numpy refuses
+        return ["    try:", f"        program({args})", "    except Exception as err:",
+                "        numpy_refuses = err", "        print('numpy refuses it:', type(err).__name__, err)",
+                "    else:", "        numpy_refuses = None", "    try:", f"        kernel({args})  # {f.kind}",
+                "    except rf.CompileError as err:", "        if numpy_refuses is None:",
+                "            raise  # a user error for a call numpy computes",
+                "        print('the kernel refuses it with a user error, as it should:', type(err).__name__)",
+                "print('no failure: fixed')"]
     lines = [f"    got = kernel({args})", f"    want = program({args})"]
     if len(p.outputs) > 1:
         lines += ["assert isinstance(got, tuple) and len(got) == len(want), 'number of outputs'",
