@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pip carries tomli, the same parser
+    from pip._vendor import tomli as tomllib
 
 try:
     from packaging.requirements import Requirement

@@ -6,7 +6,6 @@ them; a new dependency added without one fails here, in the default run, not onl
 from __future__ import annotations
 
 import importlib.util
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ def _helper():
 
 def test_every_dependency_of_pyproject_is_pinned_to_its_lower_bound():
     helper = _helper()
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pyproject = helper.tomllib.loads((ROOT / "pyproject.toml").read_text())   # tomllib, or tomli on 3.10
     project = pyproject["project"]
     runtime_and_test = project["dependencies"] + project["optional-dependencies"]["test"]
     for declared, pins in ((runtime_and_test, helper.constraints(pyproject, ["test"], build=False)),

@@ -137,7 +137,26 @@ def _power(a, b, numpy_fn: Callable, name: str):
     half = isinstance(b, float | np.floating) and float(b) == 0.5
     if half and result_dtype(name, numpy_fn, a, b).is_float:
         return _elementwise(name, numpy_fn, [a, b], _half_power(a, b, numpy_fn))
+    shortcut = _OPERATOR_SHORTCUTS.get(_exponent_value(b)) if numpy_fn is operator.pow else None
+    if shortcut is not None and np.dtype(a.dtype).type in (np.float16, np.float32, np.float64):
+        return _elementwise(name, numpy_fn, [a, b], lambda e, d: shortcut(e[0], d))
     return _elementwise(name, numpy_fn, [a, b], lambda e, d: Binary(BinaryOp.POW, e[0], e[1], d))
+
+
+def _exponent_value(b: object) -> float | None:
+    return float(b) if isinstance(b, int | float | np.integer | np.floating) and not isinstance(b, bool) else None
+
+
+_OPERATOR_SHORTCUTS: dict[float, Callable[[Expr, DType], Expr]] = {
+    2.0: lambda x, d: Binary(BinaryOp.MUL, x, x, d),
+    -1.0: lambda x, d: Binary(BinaryOp.DIV, constant(1, d), x, d),
+    1.0: lambda x, d: x,
+    0.0: lambda x, d: constant(1, d),
+}
+"""numpy's ``**`` on a float16/32/64 array with these scalar exponents is not ``np.power`` but a shortcut
+(``np.square``, ``np.reciprocal``, ``np.positive``, ``np.ones_like``; 0.5 is `_half_power`), whose results
+can differ from ``np.power``'s by an ulp (numpy 2.0's float32 ``np.power(x, 2)``): the body is traced as the
+shortcut numpy takes. bfloat16 and float8 arrays (ml_dtypes' types) take no shortcut."""
 
 
 def _half_power(a: Tracer, b: object, numpy_fn: Callable) -> Callable[[list[Expr], DType], Expr]:
