@@ -97,3 +97,20 @@ def test_the_operators_shortcut_exponents_are_traced_as_numpy_takes_them(dtype, 
     assert same(rf.kernel(body, backend=backend)(x), body(x))
     traced = str(rf.kernel(body, backend="interpret").lower(x).stages["traced"])
     assert "**" not in traced.split("\n", 2)[-1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_d_results_are_numpy_scalars_in_the_reference(backend):
+    """numpy's reductions to 0-d return numpy scalars, whose ** is np.power: a bool's square is int64 (an
+    array's is int8), a float16's half power is C's pow (+0.0 at -0.0). Only a 0-d argument is an array."""
+    bodies = [lambda x: rf.min(x, axis=None, keepdims=True) ** 2, lambda x: rf.max(x > 0) ** 2]
+    for body in bodies:
+        x = np.array([True, False]) if body is bodies[1] else np.asarray(True)
+        assert same(rf.kernel(body, backend=backend)(x), body(x))
+    h = np.array([-0.0, -1.0], np.float16)
+    half = lambda x: rf.max(x) ** 0.5  # noqa: E731
+    assert same(rf.kernel(half, backend=backend)(h), half(h))
+    zero_d = np.asarray(True)                            # a 0-d argument is an array: numpy's int8
+    if (zero_d ** 2).dtype == np.int8:
+        with pytest.raises(rf.DTypeError, match="int8"):
+            rf.kernel(lambda x: x ** 2, backend=backend)(zero_d)

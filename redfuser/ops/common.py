@@ -44,8 +44,28 @@ def _check_operand(op: str, x: object) -> None:
     raise UnsupportedError(f"operand of type {type(x).__name__} is not an array or a scalar", op=op, loc=user_loc())
 
 
+def is_numpy_scalar(x: object) -> bool:
+    """Whether `x` is, in the numpy reference, a numpy scalar rather than an array: every 0-d result of an
+    op is (numpy returns scalars from reductions to 0-d, full indexing and ufuncs of 0-d arrays); only a
+    0-d kernel argument itself is a 0-d array. The two differ where numpy's operators take shortcuts
+    for arrays only (``x ** 2`` of a bool array is int8, of a bool scalar int64)."""
+    if isinstance(x, np.generic):
+        return True
+    return isinstance(x, Tracer) and x.ndim == 0 and not (x.is_plain and x.buffer in x.builder.inputs)
+
+
+def probe(x: object, value: object = 1) -> object:
+    """What numpy sees in place of `x`: a one-element array (or numpy scalar, `is_numpy_scalar`) holding
+    `value` for a traced value, `x` itself otherwise."""
+    if not isinstance(x, Tracer):
+        return x
+    if is_numpy_scalar(x):
+        return x.dtype.type(value)
+    return np.full((1,) * x.ndim, value, dtype=x.dtype)
+
+
 def _probe_value(x: object) -> object:
-    return np.ones((1,) * x.ndim, dtype=x.dtype) if isinstance(x, Tracer) else x
+    return probe(x)
 
 
 def result_dtype(op: str, fn: Callable, *args: object, **kwargs: object) -> DType:

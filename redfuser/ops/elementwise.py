@@ -29,7 +29,9 @@ from .common import (
     cast,
     constant,
     describe,
+    is_numpy_scalar,
     operand,
+    probe,
     result_dtype,
 )
 
@@ -138,7 +140,8 @@ def _power(a, b, numpy_fn: Callable, name: str):
     if half and result_dtype(name, numpy_fn, a, b).is_float:
         return _elementwise(name, numpy_fn, [a, b], _half_power(a, b, numpy_fn))
     shortcut = _OPERATOR_SHORTCUTS.get(_exponent_value(b)) if numpy_fn is operator.pow else None
-    if shortcut is not None and np.dtype(a.dtype).type in (np.float16, np.float32, np.float64):
+    if shortcut is not None and np.dtype(a.dtype).type in (np.float16, np.float32, np.float64) \
+            and not is_numpy_scalar(a):   # numpy scalars' ** is np.power
         return _elementwise(name, numpy_fn, [a, b], lambda e, d: shortcut(e[0], d))
     return _elementwise(name, numpy_fn, [a, b], lambda e, d: Binary(BinaryOp.POW, e[0], e[1], d))
 
@@ -166,8 +169,9 @@ def _half_power(a: Tracer, b: object, numpy_fn: Callable) -> Callable[[list[Expr
     +inf, ``pow(-0.0, 0.5)`` is +0.0; ``np.power`` of float16, every power of bfloat16 and float8)."""
     if a.ir_dtype.is_float:
         with np.errstate(all="ignore"):
-            probe = np.asarray(numpy_fn(np.array([-np.inf, -0.0], a.dtype), b))
-        like_sqrt = bool(np.isnan(probe[0])) and bool(np.signbit(probe[1]))
+            at_minus_inf = np.asarray(numpy_fn(probe(a, -np.inf), b))
+            at_minus_zero = np.asarray(numpy_fn(probe(a, -0.0), b))
+        like_sqrt = bool(np.isnan(at_minus_inf).all()) and bool(np.signbit(at_minus_zero).all())
     else:   # integers and bools hold neither -inf nor -0.0: both answers agree
         like_sqrt = True
 
