@@ -34,10 +34,12 @@ def _user_facing(method: Callable) -> Callable:
 class Kernel:
     """A function compiled by RedFuser. Call it with numpy arrays; get numpy arrays back.
 
-    Compiles once per (argument shapes and dtypes, static scalars, backend,
-    options) and keeps the result in memory.
+    Compiles once per specialization and keeps the result in memory: the arrays' dtypes, shapes and
+    strides, each static value's type and exact value (``2``, ``2.0`` and ``True`` are three), the
+    backend and the options (`redfuser.arguments`).
     """
 
+    @_user_facing
     def __init__(self, fn: Callable, backend: str | None = None, **options: object) -> None:
         name = getattr(fn, "__name__", "kernel")
         self._signature = check_signature(fn, name)
