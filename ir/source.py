@@ -73,3 +73,20 @@ def user_loc() -> SourceLoc:
         return UNKNOWN
     file, line = frame.f_code.co_filename, frame.f_lineno
     return SourceLoc(file, line, linecache.getline(file, line).rstrip("\n"))
+
+
+def warn_at_user(message: str, category: type[Warning]) -> None:
+    """Warn with `category`, shown at the user's line (the first frame outside RedFuser) as `warnings.warn`
+    would show its caller's."""
+    import warnings
+
+    frame = user_frame()
+    if frame is None:
+        warnings.warn(message, category, stacklevel=2)
+        return
+    # No module_globals: like warnings.warn, the line's text comes from the file (a `python -c` main
+    # module's loader cannot give it and would raise).
+    globals_ = frame.f_globals
+    warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
+                           module=globals_.get("__name__", "<string>"),
+                           registry=globals_.setdefault("__warningregistry__", {}))

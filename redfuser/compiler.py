@@ -28,6 +28,7 @@ from typing import Callable
 
 from . import config
 from .ir import ArgumentError, Program, verify_program
+from .ir.source import warn_at_user
 from .fusion import fuse
 from .trace import ArgSpec, trace
 from .schedule import options_for, schedule_program
@@ -167,5 +168,9 @@ def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict
                                                                 out.parts.setdefault("ptx", {}))
     dump = config.dump_dir()
     if dump is not None:
-        out.dump(dump / out.name)
+        try:
+            out.dump(dump / out.name)
+        except OSError as err:   # the stages are for reading; a folder that cannot take them is not fatal
+            warn_at_user(f"REDFUSER_DUMP_DIR={str(dump)!r}: cannot write {out.name}'s stages ({err})",
+                         RuntimeWarning)
     return out

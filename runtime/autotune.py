@@ -201,8 +201,9 @@ class TuningStore:
             warnings.warn(CacheWarning(f"autotune: ignoring unreadable {path} ({err}); tuning again"), stacklevel=3)
             return None
 
-    def save(self, record: Record) -> Path:
-        """Write `record` atomically; an unwritable folder only warns (the result is then not remembered)."""
+    def save(self, record: Record) -> Path | None:
+        """Write `record` atomically and return where; an unwritable folder only warns and returns None (the
+        result is then not remembered)."""
         path = self.folder / f"{record.key}.json"
         data = {"format": FORMAT, "key": record.key, "kernel": record.kernel, "backend": record.backend,
                 "device": record.device, "best": record.best.options(),
@@ -212,6 +213,7 @@ class TuningStore:
             write_atomic(path, (json.dumps(data) + "\n").encode())
         except OSError as err:
             warnings.warn(CacheWarning(f"autotune: cannot write {path} ({err})"), stacklevel=3)
+            return None
         return path
 
 
@@ -265,7 +267,8 @@ def tune(kernel: str, key: CacheKey, candidates: tuple[Config, ...], measure: Ca
         out.write("\n")
         raise first_error  # type: ignore[misc] - every candidate failed: the untuned kernel's error
     path = store.save(Record(key.digest, kernel, backend, device, best[1], tuple(timings)))
-    out.write(f"\nautotune {kernel} [{backend}]: {best[1]} ({best[0] * 1e3:.3f} ms), saved to {path}\n")
+    where = f"saved to {path}" if path is not None else "not saved (see the warning)"
+    out.write(f"\nautotune {kernel} [{backend}]: {best[1]} ({best[0] * 1e3:.3f} ms), {where}\n")
     out.flush()
     return best[1]
 

@@ -57,14 +57,13 @@ import logging
 import os
 import threading
 import time
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..ir.errors import InternalError
-from ..ir.source import user_frame
+from ..ir.source import warn_at_user
 from . import cache_entry
 from .cache_entry import BadEntry, decode_entry, encode_entry
 from .cache_key import CacheKey
@@ -380,17 +379,8 @@ def _invalid(payload: bytes, meta: dict, check: Check) -> str | None:
 
 
 def _warn(message: str) -> None:
-    """A `CacheWarning` shown at the user's line (the first frame outside RedFuser), as `warnings.warn` would."""
-    frame = user_frame()
-    if frame is None:
-        warnings.warn(message, CacheWarning, stacklevel=2)
-        return
-    # No module_globals: like warnings.warn, the line's text comes from the file (a `python -c` main
-    # module's loader cannot give it and would raise).
-    globals_ = frame.f_globals
-    warnings.warn_explicit(message, CacheWarning, frame.f_code.co_filename, frame.f_lineno,
-                           module=globals_.get("__name__", "<string>"),
-                           registry=globals_.setdefault("__warningregistry__", {}))
+    """A `CacheWarning` shown at the user's line (the first frame outside RedFuser)."""
+    warn_at_user(message, CacheWarning)
 
 
 _default: tuple[tuple[bool, str], CompileCache] | None = None

@@ -184,3 +184,13 @@ def test_item_assignment_is_a_redfuser_error():
         rf.kernel(body, backend="interpret")(X.copy())
     assert info.value.loc.line == body.__code__.co_firstlineno + 1
     assert os.path.samefile(info.value.loc.file, __file__)
+
+
+def test_a_dump_folder_that_cannot_be_written_warns_at_the_users_line(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("a file, not a folder")
+    monkeypatch.setenv("REDFUSER_DUMP_DIR", str(blocked / "stages"))
+    with pytest.warns(RuntimeWarning, match="REDFUSER_DUMP_DIR") as record:
+        out = rf.kernel(scaled, backend="interpret")(X, 2.0)
+    np.testing.assert_array_equal(out, X * 2.0)
+    assert record[0].filename == __file__
