@@ -9,7 +9,8 @@ process), so a crash or a hang is one failure, not the end of the campaign.
 
 It prints a summary (examples, time and throughput per backend, calls and
 elements judged, the ops and idioms drawn, the fusion grammar's table, failures
-by signature) and, for the first failure of each signature, shrinks it and
+by signature, and how many elements the oracle left unjudged as known limits
+of the fusion engine) and, for the first failure of each signature, shrinks it and
 prints a runnable reproducer script (``--out``: also written to files). The
 exit code is 1 when anything failed, 2 for a bad command line.
 """
@@ -41,6 +42,9 @@ backend and 14 375 cascades, about 4 hours with ``--jobs 2`` on an idle 2-core m
 HOST_BACKENDS = ("interpret", "cpu", "simulate")
 PROGRESS_EVERY = 1000
 """Without ``--verbose``, a line on stderr every this many examples (a long campaign runs for hours)."""
+LIMIT_TEXT = {"precondition": "an earlier result of a fused cascade infinite, NaN or a zero divisor (oracle rule 6)",
+              "expansion": "a fused sum whose expanded terms are infinite or overflow (oracle rule 4)"}
+"""The summary's words for each of `program_judge.LIMITS` (unsure, never judged; counted over every backend)."""
 STATUSES = ("fused", "refused", "blocked", "unpaired", "ungrouped", "dead")
 example = cascade_example  # the fusion fuzzer's name for a cascade example
 
@@ -59,6 +63,10 @@ class Campaign:
     judged: int = 0
     unsure: int = 0
     refusals: int = 0
+    limit_elements: Counter = field(default_factory=Counter)   # program_judge.LIMITS -> unsure elements
+    limit_calls: Counter = field(default_factory=Counter)
+    limit_differ: Counter = field(default_factory=Counter)     # ... of them computed otherwise than numpy
+    limit_examples: dict[str, list[int]] = field(default_factory=dict)
     ops: Counter = field(default_factory=Counter)
     labels: Counter = field(default_factory=Counter)
     by_family: dict[tuple[str, str, str], Counter] = field(default_factory=dict)
@@ -72,6 +80,11 @@ class Campaign:
         self.judged += r.judged
         self.unsure += r.unsure
         self.refusals += r.refusals
+        for name, (elements, calls, differ) in r.limits.items():
+            self.limit_elements[name] += elements
+            self.limit_calls[name] += calls
+            self.limit_differ[name] += differ
+            self.limit_examples.setdefault(name, []).append(r.index)
         self.ops.update(r.ops)
         self.labels.update(x for x in r.label.split("+") if x)
         for key, counts in r.cascade_status.items():
@@ -90,6 +103,13 @@ class Campaign:
         total = self.judged + self.unsure
         lines.append(f"programs: {self.calls} calls ({self.refusals} refused by numpy and the kernel alike), "
                      f"{self.judged} elements judged, {self.unsure} unsure ({100 * self.unsure / max(total, 1):.2f}%)")
+        for name, what in LIMIT_TEXT.items():
+            n, calls, where = self.limit_elements[name], self.limit_calls[name], self.limit_examples.get(name, [])
+            lines.append(f"known fusion limits: {n} element{'s' if n != 1 else ''} in {calls} call"
+                         f"{'s' if calls != 1 else ''} (docs/fusion.md, "
+                         f"'Limits'): {what}" + (f"; {self.limit_differ[name]} of them computed otherwise than "
+                                                 f"numpy; examples {', '.join(map(str, sorted(where)[:8]))}"
+                                                 if where else ""))
         lines.append("ops: " + ", ".join(f"{op} {n}" for op, n in self.ops.most_common()))
         if self.labels:
             lines.append("idioms: " + ", ".join(f"{x} {n}" for x, n in self.labels.most_common()))

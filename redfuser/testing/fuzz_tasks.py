@@ -59,6 +59,7 @@ class Result:
     judged: int = 0
     unsure: int = 0
     refusals: int = 0
+    limits: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # LIMITS -> (elements, calls, differ)
     ops: tuple[str, ...] = ()
     cascade_status: dict[tuple[str, str, str], dict[str, int]] = field(default_factory=dict)
 
@@ -98,6 +99,10 @@ def run_example(config: Config, index: int, progress=None) -> Result:
         result.judged += outcome.judged
         result.unsure += outcome.unsure
         result.refusals += outcome.refusals
+        for name, n in outcome.limit_elements.items():  # program_judge.LIMITS
+            elements, calls, differ = result.limits.get(name, (0, 0, 0))
+            result.limits[name] = (elements + n, calls + outcome.limit_calls[name],
+                                   differ + outcome.limit_differ[name])
     return result
 
 

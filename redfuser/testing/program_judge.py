@@ -19,7 +19,10 @@ called with each of the program's calls in order. Each call is judged against
   shapes and dtypes (``wrong shape``, ``wrong dtype``); integers and bools equal
   exactly, floats in the same class (finite, NaN, +inf, -inf: ``wrong class``)
   and within ``C * err`` of the reference (``wrong value``), except where the
-  oracle marks an element unsure (counted, never judged).
+  oracle marks an element unsure (counted, never judged). The unsure elements
+  of the fusion engine's documented limits (`LIMITS`: oracle rules (4) and (6))
+  are also counted apart, with the calls they were in and how many of them the
+  kernel computed otherwise than numpy (where the limit did bite).
 
 After each call the input arrays must be unchanged, and so must the guard bytes
 around contiguous ones (`program_data.guarded`): ``wrote memory``. A crash of
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import traceback
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,6 +56,9 @@ KINDS = ("wrong value", "wrong class", "wrong dtype", "wrong shape", "accepted",
          "wrote memory", "internal error", "simulation error", "backend error", "exception", "crash", "timeout",
          "cascade soundness", "cascade completeness", "cascade unexpected fusion", "cascade reason")
 """Failure kinds; the ``cascade`` ones are `cascade_check`'s properties of the fusion grammar's examples."""
+LIMITS = ("precondition", "expansion")
+"""The fusion engine's documented limits the oracle marks unsure (`Value.limit`: rule (6), the theorem's
+precondition; `Value.expansion`: rule (4), sums of expanded terms that overflow), counted apart."""
 KNOWN_LIMITS = ("top-k of int64 values is not compiled",)
 """Refusals by design: a `BackendError` whose message holds one of these passes (the grammar avoids them; a
 run of static scalars can still lead there: ``True`` then ``2`` makes a bool an int64)."""
@@ -84,6 +91,9 @@ class Outcome:
     judged: int = 0        # elements compared
     unsure: int = 0        # elements the oracle could not judge
     refusals: int = 0      # calls numpy and the kernel both refused (as they should)
+    limit_elements: Counter = field(default_factory=Counter)   # LIMITS -> unsure elements of the outputs
+    limit_calls: Counter = field(default_factory=Counter)      # LIMITS -> calls with any
+    limit_differ: Counter = field(default_factory=Counter)     # LIMITS -> ... the kernel computed otherwise
 
 
 def _error_kind(err: BaseException) -> str:
@@ -151,7 +161,38 @@ def run(program: Program, backend: str, references: list[Reference] | None = Non
         failure = compare(got, ref, backend, i, out)
         if failure is not None:
             out.failures.append(failure)
+        _count_limits(got, ref, out)
     return out
+
+
+def _count_limits(got: object, ref: Reference, out: Outcome) -> None:
+    """Add the call's outputs' elements that a documented fusion limit made unsure (`LIMITS`), and those of
+    them the kernel computed otherwise than numpy."""
+    outputs = got if isinstance(got, tuple) else (got,)
+    for name in LIMITS:
+        n = differ = 0
+        for g, v in zip(outputs, ref.outputs):
+            mask = np.asarray(v.limit if name == "precondition" else v.expansion)
+            n += int(mask.sum())
+            if mask.any():
+                differ += int((mask & _differs(np.asarray(g), v)).sum())
+        if n:
+            out.limit_elements[name] += n
+            out.limit_calls[name] += 1
+            out.limit_differ[name] += differ
+
+
+def _differs(g: np.ndarray, v: Value) -> np.ndarray | bool:
+    """Elements of `g` that would fail against `v` if they were judged (False where shapes or dtypes differ)."""
+    r = np.asarray(v.ref)
+    if g.shape != r.shape or g.dtype != r.dtype:
+        return False
+    if not is_float(r.dtype):
+        return g != r
+    a, e = g.astype(np.float64), r.astype(np.float64)
+    with np.errstate(all="ignore"):
+        off = np.abs(a - e) > C * np.asarray(v.err, np.float64)
+    return (_class(g) != _class(r)) | ((_class(r) == 0) & off)
 
 
 def _writes(args: list[object], before: list[bytes]) -> str:

@@ -30,7 +30,15 @@ keeps what judging needs (`Value`):
   (4) a float sum or ``@`` whose expanded terms are infinite or overflow its
       dtype (`program_bounds.expansion_hazard`, a documented limit of fused
       sums of separable terms);
-  (5) any element computed from an unsure one.
+  (5) any element computed from an unsure one;
+  (6) a reduction the engine may fuse with an earlier one over an axis of the
+      same length, where the earlier result it factors out is infinite, NaN or a
+      zero divisor (`program_limits.precondition_hazard`: the fusion theorem's
+      precondition, a documented limit, docs/fusion.md "Limits").
+
+Rules (4) and (6) are known limits of the fusion engine: `Value` keeps their
+elements apart (``expansion``, ``limit``; spread as in (5)), and the judge
+counts them in the campaign summary, so a reader sees how often they applied.
 
 Where a discontinuous op (`Rule.discontinuous`) gets an inexact operand, its
 result is unsure everywhere: the grammar does not draw that, the shrinker can.
@@ -45,6 +53,7 @@ import numpy as np
 
 from . import program_bounds as bounds
 from .program import Program
+from .program_limits import precondition_hazard
 from .program_rules import RULES
 from .tolerance import C
 
@@ -75,10 +84,15 @@ class Value:
     mag: np.ndarray | None = None   # magnitude of the terms an expansion can make (program_bounds.magnitude)
     expanded: bool = False          # ... and whether the value is a sum of such terms
     extremum: bool = False          # computed elementwise from a max/min reduction (a running one when fused)
+    expansion: np.ndarray | None = None  # unsure by rule (4), or computed from such elements (a subset of unsure)
+    limit: np.ndarray | None = None      # ... by rule (6)
 
     def __post_init__(self) -> None:
         if self.mag is None:
             self.mag = np.abs(_f64(self.ref))
+        shape = np.shape(self.unsure)
+        self.expansion = np.zeros(shape, bool) if self.expansion is None else self.expansion
+        self.limit = np.zeros(shape, bool) if self.limit is None else self.limit
 
     @property
     def dtype(self) -> np.dtype:
@@ -127,10 +141,11 @@ def evaluate(program: Program, args: list[object], gpu: bool = False) -> tuple[d
     """Every value of `program` on `args` (raises what numpy raises), and the body's outputs; `gpu`: bounds for
     a backend of `GPU_BACKENDS`."""
     env: dict[str, Value] = {n: _argument(a) for n, a in zip(program.params, args)}
+    producers = {o: node for node in program.nodes for o in node.outs}
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for node in program.nodes:
-            _step(node, env, gpu)
+            _step(node, env, gpu, producers)
     return env, [env[o].ref for o in program.outputs]
 
 
@@ -168,10 +183,11 @@ def _same(a: object, b: object) -> bool:
 # ---------------------------------------------------------------------------------------------
 # one step
 # ---------------------------------------------------------------------------------------------
-def _step(node, env: dict[str, Value], gpu: bool = False) -> None:
+def _step(node, env: dict[str, Value], gpu: bool = False, producers: dict | None = None) -> None:
     rule = RULES[node.op]
     ins = [env[a] for a in node.args]
     ref = rule.apply([v.ref for v in ins], node.params)
+    limit = precondition_hazard(node, env, producers, ref if rule.outputs == 1 else ref[0]) if producers else None
     try:
         wide = rule.apply([v.wide for v in ins], node.params)
     except Exception:  # f32 twins numpy will not combine: no storage-precision information
@@ -182,10 +198,11 @@ def _step(node, env: dict[str, Value], gpu: bool = False) -> None:
         if node.op == "astype" and np.dtype(r.dtype) in NARROW:
             w = np.asarray(w).astype(F32)  # rounded to the narrow type, then computed on in f32
         w = _widen(w)
-        env[out] = _value(node, rule, ins, r, w, indices=(n == 1), gpu=gpu)
+        env[out] = _value(node, rule, ins, r, w, indices=(n == 1), gpu=gpu, limit=limit)
 
 
-def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: bool, gpu: bool = False) -> Value:
+def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: bool, gpu: bool = False,
+           limit: np.ndarray | None = None) -> Value:
     r = np.asarray(np.ma.getdata(ref) if isinstance(ref, np.ma.MaskedArray) else ref)
     dt, shape = r.dtype, r.shape
     all_exact = all(v.exact for v in ins)
@@ -199,7 +216,11 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
                            or (kind == "intsum" and not is_float(dt))) and not lossy
     if node.op == "div_safe" and ins[1].dtype in NARROW:
         exact = False   # its |b| + 1 is a step in b's narrow type: numpy rounds it there, a kernel does not
-    unsure = _propagate(node, rule, ins, shape) | bounds.expansion_hazard(node, ins, shape, dt)
+    expansion = _propagate(node, rule, [v.expansion for v in ins], shape) | \
+        bounds.expansion_hazard(node, ins, shape, dt)
+    limit = _propagate(node, rule, [v.limit for v in ins], shape) | (
+        np.broadcast_to(limit, shape) if limit is not None else False)
+    unsure = _propagate(node, rule, [v.unsure for v in ins], shape) | expansion | limit
     u = max([unit_roundoff(dt)] + [unit_roundoff(v.dtype) for v in ins])
     err = np.zeros(shape) if exact else bounds.error(node, ins, r, u, lossy)
     if gpu and dt == np.float64 and node.op in bounds.F32_MATH:  # computed in f32 on the GPU backends
@@ -221,7 +242,8 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
     zsign = exact and is_float(dt) and (node.op in ("maximum", "minimum", "max", "min")
                                         or any(v.zsign for v in ins))
     return Value(ref, wide, exact, np.broadcast_to(np.asarray(err, np.float64), shape),
-                 np.broadcast_to(unsure, shape), zsign, mag, expanded, extremum)
+                 np.broadcast_to(unsure, shape), zsign, mag, expanded, extremum,
+                 np.broadcast_to(expansion, shape), np.broadcast_to(limit, shape))
 
 
 def _lossy_cast(node, ins: list[Value], dt: np.dtype) -> bool:
@@ -234,9 +256,8 @@ def _lossy_cast(node, ins: list[Value], dt: np.dtype) -> bool:
     return src != dt and src != np.bool_ and src != np.dtype(ml_dtypes.float8_e4m3fn)
 
 
-def _propagate(node, rule, ins: list[Value], shape: tuple[int, ...]) -> np.ndarray:
-    """Unsure elements inherited from the operands (any element feeding an element)."""
-    masks = [v.unsure for v in ins]
+def _propagate(node, rule, masks: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """Elements inheriting `masks` (the operands' unsure elements, or a rule's) from any element feeding them."""
     if not any(m.any() for m in masks):
         return np.zeros(shape, bool)
     if rule.kind == "elementwise":
@@ -247,7 +268,7 @@ def _propagate(node, rule, ins: list[Value], shape: tuple[int, ...]) -> np.ndarr
         return np.asarray(np.any(masks[0], axis=node.params[0], keepdims=node.params[1]))
     if rule.kind == "matmul":
         a, b = (m.astype(np.float64) for m in masks)
-        return (np.matmul(a, np.ones(ins[1].unsure.shape)) + np.matmul(np.ones(ins[0].unsure.shape), b)) > 0
+        return (np.matmul(a, np.ones(masks[1].shape)) + np.matmul(np.ones(masks[0].shape), b)) > 0
     row = np.any(masks[0], axis=-1, keepdims=True)  # top-k: any element of the row
     return np.broadcast_to(row, shape)
 
