@@ -13,6 +13,7 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 | reductions.py   | sum max min, matmul, topk                                            |
 | views.py        | swapaxes transpose, indexing, arange                                 |
 | common.py       | operand helpers shared by all                                        |
+| operators.py    | `Tracer`'s Python operators and methods, forwarded to the ops above  |
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ import numpy as np
 
 from ..ir import UnsupportedError
 from ..source_info import user_loc
-from ..tracer import _install_operators
 from .common import describe, inf, result_dtype
 from .elementwise import (
     abs,
@@ -70,7 +70,9 @@ UFUNC_OPERATORS: dict[np.ufunc, Callable] = {
 }
 """The numpy ufunc behind each Python operator, for a numpy scalar on its left (``np.float32(2) * x``)."""
 
-_install_operators()
+from .operators import install_operators  # noqa: E402 - after the ops it forwards to
+
+install_operators()
 
 
 def _arguments_checked(fn: Callable) -> Callable:
