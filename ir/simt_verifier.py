@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable, Union
 
 from .errors import VerifyError
-from .excerpt import LineIndex, excerpt_at
+from .excerpt import excerpt_around
 from .expr import TRANSCENDENTAL, BinaryOp, Buffer, UnaryOp
 from .simt import (
     MAX_STATIC_SHARED_BYTES,
@@ -77,10 +77,7 @@ class _Ctx:
 
 def _fail(msg: str, s: Stmt | None, ctx: _Ctx) -> None:
     """Raise `VerifyError`: `msg`, then the kernel's printed statements around `s`, marked (none without `s`)."""
-    context = ""
-    if s is not None:
-        index: LineIndex = {}
-        context = excerpt_at(simt_kernel_lines(ctx.kernel, index), index, s)
+    context = excerpt_around(s, lambda index: simt_kernel_lines(ctx.kernel, index)) if s is not None else ""
     raise VerifyError(f"kernel {ctx.kernel.name}: {msg}", pass_name=ctx.pass_name, context=context)
 
 

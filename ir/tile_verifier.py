@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from .errors import VerifyError
-from .excerpt import LineIndex, excerpt_at
+from .excerpt import excerpt_around
 from .tile import (
     Arange,
     Binary,
@@ -52,8 +52,7 @@ def _fail(msg: str, op: Op | None, pass_name: str, kernel: TileKernel | None = N
     """Raise `VerifyError`: `msg`, then `kernel`'s printed ops around `op`, marked (none without an op)."""
     context = ""
     if op is not None and kernel is not None:
-        index: LineIndex = {}
-        context = excerpt_at(kernel_lines(kernel, index=index), index, op)
+        context = excerpt_around(op, lambda index: kernel_lines(kernel, index=index))
     raise VerifyError(msg, pass_name=pass_name, context=context)
 
 

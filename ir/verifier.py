@@ -14,7 +14,7 @@ from typing import NamedTuple
 from .errors import VerifyError
 from .expr import Axis, Binary, BinaryOp, Buffer, Cast, Expr, IndexValue, Load, ReduceOp, Select, Unary, UnaryOp, walk
 from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
-from .excerpt import LineIndex, excerpt_at
+from .excerpt import excerpt_around
 from .printer import program_lines
 from .types import bool_, int64
 
@@ -34,10 +34,7 @@ class _Where(NamedTuple):
 
 def _fail(msg: str, node: Stmt | OnlineState | TopKState | None, where: _Where) -> None:
     """Raise `VerifyError`: `msg`, then the printed program around `node`, marked (none without a node)."""
-    context = ""
-    if node is not None:
-        index: LineIndex = {}
-        context = excerpt_at(program_lines(where.program, index), index, node)
+    context = excerpt_around(node, lambda index: program_lines(where.program, index)) if node is not None else ""
     raise VerifyError(msg, pass_name=where.pass_name, context=context)
 
 

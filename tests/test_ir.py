@@ -199,6 +199,15 @@ def test_verifier_error_shows_the_program_around_the_bad_statement():
     assert [line.split("|")[0].split() for line in lines[2:]] == [["3"], ["4"], ["5"], [">>", "6"], ["7"]]
 
 
+def test_verifier_error_keeps_its_message_when_the_program_cannot_be_printed():
+    good = softmax_program()
+    bad = Program(good.name, good.inputs, good.outputs,
+                  (Compute(buf("m", R, dtype=T.float16), (I0,), Load(X, (I0, I1))), "not a statement"))
+    with pytest.raises(VerifyError, match="value has dtype f32 but m is f16") as info:
+        verify_program(bad, pass_name="handmade")
+    assert ">>" not in str(info.value)
+
+
 def test_verifier_error_marks_the_bad_state_of_a_fused_loop():
     good = online_attention(8, 16, 4)
     loop = good.body[0]
