@@ -89,7 +89,8 @@ def _emit_op(op: Op, indent: str, lines: list[str], index: LineIndex | None) -> 
         lines.append(f"{indent}store {op.buffer.name}[{op.offsets}] = {op.value}{_mask(op.mask)}")
     elif isinstance(op, TopK):
         into = f" into ({op.acc}, {op.acc_indices})" if op.acc is not None else ""
-        lines.append(f"{indent}{_decl(op.out)}, {_decl(op.out_indices)} = topk {op.x}, {op.indices} axis {op.axis}{into}")
+        lines.append(f"{indent}{_decl(op.out)}, {_decl(op.out_indices)} = topk {op.x}, {op.indices} "
+                     f"axis {op.axis}{into}")
     elif isinstance(op, For):
         body = op.body
         outs = ", ".join(_decl(r) for r in op.results)
