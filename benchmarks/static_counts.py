@@ -9,7 +9,8 @@ For each kernel of each case of ``benchmarks/gpu_cases.py`` (the shapes ``gpu_ch
 - **regs**, **spill B**: registers per thread and spill-store bytes, from nvJitLink (the assembler the
   corpus tests use; a driver's JIT may differ by a few registers);
 - **sass**: SASS instructions of the assembled cubin (``NOP`` padding not counted), when ``cuobjdump`` is on
-  PATH (``pip install nvidia-cuda-cuobjdump``; its ``bin`` folder under ``site-packages/nvidia/*/bin``).
+  PATH (``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``; cuobjdump runs nvdisasm, so put their
+  ``bin`` folder, ``site-packages/nvidia/*/bin``, on PATH).
 
 With ``--variants`` the kernel options ``gpu_check.py`` times beside the defaults (its ``VARIANTS``) are
 counted too, so a choice can be compared without a device. These numbers are proxies, and deterministic for
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
     print(f"\nRedFuser {rf.__version__}, target {args.sm}; registers and spills from nvJitLink; "
           + (f"SASS by {cuobjdump}" if cuobjdump else "no cuobjdump on PATH: no SASS column "
-             "(pip install nvidia-cuda-cuobjdump)"))
+             "(pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"))
     return 0
 
 

@@ -49,14 +49,11 @@ GVN, strength reduction, load/store vectorizing and machine LICM, then ptxas opt
 middle end still adds: the function attributes that mark a never-stored ``noalias`` buffer
 ``readonly`` (so its loads become ``ld.global.nc``), and InstCombine's folding of the emitter's
 plumbing (vector packs and extracts, index arithmetic, masks), without which code generation is slower
-and registers go up. On the benchmark kernels (`benchmarks/gpu_cases.py`) this pipeline takes a
-quarter of LLVM's O1 time (MoE routing a sixth) with ptxas registers within 10% of O1's either way
-(most within 5%) and instruction counts within 2% (MoE routing 6% more: O1 folds more of its top-k
-compare network; a single warp holding a 64x64 f16 attention tile spills 96 bytes where O1 does not).
-What O1's other passes found for us, the emitter and scheduler now state: the alignment of shared
-accesses (``ld.shared.v4``, `simt_to_llvm.memory`) and a split loop's bounds (`schedule.split`: no
-masks when the axis is whole chunks). ``opt_level=1`` to ``3`` (the ``llvm_opt`` kernel option) runs
-LLVM's O1-O3 module pipeline instead; `benchmarks/gpu_check.py` times both on a device."""
+and registers go up. It costs a fraction of LLVM's O1 for about the same code (docs/gpu-backend.md,
+"Why these defaults"). What O1's other passes found for us, the emitter and scheduler now state: the
+alignment of shared accesses (``ld.shared.v4``, `simt_to_llvm.memory`) and a split loop's bounds
+(`schedule.split`: no masks when the axis is whole chunks). ``opt_level=1`` to ``3`` (the ``llvm_opt``
+kernel option) runs LLVM's O1-O3 module pipeline instead; `benchmarks/gpu_check.py` times both on a device."""
 
 # LLVM command-line options in force while a GPU module is optimized and emitted, LLVM's defaults restored
 # after (they are process-wide: the CPU backend, or numba in the same process, keep theirs). Each only
@@ -66,18 +63,10 @@ LLVM's O1-O3 module pipeline instead; `benchmarks/gpu_check.py` times both on a 
 #   accesses was 60% of the O3 pipeline;
 # - the code generator's two GVN runs looked for redundant loads through memory dependence; the SIMT
 #   lowering loads each value once, and the search was half of a causal attention kernel's code generation.
-# One changes the code (measured on every benchmark and corpus kernel, with nvJitLink 13.5 and ptxas 13.0):
-# - the code generator's loop strength reduction rewrites a loop's address arithmetic into pointer
-#   increments. The SIMT lowering already hoists what a loop does not change, and ptxas strength-reduces
-#   again. Without it code generation is 10-30% faster (decode's partial kernel 24 -> 17 ms) and SASS is
-#   within 1% (a few small combine kernels 10% longer, plain matmul 13% shorter). nvJitLink's registers
-#   are fewer or the same (attention f16 174 -> 168, causal 230 -> 225), but for softmax (48 -> 52);
-#   ptxas gives the corpus's small f16 attention 10% more. The "bf16" attention kernel, whose f32
-#   `P @ V` is split for tensor cores, stops spilling (nvJitLink: 4 bytes -> none; ptxas: 255 -> 178
-#   registers). Over 288 attention tile configurations (f16/bf16/f32, head 16-128, 1-4 warps)
-#   nvJitLink's registers average 130 instead of 133, and the spills of those at 255 come to 3 668
-#   bytes instead of 3 856, though in 18 configurations instead of 16: a few sit at the edge either way
-#   (one warp of 32 bf16 rows at head 64 now spills 32 bytes; the default tiles give bf16 16 rows a warp).
+# One changes the code: the code generator's loop strength reduction rewrites a loop's address arithmetic
+#   into pointer increments. The SIMT lowering already hoists what a loop does not change, and ptxas
+#   strength-reduces again; without it code generation is faster, SASS the same within 1% and the "bf16"
+#   attention kernel stops spilling (measurements: docs/gpu-backend.md, "Why these defaults").
 GPU_PIPELINE_OPTIONS: dict[str, tuple[str, str]] = {   # name: (while compiling for the GPU, LLVM's default)
     "licm-mssa-max-acc-promotion": ("0", "250"),
     "enable-gvn-memdep": ("false", "true"),

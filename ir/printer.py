@@ -27,6 +27,7 @@ from .expr import (
     UnaryOp,
 )
 from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
+from .excerpt import LineIndex, note_line
 from .source import SourceLoc
 
 _PREC = {
@@ -126,12 +127,23 @@ def format_topk_state(st: TopKState, axis: Axis) -> str:
 
 def format_fused_loop(s: FusedLoop, indent: str = "") -> str:
     """A fused loop: its header, per-chunk producers (``local``) and state updates, one per line."""
-    names = ", ".join(b.name for b in s.outs)
-    lines = [f"{indent}{names} = fused loop over {s.axis.name}<{s.axis.extent}, chunk by chunk:"]
-    lines += [f"{indent}  local {format_stmt(l)}" for l in s.locals]
-    lines += [f"{indent}  " + (format_topk_state(st, s.axis) if isinstance(st, TopKState) else format_state(st, s.axis))
-              for st in s.states]
+    lines: list[str] = []
+    _emit_fused_loop(s, indent, lines, None)
     return "\n".join(lines)
+
+
+def _emit_fused_loop(s: FusedLoop, indent: str, lines: list[str], index: LineIndex | None) -> None:
+    """Append a fused loop's lines, noting in `index` where it, each local and each state starts."""
+    note_line(index, s, len(lines))
+    names = ", ".join(b.name for b in s.outs)
+    lines.append(f"{indent}{names} = fused loop over {s.axis.name}<{s.axis.extent}, chunk by chunk:")
+    for local in s.locals:
+        note_line(index, local, len(lines))
+        lines.append(f"{indent}  local {format_stmt(local)}")
+    for st in s.states:
+        note_line(index, st, len(lines))
+        lines.append(f"{indent}  " + (format_topk_state(st, s.axis) if isinstance(st, TopKState)
+                                      else format_state(st, s.axis)))
 
 
 def format_stmt(s: Stmt) -> str:
@@ -155,8 +167,8 @@ def format_loc(loc: SourceLoc) -> str:
     return f"# {loc.short()}  {loc.text.strip()}" if loc.line else ""
 
 
-def format_program(p: Program) -> str:
-    """The whole program, with a ``# file:line  source`` comment where the source line changes."""
+def program_lines(p: Program, index: LineIndex | None = None) -> list[str]:
+    """`format_program`'s lines; with `index`, where each statement starts (for `excerpt.excerpt_at`)."""
     params = ", ".join(f"{b.name}: {b.type}" for b in p.inputs)
     outs = ", ".join(f"{b.name}: {b.type}" for b in p.outputs)
     lines = [f"kernel {p.name}({params}) -> ({outs})"]
@@ -166,5 +178,14 @@ def format_program(p: Program) -> str:
         if loc is not None and loc.line and loc != last_loc:
             lines.append("  " + format_loc(loc))
             last_loc = loc
-        lines.append(format_fused_loop(s, "  ") if isinstance(s, FusedLoop) else "  " + format_stmt(s))
-    return "\n".join(lines)
+        if isinstance(s, FusedLoop):
+            _emit_fused_loop(s, "  ", lines, index)
+        else:
+            note_line(index, s, len(lines))
+            lines.append("  " + format_stmt(s))
+    return lines
+
+
+def format_program(p: Program) -> str:
+    """The whole program, with a ``# file:line  source`` comment where the source line changes."""
+    return "\n".join(program_lines(p))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .excerpt import LineIndex, note_line
 from .expr import Buffer
 from .printer import format_const
 from .simt import (
@@ -93,48 +94,56 @@ _RHS: dict[type, Callable[..., str]] = {
 }
 
 
-def _branch_lines(stmts: tuple[Stmt, ...], yields: tuple[Reg, ...], indent: str) -> list[str]:
-    lines: list[str] = []
+def _emit_branch(stmts: tuple[Stmt, ...], yields: tuple[Reg, ...], indent: str, lines: list[str],
+                 index: LineIndex | None) -> None:
     for inner in stmts:
-        lines += format_stmt(inner, indent)
+        _emit_stmt(inner, indent, lines, index)
     if yields:
         lines.append(f"{indent}yield {', '.join(str(y) for y in yields)}")
-    return lines
 
 
 def format_stmt(s: Stmt, indent: str = "") -> list[str]:
     """The lines of one statement (several for a loop or an if)."""
+    lines: list[str] = []
+    _emit_stmt(s, indent, lines, None)
+    return lines
+
+
+def _emit_stmt(s: Stmt, indent: str, lines: list[str], index: LineIndex | None) -> None:
+    """Append `s`'s lines to `lines`, noting in `index` where it and each statement of its regions start."""
+    note_line(index, s, len(lines))
     if isinstance(s, StoreGlobal | StoreShared):
         name = s.buffer.name if isinstance(s, StoreGlobal) else s.alloc.name
         space = "global" if isinstance(s, StoreGlobal) else "shared"
-        return [f"{indent}store.{space} {name}[{s.index}] = {s.value}{_mask(s.mask)}"]
-    if isinstance(s, Barrier):
-        return [f"{indent}barrier"]
-    if isinstance(s, For):
+        lines.append(f"{indent}store.{space} {name}[{s.index}] = {s.value}{_mask(s.mask)}")
+    elif isinstance(s, Barrier):
+        lines.append(f"{indent}barrier")
+    elif isinstance(s, For):
         body = s.body
         head = ", ".join(_decl(r) for r in s.results)
         carried = ", ".join(f"{a} = {i}" for a, i in zip(body.args, s.inits))
-        lines = [f"{indent}{head + ' = ' if head else ''}for {_decl(body.iv)} = {s.start} to {s.stop} step {s.step}"
-                 + (f" iter ({carried})" if carried else "") + " {"]
-        lines += _branch_lines(body.stmts, body.yields, indent + "  ")
-        return lines + [f"{indent}}}"]
-    if isinstance(s, If):
+        lines.append(f"{indent}{head + ' = ' if head else ''}for {_decl(body.iv)} = {s.start} to {s.stop} step {s.step}"
+                     + (f" iter ({carried})" if carried else "") + " {")
+        _emit_branch(body.stmts, body.yields, indent + "  ", lines, index)
+        lines.append(f"{indent}}}")
+    elif isinstance(s, If):
         head = ", ".join(_decl(r) for r in s.results)
-        lines = [f"{indent}{head + ' = ' if head else ''}if {s.cond} {{"]
-        lines += _branch_lines(s.then.stmts, s.then.yields, indent + "  ")
+        lines.append(f"{indent}{head + ' = ' if head else ''}if {s.cond} {{")
+        _emit_branch(s.then.stmts, s.then.yields, indent + "  ", lines, index)
         if s.orelse.stmts or s.orelse.yields:
             lines.append(f"{indent}}} else {{")
-            lines += _branch_lines(s.orelse.stmts, s.orelse.yields, indent + "  ")
-        return lines + [f"{indent}}}"]
-    return [f"{indent}{_decl(s.out)} = {_RHS[type(s)](s)}"]
+            _emit_branch(s.orelse.stmts, s.orelse.yields, indent + "  ", lines, index)
+        lines.append(f"{indent}}}")
+    else:
+        lines.append(f"{indent}{_decl(s.out)} = {_RHS[type(s)](s)}")
 
 
 def format_param(p: Buffer | Reg) -> str:
     return f"{p.name}: {p.type}" if isinstance(p, Buffer) else _decl(p)
 
 
-def format_simt_kernel(k: SimtKernel) -> str:
-    """The kernel: signature, launch shape, shared allocations, then its statements."""
+def simt_kernel_lines(k: SimtKernel, index: LineIndex | None = None) -> list[str]:
+    """`format_simt_kernel`'s lines; with `index`, where each statement starts (for `excerpt.excerpt_at`)."""
     grid = "(" + ", ".join(str(g) for g in k.grid) + ("," if len(k.grid) == 1 else "") + ")"
     params = ", ".join(format_param(p) for p in k.params)
     bound = "" if k.min_blocks_per_sm is None else f", at least {k.min_blocks_per_sm} blocks an SM"
@@ -142,5 +151,10 @@ def format_simt_kernel(k: SimtKernel) -> str:
              f"({k.warps} warp{'s' if k.warps != 1 else ''}{bound})"]
     lines += [f"  shared {a.name}: {a.type}" for a in k.shared]
     for s in k.body:
-        lines += format_stmt(s, "  ")
-    return "\n".join(lines)
+        _emit_stmt(s, "  ", lines, index)
+    return lines
+
+
+def format_simt_kernel(k: SimtKernel) -> str:
+    """The kernel: signature, launch shape, shared allocations, then its statements."""
+    return "\n".join(simt_kernel_lines(k))

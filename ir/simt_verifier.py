@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable, Union
 
 from .errors import VerifyError
+from .excerpt import excerpt_around
 from .expr import TRANSCENDENTAL, BinaryOp, Buffer, UnaryOp
 from .simt import (
     MAX_STATIC_SHARED_BYTES,
@@ -53,7 +54,7 @@ from .simt import (
     defs,
     uses,
 )
-from .simt_printer import format_stmt
+from .simt_printer import simt_kernel_lines
 from .simt_ranges import Ranges, transfer, trip_range
 from .types import DType, bool_, float32, int32, int64
 
@@ -75,7 +76,8 @@ class _Ctx:
 
 
 def _fail(msg: str, s: Stmt | None, ctx: _Ctx) -> None:
-    context = "\n".join(format_stmt(s)[:1]) if s is not None else ""
+    """Raise `VerifyError`: `msg`, then the kernel's printed statements around `s`, marked (none without `s`)."""
+    context = excerpt_around(s, lambda index: simt_kernel_lines(ctx.kernel, index)) if s is not None else ""
     raise VerifyError(f"kernel {ctx.kernel.name}: {msg}", pass_name=ctx.pass_name, context=context)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .excerpt import LineIndex, note_line
 from .printer import format_const
 from .tile import (
     Arange,
@@ -76,33 +77,47 @@ _RHS: dict[type, Callable[..., str]] = {
 
 def format_op(op: Op, indent: str = "") -> list[str]:
     """The lines of one op (several for a loop)."""
+    lines: list[str] = []
+    _emit_op(op, indent, lines, None)
+    return lines
+
+
+def _emit_op(op: Op, indent: str, lines: list[str], index: LineIndex | None) -> None:
+    """Append `op`'s lines to `lines`, noting in `index` where it and each op of a loop body start."""
+    note_line(index, op, len(lines))
     if isinstance(op, Store):
-        return [f"{indent}store {op.buffer.name}[{op.offsets}] = {op.value}{_mask(op.mask)}"]
-    if isinstance(op, TopK):
+        lines.append(f"{indent}store {op.buffer.name}[{op.offsets}] = {op.value}{_mask(op.mask)}")
+    elif isinstance(op, TopK):
         into = f" into ({op.acc}, {op.acc_indices})" if op.acc is not None else ""
-        return [f"{indent}{_decl(op.out)}, {_decl(op.out_indices)} = topk {op.x}, {op.indices} axis {op.axis}{into}"]
-    if isinstance(op, For):
+        lines.append(f"{indent}{_decl(op.out)}, {_decl(op.out_indices)} = topk {op.x}, {op.indices} "
+                     f"axis {op.axis}{into}")
+    elif isinstance(op, For):
         body = op.body
         outs = ", ".join(_decl(r) for r in op.results)
         carried = ", ".join(f"{a} = {i}" for a, i in zip(body.args, op.inits))
         head = f"{outs} = " if op.results else ""
-        lines = [f"{indent}{head}for {_decl(body.iv)} = {op.start} to {op.stop} step {op.step}"
-                 + (f" iter ({carried})" if carried else "") + " {"]
+        lines.append(f"{indent}{head}for {_decl(body.iv)} = {op.start} to {op.stop} step {op.step}"
+                     + (f" iter ({carried})" if carried else "") + " {")
         for inner in body.ops:
-            lines += format_op(inner, indent + "  ")
+            _emit_op(inner, indent + "  ", lines, index)
         lines.append(f"{indent}  yield {', '.join(str(y) for y in body.yields)}")
         lines.append(f"{indent}}}")
-        return lines
-    return [f"{indent}{_decl(op.out)} = {_RHS[type(op)](op)}"]
+    else:
+        lines.append(f"{indent}{_decl(op.out)} = {_RHS[type(op)](op)}")
+
+
+def kernel_lines(k: TileKernel, indent: str = "", index: LineIndex | None = None) -> list[str]:
+    """`format_kernel`'s lines; with `index`, where each op starts (for `excerpt.excerpt_at`)."""
+    grid = "(" + ", ".join(str(g) for g in k.grid) + ("," if len(k.grid) == 1 else "") + ")"
+    lines = [f"{indent}kernel {k.name} grid {grid} params ({', '.join(b.name for b in k.params)}):"]
+    for op in k.body:
+        _emit_op(op, indent + "  ", lines, index)
+    return lines
 
 
 def format_kernel(k: TileKernel, indent: str = "") -> str:
     """A kernel: its header (grid and the global buffers it touches), then its ops."""
-    grid = "(" + ", ".join(str(g) for g in k.grid) + ("," if len(k.grid) == 1 else "") + ")"
-    lines = [f"{indent}kernel {k.name} grid {grid} params ({', '.join(b.name for b in k.params)}):"]
-    for op in k.body:
-        lines += format_op(op, indent + "  ")
-    return "\n".join(lines)
+    return "\n".join(kernel_lines(k, indent))
 
 
 def format_tile_program(p: TileProgram) -> str:

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from .errors import VerifyError
+from .excerpt import excerpt_around
 from .tile import (
     Arange,
     Binary,
@@ -38,16 +39,21 @@ from .tile import (
     Value,
     operands,
     results,
+    walk_ops,
 )
-from .tile_printer import format_op
+from .tile_printer import kernel_lines
 from .expr import UnaryOp
 from .types import DType, bool_, int32, int64
 
 LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
 
 
-def _fail(msg: str, op: Op | None, pass_name: str) -> None:
-    raise VerifyError(msg, pass_name=pass_name, context="\n".join(format_op(op)) if op is not None else "")
+def _fail(msg: str, op: Op | None, pass_name: str, kernel: TileKernel | None = None) -> None:
+    """Raise `VerifyError`: `msg`, then `kernel`'s printed ops around `op`, marked (none without an op)."""
+    context = ""
+    if op is not None and kernel is not None:
+        context = excerpt_around(op, lambda index: kernel_lines(kernel, index=index))
+    raise VerifyError(msg, pass_name=pass_name, context=context)
 
 
 def _arith(d: DType) -> bool:
@@ -57,7 +63,7 @@ def _arith(d: DType) -> bool:
 def _check_op(op: Op, kernel: TileKernel, pass_name: str) -> None:
     def need(cond: bool, msg: str) -> None:
         if not cond:
-            _fail(msg, op, pass_name)
+            _fail(msg, op, pass_name, kernel)
 
     if isinstance(op, ProgramId):
         need(op.out.shape == () and op.out.dtype in (int32, int64), "program_id gives an i32/i64 scalar")
@@ -143,23 +149,23 @@ def _verify_block(ops: tuple[Op, ...], scope: set[str], defined: set[str], kerne
     for op in ops:
         for v in operands(op):
             if v.name not in scope:
-                _fail(f"{v} is used before it is defined (or outside its loop)", op, pass_name)
+                _fail(f"{v} is used before it is defined (or outside its loop)", op, pass_name, kernel)
         _check_op(op, kernel, pass_name)
         if isinstance(op, For):
             inner = set(scope)
             for v in (op.body.iv,) + op.body.args:
-                _define(v, inner, defined, op, pass_name)
+                _define(v, inner, defined, op, pass_name, kernel)
             _verify_block(op.body.ops, inner, defined, kernel, pass_name)
             for y in op.body.yields:
                 if y.name not in inner:
-                    _fail(f"yield of {y}, which is not defined in the loop", op, pass_name)
+                    _fail(f"yield of {y}, which is not defined in the loop", op, pass_name, kernel)
         for r in results(op):
-            _define(r, scope, defined, op, pass_name)
+            _define(r, scope, defined, op, pass_name, kernel)
 
 
-def _define(v: Value, scope: set[str], defined: set[str], op: Op, pass_name: str) -> None:
+def _define(v: Value, scope: set[str], defined: set[str], op: Op, pass_name: str, kernel: TileKernel) -> None:
     if v.name in defined:
-        _fail(f"{v} is defined twice", op, pass_name)
+        _fail(f"{v} is defined twice", op, pass_name, kernel)
     defined.add(v.name)
     scope.add(v.name)
 
@@ -185,7 +191,8 @@ def verify_tile_program(p: TileProgram, pass_name: str = "") -> TileProgram:
         verify_kernel(k, pass_name)
         for b in k.stored():
             if b in p.inputs:
-                _fail(f"kernel {k.name} stores into input {b.name}", None, pass_name)
+                store = next(op for op in walk_ops(k.body) if isinstance(op, Store) and op.buffer == b)
+                _fail(f"kernel {k.name} stores into input {b.name}", store, pass_name, k)
             stored.add(b.name)
     for b in p.outputs:
         if b.name not in stored and b.type.size > 0:

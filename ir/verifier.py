@@ -9,10 +9,13 @@
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .errors import VerifyError
 from .expr import Axis, Binary, BinaryOp, Buffer, Cast, Expr, IndexValue, Load, ReduceOp, Select, Unary, UnaryOp, walk
 from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
-from .printer import format_stmt
+from .excerpt import excerpt_around
+from .printer import program_lines
 from .types import bool_, int64
 
 
@@ -22,123 +25,132 @@ _ARITHMETIC = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV,
 use only comparisons and the logical ops."""
 
 
-def _fail(msg: str, stmt: Stmt | None, pass_name: str) -> None:
-    raise VerifyError(msg, pass_name=pass_name, context=format_stmt(stmt) if stmt is not None else "")
+class _Where(NamedTuple):
+    """What a failure names: the program being checked (printed around the bad statement) and the pass."""
+
+    program: Program
+    pass_name: str
 
 
-def verify_expr(e: Expr, scope: dict[str, Axis], defined: dict[str, Buffer], stmt: Stmt, pass_name: str) -> None:
-    """Check one expression against the axes in scope and the buffers defined so far."""
+def _fail(msg: str, node: Stmt | OnlineState | TopKState | None, where: _Where) -> None:
+    """Raise `VerifyError`: `msg`, then the printed program around `node`, marked (none without a node)."""
+    context = excerpt_around(node, lambda index: program_lines(where.program, index)) if node is not None else ""
+    raise VerifyError(msg, pass_name=where.pass_name, context=context)
+
+
+def verify_expr(e: Expr, scope: dict[str, Axis], defined: dict[str, Buffer], stmt: Stmt | OnlineState | TopKState,
+                where: _Where) -> None:
+    """Check one expression against the axes in scope and the buffers defined so far (`stmt` holds it)."""
     for node in walk(e):
         if isinstance(node, Load):
             buf = node.buffer
             if defined.get(buf.name) != buf:
-                _fail(f"load of {buf.name} before it is defined (or with a different type)", stmt, pass_name)
+                _fail(f"load of {buf.name} before it is defined (or with a different type)", stmt, where)
             if len(node.indices) != len(buf.shape):
-                _fail(f"load of {buf.name} has {len(node.indices)} indices for {len(buf.shape)} dims", stmt, pass_name)
+                _fail(f"load of {buf.name} has {len(node.indices)} indices for {len(buf.shape)} dims", stmt, where)
             for dim, (idx, size) in enumerate(zip(node.indices, buf.shape)):
                 if isinstance(idx, Axis):
                     if scope.get(idx.name) != idx:
-                        _fail(f"load of {buf.name} uses axis {idx.name} not in scope", stmt, pass_name)
+                        _fail(f"load of {buf.name} uses axis {idx.name} not in scope", stmt, where)
                     if idx.extent != size:
-                        _fail(f"{buf.name} dim {dim} has size {size} but axis {idx.name} runs to {idx.extent}", stmt, pass_name)
+                        _fail(f"{buf.name} dim {dim} has size {size} but axis {idx.name} runs to {idx.extent}", stmt, where)
                 elif not (isinstance(idx, int) and 0 <= idx < size):
-                    _fail(f"{buf.name} dim {dim} indexed by {idx!r}, outside [0, {size})", stmt, pass_name)
+                    _fail(f"{buf.name} dim {dim} indexed by {idx!r}, outside [0, {size})", stmt, where)
         elif isinstance(node, IndexValue):
             if scope.get(node.axis.name) != node.axis:
-                _fail(f"value of axis {node.axis.name} used outside its loop", stmt, pass_name)
+                _fail(f"value of axis {node.axis.name} used outside its loop", stmt, where)
         elif isinstance(node, Binary) and node.op.is_comparison and node.dtype != bool_:
-            _fail(f"comparison {node.op.value} must give bool, not {node.dtype}", stmt, pass_name)
+            _fail(f"comparison {node.op.value} must give bool, not {node.dtype}", stmt, where)
         elif isinstance(node, Select) and node.cond.dtype != bool_:
-            _fail(f"where() condition must be bool, not {node.cond.dtype}", stmt, pass_name)
+            _fail(f"where() condition must be bool, not {node.cond.dtype}", stmt, where)
         elif isinstance(node, Unary) and node.op is UnaryOp.NOT and node.dtype != bool_:
-            _fail("logical not must be on bool", stmt, pass_name)
+            _fail("logical not must be on bool", stmt, where)
         elif isinstance(node, Unary) and node.dtype == bool_ and node.op is not UnaryOp.NOT:
-            _fail(f"{node.op.value} of bool: bools have only logical ops", stmt, pass_name)
+            _fail(f"{node.op.value} of bool: bools have only logical ops", stmt, where)
         elif isinstance(node, Binary) and node.dtype == bool_ and node.op in _ARITHMETIC:
             _fail(f"arithmetic {node.op.value} on bool: numpy's bool + * maximum minimum are | & | & "
-                  "(the tracer writes them so: ops/elementwise.py, BOOL_FORMS)", stmt, pass_name)
+                  "(the tracer writes them so: ops/elementwise.py, BOOL_FORMS)", stmt, where)
         elif isinstance(node, Cast | Unary | Binary | Select) and node.dtype is None:
-            _fail("expression without a dtype", stmt, pass_name)
+            _fail("expression without a dtype", stmt, where)
 
 
-def verify_stmt(s: Stmt, defined: dict[str, Buffer], pass_name: str = "") -> None:
+def verify_stmt(s: Stmt, defined: dict[str, Buffer], where: _Where) -> None:
     """Check one loop nest (see the module docstring for the rules)."""
     axes = list(s.axes) + (list(s.reduce_axes) if isinstance(s, Reduce) else [])
     names = [a.name for a in axes]
     if len(set(names)) != len(names):
-        _fail(f"axis names repeat in one loop nest: {names}", s, pass_name)
+        _fail(f"axis names repeat in one loop nest: {names}", s, where)
     if tuple(a.extent for a in s.axes) != s.out.shape:
-        _fail(f"loops {[a.extent for a in s.axes]} do not cover {s.out.name}'s shape {list(s.out.shape)}", s, pass_name)
+        _fail(f"loops {[a.extent for a in s.axes]} do not cover {s.out.name}'s shape {list(s.out.shape)}", s, where)
     if s.value.dtype != s.out.dtype:
-        _fail(f"value has dtype {s.value.dtype} but {s.out.name} is {s.out.dtype}", s, pass_name)
+        _fail(f"value has dtype {s.value.dtype} but {s.out.name} is {s.out.dtype}", s, where)
     if isinstance(s, Reduce) and s.op is ReduceOp.SUM and s.out.dtype == bool_:
-        _fail("a sum of bools (numpy counts them in an integer; or over bools is a max)", s, pass_name)
-    verify_expr(s.value, {a.name: a for a in axes}, defined, s, pass_name)
+        _fail("a sum of bools (numpy counts them in an integer; or over bools is a max)", s, where)
+    verify_expr(s.value, {a.name: a for a in axes}, defined, s, where)
 
 
-def verify_topk(s: TopK, defined: dict[str, Buffer], pass_name: str = "") -> None:
+def verify_topk(s: TopK, defined: dict[str, Buffer], where: _Where) -> None:
     """Check a top-k nest: buffer shapes follow its axes, indices are i64, the value has the values' dtype."""
     shape = tuple(a.extent for a in s.axes)
     if s.values.shape != shape or s.indices.shape != shape or s.indices.dtype != int64:
         _fail(f"top-k buffers {s.values.type}, {s.indices.type} do not match loops {list(shape)} (indices i64)",
-              None, pass_name)
+              s, where)
     if not 0 <= s.rank < len(s.axes) or s.k > s.reduce_axis.extent:
-        _fail(f"top-k rank {s.rank} / k {s.k} out of range for {s.reduce_axis.extent} elements", None, pass_name)
+        _fail(f"top-k rank {s.rank} / k {s.k} out of range for {s.reduce_axis.extent} elements", s, where)
     if s.value.dtype != s.values.dtype:
-        _fail(f"top-k value has dtype {s.value.dtype} but {s.values.name} is {s.values.dtype}", None, pass_name)
-    probe = Compute(s.values, s.axes, s.value)
-    verify_expr(s.value, {a.name: a for a in s.parallel + (s.reduce_axis,)}, defined, probe, pass_name)
+        _fail(f"top-k value has dtype {s.value.dtype} but {s.values.name} is {s.values.dtype}", s, where)
+    verify_expr(s.value, {a.name: a for a in s.parallel + (s.reduce_axis,)}, defined, s, where)
 
 
-def verify_fused_loop(s: FusedLoop, defined: dict[str, Buffer], pass_name: str = "") -> None:
+def verify_fused_loop(s: FusedLoop, defined: dict[str, Buffer], where: _Where) -> None:
     """Check a fused loop: locals run along its axis; each state reads only what is known at its turn."""
     inner = dict(defined)
     for local in s.locals:
         if s.axis not in local.axes:
-            _fail(f"local {local.out.name} of a fused loop over {s.axis.name} does not run along it", local, pass_name)
-        verify_stmt(local, inner, pass_name)
+            _fail(f"local {local.out.name} of a fused loop over {s.axis.name} does not run along it", local, where)
+        verify_stmt(local, inner, where)
         inner[local.out.name] = local.out
     for st in s.states:
         shape = tuple(a.extent for a in st.axes)
         if isinstance(st, TopKState):
             shape = shape[: st.rank] + (st.k,) + shape[st.rank:]
             if st.indices.shape != shape or st.indices.dtype != int64 or st.k > s.axis.extent:
-                _fail(f"top-k state {st.acc.name}: indices {st.indices.type} or k {st.k} wrong", None, pass_name)
+                _fail(f"top-k state {st.acc.name}: indices {st.indices.type} or k {st.k} wrong", st, where)
         if st.prev.type != st.acc.type or shape != st.acc.shape:
-            _fail(f"state {st.acc.name}: prev/acc types or axes disagree", s.locals[0] if s.locals else None, pass_name)
+            _fail(f"state {st.acc.name}: prev/acc types or axes disagree", st, where)
         inner[st.prev.name] = st.prev
     for st in s.states:
         if st.term.dtype != st.acc.dtype:
-            _fail(f"state {st.acc.name}: term has dtype {st.term.dtype}, accumulator {st.acc.dtype}", None, pass_name)
-        probe = Compute(st.acc, st.axes, st.term) if isinstance(st, OnlineState) else None
-        verify_expr(st.term, {a.name: a for a in st.axes + (s.axis,)}, inner, probe, pass_name)
+            _fail(f"state {st.acc.name}: term has dtype {st.term.dtype}, accumulator {st.acc.dtype}", st, where)
+        verify_expr(st.term, {a.name: a for a in st.axes + (s.axis,)}, inner, st, where)
         if st.rescale is not None:
-            verify_expr(st.rescale, {a.name: a for a in st.axes}, inner, probe, pass_name)
+            verify_expr(st.rescale, {a.name: a for a in st.axes}, inner, st, where)
         if isinstance(st, OnlineState):   # a running top-k is not readable inside the loop
             inner[st.acc.name] = st.acc
 
 
 def verify_program(p: Program, pass_name: str = "") -> Program:
     """Check every invariant of `p`; return it unchanged or raise `VerifyError`."""
+    where = _Where(p, pass_name)
     defined: dict[str, Buffer] = {}
     for b in p.inputs:
         if b.name in defined:
-            _fail(f"input {b.name} declared twice", None, pass_name)
+            _fail(f"input {b.name} declared twice", None, where)
         defined[b.name] = b
     for s in p.body:
         if isinstance(s, FusedLoop):
-            verify_fused_loop(s, defined, pass_name)
+            verify_fused_loop(s, defined, where)
         elif isinstance(s, TopK):
-            verify_topk(s, defined, pass_name)
+            verify_topk(s, defined, where)
         elif isinstance(s, Compute | Reduce):
-            verify_stmt(s, defined, pass_name)
+            verify_stmt(s, defined, where)
         else:
-            _fail(f"unknown statement kind {type(s).__name__}", None, pass_name)
+            _fail(f"unknown statement kind {type(s).__name__}", None, where)
         for out in written(s):
             if out.name in defined:
-                _fail(f"{out.name} is written twice (or is an input)", None, pass_name)
+                _fail(f"{out.name} is written twice (or is an input)", s, where)
             defined[out.name] = out
     for b in p.outputs:
         if defined.get(b.name) != b or b in p.inputs:
-            _fail(f"output {b.name} is never computed", None, pass_name)
+            _fail(f"output {b.name} is never computed", None, where)
     return p

@@ -87,10 +87,8 @@ SPACES: dict[str, tuple[Config, ...]] = {
              Config(prefetch=True, min_blocks_per_sm=4)),
 }
 """The candidates per backend, the untuned kernel first (small on purpose: each costs a compile). The last
-three cuda ones are what an H200 found faster than the defaults for some tensor-core kernels (2026-11-29,
-benchmarks/device_notes.md): causal attention at 3 blocks an SM 0.91x the time, f16 attention prefetched at
-3 blocks 0.96x, the FP8 GEMM prefetched at 4 blocks 0.94x; "bf16" attention spilled and ran slower with
-each, so none is a default."""
+three cuda ones ran faster than the defaults for some tensor-core kernels and slower for others, so none
+is a default (docs/gpu-backend.md, "Why these defaults")."""
 
 Timer = Callable[[Callable[[], object], Config], float]
 """``timer(run, config)``: seconds one call of `run` takes (`config` names the candidate, for logs and fakes)."""

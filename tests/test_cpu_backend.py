@@ -1,40 +1,30 @@
-"""The compiled CPU backend: every traced program runs natively and equals its numpy reference;
+"""The compiled CPU backend: every workload runs natively and equals its numpy reference (random programs,
+attention and masked rows on every backend: `test_end_to_end.py`);
 exp/log are accurate to a few ulp with numpy's special values; LLVM modules verify and vectorize."""
 from __future__ import annotations
 
 import re
 from dataclasses import replace
+from functools import partial
 
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import quantization_bound, run_backend
 from hypothesis import given, note
-from hypothesis import strategies as st
-from test_quant import quantization_bound
 
 import redfuser as rf
 from redfuser.runtime import cpu_jit
 from redfuser.testing import assert_close
-from redfuser.testing.strategies import arrays, programs
+from redfuser.testing.strategies import programs
 from redfuser.testing.tolerance import wide_reference
-from redfuser.workloads import WORKLOADS, attention, causal_attention, log_softmax, softmax
+from redfuser.workloads import WORKLOADS, attention, log_softmax, softmax
 
 CPU_WORKLOADS = list(WORKLOADS)
 
 
-def as_tuple(x):
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
-
-
-def run_cpu(body, *args, **options):
-    """(compiled outputs, reference outputs), checking the inputs come back untouched."""
-    copies = [a.copy() for a in args]
-    with np.errstate(all="ignore"):
-        expected = as_tuple(body(*args))
-    actual = as_tuple(rf.kernel(body, backend="cpu", **options)(*args))
-    for a, c in zip(args, copies):
-        assert a.tobytes() == c.tobytes(), "an input was modified"
-    return actual, expected
+run_cpu = partial(run_backend, "cpu")
+"""(compiled outputs, reference outputs), checking the inputs come back untouched."""
 
 
 @pytest.mark.parametrize("name", CPU_WORKLOADS)
@@ -50,15 +40,6 @@ def test_workloads(name, fuse):
         return
     for a, e in zip(actual, expected):
         assert_close(a, e, e.dtype, args[0].shape[-1])
-
-
-@given(programs(max_steps=5, max_size=256))
-def test_random_programs(program):
-    note(repr(program))
-    actual, expected = run_cpu(program.body, *program.inputs, block_m=3, block_n=4, block_k=5)
-    for a, e in zip(actual, expected):
-        assert_close(a, np.asarray(e), program.dtype, program.reduction_length, repr(program), scale=program.scale,
-                     any_nonfinite=True)
 
 
 @given(programs(max_steps=3, max_size=128, allow_zero=True))
@@ -89,31 +70,6 @@ def test_f16_is_a_storage_type_so_random_programs_that_overflow_it_midway_are_no
     assert not _same_nonfinite([reference], storage)
     x = np.array([4.0, 0.822], np.float16)                       # no overflow midway: kept
     assert _same_nonfinite([program.body(x)], _storage_outputs(replace(program, inputs=(x,))))
-
-
-@given(st.data(), st.sampled_from([(1, 1, 1, 1), (1, 2, 7, 3), (2, 1, 17, 8), (1, 1, 33, 5)]),
-       st.sampled_from([attention, causal_attention]), st.sampled_from([(16, 64), (4, 8), (5, 3)]))
-def test_attention_with_masks_ragged_tiles_and_large_scores(data, shape, fn, tiles):
-    q, k, v = (data.draw(arrays(np.dtype(np.float32), shape, large=True)) for _ in range(3))
-    actual, expected = run_cpu(fn, q, k, v, block_m=tiles[0], block_n=tiles[1])
-    assert_close(actual[0], expected[0], np.float32, shape[-2], scale=float(np.abs(v).max(initial=1.0)))
-
-
-def test_fully_masked_rows_give_the_references_nan():
-    def masked_softmax(x, keep):
-        s = rf.where(keep, x, -rf.inf)
-        m = rf.max(s, axis=-1, keepdims=True)
-        e = rf.exp(s - m)
-        return e / rf.sum(e, axis=-1, keepdims=True)
-
-    x = np.random.default_rng(0).standard_normal((6, 37)).astype(np.float32)
-    keep = np.ones((6, 37), bool)
-    keep[1] = False
-    keep[3, :30] = False
-    for fuse in (True, False):
-        actual, expected = run_cpu(masked_softmax, x, keep, fuse=fuse, block_n=8)
-        assert np.isnan(expected[0][1]).all()
-        assert_close(actual[0], expected[0], np.float32, 37)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cpu_backend import as_tuple
-from test_cuda_interop import expected_softmax
-from test_quant import quantization_bound
+from helpers import as_tuple, expected_softmax, quantization_bound
 
 import redfuser as rf
 from redfuser.codegen import nvptx, nvptx_samples

@@ -28,7 +28,7 @@ from redfuser.runtime.arrays import CUDA
 from redfuser.runtime.cuda_backend import stream_handle
 from redfuser.runtime.cuda_memory import Stream
 from redfuser.workloads import attention, softmax
-from test_cuda_runtime import OK, FakeDriver
+from helpers import OK, FakeDriver, expected_softmax
 
 
 class FakeGpu(FakeDriver):
@@ -211,11 +211,6 @@ def compiled(gpu: FakeGpu, fn, *args, **options):
 
 def rows(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 3
-
-
-def expected_softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
 
 
 # --- numpy in, numpy out -----------------------------------------------------------------------------

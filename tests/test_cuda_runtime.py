@@ -3,92 +3,17 @@ GPU (``gpu`` marker) the hand-built kernels launched and compared with numpy."""
 from __future__ import annotations
 
 import ctypes
-from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
 import pytest
 from cuda.bindings import driver as real_driver
+from helpers import OK, FakeDriver
 
 from redfuser.codegen import nvptx, nvptx_samples
 from redfuser.ir.errors import BackendError, CudaError, RedFuserError
 from redfuser.runtime import cuda_driver, device
 from redfuser.runtime.cuda_memory import DeviceBuffer, Stream
-
-OK = real_driver.CUresult.CUDA_SUCCESS
-
-
-class FakeDriver(SimpleNamespace):
-    """Just enough of ``cuda.bindings.driver`` for the runtime, recording every call."""
-
-    def __init__(self, **overrides):
-        super().__init__(CUresult=real_driver.CUresult, CUdevice_attribute=real_driver.CUdevice_attribute,
-                         CUfunction_attribute=real_driver.CUfunction_attribute,
-                         CUstream_flags=real_driver.CUstream_flags)
-        self.calls: list[tuple] = []
-        self.next_ptr = 0x7000_0000_0000
-        self.optin = 227 * 1024
-        for name, fn in overrides.items():
-            setattr(self, name, fn)
-
-    def __getattr__(self, name):  # any cu* call not defined: record it and succeed
-        if not name.startswith("cu"):
-            raise AttributeError(name)
-        return lambda *args: self._record(name, args, (OK,))
-
-    def _record(self, name, args, result):
-        self.calls.append((name, args))
-        return result
-
-    def names(self) -> list[str]:
-        return [name for name, _ in self.calls]
-
-    def cuInit(self, flags):
-        return self._record("cuInit", (flags,), (OK,))
-
-    def cuDeviceGetCount(self):
-        return self._record("cuDeviceGetCount", (), (OK, 1))
-
-    def cuDeviceGet(self, index):
-        return self._record("cuDeviceGet", (index,), (OK, index))
-
-    def cuDevicePrimaryCtxRetain(self, dev):
-        return self._record("cuDevicePrimaryCtxRetain", (dev,), (OK, "ctx"))
-
-    def cuModuleLoadData(self, image):
-        return self._record("cuModuleLoadData", (image,), (OK, "module"))
-
-    def cuModuleGetFunction(self, module, name):
-        return self._record("cuModuleGetFunction", (module, name), (OK, f"fn:{name.decode()}"))
-
-    def cuMemAlloc(self, nbytes):
-        self.next_ptr += 0x1000
-        return self._record("cuMemAlloc", (nbytes,), (OK, self.next_ptr))
-
-    def cuDeviceGetAttribute(self, attr, dev):
-        values = {"MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": self.optin, "COMPUTE_CAPABILITY_MAJOR": 9,
-                  "COMPUTE_CAPABILITY_MINOR": 0, "MULTIPROCESSOR_COUNT": 132, "MAX_THREADS_PER_BLOCK": 1024,
-                  "MAX_SHARED_MEMORY_PER_BLOCK": 48 * 1024, "WARP_SIZE": 32}
-        return self._record("cuDeviceGetAttribute", (attr, dev), (OK, values[attr.name[len("CU_DEVICE_ATTRIBUTE_"):]]))
-
-    def cuFuncGetAttribute(self, attr, fn):
-        return self._record("cuFuncGetAttribute", (attr, fn), (OK, 1024))
-
-    def cuDeviceGetName(self, length, dev):
-        return self._record("cuDeviceGetName", (length, dev), (OK, b"Fake H200\0\0\0"))
-
-    def cuDeviceTotalMem(self, dev):
-        return self._record("cuDeviceTotalMem", (dev,), (OK, 141 * 2**30))
-
-    def cuDriverGetVersion(self):
-        return self._record("cuDriverGetVersion", (), (OK, 12080))
-
-    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        # Read the arguments back through the void*[] the runtime built, as the driver would.
-        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p)) if params else None
-        read = [ctypes.c_uint64.from_address(slots[0]).value, ctypes.c_int64.from_address(slots[3]).value] \
-            if slots else []
-        return self._record("cuLaunchKernel", (fn, (gx, gy, gz), (bx, by, bz), shared, stream, read), (OK,))
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from redfuser.ir import VerifyError
 from redfuser.ir.simt import Bitcast, Reg, RegType
 from redfuser.ir.simt_builder import SimtBuilder
 from redfuser.ir.types import float8_e4m3fn, float32, float64, int32, int64
-from test_simt_llvm import run_on_host
+from helpers import run_on_host
 
 import redfuser as rf
 

@@ -17,7 +17,7 @@ from redfuser.ir import run_program
 from redfuser.ir import tile as t
 from redfuser.ir.tile_interpreter import run_tile_program
 from redfuser.ir.tile_verifier import verify_tile_program
-from test_quant import quantization_bound
+from helpers import quantization_bound
 
 import redfuser as rf
 from redfuser.schedule import ScheduleOptions, options_for, schedule_program

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import redfuser as rf
 from redfuser.ir import Program, verify_program
 from redfuser.testing import assert_close
-from test_cpu_backend import as_tuple
+from helpers import as_tuple
 from redfuser.testing.strategies import FLOAT_DTYPES, arrays, broadcast_shape_pairs, programs, shapes
 
 dtypes = st.sampled_from(FLOAT_DTYPES)

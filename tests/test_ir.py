@@ -179,6 +179,49 @@ def online_attention(rows: int, keys: int, dim: int) -> Program:
     ))
 
 
+def test_verifier_error_shows_the_program_around_the_bad_statement():
+    good = softmax_program()
+    s16 = buf("s", R, dtype=T.float16)
+    bad = Program(good.name, good.inputs, good.outputs,
+                  good.body[:2] + (Reduce(s16, (I0,), (R0,), ReduceOp.SUM, Load(good.body[1].out, (I0, R0))),)
+                  + good.body[3:])
+    with pytest.raises(VerifyError) as info:
+        verify_program(bad, pass_name="handmade")
+    lines = str(info.value).splitlines()
+    assert lines[0] == "internal error after pass handmade: value has dtype f32 but s is f16"
+    assert [line.split("|", 1)[1] for line in lines[1:]] == [
+        " ...",
+        "   m: f32[4] = for i0<4: max over r0<8 of x[i0,r0]",
+        "   # softmax.py:8  e = rf.exp(x - m)",
+        "   e: f32[4,8] = for i0<4, i1<8: exp(x[i0,i1] - m[i0])",
+        "   s: f16[4] = for i0<4: sum over r0<8 of e[i0,r0]",
+        "   out: f32[4,8] = for i0<4, i1<8: e[i0,i1] / s[i0]"]
+    assert [line.split("|")[0].split() for line in lines[2:]] == [["3"], ["4"], ["5"], [">>", "6"], ["7"]]
+
+
+def test_verifier_error_keeps_its_message_when_the_program_cannot_be_printed():
+    good = softmax_program()
+    bad = Program(good.name, good.inputs, good.outputs,
+                  (Compute(buf("m", R, dtype=T.float16), (I0,), Load(X, (I0, I1))), "not a statement"))
+    with pytest.raises(VerifyError, match="value has dtype f32 but m is f16") as info:
+        verify_program(bad, pass_name="handmade")
+    assert ">>" not in str(info.value)
+
+
+def test_verifier_error_marks_the_bad_state_of_a_fused_loop():
+    good = online_attention(8, 16, 4)
+    loop = good.body[0]
+    o = loop.states[2]
+    bad_o = OnlineState(o.acc, o.prev, o.axes, o.op, Cast(o.term, T.float64), o.rescale)
+    bad = Program(good.name, good.inputs, good.outputs,
+                  (FusedLoop(loop.axis, loop.locals, loop.states[:2] + (bad_o,)),) + good.body[1:])
+    with pytest.raises(VerifyError, match="term has dtype f64") as info:
+        verify_program(bad, pass_name="handmade")
+    marked = [line for line in str(info.value).splitlines() if ">>" in line]
+    assert len(marked) == 1 and "|     o: f32[8,4] = for i0<8, i1<4: o_prev[i0,i1]" in marked[0]
+    assert "m, l, o = fused loop over k<16, chunk by chunk:" in str(info.value)
+
+
 def reference_attention(s, v):
     with np.errstate(all="ignore"):
         m = s.max(-1, keepdims=True)

@@ -30,8 +30,7 @@ from redfuser.ir import types as T
 from redfuser.ir.types import BufferType
 from redfuser.testing import assert_close
 from redfuser.workloads import layer_norm_stats, log_softmax, moe_routing, softmax, softmax_entropy
-from test_cpu_backend import as_tuple
-from test_schedule import ops_of
+from helpers import as_tuple, ops_of
 
 RNG = np.random.default_rng(11)
 

@@ -8,57 +8,11 @@ compared with ``tests/snapshots/``: any difference fails and prints the diff; af
 """
 from __future__ import annotations
 
-import difflib
-from pathlib import Path
-
-import ml_dtypes
-import numpy as np
 import pytest
+from helpers import CORPUS, compare
 from redfuser.codegen.ptx_check import check_ptx
 
 import redfuser as rf
-from redfuser import config
-from redfuser.workloads import attention, fp8_quant_gemm, log_softmax, softmax
-
-SNAPSHOTS = Path(__file__).parent / "snapshots"
-
-
-def _inputs(seed: int, *specs) -> tuple[np.ndarray, ...]:
-    rng = np.random.default_rng(seed)
-    return tuple(rng.standard_normal(shape).astype(dtype) for shape, dtype in specs)
-
-
-def matmul(a, b):
-    return a @ b
-
-
-CORPUS = {
-    "attention_f16": (attention, _inputs(0, *[((1, 2, 128, 64), np.float16)] * 3)),
-    "attention_f32": (attention, _inputs(1, *[((1, 2, 128, 64), np.float32)] * 3)),
-    "softmax": (softmax, _inputs(2, ((64, 1000), np.float32))),
-    "log_softmax": (log_softmax, _inputs(3, ((64, 1000), np.float32))),
-    "matmul": (matmul, _inputs(4, ((128, 96), np.float32), ((96, 64), np.float32))),
-    "fp8_quant_gemm": (fp8_quant_gemm, _inputs(5, ((64, 256), np.float16), ((256, 128), ml_dtypes.float8_e4m3fn),
-                                             ((128,), np.float32))),
-}
-
-
-def compare(name: str, text: str, folder: Path = SNAPSHOTS) -> None:
-    """`text` against ``folder/name``; rewritten instead when ``REDFUSER_UPDATE_SNAPSHOTS`` is set."""
-    path = folder / name
-    if config.update_snapshots():
-        folder.mkdir(exist_ok=True)
-        path.write_text(text)
-        return
-    if not path.exists():
-        pytest.fail(f"no snapshot {path}; run with REDFUSER_UPDATE_SNAPSHOTS=1 to create it")
-    old = path.read_text()
-    if old != text:
-        diff = list(difflib.unified_diff(old.splitlines(), text.splitlines(), f"snapshots/{name}", "generated",
-                                         lineterm="", n=2))
-        shown = "\n".join(diff[:80]) + (f"\n... {len(diff) - 80} more diff lines" if len(diff) > 80 else "")
-        pytest.fail(f"generated code differs from snapshots/{name} (REDFUSER_UPDATE_SNAPSHOTS=1 accepts it "
-                    f"after review):\n{shown}", pytrace=False)
 
 
 def resources(lowered) -> list[str]:

@@ -7,13 +7,7 @@ import pytest
 import redfuser as rf
 from redfuser import workloads as W
 from redfuser.ir import FusedLoop
-from redfuser.testing.quantization import quantization_bound as shared_bound
-
-
-def quantization_bound(x, w, w_scale):
-    """|result - exact| allowed by rounding x * 448 / a to e4m3 (with any a' <= a per element), per output:
-    `redfuser.testing.quantization`'s bound with room for the float32 epilogue."""
-    return shared_bound(x, w, w_scale) * (1 + 1e-5) + 1e-6
+from helpers import quantization_bound
 
 
 @pytest.mark.parametrize("chunk", [1, 16, 64, 1024])

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
+from helpers import ops_of
 
 import redfuser as rf
 from redfuser.ir import (
@@ -28,10 +29,6 @@ blocks = st.builds(ScheduleOptions, block_m=st.sampled_from([1, 2, 3, 4, 16]), b
 
 def lowered(fn, *args, fuse=True):
     return rf.kernel(fn, backend="interpret", fuse=fuse).lower(*args)
-
-
-def ops_of(kernel: t.TileKernel, kind) -> list:
-    return [op for op in t.walk_ops(kernel.body) if isinstance(op, kind)]
 
 
 def check_schedule(program: Program, args, opts: ScheduleOptions, dtype=np.float32, n: int = 1, scale=None,

@@ -180,6 +180,26 @@ def test_verifier_error_names_kernel_pass_and_statement():
     assert "after pass lower_to_simt" in text and "kernel bad" in text and "shfl.bfly %c, 1 width 32" in text
 
 
+def test_verifier_error_shows_the_kernel_around_the_bad_statement():
+    def build(b: SimtBuilder) -> None:
+        one = b.const(1.0, float32)
+        b.barrier()
+        b.for_(0, 4, 1, [], lambda iv: (b.barrier(), b.shuffle(ShuffleKind.BFLY, b.const(1, int64), 1),
+                                        b.barrier(), b.add(one, one)) and None)
+        b.barrier()
+
+    with pytest.raises(VerifyError) as info:
+        verify_simt_kernel(_bad(build), "lower_to_simt")
+    lines = str(info.value).splitlines()
+    assert lines[0] == "internal error after pass lower_to_simt: kernel bad: shuffle of i64: only f32 and i32 scalars"
+    marked = [i for i, line in enumerate(lines) if line.strip().startswith(">>")]
+    assert len(marked) == 1 and lines[marked[0]].endswith("|     %shfl_bfly: i64 = shfl.bfly %c_1, 1 width 32")
+    # three printed lines either side of the bad one, the repeated barriers told apart by position
+    assert [line.split("|", 1)[1] for line in lines[marked[0] - 3: marked[0] + 4]] == [
+        "   for %iv: i32 = 0 to 4 step 1 {", "     barrier", "     %c_1: i64 = const 1",
+        "     %shfl_bfly: i64 = shfl.bfly %c_1, 1 width 32", "     barrier", "     %add: f32 = %c + %c", "   }"]
+
+
 def test_static_shared_bounds_only_where_certain():
     def kernel(guard: str) -> SimtKernel:
         b = SimtBuilder("bounds", warps=2, grid=(1,))

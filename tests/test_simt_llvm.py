@@ -11,6 +11,7 @@ import re
 import pytest
 
 import simt_kernels as K
+from helpers import run_on_host
 from redfuser.codegen import ptx_check
 from redfuser.codegen.simt_to_llvm import LlvmOptions, compile_simt, emit_module
 from redfuser.ir.errors import BackendError
@@ -112,68 +113,7 @@ def test_transcendentals_and_conversions():
 # Kernels without warp ops, barriers or f16/bf16 (whose host lowering needs libcalls) run on the CPU when the
 # few NVVM intrinsics they use become host functions: the thread/block index read from globals, and the
 # ex2/lg2 approximations replaced by the exact exp2/log2. This checks the emission's arithmetic, conversions,
-# masks and control flow against the simulator without a GPU.
-
-_HOST_DEFS = {
-    "llvm.nvvm.read.ptx.sreg.tid.x": "define i32 @{n}() {{\n  %v = load i32, ptr @host_tid\n  ret i32 %v\n}}",
-    "llvm.nvvm.read.ptx.sreg.ctaid.x": "define i32 @{n}() {{\n  %v = load i32, ptr @host_ctaid\n  ret i32 %v\n}}",
-    "llvm.nvvm.ex2.approx.ftz.f32": "define float @{n}(float %x) {{\n  %v = call float @llvm.exp2.f32(float %x)\n"
-                                    "  %tiny = fcmp olt float %v, 0x3810000000000000\n"      # below 2**-126: flushed
-                                    "  %r = select i1 %tiny, float 0.0, float %v\n  ret float %r\n}}",
-    "llvm.nvvm.lg2.approx.f": "define float @{n}(float %x) {{\n  %v = call float @llvm.log2.f32(float %x)\n"
-                              "  ret float %v\n}}",
-}
-_HOST_DECLS = ["@host_tid = global i32 0", "@host_ctaid = global i32 0", "declare float @llvm.exp2.f32(float)",
-               "declare float @llvm.log2.f32(float)"]
-
-
-def _host_text(kernel) -> str:
-    text = str(emit_module(kernel))
-    text = re.sub(r"^(target (triple|datalayout)|!nvvm.annotations|!\d+ = ).*$", "", text, flags=re.M)
-    text = text.replace("define ptx_kernel void", "define void").replace(" addrspace(3)", "")
-    extra = [d for d in _HOST_DECLS if f'@"{d.split("@")[1].split("(")[0]}"' not in text]   # declare each once
-    for n, (name, body) in enumerate(_HOST_DEFS.items()):
-        text = re.sub(r'^declare .*@"' + re.escape(name) + r'"\(.*$', "", text, flags=re.M)
-        text = text.replace(f'@"{name}"', f"@host_fn{n}")
-        extra.append(body.format(n=f"host_fn{n}"))
-    assert "llvm.nvvm" not in text, "a kernel the host cannot run"
-    return text + "\n" + "\n".join(extra) + "\n"
-
-
-def run_on_host(kernel, args) -> dict:
-    """Every thread of every block in turn (valid for kernels without barriers and warp ops)."""
-    import ctypes
-
-    import llvmlite.binding as llvm
-    import numpy as np
-
-    from redfuser.codegen.llvm_utils import initialize_native
-
-    initialize_native()
-    module = llvm.parse_assembly(_host_text(kernel))
-    module.verify()
-    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
-    engine.finalize_object()
-    tid = ctypes.c_int32.from_address(engine.get_global_value_address("host_tid"))
-    ctaid = ctypes.c_int32.from_address(engine.get_global_value_address("host_ctaid"))
-    scalar = {"f32": ctypes.c_float, "i32": ctypes.c_int32, "i64": ctypes.c_int64}
-    arrays, cargs, ctypes_ = {}, [], []
-    for p, a in zip(kernel.params, args):
-        if p in kernel.buffers:
-            arrays[p.name] = np.array(a, dtype=p.dtype.numpy).reshape(-1)
-            cargs.append(arrays[p.name].ctypes.data)
-            ctypes_.append(ctypes.c_void_p)
-        else:
-            cargs.append(scalar[p.dtype.name](a))
-            ctypes_.append(scalar[p.dtype.name])
-    fn = ctypes.CFUNCTYPE(None, *ctypes_)(engine.get_function_address(kernel.name))
-    for block in range(kernel.num_blocks):
-        ctaid.value = block
-        for t in range(kernel.threads):
-            tid.value = t
-            fn(*cargs)
-    return {p.name: arrays[p.name].reshape(p.shape) for p in kernel.buffers}
-
+# masks and control flow against the simulator without a GPU (`helpers.run_on_host`).
 
 @pytest.mark.parametrize("lanes", [1, 4])
 def test_emitted_arithmetic_matches_the_simulator_on_the_host(lanes):
@@ -363,7 +303,7 @@ def test_the_emitted_module_holds_no_dead_instruction(name):
 
     import redfuser as rf
     from redfuser.codegen import nvptx
-    from test_ptx_corpus import CORPUS
+    from helpers import CORPUS
 
     def instructions(module) -> int:
         return sum(1 for f in module.functions for block in f.blocks for _ in block.instructions)

@@ -1,58 +1,35 @@
 """The ``simulate`` backend end to end: every program of the earlier issues, lowered to SIMT IR (the program
 that becomes PTX) and run by the SIMT simulator with its bound, race and divergence checks on, equals its numpy
 reference (`redfuser.testing.tolerance`). Shapes are small and ragged; tiles are small so programs take
-several blocks and several trips of their loops."""
+several blocks and several trips of their loops. Random programs, attention at ragged tiles and fully
+masked rows run on every backend in `test_end_to_end.py`."""
 from __future__ import annotations
+
+from functools import partial
 
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import as_tuple, assemble_without_spills, run_backend, simulated
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from redfuser.codegen.ptx_check import check_ptx
 from redfuser.codegen.simt import GpuOptions, lower_to_simt
-from redfuser.codegen.simt.run import simulate_program
 import redfuser as rf
 from redfuser.schedule import options_for, schedule_program
 from redfuser.testing import assert_close
 from redfuser.testing.quantization import absmax_in_every_window, assert_quantized_gemm, spike_rows
 from redfuser.testing.tolerance import wide_reference
-from test_cpu_backend import as_tuple
-from redfuser.testing.strategies import arrays, programs
+from redfuser.testing.strategies import programs
 from redfuser.workloads import attention, causal_attention, fp8_quant_gemm, log_softmax, moe_routing, softmax
 
 SMALL = dict(block_m=16, block_n=16, block_k=16)
 BF16, F8 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
 
 
-def assemble(lowered) -> None:
-    """Assemble each kernel's PTX for every architecture among sm_80/sm_90 it runs on; no spills."""
-    for k in lowered.stages["ptx"].kernels:
-        for arch, result in check_ptx(k.ptx).items():
-            assert all(u.spill_store_bytes == 0 for u in result.usage), f"{k.name} spills on {arch}"
-
-
-def run_simulated(body, *args, **options):
-    """(simulated outputs, reference outputs) through ``rf.kernel(backend="simulate")``; inputs untouched.
-
-    The PTX of the simulated program (sm_90) and of the sm_80 build are assembled on the way."""
-    copies = [a.copy() for a in args]
-    with np.errstate(all="ignore"):
-        expected = as_tuple(body(*args))
-    kernel = rf.kernel(body, backend="simulate", **options)
-    actual = as_tuple(kernel(*args))
-    for a, c in zip(args, copies):
-        assert a.tobytes() == c.tobytes(), "an input was modified"
-    assemble(kernel.lower(*args))
-    assemble(rf.kernel(body, backend="cuda", **{**options, "sm": "sm_80"}).lower(*args))
-    return actual, expected
-
-
-def simulated(body, *args, sm: str = "sm_90", **options) -> tuple[np.ndarray, ...]:
-    """The SIMT pipeline without LLVM: schedule, lower, simulate (for many random programs)."""
-    lowered = rf.kernel(body, backend="interpret").lower(*args)
-    tile = schedule_program(lowered.program, options_for("simulate", options))
-    return simulate_program(lower_to_simt(tile, GpuOptions(sm=sm)), args)
+run_simulated = partial(run_backend, "simulate")
+"""(simulated outputs, reference outputs) through ``rf.kernel(backend="simulate")``; inputs untouched; the PTX
+of the simulated program (sm_90) and of the sm_80 build assembled on the way."""
 
 
 def check(body, *args, n: int | None = None, roundings: int | None = None, wide: bool = False, **options) -> None:
@@ -112,23 +89,6 @@ def test_transposes_and_swapped_axes():
     check(lambda a, b: rf.swapaxes(a, -1, -2) * 2.0 + b, x, y, block_m=4, block_n=4)
 
 
-def test_causal_masks_and_fully_masked_rows():
-    def masked_softmax(x, keep):
-        s = rf.where(keep, x, -rf.inf)
-        m = rf.max(s, axis=-1, keepdims=True)
-        e = rf.exp(s - m)
-        return e / rf.sum(e, axis=-1, keepdims=True)
-
-    x = normal(6, 37)
-    keep = np.ones((6, 37), bool)
-    keep[1] = False
-    keep[3, :30] = False
-    for fuse in (True, False):
-        actual, expected = run_simulated(masked_softmax, x, keep, fuse=fuse, block_n=8)
-        assert np.isnan(expected[0][1]).all()
-        assert_close(actual[0], expected[0], np.float32, 37)
-
-
 @pytest.mark.parametrize("fn", [softmax, log_softmax])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16])
 def test_softmax_and_log_softmax(fn, dtype):
@@ -182,7 +142,7 @@ def test_fp8_quant_gemm_within_the_quantization_bound(sm):
     w, ws = normal(64, 24, dtype=F8), RNG.uniform(0.5, 2.0, 24).astype(np.float32)
     kernel = rf.kernel(fp8_quant_gemm, backend="simulate", sm=sm, **SMALL)
     actual = kernel(x, w, ws)
-    assemble(kernel.lower(x, w, ws))
+    assemble_without_spills(kernel.lower(x, w, ws))
     assert np.array_equal(np.isnan(actual), np.isnan(fp8_quant_gemm(x, w, ws)))
     result = assert_quantized_gemm(actual, x, w, ws)
     assert result.exact_rows == 18 == absmax_in_every_window(x).sum()
@@ -219,21 +179,6 @@ def test_topk_lowers_to_the_gpu():   # E = 8..256, k = 1..8, ties, NaN: tests/te
 
 # --- random programs and shapes (hypothesis, the suite's profile) ---------------------------------
 
-def _oracle(program) -> tuple[np.ndarray, ...]:
-    """The numpy body: never a stage of the compiler under test (the fused interpreter included)."""
-    with np.errstate(all="ignore"):
-        return tuple(np.asarray(e) for e in as_tuple(program.body(*program.inputs)))
-
-
-@given(programs(max_steps=5, max_size=256), st.sampled_from([(4, 8, 8), (16, 16, 16), (64, 64, 32)]))
-def test_random_programs(program, tiles):
-    note(repr(program))
-    actual = simulated(program.body, *program.inputs, block_m=tiles[0], block_n=tiles[1], block_k=tiles[2])
-    for a, e in zip(actual, _oracle(program)):
-        assert_close(a, e, program.dtype, program.reduction_length, repr(program), scale=program.scale,
-                     any_nonfinite=True)
-
-
 @given(programs(max_steps=5, max_size=256), st.sampled_from([{}, {"block_m": 16, "block_n": 16, "block_k": 16}]))
 def test_random_programs_compile_to_ptx_that_assembles(program, tiles):
     """What the simulator runs, LLVM compiles: each random program's SIMT IR emits a module LLVM verifies
@@ -243,16 +188,6 @@ def test_random_programs_compile_to_ptx_that_assembles(program, tiles):
     for k in lowered.stages["ptx"].kernels:
         result = check_ptx(k.ptx, ("sm_90",))["sm_90"]
         assert result.cubin and [u.kernel for u in result.usage if u.kernel == k.entry] == [k.entry]
-
-
-@given(st.data(), st.sampled_from([(1, 1, 1, 1), (1, 2, 7, 3), (2, 1, 17, 8), (1, 1, 33, 5)]),
-       st.sampled_from([attention, causal_attention]), st.sampled_from([(16, 64), (4, 8), (5, 3)]))
-def test_attention_with_masks_ragged_tiles_and_large_scores(data, shape, fn, tiles):
-    q, k, v = (data.draw(arrays(np.dtype(np.float32), shape, large=True)) for _ in range(3))
-    with np.errstate(all="ignore"):
-        expected = fn(q, k, v)
-    actual = simulated(fn, q, k, v, block_m=tiles[0], block_n=tiles[1])[0]
-    assert_close(actual, expected, np.float32, shape[-2], scale=float(np.abs(v).max(initial=1.0)))
 
 
 # --- the cuda backend: compiled everywhere, run where there is a device -------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_ptx_corpus import SNAPSHOTS, compare
+from helpers import SNAPSHOTS, compare
 
 import redfuser as rf
 from redfuser.schedule import options_for, schedule_program

@@ -121,6 +121,36 @@ def test_verifier_rejects_low_precision_arithmetic_and_bad_loops():
         verify_tile_program(t.TileProgram("p", (), (), (), (bad,)))
 
 
+def _marked(text: str) -> list[str]:
+    """The lines of an error's excerpt that carry the ``>>`` marker."""
+    return [line.strip() for line in text.splitlines() if line.strip().startswith(">>")]
+
+
+def test_verifier_error_shows_the_kernel_around_the_bad_op():
+    bad = t.Binary(v("r_in", I32, 4), BinaryOp.LT, v("r", I32, 4), v("nrows", I32, 4))
+    with pytest.raises(VerifyError) as info:
+        verify_tile_program(_with_op(row_sum_program(5, 37, 4, 8), 7, bad), pass_name="handmade")
+    text = str(info.value)
+    assert text.splitlines()[0] == "internal error after pass handmade: < gives the wrong dtype"
+    assert _marked(text) == [">>  9 |   %r_in: i32[4] = %r < %nrows"]
+    for neighbour in ("%startb: i32[4] = broadcast %start", "%nrows: i32[4] = const 5",       # three before
+                      "%stride: i32[4] = const 37", "%car: i32[8] = arange"):                  # and after
+        assert neighbour in text
+    assert "%pid: i32 = program_id 0" not in text and "%ncols" not in text
+
+
+def test_verifier_error_marks_an_op_inside_a_loop():
+    h = v("h", T.float16, 4)
+    body = (t.Constant(h, 1.0), t.Unary(v("e", T.float16, 4), UnaryOp.EXP, h), t.Constant(v("z", F32, 4), 0.0))
+    loop = t.For((), 0, 4, 1, (), t.Region(v("i", I32), (), body, ()))
+    kernel = t.TileKernel("k", (1,), (), (t.Constant(v("a", F32, 4), 0.0), loop))
+    with pytest.raises(VerifyError) as info:
+        verify_tile_program(t.TileProgram("p", (), (), (), (kernel,)), pass_name="handmade")
+    text = str(info.value)
+    assert _marked(text) == [">> 5 |     %e: f16[4] = exp %h"]
+    assert "for %i: i32 = 0 to 4 step 1 {" in text and "%z: f32[4] = const 0.0" in text and "yield" in text
+
+
 def test_dot_and_permute_semantics():
     a, b, c = v("a", F32, 3, 5), v("b", F32, 4, 5), v("c", F32, 3, 4)
     x = Buffer("x", BufferType(F32, (3, 5)))

@@ -233,12 +233,9 @@ DEFAULT_WARPS = 4
 ELEMENTS_PER_THREAD = 32
 """Without a ``num_warps`` option, a kernel that is one tile of work (no tensor-core product, no loop: a
 whole-row softmax, an elementwise nest) gets enough warps (up to 16) that a thread holds at most this many
-elements of its largest tile. A whole-row softmax tile of 16384 elements is then 16 warps of 32 elements
-a thread: on an H200 that ran in 0.658 ms where 8 warps (64 a thread, 137 registers) took 0.761 (before
-`exp2_ftz` and the reciprocal made both issue-light; after, 0.531 and 0.526). Other kernels keep
-`DEFAULT_WARPS`: a ``dot``'s largest tiles are accumulators spread over the mma layout (attention ran
-1.1-1.4x slower with 8 warps), and a loop carries its tiles from one iteration to the next (decoding's
-partial kernel, 64 keys x 128, ran in 0.719 ms at 8 warps against 0.496 at 4)."""
+elements of its largest tile. Other kernels keep `DEFAULT_WARPS`: a ``dot``'s largest tiles are accumulators
+spread over the mma layout, and a loop carries its tiles from one iteration to the next; both ran slower
+at 8 warps (docs/gpu-backend.md, "Why these defaults")."""
 
 
 def choose_warps(k: t.TileKernel, opts: GpuOptions) -> int:

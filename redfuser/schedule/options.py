@@ -100,15 +100,8 @@ K_BLOCK: dict[bool, int] = {False: 64, True: 128}
 """GPU chunk of a reduced axis when `block_k` is None, by whether it is a contraction of 16-bit or narrower
 floats over a 2-d output (a `dot` for tensor cores; `reduce._narrow_dot`) or any other.
 
-Attention's ``q @ k^T`` contracts the head dimension inside the key loop. Cut in chunks of 32 (the old
-GPU default), each chunk of q was loaded again from global memory every key block, with four barriers
-per chunk. A head dimension in one chunk makes the q tile loop-invariant, so the scheduler's hoisting
-loads it, and the SIMT lowering makes its mma fragments, once, before the loop: a key block waits at 4
-barriers instead of 10 (head dim 64) or 18 (128), and reads only k and v, as FlashAttention does.
-ptxas (nvJitLink 13.5): attention f16 172 registers instead of 182, causal (head dim 128) 230 instead of
-243; compile time the same at head dim 64 and 10-15% longer at 128. f32 contractions (FMA) stop at 64:
-f32 attention over a whole head dim of 128 spills. `benchmarks/gpu_check.py` times ``block_k=32`` and
-``64`` beside it."""
+A head dimension in one chunk makes attention's q tile loop-invariant: loaded and made into mma fragments
+once, before the key loop (measurements: docs/gpu-backend.md, "Why these defaults")."""
 
 MIN_DIVIDING_CHUNK = 16
 """The shortest chunk `ScheduleOptions.chunk` takes to divide a reduced axis (an f16 mma's k)."""
@@ -118,26 +111,17 @@ ROWS: dict[bool, int] = {False: 64, True: 32}
 """GPU tile rows when `block_m` is None, by whether the tile's fused states are one value (or a top-k
 list) per row (`layout.FusedLayout.per_row_states`).
 
-64 rows suit tiles that feed tensor cores (16 rows per warp for 4 warps: attention's query rows).
-A row softmax's tile feeds none: at 64 x 64 with 4 warps a thread holds 32 elements in each pass,
-which doubles its code (and compile time) over 16 without adding to what is in flight per SM. For a
-[32768, 16384] f16 softmax on an H200 the whole grid is resident either way: 512 blocks of 64 rows
-(about 4 per SM, 8 KiB of loads each per step) or 1024 of 32 (about 8 per SM, 4 KiB each), so the
-same 31 KiB per SM is in flight, with twice the warps to hide latency behind and 48 registers a
-thread instead of 76. Triton's softmax holds 16 elements a thread too (8192 columns, 16 warps).
-MoE routing over 128 experts held 64 candidates a thread at 64 rows (123 registers, 2 800 PTX lines,
-0.3 s to compile); at 32 rows, 74 registers and half the code. `benchmarks/gpu_check.py` times
-``block_m=64`` beside the default for softmax, log-softmax and routing."""
+64 rows suit tiles that feed tensor cores (16 rows per warp for 4 warps: attention's query rows); a row
+softmax's tile feeds none, and 32 rows halve its code and registers with as much in flight per SM
+(docs/gpu-backend.md, "Why these defaults")."""
 
 
 WIDE_ROWS = 128
 """GPU tile rows (``block_m`` None) of a fused loop that feeds tensor cores (`FusedLayout.feeds_tensor_cores`)
 when its accumulator tile, rows times `FusedLayout.state_width`, stays within `ACC_TILE`: f16 attention at
-head dimension 64 takes 128 query rows a block of 4 warps, 32 a warp, instead of 64. A warp then runs two
-independent chains of mma, softmax and mma where it ran one, which is what the key loop waits on (not its
-loads: benchmarks/device_notes.md). On an H200, [4,16,4096,64] f16 attention: 1.114 ms against 1.216 at
-64 rows (254 registers, no spills, 2 blocks an SM instead of 3). At head dimension 128 the accumulator
-alone would be 128 registers a thread and spills (causal attention 528 bytes): 64 rows stay."""
+head dimension 64 takes 128 query rows a block of 4 warps, 32 a warp, instead of 64, so a warp runs two
+independent chains of mma, softmax and mma (docs/gpu-backend.md, "Why these defaults"). At head dimension
+128 the accumulator alone would spill: 64 rows stay."""
 
 ACC_TILE = 8192
 """The accumulator elements a block's tile may hold to take `WIDE_ROWS` rows (64 f32 a thread at 4 warps)."""
@@ -146,12 +130,9 @@ ACC_TILE = 8192
 ONE_PASS_MAX = 16384
 """The longest fused axis `ScheduleOptions.whole_rows` takes in one chunk (after rounding to a power of two).
 
-A row softmax walked in chunks reads its row twice: once for the states, once for the epilogue after
-them. With the whole row in one chunk the loop runs once (`cleanup.peel_single_trips` inlines it) and
-the epilogue reuses the loaded tile, so the row is read once. On an H200 ([32768, 16384] f16, commit
-0098dbd) that took softmax from 0.963 to 0.658 ms and log-softmax from 0.929 to 0.520 ms, against
-torch's 0.937 and 0.737 (benchmarks/device_notes.md). 16384 elements over 16 warps are 32 a thread
-(72 registers); twice that needs 137 registers at 8 warps, over the 128 a thread that 16 warps allow."""
+A row softmax walked in chunks reads its row twice; in one chunk the loop runs once (`cleanup.peel_single_trips`
+inlines it) and the epilogue reuses the loaded tile. 16384 elements over 16 warps are 32 a thread; twice
+that needs more registers than 16 warps allow (docs/gpu-backend.md, "Why these defaults")."""
 
 ONE_PASS_TILE = 16384
 """Elements of a whole-rows tile: ``ONE_PASS_TILE // row`` rows of a shorter row (at least one row)."""
