@@ -51,7 +51,7 @@ def run_simulated(body, *args, **options):
 def simulated(body, *args, sm: str = "sm_90", **options) -> tuple[np.ndarray, ...]:
     """The SIMT pipeline without LLVM: schedule, lower, simulate (for many random programs)."""
     lowered = rf.kernel(body, backend="interpret").lower(*args)
-    tile = schedule_program(lowered.program, options_for("simulate", options))
+    tile = schedule_program(lowered.program, options_for("gpu", options))
     return simulate_program(lower_to_simt(tile, GpuOptions(sm=sm)), args)
 
 
@@ -305,6 +305,6 @@ def test_tensor_core_operands_read_through_ldmatrix_at_random_shapes(dtype, head
     options = dict(block_m=block_m, block_n=block_n, block_k=16, num_warps=warps)
     check(attention, q, k, v, n=n, roundings=F16_ATTENTION, prefetch=prefetch, **options)
     tile = schedule_program(rf.kernel(attention, backend="interpret").lower(q, k, v).program,
-                            options_for("simulate", options))
+                            options_for("gpu", options))
     text = str(lower_to_simt(tile, GpuOptions(num_warps=warps)))
     assert "ldmatrix.x" in text or "mma." not in text     # tiny tiles shrink below an mma: FMA, no operands
