@@ -1,22 +1,25 @@
 """The compiler's stages, in order. Reading `lower` and the stage lists explains the compiler.
 
-    stage      what it does                                                  keeps      backends
-    trace      the Python body on tracers -> Loop IR, one loop nest per op   "traced"   all
-    fuse       inline, CSE, cascade analysis, the fusion theorem             "fused"    all (option fuse)
-    schedule   Loop IR -> Tile IR (grid of programs over tiles)              "tile"     cpu, cuda, simulate
-    llvm       Tile IR -> LLVM IR (host)                                     "llvm"     cpu
-    native     LLVM IR -> this CPU's object code (printed as assembly)       "native"   cpu
-    prefetch   tensor-core operand tiles loaded a loop iteration ahead       "prefetched" cuda, simulate
-                                                                                        (option prefetch)
-    simt       Tile IR -> SIMT IR (threads, layouts, mma)                    "simt"     cuda, simulate
-    ptx        SIMT IR -> LLVM IR (nvptx64) -> PTX (no GPU needed)           "llvm", "ptx" cuda, simulate
+    stage     what it does                                          keeps          backends
+    trace     the Python body on tracers -> Loop IR, one loop       traced         all
+              nest per op
+    fuse      inline, CSE, cascade analysis, the fusion theorem     fused          all (option fuse)
+    schedule  Loop IR -> Tile IR (grid of programs over tiles)      tile           cpu, cuda, simulate
+    llvm      Tile IR -> LLVM IR (host)                             llvm           cpu
+    native    LLVM IR -> this CPU's object code (compile cache;     native         cpu
+              printed as assembly)
+    prefetch  tensor-core operand tiles loaded a loop iteration     prefetched     cuda, simulate
+              ahead                                                                (option prefetch)
+    simt      Tile IR -> SIMT IR (threads, layouts, mma)            simt           cuda, simulate
+    ptx       SIMT IR -> LLVM IR (nvptx64) -> PTX (compile cache;   llvm, ptx      cuda, simulate
+              no GPU needed)
 
 Each backend (`redfuser.backends.BACKENDS`) carries its list of `Stage`s: a name, the function, and
 the names of what it keeps; `lower` runs them in order, each on what the one before made. A stage's
 name is its line in `Lowered.timings` (and `Lowered.parts`); what it keeps goes to `Lowered.stages`
 under the names it declares, each printed as ``=== name ===`` and dumped as ``NN-name.txt``.
 Every stage's IR is verified when produced and kept, so a person can print any of them
-(``REDFUSER_DUMP_DIR`` writes them all to disk). Where the ``simt``, ``ptx`` and ``native`` stages'
+(``REDFUSER_DUMP_DIR`` writes them all to disk). Where the ``simt`` and ``ptx`` stages'
 time went (planning, emission, clean-up, barriers, verifier; cache key, LLVM emission, LLVM to PTX)
 is recorded in `Lowered.parts` (``python -m redfuser explain --stages`` prints both; `codegen.timing`);
 the cyclic garbage collector is paused while compiling. The stages that need the runtime's compile

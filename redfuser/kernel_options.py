@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
+from .codegen.nvptx import SM_MIN_PTX
 from .codegen.simt.options import GpuOptions
 from .ir import ArgumentError, SourceLoc
 from .schedule.options import ScheduleOptions, with_overrides
@@ -48,8 +49,6 @@ def _one_of(allowed: tuple[object, ...]) -> Callable[[object], str | None]:
 
 
 def _sm(value: object) -> str | None:
-    from .codegen.nvptx import SM_MIN_PTX
-
     if value is None or (isinstance(value, str) and value in SM_MIN_PTX):
         return None
     return "None or a GPU target among " + ", ".join(SM_MIN_PTX)
@@ -109,12 +108,11 @@ class KernelOptions:
         if unknown:
             raise ArgumentError(f"unknown option(s) {', '.join(unknown)}; known options: "
                                 f"{', '.join(sorted(cls.names()))}", op="kernel", loc=loc)
-        defaults = cls()
         for name, value in given.items():   # checked here to point at `loc`; __post_init__ checks again
             expected = cls.__dataclass_fields__[name].metadata["check"](value)
             if expected is not None:
                 raise ArgumentError(f"option {name} must be {expected}, got {value!r}", op="kernel", loc=loc)
-        return cls(**{**asdict(defaults), **given})
+        return cls(**given)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -148,16 +148,26 @@ def using_timer(timer: Timer) -> Iterator[None]:
         _override.pop()
 
 
-def device_name(backend: str) -> str:
-    """What the timings depend on besides the code: the GPU's name, or the host CPU and its core count."""
-    if backend == "cuda":
-        from .device import device_info
+def _gpu_name() -> str:
+    from .device import device_info
 
-        info = device_info(0)
-        return f"{info.name} ({info.sm})"
+    info = device_info(0)
+    return f"{info.name} ({info.sm})"
+
+
+def _host_name() -> str:
     import llvmlite.binding as llvm
 
     return f"{platform.machine()} {llvm.get_host_cpu_name()} x{os.cpu_count()}"
+
+
+DEVICES: dict[str, Callable[[], str]] = {"cpu": _host_name, "cuda": _gpu_name}
+"""Per backend in `SPACES`, what its timings depend on besides the code (beside `TIMERS`)."""
+
+
+def device_name(backend: str) -> str:
+    """What the timings depend on besides the code: the GPU's name, or the host CPU and its core count."""
+    return DEVICES.get(backend, _host_name)()
 
 
 def tuning_key(ir_text: str, specs: str, backend: str, device: str, fixed: Mapping[str, object]) -> CacheKey:

@@ -441,7 +441,7 @@ def test_a_cached_gpu_kernel_skips_llvm_emission_and_gives_the_same_stages(tmp_p
     def no_emission(*args, **kwargs):
         raise AssertionError("emitted LLVM IR on a cache hit")
 
-    monkeypatch.setattr(ptx_mod, "emit_text", no_emission)
+    monkeypatch.setattr(ptx_mod, "emit_parsed", no_emission)
     again = rf.kernel(softmax, backend="cuda", sm="sm_90").lower(x)
     assert str(again.stages["llvm"]) == str(first.stages["llvm"])
     assert str(again.stages["ptx"]) == str(first.stages["ptx"])

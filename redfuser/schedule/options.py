@@ -203,7 +203,6 @@ def options_for(target: str, overrides: Mapping[str, object] | None = None) -> S
     """The schedule options of `DEFAULTS[target]` (``cpu`` or ``gpu``) with `overrides` applied (kernel
     options, or ``workers``): a shortcut for tests and scripts. A kernel's own come from
     `KernelOptions.schedule_options` with its backend's defaults (`redfuser.backends`)."""
-    overrides = overrides or {}
-    if target == "cpu":
-        return with_overrides(DEFAULTS[target], overrides, lambda: cpu_workers(int(overrides.get("num_threads") or 0)))
-    return with_overrides(DEFAULTS[target], overrides, gpu_workers)
+    given = overrides or {}
+    workers = {"cpu": lambda: cpu_workers(int(given.get("num_threads") or 0)), "gpu": gpu_workers}[target]
+    return with_overrides(DEFAULTS[target], given, workers)
