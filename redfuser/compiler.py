@@ -34,8 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from llvmlite import ir as llvm_ir
+
 from . import config
 from .ir import Program, verify_program
+from .ir.tile import TileProgram
 from .ir.source import warn_at_user
 from .fusion import fuse
 from .kernel_options import KernelOptions
@@ -43,7 +46,7 @@ from .trace import ArgSpec, trace
 from .schedule import ScheduleOptions, schedule_program
 from .schedule.prefetch import prefetch_operands
 from .codegen.host import build_host_module
-from .codegen.simt import GpuOptions, lower_to_simt
+from .codegen.simt import GpuOptions, SimtProgram, lower_to_simt
 from .codegen.simt.plan import choose_warps
 from .codegen.timing import recording_parts, timed
 
@@ -134,27 +137,27 @@ def fuse_stage(program: Program, lowered: Lowered) -> Program:
     return lowered.program
 
 
-def schedule_stage(program: Program, lowered: Lowered) -> object:
+def schedule_stage(program: Program, lowered: Lowered) -> TileProgram:
     """schedule: Loop IR -> Tile IR with the backend's defaults and the kernel's tile options."""
     backend, options = lowered.pipeline, lowered.options
     return schedule_program(program, options.schedule_options(backend.schedule, lambda: backend.workers(options)))
 
 
-def host_llvm_stage(tile: object, lowered: Lowered) -> object:
+def host_llvm_stage(tile: TileProgram, lowered: Lowered) -> llvm_ir.Module:
     """llvm (cpu): Tile IR -> the host LLVM module; its kernels' calling conventions go to
     ``artifacts["host_kernels"]``."""
     module, lowered.artifacts["host_kernels"] = build_host_module(tile)
     return module
 
 
-def prefetch_stage(tile: object, lowered: Lowered) -> object:
+def prefetch_stage(tile: TileProgram, lowered: Lowered) -> TileProgram:
     """prefetch (option ``prefetch``): operand loads a loop iteration ahead, within the register budget of
     each kernel's block (its warps as the SIMT lowering will choose them, a plain count per kernel)."""
     threads = {k.name: 32 * choose_warps(k, lowered.gpu) for k in tile.kernels}
     return prefetch_operands(tile, threads)
 
 
-def simt_stage(tile: object, lowered: Lowered) -> object:
+def simt_stage(tile: TileProgram, lowered: Lowered) -> SimtProgram:
     """simt: Tile IR -> verified SIMT IR for the kernel's GPU options."""
     return lower_to_simt(tile, lowered.gpu)
 
