@@ -48,7 +48,7 @@ class Kernel:
         if options is not None and given:
             raise ArgumentError(f"give options either as options=rf.KernelOptions(...) or as keywords, not both "
                                 f"({', '.join(sorted(given))})", op="kernel", loc=user_loc())
-        self.options: KernelOptions = options or KernelOptions.given(given, loc=user_loc())
+        self.options: KernelOptions = options if options is not None else KernelOptions.given(given, loc=user_loc())
         if backend is not None:
             backends.check_name(backend, loc=user_loc())
         self.__wrapped__ = fn
