@@ -151,19 +151,10 @@ def new_module(name: str, kind: type = ir.Module):
     return module
 
 
-# The last module `parse_and_verify(..., keep=True)` checked, by its text: `compile_module` of the same
-# text takes it (once: the optimizer changes it in place) instead of parsing and verifying it again.
-_KEPT: dict[str, llvm.ModuleRef] = {}
-
-
-def parse_and_verify(text: str, *, pass_name: str = "nvptx", keep: bool = False) -> llvm.ModuleRef:
-    """Parse LLVM IR text and run LLVM's verifier; `InternalError` with LLVM's message otherwise.
-    With `keep`, the next `compile_module` of this very text starts from this parse."""
-    mod = _parse_and_verify(text, pass_name)
-    if keep:
-        _KEPT.clear()
-        _KEPT[text] = mod
-    return mod
+def parse_and_verify(text: str, *, pass_name: str = "nvptx") -> llvm.ModuleRef:
+    """Parse LLVM IR text and run LLVM's verifier; `InternalError` with LLVM's message otherwise. The parse
+    can be handed to `compile_module` with the same text (``parsed=``) so it is not parsed twice."""
+    return _parse_and_verify(text, pass_name)
 
 
 def _parse_and_verify(text: str, pass_name: str) -> llvm.ModuleRef:
@@ -192,13 +183,16 @@ def check_intrinsics(mod: llvm.ModuleRef, sm: str, ptx_version: int) -> None:
 
 
 def compile_module(module: ir.Module | str, sm: str = "sm_90", *, ptx_version: int | None = None,
-                   opt_level: int | None = None, keep_optimized: bool = False) -> PtxArtifact:
+                   opt_level: int | None = None, keep_optimized: bool = False,
+                   parsed: llvm.ModuleRef | None = None) -> PtxArtifact:
     """`module` (an `llvmlite.ir.Module` or LLVM IR text) to PTX for `sm`, keeping every stage's text.
-    `opt_level`: None runs `GPU_PASSES`, 1-3 LLVM's O1-O3 pipeline, 0 nothing (and code generation O0)."""
+    `opt_level`: None runs `GPU_PASSES`, 1-3 LLVM's O1-O3 pipeline, 0 nothing (and code generation O0).
+    `parsed`: `module`'s text already parsed and verified (`parse_and_verify`), used (and changed in place
+    by the middle end) instead of parsing it again."""
     version = default_ptx_version(sm) if ptx_version is None else ptx_version
     machine = target_machine(sm, version, 0 if opt_level == 0 else 3)   # code generation: O3 (or none)
     text = str(module)
-    mod = _KEPT.pop(text, None) or parse_and_verify(text)
+    mod = parsed if parsed is not None else parse_and_verify(text)
     if mod.triple not in ("", TRIPLE, "unknown-unknown-unknown"):
         raise InternalError(f"module targets {mod.triple!r}, not {TRIPLE}", pass_name="nvptx")
     mod.triple = TRIPLE

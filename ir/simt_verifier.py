@@ -301,21 +301,11 @@ def _verify_block(stmts: tuple[Stmt, ...], yields: tuple[Reg, ...], scope: set[s
             _fail(f"yield of {y}, which is not visible at the end of its region", None, ctx)
 
 
-# Kernels that passed, by identity (the object is kept so its id is not reused): the SIMT lowering
-# verifies its output and LLVM emission is handed the same immutable object, so checking it again
-# would only repeat the work. Bounded; a kernel that fails is never recorded.
-_VERIFIED: dict[int, SimtKernel] = {}
-_VERIFIED_MAX = 16
-
-
 def verify_simt_kernel(k: SimtKernel, pass_name: str = "") -> SimtKernel:
-    """Check `k`'s launch shape, declarations, SSA form and statement types; return it or raise `VerifyError`."""
-    if _VERIFIED.get(id(k)) is k:
-        return k
+    """Check `k`'s launch shape, declarations, SSA form and statement types; return it or raise `VerifyError`.
+    (A stage that takes a kernel another stage verified, as LLVM emission takes `lower_to_simt`'s, is told
+    so and does not call this again: `codegen.simt_to_llvm.emit_parsed(verify=False)`.)"""
     _check_kernel(k, pass_name)
-    if len(_VERIFIED) >= _VERIFIED_MAX:
-        del _VERIFIED[next(iter(_VERIFIED))]
-    _VERIFIED[id(k)] = k
     return k
 
 

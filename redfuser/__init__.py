@@ -28,6 +28,7 @@ from .ir.errors import (
 )
 from .arguments import ShapeDtype
 from .kernel import Kernel, kernel
+from .kernel_options import KernelOptions
 from . import ops as _ops
 from .ops import (
     abs,

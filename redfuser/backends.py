@@ -12,26 +12,42 @@ device, else ``cpu``, else ``interpret``.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 
 from . import config
-from .compiler import Lowered
+from .codegen.native import NativeCode
+from .codegen.simt import GpuOptions
+from .codegen.simt.ptx import LlvmModules, PtxProgram, compile_ptx
+from .compiler import (COMMON_STAGES, Lowered, Stage, host_llvm_stage, prefetch_stage, schedule_stage,
+                       simt_stage)
 from .ir import BackendError, SourceLoc, run_program
+from .kernel_options import KernelOptions
+from .schedule.options import DEFAULTS, ScheduleOptions, cpu_workers, gpu_workers
 
 Executable = Callable[[list[np.ndarray]], tuple[np.ndarray, ...]]
 
 
 @dataclass(frozen=True)
 class Backend:
-    """A way to run lowered kernels. `build` turns a `Lowered` into an executable."""
+    """A way to compile and run kernels: its `stages` (`redfuser.compiler.Stage`, run in order by
+    `compiler.lower`), `build` turning the `Lowered` into an executable, where its arrays live (`arrays`:
+    ``host`` backends read numpy views of host arrays; ``device`` ones take arrays where they are), its
+    schedule defaults and how many programs its target runs at once (`count_workers`), and for a GPU
+    backend where its ``sm`` comes from when the kernel does not say (`default_sm`)."""
 
     name: str
     description: str
     build: Callable[[Lowered], Executable] | None  # None: not built yet
     available: Callable[[], str | None] | None = None  # why it cannot run on this machine (None: it can)
+    stages: tuple[Stage, ...] = COMMON_STAGES
+    arrays: Literal["host", "device"] = "host"
+    schedule: ScheduleOptions | None = None   # None: runs the Loop IR, no schedule
+    count_workers: Callable[[KernelOptions], int] = lambda options: 1
+    default_sm: Callable[[], str] | None = None   # None: not a GPU backend
 
     def usable(self) -> str | None:
         """None when this backend can run here, else why not (in words)."""
@@ -39,20 +55,68 @@ class Backend:
             return f"the {self.name} backend is not built yet (see the status table in README.md)"
         return self.available() if self.available is not None else None
 
+    def workers(self, options: KernelOptions) -> int:
+        """Programs this backend's target runs at once (what the automatic split plans for)."""
+        return self.count_workers(options)
+
+    def gpu_options(self, options: KernelOptions) -> GpuOptions | None:
+        """The SIMT lowering's options for `options` (None for a backend that does not lower to SIMT)."""
+        return None if self.default_sm is None else options.gpu_options(self.default_sm)
+
+
+# --- the stages that use the runtime's compile cache -----------------------------------------------
+
+def _native_stage(module: object, lowered: Lowered) -> NativeCode:
+    """native (cpu): the host module's object code for this CPU (`codegen.native.compile_object`) through
+    the compile cache, which serves it without LLVM work on a hit; where it came from goes to
+    ``artifacts["compile"]``."""
+    from .runtime.cpu_jit import cached_object
+
+    text = str(module)
+    obj, lowered.artifacts["compile"] = cached_object(text, {"backend": "cpu"}, lowered.artifacts["host_kernels"])
+    return NativeCode(text, obj)
+
+
+def _ptx_stage(simt: object, lowered: Lowered) -> tuple[LlvmModules, PtxProgram]:
+    """ptx (cuda, simulate): each kernel's LLVM IR and PTX (`codegen.simt.ptx.compile_ptx`), served by the
+    compile cache (`runtime.ptx_cache`); the kernels come verified from the ``simt`` stage."""
+    from .runtime.ptx_cache import cached_kernel_ptx
+
+    return compile_ptx(simt, lowered.options.llvm_opt, functools.partial(cached_kernel_ptx, verified=True))
+
+
+def _target_sm() -> str:
+    from .runtime.device import target_sm
+
+    return target_sm()
+
+
+CPU_STAGES: tuple[Stage, ...] = COMMON_STAGES + (
+    Stage("schedule", schedule_stage, ("tile",)),
+    Stage("llvm", host_llvm_stage, ("llvm",)),
+    Stage("native", _native_stage, ("native",)),
+)
+GPU_STAGES: tuple[Stage, ...] = COMMON_STAGES + (
+    Stage("schedule", schedule_stage, ("tile",)),
+    Stage("prefetch", prefetch_stage, ("prefetched",), applies=lambda options: options.prefetch),
+    Stage("simt", simt_stage, ("simt",)),
+    Stage("ptx", _ptx_stage, ("llvm", "ptx")),
+)
+
+
+# --- building executables --------------------------------------------------------------------------
 
 def _build_interpret(lowered: Lowered) -> Executable:
     program = lowered.program
-    chunk = int(lowered.options.get("interpret_chunk", 64))
+    chunk = lowered.options.interpret_chunk
     return lambda arrays: run_program(program, arrays, chunk=chunk)
 
 
 def _build_cpu(lowered: Lowered) -> Executable:
-    from .runtime.cpu_jit import CpuProgram, compile_cached
+    from .runtime.cpu_jit import CpuProgram, JitLibrary
 
-    library, info = compile_cached(str(lowered.stages["llvm"]), {"backend": "cpu"}, lowered.artifacts["host_kernels"])
-    lowered.artifacts["compile"] = info
-    threads = int(lowered.options.get("num_threads") or 0)
-    return CpuProgram(lowered.stages["tile"], lowered.artifacts["host_kernels"], library, threads)
+    library = JitLibrary(lowered.stages["native"].obj)
+    return CpuProgram(lowered.stages["tile"], lowered.artifacts["host_kernels"], library, lowered.options.num_threads)
 
 
 def _build_simulate(lowered: Lowered) -> Executable:
@@ -74,11 +138,22 @@ def _cuda_available() -> str | None:
     return None if device_available() else f"cannot use the cuda backend: {why_no_device()}"
 
 
+def _cpu_workers(options: KernelOptions) -> int:
+    return cpu_workers(options.num_threads)
+
+
+def _gpu_workers(options: KernelOptions) -> int:
+    return gpu_workers()
+
+
 BACKENDS: dict[str, Backend] = {
     "interpret": Backend("interpret", "numpy interpreter of the Loop IR", _build_interpret),
-    "cpu": Backend("cpu", "native CPU code through LLVM", _build_cpu),
-    "cuda": Backend("cuda", "PTX on an NVIDIA GPU", _build_cuda, _cuda_available),
-    "simulate": Backend("simulate", "SIMT simulator of the GPU program", _build_simulate),
+    "cpu": Backend("cpu", "native CPU code through LLVM", _build_cpu, stages=CPU_STAGES, schedule=DEFAULTS["cpu"],
+                   count_workers=_cpu_workers),
+    "cuda": Backend("cuda", "PTX on an NVIDIA GPU", _build_cuda, _cuda_available, stages=GPU_STAGES, arrays="device",
+                    schedule=DEFAULTS["gpu"], count_workers=_gpu_workers, default_sm=_target_sm),
+    "simulate": Backend("simulate", "SIMT simulator of the GPU program", _build_simulate, stages=GPU_STAGES,
+                        schedule=DEFAULTS["gpu"], count_workers=_gpu_workers, default_sm=_target_sm),
 }
 AUTO_ORDER = ("cuda", "cpu", "interpret")
 

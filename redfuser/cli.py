@@ -68,10 +68,10 @@ def explain_cmd(args: argparse.Namespace) -> int:
     inputs = work.make_inputs(np.random.default_rng(0))
     k = kernel(work.fn, backend=args.backend)
     print(k.explain(*inputs))
-    if args.backend in ("cuda", "simulate"):
-        print("\n" + gpu_resources(k.lower(*inputs)))
+    lowered = k.lower(*inputs)   # compiled once by explain
+    if "ptx" in lowered.stages and args.backend is not None:
+        print("\n" + gpu_resources(lowered))
     if args.stages:
-        lowered = k.lower(*inputs)
         print("\n" + str(lowered))
         print("\n" + lowered.timing_table())
     return 0

@@ -1,21 +1,29 @@
-"""The compiler's stages, in order. Reading `lower` explains the compiler.
+"""The compiler's stages, in order. Reading `lower` and the stage lists explains the compiler.
 
-    stage      what it does                                                  kept as
-    trace      the Python body on tracers -> Loop IR, one loop nest per op   "traced"
-    fuse       inline, CSE, cascade analysis, the fusion theorem             "fused"
-    schedule   Loop IR -> Tile IR (grid of programs over tiles; GPU, with    "tile"     (cpu, cuda, simulate)
-               `prefetch`: operand tiles loaded one loop iteration ahead)
-    codegen    cpu: Tile IR -> LLVM IR (host)                                "llvm"
-               cuda, simulate: Tile IR -> SIMT IR (threads, layouts, mma)    "simt"
-                 -> LLVM IR (nvptx64) -> PTX (no GPU needed)                 "llvm", "ptx"
+    stage     what it does                                          keeps          backends
+    trace     the Python body on tracers -> Loop IR, one loop       traced         all
+              nest per op
+    fuse      inline, CSE, cascade analysis, the fusion theorem     fused          all (option fuse)
+    schedule  Loop IR -> Tile IR (grid of programs over tiles)      tile           cpu, cuda, simulate
+    llvm      Tile IR -> LLVM IR (host)                             llvm           cpu
+    native    LLVM IR -> this CPU's object code (compile cache;     native         cpu
+              printed as assembly)
+    prefetch  tensor-core operand tiles loaded a loop iteration     prefetched     cuda, simulate
+              ahead                                                                (option prefetch)
+    simt      Tile IR -> SIMT IR (threads, layouts, mma)            simt           cuda, simulate
+    ptx       SIMT IR -> LLVM IR (nvptx64) -> PTX (compile cache;   llvm, ptx      cuda, simulate
+              no GPU needed)
 
-Every stage's IR is verified when produced and kept in `Lowered.stages`, so a
-person can print any of them (``REDFUSER_DUMP_DIR`` writes them all to disk).
-Each stage's wall time is kept in `Lowered.timings`, and where the ``simt`` and
-``ptx`` stages' went (planning, emission, clean-up, barriers, verifier; cache
-key, LLVM emission, LLVM to PTX) in `Lowered.parts` (``python -m redfuser
-explain --stages`` prints both); the cyclic garbage collector is paused while
-compiling.
+Each backend (`redfuser.backends.BACKENDS`) carries its list of `Stage`s: a name, the function, and
+the names of what it keeps; `lower` runs them in order, each on what the one before made. A stage's
+name is its line in `Lowered.timings` (and `Lowered.parts`); what it keeps goes to `Lowered.stages`
+under the names it declares, each printed as ``=== name ===`` and dumped as ``NN-name.txt``.
+Every stage's IR is verified when produced and kept, so a person can print any of them
+(``REDFUSER_DUMP_DIR`` writes them all to disk). Where the ``simt`` and ``ptx`` stages'
+time went (planning, emission, clean-up, barriers, verifier; cache key, LLVM emission, LLVM to PTX)
+is recorded in `Lowered.parts` (``python -m redfuser explain --stages`` prints both; `codegen.timing`);
+the cyclic garbage collector is paused while compiling. The stages that need the runtime's compile
+cache (``native``, ``ptx``) are supplied by the backend table; this module imports no runtime.
 """
 from __future__ import annotations
 
@@ -24,65 +32,76 @@ import threading
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Protocol
+
+from llvmlite import ir as llvm_ir
 
 from . import config
-from .ir import ArgumentError, Program, verify_program
+from .ir import Program, verify_program
+from .ir.tile import TileProgram
 from .ir.source import warn_at_user
 from .fusion import fuse
+from .kernel_options import KernelOptions
 from .trace import ArgSpec, trace
-from .schedule import options_for, schedule_program
+from .schedule import ScheduleOptions, schedule_program
 from .schedule.prefetch import prefetch_operands
 from .codegen.host import build_host_module
-from .codegen.simt import GpuOptions, lower_to_simt
+from .codegen.simt import GpuOptions, SimtProgram, lower_to_simt
 from .codegen.simt.plan import choose_warps
-from .codegen.timing import timed_part
-from .runtime.cuda_backend import compile_ptx
+from .codegen.timing import recording_parts, timed
 
 
-def gpu_options(options: dict) -> GpuOptions:
-    """The SIMT lowering's options from a kernel's: ``sm`` (default: the device's, else sm_90), ``num_warps``,
-    ``min_blocks_per_sm``."""
-    from .runtime.device import target_sm
+@dataclass(frozen=True)
+class Stage:
+    """One named step of a backend's pipeline: ``run(ir, lowered)`` takes what the stage before made (the
+    Python function, for the first) and returns what it keeps: one value, or a tuple with one per name in
+    `keeps`. `applies(options)`: whether it runs for a kernel's options (default: always)."""
 
-    warps = options.get("num_warps")
-    return GpuOptions(sm=options.get("sm") or target_sm(), num_warps=None if warps is None else int(warps),
-                      min_blocks_per_sm=options.get("min_blocks_per_sm"))
+    name: str
+    run: Callable[[Any, "Lowered"], Any]
+    keeps: tuple[str, ...]
+    applies: Callable[[KernelOptions], bool] = lambda options: True
 
 
-def llvm_opt_level(options: dict) -> int | None:
-    """The ``llvm_opt`` kernel option: None runs RedFuser's own short middle end before NVPTX code
-    generation (`codegen.nvptx.GPU_PASSES`), 1, 2 or 3 LLVM's O1-O3 pipeline instead."""
-    level = options.get("llvm_opt")
-    if level is not None and (isinstance(level, bool) or level not in (1, 2, 3)):
-        raise ArgumentError(f"llvm_opt must be None, 1, 2 or 3, got {level!r}", op="kernel")
-    return level
+class Pipeline(Protocol):
+    """What `lower` needs of a backend (`redfuser.backends.Backend`)."""
+
+    name: str
+    stages: tuple[Stage, ...]
+    schedule: ScheduleOptions | None
+
+    def workers(self, options: KernelOptions) -> int: ...
+
+    def gpu_options(self, options: KernelOptions) -> GpuOptions | None: ...
 
 
 @dataclass
 class Lowered:
     """Everything the compiler produced for one specialization of a kernel.
 
-    `stages` maps stage names, in pipeline order, to printable IR objects;
+    `stages` maps what each stage kept, in pipeline order, to printable IR objects;
     `program` is the Loop IR the backends start from (fused where fusion applies);
-    `groups` lists the cascades the fusion engine found (see `redfuser.fusion`).
+    `groups` lists the cascades the fusion engine found (see `redfuser.fusion`);
+    `timings` the seconds each stage took, `parts` where some of it went.
     """
 
     name: str
     specs: tuple[ArgSpec, ...]
     backend: str
-    options: dict
+    options: KernelOptions
     stages: dict[str, object] = field(default_factory=dict)
     program: Program | None = None
     groups: list = field(default_factory=list)
-    artifacts: dict[str, object] = field(default_factory=dict)  # backend products (compiled code, ...)
+    artifacts: dict[str, object] = field(default_factory=dict)  # backend products (calling conventions, ...)
     timings: dict[str, float] = field(default_factory=dict)     # seconds per stage, in pipeline order
     # where some stages' time went: stage -> part -> seconds (inside the stage's own time, not added to it)
     parts: dict[str, dict[str, float]] = field(default_factory=dict)
+    pipeline: Pipeline | None = field(default=None, repr=False, compare=False)   # the backend compiled for
+    gpu: GpuOptions | None = None   # the GPU lowering's options (cuda, simulate)
 
     def timed(self, stage: str) -> AbstractContextManager[None]:
         """Add the wall time of the ``with`` body to ``timings[stage]``."""
-        return timed_part(self.timings, stage)
+        return timed(self.timings, stage)
 
     def timing_table(self) -> str:
         """The stages' wall times, one line each (with the parts of those that record them, indented),
@@ -103,6 +122,54 @@ class Lowered:
         for n, (name, ir) in enumerate(self.stages.items()):
             (folder / f"{n:02d}-{name}.txt").write_text(f"{ir}\n")
 
+
+# --- the stages every backend shares, and those without the runtime --------------------------------
+
+def trace_stage(fn: Callable, lowered: Lowered) -> Program:
+    """trace: the Python function on tracers -> verified Loop IR."""
+    lowered.program = verify_program(trace(fn, lowered.specs), pass_name="trace")
+    return lowered.program
+
+
+def fuse_stage(program: Program, lowered: Lowered) -> Program:
+    """fuse: inline, CSE, cascades, the fusion theorem (`redfuser.fusion`)."""
+    lowered.program, lowered.groups = fuse(program)
+    return lowered.program
+
+
+def schedule_stage(program: Program, lowered: Lowered) -> TileProgram:
+    """schedule: Loop IR -> Tile IR with the backend's defaults and the kernel's tile options."""
+    backend, options = lowered.pipeline, lowered.options
+    return schedule_program(program, options.schedule_options(backend.schedule, lambda: backend.workers(options)))
+
+
+def host_llvm_stage(tile: TileProgram, lowered: Lowered) -> llvm_ir.Module:
+    """llvm (cpu): Tile IR -> the host LLVM module; its kernels' calling conventions go to
+    ``artifacts["host_kernels"]``."""
+    module, lowered.artifacts["host_kernels"] = build_host_module(tile)
+    return module
+
+
+def prefetch_stage(tile: TileProgram, lowered: Lowered) -> TileProgram:
+    """prefetch (option ``prefetch``): operand loads a loop iteration ahead, within the register budget of
+    each kernel's block (its warps as the SIMT lowering will choose them, a plain count per kernel)."""
+    threads = {k.name: 32 * choose_warps(k, lowered.gpu) for k in tile.kernels}
+    return prefetch_operands(tile, threads)
+
+
+def simt_stage(tile: TileProgram, lowered: Lowered) -> SimtProgram:
+    """simt: Tile IR -> verified SIMT IR for the kernel's GPU options."""
+    return lower_to_simt(tile, lowered.gpu)
+
+
+COMMON_STAGES: tuple[Stage, ...] = (
+    Stage("trace", trace_stage, ("traced",)),
+    Stage("fuse", fuse_stage, ("fused",), applies=lambda options: options.fuse),
+)
+"""trace and fuse: what every backend starts with."""
+
+
+# --- running them ---------------------------------------------------------------------------------
 
 _gc_lock = threading.Lock()
 _gc_pausers = 0          # compiles running now that paused the cyclic garbage collector
@@ -131,41 +198,26 @@ def _gc_paused():
                 gc.enable()
 
 
-def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict) -> Lowered:
-    """Run the compiler's stages on `fn` specialized to `specs`; keep every stage."""
+def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: KernelOptions) -> Lowered:
+    """Run `backend`'s stages on `fn` specialized to `specs`; keep every stage."""
     with _gc_paused():
         return _lower(fn, specs, backend, options)
 
 
-def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: str, options: dict) -> Lowered:
-    out = Lowered(getattr(fn, "__name__", "kernel"), specs, backend, dict(options))
-    with out.timed("trace"):
-        program = verify_program(trace(fn, specs), pass_name="trace")
-    out.stages["traced"] = program
-    out.program = program
-    if options.get("fuse", True):
-        with out.timed("fuse"):
-            program, out.groups = fuse(program)
-        out.stages["fused"] = program
-        out.program = program
-    if backend == "cpu":
-        with out.timed("schedule"):
-            out.stages["tile"] = schedule_program(out.program, options_for(backend, options))
-        with out.timed("llvm"):
-            out.stages["llvm"], out.artifacts["host_kernels"] = build_host_module(out.stages["tile"])
-    elif backend in ("cuda", "simulate"):
-        opt_level = llvm_opt_level(options)
-        gpu = gpu_options(options)
-        with out.timed("schedule"):
-            tile = schedule_program(out.program, options_for(backend, options))
-            if options.get("prefetch"):
-                tile = prefetch_operands(tile, lambda k: 32 * choose_warps(k, gpu))
-            out.stages["tile"] = tile
-        with out.timed("simt"):
-            out.stages["simt"] = lower_to_simt(out.stages["tile"], gpu, out.parts.setdefault("simt", {}))
-        with out.timed("ptx"):
-            out.stages["llvm"], out.stages["ptx"] = compile_ptx(out.stages["simt"], opt_level,
-                                                                out.parts.setdefault("ptx", {}))
+def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: KernelOptions) -> Lowered:
+    out = Lowered(getattr(fn, "__name__", "kernel"), specs, backend.name, options, pipeline=backend,
+                  gpu=backend.gpu_options(options))
+    made: Any = fn
+    for stage in backend.stages:
+        if not stage.applies(options):
+            continue
+        with out.timed(stage.name), recording_parts({}) as parts:
+            made = stage.run(made, out)
+        if parts:
+            out.parts[stage.name] = parts
+        kept = made if len(stage.keeps) > 1 else (made,)
+        out.stages.update(zip(stage.keeps, kept))
+        made = kept[-1]
     dump = config.dump_dir()
     if dump is not None:
         try:

@@ -10,12 +10,10 @@ from . import backends
 from .compiler import Lowered, lower
 from .arguments import ShapeDtype, bind, check_signature, spec_of
 from .ir import ArgumentError, RedFuserError
-from .kernel_options import KNOWN_OPTIONS, checked_options
+from .kernel_options import DEFAULT_OPTIONS, KernelOptions
 from .runtime import arrays as arrays_rt
 from .source_info import user_loc
 from .trace import ArgSpec, ArraySpec
-
-HOST_BACKENDS = frozenset({"interpret", "cpu", "simulate"})
 
 
 def _user_facing(method: Callable) -> Callable:
@@ -36,14 +34,21 @@ class Kernel:
 
     Compiles once per specialization and keeps the result in memory: the arrays' dtypes, shapes and
     strides, each static value's type and exact value (``2``, ``2.0`` and ``True`` are three), the
-    backend and the options (`redfuser.arguments`).
+    backend and the options (`redfuser.arguments`). `options` is the kernel's `KernelOptions`.
     """
 
     @_user_facing
-    def __init__(self, fn: Callable, backend: str | None = None, **options: object) -> None:
+    def __init__(self, fn: Callable, backend: str | None = None, options: KernelOptions | None = None,
+                 **given: object) -> None:
         name = getattr(fn, "__name__", "kernel")
         self._signature = check_signature(fn, name)
-        self.options = checked_options(options, loc=user_loc())
+        if options is not None and not isinstance(options, KernelOptions):
+            raise ArgumentError(f"options must be an rf.KernelOptions, got {type(options).__name__}", op="kernel",
+                                loc=user_loc())
+        if options is not None and given:
+            raise ArgumentError(f"give options either as options=rf.KernelOptions(...) or as keywords, not both "
+                                f"({', '.join(sorted(given))})", op="kernel", loc=user_loc())
+        self.options: KernelOptions = options if options is not None else KernelOptions.given(given, loc=user_loc())
         if backend is not None:
             backends.check_name(backend, loc=user_loc())
         self.__wrapped__ = fn
@@ -74,30 +79,31 @@ class Kernel:
             raise ArgumentError("an rf.ShapeDtype argument can be compiled (kernel.lower, kernel.explain) but not run",
                                 op=self.__name__, loc=user_loc())
         backend, _ = backends.resolve(self.backend, to_run=to_run)
-        key = (specs, backend, tuple(sorted(self.options.items())))
+        key = (specs, backend, self.options)
         entry = self._cache.get(key)
         if entry is None:
             options = self._tuned(specs, backend, arrays, to_run)
-            entry = self._cache[key] = [lower(self.__wrapped__, specs, backend, options), None]
+            entry = self._cache[key] = [lower(self.__wrapped__, specs, backends.BACKENDS[backend], options), None]
         if to_run and entry[1] is None:   # compiled without running (lower/explain): build it now
             entry[1] = backends.BACKENDS[backend].build(entry[0])
         return entry[0], entry[1], arrays
 
-    def _tuned(self, specs: tuple[ArgSpec, ...], backend: str, arrays: list, to_run: bool) -> dict:
+    def _tuned(self, specs: tuple[ArgSpec, ...], backend: str, arrays: list, to_run: bool) -> KernelOptions:
         """The options to compile with: tuned ones where autotuning is on (stored results only when not running)."""
         from .runtime import autotune
         from .trace import trace
 
         if backend not in autotune.SPACES or not autotune.wanted(self.options):
             return self.options
+        target = backends.BACKENDS[backend]
 
-        def prepare(options: dict) -> Callable[[], object]:
-            run = backends.BACKENDS[backend].build(lower(self.__wrapped__, specs, backend, options))
-            inputs = [arrays_rt.host_array(a) for a in arrays] if backend in HOST_BACKENDS else arrays
+        def prepare(options: KernelOptions) -> Callable[[], object]:
+            run = target.build(lower(self.__wrapped__, specs, target, options))
+            inputs = [arrays_rt.host_array(a) for a in arrays] if target.arrays == "host" else arrays
             return lambda: run(inputs)
 
         return autotune.tuned_options(self.__name__, str(trace(self.__wrapped__, specs)), repr(specs), backend,
-                                      self.options, KNOWN_OPTIONS, prepare, measure=to_run)
+                                      self.options, DEFAULT_OPTIONS, prepare, measure=to_run)
 
     # -- public -----------------------------------------------------------------------------------
     @_user_facing
@@ -107,7 +113,7 @@ class Kernel:
         torch's/cupy's current one for their tensors); host backends ignore it. See docs/gpu-backend.md,
         "Arrays and streams"."""
         lowered, run, arrays = self._compiled(args, kwargs)
-        if lowered.backend in HOST_BACKENDS:
+        if backends.BACKENDS[lowered.backend].arrays == "host":
             # Host backends read numpy views of host arrays (torch CPU tensors too, without a copy) and
             # hand results back as the caller's array type.
             names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
@@ -137,8 +143,10 @@ class Kernel:
         return len(self._cache)
 
 
-def kernel(fn: Callable | None = None, *, backend: str | None = None, **options: object):
-    """Make `fn` a RedFuser kernel: ``@rf.kernel``, ``@rf.kernel(backend=...)`` or ``rf.kernel(fn, ...)``."""
+def kernel(fn: Callable | None = None, *, backend: str | None = None, options: KernelOptions | None = None,
+           **given: object):
+    """Make `fn` a RedFuser kernel: ``@rf.kernel``, ``@rf.kernel(backend=...)`` or ``rf.kernel(fn, ...)``; options
+    as keywords (``block_m=64``) or as ``options=rf.KernelOptions(...)``."""
     if fn is None:
-        return lambda f: Kernel(f, backend=backend, **options)
-    return Kernel(fn, backend=backend, **options)
+        return lambda f: Kernel(f, backend=backend, options=options, **given)
+    return Kernel(fn, backend=backend, options=options, **given)

@@ -1,15 +1,22 @@
-"""The options `rf.kernel` takes: their defaults, and the check each value gets when the kernel is made.
+"""`KernelOptions`: the options `rf.kernel` takes, typed, with their defaults, meanings and checks.
 
-A bad value is refused by `rf.kernel(...)` itself, naming the option and the user's line, not after a
-trace and a fusion on the first call. The later stages read the same names (`schedule/options.py` for
-tile sizes, `codegen/simt/options.py` for the GPU lowering), whose own checks stay as a second line.
+``rf.kernel(fn, block_m=64)`` builds ``KernelOptions(block_m=64)`` (or takes ``options=rf.KernelOptions(...)``).
+A bad value is refused when the options are made, naming the option (and, through `KernelOptions.given`,
+the user's line), not after a trace and a fusion on the first call. The later stages take what they read
+from it: `schedule_options` (tile sizes, `schedule/options.py`), `gpu_options` (the SIMT lowering,
+`codegen/simt/options.py`) and `llvm_opt` (the middle end before NVPTX code generation). Autotuning's
+candidates are ``dataclasses.replace(options, ...)``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
+from .codegen.nvptx import SM_MIN_PTX
+from .codegen.simt.options import GpuOptions
 from .ir import ArgumentError, SourceLoc
+from .schedule.options import ScheduleOptions, with_overrides
 
 
 def _is_int(value: object) -> bool:
@@ -42,64 +49,96 @@ def _one_of(allowed: tuple[object, ...]) -> Callable[[object], str | None]:
 
 
 def _sm(value: object) -> str | None:
-    from .codegen.nvptx import SM_MIN_PTX
-
     if value is None or (isinstance(value, str) and value in SM_MIN_PTX):
         return None
     return "None or a GPU target among " + ", ".join(SM_MIN_PTX)
 
 
+def _option(default: object, meaning: str, check: Callable[[object], str | None]):
+    """A field of `KernelOptions`: its default, what it means, and its check (None: good; else what is expected)."""
+    return field(default=default, metadata={"meaning": meaning, "check": check})
+
+
 @dataclass(frozen=True)
-class Option:
-    """One kernel option: its default, what it means, and its check (None: good; else what is expected)."""
+class KernelOptions:
+    """How a kernel is compiled (each field's meaning: ``KernelOptions.meanings()``); checked when made."""
 
-    default: object
-    meaning: str
-    check: Callable[[object], str | None]
+    fuse: bool = _option(True, "run the fusion engine (False: every reduction is its own pass)", _bool)
+    interpret_chunk: int = _option(64, "chunk length the interpret backend runs fused loops with",
+                                   _int_at_least(1, optional=False))
+    block_m: int | None = _option(None, "tile rows (query rows); None: the backend's default (cpu 32; gpu: "
+                                        "schedule/options.py)", _int_at_least(1, optional=True))
+    block_n: int | None = _option(None, "tile columns / chunk of a fused loop's axis; None: default (64)",
+                                  _int_at_least(1, optional=True))
+    block_k: int | None = _option(None, "chunk of a reduced axis; None: default (cpu 64; gpu 128 for 16-bit "
+                                        "dots, else 64)", _int_at_least(1, optional=True))
+    num_threads: int = _option(0, "cpu: worker threads splitting the grid; 0: one per core",
+                               _int_at_least(0, optional=False))
+    split: int | None = _option(None, "slices of a fused loop's axis across programs (flash decoding); None: "
+                                      "automatic", _int_at_least(1, optional=True))
+    num_warps: int | None = _option(None, "cuda/simulate: warps per block; None: codegen/simt/plan.py (4, up to "
+                                          "16 a big tile)", _one_of((None, 1, 2, 4, 8, 16)))
+    min_blocks_per_sm: int | None = _option(None, "cuda/simulate: build for this many blocks an SM (.minnctapersm; "
+                                                  "caps registers)", _one_of((None,) + tuple(range(1, 33))))
+    sm: str | None = _option(None, "cuda/simulate: GPU target such as 'sm_80'; None: the device's, else sm_90", _sm)
+    autotune: bool = _option(False, "cpu/cuda: time a few tile sizes, warps and splits on first call "
+                                    "(runtime/autotune.py)", _bool)
+    skip_masked: bool = _option(False, "skip key blocks a causal-style mask hides (exact for finite values; "
+                                       "schedule/masked.py)", _bool)
+    prefetch: bool = _option(False, "cuda/simulate: load tensor-core operands a loop iteration ahead "
+                                    "(schedule/prefetch.py)", _bool)
+    llvm_opt: int | None = _option(None, "cuda/simulate: None, RedFuser's middle end; 1-3, LLVM's O1-O3 "
+                                         "(codegen/nvptx.py)", _one_of((None, 1, 2, 3)))
+
+    def __post_init__(self) -> None:
+        self._check(None)
+
+    def _check(self, loc: SourceLoc | None) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            expected = f.metadata["check"](value)
+            if expected is not None:
+                raise ArgumentError(f"option {f.name} must be {expected}, got {value!r}", op="kernel", loc=loc)
+
+    @classmethod
+    def given(cls, given: Mapping[str, object], loc: SourceLoc | None = None) -> KernelOptions:
+        """The options with `given` ones applied over the defaults; `ArgumentError` at `loc` naming the first
+        unknown option or bad value."""
+        unknown = sorted(set(given) - set(cls.names()))
+        if unknown:
+            raise ArgumentError(f"unknown option(s) {', '.join(unknown)}; known options: "
+                                f"{', '.join(sorted(cls.names()))}", op="kernel", loc=loc)
+        for name, value in given.items():   # checked here to point at `loc`; __post_init__ checks again
+            expected = cls.__dataclass_fields__[name].metadata["check"](value)
+            if expected is not None:
+                raise ArgumentError(f"option {name} must be {expected}, got {value!r}", op="kernel", loc=loc)
+        return cls(**given)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every option's name, in declaration order."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def meanings(cls) -> dict[str, str]:
+        """What each option means, by name."""
+        return {f.name: f.metadata["meaning"] for f in fields(cls)}
+
+    def as_dict(self) -> dict[str, object]:
+        """Every option by name (what the autotuner's key and the compile caches record)."""
+        return asdict(self)
+
+    def schedule_options(self, defaults: ScheduleOptions, workers: Callable[[], int]) -> ScheduleOptions:
+        """The scheduling pass's options: a backend's `defaults` with the tile options set here applied, and
+        `workers()` (programs the target runs at once: `redfuser.backends`)."""
+        return with_overrides(defaults, self.as_dict(), workers)
+
+    def gpu_options(self, default_sm: Callable[[], str]) -> GpuOptions:
+        """The SIMT lowering's options: ``sm`` (None: `default_sm()`, the device's or sm_90), ``num_warps``,
+        ``min_blocks_per_sm``."""
+        return GpuOptions(sm=self.sm or default_sm(), num_warps=self.num_warps,
+                          min_blocks_per_sm=self.min_blocks_per_sm)
 
 
-OPTIONS: dict[str, Option] = {
-    "fuse": Option(True, "run the fusion engine (False: every reduction is its own pass)", _bool),
-    "interpret_chunk": Option(64, "chunk length the interpret backend runs fused loops with",
-                              _int_at_least(1, optional=False)),
-    "block_m": Option(None, "tile rows (query rows); None: the backend's default (cpu 32; gpu: "
-                            "schedule/options.py)", _int_at_least(1, optional=True)),
-    "block_n": Option(None, "tile columns / chunk of a fused loop's axis; None: default (64)",
-                      _int_at_least(1, optional=True)),
-    "block_k": Option(None, "chunk of a reduced axis; None: default (cpu 64; gpu 128 for 16-bit dots, else 64)",
-                      _int_at_least(1, optional=True)),
-    "num_threads": Option(0, "cpu: worker threads splitting the grid; 0: one per core",
-                          _int_at_least(0, optional=False)),
-    "split": Option(None, "slices of a fused loop's axis across programs (flash decoding); None: automatic",
-                    _int_at_least(1, optional=True)),
-    "num_warps": Option(None, "cuda/simulate: warps per block; None: codegen/simt/plan.py (4, up to 16 a big "
-                              "tile)", _one_of((None, 1, 2, 4, 8, 16))),
-    "min_blocks_per_sm": Option(None, "cuda/simulate: build for this many blocks an SM (.minnctapersm; caps "
-                                      "registers)", _one_of((None,) + tuple(range(1, 33)))),
-    "sm": Option(None, "cuda/simulate: GPU target such as 'sm_80'; None: the device's, else sm_90", _sm),
-    "autotune": Option(False, "cpu/cuda: time a few tile sizes, warps and splits on first call "
-                              "(runtime/autotune.py)", _bool),
-    "skip_masked": Option(False, "skip key blocks a causal-style mask hides (exact for finite values; "
-                                 "schedule/masked.py)", _bool),
-    "prefetch": Option(False, "cuda/simulate: load tensor-core operands a loop iteration ahead "
-                              "(schedule/prefetch.py)", _bool),
-    "llvm_opt": Option(None, "cuda/simulate: None, RedFuser's middle end; 1-3, LLVM's O1-O3 (codegen/nvptx.py)",
-                       _one_of((None, 1, 2, 3))),
-}
-
-KNOWN_OPTIONS: dict[str, object] = {name: o.default for name, o in OPTIONS.items()}
-"""Every option with its default value."""
-
-
-def checked_options(given: dict[str, object], loc: SourceLoc | None = None) -> dict[str, object]:
-    """Every option, `given` ones checked and applied over the defaults; `ArgumentError` naming the first
-    unknown option or bad value."""
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise ArgumentError(f"unknown option(s) {', '.join(unknown)}; known options: {', '.join(sorted(OPTIONS))}",
-                            op="kernel", loc=loc)
-    for name, value in given.items():
-        expected = OPTIONS[name].check(value)
-        if expected is not None:
-            raise ArgumentError(f"option {name} must be {expected}, got {value!r}", op="kernel", loc=loc)
-    return {**KNOWN_OPTIONS, **given}
+DEFAULT_OPTIONS = KernelOptions()
+"""Every option at its default value."""

@@ -42,13 +42,16 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..ir.errors import RedFuserError
 from .cache import CacheKey, CacheWarning
 from .cache_entry import write_atomic
+
+if TYPE_CHECKING:
+    from ..kernel_options import KernelOptions
 
 FORMAT = 1
 
@@ -143,16 +146,26 @@ def using_timer(timer: Timer) -> Iterator[None]:
         _override.pop()
 
 
-def device_name(backend: str) -> str:
-    """What the timings depend on besides the code: the GPU's name, or the host CPU and its core count."""
-    if backend == "cuda":
-        from .device import device_info
+def _gpu_name() -> str:
+    from .device import device_info
 
-        info = device_info(0)
-        return f"{info.name} ({info.sm})"
+    info = device_info(0)
+    return f"{info.name} ({info.sm})"
+
+
+def _host_name() -> str:
     import llvmlite.binding as llvm
 
     return f"{platform.machine()} {llvm.get_host_cpu_name()} x{os.cpu_count()}"
+
+
+DEVICES: dict[str, Callable[[], str]] = {"cpu": _host_name, "cuda": _gpu_name}
+"""Per backend in `SPACES`, what its timings depend on besides the code (beside `TIMERS`)."""
+
+
+def device_name(backend: str) -> str:
+    """What the timings depend on besides the code: the GPU's name, or the host CPU and its core count."""
+    return DEVICES.get(backend, _host_name)()
 
 
 def tuning_key(ir_text: str, specs: str, backend: str, device: str, fixed: Mapping[str, object]) -> CacheKey:
@@ -271,24 +284,27 @@ def tune(kernel: str, key: CacheKey, candidates: tuple[Config, ...], measure: Ca
     return best[1]
 
 
-def wanted(options: Mapping[str, object]) -> bool:
+def wanted(options: KernelOptions) -> bool:
     """Whether a kernel with `options` tunes: its ``autotune`` option or ``REDFUSER_AUTOTUNE``."""
     from .. import config
 
-    return bool(options.get("autotune")) or config.autotune_enabled()
+    return options.autotune or config.autotune_enabled()
 
 
-def tuned_options(kernel: str, ir_text: str, specs: str, backend: str, options: Mapping[str, object],
-                  defaults: Mapping[str, object], prepare: Callable[[dict], Callable[[], object]], *,
-                  measure: bool = True, store: TuningStore | None = None, progress: TextIO | None = None) -> dict:
-    """`options` with the tuned values for this specialization (see the module docstring).
+def tuned_options(kernel: str, ir_text: str, specs: str, backend: str, options: KernelOptions,
+                  defaults: KernelOptions, prepare: Callable[[KernelOptions], Callable[[], object]], *,
+                  measure: bool = True, store: TuningStore | None = None,
+                  progress: TextIO | None = None) -> KernelOptions:
+    """`options` with the tuned values for this specialization (see the module docstring): each candidate
+    is ``dataclasses.replace(options, **config.options())``.
 
     `defaults` are the kernel's default options (a tuned option the user changed from its
     default stays fixed); ``prepare(options)`` compiles the kernel with `options` and
     returns a callable running it once on the arguments being tuned for. With
     ``measure=False`` (compiling without running) only a stored result is used.
     """
-    fixed = {name: options[name] for name in TUNED if name in options and options[name] != defaults.get(name)}
+    given = asdict(options)
+    fixed = {name: given[name] for name in TUNED if given[name] != getattr(defaults, name)}
     candidates = tuple(dict.fromkeys(replace(c, **fixed) for c in SPACES[backend]))
     store = store or default_store()
     try:
@@ -296,16 +312,16 @@ def tuned_options(kernel: str, ir_text: str, specs: str, backend: str, options: 
     except RedFuserError:
         if measure:
             raise
-        return dict(options)   # compiling for a GPU this machine does not have: nothing to look up
-    untuned = {k: v for k, v in sorted(options.items()) if k not in TUNED and k != "autotune"}
+        return options   # compiling for a GPU this machine does not have: nothing to look up
+    untuned = {k: v for k, v in sorted(given.items()) if k not in TUNED and k != "autotune"}
     key = tuning_key(ir_text, specs, backend, device, {**untuned, **fixed})
     if not measure:
         found = store.load(key)
-        return {**options, **found.best.options()} if found is not None else dict(options)
+        return replace(options, **found.best.options()) if found is not None else options
     timer = _override[-1] if _override else TIMERS[backend]
-    best = tune(kernel, key, candidates, lambda c: timer(prepare({**options, **c.options()}), c),
+    best = tune(kernel, key, candidates, lambda c: timer(prepare(replace(options, **c.options())), c),
                 backend=backend, device=device, store=store, progress=progress)
-    return {**options, **best.options()}
+    return replace(options, **best.options())
 
 
 __all__ = [

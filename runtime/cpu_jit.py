@@ -1,18 +1,17 @@
-"""The CPU JIT: host LLVM IR -> optimized native code (cached) -> ctypes calls over a thread pool.
+"""The CPU JIT: native object code (cached) -> linked in memory -> ctypes calls over a thread pool.
 
-- `host_target()`: the LLVM target machine for this CPU (its name and features,
-  so AVX2/AVX-512 code is generated), O3;
-- `optimize(module)`: LLVM's O3 pipeline (loop and SLP vectorizers on);
-  `optimized_ir(text)` shows what it made of a module;
-- `compile_object(text)`: verified, optimized, emitted as an ELF object (bytes);
-  `JitLibrary` links it in memory with MCJIT (memcpy/memset come from the process);
-- `compile_cached(text, options, kernels)`: `compile_object` through the compile cache
-  (`runtime.cache`), keyed by the IR text, options, the target (triple, CPU,
-  features) and versions: cold builds, warm hits in memory, later processes hit disk.
-  An object read from disk is linked only after `runtime.object_check` has read it
-  (MCJIT would crash the process on a bad one): a bad entry is rebuilt with a
-  `CacheWarning` at the user's call. On a machine the check has no table for, host
-  objects are cached in memory only;
+The code itself is made by `codegen.native` (host LLVM IR -> optimized object for this CPU).
+
+- `cached_object(text, options, kernels)`: `codegen.native.compile_object` through
+  the compile cache (`runtime.cache`), keyed by the IR text, options, the target
+  (triple, CPU, features) and versions: cold builds, warm hits in memory, later
+  processes hit disk. An object read from disk is linked only after
+  `runtime.object_check` has read it (MCJIT would crash the process on a bad one):
+  a bad entry is rebuilt with a `CacheWarning` at the user's call. On a machine the
+  check has no table for, host objects are cached in memory only. The ``cpu``
+  backend's ``native`` stage calls it (`redfuser.backends`);
+- `JitLibrary` links an object in memory with MCJIT (memcpy/memset come from the
+  process); `compile_cached(text, ...)` is both steps;
 - `GridPool`: worker threads with large stacks (tiles live on the stack) that
   split a kernel's program instances; ctypes releases the GIL during each call.
 """
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING
 import llvmlite
 import llvmlite.binding as llvm
 
-from ..codegen.llvm_utils import initialize_native, parse_and_verify
+from ..codegen.native import compile_object, host_target, jit_machine
 from ..ir.array_memory import memory_of
 from .object_check import BadObject, check_host_object
 from .object_machines import Machine, machine_of_triple
@@ -43,66 +42,6 @@ STACK_BYTES = 256 << 20
 """Stack of each worker thread: room for the largest tiles a schedule keeps (virtual, paid when touched)."""
 
 
-@dataclass(frozen=True)
-class HostTarget:
-    """This machine as LLVM sees it."""
-
-    triple: str
-    cpu: str
-    features: str
-    machine: llvm.TargetMachine
-
-    @property
-    def description(self) -> str:
-        return f"{self.triple} cpu={self.cpu}"
-
-
-def _machine(triple: str, cpu: str, features: str) -> llvm.TargetMachine:
-    return llvm.Target.from_triple(triple).create_target_machine(
-        cpu=cpu, features=features, opt=3, reloc="pic", codemodel="jitdefault", jit=True)
-
-
-@functools.cache
-def host_target() -> HostTarget:
-    """The target machine of this CPU (O3, JIT code model)."""
-    initialize_native()
-    triple = llvm.get_process_triple()
-    cpu = llvm.get_host_cpu_name()
-    features = llvm.get_host_cpu_features().flatten()
-    return HostTarget(triple, cpu, features, _machine(triple, cpu, features))
-
-
-def optimize(module: llvm.ModuleRef) -> llvm.ModuleRef:
-    """Run O3 (with loop and SLP vectorization) on `module`, in place."""
-    target = host_target()
-    module.triple = target.triple
-    layout = target.machine.target_data  # keep the object alive while reading its text
-    module.data_layout = str(layout)
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pto.loop_unrolling = True
-    builder = llvm.create_pass_builder(target.machine, pto)
-    builder.getModulePassManager().run(module, builder)
-    return module
-
-
-def optimized_ir(text: str) -> str:
-    """The O3-optimized form of a host module (for inspecting vectorization)."""
-    return str(optimize(parse_and_verify(text, pass_name="cpu_jit")))
-
-
-def assembly(text: str) -> str:
-    """The native assembly of a host module."""
-    return host_target().machine.emit_assembly(optimize(parse_and_verify(text, pass_name="cpu_jit")))
-
-
-def compile_object(text: str) -> bytes:
-    """Verified, optimized native object code of a host module."""
-    module = optimize(parse_and_verify(text, pass_name="cpu_jit"))
-    return host_target().machine.emit_object(module)
-
-
 class JitLibrary:
     """Object code linked in memory; `address(symbol)` gives a function's entry point."""
 
@@ -110,7 +49,7 @@ class JitLibrary:
         target = host_target()
         empty = llvm.parse_assembly(f'target triple = "{target.triple}"')
         # the engine takes ownership of its target machine, so each library gets its own
-        self._engine = llvm.create_mcjit_compiler(empty, _machine(target.triple, target.cpu, target.features))
+        self._engine = llvm.create_mcjit_compiler(empty, jit_machine(target.triple, target.cpu, target.features))
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         self._engine.finalize_object()
 
@@ -131,9 +70,9 @@ class CompileInfo:
     seconds: float
 
 
-def compile_cached(text: str, options: dict | None = None,
-                   kernels: Sequence[KernelABI] | None = None) -> tuple[JitLibrary, CompileInfo]:
-    """The linked library of a host module, its object code served by the compile cache.
+def cached_object(text: str, options: dict | None = None,
+                  kernels: Sequence[KernelABI] | None = None) -> tuple[bytes, CompileInfo]:
+    """The object code of a host module, served by the compile cache, and where it came from.
 
     `kernels`: the calling conventions `codegen.host.build_host_module` returned
     with the module; their symbols must be defined in an object read from disk
@@ -144,14 +83,20 @@ def compile_cached(text: str, options: dict | None = None,
     target = host_target()
     symbols = [k.symbol for k in kernels] if kernels is not None else exported_functions(text)
     key = CacheKey.build(artifact="host-object", stage=text, options=dict(options or {}),
-                         target=f"{target.triple}:{target.cpu}:{target.features}",
-                         versions=None)
+                         target=target.key, versions=None)
     machine = machine_of_triple(target.triple)
     cache = default_cache() if machine is not None else _memory_cache()
     check = _load_check(machine, tuple(symbols)) if machine is not None else None
     fetched = cache.fetch(key, lambda: compile_object(text), {"llvmlite": llvmlite.__version__, "symbols": symbols},
                           check=check, describe=_describe(text, kernels, symbols))
-    return JitLibrary(fetched.payload), CompileInfo(fetched.source, fetched.seconds)
+    return fetched.payload, CompileInfo(fetched.source, fetched.seconds)
+
+
+def compile_cached(text: str, options: dict | None = None,
+                   kernels: Sequence[KernelABI] | None = None) -> tuple[JitLibrary, CompileInfo]:
+    """The linked library of a host module, its object code from `cached_object`."""
+    obj, info = cached_object(text, options, kernels)
+    return JitLibrary(obj), info
 
 
 _DEFINE = re.compile(r'^define\s([^@\n]*)@"?([-\w$.]+)"?\(', re.M)

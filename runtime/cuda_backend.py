@@ -1,11 +1,8 @@
 """The ``cuda`` backend's executable: load the PTX, take the arguments where they live, launch every kernel.
 
-`compile_ptx(simt_program)` gives the program's LLVM IR and PTX (no GPU needed)
-with each kernel's LLVM IR and PTX served by the compile cache, keyed by the
-kernel's printed SIMT IR (the last text before emission, so a hit skips the
-LLVM emission too), the target and the versions (RedFuser's source fingerprint
-covers the emitter). `CudaProgram` runs it; modules are loaded once per
-context (`cuda_driver.load_module` caches them).
+The PTX comes from the ``ptx`` stage (`codegen.simt.ptx.compile_ptx`, each kernel
+served by the compile cache: `runtime.ptx_cache`). `CudaProgram` runs it; modules
+are loaded once per context (`cuda_driver.load_module` caches them).
 
 Arguments (the rules in full: docs/gpu-backend.md, "Arrays and streams"): host
 arrays only are copied in and out, synchronously; device arrays (DLPack,
@@ -23,49 +20,16 @@ import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
-import llvmlite
 import numpy as np
 
 from ..codegen.simt import SimtProgram
-from ..codegen.simt.ptx import LlvmModules, PtxProgram, kernel_ptx, program_ptx
-from ..codegen.timing import timed_part
-from ..ir.simt import SimtKernel
+from ..codegen.simt.ptx import PtxProgram
 from ..ir.array_memory import memory_of
 from ..ir.errors import ArgumentError, BackendError
 from ..ir.types import BufferType
 from . import arrays as arrays_rt
-from . import ptx_payload
 from .arrays import ArrayInfo
 from .cuda_driver import DeviceAddress
-
-
-def _cached_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None,
-                parts: dict[str, float] | None = None) -> tuple[str, str]:
-    """``(llvm_ir, ptx)`` of `kernel` from the compile cache, made by `kernel_ptx` on a miss. With `parts`,
-    the seconds of the key (printing the SIMT IR) and of `kernel_ptx`'s halves are added there. An entry
-    read from disk is used only if `ptx_payload.problem` finds nothing wrong with it (else it is rebuilt,
-    with a `CacheWarning` at the user's call), so a bad one never reaches the driver."""
-    from .cache import CacheKey, default_cache
-
-    def make() -> bytes:
-        return ptx_payload.encode(*kernel_ptx(kernel, sm, opt_level, parts))
-
-    options = {} if opt_level is None else {"llvm_opt": opt_level}
-    with timed_part(parts, "cache key"):
-        key = CacheKey.build(artifact="llvm+ptx", stage=str(kernel), options=options, target=sm)
-    fetched = default_cache().fetch(key, make, {"llvmlite": llvmlite.__version__},
-                                    check=lambda payload: ptx_payload.problem(payload, kernel.name, sm),
-                                    describe=f"PTX of kernel {kernel.name} for {sm}")
-    return ptx_payload.decode(fetched.payload)
-
-
-def compile_ptx(program: SimtProgram, opt_level: int | None = None,
-                parts: dict[str, float] | None = None) -> tuple[LlvmModules, PtxProgram]:
-    """``(llvm, ptx)`` stages of `program` (see the module docstring); `opt_level` is the ``llvm_opt``
-    kernel option (None: RedFuser's middle end, `codegen.nvptx.GPU_PASSES`; 1-3: LLVM's O1-O3). With
-    `parts`, where the time went (`_cached_ptx`; only the key for kernels the cache served)."""
-    ptx = program_ptx(program, lambda kernel, sm: _cached_ptx(kernel, sm, opt_level, parts))
-    return ptx.llvm(), ptx
 
 
 # --- streams ---------------------------------------------------------------------------------------

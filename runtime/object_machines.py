@@ -2,7 +2,7 @@
 
 A relocation type is accepted when the host backend emits it and MCJIT's
 RuntimeDyldELF applies it safely wherever the JIT places the sections. Which
-ones the backend emits (`cpu_jit.host_target`: PIC, LLVM's JIT code model, O3),
+ones the backend emits (`codegen.native.host_target`: PIC, LLVM's JIT code model, O3),
 surveyed over every kernel the test suite compiles (318 modules, LLVM 22):
 
 - x86-64 (host CPU, ``znver4``): only ``GOTPC64``, ``GOTOFF64`` and ``GOT64``;
@@ -27,7 +27,7 @@ stubs RuntimeDyld makes next to the code, so they always reach.
 
 Other machines have no table (`machine_of_triple` returns None): without a
 survey of what their backend emits and how RuntimeDyld treats it, nothing from
-disk is linked there; `cpu_jit.compile_cached` then caches host objects in
+disk is linked there; `cpu_jit.cached_object` then caches host objects in
 memory only (one compile per process).
 """
 from __future__ import annotations

@@ -83,7 +83,7 @@ def run_backend(backend: str, body, *args, **options) -> tuple[tuple, tuple]:
 def simulated(body, *args, sm: str = "sm_90", **options) -> tuple[np.ndarray, ...]:
     """The SIMT pipeline without LLVM: schedule, lower, simulate (for many random programs)."""
     lowered = rf.kernel(body, backend="interpret").lower(*args)
-    tile = schedule_program(lowered.program, options_for("simulate", options))
+    tile = schedule_program(lowered.program, options_for("gpu", options))
     return simulate_program(lower_to_simt(tile, GpuOptions(sm=sm)), args)
 
 

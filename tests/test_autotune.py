@@ -65,7 +65,7 @@ def test_picks_the_fastest_stores_it_and_prints_progress(cache, capfd):
     with autotune.using_timer(timer):
         np.testing.assert_allclose(kernel(X), softmax(X), rtol=1e-5, atol=1e-7)
     assert timer.seen == list(SPACES["cpu"])          # each candidate once, the untuned kernel first
-    assert kernel.lower(X).options["block_m"] == 16
+    assert kernel.lower(X).options.block_m == 16
     assert "grid (2,)" in str(kernel.lower(X).stages["tile"])       # 24 rows in tiles of 16 (the default: 32)
     (record,) = stored(cache)
     assert record["best"] == {"block_m": 16} and record["kernel"] == "softmax" and record["backend"] == "cpu"
@@ -82,7 +82,7 @@ def test_a_second_kernel_reads_the_result_without_timing(cache, capfd):
     again = rf.kernel(softmax, backend="cpu", autotune=True)
     with autotune.using_timer(no_timing):
         np.testing.assert_allclose(again(X), softmax(X), rtol=1e-5, atol=1e-7)
-        assert again.lower(X).options["block_m"] == 16
+        assert again.lower(X).options.block_m == 16
     assert "autotune" not in capfd.readouterr().err
     with autotune.using_timer(FakeTimer()):       # another shape is another specialization: tuned anew
         rf.kernel(softmax, backend="cpu", autotune=True)(X[:5])
@@ -108,7 +108,7 @@ x = np.arange(60, dtype=np.float32).reshape(6, 10)
 with autotune.using_timer(timer):
     kernel = rf.kernel(scale_rows, backend="cpu")
     assert np.allclose(kernel(x), x / np.abs(x).sum(-1, keepdims=True))
-    print(kernel.lower(x).options["block_m"])
+    print(kernel.lower(x).options.block_m)
 """
 
 
@@ -143,7 +143,7 @@ def test_options_the_user_set_are_never_tuned_and_failures_are_skipped(cache, ca
     with autotune.using_timer(timer):
         np.testing.assert_allclose(kernel(X), softmax(X), rtol=1e-5, atol=1e-7)
     assert {c.block_m for c in timer.seen} == {8} and len(timer.seen) == len(set(timer.seen)) == 5
-    assert kernel.lower(X).options["block_m"] == 8
+    assert kernel.lower(X).options.block_m == 8
     assert "skipped (too much shared memory" in capfd.readouterr().err
 
 
@@ -151,7 +151,7 @@ def test_tuning_off_compiles_the_fixed_defaults(cache):
     with autotune.using_timer(no_timing):
         kernel = rf.kernel(softmax, backend="cpu")
         kernel(X)
-        assert kernel.options["autotune"] is False and kernel.lower(X).options["block_m"] is None
+        assert kernel.options.autotune is False and kernel.lower(X).options.block_m is None
         rf.kernel(softmax, backend="simulate", autotune=True)(X)    # the simulator is not timed
     assert not (cache / "autotune").exists()
 
@@ -159,11 +159,11 @@ def test_tuning_off_compiles_the_fixed_defaults(cache):
 def test_compiling_without_running_only_reads_stored_results(cache):
     kernel = rf.kernel(softmax, backend="cpu", autotune=True)
     with autotune.using_timer(no_timing):
-        assert kernel.lower(X).options["block_m"] is None              # nothing stored: the defaults
+        assert kernel.lower(X).options.block_m is None              # nothing stored: the defaults
     with autotune.using_timer(FakeTimer()):
         rf.kernel(softmax, backend="cpu", autotune=True)(X)
     with autotune.using_timer(no_timing):
-        assert rf.kernel(softmax, backend="cpu", autotune=True).lower(X).options["block_m"] == 16
+        assert rf.kernel(softmax, backend="cpu", autotune=True).lower(X).options.block_m == 16
 
 
 def test_the_key_ignores_source_lines_but_not_code_shapes_or_options():

@@ -441,7 +441,7 @@ def test_a_cached_gpu_kernel_skips_llvm_emission_and_gives_the_same_stages(tmp_p
     def no_emission(*args, **kwargs):
         raise AssertionError("emitted LLVM IR on a cache hit")
 
-    monkeypatch.setattr(ptx_mod, "emit_text", no_emission)
+    monkeypatch.setattr(ptx_mod, "emit_parsed", no_emission)
     again = rf.kernel(softmax, backend="cuda", sm="sm_90").lower(x)
     assert str(again.stages["llvm"]) == str(first.stages["llvm"])
     assert str(again.stages["ptx"]) == str(first.stages["ptx"])
@@ -633,7 +633,8 @@ def _foreign_machine(good: bytes, built: Path, artifact: str) -> bytes:
 
 
 def _other_shape(good: bytes, built: Path, artifact: str) -> bytes:
-    from redfuser.runtime.cpu_jit import host_target, in_process
+    from redfuser.codegen.native import host_target
+    from redfuser.runtime.cpu_jit import in_process
     from redfuser.runtime.object_check import check_host_object
     from redfuser.runtime.object_machines import machine_of_triple
 
@@ -718,7 +719,7 @@ def test_bad_payload_is_rebuilt_with_a_warning_at_the_users_call(built, tmp_path
 def host_object() -> tuple[bytes, str, object]:
     """A real object of the host backend (attention: it calls memset and memcpy), its kernel symbol, machine."""
     import redfuser as rf
-    from redfuser.runtime.cpu_jit import compile_object, host_target
+    from redfuser.codegen.native import compile_object, host_target
     from redfuser.runtime.object_machines import machine_of_triple
     from redfuser.workloads import attention
 

@@ -1,6 +1,7 @@
 """What the compile-time work keeps true: per-stage timings are recorded (never asserted as numbers),
-printing a module once gives the same text, a verified kernel is not re-checked but a broken one
-still fails, and the garbage collector paused during a compile comes back on."""
+printing a module once gives the same text, LLVM's parse made by the emission's check is what code
+generation starts from, a kernel the ``simt`` stage verified is not re-checked by the ``ptx`` stage but a
+broken one still fails, and the garbage collector paused during a compile comes back on."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,7 @@ import redfuser as rf
 import simt_kernels as K
 from redfuser import cli, compiler, workloads
 from redfuser.codegen import nvptx
-from redfuser.codegen.simt_to_llvm import emit_module, emit_text
+from redfuser.codegen.simt_to_llvm import emit_module, emit_parsed, emit_text
 from redfuser.ir import simt_verifier
 from redfuser.ir.errors import RedFuserError, VerifyError
 
@@ -61,7 +62,7 @@ def test_the_gpu_stages_say_where_their_time_went(tmp_path, monkeypatch):
 
 def test_cpu_lower_records_its_stages():
     lowered = rf.kernel(workloads.softmax, backend="cpu").lower(_softmax_input())
-    assert list(lowered.timings) == ["trace", "fuse", "schedule", "llvm"]
+    assert list(lowered.timings) == ["trace", "fuse", "schedule", "llvm", "native"]
 
 
 def test_explain_stages_prints_the_timings(capsys):
@@ -69,22 +70,39 @@ def test_explain_stages_prints_the_timings(capsys):
     assert "compile time per stage:" in capsys.readouterr().out
 
 
-def test_emit_text_is_the_printed_module_and_feeds_compile_module():
+def test_emit_text_is_the_printed_module_and_its_parse_feeds_compile_module(monkeypatch):
     text = emit_text(K.block_sum())
     assert text == str(emit_module(K.block_sum()))
-    assert nvptx.compile_module(text).ptx == nvptx.compile_module(str(emit_module(K.block_sum()))).ptx
-    assert not nvptx._KEPT            # the kept parse was taken once, not left behind
+    again, parsed = emit_parsed(K.block_sum())
+    assert again == text
+    parses = []
+    real = nvptx.parse_and_verify
+    monkeypatch.setattr(nvptx, "parse_and_verify", lambda *a, **k: (parses.append(1), real(*a, **k))[1])
+    from_parse = nvptx.compile_module(text, parsed=parsed).ptx
+    assert parses == []                # code generation started from the emission's parse
+    assert from_parse == nvptx.compile_module(text).ptx and parses == [1]
 
 
-def test_a_verified_kernel_is_remembered_and_a_broken_one_still_fails():
+def test_the_ptx_stage_does_not_verify_again_and_a_broken_kernel_still_fails(monkeypatch, tmp_path):
+    from redfuser.runtime.cache import reset_default_cache
+
+    checked = []
+    real = simt_verifier._check_kernel
+    monkeypatch.setattr(simt_verifier, "_check_kernel", lambda k, name: (checked.append(name), real(k, name)))
+    monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path))
+    reset_default_cache()
+    try:
+        lowered = rf.kernel(workloads.softmax, backend="simulate").lower(_softmax_input())
+    finally:
+        reset_default_cache()
+    assert list(lowered.parts["ptx"]) == ["cache key", "llvm ir", "llvm -> ptx"]   # emitted, not served
+    assert checked == ["lower_to_simt"] * len(lowered.stages["simt"].kernels)
     kernel = K.block_sum()
     assert simt_verifier.verify_simt_kernel(kernel) is kernel
-    assert simt_verifier._VERIFIED.get(id(kernel)) is kernel
     broken = dataclasses.replace(kernel, warps=40)  # more than 32 warps per block
     for _ in range(2):
         with pytest.raises(VerifyError):
             simt_verifier.verify_simt_kernel(broken)
-    assert id(broken) not in simt_verifier._VERIFIED
 
 
 def test_the_garbage_collector_is_back_on_after_a_compile_even_a_failing_one():

@@ -14,7 +14,7 @@ from helpers import quantization_bound, run_backend
 from hypothesis import given, note
 
 import redfuser as rf
-from redfuser.runtime import cpu_jit
+from redfuser.codegen import native
 from redfuser.testing import assert_close
 from redfuser.testing.strategies import programs
 from redfuser.testing.tolerance import wide_reference
@@ -161,15 +161,15 @@ def test_top_k_of_int64_values_says_it_is_not_compiled():
 def test_llvm_stage_is_opaque_pointer_ir_that_vectorizes():
     x = np.zeros((64, 1000), np.float32)
     lowered = rf.kernel(softmax, backend="cpu").lower(x)
-    assert list(lowered.stages)[-2:] == ["tile", "llvm"]
+    assert list(lowered.stages)[-3:] == ["tile", "llvm", "native"]
     text = str(lowered.stages["llvm"])
     assert "define void @" in text and "ptr noalias" in text
     assert not re.search(r"(float|i32|i8|half|double)\*", text), "typed pointers in the module"
-    optimized = cpu_jit.optimized_ir(text)
+    optimized = native.optimized_ir(text)
     assert re.search(r"<(8|16) x float>", optimized), "no vector code"
     assert "@rf.expf" not in optimized.split("define", 1)[1] or "call float @rf.expf" not in optimized
     assert re.search(r"fmul <(8|16) x float>", optimized)
-    asm = cpu_jit.assembly(text)
+    asm = native.assembly(text)
     assert re.search(r"\bv(add|mul|fmadd\w*|max)ps\b.*[yz]mm", asm)
 
 

@@ -54,7 +54,7 @@ def carried_shapes(kernel: t.TileKernel) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize("n", [512, 300])
 def test_long_output_axis_is_tiled_across_the_grid(n):
     x, w, ws = fp8_inputs(64, 256, n)
-    opts = options_for("simulate")
+    opts = options_for("gpu")
     tiled = schedule_program(rf.kernel(fp8_quant_gemm, backend="interpret").lower(x, w, ws).program, opts)
     verify_tile_program(tiled)
     for kernel in fused_kernels(tiled):
@@ -66,7 +66,7 @@ def test_long_output_axis_is_tiled_across_the_grid(n):
 def test_head_dimension_of_attention_stays_whole():
     q = np.zeros((2, 3, 64, WHOLE_MAX), np.float32)
     kv = np.zeros((2, 3, 128, WHOLE_MAX), np.float32)       # two key blocks: a loop (one would be inlined)
-    tiled = schedule_program(rf.kernel(attention, backend="interpret").lower(q, kv, kv).program, options_for("simulate"))
+    tiled = schedule_program(rf.kernel(attention, backend="interpret").lower(q, kv, kv).program, options_for("gpu"))
     (kernel,) = fused_kernels(tiled)
     assert carried_shapes(kernel)[-1] == (64, WHOLE_MAX)
     assert kernel.grid == (2, 3, 1)  # batch, heads, query tiles: no grid dimension over the head dim

@@ -45,8 +45,8 @@ def unary_ops(tile_program) -> list[UnaryOp]:
 def test_narrow_exp_is_scheduled_as_exp2(name, expected):
     x = np.ones((4, 8), dtype=NARROW.get(name, np.float32))
     program = rf.kernel(exp, backend="interpret").lower(x).program
-    for backend in ("cpu", "simulate"):
-        assert unary_ops(schedule_program(program, options_for(backend))) == expected
+    for target in ("cpu", "gpu"):
+        assert unary_ops(schedule_program(program, options_for(target))) == expected
 
 
 @pytest.mark.parametrize("backend", ["cpu", "simulate"])

@@ -36,7 +36,7 @@ RNG = np.random.default_rng(5)
 
 def tile_program(fn, *args, **options) -> t.TileProgram:
     lowered = rf.kernel(fn, backend="interpret").lower(*args)
-    return schedule_program(lowered.program, options_for("simulate", options))
+    return schedule_program(lowered.program, options_for("gpu", options))
 
 
 def normal(*shape, dtype=np.float32):
@@ -162,7 +162,7 @@ def test_attention_reads_q_once_and_contractions_divide_into_chunks(head):
     f32_loop = next(s for s in f32.body if isinstance(s, For))
     in_loop = {s.buffer.name for s in walk_stmts(f32_loop.body.stmts) if isinstance(s, LoadGlobal)}
     assert ("q" in in_loop) == (head > 64)      # f32 (FMA): q re-read per 64-wide chunk of a longer head dim
-    opts = options_for("simulate")
+    opts = options_for("gpu")
     assert [opts.chunk(n) for n in (64, 96, 128, 48, 4096, 100)] == [64, 32, 64, 16, 64, 64]
     assert [opts.chunk(n, narrow_product=True) for n in (64, 96, 128, 256)] == [64, 32, 128, 128]
     wide = normal(1, 1, 32, 96, dtype=np.float16)
@@ -419,7 +419,7 @@ def test_64_bit_offsets_where_the_tile_ir_says_i64():
     x = normal(5, 37)
     lowered = rf.kernel(lambda a: a * 2.0 + 1.0, backend="interpret").lower(x)
     stmt = lowered.program.body[-1]
-    kernel = compute_kernel(stmt, "scale64", options_for("simulate", dict(block_m=4, block_n=16)), int64)
+    kernel = compute_kernel(stmt, "scale64", options_for("gpu", dict(block_m=4, block_n=16)), int64)
     prog = t.TileProgram("scale64", lowered.program.inputs, lowered.program.outputs, (), (kernel,))
     simt = lower_to_simt(prog, GpuOptions())
     assert {s.index.dtype for s in stmts(simt.kernels[0], LoadGlobal)} == {int64}

@@ -122,7 +122,7 @@ def test_a_loop_stop_must_be_an_iv_typed_scalar():
 
 
 def test_skip_masked_is_a_known_option_and_off_by_default():
-    assert rf.kernel(causal_attention).options["skip_masked"] is False
+    assert rf.kernel(causal_attention).options.skip_masked is False
     with pytest.raises(ArgumentError, match="unknown option"):
         rf.kernel(causal_attention, skip_mask=True)
 

@@ -82,8 +82,8 @@ def test_a_tile_the_user_gives_and_the_cpu_default_are_kept():
     x = np.zeros((8192, 1024), np.float16)
     assert [k.grid for k in gpu_tiles(softmax, x, block_m=32).kernels] == [(8192 // 32,)]
     assert [k.grid for k in gpu_tiles(softmax, x, block_n=64).kernels] == [(8192 // 32,)]
-    assert options_for("simulate").whole_rows and not options_for("cpu").whole_rows
-    assert not options_for("simulate", {"block_n": 128}).whole_rows
+    assert options_for("gpu").whole_rows and not options_for("cpu").whole_rows
+    assert not options_for("gpu", {"block_n": 128}).whole_rows
 
 
 def test_a_running_top_k_keeps_its_chunks():
@@ -134,7 +134,7 @@ def test_whole_row_tiles_of_random_shapes_equal_numpy_on_the_simulator(rows, col
     if rows > 4:
         x[4] = -np.inf
     low = rf.kernel(fn, backend="interpret").lower(x)
-    opts = options_for("simulate", {"workers": 1})
+    opts = options_for("gpu", {"workers": 1})
     tiled = schedule_program(low.program, opts)
     if rows > 1:   # (one row: its index folds to 0, the states are not per-row values, and chunks stay)
         assert not ops_of(tiled.kernels[0], t.For)

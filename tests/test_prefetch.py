@@ -25,7 +25,7 @@ def scheduled(fn, *args, **options) -> t.TileProgram:
     """The GPU schedule with 64-row tiles, which the budgets below are stated for (f16 attention at head
     64 defaults to 128 rows, `options.WIDE_ROWS`, whose accumulator alone fills the budget)."""
     options = {"block_m": 64, **options}
-    return schedule_program(rf.kernel(fn, backend="interpret").lower(*args).program, options_for("simulate", options))
+    return schedule_program(rf.kernel(fn, backend="interpret").lower(*args).program, options_for("gpu", options))
 
 
 def carried(p: t.TileProgram) -> list[str]:
@@ -43,7 +43,7 @@ def qkv(n: int, head: int, dtype=np.float16):
 def test_the_pipelined_loop_computes_bit_for_bit_what_the_loop_did(fn, n, options):
     args = qkv(n, 64)
     tile = scheduled(fn, *args, **options)
-    ahead = prefetch_operands(tile, lambda k: 128)
+    ahead = prefetch_operands(tile, 128)
     assert carried(ahead) == carried(tile) + ["k_cur", "v_cur"]
     for a, b in zip(run_tile_program(tile, list(args)), run_tile_program(ahead, list(args))):
         np.testing.assert_array_equal(a, b)
@@ -54,7 +54,7 @@ def test_the_fp8_gemms_weight_tile_is_prefetched_and_its_result_unchanged():
     w = RNG.standard_normal((200, 64)).astype(rf.float8_e4m3fn)
     ws = RNG.uniform(0.5, 2.0, 64).astype(np.float32)
     tile = scheduled(fp8_quant_gemm, x, w, ws)
-    ahead = prefetch_operands(tile, lambda k: 128)
+    ahead = prefetch_operands(tile, 128)
     assert [a for a in carried(ahead) if a not in carried(tile)] == ["w_cur"]   # x is quantized first: not a view
     for a, b in zip(run_tile_program(tile, [x, w, ws]), run_tile_program(ahead, [x, w, ws])):
         np.testing.assert_array_equal(a, b)
@@ -68,7 +68,7 @@ def test_tiles_are_taken_in_order_while_the_loops_tiles_fit_the_budget(head, thr
     accumulator alone is 256; with 256 threads, 128 + 64 + 64 again; with 64 threads, 256 alone."""
     assert BUDGET_BYTES == 256
     tile = scheduled(attention, *qkv(128, head))            # two key blocks: a loop
-    ahead = prefetch_operands(tile, lambda k: threads)
+    ahead = prefetch_operands(tile, threads)
     assert [a for a in carried(ahead) if a not in carried(tile)] == expected
     assert (ahead is tile) == (not expected)
 
@@ -76,9 +76,9 @@ def test_tiles_are_taken_in_order_while_the_loops_tiles_fit_the_budget(head, thr
 def test_what_is_not_a_tensor_core_operand_is_left_alone():
     x = RNG.standard_normal((64, 1000)).astype(np.float16)
     tile = scheduled(softmax, x)                                   # a stream, no product
-    assert prefetch_operands(tile, lambda k: 128) is tile
+    assert prefetch_operands(tile, 128) is tile
     tile = scheduled(attention, *qkv(128, 32, np.float32))         # f32 products run as FMA loops
-    assert prefetch_operands(tile, lambda k: 128) is tile
+    assert prefetch_operands(tile, 128) is tile
 
 
 def test_the_next_tiles_loads_are_issued_before_the_bodys_first_product():

@@ -176,7 +176,7 @@ def test_huge_buffers_get_64_bit_offsets():
 
 def test_options_for_backends():
     assert options_for("cpu", {"block_m": 32, "fuse": True, "num_threads": 1}) == ScheduleOptions(block_m=32)
-    assert options_for("cuda").pow2
+    assert options_for("gpu").pow2
     with pytest.raises(rf.ArgumentError):
         ScheduleOptions(block_m=0)
 

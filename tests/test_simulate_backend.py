@@ -240,6 +240,6 @@ def test_tensor_core_operands_read_through_ldmatrix_at_random_shapes(dtype, head
     options = dict(block_m=block_m, block_n=block_n, block_k=16, num_warps=warps)
     check(attention, q, k, v, n=n, roundings=F16_ATTENTION, prefetch=prefetch, **options)
     tile = schedule_program(rf.kernel(attention, backend="interpret").lower(q, k, v).program,
-                            options_for("simulate", options))
+                            options_for("gpu", options))
     text = str(lower_to_simt(tile, GpuOptions(num_warps=warps)))
     assert "ldmatrix.x" in text or "mma." not in text     # tiny tiles shrink below an mma: FMA, no operands

@@ -63,7 +63,7 @@ def test_gpu_schedules_plan_for_the_devices_sms_or_an_h200(monkeypatch):
     from redfuser.runtime import device
 
     monkeypatch.setattr(device, "device_available", lambda: False)
-    assert options_for("cuda").workers == 132 and options_for("simulate", {"split": 3}).split == 3
+    assert options_for("gpu").workers == 132 and options_for("gpu", {"split": 3}).split == 3
     assert options_for("cpu", {"num_threads": 5}).workers == 5
     with pytest.raises(rf.ArgumentError, match="split"):
         ScheduleOptions(split=0)

@@ -18,7 +18,7 @@ from redfuser.schedule import options_for, schedule_program
 from redfuser.workloads import WORKLOADS
 
 STAGES = SNAPSHOTS / "stages"
-PINNED_WORKERS = {"cpu": 2, "cuda": 132}   # CI's cores; an H200's SMs (what a GPU schedule plans for)
+PINNED_WORKERS = {"cpu": 2, "gpu": 132}   # CI's cores; an H200's SMs (what a GPU schedule plans for)
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
@@ -28,6 +28,6 @@ def test_printed_stages_of_every_workload(name):
     lowered = rf.kernel(work.fn, backend="interpret").lower(*inputs)
     compare(f"{name}.traced.txt", f"{lowered.stages['traced']}\n", STAGES)
     compare(f"{name}.fused.txt", f"{lowered.stages['fused']}\n", STAGES)
-    for backend, workers in PINNED_WORKERS.items():
-        tile = schedule_program(lowered.program, options_for(backend, {"workers": workers}))
-        compare(f"{name}.tile-{'gpu' if backend == 'cuda' else backend}.txt", f"{tile}\n", STAGES)
+    for target, workers in PINNED_WORKERS.items():
+        tile = schedule_program(lowered.program, options_for(target, {"workers": workers}))
+        compare(f"{name}.tile-{target}.txt", f"{tile}\n", STAGES)

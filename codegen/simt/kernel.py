@@ -121,23 +121,23 @@ def symbol(name: str) -> str:
     return text if text and not text[0].isdigit() else f"_{text}"
 
 
-def lower_kernel(k: t.TileKernel, opts: GpuOptions, parts: dict[str, float] | None = None) -> SimtKernel:
-    """One Tile IR kernel as a verified SIMT kernel (see the module docstring). With `parts`, the wall time
-    of each step is added there (`codegen.timing`): ``plan`` (steps 1-2), ``emit`` (3-4), ``clean-up``
-    (5), ``barriers`` (6) and ``verify`` (7)."""
-    with timed_part(parts, "plan"):
+def lower_kernel(k: t.TileKernel, opts: GpuOptions) -> SimtKernel:
+    """One Tile IR kernel as a verified SIMT kernel (see the module docstring). The wall time of each step
+    goes to the parts being recorded (`codegen.timing`): ``plan`` (steps 1-2), ``emit`` (3-4),
+    ``clean-up`` (5), ``barriers`` (6) and ``verify`` (7)."""
+    with timed_part("plan"):
         k = narrow_dot_operands(k, opts)
         plan = plan_kernel(k, opts)
-    with timed_part(parts, "emit"):
+    with timed_part("emit"):
         try:
             kernel = _emit(k, plan, opts, alternate=True)
         except SharedMemoryExceeded:    # two scratch arrays a dtype are too many: one, as before
             kernel = _emit(k, plan, opts, alternate=False)
-    with timed_part(parts, "clean-up"):
+    with timed_part("clean-up"):
         kernel = drop_unused(kernel)
-    with timed_part(parts, "barriers"):
+    with timed_part("barriers"):
         kernel = drop_redundant_barriers(kernel)
-    with timed_part(parts, "verify"):
+    with timed_part("verify"):
         return verify_simt_kernel(kernel, "lower_to_simt")
 
 
@@ -152,9 +152,8 @@ def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool) -> Sim
     return size_shared(built, lw)
 
 
-def lower_to_simt(p: t.TileProgram, opts: GpuOptions = GpuOptions(),
-                  parts: dict[str, float] | None = None) -> SimtProgram:
-    """Every kernel of `p` with at least one program, lowered (see the module docstring); `parts` as for
-    `lower_kernel`, summed over the kernels."""
-    kernels = tuple(lower_kernel(k, opts, parts) for k in p.kernels if k.num_programs > 0)
+def lower_to_simt(p: t.TileProgram, opts: GpuOptions = GpuOptions()) -> SimtProgram:
+    """Every kernel of `p` with at least one program, lowered (see the module docstring); each step's time
+    as for `lower_kernel`, summed over the kernels."""
+    kernels = tuple(lower_kernel(k, opts) for k in p.kernels if k.num_programs > 0)
     return SimtProgram(p.name, p.inputs, p.outputs, p.scratch, kernels, opts.sm)

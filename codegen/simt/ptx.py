@@ -1,9 +1,10 @@
 """A `SimtProgram` through LLVM (nvptx64) to PTX, one module per kernel; kept for ``stages["llvm"]``/``["ptx"]``.
 
-`program_ptx(p, ptx_of)` turns each kernel into its verified LLVM module's text
-(`codegen.simt_to_llvm.emit_text`) and PTX with `ptx_of` (default: `kernel_ptx`,
-emission then `codegen.nvptx.compile_module`; the runtime passes one served by
-the compile cache, which skips both on a hit). Nothing here needs a GPU.
+`compile_ptx(p, opt_level, ptx_of)` (the GPU backends' ``ptx`` stage) turns each
+kernel into its verified LLVM module's text (`codegen.simt_to_llvm.emit_parsed`)
+and PTX with `ptx_of` (default: `kernel_ptx`, emission then
+`codegen.nvptx.compile_module`; the backend table passes one served by the
+runtime's compile cache, which skips both on a hit). Nothing here needs a GPU.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Callable
 from ...ir.errors import InternalError
 from ..nvptx import compile_module, entry_names
 from ..timing import timed_part
-from ..simt_to_llvm import emit_text
+from ..simt_to_llvm import emit_parsed
 from ...ir.simt import SimtKernel
 from .kernel import SimtProgram
 
@@ -52,18 +53,35 @@ class LlvmModules:
         return "\n".join(f"; ===== kernel {k.name} =====\n{k.llvm_ir}" for k in self.kernels)
 
 
-def kernel_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None,
-               parts: dict[str, float] | None = None) -> tuple[str, str]:
+KernelPtxOf = Callable[[SimtKernel, str, "int | None"], tuple[str, str]]
+"""``ptx_of(kernel, sm, opt_level)``: ``(llvm_ir, ptx)`` of one kernel (`kernel_ptx`, or one through a cache)."""
+
+
+def kernel_ptx(kernel: SimtKernel, sm: str, opt_level: int | None = None, *, verified: bool = False) -> tuple[str, str]:
     """``(llvm_ir, ptx)`` of one kernel: its emitted (LLVM-verified) module's text, compiled for `sm` with
-    the middle end `opt_level` picks (`codegen.nvptx.compile_module`; a kernel `lower_to_simt` made is not
-    checked twice: the SIMT verifier remembers what passed). With `parts`, adds the seconds of each half
-    to ``parts["llvm ir"]`` (the emission, with LLVM's parse and verifier) and ``parts["llvm -> ptx"]``
+    the middle end `opt_level` picks (`codegen.nvptx.compile_module`, from the parse the emission's check
+    made). `verified`: the kernel comes from a stage that verified it (`lower_to_simt`), so the SIMT
+    verifier does not run again. The seconds of each half go to the parts being recorded
+    (`codegen.timing`): ``llvm ir`` (the emission, with LLVM's parse and verifier) and ``llvm -> ptx``
     (LLVM's middle end and code generation)."""
-    with timed_part(parts, "llvm ir"):
-        text = emit_text(kernel)
-    with timed_part(parts, "llvm -> ptx"):
-        ptx = compile_module(text, sm, opt_level=opt_level).ptx
+    with timed_part("llvm ir"):
+        text, parsed = emit_parsed(kernel, verify=not verified)
+    with timed_part("llvm -> ptx"):
+        ptx = compile_module(text, sm, opt_level=opt_level, parsed=parsed).ptx
     return text, ptx
+
+
+def compile_ptx(p: SimtProgram, opt_level: int | None = None,
+                ptx_of: KernelPtxOf | None = None) -> tuple[LlvmModules, PtxProgram]:
+    """The ``(llvm, ptx)`` stages of `p`, a program `lower_to_simt` made and verified; `opt_level` is the
+    ``llvm_opt`` kernel option (None: RedFuser's middle end, `codegen.nvptx.GPU_PASSES`; 1-3: LLVM's
+    O1-O3); `ptx_of` as for `program_ptx` (default: `kernel_ptx` of a verified kernel)."""
+    ptx = program_ptx(p, lambda k, sm: (ptx_of or _verified_kernel_ptx)(k, sm, opt_level))
+    return ptx.llvm(), ptx
+
+
+def _verified_kernel_ptx(kernel: SimtKernel, sm: str, opt_level: int | None) -> tuple[str, str]:
+    return kernel_ptx(kernel, sm, opt_level, verified=True)
 
 
 def program_ptx(p: SimtProgram, ptx_of: Callable[[SimtKernel, str], tuple[str, str]] | None = None) -> PtxProgram:

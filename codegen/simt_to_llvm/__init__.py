@@ -7,6 +7,6 @@ the `codegen.nvvm`/`codegen.nvvm_mma` helpers); `compile_simt(kernel, sm)` goes 
 to PTX through `codegen.nvptx.compile_module`. Nothing here needs a GPU.
 """
 from .emitter import LlvmOptions
-from .kernel import RULES, compile_simt, emit_module, emit_text
+from .kernel import RULES, compile_simt, emit_module, emit_parsed, emit_text
 
-__all__ = ["emit_module", "emit_text", "compile_simt", "LlvmOptions", "RULES"]
+__all__ = ["emit_module", "emit_parsed", "emit_text", "compile_simt", "LlvmOptions", "RULES"]

@@ -1,6 +1,7 @@
 """`emit_module` (`emit_text`): one `SimtKernel` as a verified nvptx64 LLVM module, and `compile_simt` on to PTX."""
 from __future__ import annotations
 
+import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ...ir.expr import Buffer
@@ -29,11 +30,18 @@ def emit_module(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, ver
 def emit_text(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, verify: bool = True) -> str:
     """The text of `emit_module(kernel)` (verified by LLVM the same way), printed once: printing a big
     llvmlite module costs as much as building it."""
+    return emit_parsed(kernel, options, verify=verify)[0]
+
+
+def emit_parsed(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *,
+                verify: bool = True) -> tuple[str, llvm.ModuleRef]:
+    """`emit_text(kernel)` and LLVM's verified parse of it, for `compile_module(text, parsed=...)` to start
+    from instead of parsing the text again. `verify=False` skips the SIMT verifier, for a kernel the stage
+    that made it verified (`lower_to_simt`)."""
     module = _build(kernel, options, verify)
     text = str(module)
     module.dispose()
-    parse_and_verify(text, pass_name="simt_to_llvm", keep=True)
-    return text
+    return text, parse_and_verify(text, pass_name="simt_to_llvm")
 
 
 def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule:
@@ -68,4 +76,4 @@ def compile_simt(kernel: SimtKernel, sm: str = "sm_90", options: LlvmOptions = L
     return compile_module(emit_module(kernel, options), sm, ptx_version=ptx_version)
 
 
-__all__ = ["emit_module", "emit_text", "compile_simt", "RULES"]
+__all__ = ["emit_module", "emit_parsed", "emit_text", "compile_simt", "RULES"]

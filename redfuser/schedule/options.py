@@ -30,7 +30,9 @@ is present to ask.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from typing import Callable
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,15 +162,28 @@ def gpu_workers() -> int:
     return GPU_PLANNING_SMS
 
 
-def options_for(backend: str, overrides: dict | None = None) -> ScheduleOptions:
-    """The defaults of `backend` (``cpu``; ``cuda``/``simulate`` use ``gpu``) with kernel options applied."""
-    cpu = backend in ("cpu", "interpret")
-    base = DEFAULTS["cpu" if cpu else "gpu"]
+def with_overrides(base: ScheduleOptions, overrides: Mapping[str, object],
+                   workers: Callable[[], int]) -> ScheduleOptions:
+    """`base` (a backend's defaults) with the options in `overrides` that name a `ScheduleOptions` field and
+    are not None applied; ``workers()`` unless `overrides` gives ``workers``."""
     names = {f.name for f in fields(ScheduleOptions)}
-    chosen = {k: v for k, v in (overrides or {}).items() if k in names and v is not None}
+    chosen = {k: v for k, v in overrides.items() if k in names and v is not None}
     if chosen.keys() & {"block_m", "block_n"}:
         chosen.setdefault("whole_rows", False)   # a tile the user chose is the tile
     if "workers" not in chosen:
-        threads = int((overrides or {}).get("num_threads") or 0)
-        chosen["workers"] = (threads or os.cpu_count() or 1) if cpu else gpu_workers()
+        chosen["workers"] = workers()
     return replace(base, **chosen)
+
+
+def cpu_workers(num_threads: int = 0) -> int:
+    """Programs the CPU runs at once: `num_threads` (the kernel option), else the core count."""
+    return num_threads or os.cpu_count() or 1
+
+
+def options_for(target: str, overrides: Mapping[str, object] | None = None) -> ScheduleOptions:
+    """The schedule options of `DEFAULTS[target]` (``cpu`` or ``gpu``) with `overrides` applied (kernel
+    options, or ``workers``): a shortcut for tests and scripts. A kernel's own come from
+    `KernelOptions.schedule_options` with its backend's defaults (`redfuser.backends`)."""
+    given = overrides or {}
+    workers = {"cpu": lambda: cpu_workers(int(given.get("num_threads") or 0)), "gpu": gpu_workers}[target]
+    return with_overrides(DEFAULTS[target], given, workers)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Mapping
 
 from ..ir import tile as t
 from ..ir.expr import BinaryOp
@@ -51,12 +51,14 @@ prefetching even k made the bf16 kernel spill (116 bytes, nvJitLink, sm_90) and 
 (a 256-byte accumulator) spill on sm_80. With 8 warps, head 128 fits both again."""
 
 
-def prefetch_operands(p: t.TileProgram, threads: Callable[[t.TileKernel], int],
+def prefetch_operands(p: t.TileProgram, threads: int | Mapping[str, int],
                       budget: int = BUDGET_BYTES) -> t.TileProgram:
     """`p` with the eligible tensor-core operand loads of its loops issued one iteration ahead, within
-    `budget` bytes a thread of a kernel of ``threads(kernel)`` threads (see the module docstring); the
-    result is verified and computes the same values on every input."""
-    kernels = tuple(_kernel(k, threads(k), budget) for k in p.kernels)
+    `budget` bytes a thread of a kernel's block of `threads` threads (one count for every kernel, or one per
+    kernel name) (see the module docstring); the result is verified and computes the same values on every
+    input."""
+    per_kernel = threads if isinstance(threads, Mapping) else {k.name: threads for k in p.kernels}
+    kernels = tuple(_kernel(k, per_kernel[k.name], budget) for k in p.kernels)
     if all(a is b for a, b in zip(kernels, p.kernels)):
         return p
     return verify_tile_program(replace(p, kernels=kernels), pass_name="prefetch_operands")

@@ -1,0 +1,105 @@
+"""Host LLVM IR -> optimized native code for this CPU (the ``cpu`` backend's ``native`` stage).
+
+- `host_target()`: the LLVM target machine for this CPU (its name and features,
+  so AVX2/AVX-512 code is generated), O3, PIC and LLVM's JIT code model (what
+  `runtime.cpu_jit` links in memory);
+- `optimize(module)`: LLVM's O3 pipeline (loop and SLP vectorizers on);
+  `optimized_ir(text)` shows what it made of a module;
+- `compile_object(text)`: verified, optimized, emitted as an ELF object (bytes);
+  `assembly(text)` the same code as assembly text;
+- `NativeCode`: what the stage keeps, an object's bytes with the module they were
+  compiled from; printed, it is the assembly (made when printed: the object is
+  what runs, and the compile cache may have served it without any LLVM work).
+
+The compile cache around `compile_object` belongs to the runtime (`runtime.cpu_jit.cached_object`).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import llvmlite.binding as llvm
+
+from .llvm_utils import initialize_native, parse_and_verify
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """This machine as LLVM sees it."""
+
+    triple: str
+    cpu: str
+    features: str
+    machine: llvm.TargetMachine
+
+    @property
+    def description(self) -> str:
+        return f"{self.triple} cpu={self.cpu}"
+
+    @property
+    def key(self) -> str:
+        """The target part of a compile-cache key: triple, CPU and features."""
+        return f"{self.triple}:{self.cpu}:{self.features}"
+
+
+def jit_machine(triple: str, cpu: str, features: str) -> llvm.TargetMachine:
+    """A new target machine for `triple`/`cpu`/`features`: O3, PIC, LLVM's JIT code model."""
+    return llvm.Target.from_triple(triple).create_target_machine(
+        cpu=cpu, features=features, opt=3, reloc="pic", codemodel="jitdefault", jit=True)
+
+
+@functools.cache
+def host_target() -> HostTarget:
+    """The target machine of this CPU (O3, JIT code model)."""
+    initialize_native()
+    triple = llvm.get_process_triple()
+    cpu = llvm.get_host_cpu_name()
+    features = llvm.get_host_cpu_features().flatten()
+    return HostTarget(triple, cpu, features, jit_machine(triple, cpu, features))
+
+
+def optimize(module: llvm.ModuleRef) -> llvm.ModuleRef:
+    """Run O3 (with loop and SLP vectorization) on `module`, in place."""
+    target = host_target()
+    module.triple = target.triple
+    layout = target.machine.target_data  # keep the object alive while reading its text
+    module.data_layout = str(layout)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    builder = llvm.create_pass_builder(target.machine, pto)
+    builder.getModulePassManager().run(module, builder)
+    return module
+
+
+def optimized_ir(text: str) -> str:
+    """The O3-optimized form of a host module (for inspecting vectorization)."""
+    return str(optimize(parse_and_verify(text, pass_name="cpu_jit")))
+
+
+def assembly(text: str) -> str:
+    """The native assembly of a host module."""
+    return host_target().machine.emit_assembly(optimize(parse_and_verify(text, pass_name="cpu_jit")))
+
+
+def compile_object(text: str) -> bytes:
+    """Verified, optimized native object code of a host module."""
+    module = optimize(parse_and_verify(text, pass_name="cpu_jit"))
+    return host_target().machine.emit_object(module)
+
+
+@dataclass(frozen=True)
+class NativeCode:
+    """The ``native`` stage: `obj`, this CPU's object code of the host module `llvm_ir`. ``str()`` is its
+    assembly."""
+
+    llvm_ir: str = field(repr=False)
+    obj: bytes = field(repr=False)
+
+    def __str__(self) -> str:
+        return assembly(self.llvm_ir).rstrip("\n")
+
+
+__all__ = ["HostTarget", "NativeCode", "assembly", "compile_object", "host_target", "jit_machine", "optimize",
+           "optimized_ir"]

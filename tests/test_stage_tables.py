@@ -1,0 +1,104 @@
+"""Backends own their stage lists: `compiler.lower` runs the backend's `Stage`s in order, one name per stage
+for its timing, what it keeps under the names it declares; the cpu backend's ``native`` stage makes the
+object code inside `lower` (printed as assembly, a compile-cache hit doing no LLVM work); prefetch is its
+own stage; the compiler imports no runtime module."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+from redfuser import backends, cli, compiler, workloads
+from redfuser.codegen.native import NativeCode
+from redfuser.codegen.simt.plan import choose_warps
+from redfuser.schedule.prefetch import prefetch_operands
+
+
+def _x() -> np.ndarray:
+    return np.ones((4, 64), np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(backends.BACKENDS))
+def test_lower_runs_the_backends_stages_in_order(name):
+    lowered = rf.kernel(workloads.softmax, backend=name, sm="sm_90").lower(_x())
+    stages = backends.BACKENDS[name].stages
+    ran = [s for s in stages if s.applies(lowered.options)]
+    assert list(lowered.timings) == [s.name for s in ran]
+    assert list(lowered.stages) == [keep for s in ran for keep in s.keeps]
+    assert len({s.name for s in stages}) == len(stages)       # one name a stage
+
+
+def test_each_backend_record_says_where_its_arrays_live_and_how_it_schedules():
+    assert {n: b.arrays for n, b in backends.BACKENDS.items()} == {
+        "interpret": "host", "cpu": "host", "cuda": "device", "simulate": "host"}
+    assert backends.BACKENDS["interpret"].schedule is None
+    assert backends.BACKENDS["cuda"].schedule.pow2 and not backends.BACKENDS["cpu"].schedule.pow2
+    assert backends.BACKENDS["cpu"].workers(rf.KernelOptions(num_threads=3)) == 3
+    assert backends.BACKENDS["cpu"].gpu_options(rf.KernelOptions()) is None
+    assert backends.BACKENDS["simulate"].gpu_options(rf.KernelOptions(sm="sm_80", num_warps=2)).num_warps == 2
+
+
+def test_the_native_stage_is_object_code_printed_as_assembly():
+    lowered = rf.kernel(workloads.softmax, backend="cpu").lower(_x())
+    native = lowered.stages["native"]
+    assert isinstance(native, NativeCode) and native.obj[:4] == b"\x7fELF"
+    text = str(native)
+    symbol = lowered.artifacts["host_kernels"][0].symbol
+    assert f"{symbol}:" in text and "ret" in text
+    assert "=== native ===" in str(lowered)
+
+
+def test_a_cache_hit_in_the_native_stage_does_no_llvm_work(tmp_path, monkeypatch):
+    from redfuser.runtime import cpu_jit
+    from redfuser.runtime.cache import reset_default_cache
+
+    built = []
+    real = cpu_jit.compile_object
+    monkeypatch.setattr(cpu_jit, "compile_object", lambda text: (built.append(1), real(text))[1])
+    monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path))
+    reset_default_cache()
+    try:
+        first = rf.kernel(workloads.log_softmax, backend="cpu").lower(_x())
+        reset_default_cache()                              # a new process would find it on disk
+        second = rf.kernel(workloads.log_softmax, backend="cpu")
+        again = second.lower(_x())
+        np.testing.assert_allclose(second(_x()), rf.kernel(workloads.log_softmax, backend="interpret")(_x()),
+                                   rtol=1e-6)
+    finally:
+        reset_default_cache()
+    assert built == [1]
+    assert (first.artifacts["compile"].source, again.artifacts["compile"].source) == ("build", "disk")
+    assert again.stages["native"].obj == first.stages["native"].obj
+
+
+def test_the_dump_and_explain_show_the_native_stage(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("REDFUSER_DUMP_DIR", str(tmp_path))
+    lowered = rf.kernel(workloads.softmax, backend="cpu").lower(_x())
+    files = sorted(p.name for p in (tmp_path / "softmax").iterdir())
+    assert files == [f"{n:02d}-{name}.txt" for n, name in enumerate(lowered.stages)] and files[-1] == "04-native.txt"
+    monkeypatch.delenv("REDFUSER_DUMP_DIR")
+    assert cli.main(["explain", "--backend", "cpu", "--workload", "softmax", "--stages"]) == 0
+    out = capsys.readouterr().out
+    assert "=== native ===" in out and "  native " in out
+
+
+def test_prefetch_is_its_own_stage_between_schedule_and_simt():
+    q = np.ones((1, 2, 256, 64), np.float16)
+    lowered = rf.kernel(workloads.attention, backend="simulate", prefetch=True, block_m=64).lower(q, q, q)
+    assert list(lowered.timings) == ["trace", "fuse", "schedule", "prefetch", "simt", "ptx"]
+    assert list(lowered.stages)[2:4] == ["tile", "prefetched"]
+    tile = lowered.stages["tile"]
+    threads = {k.name: 32 * choose_warps(k, lowered.gpu) for k in tile.kernels}   # a plain count a kernel
+    assert lowered.stages["prefetched"] == prefetch_operands(tile, threads) != tile
+    off = rf.kernel(workloads.attention, backend="simulate", block_m=64).lower(q, q, q)
+    assert "prefetch" not in off.timings and "prefetched" not in off.stages
+
+
+def test_the_compiler_imports_no_runtime_module():
+    tree = ast.parse(Path(compiler.__file__).read_text())
+    names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert names and not [n for n in names if "runtime" in n]
