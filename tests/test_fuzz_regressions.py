@@ -107,3 +107,17 @@ def test_a_reduction_of_a_refused_topks_indices_is_not_fused(backend):
     x = np.array([3.0], np.float32)
     got, want = rf.kernel(sum_of_refused_topk_indices, backend=backend)(x), sum_of_refused_topk_indices(x)
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_the_oracle_allows_a_narrow_step_that_underflows_in_numpy(backend):
+    """Long campaign (seed 1), example 3094, shrunk to ``np.float32(0.5) * rf.exp2(rf.minimum(x0, 4.0))`` on f16
+    ``x0 = -39.59375``: numpy's f16 ``exp2`` underflows to 0 before the f32 product; a kernel computes f16 steps
+    in f32 (the oracle's rule (1)) and keeps 6e-13. The oracle's bound had no absolute part, allowed 0 there
+    and judged the kernel wrong; a rounding's bound now adds one subnormal step of its dtype
+    (`program_bounds.underflow_step`)."""
+    from redfuser.testing.fuzz_tasks import Config, run_example
+
+    result = run_example(Config(1, (backend,)), 3094)
+    assert "exp2" in result.description and result.failures == []

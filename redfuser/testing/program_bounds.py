@@ -4,7 +4,8 @@
 bounds (first order, as in `cascade_check`): each step adds its own rounding,
 ``4 u |out|`` (``u`` the unit roundoff of the lowest-precision dtype involved:
 numpy rounds an f16 step to f16, a kernel keeps f32; a libm function is a few
-ulps), and carries its operands' bounds through its condition (``mul``:
+ulps) plus one subnormal step of that dtype (`underflow_step`: where numpy's
+f16 step underflows to 0 or a subnormal, the kernel's f32 value does not), and carries its operands' bounds through its condition (``mul``:
 ``|b| e_a + |a| e_b``; ``div``: ``(e_a + |out| e_b) / (|b| - e_b)``; ``exp``:
 ``|out| (exp(e_a) - 1)``...). A cast to f16, bf16 or e4m3 of a value computed
 from a max or min reduction is not exact but within one ulp and one subnormal
@@ -111,8 +112,9 @@ def expansion_hazard(node, ins: list, shape: tuple[int, ...], dtype: np.dtype) -
                              keepdims=node.params[1]))
 
 
-def error(node, ins: list, r: np.ndarray, u: float, lossy: bool) -> np.ndarray:
-    """The error bound of an inexact result (see the module docstring)."""
+def error(node, ins: list, r: np.ndarray, u: float, lossy: bool, eta: float = 0.0) -> np.ndarray:
+    """The error bound of an inexact result (see the module docstring); `eta` is the absolute part of a rounding
+    (`underflow_step`)."""
     out = np.abs(_f64(r))
     a = [(_f64(v.ref), v.err) for v in ins]
     with np.errstate(all="ignore"):
@@ -123,9 +125,16 @@ def error(node, ins: list, r: np.ndarray, u: float, lossy: bool) -> np.ndarray:
             f = ml_dtypes.finfo(r.dtype)
             rounding = (float(f.eps) * out + float(f.smallest_subnormal)) / C
         else:
-            rounding = 4 * u * out
+            rounding = 4 * u * out + eta
         total = np.asarray(e, np.float64) + rounding + _inner(node, a, out, u)
         return np.where(np.isnan(total), np.inf, total)
+
+
+def underflow_step(dt: np.dtype) -> float:
+    """The absolute error a rounding to `dt` can add beside its relative ``u |out|``: one subnormal step, where a
+    result underflows (numpy's f16 ``exp2(-39.6)`` is 0; a kernel computing it in f32 keeps 1.2e-12). 0 for
+    integers and bools."""
+    return 0.0 if dt.kind in "biu" else float(ml_dtypes.finfo(dt).smallest_subnormal)
 
 
 def _inner(node, a, out: np.ndarray, u: float) -> np.ndarray | float:

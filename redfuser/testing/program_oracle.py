@@ -222,7 +222,8 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
         np.broadcast_to(limit, shape) if limit is not None else False)
     unsure = _propagate(node, rule, [v.unsure for v in ins], shape) | expansion | limit
     u = max([unit_roundoff(dt)] + [unit_roundoff(v.dtype) for v in ins])
-    err = np.zeros(shape) if exact else bounds.error(node, ins, r, u, lossy)
+    eta = max([bounds.underflow_step(dt)] + [bounds.underflow_step(v.dtype) for v in ins])
+    err = np.zeros(shape) if exact else bounds.error(node, ins, r, u, lossy, eta)
     if gpu and dt == np.float64 and node.op in bounds.F32_MATH:  # computed in f32 on the GPU backends
         extra, out_of_range = bounds.f32_math(node, ins, r)
         err, unsure = err + extra, unsure | out_of_range
