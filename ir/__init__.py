@@ -17,7 +17,7 @@ from .errors import (
     UnsupportedError,
     VerifyError,
 )
-from .expr import (
+from .loop.expr import (
     Axis,
     Binary,
     BinaryOp,
@@ -36,10 +36,10 @@ from .expr import (
     loads,
     walk,
 )
-from .interpreter import run_program, run_stmt
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
-from .printer import format_expr, format_program, format_stmt
-from .rewrite import map_expr, rename_buffers
+from .loop.interpreter import run_program, run_stmt
+from .loop.nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
+from .loop.printer import format_expr, format_program, format_stmt
+from .loop.rewrite import map_expr, rename_buffers
 from .source import UNKNOWN, SourceLoc
 from .types import ALL_DTYPES, BufferType, DType, from_numpy
-from .verifier import verify_program
+from .loop.verifier import verify_program

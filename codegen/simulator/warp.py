@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...ir.simt import WARP_SIZE, LdMatrix, Mma, MmaShape, Reg, Shuffle, ShuffleKind, Stmt
+from ...ir.simt.nodes import WARP_SIZE, LdMatrix, Mma, MmaShape, Reg, Shuffle, ShuffleKind, Stmt
 from ..nvvm_mma import fragment_a, fragment_b, fragment_c
 from .memory import fail_at
 from .state import Block

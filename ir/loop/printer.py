@@ -26,9 +26,9 @@ from .expr import (
     Unary,
     UnaryOp,
 )
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
-from .excerpt import LineIndex, note_line
-from .source import SourceLoc
+from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
+from ..excerpt import LineIndex, note_line
+from ..source import SourceLoc
 
 _PREC = {
     BinaryOp.OR: 1,

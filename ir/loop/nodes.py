@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from .expr import Axis, Buffer, Expr, ReduceOp
-from .source import UNKNOWN, SourceLoc
+from ..source import UNKNOWN, SourceLoc
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,9 +45,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from .expr import BinaryOp, Buffer, ReduceOp, UnaryOp
-from .source import UNKNOWN, SourceLoc
-from .types import DType
+from ..loop.expr import BinaryOp, Buffer, ReduceOp, UnaryOp
+from ..source import UNKNOWN, SourceLoc
+from ..types import DType
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,6 +391,6 @@ class TileProgram:
     kernels: tuple[TileKernel, ...]
 
     def __str__(self) -> str:
-        from .tile_printer import format_tile_program
+        from .printer import format_tile_program
 
         return format_tile_program(self)

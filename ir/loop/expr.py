@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Union
 
-from .types import BufferType, DType
+from ..types import BufferType, DType
 
 
 @dataclass(frozen=True, slots=True)

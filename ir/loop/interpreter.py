@@ -30,9 +30,9 @@ from .expr import (
     Unary,
     UnaryOp,
 )
-from . import topk as topk_semantics
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
-from .types import from_numpy
+from .. import topk as topk_semantics
+from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
+from ..types import from_numpy
 
 Space = tuple[Axis, ...]
 

@@ -42,8 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from .expr import Buffer
-from .simt_ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
+from ..loop.expr import Buffer
+from .ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     Barrier,
     Binary,
     Bitcast,
@@ -66,7 +66,7 @@ from .simt_ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     Unary,
     WarpId,
 )
-from .simt_types import (  # noqa: F401
+from .types import (  # noqa: F401
     MAX_STATIC_SHARED_BYTES,
     MAX_VECTOR,
     WARP_SIZE,
@@ -78,7 +78,7 @@ from .simt_types import (  # noqa: F401
     SharedAlloc,
     ShuffleKind,
 )
-from .source import UNKNOWN, SourceLoc
+from ..source import UNKNOWN, SourceLoc
 
 
 def _loc() -> SourceLoc:
@@ -222,6 +222,6 @@ class SimtKernel:
         return sum(-(-a.nbytes // 16) * 16 for a in self.shared)
 
     def __str__(self) -> str:
-        from .simt_printer import format_simt_kernel
+        from .printer import format_simt_kernel
 
         return format_simt_kernel(self)

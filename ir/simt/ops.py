@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .expr import BinaryOp, Buffer, UnaryOp
-from .simt_types import IntOp, MmaShape, Reg, Scalar, SharedAlloc, ShuffleKind, WARP_SIZE
-from .source import UNKNOWN, SourceLoc
+from ..loop.expr import BinaryOp, Buffer, UnaryOp
+from .types import IntOp, MmaShape, Reg, Scalar, SharedAlloc, ShuffleKind, WARP_SIZE
+from ..source import UNKNOWN, SourceLoc
 
 
 def _loc() -> SourceLoc:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Callable, Union
 
-from .errors import VerifyError
-from .excerpt import excerpt_around
-from .expr import TRANSCENDENTAL, BinaryOp, Buffer, UnaryOp
-from .simt import (
+from ..errors import VerifyError
+from ..excerpt import excerpt_around
+from ..loop.expr import TRANSCENDENTAL, BinaryOp, Buffer, UnaryOp
+from .nodes import (
     MAX_STATIC_SHARED_BYTES,
     MAX_VECTOR,
     Barrier,
@@ -54,9 +54,9 @@ from .simt import (
     defs,
     uses,
 )
-from .simt_printer import simt_kernel_lines
-from .simt_ranges import Ranges, transfer, trip_range
-from .types import DType, bool_, float32, int32, int64
+from .printer import simt_kernel_lines
+from .ranges import Ranges, transfer, trip_range
+from ..types import DType, bool_, float32, int32, int64
 
 LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
 # A check's message: text, or a function making it -- most messages show values, and formatting them

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Union
 
-from .types import BufferType, DType, bfloat16, float8_e4m3fn, float16, float32
+from ..types import BufferType, DType, bfloat16, float8_e4m3fn, float16, float32
 
 WARP_SIZE = 32
 MAX_VECTOR = 16

@@ -1,0 +1,7 @@
+"""The SIMT IR: the per-thread program of one thread block (what the GPU lowering builds).
+
+`nodes` holds the statements and kernels (re-exporting `ops`, the leaf statements, and `types`, the
+register types and op enums), `builder` builds a kernel statement by statement, `printer` gives its
+text, `verifier` its invariants, with `ranges` the static integer ranges its bounds check uses. Its
+executable semantics is the simulator in `redfuser.codegen.simulator`.
+"""
