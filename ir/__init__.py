@@ -17,21 +17,18 @@ from .errors import (
     UnsupportedError,
     VerifyError,
 )
+from .buffer import Buffer
 from .loop.expr import (
     Axis,
     Binary,
-    BinaryOp,
-    Buffer,
     Cast,
     Const,
     Expr,
     IndexExpr,
     IndexValue,
     Load,
-    ReduceOp,
     Select,
     Unary,
-    UnaryOp,
     children,
     loads,
     walk,
@@ -40,6 +37,7 @@ from .loop.interpreter import run_program, run_stmt
 from .loop.nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from .loop.printer import format_expr, format_program, format_stmt
 from .loop.rewrite import map_expr, rename_buffers
+from .semantics import BinaryOp, ReduceOp, UnaryOp
 from .source import UNKNOWN, SourceLoc
 from .types import ALL_DTYPES, BufferType, DType, from_numpy
 from .loop.verifier import verify_program

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from redfuser.ir.loop.expr import BinaryOp, UnaryOp
+from redfuser.ir.semantics import BinaryOp, UnaryOp
 from redfuser.ir.simt.nodes import IntOp, MmaShape, Reg, ShuffleKind, SimtKernel
 from redfuser.ir.simt.builder import SimtBuilder
 from redfuser.ir.types import DType, bfloat16, float16, float32, int32, int64

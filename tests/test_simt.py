@@ -5,7 +5,7 @@ import pytest
 
 import simt_kernels as K
 from redfuser.ir.errors import VerifyError
-from redfuser.ir.loop.expr import BinaryOp, UnaryOp
+from redfuser.ir.semantics import BinaryOp, UnaryOp
 from redfuser.ir.simt.nodes import (
     Barrier, BlockIdx, Branch, Const, For, If, IntOp, LoadShared, MmaShape, Reg, RegType, Region, ShuffleKind,
     SimtKernel, StoreShared, ThreadIdx, defs, uses, walk_stmts,

@@ -15,7 +15,7 @@ from redfuser.codegen.simulator import SimOptions, simulate
 from redfuser.codegen.simulator.arith import convert
 from redfuser.codegen.simulator.warp import shuffle_sources
 from redfuser.ir.errors import RedFuserError, SimulationError
-from redfuser.ir.loop.expr import BinaryOp
+from redfuser.ir.semantics import BinaryOp
 from redfuser.ir.simt.nodes import MmaShape, ShuffleKind
 from redfuser.ir.simt.builder import SimtBuilder
 from redfuser.ir.types import bfloat16, float8_e4m3fn, float16, float32, int32

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...ir.loop.expr import BinaryOp
+from ...ir.semantics import BinaryOp
 from ...ir.simt.nodes import IntOp
 from ...ir.types import int32
 from .layouts import Layout, flat, flat_run, mapped, without_duplicate_regs

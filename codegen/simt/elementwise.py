@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...ir import BinaryOp, UnaryOp
 from ...ir.tile import nodes as t
 from ...ir.errors import BackendError
-from ...ir.loop.expr import TRANSCENDENTAL
+from ...ir.semantics import TRANSCENDENTAL
 from ...ir.simt.nodes import IntOp, Reg
 from ...ir.types import DType, float32, float64, int32
 from . import fp8, fp8_bits

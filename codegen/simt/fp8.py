@@ -11,7 +11,7 @@ are only read back as f32 (the quantize-dequantize of FP8 GEMMs).
 """
 from __future__ import annotations
 
-from ...ir.loop.expr import BinaryOp, UnaryOp
+from ...ir.semantics import BinaryOp, UnaryOp
 from ...ir.simt.nodes import Reg
 from ...ir.types import float8_e4m3fn, float32
 from .values import LoweringBuilder

@@ -19,7 +19,7 @@ over every f16 and a large f32 sample in ``tests/test_f8_convert.py``).
 """
 from __future__ import annotations
 
-from ...ir.loop.expr import BinaryOp, UnaryOp
+from ...ir.semantics import BinaryOp, UnaryOp
 from ...ir.simt.nodes import IntOp, Reg
 from ...ir.types import float8_e4m3fn, float32, int32
 from .values import LoweringBuilder

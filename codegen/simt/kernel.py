@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from ...ir.tile import nodes as t
 from ...ir.errors import BackendError
-from ...ir.loop.expr import Buffer
+from ...ir.buffer import Buffer
 from ...ir.simt.nodes import (
     MAX_STATIC_SHARED_BYTES,
     For,

@@ -36,7 +36,7 @@ import ml_dtypes
 import numpy as np
 
 from ...ir.tile import nodes as t
-from ...ir.loop.expr import BinaryOp
+from ...ir.semantics import BinaryOp
 from ...ir.source import SourceLoc
 from ...ir.tile.verifier import verify_kernel
 from ...ir.types import DType, bfloat16, float32

@@ -15,7 +15,7 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.loop.expr import BinaryOp, UnaryOp
+from ...ir.semantics import BinaryOp, UnaryOp
 from ...ir.simt.nodes import (
     Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Reg, Select, ThreadIdx, Unary,
     WarpId,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from ...ir.loop.expr import Buffer
+from ...ir.buffer import Buffer
 from ...ir.simt.nodes import SimtKernel
 from ...ir.simt.verifier import verify_simt_kernel
 from .. import nvvm

@@ -16,7 +16,7 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.loop.expr import BinaryOp
+from ...ir.semantics import BinaryOp
 from ...ir.simt.nodes import (
     Binary, Cast, Const, IntBinary, IntOp, LoadGlobal, LoadShared, Reg, StoreGlobal, StoreShared,
 )

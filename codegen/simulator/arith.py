@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...ir.loop.interpreter import BINARY_FUNCS, UNARY_FUNCS
+from ...ir.semantics import BINARY_FUNCS, UNARY_FUNCS
 from ...ir.simt.nodes import (
     Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Select, ThreadIdx, Unary, WarpId,
 )

@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ...ir.errors import SimulationError
-from ...ir.loop.expr import Buffer
+from ...ir.buffer import Buffer
 from ...ir.simt.nodes import SimtKernel
 from ...ir.simt.verifier import verify_simt_kernel
 from . import arith, control, memory, warp

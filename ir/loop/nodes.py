@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from .expr import Axis, Buffer, Expr, ReduceOp
+from .expr import Axis, Expr
+from ..buffer import Buffer
+from ..semantics import ReduceOp
 from ..source import UNKNOWN, SourceLoc
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .expr import Binary, Buffer, Cast, Expr, Load, Select, Unary
+from .expr import Binary, Cast, Expr, Load, Select, Unary
+from ..buffer import Buffer
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..errors import VerifyError
-from .expr import Axis, Binary, BinaryOp, Buffer, Cast, Expr, IndexValue, Load, ReduceOp, Select, Unary, UnaryOp, walk
+from .expr import Axis, Binary, Cast, Expr, IndexValue, Load, Select, Unary, walk
+from ..semantics import BinaryOp, ReduceOp, UnaryOp
+from ..buffer import Buffer
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from ..excerpt import excerpt_around
 from .printer import program_lines

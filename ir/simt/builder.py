@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..errors import InternalError
-from ..loop.expr import BinaryOp, Buffer, UnaryOp
+from ..semantics import BinaryOp, UnaryOp
+from ..buffer import Buffer
 from .nodes import (
     Barrier, Binary, Bitcast, BlockIdx, Branch, Cast, Const, Extract, For, If, IntBinary, IntOp, LaneId, LdMatrix,
     LoadGlobal, LoadShared, Mma, MmaShape, Pack, Reg, RegType, Region, Scalar, Select, SharedAlloc, Shuffle, ShuffleKind,

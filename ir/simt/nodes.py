@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from ..loop.expr import Buffer
+from ..buffer import Buffer
 from .ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     Barrier,
     Binary,

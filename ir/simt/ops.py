@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..loop.expr import BinaryOp, Buffer, UnaryOp
+from ..semantics import BinaryOp, UnaryOp
+from ..buffer import Buffer
 from .types import IntOp, MmaShape, Reg, Scalar, SharedAlloc, ShuffleKind, WARP_SIZE
 from ..source import UNKNOWN, SourceLoc
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..excerpt import LineIndex, note_line
-from ..loop.expr import Buffer
+from ..buffer import Buffer
 from ..loop.printer import format_const
 from .nodes import (
     Barrier,

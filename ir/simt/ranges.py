@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..loop.expr import BinaryOp
+from ..semantics import BinaryOp
 from .nodes import (
     Binary,
     BlockIdx,

@@ -20,7 +20,8 @@ from typing import Callable, Union
 
 from ..errors import VerifyError
 from ..excerpt import excerpt_around
-from ..loop.expr import TRANSCENDENTAL, BinaryOp, Buffer, UnaryOp
+from ..semantics import TRANSCENDENTAL, BinaryOp, UnaryOp
+from ..buffer import Buffer
 from .nodes import (
     MAX_STATIC_SHARED_BYTES,
     MAX_VECTOR,

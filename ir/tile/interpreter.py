@@ -16,7 +16,7 @@ import numpy as np
 from ..array_memory import memory_of
 from ..errors import InternalError
 from .. import topk as topk_semantics
-from ..loop.interpreter import BINARY_FUNCS as _BINARY, REDUCERS, UNARY_FUNCS as _UNARY
+from ..semantics import BINARY_FUNCS as _BINARY, REDUCERS, UNARY_FUNCS as _UNARY
 from .nodes import (
     Arange,
     Binary,

@@ -45,7 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from ..loop.expr import BinaryOp, Buffer, ReduceOp, UnaryOp
+from ..semantics import BinaryOp, ReduceOp, UnaryOp
+from ..buffer import Buffer
 from ..source import UNKNOWN, SourceLoc
 from ..types import DType
 

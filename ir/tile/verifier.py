@@ -42,7 +42,7 @@ from .nodes import (
     walk_ops,
 )
 from .printer import kernel_lines
-from ..loop.expr import UnaryOp
+from ..semantics import UnaryOp
 from ..types import DType, bool_, int32, int64
 
 LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})

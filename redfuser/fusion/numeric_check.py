@@ -23,7 +23,7 @@ import numpy as np
 
 from ..ir import Binary, Cast, Const, Expr, IndexValue, Load, Select, Unary
 from ..ir.loop.expr import walk
-from ..ir.loop.interpreter import BINARY_FUNCS, UNARY_FUNCS
+from ..ir.semantics import BINARY_FUNCS, UNARY_FUNCS
 from .separability import Decomposition, FusionContext
 
 POINTS = 96

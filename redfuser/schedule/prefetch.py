@@ -36,7 +36,7 @@ from dataclasses import replace
 from collections.abc import Mapping
 
 from ..ir.tile import nodes as t
-from ..ir.loop.expr import BinaryOp
+from ..ir.semantics import BinaryOp
 from ..ir.tile.verifier import verify_tile_program
 from ..ir.types import bool_
 from .cleanup import drop_dead, free_reads, rename_operands
