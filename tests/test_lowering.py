@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from redfuser.codegen.nvvm_mma import fragment_a, fragment_b, fragment_c
+from redfuser.ir.simt.fragments import fragment_a, fragment_b, fragment_c
 from redfuser.codegen.simt import GpuOptions, lower_kernel, lower_to_simt, narrow_dot_operands
 from redfuser.codegen.simt.affine import Affine, AffineInfo
 from redfuser.codegen.simt.convert import ldmatrix_plan, register_map

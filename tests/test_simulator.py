@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import simt_kernels as K
-from redfuser.codegen.nvvm_mma import fragment_a, fragment_b, fragment_c
+from redfuser.ir.simt.fragments import fragment_a, fragment_b, fragment_c
 from redfuser.codegen.simulator import SimOptions, simulate
 from redfuser.codegen.simulator.arith import convert
 from redfuser.codegen.simulator.warp import shuffle_sources

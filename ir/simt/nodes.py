@@ -31,7 +31,7 @@ executable definition; `codegen/simt_to_llvm` emits the same for nvptx64):
   execute them together (``shfl.sync``/``ldmatrix.sync``/``mma.sync`` with the
   full member mask). `Shuffle` follows the PTX ISA pseudo-code for ``shfl.sync``
   with segment width `width`; `LdMatrix` is ``ldmatrix.m8n8`` (see its docstring).
-  `Mma` operands are the per-lane fragments of ``codegen.nvvm_mma.fragment_a/b/c``:
+  `Mma` operands are the per-lane fragments of ``fragments.fragment_a/b/c``:
   vector element ``r * per_reg + j`` is element ``j`` of fragment register ``r``.
 - `For` runs `body` for ``iv = start, start+step, ... < stop`` per thread (trip
   counts may differ between threads); `If` runs a branch for the threads whose

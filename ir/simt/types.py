@@ -3,7 +3,7 @@
 A `RegType` is a scalar or a short fixed-length vector of one dtype (one value
 per thread, printed ``f32`` or ``<4 x f32>``); a `Reg` is an SSA register of
 that type. `MmaShape` names a tensor-core instruction and knows the fragment
-types it reads and writes (see `codegen.nvvm_mma.fragment_a/b/c`).
+types it reads and writes (see `fragments.fragment_a/b/c`).
 """
 from __future__ import annotations
 
