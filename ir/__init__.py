@@ -1,6 +1,10 @@
-"""The IR of RedFuser: types, Loop IR nodes, printer, verifier and the numpy interpreter.
+"""The IR of RedFuser, one subpackage per level: `loop` (traced and fused loop nests), `tile` (what the
+scheduler builds) and `simt` (the per-thread GPU program), each with its nodes, printer and verifier.
 
-`redfuser.ir` depends on nothing else of RedFuser's.
+At this top level sits what every level shares: `types` (dtypes, buffer types), `buffer`, `errors`,
+`source` (source locations), `excerpt` (the IR around a verifier error), `array_memory`, `semantics`
+(each op and its numpy meaning) and `topk` (top-k's order). This package re-exports those and the Loop
+IR, the level users build and run. `redfuser.ir` depends on nothing else of RedFuser's.
 """
 from .errors import (
     ArgumentError,

@@ -11,7 +11,7 @@
   fragment has the shape and dtype its instruction wants;
 - memory: globals are params, shared arrays are declared, static shared memory
   fits 48 KiB, and an unconditional access whose index range is known exactly
-  (see `simt_ranges`) stays inside its array;
+  (see `ranges`) stays inside its array;
 - launch: 1 to 32 warps, 1 to 3 grid dimensions of at least one block, within CUDA's limits.
 """
 from __future__ import annotations

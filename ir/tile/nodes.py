@@ -6,7 +6,7 @@ program instance per point of its `grid`; inside, each op defines SSA values
 (`Value`) of static `TileType` (a dtype and a shape; shape ``()`` is a scalar).
 
 Semantics every backend implements (the numpy interpreter in
-`tile_interpreter.py` is the executable definition):
+`interpreter.py` is the executable definition):
 
 - Elementwise ops (`Unary`, `Binary`, `Select`, `Cast`) need operands of one
   shape: broadcasting is explicit (`Broadcast`, `ExpandDims`). Arithmetic runs
