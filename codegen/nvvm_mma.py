@@ -7,9 +7,8 @@ Warp-wide ``mma.sync.aligned`` through LLVM 22's NVVM intrinsics (no inline PTX 
     e4m3 m16n8k32, f32 accumulate  llvm.nvvm.mma.m16n8k32.row.col.f32.e4m3.e4m3.f32 A 4 x i32,       B 2 x i32
 
 C and D are 4 x f32 per lane. f16/bf16 need sm_80 (PTX 7.0); e4m3 needs sm_89 and PTX 8.4.
-Which lane holds which matrix element is `fragment_a`/`fragment_b`/`fragment_c` (PTX ISA,
-"Matrix Fragments for mma.m16n8k16 / m16n8k32"): the lowering and the SIMT simulator
-both use these, so they agree with the hardware by construction.
+Which lane holds which matrix element is `redfuser.ir.simt.fragments` (`fragment_a/b/c`, PTX ISA
+"Matrix Fragments for mma.m16n8k16 / m16n8k32"), shared with the lowering and the SIMT simulator.
 """
 from __future__ import annotations
 
@@ -19,38 +18,6 @@ from ..ir.errors import InternalError
 from .nvvm import BF16, F16, F32, HALF2, I16, I32, PTR_GLOBAL, PTR_SHARED, call_intrinsic, like, splat
 
 _RESULT4 = ir.LiteralStructType([F32, F32, F32, F32])
-
-
-# --- fragment layouts (pure Python: shared by the lowering, the simulator and the tests) -------------
-
-def fragment_a(lane: int, k: int) -> list[list[tuple[int, int]]]:
-    """(row, col) of A (16 x k, row-major) held by `lane`: 4 registers, each 32/bits elements, low bits first.
-
-    `k` is 16 (16-bit elements, 2 per register) or 32 (8-bit elements, 4 per register).
-    """
-    per_reg = _per_reg(k)
-    group, tig = lane >> 2, lane & 3
-    return [[(group + 8 * (reg & 1), (reg >> 1) * (k // 2) + tig * per_reg + j) for j in range(per_reg)]
-            for reg in range(4)]
-
-
-def fragment_b(lane: int, k: int) -> list[list[tuple[int, int]]]:
-    """(row, col) of B (k x 8, "col" layout) held by `lane`: 2 registers, low bits first."""
-    per_reg = _per_reg(k)
-    group, tig = lane >> 2, lane & 3
-    return [[(reg * (k // 2) + tig * per_reg + j, group) for j in range(per_reg)] for reg in range(2)]
-
-
-def fragment_c(lane: int) -> list[tuple[int, int]]:
-    """(row, col) of the 16 x 8 f32 accumulator held by `lane`: 4 registers c0..c3."""
-    group, tig = lane >> 2, lane & 3
-    return [(group + 8 * (i >> 1), tig * 2 + (i & 1)) for i in range(4)]
-
-
-def _per_reg(k: int) -> int:
-    if k not in (16, 32):
-        raise InternalError(f"mma k={k}: only m16n8k16 (16-bit) and m16n8k32 (8-bit) are supported", pass_name="nvvm")
-    return 2 if k == 16 else 4
 
 
 # --- mma.sync ---------------------------------------------------------------------------------
@@ -169,7 +136,6 @@ def _shared(ptr: ir.Value, what: str) -> ir.Value:
 
 
 __all__ = [
-    "fragment_a", "fragment_b", "fragment_c",
     "mma_m16n8k16_f16_f32", "mma_m16n8k16_bf16_f32", "mma_m16n8k32_e4m3_f32",
     "pack_half2", "pack_i16x2", "f32_to_bf16_bits", "bf16_bits_to_f32", "f32x2_to_e4m3x2", "f16_to_f32",
     "ldmatrix", "cp_async_16", "cp_async_commit", "cp_async_wait",

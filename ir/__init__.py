@@ -1,6 +1,10 @@
-"""The IR of RedFuser: types, Loop IR nodes, printer, verifier and the numpy interpreter.
+"""The IR of RedFuser, one subpackage per level: `loop` (traced and fused loop nests), `tile` (what the
+scheduler builds) and `simt` (the per-thread GPU program), each with its nodes, printer and verifier.
 
-`redfuser.ir` depends on nothing else of RedFuser's.
+At this top level sits what every level shares: `types` (dtypes, buffer types), `buffer`, `errors`,
+`source` (source locations), `excerpt` (the IR around a verifier error), `array_memory`, `semantics`
+(each op and its numpy meaning) and `topk` (top-k's order). This package re-exports those and the Loop
+IR, the level users build and run. `redfuser.ir` depends on nothing else of RedFuser's.
 """
 from .errors import (
     ArgumentError,
@@ -17,29 +21,27 @@ from .errors import (
     UnsupportedError,
     VerifyError,
 )
-from .expr import (
+from .buffer import Buffer
+from .loop.expr import (
     Axis,
     Binary,
-    BinaryOp,
-    Buffer,
     Cast,
     Const,
     Expr,
     IndexExpr,
     IndexValue,
     Load,
-    ReduceOp,
     Select,
     Unary,
-    UnaryOp,
     children,
     loads,
     walk,
 )
-from .interpreter import run_program, run_stmt
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
-from .printer import format_expr, format_program, format_stmt
-from .rewrite import map_expr, rename_buffers
+from .loop.interpreter import run_program, run_stmt
+from .loop.nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
+from .loop.printer import format_expr, format_program, format_stmt
+from .loop.rewrite import map_expr, rename_buffers
+from .semantics import BinaryOp, ReduceOp, UnaryOp
 from .source import UNKNOWN, SourceLoc
 from .types import ALL_DTYPES, BufferType, DType, from_numpy
-from .verifier import verify_program
+from .loop.verifier import verify_program

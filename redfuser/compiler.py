@@ -38,7 +38,7 @@ from llvmlite import ir as llvm_ir
 
 from . import config
 from .ir import Program, verify_program
-from .ir.tile import TileProgram
+from .ir.tile.nodes import TileProgram
 from .ir.source import warn_at_user
 from .fusion import fuse
 from .kernel_options import KernelOptions

@@ -11,7 +11,7 @@ import llvmlite
 
 from ..codegen.simt.ptx import kernel_ptx
 from ..codegen.timing import timed_part
-from ..ir.simt import SimtKernel
+from ..ir.simt.nodes import SimtKernel
 from . import ptx_payload
 
 

@@ -29,7 +29,7 @@ from redfuser.codegen.ptx_check import check_ptx
 from redfuser.codegen.simt import GpuOptions, lower_to_simt
 from redfuser.codegen.simt.run import simulate_program
 from redfuser.codegen.simt_to_llvm import emit_module
-from redfuser.ir import tile as t
+from redfuser.ir.tile import nodes as t
 from redfuser.schedule import options_for, schedule_program
 from redfuser.testing.quantization import quantization_bound as shared_bound
 from redfuser.workloads import attention, fp8_quant_gemm, log_softmax, softmax

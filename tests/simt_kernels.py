@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-from redfuser.ir.expr import BinaryOp, UnaryOp
-from redfuser.ir.simt import IntOp, MmaShape, Reg, ShuffleKind, SimtKernel
-from redfuser.ir.simt_builder import SimtBuilder
+from redfuser.ir.semantics import BinaryOp, UnaryOp
+from redfuser.ir.simt.nodes import IntOp, MmaShape, Reg, ShuffleKind, SimtKernel
+from redfuser.ir.simt.builder import SimtBuilder
 from redfuser.ir.types import DType, bfloat16, float16, float32, int32, int64
 
 

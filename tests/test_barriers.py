@@ -15,8 +15,8 @@ import redfuser as rf
 from redfuser.codegen.simt.barriers import drop_redundant_barriers
 from redfuser.codegen.simulator import simulate
 from redfuser.ir import SimulationError
-from redfuser.ir.simt import Barrier, For, IntOp, SimtKernel, walk_stmts
-from redfuser.ir.simt_builder import SimtBuilder
+from redfuser.ir.simt.nodes import Barrier, For, IntOp, SimtKernel, walk_stmts
+from redfuser.ir.simt.builder import SimtBuilder
 from redfuser.ir.types import float32, int32
 from redfuser.testing import assert_close
 from redfuser.workloads import attention

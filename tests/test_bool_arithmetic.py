@@ -13,7 +13,7 @@ import pytest
 import redfuser as rf
 from redfuser.ir import Binary, BinaryOp, Buffer, BufferType, Compute, Load, Program, VerifyError, verify_program
 from redfuser.ir import types as T
-from redfuser.ir.expr import Axis
+from redfuser.ir.loop.expr import Axis
 from redfuser.testing import assert_close
 
 BACKENDS = ("interpret", "cpu", "simulate")

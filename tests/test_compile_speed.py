@@ -15,7 +15,7 @@ import simt_kernels as K
 from redfuser import cli, compiler, workloads
 from redfuser.codegen import nvptx
 from redfuser.codegen.simt_to_llvm import emit_module, emit_parsed, emit_text
-from redfuser.ir import simt_verifier
+from redfuser.ir.simt import verifier as simt_verifier
 from redfuser.ir.errors import RedFuserError, VerifyError
 
 

@@ -13,7 +13,8 @@ import pytest
 from helpers import as_tuple, expected_softmax, quantization_bound
 
 import redfuser as rf
-from redfuser.codegen import nvptx, nvptx_samples
+import nvptx_samples
+from redfuser.codegen import nvptx
 from redfuser.ir.errors import BackendError, CudaError
 from redfuser.runtime import cuda_driver, device
 from redfuser.runtime.cuda_memory import DeviceBuffer

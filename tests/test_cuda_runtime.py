@@ -10,7 +10,8 @@ import pytest
 from cuda.bindings import driver as real_driver
 from helpers import OK, FakeDriver
 
-from redfuser.codegen import nvptx, nvptx_samples
+import nvptx_samples
+from redfuser.codegen import nvptx
 from redfuser.ir.errors import BackendError, CudaError, RedFuserError
 from redfuser.runtime import cuda_driver, device
 from redfuser.runtime.cuda_memory import DeviceBuffer, Stream

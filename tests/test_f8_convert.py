@@ -12,8 +12,8 @@ from redfuser.codegen.simt.fp8_bits import f32_to_e4m3
 from redfuser.codegen.simt.values import LoweringBuilder
 from redfuser.codegen.simulator import simulate
 from redfuser.ir import VerifyError
-from redfuser.ir.simt import Bitcast, Reg, RegType
-from redfuser.ir.simt_builder import SimtBuilder
+from redfuser.ir.simt.nodes import Bitcast, Reg, RegType
+from redfuser.ir.simt.builder import SimtBuilder
 from redfuser.ir.types import float8_e4m3fn, float32, float64, int32, int64
 from helpers import run_on_host
 

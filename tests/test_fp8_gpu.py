@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from redfuser.codegen.ptx_check import check_ptx, resource_usage
 from redfuser.ir import run_program
-from redfuser.ir import tile as t
-from redfuser.ir.tile_interpreter import run_tile_program
-from redfuser.ir.tile_verifier import verify_tile_program
+from redfuser.ir.tile import nodes as t
+from redfuser.ir.tile.interpreter import run_tile_program
+from redfuser.ir.tile.verifier import verify_tile_program
 from helpers import quantization_bound
 
 import redfuser as rf

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from redfuser.codegen.nvvm_mma import fragment_a, fragment_b, fragment_c
+from redfuser.ir.simt.fragments import fragment_a, fragment_b, fragment_c
 from redfuser.codegen.simt import GpuOptions, lower_kernel, lower_to_simt, narrow_dot_operands
 from redfuser.codegen.simt.affine import Affine, AffineInfo
 from redfuser.codegen.simt.convert import ldmatrix_plan, register_map
@@ -19,11 +19,11 @@ from redfuser.codegen.simt.run import simulate_program
 from redfuser.codegen.simt.views import source_layout
 from redfuser.codegen.simulator import SimOptions
 from redfuser.ir import BinaryOp, SimulationError
-from redfuser.ir import tile as t
-from redfuser.ir.simt import (
+from redfuser.ir.tile import nodes as t
+from redfuser.ir.simt.nodes import (
     Barrier, For, LdMatrix, LoadGlobal, LoadShared, Mma, MmaShape, Shuffle, StoreShared, walk_stmts,
 )
-from redfuser.ir.tile_interpreter import run_tile_program
+from redfuser.ir.tile.interpreter import run_tile_program
 from redfuser.ir.types import bool_, float16, int32, int64
 
 import redfuser as rf

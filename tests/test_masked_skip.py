@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import redfuser as rf
 from redfuser.ir import ArgumentError, VerifyError
-from redfuser.ir import tile as t
-from redfuser.ir.tile_interpreter import run_tile_program
-from redfuser.ir.tile_verifier import verify_tile_program
+from redfuser.ir.tile import nodes as t
+from redfuser.ir.tile.interpreter import run_tile_program
+from redfuser.ir.tile.verifier import verify_tile_program
 from redfuser.schedule import ScheduleOptions, schedule_program
 from redfuser.testing import assert_close
 from redfuser.workloads import causal_attention

@@ -9,7 +9,7 @@ import redfuser as rf
 from redfuser import workloads as W
 from redfuser.fusion.merge import merge_partials
 from redfuser.ir import FusedLoop
-from redfuser.ir.interpreter import Env, run_fused_loop, run_stmt
+from redfuser.ir.loop.interpreter import Env, run_fused_loop, run_stmt
 from redfuser.testing.tolerance import assert_close
 
 

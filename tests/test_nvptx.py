@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from redfuser.codegen import nvptx, nvptx_samples, nvvm, nvvm_mma, ptx_check
+import nvptx_samples
+from redfuser.codegen import nvptx, nvvm, nvvm_mma, ptx_check
 from redfuser.codegen.nvvm import F16, F32, I16, I32, PTR
 from redfuser.ir.errors import BackendError, InternalError
+from redfuser.ir.simt import fragments
 
 SMS = ("sm_80", "sm_90")
 
@@ -276,9 +278,9 @@ def _two_kernels() -> ir.Module:
 
 @pytest.mark.parametrize("k", [16, 32])
 def test_fragments_cover_each_element_once(k):
-    a = [rc for lane in range(32) for reg in nvvm_mma.fragment_a(lane, k) for rc in reg]
-    b = [rc for lane in range(32) for reg in nvvm_mma.fragment_b(lane, k) for rc in reg]
-    c = [rc for lane in range(32) for rc in nvvm_mma.fragment_c(lane)]
+    a = [rc for lane in range(32) for reg in fragments.fragment_a(lane, k) for rc in reg]
+    b = [rc for lane in range(32) for reg in fragments.fragment_b(lane, k) for rc in reg]
+    c = [rc for lane in range(32) for rc in fragments.fragment_c(lane)]
     assert sorted(a) == list(itertools.product(range(16), range(k)))
     assert sorted(b) == list(itertools.product(range(k), range(8)))
     assert sorted(c) == list(itertools.product(range(16), range(8)))
@@ -286,11 +288,11 @@ def test_fragments_cover_each_element_once(k):
 
 def test_fragment_golden_values():
     # lane 5: groupID 1, threadID_in_group 1
-    assert nvvm_mma.fragment_a(5, 16) == [[(1, 2), (1, 3)], [(9, 2), (9, 3)], [(1, 10), (1, 11)], [(9, 10), (9, 11)]]
-    assert nvvm_mma.fragment_b(5, 16) == [[(2, 1), (3, 1)], [(10, 1), (11, 1)]]
-    assert nvvm_mma.fragment_c(5) == [(1, 2), (1, 3), (9, 2), (9, 3)]
-    assert nvvm_mma.fragment_a(5, 32)[2] == [(1, 20), (1, 21), (1, 22), (1, 23)]
-    assert nvvm_mma.fragment_b(5, 32)[1] == [(20, 1), (21, 1), (22, 1), (23, 1)]
+    assert fragments.fragment_a(5, 16) == [[(1, 2), (1, 3)], [(9, 2), (9, 3)], [(1, 10), (1, 11)], [(9, 10), (9, 11)]]
+    assert fragments.fragment_b(5, 16) == [[(2, 1), (3, 1)], [(10, 1), (11, 1)]]
+    assert fragments.fragment_c(5) == [(1, 2), (1, 3), (9, 2), (9, 3)]
+    assert fragments.fragment_a(5, 32)[2] == [(1, 20), (1, 21), (1, 22), (1, 23)]
+    assert fragments.fragment_b(5, 32)[1] == [(20, 1), (21, 1), (22, 1), (23, 1)]
 
 
 @pytest.mark.parametrize("kind", ["f16", "bf16", "e4m3"])
@@ -303,11 +305,11 @@ def test_pack_mma_operands_bit_layout(kind):
     dtype = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "e4m3": ml_dtypes.float8_e4m3fn}[kind]
     width = 16 if kind != "e4m3" else 8
     lane, reg, j = 5, 2, 1                                      # element j of lane 5's register 2
-    row, col = nvvm_mma.fragment_a(lane, k)[reg][j]
+    row, col = fragments.fragment_a(lane, k)[reg][j]
     bits = (int(a_regs[lane, reg]) >> (j * width)) & ((1 << width) - 1)
     assert bits == int(np.asarray(a[row, col], dtype=dtype).view(np.uint16 if width == 16 else np.uint8))
     d = np.arange(128, dtype=np.float32).reshape(16, 8)
-    d_regs = np.array([[d[r, c] for r, c in nvvm_mma.fragment_c(lane)] for lane in range(32)], np.float32)
+    d_regs = np.array([[d[r, c] for r, c in fragments.fragment_c(lane)] for lane in range(32)], np.float32)
     assert np.array_equal(nvptx_samples.unpack_mma_result(d_regs), d)
 
 

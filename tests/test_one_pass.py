@@ -21,8 +21,8 @@ from redfuser.codegen.simt import GpuOptions, lower_to_simt
 from redfuser.codegen.simt.run import simulate_program
 from redfuser.codegen.simt.plan import choose_warps
 from redfuser.ir import BinaryOp, Buffer, UnaryOp
-from redfuser.ir import tile as t
-from redfuser.ir.interpreter import run_program
+from redfuser.ir.tile import nodes as t
+from redfuser.ir.loop.interpreter import run_program
 from redfuser.schedule import options_for, schedule_program
 from redfuser.schedule.cleanup import merge_duplicates
 from redfuser.schedule.builder import KernelBuilder

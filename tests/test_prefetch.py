@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import redfuser as rf
-from redfuser.ir import tile as t
-from redfuser.ir.simt import For, LoadGlobal, Mma, walk_stmts
-from redfuser.ir.tile_interpreter import run_tile_program
+from redfuser.ir.tile import nodes as t
+from redfuser.ir.simt.nodes import For, LoadGlobal, Mma, walk_stmts
+from redfuser.ir.tile.interpreter import run_tile_program
 from redfuser.schedule import options_for, schedule_program
 from redfuser.schedule.prefetch import BUDGET_BYTES, prefetch_operands
 from redfuser.workloads import attention, causal_attention, fp8_quant_gemm, softmax

@@ -13,10 +13,10 @@ from redfuser.ir import (
     Axis, Binary, BinaryOp, Buffer, BufferType, Compute, Const, FusedLoop, Load, OnlineState, Program, ReduceOp,
     Select, Unary, UnaryOp, run_program, verify_program,
 )
-from redfuser.ir import tile as t
+from redfuser.ir.tile import nodes as t
 from redfuser.ir import types as T
-from redfuser.ir.tile_interpreter import run_tile_program
-from redfuser.ir.tile_verifier import verify_tile_program
+from redfuser.ir.tile.interpreter import run_tile_program
+from redfuser.ir.tile.verifier import verify_tile_program
 from redfuser.schedule import ScheduleOptions, options_for, schedule_program
 from redfuser.testing import assert_close
 from redfuser.testing.strategies import programs

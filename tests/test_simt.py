@@ -5,14 +5,14 @@ import pytest
 
 import simt_kernels as K
 from redfuser.ir.errors import VerifyError
-from redfuser.ir.expr import BinaryOp, UnaryOp
-from redfuser.ir.simt import (
+from redfuser.ir.semantics import BinaryOp, UnaryOp
+from redfuser.ir.simt.nodes import (
     Barrier, BlockIdx, Branch, Const, For, If, IntOp, LoadShared, MmaShape, Reg, RegType, Region, ShuffleKind,
     SimtKernel, StoreShared, ThreadIdx, defs, uses, walk_stmts,
 )
-from redfuser.ir.simt_builder import SimtBuilder
-from redfuser.ir.simt_ranges import Range, transfer
-from redfuser.ir.simt_verifier import verify_simt_kernel
+from redfuser.ir.simt.builder import SimtBuilder
+from redfuser.ir.simt.ranges import Range, transfer
+from redfuser.ir.simt.verifier import verify_simt_kernel
 from redfuser.ir.types import bfloat16, bool_, float16, float32, float64, int32, int64
 
 ALL_SAMPLES = [K.elementwise, lambda: K.elementwise(index64=True), K.vector_scale, K.block_sum, K.softmax_stats,
@@ -155,13 +155,13 @@ BAD_KERNELS = {
 
 
 def _alloc():
-    from redfuser.ir.simt import SharedAlloc
+    from redfuser.ir.simt.nodes import SharedAlloc
     from redfuser.ir.types import BufferType
     return SharedAlloc("s", BufferType(float32, (32,)))
 
 
 def _pack_wrong(b: SimtBuilder):
-    from redfuser.ir.simt import Pack
+    from redfuser.ir.simt.nodes import Pack
     part = b.const(0.0, float32)
     return Pack(R("p", float32, 4), (part, part))
 
@@ -249,7 +249,7 @@ def test_value_ranges():
 
 
 def _range_stmts():
-    from redfuser.ir.simt import Binary, IntBinary
+    from redfuser.ir.simt.nodes import Binary, IntBinary
     tid, c4, c3, c5, c31, c10 = R("tid"), R("c4"), R("c3"), R("c5"), R("c31"), R("c10")
     cbig = R("cbig")
     return [ThreadIdx(tid), Const(c4, 4), Const(c3, 3), Const(c5, 5), Const(c31, 31), Const(c10, 10),
@@ -272,7 +272,7 @@ def test_drop_unused_removes_dead_chains_in_one_call_and_keeps_effects():
     body); stores, barriers, loops, carried values and what they read stay; a clean kernel comes back as
     the same object."""
     from redfuser.codegen.simt.cleanup import drop_unused
-    from redfuser.ir.simt import walk_stmts
+    from redfuser.ir.simt.nodes import walk_stmts
 
     b = SimtBuilder("dead", warps=1, grid=(1,))
     out = b.buffer("out", float32, (32,))

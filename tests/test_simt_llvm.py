@@ -15,7 +15,7 @@ from helpers import run_on_host
 from redfuser.codegen import ptx_check
 from redfuser.codegen.simt_to_llvm import LlvmOptions, compile_simt, emit_module
 from redfuser.ir.errors import BackendError
-from redfuser.ir.simt import MmaShape, ShuffleKind
+from redfuser.ir.simt.nodes import MmaShape, ShuffleKind
 from redfuser.ir.types import bfloat16, float16
 
 SAMPLES = {

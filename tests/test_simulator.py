@@ -10,14 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import simt_kernels as K
-from redfuser.codegen.nvvm_mma import fragment_a, fragment_b, fragment_c
+from redfuser.ir.simt.fragments import fragment_a, fragment_b, fragment_c
 from redfuser.codegen.simulator import SimOptions, simulate
 from redfuser.codegen.simulator.arith import convert
 from redfuser.codegen.simulator.warp import shuffle_sources
 from redfuser.ir.errors import RedFuserError, SimulationError
-from redfuser.ir.expr import BinaryOp
-from redfuser.ir.simt import MmaShape, ShuffleKind
-from redfuser.ir.simt_builder import SimtBuilder
+from redfuser.ir.semantics import BinaryOp
+from redfuser.ir.simt.nodes import MmaShape, ShuffleKind
+from redfuser.ir.simt.builder import SimtBuilder
 from redfuser.ir.types import bfloat16, float8_e4m3fn, float16, float32, int32
 
 RNG = np.random.default_rng(7)

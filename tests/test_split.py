@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 import redfuser as rf
 from redfuser import workloads as W
 from redfuser.ir import FusedLoop, run_program
-from redfuser.ir import tile as t
-from redfuser.ir.tile_interpreter import run_tile_program
+from redfuser.ir.tile import nodes as t
+from redfuser.ir.tile.interpreter import run_tile_program
 from redfuser.schedule import ScheduleOptions, options_for, schedule_program
 from redfuser.schedule.fused import layout_or_fail
 from redfuser.schedule.split import MIN_SLICE_CHUNKS, auto_split, plan_split

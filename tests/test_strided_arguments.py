@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import redfuser as rf
-from redfuser.ir import tile as t
+from redfuser.ir.tile import nodes as t
 from redfuser.ir.array_memory import memory_of
 from redfuser.ir.types import BufferType, float32
 from redfuser.testing import assert_close

@@ -8,7 +8,7 @@ import pytest
 
 import redfuser as rf
 from redfuser.codegen.ptx_check import check_ptx
-from redfuser.ir import tile as t
+from redfuser.ir.tile import nodes as t
 from redfuser.testing import assert_close
 from redfuser.workloads import log_softmax, softmax
 

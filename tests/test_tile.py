@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from redfuser.ir import BinaryOp, Buffer, BufferType, ReduceOp, UnaryOp, VerifyError
-from redfuser.ir import tile as t
+from redfuser.ir.tile import nodes as t
 from redfuser.ir import types as T
-from redfuser.ir.tile_interpreter import run_tile_program
-from redfuser.ir.tile_printer import format_tile_program
-from redfuser.ir.tile_verifier import verify_tile_program
+from redfuser.ir.tile.interpreter import run_tile_program
+from redfuser.ir.tile.printer import format_tile_program
+from redfuser.ir.tile.verifier import verify_tile_program
 
 F32, I32, BOOL = T.float32, T.int32, T.bool_
 

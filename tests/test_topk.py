@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import redfuser as rf
 from redfuser.fusion.merge import merge_partials
 from redfuser.ir import FusedLoop, TopKState
-from redfuser.ir.interpreter import Env, run_fused_loop, run_stmt
+from redfuser.ir.loop.interpreter import Env, run_fused_loop, run_stmt
 from redfuser.testing.tolerance import assert_close
 
 

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 import redfuser as rf
 from redfuser.codegen.host import build_host_module
 from redfuser.ir import Buffer, BufferType, VerifyError
-from redfuser.ir import tile as t
+from redfuser.ir.tile import nodes as t
 from redfuser.ir import topk as topk_semantics
 from redfuser.ir import types as T
-from redfuser.ir.tile_interpreter import run_tile_program
-from redfuser.ir.tile_verifier import verify_tile_program
+from redfuser.ir.tile.interpreter import run_tile_program
+from redfuser.ir.tile.verifier import verify_tile_program
 from redfuser.runtime.cpu_jit import CpuProgram, compile_cached
 from redfuser.testing import assert_close
 

@@ -13,11 +13,11 @@ from redfuser.codegen.ptx_check import check_ptx
 from redfuser.codegen.simt import GpuOptions, lower_to_simt
 from redfuser.codegen.simt.run import simulate_program
 from redfuser.ir import Buffer, BufferType
-from redfuser.ir import tile as t
+from redfuser.ir.tile import nodes as t
 from redfuser.ir import topk as topk_semantics
 from redfuser.ir import types as T
-from redfuser.ir.tile_interpreter import run_tile_program
-from redfuser.ir.tile_verifier import verify_tile_program
+from redfuser.ir.tile.interpreter import run_tile_program
+from redfuser.ir.tile.verifier import verify_tile_program
 
 import redfuser as rf
 from redfuser.testing import assert_close

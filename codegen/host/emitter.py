@@ -20,7 +20,8 @@ from typing import Iterator
 
 import llvmlite.ir as ir
 
-from ...ir import DType, tile as t
+from ...ir import DType
+from ...ir.tile import nodes as t
 from ...ir.types import int64, row_major_strides
 from ..llvm_utils import I64, PTR, VOID, counted_loop, entry_alloca
 from . import dtypes

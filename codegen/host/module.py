@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 from ..llvm_utils import initialize_native, parse_and_verify
 from .emitter import KernelEmitter
 

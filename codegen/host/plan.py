@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 
 VIEWS = (t.Broadcast, t.ExpandDims, t.Permute)
 

@@ -14,8 +14,9 @@ from typing import Callable
 
 import llvmlite.ir as ir
 
-from ...ir import BinaryOp, UnaryOp, tile as t
-from ...ir.expr import F32_TINY
+from ...ir import BinaryOp, UnaryOp
+from ...ir.tile import nodes as t
+from ...ir.semantics import F32_TINY
 from ..llvm_utils import F32, F64, I1, I64, declare_intrinsic
 from . import dtypes, mathlib
 from .emitter import KernelEmitter

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from ...ir import BinaryOp, ReduceOp, tile as t
+from ...ir import BinaryOp, ReduceOp
+from ...ir.tile import nodes as t
 from ..llvm_utils import I64, counted_loop, entry_alloca
 from . import dtypes
 from .emitter import KernelEmitter

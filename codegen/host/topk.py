@@ -21,7 +21,7 @@ import math
 
 import llvmlite.ir as ir
 
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 from ..llvm_utils import I1, I8, I64, entry_alloca
 from . import dtypes
 from .emitter import KernelEmitter

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ...ir import BinaryOp
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 
 MAX_DIV = 1 << 30
 

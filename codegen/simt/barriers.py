@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...ir.simt import (
+from ...ir.simt.nodes import (
     Barrier,
     For,
     If,

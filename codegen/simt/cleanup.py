@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...ir.simt import (
+from ...ir.simt.nodes import (
     Binary,
     Bitcast,
     BlockIdx,

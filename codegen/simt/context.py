@@ -14,9 +14,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 from ...ir.errors import BackendError, InternalError
-from ...ir.simt import Reg, SharedAlloc
+from ...ir.simt.nodes import Reg, SharedAlloc
 from ...ir.types import BufferType, DType
 from .convert import convert
 from .layouts import Layout, scalar

@@ -7,8 +7,8 @@ every thread, so barriers inside the body stay convergent.
 """
 from __future__ import annotations
 
-from ...ir import tile as t
-from ...ir.simt import RegType
+from ...ir.tile import nodes as t
+from ...ir.simt.nodes import RegType
 from .context import Lowering, effect_rule
 from .values import Regs
 

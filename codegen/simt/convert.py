@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...ir.expr import BinaryOp
-from ...ir.simt import IntOp
+from ...ir.semantics import BinaryOp
+from ...ir.simt.nodes import IntOp
 from ...ir.types import int32
 from .layouts import Layout, flat, flat_run, mapped, without_duplicate_regs
 from .values import Regs, from_registers, gather, pieces

@@ -11,7 +11,7 @@ FMA otherwise (f32 operands, shapes or targets without an mma): `fma.py`.
 """
 from __future__ import annotations
 
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 from .context import Lowering, value_rule
 from .fma import fma_dot
 from .layouts import Layout, mma_a, mma_b, mma_warps

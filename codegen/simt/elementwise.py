@@ -10,10 +10,10 @@ and f64 or integers cast to f16, bf16 or e4m3 round once, as numpy's do (through
 from __future__ import annotations
 
 from ...ir import BinaryOp, UnaryOp
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 from ...ir.errors import BackendError
-from ...ir.expr import TRANSCENDENTAL
-from ...ir.simt import IntOp, Reg
+from ...ir.semantics import TRANSCENDENTAL
+from ...ir.simt.nodes import IntOp, Reg
 from ...ir.types import DType, float32, float64, int32
 from . import fp8, fp8_bits
 from .context import Lowering, value_rule

@@ -13,8 +13,8 @@ shared memory and widened when read.
 from __future__ import annotations
 
 from ...ir import BinaryOp
-from ...ir import tile as t
-from ...ir.simt import Reg, SharedAlloc
+from ...ir.tile import nodes as t
+from ...ir.simt.nodes import Reg, SharedAlloc
 from ...ir.types import float32, int32
 from .context import Lowering
 from .convert import writer_mask

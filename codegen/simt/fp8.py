@@ -11,8 +11,8 @@ are only read back as f32 (the quantize-dequantize of FP8 GEMMs).
 """
 from __future__ import annotations
 
-from ...ir.expr import BinaryOp, UnaryOp
-from ...ir.simt import Reg
+from ...ir.semantics import BinaryOp, UnaryOp
+from ...ir.simt.nodes import Reg
 from ...ir.types import float8_e4m3fn, float32
 from .values import LoweringBuilder
 

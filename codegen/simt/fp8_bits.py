@@ -19,8 +19,8 @@ over every f16 and a large f32 sample in ``tests/test_f8_convert.py``).
 """
 from __future__ import annotations
 
-from ...ir.expr import BinaryOp, UnaryOp
-from ...ir.simt import IntOp, Reg
+from ...ir.semantics import BinaryOp, UnaryOp
+from ...ir.simt.nodes import IntOp, Reg
 from ...ir.types import float8_e4m3fn, float32, int32
 from .values import LoweringBuilder
 

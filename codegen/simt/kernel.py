@@ -20,10 +20,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 from ...ir.errors import BackendError
-from ...ir.expr import Buffer
-from ...ir.simt import (
+from ...ir.buffer import Buffer
+from ...ir.simt.nodes import (
     MAX_STATIC_SHARED_BYTES,
     For,
     If,
@@ -35,7 +35,7 @@ from ...ir.simt import (
     Stmt,
     StoreShared,
 )
-from ...ir.simt_verifier import verify_simt_kernel
+from ...ir.simt.verifier import verify_simt_kernel
 from ...ir.types import BufferType, int32
 from ..timing import timed_part
 from . import control, dot, elementwise, memory, reduce, topk  # noqa: F401 - register their rules

@@ -17,7 +17,7 @@ every tile. The kinds built here (ARCHITECTURE.md section 6):
   lanes next along the dimensions in `order`, warps along the slowest; the rest
   repeats in registers (elementwise work, loads, stores, reductions);
 - `mma_acc`, `mma_a`, `mma_b`: the accumulator and operand fragments of
-  ``mma.sync.m16n8k16`` / ``m16n8k32`` (`codegen.nvvm_mma.fragment_a/b/c`),
+  ``mma.sync.m16n8k16`` / ``m16n8k32`` (`redfuser.ir.simt.fragments`),
   warps tiled ``wm x wn`` over the output, repeated over tiles in registers;
 - `sliced` (a reduction's result), `mapped` (a view's source, see `views.py`),
   `origin` (every thread holds element 0) and `scalar`.

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...ir import BinaryOp
-from ...ir import tile as t
-from ...ir.simt import Reg
+from ...ir.tile import nodes as t
+from ...ir.simt.nodes import Reg
 from .context import Lowering, effect_rule, value_rule
 from .convert import writer_mask
 from .elementwise import coerce

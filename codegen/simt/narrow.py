@@ -35,10 +35,10 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 
-from ...ir import tile as t
-from ...ir.expr import BinaryOp
+from ...ir.tile import nodes as t
+from ...ir.semantics import BinaryOp
 from ...ir.source import SourceLoc
-from ...ir.tile_verifier import verify_kernel
+from ...ir.tile.verifier import verify_kernel
 from ...ir.types import DType, bfloat16, float32
 from .options import GpuOptions
 from .plan import mma_shape

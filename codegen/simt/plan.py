@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 from ...ir.errors import BackendError
-from ...ir.simt import MmaShape
+from ...ir.simt.nodes import MmaShape
 from .affine import AffineInfo
 from .layouts import Layout, blocked, default_vec, mma_acc, scalar, sliced
 from .options import GpuOptions

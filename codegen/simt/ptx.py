@@ -15,7 +15,7 @@ from ...ir.errors import InternalError
 from ..nvptx import compile_module, entry_names
 from ..timing import timed_part
 from ..simt_to_llvm import emit_parsed
-from ...ir.simt import SimtKernel
+from ...ir.simt.nodes import SimtKernel
 from .kernel import SimtProgram
 
 

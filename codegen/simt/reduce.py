@@ -14,9 +14,9 @@ shared memory too. max/min propagate NaN like numpy.
 from __future__ import annotations
 
 from ...ir import BinaryOp, ReduceOp
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 from ...ir.errors import BackendError, InternalError
-from ...ir.simt import IntOp, Reg, ShuffleKind
+from ...ir.simt.nodes import IntOp, Reg, ShuffleKind
 from ...ir.types import int32
 from .context import Lowering, value_rule
 from .layouts import Layout, flat

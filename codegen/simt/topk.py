@@ -33,8 +33,8 @@ empty slots last); see `topk_lists`.
 from __future__ import annotations
 
 from ...ir import BinaryOp
-from ...ir import tile as t
-from ...ir.simt import IntOp
+from ...ir.tile import nodes as t
+from ...ir.simt.nodes import IntOp
 from ...ir.types import int32, int64
 from .context import Lowering, effect_rule
 from .elementwise import defined_through_views

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...ir.expr import BinaryOp, UnaryOp
-from ...ir.simt import IntOp, Reg, ShuffleKind
+from ...ir.semantics import BinaryOp, UnaryOp
+from ...ir.simt.nodes import IntOp, Reg, ShuffleKind
 from ...ir.types import DType, float32, int32, int64
 from .values import LoweringBuilder
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from ...ir.errors import InternalError
-from ...ir.simt import MAX_VECTOR, Reg, Stmt
-from ...ir.simt_builder import SimtBuilder
+from ...ir.simt.nodes import MAX_VECTOR, Reg, Stmt
+from ...ir.simt.builder import SimtBuilder
 from ...ir.types import DType, int32, int64
 from .layouts import Layout
 
@@ -113,7 +113,7 @@ class LoweringBuilder(SimtBuilder):
 
     def arith(self, op, a: Reg, b: Reg) -> Reg:
         """``a op b``, folded when both are integer constants, skipped for ``+ 0`` / ``* 1``, made once per scope."""
-        from ...ir.expr import BinaryOp
+        from ...ir.semantics import BinaryOp
 
         ca, cb = self.constants.get(a.name), self.constants.get(b.name)
         if a.dtype.is_int and not a.dtype.is_bool:
@@ -250,8 +250,8 @@ def map_chunks(regs: Sequence[Regs], fn) -> tuple[Reg, ...]:
 
 def thread_linear(b: LoweringBuilder, tid: Reg, coefs: Sequence[int], dtype: DType = int32) -> Reg:
     """``sum_i bit_i(tid) * coefs[i]`` as SIMT integer code (runs of geometric coefficients as one bit field)."""
-    from ...ir.expr import BinaryOp
-    from ...ir.simt import IntOp
+    from ...ir.semantics import BinaryOp
+    from ...ir.simt.nodes import IntOp
 
     terms: list[Reg] = []
     i = 0

@@ -9,7 +9,7 @@ elements; the lowering then reads the same source register twice.
 """
 from __future__ import annotations
 
-from ...ir import tile as t
+from ...ir.tile import nodes as t
 from .layouts import Basis, Layout, mapped
 
 

@@ -15,8 +15,8 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.expr import BinaryOp, UnaryOp
-from ...ir.simt import (
+from ...ir.semantics import BinaryOp, UnaryOp
+from ...ir.simt.nodes import (
     Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Reg, Select, ThreadIdx, Unary,
     WarpId,
 )

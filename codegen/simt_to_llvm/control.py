@@ -5,7 +5,7 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.simt import For, If, Reg
+from ...ir.simt.nodes import For, If, Reg
 from .emitter import Emitter
 from .types import reg_type
 

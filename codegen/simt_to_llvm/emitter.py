@@ -9,8 +9,8 @@ from llvmlite import ir
 from ...ir.errors import InternalError
 from ..llvm_text import TextBuilder, TextModule, TextSlot, TextValue
 from ..nvvm import i32
-from ...ir.simt import For, If, Mma, Pack, Reg, SimtKernel, Stmt, uses, walk_stmts
-from ...ir.simt_printer import format_stmt
+from ...ir.simt.nodes import For, If, Mma, Pack, Reg, SimtKernel, Stmt, uses, walk_stmts
+from ...ir.simt.printer import format_stmt
 
 
 @dataclass(frozen=True, slots=True)

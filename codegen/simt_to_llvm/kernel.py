@@ -4,9 +4,9 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from ...ir.expr import Buffer
-from ...ir.simt import SimtKernel
-from ...ir.simt_verifier import verify_simt_kernel
+from ...ir.buffer import Buffer
+from ...ir.simt.nodes import SimtKernel
+from ...ir.simt.verifier import verify_simt_kernel
 from .. import nvvm
 from ..llvm_text import TextBuilder, TextModule
 from ..nvptx import PtxArtifact, compile_module, new_module, parse_and_verify

@@ -16,8 +16,8 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.expr import BinaryOp
-from ...ir.simt import (
+from ...ir.semantics import BinaryOp
+from ...ir.simt.nodes import (
     Binary, Cast, Const, IntBinary, IntOp, LoadGlobal, LoadShared, Reg, StoreGlobal, StoreShared,
 )
 from .. import nvvm

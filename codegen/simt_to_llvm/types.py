@@ -12,7 +12,7 @@ import numpy as np
 from llvmlite import ir
 
 from ...ir.errors import InternalError
-from ...ir.simt import RegType, Scalar
+from ...ir.simt.nodes import RegType, Scalar
 from ...ir.types import DType
 from ..nvvm import F16, F32, F64, I1, I8, I16, I32, I64, splat
 

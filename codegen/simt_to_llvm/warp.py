@@ -11,7 +11,7 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.simt import Barrier, Extract, LdMatrix, Mma, MmaShape, Pack, Reg, Shuffle, ShuffleKind
+from ...ir.simt.nodes import Barrier, Extract, LdMatrix, Mma, MmaShape, Pack, Reg, Shuffle, ShuffleKind
 from .. import nvvm, nvvm_mma
 from ..nvvm import HALF2, I32, i32
 from .emitter import Emitter

@@ -13,8 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from ...ir.interpreter import BINARY_FUNCS, UNARY_FUNCS
-from ...ir.simt import (
+from ...ir.semantics import BINARY_FUNCS, UNARY_FUNCS
+from ...ir.simt.nodes import (
     Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Select, ThreadIdx, Unary, WarpId,
 )
 from ...ir.types import DType, float32

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...ir.simt import Barrier, For, If, Reg
+from ...ir.simt.nodes import Barrier, For, If, Reg
 from .state import Block
 
 

@@ -12,9 +12,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ...ir.errors import SimulationError
-from ...ir.expr import Buffer
-from ...ir.simt import SimtKernel
-from ...ir.simt_verifier import verify_simt_kernel
+from ...ir.buffer import Buffer
+from ...ir.simt.nodes import SimtKernel
+from ...ir.simt.verifier import verify_simt_kernel
 from . import arith, control, memory, warp
 from .state import Block, Launch, SimOptions
 

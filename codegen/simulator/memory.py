@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...ir.simt import LoadGlobal, LoadShared, Stmt, StoreGlobal, StoreShared
+from ...ir.simt.nodes import LoadGlobal, LoadShared, Stmt, StoreGlobal, StoreShared
 from .state import Block
 from .tracker import Tracker
 

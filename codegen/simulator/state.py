@@ -12,8 +12,8 @@ from typing import Callable, NoReturn
 import numpy as np
 
 from ...ir.errors import SimulationError
-from ...ir.simt import Reg, SimtKernel, Stmt
-from ...ir.simt_printer import format_stmt
+from ...ir.simt.nodes import Reg, SimtKernel, Stmt
+from ...ir.simt.printer import format_stmt
 from .tracker import Tracker
 
 

@@ -9,8 +9,8 @@ The shuffle follows the ISA's pseudo-code for ``shfl.sync`` with
 ``j`` of its warp, or keeps its own value when ``j`` is past its segment's last
 lane. ``ldmatrix`` reads each row at the index its address lane gives (bounds,
 16-byte alignment and races checked like any shared load) and hands the elements
-out by the ISA's fragment rule (`LdMatrix`). The mma fragments are `codegen.nvvm_mma.fragment_a/b/c`, the same tables
-the LLVM emission and the hardware tests use.
+out by the ISA's fragment rule (`LdMatrix`). The mma fragments are `redfuser.ir.simt.fragments`'
+`fragment_a/b/c`, the same tables the lowering's register layouts and the hardware tests follow.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from ...ir.simt import WARP_SIZE, LdMatrix, Mma, MmaShape, Reg, Shuffle, ShuffleKind, Stmt
-from ..nvvm_mma import fragment_a, fragment_b, fragment_c
+from ...ir.simt.nodes import WARP_SIZE, LdMatrix, Mma, MmaShape, Reg, Shuffle, ShuffleKind, Stmt
+from ...ir.simt.fragments import fragment_a, fragment_b, fragment_c
 from .memory import fail_at
 from .state import Block
 

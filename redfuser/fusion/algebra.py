@@ -23,7 +23,7 @@ from fractions import Fraction
 from typing import Callable
 
 from ..ir import Binary, BinaryOp, Cast, Const, DType, Expr, Unary, UnaryOp
-from ..ir.expr import walk
+from ..ir.loop.expr import walk
 
 Power = Fraction
 LN2 = math.log(2.0)

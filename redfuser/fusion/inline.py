@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Compute, Program, Reduce, TopK, walk, written
-from ..ir.expr import Load
+from ..ir.loop.expr import Load
 from .substitute import inline_loads
 
 MAX_INLINE_NODES = 256

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..ir import Buffer, Expr, FusedLoop, Load, OnlineState, TopKState, map_expr
 from ..ir import topk as topk_semantics
-from ..ir.interpreter import Env, combine, evaluate, rescale_list, rescale_partial
+from ..ir.loop.interpreter import Env, combine, evaluate, rescale_list, rescale_partial
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from typing import Callable
 import numpy as np
 
 from ..ir import Binary, Cast, Const, Expr, IndexValue, Load, Select, Unary
-from ..ir.expr import walk
-from ..ir.interpreter import BINARY_FUNCS, UNARY_FUNCS
+from ..ir.loop.expr import walk
+from ..ir.semantics import BINARY_FUNCS, UNARY_FUNCS
 from .separability import Decomposition, FusionContext
 
 POINTS = 96

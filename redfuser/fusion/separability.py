@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..ir import Axis, Const, DType, Expr, IndexValue, Load, ReduceOp, format_expr
-from ..ir.expr import walk
+from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
 from .positivity import is_nonnegative, is_positive

@@ -54,7 +54,7 @@ def _unary(op: UnaryOp, np_fn: Callable) -> Callable:
     def fn(x):
         if not _traced(x):
             return np_fn(x)
-        # numpy's abs of a bool is the bool itself; the Loop IR has no arithmetic on bools (ir/verifier.py)
+        # numpy's abs of a bool is the bool itself; the Loop IR has no arithmetic on bools (ir/loop/verifier.py)
         return _elementwise(op.value, np_fn, [x],
                             lambda e, d: e[0] if d.is_bool and op is UnaryOp.ABS else Unary(op, e[0], d))
 
@@ -99,7 +99,7 @@ BOOL_FORMS: dict[BinaryOp, BinaryOp] = {
     BinaryOp.ADD: BinaryOp.OR, BinaryOp.MUL: BinaryOp.AND, BinaryOp.MAX: BinaryOp.OR, BinaryOp.MIN: BinaryOp.AND,
 }
 """numpy's add, multiply, maximum and minimum of bools are logical or, and, or, and (``True + True`` is
-``True``). The tracer writes them so: the Loop IR has no arithmetic on bools (ir/verifier.py), so no
+``True``). The tracer writes them so: the Loop IR has no arithmetic on bools (ir/loop/verifier.py), so no
 backend can read a bool ``+`` as the 1-bit integer add (xor) LLVM's ``i1`` would compute."""
 
 

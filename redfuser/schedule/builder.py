@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..ir import BinaryOp, Buffer, DType, ReduceOp, UnaryOp
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 from ..ir.types import bool_
 
 

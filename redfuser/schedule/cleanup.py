@@ -18,7 +18,7 @@ import functools
 from dataclasses import fields, replace
 
 from ..ir import BinaryOp
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 
 
 @functools.cache

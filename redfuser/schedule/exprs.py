@@ -33,7 +33,7 @@ from ..ir import (
     UnaryOp,
     walk,
 )
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 from ..ir.types import bool_, float32, from_numpy
 from .builder import KernelBuilder
 from .space import Binding, Dim, Fixed, Tiled, align, mask_tile, offsets, place

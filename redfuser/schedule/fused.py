@@ -12,7 +12,7 @@ like this one.
 from __future__ import annotations
 
 from ..ir import BinaryOp, Compute, DType, FusedLoop, InternalError, TopKState
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 from .exprs import store_tile
 from .layout import FusedBuilder, FusedLayout, fused_layout
 from .masked import live_bound

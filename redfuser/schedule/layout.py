@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, Reduce, ReduceOp, TopKState, loads
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 from .builder import KernelBuilder
 from .exprs import ExprLowering
 from .nests import _ceil_div, premake

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import Axis, Binary, BinaryOp, Const, Expr, FusedLoop, IndexValue, Load, OnlineState, ReduceOp, Select
-from ..ir.expr import walk
+from ..ir.loop.expr import walk
 from ..fusion.numeric_check import evaluate64
 from .unify import AxisClasses
 

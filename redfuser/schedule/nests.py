@@ -8,7 +8,7 @@ a matmul, which becomes ``dot``) and loops over chunks of its reduced axes.
 from __future__ import annotations
 
 from ..ir import Axis, Binary, BinaryOp, Compute, DType, Load, Reduce, walk
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 from .builder import KernelBuilder
 from .exprs import ExprLowering, footprint, store_tile
 from .options import ScheduleOptions

@@ -35,9 +35,9 @@ import math
 from dataclasses import replace
 from collections.abc import Mapping
 
-from ..ir import tile as t
-from ..ir.expr import BinaryOp
-from ..ir.tile_verifier import verify_tile_program
+from ..ir.tile import nodes as t
+from ..ir.semantics import BinaryOp
+from ..ir.tile.verifier import verify_tile_program
 from ..ir.types import bool_
 from .cleanup import drop_dead, free_reads, rename_operands
 

@@ -21,8 +21,8 @@ Offsets are i32 unless some buffer of a kernel (padded to whole tiles) reaches 2
 from __future__ import annotations
 
 from ..ir import Buffer, Compute, FusedLoop, Program, Reduce, Stmt, TopK, loads, written
-from ..ir import tile as t
-from ..ir.tile_verifier import verify_tile_program
+from ..ir.tile import nodes as t
+from ..ir.tile.verifier import verify_tile_program
 from ..ir.types import int32, int64
 from .cleanup import cleanup_kernel
 from .fused import fused_kernel, joins, layout_or_fail

@@ -9,7 +9,7 @@ index at a time, the last one in chunks of `block_k`).
 from __future__ import annotations
 
 from ..ir import Axis, Binary, BinaryOp, Expr, ReduceOp, loads
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 from .exprs import LOW_PRECISION, ExprLowering, compute_dtype
 from .options import ScheduleOptions
 from .space import Binding, Dim, Fixed, Tiled, mask_tile, ordered, place

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import BinaryOp, Buffer
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 from .builder import KernelBuilder
 
 

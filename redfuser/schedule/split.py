@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..fusion.merge import merge_rule
 from ..ir import BinaryOp, Buffer, Compute, DType, FusedLoop
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 from .fused import finish_states, layout_or_fail
 from .layout import FusedBuilder, FusedLayout
 from .nests import _ceil_div

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..fusion.merge import MergeStep
 from ..ir import BinaryOp, Buffer, BufferType, OnlineState, Reduce, TopKState
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 from ..ir.types import int64
 from .exprs import compute_dtype, store_tile
 from .layout import FusedBuilder

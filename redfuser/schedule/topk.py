@@ -13,7 +13,7 @@ dims already, as in MoE routing).
 from __future__ import annotations
 
 from ..ir import BackendError, BinaryOp, DType, Expr, TopK
-from ..ir import tile as t
+from ..ir.tile import nodes as t
 from ..ir.types import float32, float64, int32, int64
 from .builder import KernelBuilder
 from .exprs import LOW_PRECISION, ExprLowering, store_tile

@@ -11,17 +11,18 @@
   fragment has the shape and dtype its instruction wants;
 - memory: globals are params, shared arrays are declared, static shared memory
   fits 48 KiB, and an unconditional access whose index range is known exactly
-  (see `simt_ranges`) stays inside its array;
+  (see `ranges`) stays inside its array;
 - launch: 1 to 32 warps, 1 to 3 grid dimensions of at least one block, within CUDA's limits.
 """
 from __future__ import annotations
 
 from typing import Callable, Union
 
-from .errors import VerifyError
-from .excerpt import excerpt_around
-from .expr import TRANSCENDENTAL, BinaryOp, Buffer, UnaryOp
-from .simt import (
+from ..errors import VerifyError
+from ..excerpt import excerpt_around
+from ..semantics import TRANSCENDENTAL, BinaryOp, UnaryOp
+from ..buffer import Buffer
+from .nodes import (
     MAX_STATIC_SHARED_BYTES,
     MAX_VECTOR,
     Barrier,
@@ -54,9 +55,9 @@ from .simt import (
     defs,
     uses,
 )
-from .simt_printer import simt_kernel_lines
-from .simt_ranges import Ranges, transfer, trip_range
-from .types import DType, bool_, float32, int32, int64
+from .printer import simt_kernel_lines
+from .ranges import Ranges, transfer, trip_range
+from ..types import DType, bool_, float32, int32, int64
 
 LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
 # A check's message: text, or a function making it -- most messages show values, and formatting them

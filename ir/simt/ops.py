@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .expr import BinaryOp, Buffer, UnaryOp
-from .simt_types import IntOp, MmaShape, Reg, Scalar, SharedAlloc, ShuffleKind, WARP_SIZE
-from .source import UNKNOWN, SourceLoc
+from ..semantics import BinaryOp, UnaryOp
+from ..buffer import Buffer
+from .types import IntOp, MmaShape, Reg, Scalar, SharedAlloc, ShuffleKind, WARP_SIZE
+from ..source import UNKNOWN, SourceLoc
 
 
 def _loc() -> SourceLoc:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .excerpt import LineIndex, note_line
-from .expr import Buffer
-from .printer import format_const
-from .simt import (
+from ..excerpt import LineIndex, note_line
+from ..buffer import Buffer
+from ..loop.printer import format_const
+from .nodes import (
     Barrier,
     Binary,
     Bitcast,

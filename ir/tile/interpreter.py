@@ -13,11 +13,11 @@ from typing import Callable
 
 import numpy as np
 
-from .array_memory import memory_of
-from .errors import InternalError
-from . import topk as topk_semantics
-from .interpreter import BINARY_FUNCS as _BINARY, REDUCERS, UNARY_FUNCS as _UNARY
-from .tile import (
+from ..array_memory import memory_of
+from ..errors import InternalError
+from .. import topk as topk_semantics
+from ..semantics import BINARY_FUNCS as _BINARY, REDUCERS, UNARY_FUNCS as _UNARY
+from .nodes import (
     Arange,
     Binary,
     Broadcast,
@@ -38,7 +38,7 @@ from .tile import (
     TopK,
     Unary,
 )
-from .tile import results as t_results
+from .nodes import results as t_results
 
 Env = dict[str, np.ndarray]
 

@@ -13,22 +13,11 @@ from __future__ import annotations
 
 import math
 
-from .expr import (
-    Axis,
-    Binary,
-    BinaryOp,
-    Cast,
-    Const,
-    Expr,
-    IndexValue,
-    Load,
-    Select,
-    Unary,
-    UnaryOp,
-)
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
-from .excerpt import LineIndex, note_line
-from .source import SourceLoc
+from .expr import Axis, Binary, Cast, Const, Expr, IndexValue, Load, Select, Unary
+from ..semantics import BinaryOp, UnaryOp
+from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
+from ..excerpt import LineIndex, note_line
+from ..source import SourceLoc
 
 _PREC = {
     BinaryOp.OR: 1,

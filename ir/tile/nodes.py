@@ -6,7 +6,7 @@ program instance per point of its `grid`; inside, each op defines SSA values
 (`Value`) of static `TileType` (a dtype and a shape; shape ``()`` is a scalar).
 
 Semantics every backend implements (the numpy interpreter in
-`tile_interpreter.py` is the executable definition):
+`interpreter.py` is the executable definition):
 
 - Elementwise ops (`Unary`, `Binary`, `Select`, `Cast`) need operands of one
   shape: broadcasting is explicit (`Broadcast`, `ExpandDims`). Arithmetic runs
@@ -45,9 +45,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from .expr import BinaryOp, Buffer, ReduceOp, UnaryOp
-from .source import UNKNOWN, SourceLoc
-from .types import DType
+from ..semantics import BinaryOp, ReduceOp, UnaryOp
+from ..buffer import Buffer
+from ..source import UNKNOWN, SourceLoc
+from ..types import DType
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,6 +392,6 @@ class TileProgram:
     kernels: tuple[TileKernel, ...]
 
     def __str__(self) -> str:
-        from .tile_printer import format_tile_program
+        from .printer import format_tile_program
 
         return format_tile_program(self)

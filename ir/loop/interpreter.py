@@ -15,24 +15,11 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
-from .expr import (
-    F32_TINY,
-    Axis,
-    Binary,
-    BinaryOp,
-    Cast,
-    Const,
-    Expr,
-    IndexValue,
-    Load,
-    ReduceOp,
-    Select,
-    Unary,
-    UnaryOp,
-)
-from . import topk as topk_semantics
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
-from .types import from_numpy
+from .expr import Axis, Binary, Cast, Const, Expr, IndexValue, Load, Select, Unary
+from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
+from .. import topk as topk_semantics
+from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
+from ..types import from_numpy
 
 Space = tuple[Axis, ...]
 
@@ -56,47 +43,6 @@ class Env(dict):
 
 DEFAULT_CHUNK = 64
 """Chunk length the interpreter runs fused loops with (an option of the interpret backend)."""
-
-
-def _flush_tiny(r: np.ndarray) -> np.ndarray:
-    """`r` with values below f32's smallest normal (2**-126) made +0 (`UnaryOp.EXP2_FTZ`; NaN stays)."""
-    return np.where(r < F32_TINY, np.zeros_like(r), r)
-
-
-UNARY_FUNCS: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
-    UnaryOp.NEG: np.negative,
-    UnaryOp.ABS: np.abs,
-    UnaryOp.EXP: np.exp,
-    UnaryOp.EXP2: np.exp2,
-    UnaryOp.EXP2_FTZ: lambda x: _flush_tiny(np.exp2(x)),
-    UnaryOp.LOG: np.log,
-    UnaryOp.LOG2: np.log2,
-    UnaryOp.SQRT: np.sqrt,
-    UnaryOp.RSQRT: lambda x: np.asarray(1, dtype=x.dtype) / np.sqrt(x),
-    UnaryOp.NOT: np.logical_not,
-}
-BINARY_FUNCS: dict[BinaryOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    BinaryOp.ADD: np.add,
-    BinaryOp.SUB: np.subtract,
-    BinaryOp.MUL: np.multiply,
-    BinaryOp.DIV: np.true_divide,
-    BinaryOp.POW: np.power,
-    BinaryOp.MAX: np.maximum,
-    BinaryOp.MIN: np.minimum,
-    BinaryOp.LT: np.less,
-    BinaryOp.LE: np.less_equal,
-    BinaryOp.GT: np.greater,
-    BinaryOp.GE: np.greater_equal,
-    BinaryOp.EQ: np.equal,
-    BinaryOp.NE: np.not_equal,
-    BinaryOp.AND: np.logical_and,
-    BinaryOp.OR: np.logical_or,
-}
-REDUCERS: dict[ReduceOp, Callable[..., np.ndarray]] = {
-    ReduceOp.SUM: np.sum,
-    ReduceOp.MAX: np.max,
-    ReduceOp.MIN: np.min,
-}
 
 
 def load_array(arr: np.ndarray, indices: tuple[Axis | int, ...], space: Space,

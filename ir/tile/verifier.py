@@ -14,9 +14,9 @@
 """
 from __future__ import annotations
 
-from .errors import VerifyError
-from .excerpt import excerpt_around
-from .tile import (
+from ..errors import VerifyError
+from ..excerpt import excerpt_around
+from .nodes import (
     Arange,
     Binary,
     Broadcast,
@@ -41,9 +41,9 @@ from .tile import (
     results,
     walk_ops,
 )
-from .tile_printer import kernel_lines
-from .expr import UnaryOp
-from .types import DType, bool_, int32, int64
+from .printer import kernel_lines
+from ..semantics import UnaryOp
+from ..types import DType, bool_, int32, int64
 
 LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
 

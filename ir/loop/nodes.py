@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from .expr import Axis, Buffer, Expr, ReduceOp
-from .source import UNKNOWN, SourceLoc
+from .expr import Axis, Expr
+from ..buffer import Buffer
+from ..semantics import ReduceOp
+from ..source import UNKNOWN, SourceLoc
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ executable definition; `codegen/simt_to_llvm` emits the same for nvptx64):
   execute them together (``shfl.sync``/``ldmatrix.sync``/``mma.sync`` with the
   full member mask). `Shuffle` follows the PTX ISA pseudo-code for ``shfl.sync``
   with segment width `width`; `LdMatrix` is ``ldmatrix.m8n8`` (see its docstring).
-  `Mma` operands are the per-lane fragments of ``codegen.nvvm_mma.fragment_a/b/c``:
+  `Mma` operands are the per-lane fragments of ``fragments.fragment_a/b/c``:
   vector element ``r * per_reg + j`` is element ``j`` of fragment register ``r``.
 - `For` runs `body` for ``iv = start, start+step, ... < stop`` per thread (trip
   counts may differ between threads); `If` runs a branch for the threads whose
@@ -42,8 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from .expr import Buffer
-from .simt_ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
+from ..buffer import Buffer
+from .ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     Barrier,
     Binary,
     Bitcast,
@@ -66,7 +66,7 @@ from .simt_ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     Unary,
     WarpId,
 )
-from .simt_types import (  # noqa: F401
+from .types import (  # noqa: F401
     MAX_STATIC_SHARED_BYTES,
     MAX_VECTOR,
     WARP_SIZE,
@@ -78,7 +78,7 @@ from .simt_types import (  # noqa: F401
     SharedAlloc,
     ShuffleKind,
 )
-from .source import UNKNOWN, SourceLoc
+from ..source import UNKNOWN, SourceLoc
 
 
 def _loc() -> SourceLoc:
@@ -222,6 +222,6 @@ class SimtKernel:
         return sum(-(-a.nbytes // 16) * 16 for a in self.shared)
 
     def __str__(self) -> str:
-        from .simt_printer import format_simt_kernel
+        from .printer import format_simt_kernel
 
         return format_simt_kernel(self)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .errors import VerifyError
-from .expr import Axis, Binary, BinaryOp, Buffer, Cast, Expr, IndexValue, Load, ReduceOp, Select, Unary, UnaryOp, walk
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
-from .excerpt import excerpt_around
+from ..errors import VerifyError
+from .expr import Axis, Binary, Cast, Expr, IndexValue, Load, Select, Unary, walk
+from ..semantics import BinaryOp, ReduceOp, UnaryOp
+from ..buffer import Buffer
+from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
+from ..excerpt import excerpt_around
 from .printer import program_lines
-from .types import bool_, int64
+from ..types import bool_, int64
 
 
 _ARITHMETIC = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV, BinaryOp.POW, BinaryOp.MAX,

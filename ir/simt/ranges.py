@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .expr import BinaryOp
-from .simt import (
+from ..semantics import BinaryOp
+from .nodes import (
     Binary,
     BlockIdx,
     Cast,

@@ -3,7 +3,7 @@
 A `RegType` is a scalar or a short fixed-length vector of one dtype (one value
 per thread, printed ``f32`` or ``<4 x f32>``); a `Reg` is an SSA register of
 that type. `MmaShape` names a tensor-core instruction and knows the fragment
-types it reads and writes (see `codegen.nvvm_mma.fragment_a/b/c`).
+types it reads and writes (see `fragments.fragment_a/b/c`).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Union
 
-from .types import BufferType, DType, bfloat16, float8_e4m3fn, float16, float32
+from ..types import BufferType, DType, bfloat16, float8_e4m3fn, float16, float32
 
 WARP_SIZE = 32
 MAX_VECTOR = 16

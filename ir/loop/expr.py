@@ -5,12 +5,12 @@ are structural. Index expressions are loop axes (`Axis`) or fixed integers.
 """
 from __future__ import annotations
 
-import enum
-import math
 from dataclasses import dataclass
 from typing import Union
 
-from .types import BufferType, DType
+from ..buffer import Buffer
+from ..semantics import BinaryOp, UnaryOp
+from ..types import DType
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,96 +26,6 @@ class Axis:
 
 IndexExpr = Union[Axis, int]
 """How one dimension of a buffer is indexed: by a loop axis or a fixed position."""
-
-
-@dataclass(frozen=True, slots=True)
-class Buffer:
-    """A named array of the program: an input, an output or a temporary."""
-
-    name: str
-    type: BufferType
-
-    @property
-    def dtype(self) -> DType:
-        return self.type.dtype
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.type.shape
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class UnaryOp(enum.Enum):
-    NEG = "neg"
-    ABS = "abs"
-    EXP = "exp"
-    EXP2 = "exp2"
-    EXP2_FTZ = "exp2_ftz"   # 2**x with results below f32's smallest normal (2**-126) flushed to +0: not in the
-    #                         op namespace; the scheduler's exp of an f16 or e4m3 result (schedule/exprs.py)
-    LOG = "log"
-    LOG2 = "log2"
-    SQRT = "sqrt"
-    RSQRT = "rsqrt"
-    NOT = "not"
-
-
-TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2})
-"""The unary ops a GPU computes in f32 only (from ``ex2``/``lg2``)."""
-
-F32_TINY = 2.0 ** -126
-"""f32's smallest normal number: `UnaryOp.EXP2_FTZ` flushes results below it to 0."""
-
-
-class BinaryOp(enum.Enum):
-    ADD = "+"
-    SUB = "-"
-    MUL = "*"
-    DIV = "/"
-    POW = "**"
-    MAX = "maximum"
-    MIN = "minimum"
-    LT = "<"
-    LE = "<="
-    GT = ">"
-    GE = ">="
-    EQ = "=="
-    NE = "!="
-    AND = "&"
-    OR = "|"
-
-    @property
-    def is_comparison(self) -> bool:
-        return self in _COMPARISONS
-
-    @property
-    def is_infix(self) -> bool:
-        return self not in (BinaryOp.MAX, BinaryOp.MIN)
-
-
-_COMPARISONS = frozenset({BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE, BinaryOp.EQ, BinaryOp.NE})
-
-
-class ReduceOp(enum.Enum):
-    """A commutative monoid a reduction combines with."""
-
-    SUM = "sum"
-    MAX = "max"
-    MIN = "min"
-
-    def identity(self, dtype: DType) -> float | int | bool:
-        """The monoid's neutral element in `dtype` (what an empty reduction gives)."""
-        if self is ReduceOp.SUM:
-            return False if dtype.is_bool else 0
-        if dtype.is_float:
-            return -math.inf if self is ReduceOp.MAX else math.inf
-        if dtype.is_bool:
-            return self is ReduceOp.MIN
-        import numpy as np
-
-        info = np.iinfo(dtype.numpy)
-        return int(info.min) if self is ReduceOp.MAX else int(info.max)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .expr import Binary, Buffer, Cast, Expr, Load, Select, Unary
-from .loop import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
+from .expr import Binary, Cast, Expr, Load, Select, Unary
+from ..buffer import Buffer
+from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 
 
 def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .errors import InternalError
-from .expr import BinaryOp, Buffer, UnaryOp
-from .simt import (
+from ..errors import InternalError
+from ..semantics import BinaryOp, UnaryOp
+from ..buffer import Buffer
+from .nodes import (
     Barrier, Binary, Bitcast, BlockIdx, Branch, Cast, Const, Extract, For, If, IntBinary, IntOp, LaneId, LdMatrix,
     LoadGlobal, LoadShared, Mma, MmaShape, Pack, Reg, RegType, Region, Scalar, Select, SharedAlloc, Shuffle, ShuffleKind,
     SimtKernel, Stmt, StoreGlobal, StoreShared, ThreadIdx, Unary, WarpId,
 )
-from .simt_verifier import verify_simt_kernel
-from .types import BufferType, DType, bool_, int32
+from .verifier import verify_simt_kernel
+from ..types import BufferType, DType, bool_, int32
 
 
 class SimtBuilder:

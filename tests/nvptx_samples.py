@@ -2,9 +2,9 @@
 
 Each builder returns an `llvmlite.ir.Module` with one kernel. The tests compile
 them to PTX for sm_80 and sm_90 and assemble the result; on a GPU the runtime
-tests and ``benchmarks/`` launch them and compare with numpy. The host-side
+tests launch them and compare with numpy. The host-side
 `pack_mma_operands`/`unpack_mma_result` turn matrices into the per-lane
-registers `codegen.nvvm_mma` documents, so an mma kernel's output checks the
+registers of `redfuser.ir.simt.fragments`, so an mma kernel's output checks the
 fragment layouts against the hardware.
 """
 from __future__ import annotations
@@ -13,12 +13,11 @@ import ml_dtypes
 import numpy as np
 from llvmlite import ir
 
-from . import nvvm
-from .nvptx import new_module
-from .nvvm import F32, HALF2, I32, I64, PTR
-from .nvvm_mma import (
-    fragment_a, fragment_b, fragment_c, mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f32, mma_m16n8k32_e4m3_f32,
-)
+from redfuser.codegen import nvvm
+from redfuser.codegen.nvptx import new_module
+from redfuser.codegen.nvvm import F32, HALF2, I32, I64, PTR
+from redfuser.codegen.nvvm_mma import mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f32, mma_m16n8k32_e4m3_f32
+from redfuser.ir.simt.fragments import fragment_a, fragment_b, fragment_c
 
 BLOCK_SUM_THREADS = 256
 

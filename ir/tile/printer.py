@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .excerpt import LineIndex, note_line
-from .printer import format_const
-from .tile import (
+from ..excerpt import LineIndex, note_line
+from ..loop.printer import format_const
+from .nodes import (
     Arange,
     Binary,
     Broadcast,

@@ -1,0 +1,134 @@
+"""The scalar ops every IR level shares, and what each one computes, in numpy.
+
+`UnaryOp`, `BinaryOp` and `ReduceOp` are the op vocabulary of the Loop, Tile and SIMT IRs alike;
+`UNARY_FUNCS`, `BINARY_FUNCS` and `REDUCERS` are their executable meaning, the one definition that
+the Loop and Tile IR interpreters, the SIMT simulator and fusion's float64 numeric check all apply.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from typing import Callable
+
+import numpy as np
+
+from .types import DType
+
+
+class UnaryOp(enum.Enum):
+    """An elementwise op of one operand."""
+
+    NEG = "neg"
+    ABS = "abs"
+    EXP = "exp"
+    EXP2 = "exp2"
+    EXP2_FTZ = "exp2_ftz"   # 2**x with results below f32's smallest normal (2**-126) flushed to +0: not in the
+    #                         op namespace; the scheduler's exp of an f16 or e4m3 result (schedule/exprs.py)
+    LOG = "log"
+    LOG2 = "log2"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    NOT = "not"
+
+
+TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2})
+"""The unary ops a GPU computes in f32 only (from ``ex2``/``lg2``)."""
+
+F32_TINY = 2.0 ** -126
+"""f32's smallest normal number: `UnaryOp.EXP2_FTZ` flushes results below it to 0."""
+
+
+class BinaryOp(enum.Enum):
+    """An elementwise op of two operands (comparisons give bool)."""
+
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"
+    POW = "**"
+    MAX = "maximum"
+    MIN = "minimum"
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
+    AND = "&"
+    OR = "|"
+
+    @property
+    def is_comparison(self) -> bool:
+        return self in _COMPARISONS
+
+    @property
+    def is_infix(self) -> bool:
+        return self not in (BinaryOp.MAX, BinaryOp.MIN)
+
+
+_COMPARISONS = frozenset({BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE, BinaryOp.EQ, BinaryOp.NE})
+
+
+class ReduceOp(enum.Enum):
+    """A commutative monoid a reduction combines with."""
+
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+    def identity(self, dtype: DType) -> float | int | bool:
+        """The monoid's neutral element in `dtype` (what an empty reduction gives)."""
+        if self is ReduceOp.SUM:
+            return False if dtype.is_bool else 0
+        if dtype.is_float:
+            return -math.inf if self is ReduceOp.MAX else math.inf
+        if dtype.is_bool:
+            return self is ReduceOp.MIN
+        info = np.iinfo(dtype.numpy)
+        return int(info.min) if self is ReduceOp.MAX else int(info.max)
+
+
+def _flush_tiny(r: np.ndarray) -> np.ndarray:
+    """`r` with values below f32's smallest normal (2**-126) made +0 (`UnaryOp.EXP2_FTZ`; NaN stays)."""
+    return np.where(r < F32_TINY, np.zeros_like(r), r)
+
+
+UNARY_FUNCS: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
+    UnaryOp.NEG: np.negative,
+    UnaryOp.ABS: np.abs,
+    UnaryOp.EXP: np.exp,
+    UnaryOp.EXP2: np.exp2,
+    UnaryOp.EXP2_FTZ: lambda x: _flush_tiny(np.exp2(x)),
+    UnaryOp.LOG: np.log,
+    UnaryOp.LOG2: np.log2,
+    UnaryOp.SQRT: np.sqrt,
+    UnaryOp.RSQRT: lambda x: np.asarray(1, dtype=x.dtype) / np.sqrt(x),
+    UnaryOp.NOT: np.logical_not,
+}
+"""What each unary op computes, elementwise on a numpy array."""
+
+BINARY_FUNCS: dict[BinaryOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    BinaryOp.ADD: np.add,
+    BinaryOp.SUB: np.subtract,
+    BinaryOp.MUL: np.multiply,
+    BinaryOp.DIV: np.true_divide,
+    BinaryOp.POW: np.power,
+    BinaryOp.MAX: np.maximum,
+    BinaryOp.MIN: np.minimum,
+    BinaryOp.LT: np.less,
+    BinaryOp.LE: np.less_equal,
+    BinaryOp.GT: np.greater,
+    BinaryOp.GE: np.greater_equal,
+    BinaryOp.EQ: np.equal,
+    BinaryOp.NE: np.not_equal,
+    BinaryOp.AND: np.logical_and,
+    BinaryOp.OR: np.logical_or,
+}
+"""What each binary op computes, elementwise (numpy broadcasting) on two numpy arrays."""
+
+REDUCERS: dict[ReduceOp, Callable[..., np.ndarray]] = {
+    ReduceOp.SUM: np.sum,
+    ReduceOp.MAX: np.max,
+    ReduceOp.MIN: np.min,
+}
+"""Each reduction as the numpy reducer taking ``axis=`` (and ``initial=``)."""
