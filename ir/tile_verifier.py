@@ -43,15 +43,12 @@ from .tile_printer import format_op
 from .expr import UnaryOp
 from .types import DType, bool_, int32, int64
 
-LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
-
-
 def _fail(msg: str, op: Op | None, pass_name: str) -> None:
     raise VerifyError(msg, pass_name=pass_name, context="\n".join(format_op(op)) if op is not None else "")
 
 
 def _arith(d: DType) -> bool:
-    return d.name not in LOW_PRECISION
+    return not d.storage_only
 
 
 def _check_op(op: Op, kernel: TileKernel, pass_name: str) -> None:
