@@ -83,7 +83,7 @@ def _in_f32(b, x: Reg, fn) -> Reg:
 @value_rule(t.Unary)
 def _unary(lw: Lowering, op: t.Unary, layout: Layout) -> Regs:
     b, dtype = lw.b, op.x.dtype
-    if op.op in TRANSCENDENTAL and dtype.name not in ("f32", "f64"):
+    if op.op in TRANSCENDENTAL and dtype not in (float32, float64):
         raise BackendError(f"{op.op.value} of {dtype} tiles: the GPU computes it in f32 only")
     if op.op in TRANSCENDENTAL:
         return Regs(layout, op.out.dtype, tuple(_in_f32(b, x, lambda y: b.unary(op.op, y))
