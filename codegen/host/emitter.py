@@ -11,9 +11,10 @@ their op's rule (one of the `inline_rules` the emitter is given: `rules.py`),
 memoized per loop level so a value is emitted once per loop body; ops that run
 loops of their own go to the `statement_rules` it is given (`stmts.py`). The
 emitter imports neither: `module.py` hands both tables in, so imports point
-one way (module -> stmts -> rules -> emitter). Integer index arithmetic (aranges, program ids, offsets) is
-computed in i64 ("wide") and truncated only where an i32 result is observed,
-which is exact for +, -, * and lets LLVM see consecutive addresses.
+one way (module -> stmts -> rules -> emitter). Integer index arithmetic
+(aranges, program ids, offsets) is computed in i64 ("wide") and truncated only
+where an i32 result is observed, which is exact for +, -, * and lets LLVM see
+consecutive addresses.
 """
 from __future__ import annotations
 
