@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ...ir.types import DType, float16, float32, float64
+from ...ir.types import DType, bfloat16, float16, float32, float64
 from ..llvm_utils import F32, F64, I8, call_intrinsic, like, splat
 from ..nvvm_mma import f32_to_bf16_bits, f32x2_to_e4m3x2
 from . import bits
@@ -38,7 +38,7 @@ def cast(b: ir.IRBuilder, x: ir.Value, src: DType, dst: DType, target: TargetCap
         wide = x if src == float64 else b.sitofp(x, like(x.type, F64))
         return cast(b, bits.f64_to_f32_odd(b, wide), float32, dst, target)
     if holds_bits(src):
-        wide = bits.bf16_to_f32(b, x) if src.itemsize == 2 else bits.e4m3_to_f32(b, x)
+        wide = bits.bf16_to_f32(b, x) if src == bfloat16 else bits.e4m3_to_f32(b, x)
         return cast(b, wide, float32, dst, target)
     if holds_bits(dst):
         return _encode(b, cast(b, x, src, float32, target), dst, target)
@@ -63,7 +63,7 @@ def cast(b: ir.IRBuilder, x: ir.Value, src: DType, dst: DType, target: TargetCap
 
 def _encode(b: ir.IRBuilder, x: ir.Value, dst: DType, target: TargetCaps) -> ir.Value:
     """f32 `x` as the bits of bf16 or e4m3, by the target's instruction where it has one."""
-    if dst.itemsize == 2:   # bf16
+    if dst == bfloat16:
         return f32_to_bf16_bits(b, x) if target.f32_to_bf16_instruction else bits.f32_to_bf16(b, x)
     if target.f32_to_e4m3_instruction:   # the two-element cvt, the second element unused
         return b.trunc(f32x2_to_e4m3x2(b, x, ir.Constant(F32, 0.0)), I8)

@@ -19,15 +19,17 @@ from ...ir.errors import InternalError
 from ...ir.types import DType, bfloat16, bool_, float8_e4m3fn, float16, float32, float64, int32, int64
 from ..llvm_utils import F16, F32, F64, I1, I8, I16, I32, I64, like
 
-_REGISTER: dict[DType, ir.Type] = {
+# Keyed by the dtype's name: these are looked up for every constant and register, and a `DType`'s hash is
+# a Python-level call (six times a string's).
+_REGISTER: dict[str, ir.Type] = {d.name: t for d, t in {
     float32: F32, float64: F64, float16: F16, bfloat16: I16, float8_e4m3fn: I8, int32: I32, int64: I64, bool_: I1,
-}
+}.items()}
 
 
 def register_type(dtype: DType) -> ir.Type:
     """The LLVM type of one register element of `dtype`."""
     try:
-        return _REGISTER[dtype]
+        return _REGISTER[dtype.name]
     except KeyError:
         raise InternalError(f"no LLVM type for {dtype}", pass_name="llvm") from None
 
@@ -57,18 +59,18 @@ def constant(dtype: DType, value: float | int | bool) -> ir.Constant:
     if dtype.is_int:
         return ir.Constant(register_type(dtype), int(value))
     if holds_bits(dtype):
-        bits = np.asarray(value, dtype=dtype.numpy).view(_BIT_PATTERNS[dtype])
+        bits = np.asarray(value, dtype=dtype.numpy).view(_BIT_PATTERNS[dtype.name])
         return ir.Constant(register_type(dtype), int(bits))
     return ir.Constant(register_type(dtype), float(np.asarray(value).astype(dtype.numpy)))
 
 
-_BIT_PATTERNS = {bfloat16: np.uint16, float8_e4m3fn: np.uint8}   # register types LLVM has no float type for
+_BIT_PATTERNS = {bfloat16.name: np.uint16, float8_e4m3fn.name: np.uint8}   # register types LLVM has no float type for
 
 
 def holds_bits(dtype: DType) -> bool:
     """Whether `dtype`'s registers hold its bit pattern as an integer (bf16, e4m3): LLVM does no arithmetic
     on them, and every conversion goes through f32 (`codegen.llvm_dtypes.bits`)."""
-    return dtype in _BIT_PATTERNS
+    return dtype.name in _BIT_PATTERNS
 
 
 def intrinsic_suffix(t: ir.Type) -> str:
