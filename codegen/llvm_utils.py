@@ -4,7 +4,9 @@
   the canonical form LLVM's loop passes expect (header with a phi, latch, exit);
 - `entry_alloca`: stack slots in the entry block, so mem2reg/SROA promote them;
 - `named_block`: a fresh basic block with a readable name;
-- `declare_intrinsic`: an intrinsic declared with an explicit signature;
+- `declare_intrinsic` / `call_intrinsic`: an intrinsic declared (once) with an explicit signature;
+- `splat` / `like`: a constant or type in every element of a vector (or the scalar itself), so one
+  piece of emission serves scalar and vector registers;
 - `parse_and_verify`: the textual module parsed and verified by LLVM (every
   module we emit goes through it; a failure is an `InternalError` with LLVM's
   message and the offending IR around it).
@@ -21,6 +23,7 @@ import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
 from ..ir.errors import InternalError
+from .llvm_text import TextModule
 
 I1 = ir.IntType(1)
 I8 = ir.IntType(8)
@@ -81,12 +84,58 @@ def counted_loop(builder: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: i
     builder.position_at_end(exit_)
 
 
+def new_function(module, fnty: ir.FunctionType, name: str):
+    """A function of `module`, an `llvmlite.ir.Module` or a `TextModule`."""
+    return module.add_function(fnty, name) if isinstance(module, TextModule) else ir.Function(module, fnty, name)
+
+
 def declare_intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-    """The intrinsic `name` (e.g. ``llvm.maximum.f32``) with an explicit signature."""
+    """The intrinsic `name` (e.g. ``llvm.maximum.f32``) with an explicit signature, declared in `module` (an
+    `llvmlite.ir.Module` or a `TextModule`) on first use; a second use with another signature is an error."""
+    fnty = ir.FunctionType(ret, args)
     existing = module.globals.get(name)
-    if existing is not None:
-        return existing  # type: ignore[return-value]
-    return ir.Function(module, ir.FunctionType(ret, args), name=name)
+    if existing is None:
+        return new_function(module, fnty, name)
+    if existing.function_type != fnty:
+        raise InternalError(f"{name} declared as {existing.function_type}, wanted {fnty}", pass_name="llvm")
+    return existing  # type: ignore[return-value]
+
+
+def call_intrinsic(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    """Call intrinsic `name` (declared on first use) with `args`."""
+    return builder.call(declare_intrinsic(builder.module, name, ret, [a.type for a in args]), args)
+
+
+class _Splat(ir.Constant):
+    """A vector constant with one value in every element, printed the short way: ``splat (float 1.0)``."""
+
+    def _get_reference(self) -> str:
+        elem = self.constant[0]
+        return f"splat ({elem.type} {elem.get_reference()})"
+
+
+def splat(t: ir.Type, value: object) -> ir.Constant:
+    """`value` as a constant of type `t`, in every element when `t` is a vector (`value` may be a scalar
+    `ir.Constant` of the element type). Made once per (type, value): llvmlite caches a constant's
+    text, and kernels use the same few constants hundreds of times."""
+    key = (str(t), type(value).__name__, str(value) if isinstance(value, ir.Constant) else repr(value))
+    found = _SPLATS.get(key)
+    if found is None:
+        if isinstance(t, ir.VectorType):
+            elem = value if isinstance(value, ir.Constant) else ir.Constant(t.element, value)
+            found = _Splat(t, [elem] * t.count)
+        else:
+            found = value if isinstance(value, ir.Constant) else ir.Constant(t, value)
+        _SPLATS[key] = found
+    return found
+
+
+_SPLATS: dict[tuple[str, str, str], ir.Constant] = {}
+
+
+def like(t: ir.Type, scalar: ir.Type) -> ir.Type:
+    """`scalar`, as a vector with as many elements as `t` when `t` is a vector."""
+    return ir.VectorType(scalar, t.count) if isinstance(t, ir.VectorType) else scalar
 
 
 _INITIALIZED = False

@@ -14,7 +14,7 @@ listed in `INTRINSIC_REQUIREMENTS` and `codegen.nvptx` refuses, with a Python
 error, a module that uses one on a too-old ``sm``/PTX version.
 
 Tensor-core helpers (mma, fragment layouts, ldmatrix, cp.async, bf16/fp8 packing) live in
-`codegen.nvvm_mma`; they share `call_intrinsic` below.
+`codegen.nvvm_mma`; both call intrinsics through `codegen.llvm_utils.call_intrinsic`.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from ..ir.errors import InternalError
 
 from .llvm_text import TextModule
 from .llvm_utils import F16, F32, F64, I1, I8, I16, I32, I64, PTR  # noqa: F401  (re-exported)
+from .llvm_utils import call_intrinsic, like, new_function, splat  # noqa: F401  (re-exported)
+from .llvm_utils import declare_intrinsic as intrinsic  # noqa: F401  (re-exported)
 
 HALF2 = ir.VectorType(F16, 2)
 # PTR (from llvm_utils) is the generic address space (0).
@@ -76,38 +78,6 @@ def i32(value: int) -> ir.Constant:
     return ir.Constant(I32, value)
 
 
-class _Splat(ir.Constant):
-    """A vector constant with one value in every element, printed the short way: ``splat (float 1.0)``."""
-
-    def _get_reference(self) -> str:
-        elem = self.constant[0]
-        return f"splat ({elem.type} {elem.get_reference()})"
-
-
-def splat(t: ir.Type, value: object) -> ir.Constant:
-    """`value` as a constant of type `t`, in every element when `t` is a vector (`value` may be a scalar
-    `ir.Constant` of the element type). Made once per (type, value): llvmlite caches a constant's
-    text, and kernels use the same few constants hundreds of times."""
-    key = (str(t), type(value).__name__, str(value) if isinstance(value, ir.Constant) else repr(value))
-    found = _SPLATS.get(key)
-    if found is None:
-        if isinstance(t, ir.VectorType):
-            elem = value if isinstance(value, ir.Constant) else ir.Constant(t.element, value)
-            found = _Splat(t, [elem] * t.count)
-        else:
-            found = value if isinstance(value, ir.Constant) else ir.Constant(t, value)
-        _SPLATS[key] = found
-    return found
-
-
-_SPLATS: dict[tuple[str, str, str], ir.Constant] = {}
-
-
-def like(t: ir.Type, scalar: ir.Type) -> ir.Type:
-    """`scalar`, as a vector with as many elements as `t` when `t` is a vector."""
-    return ir.VectorType(scalar, t.count) if isinstance(t, ir.VectorType) else scalar
-
-
 def lanewise(b: ir.IRBuilder, out_type: ir.Type, fn: Callable[..., ir.Value], *operands: ir.Value) -> ir.Value:
     """`fn` applied to each element of the vector operands (scalar operands passed as they are)."""
     if not isinstance(out_type, ir.VectorType):
@@ -120,33 +90,12 @@ def lanewise(b: ir.IRBuilder, out_type: ir.Type, fn: Callable[..., ir.Value], *o
     return vec
 
 
-def _new_function(module, fnty: ir.FunctionType, name: str):
-    """A function of `module`, an `llvmlite.ir.Module` or a `TextModule`."""
-    return module.add_function(fnty, name) if isinstance(module, TextModule) else ir.Function(module, fnty, name)
-
-
-def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-    """The declaration of intrinsic `name` in `module`, declared on first use."""
-    fnty = ir.FunctionType(ret, args)
-    existing = module.globals.get(name)
-    if existing is None:
-        return _new_function(module, fnty, name)
-    if existing.function_type != fnty:
-        raise InternalError(f"{name} declared as {existing.function_type}, wanted {fnty}", pass_name="nvvm")
-    return existing
-
-
-def call_intrinsic(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-    """Call intrinsic `name` (declared on first use) with `args`."""
-    return builder.call(intrinsic(builder.module, name, ret, [a.type for a in args]), args)
-
-
 # --- kernels -------------------------------------------------------------------------------
 
 def define_kernel(module: ir.Module, name: str, arg_types: list[ir.Type], *, noalias: bool = True) -> ir.Function:
     """A ``.entry`` kernel: ``ptx_kernel`` calling convention; pointer args ``noalias`` when asked
     (our buffers never overlap, and it lets LLVM use ``ld.global.nc`` for read-only ones)."""
-    fn = _new_function(module, ir.FunctionType(ir.VoidType(), arg_types), name)
+    fn = new_function(module, ir.FunctionType(ir.VoidType(), arg_types), name)
     fn.calling_convention = "ptx_kernel"
     if noalias:
         for arg in fn.args:

@@ -36,6 +36,17 @@ class DType:
         return self.name == "bool"
 
     @property
+    def storage_only(self) -> bool:
+        """Whether values of this type are kept in memory but computed in f32 (f16, bf16, float8 e4m3fn).
+
+        Such a type has too few bits to carry a sum, a running max's rescale or an exp argument without
+        losing the result, and on the GPU it has no (bf16, e4m3) or only paired (f16) arithmetic: so the
+        schedule widens every operand to f32 and rounds once to the narrow type where the value is stored or
+        numpy's result type says so, the verifiers refuse arithmetic in it, and the emitters need only its
+        loads, stores and conversions."""
+        return self.name in _STORAGE_ONLY
+
+    @property
     def itemsize(self) -> int:
         return self.numpy.itemsize
 
@@ -51,6 +62,8 @@ float8_e4m3fn = DType("f8e4m3", "float8_e4m3fn")
 int32 = DType("i32", "int32")
 int64 = DType("i64", "int64")
 bool_ = DType("bool", "bool")
+
+_STORAGE_ONLY = frozenset({"f16", "bf16", "f8e4m3"})
 
 ALL_DTYPES: tuple[DType, ...] = (float32, float64, float16, bfloat16, float8_e4m3fn, int32, int64, bool_)
 

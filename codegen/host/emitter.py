@@ -7,25 +7,33 @@ grid; the runtime splits the grid over threads.
 Values are produced on demand by `elem(value, idx)`: the element of a tile at an
 index (a tuple of i64 loop counters). Materialized tiles (see `plan.py`) are read
 from their stack array; scalars are registers; inline tiles are recomputed by
-their op's rule (`rules.py`), memoized per loop level so a value is emitted once
-per loop body. Integer index arithmetic (aranges, program ids, offsets) is
-computed in i64 ("wide") and truncated only where an i32 result is observed,
-which is exact for +, -, * and lets LLVM see consecutive addresses.
+their op's rule (one of the `inline_rules` the emitter is given: `rules.py`),
+memoized per loop level so a value is emitted once per loop body; ops that run
+loops of their own go to the `statement_rules` it is given (`stmts.py`). The
+emitter imports neither: `module.py` hands both tables in, so imports point
+one way (module -> stmts -> rules -> emitter). Integer index arithmetic
+(aranges, program ids, offsets) is computed in i64 ("wide") and truncated only
+where an i32 result is observed, which is exact for +, -, * and lets LLVM see
+consecutive addresses.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import llvmlite.ir as ir
 
 from ...ir import DType
 from ...ir.tile import nodes as t
-from ...ir.types import int64, row_major_strides
+from ...ir.types import row_major_strides
+from ..llvm_dtypes import HOST, cast, from_memory, memory_type, register_type, to_memory
 from ..llvm_utils import I64, PTR, VOID, counted_loop, entry_alloca
-from . import dtypes
 from .plan import plan_kernel
+
+Idx = tuple[ir.Value, ...]
+InlineRule = Callable[["KernelEmitter", t.Op, Idx], ir.Value]
+StatementRule = Callable[["KernelEmitter", t.Op], None]
 
 
 @dataclass(frozen=True)
@@ -40,8 +48,10 @@ class Slot:
 class KernelEmitter:
     """Emits one `TileKernel` as an LLVM function (see the module docstring)."""
 
-    def __init__(self, module: ir.Module, kernel: t.TileKernel, fn_name: str) -> None:
+    def __init__(self, module: ir.Module, kernel: t.TileKernel, fn_name: str, inline_rules: dict[type, InlineRule],
+                 statement_rules: dict[type, StatementRule]) -> None:
         self.module, self.kernel = module, kernel
+        self.inline_rules, self.statement_rules = inline_rules, statement_rules
         self.plan = plan_kernel(kernel)
         fnty = ir.FunctionType(VOID, [PTR] * len(kernel.params) + [I64, I64])
         self.fn = ir.Function(module, fnty, name=fn_name)
@@ -60,8 +70,6 @@ class KernelEmitter:
 
     # -- the function -----------------------------------------------------------------------------
     def build(self) -> ir.Function:
-        from .stmts import emit_block
-
         begin, end = self.fn.args[-2], self.fn.args[-1]
         begin.name, end.name = "begin", "end"
         with counted_loop(self.b, begin, end, name="pid") as pid:
@@ -71,9 +79,27 @@ class KernelEmitter:
                 coords.append(self.b.urem(rest, ir.Constant(I64, g)))
                 rest = self.b.udiv(rest, ir.Constant(I64, g))
             self.coords = coords[::-1]
-            emit_block(self, self.kernel.body)
+            self.emit_block(self.kernel.body)
         self.b.ret_void()
         return self.fn
+
+    def emit_block(self, ops: tuple[t.Op, ...]) -> None:
+        """Emit a block of ops in order: loop-owning ops by their statement rule, scalars and materialized
+        tiles computed here; other inline values are emitted later, where they are read."""
+        for op in ops:
+            rule = self.statement_rules.get(type(op))
+            if rule is not None:
+                rule(self, op)
+            elif op.out.shape == ():
+                self.scalars[op.out.name] = self.inline(op.out, ())
+            elif op.out.name in self.plan.materialized:
+                self.materialize(op.out)
+
+    def materialize(self, v: t.Value) -> None:
+        """`v` written, element by element, to a new stack array (its slot)."""
+        slot = self.new_slot(v)
+        with self.nest(v.shape, name=f"{v.name}.") as idx:
+            self.write(slot, idx, self._exact(v, self.inline(v, idx)))
 
     # -- elements ---------------------------------------------------------------------------------
     def elem(self, v: t.Value, idx: tuple[ir.Value, ...]) -> ir.Value:
@@ -93,16 +119,20 @@ class KernelEmitter:
 
     def inline(self, v: t.Value, idx: tuple[ir.Value, ...]) -> ir.Value:
         """`v`'s element computed by its defining op's rule (ignoring any slot of `v`)."""
-        from .rules import RULES
-
         op = self.plan.defs[v.name]
-        return RULES[type(op)](self, op, idx)
+        return self.inline_rules[type(op)](self, op, idx)
 
     def value(self, v: t.Value, idx: tuple[ir.Value, ...]) -> ir.Value:
         """`v`'s element in exactly its register type (wide values truncated)."""
-        x = self.elem(v, idx)
-        want = dtypes.reg_type(v.dtype)
+        return self._exact(v, self.elem(v, idx))
+
+    def _exact(self, v: t.Value, x: ir.Value) -> ir.Value:
+        want = register_type(v.dtype)
         return self.b.trunc(x, want) if x.type != want else x
+
+    def cast(self, x: ir.Value, src: DType, dst: DType) -> ir.Value:
+        """`x` (a register of `src`) converted to `dst` like numpy's ``astype`` (`codegen.llvm_dtypes.cast`)."""
+        return cast(self.b, x, src, dst, HOST)
 
     def wide(self, v: t.Value, idx: tuple[ir.Value, ...]) -> ir.Value:
         """An integer `v`'s element as i64 (sign-extended, exact)."""
@@ -112,7 +142,7 @@ class KernelEmitter:
     # -- stack arrays -----------------------------------------------------------------------------
     def new_slot(self, v: t.Value) -> Slot:
         n = max(1, v.type.size)
-        ptr = entry_alloca(self.b, dtypes.mem_type(v.dtype), name=f"{v.name}.tile", count=n, align=64)
+        ptr = entry_alloca(self.b, memory_type(v.dtype), name=f"{v.name}.tile", count=n, align=64)
         slot = Slot(ptr, v.shape, v.dtype)
         self.slots[v.name] = slot
         return slot
@@ -122,14 +152,14 @@ class KernelEmitter:
         for i, s in zip(idx, row_major_strides(slot.shape)):
             term = i if s == 1 else self.b.mul(i, ir.Constant(I64, s), flags=("nsw", "nuw"))
             linear = term if linear is self.zero else self.b.add(linear, term, flags=("nsw", "nuw"))
-        return self.b.gep(slot.ptr, [linear], inbounds=True, source_etype=dtypes.mem_type(slot.dtype))
+        return self.b.gep(slot.ptr, [linear], inbounds=True, source_etype=memory_type(slot.dtype))
 
     def read(self, slot: Slot, idx: tuple[ir.Value, ...]) -> ir.Value:
-        raw = self.b.load(self.address(slot, idx), typ=dtypes.mem_type(slot.dtype))
-        return dtypes.from_memory(self.b, raw, slot.dtype)
+        raw = self.b.load(self.address(slot, idx), typ=memory_type(slot.dtype))
+        return from_memory(self.b, raw, slot.dtype)
 
     def write(self, slot: Slot, idx: tuple[ir.Value, ...], value: ir.Value) -> None:
-        self.b.store(dtypes.to_memory(self.b, value, slot.dtype), self.address(slot, idx))
+        self.b.store(to_memory(self.b, value, slot.dtype), self.address(slot, idx))
 
     # -- loops ------------------------------------------------------------------------------------
     @contextmanager
@@ -169,7 +199,3 @@ def _nested(em: KernelEmitter, shape: tuple[int, ...], name: str, idx: list) -> 
         idx.append(i)
         with _nested(em, shape[1:], name, idx):
             yield
-
-
-def is_int64(d: DType) -> bool:
-    return d == int64

@@ -14,6 +14,8 @@ import llvmlite.ir as ir
 from ...ir.tile import nodes as t
 from ..llvm_utils import initialize_native, parse_and_verify
 from .emitter import KernelEmitter
+from .rules import RULES
+from .stmts import STATEMENT_RULES
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ def build_host_module(p: t.TileProgram) -> tuple[ir.Module, tuple[KernelABI, ...
     abis = []
     for k in p.kernels:
         symbol = _symbol(p.name, k.name)
-        KernelEmitter(module, k, symbol).build()
+        KernelEmitter(module, k, symbol, RULES, STATEMENT_RULES).build()
         abis.append(KernelABI(k.name, symbol, tuple(b.name for b in k.params), k.num_programs))
     parse_and_verify(module, pass_name="codegen.host")
     return module, tuple(abis)

@@ -10,28 +10,22 @@ special-cases (2, 0.5, -1, 1, 0) is computed like numpy does.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import llvmlite.ir as ir
 
 from ...ir import BinaryOp, UnaryOp
 from ...ir.tile import nodes as t
 from ...ir.semantics import F32_TINY
-from ..llvm_utils import F32, F64, I1, I64, declare_intrinsic
-from . import dtypes, mathlib
-from .emitter import KernelEmitter
+from ..llvm_dtypes import constant, from_memory, intrinsic_suffix, memory_type
+from ..llvm_utils import F32, I1, I64, declare_intrinsic
+from . import mathlib
+from .emitter import Idx, InlineRule, KernelEmitter
 
-Idx = tuple[ir.Value, ...]
 _FCMP = {BinaryOp.LT: "<", BinaryOp.LE: "<=", BinaryOp.GT: ">", BinaryOp.GE: ">=", BinaryOp.EQ: "=="}
 
 
-def _fname(ty: ir.Type) -> str:
-    return "f32" if ty == F32 else "f64"
-
-
-def _intrinsic(em: KernelEmitter, name: str, ty: ir.Type, n: int = 1) -> ir.Function:
-    suffix = _fname(ty) if ty in (F32, F64) else f"i{ty.width}"
-    return declare_intrinsic(em.module, f"llvm.{name}.{suffix}", ty, [ty] * n)
+def intrinsic(em: KernelEmitter, name: str, ty: ir.Type, n: int = 1) -> ir.Function:
+    """``llvm.<name>.<ty>`` taking `n` operands of type `ty` and returning one."""
+    return declare_intrinsic(em.module, f"llvm.{name}.{intrinsic_suffix(ty)}", ty, [ty] * n)
 
 
 def _constant_of(em: KernelEmitter, v: t.Value) -> float | None:
@@ -57,17 +51,17 @@ def _unary(em: KernelEmitter, op: t.Unary, idx: Idx) -> ir.Value:
     if op.op is UnaryOp.NEG:
         return b.fneg(x)
     if op.op is UnaryOp.ABS:
-        return b.call(_intrinsic(em, "fabs", x.type), [x])
+        return b.call(intrinsic(em, "fabs", x.type), [x])
     if op.op is UnaryOp.SQRT:
-        return b.call(_intrinsic(em, "sqrt", x.type), [x])
+        return b.call(intrinsic(em, "sqrt", x.type), [x])
     if op.op is UnaryOp.RSQRT:
-        return b.fdiv(ir.Constant(x.type, 1.0), b.call(_intrinsic(em, "sqrt", x.type), [x]))
+        return b.fdiv(ir.Constant(x.type, 1.0), b.call(intrinsic(em, "sqrt", x.type), [x]))
     flush = op.op is UnaryOp.EXP2_FTZ       # exp2, then results below 2**-126 made 0
     name = "exp2" if flush else op.op.value  # exp, exp2, log, log2
     if x.type == F32:
         r = b.call(mathlib.F32_FUNCTIONS[name](em.module), [x])
     else:
-        r = b.call(_intrinsic(em, name, x.type), [x])
+        r = b.call(intrinsic(em, name, x.type), [x])
     if flush:
         return b.select(b.fcmp_ordered("<", r, ir.Constant(x.type, F32_TINY)), ir.Constant(x.type, 0.0), r)
     return r
@@ -98,10 +92,10 @@ def _power(em: KernelEmitter, op: t.Binary, x: ir.Value, y: ir.Value) -> ir.Valu
     if c == 0:
         return one
     if c == 0.5:
-        return b.call(_intrinsic(em, "sqrt", x.type), [x])
+        return b.call(intrinsic(em, "sqrt", x.type), [x])
     if c == -1:
         return b.fdiv(one, x)
-    return b.call(_intrinsic(em, "pow", x.type, 2), [x, y])
+    return b.call(intrinsic(em, "pow", x.type, 2), [x, y])
 
 
 def _binary(em: KernelEmitter, op: t.Binary, idx: Idx) -> ir.Value:
@@ -119,7 +113,7 @@ def _binary(em: KernelEmitter, op: t.Binary, idx: Idx) -> ir.Value:
         return b.icmp_unsigned(_FCMP.get(o, "!="), x, y)
     if d.is_int:
         if o in (BinaryOp.MAX, BinaryOp.MIN):
-            return b.call(_intrinsic(em, "smax" if o is BinaryOp.MAX else "smin", x.type, 2), [x, y])
+            return b.call(intrinsic(em, "smax" if o is BinaryOp.MAX else "smin", x.type, 2), [x, y])
         if o is BinaryOp.NE:
             return b.icmp_signed("!=", x, y)
         if o in _FCMP:
@@ -136,7 +130,7 @@ def _binary(em: KernelEmitter, op: t.Binary, idx: Idx) -> ir.Value:
     if o is BinaryOp.DIV:
         return b.fdiv(x, y)
     if o in (BinaryOp.MAX, BinaryOp.MIN):
-        return b.call(_intrinsic(em, "maximum" if o is BinaryOp.MAX else "minimum", x.type, 2), [x, y])
+        return b.call(intrinsic(em, "maximum" if o is BinaryOp.MAX else "minimum", x.type, 2), [x, y])
     if o is BinaryOp.NE:
         return b.fcmp_unordered("!=", x, y)
     if o in _FCMP:
@@ -146,15 +140,15 @@ def _binary(em: KernelEmitter, op: t.Binary, idx: Idx) -> ir.Value:
 
 def _load(em: KernelEmitter, op: t.Load, idx: Idx) -> ir.Value:
     b = em.b
-    mty = dtypes.mem_type(op.buffer.dtype)
+    mty = memory_type(op.buffer.dtype)
     ptr = b.gep(em.buffers[op.buffer.name], [em.wide(op.offsets, idx)], source_etype=mty)
     if op.mask is None:
-        return dtypes.from_memory(b, b.load(ptr, typ=mty), op.buffer.dtype)
+        return from_memory(b, b.load(ptr, typ=mty), op.buffer.dtype)
     mask = em.value(op.mask, idx)
-    other = dtypes.constant(op.out.dtype, op.other)
+    other = constant(op.out.dtype, op.other)
     before = b.block
     with b.if_then(mask):
-        loaded = dtypes.from_memory(b, b.load(ptr, typ=mty), op.buffer.dtype)
+        loaded = from_memory(b, b.load(ptr, typ=mty), op.buffer.dtype)
         then = b.block
     phi = b.phi(other.type, name=f"{op.out.name}.v")
     phi.add_incoming(loaded, then)
@@ -172,17 +166,17 @@ def _broadcast(em: KernelEmitter, op: t.Broadcast, idx: Idx) -> ir.Value:
 def _constant(em: KernelEmitter, op: t.Constant, idx: Idx) -> ir.Value:
     if op.out.dtype.is_int:
         return ir.Constant(I64, int(op.value))  # wide
-    return dtypes.constant(op.out.dtype, op.value)
+    return constant(op.out.dtype, op.value)
 
 
-RULES: dict[type, Callable[[KernelEmitter, t.Op, Idx], ir.Value]] = {
+RULES: dict[type, InlineRule] = {
     t.ProgramId: lambda em, op, idx: em.coords[op.axis],
     t.Constant: _constant,
     t.Arange: lambda em, op, idx: idx[0],
     t.Unary: _unary,
     t.Binary: _binary,
     t.Select: lambda em, op, idx: em.b.select(em.value(op.cond, idx), em.value(op.a, idx), em.value(op.b, idx)),
-    t.Cast: lambda em, op, idx: dtypes.cast(em.b, em.value(op.x, idx), op.x.dtype, op.out.dtype),
+    t.Cast: lambda em, op, idx: em.cast(em.value(op.x, idx), op.x.dtype, op.out.dtype),
     t.Broadcast: _broadcast,
     t.ExpandDims: lambda em, op, idx: em.elem(op.x, idx[:op.axis] + idx[op.axis + 1:]),
     t.Permute: lambda em, op, idx: em.elem(op.x, tuple(idx[op.perm.index(d)] for d in range(len(idx)))),

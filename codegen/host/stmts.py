@@ -1,6 +1,6 @@
-"""Host code for the ops that run loops of their own: store, reduce, dot, for, and materialization.
+"""Host code for the ops that run loops of their own: `STATEMENT_RULES`, one rule per op type, which
+`module.py` hands to the emitter (materializing a tile is the emitter's own `materialize`).
 
-- materialize: one loop nest over the tile writes each element (computed inline) to its stack array;
 - store: one loop nest; where the mask holds, the element goes to ``buffer[offset]``
   (LLVM turns the conditional store into a masked vector store);
 - reduce over the last axis: per output element, an inner loop folds into a register
@@ -16,53 +16,20 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from ...ir import BinaryOp, ReduceOp
+from ...ir import DType, ReduceOp
 from ...ir.tile import nodes as t
+from ..llvm_dtypes import constant, memory_type, to_memory
 from ..llvm_utils import I64, counted_loop, entry_alloca
-from . import dtypes
-from .emitter import KernelEmitter
-
-_COMBINE = {ReduceOp.SUM: BinaryOp.ADD, ReduceOp.MAX: BinaryOp.MAX, ReduceOp.MIN: BinaryOp.MIN}
-
-
-def emit_block(em: KernelEmitter, ops: tuple[t.Op, ...]) -> None:
-    """Emit a block of ops in order (inline values are emitted later, where they are read)."""
-    for op in ops:
-        if isinstance(op, t.Store):
-            _store(em, op)
-        elif isinstance(op, t.For):
-            _for(em, op)
-        elif isinstance(op, t.Reduce):
-            _reduce(em, op)
-        elif isinstance(op, t.Dot):
-            _dot(em, op)
-        elif isinstance(op, t.TopK):
-            from .topk import emit_topk
-
-            emit_topk(em, op)
-        elif op.out.shape == ():
-            em.scalars[op.out.name] = em.inline(op.out, ())
-        elif op.out.name in em.plan.materialized:
-            materialize(em, op.out)
-
-
-def materialize(em: KernelEmitter, v: t.Value) -> None:
-    slot = em.new_slot(v)
-    with em.nest(v.shape, name=f"{v.name}.") as idx:
-        em.write(slot, idx, _narrow(em, v, em.inline(v, idx)))
-
-
-def _narrow(em: KernelEmitter, v: t.Value, x: ir.Value) -> ir.Value:
-    want = dtypes.reg_type(v.dtype)
-    return em.b.trunc(x, want) if x.type != want else x
-
+from .emitter import KernelEmitter, Slot, StatementRule
+from .rules import intrinsic
+from .topk import emit_topk
 
 def _store(em: KernelEmitter, op: t.Store) -> None:
     b = em.b
-    mty = dtypes.mem_type(op.buffer.dtype)
+    mty = memory_type(op.buffer.dtype)
     with em.nest(op.value.shape, name=f"st.{op.buffer.name}.") as idx:
         ptr = b.gep(em.buffers[op.buffer.name], [em.wide(op.offsets, idx)], source_etype=mty)
-        value = dtypes.to_memory(b, em.value(op.value, idx), op.buffer.dtype)
+        value = to_memory(b, em.value(op.value, idx), op.buffer.dtype)
         if op.mask is None:
             b.store(value, ptr)
         else:
@@ -70,7 +37,7 @@ def _store(em: KernelEmitter, op: t.Store) -> None:
                 b.store(value, ptr)
 
 
-def combine(em: KernelEmitter, op: ReduceOp, acc: ir.Value, x: ir.Value, dtype) -> ir.Value:
+def combine(em: KernelEmitter, op: ReduceOp, acc: ir.Value, x: ir.Value, dtype: DType) -> ir.Value:
     """``acc (+|max|min) x`` with numpy's NaN rules; float sums may be reassociated (vectorized)."""
     b = em.b
     if dtype.is_bool:
@@ -78,20 +45,16 @@ def combine(em: KernelEmitter, op: ReduceOp, acc: ir.Value, x: ir.Value, dtype) 
     if dtype.is_float:
         if op is ReduceOp.SUM:
             return b.fadd(acc, x, flags=("reassoc",))
-        from .rules import _intrinsic
-
-        return b.call(_intrinsic(em, "maximum" if op is ReduceOp.MAX else "minimum", x.type, 2), [acc, x])
+        return b.call(intrinsic(em, "maximum" if op is ReduceOp.MAX else "minimum", x.type, 2), [acc, x])
     if op is ReduceOp.SUM:
         return b.add(acc, x)
-    from .rules import _intrinsic
-
-    return b.call(_intrinsic(em, "smax" if op is ReduceOp.MAX else "smin", x.type, 2), [acc, x])
+    return b.call(intrinsic(em, "smax" if op is ReduceOp.MAX else "smin", x.type, 2), [acc, x])
 
 
 def _reduce(em: KernelEmitter, op: t.Reduce) -> None:
     b, d = em.b, op.x.dtype
     out = em.new_slot(op.out)
-    identity = dtypes.constant(d, op.op.identity(d))
+    identity = constant(d, op.op.identity(d))
     n = op.x.shape[op.axis]
     if op.axis == len(op.x.shape) - 1:  # fold each row into a register (mem2reg turns the slot into a phi)
         acc = entry_alloca(b, identity.type, name=f"{op.out.name}.acc")
@@ -114,18 +77,18 @@ def _dot(em: KernelEmitter, op: t.Dot) -> None:
     m, n = op.out.shape
     k = op.a.shape[1]
     with em.nest((m, n), name=f"{op.out.name}.init") as idx:
-        em.write(out, idx, em.value(op.acc, idx) if op.acc is not None else dtypes.constant(d, 0.0))
+        em.write(out, idx, em.value(op.acc, idx) if op.acc is not None else constant(d, 0.0))
     a_slot, b_slot = em.slots[op.a.name], em.slots[op.b.name]
     with em.loop(m, f"{op.out.name}.i") as i:
         with em.loop(k, f"{op.out.name}.k") as kk:
-            aik = dtypes.cast(b, em.read(a_slot, (i, kk)), op.a.dtype, d)
+            aik = em.cast(em.read(a_slot, (i, kk)), op.a.dtype, d)
             with em.loop(n, f"{op.out.name}.j") as j:
-                bkj = dtypes.cast(b, em.read(b_slot, (kk, j)), op.b.dtype, d)
+                bkj = em.cast(em.read(b_slot, (kk, j)), op.b.dtype, d)
                 cur = em.read(out, (i, j))
                 em.write(out, (i, j), b.fadd(cur, b.fmul(aik, bkj, flags=("contract",)), flags=("contract",)))
 
 
-def _copy(em: KernelEmitter, src: t.Value, slot) -> None:
+def _copy(em: KernelEmitter, src: t.Value, slot: Slot) -> None:
     with em.nest(src.shape, name=f"{src.name}.cp") as idx:
         em.write(slot, idx, em.value(src, idx))
 
@@ -144,9 +107,18 @@ def _for(em: KernelEmitter, op: t.For) -> None:
     with counted_loop(em.b, start, stop, op.step, name=f"for.{body.iv.name}") as iv:
         with em.level():
             em.scalars[body.iv.name] = iv
-            emit_block(em, body.ops)
+            em.emit_block(body.ops)
             for y, a, slot in zip(body.yields, body.args, slots):
                 if y.name != a.name:
                     _copy(em, y, slot)
     for r, slot in zip(op.results, slots):
         em.slots[r.name] = slot
+
+
+STATEMENT_RULES: dict[type, StatementRule] = {
+    t.Store: _store,
+    t.For: _for,
+    t.Reduce: _reduce,
+    t.Dot: _dot,
+    t.TopK: emit_topk,
+}

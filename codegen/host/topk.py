@@ -23,7 +23,7 @@ import llvmlite.ir as ir
 
 from ...ir.tile import nodes as t
 from ..llvm_utils import I1, I8, I64, entry_alloca
-from . import dtypes
+from ..llvm_dtypes import register_type
 from .emitter import KernelEmitter
 
 
@@ -45,7 +45,7 @@ def emit_topk(em: KernelEmitter, op: t.TopK) -> None:
     """Fill the stack arrays of `op.out` and `op.out_indices` (see the module docstring)."""
     b = em.b
     k, n, axis = op.k, op.x.shape[op.axis], op.axis
-    vty = dtypes.reg_type(op.x.dtype)
+    vty = register_type(op.x.dtype)
     out_v, out_i = em.new_slot(op.out), em.new_slot(op.out_indices)
     lv = [entry_alloca(b, vty, name=f"{op.out.name}.v{j}") for j in range(k)]
     li = [entry_alloca(b, I64, name=f"{op.out.name}.i{j}") for j in range(k)]
@@ -77,7 +77,7 @@ def emit_topk(em: KernelEmitter, op: t.TopK) -> None:
                         new_v, new_i = b.select(wins[j - 1], vs[j - 1], cv), b.select(wins[j - 1], ix[j - 1], ci)
                     b.store(b.select(wins[j], new_v, vs[j]), lv[j])
                     b.store(b.select(wins[j], new_i, ix[j]), li[j])
-        ity = dtypes.reg_type(op.out_indices.dtype)
+        ity = register_type(op.out_indices.dtype)
         for j in range(k):
             pos = at(ir.Constant(I64, j))
             v, i = b.load(lv[j], typ=vty), b.load(li[j], typ=I64)

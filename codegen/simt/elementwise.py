@@ -14,7 +14,7 @@ from ...ir.tile import nodes as t
 from ...ir.errors import BackendError
 from ...ir.semantics import TRANSCENDENTAL
 from ...ir.simt.nodes import IntOp, Reg
-from ...ir.types import DType, float32, float64, int32
+from ...ir.types import DType, float8_e4m3fn, float32, float64, int32
 from . import fp8, fp8_bits
 from .context import Lowering, value_rule
 from .layouts import Layout
@@ -77,13 +77,13 @@ def _chunks(lw: Lowering, values: tuple[t.Value, ...], layout: Layout) -> list[t
 def _in_f32(b, x: Reg, fn) -> Reg:
     """`fn` of f64 `x` evaluated in f32 (the GPU's exp/log/pow are f32 only; f64 tiles come from numpy
     promoting low-precision data with Python floats, whose results are rounded to that data's precision)."""
-    return b.cast(fn(b.cast(x, float32)), x.dtype) if x.dtype.name == "f64" else fn(x)
+    return b.cast(fn(b.cast(x, float32)), x.dtype) if x.dtype == float64 else fn(x)
 
 
 @value_rule(t.Unary)
 def _unary(lw: Lowering, op: t.Unary, layout: Layout) -> Regs:
     b, dtype = lw.b, op.x.dtype
-    if op.op in TRANSCENDENTAL and dtype.name not in ("f32", "f64"):
+    if op.op in TRANSCENDENTAL and dtype not in (float32, float64):
         raise BackendError(f"{op.op.value} of {dtype} tiles: the GPU computes it in f32 only")
     if op.op in TRANSCENDENTAL:
         return Regs(layout, op.out.dtype, tuple(_in_f32(b, x, lambda y: b.unary(op.op, y))
@@ -113,7 +113,7 @@ def _power(b, x: Reg, exponent: float | None, y: Reg) -> Reg:
             if e:
                 base = b.mul(base, base)
         return result
-    if x.dtype.name == "f64":
+    if x.dtype == float64:
         return b.cast(b.binary(BinaryOp.POW, b.cast(x, float32), b.cast(y, float32)), x.dtype)
     if x.dtype != float32:
         raise BackendError(f"** of {x.dtype} tiles with a non-constant exponent: the GPU computes it in f32 only")
@@ -173,7 +173,7 @@ def _select(lw: Lowering, op: t.Select, layout: Layout) -> Regs:
 
 def _round_trip_source(lw: Lowering, op: t.Cast) -> t.Value | None:
     """``y`` when `op` is ``f32(e4m3(y))`` with f32 ``y``: a quantize-dequantize."""
-    if op.out.dtype != float32 or op.x.dtype.name != "f8e4m3":
+    if op.out.dtype != float32 or op.x.dtype != float8_e4m3fn:
         return None
     inner = lw.plan.defs.get(op.x.name)
     if isinstance(inner, t.Cast) and inner.x.dtype == float32:
@@ -205,12 +205,12 @@ def _cast(lw: Lowering, op: t.Cast, layout: Layout) -> Regs:
             return Regs(layout, dst, tuple(fp8.quantize(b, x) for (x,) in _chunks(lw, (source,), layout)))
     source = op.x
     inner = lw.plan.defs.get(op.x.name)
-    if dst.name == "f8e4m3" and lw.opts.sm_number < 89 and isinstance(inner, t.Cast):
+    if dst == float8_e4m3fn and lw.opts.sm_number < 89 and isinstance(inner, t.Cast):
         source = _round_trip_source(lw, inner) or source   # e4m3(f32(e4m3(y))) is e4m3(y), NaN signs included
     xs = tuple(x for (x,) in _chunks(lw, (source,), layout))
-    if dst.name in ("f16", "bf16", "f8e4m3") and source.dtype.name in ("f64", "i32", "i64"):
+    if dst.storage_only and (source.dtype == float64 or source.dtype.is_int):
         xs = tuple(_f32_rounded_to_odd(b, x) for x in xs)   # then one more rounding: numpy's one
-    if dst.name == "f8e4m3":
+    if dst == float8_e4m3fn:
         if xs[0].dtype != float32:
             xs = tuple(b.cast(x, float32) for x in xs)
         convert = fp8.to_e4m3 if lw.opts.sm_number >= 89 else fp8_bits.f32_to_e4m3   # sm_80/86: no cvt to e4m3

@@ -20,7 +20,6 @@ from .context import Lowering
 from .convert import writer_mask
 from ...ir.types import row_major_strides as strides
 from .layouts import Layout, contiguous_run, log2
-from .narrow import NARROW
 from .plan import default_layout
 from .values import Regs, pieces, splat
 
@@ -34,7 +33,7 @@ def _source(lw: Lowering, v: t.Value) -> tuple[t.Value, tuple[int, ...]]:
     while isinstance(op, t.Permute):
         src, perm = op.x, tuple(op.perm[p] for p in perm)
         op = lw.plan.defs.get(src.name)
-    if isinstance(op, t.Cast) and op.x.dtype.name in NARROW and op.out.dtype == float32 and (
+    if isinstance(op, t.Cast) and op.x.dtype.storage_only and op.out.dtype == float32 and (
             lw.opts.sm_number >= 89 or not isinstance(lw.plan.defs.get(op.x.name), t.Cast)):
         src = op.x    # the narrow data itself: less shared memory (e4m3 from f32 needs sm_89's cvt)
     return src, perm

@@ -39,11 +39,10 @@ from ...ir.tile import nodes as t
 from ...ir.semantics import BinaryOp
 from ...ir.source import SourceLoc
 from ...ir.tile.verifier import verify_kernel
-from ...ir.types import DType, bfloat16, float32
+from ...ir.types import DType, bfloat16, float8_e4m3fn, float32
 from .options import GpuOptions
 from .plan import mma_shape
 
-NARROW = ("f16", "bf16", "f8e4m3")
 BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
 SPLIT_PARTS = 3   # bf16 parts of an f32 operand: 3 x 8 significant bits hold f32's 24
 _VIEWS = (t.Permute, t.Broadcast, t.ExpandDims)
@@ -98,7 +97,7 @@ class _Narrower:
         while isinstance(op, _VIEWS):
             views.append(op)
             op = self.defs.get(op.x.name)
-        if isinstance(op, t.Cast) and op.x.dtype.name in NARROW and op.out.dtype == float32:
+        if isinstance(op, t.Cast) and op.x.dtype.storage_only and op.out.dtype == float32:
             return op.x, views[::-1]
         return None
 
@@ -118,7 +117,7 @@ class _Narrower:
             return op
         (narrow,) = kinds
         one_exact = a is None or b is None
-        rounds = one_exact and self.opts.round_operands and narrow.name != "f8e4m3" \
+        rounds = one_exact and self.opts.round_operands and narrow != float8_e4m3fn \
             and self.sink.get(op.out.name, np.inf) >= eps(narrow)
         if one_exact and not rounds and narrow != bfloat16:
             return op

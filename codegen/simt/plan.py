@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from ...ir.tile import nodes as t
 from ...ir.errors import BackendError
 from ...ir.simt.nodes import MmaShape
+from ...ir.types import bfloat16, float8_e4m3fn, float16, float32
 from .affine import AffineInfo
 from .layouts import Layout, blocked, default_vec, mma_acc, scalar, sliced
 from .options import GpuOptions
 
 LAZY_OPS = (t.Constant, t.Arange, t.Broadcast, t.ExpandDims, t.Permute)
-MMA_SHAPES = {"f16": MmaShape.M16N8K16_F16, "bf16": MmaShape.M16N8K16_BF16, "f8e4m3": MmaShape.M16N8K32_E4M3}
+MMA_SHAPES = {float16: MmaShape.M16N8K16_F16, bfloat16: MmaShape.M16N8K16_BF16, float8_e4m3fn: MmaShape.M16N8K32_E4M3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +59,8 @@ class Plan:
 
 def mma_shape(op: t.Dot, opts: GpuOptions) -> MmaShape | None:
     """The tensor-core instruction for `op` on `opts.sm`, or None (FMA)."""
-    shape = MMA_SHAPES.get(op.a.dtype.name)
-    if shape is None or op.b.dtype != op.a.dtype or op.out.dtype.name != "f32":
+    shape = MMA_SHAPES.get(op.a.dtype)
+    if shape is None or op.b.dtype != op.a.dtype or op.out.dtype != float32:
         return None
     if shape is MmaShape.M16N8K32_E4M3 and opts.sm_number < 89:
         return None

@@ -17,12 +17,12 @@ from ...ir import BinaryOp, ReduceOp
 from ...ir.tile import nodes as t
 from ...ir.errors import BackendError, InternalError
 from ...ir.simt.nodes import IntOp, Reg, ShuffleKind
-from ...ir.types import int32
+from ...ir.types import float32, int32
 from .context import Lowering, value_rule
 from .layouts import Layout, flat
 from .values import Regs, chunk_len, from_registers, gather
 
-_SHUFFLED = frozenset({"f32", "i32"})
+_SHUFFLED = frozenset({float32, int32})
 
 
 def combiner(lw: Lowering, op: ReduceOp, dtype):
@@ -113,7 +113,7 @@ def _reduce(lw: Lowering, op: t.Reduce, layout: Layout) -> Regs:
     thread = src.thread_bases
     across = [i for i, x in enumerate(thread) if x[axis]]
     quiet = sum(1 << i for i, x in enumerate(thread) if not any(x))
-    lanes = [i for i in across if i < 5] if dtype.name in _SHUFFLED else []
+    lanes = [i for i in across if i < 5] if dtype in _SHUFFLED else []
     for bit in lanes:
         chunks = _butterfly(lw, chunks, bit, combine)
     quiet |= sum(1 << i for i in lanes)

@@ -20,13 +20,13 @@ from ...ir.simt.nodes import (
     Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Reg, Select, ThreadIdx, Unary,
     WarpId,
 )
-from ...ir.types import DType
+from ...ir.types import DType, float8_e4m3fn
 from .. import nvvm
+from ..llvm_dtypes import NVPTX, cast, intrinsic_suffix
 from ..nvvm import I32, call_intrinsic, i32, lanewise, splat
 from . import mathlib
-from .convert import convert
 from .emitter import Emitter, deferred
-from .types import const, overload, reg_type
+from .types import const, reg_type
 
 
 # Unary float ops without a vector form on NVPTX: one call per element.
@@ -34,7 +34,7 @@ _SCALAR_ONLY_UNARY = frozenset({UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, Una
 
 
 def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.Value:
-    suffix = overload(x.type)
+    suffix = intrinsic_suffix(x.type)
     if op is UnaryOp.NEG:
         return b.fneg(x)
     if op is UnaryOp.ABS:
@@ -82,7 +82,7 @@ def _binary_scalar(op: BinaryOp, dtype: DType, b: ir.IRBuilder, x: ir.Value, y: 
             return getattr(b, _FLOAT[op])(x, y)
         if op is BinaryOp.POW:
             return mathlib.pow_(b, x, y)
-        name = f"llvm.{'maximum' if op is BinaryOp.MAX else 'minimum'}.{overload(x.type)}"
+        name = f"llvm.{'maximum' if op is BinaryOp.MAX else 'minimum'}.{intrinsic_suffix(x.type)}"
         return call_intrinsic(b, name, x.type, [x, y])   # NaN-propagating, like numpy
     if op in _INT:
         return getattr(b, _INT[op])(x, y)
@@ -109,8 +109,8 @@ def _int_binary(s: IntBinary, em: Emitter) -> None:
 
 def _cast(s: Cast, em: Emitter) -> None:
     b = em.builder
-    fn = lambda x: convert(b, x, s.x.dtype, s.out.dtype)  # noqa: E731
-    if "f8e4m3" in (s.x.dtype.name, s.out.dtype.name):   # bit-level decoding and a 2-element cvt
+    fn = lambda x: cast(b, x, s.x.dtype, s.out.dtype, NVPTX)  # noqa: E731
+    if float8_e4m3fn in (s.x.dtype, s.out.dtype):   # bit-level decoding and a 2-element cvt
         em.set(s.out, lanewise(b, reg_type(s.out.type), fn, em[s.x]))
     else:
         em.set(s.out, fn(em[s.x]))

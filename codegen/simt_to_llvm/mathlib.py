@@ -21,7 +21,7 @@ import math
 from llvmlite import ir
 
 from ..nvvm import F32, I1, I32, call_intrinsic, lanewise, like, splat
-from .types import overload
+from ..llvm_dtypes import intrinsic_suffix
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -84,7 +84,7 @@ def exp(b: ir.IRBuilder, x: ir.Value, *, fast: bool = False) -> ir.Value:
     if fast:
         return ex2_approx_ftz(b, b.fmul(x, splat(t, LOG2E)))
     xc = _clamp_keep_nan(b, x, -104.0, 89.0)
-    rint, fma = (f"llvm.{name}.{overload(t)}" for name in ("rint", "fma"))
+    rint, fma = (f"llvm.{name}.{intrinsic_suffix(t)}" for name in ("rint", "fma"))
     j = call_intrinsic(b, rint, t, [b.fmul(xc, splat(t, LOG2E))])
     r = call_intrinsic(b, fma, t, [j, splat(t, -_LN2_HI), xc])
     r = call_intrinsic(b, fma, t, [j, splat(t, -_LN2_LO), r])

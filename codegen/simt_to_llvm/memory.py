@@ -21,7 +21,7 @@ from ...ir.simt.nodes import (
     Binary, Cast, Const, IntBinary, IntOp, LoadGlobal, LoadShared, Reg, StoreGlobal, StoreShared,
 )
 from .. import nvvm
-from ..nvvm import I8
+from ..llvm_dtypes import from_memory, to_memory
 from .emitter import Emitter
 from .types import const, mem_type
 
@@ -33,19 +33,6 @@ def _pointer(s: LoadGlobal | LoadShared | StoreGlobal | StoreShared, em: Emitter
         return nvvm.element_ptr(em.builder, em.buffers[s.buffer.name], elem, em[s.index]), elem
     elem = mem_type(s.alloc.dtype)
     return nvvm.shared_gep(em.builder, em.shared[s.alloc.name], elem, em[s.index]), elem
-
-
-def _to_register(em: Emitter, value: ir.Value, reg: Reg) -> ir.Value:
-    """Memory bytes of a bool register to i1 (other dtypes are stored as they are held)."""
-    if not reg.dtype.is_bool:
-        return value
-    return em.builder.icmp_unsigned("!=", value, ir.Constant(value.type, None))
-
-
-def _to_memory(em: Emitter, value: ir.Value, reg: Reg) -> ir.Value:
-    if not reg.dtype.is_bool:
-        return value
-    return em.builder.zext(value, mem_type(reg.dtype, reg.length) if reg.length > 1 else I8)
 
 
 SHARED_ALIGNMENT = 16   # bytes: every shared allocation's alignment (`nvvm.declare_shared`)
@@ -98,15 +85,15 @@ def _load(s: LoadGlobal | LoadShared, em: Emitter) -> None:
     if s.mask is None:
         value = b.load(ptr, typ=typ, align=align)
     else:
-        other = _to_memory(em, const(s.other, s.out.type), s.out) if s.out.dtype.is_bool else const(s.other, s.out.type)
+        other = to_memory(b, const(s.other, s.out.type), s.out.dtype)
         value = nvvm.load_masked(b, ptr, typ, em[s.mask], other, align=align)
-    em.set(s.out, _to_register(em, value, s.out))
+    em.set(s.out, from_memory(b, value, s.out.dtype))
 
 
 def _store(s: StoreGlobal | StoreShared, em: Emitter) -> None:
     b = em.builder
     ptr, _ = _pointer(s, em)
-    value = _to_memory(em, em[s.value], s.value)
+    value = to_memory(b, em[s.value], s.value.dtype)
     align = _alignment(s, em, s.value)
     if s.mask is None:
         b.store(value, ptr, align=align)

@@ -17,7 +17,7 @@ from ...ir.semantics import BINARY_FUNCS, UNARY_FUNCS
 from ...ir.simt.nodes import (
     Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Select, ThreadIdx, Unary, WarpId,
 )
-from ...ir.types import DType, float32
+from ...ir.types import DType, bfloat16, float8_e4m3fn, float32
 from .state import Block
 
 E4M3_MAX = 448.0
@@ -43,9 +43,9 @@ def convert(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
     """`x` (of dtype `src`) converted to `dst` as the GPU does it (see the module docstring)."""
     if src == dst:
         return x
-    if src.name == "f8e4m3" or (dst.name in ("bf16", "f8e4m3") and src != float32 and not src.is_bool):
+    if src == float8_e4m3fn or (dst in (bfloat16, float8_e4m3fn) and src != float32 and not src.is_bool):
         return convert(x.astype(np.float32), float32, dst)   # through f32, like the emitted code
-    if dst.name == "f8e4m3":
+    if dst == float8_e4m3fn:
         x = x.astype(np.float32)
         return np.where(np.isnan(x), x, np.clip(x, -E4M3_MAX, E4M3_MAX)).astype(dst.numpy)
     if dst.is_bool:

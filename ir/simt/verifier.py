@@ -59,7 +59,6 @@ from .printer import simt_kernel_lines
 from .ranges import Ranges, transfer, trip_range
 from ..types import DType, bool_, float32, int32, int64
 
-LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
 # A check's message: text, or a function making it -- most messages show values, and formatting them
 # for every statement that passes was a third of the verifier's time.
 Message = Union[str, Callable[[], str]]
@@ -83,7 +82,7 @@ def _fail(msg: str, s: Stmt | None, ctx: _Ctx) -> None:
 
 
 def _arith(d: DType) -> bool:
-    return d.name not in LOW_PRECISION
+    return not d.storage_only
 
 
 def _index(r: Reg) -> bool:

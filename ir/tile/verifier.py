@@ -45,9 +45,6 @@ from .printer import kernel_lines
 from ..semantics import UnaryOp
 from ..types import DType, bool_, int32, int64
 
-LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
-
-
 def _fail(msg: str, op: Op | None, pass_name: str, kernel: TileKernel | None = None) -> None:
     """Raise `VerifyError`: `msg`, then `kernel`'s printed ops around `op`, marked (none without an op)."""
     context = ""
@@ -57,7 +54,7 @@ def _fail(msg: str, op: Op | None, pass_name: str, kernel: TileKernel | None = N
 
 
 def _arith(d: DType) -> bool:
-    return d.name not in LOW_PRECISION
+    return not d.storage_only
 
 
 def _check_op(op: Op, kernel: TileKernel, pass_name: str) -> None:

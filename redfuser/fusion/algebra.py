@@ -24,6 +24,7 @@ from typing import Callable
 
 from ..ir import Binary, BinaryOp, Cast, Const, DType, Expr, Unary, UnaryOp
 from ..ir.loop.expr import walk
+from ..ir.types import bfloat16, float8_e4m3fn, float16, float32, float64
 
 Power = Fraction
 LN2 = math.log(2.0)
@@ -236,10 +237,14 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
 
 def is_widening(e: Cast) -> bool:
     """True for a float-to-float cast that loses nothing (every value of the source is exact in the target)."""
-    wider = {"f8e4m3": 1, "bf16": 2, "f16": 2, "f32": 3, "f64": 4}
-    src, dst = e.x.dtype.name, e.dtype.name
-    return src in wider and dst in wider and (wider[dst] > wider[src] or src == dst) and not (
-        {src, dst} == {"bf16", "f16"})
+    src, dst = e.x.dtype, e.dtype
+    return src in _WIDER and dst in _WIDER and (_WIDER[dst] > _WIDER[src] or src == dst) and not (
+        {src, dst} == {bfloat16, float16})
+
+
+# Float types by precision: each holds every value of a lower rank (bf16 and f16 share a rank and hold
+# each other's values only in part).
+_WIDER = {float8_e4m3fn: 1, bfloat16: 2, float16: 2, float32: 3, float64: 4}
 
 
 def is_narrowing(e: Expr) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 
 from ..ir import (
@@ -38,12 +39,9 @@ from ..ir.types import bool_, float32, from_numpy
 from .builder import KernelBuilder
 from .space import Binding, Dim, Fixed, Tiled, align, mask_tile, offsets, place
 
-LOW_PRECISION = frozenset({"f16", "bf16", "f8e4m3"})
-
-
 def compute_dtype(d: DType) -> DType:
-    """The dtype arithmetic on `d` values runs in (f32 for the low-precision float types)."""
-    return float32 if d.name in LOW_PRECISION else d
+    """The dtype arithmetic on `d` values runs in (f32 for the storage-only float types)."""
+    return float32 if d.storage_only else d
 
 
 def round_to(value: float | int | bool, d: DType) -> float | int | bool:
@@ -134,14 +132,16 @@ LOG2E = float(np.log2(np.e))
 
 def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
     x = lw.lower_as(e.x, compute_dtype(e.dtype), b)
-    if e.op is UnaryOp.EXP and e.dtype.name in LOW_PRECISION:
-        return _exp_as_exp2(lw, x, flush=e.dtype.name in FLUSHED)
+    if e.op is UnaryOp.EXP and e.dtype.storage_only:
+        return _exp_as_exp2(lw, x, flush=flushes_exp(e.dtype))
     return Tiled(lw.kb.unary(e.op, x.value), x.dims)
 
 
-FLUSHED = frozenset({"f16", "f8e4m3"})
-"""Narrow types whose smallest subnormal is far above f32's smallest normal (2**-24 and 2**-9, against
-2**-126): an exponential rounded to one of them loses nothing when f32 subnormal results flush to 0."""
+def flushes_exp(d: DType) -> bool:
+    """Whether an exponential rounded to `d` loses nothing when f32 subnormal results flush to 0: `d`'s
+    smallest subnormal is far above f32's smallest normal (f16 2**-24 and e4m3 2**-9 against 2**-126;
+    not bf16, whose subnormals go down to 2**-133)."""
+    return bool(ml_dtypes.finfo(d.numpy).smallest_subnormal > 2.0 ** -126)
 
 
 def _exp_as_exp2(lw: ExprLowering, x: Tiled, flush: bool) -> Tiled:
@@ -155,7 +155,7 @@ def _exp_as_exp2(lw: ExprLowering, x: Tiled, flush: bool) -> Tiled:
     fifteen more instructions per element, the bulk of a softmax's or an attention's inner loop
     (docs/gpu-backend.md, "Numerics").
 
-    With `flush` (f16, e4m3: `FLUSHED`) it is ``exp2_ftz``: results below 2**-126 become 0, which
+    With `flush` (f16, e4m3: `flushes_exp`) it is ``exp2_ftz``: results below 2**-126 become 0, which
     rounding to the narrow type does to them anyway (its half-smallest subnormal is 2**-25 or more). On a
     GPU that is one ``ex2.approx.ftz``: the non-flushing ``ex2.approx.f32`` is the same instruction
     behind a range check and two multiplies, about a sixth of f16 attention's key loop. bf16 reaches
@@ -177,7 +177,7 @@ def _binary(lw: ExprLowering, e: Binary, b: dict[str, Binding]) -> Tiled:
     else:
         operand = compute_dtype(e.dtype)
     x, y = lw.lower_as(e.a, operand, b), lw.lower_as(e.b, operand, b)
-    if e.op is BinaryOp.DIV and e.dtype.name in LOW_PRECISION and _invariant_in(y, x):
+    if e.op is BinaryOp.DIV and e.dtype.storage_only and _invariant_in(y, x):
         return _times_reciprocal(lw, x, y)
     return lw.elementwise([x, y], lambda v: lw.kb.binary(e.op, v[0], v[1]))
 
@@ -212,7 +212,7 @@ def _select(lw: ExprLowering, e: Select, b: dict[str, Binding]) -> Tiled:
 
 def _cast(lw: ExprLowering, e: Cast, b: dict[str, Binding]) -> Tiled:
     x = lw.lower(e.x, b)
-    if e.dtype.name in LOW_PRECISION:  # round to the narrow type, keep computing in f32
+    if e.dtype.storage_only:  # round to the narrow type, keep computing in f32
         narrow = lw.kb.cast(x.value, e.dtype)
         return Tiled(lw.kb.cast(narrow, float32), x.dims)
     return Tiled(lw.kb.cast(x.value, e.dtype), x.dims)

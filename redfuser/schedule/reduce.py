@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..ir import Axis, Binary, BinaryOp, Expr, ReduceOp, loads
 from ..ir.tile import nodes as t
-from .exprs import LOW_PRECISION, ExprLowering, compute_dtype
+from .exprs import ExprLowering, compute_dtype
 from .options import ScheduleOptions
 from .space import Binding, Dim, Fixed, Tiled, mask_tile, ordered, place
 
@@ -63,7 +63,7 @@ def _narrow_dot(value: Expr, out_dims: tuple[Dim, ...]) -> bool:
 def reads_only_narrow(value: Expr) -> bool:
     """Whether `value` reads memory, and only 16- or 8-bit floats (f16/bf16/e4m3): what tensor cores take."""
     found = loads(value)
-    return bool(found) and all(ld.buffer.dtype.name in LOW_PRECISION for ld in found)
+    return bool(found) and all(ld.buffer.dtype.storage_only for ld in found)
 
 
 def reduce_chunk(lw: ExprLowering, op: ReduceOp, value: Expr, out_dims: tuple[Dim, ...], rdim: Dim,

@@ -16,7 +16,7 @@ from ..ir import BackendError, BinaryOp, DType, Expr, TopK
 from ..ir.tile import nodes as t
 from ..ir.types import float32, float64, int32, int64
 from .builder import KernelBuilder
-from .exprs import LOW_PRECISION, ExprLowering, store_tile
+from .exprs import ExprLowering, store_tile
 from .nests import bind_grid
 from .options import ScheduleOptions
 from .space import Binding, Dim, Tiled, index_tile, mask_tile, ordered, place
@@ -36,7 +36,7 @@ def ranked_values(lw: ExprLowering, e: Expr, b: dict[str, Binding]) -> Tiled:
     """`e` lowered, rounded to its own dtype when that is narrow, in `rank_dtype`."""
     x = lw.lower(e, b)
     v = x.value
-    if e.dtype.name in LOW_PRECISION:
+    if e.dtype.storage_only:
         v = lw.kb.cast(lw.kb.cast(v, e.dtype), float32)
     return Tiled(lw.kb.cast(v, rank_dtype(e.dtype)), x.dims)
 
