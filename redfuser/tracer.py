@@ -72,7 +72,7 @@ class TraceBuilder:
         buf = Buffer(name, type_)
         self.inputs.append(buf)
         self._taken.add(name)
-        return Tracer(self, buf, tuple(range(type_.ndim)), type_.shape)
+        return Tracer(self, buf, tuple(range(type_.ndim)), type_.shape, array0d=True)
 
     def emit(self, hint: str, dtype: DType, shape: tuple[int, ...], make: Callable[[Buffer], Stmt]) -> "Tracer":
         """Append the loop nest `make(out)` writing a new buffer; return a tracer for it."""
@@ -174,14 +174,18 @@ class tracing:
 class Tracer:
     """An abstract array during tracing: static shape and dtype, a view of a buffer."""
 
-    __slots__ = ("builder", "buffer", "view", "shape", "loc")
+    __slots__ = ("builder", "buffer", "view", "shape", "loc", "array0d")
     __array_priority__ = 1000
 
-    def __init__(self, builder: TraceBuilder, buffer: Buffer, view: tuple[ViewIndex, ...], shape: tuple[int, ...]) -> None:
+    def __init__(self, builder: TraceBuilder, buffer: Buffer, view: tuple[ViewIndex, ...], shape: tuple[int, ...],
+                 array0d: bool = False) -> None:
         self.builder = builder
         self.buffer = buffer
         self.view = view
         self.shape = tuple(int(s) for s in shape)
+        # A 0-d value the numpy body holds as a 0-d ndarray, not a numpy scalar (`ops.common.is_numpy_scalar`):
+        # a 0-d argument, and what `where`, ``x[...]`` and `astype`/`transpose` of such an array return.
+        self.array0d = array0d
         last = builder.body[-1] if builder.body else None
         self.loc: SourceLoc = last.loc if last is not None and buffer in written(last) else SourceLoc("<input>", 0)
 
@@ -207,8 +211,12 @@ class Tracer:
         """True when the view is the whole buffer in its own order."""
         return self.view == tuple(range(len(self.buffer.shape))) and self.shape == self.buffer.shape
 
-    def with_view(self, view: tuple[ViewIndex, ...], shape: tuple[int, ...]) -> "Tracer":
-        t = Tracer(self.builder, self.buffer, view, shape)
+    def with_view(self, view: tuple[ViewIndex, ...], shape: tuple[int, ...], array0d: bool | None = None) -> "Tracer":
+        """Another view of this buffer; a 0-d one is an ndarray in numpy where `array0d` says so (None: where
+        this value is one: numpy's views of arrays are arrays, ``transpose`` of a scalar is a scalar)."""
+        if array0d is None:
+            array0d = self.ndim > 0 or self.array0d
+        t = Tracer(self.builder, self.buffer, view, shape, array0d)
         t.loc = self.loc
         return t
 

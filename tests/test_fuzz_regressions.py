@@ -121,3 +121,32 @@ def test_the_oracle_allows_a_narrow_step_that_underflows_in_numpy(backend):
 
     result = run_example(Config(1, (backend,)), 3094)
     assert "exp2" in result.description and result.failures == []
+
+
+def where_squared(c, a, b):
+    return rf.where(c, a, b) ** 2
+
+
+def ellipsis_squared(x):
+    return x[0, ...] ** 2
+
+
+def element_squared(x):
+    return x[0] ** 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_0d_array_from_where_or_an_ellipsis_keeps_numpys_array_power(backend):
+    """Long campaign (seed 1), example 5352: ``rf.where`` of 0-d bools returns a 0-d ndarray in numpy, whose
+    ``** 2`` is int8 (an array shortcut; RedFuser has no int8, so the kernel must refuse); the tracer took every
+    0-d result for a numpy scalar (``** 2`` int64) and returned int64. ``x[0, ...]`` is a 0-d array too; ``x[0]``
+    is a scalar and stays int64."""
+    c, a, b = np.array(True), np.array(True), np.array(False)
+    assert where_squared(c, a, b).dtype == np.int8
+    with pytest.raises(rf.DTypeError, match="int8"):
+        rf.kernel(where_squared, backend=backend)(c, a, b)
+    x = np.array([True, False])
+    with pytest.raises(rf.DTypeError, match="int8"):
+        rf.kernel(ellipsis_squared, backend=backend)(x)
+    got, want = rf.kernel(element_squared, backend=backend)(x), element_squared(x)
+    assert got.dtype == want.dtype == np.int64 and got == want

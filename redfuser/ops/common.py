@@ -45,13 +45,14 @@ def _check_operand(op: str, x: object) -> None:
 
 
 def is_numpy_scalar(x: object) -> bool:
-    """Whether `x` is, in the numpy reference, a numpy scalar rather than an array: every 0-d result of an
-    op is (numpy returns scalars from reductions to 0-d, full indexing and ufuncs of 0-d arrays); only a
-    0-d kernel argument itself is a 0-d array. The two differ where numpy's operators take shortcuts
-    for arrays only (``x ** 2`` of a bool array is int8, of a bool scalar int64)."""
+    """Whether `x` is, in the numpy reference, a numpy scalar rather than an array. numpy returns scalars
+    from ufuncs of 0-d operands, reductions to 0-d and full integer indexing; 0-d ndarrays are a 0-d kernel
+    argument and what ``where``, ``x[..., ...]`` and ``astype``/``transpose`` of a 0-d array return
+    (`Tracer.array0d`). The two differ where numpy's operators take shortcuts for arrays only (``x ** 2``
+    of a bool array is int8, of a bool scalar int64)."""
     if isinstance(x, np.generic):
         return True
-    return isinstance(x, Tracer) and x.ndim == 0 and not (x.is_plain and x.buffer in x.builder.inputs)
+    return isinstance(x, Tracer) and x.ndim == 0 and not x.array0d
 
 
 def probe(x: object, value: object = 1) -> object:

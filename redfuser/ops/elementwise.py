@@ -324,7 +324,9 @@ def where(cond, a, b):
     axes = builder.axes(shape)
     c_dtype = e_dtype(cond) if isinstance(cond, Tracer) else T.bool_
     exprs = [operand(cond, axes, c_dtype), operand(a, axes, value_dtype), operand(b, axes, value_dtype)]
-    return builder.emit("where", value_dtype, shape, lambda out: Compute(out, axes, make(exprs, value_dtype), loc=loc))
+    out = builder.emit("where", value_dtype, shape, lambda out: Compute(out, axes, make(exprs, value_dtype), loc=loc))
+    out.array0d = True    # numpy's where returns an ndarray, 0-d ones included
+    return out
 
 
 def astype(x, dtype):
@@ -338,6 +340,8 @@ def astype(x, dtype):
     loc = user_loc()
     builder = x.builder
     axes = builder.axes(x.shape)
-    return builder.emit("astype", target, x.shape, lambda out: Compute(out, axes, cast(x.expr_for(axes), target), loc=loc))
+    out = builder.emit("astype", target, x.shape, lambda out: Compute(out, axes, cast(x.expr_for(axes), target), loc=loc))
+    out.array0d = not is_numpy_scalar(x)   # astype keeps an array an array, a scalar a scalar
+    return out
 
 

@@ -107,7 +107,8 @@ def getitem(x: Tracer, key: object) -> Tracer:
                                    "or an int)", op="getitem", loc=user_loc())
         dim += 1
     view = tuple(v if isinstance(v, Fixed) else new_of_old[v] for v in x.view)
-    return x.with_view(view, tuple(shape))
+    # numpy: an index with an ellipsis returns an array (0-d included); integers alone down to 0-d, a scalar
+    return x.with_view(view, tuple(shape), array0d=builtins.any(k is Ellipsis for k in items))
 
 
 
