@@ -12,7 +12,6 @@ device, else ``cpu``, else ``interpret``.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -20,8 +19,8 @@ import numpy as np
 
 from . import config
 from .codegen.native import NativeCode
-from .codegen.simt import GpuOptions
-from .codegen.simt.ptx import LlvmModules, PtxProgram, compile_ptx
+from .codegen.simt import GpuOptions, SimtProgram
+from .codegen.simt.ptx import LlvmModules, PtxProgram, compile_ptx, emit_llvm
 from .compiler import (COMMON_STAGES, Lowered, Stage, host_llvm_stage, prefetch_stage, schedule_stage,
                        simt_stage)
 from .ir import BackendError, SourceLoc, run_program
@@ -77,12 +76,25 @@ def _native_stage(module: object, lowered: Lowered) -> NativeCode:
     return NativeCode(text, obj)
 
 
-def _ptx_stage(simt: object, lowered: Lowered) -> tuple[LlvmModules, PtxProgram]:
-    """ptx (cuda, simulate): each kernel's LLVM IR and PTX (`codegen.simt.ptx.compile_ptx`), served by the
-    compile cache (`runtime.ptx_cache`); the kernels come verified from the ``simt`` stage."""
-    from .runtime.ptx_cache import cached_kernel_ptx
+def _gpu_llvm_stage(simt: SimtProgram, lowered: Lowered) -> LlvmModules:
+    """llvm (cuda, simulate): each kernel's LLVM module for nvptx64 (`codegen.simt.ptx.emit_llvm`; the kernels
+    come verified from the ``simt`` stage), or the text the compile cache (`runtime.ptx_cache`) serves with
+    the kernel's PTX, which skips the emission and the ``ptx`` stage's work. What the ``ptx`` stage needs
+    beyond the text (LLVM's parse, the served PTX) goes to ``artifacts["pending_ptx"]``."""
+    from .runtime import ptx_cache
 
-    return compile_ptx(simt, lowered.options.llvm_opt, functools.partial(cached_kernel_ptx, verified=True))
+    modules, lowered.artifacts["pending_ptx"] = emit_llvm(simt, lowered.options.llvm_opt, ptx_cache.lookup)
+    return modules
+
+
+def _ptx_stage(modules: LlvmModules, lowered: Lowered) -> PtxProgram:
+    """ptx (cuda, simulate): each kernel's PTX (`codegen.simt.ptx.compile_ptx`): the one the compile cache
+    served in the ``llvm`` stage, else LLVM's middle end and code generation, stored in the cache. It takes
+    ``artifacts["pending_ptx"]`` away, so the LLVM modules do not outlive the compile."""
+    from .runtime import ptx_cache
+
+    pending = lowered.artifacts.pop("pending_ptx")
+    return compile_ptx(modules, pending, lowered.options.llvm_opt, ptx_cache.store)
 
 
 def _target_sm() -> str:
@@ -92,15 +104,16 @@ def _target_sm() -> str:
 
 
 CPU_STAGES: tuple[Stage, ...] = COMMON_STAGES + (
-    Stage("schedule", schedule_stage, ("tile",)),
-    Stage("llvm", host_llvm_stage, ("llvm",)),
-    Stage("native", _native_stage, ("native",)),
+    Stage("tile", schedule_stage),
+    Stage("llvm", host_llvm_stage),
+    Stage("native", _native_stage),
 )
 GPU_STAGES: tuple[Stage, ...] = COMMON_STAGES + (
-    Stage("schedule", schedule_stage, ("tile",)),
-    Stage("prefetch", prefetch_stage, ("prefetched",), applies=lambda options: options.prefetch),
-    Stage("simt", simt_stage, ("simt",)),
-    Stage("ptx", _ptx_stage, ("llvm", "ptx")),
+    Stage("tile", schedule_stage),
+    Stage("prefetched", prefetch_stage, applies=lambda options: options.prefetch),
+    Stage("simt", simt_stage),
+    Stage("llvm", _gpu_llvm_stage),
+    Stage("ptx", _ptx_stage),
 )
 
 

@@ -1,29 +1,31 @@
 """The compiler's stages, in order. Reading `lower` and the stage lists explains the compiler.
 
-    stage     what it does                                          keeps          backends
-    trace     the Python body on tracers -> Loop IR, one loop       traced         all
-              nest per op
-    fuse      inline, CSE, cascade analysis, the fusion theorem     fused          all (option fuse)
-    schedule  Loop IR -> Tile IR (grid of programs over tiles)      tile           cpu, cuda, simulate
-    llvm      Tile IR -> LLVM IR (host)                             llvm           cpu
-    native    LLVM IR -> this CPU's object code (compile cache;     native         cpu
-              printed as assembly)
-    prefetch  tensor-core operand tiles loaded a loop iteration     prefetched     cuda, simulate
-              ahead                                                                (option prefetch)
-    simt      Tile IR -> SIMT IR (threads, layouts, mma)            simt           cuda, simulate
-    ptx       SIMT IR -> LLVM IR (nvptx64) -> PTX (compile cache;   llvm, ptx      cuda, simulate
-              no GPU needed)
+    stage       what it makes                                         backends
+    traced      the Python body on tracers -> Loop IR, one loop       all
+                nest per op
+    fused       inline, CSE, cascade analysis, the fusion theorem     all (option fuse)
+    tile        Loop IR -> Tile IR (grid of programs over tiles)      cpu, cuda, simulate
+    llvm        Tile IR -> LLVM IR (host)                             cpu
+    native      LLVM IR -> this CPU's object code (compile cache;     cpu
+                printed as assembly)
+    prefetched  tensor-core operand tiles loaded a loop iteration     cuda, simulate (option prefetch)
+                ahead
+    simt        Tile IR -> SIMT IR (threads, layouts, mma)            cuda, simulate
+    llvm        SIMT IR -> LLVM IR for nvptx64 (compile cache: a      cuda, simulate
+                hit serves the text with its PTX, emitting nothing)
+    ptx         LLVM IR -> PTX (only the kernels the cache did not    cuda, simulate
+                serve; no GPU needed)
 
-Each backend (`redfuser.backends.BACKENDS`) carries its list of `Stage`s: a name, the function, and
-the names of what it keeps; `lower` runs them in order, each on what the one before made. A stage's
-name is its line in `Lowered.timings` (and `Lowered.parts`); what it keeps goes to `Lowered.stages`
-under the names it declares, each printed as ``=== name ===`` and dumped as ``NN-name.txt``.
-Every stage's IR is verified when produced and kept, so a person can print any of them
-(``REDFUSER_DUMP_DIR`` writes them all to disk). Where the ``simt`` and ``ptx`` stages'
-time went (planning, emission, clean-up, barriers, verifier; cache key, LLVM emission, LLVM to PTX)
-is recorded in `Lowered.parts` (``python -m redfuser explain --stages`` prints both; `codegen.timing`);
-the cyclic garbage collector is paused while compiling. The stages that need the runtime's compile
-cache (``native``, ``ptx``) are supplied by the backend table; this module imports no runtime.
+Each backend (`redfuser.backends.BACKENDS`) carries its list of `Stage`s: a name and a function; `lower`
+runs them in order, each on what the one before made, and keeps what each makes. A stage has one name
+for everything: its entry in `Lowered.stages` (printed as ``=== name ===``, dumped as ``NN-name.txt``),
+its line in `Lowered.timings` and in `Lowered.parts`. Every stage's IR is verified when produced and
+kept, so a person can print any of them (``REDFUSER_DUMP_DIR`` writes them all to disk). Where some
+stages' time went (for ``simt`` planning, emission, clean-up, barriers, verifier; for the GPU's ``llvm``
+the cache key and the LLVM emission; for ``ptx`` LLVM to PTX) is recorded in `Lowered.parts` (``python -m
+redfuser explain --stages`` prints both; `codegen.timing`); the cyclic garbage collector is paused while
+compiling. The stages that need the runtime's compile cache (``native``, the GPU's ``llvm`` and ``ptx``)
+are supplied by the backend table; this module imports no runtime.
 """
 from __future__ import annotations
 
@@ -54,12 +56,12 @@ from .codegen.timing import recording_parts, timed
 @dataclass(frozen=True)
 class Stage:
     """One named step of a backend's pipeline: ``run(ir, lowered)`` takes what the stage before made (the
-    Python function, for the first) and returns what it keeps: one value, or a tuple with one per name in
-    `keeps`. `applies(options)`: whether it runs for a kernel's options (default: always)."""
+    Python function, for the first) and returns what it makes, kept as ``lowered.stages[name]`` and timed
+    as ``lowered.timings[name]``. `applies(options)`: whether it runs for a kernel's options (default:
+    always)."""
 
     name: str
     run: Callable[[Any, "Lowered"], Any]
-    keeps: tuple[str, ...]
     applies: Callable[[KernelOptions], bool] = lambda options: True
 
 
@@ -79,10 +81,10 @@ class Pipeline(Protocol):
 class Lowered:
     """Everything the compiler produced for one specialization of a kernel.
 
-    `stages` maps what each stage kept, in pipeline order, to printable IR objects;
+    `stages` maps each stage's name, in pipeline order, to what it made (printable IR objects);
     `program` is the Loop IR the backends start from (fused where fusion applies);
     `groups` lists the cascades the fusion engine found (see `redfuser.fusion`);
-    `timings` the seconds each stage took, `parts` where some of it went.
+    `timings` the seconds each stage took (under the same names), `parts` where some of it went.
     """
 
     name: str
@@ -117,7 +119,7 @@ class Lowered:
         return "\n\n".join(f"=== {name} ===\n{ir}" for name, ir in self.stages.items())
 
     def dump(self, folder: Path) -> None:
-        """Write each stage's text to ``folder/NN-stage.txt``."""
+        """Write each stage's text to ``folder/NN-name.txt``."""
         folder.mkdir(parents=True, exist_ok=True)
         for n, (name, ir) in enumerate(self.stages.items()):
             (folder / f"{n:02d}-{name}.txt").write_text(f"{ir}\n")
@@ -126,19 +128,19 @@ class Lowered:
 # --- the stages every backend shares, and those without the runtime --------------------------------
 
 def trace_stage(fn: Callable, lowered: Lowered) -> Program:
-    """trace: the Python function on tracers -> verified Loop IR."""
+    """traced: the Python function on tracers -> verified Loop IR."""
     lowered.program = verify_program(trace(fn, lowered.specs), pass_name="trace")
     return lowered.program
 
 
 def fuse_stage(program: Program, lowered: Lowered) -> Program:
-    """fuse: inline, CSE, cascades, the fusion theorem (`redfuser.fusion`)."""
+    """fused: inline, CSE, cascades, the fusion theorem (`redfuser.fusion`)."""
     lowered.program, lowered.groups = fuse(program)
     return lowered.program
 
 
 def schedule_stage(program: Program, lowered: Lowered) -> TileProgram:
-    """schedule: Loop IR -> Tile IR with the backend's defaults and the kernel's tile options."""
+    """tile: Loop IR -> Tile IR with the backend's defaults and the kernel's tile options."""
     backend, options = lowered.pipeline, lowered.options
     return schedule_program(program, options.schedule_options(backend.schedule, lambda: backend.workers(options)))
 
@@ -151,7 +153,7 @@ def host_llvm_stage(tile: TileProgram, lowered: Lowered) -> llvm_ir.Module:
 
 
 def prefetch_stage(tile: TileProgram, lowered: Lowered) -> TileProgram:
-    """prefetch (option ``prefetch``): operand loads a loop iteration ahead, within the register budget of
+    """prefetched (option ``prefetch``): operand loads a loop iteration ahead, within the register budget of
     each kernel's block (its warps as the SIMT lowering will choose them, a plain count per kernel)."""
     threads = {k.name: 32 * choose_warps(k, lowered.gpu) for k in tile.kernels}
     return prefetch_operands(tile, threads)
@@ -163,10 +165,10 @@ def simt_stage(tile: TileProgram, lowered: Lowered) -> SimtProgram:
 
 
 COMMON_STAGES: tuple[Stage, ...] = (
-    Stage("trace", trace_stage, ("traced",)),
-    Stage("fuse", fuse_stage, ("fused",), applies=lambda options: options.fuse),
+    Stage("traced", trace_stage),
+    Stage("fused", fuse_stage, applies=lambda options: options.fuse),
 )
-"""trace and fuse: what every backend starts with."""
+"""traced and fused: what every backend starts with."""
 
 
 # --- running them ---------------------------------------------------------------------------------
@@ -215,9 +217,7 @@ def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options:
             made = stage.run(made, out)
         if parts:
             out.parts[stage.name] = parts
-        kept = made if len(stage.keeps) > 1 else (made,)
-        out.stages.update(zip(stage.keeps, kept))
-        made = kept[-1]
+        out.stages[stage.name] = made
     dump = config.dump_dir()
     if dump is not None:
         try:

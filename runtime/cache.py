@@ -1,7 +1,8 @@
 """The compile cache: compiled artifacts (object code, PTX...) as bytes, in memory and on disk.
 
 Layers. `CompileCache.get` looks in a per-process memory layer (an LRU bounded
-in bytes) and then on disk; `get_or_build` builds on a miss and stores in both.
+in bytes) and then on disk; `get_or_build` builds on a miss and stores in both
+(`fill` does that half alone, for a caller whose `get` missed).
 The API is bytes in, bytes out and knows nothing of any backend; a key comes
 from `cache_key.CacheKey.build` (IR text, options, target, versions).
 
@@ -185,13 +186,16 @@ class CompileCache:
         found = self._lookup(key, check, describe)
         if found is None:
             self._count("misses")
-            with self._build_lock(key) as locked:
-                # Another process may have finished this key while we waited for its lock.
-                found = self._lookup(key, check, describe) if locked else None
-                if found is None:
-                    payload = self._run_build(key, build)
-                    self._store_build(key, payload, meta, check, describe)
-                    found = (payload, "build")
+            found = self._build_missing(key, build, meta, check, describe)
+        return Fetched(found[0], found[1], time.perf_counter() - start)
+
+    def fill(self, key: CacheKey, build: Callable[[], bytes], meta: Mapping[str, object] | None = None, *,
+             check: Check | None = None, describe: str = "") -> Fetched:
+        """The second half of `fetch`, for a caller whose `get` of `key` missed and who did other work in
+        between: build and store the payload under the key's build lock, or take the one another process
+        stored meanwhile (`check` and `describe` as for `fetch`)."""
+        start = time.perf_counter()
+        found = self._build_missing(key, build, meta, check, describe)
         return Fetched(found[0], found[1], time.perf_counter() - start)
 
     def read_meta(self, key: CacheKey) -> dict | None:
@@ -218,6 +222,17 @@ class CompileCache:
         self._count("disk_hits")
         self._remember(key, payload)
         return payload, "disk"
+
+    def _build_missing(self, key: CacheKey, build: Callable[[], bytes], meta: Mapping[str, object] | None,
+                       check: Check | None, describe: str) -> tuple[bytes, str]:
+        with self._build_lock(key) as locked:
+            # Another process may have finished this key while we waited for its lock.
+            found = self._lookup(key, check, describe) if locked else None
+            if found is None:
+                payload = self._run_build(key, build)
+                self._store_build(key, payload, meta, check, describe)
+                found = (payload, "build")
+        return found
 
     def _run_build(self, key: CacheKey, build: Callable[[], bytes]) -> bytes:
         self._count("builds")

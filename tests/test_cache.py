@@ -136,6 +136,19 @@ def test_disk_hit_in_a_fresh_cache_object(tmp_path):
     assert fresh.entry_path(key_of()) == tmp_path / key_of().digest[:2] / f"{key_of().digest}.bin"
 
 
+def test_a_get_that_missed_then_fill_counts_as_one_fetch(tmp_path):
+    """`get` then `fill` (the GPU's ``llvm`` and ``ptx`` stages) is `fetch` in two halves: one miss, one
+    build, stored on disk; a `fill` that finds what another process stored meanwhile builds nothing."""
+    cache = CompileCache(tmp_path)
+    assert cache.get(key_of()) is None
+    got = cache.fill(key_of(), lambda: b"ptx")
+    assert (got.source, got.payload) == ("build", b"ptx")
+    assert (cache.stats.misses, cache.stats.builds, cache.stats.writes) == (1, 1, 1)
+    late = CompileCache(tmp_path)
+    assert late.fill(key_of(), lambda: pytest.fail("stored meanwhile")).source == "disk"
+    assert late.stats.builds == 0
+
+
 def test_memory_layer_is_a_bounded_lru():
     cache = CompileCache(None, memory_limit_bytes=10)
     keys = [key_of(target=f"t{n}") for n in range(3)]

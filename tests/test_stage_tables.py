@@ -1,7 +1,8 @@
 """Backends own their stage lists: `compiler.lower` runs the backend's `Stage`s in order, one name per stage
-for its timing, what it keeps under the names it declares; the cpu backend's ``native`` stage makes the
-object code inside `lower` (printed as assembly, a compile-cache hit doing no LLVM work); prefetch is its
-own stage; the compiler imports no runtime module."""
+for its text, its timing and its dump file; the cpu backend's ``native`` stage makes the object code inside
+`lower` (printed as assembly, a compile-cache hit doing no LLVM work); prefetch is its own stage; the GPU's
+``llvm`` and ``ptx`` are two stages, a compile-cache hit doing no LLVM work in either; the compiler imports
+no runtime module."""
 from __future__ import annotations
 
 import ast
@@ -22,13 +23,18 @@ def _x() -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", sorted(backends.BACKENDS))
-def test_lower_runs_the_backends_stages_in_order(name):
+def test_each_stage_has_one_name_for_its_text_its_timing_and_its_dump_file(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("REDFUSER_DUMP_DIR", str(tmp_path))
     lowered = rf.kernel(workloads.softmax, backend=name, sm="sm_90").lower(_x())
     stages = backends.BACKENDS[name].stages
-    ran = [s for s in stages if s.applies(lowered.options)]
-    assert list(lowered.timings) == [s.name for s in ran]
-    assert list(lowered.stages) == [keep for s in ran for keep in s.keeps]
-    assert len({s.name for s in stages}) == len(stages)       # one name a stage
+    ran = [s.name for s in stages if s.applies(lowered.options)]
+    assert list(lowered.timings) == list(lowered.stages) == ran
+    assert set(lowered.parts) <= set(ran)
+    assert len(set(ran)) == len(ran)                           # one name a stage
+    files = sorted(p.name for p in (tmp_path / "softmax").iterdir())
+    assert files == [f"{n:02d}-{stage}.txt" for n, stage in enumerate(ran)]
+    assert [line[4:-4] for line in str(lowered).splitlines() if line.startswith("=== ")] == ran
+    assert not lowered.artifacts.get("pending_ptx")            # the GPU's LLVM modules do not outlive the compile
 
 
 def test_each_backend_record_says_where_its_arrays_live_and_how_it_schedules():
@@ -74,6 +80,33 @@ def test_a_cache_hit_in_the_native_stage_does_no_llvm_work(tmp_path, monkeypatch
     assert again.stages["native"].obj == first.stages["native"].obj
 
 
+def test_a_cache_hit_in_the_gpu_llvm_stage_does_no_llvm_work_in_either_stage(tmp_path, monkeypatch):
+    """The ``llvm`` stage looks each kernel up in the compile cache; a disk hit carries the cached LLVM IR
+    and PTX forward, so neither it emits nor the ``ptx`` stage compiles, and both print as before."""
+    from redfuser.codegen.simt import ptx as ptx_mod
+    from redfuser.runtime.cache import default_cache, reset_default_cache
+
+    monkeypatch.setenv("REDFUSER_CACHE_DIR", str(tmp_path))
+    reset_default_cache()
+    try:
+        first = rf.kernel(workloads.log_softmax, backend="cuda", sm="sm_80").lower(_x())
+        assert default_cache().stats.builds == len(first.stages["simt"].kernels)
+        reset_default_cache()                              # a new process would find it on disk
+
+        def no_llvm_work(*args, **kwargs):
+            raise AssertionError("LLVM work on a cache hit")
+
+        monkeypatch.setattr(ptx_mod, "emit_parsed", no_llvm_work)
+        monkeypatch.setattr(ptx_mod, "compile_module", no_llvm_work)
+        again = rf.kernel(workloads.log_softmax, backend="cuda", sm="sm_80").lower(_x())
+        stats = default_cache().stats
+    finally:
+        reset_default_cache()
+    assert (stats.disk_hits, stats.misses, stats.builds) == (len(again.stages["simt"].kernels), 0, 0)
+    assert list(again.timings) == list(first.timings) and "ptx" not in again.parts
+    assert str(again.stages["llvm"]) == str(first.stages["llvm"]) and again.stages["ptx"] == first.stages["ptx"]
+
+
 def test_the_dump_and_explain_show_the_native_stage(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("REDFUSER_DUMP_DIR", str(tmp_path))
     lowered = rf.kernel(workloads.softmax, backend="cpu").lower(_x())
@@ -88,13 +121,13 @@ def test_the_dump_and_explain_show_the_native_stage(tmp_path, monkeypatch, capsy
 def test_prefetch_is_its_own_stage_between_schedule_and_simt():
     q = np.ones((1, 2, 256, 64), np.float16)
     lowered = rf.kernel(workloads.attention, backend="simulate", prefetch=True, block_m=64).lower(q, q, q)
-    assert list(lowered.timings) == ["trace", "fuse", "schedule", "prefetch", "simt", "ptx"]
+    assert list(lowered.timings) == ["traced", "fused", "tile", "prefetched", "simt", "llvm", "ptx"]
     assert list(lowered.stages)[2:4] == ["tile", "prefetched"]
     tile = lowered.stages["tile"]
     threads = {k.name: 32 * choose_warps(k, lowered.gpu) for k in tile.kernels}   # a plain count a kernel
     assert lowered.stages["prefetched"] == prefetch_operands(tile, threads) != tile
     off = rf.kernel(workloads.attention, backend="simulate", block_m=64).lower(q, q, q)
-    assert "prefetch" not in off.timings and "prefetched" not in off.stages
+    assert "prefetched" not in off.timings and "prefetched" not in off.stages
 
 
 def test_the_compiler_imports_no_runtime_module():
