@@ -52,10 +52,9 @@ def lookup(kernel: SimtKernel, sm: str, opt_level: int | None = None) -> tuple[E
     return entry, None if payload is None else ptx_payload.decode(payload)
 
 
-def store(entry: object, llvm_ir: str, make_ptx: Callable[[], str]) -> str:
+def store(entry: Entry, llvm_ir: str, make_ptx: Callable[[], str]) -> str:
     """The PTX of an `entry` that `lookup` missed: ``make_ptx()``'s, stored with `llvm_ir`, or the PTX
     another process stored there meanwhile."""
-    assert isinstance(entry, Entry)
     fetched = entry.cache.fill(entry.key, lambda: ptx_payload.encode(llvm_ir, make_ptx()),
                                {"llvmlite": llvmlite.__version__}, check=entry.check, describe=entry.describe)
     return ptx_payload.decode(fetched.payload)[1]
