@@ -150,3 +150,22 @@ def test_a_0d_array_from_where_or_an_ellipsis_keeps_numpys_array_power(backend):
         rf.kernel(ellipsis_squared, backend=backend)(x)
     got, want = rf.kernel(element_squared, backend=backend)(x), element_squared(x)
     assert got.dtype == want.dtype == np.int64 and got == want
+
+
+def row_of_a_sum_times(x0, x4):
+    v1 = rf.exp(rf.minimum(rf.sum(x0, axis=-1, keepdims=True), 4.0))
+    return v1[..., -7, :, -1, None] @ x4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_reduction_reading_another_row_of_an_earlier_result_is_not_fused(backend):
+    """Long campaign (seed 1), example 7550: a GEMM over a length-1 axis read row 6 of a sum over another
+    length-1 axis; the cascade analysis put both in one pass, whose kernel cannot read another program's row
+    (InternalError 'out is read at a fixed position' on cpu and simulate). A result read at a fixed position
+    other than 0 of a length-1 dim now keeps the reader out of the pass."""
+    x0 = np.arange(-6, 7, dtype=np.int32).reshape((13, 1, 1))
+    x4 = np.array([[-3.0]], np.float32)
+    kernel = rf.kernel(row_of_a_sum_times, backend=backend)
+    got, want = kernel(x0, x4), row_of_a_sum_times(x0, x4)
+    assert got.dtype == want.dtype and np.allclose(got, want, rtol=1e-6)
+    assert not any(g.fused for g in kernel.lower(x0, x4).groups)

@@ -38,6 +38,15 @@ def axis_signature(r: Member) -> set[tuple[str, int]]:
             for d, i in enumerate(n.indices) if isinstance(i, Axis) and i.name == axis.name}
 
 
+def reads_own_rows(r: Member, outs: set[str]) -> bool:
+    """Whether every read of a result in `outs` by `r` is at `r`'s own position: an axis at each dim, or 0 of
+    a length-1 dim (``keepdims``). A result read at another fixed position (row 6 of a sum, for every row of
+    `r`) belongs to another program of the loop and is final only after it, so `r` cannot join that pass."""
+    return all(isinstance(i, Axis) or size == 1
+               for n in walk(r.value) if isinstance(n, Load) and n.buffer.name in outs
+               for i, size in zip(n.indices, n.buffer.shape))
+
+
 def dependencies(p: Program) -> dict[str, set[str]]:
     """For each buffer, every buffer it is computed from (transitively)."""
     deps: dict[str, set[str]] = {b.name: set() for b in p.inputs}
@@ -70,7 +79,8 @@ def find_candidates(p: Program) -> list[Candidate]:
             linked = bool((direct - along) & g.outs) or bool(sig & g.signature)
             # A member's result read along the axis is a producer over another axis of equal length, not
             # an earlier result; and everything else read must be computable before the loop.
-            legal = not (along & g.outs) and all(not (deps.get(b, set()) & g.outs) for b in direct - g.outs)
+            legal = not (along & g.outs) and all(not (deps.get(b, set()) & g.outs) for b in direct - g.outs) \
+                and reads_own_rows(s, g.outs)
             if linked and legal:
                 chosen = g
                 break
