@@ -221,3 +221,20 @@ def test_split_reduction_merges_the_where_states(backend):
     s, mask, v = _special_inputs(3)
     actual, expected = run_backend(backend, attention_deferred, s, mask, v, split=3, block_n=2)
     assert_close(actual[0], expected[0], np.float32, 8)
+
+
+def causal_from_indices(s, mask, v):
+    """The condition is built from the loop index and the row index, not passed in."""
+    r, n = s.shape
+    causal = rf.arange(n)[None, :] <= rf.arange(r)[:, None] + (n - r - 8)
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.where(causal, rf.exp(s - m), 0.0)
+    return p @ v / rf.sum(p, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_condition_on_the_loop_index_fuses(backend):
+    s, mask, v = _inputs("random", seed=4)
+    assert _fused(rf.kernel(causal_from_indices, backend="interpret").lower(s, mask, v))
+    actual, expected = run_backend(backend, causal_from_indices, s, mask, v)
+    assert_close(actual[0], expected[0], np.float32, N)
