@@ -16,6 +16,9 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
                 f"{pad}reads no earlier result: it joins the pass as is"]
     lines = [f"  {name}: {dec.kind}" + (" (max/min distributes over +: max(G + H) = max(G) + H)"
                                         if dec.kind == "additive" else "")]
+    for c in dec.conditions:
+        lines.append(f"{pad}where({format_expr(c)}, G1·H, G2·H) = where({format_expr(c)}, G1, G2)·H: the condition "
+                     "reads only the reduced values, not an earlier result, so H comes out of the where")
     for n, (acc, factor) in enumerate(zip(dec.accumulators, dec.factors)):
         tag = f"term {n + 1}: " if len(dec.accumulators) > 1 else ""
         lines.append(f"{pad}{tag}G(x) = {format_expr(acc.G)}")

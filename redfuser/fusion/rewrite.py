@@ -37,8 +37,10 @@ from .loop_builder import LoopBuilder
 from .member import Member
 from .numeric_check import check
 from .positivity import is_positive
-from .separability import Decomposition, FusionContext, Refusal, decompose
+from .algebra import Linear
+from .separability import Accumulator, Decomposition, FusionContext, Refusal, decompose
 from .substitute import rename_axes
+from ..ir.types import bool_
 
 
 def _fresh_axis_name(p: Program) -> str:
@@ -89,6 +91,35 @@ def _epilogue_value(member: Member, dec: Decomposition, accs: list[Buffer | Expr
     return out
 
 
+def _where_live(b: LoopBuilder, member: Member, acc, unseen: Expr | None) -> Expr | None:
+    """The guard that makes an accumulator NaN after the loop, for a term under ``where(c(x), ..., 0)``.
+
+    Where the running max its exponent reads ends -inf or NaN, the reference's ``exp(s - m)`` is NaN
+    for every element, but the where keeps its 0 for the elements it does not select: the reference
+    is NaN only when some element of the row is selected. A max state of ``where(live, 1, 0)`` records
+    that (the online loop cannot: a selected element seen before the NaN may have been rescaled to 0).
+    """
+    if acc.live is None:
+        return unseen
+    nan_row = b.nan_row(acc)
+    guard = nan_row if unseen is None else unseen if nan_row is None else Binary(BinaryOp.OR, unseen, nan_row, bool_)
+    if guard is None:
+        return None
+    d = acc.term.dtype
+    flag_term = Select(acc.live, Const(1.0, d), Const(0.0, d), d)
+    # An earlier member's flag over fewer axes (l's per row, for P·V's row of outputs) serves as it is.
+    shared = next((st for st in b.states if isinstance(st, OnlineState) and st.op is ReduceOp.MAX
+                   and st.term == flag_term and st.rescale is None and set(st.axes) <= set(member.axes)), None)
+    if shared is not None:
+        flag = Load(shared.acc, shared.axes)
+    else:
+        buf = b.state_for(member, Accumulator(ReduceOp.MAX, flag_term, Linear(), flag_term, Const(1.0, d)),
+                          Buffer(f"{member.name}_live", member.out.type))
+        flag = Load(buf, member.axes)
+    seen = Binary(BinaryOp.GT, flag, Const(0.0, d), bool_)
+    return Binary(BinaryOp.AND, guard, seen, bool_)
+
+
 def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
     """Rewrite `p` so that the members of `cand` that factor run in one `FusedLoop`."""
     axis = Axis(_fresh_axis_name(p), cand.extent)
@@ -123,6 +154,8 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             if failure:
                 dec = Refusal(f"`{name}`: the factorization failed its numeric identity check ({failure}); "
                               "kept unfused (this is a RedFuser bug worth reporting)")
+        if isinstance(dec, Decomposition) and member.is_topk and dec.conditions:
+            dec = Refusal(f"`{name}` is a top-k of a where on the reduced values; such a top-k is not fused yet")
         group.decompositions[name] = dec
         if isinstance(dec, Refusal):
             refused[name] = dec.reason
@@ -131,7 +164,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         fused.append(member)
         if member.is_topk:
             after_loop |= {member.out.name, member.indices.name}
-        unseen = [b.unseen(acc) for acc in dec.accumulators]
+        unseen = [_where_live(b, member, acc, b.unseen(acc)) for acc in dec.accumulators]
         direct = (len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
                   and unseen[0] is None)
         accs = []

@@ -16,10 +16,12 @@ Anything else is refused with the atom that mixes x and y and why.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..ir import Axis, Const, DType, Expr, IndexValue, Load, ReduceOp, format_expr
+from ..ir import (Axis, Binary, BinaryOp, Cast, Const, DType, Expr, IndexValue, Load, ReduceOp, Select, Unary,
+                  UnaryOp, format_expr)
+from ..ir.types import bool_
 from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
@@ -62,6 +64,7 @@ class Accumulator:
     H: Expr
     powers: A.Monomial = A.Monomial()      # running maxima scaling a quantization inside the term, online
     quantized: tuple[Expr, ...] = ()       # the quantization atoms (casts) of `term` that read them
+    live: Expr | None = None               # true where an element's term is not the 0 branch of a where(c(x), ...)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Decomposition:
     factors: tuple[Expr | None, ...]
     addend: Expr | None = None
     expanded: bool = False                   # distributing created several terms (may cancel numerically)
+    conditions: tuple[Expr, ...] = ()        # conditions of wheres taken apart as where(c(x), G1, G2)·H(y)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,9 @@ class _Split:
     deferred: A.Monomial
     powers: A.Monomial = A.Monomial()
     quantized: tuple[Expr, ...] = ()
+    selects: tuple[tuple[Expr, Expr], ...] = ()   # x-conditioned wheres: (G atom in `g`, its form with H online)
+    inner: A.Linear = A.Linear()                  # the part of `y_lin` evaluated inside those wheres
+    live: Expr | None = None                      # true where none of them takes a 0 branch (None: always)
 
 
 def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
@@ -102,8 +109,21 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
     deferred: dict = {}
     powers = A.Monomial()
     quantized: list[Expr] = []
+    selects: list[tuple[Expr, Expr]] = []
+    inner = A.Linear()
+    live: Expr | None = None
     for atom, p in t.mono.factors:
         kind = ctx.kind(atom)
+        if kind == "mixed" and isinstance(atom, Select) and ctx.kind(atom.cond) in ("x", "c"):
+            w = _x_select(atom, p, ctx, name)
+            if isinstance(w, Refusal):
+                return w
+            g_atom, online_atom, branch_online, select_live = w
+            g[g_atom] = g.get(g_atom, A.Power(0)) + p
+            selects.append((g_atom, online_atom))
+            inner = inner + branch_online.scale(float(p))
+            live = _both(BinaryOp.AND, live, select_live)
+            continue
         if kind == "mixed":
             q = _quantization(atom, ctx)
             if q is None:
@@ -121,8 +141,72 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
             return Refusal(f"in `{name}`, exp({format_expr(offender)}) multiplies the reduced values with an earlier "
                            "result inside an exponential, which does not split into exp(x)·exp(y)", offender)
         (y_terms if "y" in kinds else x_terms)[mono] = c
-    return _Split(t.coeff, A.Monomial.of(g), A.Linear.of(x_terms, t.exponent.constant), A.Linear.of(y_terms),
-                  A.Monomial.of(deferred), powers, tuple(quantized))
+    return _Split(t.coeff, A.Monomial.of(g), A.Linear.of(x_terms, t.exponent.constant),
+                  A.Linear.of(y_terms) + inner, A.Monomial.of(deferred), powers, tuple(quantized), tuple(selects),
+                  inner, live)
+
+
+def _both(op: BinaryOp, a: Expr | None, b: Expr | None) -> Expr | None:
+    """``a op b`` for conditions where None means "always": AND keeps the other, OR gives None."""
+    if op is BinaryOp.OR and (a is None or b is None):
+        return None
+    if a is None or b is None:
+        return a if b is None else b
+    return Binary(op, a, b, bool_)
+
+
+def _x_select(atom: Select, p: A.Power, ctx: FusionContext,
+              name: str) -> tuple[Expr, Expr, A.Linear, Expr | None] | Refusal:
+    """For ``where(c(x), G1(x)·H(y), G2(x)·H(y))``, which is ``where(c(x), G1(x), G2(x))·H(y)`` exactly
+    (a 0 branch goes with any H): the G atom ``where(c, G1, G2)``, the same where with H kept inside each
+    branch (what the loop evaluates: ``where(c, exp(s - m), 0)``, never ``exp(s)`` alone), H's exponent,
+    and where the where takes a branch that is not 0 (None: both are not).
+
+    H must be online (exponentials of running results): a factor applied after the loop, such as
+    ``1/l``, would also multiply the elements the where set to 0, and the reference keeps those 0
+    even where the factor is infinite. Refused too when the branches' H differ or the where is
+    raised to a non-integer power."""
+    d = atom.dtype
+    pos: Callable[[Expr], bool] = lambda e: is_positive(e, ctx.positive)
+    nonneg: Callable[[Expr], bool] = lambda e: is_nonnegative(e, ctx.positive)
+    branches = []
+    keys = set()
+    for b in (atom.a, atom.b):
+        splits = []
+        for t in A.normalize(b, pos, nonneg):
+            s = _split(t, ctx, name)
+            if isinstance(s, Refusal):
+                return s
+            if s.powers.factors or s.selects:
+                return Refusal(_mixed_reason(atom, name), atom)
+            splits.append(s)
+            keys.add((s.y_lin, s.deferred))
+        branches.append(splits)
+    if p.denominator != 1 or len(keys) > 1:
+        why = ("its branches scale the reduced values by different earlier results" if len(keys) > 1
+               else "it is raised to a non-integer power")
+        return Refusal(f"in `{name}`, the term {format_expr(atom)} has a condition on the reduced values only, but "
+                       f"{why}, so it does not factor into where(c(x), G1(x), G2(x))·H(y)", atom)
+    y_lin, deferred = keys.pop() if keys else (A.Linear(), A.Monomial())
+    if deferred.factors:
+        return Refusal(f"in `{name}`, the term {format_expr(atom)} has a condition on the reduced values only, but "
+                       f"its branch scales by {format_expr(monomial_expr(deferred, d))}, which is applied after the "
+                       "loop and would turn the where's 0 into 0·inf = NaN where it is infinite; write that factor "
+                       "outside the where", atom)
+
+    def branch(splits: list[_Split], online: bool) -> Expr:
+        return _cast_like(sum_expr(tuple(_g_product(s, online) for s in splits), d), d)
+
+    g_atom = Select(atom.cond, branch(branches[0], False), branch(branches[1], False), d)
+    online_atom = Select(atom.cond, branch(branches[0], True), branch(branches[1], True), d)
+    zero = [not splits for splits in branches]
+    live = (None if not any(zero) else Const(False, bool_) if all(zero)
+            else atom.cond if zero[1] else Unary(UnaryOp.NOT, atom.cond, bool_))
+    return g_atom, online_atom, y_lin, live
+
+
+def _cast_like(e: Expr, d: DType) -> Expr:
+    return e if e.dtype == d else Cast(e, d)
 
 
 def _quantization(atom: Expr, ctx: FusionContext) -> A.Monomial | None:
@@ -178,17 +262,31 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         if isinstance(s, Refusal):
             return s
         splits.append(s)
-    if op is ReduceOp.SUM:
-        return _sum_terms(splits, d)
-    return _max_min(splits, op, d, ctx, name)
+    if op is not ReduceOp.SUM and any(sp.live is not None for sp in splits):
+        atom = next(a for sp in splits for a, _ in sp.selects)
+        return Refusal(f"in `{name}`, {op.value} over k of {format_expr(atom)}: the where's 0 branch would be rescaled "
+                       "with the running result (0·NaN once it is NaN), which the reference never does; only sums "
+                       "take such a where apart", atom)
+    out = _sum_terms(splits, d) if op is ReduceOp.SUM else _max_min(splits, op, d, ctx, name)
+    conditions = tuple(dict.fromkeys(a.cond for s in splits for a, _ in s.selects))
+    return replace(out, conditions=conditions) if conditions and isinstance(out, Decomposition) else out
 
 
 def _acc(op: ReduceOp, term: Expr, s: _Split, g: Expr, d: DType) -> Accumulator:
-    return Accumulator(op, term, s.y_lin, g, _h_expr(s, d), s.powers, s.quantized)
+    return Accumulator(op, term, s.y_lin, g, _h_expr(s, d), s.powers, s.quantized, s.live)
 
 
 def _g_product(s: _Split, with_online: bool) -> A.Product:
     return A.Product(s.coeff, s.g, s.x_lin + s.y_lin if with_online else s.x_lin)
+
+
+def _term_product(s: _Split) -> A.Product:
+    """What the loop accumulates for `s`: G with the online part of H, inside each x-conditioned where."""
+    if not s.selects:
+        return _g_product(s, True)
+    online = dict(s.selects)
+    mono = A.Monomial(tuple((online.get(a, a), p) for a, p in s.g.factors))
+    return A.Product(s.coeff, mono, s.x_lin + s.y_lin + s.inner.scale(-1.0))
 
 
 def _h_expr(s: _Split, d: DType) -> Expr:
@@ -204,12 +302,14 @@ def _sum_terms(splits: list[_Split], d: DType) -> Decomposition:
         coeff = 1.0
         if len(members) == 1:  # a lone term's constant joins its deferred factor: the term can then be shared
             coeff = members[0].coeff
-            members = [_Split(1.0, members[0].g, members[0].x_lin, members[0].y_lin, members[0].deferred,
-                              members[0].powers, members[0].quantized)]
-        term = sum_expr(tuple(_g_product(s, True) for s in members), d)
+            members = [replace(members[0], coeff=1.0)]
+        term = sum_expr(tuple(_term_product(s) for s in members), d)
         g = sum_expr(tuple(_g_product(s, False) for s in members), d)
         quantized = tuple(q for m in members for q in m.quantized)
-        accs.append(Accumulator(ReduceOp.SUM, term, y_lin, g, _h_expr(members[0], d), powers, quantized))
+        live = members[0].live
+        for m in members[1:]:
+            live = _both(BinaryOp.OR, live, m.live)
+        accs.append(Accumulator(ReduceOp.SUM, term, y_lin, g, _h_expr(members[0], d), powers, quantized, live))
         factors.append(monomial_expr(deferred, d, coeff) if (deferred.factors or coeff != 1.0) else None)
     kind = "separable" if len(accs) == 1 else "sum of separable terms"
     return Decomposition(kind, tuple(accs), tuple(factors), expanded=len(splits) > 1)
@@ -222,7 +322,7 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
             h = monomial_expr(s.deferred, d)
             return Refusal(f"in `{name}`, {op.value} over k of G·H needs H > 0, and {format_expr(h)} cannot be shown "
                            "positive (a negative factor would turn max into min)", h)
-        acc = _acc(op, product_expr(_g_product(s, True), d), s, product_expr(_g_product(s, False), d), d)
+        acc = _acc(op, product_expr(_term_product(s), d), s, product_expr(_g_product(s, False), d), d)
         factor = monomial_expr(s.deferred, d) if s.deferred.factors else None
         return Decomposition("separable", (acc,), (factor,))
     x_part, y_part = [], []
