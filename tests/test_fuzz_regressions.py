@@ -169,3 +169,18 @@ def test_a_reduction_reading_another_row_of_an_earlier_result_is_not_fused(backe
     got, want = kernel(x0, x4), row_of_a_sum_times(x0, x4)
     assert got.dtype == want.dtype and np.allclose(got, want, rtol=1e-6)
     assert not any(g.fused for g in kernel.lower(x0, x4).groups)
+
+
+def divide_or_zero(x0, s0, x2):
+    return rf.where(x0, x0 / s0, x2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_static_minus_zero_is_not_merged_with_a_zero_constant(backend):
+    """Long campaign (seed 1), example 10694: ``x / -0.0`` next to ``x != 0.0`` (the ``where`` condition);
+    the Tile IR clean-up merged the two constants (``-0.0 == 0.0``) and cpu and simulate gave +inf for
+    numpy's -inf."""
+    x0 = np.array([[1.68, -2.5, 0.0]], np.float32)
+    x2 = np.array([[False, True, True]])
+    got, want = rf.kernel(divide_or_zero, backend=backend)(x0, -0.0, x2), divide_or_zero(x0, -0.0, x2)
+    assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))

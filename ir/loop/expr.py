@@ -5,6 +5,8 @@ are structural. Index expressions are loop axes (`Axis`) or fixed integers.
 """
 from __future__ import annotations
 
+import struct
+
 from dataclasses import dataclass
 from typing import Union
 
@@ -30,10 +32,23 @@ IndexExpr = Union[Axis, int]
 
 @dataclass(frozen=True, slots=True)
 class Const:
-    """A scalar constant."""
+    """A scalar constant. Two are equal when their dtypes are and their values are the same number of the same
+    Python type bit for bit: ``-0.0`` is not ``0.0`` (``x / -0.0`` is -inf), ``1`` is not ``True`` and a NaN
+    equals itself, so what shares equal expressions (CSE, the schedule's lowering memo) never merges
+    constants that compute differently."""
 
     value: float | int | bool
     dtype: DType
+
+    def _key(self) -> tuple:
+        v = self.value
+        return (type(v), struct.pack("<d", v)) if isinstance(v, float) else (type(v), v)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Const) and self.dtype == other.dtype and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((self._key(), self.dtype))
 
 
 @dataclass(frozen=True, slots=True)
