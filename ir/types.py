@@ -5,6 +5,8 @@ is a dtype plus a static shape and prints like ``f32[2,4,128,64]``.
 """
 from __future__ import annotations
 
+import struct
+
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -155,3 +157,18 @@ class BufferType:
         if self.strides is not None:
             text += f"{{strides {','.join(str(s) for s in self.strides)}}}"
         return text
+
+
+def scalar_key(value: object) -> tuple:
+    """A scalar's type and exact value, as a key: Python's ``==`` says ``2 == 2.0 == True`` and ``0.0 == -0.0``
+    and NaN is not itself, but each of those computes differently. Floats go by their bits, numpy scalars by
+    their dtype and bytes; anything else by its type name and value."""
+    if isinstance(value, np.generic):
+        return ("numpy", value.dtype.str, value.tobytes())
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int):
+        return ("int", int(value))
+    if isinstance(value, float):
+        return ("float", struct.pack("<d", value))
+    return (type(value).__name__, value)

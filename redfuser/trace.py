@@ -5,7 +5,6 @@ import functools
 import linecache
 import inspect
 import os
-import struct
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Callable, Union
 import numpy as np
 
 from .ir import DType, Program, SourceLoc, UnsupportedError, BufferType
+from .ir.types import scalar_key
 from .source_info import is_internal, user_loc
 from .tracer import TraceBuilder, Tracer, tracing
 
@@ -49,14 +49,8 @@ def static_key(value: object) -> tuple:
     """
     if value is None:
         return ("none",)
-    if isinstance(value, np.generic):
-        return ("numpy", value.dtype.str, value.tobytes())
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, int):
-        return ("int", int(value))
-    if isinstance(value, float):
-        return ("float", struct.pack("<d", value))
+    if isinstance(value, np.generic | bool | int | float):
+        return scalar_key(value)
     if isinstance(value, str):
         return ("str", value)
     if isinstance(value, tuple):

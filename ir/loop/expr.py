@@ -5,14 +5,12 @@ are structural. Index expressions are loop axes (`Axis`) or fixed integers.
 """
 from __future__ import annotations
 
-import struct
-
 from dataclasses import dataclass
 from typing import Union
 
 from ..buffer import Buffer
 from ..semantics import BinaryOp, UnaryOp
-from ..types import DType
+from ..types import DType, scalar_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,15 +38,12 @@ class Const:
     value: float | int | bool
     dtype: DType
 
-    def _key(self) -> tuple:
-        v = self.value
-        return (type(v), struct.pack("<d", v)) if isinstance(v, float) else (type(v), v)
-
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Const) and self.dtype == other.dtype and self._key() == other._key()
+        return isinstance(other, Const) and self.dtype == other.dtype and \
+            scalar_key(self.value) == scalar_key(other.value)
 
     def __hash__(self) -> int:
-        return hash((self._key(), self.dtype))
+        return hash((scalar_key(self.value), self.dtype))
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,13 +14,12 @@ whose results nobody uses. Both keep the kernel's meaning on every input.
 """
 from __future__ import annotations
 
-import struct
-
 import functools
 from dataclasses import fields, replace
 
 from ..ir import BinaryOp
 from ..ir.tile import nodes as t
+from ..ir.types import scalar_key
 
 
 @functools.cache
@@ -133,16 +132,9 @@ def _signature(op: t.Op) -> tuple | None:
     parts = [type(op).__name__, op.out.type]
     for name in _fields(type(op), ("out", "loc")):
         v = getattr(op, name)
-        parts.append(v.name if isinstance(v, t.Value) else _exact(v))
+        # by type and bits: -0.0 and 0.0 compare equal, but x / -0.0 is -inf
+        parts.append(v.name if isinstance(v, t.Value) else scalar_key(v))
     return tuple(parts)
-
-
-def _exact(v: object) -> tuple:
-    """`v` as a key that tells apart what compares equal but computes differently: ``-0.0`` and ``0.0``
-    (``x / -0.0`` is -inf), ``1`` and ``True``."""
-    if isinstance(v, float):
-        return (struct.pack("<d", v), "float")
-    return (v, type(v).__name__)
 
 
 def _merge(ops: tuple[t.Op, ...], seen: dict[tuple, t.Value], names: dict[str, t.Value],
