@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .cascade_nodes import Leaf, Node, call
+from .cascade_nodes import Leaf, Node, Num, call
 
 SUM, MAX, MIN, MATMUL = "sum", "max", "min", "matmul"
 SUMS = (SUM, MATMUL)
@@ -75,6 +75,11 @@ def _entropy(d, x, w, M, L):
 
 def _square_dev(d, x, w, Y):
     return call("square", x - Y), (x * x, x * Y * 2.0, Y * Y)
+
+
+def _square_centred_p(d, x, w, M, L):
+    p = exp(d - M) / L
+    return call("square", p - 0.125), (p * p, p * 0.25, Num(0.015625))
 
 
 def _product_of_sums(d, x, w, Y, L):
@@ -123,6 +128,24 @@ SEPARABLE: tuple[Template, ...] = (
     Template("2 (x - Y)", (MAX, MIN), True, ("Y",), lambda d, x, w, Y: ((x - Y) * 2.0, (x * 2.0, Y * 2.0))),
     Template("d - M - log(L)", (MAX,), True, ("M", "L"),
              lambda d, x, w, M, L: (d - M - log(L), (d, M, log(L))), d_linear=True),
+    # A bare constant term is G·H with G and H both 1 (issue 20: it crashed the numeric check).
+    Template("exp(d - M) + c", (SUM, MATMUL), True, ("M",),
+             lambda d, x, w, M: (exp(d - M) + 0.25, (exp(d - M), Num(0.25))), positive=True, bounded=True,
+             expands=True),
+    Template("exp(d - M) / L - c", (SUM, MATMUL), True, ("M", "L"),
+             lambda d, x, w, M, L: (exp(d - M) / L - 0.125, (exp(d - M) / L, Num(0.125))), bounded=True,
+             expands=True),
+    Template("(exp(d - M) / L - c)^2", (SUM,), True, ("M", "L"), _square_centred_p, bounded=True, expands=True),
+    Template("x / L + c", (SUM,), True, ("L",), lambda d, x, w, L: (x / L + 0.25, (x / L, Num(0.25))),
+             expands=True),
+    # Conditions on the reduced values only: where(c(x), G1(x)·H(y), G2(x)·H(y)) = where(c(x), G1, G2)·H(y).
+    Template("where(x > 0, exp(d - M), 0)", (SUM, MATMUL), True, ("M",),
+             lambda d, x, w, M: call("where", call("gt", x, 0.0), exp(d - M), 0.0), bounded=True, weight=2),
+    Template("where(x > 0, exp(d - M) * w, -exp(d - M))", (SUM, MATMUL), True, ("M",),
+             lambda d, x, w, M: call("where", call("gt", x, 0.0), exp(d - M) * w, -exp(d - M)), bounded=True),
+    Template("where(x > 0, exp(d - M), 2 exp(d - M))", (SUM, MAX, MIN, MATMUL), True, ("M",),
+             lambda d, x, w, M: call("where", call("gt", x, 0.0), exp(d - M), exp(d - M) * 2.0), positive=True,
+             bounded=True),
 )
 
 NON_SEPARABLE: tuple[Template, ...] = (
@@ -139,6 +162,8 @@ NON_SEPARABLE: tuple[Template, ...] = (
     Template("x * P", (MAX, MIN), False, ("P",), lambda d, x, w, P: x * P),
     Template("exp(d - M) * maximum(x, G)", (SUM,), False, ("M", "G"),
              lambda d, x, w, M, G: exp(d - M) * call("maximum", x, G), bounded=True),
+    Template("where(x > G, exp(d - M), 0)", (SUM, MATMUL), False, ("M", "G"),
+             lambda d, x, w, M, G: call("where", call("gt", x, G), exp(d - M), 0.0), bounded=True),
 )
 
 ALL_TEMPLATES: tuple[Template, ...] = INDEPENDENT + SEPARABLE + NON_SEPARABLE

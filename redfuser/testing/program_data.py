@@ -24,7 +24,7 @@ DTYPES: dict[str, np.dtype] = {
     "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn), "int32": np.dtype(np.int32), "int64": np.dtype(np.int64),
     "bool": np.dtype(np.bool_),
 }
-KINDS = ("normal", "wide", "ints", "large", "positive", "int_small", "int_wide", "int_edge", "bool")
+KINDS = ("normal", "wide", "ints", "large", "positive", "offset", "far", "int_small", "int_wide", "int_edge", "bool")
 LAYOUTS = ("c", "F", "rev", "strided", "bcast", "masked")
 LITERAL_LIMIT = 96
 """Arrays of at most this many elements print as literal values; larger ones as their numpy recipe."""
@@ -164,8 +164,13 @@ def _draw(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.nda
         return rng.integers(-4, 5, shape).astype(np.float64)
     if kind == "positive":
         return np.abs(rng.standard_normal(shape)) + 0.5
+    if kind in OFFSETS:  # unit spread far from 0: what expanded central moments and entropies cancel on
+        return rng.standard_normal(shape) + OFFSETS[kind]
     scale = {"normal": 1.0, "wide": 4.0, "large": 1000.0}[kind]
     return rng.standard_normal(shape) * scale
+
+
+OFFSETS = {"offset": 300.0, "far": 1000.0}
 
 
 def _recipe_source(kind: str, seed: int, shape: tuple[int, ...]) -> str:
@@ -179,6 +184,8 @@ def _recipe_source(kind: str, seed: int, shape: tuple[int, ...]) -> str:
         return f"{rng}.integers(-4, 5, {shape!r}).astype(np.float64)"
     if kind == "positive":
         return f"np.abs({rng}.standard_normal({shape!r})) + 0.5"
+    if kind in OFFSETS:
+        return f"{rng}.standard_normal({shape!r}) + {OFFSETS[kind]!r}"
     scale = {"normal": 1.0, "wide": 4.0, "large": 1000.0}[kind]
     return f"{rng}.standard_normal({shape!r}) * {scale!r}"
 

@@ -4,7 +4,10 @@ Each appends ordinary nodes (so the shrinker can take them apart) and returns
 the name of its result, or None where numpy or the oracle refused a step:
 softmax, log-sum-exp, layer-norm statistics, attention (with a causal or
 sliding-window mask built from ``arange``; the window as ``(j <= i) * (j > i - w)``,
-a product of bools), MoE routing (softmax, top-k, renormalize), and per-row
+a product of bools), attention as written for low precision (the mask after
+``exp``, probabilities rounded to f16/bf16 before the value GEMM), sums with a
+bare constant term, central moments and entropies of data far from 0, MoE
+routing (softmax, top-k, renormalize; tied and non-finite logits), and per-row
 absmax quantization to float8_e4m3fn (optionally followed by a GEMM).
 """
 from __future__ import annotations
@@ -47,6 +50,12 @@ def layer_norm_stats(b: ProgramBuilder, x: str) -> str | None:
 
 def causal_mask(b: ProgramBuilder, s: str) -> str | None:
     """``where(j <= i + K, s, -inf)`` or the sliding window ``where((j <= i) * (j > i - w), s, -inf)``."""
+    keep = causal_keep(b, s)
+    return keep and b.add("where_c", [keep, s], (float("-inf"),))
+
+
+def causal_keep(b: ProgramBuilder, s: str) -> str | None:
+    """The bool mask of `causal_mask`: ``j <= i + K`` or ``(j <= i) * (j > i - w)``."""
     d = b.draw
     if len(b.shape(s)) < 2:
         return None
@@ -67,7 +76,7 @@ def causal_mask(b: ProgramBuilder, s: str) -> str | None:
         near = low and b.add("gt", [jr, low])
         keep = seen and near and b.add(d.pick(("mul", "mul", "and")), [seen, near])
         b.labels.append("window")
-    return keep and b.add("where_c", [keep, s], (float("-inf"),))
+    return keep
 
 
 def attention(b: ProgramBuilder, dtype: str) -> str | None:
@@ -87,11 +96,89 @@ def attention(b: ProgramBuilder, dtype: str) -> str | None:
     return p and b.add("matmul", [p, v])
 
 
+def flash_attention(b: ProgramBuilder, dtype: str) -> str | None:
+    """Attention as users write it for low precision (issue 20): the mask applied after ``exp`` by a
+    condition on the scores' positions only (``where(keep, exp(s - m), 0)``), and the probabilities
+    rounded to f16/bf16 before the value GEMM, unnormalized or normalized."""
+    d = b.draw
+    lead = d.pick(((), (1,), (2,)))
+    n, m, k, dv = d.pick((1, 3, 8)), d.pick((1, 5, 8, 17, 64)), d.pick((1, 4, 16)), d.pick((1, 2, 8))
+    q, kk, v = b.new_input(lead + (n, k), dtype), b.new_input(lead + (m, k), dtype), b.new_input(lead + (m, dv), dtype)
+    kt = b.add("mT", [kk])
+    s = kt and b.add("matmul", [q, kt])
+    s = s and (b.add("astype", [s], ("float32",)) if d.chance(50) else s)
+    s = s and b.add("mul_c", [s], (d.pick((0.25, 0.125, 1.0)),))
+    keep = s and causal_keep(b, s) if d.chance(70) else None
+    scores = b.add("where_c", [keep, s], (float("-inf"),)) if keep and d.chance(50) else s
+    mx = scores and b.add("max", [scores], (-1, True))
+    e = mx and b.add("exp", [b.add("sub", [s, mx])])
+    if e and keep:
+        e = b.add("where_c", [keep, e], (0.0,))
+    l = e and b.add("sum", [e], (-1, True))
+    if not l:
+        return None
+    narrow = d.pick(("float16", "bfloat16", None))
+    if narrow and d.chance(50):  # round the normalized probabilities: ((p / l).astype(bf16) @ v)
+        pn = b.add("div", [e, l])
+        pr = pn and b.add("astype", [pn], (narrow,))
+        return pr and b.add("matmul", [pr, v])
+    pr = b.add("astype", [e], (narrow,)) if narrow else e  # (p.astype(f16) @ v) / l
+    o = pr and b.add("matmul", [pr, v])
+    return o and b.add("div", [o, l])
+
+
+def constant_terms(b: ProgramBuilder, x: str) -> str | None:
+    """Sums of a separable term and a bare constant: ``sum(exp(x - m) + c)``, ``sum((p - 1/N)**2)``,
+    ``sum(x / s + c)`` (issue 20: the numeric check once crashed on them)."""
+    d = b.draw
+    n = b.shape(x)[-1] if b.shape(x) else 1
+    kind = d.pick(("exp", "centred_p", "scaled"))
+    if kind == "scaled":
+        a = b.add("abs", [x])
+        s = a and b.add("sum", [a], (-1, True))
+        s1 = s and b.add("add_c", [s], (1.0,))
+        t = s1 and b.add("div", [x, s1])
+        return t and b.add("sum", [b.add("add_c", [t], (0.25,))], (-1, False))
+    if kind == "exp":
+        mx = b.add("max", [x], (-1, True))
+        e = mx and b.add("exp", [b.add("sub", [x, mx])])
+        return e and b.add("sum", [b.add("add_c", [e], (0.25,))], (-1, False))
+    p = softmax(b, x)
+    c = p and b.add("add_c", [p], (-1.0 / n,))
+    sq = c and b.add("square", [c])
+    return sq and b.add("sum", [sq], (-1, False))
+
+
+def moments(b: ProgramBuilder, x: str) -> str | None:
+    """Central moments (variance, the 4th) of data far from 0, and the entropy of a softmax over logits
+    offset by 1e3: what a raw expansion of the fused sums cancels on (issue 20, shift-stable sums)."""
+    d = b.draw
+    if d.chance(40):
+        p = softmax(b, x)
+        lp = p and b.add("log", [p])
+        t = lp and b.add("mul", [p, lp])
+        h = t and b.add("sum", [t], (-1, True))
+        return h and b.add("neg", [h])
+    n = b.shape(x)[-1] if b.shape(x) else 1
+    s = b.add("sum", [x], (-1, True))
+    mu = s and b.add("div_c", [s], (float(n),))
+    c = mu and b.add("sub", [x, mu])
+    q = c and b.add("square", [c])
+    if q and d.chance(40):
+        q = b.add("square", [q])
+    v = q and b.add("sum", [q], (-1, True))
+    return v and b.add("div_c", [v], (float(n),))
+
+
 def routing(b: ProgramBuilder, x: str) -> str | None:
+    """Softmax, top-k, renormalize. Its indices are judged exactly where the ranking is robust
+    (`program_ranking`): the logits are often small integers, so ties are frequent and structural."""
     p = softmax(b, x)
     if not p or not b.shape(p):
         return None
-    k = b.draw.integer(1, min(b.shape(p)[-1], 3))
+    n = b.shape(p)[-1]
+    k = b.draw.pick((1, 2, 3, min(n, 8), n)) if b.draw.chance(50) else b.draw.integer(1, min(n, 3))
+    k = max(1, min(k, n))
     w = b.add("topk", [p], (k,), outs=2)
     s = w and b.add("sum", [w], (-1, True))
     return s and b.add("div", [w, s])
@@ -119,7 +206,8 @@ def quantize(b: ProgramBuilder, x: str) -> str | None:
     return ad and b.add("mul", [back, ad])
 
 
-IDIOMS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "attention", "routing", "quantize", "mask")
+IDIOMS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "attention", "routing", "quantize", "mask",
+          "flash_attention", "constant_terms", "moments")
 
 
 def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
@@ -127,6 +215,16 @@ def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
     b.labels.append(name)
     if name == "attention":
         return attention(b, dtype)
+    if name == "flash_attention":
+        return flash_attention(b, dtype)
+    if name == "moments":
+        shape = b.base_shape() or (b.draw.pick((3, 8)),)
+        return moments(b, b.new_input(shape, dtype, b.draw.pick(("offset", "far", "normal"))))
+    if name == "routing" and b.draw.chance(60):  # router logits: tokens x experts, ties on purpose
+        d = b.draw
+        shape = (d.pick((1, 3, 7)), d.pick((5, 8, 16, 64, 256)))
+        x = b.new_input(shape, dtype, d.pick(("ints", "ints", "normal", "wide")))
+        return routing(b, x)
     x = b.new_input(b.base_shape() or (b.draw.pick((3, 8)),), dtype)
     if name == "mask":
         if len(b.shape(x)) < 2:
@@ -134,4 +232,5 @@ def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
         masked = causal_mask(b, x)
         return masked and softmax(b, masked)
     return {"softmax": softmax, "log_softmax": lambda b, x: softmax(b, x, log=True), "logsumexp": logsumexp,
-            "layer_norm": layer_norm_stats, "routing": routing, "quantize": quantize}[name](b, x)
+            "layer_norm": layer_norm_stats, "routing": routing, "quantize": quantize,
+            "constant_terms": constant_terms}[name](b, x)

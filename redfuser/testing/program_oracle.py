@@ -42,6 +42,10 @@ counts them in the campaign summary, so a reader sees how often they applied.
 
 Where a discontinuous op (`Rule.discontinuous`) gets an inexact operand, its
 result is unsure everywhere: the grammar does not draw that, the shrinker can.
+Top-k indices are the exception: routing ranks inexact probabilities, and the
+indices are judged exactly on every row whose ranking no correct kernel can
+change (`program_ranking`: values separated by more than their bounds, or tied
+structurally, as the float64 ``shadow`` of the program shows).
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ import numpy as np
 from . import program_bounds as bounds
 from .program import Program
 from .program_limits import precondition_hazard
+from .program_ranking import robust_rows
 from .program_rules import RULES
 from .tolerance import C
 
@@ -61,6 +66,7 @@ NARROW = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes
 SUPPORTED = NARROW | {np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.bool_)}
 """The dtypes a RedFuser kernel computes in; numpy reaching another one (``bool ** 2`` is int8) is refused."""
 F32 = np.dtype(np.float32)
+FLOAT_NAMES = frozenset({"float64", "float32", "float16", "bfloat16", "float8_e4m3fn"})
 
 
 def is_float(dt: np.dtype) -> bool:
@@ -86,6 +92,7 @@ class Value:
     extremum: bool = False          # computed elementwise from a max/min reduction (a running one when fused)
     expansion: np.ndarray | None = None  # unsure by rule (4), or computed from such elements (a subset of unsure)
     limit: np.ndarray | None = None      # ... by rule (6)
+    shadow: object = None           # the float64 shadow (`program_ranking`): no narrowing rounding; None: unknown
 
     def __post_init__(self) -> None:
         if self.mag is None:
@@ -128,9 +135,24 @@ def _widen(x: object) -> object:
 
 def _argument(value: object) -> Value:
     if not isinstance(value, np.ndarray):  # a static scalar
-        return Value(value, value, True, np.zeros(()), np.zeros((), bool))
+        return Value(value, value, True, np.zeros(()), np.zeros((), bool), shadow=value)
     shape = np.shape(value)
-    return Value(value, _widen(value), True, np.zeros(shape), np.zeros(shape, bool))
+    plain = np.asarray(np.ma.getdata(value))
+    shadow = plain.astype(np.float64) if is_float(plain.dtype) else plain
+    return Value(value, _widen(value), True, np.zeros(shape), np.zeros(shape, bool), shadow=shadow)
+
+
+def _shadow(node, rule, ins: list[Value]) -> object:
+    """The step in float64 on the operands' shadows, a narrowing or f32 cast left out (None: not computable)."""
+    if any(v.shadow is None for v in ins):
+        return None
+    args = [v.shadow for v in ins]
+    if node.op == "astype" and node.params[0] in FLOAT_NAMES and is_float(np.asarray(args[0]).dtype):
+        return args[0]
+    try:
+        return rule.apply(args, node.params)
+    except Exception:  # numpy will not combine the shadows (an f64 operand where an int is needed)
+        return None
 
 
 GPU_BACKENDS = frozenset({"simulate", "cuda"})
@@ -194,11 +216,14 @@ def _step(node, env: dict[str, Value], gpu: bool = False, producers: dict | None
         wide = ref
     refs = ref if rule.outputs > 1 else (ref,)
     wides = wide if rule.outputs > 1 else (wide,)
-    for n, (out, r, w) in enumerate(zip(node.outs, refs, wides)):
+    shadow = _shadow(node, rule, ins)
+    shadows = shadow if rule.outputs > 1 and shadow is not None else (shadow,) * rule.outputs
+    for n, (out, r, w, sh) in enumerate(zip(node.outs, refs, wides, shadows)):
         if node.op == "astype" and np.dtype(r.dtype) in NARROW:
             w = np.asarray(w).astype(F32)  # rounded to the narrow type, then computed on in f32
         w = _widen(w)
         env[out] = _value(node, rule, ins, r, w, indices=(n == 1), gpu=gpu, limit=limit)
+        env[out].shadow = sh if sh is None or np.shape(sh) == np.shape(r) else None
 
 
 def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: bool, gpu: bool = False,
@@ -229,9 +254,10 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
         err, unsure = err + extra, unsure | out_of_range
     with np.errstate(all="ignore"):
         mag, expanded = bounds.magnitude(node, ins, r)
-    if rule.discontinuous and not all_exact:
-        unsure = np.ones(shape, bool)
-    elif indices and not all_exact:
+    if rule.kind == "topk" and not all_exact:
+        if indices or node.op == "topk_indices":  # judged only where no correct kernel can reorder them
+            unsure = ~np.broadcast_to(robust_rows(_f64(ins[0].ref), ins[0].err, ins[0].shadow, r), shape)
+    elif rule.discontinuous and not all_exact:
         unsure = np.ones(shape, bool)
     unsure = unsure | _new_unsure(node, ins, r)
     if is_float(dt):  # storage precision: f32 twin in another class than numpy's step-by-step rounding
