@@ -112,6 +112,29 @@ def test_non_finite_logits_and_special_rows_route_like_the_reference(backend, op
         check(routing(k), special_rows(experts, k), backend, opts, experts)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_split_reductions_route_like_the_reference(backend):
+    # Partial m and l from several programs, merged, then the top-k on the merged values.
+    check(routing(8), cross_chunk_ties(16, 64, 3), backend, {"split": 3, "block_n": 8}, 64)
+
+
+@pytest.mark.parametrize("backend,opts", BACKENDS, ids=IDS)
+def test_top_k_of_logits_minus_their_max_ranks_an_infinite_row_like_the_reference(backend, opts):
+    # `x - m` with m = +inf: NaN at the inf and -inf elsewhere; NaN ranks last, equal values by index.
+    def shifted_topk(x):
+        m = rf.max(x, axis=-1, keepdims=True)
+        return rf.topk(x - m, 3)
+
+    x = cross_chunk_ties(6, 40, 5)
+    x[0, 2] = np.inf
+    x[1, 39] = np.inf
+    x[2] = -np.inf
+    with np.errstate(invalid="ignore"):
+        (v, i), (v_ref, i_ref) = rf.kernel(shifted_topk, backend=backend, **opts)(x), shifted_topk(x)
+    assert i_ref[0].tolist() == [0, 1, 3] and np.array_equal(i, i_ref)
+    assert np.array_equal(v, v_ref, equal_nan=True)
+
+
 def test_the_top_k_runs_after_the_loop_and_explain_says_why():
     x = cross_chunk_ties(4, 64, 0)
     kern = rf.kernel(routing(8), backend="interpret")
