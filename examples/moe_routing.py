@@ -1,4 +1,5 @@
-"""MoE routing: softmax over 64 experts, top-2, renormalized by the kept sum; softmax and top-k fuse."""
+"""MoE routing: softmax over 64 experts, top-2, renormalized by the kept sum; the softmax's max and sum fuse, the
+top-k ranks after that pass (numpy's exact indices, docs/fusion.md "Top-k in a cascade")."""
 import numpy as np
 
 from _check import run_and_check

@@ -87,10 +87,19 @@ def test_a_tile_the_user_gives_and_the_cpu_default_are_kept():
 
 
 def test_a_running_top_k_keeps_its_chunks():
-    """Routing's top-k states sort each chunk; whole rows would grow that network with the row."""
+    """A top-k sorts each chunk; whole rows would grow that network with the row. Routing's top-k (after the
+    softmax's pass, which reads whole rows) and a running top-k in a fused loop both keep their chunks."""
     x = np.zeros((32768, 128), np.float32)
-    fused = gpu_tiles(moe_routing, x).kernels[0]
-    assert fused.grid == (32768 // 32,)
+    softmax_pass, top_k = gpu_tiles(moe_routing, x).kernels[:2]
+    assert not ops_of(softmax_pass, t.For) and not ops_of(softmax_pass, t.TopK)
+    assert ops_of(top_k, t.For) and ops_of(top_k, t.TopK)
+
+    def max_and_top2(x):
+        vals, idx = rf.topk(x, 2)
+        return rf.max(x, axis=-1), vals, idx
+
+    (fused,) = gpu_tiles(max_and_top2, x).kernels
+    assert ops_of(fused, t.For) and ops_of(fused, t.TopK)
 
 
 def test_kernels_with_products_or_loops_keep_four_warps():

@@ -40,6 +40,7 @@ from .positivity import is_positive
 from .algebra import Linear
 from .separability import Accumulator, Decomposition, FusionContext, Refusal, decompose
 from .substitute import rename_axes
+from .topk_order import list_order_refusal
 from ..ir.types import bool_
 
 
@@ -156,6 +157,10 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
                               "kept unfused (this is a RedFuser bug worth reporting)")
         if isinstance(dec, Decomposition) and member.is_topk and dec.conditions:
             dec = Refusal(f"`{name}` is a top-k of a where on the reduced values; such a top-k is not fused yet")
+        if isinstance(dec, Decomposition) and member.is_topk:
+            why = list_order_refusal(member, value, dec, frozenset(earlier))
+            if why is not None:
+                dec = Refusal(why)
         group.decompositions[name] = dec
         if isinstance(dec, Refusal):
             refused[name] = dec.reason
