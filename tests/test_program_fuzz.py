@@ -180,6 +180,37 @@ def test_gpu_backends_compute_f64_exp_in_f32_and_only_they_are_allowed_to():
     assert program_judge.compare(exact * (1 + 1e-3), reference(p, 0, "simulate"), "simulate", 0) is not None
 
 
+def _routing(logits) -> Program:
+    """softmax then top-2 indices: the routing idiom's ranking of inexact probabilities."""
+    nodes = [Node(("v0",), "max", ("x0",), (-1, True)), Node(("v1",), "sub", ("x0", "v0")),
+             Node(("v2",), "exp", ("v1",)), Node(("v3",), "sum", ("v2",), (-1, True)),
+             Node(("v4",), "div", ("v2", "v3")), Node(("v5",), "topk_indices", ("v4",), (2,))]
+    return _program(nodes, ("v5",), (_array(logits),))
+
+
+def test_routing_indices_are_judged_exactly_where_ties_are_structural_or_values_separated():
+    """Issue 20: equal logits tie by index in every correct kernel, a +inf logit makes numpy's row all NaN
+    (positions 0..k-1); both are judged, and a kernel ordering them otherwise fails (the fused top-k of
+    before, which ordered ties across chunks by an ulp and missed the +inf row, did)."""
+    p = _routing([[1.0, 3.0, 0.0, 3.0, -2.0], [np.inf, 2.0, 1.0, 0.0, 3.0], [0.5, 0.25, 2.0, 1.0, 1.5]])
+    ref = reference(p, 0)
+    assert not np.asarray(ref.outputs[0].unsure).any()
+    want = np.asarray(ref.outputs[0].ref)
+    assert want.tolist() == [[1, 3], [0, 1], [2, 4]]
+    assert program_judge.compare(want, ref, "cpu", 0) is None
+    for row, other in ((0, [3, 1]), (1, [4, 1]), (2, [4, 2])):
+        wrong = want.copy()
+        wrong[row] = other
+        assert program_judge.compare(wrong, ref, "cpu", 0).kind == "wrong value"
+
+
+def test_routing_indices_are_unsure_on_a_rounding_level_near_tie():
+    """Two logits an ulp apart: a correct kernel's exp may round their probabilities either way."""
+    a = np.float32(1.0)
+    p = _routing([[float(a), float(np.nextafter(a, np.float32(2))), -3.0]])
+    assert np.asarray(reference(p, 0).outputs[0].unsure).all()
+
+
 def test_integers_and_bools_are_judged_exactly_and_dtypes_must_match():
     p = _program([Node(("v0",), "mul", ("x0", "x1"))], ("v0",), (_array([True, False, True], "bool"),
                                                                 _array([True, True, False], "bool")))
