@@ -25,6 +25,7 @@ from ..ir.types import bool_
 from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
+from .narrowing import Extremum, rescale_dtype, split_narrowing
 from .positivity import is_nonnegative, is_positive
 
 
@@ -37,6 +38,7 @@ class FusionContext:
     positive: frozenset[str]        # buffers known > 0
     locals: frozenset[str] = frozenset()  # per-chunk producers (read along the loop axis: x)
     maxima: frozenset[str] = frozenset()  # running-max states (a quantization may scale by them online)
+    extrema: tuple[Extremum, ...] = ()    # earlier running max/min members and their bodies (narrowing casts)
 
     def kind(self, e: Expr) -> str:
         """``x``, ``y``, ``c`` or ``mixed`` for one atom."""
@@ -80,6 +82,7 @@ class Decomposition:
     addend: Expr | None = None
     expanded: bool = False                   # distributing created several terms (may cancel numerically)
     conditions: tuple[Expr, ...] = ()        # conditions of wheres taken apart as where(c(x), G1, G2)·H(y)
+    rounded: tuple[tuple[Expr, Expr], ...] = ()  # narrowing casts: (G's cast, the cast the loop evaluates)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class _Split:
     selects: tuple[tuple[Expr, Expr], ...] = ()   # x-conditioned wheres: (G atom in `g`, its form with H online)
     inner: A.Linear = A.Linear()                  # the part of `y_lin` evaluated inside those wheres
     live: Expr | None = None                      # true where none of them takes a 0 branch (None: always)
+    rounded: tuple[tuple[Expr, Expr], ...] = ()   # narrowing casts: (G atom in `g`, its form with H online)
 
 
 def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
@@ -110,6 +114,7 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
     powers = A.Monomial()
     quantized: list[Expr] = []
     selects: list[tuple[Expr, Expr]] = []
+    rounded: list[tuple[Expr, Expr]] = []
     inner = A.Linear()
     live: Expr | None = None
     for atom, p in t.mono.factors:
@@ -124,6 +129,16 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
             inner = inner + branch_online.scale(float(p))
             live = _both(BinaryOp.AND, live, select_live)
             continue
+        if kind == "mixed" and _quantization(atom, ctx) is None and A.is_narrowing(atom):
+            n = split_narrowing(atom, p, ctx, name)
+            if isinstance(n, str):
+                return Refusal(n, atom)
+            g[n.g_atom] = g.get(n.g_atom, A.Power(0)) + p
+            rounded.append((n.g_atom, n.online_atom))
+            inner = inner + n.online
+            for a, q in n.deferred.factors:
+                deferred[a] = deferred.get(a, A.Power(0)) + q
+            continue
         if kind == "mixed":
             q = _quantization(atom, ctx)
             if q is None:
@@ -131,7 +146,8 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
             powers = powers * q.power(p)
             quantized.append(atom)
             kind = "x"
-        (deferred if kind == "y" else g)[atom] = p
+        target = deferred if kind == "y" else g
+        target[atom] = target.get(atom, A.Power(0)) + p
     x_terms: dict = {}
     y_terms: dict = {}
     for mono, c in t.exponent.terms:
@@ -143,7 +159,7 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
         (y_terms if "y" in kinds else x_terms)[mono] = c
     return _Split(t.coeff, A.Monomial.of(g), A.Linear.of(x_terms, t.exponent.constant),
                   A.Linear.of(y_terms) + inner, A.Monomial.of(deferred), powers, tuple(quantized), tuple(selects),
-                  inner, live)
+                  inner, live, tuple(rounded))
 
 
 def _both(op: BinaryOp, a: Expr | None, b: Expr | None) -> Expr | None:
@@ -177,7 +193,7 @@ def _x_select(atom: Select, p: A.Power, ctx: FusionContext,
             s = _split(t, ctx, name)
             if isinstance(s, Refusal):
                 return s
-            if s.powers.factors or s.selects:
+            if s.powers.factors or s.selects or s.rounded:
                 return Refusal(_mixed_reason(atom, name), atom)
             splits.append(s)
             keys.add((s.y_lin, s.deferred))
@@ -269,7 +285,10 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
                        "take such a where apart", atom)
     out = _sum_terms(splits, d) if op is ReduceOp.SUM else _max_min(splits, op, d, ctx, name)
     conditions = tuple(dict.fromkeys(a.cond for s in splits for a, _ in s.selects))
-    return replace(out, conditions=conditions) if conditions and isinstance(out, Decomposition) else out
+    rounded = tuple(dict.fromkeys(r for s in splits for r in s.rounded))
+    if isinstance(out, Decomposition) and (conditions or rounded):
+        out = replace(out, conditions=conditions, rounded=rounded)
+    return out
 
 
 def _acc(op: ReduceOp, term: Expr, s: _Split, g: Expr, d: DType) -> Accumulator:
@@ -282,15 +301,15 @@ def _g_product(s: _Split, with_online: bool) -> A.Product:
 
 def _term_product(s: _Split) -> A.Product:
     """What the loop accumulates for `s`: G with the online part of H, inside each x-conditioned where."""
-    if not s.selects:
+    if not s.selects and not s.rounded:
         return _g_product(s, True)
-    online = dict(s.selects)
+    online = dict(s.selects) | dict(s.rounded)
     mono = A.Monomial(tuple((online.get(a, a), p) for a, p in s.g.factors))
     return A.Product(s.coeff, mono, s.x_lin + s.y_lin + s.inner.scale(-1.0))
 
 
 def _h_expr(s: _Split, d: DType) -> Expr:
-    return product_expr(A.Product(1.0, s.deferred * s.powers, s.y_lin), d)
+    return product_expr(A.Product(1.0, s.deferred * s.powers, s.y_lin), rescale_dtype(s.y_lin, s.powers, d))
 
 
 def _sum_terms(splits: list[_Split], d: DType) -> Decomposition:
