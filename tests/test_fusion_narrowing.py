@@ -1,0 +1,271 @@
+"""Narrowing casts inside a cascade: FlashAttention's own numerics.
+
+``(p.astype(f16) @ v) / l`` and ``(p / l).astype(bf16) @ v`` with ``p = exp(s - m)`` fuse into one pass:
+the loop rounds ``exp(s - m_t)`` with the running max, rescales its accumulator per chunk and applies
+``1/l`` after the loop ("rounding moved before normalization"). Both programs round every term once, so
+both are within `rounded_terms_bound` of the exact sum; NaN and infinity positions are numpy's exactly.
+A cast whose rounded value the program cannot bound (it could overflow in the loop where the reference
+does not) is refused with a reason and runs unfused, still correct.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import run_backend
+
+import redfuser as rf
+from redfuser.testing.tolerance import assert_close, rounded_terms_bound
+
+BACKENDS = ("interpret", "cpu", "simulate")
+DTYPES = {"f16": (rf.float16, np.float16), "bf16": (rf.bfloat16, ml_dtypes.bfloat16)}
+ROWS, N, D, HEAD = 24, 80, 16, 16
+SCALE = 0.25                       # 1/sqrt(HEAD): exact in every type
+
+
+def attention_a(dt):
+    """The f16 way (FlashAttention's kernel): round P, multiply, divide by l at the end."""
+    def body(q, k, v):
+        s = q.astype(rf.float32) @ k.astype(rf.float32).T * SCALE
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p.astype(dt) @ v) / l
+    return body
+
+
+def attention_b(dt):
+    """The bf16 way: normalize, round the probabilities, multiply."""
+    def body(q, k, v):
+        s = q.astype(rf.float32) @ k.astype(rf.float32).T * SCALE
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p / l).astype(dt) @ v.astype(rf.float32)
+    return body
+
+
+def scaled_b(dt):
+    """A constant factor inside the cast: |2·exp(s - m_t)| <= 2 is still bounded."""
+    def body(q, k, v):
+        s = q.astype(rf.float32) @ k.astype(rf.float32).T * SCALE
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p * 2.0 / l).astype(dt) @ v.astype(rf.float32)
+    return body
+
+
+def scores_a(dt):
+    """Scores given directly (special values, masks)."""
+    def body(s, v):
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p.astype(dt) @ v.astype(rf.float32)) / l
+    return body
+
+
+def scores_b(dt):
+    def body(s, v):
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p / l).astype(dt) @ v.astype(rf.float32)
+    return body
+
+
+def causal_b(dt):
+    """A causal mask written as -inf scores before the max."""
+    def body(s, mask, v):
+        s = rf.where(mask, s, -np.inf)
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p / l).astype(dt) @ v.astype(rf.float32)
+    return body
+
+
+def unbounded_factor(s, x, v):
+    """x·exp(s - m) rounded to f16: x is any f32, so the loop's value (1/l not yet applied) can overflow."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (x * p / l).astype(rf.float16) @ v.astype(rf.float32)
+
+
+def other_max(s, x, v):
+    """exp(s - max(x)): not bounded by 1, since m is not the running max of s."""
+    m = rf.max(x, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l).astype(rf.float16) @ v.astype(rf.float32)
+
+
+def _qkv(dtype, seed: int = 0, spread: float = 1.0):
+    rng = np.random.default_rng(seed)
+    q = (spread * rng.standard_normal((ROWS, HEAD))).astype(dtype)
+    k = (spread * rng.standard_normal((N, HEAD))).astype(dtype)
+    v = rng.standard_normal((N, D)).astype(dtype)
+    return q, k, v
+
+
+def _bound(s64: np.ndarray, v: np.ndarray, cast_dtype, roundings: int = 0) -> np.ndarray:
+    """`rounded_terms_bound` for ``Σ_k cast(p_k / l)·v_k`` (either form: 1/l <= 1 is applied after the
+    rounding in one of them, which keeps the bound), from the float64 scores."""
+    v64 = np.asarray(v).astype(np.float64)
+    with np.errstate(all="ignore"):
+        m = s64.max(-1, keepdims=True)
+        p = np.exp(s64 - m)
+        w = p / p.sum(-1, keepdims=True)
+    magnitude = np.nan_to_num(w, nan=0.0) @ np.abs(v64)
+    weight = np.broadcast_to(np.abs(v64).sum(0), magnitude.shape)
+    return rounded_terms_bound(cast_dtype, magnitude, weight, s64.shape[-1], roundings=roundings)
+
+
+def _one_fused_loop(kernel, *args) -> None:
+    """Every reduction of the cascade, the GEMM included, in one pass: one loop and no reduction after it."""
+    lowered = kernel.lower(*args)
+    (g,) = lowered.groups
+    assert g.fused and g.reason is None and g.fused_members == g.reductions, g.reason
+    text = str(lowered.program)
+    assert text.count("fused loop over") == 1 and "sum over j" in text.split("fused loop over")[1]
+    after = text.split("\n  ", 1)[1].split("fused loop over")[1].split("\n  ")[1:]
+    assert not any("sum over" in line for line in after if not line.startswith("  ")), text
+
+
+def _reduction_roundings(body_maker, backend: str, chunk: int = 64) -> int:
+    """A's f16 matmul result: rounded once by numpy, and by the interpreter once per chunk it adds."""
+    return 1 + (-(-N // chunk) if backend == "interpret" else 1) if body_maker is attention_a else 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("maker", [attention_a, attention_b, scaled_b])
+def test_attention_with_a_narrowing_cast_fuses_and_is_within_the_bound(backend, dtype, maker):
+    dt, ndt = DTYPES[dtype]
+    body = maker(dt)
+    q, k, v = _qkv(ndt, seed=1, spread=1.5)
+    kernel = rf.kernel(body, backend="interpret")
+    _one_fused_loop(kernel, q, k, v)
+    text = kernel.explain(q, k, v)
+    assert "rounding moved before normalization" in text and "NOT fused" not in text
+    assert ("is applied after the loop" in text) == (maker is not attention_a)
+    actual, expected = run_backend(backend, body, q, k, v)
+    s64 = q.astype(np.float64) @ k.astype(np.float64).T * SCALE
+    c = 2.0 if maker is scaled_b else 1.0
+    bound = c * _bound(s64, v, ndt, _reduction_roundings(maker, backend))
+    assert_close(actual[0], expected[0], np.float32, N, bound=bound)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_the_bound_catches_a_one_percent_error(dtype):
+    """The tolerance is the rounding bound, not a blanket: the fused result times 1.01 fails it."""
+    dt, ndt = DTYPES[dtype]
+    body = attention_b(dt)
+    q, k, v = _qkv(ndt, seed=2)
+    _one_fused_loop(rf.kernel(body, backend="interpret"), q, k, v)
+    actual, expected = run_backend("interpret", body, q, k, v)
+    s64 = q.astype(np.float64) @ k.astype(np.float64).T * SCALE
+    bound = _bound(s64, v, ndt)
+    assert_close(actual[0], expected[0], np.float32, N, bound=bound)
+    with pytest.raises(AssertionError, match="outside the tolerance"):
+        assert_close(actual[0] * np.float32(1.01) + np.float32(0.01), expected[0], np.float32, N, bound=bound)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 80])
+@pytest.mark.parametrize("maker", [attention_a, attention_b])
+def test_every_chunking_is_within_the_bound(maker, chunk):
+    """The loop rounds exp(s - m_t) with every running max the chunking meets."""
+    dt = rf.float16
+    q, k, v = _qkv(np.float16, seed=3, spread=2.0)
+    kernel = rf.kernel(maker(dt), backend="interpret", interpret_chunk=chunk)
+    _one_fused_loop(kernel, q, k, v)
+    with np.errstate(all="ignore"):
+        expected = maker(dt)(q, k, v)
+    s64 = q.astype(np.float64) @ k.astype(np.float64).T * SCALE
+    bound = _bound(s64, v, np.float16, _reduction_roundings(maker, "interpret", chunk))
+    assert_close(kernel(q, k, v), expected, np.float32, N, bound=bound)
+
+
+SPECIAL = np.array([0.0, 1.0, -1.0, 30.0, -30.0, np.inf, -np.inf, np.nan], np.float32)
+
+
+def _special_scores(seed: int):
+    rng = np.random.default_rng(seed)
+    s = rng.standard_normal((16, 12)).astype(np.float32)
+    pick = rng.random((16, 12)) < 0.3
+    s[pick] = rng.choice(SPECIAL, int(pick.sum()))
+    s[0] = -np.inf                      # a fully masked row: numpy's exp(-inf - -inf) is NaN
+    s[1, :6] = -np.inf                  # masked prefix, then finite scores
+    s[2, 7] = np.inf
+    s[3, 4] = np.nan
+    v = rng.standard_normal((12, 5)).astype(np.float16)
+    return s, v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("maker", [scores_a, scores_b])
+def test_masked_rows_nan_and_inf_are_numpys(backend, maker):
+    body = maker(rf.float16)
+    for seed in range(4):
+        s, v = _special_scores(seed)
+        _one_fused_loop(rf.kernel(body, backend="interpret"), s, v)
+        chunking = {"interpret_chunk": 4} if backend == "interpret" else {"block_n": 4}
+        actual, expected = run_backend(backend, body, s, v, **chunking)
+        assert np.isnan(expected[0][0]).all() and np.isnan(expected[0][2]).all() and np.isnan(expected[0][3]).all()
+        bound = _bound(s.astype(np.float64), v, np.float16)
+        assert_close(actual[0], expected[0], np.float32, 12, bound=bound)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_mask_fuses_and_is_within_the_bound(backend):
+    body = causal_b(rf.bfloat16)
+    rng = np.random.default_rng(4)
+    s = (2.0 * rng.standard_normal((ROWS, N))).astype(np.float32)
+    mask = np.tril(np.ones((ROWS, N), bool), k=N - ROWS)
+    mask[5] = False                     # a fully masked row: NaN, as numpy
+    v = rng.standard_normal((N, D)).astype(ml_dtypes.bfloat16)
+    kernel = rf.kernel(body, backend="interpret")
+    _one_fused_loop(kernel, s, mask, v)
+    actual, expected = run_backend(backend, body, s, mask, v)
+    assert np.isnan(expected[0][5]).all()
+    bound = _bound(np.where(mask, s, -np.inf).astype(np.float64), v, ml_dtypes.bfloat16)
+    assert_close(actual[0], expected[0], np.float32, N, bound=bound)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("maker", [attention_a, attention_b])
+def test_split_reduction_merges_the_rounded_states(backend, maker):
+    """Flash decoding: slices of the keys in separate programs, merged by the rescale rule."""
+    body = maker(rf.float16)
+    q, k, v = _qkv(np.float16, seed=5, spread=1.5)
+    q = q[:2]
+    _one_fused_loop(rf.kernel(body, backend="interpret"), q, k, v)
+    actual, expected = run_backend(backend, body, q, k, v, split=3, block_n=8)
+    s64 = q.astype(np.float64) @ k.astype(np.float64).T * SCALE
+    bound = _bound(s64, v, np.float16, _reduction_roundings(maker, backend) + 3)
+    assert_close(actual[0], expected[0], np.float32, N, bound=bound)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("body, why", [(unbounded_factor, "not bounded by f16's largest finite value"),
+                                       (other_max, "not the very body its running max reduces")])
+def test_unbounded_rounding_is_refused_and_correct(backend, body, why):
+    rng = np.random.default_rng(6)
+    s = rng.standard_normal((8, 20)).astype(np.float32)
+    x = (rng.standard_normal((8, 20)) * 3e4).astype(np.float32)
+    x[0, 0] = 1e6                       # x·exp(s - m_t) overflows f16 although x·p/l may not
+    v = rng.standard_normal((20, 4)).astype(np.float32)
+    kernel = rf.kernel(body, backend="interpret")
+    (g,) = kernel.lower(s, x, v).groups
+    assert why in g.reason and "overflow" in g.reason, g.reason
+    assert "NOT fused" in kernel.explain(s, x, v)
+    actual, expected = run_backend(backend, body, s, x, v)
+    with np.errstate(all="ignore"):
+        m = (x if body is other_max else s).astype(np.float64).max(-1, keepdims=True)
+        p = np.exp(s.astype(np.float64) - m)
+        terms = p / p.sum(-1, keepdims=True) * (x if body is unbounded_factor else 1.0)
+    v64 = np.abs(v.astype(np.float64))
+    bound = rounded_terms_bound(np.float16, np.abs(terms) @ v64, np.broadcast_to(v64.sum(0), (8, 4)), 20)
+    assert_close(actual[0], expected[0], np.float32, 20, bound=bound)
