@@ -269,3 +269,68 @@ def test_unbounded_rounding_is_refused_and_correct(backend, body, why):
     v64 = np.abs(v.astype(np.float64))
     bound = rounded_terms_bound(np.float16, np.abs(terms) @ v64, np.broadcast_to(v64.sum(0), (8, 4)), 20)
     assert_close(actual[0], expected[0], np.float32, 20, bound=bound)
+
+
+def where_inside_the_cast(s, mask, v):
+    """A where (condition on x only) inside the rounding: not taken apart yet, refused with a reason."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.where(mask, rf.exp(s - m), 0.0)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p.astype(rf.float16) @ v.astype(rf.float32)) / l
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_where_inside_the_cast_is_refused_and_correct(backend):
+    rng = np.random.default_rng(7)
+    s = rng.standard_normal((8, 20)).astype(np.float32)
+    mask = rng.random((8, 20)) < 0.7
+    v = rng.standard_normal((20, 4)).astype(np.float32)
+    (g,) = rf.kernel(where_inside_the_cast, backend="interpret").lower(s, mask, v).groups
+    assert "a where inside a narrowing cast is not taken apart" in g.reason and "matmul" not in g.fused_members
+    actual, expected = run_backend(backend, where_inside_the_cast, s, mask, v)
+    with np.errstate(all="ignore"):
+        p = np.where(mask, np.exp(s - s.max(-1, keepdims=True)), 0.0).astype(np.float64)
+        w = p / p.sum(-1, keepdims=True)
+    v64 = np.abs(v.astype(np.float64))
+    bound = rounded_terms_bound(np.float16, w @ v64, np.broadcast_to(v64.sum(0), (8, 4)), 20)
+    assert_close(actual[0], expected[0], np.float32, 20, bound=bound)
+
+
+def test_fp8_quantization_keeps_its_own_form():
+    """The per-token FP8 GEMM is still the quantization rule (a running absmax inside the cast, rescaled by
+    a_prev / a), not a moved rounding."""
+    from redfuser.workloads import WORKLOADS
+    args = WORKLOADS["fp8_quant_gemm"].make_inputs(np.random.default_rng(0))
+    kernel = rf.kernel(WORKLOADS["fp8_quant_gemm"].fn, backend="interpret")
+    (g,) = kernel.lower(*args).groups
+    assert g.fused and g.reason is None
+    text = kernel.explain(*args)
+    assert "rounding moved" not in text and "rescaled per chunk by a_prev[i0] / " in text
+
+
+def shifted_max(s, v):
+    """exp(s - m - 1): the exponent is the running max's body minus m plus a constant <= 0."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m - 1.0)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l).astype(rf.float16) @ v.astype(rf.float32)
+
+
+def running_min(s, v):
+    """exp(m - s) with m the running min of s: at most 1 as well."""
+    m = rf.min(s, axis=-1, keepdims=True)
+    p = rf.exp(m - s)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l).astype(rf.float16) @ v.astype(rf.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("body", [shifted_max, running_min])
+def test_other_exponents_bounded_by_a_running_extremum_fuse(backend, body):
+    rng = np.random.default_rng(8)
+    s = (2.0 * rng.standard_normal((ROWS, N))).astype(np.float32)
+    v = rng.standard_normal((N, D)).astype(np.float16)
+    _one_fused_loop(rf.kernel(body, backend="interpret"), s, v)
+    actual, expected = run_backend(backend, body, s, v)
+    sign = -1.0 if body is running_min else 1.0
+    assert_close(actual[0], expected[0], np.float32, N, bound=_bound(sign * s.astype(np.float64), v, np.float16))
