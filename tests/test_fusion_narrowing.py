@@ -128,10 +128,12 @@ def _one_fused_loop(kernel, *args) -> None:
     lowered = kernel.lower(*args)
     (g,) = lowered.groups
     assert g.fused and g.reason is None and g.fused_members == g.reductions, g.reason
-    text = str(lowered.program)
-    assert text.count("fused loop over") == 1 and "sum over j" in text.split("fused loop over")[1]
-    after = text.split("\n  ", 1)[1].split("fused loop over")[1].split("\n  ")[1:]
-    assert not any("sum over" in line for line in after if not line.startswith("  ")), text
+    lines = str(lowered.program).splitlines()
+    (start,) = [n for n, line in enumerate(lines) if "fused loop over" in line]
+    body = [line for line in lines[start + 1:] if line.startswith("    ")]          # the loop's states
+    after = [line for line in lines[start + 1:] if line.startswith("  ") and not line.startswith(("    ", "  #"))]
+    assert any("sum over j" in line for line in body), lines
+    assert not any("sum over" in line for line in after), lines
 
 
 def _reduction_roundings(body_maker, backend: str, chunk: int = 64) -> int:
@@ -160,17 +162,18 @@ def test_attention_with_a_narrowing_cast_fuses_and_is_within_the_bound(backend, 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_the_bound_catches_a_one_percent_error(dtype):
-    """The tolerance is the rounding bound, not a blanket: the fused result times 1.01 fails it."""
+    """The tolerance is the rounding bound, not a blanket: the fused result times 1.01 fails it (measured:
+    9.5 times over in f16, 1.4 times in bf16; a correct result uses at most half of it)."""
     dt, ndt = DTYPES[dtype]
     body = attention_b(dt)
-    q, k, v = _qkv(ndt, seed=2)
+    q, k, v = _qkv(ndt, seed=1, spread=1.5)
     _one_fused_loop(rf.kernel(body, backend="interpret"), q, k, v)
     actual, expected = run_backend("interpret", body, q, k, v)
     s64 = q.astype(np.float64) @ k.astype(np.float64).T * SCALE
     bound = _bound(s64, v, ndt)
     assert_close(actual[0], expected[0], np.float32, N, bound=bound)
     with pytest.raises(AssertionError, match="outside the tolerance"):
-        assert_close(actual[0] * np.float32(1.01) + np.float32(0.01), expected[0], np.float32, N, bound=bound)
+        assert_close(actual[0] * np.float32(1.01), expected[0], np.float32, N, bound=bound)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 80])
