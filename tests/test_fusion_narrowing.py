@@ -340,3 +340,51 @@ def test_other_exponents_bounded_by_a_running_extremum_fuse(backend, body):
     actual, expected = run_backend(backend, body, s, v)
     sign = -1.0 if body is running_min else 1.0
     assert_close(actual[0], expected[0], np.float32, N, bound=_bound(sign * s.astype(np.float64), v, np.float16))
+
+
+def e4m3_probabilities(s, v):
+    """Probabilities rounded to float8_e4m3fn (u = 2^-4, subnormals from 2^-9): the same rule and bound."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l).astype(rf.float8_e4m3fn).astype(rf.float32) @ v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_e4m3_probabilities_fuse_within_the_bound(backend):
+    rng = np.random.default_rng(9)
+    s = (2.0 * rng.standard_normal((16, 70))).astype(np.float32)
+    v = rng.standard_normal((70, 8)).astype(np.float32)
+    s[0] = -np.inf
+    s[1, 3] = np.nan
+    _one_fused_loop(rf.kernel(e4m3_probabilities, backend="interpret"), s, v)
+    actual, expected = run_backend(backend, e4m3_probabilities, s, v)
+    assert np.isnan(expected[0][:2]).all()
+    assert_close(actual[0], expected[0], np.float32, 70, bound=_bound(s.astype(np.float64), v, ml_dtypes.float8_e4m3fn))
+
+
+def bounded_factor(s, x, v):
+    """x·exp(s - m) rounded to bf16 with x loaded as f16: |x| <= 65504 fits bf16's range, so it fuses."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (x * p / l).astype(rf.bfloat16) @ v.astype(rf.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_factor_whose_type_fits_the_target_fuses(backend):
+    rng = np.random.default_rng(10)
+    s = rng.standard_normal((8, 20)).astype(np.float32)
+    x = (rng.standard_normal((8, 20)) * 3e4).astype(np.float16)
+    x[0, 0] = 65504.0
+    v = rng.standard_normal((20, 4)).astype(np.float32)
+    kernel = rf.kernel(bounded_factor, backend="interpret")
+    _one_fused_loop(kernel, s, x, v)
+    assert "rounding moved before normalization" in kernel.explain(s, x, v)
+    actual, expected = run_backend(backend, bounded_factor, s, x, v)
+    with np.errstate(all="ignore"):
+        p = np.exp(s.astype(np.float64) - s.max(-1, keepdims=True))
+        terms = p / p.sum(-1, keepdims=True) * x.astype(np.float64)
+    v64 = np.abs(v.astype(np.float64))
+    bound = rounded_terms_bound(ml_dtypes.bfloat16, np.abs(terms) @ v64, np.broadcast_to(v64.sum(0), (8, 4)), 20)
+    assert_close(actual[0], expected[0], np.float32, 20, bound=bound)
