@@ -183,7 +183,8 @@ def rounding_factor(dec: "Decomposition", online_atom: Expr) -> Expr | None:
 def moved_rounding_line(g_atom: Expr, online_atom: Expr, deferred: Expr | None) -> str:
     """`explain`'s line for a narrowing cast that joined the loop."""
     after = f"; {format_expr(deferred)} is applied after the loop" if deferred is not None else ""
-    return (f"rounding moved before normalization: G's cast {format_expr(g_atom)} is evaluated in the loop as "
+    moved = "before normalization" if deferred is not None else "before the running values are final"
+    return (f"rounding moved {moved}: G's cast {format_expr(g_atom)} is evaluated in the loop as "
             f"{format_expr(online_atom)}, with the running values of the earlier results, and the accumulator is "
             f"rescaled per chunk{after}. Exact algebra (the cast is transparent to it); both sides round each term "
             "once, within one bound (docs/fusion.md, \"Narrowing casts inside a cascade\")")
