@@ -170,7 +170,8 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         unseen = [_where_live(b, member, acc, b.unseen(acc)) for acc in dec.accumulators]
         direct = (len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
                   and unseen[0] is None)
-        if direct and dec.kind == "independent" and member.order_op in (ReduceOp.MAX, ReduceOp.MIN) and not member.is_topk:
+        extremum = member.order_op in (ReduceOp.MAX, ReduceOp.MIN) and not member.is_topk
+        if direct and dec.kind == "independent" and extremum:
             extrema.append(Extremum(name, member.axes, member.order_op, value))
         accs = []
         for n, acc in enumerate(dec.accumulators):

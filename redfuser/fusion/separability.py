@@ -133,6 +133,9 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
             n = split_narrowing(atom, p, ctx, name)
             if isinstance(n, str):
                 return Refusal(n, atom)
+            if dict(rounded).get(n.g_atom, n.online_atom) != n.online_atom:
+                return Refusal(f"in `{name}`, two casts round the same G(x) with different earlier results "
+                               f"({format_expr(atom)}); not fused", atom)
             g[n.g_atom] = g.get(n.g_atom, A.Power(0)) + p
             rounded.append((n.g_atom, n.online_atom))
             inner = inner + n.online
