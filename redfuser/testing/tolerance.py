@@ -60,6 +60,15 @@ What counts as a rounding:
 - a rounded argument of ``exp`` of magnitude ``|a|`` is amplified ``|a|`` times (``exp(a (1 + u)) =
   exp(a) (1 + |a| u)``): with unit-scale scores the count covers it, with scores of ~10 add ``|a|``.
 
+A rounding moved by fusion
+--------------------------
+A narrowing cast inside a fused cascade (``(p / l).astype(bf16) @ v``) rounds each term once on both
+sides, but different values: the loop rounds ``exp(s - m_t)`` with the running max and divides by ``l``
+afterwards. Their difference is bounded by the terms' magnitudes, not by the output's (a ``P·V`` that
+cancels is much smaller than ``Σ|p v|``): `rounded_terms_bound` gives ``2u·Σ|t w| + σ·Σ|w|`` per element,
+passed to `assert_close` as ``bound=`` on top of this rule (docs/fusion.md, "Narrowing casts inside a
+cascade", has the derivation and its measured margins).
+
 Which reference
 ---------------
 - **The float64 body, rounded once** (`wide_reference`): the tight check, and the only one for bf16
