@@ -279,28 +279,66 @@ def test_unbounded_rounding_is_refused_and_correct(backend, body, why):
 
 
 def where_inside_the_cast(s, mask, v):
-    """A where (condition on x only) inside the rounding: not taken apart yet, refused with a reason."""
+    """A where (condition on x only) inside the rounding: cast(where(c, a, b)) = where(c, cast(a), cast(b))."""
     m = rf.max(s, axis=-1, keepdims=True)
     p = rf.where(mask, rf.exp(s - m), 0.0)
     l = rf.sum(p, axis=-1, keepdims=True)
     return (p.astype(rf.float16) @ v.astype(rf.float32)) / l
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_where_inside_the_cast_is_refused_and_correct(backend):
-    rng = np.random.default_rng(7)
-    s = rng.standard_normal((8, 20)).astype(np.float32)
-    mask = rng.random((8, 20)) < 0.7
+def normalized_where_inside_the_cast(s, mask, v):
+    """1/l inside the where inside the cast: refused, as the where's rule refuses 1/l inside a where (numpy's
+    0/l is NaN where a row is fully masked, a factor taken out of the where would not be)."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.where(mask, rf.exp(s - m), 0.0)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l).astype(rf.float16) @ v.astype(rf.float32)
+
+
+def _masked_inputs(seed: int):
+    rng = np.random.default_rng(seed)
+    s = (2.0 * rng.standard_normal((10, 20))).astype(np.float32)
+    mask = rng.random((10, 20)) < 0.7
     v = rng.standard_normal((20, 4)).astype(np.float32)
-    (g,) = rf.kernel(where_inside_the_cast, backend="interpret").lower(s, mask, v).groups
-    assert "a where inside a narrowing cast is not taken apart" in g.reason and "matmul" not in g.fused_members
-    actual, expected = run_backend(backend, where_inside_the_cast, s, mask, v)
+    mask[1] = False                     # a fully masked row: l = 0, numpy's 0/0 = NaN
+    s[2] = -np.inf                      # only -inf scores: NaN
+    s[3, :6] = -np.inf                  # a masked prefix
+    s[4, 5] = np.nan
+    mask[5, 3:] = False
+    s[5, :3] = -np.inf                  # only -inf scores survive the mask: numpy gives 0/0 = NaN
+    return s, mask, v
+
+
+def _masked_bound(s, mask, v):
     with np.errstate(all="ignore"):
         p = np.where(mask, np.exp(s - s.max(-1, keepdims=True)), 0.0).astype(np.float64)
-        w = p / p.sum(-1, keepdims=True)
+        w = np.nan_to_num(p / p.sum(-1, keepdims=True))
     v64 = np.abs(v.astype(np.float64))
-    bound = rounded_terms_bound(np.float16, w @ v64, np.broadcast_to(v64.sum(0), (8, 4)), 20)
-    assert_close(actual[0], expected[0], np.float32, 20, bound=bound)
+    return rounded_terms_bound(np.float16, w @ v64, np.broadcast_to(v64.sum(0), w.shape[:1] + v64.shape[1:]), 20,
+                               roundings=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_where_inside_the_cast_fuses_and_keeps_numpys_nan_rows(backend):
+    for seed in range(3):
+        s, mask, v = _masked_inputs(seed)
+        kernel = rf.kernel(where_inside_the_cast, backend="interpret", interpret_chunk=4)
+        _one_fused_loop(kernel, s, mask, v)
+        text = kernel.explain(s, mask, v)
+        assert "H comes out of the where" in text and "rounding moved before the running values are final" in text
+        chunking = {"interpret_chunk": 4} if backend == "interpret" else {"block_n": 4}
+        actual, expected = run_backend(backend, where_inside_the_cast, s, mask, v, **chunking)
+        assert np.isnan(expected[0][[1, 2, 4, 5]]).all()
+        assert_close(actual[0], expected[0], np.float32, 20, bound=_masked_bound(s, mask, v))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_factor_inside_a_rounded_where_is_refused_and_correct(backend):
+    s, mask, v = _masked_inputs(4)
+    (g,) = rf.kernel(normalized_where_inside_the_cast, backend="interpret").lower(s, mask, v).groups
+    assert "the term where(mask[" in g.reason and "does not factor into where(c(x)" in g.reason, g.reason
+    actual, expected = run_backend(backend, normalized_where_inside_the_cast, s, mask, v)
+    assert_close(actual[0], expected[0], np.float32, 20, bound=_masked_bound(s, mask, v))
 
 
 def test_fp8_quantization_keeps_its_own_form():

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import ml_dtypes
 import numpy as np
 
-from ..ir import Axis, Cast, Const, DType, Expr, Load, ReduceOp, Select, Unary, UnaryOp, format_expr, walk
+from ..ir import Axis, Binary, BinaryOp, Cast, Const, DType, Expr, Load, ReduceOp, Select, Unary, UnaryOp, format_expr, walk
 from . import algebra as A
 from .build import product_expr
 from .substitute import value_at
@@ -102,6 +102,32 @@ def split_narrowing(atom: Cast, p: A.Power, ctx: "FusionContext", name: str) -> 
     g_atom = Cast(product_expr(A.Product(t.coeff, A.Monomial.of(g), x_lin), src), atom.dtype)
     online_atom = Cast(product_expr(A.Product(t.coeff, A.Monomial.of(g), x_lin + y_lin), src), atom.dtype)
     return NarrowedCast(g_atom, online_atom, y_lin.scale(float(p)), A.Monomial.of(deferred).power(p))
+
+
+def distribute_cast(atom: Cast, ctx: "FusionContext") -> Select | None:
+    """``cast(where(c, a, b)·h)`` as ``where(c, cast(a·h), cast(b·h))`` (exact: the where picks one value
+    and the cast rounds it), for a cast of one product holding one where whose condition reads no earlier
+    result, so that the where is taken apart like any other (`separability._x_select`) and each branch's
+    cast is split by `split_narrowing`. None for any other cast. A constant branch with nothing to
+    multiply (``where(mask, exp(s - m), 0)``) is rounded here, so that its 0 stays a 0."""
+    inner = A.normalize(atom.x, lambda e: False, lambda e: False)
+    if len(inner) != 1:
+        return None
+    t = inner[0]
+    wheres = [a for a, q in t.mono.factors if isinstance(a, Select) and q == 1 and ctx.kind(a) == "mixed"
+              and ctx.kind(a.cond) in ("x", "c")]
+    if len(wheres) != 1:
+        return None
+    (where,) = wheres
+    rest = A.Product(t.coeff, A.Monomial.of({a: q for a, q in t.mono.factors if a != where}), t.exponent)
+    src = atom.x.dtype
+
+    def branch(e: Expr) -> Expr:
+        if rest == A.Product() and isinstance(e, Const):
+            return Const(float(np.asarray(e.value, src.numpy).astype(atom.dtype.numpy)), atom.dtype)
+        return Cast(e if rest == A.Product() else Binary(BinaryOp.MUL, e, product_expr(rest, src), src), atom.dtype)
+
+    return Select(where.cond, branch(where.a), branch(where.b), atom.dtype)
 
 
 def _exp_bound(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext") -> str | None:
@@ -190,4 +216,4 @@ def moved_rounding_line(g_atom: Expr, online_atom: Expr, deferred: Expr | None) 
             "once, within one bound (docs/fusion.md, \"Narrowing casts inside a cascade\")")
 
 
-__all__ = ["Extremum", "NarrowedCast", "split_narrowing", "rescale_dtype", "rounding_factor", "moved_rounding_line"]
+__all__ = ["Extremum", "NarrowedCast", "distribute_cast", "split_narrowing", "rescale_dtype", "rounding_factor", "moved_rounding_line"]

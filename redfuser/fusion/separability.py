@@ -25,7 +25,7 @@ from ..ir.types import bool_
 from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
-from .narrowing import Extremum, rescale_dtype, split_narrowing
+from .narrowing import Extremum, distribute_cast, rescale_dtype, split_narrowing
 from .positivity import is_nonnegative, is_positive
 
 
@@ -119,13 +119,16 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
     live: Expr | None = None
     for atom, p in t.mono.factors:
         kind = ctx.kind(atom)
+        if kind == "mixed" and A.is_narrowing(atom) and _quantization(atom, ctx) is None:
+            atom = distribute_cast(atom, ctx) or atom   # cast(where(c(x), a, b)·h) = where(c, cast(a·h), cast(b·h))
         if kind == "mixed" and isinstance(atom, Select) and ctx.kind(atom.cond) in ("x", "c"):
             w = _x_select(atom, p, ctx, name)
             if isinstance(w, Refusal):
                 return w
-            g_atom, online_atom, branch_online, select_live = w
+            g_atom, online_atom, branch_online, select_live, branch_rounded = w
             g[g_atom] = g.get(g_atom, A.Power(0)) + p
             selects.append((g_atom, online_atom))
+            rounded.extend(branch_rounded)
             inner = inner + branch_online.scale(float(p))
             live = _both(BinaryOp.AND, live, select_live)
             continue
@@ -175,11 +178,12 @@ def _both(op: BinaryOp, a: Expr | None, b: Expr | None) -> Expr | None:
 
 
 def _x_select(atom: Select, p: A.Power, ctx: FusionContext,
-              name: str) -> tuple[Expr, Expr, A.Linear, Expr | None] | Refusal:
+              name: str) -> tuple[Expr, Expr, A.Linear, Expr | None, tuple] | Refusal:
     """For ``where(c(x), G1(x)·H(y), G2(x)·H(y))``, which is ``where(c(x), G1(x), G2(x))·H(y)`` exactly
     (a 0 branch goes with any H): the G atom ``where(c, G1, G2)``, the same where with H kept inside each
     branch (what the loop evaluates: ``where(c, exp(s - m), 0)``, never ``exp(s)`` alone), H's exponent,
-    and where the where takes a branch that is not 0 (None: both are not).
+    and where the where takes a branch that is not 0 (None: both are not), and the narrowing casts its
+    branches round (each evaluated with H's online part, as `_split` decides).
 
     H must be online (exponentials of running results): a factor applied after the loop, such as
     ``1/l``, would also multiply the elements the where set to 0, and the reference keeps those 0
@@ -196,7 +200,7 @@ def _x_select(atom: Select, p: A.Power, ctx: FusionContext,
             s = _split(t, ctx, name)
             if isinstance(s, Refusal):
                 return s
-            if s.powers.factors or s.selects or s.rounded:
+            if s.powers.factors or s.selects:
                 return Refusal(_mixed_reason(atom, name), atom)
             splits.append(s)
             keys.add((s.y_lin, s.deferred))
@@ -214,14 +218,15 @@ def _x_select(atom: Select, p: A.Power, ctx: FusionContext,
                        "outside the where", atom)
 
     def branch(splits: list[_Split], online: bool) -> Expr:
-        return _cast_like(sum_expr(tuple(_g_product(s, online) for s in splits), d), d)
+        parts = tuple(_term_product(s) if online else _g_product(s, False) for s in splits)
+        return _cast_like(sum_expr(parts, d), d)
 
     g_atom = Select(atom.cond, branch(branches[0], False), branch(branches[1], False), d)
     online_atom = Select(atom.cond, branch(branches[0], True), branch(branches[1], True), d)
     zero = [not splits for splits in branches]
     live = (None if not any(zero) else Const(False, bool_) if all(zero)
             else atom.cond if zero[1] else Unary(UnaryOp.NOT, atom.cond, bool_))
-    return g_atom, online_atom, y_lin, live
+    return g_atom, online_atom, y_lin, live, tuple(r for splits in branches for s in splits for r in s.rounded)
 
 
 def _cast_like(e: Expr, d: DType) -> Expr:
