@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 import ml_dtypes
 import numpy as np
 
-from ..ir import Axis, Binary, BinaryOp, Cast, Const, DType, Expr, Load, ReduceOp, Select, Unary, UnaryOp, format_expr, walk
+from ..ir import (Axis, Binary, BinaryOp, Cast, Const, DType, Expr, Load, ReduceOp, Select, Unary, UnaryOp,
+                  format_expr, walk)
 from . import algebra as A
 from .build import product_expr
 from .substitute import value_at
@@ -216,4 +217,5 @@ def moved_rounding_line(g_atom: Expr, online_atom: Expr, deferred: Expr | None) 
             "once, within one bound (docs/fusion.md, \"Narrowing casts inside a cascade\")")
 
 
-__all__ = ["Extremum", "NarrowedCast", "distribute_cast", "split_narrowing", "rescale_dtype", "rounding_factor", "moved_rounding_line"]
+__all__ = ["Extremum", "NarrowedCast", "distribute_cast", "split_narrowing", "rescale_dtype", "rounding_factor",
+           "moved_rounding_line"]

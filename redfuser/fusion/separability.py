@@ -12,7 +12,9 @@ cascade) or *c* (neither), and reads off the fusion theorem's pieces:
 - ``max``/``min``: ``F = G(x) * H(y)`` with the deferred part of ``H`` shown > 0
   (online ``exp`` factors are always > 0), or ``F = G(x) + H(y)``.
 
-Anything else is refused with the atom that mixes x and y and why.
+A narrowing cast of a separable term, ``cast(G(x)·H(y))``, joins with its rounding moved (H's online
+part evaluated inside it at its running value, the rest after the loop) where `narrowing.py` shows the
+rounded value bounded. Anything else is refused with the atom that mixes x and y and why.
 """
 from __future__ import annotations
 
