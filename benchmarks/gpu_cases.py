@@ -52,10 +52,14 @@ class Case:
         return sum(math.prod(s) * ITEMSIZE[d] for s, d in self.inputs)
 
 
-def _attention(name, workload, b, h, n, d, dtype, causal=False, nq=None, **options) -> Case:
+ATTENTION = ("attention", "causal_attention", "flash_attention_f16", "flash_attention_bf16")
+"""Workloads computing softmax attention (same peers, reference and torch program shape)."""
+
+
+def _attention(name, workload, b, h, n, d, dtype, causal=False, nq=None, peers=None, **options) -> Case:
     nq = n if nq is None else nq
     shapes = (((b, h, nq, d), dtype), ((b, h, n, d), dtype), ((b, h, n, d), dtype))
-    peers = ("sdpa", "torch", "triton", "torch.compile")
+    peers = peers or ("sdpa", "torch", "triton", "torch.compile")
     if nq == 1:   # decoding: bytes of q, k, v and the output
         return Case(name, workload, shapes, peers, "hbm", (2 * b * h * n * d + 2 * b * h * d) * ITEMSIZE[dtype])
     return Case(name, workload, shapes, peers, "bf16", 4 * b * h * nq * n * d / (2 if causal else 1), causal, options)
@@ -74,9 +78,13 @@ def cases(size: str = "full") -> list[Case]:
     rows = (64, 512) if tiny else (32768, 16384)
     tokens, experts = (256, 64) if tiny else (262144, 128)
     m, k, nn = (64, 128, 64) if tiny else (4096, 4096, 4096)
+    # The attention rows compared with SDPA are the bodies users write for f16 and bf16 (f32 statistics,
+    # the probabilities rounded for the GEMM, as FlashAttention does); the body written by numpy's rules
+    # (every intermediate in the input type, which the kernel computes in f32) is a row of its own.
     return [
-        _attention("attention", "attention", b, h, n, 64, "float16"),
-        _attention("attention", "attention", b, h, n, 128, "bfloat16"),
+        _attention("attention", "flash_attention_f16", b, h, n, 64, "float16"),
+        _attention("attention", "flash_attention_bf16", b, h, n, 128, "bfloat16"),
+        _attention("attention_numpy_rules", "attention", b, h, n, 64, "float16", peers=("sdpa",)),
         _attention("causal", "causal_attention", b, h, n, 128, "float16", causal=True, skip_masked=True),
         _attention("decode", "attention", *dec_bh, keys, 128, "float16", nq=1),
         _rows("softmax", "softmax", *rows, "float16"),
@@ -129,7 +137,16 @@ def host_arrays(tensors: tuple, torch) -> tuple[np.ndarray, ...]:
 
 def torch_program(workload: str, torch):
     """The workload's body written in torch ops, unfused, as a user would (the "torch" peer)."""
-    if workload in ("attention", "causal_attention"):
+    if workload in ("flash_attention_f16", "flash_attention_bf16"):
+        def flash(q, k, v):
+            s = (q.float() @ k.float().transpose(-1, -2)) * (1.0 / q.shape[-1] ** 0.5)
+            p = torch.exp(s - s.amax(-1, keepdim=True))
+            l = p.sum(-1, keepdim=True)
+            if workload == "flash_attention_f16":
+                return ((p.half() @ v) / l).half()
+            return ((p / l).bfloat16().float() @ v.float()).bfloat16()
+        return flash
+    if workload in ATTENTION:
         def attention(q, k, v):
             s = (q @ k.transpose(-1, -2)) * (1.0 / q.shape[-1] ** 0.5)
             if workload == "causal_attention":
@@ -164,7 +181,7 @@ def torch_program(workload: str, torch):
 
 def reference(case: Case, inputs: tuple, torch) -> tuple:
     """float64 reference outputs (attention by batch, to bound the memory of the scores)."""
-    if case.workload in ("attention", "causal_attention"):
+    if case.workload in ATTENTION:
         q, k, v = (t.double() for t in inputs)
         out = []
         for b in range(q.shape[0]):

@@ -6,7 +6,9 @@ against the peers a user would pick instead. One command, one table.
     python3 benchmarks/gpu_check.py --smoke-cpu  # where torch is installed: the whole script on the CPU,
                                                  # tiny shapes, the cpu backend (a test of the script itself)
 
-Cases: attention f16/bf16 ``[B,H,N,D]`` with D=64/128, causal, flash decoding (one query, N=32768),
+Cases: attention f16/bf16 ``[B,H,N,D]`` with D=64/128 written as users write it for those types
+(``redfuser.workloads.flash_attention_f16``/``_bf16``: f32 scores and statistics, probabilities rounded
+for the GEMM), the same attention written by numpy's rules (``attention_numpy_rules``, against SDPA), causal, flash decoding (one query, N=32768),
 softmax / log-softmax rows, MoE routing (softmax + top-2 + renormalize), per-token FP8 quantization
 + GEMM. Peers: ``torch.nn.functional.scaled_dot_product_attention``, the unfused torch program (the
 workload's body written in torch ops), ``torch.compile`` of it, a Triton kernel with a hand-written
@@ -40,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # triton_peers, gpu_c
 
 import redfuser as rf                                         # noqa: E402
 from redfuser import config                                   # noqa: E402
-from gpu_cases import Case, cases, check, make_inputs, reference, torch_program  # noqa: E402
+from gpu_cases import ATTENTION, Case, cases, check, make_inputs, reference, torch_program  # noqa: E402
 
 # Peaks the "% peak" column divides by, and where each number comes from.
 PEAKS = {
@@ -229,7 +231,7 @@ def peer(name: str, case: Case, dev: Device, hardware: dict):
             raise Skip(f"Triton is not installed ({type(exc).__name__}: {exc})") from None
         if case.name == "decode":
             return lambda q, k, v: triton_peers.decode(q, k, v, sm_count=hardware.get("sm_count") or 132)
-        if case.workload in ("attention", "causal_attention"):
+        if case.workload in ATTENTION:
             return lambda q, k, v: triton_peers.attention(q, k, v, causal=case.causal)
         return getattr(triton_peers, case.workload)
     if name == "scaled_mm":

@@ -231,7 +231,7 @@ def kernel_specs(case_name: str, dtype: str, head_d: int = 64, cols: int = 1024)
     """``(jit function, signature, constants, options)`` of each Triton kernel the peer of a
     ``gpu_cases`` case launches, specialized like the peer would be at run time."""
     ptr = TRITON_TYPES[dtype]
-    if case_name in ("attention", "causal"):
+    if case_name in ("attention", "attention_numpy_rules", "causal"):
         return [_attention_spec(ptr, head_d, case_name == "causal")]
     if case_name == "decode":
         return _decode_specs(ptr, head_d)

@@ -90,6 +90,27 @@ def fp8_quant_gemm(x, w, w_scale):
     return y * w_scale * (a / 448.0)
 
 
+def flash_attention_f16(q, k, v):
+    """Attention as an f16 FlashAttention kernel computes it, written as users write it: scores and softmax
+    statistics in f32, the probabilities rounded to f16 for the GEMM with V, one division by l at the end,
+    the output in f16. The cast fuses with the rounding moved (docs/fusion.md, "Narrowing casts")."""
+    s = q.astype(rf.float32) @ rf.swapaxes(k.astype(rf.float32), -1, -2) * (1.0 / q.shape[-1] ** 0.5)
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return ((p.astype(rf.float16) @ v) / l).astype(rf.float16)
+
+
+def flash_attention_bf16(q, k, v):
+    """The bf16 way: f32 scores and statistics, the normalized probabilities rounded to bf16 for the GEMM
+    (accumulated in f32), the output in bf16."""
+    s = q.astype(rf.float32) @ rf.swapaxes(k.astype(rf.float32), -1, -2) * (1.0 / q.shape[-1] ** 0.5)
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return ((p / l).astype(rf.bfloat16) @ v.astype(rf.float32)).astype(rf.bfloat16)
+
+
 @dataclass(frozen=True)
 class Workload:
     """A reference kernel and example inputs for it."""

@@ -45,7 +45,13 @@ def test_dry_run_compiles_every_case_and_writes_the_table_to_out(tmp_path, monke
 def test_every_case_names_work_peers_and_inputs():
     full = gpu_cases.cases("full")
     assert {c.workload for c in full} == {"attention", "causal_attention", "softmax", "log_softmax",
-                                          "moe_routing", "fp8_quant_gemm"}
+                                          "moe_routing", "fp8_quant_gemm", "flash_attention_f16",
+                                          "flash_attention_bf16"}
+    # SDPA is compared with the bodies users write for f16 and bf16; numpy's-rules attention is its own row
+    assert {(c.inputs[0][1], c.workload) for c in full if c.name == "attention"} == {
+        ("float16", "flash_attention_f16"), ("bfloat16", "flash_attention_bf16")}
+    numpy_rules = next(c for c in full if c.name == "attention_numpy_rules")
+    assert numpy_rules.workload == "attention" and numpy_rules.peers == ("sdpa",)
     decode = next(c for c in full if c.name == "decode")
     assert decode.inputs[0][0][2] == 1 and decode.inputs[1][0][2] == 32768 and decode.peak == "hbm"
     assert {c.inputs[0][0][-1] for c in full if c.name == "attention"} == {64, 128}

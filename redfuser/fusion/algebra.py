@@ -245,6 +245,7 @@ def is_widening(e: Cast) -> bool:
 # Float types by precision: each holds every value of a lower rank (bf16 and f16 share a rank and hold
 # each other's values only in part).
 _WIDER = {float8_e4m3fn: 1, bfloat16: 2, float16: 2, float32: 3, float64: 4}
+FLOAT_RANK = _WIDER
 
 
 def is_narrowing(e: Expr) -> bool:

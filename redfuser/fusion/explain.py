@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..ir import format_expr, format_stmt
 from .group import CascadeGroup
+from .narrowing import moved_rounding_line, rounding_factor
 from .separability import Decomposition, Refusal
 
 
@@ -19,6 +20,8 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
     for c in dec.conditions:
         lines.append(f"{pad}where({format_expr(c)}, G1·H, G2·H) = where({format_expr(c)}, G1, G2)·H: the condition "
                      "reads only the reduced values, not an earlier result, so H comes out of the where")
+    for g_atom, online_atom in dec.rounded:
+        lines.append(pad + moved_rounding_line(g_atom, online_atom, rounding_factor(dec, online_atom)))
     for n, (acc, factor) in enumerate(zip(dec.accumulators, dec.factors)):
         tag = f"term {n + 1}: " if len(dec.accumulators) > 1 else ""
         lines.append(f"{pad}{tag}G(x) = {format_expr(acc.G)}")

@@ -25,6 +25,7 @@ from ..ir import (
 )
 from ..ir.types import bool_
 from .member import Member
+from .narrowing import rescale_dtype
 from .nan_guard import read_safely, running_extrema
 from .positivity import is_positive
 from .separability import rescale_expr
@@ -57,7 +58,8 @@ class LoopBuilder:
         buf = Buffer(name, suggested.type)
         prev = Buffer(f"{name}_prev", suggested.type)
         self.names |= {name, prev.name}
-        rescale = rescale_expr(acc.online, lambda e: self.to_prev(self.running(e)), suggested.dtype,
+        rescale = rescale_expr(acc.online, lambda e: self.to_prev(self.running(e)),
+                               rescale_dtype(acc.online, acc.powers, suggested.dtype),
                                lambda e: self.safe(self.running(e)), acc.powers,
                                lambda e: self.safe_scale(self.running(e)))
         if member.is_topk:

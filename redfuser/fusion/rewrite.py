@@ -35,6 +35,7 @@ from .group import CascadeGroup
 from .inline import reads
 from .loop_builder import LoopBuilder
 from .member import Member
+from .narrowing import Extremum
 from .numeric_check import check
 from .positivity import is_positive
 from .algebra import Linear
@@ -133,6 +134,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
     refused: dict[str, str] = {}
     unfused: set[str] = set()      # every buffer a refused member writes (a top-k's indices too)
     notes: list[str] = []
+    extrema: list[Extremum] = []   # fused running max/min members read as they are (bounds narrowing casts)
     for member in cand.members:
         name = member.name
         value = rename_axes(member.value, {member.reduce_axis.name: axis})
@@ -148,7 +150,8 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         # values inside it: `running`), so they are never expanded into accumulator polynomials.
         earlier = {st.acc.name for st in b.states if isinstance(st, OnlineState)} | set(b.epilogue_values)
         ctx = FusionContext(axis.name, frozenset(earlier), frozenset(b.positive),
-                            maxima=frozenset(n for n, v in b.running_extrema().items() if v < 0))
+                            maxima=frozenset(n for n, v in b.running_extrema().items() if v < 0),
+                            extrema=tuple(extrema))
         dec = decompose(value, member.order_op, ctx, name)
         if isinstance(dec, Decomposition):
             failure = check(value, dec, ctx)
@@ -172,6 +175,9 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         unseen = [_where_live(b, member, acc, b.unseen(acc)) for acc in dec.accumulators]
         direct = (len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
                   and unseen[0] is None)
+        extremum = member.order_op in (ReduceOp.MAX, ReduceOp.MIN) and not member.is_topk
+        if direct and dec.kind == "independent" and extremum:
+            extrema.append(Extremum(name, member.axes, member.order_op, value))
         accs = []
         for n, acc in enumerate(dec.accumulators):
             if (acc.op is ReduceOp.SUM and not member.is_topk and not direct and not acc.online.terms

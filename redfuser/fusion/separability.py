@@ -12,7 +12,9 @@ cascade) or *c* (neither), and reads off the fusion theorem's pieces:
 - ``max``/``min``: ``F = G(x) * H(y)`` with the deferred part of ``H`` shown > 0
   (online ``exp`` factors are always > 0), or ``F = G(x) + H(y)``.
 
-Anything else is refused with the atom that mixes x and y and why.
+A narrowing cast of a separable term, ``cast(G(x)·H(y))``, joins with its rounding moved (H's online
+part evaluated inside it at its running value, the rest after the loop) where `narrowing.py` shows the
+rounded value bounded. Anything else is refused with the atom that mixes x and y and why.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ..ir.types import bool_
 from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
+from .narrowing import Extremum, distribute_cast, rescale_dtype, split_narrowing
 from .positivity import is_nonnegative, is_positive
 
 
@@ -37,6 +40,7 @@ class FusionContext:
     positive: frozenset[str]        # buffers known > 0
     locals: frozenset[str] = frozenset()  # per-chunk producers (read along the loop axis: x)
     maxima: frozenset[str] = frozenset()  # running-max states (a quantization may scale by them online)
+    extrema: tuple[Extremum, ...] = ()    # earlier running max/min members and their bodies (narrowing casts)
 
     def kind(self, e: Expr) -> str:
         """``x``, ``y``, ``c`` or ``mixed`` for one atom."""
@@ -80,6 +84,7 @@ class Decomposition:
     addend: Expr | None = None
     expanded: bool = False                   # distributing created several terms (may cancel numerically)
     conditions: tuple[Expr, ...] = ()        # conditions of wheres taken apart as where(c(x), G1, G2)·H(y)
+    rounded: tuple[tuple[Expr, Expr], ...] = ()  # narrowing casts: (G's cast, the cast the loop evaluates)
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,7 @@ class _Split:
     selects: tuple[tuple[Expr, Expr], ...] = ()   # x-conditioned wheres: (G atom in `g`, its form with H online)
     inner: A.Linear = A.Linear()                  # the part of `y_lin` evaluated inside those wheres
     live: Expr | None = None                      # true where none of them takes a 0 branch (None: always)
+    rounded: tuple[tuple[Expr, Expr], ...] = ()   # narrowing casts: (G atom in `g`, its form with H online)
 
 
 def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
@@ -110,19 +116,36 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
     powers = A.Monomial()
     quantized: list[Expr] = []
     selects: list[tuple[Expr, Expr]] = []
+    rounded: list[tuple[Expr, Expr]] = []
     inner = A.Linear()
     live: Expr | None = None
     for atom, p in t.mono.factors:
         kind = ctx.kind(atom)
+        if kind == "mixed" and A.is_narrowing(atom) and _quantization(atom, ctx) is None:
+            atom = distribute_cast(atom, ctx) or atom   # cast(where(c(x), a, b)·h) = where(c, cast(a·h), cast(b·h))
         if kind == "mixed" and isinstance(atom, Select) and ctx.kind(atom.cond) in ("x", "c"):
             w = _x_select(atom, p, ctx, name)
             if isinstance(w, Refusal):
                 return w
-            g_atom, online_atom, branch_online, select_live = w
+            g_atom, online_atom, branch_online, select_live, branch_rounded = w
             g[g_atom] = g.get(g_atom, A.Power(0)) + p
             selects.append((g_atom, online_atom))
+            rounded.extend(branch_rounded)
             inner = inner + branch_online.scale(float(p))
             live = _both(BinaryOp.AND, live, select_live)
+            continue
+        if kind == "mixed" and _quantization(atom, ctx) is None and A.is_narrowing(atom):
+            n = split_narrowing(atom, p, ctx, name)
+            if isinstance(n, str):
+                return Refusal(n, atom)
+            if dict(rounded).get(n.g_atom, n.online_atom) != n.online_atom:
+                return Refusal(f"in `{name}`, two casts round the same G(x) with different earlier results "
+                               f"({format_expr(atom)}); not fused", atom)
+            g[n.g_atom] = g.get(n.g_atom, A.Power(0)) + p
+            rounded.append((n.g_atom, n.online_atom))
+            inner = inner + n.online
+            for a, q in n.deferred.factors:
+                deferred[a] = deferred.get(a, A.Power(0)) + q
             continue
         if kind == "mixed":
             q = _quantization(atom, ctx)
@@ -131,7 +154,8 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
             powers = powers * q.power(p)
             quantized.append(atom)
             kind = "x"
-        (deferred if kind == "y" else g)[atom] = p
+        target = deferred if kind == "y" else g
+        target[atom] = target.get(atom, A.Power(0)) + p
     x_terms: dict = {}
     y_terms: dict = {}
     for mono, c in t.exponent.terms:
@@ -143,7 +167,7 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
         (y_terms if "y" in kinds else x_terms)[mono] = c
     return _Split(t.coeff, A.Monomial.of(g), A.Linear.of(x_terms, t.exponent.constant),
                   A.Linear.of(y_terms) + inner, A.Monomial.of(deferred), powers, tuple(quantized), tuple(selects),
-                  inner, live)
+                  inner, live, tuple(rounded))
 
 
 def _both(op: BinaryOp, a: Expr | None, b: Expr | None) -> Expr | None:
@@ -156,11 +180,12 @@ def _both(op: BinaryOp, a: Expr | None, b: Expr | None) -> Expr | None:
 
 
 def _x_select(atom: Select, p: A.Power, ctx: FusionContext,
-              name: str) -> tuple[Expr, Expr, A.Linear, Expr | None] | Refusal:
+              name: str) -> tuple[Expr, Expr, A.Linear, Expr | None, tuple] | Refusal:
     """For ``where(c(x), G1(x)·H(y), G2(x)·H(y))``, which is ``where(c(x), G1(x), G2(x))·H(y)`` exactly
     (a 0 branch goes with any H): the G atom ``where(c, G1, G2)``, the same where with H kept inside each
     branch (what the loop evaluates: ``where(c, exp(s - m), 0)``, never ``exp(s)`` alone), H's exponent,
-    and where the where takes a branch that is not 0 (None: both are not).
+    and where the where takes a branch that is not 0 (None: both are not), and the narrowing casts its
+    branches round (each evaluated with H's online part, as `_split` decides).
 
     H must be online (exponentials of running results): a factor applied after the loop, such as
     ``1/l``, would also multiply the elements the where set to 0, and the reference keeps those 0
@@ -195,14 +220,15 @@ def _x_select(atom: Select, p: A.Power, ctx: FusionContext,
                        "outside the where", atom)
 
     def branch(splits: list[_Split], online: bool) -> Expr:
-        return _cast_like(sum_expr(tuple(_g_product(s, online) for s in splits), d), d)
+        parts = tuple(_term_product(s) if online else _g_product(s, False) for s in splits)
+        return _cast_like(sum_expr(parts, d), d)
 
     g_atom = Select(atom.cond, branch(branches[0], False), branch(branches[1], False), d)
     online_atom = Select(atom.cond, branch(branches[0], True), branch(branches[1], True), d)
     zero = [not splits for splits in branches]
     live = (None if not any(zero) else Const(False, bool_) if all(zero)
             else atom.cond if zero[1] else Unary(UnaryOp.NOT, atom.cond, bool_))
-    return g_atom, online_atom, y_lin, live
+    return g_atom, online_atom, y_lin, live, tuple(r for splits in branches for s in splits for r in s.rounded)
 
 
 def _cast_like(e: Expr, d: DType) -> Expr:
@@ -269,7 +295,10 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
                        "take such a where apart", atom)
     out = _sum_terms(splits, d) if op is ReduceOp.SUM else _max_min(splits, op, d, ctx, name)
     conditions = tuple(dict.fromkeys(a.cond for s in splits for a, _ in s.selects))
-    return replace(out, conditions=conditions) if conditions and isinstance(out, Decomposition) else out
+    rounded = tuple(dict.fromkeys(r for s in splits for r in s.rounded))
+    if isinstance(out, Decomposition) and (conditions or rounded):
+        out = replace(out, conditions=conditions, rounded=rounded)
+    return out
 
 
 def _acc(op: ReduceOp, term: Expr, s: _Split, g: Expr, d: DType) -> Accumulator:
@@ -282,15 +311,15 @@ def _g_product(s: _Split, with_online: bool) -> A.Product:
 
 def _term_product(s: _Split) -> A.Product:
     """What the loop accumulates for `s`: G with the online part of H, inside each x-conditioned where."""
-    if not s.selects:
+    if not s.selects and not s.rounded:
         return _g_product(s, True)
-    online = dict(s.selects)
+    online = dict(s.selects) | dict(s.rounded)
     mono = A.Monomial(tuple((online.get(a, a), p) for a, p in s.g.factors))
     return A.Product(s.coeff, mono, s.x_lin + s.y_lin + s.inner.scale(-1.0))
 
 
 def _h_expr(s: _Split, d: DType) -> Expr:
-    return product_expr(A.Product(1.0, s.deferred * s.powers, s.y_lin), d)
+    return product_expr(A.Product(1.0, s.deferred * s.powers, s.y_lin), rescale_dtype(s.y_lin, s.powers, d))
 
 
 def _sum_terms(splits: list[_Split], d: DType) -> Decomposition:

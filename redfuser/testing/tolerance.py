@@ -60,6 +60,15 @@ What counts as a rounding:
 - a rounded argument of ``exp`` of magnitude ``|a|`` is amplified ``|a|`` times (``exp(a (1 + u)) =
   exp(a) (1 + |a| u)``): with unit-scale scores the count covers it, with scores of ~10 add ``|a|``.
 
+A rounding moved by fusion
+--------------------------
+A narrowing cast inside a fused cascade (``(p / l).astype(bf16) @ v``) rounds each term once on both
+sides, but different values: the loop rounds ``exp(s - m_t)`` with the running max and divides by ``l``
+afterwards. Their difference is bounded by the terms' magnitudes, not by the output's (a ``P·V`` that
+cancels is much smaller than ``Σ|p v|``): `rounded_terms_bound` gives ``2u·Σ|t w| + σ·Σ|w|`` per element,
+passed to `assert_close` as ``bound=`` on top of this rule (docs/fusion.md, "Narrowing casts inside a
+cascade", has the derivation and its measured margins).
+
 Which reference
 ---------------
 - **The float64 body, rounded once** (`wide_reference`): the tight check, and the only one for bf16
@@ -224,6 +233,27 @@ def tolerance(dtype: object, reduction_length: int, magnitude: float = 1.0, *,
     return rtol, atol
 
 
+def rounded_terms_bound(cast_dtype: object, magnitude: np.ndarray, weight: np.ndarray, reduction_length: int,
+                        *, roundings: int = 0) -> np.ndarray:
+    """Per output element, how far two evaluations of ``Σ_k cast(t_k)·w_k`` may differ when each rounds
+    every term to `cast_dtype` once, but at a different point (docs/fusion.md, "Narrowing casts inside a
+    cascade": the fused loop rounds ``t_k`` scaled by a running value and rescales afterwards).
+
+    Each side's rounding of term ``k`` is at most ``u |t_k w_k| + σ/2 |w_k|`` from the exact term (``u``
+    the cast's unit roundoff, ``σ`` its smallest subnormal; a scale ``<= 1`` applied after the rounding
+    keeps both parts), so the two differ by at most ``2u S + σ W`` with ``S = Σ_k |t_k w_k|``
+    (`magnitude`, float64) and ``W = Σ_k |w_k|`` (`weight`). Added: the f32 arithmetic both share on
+    ``S`` (``r32 S``, as in `tolerance`) and `roundings` further roundings to `cast_dtype` of values
+    bounded by ``S`` (an accumulator or matmul result stored in that type: ``roundings · u · S``).
+    Pass it to `assert_close` as ``bound=``, on top of the output type's own tolerance.
+    """
+    d = _numpy_dtype(cast_dtype)
+    finfo = ml_dtypes.finfo(d)
+    u, sigma = float(finfo.eps) / 2, float(finfo.smallest_subnormal)
+    r32 = C * _EPS32 * (1.0 + math.log2(max(int(reduction_length), 1)))
+    return (2 + roundings) * u * _as_f64(magnitude) + r32 * _as_f64(magnitude) + sigma * _as_f64(weight)
+
+
 def wide_reference(body: Callable, *args: object) -> object:
     """The numpy body evaluated in float64: floating array arguments widened to float64, each output
     rounded once to the dtype the body gives on the original arguments (returned like the body's own).
@@ -267,7 +297,7 @@ def _where(mask: np.ndarray, limit: int = 5) -> str:
 
 def assert_close(actual: object, expected: object, dtype: object, reduction_length: int,
                  err_msg: str = "", *, scale: float | None = None, any_nonfinite: bool = False,
-                 roundings: int | None = None) -> None:
+                 roundings: int | None = None, bound: np.ndarray | None = None) -> None:
     """Assert `actual` equals the reference `expected` under the tolerance rule of this module.
 
     Checks, in order: same shape and dtype; NaN exactly where `expected` has NaN;
@@ -279,6 +309,8 @@ def assert_close(actual: object, expected: object, dtype: object, reduction_leng
     `dtype` is the output's dtype, or a narrower one the reference rounded the output's inputs to on the
     way (a bf16 program whose matmul gives f32). `roundings` counts the roundings to an f16/bf16/e4m3
     `dtype` on the way to the output (module docstring); float32 and wider ignore it.
+
+    `bound`: a per-element error the caller derived and may add on top (`rounded_terms_bound`).
 
     `any_nonfinite`: where both are non-finite, any NaN or infinity matches any other. For random
     programs fed infinities: where an infinity meets a value the tolerance lets round differently -- a
@@ -321,7 +353,10 @@ def assert_close(actual: object, expected: object, dtype: object, reduction_leng
     rtol, atol = tolerance(dtype, reduction_length, magnitude, roundings=roundings)
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite positions were checked above
         err = np.where(finite & np.isfinite(a), np.abs(a - e), np.where(finite, np.inf, 0.0))
-    bad = err > atol + rtol * np.abs(np.where(finite, e, 0.0))
+    allowed = atol + rtol * np.abs(np.where(finite, e, 0.0))
+    if bound is not None:
+        allowed = allowed + np.where(finite, np.broadcast_to(_as_f64(bound), e.shape), 0.0)
+    bad = err > allowed
     if bad.any():
         worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape))
         raise AssertionError(

@@ -1,0 +1,429 @@
+"""Narrowing casts inside a cascade: FlashAttention's own numerics.
+
+``(p.astype(f16) @ v) / l`` and ``(p / l).astype(bf16) @ v`` with ``p = exp(s - m)`` fuse into one pass:
+the loop rounds ``exp(s - m_t)`` with the running max, rescales its accumulator per chunk and applies
+``1/l`` after the loop ("rounding moved before normalization"). Both programs round every term once, so
+both are within `rounded_terms_bound` of the exact sum; NaN and infinity positions are numpy's exactly.
+A cast whose rounded value the program cannot bound (it could overflow in the loop where the reference
+does not) is refused with a reason and runs unfused, still correct.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import run_backend
+
+import redfuser as rf
+from redfuser.testing.tolerance import assert_close, rounded_terms_bound
+
+BACKENDS = ("interpret", "cpu", "simulate")
+DTYPES = {"f16": (rf.float16, np.float16), "bf16": (rf.bfloat16, ml_dtypes.bfloat16)}
+ROWS, N, D, HEAD = 24, 80, 16, 16
+SCALE = 0.25                       # 1/sqrt(HEAD): exact in every type
+
+
+def attention_a(dt):
+    """The f16 way (FlashAttention's kernel): round P, multiply, divide by l at the end."""
+    def body(q, k, v):
+        s = q.astype(rf.float32) @ k.astype(rf.float32).T * SCALE
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p.astype(dt) @ v) / l
+    return body
+
+
+def attention_b(dt):
+    """The bf16 way: normalize, round the probabilities, multiply."""
+    def body(q, k, v):
+        s = q.astype(rf.float32) @ k.astype(rf.float32).T * SCALE
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p / l).astype(dt) @ v.astype(rf.float32)
+    return body
+
+
+def scaled_b(dt):
+    """A constant factor inside the cast: |2·exp(s - m_t)| <= 2 is still bounded."""
+    def body(q, k, v):
+        s = q.astype(rf.float32) @ k.astype(rf.float32).T * SCALE
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p * 2.0 / l).astype(dt) @ v.astype(rf.float32)
+    return body
+
+
+def scores_a(dt):
+    """Scores given directly (special values, masks)."""
+    def body(s, v):
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p.astype(dt) @ v.astype(rf.float32)) / l
+    return body
+
+
+def scores_b(dt):
+    def body(s, v):
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p / l).astype(dt) @ v.astype(rf.float32)
+    return body
+
+
+def causal_b(dt):
+    """A causal mask written as -inf scores before the max."""
+    def body(s, mask, v):
+        s = rf.where(mask, s, -np.inf)
+        m = rf.max(s, axis=-1, keepdims=True)
+        p = rf.exp(s - m)
+        l = rf.sum(p, axis=-1, keepdims=True)
+        return (p / l).astype(dt) @ v.astype(rf.float32)
+    return body
+
+
+def unbounded_factor(s, x, v):
+    """x·exp(s - m) rounded to f16: x is any f32, so the loop's value (1/l not yet applied) can overflow."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (x * p / l).astype(rf.float16) @ v.astype(rf.float32)
+
+
+def other_max(s, x, v):
+    """exp(s - max(x)): not bounded by 1, since m is not the running max of s."""
+    m = rf.max(x, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l).astype(rf.float16) @ v.astype(rf.float32)
+
+
+def _qkv(dtype, seed: int = 0, spread: float = 1.0):
+    rng = np.random.default_rng(seed)
+    q = (spread * rng.standard_normal((ROWS, HEAD))).astype(dtype)
+    k = (spread * rng.standard_normal((N, HEAD))).astype(dtype)
+    v = rng.standard_normal((N, D)).astype(dtype)
+    return q, k, v
+
+
+def _bound(s64: np.ndarray, v: np.ndarray, cast_dtype, roundings: int = 0) -> np.ndarray:
+    """`rounded_terms_bound` for ``Σ_k cast(p_k / l)·v_k`` (either form: 1/l <= 1 is applied after the
+    rounding in one of them, which keeps the bound), from the float64 scores."""
+    v64 = np.asarray(v).astype(np.float64)
+    with np.errstate(all="ignore"):
+        m = s64.max(-1, keepdims=True)
+        p = np.exp(s64 - m)
+        w = p / p.sum(-1, keepdims=True)
+    magnitude = np.nan_to_num(w, nan=0.0) @ np.abs(v64)
+    weight = np.broadcast_to(np.abs(v64).sum(0), magnitude.shape)
+    return rounded_terms_bound(cast_dtype, magnitude, weight, s64.shape[-1], roundings=roundings)
+
+
+def _one_fused_loop(kernel, *args) -> None:
+    """Every reduction of the cascade, the GEMM included, in one pass: one loop and no reduction after it."""
+    lowered = kernel.lower(*args)
+    (g,) = lowered.groups
+    assert g.fused and g.reason is None and g.fused_members == g.reductions, g.reason
+    lines = str(lowered.program).splitlines()
+    (start,) = [n for n, line in enumerate(lines) if "fused loop over" in line]
+    body = [line for line in lines[start + 1:] if line.startswith("    ")]          # the loop's states
+    after = [line for line in lines[start + 1:] if line.startswith("  ") and not line.startswith(("    ", "  #"))]
+    assert any("sum over j" in line for line in body), lines
+    assert not any("sum over" in line for line in after), lines
+
+
+def _reduction_roundings(body_maker, backend: str, dtype: str = "f16", chunk: int = 64) -> int:
+    """A's f16 matmul result: rounded once by numpy, and by the interpreter once per chunk it adds (a bf16
+    matmul gives f32 in numpy: nothing to count)."""
+    if body_maker is not attention_a or dtype != "f16":
+        return 0
+    return 1 + (-(-N // chunk) if backend == "interpret" else 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("maker", [attention_a, attention_b, scaled_b])
+def test_attention_with_a_narrowing_cast_fuses_and_is_within_the_bound(backend, dtype, maker):
+    dt, ndt = DTYPES[dtype]
+    body = maker(dt)
+    q, k, v = _qkv(ndt, seed=1, spread=1.5)
+    kernel = rf.kernel(body, backend="interpret")
+    _one_fused_loop(kernel, q, k, v)
+    text = kernel.explain(q, k, v)
+    moved = "before the running values are final" if maker is attention_a else "before normalization"
+    assert f"rounding moved {moved}: G's cast" in text and "NOT fused" not in text
+    assert ("is applied after the loop" in text) == (maker is not attention_a)
+    actual, expected = run_backend(backend, body, q, k, v)
+    s64 = q.astype(np.float64) @ k.astype(np.float64).T * SCALE
+    c = 2.0 if maker is scaled_b else 1.0
+    bound = c * _bound(s64, v, ndt, _reduction_roundings(maker, backend, dtype))
+    assert_close(actual[0], expected[0], np.float32, N, bound=bound)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_the_bound_catches_a_one_percent_error(dtype):
+    """The tolerance is the rounding bound, not a blanket: the fused result times 1.01 fails it (measured:
+    9.5 times over in f16, 1.4 times in bf16; a correct result uses at most half of it)."""
+    dt, ndt = DTYPES[dtype]
+    body = attention_b(dt)
+    q, k, v = _qkv(ndt, seed=1, spread=1.5)
+    _one_fused_loop(rf.kernel(body, backend="interpret"), q, k, v)
+    actual, expected = run_backend("interpret", body, q, k, v)
+    s64 = q.astype(np.float64) @ k.astype(np.float64).T * SCALE
+    bound = _bound(s64, v, ndt)
+    assert_close(actual[0], expected[0], np.float32, N, bound=bound)
+    with pytest.raises(AssertionError, match="outside the tolerance"):
+        assert_close(actual[0] * np.float32(1.01), expected[0], np.float32, N, bound=bound)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 80])
+@pytest.mark.parametrize("maker", [attention_a, attention_b])
+def test_every_chunking_is_within_the_bound(maker, chunk):
+    """The loop rounds exp(s - m_t) with every running max the chunking meets."""
+    dt = rf.float16
+    q, k, v = _qkv(np.float16, seed=3, spread=2.0)
+    kernel = rf.kernel(maker(dt), backend="interpret", interpret_chunk=chunk)
+    _one_fused_loop(kernel, q, k, v)
+    with np.errstate(all="ignore"):
+        expected = maker(dt)(q, k, v)
+    s64 = q.astype(np.float64) @ k.astype(np.float64).T * SCALE
+    bound = _bound(s64, v, np.float16, _reduction_roundings(maker, "interpret", "f16", chunk))
+    assert_close(kernel(q, k, v), expected, np.float32, N, bound=bound)
+
+
+SPECIAL = np.array([0.0, 1.0, -1.0, 30.0, -30.0, np.inf, -np.inf, np.nan], np.float32)
+
+
+def _special_scores(seed: int):
+    rng = np.random.default_rng(seed)
+    s = rng.standard_normal((16, 12)).astype(np.float32)
+    pick = rng.random((16, 12)) < 0.3
+    s[pick] = rng.choice(SPECIAL, int(pick.sum()))
+    s[0] = -np.inf                      # a fully masked row: numpy's exp(-inf - -inf) is NaN
+    s[1, :6] = -np.inf                  # masked prefix, then finite scores
+    s[2, 7] = np.inf
+    s[3, 4] = np.nan
+    v = rng.standard_normal((12, 5)).astype(np.float16)
+    return s, v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("maker", [scores_a, scores_b])
+def test_masked_rows_nan_and_inf_are_numpys(backend, maker):
+    body = maker(rf.float16)
+    for seed in range(4):
+        s, v = _special_scores(seed)
+        _one_fused_loop(rf.kernel(body, backend="interpret"), s, v)
+        chunking = {"interpret_chunk": 4} if backend == "interpret" else {"block_n": 4}
+        actual, expected = run_backend(backend, body, s, v, **chunking)
+        assert np.isnan(expected[0][0]).all() and np.isnan(expected[0][2]).all() and np.isnan(expected[0][3]).all()
+        bound = _bound(s.astype(np.float64), v, np.float16)
+        assert_close(actual[0], expected[0], np.float32, 12, bound=bound)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_mask_fuses_and_is_within_the_bound(backend):
+    body = causal_b(rf.bfloat16)
+    rng = np.random.default_rng(4)
+    s = (2.0 * rng.standard_normal((ROWS, N))).astype(np.float32)
+    mask = np.tril(np.ones((ROWS, N), bool), k=N - ROWS)
+    mask[5] = False                     # a fully masked row: NaN, as numpy
+    v = rng.standard_normal((N, D)).astype(ml_dtypes.bfloat16)
+    kernel = rf.kernel(body, backend="interpret")
+    _one_fused_loop(kernel, s, mask, v)
+    actual, expected = run_backend(backend, body, s, mask, v)
+    assert np.isnan(expected[0][5]).all()
+    bound = _bound(np.where(mask, s, -np.inf).astype(np.float64), v, ml_dtypes.bfloat16)
+    assert_close(actual[0], expected[0], np.float32, N, bound=bound)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("maker", [attention_a, attention_b])
+def test_split_reduction_merges_the_rounded_states(backend, maker):
+    """Flash decoding: slices of the keys in separate programs, merged by the rescale rule."""
+    body = maker(rf.float16)
+    q, k, v = _qkv(np.float16, seed=5, spread=1.5)
+    q = q[:2]
+    _one_fused_loop(rf.kernel(body, backend="interpret"), q, k, v)
+    actual, expected = run_backend(backend, body, q, k, v, split=3, block_n=8)
+    s64 = q.astype(np.float64) @ k.astype(np.float64).T * SCALE
+    bound = _bound(s64, v, np.float16, _reduction_roundings(maker, backend))
+    assert_close(actual[0], expected[0], np.float32, N, bound=bound)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("body, why", [(unbounded_factor, "not bounded by f16's largest finite value"),
+                                       (other_max, "not the very body its running max reduces")])
+def test_unbounded_rounding_is_refused_and_correct(backend, body, why):
+    rng = np.random.default_rng(6)
+    s = rng.standard_normal((8, 20)).astype(np.float32)
+    x = (rng.standard_normal((8, 20)) * 3e4).astype(np.float32)
+    x[0, 0] = 1e6                       # x·exp(s - m_t) overflows f16 although x·p/l may not
+    v = rng.standard_normal((20, 4)).astype(np.float32)
+    kernel = rf.kernel(body, backend="interpret")
+    (g,) = kernel.lower(s, x, v).groups
+    assert why in g.reason and "overflow" in g.reason, g.reason
+    assert "NOT fused" in kernel.explain(s, x, v)
+    actual, expected = run_backend(backend, body, s, x, v)
+    with np.errstate(all="ignore"):
+        m = (x if body is other_max else s).astype(np.float64).max(-1, keepdims=True)
+        p = np.exp(s.astype(np.float64) - m)
+        terms = p / p.sum(-1, keepdims=True) * (x if body is unbounded_factor else 1.0)
+    v64 = np.abs(v.astype(np.float64))
+    bound = rounded_terms_bound(np.float16, np.abs(terms) @ v64, np.broadcast_to(v64.sum(0), (8, 4)), 20)
+    assert_close(actual[0], expected[0], np.float32, 20, bound=bound)
+
+
+def where_inside_the_cast(s, mask, v):
+    """A where (condition on x only) inside the rounding: cast(where(c, a, b)) = where(c, cast(a), cast(b))."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.where(mask, rf.exp(s - m), 0.0)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p.astype(rf.float16) @ v.astype(rf.float32)) / l
+
+
+def normalized_where_inside_the_cast(s, mask, v):
+    """1/l inside the where inside the cast: refused, as the where's rule refuses 1/l inside a where (numpy's
+    0/l is NaN where a row is fully masked, a factor taken out of the where would not be)."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.where(mask, rf.exp(s - m), 0.0)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l).astype(rf.float16) @ v.astype(rf.float32)
+
+
+def _masked_inputs(seed: int):
+    rng = np.random.default_rng(seed)
+    s = (2.0 * rng.standard_normal((10, 20))).astype(np.float32)
+    mask = rng.random((10, 20)) < 0.7
+    v = rng.standard_normal((20, 4)).astype(np.float32)
+    mask[1] = False                     # a fully masked row: l = 0, numpy's 0/0 = NaN
+    s[2] = -np.inf                      # only -inf scores: NaN
+    s[3, :6] = -np.inf                  # a masked prefix
+    s[4, 5] = np.nan
+    mask[5, 3:] = False
+    s[5, :3] = -np.inf                  # only -inf scores survive the mask: numpy gives 0/0 = NaN
+    return s, mask, v
+
+
+def _masked_bound(s, mask, v):
+    with np.errstate(all="ignore"):
+        p = np.where(mask, np.exp(s - s.max(-1, keepdims=True)), 0.0).astype(np.float64)
+        w = np.nan_to_num(p / p.sum(-1, keepdims=True))
+    v64 = np.abs(v.astype(np.float64))
+    return rounded_terms_bound(np.float16, w @ v64, np.broadcast_to(v64.sum(0), w.shape[:1] + v64.shape[1:]), 20,
+                               roundings=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_where_inside_the_cast_fuses_and_keeps_numpys_nan_rows(backend):
+    for seed in range(3):
+        s, mask, v = _masked_inputs(seed)
+        kernel = rf.kernel(where_inside_the_cast, backend="interpret", interpret_chunk=4)
+        _one_fused_loop(kernel, s, mask, v)
+        text = kernel.explain(s, mask, v)
+        assert "H comes out of the where" in text and "rounding moved before the running values are final" in text
+        chunking = {"interpret_chunk": 4} if backend == "interpret" else {"block_n": 4}
+        actual, expected = run_backend(backend, where_inside_the_cast, s, mask, v, **chunking)
+        assert np.isnan(expected[0][[1, 2, 4, 5]]).all()
+        assert_close(actual[0], expected[0], np.float32, 20, bound=_masked_bound(s, mask, v))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_factor_inside_a_rounded_where_is_refused_and_correct(backend):
+    s, mask, v = _masked_inputs(4)
+    (g,) = rf.kernel(normalized_where_inside_the_cast, backend="interpret").lower(s, mask, v).groups
+    assert "the term where(mask[" in g.reason and "does not factor into where(c(x)" in g.reason, g.reason
+    actual, expected = run_backend(backend, normalized_where_inside_the_cast, s, mask, v)
+    assert_close(actual[0], expected[0], np.float32, 20, bound=_masked_bound(s, mask, v))
+
+
+def test_fp8_quantization_keeps_its_own_form():
+    """The per-token FP8 GEMM is still the quantization rule (a running absmax inside the cast, rescaled by
+    a_prev / a), not a moved rounding."""
+    from redfuser.workloads import WORKLOADS
+    args = WORKLOADS["fp8_quant_gemm"].make_inputs(np.random.default_rng(0))
+    kernel = rf.kernel(WORKLOADS["fp8_quant_gemm"].fn, backend="interpret")
+    (g,) = kernel.lower(*args).groups
+    assert g.fused and g.reason is None
+    text = kernel.explain(*args)
+    assert "rounding moved" not in text and "rescaled per chunk by a_prev[i0] / " in text
+
+
+def shifted_max(s, v):
+    """exp(s - m - 1): the exponent is the running max's body minus m plus a constant <= 0."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m - 1.0)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l).astype(rf.float16) @ v.astype(rf.float32)
+
+
+def running_min(s, v):
+    """exp(m - s) with m the running min of s: at most 1 as well."""
+    m = rf.min(s, axis=-1, keepdims=True)
+    p = rf.exp(m - s)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l).astype(rf.float16) @ v.astype(rf.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("body", [shifted_max, running_min])
+def test_other_exponents_bounded_by_a_running_extremum_fuse(backend, body):
+    rng = np.random.default_rng(8)
+    s = (2.0 * rng.standard_normal((ROWS, N))).astype(np.float32)
+    v = rng.standard_normal((N, D)).astype(np.float16)
+    _one_fused_loop(rf.kernel(body, backend="interpret"), s, v)
+    actual, expected = run_backend(backend, body, s, v)
+    sign = -1.0 if body is running_min else 1.0
+    assert_close(actual[0], expected[0], np.float32, N, bound=_bound(sign * s.astype(np.float64), v, np.float16))
+
+
+def e4m3_probabilities(s, v):
+    """Probabilities rounded to float8_e4m3fn (u = 2^-4, subnormals from 2^-9): the same rule and bound."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l).astype(rf.float8_e4m3fn).astype(rf.float32) @ v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_e4m3_probabilities_fuse_within_the_bound(backend):
+    rng = np.random.default_rng(9)
+    s = (2.0 * rng.standard_normal((16, 70))).astype(np.float32)
+    v = rng.standard_normal((70, 8)).astype(np.float32)
+    s[0] = -np.inf
+    s[1, 3] = np.nan
+    _one_fused_loop(rf.kernel(e4m3_probabilities, backend="interpret"), s, v)
+    actual, expected = run_backend(backend, e4m3_probabilities, s, v)
+    assert np.isnan(expected[0][:2]).all()
+    assert_close(actual[0], expected[0], np.float32, 70, bound=_bound(s.astype(np.float64), v, ml_dtypes.float8_e4m3fn))
+
+
+def bounded_factor(s, x, v):
+    """x·exp(s - m) rounded to bf16 with x loaded as f16: |x| <= 65504 fits bf16's range, so it fuses."""
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (x * p / l).astype(rf.bfloat16) @ v.astype(rf.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_factor_whose_type_fits_the_target_fuses(backend):
+    rng = np.random.default_rng(10)
+    s = rng.standard_normal((8, 20)).astype(np.float32)
+    x = (rng.standard_normal((8, 20)) * 3e4).astype(np.float16)
+    x[0, 0] = 65504.0
+    v = rng.standard_normal((20, 4)).astype(np.float32)
+    kernel = rf.kernel(bounded_factor, backend="interpret")
+    _one_fused_loop(kernel, s, x, v)
+    assert "rounding moved before normalization" in kernel.explain(s, x, v)
+    actual, expected = run_backend(backend, bounded_factor, s, x, v)
+    with np.errstate(all="ignore"):
+        p = np.exp(s.astype(np.float64) - s.max(-1, keepdims=True))
+        terms = p / p.sum(-1, keepdims=True) * x.astype(np.float64)
+    v64 = np.abs(v.astype(np.float64))
+    bound = rounded_terms_bound(ml_dtypes.bfloat16, np.abs(terms) @ v64, np.broadcast_to(v64.sum(0), (8, 4)), 20)
+    assert_close(actual[0], expected[0], np.float32, 20, bound=bound)
