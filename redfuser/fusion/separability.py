@@ -17,7 +17,7 @@ Anything else is refused with the atom that mixes x and y and why.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..ir import (Axis, Binary, BinaryOp, Cast, Const, DType, Expr, IndexValue, Load, ReduceOp, Select, Unary,
                   UnaryOp, format_expr)
@@ -26,6 +26,9 @@ from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
 from .positivity import is_nonnegative, is_positive
+
+if TYPE_CHECKING:
+    from .centred import Shift
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class Accumulator:
     powers: A.Monomial = A.Monomial()      # running maxima scaling a quantization inside the term, online
     quantized: tuple[Expr, ...] = ()       # the quantization atoms (casts) of `term` that read them
     live: Expr | None = None               # true where an element's term is not the 0 branch of a where(c(x), ...)
+    shift: "Shift | None" = None           # a shift-stable sum's place in its family (fusion/centred.py)
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,13 @@ class Decomposition:
     """
 
     kind: str                                # independent | separable | sum of separable terms | additive
+                                             # | shift-stable sum
     accumulators: tuple[Accumulator, ...]
     factors: tuple[Expr | None, ...]
     addend: Expr | None = None
     expanded: bool = False                   # distributing created several terms (may cancel numerically)
     conditions: tuple[Expr, ...] = ()        # conditions of wheres taken apart as where(c(x), G1, G2)·H(y)
+    stable: str | None = None                # a shift-stable sum: the centre it is kept on, in words
 
 
 @dataclass(frozen=True)

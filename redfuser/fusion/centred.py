@@ -1,0 +1,339 @@
+"""Shift-stable sums: a polynomial in ``u - c`` kept centred on the running statistic ``c`` of ``u``.
+
+Expanding ``sum_k (x_k - mu)^2`` into ``sum x^2 - 2 mu sum x + N mu^2`` is exact algebra, but in
+floating point the three sums cancel: rows of N(300, 1) lose every digit. The same happens to
+``sum exp(x - m) * (x - m)`` (entropy) expanded into ``sum exp(x - m) * x - m * sum exp(x - m)``.
+
+When the centre ``c`` is a *running statistic* of the very values ``u`` it is subtracted from,
+the sum can instead be kept centred while the loop runs. Write ``w = u - c``; the change of
+variables ``u -> w + c`` (`centre_sum`) turns the body into a polynomial in ``w`` that no longer
+reads ``c``: ``sum_i G_i(x) * exp(alpha * w) * w^i * H_i(y)``. Each family (same G, alpha and
+online part of H) keeps the accumulators ``T_i = sum G * exp(alpha * w_run) * w_run^i`` of every
+power up to the highest, with ``w_run = u - c_run`` for the centre as it stands after the chunk:
+
+- ``c`` a running max or min ``m`` of ``u``: ``c_run`` is the running ``m`` itself;
+- ``c`` the mean ``S / N`` of ``u`` (``S`` a running sum of ``u``): ``c_run = S_run / n_run`` with
+  ``n_run`` the exact count of elements seen (a sum of 1 carried beside it).
+
+When the centre moves from ``a`` to ``b`` (``d = a - b``), ``w_b = w_a + d``, so
+
+    T_k(b) = exp(alpha * d) * sum_{j <= k} C(k, j) * d^(k - j) * T_j(a)       (the shift law)
+
+which is `OnlineState.carry`; two partial states merge by the same shift to the merged centre,
+then ``+`` (for the variance: the parallel-variance merge of Chan et al.). Every term is computed
+from ``u - c_run`` element by element, as the reference computes ``u - c``: nothing cancels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from math import comb
+from typing import Callable
+
+from ..ir import Binary, BinaryOp, Buffer, BufferType, Const, DType, Expr, Load, OnlineState, ReduceOp, Select, map_expr
+from ..ir.types import bool_
+from . import algebra as A
+from .build import linear_expr, monomial_expr, product_expr, sum_expr
+from .positivity import is_nonnegative, is_positive
+from .separability import Accumulator, Decomposition, FusionContext, Refusal, _split
+from .substitute import value_at
+
+_NOISE = 1e-12
+"""Coefficients the change of variables leaves at this size relative to 1 are rounding residue of 0."""
+
+
+@dataclass(frozen=True)
+class Centre:
+    """A running statistic ``c`` of reduced values ``u`` that a body subtracts from them.
+
+    `op` is MAX or MIN (``c`` a running extremum: `state` is its state) or SUM (``c`` the mean
+    ``S / N``: `state` is the running sum ``S``'s state). `atom` is the earlier result the body
+    reads (``m``, or ``S`` or ``mu`` for ``mu = S / N``); `c` the centre as the body writes it, in final
+    values; `u` the values it is the statistic of, at the body's indices. `marker` stands for
+    ``u - c`` inside the algebra (an atom read along the loop axis).
+    """
+
+    op: ReduceOp
+    state: str
+    atom: Load
+    source: Load        # the state itself at the body's indices (the running max, or the running sum S)
+    c: Expr
+    u: Expr
+    marker: Load
+
+    @property
+    def words(self) -> str:
+        """Which form was chosen, for `explain`."""
+        from ..ir import format_expr
+
+        if self.op is ReduceOp.SUM:
+            return (f"centred on the running mean (shift-stable): {format_expr(self.c)} is kept as running sum / "
+                    "exact running count while the loop runs")
+        what = "max" if self.op is ReduceOp.MAX else "min"
+        return f"centred on the running {what} {format_expr(self.atom)} (shift-stable)"
+
+
+@dataclass(frozen=True)
+class Shift:
+    """How a shift-stable accumulator moves with its centre: ``T_degree`` of a family whose lower powers
+    are the decomposition's accumulators `lower` (degrees 0..degree-1, in order); `alpha` is the
+    coefficient of ``w`` in the family's exponential; `term` is the accumulated term with
+    `centre.marker` standing for ``u - c_run``."""
+
+    centre: Centre
+    degree: int
+    alpha: float
+    lower: tuple[int, ...]
+    term: Expr
+    online_rest: A.Linear = A.Linear()   # the rest of H's online part (rescaled as usual on top of the shift)
+
+
+def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, ...],
+                 running: Callable[[Expr], Expr], loop_axis: str, extent: int) -> list[Centre]:
+    """The earlier results in `normal` that are a running max, min or mean of some reduced values."""
+    by_name = {st.acc.name: st for st in states}
+    pos = lambda e: False  # noqa: E731
+    out: list[Centre] = []
+    for atom in sorted(A.free_atoms(normal), key=repr):
+        if not isinstance(atom, Load) or ctx.kind(atom) != "y":
+            continue
+        r = A.normalize(running(atom), pos, pos)
+        if len(r) != 1 or not r[0].exponent.is_zero or len(r[0].mono.factors) != 1:
+            continue
+        (state_load, p), kappa = r[0].mono.factors[0], r[0].coeff
+        st = by_name.get(state_load.buffer.name) if isinstance(state_load, Load) else None
+        if p != 1 or st is None or st.rescale is not None or st.carry is not None:
+            continue
+        if st.op is ReduceOp.SUM:
+            c: Expr = Binary(BinaryOp.MUL, atom, Const(1.0 / (kappa * extent), atom.dtype), atom.dtype)
+        elif kappa == 1.0:
+            c = atom
+        else:
+            continue
+        u = value_at(st.axes, st.term, state_load.indices)
+        lin = A.as_linear(A.normalize(u, pos, pos))
+        if lin is None or not lin.terms or any(ctx.kind(a) != "x" for m, _ in lin.terms for a, _ in m.factors):
+            continue
+        marker = Load(Buffer(f"__centre_{st.acc.name}", BufferType(atom.dtype, (extent,))),
+                      (next(_loop_axis(u, loop_axis)),))
+        out.append(Centre(st.op, st.acc.name, atom, state_load, c, u, marker))
+    return out
+
+
+def _loop_axis(e: Expr, name: str):
+    from ..ir import Axis, walk
+
+    for n in walk(e):
+        if isinstance(n, Load):
+            for i in n.indices:
+                if isinstance(i, Axis) and i.name == name:
+                    yield i
+
+
+def _clean(s: A.Sum) -> A.Sum:
+    """`s` without the rounding residue a change of variables leaves (``1/a * a - 1``)."""
+    out = []
+    for t in s:
+        if abs(t.coeff) < _NOISE:
+            continue
+        exp = A.Linear.of({m: c for m, c in t.exponent.terms if abs(c) >= _NOISE},
+                          t.exponent.constant if abs(t.exponent.constant) >= _NOISE else 0.0)
+        out.append(A.Product(t.coeff, t.mono, exp))
+    return A.add(tuple(out), ())
+
+
+def change_variables(normal: A.Sum, centre: Centre) -> A.Sum | None:
+    """`normal` with ``u`` written as ``w + c`` (`centre.marker` for ``w``), or None where ``u`` does not
+    enter it polynomially (a negative or fractional power, inside a non-linear exponent)."""
+    never = lambda e: False  # noqa: E731
+    u = A.as_linear(A.normalize(centre.u, never, never))
+    c = A.as_linear(A.normalize(centre.c, never, never))
+    pivot = next(((m.factors[0][0], k) for m, k in u.terms if len(m.factors) == 1 and m.factors[0][1] == 1), None)
+    if pivot is None or c is None:
+        return None
+    x, a = pivot
+    rest = A.Linear.of({m: k for m, k in u.terms if m != A.Monomial.of({x: Fraction(1)})}, u.constant)
+    # x = (w + c - rest) / a
+    w = A.Linear.of({A.Monomial.of({centre.marker: Fraction(1)}): 1.0})
+    x_lin = (w + c + rest.scale(-1.0)).scale(1.0 / a)
+    x_sum = A.add(tuple(A.Product(k, m) for m, k in x_lin.terms), A.const(x_lin.constant))
+    out: list[A.Product] = []
+    for t in normal:
+        powers = t.mono.as_dict()
+        p = powers.pop(x, Fraction(0))
+        if p < 0 or p.denominator != 1:
+            return None
+        k = 0.0
+        terms = {}
+        for m, coef in t.exponent.terms:
+            if x in m.as_dict():
+                if m.factors != ((x, Fraction(1)),):
+                    return None
+                k += coef
+            else:
+                terms[m] = coef
+        part: A.Sum = (A.Product(t.coeff, A.Monomial.of(powers), A.Linear.of(terms, t.exponent.constant)
+                                 + x_lin.scale(k)),)
+        for _ in range(int(p)):
+            part = A.mul(part, x_sum)
+        out.extend(part)
+    return _clean(A.add(tuple(out), ()))
+
+
+def centre_sum(value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...], running: Callable[[Expr], Expr],
+               loop_axis: str, extent: int, name: str) -> Decomposition | None:
+    """`value`'s sum as a shift-stable decomposition around a running statistic among `states` (earlier
+    results read through `running`), or None where none applies: the body does not read the centre
+    only through ``u - c``, or something else (a quantization, a where) stands in the way."""
+    d = value.dtype
+    pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
+    nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
+    normal = A.normalize(value, pos, nonneg)
+    for centre in find_centres(normal, ctx, states, running, loop_axis, extent):
+        moved = change_variables(normal, centre)
+        if moved is None:
+            continue
+        atoms = A.free_atoms(moved)
+        if centre.marker not in atoms or centre.atom in atoms:
+            continue
+        dec = _families(moved, centre, ctx, name, d)
+        if dec is not None:
+            return dec
+    return None
+
+
+def _families(moved: A.Sum, centre: Centre, ctx: FusionContext, name: str, d: DType) -> Decomposition | None:
+    w = centre.marker
+    w_mono = A.Monomial.of({w: Fraction(1)})
+    fams: dict[tuple, dict[int, list[A.Product]]] = {}
+    for t in moved:
+        s = _split(t, ctx, name)
+        if isinstance(s, Refusal) or s.powers.factors or s.quantized or s.selects:
+            return None
+        g = s.g.as_dict()
+        degree = g.pop(w, Fraction(0))
+        alpha = dict(s.x_lin.terms).get(w_mono, 0.0)
+        if degree < 0 or degree.denominator != 1 or any(w in m.as_dict() and m != w_mono for m, _ in s.x_lin.terms):
+            return None
+        if alpha and centre.op is ReduceOp.SUM:
+            return None   # exp(alpha (x - mean)): the mean's rescale is not an exponential of a running state
+        x_rest = A.Linear.of({m: k for m, k in s.x_lin.terms if m != w_mono}, s.x_lin.constant)
+        key = (A.Monomial.of(g), x_rest, alpha, s.y_lin)
+        fams.setdefault(key, {}).setdefault(int(degree), []).append(A.Product(s.coeff, s.deferred))
+    if not any(deg for fam in fams.values() for deg in fam):
+        return None
+    c_lin = A.as_linear(A.normalize(centre.c, lambda e: False, lambda e: False))
+    accs: list[Accumulator] = []
+    factors: list[Expr | None] = []
+    for (g, x_rest, alpha, y_lin), fam in fams.items():
+        lower: list[int] = []
+        for degree in range(max(fam) + 1):
+            # the exponent with w written out: exp(alpha (u - c) + ...), the very term an unshifted sum keeps
+            online = y_lin + (c_lin.scale(-alpha) if alpha else A.Linear())
+            u_lin = A.as_linear(A.normalize(centre.u, lambda e: False, lambda e: False))
+            exponent = x_rest + (u_lin.scale(alpha) if alpha else A.Linear()) + online
+            shifted = product_expr(A.Product(1.0, g * A.Monomial.of({w: Fraction(degree)}), exponent), d)
+            u_minus_c = Binary(BinaryOp.SUB, centre.u, centre.c, d)
+            term = map_expr(shifted, lambda n: u_minus_c if n == w else None)
+            G = product_expr(A.Product(1.0, g * A.Monomial.of({w: Fraction(degree)}), x_rest), d)
+            G = map_expr(G, lambda n: u_minus_c if n == w else None)
+            H = product_expr(A.Product(1.0, A.Monomial(), online), d)
+            shift = Shift(centre, degree, alpha, tuple(lower), shifted, y_lin)
+            accs.append(Accumulator(ReduceOp.SUM, term, online, G, H, shift=shift))
+            weights = fam.get(degree, [])
+            factors.append(_factor(weights, d) if weights else Const(0.0, d))
+            lower.append(len(accs) - 1)
+    return Decomposition("shift-stable sum", tuple(accs), tuple(factors), stable=centre.words)
+
+
+def _factor(weights: list[A.Product], d: DType) -> Expr | None:
+    s = A.add(tuple(weights), ())
+    if len(s) == 1 and s[0].coeff == 1.0 and not s[0].mono.factors:
+        return None
+    return sum_expr(s, d) if s else Const(0.0, d)
+
+
+def centre_now(centre: Centre, count: Load | None) -> Expr:
+    """The running centre after this chunk, inside the loop: the running max (0 while it is at its
+    identity, as exponentials read it), or ``S / n`` (0 before any element)."""
+    d = centre.source.dtype
+    if centre.op is ReduceOp.SUM:
+        return Select(Binary(BinaryOp.EQ, count, Const(0.0, d), bool_), Const(0.0, d),
+                      Binary(BinaryOp.DIV, centre.source, count, d), d)
+    ident = Const(centre.op.identity(d), d)
+    return Select(Binary(BinaryOp.EQ, centre.source, ident, bool_), Const(0.0, d), centre.source, d)
+
+
+def centre_move(centre: Centre, count: Load | None, to_prev: Callable[[Expr], Expr]) -> Expr:
+    """``d = c_before - c_now``: 0 while nothing was seen before the chunk (the accumulators hold
+    nothing to move, or only the reference's NaN)."""
+    d = centre.source.dtype
+    now = centre_now(centre, count)
+    if centre.op is ReduceOp.SUM:
+        n_prev = to_prev(count)
+        before: Expr = Binary(BinaryOp.DIV, to_prev(centre.source), n_prev, d)
+        empty = Binary(BinaryOp.EQ, n_prev, Const(0.0, d), bool_)
+    else:
+        before = to_prev(centre.source)
+        empty = Binary(BinaryOp.EQ, before, Const(centre.op.identity(d), d), bool_)
+    return Select(empty, Const(0.0, d), Binary(BinaryOp.SUB, before, now, d), d)
+
+
+def carry_expr(shift: Shift, prevs: list[Load], move: Expr, rescale: Expr | None) -> Expr:
+    """The shift law: ``R * sum_{j <= k} C(k, j) d^(k - j) T_j`` with ``R = exp(alpha d) * rescale``.
+
+    ``d^(k - j)`` is formed before ``R`` multiplies it, so that an overflowing move gives
+    ``0 * inf = NaN`` exactly where the reference's terms ``exp(u - c) (u - c)^k`` do."""
+    from ..ir import Unary, UnaryOp
+
+    d = move.dtype
+    r: Expr | None = rescale
+    if shift.alpha:
+        scaled = move if shift.alpha == 1.0 else Binary(BinaryOp.MUL, Const(shift.alpha, d), move, d)
+        e = Unary(UnaryOp.EXP, scaled, d)
+        r = e if r is None else Binary(BinaryOp.MUL, e, r, d)
+    k = shift.degree
+    out: Expr | None = None
+    for j, prev in enumerate(prevs):
+        coef: Expr | None = None
+        for _ in range(k - j):
+            coef = move if coef is None else Binary(BinaryOp.MUL, coef, move, d)
+        if comb(k, j) != 1:
+            coef = Binary(BinaryOp.MUL, Const(float(comb(k, j)), d), coef, d)
+        if r is not None:
+            coef = r if coef is None else Binary(BinaryOp.MUL, r, coef, d)
+        part = prev if coef is None else Binary(BinaryOp.MUL, coef, prev, d)
+        out = part if out is None else Binary(BinaryOp.ADD, out, part, d)
+    return out
+
+
+def overflows(shift: Shift) -> bool:
+    """Whether the reference's term is NaN where some ``u - c`` overflows: ``exp(alpha w) * w^k`` with
+    ``alpha w -> -inf`` is ``0 * inf``. The loop sees ``u - c`` only against the running centre, so it
+    keeps the reduced values' other extreme to tell (see `overflow_condition`)."""
+    op = shift.centre.op
+    return shift.degree > 0 and ((op is ReduceOp.MAX and shift.alpha > 0) or (op is ReduceOp.MIN and shift.alpha < 0))
+
+
+def overflow_condition(shift: Shift, extreme: Load) -> Expr:
+    """True where the reference's ``u - c`` is infinite for the element farthest from the centre
+    (`extreme`: the running min of ``u`` for a max centre, the running max for a min centre); the
+    subtraction rounds exactly as the reference's does for that element."""
+    d = extreme.dtype
+    far = Const(float("-inf") if shift.centre.op is ReduceOp.MAX else float("inf"), d)
+    return Binary(BinaryOp.EQ, Binary(BinaryOp.SUB, extreme, shift.centre.source, d), far, bool_)
+
+
+def loop_term(shift: Shift, count: Load | None) -> Expr:
+    """The accumulated term as the loop evaluates it: ``u - c_run`` for the marker."""
+    d = shift.centre.source.dtype
+    if shift.centre.op is ReduceOp.SUM:
+        w: Expr = Binary(BinaryOp.SUB, shift.centre.u, centre_now(shift.centre, count), d)
+    else:
+        w = Binary(BinaryOp.SUB, shift.centre.u, shift.centre.source, d)
+    marker = shift.centre.marker
+    return map_expr(shift.term, lambda n: w if n == marker else None)
+
+
+__all__ = ["Centre", "Shift", "find_centres", "change_variables", "centre_sum", "centre_now", "centre_move",
+           "carry_expr", "loop_term", "overflows", "overflow_condition"]
