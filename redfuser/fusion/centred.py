@@ -27,13 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from math import comb
 from typing import Callable
 
-from ..ir import Binary, BinaryOp, Buffer, BufferType, Const, DType, Expr, Load, OnlineState, ReduceOp, Select, map_expr
-from ..ir.types import bool_
+from ..ir import Axis, Binary, BinaryOp, Buffer, BufferType, Const, DType, Expr, Load, OnlineState, ReduceOp, map_expr
 from . import algebra as A
-from .build import linear_expr, monomial_expr, product_expr, sum_expr
+from .build import product_expr, sum_expr
 from .positivity import is_nonnegative, is_positive
 from .separability import Accumulator, Decomposition, FusionContext, Refusal, _split
 from .substitute import value_at
@@ -202,6 +200,52 @@ def centre_sum(value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...],
     return None
 
 
+def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...],
+              running: Callable[[Expr], Expr], axis: Axis, name: str) -> Decomposition | Refusal:
+    """For an expanded sum `dec` of `value`: its shift-stable form where one exists; else a refusal where
+    the expansion multiplied out a difference of reduced values and an earlier result (`cancelling_pair`);
+    else `dec` (its terms are no such difference, e.g. ``exp(x - m) + exp(2 (x - m))``)."""
+    from ..ir import format_expr
+
+    stable = centre_sum(value, ctx, states, running, axis.name, axis.extent, name)
+    if stable is not None:
+        return stable
+    pair = cancelling_pair(value, ctx)
+    if pair is None:
+        return dec
+    x, y = (format_expr(e) for e in pair)
+    return Refusal(f"`{name}` multiplies out a sum or difference of the reduced values {x} and the earlier result "
+                   f"{y}: its one-pass expansion keeps sums that cancel where {x} is close to ±{y}, and {y} is not a "
+                   f"running max, min or mean of {x}, around which the sum could be kept centred (shift-stable); "
+                   "kept as a second pass", pair[1])
+
+
+def cancelling_pair(value: Expr, ctx: FusionContext) -> tuple[Expr, Expr] | None:
+    """A reduced value ``X`` and an earlier result ``Y`` whose difference ``X - k Y`` the expansion multiplied
+    out: two terms of the normal form with the same exponential whose monomials differ exactly by the
+    ratio ``X / Y`` (``x^2`` beside ``x * m`` for ``(x - m)^2``; ``exp(x - m) * x`` beside
+    ``exp(x - m) * m``). Their sums cancel wherever ``X`` is close to ``k Y``; None when no two terms do."""
+    pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
+    nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
+    normal = A.normalize(value, pos, nonneg)
+    monos: dict[A.Linear, set[A.Monomial]] = {}
+    for t in normal:
+        monos.setdefault(t.exponent, set()).add(t.mono)
+    for group in monos.values():
+        for m in group:
+            for x, p in m.factors:
+                if p < 1 or ctx.kind(x) != "x":
+                    continue
+                for other in group:
+                    ratio = (m * other.power(Fraction(-1))).factors
+                    if len(ratio) == 2 and {q for _, q in ratio} == {Fraction(1), Fraction(-1)}:
+                        (a, pa), (b, pb) = ratio
+                        top, bottom = (a, b) if pa > 0 else (b, a)
+                        if top == x and ctx.kind(bottom) == "y":
+                            return x, bottom
+    return None
+
+
 def _families(moved: A.Sum, centre: Centre, ctx: FusionContext, name: str, d: DType) -> Decomposition | None:
     w = centre.marker
     w_mono = A.Monomial.of({w: Fraction(1)})
@@ -253,87 +297,4 @@ def _factor(weights: list[A.Product], d: DType) -> Expr | None:
     return sum_expr(s, d) if s else Const(0.0, d)
 
 
-def centre_now(centre: Centre, count: Load | None) -> Expr:
-    """The running centre after this chunk, inside the loop: the running max (0 while it is at its
-    identity, as exponentials read it), or ``S / n`` (0 before any element)."""
-    d = centre.source.dtype
-    if centre.op is ReduceOp.SUM:
-        return Select(Binary(BinaryOp.EQ, count, Const(0.0, d), bool_), Const(0.0, d),
-                      Binary(BinaryOp.DIV, centre.source, count, d), d)
-    ident = Const(centre.op.identity(d), d)
-    return Select(Binary(BinaryOp.EQ, centre.source, ident, bool_), Const(0.0, d), centre.source, d)
-
-
-def centre_move(centre: Centre, count: Load | None, to_prev: Callable[[Expr], Expr]) -> Expr:
-    """``d = c_before - c_now``: 0 while nothing was seen before the chunk (the accumulators hold
-    nothing to move, or only the reference's NaN)."""
-    d = centre.source.dtype
-    now = centre_now(centre, count)
-    if centre.op is ReduceOp.SUM:
-        n_prev = to_prev(count)
-        before: Expr = Binary(BinaryOp.DIV, to_prev(centre.source), n_prev, d)
-        empty = Binary(BinaryOp.EQ, n_prev, Const(0.0, d), bool_)
-    else:
-        before = to_prev(centre.source)
-        empty = Binary(BinaryOp.EQ, before, Const(centre.op.identity(d), d), bool_)
-    return Select(empty, Const(0.0, d), Binary(BinaryOp.SUB, before, now, d), d)
-
-
-def carry_expr(shift: Shift, prevs: list[Load], move: Expr, rescale: Expr | None) -> Expr:
-    """The shift law: ``R * sum_{j <= k} C(k, j) d^(k - j) T_j`` with ``R = exp(alpha d) * rescale``.
-
-    ``d^(k - j)`` is formed before ``R`` multiplies it, so that an overflowing move gives
-    ``0 * inf = NaN`` exactly where the reference's terms ``exp(u - c) (u - c)^k`` do."""
-    from ..ir import Unary, UnaryOp
-
-    d = move.dtype
-    r: Expr | None = rescale
-    if shift.alpha:
-        scaled = move if shift.alpha == 1.0 else Binary(BinaryOp.MUL, Const(shift.alpha, d), move, d)
-        e = Unary(UnaryOp.EXP, scaled, d)
-        r = e if r is None else Binary(BinaryOp.MUL, e, r, d)
-    k = shift.degree
-    out: Expr | None = None
-    for j, prev in enumerate(prevs):
-        coef: Expr | None = None
-        for _ in range(k - j):
-            coef = move if coef is None else Binary(BinaryOp.MUL, coef, move, d)
-        if comb(k, j) != 1:
-            coef = Binary(BinaryOp.MUL, Const(float(comb(k, j)), d), coef, d)
-        if r is not None:
-            coef = r if coef is None else Binary(BinaryOp.MUL, r, coef, d)
-        part = prev if coef is None else Binary(BinaryOp.MUL, coef, prev, d)
-        out = part if out is None else Binary(BinaryOp.ADD, out, part, d)
-    return out
-
-
-def overflows(shift: Shift) -> bool:
-    """Whether the reference's term is NaN where some ``u - c`` overflows: ``exp(alpha w) * w^k`` with
-    ``alpha w -> -inf`` is ``0 * inf``. The loop sees ``u - c`` only against the running centre, so it
-    keeps the reduced values' other extreme to tell (see `overflow_condition`)."""
-    op = shift.centre.op
-    return shift.degree > 0 and ((op is ReduceOp.MAX and shift.alpha > 0) or (op is ReduceOp.MIN and shift.alpha < 0))
-
-
-def overflow_condition(shift: Shift, extreme: Load) -> Expr:
-    """True where the reference's ``u - c`` is infinite for the element farthest from the centre
-    (`extreme`: the running min of ``u`` for a max centre, the running max for a min centre); the
-    subtraction rounds exactly as the reference's does for that element."""
-    d = extreme.dtype
-    far = Const(float("-inf") if shift.centre.op is ReduceOp.MAX else float("inf"), d)
-    return Binary(BinaryOp.EQ, Binary(BinaryOp.SUB, extreme, shift.centre.source, d), far, bool_)
-
-
-def loop_term(shift: Shift, count: Load | None) -> Expr:
-    """The accumulated term as the loop evaluates it: ``u - c_run`` for the marker."""
-    d = shift.centre.source.dtype
-    if shift.centre.op is ReduceOp.SUM:
-        w: Expr = Binary(BinaryOp.SUB, shift.centre.u, centre_now(shift.centre, count), d)
-    else:
-        w = Binary(BinaryOp.SUB, shift.centre.u, shift.centre.source, d)
-    marker = shift.centre.marker
-    return map_expr(shift.term, lambda n: w if n == marker else None)
-
-
-__all__ = ["Centre", "Shift", "find_centres", "change_variables", "centre_sum", "centre_now", "centre_move",
-           "carry_expr", "loop_term", "overflows", "overflow_condition"]
+__all__ = ["Centre", "Shift", "find_centres", "change_variables", "centre_sum", "cancelling_pair", "stabilize"]

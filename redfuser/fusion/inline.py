@@ -38,8 +38,8 @@ def reads(s) -> set[str]:
     from ..ir import FusedLoop
 
     if isinstance(s, FusedLoop):
-        exprs = [l.value for l in s.locals] + [e for st in s.states
-                                               for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
+        exprs = [l.value for l in s.locals]
+        exprs += [e for st in s.states for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
     else:
         exprs = [s.value]
     return {n.buffer.name for e in exprs for n in walk(e) if isinstance(n, Load)}

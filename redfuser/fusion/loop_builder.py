@@ -31,7 +31,7 @@ from .member import Member
 from .nan_guard import read_safely, running_extrema
 from .positivity import is_positive
 from .algebra import Linear
-from .centred import carry_expr, centre_move, loop_term, overflow_condition, overflows
+from .shift_law import carry_expr, centre_move, loop_term, overflow_condition, overflows
 from .separability import Accumulator, rescale_expr
 from .substitute import inline_loads
 

@@ -38,7 +38,7 @@ from .member import Member
 from .numeric_check import check
 from .positivity import is_positive
 from .algebra import Linear
-from .centred import centre_sum
+from .centred import stabilize
 from .separability import Accumulator, Decomposition, FusionContext, Refusal, decompose
 from .substitute import rename_axes
 from ..ir.types import bool_
@@ -153,9 +153,9 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
                             maxima=frozenset(n for n, v in b.running_extrema().items() if v < 0))
         dec = decompose(value, member.order_op, ctx, name)
         if isinstance(dec, Decomposition) and dec.expanded and member.order_op is ReduceOp.SUM and not member.is_topk:
-            # Expanded terms can cancel: keep them centred on a running statistic where the body allows.
+            # Expanded terms can cancel: keep them centred on a running statistic, or refuse where they would.
             online_states = tuple(st for st in b.states if isinstance(st, OnlineState))
-            dec = centre_sum(value, ctx, online_states, b.running, axis.name, axis.extent, name) or dec
+            dec = stabilize(dec, value, ctx, online_states, b.running, axis, name)
         if isinstance(dec, Decomposition):
             failure = check(value, dec, ctx)
             if failure:
