@@ -201,23 +201,21 @@ def centre_sum(value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...],
 
 
 def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...],
-              running: Callable[[Expr], Expr], axis: Axis, name: str) -> Decomposition | Refusal:
-    """For an expanded sum `dec` of `value`: its shift-stable form where one exists; else a refusal where
-    the expansion multiplied out a difference of reduced values and an earlier result (`cancelling_pair`);
-    else `dec` (its terms are no such difference, e.g. ``exp(x - m) + exp(2 (x - m))``)."""
+              running: Callable[[Expr], Expr], axis: Axis, name: str) -> tuple[Decomposition, str | None]:
+    """For an expanded sum `dec` of `value`: its shift-stable form where one exists, else `dec` itself with,
+    where the expansion multiplied out a difference of reduced values and an earlier result
+    (`cancelling_pair`), why no stable form exists (for `explain`'s note on the cancellation)."""
     from ..ir import format_expr
 
     stable = centre_sum(value, ctx, states, running, axis.name, axis.extent, name)
     if stable is not None:
-        return stable
+        return stable, None
     pair = cancelling_pair(value, ctx)
     if pair is None:
-        return dec
+        return dec, None
     x, y = (format_expr(e) for e in pair)
-    return Refusal(f"`{name}` multiplies out a sum or difference of the reduced values {x} and the earlier result "
-                   f"{y}: its one-pass expansion keeps sums that cancel where {x} is close to ±{y}, and {y} is not a "
-                   f"running max, min or mean of {x}, around which the sum could be kept centred (shift-stable); "
-                   "kept as a second pass", pair[1])
+    return dec, (f"it multiplies out {x} ± {y}, and {y} is not a running max, min or mean of {x} around which the "
+                 "sum could be kept centred (shift-stable)")
 
 
 def cancelling_pair(value: Expr, ctx: FusionContext) -> tuple[Expr, Expr] | None:

@@ -152,10 +152,11 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         ctx = FusionContext(axis.name, frozenset(earlier), frozenset(b.positive),
                             maxima=frozenset(n for n, v in b.running_extrema().items() if v < 0))
         dec = decompose(value, member.order_op, ctx, name)
+        unstable = None
         if isinstance(dec, Decomposition) and dec.expanded and member.order_op is ReduceOp.SUM and not member.is_topk:
-            # Expanded terms can cancel: keep them centred on a running statistic, or refuse where they would.
+            # Expanded terms can cancel: keep them centred on a running statistic where the body allows.
             online_states = tuple(st for st in b.states if isinstance(st, OnlineState))
-            dec = stabilize(dec, value, ctx, online_states, b.running, axis, name)
+            dec, unstable = stabilize(dec, value, ctx, online_states, b.running, axis, name)
         if isinstance(dec, Decomposition):
             failure = check(value, dec, ctx)
             if failure:
@@ -212,7 +213,8 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         if dec.expanded:
             notes.append(f"`{name}` was expanded into {len(dec.accumulators)} accumulated terms; exact in real "
                          "arithmetic, but terms of opposite sign can cancel in floating point when the earlier "
-                         "results are large compared with the spread of the data")
+                         "results are large compared with the spread of the data"
+                         + (f"; no shift-stable form: {unstable}" if unstable else ""))
     group.notes = tuple(notes)
     group.reason = "; ".join(refused.values()) or None
     if len(fused) < 2:
