@@ -30,11 +30,15 @@ from fractions import Fraction
 from typing import Callable
 
 from ..ir import Axis, Binary, BinaryOp, Buffer, BufferType, Const, DType, Expr, Load, OnlineState, ReduceOp, map_expr
+from ..ir.types import float32, float64
 from . import algebra as A
 from .build import product_expr, sum_expr
 from .positivity import is_nonnegative, is_positive
 from .separability import Accumulator, Decomposition, FusionContext, Refusal, _split
 from .substitute import value_at
+
+_MAX_DEGREE = 8
+"""The highest power of ``u - c`` kept centred (one accumulator per power up to it)."""
 
 _NOISE = 1e-12
 """Coefficients the change of variables leaves at this size relative to 1 are rounding residue of 0."""
@@ -103,6 +107,8 @@ def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, .
         if p != 1 or st is None or st.rescale is not None or st.carry is not None:
             continue
         if st.op is ReduceOp.SUM:
+            if atom.dtype not in (float32, float64):
+                continue   # the running count must be exact (a 16-bit float counts exactly only to 2048 or 256)
             c: Expr = Binary(BinaryOp.MUL, atom, Const(1.0 / (kappa * extent), atom.dtype), atom.dtype)
         elif kappa == 1.0:
             c = atom
@@ -112,8 +118,10 @@ def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, .
         lin = A.as_linear(A.normalize(u, pos, pos))
         if lin is None or not lin.terms or any(ctx.kind(a) != "x" for m, _ in lin.terms for a, _ in m.factors):
             continue
-        marker = Load(Buffer(f"__centre_{st.acc.name}", BufferType(atom.dtype, (extent,))),
-                      (next(_loop_axis(u, loop_axis)),))
+        axis = next(_loop_axis(u, loop_axis), None)
+        if axis is None:
+            continue   # the values read no input along the loop (an index): nothing to centre
+        marker = Load(Buffer(f"__centre_{st.acc.name}", BufferType(atom.dtype, (extent,))), (axis,))
         out.append(Centre(st.op, st.acc.name, atom, state_load, c, u, marker))
     return out
 
@@ -159,7 +167,7 @@ def change_variables(normal: A.Sum, centre: Centre) -> A.Sum | None:
     for t in normal:
         powers = t.mono.as_dict()
         p = powers.pop(x, Fraction(0))
-        if p < 0 or p.denominator != 1:
+        if p < 0 or p.denominator != 1 or p > _MAX_DEGREE:
             return None
         k = 0.0
         terms = {}
