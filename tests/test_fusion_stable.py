@@ -113,6 +113,33 @@ def test_centred_exponential_sum_near_the_float32_range_keeps_numpys_nans(backen
     assert np.array_equal(np.isnan(actual), np.isnan(expected)) and np.all(actual[~np.isnan(expected)] == 0)
 
 
+def squares_below_the_max(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum((x - m) ** 2, axis=-1)
+
+
+def cubes_above_the_min(x):
+    m = rf.min(x, axis=-1, keepdims=True)
+    return rf.sum((x - m) ** 3 * 0.5, axis=-1)
+
+
+def _special_rows() -> np.ndarray:
+    x = np.random.default_rng(5).standard_normal((6, 20)).astype(np.float32)
+    x[0, 3], x[1, 5], x[2], x[3, 7], x[4, :10] = np.inf, -np.inf, -np.inf, np.nan, -np.inf
+    return x
+
+
+@pytest.mark.parametrize("body", [squares_below_the_max, cubes_above_the_min, variance, fourth_moment, entropy,
+                                  centred_exp_sum])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_infinite_and_nan_elements_give_numpys_infinities_and_nans(backend, body):
+    """A centre that stays put must not multiply an infinite lower power by 0 (NaN where numpy has inf); a
+    max/min centre still at its identity gives numpy's -inf - -inf = NaN."""
+    x = _special_rows()
+    actual = _outputs(backend, body, x, **({"interpret_chunk": 3} if backend == "interpret" else {"block_n": 4}))
+    _judge(actual, body, x, 20)
+
+
 @pytest.mark.parametrize("body", [variance, fourth_moment, entropy])
 @pytest.mark.parametrize("backend", ["cpu", "simulate"])
 def test_split_reductions_merge_by_the_shift_law(backend, body):

@@ -31,7 +31,7 @@ from .member import Member
 from .nan_guard import read_safely, running_extrema
 from .positivity import is_positive
 from .algebra import Linear
-from .shift_law import carry_expr, centre_move, loop_term, overflow_condition, overflows
+from .shift_law import carry_expr, centre_move, centre_unseen, loop_term, overflow_condition, overflows
 from .separability import Accumulator, rescale_expr
 from .substitute import inline_loads
 
@@ -99,17 +99,24 @@ class LoopBuilder:
         return self.state_for(member, acc, suggested, term=term, carry_of=lambda own: carry_expr(
             shift, prevs + [Load(own, member.state_axes)], move, rest))
 
-    def overflow_guard(self, member: Member, acc) -> Expr | None:
-        """For a shift-stable power whose reference term is NaN where ``u - c`` overflows (`overflows`):
-        the condition, over a state keeping the reduced values' extreme farthest from the centre."""
+    def centred_nan_guard(self, member: Member, acc) -> Expr | None:
+        """Where a shift-stable power's reference value is NaN though the loop's sums are not: the centre
+        (a running max/min) never left its identity, so every ``u - c`` is ``-inf - -inf`` (the loop read
+        the centre as 0); or some ``u - c`` overflows (`overflows`), told by a state keeping the reduced
+        values' extreme farthest from the centre."""
         shift = acc.shift
-        if shift is None or not overflows(shift):
+        if shift is None or shift.degree == 0 or shift.centre.op is ReduceOp.SUM:
             return None
-        op = ReduceOp.MIN if shift.centre.op is ReduceOp.MAX else ReduceOp.MAX
-        u = shift.centre.u
-        buf = self.state_for(member, Accumulator(op, u, Linear(), u, Const(1.0, u.dtype)),
-                             Buffer(f"{member.name}_{op.value}", member.out.type))
-        return overflow_condition(shift, Load(buf, member.state_axes))
+        # with an exponential of u - c the centre is in H's online part, which `unseen` already guards
+        guard = centre_unseen(shift) if not shift.alpha else None
+        if overflows(shift):
+            op = ReduceOp.MIN if shift.centre.op is ReduceOp.MAX else ReduceOp.MAX
+            u = shift.centre.u
+            buf = self.state_for(member, Accumulator(op, u, Linear(), u, Const(1.0, u.dtype)),
+                                 Buffer(f"{member.name}_{op.value}", member.out.type))
+            far = overflow_condition(shift, Load(buf, member.state_axes))
+            guard = far if guard is None else Binary(BinaryOp.OR, guard, far, bool_)
+        return guard
 
     def count_state(self, member: Member) -> Buffer:
         """The exact running count of elements seen (a sum of 1), for a running mean."""

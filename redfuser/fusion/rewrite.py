@@ -175,9 +175,9 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         unseen = [_where_live(b, member, acc, b.unseen(acc)) for acc in dec.accumulators]
         for n, acc in enumerate(dec.accumulators):
             if not (isinstance(dec.factors[n], Const) and dec.factors[n].value == 0.0):
-                overflow = b.overflow_guard(member, acc)
-                if overflow is not None:
-                    unseen[n] = overflow if unseen[n] is None else Binary(BinaryOp.OR, unseen[n], overflow, bool_)
+                guard = b.centred_nan_guard(member, acc)
+                if guard is not None:
+                    unseen[n] = guard if unseen[n] is None else Binary(BinaryOp.OR, unseen[n], guard, bool_)
         direct = (len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
                   and unseen[0] is None)
         accs = []

@@ -7,8 +7,10 @@ of it as ordinary arithmetic on loop-carried state, for `LoopBuilder`:
 - `centre_move`: ``d = c_before - c_now`` (0 while nothing was seen);
 - `carry_expr`: ``T_k(now) = exp(alpha d) * sum_{j <= k} C(k, j) d^(k - j) T_j(before)`` (`OnlineState.carry`);
   the merge of split reductions maps its prev-buffers to each side (`fusion/merge.py`);
-- `overflows` / `overflow_condition`: where the reference's ``exp(alpha (u - c)) (u - c)^k`` is
-  ``0 * inf = NaN`` because an ``u - c`` overflowed, which the loop cannot see against a moving centre.
+- `centre_unseen`, `overflows` / `overflow_condition`: where the reference's terms are NaN though the
+  loop's sums are not: a max/min centre that never left its identity (``-inf - -inf``), or an ``u - c``
+  that overflowed in ``exp(alpha (u - c)) (u - c)^k`` (``0 * inf``), which the loop cannot see against a
+  moving centre.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ def centre_move(centre: Centre, count: Load | None, to_prev: Callable[[Expr], Ex
 
 
 def carry_expr(shift: Shift, prevs: list[Load], move: Expr, rescale: Expr | None) -> Expr:
-    """The shift law: ``R * sum_{j <= k} C(k, j) d^(k - j) T_j`` with ``R = exp(alpha d) * rescale``.
+    """The shift law: ``R * sum_{j <= k} C(k, j) d^(k - j) T_j`` with ``R = exp(alpha d) * rescale``
+    (``rescale * T_k`` where ``d`` is 0).
 
     ``d^(k - j)`` is formed before ``R`` multiplies it, so that an overflowing move gives
     ``0 * inf = NaN`` exactly where the reference's terms ``exp(u - c) (u - c)^k`` do."""
@@ -69,7 +72,16 @@ def carry_expr(shift: Shift, prevs: list[Load], move: Expr, rescale: Expr | None
             coef = r if coef is None else Binary(BinaryOp.MUL, r, coef, d)
         part = prev if coef is None else Binary(BinaryOp.MUL, coef, prev, d)
         out = part if out is None else Binary(BinaryOp.ADD, out, part, d)
-    return out
+    # A centre that did not move leaves the sums as they are: 0 * T_j would turn a lower power that an
+    # infinite element made infinite (sum (x - m) = -inf beside a -inf x) into NaN.
+    own = prevs[-1] if rescale is None else Binary(BinaryOp.MUL, rescale, prevs[-1], d)
+    return Select(Binary(BinaryOp.EQ, move, Const(0.0, d), bool_), own, out, d)
+
+
+def centre_unseen(shift: Shift) -> Expr:
+    """True where a running max/min centre ended at its identity (every element was its -inf/+inf)."""
+    source = shift.centre.source
+    return Binary(BinaryOp.EQ, source, Const(shift.centre.op.identity(source.dtype), source.dtype), bool_)
 
 
 def overflows(shift: Shift) -> bool:
@@ -100,4 +112,4 @@ def loop_term(shift: Shift, count: Load | None) -> Expr:
     return map_expr(shift.term, lambda n: w if n == marker else None)
 
 
-__all__ = ["centre_now", "centre_move", "carry_expr", "loop_term", "overflows", "overflow_condition"]
+__all__ = ["centre_now", "centre_move", "carry_expr", "loop_term", "centre_unseen", "overflows", "overflow_condition"]
