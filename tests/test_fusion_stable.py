@@ -113,6 +113,17 @@ def test_centred_exponential_sum_near_the_float32_range_keeps_numpys_nans(backen
     assert np.array_equal(np.isnan(actual), np.isnan(expected)) and np.all(actual[~np.isnan(expected)] == 0)
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 65])
+@pytest.mark.parametrize("body", [variance, fourth_moment, entropy])
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_short_and_ragged_axes(backend, body, n):
+    """An axis of length 1 reads x[i, 0] (a value the same at every k): still centred, so the moments are
+    numpy's exact 0, not the expansion's 3584; ragged last chunks count only the elements they hold."""
+    x = _rows_around_300((3, n), seed=n)
+    options = {"interpret_chunk": 4} if backend == "interpret" else {"block_n": 4}
+    _judge(_outputs(backend, body, x, **options), body, x, n)
+
+
 def squares_below_the_max(x):
     m = rf.max(x, axis=-1, keepdims=True)
     return rf.sum((x - m) ** 2, axis=-1)

@@ -116,24 +116,13 @@ def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, .
             continue
         u = value_at(st.axes, st.term, state_load.indices)
         lin = A.as_linear(A.normalize(u, pos, pos))
-        if lin is None or not lin.terms or any(ctx.kind(a) != "x" for m, _ in lin.terms for a, _ in m.factors):
+        # (values of kind c are the same at every k: an axis of length 1 reads x[i, 0])
+        if lin is None or not lin.terms or any(ctx.kind(a) not in ("x", "c") for m, _ in lin.terms
+                                               for a, _ in m.factors):
             continue
-        axis = next(_loop_axis(u, loop_axis), None)
-        if axis is None:
-            continue   # the values read no input along the loop (an index): nothing to centre
-        marker = Load(Buffer(f"__centre_{st.acc.name}", BufferType(atom.dtype, (extent,))), (axis,))
+        marker = Load(Buffer(f"__centre_{st.acc.name}", BufferType(atom.dtype, (extent,))), (Axis(loop_axis, extent),))
         out.append(Centre(st.op, st.acc.name, atom, state_load, c, u, marker))
     return out
-
-
-def _loop_axis(e: Expr, name: str):
-    from ..ir import Axis, walk
-
-    for n in walk(e):
-        if isinstance(n, Load):
-            for i in n.indices:
-                if isinstance(i, Axis) and i.name == name:
-                    yield i
 
 
 def _clean(s: A.Sum) -> A.Sum:
