@@ -111,16 +111,19 @@ def test_entropy_is_a_sum_of_separable_terms():
     lowered = _check(W.softmax_entropy, (x,), 50)
     (g,) = lowered.groups
     dec = g.decompositions[g.reductions[-1]]
-    assert g.fused and dec.kind == "sum of separable terms"
-    # exp(x - m) is shared with l: only one extra accumulator (for exp(x - m) * x) is carried.
-    assert [st.acc.name for st in g.states] == ["m", "l_acc", g.reductions[-1] + "_acc"]
+    assert g.fused and dec.kind == "shift-stable sum"
+    # exp(x - m) is shared with l: one extra accumulator, exp(x - m) * (x - m) kept centred on the running max,
+    # and the running min that tells where the reference's x - m overflows (its 0 * inf = NaN).
+    name = g.reductions[-1]
+    assert [st.acc.name for st in g.states] == ["m", "l_acc", name + "_min", name + "_acc"]
 
 
-def test_layer_norm_stats_fuse_with_a_cancellation_note():
+def test_layer_norm_stats_fuse_centred_on_the_running_mean():
     x = np.random.default_rng(6).standard_normal((3, 64)).astype(np.float32)
     lowered = _check(W.layer_norm_stats, (x,), 64)
     (g,) = lowered.groups
-    assert g.fused and g.notes and "cancel" in g.notes[0]
+    assert g.fused and not g.notes
+    assert "running mean" in g.decompositions[g.reductions[-1]].stable
 
 
 def test_mean_absolute_deviation_is_refused_with_a_reason():

@@ -249,8 +249,12 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                     partial = REDUCERS[st.op](full, axis=-1)
                 partial = partial.astype(st.acc.dtype.numpy, copy=False)
                 prev = inner[st.prev.name]
-                r = None if st.rescale is None else evaluate(st.rescale, inner, st.axes)
-                new = combine(st.op, rescale_partial(st.op, prev, r), partial)
+                if st.carry is not None:
+                    scaled = np.broadcast_to(evaluate(st.carry, inner, st.axes), prev.shape)
+                else:
+                    r = None if st.rescale is None else evaluate(st.rescale, inner, st.axes)
+                    scaled = rescale_partial(st.op, prev, r)
+                new = combine(st.op, scaled, partial)
             new = np.broadcast_to(new, prev.shape).astype(st.acc.dtype.numpy, order="C")  # a fresh array (0-d stays 0-d)
             inner[st.acc.name] = acc[st.acc.name] = new
     for st in s.states:

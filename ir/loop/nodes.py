@@ -88,6 +88,12 @@ class OnlineState:
     `rescale`), so a chunk seen while ``m`` is still -inf contributes the exact
     ``exp(-inf - 0) = 0`` rather than ``exp(-inf + inf) = NaN``; a row that stays
     -inf to the end gets the reference's NaN in the epilogue.
+
+    `carry`, when set (only for SUM states, and then `rescale` is None), replaces the
+    ``scaled`` line: ``scaled = carry``, always, identity included. It reads the
+    `prev`-buffers of this and earlier states and earlier states' current values:
+    a shift-stable accumulator ``sum (x - c)^k`` moves to a new centre by the
+    binomial law over its family's lower powers (`redfuser/fusion/centred.py`).
     """
 
     acc: Buffer
@@ -96,6 +102,7 @@ class OnlineState:
     op: ReduceOp
     term: Expr
     rescale: Expr | None = None
+    carry: Expr | None = None
 
 
 @dataclass(frozen=True, slots=True)

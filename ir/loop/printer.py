@@ -101,6 +101,8 @@ def format_state(st: OnlineState, axis: Axis) -> str:
     if st.rescale is not None:
         text, prec = _expr(st.rescale)
         prev = f"{prev} * {text if prec >= _PREC[BinaryOp.MUL] else '(' + text + ')'}"
+    if st.carry is not None:
+        prev = f"({format_expr(st.carry)})"   # the shift to the new centre
     if st.op.value == "sum":
         return f"{head}{prev} + {partial}"
     return f"{head}{st.op.value}({prev}, {partial})"

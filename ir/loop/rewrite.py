@@ -39,7 +39,9 @@ def rename_buffers(p: Program, names: dict[str, str], program_name: str | None =
     def state(st: OnlineState | TopKState) -> OnlineState | TopKState:
         rescale = None if st.rescale is None else map_expr(st.rescale, fix)
         st = replace(st, acc=buf(st.acc), prev=buf(st.prev), term=map_expr(st.term, fix), rescale=rescale)
-        return replace(st, indices=buf(st.indices)) if isinstance(st, TopKState) else st
+        if isinstance(st, TopKState):
+            return replace(st, indices=buf(st.indices))
+        return st if st.carry is None else replace(st, carry=map_expr(st.carry, fix))
 
     def stmt(s: Stmt) -> Stmt:
         if isinstance(s, FusedLoop):

@@ -1,7 +1,7 @@
 """`explain`: what the fusion engine found and did, in plain words."""
 from __future__ import annotations
 
-from ..ir import format_expr, format_stmt
+from ..ir import Const, format_expr, format_stmt
 from .group import CascadeGroup
 from .narrowing import moved_rounding_line, rounding_factor
 from .separability import Decomposition, Refusal
@@ -22,6 +22,9 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
                      "reads only the reduced values, not an earlier result, so H comes out of the where")
     for g_atom, online_atom in dec.rounded:
         lines.append(pad + moved_rounding_line(g_atom, online_atom, rounding_factor(dec, online_atom)))
+    if dec.stable:
+        lines.append(f"{pad}{dec.stable}: each power of the centred values keeps its own sum, moved with the "
+                     "centre by the binomial shift law, so no expanded terms cancel")
     for n, (acc, factor) in enumerate(zip(dec.accumulators, dec.factors)):
         tag = f"term {n + 1}: " if len(dec.accumulators) > 1 else ""
         lines.append(f"{pad}{tag}G(x) = {format_expr(acc.G)}")
@@ -30,7 +33,9 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
         if state is not None:
             rescale = f", rescaled per chunk by {format_expr(state.rescale)}" if state.rescale is not None else ""
             lines.append(f"{pad}{' ' * len(tag)}state {state.acc.name}: accumulates {format_expr(acc.term)}{rescale}")
-        if factor is not None:
+        if isinstance(factor, Const) and factor.value == 0.0:
+            lines.append(f"{pad}{' ' * len(tag)}carried only to move the higher powers with the centre")
+        elif factor is not None:
             lines.append(f"{pad}{' ' * len(tag)}deferred: {format_expr(factor)} applied once after the loop")
     if dec.addend is not None:
         lines.append(f"{pad}added once after the loop: {format_expr(dec.addend)}")

@@ -38,7 +38,8 @@ def reads(s) -> set[str]:
     from ..ir import FusedLoop
 
     if isinstance(s, FusedLoop):
-        exprs = [l.value for l in s.locals] + [st.term for st in s.states] + [st.rescale for st in s.states if st.rescale]
+        exprs = [l.value for l in s.locals]
+        exprs += [e for st in s.states for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
     else:
         exprs = [s.value]
     return {n.buffer.name for e in exprs for n in walk(e) if isinstance(n, Load)}

@@ -8,6 +8,8 @@ reference's own value is NaN (`unseen`, `nan_row`).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from ..ir import (
     Axis,
     Binary,
@@ -18,6 +20,7 @@ from ..ir import (
     Expr,
     Load,
     OnlineState,
+    ReduceOp,
     Select,
     TopKState,
     map_expr,
@@ -28,7 +31,9 @@ from .member import Member
 from .narrowing import rescale_dtype
 from .nan_guard import read_safely, running_extrema
 from .positivity import is_positive
-from .separability import rescale_expr
+from .algebra import Linear
+from .shift_law import carry_expr, centre_move, centre_unseen, loop_term, overflow_condition, overflows
+from .separability import Accumulator, rescale_expr
 from .substitute import inline_loads
 
 
@@ -44,12 +49,17 @@ class LoopBuilder:
         self.names: set[str] = set()
         self.online: list = []                         # each state's online exponent (for sharing)
 
-    def state_for(self, member: Member, acc, suggested: Buffer, indices: Buffer | None = None) -> Buffer:
-        """The state accumulating `acc` (shared with an equal one already in the loop)."""
+    def state_for(self, member: Member, acc, suggested: Buffer, indices: Buffer | None = None,
+                  term: Expr | None = None, carry_of: Callable[[Buffer], Expr] | None = None) -> Buffer:
+        """The state accumulating `acc` (shared with an equal one already in the loop); `term` and
+        `carry_of` (a shift-stable sum's carry given the state's own prev-buffer, see `centred_state`)
+        replace the term made from `acc` and its rescale."""
+        term = self.safe_term(acc) if term is None else term
         for st, online in zip(self.states, self.online):
+            carry = None if carry_of is None or not isinstance(st, OnlineState) else carry_of(st.prev)
             if (isinstance(st, OnlineState) and not member.is_topk
-                    and (st.op, st.axes, st.term, online) == (acc.op, member.state_axes, self.safe_term(acc),
-                                                               (acc.online, acc.powers))):
+                    and (st.op, st.axes, st.term, online, st.carry) == (acc.op, member.state_axes, term,
+                                                                         (acc.online, acc.powers), carry)):
                 return st.acc
         name = suggested.name
         k = 1
@@ -63,15 +73,58 @@ class LoopBuilder:
                                lambda e: self.safe(self.running(e)), acc.powers,
                                lambda e: self.safe_scale(self.running(e)))
         if member.is_topk:
-            st = TopKState(buf, indices or member.indices, prev, member.state_axes, member.rank, self.safe_term(acc),
-                           rescale)
+            st = TopKState(buf, indices or member.indices, prev, member.state_axes, member.rank, term, rescale)
+        elif carry_of is not None:
+            st = OnlineState(buf, prev, member.state_axes, acc.op, term, None, carry_of(prev))
         else:
-            st = OnlineState(buf, prev, member.state_axes, acc.op, self.safe_term(acc), rescale)
+            st = OnlineState(buf, prev, member.state_axes, acc.op, term, rescale)
         self.states.append(st)
         self.online.append((acc.online, acc.powers))
         if not member.is_topk and is_positive(acc.term, frozenset(self.positive)):
             self.positive.add(name)
         return buf
+
+    def centred_state(self, member: Member, acc, lower: list[Buffer], suggested: Buffer) -> Buffer:
+        """The state of a shift-stable accumulator (`acc.shift`): its term read with the running centre, and
+        for a power above 0 the carry that moves the family's previous sums to the new centre."""
+        shift = acc.shift
+        count = self.count_state(member) if shift.centre.op is ReduceOp.SUM else None
+        count_load = None if count is None else Load(count, member.state_axes)
+        term = self.safe(self.running(loop_term(shift, count_load)))
+        if shift.degree == 0:
+            return self.state_for(member, acc, suggested, term=term)
+        move = centre_move(shift.centre, count_load, self.to_prev)
+        rest = rescale_expr(shift.online_rest, lambda e: self.to_prev(self.running(e)), suggested.dtype,
+                            lambda e: self.safe(self.running(e)))
+        by_name = {st.acc.name: st for st in self.states if isinstance(st, OnlineState)}
+        prevs = [Load(by_name[b.name].prev, member.state_axes) for b in lower]
+        return self.state_for(member, acc, suggested, term=term, carry_of=lambda own: carry_expr(
+            shift, prevs + [Load(own, member.state_axes)], move, rest))
+
+    def centred_nan_guard(self, member: Member, acc) -> Expr | None:
+        """Where a shift-stable power's reference value is NaN though the loop's sums are not: the centre
+        (a running max/min) never left its identity, so every ``u - c`` is ``-inf - -inf`` (the loop read
+        the centre as 0); or some ``u - c`` overflows (`overflows`), told by a state keeping the reduced
+        values' extreme farthest from the centre."""
+        shift = acc.shift
+        if shift is None or shift.degree == 0 or shift.centre.op is ReduceOp.SUM:
+            return None
+        # with an exponential of u - c the centre is in H's online part, which `unseen` already guards
+        guard = centre_unseen(shift) if not shift.alpha else None
+        if overflows(shift):
+            op = ReduceOp.MIN if shift.centre.op is ReduceOp.MAX else ReduceOp.MAX
+            u = shift.centre.u
+            buf = self.state_for(member, Accumulator(op, u, Linear(), u, Const(1.0, u.dtype)),
+                                 Buffer(f"{member.name}_{op.value}", member.out.type))
+            far = overflow_condition(shift, Load(buf, member.state_axes))
+            guard = far if guard is None else Binary(BinaryOp.OR, guard, far, bool_)
+        return guard
+
+    def count_state(self, member: Member) -> Buffer:
+        """The exact running count of elements seen (a sum of 1), for a running mean."""
+        one = Const(1.0, member.out.dtype)
+        return self.state_for(member, Accumulator(ReduceOp.SUM, one, Linear(), one, one),
+                              Buffer(f"{member.name}_count", member.out.type))
 
     def running_extrema(self) -> dict[str, float]:
         """Max/min states and their identities (what they hold before any element is seen)."""

@@ -8,6 +8,10 @@ For each state, in cascade order (earlier states are merged first)::
                                                                 with prev := acc_X, current := merged)
     merged   = scaled_A (+) scaled_B
 
+A shift-stable sum (`OnlineState.carry`) has ``scaled_X = carry_X`` instead (prev := acc_X,
+current := merged): each side moved to the merged centre by the binomial law, then added
+(for a variance this is the parallel-variance merge of Chan et al.).
+
 Split reductions (many programs each reduce a slice of the axis, then a combine
 step) and tree reductions across threads and warps call this rule; it is derived
 from each cascade's own rescale expressions, never hard-coded for attention.
@@ -32,6 +36,8 @@ class MergeStep:
     b: Buffer
     scale_a: Expr | None
     scale_b: Expr | None
+    carry_a: Expr | None = None    # a shift-stable sum: side a moved to the merged centre (replaces scale_a)
+    carry_b: Expr | None = None
 
 
 def partial_buffer(st: OnlineState, side: str) -> Buffer:
@@ -43,15 +49,16 @@ def merge_rule(loop: FusedLoop) -> tuple[MergeStep, ...]:
     """The merge of two partial states of `loop`, one step per state in cascade order."""
     steps = []
     for st in loop.states:
-        sides = {}
+        sides: dict[str, Expr | None] = {}
+        carries: dict[str, Expr | None] = {}
         for side in ("a", "b"):
-            if st.rescale is None:
-                sides[side] = None
-                continue
             prev_to_side = {s.prev.name: partial_buffer(s, side) for s in loop.states if isinstance(s, OnlineState)}
-            sides[side] = map_expr(st.rescale, lambda n, m=prev_to_side: Load(m[n.buffer.name], n.indices)
-                                   if isinstance(n, Load) and n.buffer.name in m else None)
-        steps.append(MergeStep(st, partial_buffer(st, "a"), partial_buffer(st, "b"), sides["a"], sides["b"]))
+            to_side = lambda e, m=prev_to_side: None if e is None else map_expr(  # noqa: E731
+                e, lambda n: Load(m[n.buffer.name], n.indices) if isinstance(n, Load) and n.buffer.name in m else None)
+            sides[side] = to_side(st.rescale)
+            carries[side] = to_side(st.carry) if isinstance(st, OnlineState) else None
+        steps.append(MergeStep(st, partial_buffer(st, "a"), partial_buffer(st, "b"), sides["a"], sides["b"],
+                               carries["a"], carries["b"]))
     return tuple(steps)
 
 
@@ -70,8 +77,10 @@ def merge_partials(loop: FusedLoop, a: dict[str, np.ndarray], b: dict[str, np.nd
             continue
         scope[step.a.name], scope[step.b.name] = a[st.acc.name], b[st.acc.name]
         with np.errstate(all="ignore"):
-            parts = [rescale_partial(st.op, part, None if scale is None else evaluate(scale, scope, st.axes))
-                     for part, scale in ((a[st.acc.name], step.scale_a), (b[st.acc.name], step.scale_b))]
+            parts = [np.broadcast_to(evaluate(carry, scope, st.axes), part.shape) if carry is not None else
+                     rescale_partial(st.op, part, None if scale is None else evaluate(scale, scope, st.axes))
+                     for part, scale, carry in ((a[st.acc.name], step.scale_a, step.carry_a),
+                                                (b[st.acc.name], step.scale_b, step.carry_b))]
             value = combine(st.op, parts[0], parts[1])
         merged[st.acc.name] = scope[st.acc.name] = np.asarray(value, dtype=st.acc.dtype.numpy)
     return merged

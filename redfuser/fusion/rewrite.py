@@ -39,6 +39,7 @@ from .narrowing import Extremum
 from .numeric_check import check
 from .positivity import is_positive
 from .algebra import Linear
+from .centred import stabilize
 from .separability import Accumulator, Decomposition, FusionContext, Refusal, decompose
 from .substitute import rename_axes
 from .topk_order import list_order_refusal
@@ -78,6 +79,8 @@ def _epilogue_value(member: Member, dec: Decomposition, accs: list[Buffer | Expr
     d = member.out.dtype
     out: Expr | None = None
     for n, (buf, factor) in enumerate(zip(accs, dec.factors)):
+        if isinstance(factor, Const) and factor.value == 0.0:
+            continue   # a shift-stable family's lower power, carried only to move the higher ones
         load: Expr = Load(buf, member.axes) if isinstance(buf, Buffer) else buf
         if unseen is not None and unseen[n] is not None:
             load = Select(unseen[n], Const(math.nan, d), load, d)
@@ -153,6 +156,11 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
                             maxima=frozenset(n for n, v in b.running_extrema().items() if v < 0),
                             extrema=tuple(extrema))
         dec = decompose(value, member.order_op, ctx, name)
+        unstable = None
+        if isinstance(dec, Decomposition) and dec.expanded and member.order_op is ReduceOp.SUM and not member.is_topk:
+            # Expanded terms can cancel: keep them centred on a running statistic where the body allows.
+            online_states = tuple(st for st in b.states if isinstance(st, OnlineState))
+            dec, unstable = stabilize(dec, value, ctx, online_states, b.running, axis, name)
         if isinstance(dec, Decomposition):
             failure = check(value, dec, ctx)
             if failure:
@@ -173,6 +181,11 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         if member.is_topk:
             after_loop |= {member.out.name, member.indices.name}
         unseen = [_where_live(b, member, acc, b.unseen(acc)) for acc in dec.accumulators]
+        for n, acc in enumerate(dec.accumulators):
+            if not (isinstance(dec.factors[n], Const) and dec.factors[n].value == 0.0):
+                guard = b.centred_nan_guard(member, acc)
+                if guard is not None:
+                    unseen[n] = guard if unseen[n] is None else Binary(BinaryOp.OR, unseen[n], guard, bool_)
         direct = (len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None
                   and unseen[0] is None)
         extremum = member.order_op in (ReduceOp.MAX, ReduceOp.MIN) and not member.is_topk
@@ -180,6 +193,11 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             extrema.append(Extremum(name, member.axes, member.order_op, value))
         accs = []
         for n, acc in enumerate(dec.accumulators):
+            if acc.shift is not None:
+                lower = [accs[j] for j in acc.shift.lower]
+                accs.append(b.centred_state(member, acc, lower, Buffer(f"{name}_acc", member.out.type)))
+                group.state_of[(name, n)] = accs[-1].name
+                continue
             if (acc.op is ReduceOp.SUM and not member.is_topk and not direct and not acc.online.terms
                     and not acc.powers.factors and _constant(acc.term)):
                 # A sum of a constant needs no loop-carried state: it is extent * constant.
@@ -206,7 +224,8 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         if dec.expanded:
             notes.append(f"`{name}` was expanded into {len(dec.accumulators)} accumulated terms; exact in real "
                          "arithmetic, but terms of opposite sign can cancel in floating point when the earlier "
-                         "results are large compared with the spread of the data")
+                         "results are large compared with the spread of the data"
+                         + (f"; no shift-stable form: {unstable}" if unstable else ""))
     group.notes = tuple(notes)
     group.reason = "; ".join(refused.values()) or None
     if len(fused) < 2:
@@ -232,7 +251,7 @@ def _pull_locals(p: Program, fused: list[Member], b: LoopBuilder, axis: Axis) ->
             used_elsewhere |= reads(s)
     for e in b.epilogue:
         used_elsewhere |= reads(e)
-    exprs = [st.term for st in b.states] + [st.rescale for st in b.states if st.rescale is not None]
+    exprs = [e for st in b.states for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
     found = []
     for s in p.body:
         if not isinstance(s, Reduce) or s.out.name in outputs or s.out.name in used_elsewhere:

@@ -19,7 +19,7 @@ rounded value bounded. Anything else is refused with the atom that mixes x and y
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..ir import (Axis, Binary, BinaryOp, Cast, Const, DType, Expr, IndexValue, Load, ReduceOp, Select, Unary,
                   UnaryOp, format_expr)
@@ -29,6 +29,9 @@ from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
 from .narrowing import Extremum, distribute_cast, rescale_dtype, split_narrowing
 from .positivity import is_nonnegative, is_positive
+
+if TYPE_CHECKING:
+    from .centred import Shift
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class Accumulator:
     powers: A.Monomial = A.Monomial()      # running maxima scaling a quantization inside the term, online
     quantized: tuple[Expr, ...] = ()       # the quantization atoms (casts) of `term` that read them
     live: Expr | None = None               # true where an element's term is not the 0 branch of a where(c(x), ...)
+    shift: "Shift | None" = None           # a shift-stable sum's place in its family (fusion/centred.py)
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,14 @@ class Decomposition:
     """
 
     kind: str                                # independent | separable | sum of separable terms | additive
+                                             # | shift-stable sum
     accumulators: tuple[Accumulator, ...]
     factors: tuple[Expr | None, ...]
     addend: Expr | None = None
     expanded: bool = False                   # distributing created several terms (may cancel numerically)
     conditions: tuple[Expr, ...] = ()        # conditions of wheres taken apart as where(c(x), G1, G2)·H(y)
     rounded: tuple[tuple[Expr, Expr], ...] = ()  # narrowing casts: (G's cast, the cast the loop evaluates)
+    stable: str | None = None                # a shift-stable sum: the centre it is kept on, in words
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,9 @@ def _reads(s: Stmt) -> set[str]:
         names = {b.buffer.name for l in s.locals for b in loads(l.value)}
         for st in s.states:
             names |= {b.buffer.name for b in loads(st.term)}
-            if st.rescale is not None:
-                names |= {b.buffer.name for b in loads(st.rescale)}
+            for e in (st.rescale, getattr(st, "carry", None)):
+                if e is not None:
+                    names |= {b.buffer.name for b in loads(e)}
         return names - inner
     return {b.buffer.name for b in loads(s.value)}
 

@@ -5,6 +5,7 @@ A state is carried as one tile (an `OnlineState`, in its compute dtype) or two
 order, exactly as `OnlineState` / `TopKState` say:
 
     scaled = prev if no rescale else select(prev == identity, prev, prev * r)
+    (or scaled = carry, for a shift-stable sum: OnlineState.carry)
     SUM:     new = scaled + partial          MAX/MIN: new = maximum/minimum(scaled, partial)
     top-k:   new = topk(chunk candidates, into prev * r)
 
@@ -112,7 +113,9 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
                                 fb.rank_dim(j), st.acc.name)
             continue
         acc = prev[0]
-        if r is not None:
+        if st.carry is not None:   # a shift-stable sum moves to its new centre (OnlineState.carry)
+            acc = place(kb, lw.lower_as(st.carry, d, b), dims)
+        elif r is not None:
             scaled = kb.binary(BinaryOp.MUL, acc, r, hint=f"{st.acc.name}_scaled")
             # the identity stays put (-inf * 0 must stay -inf; 0 * NaN must stay 0)
             empty = kb.binary(BinaryOp.EQ, acc, kb.const(st.op.identity(st.acc.dtype), d, r.shape))
@@ -169,9 +172,11 @@ def merge_states(fb: FusedBuilder, steps: tuple[MergeStep, ...], a: Carried, b: 
         bind = fb.bind(fb.lay.state_stmt(j), st.axes)
         dims, d = fb.state_dims(j), state_dtype(st)
         parts = []
-        for side, scale in ((va, step.scale_a), (vb, step.scale_b)):
+        for side, scale, carry in ((va, step.scale_a, step.carry_a), (vb, step.scale_b, step.carry_b)):
             value = side[0]
-            if scale is not None:
+            if carry is not None:   # each side shifted to the merged centre (OnlineState.carry)
+                value = place(kb, lw.lower_as(carry, d, bind), dims)
+            elif scale is not None:
                 r = place(kb, lw.lower_as(scale, d, bind), dims)
                 if isinstance(st, TopKState):
                     value = rescale_list(kb, value, r)

@@ -56,7 +56,7 @@ def statement_axes(fl: FusedLoop, epilogue: list[Compute]) -> list[tuple[tuple[A
         extra = local.reduce_axes if isinstance(local, Reduce) else ()
         out.append((local.axes + extra, [local.value], local.out.name))
     for st in fl.states:
-        exprs = [st.term] + ([st.rescale] if st.rescale is not None else [])
+        exprs = [st.term] + [e for e in (st.rescale, getattr(st, "carry", None)) if e is not None]
         out.append((state_axes(st) + (fl.axis,), exprs, st.acc.name))
     for c in epilogue:
         out.append((c.axes, [c.value], c.out.name))

@@ -1,0 +1,221 @@
+"""Shift-stable fused sums (docs/fusion.md "Shift-stable sums"): a sum that is a polynomial in ``u - c``, with
+``c`` a running max or running mean of ``u``, is kept centred on the running statistic instead of being
+expanded into sums that cancel. Each body is judged on interpret, cpu and simulate (whose PTX is assembled)
+against the float64 evaluation of the body: within 20 times numpy-f32's own error, within the tolerance
+rule against numpy-f32, NaN where numpy-f32 is NaN and nowhere else."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import run_backend
+
+import redfuser as rf
+from redfuser.fusion.merge import merge_partials
+from redfuser.ir import FusedLoop
+from redfuser.ir.loop.interpreter import Env, run_fused_loop, run_stmt
+from redfuser.testing.tolerance import assert_close
+
+BACKENDS = ("interpret", "cpu", "simulate")
+# small chunks: the centre moves many times (the shift law is used at every chunk)
+SMALL_CHUNKS = {"interpret": {"interpret_chunk": 4}, "cpu": {"block_n": 16}, "simulate": {"block_n": 16}}
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def variance(x):
+    n = x.shape[-1]
+    mu = rf.sum(x, axis=-1, keepdims=True) / n
+    return rf.sum((x - mu) ** 2, axis=-1) / n
+
+
+def fourth_moment(x):
+    n = x.shape[-1]
+    mu = rf.sum(x, axis=-1, keepdims=True) / n
+    return rf.sum((x - mu) ** 4, axis=-1) / n
+
+
+def entropy(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    e = rf.exp(x - m)
+    l = rf.sum(e, axis=-1, keepdims=True)  # noqa: E741
+    p = e / l
+    return -rf.sum(p * rf.log(p), axis=-1)
+
+
+def centred_exp_sum(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(x - m) * (x - m), axis=-1)
+
+
+def _outputs(backend: str, body, x: np.ndarray, **options) -> np.ndarray:
+    """The kernel's result on `backend` (on simulate its PTX for sm_80 and sm_90 is assembled too)."""
+    if backend == "simulate":
+        (actual,), _ = run_backend(backend, body, x, **options)
+        return actual
+    return rf.kernel(body, backend=backend, **options)(x)
+
+
+def _judge(actual: np.ndarray, body, x: np.ndarray, n: int) -> None:
+    """The issue's rule: NaN exactly where numpy-f32 has it, the tolerance rule against numpy-f32, and an
+    error against float64 within 20 times numpy-f32's own (at least one f32 ulp of the largest value)."""
+    with np.errstate(all="ignore"):
+        r32 = np.asarray(body(x))
+        r64 = np.asarray(body(x.astype(np.float64)))
+    assert actual.dtype == r32.dtype and actual.shape == r32.shape
+    assert np.array_equal(np.isnan(actual), np.isnan(r32)), (actual, r32)
+    assert_close(actual, r32, np.float32, n)
+    finite = np.isfinite(r64) & np.isfinite(r32)
+    if finite.any():
+        own = max(float(np.abs(r32 - r64)[finite].max()), EPS32 * float(np.abs(r64[finite]).max()))
+        err = float(np.abs(actual.astype(np.float64) - r64)[finite].max())
+        assert err <= 20 * own, f"error {err:.3g} against float64, numpy-f32's own {own:.3g}"
+
+
+def _rows_around_300(shape=(8, 300), seed=0) -> np.ndarray:
+    return (300 + np.random.default_rng(seed).standard_normal(shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("small", [False, True], ids=["default-chunks", "small-chunks"])
+@pytest.mark.parametrize("body", [variance, fourth_moment])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_central_moments_of_rows_far_from_zero(backend, body, small):
+    x = _rows_around_300((4, 300) if backend == "simulate" else (8, 300))
+    actual = _outputs(backend, body, x, **(SMALL_CHUNKS[backend] if small else {}))
+    _judge(actual, body, x, 300)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3, 1e4])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_softmax_entropy_at_large_logit_offsets(backend, offset):
+    """Offset 0 is the control (the expanded form was accurate there); 1e3 and 1e4 lost digits expanded."""
+    rng = np.random.default_rng(1)
+    x = (offset + 3 * rng.standard_normal((4, 200))).astype(np.float32)
+    _judge(_outputs(backend, entropy, x, **SMALL_CHUNKS[backend]), entropy, x, 200)
+
+
+# Rows near the f32 range. Row 0: numpy's terms are 0 and -0 (sum 0), the expanded sums overflow to
+# inf - inf. Rows 1-2: an x - m overflows to -inf in numpy (0 * -inf: NaN), in the same chunk as the max or
+# in an earlier one (the centre moves by an infinite amount). Row 3: large but finite, 0.
+NEAR_RANGE = np.array([[3e38, 3e38, 1.0, 2.0, 0.5, -1.0, 7.0, 3e38],
+                       [3e38, -3e38, 1.0, 2.0, 0.5, -1.0, 7.0, 5.0],
+                       [-3e38, 1.0, 2.0, 0.5, -1.0, 7.0, 5.0, 3e38],
+                       [1e38, -1e38, 5.0, 0.0, 1.0, 2.0, 3.0, 4.0]], np.float32)
+
+
+@pytest.mark.parametrize("options", [{}, {"block_n": 2}], ids=["one-chunk", "chunks-of-2"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_centred_exponential_sum_near_the_float32_range_keeps_numpys_nans(backend, options):
+    if backend == "interpret" and options:
+        options = {"interpret_chunk": 2}
+    actual = _outputs(backend, centred_exp_sum, NEAR_RANGE, **options)
+    with np.errstate(all="ignore"):
+        expected = centred_exp_sum(NEAR_RANGE)
+    assert np.array_equal(np.isnan(expected), [False, True, True, False])
+    assert np.array_equal(np.isnan(actual), np.isnan(expected)) and np.all(actual[~np.isnan(expected)] == 0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 65])
+@pytest.mark.parametrize("body", [variance, fourth_moment, entropy])
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_short_and_ragged_axes(backend, body, n):
+    """An axis of length 1 reads x[i, 0] (a value the same at every k): still centred, so the moments are
+    numpy's exact 0, not the expansion's 3584; ragged last chunks count only the elements they hold."""
+    x = _rows_around_300((3, n), seed=n)
+    options = {"interpret_chunk": 4} if backend == "interpret" else {"block_n": 4}
+    _judge(_outputs(backend, body, x, **options), body, x, n)
+
+
+def squares_below_the_max(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum((x - m) ** 2, axis=-1)
+
+
+def cubes_above_the_min(x):
+    m = rf.min(x, axis=-1, keepdims=True)
+    return rf.sum((x - m) ** 3 * 0.5, axis=-1)
+
+
+def _special_rows() -> np.ndarray:
+    x = np.random.default_rng(5).standard_normal((6, 20)).astype(np.float32)
+    x[0, 3], x[1, 5], x[2], x[3, 7], x[4, :10] = np.inf, -np.inf, -np.inf, np.nan, -np.inf
+    return x
+
+
+@pytest.mark.parametrize("body", [squares_below_the_max, cubes_above_the_min, variance, fourth_moment, entropy,
+                                  centred_exp_sum])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_infinite_and_nan_elements_give_numpys_infinities_and_nans(backend, body):
+    """A centre that stays put must not multiply an infinite lower power by 0 (NaN where numpy has inf); a
+    max/min centre still at its identity gives numpy's -inf - -inf = NaN."""
+    x = _special_rows()
+    actual = _outputs(backend, body, x, **({"interpret_chunk": 3} if backend == "interpret" else {"block_n": 4}))
+    _judge(actual, body, x, 20)
+
+
+@pytest.mark.parametrize("body", [variance, fourth_moment, entropy])
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_split_reductions_merge_by_the_shift_law(backend, body):
+    x = _rows_around_300((3, 300), seed=2) if body is not entropy else \
+        (1e3 + 3 * np.random.default_rng(2).standard_normal((3, 300))).astype(np.float32)
+    kernel = rf.kernel(body, backend=backend, split=3, block_n=16)
+    assert [k.name.rsplit("_", 1)[-1] for k in kernel.lower(x).stages["tile"].kernels] == ["partial", "combine"]
+    _judge(_outputs(backend, body, x, split=3, block_n=16), body, x, 300)
+
+
+@pytest.mark.parametrize("cut", [1, 37, 150, 299])
+@pytest.mark.parametrize("body", [variance, fourth_moment, entropy])
+def test_merge_of_two_partial_states_is_the_shift_to_the_merged_centre(body, cut):
+    """The Loop IR's merge rule (what a split's combine step runs): two halves merged equal the whole."""
+    x = _rows_around_300((3, 300), seed=3) if body is not entropy else \
+        (1e4 + 3 * np.random.default_rng(3).standard_normal((3, 300))).astype(np.float32)
+    lowered = rf.kernel(body, backend="interpret").lower(x)
+    env = Env({b.name: a for b, a in zip(lowered.program.inputs, (x,))})
+    loop = next(s for s in lowered.program.body if isinstance(s, FusedLoop))
+    assert any(st.carry is not None for st in loop.states)
+    whole = run_fused_loop(loop, env, chunk=300)
+    a = run_fused_loop(loop, env, chunk=7, span=(0, cut))
+    b = run_fused_loop(loop, env, chunk=5, span=(cut, 300))
+    # a lower power such as sum (x - mean) is near 0: its rounding is relative to the data (|x| per term)
+    scale = float(np.abs(x).max()) * 300
+    for merged in (merge_partials(loop, a, b), merge_partials(loop, b, a)):
+        for name, value in whole.items():
+            assert_close(merged[name], value, np.float32, 300, err_msg=name, scale=scale)
+    env.update(merge_partials(loop, a, b))
+    after = lowered.program.body[lowered.program.body.index(loop) + 1:]
+    for s in after:
+        env[s.out.name] = run_stmt(s, env)
+    _judge(env[lowered.program.outputs[0].name], body, x, 300)
+
+
+def test_explain_says_which_centre_was_chosen():
+    x = _rows_around_300((2, 64))
+    text = rf.kernel(variance, backend="interpret").explain(x)
+    assert "shift-stable sum" in text and "centred on the running mean (shift-stable)" in text
+    assert "carried only to move the higher powers with the centre" in text
+    text = rf.kernel(entropy, backend="interpret").explain(x)
+    assert "centred on the running max m[i0] (shift-stable)" in text
+    assert "expanded into" not in text   # no cancellation note: nothing is expanded
+
+
+def test_a_polynomial_around_a_statistic_of_other_values_says_why_it_is_not_centred():
+    """No stable form: m is the max of y, not of the reduced x, so (x - m)^2 stays expanded, with a note."""
+    def around_other_max(x, y):
+        m = rf.max(y, axis=-1, keepdims=True)
+        return rf.sum((x - m) ** 2, axis=-1)
+
+    x = _rows_around_300((3, 64))
+    group = rf.kernel(around_other_max, backend="interpret").lower(x, x + np.float32(0.5)).groups[0]
+    assert group.fused and group.decompositions[group.reductions[-1]].stable is None
+    assert "no shift-stable form: it multiplies out x[i0,j] ± m[i0], and m[i0] is not a running max, min or " \
+           "mean of x[i0,j]" in group.notes[0]
+
+
+def test_harmless_expanded_sums_still_fuse():
+    """Expanded terms that are no multiplied-out difference of x and an earlier result are not refused."""
+    def two_exponentials(x):
+        m = rf.max(x, axis=-1, keepdims=True)
+        return rf.sum(rf.exp(x - m) + rf.exp(2.0 * (x - m)), axis=-1)
+
+    x = np.random.default_rng(4).standard_normal((2, 40)).astype(np.float32)
+    lowered = rf.kernel(two_exponentials, backend="interpret").lower(x)
+    assert lowered.groups[0].fused
+    _judge(rf.kernel(two_exponentials, backend="interpret")(x), two_exponentials, x, 40)
