@@ -1,6 +1,6 @@
 """Oracle rule (6): fused reductions whose earlier results break the fusion theorem's precondition.
 
-The two programs the fuzzer found (docs/fusion.md, "Limits") pass the judge on
+The programs the fuzzer found (docs/fusion.md, "Limits") pass the judge on
 the real backends and are counted as known limits, on the rows where the earlier
 result is infinite, NaN or a zero divisor only: a planted wrong result on another
 row of the same programs still fails. The rule marks nothing where the engine is
@@ -57,18 +57,18 @@ X_INF[1, 39] = np.inf
 TOPK = [("m", "max", ["x0"], [-1, True]), ("d", "sub", ["x0", "m"], []), ("v,i", "topk", ["d"], [3])]
 
 
-def test_topk_of_x_minus_its_max_with_an_inf_row_is_a_known_limit():
-    """``topk(x - max(x))``: with +inf in row 1 the fused top-k ranks x (H = -max = -inf is not finite)."""
+def test_topk_of_x_minus_its_max_with_an_inf_row_is_judged():
+    """``topk(x - max(x))`` with +inf in row 1, once a known limit of the fused top-k (it ranked x, while
+    numpy's row is all NaN: positions 0..k-1). Issue 20: a top-k reading an earlier result ranks after
+    the loop with the final max, so the row is judged and matches."""
     p = _program(TOPK, ("i",), _array(X_INF))
-    assert _limit(p) == [[False] * 3, [True] * 3]
+    assert not np.any(_limit(p))
     for backend in BACKENDS:
         out = run(p, backend)
-        assert out.failures == [] and out.unsure == 3
-        assert (out.limit_elements["precondition"], out.limit_calls["precondition"]) == (3, 1)
-        assert out.limit_differ["precondition"] == 3   # the kernel does rank row 1 otherwise: the limit bites
+        assert out.failures == [] and out.unsure == 0
 
 
-def test_a_wrong_top_k_on_a_finite_row_still_fails(monkeypatch):
+def test_a_wrong_top_k_fails_on_every_row(monkeypatch):
     p = _program(TOPK, ("i",), _array(X_INF))
 
     def swap(row: int):
@@ -77,10 +77,9 @@ def test_a_wrong_top_k_on_a_finite_row_still_fails(monkeypatch):
             return i
         return change
 
-    _planted(monkeypatch, swap(0))
-    assert [f.kind for f in run(p, "cpu").failures] == ["wrong value"]
-    _planted(monkeypatch, swap(1))   # the row of the limit is not judged
-    assert run(p, "cpu").failures == []
+    for row in (0, 1):
+        _planted(monkeypatch, swap(row))
+        assert [f.kind for f in run(p, "cpu").failures] == ["wrong value"]
 
 
 def test_a_sum_over_a_zero_max_is_a_known_limit():
@@ -146,9 +145,9 @@ def test_softmax_rows_with_infinities_and_nan_are_judged():
     # a NaN earlier result: numpy's sum is NaN, and so is (sum x) * NaN
     ([("m", "max", ["x1"], [-1, True]), ("q", "div", ["x0", "m"], []), ("s", "sum", ["q"], [-1, False])],
      [[1.0, 2.0], [3.0, 4.0]], [[NAN, 1.0], [1.0, 2.0]], [False, False]),
-    # ... but a top-k of x - NaN ranks its first positions, the fused one ranks x
+    # ... and a top-k of x - NaN, which ranks after the loop as numpy does (its first positions)
     ([("m", "max", ["x1"], [-1, True]), ("q", "sub", ["x0", "m"], []), ("t", "topk_indices", ["q"], [1])],
-     [[1.0, 2.0], [3.0, 4.0]], [[NAN, 1.0], [1.0, 2.0]], [[True], [False]]),
+     [[1.0, 2.0], [3.0, 4.0]], [[NAN, 1.0], [1.0, 2.0]], [[False], [False]]),
     # an earlier result over an axis of another length (3, not 2) is not fused with this sum
     ([("m", "max", ["x1"], [-1, True]), ("q", "div", ["x0", "m"], []), ("s", "sum", ["q"], [-1, False])],
      [[1.0, 0.0], [3.0, 4.0]], [[INF, 0.0, 0.0], [1.0, 2.0, 3.0]], [False, False]),

@@ -3,15 +3,17 @@
 The fusion theorem (docs/fusion.md; ARCHITECTURE.md section 4) computes a
 reduction ``op over k of F(x_k, y)``, where ``y`` are earlier reductions over an
 axis of the same length, as ``(op over k of G(x_k)) (x) H(y)``. That is exact
-only where ``H(y)`` is invertible: finite for ``(max, +)``, ``(min, +)`` and
-top-k, finite and non-zero for ``(+, x)``. The engine checks the factoring
+only where ``H(y)`` is invertible: finite for ``(max, +)`` and ``(min, +)``,
+finite and non-zero for ``(+, x)``. The engine checks the factoring
 symbolically, not the values at run time, so a row whose earlier result is
 infinite, NaN or a zero divisor can be fused to another value than numpy's:
-``topk(x - max(x))`` with a ``+inf`` in the row ranks ``x`` itself, and
 ``sum(x / max(b))`` with the max 0 is ``(sum x) * inf``. These are documented
-limits (docs/fusion.md, "Limits"), so their elements are unsure.
+limits (docs/fusion.md, "Limits"), so their elements are unsure. A top-k that
+reads an earlier result never joins the pass (`redfuser.fusion.topk_order`: it
+ranks after the loop with the final results, as numpy does), so it has no
+precondition and is always judged.
 
-`precondition_hazard` marks, for one ``sum``/``max``/``min``/``@``/top-k over a
+`precondition_hazard` marks, for one ``sum``/``max``/``min``/``@`` over a
 single axis of length ``n`` (the reductions `redfuser.fusion.member.as_member`
 takes: one reduced axis), the elements of its result whose reduced operand
 reads a *hazardous* value:
@@ -104,7 +106,7 @@ def reduced(node, env: dict) -> tuple[int, list[tuple[str, int]]] | None:
 def precondition_hazard(node, env: dict, producers: dict, result: object) -> np.ndarray | None:
     """Elements of `node`'s `result` (a reduction's, numpy's value) that rule (6) marks unsure, or None."""
     axis = reduced(node, env)
-    if axis is None:
+    if axis is None or node.op.startswith("topk"):  # a top-k reading earlier results ranks after the loop
         return None
     n, operands = axis
     value = not node.op.startswith("topk") or n == 1   # a top-k ranks, except over one element
