@@ -40,6 +40,18 @@ def as_tuple(x):
     return tuple(x) if isinstance(x, tuple | list) else (x,)
 
 
+def routing(k: int):
+    """MoE routing as users write it (the workload `moe_routing` with any k): softmax over experts,
+    top-k, renormalized by the kept sum."""
+    def route(x):
+        m = rf.max(x, axis=-1, keepdims=True)
+        e = rf.exp(x - m)
+        p = e / rf.sum(e, axis=-1, keepdims=True)
+        vals, idx = rf.topk(p, k)
+        return vals / rf.sum(vals, axis=-1, keepdims=True), idx
+    return route
+
+
 def quantization_bound(x, w, w_scale):
     """|result - exact| allowed by rounding x * 448 / a to e4m3 (with any a' <= a per element), per output:
     `redfuser.testing.quantization`'s bound with room for the float32 epilogue."""

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import routing
+
 import redfuser as rf
 from redfuser.codegen.host import build_host_module
 from redfuser.ir import Buffer, BufferType, VerifyError
@@ -147,15 +149,6 @@ def test_topk_nests_equal_the_definition_exactly(k, n, seed, axis, dtype):
         assert got[0].dtype == ref[0].dtype and np.array_equal(got[1], ref[1])
         assert np.array_equal(got[0], ref[0], equal_nan=True)
 
-
-def routing(k):
-    def route(x):
-        m = rf.max(x, axis=-1, keepdims=True)
-        e = rf.exp(x - m)
-        p = e / rf.sum(e, axis=-1, keepdims=True)
-        vals, idx = rf.topk(p, k)
-        return vals / rf.sum(vals, axis=-1, keepdims=True), idx
-    return route
 
 
 @pytest.mark.parametrize("experts,k", [(8, 1), (8, 8), (64, 2), (100, 5), (256, 8)])

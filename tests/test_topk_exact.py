@@ -14,6 +14,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from helpers import routing
+
 import redfuser as rf
 from redfuser.codegen.ptx_check import check_ptx
 from redfuser.ir import FusedLoop, TopK, TopKState
@@ -27,16 +29,6 @@ BACKENDS = [("interpret", {"interpret_chunk": 1}), ("interpret", {"interpret_chu
             ("cpu", {}), ("simulate", {"block_n": 16}), ("simulate", {})]
 IDS = [f"{b}-{'-'.join(f'{k}{v}' for k, v in o.items()) or 'default'}" for b, o in BACKENDS]
 
-
-def routing(k):
-    """MoE routing as users write it: softmax over experts, top-k, renormalized by the kept sum."""
-    def route(x):
-        m = rf.max(x, axis=-1, keepdims=True)
-        e = rf.exp(x - m)
-        p = e / rf.sum(e, axis=-1, keepdims=True)
-        vals, idx = rf.topk(p, k)
-        return vals / rf.sum(vals, axis=-1, keepdims=True), idx
-    return route
 
 
 def check(body, x, backend, opts, n):

@@ -19,6 +19,8 @@ from redfuser.ir import types as T
 from redfuser.ir.tile.interpreter import run_tile_program
 from redfuser.ir.tile.verifier import verify_tile_program
 
+from helpers import routing
+
 import redfuser as rf
 from redfuser.testing import assert_close
 
@@ -193,15 +195,6 @@ def test_moe_routing_ranks_its_i64_positions_as_i32():
     text = str(kernel)
     assert "shfl.bfly" in text and not re.search(r"i64>? = shr", text)
 
-
-def routing(k):
-    def route(x):
-        m = rf.max(x, axis=-1, keepdims=True)
-        e = rf.exp(x - m)
-        p = e / rf.sum(e, axis=-1, keepdims=True)
-        vals, idx = rf.topk(p, k)
-        return vals / rf.sum(vals, axis=-1, keepdims=True), idx
-    return route
 
 
 def moe_logits(tokens: int, experts: int, k: int, seed: int) -> np.ndarray:
