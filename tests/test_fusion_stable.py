@@ -200,7 +200,8 @@ def test_explain_says_which_centre_was_chosen():
 
 def test_a_polynomial_without_a_stable_form_says_why_it_is_not_centred():
     """No stable form: (x - m)^2 + x is no polynomial in x - k m alone (the compiler's own centre would leave
-    a sum of m beside it), and in f16 a running count is not exact; both stay expanded, with a note."""
+    a sum of m beside it); (x - m)(x + s) has two roots, and which factor is small depends on the data; in f16
+    a running count is not exact. Each stays expanded, with a note."""
     def square_plus_values(x, y):
         m = rf.max(y, axis=-1, keepdims=True)
         return rf.sum((x - m) ** 2 + x, axis=-1)
@@ -209,8 +210,15 @@ def test_a_polynomial_without_a_stable_form_says_why_it_is_not_centred():
         m = rf.max(y, axis=-1, keepdims=True)
         return rf.sum((x - m) ** 2, axis=-1)
 
+    def deviation_times_a_sum(x, y):
+        m = rf.max(y, axis=-1, keepdims=True)
+        s = rf.sum(y, axis=-1, keepdims=True)
+        return rf.sum((x - m) * (x + s), axis=-1)
+
     x = _rows_around_300((3, 64))
     cases = ((square_plus_values, x, "the sum is no polynomial of degree at most 8 in x[i0,j] - k·m[i0] alone"),
+             (deviation_times_a_sum, x, "the body is 0 at x[i0,j] = m[i0] and x[i0,j] = -1.0 * s[i0], and one "
+                                        "centre keeps only one of these differences uncancelled"),
              (square_about_other_max, x.astype(np.float16), "the count of a running mean is exact only in f32 and f64"))
     for body, data, why in cases:
         group = rf.kernel(body, backend="interpret").lower(data, data + data.dtype.type(0.5)).groups[0]

@@ -61,40 +61,50 @@ def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple
     if pair is None:
         return dec, None
     own = own_centre_sum(value, ctx, pair, axis, name, delta)
-    if own is not None:
+    if isinstance(own, Decomposition):
         return own, None
     x, y = (format_expr(e) for e in pair)
-    why = ("the count of a running mean is exact only in f32 and f64" if value.dtype not in (float32, float64)
-           else f"the sum is no polynomial of degree at most 8 in {x} - k·{y} alone")
+    why = own
     return dec, (f"it multiplies out {x} ± {y}; {y} is not a running max, min or mean of {x}, and the compiler "
                  f"could not centre the sum on a running mean of its own: {why}")
 
 
 def own_centre_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: Axis, name: str,
-                   delta: Load) -> Decomposition | None:
-    """`value`'s sum centred on the running mean of some ``u`` the compiler keeps itself, or None where the
-    body is no polynomial in ``u - k Y`` (``Y`` the earlier result of `pair`) for any candidate ``u``."""
+                   delta: Load) -> Decomposition | str:
+    """`value`'s sum centred on the running mean of some ``u`` the compiler keeps itself, or why not: the body
+    is no polynomial in ``u - k Y`` for any candidate ``u`` and earlier result ``Y``, or it has roots at
+    several (``(x - Y)·(x + L)``: which factor is small depends on the data, and one centre keeps only one
+    of them free of cancellation)."""
     d = value.dtype
     if d not in (float32, float64):
-        return None   # the running count must be exact
+        return "the count of a running mean is exact only in f32 and f64"
     pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
     nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
     normal = A.normalize(value, pos, nonneg)
     x, y = pair
     inner = replace(ctx, states=ctx.states | {delta.buffer.name})
     marker = Load(Buffer(f"__centre_own_{name}", BufferType(d, (axis.extent,))), (axis,))
-    for u, kappa in _candidates(normal, ctx, x, y):
-        ky: Expr = y if kappa == 1.0 else Binary(BinaryOp.MUL, Const(kappa, d), y, d)
-        c = Binary(BinaryOp.ADD, delta, ky, d)
-        placeholder = Load(Buffer(f"__own_sum_{name}", delta.buffer.type), delta.indices)
-        centre = Centre(ReduceOp.SUM, "", y, placeholder, c, u, marker, own=ky, delta=delta)
-        moved = change_variables(normal, centre)
-        if moved is None or not _vanishes_at_root(moved, marker, delta):
-            continue
-        dec = _families(moved, centre, inner, name, d)
-        if dec is not None:
-            return dec
-    return None
+    found: list[tuple[Centre, Decomposition]] = []
+    others = sorted((a for a in A.free_atoms(normal) if ctx.kind(a) == "y" and a != y), key=repr)
+    for earlier in [y, *others]:
+        for u, kappa in _candidates(normal, ctx, x, earlier):
+            ky: Expr = earlier if kappa == 1.0 else Binary(BinaryOp.MUL, Const(kappa, d), earlier, d)
+            c = Binary(BinaryOp.ADD, delta, ky, d)
+            placeholder = Load(Buffer(f"__own_sum_{name}", delta.buffer.type), delta.indices)
+            centre = Centre(ReduceOp.SUM, "", earlier, placeholder, c, u, marker, own=ky, delta=delta)
+            moved = change_variables(normal, centre)
+            if moved is None or not _vanishes_at_root(moved, marker, delta):
+                continue
+            dec = _families(moved, centre, inner, name, d)
+            if dec is not None:
+                found.append((centre, dec))
+                break   # one root per earlier result (u = x and u / k = 300 x are the same root)
+    if len(found) == 1:
+        return found[0][1]
+    if found:
+        roots = " and ".join(f"{format_expr(c.u)} = {format_expr(c.own)}" for c, _ in found)
+        return f"the body is 0 at {roots}, and one centre keeps only one of these differences uncancelled"
+    return f"the sum is no polynomial of degree at most 8 in {format_expr(x)} - k·{format_expr(y)} alone"
 
 
 def _vanishes_at_root(moved: A.Sum, w: Load, delta: Load) -> bool:
