@@ -64,9 +64,8 @@ def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple
     if isinstance(own, Decomposition):
         return own, None
     x, y = (format_expr(e) for e in pair)
-    why = own
     return dec, (f"it multiplies out {x} ± {y}; {y} is not a running max, min or mean of {x}, and the compiler "
-                 f"could not centre the sum on a running mean of its own: {why}")
+                 f"could not centre the sum on a running mean of its own: {own}")
 
 
 def own_centre_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: Axis, name: str,
