@@ -101,7 +101,7 @@ def own_centre_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axi
     if len(found) == 1:
         return found[0][1]
     if found:
-        roots = " and ".join(f"{format_expr(c.u)} = {format_expr(c.own)}" for c, _ in found)
+        roots = " and ".join(sorted(f"{format_expr(c.u)} = {format_expr(c.own)}" for c, _ in found))
         return f"the body is 0 at {roots}, and one centre keeps only one of these differences uncancelled"
     return f"the sum is no polynomial of degree at most 8 in {format_expr(x)} - k·{format_expr(y)} alone"
 
