@@ -62,12 +62,18 @@ class Centre:
     c: Expr
     u: Expr
     marker: Load
+    own: Expr | None = None      # the compiler's own running mean (fusion/own_centre.py): k Y, with c = delta + k Y
+    delta: Load | None = None    # there: the after-the-loop value c_final - k Y the factors read
 
     @property
     def words(self) -> str:
         """Which form was chosen, for `explain`."""
         from ..ir import format_expr
 
+        if self.own is not None:
+            u, ky = format_expr(self.u), format_expr(self.own)
+            return (f"centred on its own running mean of {u} (shift-stable): ({u} - {ky}) = ({u} - mean) + "
+                    f"(mean - {ky}), the mean kept as running sum / exact running count of the finite values")
         if self.op is ReduceOp.SUM:
             return (f"centred on the running mean (shift-stable): {format_expr(self.c)} is kept as running sum / "
                     "exact running count while the loop runs")
@@ -197,24 +203,6 @@ def centre_sum(value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...],
     return None
 
 
-def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...],
-              running: Callable[[Expr], Expr], axis: Axis, name: str) -> tuple[Decomposition, str | None]:
-    """For an expanded sum `dec` of `value`: its shift-stable form where one exists, else `dec` itself with,
-    where the expansion multiplied out a difference of reduced values and an earlier result
-    (`cancelling_pair`), why no stable form exists (for `explain`'s note on the cancellation)."""
-    from ..ir import format_expr
-
-    stable = centre_sum(value, ctx, states, running, axis.name, axis.extent, name)
-    if stable is not None:
-        return stable, None
-    pair = cancelling_pair(value, ctx)
-    if pair is None:
-        return dec, None
-    x, y = (format_expr(e) for e in pair)
-    return dec, (f"it multiplies out {x} ± {y}, and {y} is not a running max, min or mean of {x} around which the "
-                 "sum could be kept centred (shift-stable)")
-
-
 def cancelling_pair(value: Expr, ctx: FusionContext) -> tuple[Expr, Expr] | None:
     """A reduced value ``X`` and an earlier result ``Y`` whose difference ``X - k Y`` the expansion multiplied
     out: two terms of the normal form with the same exponential whose monomials differ exactly by the
@@ -292,4 +280,4 @@ def _factor(weights: list[A.Product], d: DType) -> Expr | None:
     return sum_expr(s, d) if s else Const(0.0, d)
 
 
-__all__ = ["Centre", "Shift", "find_centres", "change_variables", "centre_sum", "cancelling_pair", "stabilize"]
+__all__ = ["Centre", "Shift", "find_centres", "change_variables", "centre_sum", "cancelling_pair"]

@@ -8,6 +8,7 @@ reference's own value is NaN (`unseen`, `nan_row`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from ..ir import (
@@ -32,6 +33,7 @@ from .narrowing import rescale_dtype
 from .nan_guard import read_safely, running_extrema
 from .positivity import is_positive
 from .algebra import Linear
+from .own_centre import keep_infinite, resolve as resolve_own_centre
 from .shift_law import carry_expr, centre_move, centre_unseen, loop_term, overflow_condition, overflows
 from .separability import Accumulator, rescale_expr
 from .substitute import inline_loads
@@ -88,8 +90,13 @@ class LoopBuilder:
         """The state of a shift-stable accumulator (`acc.shift`): its term read with the running centre, and
         for a power above 0 the carry that moves the family's previous sums to the new centre."""
         shift = acc.shift
-        count = self.count_state(member) if shift.centre.op is ReduceOp.SUM else None
-        count_load = None if count is None else Load(count, member.state_axes)
+        if shift.centre.own is not None:
+            # the compiler's own running mean (fusion/own_centre.py): its sum and count become states here
+            centre, count_load = resolve_own_centre(self, member, shift.centre)
+            shift = replace(shift, centre=centre)
+        else:
+            count = self.count_state(member) if shift.centre.op is ReduceOp.SUM else None
+            count_load = None if count is None else Load(count, member.state_axes)
         term = self.safe(self.running(loop_term(shift, count_load)))
         if shift.degree == 0:
             return self.state_for(member, acc, suggested, term=term)
@@ -98,8 +105,12 @@ class LoopBuilder:
                             lambda e: self.safe(self.running(e)))
         by_name = {st.acc.name: st for st in self.states if isinstance(st, OnlineState)}
         prevs = [Load(by_name[b.name].prev, member.state_axes) for b in lower]
-        return self.state_for(member, acc, suggested, term=term, carry_of=lambda own: carry_expr(
-            shift, prevs + [Load(own, member.state_axes)], move, rest))
+
+        def carry(own: Buffer) -> Expr:
+            moved = carry_expr(shift, prevs + [Load(own, member.state_axes)], move, rest)
+            return moved if shift.centre.own is None else keep_infinite(moved, Load(own, member.state_axes), rest)
+
+        return self.state_for(member, acc, suggested, term=term, carry_of=carry)
 
     def centred_nan_guard(self, member: Member, acc) -> Expr | None:
         """Where a shift-stable power's reference value is NaN though the loop's sums are not: the centre

@@ -39,7 +39,7 @@ from .narrowing import Extremum
 from .numeric_check import check
 from .positivity import is_positive
 from .algebra import Linear
-from .centred import stabilize
+from .own_centre import finish as finish_own_centre, own_centre_of, stabilize
 from .separability import Accumulator, Decomposition, FusionContext, Refusal, decompose
 from .substitute import rename_axes
 from .topk_order import list_order_refusal
@@ -160,7 +160,8 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         if isinstance(dec, Decomposition) and dec.expanded and member.order_op is ReduceOp.SUM and not member.is_topk:
             # Expanded terms can cancel: keep them centred on a running statistic where the body allows.
             online_states = tuple(st for st in b.states if isinstance(st, OnlineState))
-            dec, unstable = stabilize(dec, value, ctx, online_states, b.running, axis, name)
+            delta = Load(Buffer(f"{name}_delta", member.out.type), member.axes)
+            dec, unstable = stabilize(dec, value, ctx, online_states, b.running, axis, name, delta)
         if isinstance(dec, Decomposition):
             failure = check(value, dec, ctx)
             if failure:
@@ -213,13 +214,16 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
                 rank = IndexValue(member.axes[member.rank], member.indices.dtype)
                 fixed = Select(nan_row, rank, Load(indices, member.axes), member.indices.dtype)
                 b.epilogue.append(Compute(member.indices, member.axes, fixed, loc=member.loc))
+        read = accs
+        if isinstance(dec, Decomposition) and own_centre_of(dec) is not None:
+            read = finish_own_centre(b, member, dec, accs)   # delta = c - k Y after the loop; infinite top powers
         if not (direct and isinstance(accs[0], Buffer) and accs[0] == member.out):
             # Inside the loop later members read the running value; after it, the exact one.
-            running_value = _epilogue_value(member, dec, accs)
+            running_value = _epilogue_value(member, dec, read)
             b.epilogue_values[name] = (member.axes, b.running(running_value))
             if not member.is_topk and is_positive(b.running(running_value), frozenset(b.positive)):
                 b.positive.add(name)
-            b.epilogue.append(Compute(member.out, member.axes, _epilogue_value(member, dec, accs, unseen),
+            b.epilogue.append(Compute(member.out, member.axes, _epilogue_value(member, dec, read, unseen),
                                       loc=member.loc))
         if dec.expanded:
             notes.append(f"`{name}` was expanded into {len(dec.accumulators)} accumulated terms; exact in real "

@@ -1,0 +1,230 @@
+"""A sum centred on a running mean the compiler keeps itself: every polynomial in ``u - k Y`` gets a stable form.
+
+`centred.py` keeps a sum centred when the earlier result it subtracts is a running max, min or mean of the
+very values it is subtracted from. When the earlier result ``Y`` is anything else (a dot product's mean, a
+max of other data), the expansion ``sum u^2 - 2 Y sum u + N Y^2`` still cancels wherever ``u`` is close to
+``k Y``. The compiler then adds a centre of its own: the running mean ``c`` of ``u`` (a running sum and an
+exact running count, like a user's mean), and writes
+
+    u - k Y = (u - c) + (c - k Y) = w + delta
+
+``w`` is centred and moved with ``c`` by the shift law (`shift_law.py`), exactly as for a user's mean.
+``delta`` is an atom of its own for the algebra (`delta` below: a value after the loop, one subtraction
+of final values ``c_final - k Y``), so the normal form holds powers of ``delta`` and never ``c^2``,
+``c Y`` and ``Y^2`` apart: ``sum (u - k Y)^K = sum_j C(K, j) delta^(K - j) sum w^j``, and nothing cancels
+beyond what the reference's own ``u - k Y`` does.
+
+Which ``u`` and ``k``: the body is read as a polynomial in ``u`` whose root is ``k Y``. Candidates come
+from the normal form (the terms of the two highest powers of ``Y`` give ``u / k``; the coefficients of
+``x^p R`` and ``x^(p-1) Y R`` give ``k`` for ``u = x``), and a candidate is kept only where the change of
+variables leaves no term without ``w`` or ``delta``: that is, where ``u = k Y`` makes the body 0, so no
+large part of the result is a difference of expanded sums.
+
+The centre's sum and count skip non-finite values of ``u`` (the centre stays finite, so an infinite
+element gives an infinite ``w`` of the reference's sign). A power's sum that is infinite or NaN is carried
+unmoved when the centre moves (`keep_infinite`), and after the loop the lower powers are dropped where the
+highest one is not finite (``inf - inf`` there is no value the reference has).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+from typing import TYPE_CHECKING, Callable
+
+from ..ir import (Axis, Binary, BinaryOp, Buffer, BufferType, Compute, Const, Expr, Load, OnlineState, ReduceOp,
+                  Select, Unary, UnaryOp, format_expr)
+from ..ir.types import bool_, float32, float64
+from . import algebra as A
+from .build import linear_expr
+from .centred import Centre, _families, cancelling_pair, centre_sum, change_variables
+from .positivity import is_nonnegative, is_positive
+from .separability import Accumulator, Decomposition, FusionContext
+from .shift_law import centre_now
+
+if TYPE_CHECKING:
+    from .loop_builder import LoopBuilder
+    from .member import Member
+
+
+def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...],
+              running: Callable[[Expr], Expr], axis: Axis, name: str,
+              delta: Load) -> tuple[Decomposition, str | None]:
+    """For an expanded sum `dec` of `value`: its shift-stable form around a running statistic of the
+    reduced values where one exists, else around a running mean of its own (`delta` the after-the-loop
+    value ``c - k Y`` the factors read) where the body is a polynomial in ``u - k Y``, else `dec` itself with,
+    where the expansion multiplied out a difference of reduced values and an earlier result, why it
+    could not be centred (for `explain`'s note on the cancellation)."""
+    stable = centre_sum(value, ctx, states, running, axis.name, axis.extent, name)
+    if stable is not None:
+        return stable, None
+    pair = cancelling_pair(value, ctx)
+    if pair is None:
+        return dec, None
+    own = own_centre_sum(value, ctx, pair, axis, name, delta)
+    if isinstance(own, Decomposition):
+        return own, None
+    x, y = (format_expr(e) for e in pair)
+    return dec, (f"it multiplies out {x} ± {y}; {y} is not a running max, min or mean of {x}, and the compiler "
+                 f"could not centre the sum on a running mean of its own: {own}")
+
+
+def own_centre_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: Axis, name: str,
+                   delta: Load) -> Decomposition | str:
+    """`value`'s sum centred on the running mean of some ``u`` the compiler keeps itself, or why not: the body
+    is no polynomial in ``u - k Y`` for any candidate ``u`` and earlier result ``Y``, or it has roots at
+    several (``(x - Y)·(x + L)``: which factor is small depends on the data, and one centre keeps only one
+    of them free of cancellation)."""
+    d = value.dtype
+    if d not in (float32, float64):
+        return "the count of a running mean is exact only in f32 and f64"
+    pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
+    nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
+    normal = A.normalize(value, pos, nonneg)
+    x, y = pair
+    inner = replace(ctx, states=ctx.states | {delta.buffer.name})
+    marker = Load(Buffer(f"__centre_own_{name}", BufferType(d, (axis.extent,))), (axis,))
+    found: list[tuple[Centre, Decomposition]] = []
+    others = sorted((a for a in A.free_atoms(normal) if ctx.kind(a) == "y" and a != y), key=repr)
+    for earlier in [y, *others]:
+        for u, kappa in _candidates(normal, ctx, x, earlier):
+            ky: Expr = earlier if kappa == 1.0 else Binary(BinaryOp.MUL, Const(kappa, d), earlier, d)
+            c = Binary(BinaryOp.ADD, delta, ky, d)
+            placeholder = Load(Buffer(f"__own_sum_{name}", delta.buffer.type), delta.indices)
+            centre = Centre(ReduceOp.SUM, "", earlier, placeholder, c, u, marker, own=ky, delta=delta)
+            moved = change_variables(normal, centre)
+            if moved is None or not _vanishes_at_root(moved, marker, delta):
+                continue
+            dec = _families(moved, centre, inner, name, d)
+            if dec is not None:
+                found.append((centre, dec))
+                break   # one root per earlier result (u = x and u / k = 300 x are the same root)
+    if len(found) == 1:
+        return found[0][1]
+    if found:
+        roots = " and ".join(sorted(f"{format_expr(c.u)} = {format_expr(c.own)}" for c, _ in found))
+        return f"the body is 0 at {roots}, and one centre keeps only one of these differences uncancelled"
+    return f"the sum is no polynomial of degree at most 8 in {format_expr(x)} - k·{format_expr(y)} alone"
+
+
+def _vanishes_at_root(moved: A.Sum, w: Load, delta: Load) -> bool:
+    """True when every term reads ``w`` or ``delta``: the body is 0 where ``u = k Y``, so no part of the sum
+    is a difference of large expanded sums."""
+    return bool(moved) and all({w, delta} & set(t.mono.as_dict()) for t in moved)
+
+
+def _candidates(normal: A.Sum, ctx: FusionContext, x: Expr, y: Expr) -> list[tuple[Expr, float]]:
+    """``(u, k)`` pairs to try: ``u = x`` (the user's own values) with each ``k`` the coefficients of ``x^p R``
+    and ``x^(p-1) y R`` allow (``k = -c_o / (q c_p)`` for ``q <= p``), then ``u / k`` read off the two highest
+    powers of `y` (a linear form of several reduced values, ``(x + v - Y)^2``)."""
+    d = x.dtype
+    out: list[tuple[Expr, float]] = []
+    terms = {(t.mono, t.exponent): t.coeff for t in normal}
+    kappas: list[float] = []
+    for t in normal:
+        p = t.mono.as_dict().get(x, Fraction(0))
+        if p < 1 or p.denominator != 1:
+            continue
+        partner = t.mono * A.Monomial.of({x: Fraction(-1), y: Fraction(1)})
+        c_o = terms.get((partner, t.exponent))
+        if c_o is None:
+            continue
+        for q in range(1, int(p) + 1):
+            k = -c_o / (q * t.coeff)
+            if k != 0 and all(abs(k - seen) > 1e-12 * abs(k) for seen in kappas):
+                kappas.append(k)
+    out.extend((x, k) for k in kappas)
+    derived = _root_from_top_powers(normal, ctx, y)
+    if derived is not None:
+        out.append((derived, 1.0))
+    return [(u, k) for u, k in out if u.dtype == d]
+
+
+def _root_from_top_powers(normal: A.Sum, ctx: FusionContext, y: Expr) -> Expr | None:
+    """``u / k`` for a body ``s (u - k y)^K R + (lower powers of y)``: the one term of ``y^K`` gives ``s k^K R``,
+    those of ``y^(K-1) R`` give ``-K s k^(K-1) u R``; None where the body has no such shape."""
+    powers = [(t, t.mono.as_dict().get(y, Fraction(0))) for t in normal]
+    top_power = max(p for _, p in powers)
+    top = [t for t, p in powers if p == top_power]
+    if top_power < 1 or top_power.denominator != 1 or len(top) != 1:
+        return None
+    (t_top,) = top
+    rest = t_top.mono * A.Monomial.of({y: -top_power})
+    linear: dict[A.Monomial, float] = {}
+    constant = 0.0
+    for t, p in powers:
+        if p != top_power - 1 or t.exponent != t_top.exponent:
+            continue
+        q = t.mono * A.Monomial.of({y: Fraction(1) - top_power}) * rest.power(Fraction(-1))
+        scale = -t.coeff / (float(top_power) * t_top.coeff)
+        if not q.factors:
+            constant += scale
+        elif len(q.factors) == 1 and q.factors[0][1] == 1 and ctx.kind(q.factors[0][0]) == "x":
+            linear[q] = linear.get(q, 0.0) + scale
+        else:
+            return None
+    if not linear:
+        return None
+    return linear_expr(A.Linear.of(linear, constant), y.dtype)
+
+
+def resolve(b: "LoopBuilder", member: "Member", centre: Centre) -> tuple[Centre, Load]:
+    """`centre` reading the loop's own running sum of ``u`` and the exact count beside it (both skip
+    non-finite values of ``u``), created in `b` where they are not there yet."""
+    u = centre.u
+    d = u.dtype
+    finite = Binary(BinaryOp.LT, Unary(UnaryOp.ABS, u, d), Const(float("inf"), d), bool_)
+    one, zero = Const(1.0, d), Const(0.0, d)
+    states = []
+    for what, term in (("sum", Select(finite, u, zero, d)), ("count", Select(finite, one, zero, d))):
+        states.append(b.state_for(member, Accumulator(ReduceOp.SUM, term, A.Linear(), term, one),
+                                  Buffer(f"{member.name}_centre_{what}", member.out.type)))
+    total, count = (Load(s, member.state_axes) for s in states)
+    return replace(centre, source=total), count
+
+
+def keep_infinite(carry: Expr, prev: Load, rescale: Expr | None) -> Expr:
+    """The shift law's `carry` of a power whose previous sum `prev` may be infinite or NaN: such a sum holds
+    an infinite element, which a finite move of the (finite) centre leaves as it is, so it is carried
+    unmoved (the law's ``C(k, j) d^(k - j) T_j`` would add infinite lower powers of either sign: NaN)."""
+    d = prev.dtype
+    unmoved = prev if rescale is None else Binary(BinaryOp.MUL, rescale, prev, d)
+    finite = Binary(BinaryOp.LT, Unary(UnaryOp.ABS, prev, d), Const(float("inf"), d), bool_)
+    return Select(finite, carry, unmoved, d)
+
+
+def own_centre_of(dec: Decomposition) -> Centre | None:
+    """The compiler's own centre a decomposition is kept on, if any."""
+    return next((a.shift.centre for a in dec.accumulators if a.shift is not None and a.shift.centre.own is not None),
+                None)
+
+
+def finish(b: "LoopBuilder", member: "Member", dec: Decomposition, accs: list) -> list:
+    """After `member`'s states exist: the epilogue value ``delta = c_final - k Y`` (one subtraction of final
+    values, before the member's own value reads it), and the accumulators as the member's value reads
+    them, the lower powers of a family dropped where its highest power is not finite."""
+    centre, count = resolve(b, member, own_centre_of(dec))
+    d = member.out.dtype
+    delta = centre.delta
+    value = Binary(BinaryOp.SUB, centre_now(centre, count), centre.own, d)
+    b.epilogue.append(Compute(delta.buffer, member.axes, value, loc=member.loc))
+    b.epilogue_values[delta.buffer.name] = (member.axes, b.running(value))
+    b.names.add(delta.buffer.name)
+    top: dict[int, int] = {}
+    for n, acc in enumerate(dec.accumulators):
+        if acc.shift is not None:
+            for j in acc.shift.lower:
+                if j not in top or dec.accumulators[top[j]].shift.degree < acc.shift.degree:
+                    top[j] = n
+    out = []
+    for n, buf in enumerate(accs):
+        load = Load(buf, member.axes) if isinstance(buf, Buffer) else buf
+        if n in top and dec.accumulators[n].shift.degree > 0:
+            high = accs[top[n]]
+            high = Load(high, member.axes) if isinstance(high, Buffer) else high
+            finite = Binary(BinaryOp.LT, Unary(UnaryOp.ABS, high, d), Const(float("inf"), d), bool_)
+            load = Select(finite, load, Const(0.0, d), d)
+        out.append(load)
+    return out
+
+
+__all__ = ["stabilize", "own_centre_sum", "resolve", "keep_infinite", "own_centre_of", "finish"]
