@@ -4,7 +4,9 @@
   so AVX2/AVX-512 code is generated), O3, PIC and LLVM's JIT code model (what
   `runtime.cpu_jit` links in memory);
 - `optimize(module)`: LLVM's O3 pipeline (loop and SLP vectorizers on);
-  `optimized_ir(text)` shows what it made of a module;
+  `optimized(text)` runs it and verifies the result, falling back to O3 without
+  the SLP vectorizer where LLVM made invalid IR; `optimized_ir(text)` shows what
+  it made of a module;
 - `compile_object(text)`: verified, optimized, emitted as an ELF object (bytes);
   `assembly(text)` the same code as assembly text;
 - `NativeCode`: what the stage keeps, an object's bytes with the module they were
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 import llvmlite.binding as llvm
 
+from ..ir.errors import InternalError
 from .llvm_utils import initialize_native, parse_and_verify
 
 
@@ -58,35 +61,59 @@ def host_target() -> HostTarget:
     return HostTarget(triple, cpu, features, jit_machine(triple, cpu, features))
 
 
-def optimize(module: llvm.ModuleRef) -> llvm.ModuleRef:
-    """Run O3 (with loop and SLP vectorization) on `module`, in place."""
+def optimize(module: llvm.ModuleRef, slp: bool = True) -> llvm.ModuleRef:
+    """Run O3 (with loop vectorization, and SLP vectorization where `slp`) on `module`, in place."""
     target = host_target()
     module.triple = target.triple
     layout = target.machine.target_data  # keep the object alive while reading its text
     module.data_layout = str(layout)
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = True
-    pto.slp_vectorization = True
+    pto.slp_vectorization = slp
     pto.loop_unrolling = True
     builder = llvm.create_pass_builder(target.machine, pto)
     builder.getModulePassManager().run(module, builder)
     return module
 
 
+PIPELINES = (True, False)
+"""SLP vectorization on, then off: the pipelines `optimized` tries, in order."""
+
+
+def optimized(text: str) -> llvm.ModuleRef:
+    """`text` parsed, verified and optimized, and verified again.
+
+    LLVM's optimizer can itself produce invalid IR: LLVM 22.1's O3 with the loop and SLP vectorizers
+    and unrolling all on turned a fused bf16 attention-like kernel into IR whose uses are not dominated
+    by their definitions (the fuzzer's long campaign, seed 1 example 13862), and emitting an object
+    from it aborts the process inside the code generator. So the optimized module is verified before
+    anything is emitted, and where it is invalid the module is optimized again from its text without
+    the SLP vectorizer. A module no pipeline keeps valid is an internal error, never a crash.
+    """
+    problems = []
+    for slp in PIPELINES:
+        module = optimize(parse_and_verify(text, pass_name="cpu_jit"), slp=slp)
+        try:
+            module.verify()
+            return module
+        except RuntimeError as err:
+            problems.append(f"slp={slp}: {str(err).splitlines()[0]}")
+    raise InternalError("LLVM's optimizer made invalid IR from a valid host module (" + "; ".join(problems) + ")")
+
+
 def optimized_ir(text: str) -> str:
     """The O3-optimized form of a host module (for inspecting vectorization)."""
-    return str(optimize(parse_and_verify(text, pass_name="cpu_jit")))
+    return str(optimized(text))
 
 
 def assembly(text: str) -> str:
     """The native assembly of a host module."""
-    return host_target().machine.emit_assembly(optimize(parse_and_verify(text, pass_name="cpu_jit")))
+    return host_target().machine.emit_assembly(optimized(text))
 
 
 def compile_object(text: str) -> bytes:
-    """Verified, optimized native object code of a host module."""
-    module = optimize(parse_and_verify(text, pass_name="cpu_jit"))
-    return host_target().machine.emit_object(module)
+    """Verified, optimized (and verified again: `optimized`) native object code of a host module."""
+    return host_target().machine.emit_object(optimized(text))
 
 
 @dataclass(frozen=True)

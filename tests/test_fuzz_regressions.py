@@ -184,3 +184,45 @@ def test_a_static_minus_zero_is_not_merged_with_a_zero_constant(backend):
     x2 = np.array([[False, True, True]])
     got, want = rf.kernel(divide_or_zero, backend=backend)(x0, -0.0, x2), divide_or_zero(x0, -0.0, x2)
     assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
+
+
+CAUSAL_BF16_MAXIMUM = '''
+import numpy as np
+import redfuser as rf
+
+
+def program(x0, x1):
+    s = (x0 @ x1.mT) * 0.25
+    i = rf.arange(s.shape[-2])[:, None]
+    j = rf.arange(s.shape[-1])
+    masked = rf.where(j <= i + 3, s, -rf.inf)
+    m = rf.max(masked, axis=-1, keepdims=True)
+    l = rf.sum(rf.exp(masked - m), axis=-1, keepdims=True)
+    return rf.maximum(l, masked)
+
+
+x0 = np.array([412.0, -1488.0, -1112.0, 2256.0, -346.0, 296.0, 928.0, -2032.0]).astype(rf.bfloat16).reshape((1, 8, 1))
+x1 = np.array([0.70703125, -0.3671875, 0.48828125, 1.34375, 0.62890625, 0.1455078125, -0.78125, -1.71875,
+               0.66015625, 0.6640625, -0.86328125, -1.8359375, -1.2109375, -0.9375, -0.79296875, -0.267578125,
+               0.3359375]).astype(rf.bfloat16).reshape((1, 17, 1))
+with np.errstate(all="ignore"):
+    got, want = rf.kernel(program, backend="cpu", block_m=4, prefetch=True)(x0, x1), program(x0, x1)
+assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True), (got, want)
+print("ok")
+'''
+
+
+def test_llvm_making_invalid_ir_falls_back_instead_of_aborting(tmp_path):
+    """Long campaign (seed 1), example 13862: LLVM 22.1's O3 (SLP vectorizer) turned this cpu kernel into IR
+    whose uses its definitions do not dominate, and emitting it aborted the process (an assertion in
+    SelectionDAGBuilder). The optimized module is now verified and re-optimized without SLP where invalid.
+    Run in a subprocess, so that a regression fails this test instead of killing the test run."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "repro.py"
+    script.write_text(CAUSAL_BF16_MAXIMUM)
+    env = {**os.environ, "REDFUSER_CACHE": "0"}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
