@@ -226,3 +226,23 @@ def test_llvm_making_invalid_ir_falls_back_instead_of_aborting(tmp_path):
     env = {**os.environ, "REDFUSER_CACHE": "0"}
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def matvec_beside_a_max(x0, x3):
+    return x0 @ x3, rf.max(x0, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_a_fused_f16_matmul_keeps_its_running_sum_in_f32(backend, chunk):
+    """Long campaign (seed 1), example 16474: an f16 ``x @ w`` fused with a max over the same axis. numpy sums
+    the products in f32 (-541 452, rounded once: -inf); the interpreter's fused loop rounded each chunk's
+    running sum to f16 (+inf after the first product, then inf - inf = NaN). Its running states of 16-bit
+    floats are now f32, as in the compiled kernels."""
+    x0 = np.array([[1251.0, -2624.0]], np.float16)
+    x3 = np.array([993.5, 680.0], np.float16)
+    options = {"interpret_chunk": chunk} if backend == "interpret" else {"block_n": chunk}
+    with np.errstate(all="ignore"):
+        got, want = rf.kernel(matvec_beside_a_max, backend=backend, **options)(x0, x3), matvec_beside_a_max(x0, x3)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w, equal_nan=True), (g, w)

@@ -120,8 +120,11 @@ def evaluate(e: Expr, env: Env, space: Space) -> np.ndarray:
         return EVAL_RULES[type(e)](e, env, space)
 
 
-def _matmul_reduce(s: Reduce, env: Env) -> np.ndarray | None:
-    """A sum over products of two operands as one `numpy.matmul`, or None if not that shape."""
+def _matmul_reduce(s: Reduce, env: Env, work: np.dtype | None = None) -> np.ndarray | None:
+    """A sum over products of two operands as one `numpy.matmul`, or None if not that shape.
+
+    `work`: the dtype the products are summed and returned in (a fused loop's f32 running state for
+    16-bit operands: one chunk's sum must not be rounded to 16 bits); None: the product's dtype."""
     v = s.value
     if s.op is not ReduceOp.SUM or not (isinstance(v, Binary) and v.op is BinaryOp.MUL):
         return None
@@ -139,13 +142,15 @@ def _matmul_reduce(s: Reduce, env: Env) -> np.ndarray | None:
     nred = int(np.prod([a.shape[d] for d in red], dtype=np.int64))
     a2 = a.transpose(batch + rows + cols + red).reshape([a.shape[d] for d in batch] + [nrow, nred])
     b2 = b.transpose(batch + red + rows + cols).reshape([b.shape[d] for d in batch] + [nred, ncol])
+    if work is not None:
+        a2, b2 = a2.astype(work, copy=False), b2.astype(work, copy=False)
     with np.errstate(all="ignore"):
         out = np.matmul(a2, b2)
     bshape = list(out.shape[: len(batch)])
     out = out.reshape(bshape + [a.shape[d] for d in rows] + [b.shape[d] for d in cols])
     order = batch + rows + cols
     out = out.transpose([order.index(d) for d in range(npar)])
-    return out.astype(v.dtype.numpy, copy=False)
+    return out.astype(work if work is not None else v.dtype.numpy, copy=False)
 
 
 def run_topk(s: TopK, env: Env) -> dict[str, np.ndarray]:
@@ -221,7 +226,12 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
 
     `span` ``(lo, hi)`` runs only that part of the axis (a partial state, for the merge rule).
     """
-    acc = {st.acc.name: np.full([a.extent for a in st.axes], identity(st.op, st.acc.dtype.numpy))
+    # A running sum of f16/bf16/e4m3 values is carried in f32, as the compiled kernels carry it and as numpy
+    # accumulates a 16-bit sum or matmul: rounding each chunk's running value to 16 bits would overflow
+    # (or lose) what the whole sum keeps. It is rounded to its buffer's dtype once, after the loop.
+    work = {st.acc.name: (np.dtype(np.float32) if st.acc.dtype.storage_only else st.acc.dtype.numpy)
+            for st in s.states if isinstance(st, OnlineState)}
+    acc = {st.acc.name: np.full([a.extent for a in st.axes], identity(st.op, work[st.acc.name]))
            for st in s.states if isinstance(st, OnlineState)}
     lists = {st.acc.name: topk_semantics.empty(tuple(a.extent for a in st.axes), st.k, st.acc.dtype.numpy)
              for st in s.states if isinstance(st, TopKState)}
@@ -241,13 +251,14 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                 _topk_chunk(st, inner, lists, s.axis, start, stop)
                 continue
             chunk_axis = Axis(s.axis.name, stop - start)
-            partial = _matmul_reduce(Reduce(st.acc, st.axes, (chunk_axis,), st.op, st.term), inner)
+            wd = work[st.acc.name]
+            partial = _matmul_reduce(Reduce(st.acc, st.axes, (chunk_axis,), st.op, st.term), inner, wd)
             with np.errstate(all="ignore"):
                 if partial is None:
                     space = st.axes + (chunk_axis,)
                     full = np.broadcast_to(evaluate(st.term, inner, space), [a.extent for a in space])
-                    partial = REDUCERS[st.op](full, axis=-1)
-                partial = partial.astype(st.acc.dtype.numpy, copy=False)
+                    partial = REDUCERS[st.op](full.astype(wd, copy=False), axis=-1)
+                partial = partial.astype(work[st.acc.name], copy=False)
                 prev = inner[st.prev.name]
                 if st.carry is not None:
                     scaled = np.broadcast_to(evaluate(st.carry, inner, st.axes), prev.shape)
@@ -255,9 +266,12 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                     r = None if st.rescale is None else evaluate(st.rescale, inner, st.axes)
                     scaled = rescale_partial(st.op, prev, r)
                 new = combine(st.op, scaled, partial)
-            new = np.broadcast_to(new, prev.shape).astype(st.acc.dtype.numpy, order="C")  # a fresh array (0-d stays 0-d)
+            new = np.broadcast_to(new, prev.shape).astype(work[st.acc.name], order="C")  # fresh (0-d stays 0-d)
             inner[st.acc.name] = acc[st.acc.name] = new
     for st in s.states:
+        if isinstance(st, OnlineState):
+            with np.errstate(all="ignore"):
+                acc[st.acc.name] = acc[st.acc.name].astype(st.acc.dtype.numpy)
         if isinstance(st, TopKState):
             values, indices = lists[st.acc.name]
             acc[st.acc.name] = np.ascontiguousarray(np.moveaxis(values, -1, st.rank))
