@@ -201,6 +201,10 @@ def compile_module(module: ir.Module | str, sm: str = "sm_90", *, ptx_version: i
     with _gpu_pipeline_options():   # the pipeline reads them when its tuning options are made
         if opt_level != 0:
             _optimize(mod, machine, opt_level)
+            try:   # LLVM's middle end can make invalid IR (codegen.native.optimized), and emitting it aborts
+                mod.verify()
+            except RuntimeError as exc:
+                raise InternalError(f"LLVM's optimizer made invalid IR: {exc}", pass_name="nvptx") from None
         optimized = str(mod) if keep_optimized else None   # before code generation rewrites it
         ptx = machine.emit_assembly(mod)
     kernels = entry_names(ptx)
