@@ -246,3 +246,26 @@ def test_a_fused_f16_matmul_keeps_its_running_sum_in_f32(backend, chunk):
         got, want = rf.kernel(matvec_beside_a_max, backend=backend, **options)(x0, x3), matvec_beside_a_max(x0, x3)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and np.array_equal(g, w, equal_nan=True), (g, w)
+
+
+def centred_on_its_own_mean(x, w, v):
+    r0 = rf.sum(x, axis=-1, keepdims=True)
+    return ((x - r0) * w) @ v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_compilers_own_centre_of_bf16_values_is_summed_in_the_results_dtype(backend):
+    """Long campaign at aff8577 (seed 1), example 7: ``((x - sum x) * w) @ v`` on bf16 data, an f32 result kept
+    centred on the compiler's own running mean of x; the mean's running sum read bf16 x into an f32 state
+    (VerifyError on every backend). x is now cast to the state's dtype."""
+    rng = np.random.default_rng(389336784)
+    x, w = (rng.standard_normal((2, 251)).astype(rf.bfloat16) for _ in range(2))
+    v = rng.standard_normal((251, 2)).astype(rf.bfloat16)
+    kernel = rf.kernel(centred_on_its_own_mean, backend=backend)
+    (group,) = kernel.lower(x, w, v).groups
+    assert group.fused
+    got = kernel(x, w, v)
+    x64, w64, v64 = (a.astype(np.float64) for a in (x, w, v))
+    r0 = x.astype(np.float32).sum(axis=-1, keepdims=True).astype(rf.bfloat16).astype(np.float64)
+    exact = ((x64 - r0) * w64) @ v64
+    assert got.dtype == np.float32 and np.allclose(got, exact, rtol=1e-3, atol=1e-3 * np.abs(exact).max())

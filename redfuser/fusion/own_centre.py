@@ -31,7 +31,7 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Callable
 
-from ..ir import (Axis, Binary, BinaryOp, Buffer, BufferType, Compute, Const, Expr, Load, OnlineState, ReduceOp,
+from ..ir import (Axis, Binary, BinaryOp, Buffer, BufferType, Cast, Compute, Const, Expr, Load, OnlineState, ReduceOp,
                   Select, Unary, UnaryOp, format_expr)
 from ..ir.types import bool_, float32, float64
 from . import algebra as A
@@ -170,8 +170,8 @@ def _root_from_top_powers(normal: A.Sum, ctx: FusionContext, y: Expr) -> Expr | 
 def resolve(b: "LoopBuilder", member: "Member", centre: Centre) -> tuple[Centre, Load]:
     """`centre` reading the loop's own running sum of ``u`` and the exact count beside it (both skip
     non-finite values of ``u``), created in `b` where they are not there yet."""
-    u = centre.u
-    d = u.dtype
+    d = member.out.dtype
+    u = centre.u if centre.u.dtype == d else Cast(centre.u, d)   # bf16 values of an f32 sum: summed in f32
     finite = Binary(BinaryOp.LT, Unary(UnaryOp.ABS, u, d), Const(float("inf"), d), bool_)
     one, zero = Const(1.0, d), Const(0.0, d)
     states = []
