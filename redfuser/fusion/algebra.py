@@ -147,6 +147,20 @@ def as_linear(s: Sum) -> Linear | None:
     return Linear.of(terms, constant)
 
 
+def split_exponent(exponent: Linear, kind: Callable[[Expr], str]) -> tuple[Linear, Linear] | Monomial:
+    """An exponent as its part reading only the reduced values or constants (with the constant term) and
+    its part reading earlier results, by `kind` (``x``, ``y``, ``c`` or ``mixed`` per atom); or the first
+    monomial that multiplies both, which does not split into ``exp(x)·exp(y)``."""
+    x_terms: dict = {}
+    y_terms: dict = {}
+    for mono, c in exponent.terms:
+        kinds = {kind(a) for a, _ in mono.factors}
+        if "mixed" in kinds or {"x", "y"} <= kinds:
+            return mono
+        (y_terms if "y" in kinds else x_terms)[mono] = c
+    return Linear.of(x_terms, exponent.constant), Linear.of(y_terms)
+
+
 def exp_of(s: Sum) -> Sum:
     """``exp(s)`` in normal form: exponentials of linear arguments merge into one exp."""
     lin = as_linear(s)

@@ -80,14 +80,10 @@ def split_narrowing(atom: Cast, p: A.Power, ctx: "FusionContext", name: str) -> 
             return (f"{where} rounds {format_expr(a)}, which mixes the reduced values with an earlier result "
                     "and does not factor into G(x)·H(y)")
         (deferred if kind == "y" else g)[a] = q
-    x_terms: dict = {}
-    y_terms: dict = {}
-    for mono, c in t.exponent.terms:
-        kinds = {ctx.kind(a) for a, _ in mono.factors}
-        if "mixed" in kinds or {"x", "y"} <= kinds:
-            return f"{where} has an exponential that does not split into exp(x)·exp(y)"
-        (y_terms if "y" in kinds else x_terms)[mono] = c
-    x_lin, y_lin = A.Linear.of(x_terms, t.exponent.constant), A.Linear.of(y_terms)
+    parts = A.split_exponent(t.exponent, ctx.kind)
+    if isinstance(parts, A.Monomial):
+        return f"{where} has an exponential that does not split into exp(x)·exp(y)"
+    x_lin, y_lin = parts
     src = atom.x.dtype
     bound = _exp_bound(x_lin, y_lin, ctx)
     if bound is not None:

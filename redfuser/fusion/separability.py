@@ -127,7 +127,8 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
     live: Expr | None = None
     for atom, p in t.mono.factors:
         kind = ctx.kind(atom)
-        if kind == "mixed" and A.is_narrowing(atom) and _quantization(atom, ctx) is None:
+        q = _quantization(atom, ctx) if kind == "mixed" else None   # a cast scaled by running maxima (FP8)
+        if kind == "mixed" and q is None and A.is_narrowing(atom):
             atom = distribute_cast(atom, ctx) or atom   # cast(where(c(x), a, b)·h) = where(c, cast(a·h), cast(b·h))
         if kind == "mixed" and isinstance(atom, Select) and ctx.kind(atom.cond) in ("x", "c"):
             w = _x_select(atom, p, ctx, name)
@@ -140,7 +141,7 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
             inner = inner + branch_online.scale(float(p))
             live = _both(BinaryOp.AND, live, select_live)
             continue
-        if kind == "mixed" and _quantization(atom, ctx) is None and A.is_narrowing(atom):
+        if kind == "mixed" and q is None and A.is_narrowing(atom):
             n = split_narrowing(atom, p, ctx, name)
             if isinstance(n, str):
                 return Refusal(n, atom)
@@ -154,7 +155,6 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
                 deferred[a] = deferred.get(a, A.Power(0)) + q
             continue
         if kind == "mixed":
-            q = _quantization(atom, ctx)
             if q is None:
                 return Refusal(_mixed_reason(atom, name), atom)
             powers = powers * q.power(p)
@@ -162,17 +162,13 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
             kind = "x"
         target = deferred if kind == "y" else g
         target[atom] = target.get(atom, A.Power(0)) + p
-    x_terms: dict = {}
-    y_terms: dict = {}
-    for mono, c in t.exponent.terms:
-        kinds = {ctx.kind(a) for a, _ in mono.factors}
-        if "mixed" in kinds or {"x", "y"} <= kinds:
-            offender = monomial_expr(mono, mono.factors[0][0].dtype)
-            return Refusal(f"in `{name}`, exp({format_expr(offender)}) multiplies the reduced values with an earlier "
-                           "result inside an exponential, which does not split into exp(x)·exp(y)", offender)
-        (y_terms if "y" in kinds else x_terms)[mono] = c
-    return _Split(t.coeff, A.Monomial.of(g), A.Linear.of(x_terms, t.exponent.constant),
-                  A.Linear.of(y_terms) + inner, A.Monomial.of(deferred), powers, tuple(quantized), tuple(selects),
+    parts = A.split_exponent(t.exponent, ctx.kind)
+    if isinstance(parts, A.Monomial):
+        offender = monomial_expr(parts, parts.factors[0][0].dtype)
+        return Refusal(f"in `{name}`, exp({format_expr(offender)}) multiplies the reduced values with an earlier "
+                       "result inside an exponential, which does not split into exp(x)·exp(y)", offender)
+    x_lin, y_lin = parts
+    return _Split(t.coeff, A.Monomial.of(g), x_lin, y_lin + inner, A.Monomial.of(deferred), powers, tuple(quantized), tuple(selects),
                   inner, live, tuple(rounded))
 
 
