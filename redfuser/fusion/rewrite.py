@@ -72,6 +72,12 @@ def _constant(e: Expr) -> bool:
     return not any(isinstance(n, Load | IndexValue) for n in walk(e))
 
 
+def _carried_only(factor: Expr | None) -> bool:
+    """A factor of 0: a shift-stable family's lower power, carried only to move the higher ones
+    (`centred._families`); it adds nothing to the value."""
+    return isinstance(factor, Const) and factor.value == 0.0
+
+
 def _epilogue_value(member: Member, dec: Decomposition, accs: list[Buffer | Expr],
                     unseen: list[Expr | None] | None = None) -> Expr:
     """``sum_j factor_j * acc_j + addend``; with `unseen`, an accumulator whose running max never left
@@ -79,8 +85,8 @@ def _epilogue_value(member: Member, dec: Decomposition, accs: list[Buffer | Expr
     d = member.out.dtype
     out: Expr | None = None
     for n, (buf, factor) in enumerate(zip(accs, dec.factors)):
-        if isinstance(factor, Const) and factor.value == 0.0:
-            continue   # a shift-stable family's lower power, carried only to move the higher ones
+        if _carried_only(factor):
+            continue
         load: Expr = Load(buf, member.axes) if isinstance(buf, Buffer) else buf
         if unseen is not None and unseen[n] is not None:
             load = Select(unseen[n], Const(math.nan, d), load, d)
@@ -167,8 +173,6 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             if failure:
                 dec = Refusal(f"`{name}`: the factorization failed its numeric identity check ({failure}); "
                               "kept unfused (this is a RedFuser bug worth reporting)")
-        if isinstance(dec, Decomposition) and member.is_topk and dec.conditions:
-            dec = Refusal(f"`{name}` is a top-k of a where on the reduced values; such a top-k is not fused yet")
         if isinstance(dec, Decomposition) and member.is_topk:
             why = list_order_refusal(member, value, dec, frozenset(earlier))
             if why is not None:
@@ -183,7 +187,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             after_loop |= {member.out.name, member.indices.name}
         unseen = [_where_live(b, member, acc, b.unseen(acc)) for acc in dec.accumulators]
         for n, acc in enumerate(dec.accumulators):
-            if not (isinstance(dec.factors[n], Const) and dec.factors[n].value == 0.0):
+            if not _carried_only(dec.factors[n]):
                 guard = b.centred_nan_guard(member, acc)
                 if guard is not None:
                     unseen[n] = guard if unseen[n] is None else Binary(BinaryOp.OR, unseen[n], guard, bool_)
