@@ -198,35 +198,162 @@ def test_explain_says_which_centre_was_chosen():
     assert "expanded into" not in text   # no cancellation note: nothing is expanded
 
 
-def test_a_polynomial_without_a_stable_form_says_why_it_is_not_centred():
-    """No stable form: (x - m)^2 + x is no polynomial in x - k m alone (the compiler's own centre would leave
-    a sum of m beside it); (x - m)(x + s) has two roots, and which factor is small depends on the data; in f16
-    a running count is not exact. Each stays expanded, with a note."""
-    def square_plus_values(x, y):
-        m = rf.max(y, axis=-1, keepdims=True)
-        return rf.sum((x - m) ** 2 + x, axis=-1)
+# Polynomials with no single root every term vanishes at (fusion/taylor.py and own_centre.split_by_pair): before,
+# each was fused expanded (sum x^2 - (Y + Z) sum x + N Y Z), losing every digit on rows near 300.
+def product_about_two_results(x, z):
+    y = rf.max(z, axis=-1, keepdims=True)
+    s = rf.sum(z, axis=-1, keepdims=True) / z.shape[-1]
+    return rf.sum((x - y) * (x - s), axis=-1)
 
-    def square_about_other_max(x, y):
-        m = rf.max(y, axis=-1, keepdims=True)
-        return rf.sum((x - m) ** 2, axis=-1)
 
-    def deviation_times_a_sum(x, y):
-        m = rf.max(y, axis=-1, keepdims=True)
-        s = rf.sum(y, axis=-1, keepdims=True)
-        return rf.sum((x - m) * (x + s), axis=-1)
+def product_about_a_result_and_a_sum(x, z):
+    y = rf.max(z, axis=-1, keepdims=True)
+    s = rf.sum(z, axis=-1, keepdims=True) / z.shape[-1]
+    return rf.sum((x - y) * (s - x + 0.5), axis=-1)
 
-    x = _rows_around_300((3, 64))
-    cases = ((square_plus_values, x, "the sum is no polynomial of degree at most 8 in x[i0,j] - k·m[i0] alone"),
-             (deviation_times_a_sum, x, "the body is 0 at x[i0,j] = -1.0 * s[i0] and x[i0,j] = m[i0], and one "
-                                        "centre keeps only one of these differences uncancelled"),
-             (square_about_other_max, x.astype(np.float16), "the count of a running mean is exact only in f32 and f64"))
-    for body, data, why in cases:
-        group = rf.kernel(body, backend="interpret").lower(data, data + data.dtype.type(0.5)).groups[0]
-        assert group.fused and group.decompositions[group.reductions[-1]].stable is None
-        # (which earlier result the note names first follows the normal form's order of terms)
-        assert "no shift-stable form: it multiplies out x[i0,j] ± " in group.notes[0]
-        assert "is not a running max, min or mean of x[i0,j], and the compiler could not centre the sum on a " \
-               "running mean of its own: " + why in group.notes[0]
+
+def square_plus_values(x, z):
+    y = rf.max(z, axis=-1, keepdims=True)
+    return rf.sum((x - y) ** 2 + x, axis=-1)
+
+
+def square_plus_an_exponential(x, z):
+    y = rf.max(z, axis=-1, keepdims=True)
+    return rf.sum((x - y) ** 2 + rf.exp(z - y), axis=-1)
+
+
+SEVERAL_ROOT_BODIES = [product_about_two_results, product_about_a_result_and_a_sum, square_plus_values,
+                       square_plus_an_exponential]
+
+
+def _near_300(shape, seed) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = (300 + rng.standard_normal(shape)).astype(np.float32)
+    return x, (299.5 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("small", [False, True], ids=["default-chunks", "small-chunks"])
+@pytest.mark.parametrize("body", SEVERAL_ROOT_BODIES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_polynomials_with_several_roots_or_other_terms_are_centred(backend, body, small):
+    inputs = _near_300((4, 300) if backend == "simulate" else (8, 300), seed=11)
+    group = rf.kernel(body, backend="interpret").lower(*inputs).groups[-1]
+    assert group.fused and group.decompositions[group.reductions[-1]].stable is not None
+    actual = _outputs(backend, body, *inputs, **(SMALL_CHUNKS[backend] if small else {}))
+    _judge(actual, body, inputs, 300)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_split_reductions_merge_the_taylor_form(backend):
+    inputs = _near_300((3, 300), seed=12)
+    _judge(_outputs(backend, product_about_two_results, *inputs, split=3, block_n=16), product_about_two_results,
+           inputs, 300)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_taylor_form_keeps_numpys_infinities_and_nans(backend):
+    x, z = _near_300((6, 20), seed=13)
+    x[0, 3], x[1, 5], x[2, 7], x[3, :] = np.inf, -np.inf, np.nan, -np.inf
+    x[4, 2], x[4, 9] = np.inf, -np.inf
+    actual = _outputs(backend, product_about_two_results, x, z,
+                      **({"interpret_chunk": 3} if backend == "interpret" else {"block_n": 4}))
+    _judge(actual, product_about_two_results, (x, z), 20)
+
+
+def deviation_times_weights_plus_a_product(x, z, w, v):
+    y = rf.max(z, axis=-1, keepdims=True)
+    return ((x - y) * w + x * y / 300.0) @ v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sum_is_split_into_the_terms_that_cancel_and_the_others(backend):
+    """``((x - y) w + x y / 300) @ v``: the product distributes over the sum, ``(x - y) w v`` is centred on the
+    compiler's own mean of x, ``x y v / 300`` is summed as usual beside it (a GEMM whose weights are
+    another reduced value: no Taylor form of the whole applies)."""
+    x, z = _near_300((4, 64), seed=17)
+    rng = np.random.default_rng(18)
+    w = (1 + 0.01 * rng.standard_normal((4, 64))).astype(np.float32)
+    v = rng.standard_normal((64, 8)).astype(np.float32)
+    inputs = (x, z, w, v)
+    group = rf.kernel(deviation_times_weights_plus_a_product, backend="interpret").lower(*inputs).groups[-1]
+    assert group.fused and "centred on its own running mean of x" in group.decompositions[group.reductions[-1]].stable
+    actual = _outputs(backend, deviation_times_weights_plus_a_product, *inputs, **SMALL_CHUNKS[backend])
+    _judge(actual, deviation_times_weights_plus_a_product, inputs, 64)
+
+
+def test_a_sum_that_adds_after_a_product_is_not_centred():
+    """``x / s + 0.25``: the expansion ``sum x / s + 0.25 N`` is what the reference rounds too (it divides
+    before it adds), so nothing is centred or refused (forms_difference)."""
+    def scaled_plus_constant(x):
+        s = rf.sum(rf.abs(x), axis=-1, keepdims=True) + 1.0
+        return rf.sum(x / s + 0.25, axis=-1)
+
+    x = np.random.default_rng(19).standard_normal((3, 40)).astype(np.float32)
+    group = rf.kernel(scaled_plus_constant, backend="interpret").lower(x).groups[0]
+    assert group.fused and group.decompositions["out"].stable is None
+
+
+def test_explain_names_the_taylor_form():
+    inputs = _near_300((2, 64), seed=14)
+    text = rf.kernel(product_about_two_results, backend="interpret").explain(*inputs)
+    assert "in Taylor form around its own running mean of x[i0,j] (shift-stable)" in text
+    assert "each p^(j)(mean) computed as the body is written" in text
+    # the coefficients after the loop are the body and its derivative at the mean, as written
+    assert "(out_mean[i0] - y[i0]) * (out_mean[i0] - s_sum[i0] / 64.0)" in text
+    assert "expanded into" not in text
+
+
+def test_a_sum_without_a_stable_form_is_refused_with_the_reason():
+    """No stable form: the reduced value inside exp times the difference (no polynomial), and a 16-bit sum
+    (its running count is exact only to 2048). Each is refused, computed in a second pass, and still right."""
+    def exponential_times_square(x, z):
+        y = rf.max(z, axis=-1, keepdims=True)
+        return rf.sum(rf.exp((x - y) * 0.01) * (x - y) ** 2, axis=-1)
+
+    def square_about_other_max(x, z):
+        y = rf.max(z, axis=-1, keepdims=True)
+        return rf.sum((x - y) ** 2, axis=-1)
+
+    x, z = _near_300((3, 64), seed=15)
+    cases = ((exponential_times_square, (x, z), "no Taylor form around one applies (it applies 'exp' to x[i0,j], "
+                                              "which no polynomial does)"),
+             (square_about_other_max, (x.astype(np.float16), z.astype(np.float16)),
+              "the count of a running mean is exact only in f32 and f64"))
+    for body, inputs, why in cases:
+        group = rf.kernel(body, backend="interpret").lower(*inputs).groups[0]
+        assert not group.fused
+        assert group.reason.startswith("`out` has no shift-stable fused form, and its expanded sums would cancel")
+        assert "it multiplies out x[i0,j] ± y[i0]; y[i0] is not a running max, min or mean of x[i0,j]" in group.reason
+        assert why in group.reason
+        for backend in ("interpret", "cpu"):
+            actual = np.asarray(rf.kernel(body, backend=backend)(*inputs))
+            with np.errstate(all="ignore"):
+                assert_close(actual, body(*inputs), inputs[0].dtype, 64)
+
+
+# One accumulator whose body the normal form expanded inside the term: x - 300 (a constant) or x - y (y reduced
+# before the cascade, over another axis) is no difference with an earlier result, but expanded per element it cancelled in every
+# element (errors 4e-4 and 1.5e-3 against numpy-f32's 1e-7). The loop now accumulates the body as written.
+def weighted_square_about_a_constant(x, z):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(x - m) * (x - 300.0) ** 2, axis=-1)
+
+
+def weighted_square_about_a_result_before_the_cascade(x, z):
+    y = rf.max(z, axis=-1, keepdims=True)
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(x - m) * (x - y) ** 2 / 3.0, axis=-1)
+
+
+@pytest.mark.parametrize("body", [weighted_square_about_a_constant, weighted_square_about_a_result_before_the_cascade])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_accumulator_sums_the_body_as_written(backend, body):
+    x, z = _near_300((4, 256), seed=16)
+    inputs = (x, z[:, :8].copy())   # y reduces an axis of another length: computed before the cascade
+    group = rf.kernel(body, backend="interpret").lower(*inputs).groups[-1]
+    assert group.fused and not group.notes
+    actual = _outputs(backend, body, *inputs, **SMALL_CHUNKS[backend])
+    _judge(actual, body, inputs, 256)
 
 
 def test_harmless_expanded_sums_still_fuse():

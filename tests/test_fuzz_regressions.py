@@ -269,3 +269,62 @@ def test_the_compilers_own_centre_of_bf16_values_is_summed_in_the_results_dtype(
     r0 = x.astype(np.float32).sum(axis=-1, keepdims=True).astype(rf.bfloat16).astype(np.float64)
     exact = ((x64 - r0) * w64) @ v64
     assert got.dtype == np.float32 and np.allclose(got, exact, rtol=1e-3, atol=1e-3 * np.abs(exact).max())
+
+
+def _one_lane_store_module(src: str, dst: str, lane: int) -> str:
+    """A host function storing lane `lane` of ``trunc <4 x src> (load q) to <4 x dst>`` through a one-lane
+    constant mask: what LLVM's loop vectorizer emits for the last element of a 13-element tile row."""
+    mask = ", ".join("i1 true" if i == lane else "i1 false" for i in range(4))
+    return f"""
+declare void @llvm.masked.store.v4{dst}.p0(<4 x {dst}>, ptr, <4 x i1>)
+define void @store_one(ptr %p, ptr %q) {{
+  %w = load <4 x {src}>, ptr %q
+  %v = trunc <4 x {src}> %w to <4 x {dst}>
+  call void @llvm.masked.store.v4{dst}.p0(<4 x {dst}> %v, ptr align 1 %p, <4 x i1> <{mask}>)
+  ret void
+}}"""
+
+
+@pytest.mark.parametrize("src,dst,ctype", [("i32", "i8", np.uint8), ("i32", "i16", np.uint16),
+                                           ("i64", "i32", np.uint32)])
+@pytest.mark.parametrize("lane", [0, 2])
+def test_a_one_lane_masked_store_of_a_truncated_vector_writes_one_element(src, dst, ctype, lane):
+    """Long campaign at 3b9237e (seed 1), example 2469: LLVM 22.1's x86 back end stored the untruncated
+    element of a one-lane masked store (4 bytes for one f8e4m3), overwriting the next tile's first elements
+    (a wrong result whenever that tile's thread had written them first). Such stores are now written as
+    scalar stores (codegen/one_lane_stores.py); here the compiled function writes exactly its one element."""
+    import ctypes
+
+    from redfuser.codegen.native import compile_object
+    from redfuser.runtime.cpu_jit import JitLibrary
+
+    library = JitLibrary(compile_object(_one_lane_store_module(src, dst, lane)))
+    store_one = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(library.address("store_one"))
+    buffer = np.full(8, np.iinfo(ctype).max, ctype)
+    values = np.arange(1, 5, dtype=np.int64 if src == "i64" else np.int32)
+    store_one(buffer.ctypes.data, values.ctypes.data)
+    want = np.full(8, np.iinfo(ctype).max, ctype)
+    want[lane] = lane + 1
+    assert np.array_equal(buffer, want), buffer
+
+
+def int_quotient_to_e4m3(x):
+    return (x / 1.0).astype(rf.float8_e4m3fn)   # f64 -> e4m3: the conversion ends in a vector trunc
+
+
+def test_program_instances_write_only_their_own_tiles(monkeypatch):
+    """The same bug end to end, deterministic: the cpu kernel's program instances run one at a time from the
+    last to the first, so an instance writing past its tile (13-element rows, one masked element at the end
+    of each) would overwrite its successor's first elements after they were written."""
+    from redfuser.runtime import cpu_jit
+
+    def backwards(self, fn, args, n, max_parts=None):
+        for i in reversed(range(n)):
+            fn(*args, i, i + 1)
+
+    monkeypatch.setattr(cpu_jit.GridPool, "run", backwards)
+    x = np.arange(-97, 98, dtype=np.int32).reshape(3, 5, 13) * 1000
+    with np.errstate(all="ignore"):
+        got = rf.kernel(int_quotient_to_e4m3, backend="cpu", fuse=False)(x)
+        want = int_quotient_to_e4m3(x)
+    assert np.array_equal(got.astype(np.float32), want.astype(np.float32), equal_nan=True)

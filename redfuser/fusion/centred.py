@@ -64,12 +64,18 @@ class Centre:
     marker: Load
     own: Expr | None = None      # the compiler's own running mean (fusion/own_centre.py): k Y, with c = delta + k Y
     delta: Load | None = None    # there: the after-the-loop value c_final - k Y the factors read
+    taylor: bool = False         # fusion/taylor.py: own = 0, so delta is the final mean c itself
 
     @property
     def words(self) -> str:
         """Which form was chosen, for `explain`."""
         from ..ir import format_expr
 
+        if self.taylor:
+            u = format_expr(self.u)
+            return (f"in Taylor form around its own running mean of {u} (shift-stable): sum p({u}) = "
+                    f"sum_j p^(j)(mean) / j! * sum ({u} - mean)^j, each p^(j)(mean) computed as the body is "
+                    "written, the mean kept as running sum / exact running count of the finite values")
         if self.own is not None:
             u, ky = format_expr(self.u), format_expr(self.own)
             return (f"centred on its own running mean of {u} (shift-stable): ({u} - {ky}) = ({u} - mean) + "
@@ -203,15 +209,18 @@ def centre_sum(value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...],
     return None
 
 
-def cancelling_pair(value: Expr, ctx: FusionContext) -> tuple[Expr, Expr] | None:
+def cancelling_pairs(value: Expr, ctx: FusionContext) -> list[tuple[Expr, Expr]]:
     """A reduced value ``X`` and an earlier result ``Y`` whose difference ``X - k Y`` the expansion multiplied
     out: two terms of the normal form with the same exponential whose monomials differ exactly by the
     ratio ``X / Y`` (``x^2`` beside ``x * m`` for ``(x - m)^2``; ``exp(x - m) * x`` beside
-    ``exp(x - m) * m``). Their sums cancel wherever ``X`` is close to ``k Y``; None when no two terms do."""
+    ``exp(x - m) * m``). Their sums cancel wherever ``X`` is close to ``k Y``. Every such pair, in the order
+    found (``(x - y) w`` gives ``(x, y)`` and also ``(w, y)``: `own_centre.forms_difference` tells which one
+    the body wrote)."""
     pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
     nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
     normal = A.normalize(value, pos, nonneg)
     monos: dict[A.Linear, set[A.Monomial]] = {}
+    out: list[tuple[Expr, Expr]] = []
     for t in normal:
         monos.setdefault(t.exponent, set()).add(t.mono)
     for group in monos.values():
@@ -224,9 +233,15 @@ def cancelling_pair(value: Expr, ctx: FusionContext) -> tuple[Expr, Expr] | None
                     if len(ratio) == 2 and {q for _, q in ratio} == {Fraction(1), Fraction(-1)}:
                         (a, pa), (b, pb) = ratio
                         top, bottom = (a, b) if pa > 0 else (b, a)
-                        if top == x and ctx.kind(bottom) == "y":
-                            return x, bottom
-    return None
+                        if top == x and ctx.kind(bottom) == "y" and (x, bottom) not in out:
+                            out.append((x, bottom))
+    return out
+
+
+def cancelling_pair(value: Expr, ctx: FusionContext) -> tuple[Expr, Expr] | None:
+    """The first of `cancelling_pairs`, or None."""
+    pairs = cancelling_pairs(value, ctx)
+    return pairs[0] if pairs else None
 
 
 def _families(moved: A.Sum, centre: Centre, ctx: FusionContext, name: str, d: DType) -> Decomposition | None:
@@ -280,4 +295,5 @@ def _factor(weights: list[A.Product], d: DType) -> Expr | None:
     return sum_expr(s, d) if s else Const(0.0, d)
 
 
-__all__ = ["Centre", "Shift", "find_centres", "change_variables", "centre_sum", "cancelling_pair"]
+__all__ = ["Centre", "Shift", "find_centres", "change_variables", "centre_sum", "cancelling_pair",
+           "cancelling_pairs"]

@@ -33,13 +33,16 @@ from typing import TYPE_CHECKING, Callable
 
 from ..ir import (Axis, Binary, BinaryOp, Buffer, BufferType, Cast, Compute, Const, Expr, Load, OnlineState, ReduceOp,
                   Select, Unary, UnaryOp, format_expr)
+from ..ir.loop.expr import walk
 from ..ir.types import bool_, float32, float64
 from . import algebra as A
 from .build import linear_expr
-from .centred import Centre, _families, cancelling_pair, centre_sum, change_variables
+from .centred import Centre, _families, cancelling_pairs, centre_sum, change_variables
 from .positivity import is_nonnegative, is_positive
-from .separability import Accumulator, Decomposition, FusionContext
+from .numeric_check import check
+from .separability import Accumulator, Decomposition, FusionContext, Refusal, decompose
 from .shift_law import centre_now
+from .taylor import taylor_sum
 
 if TYPE_CHECKING:
     from .loop_builder import LoopBuilder
@@ -51,21 +54,126 @@ def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple
               delta: Load) -> tuple[Decomposition, str | None]:
     """For an expanded sum `dec` of `value`: its shift-stable form around a running statistic of the
     reduced values where one exists, else around a running mean of its own (`delta` the after-the-loop
-    value ``c - k Y`` the factors read) where the body is a polynomial in ``u - k Y``, else `dec` itself with,
-    where the expansion multiplied out a difference of reduced values and an earlier result, why it
-    could not be centred (for `explain`'s note on the cancellation)."""
+    value ``c - k Y`` the factors read) where the body is a polynomial in ``u - k Y``, else in Taylor form
+    around that mean (`taylor.py`) where it is a polynomial in one reduced value; else `dec` itself with,
+    where the expansion multiplied out a difference of reduced values and an earlier result, why no stable
+    form applies (the caller refuses it). Only the additive terms of the body that multiply out such a
+    difference are centred; the others are summed as usual (``(x - Y)^2 + exp(d - M)``)."""
     stable = centre_sum(value, ctx, states, running, axis.name, axis.extent, name)
     if stable is not None:
         return stable, None
-    pair = cancelling_pair(value, ctx)
+    pair = written_pair(value, ctx)
     if pair is None:
-        return dec, None
+        return dec, None   # (x / Y + c: the reference rounds x / Y before adding, as the expansion does)
+    centred, rest = split_by_pair(value, ctx)
+    if rest is None:
+        whole = _own_or_taylor(value, ctx, pair, axis, name, delta)
+        return (whole, None) if isinstance(whole, Decomposition) else (dec, _unstable(pair, whole))
+    pair = written_pair(centred, ctx) or pair
+    part = (centre_sum(centred, ctx, states, running, axis.name, axis.extent, name)
+            or _own_or_taylor(centred, ctx, pair, axis, name, delta))
+    if isinstance(part, str):
+        return dec, _unstable(pair, part)
+    others = decompose(rest, ReduceOp.SUM, ctx, name)
+    if isinstance(others, Refusal):
+        return dec, _unstable(pair, f"the other terms are not separable ({others.reason})")
+    failure = check(rest, others, ctx)
+    if failure is not None or written_pair(rest, ctx) is not None:
+        return dec, _unstable(pair, f"the other terms {format_expr(rest)} have no stable form of their own")
+    return Decomposition("shift-stable sum", part.accumulators + others.accumulators,
+                         part.factors + others.factors, others.addend, expanded=others.expanded,
+                         conditions=others.conditions, rounded=others.rounded, stable=part.stable), None
+
+
+def _own_or_taylor(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: Axis, name: str,
+                   delta: Load) -> Decomposition | str:
+    """`value`'s sum centred on a running mean of the compiler's own: on one root, else in Taylor form."""
     own = own_centre_sum(value, ctx, pair, axis, name, delta)
     if isinstance(own, Decomposition):
-        return own, None
+        return own
+    taylor = taylor_sum(value, ctx, pair[0], axis, name, delta)
+    if isinstance(taylor, Decomposition):
+        return taylor
+    return f"the compiler could not centre the sum on a running mean of its own ({own}), and no Taylor form " \
+           f"around one applies ({taylor})"
+
+
+def _unstable(pair: tuple[Expr, Expr], why: str) -> str:
     x, y = (format_expr(e) for e in pair)
-    return dec, (f"it multiplies out {x} ± {y}; {y} is not a running max, min or mean of {x}, and the compiler "
-                 f"could not centre the sum on a running mean of its own: {own}")
+    return f"it multiplies out {x} ± {y}; {y} is not a running max, min or mean of {x}, and {why}"
+
+
+def split_by_pair(value: Expr, ctx: FusionContext) -> tuple[Expr, Expr | None]:
+    """`value` as (the sum of its additive terms that each multiply out a difference of a reduced value and
+    an earlier result, the sum of the others), or (`value`, None) where it has no such split: no term does
+    on its own (the difference is spread over several terms), or every term does."""
+    parts = _additive_parts(value, ctx)
+    cancels = [written_pair(p, ctx) is not None for p in parts]
+    centred = [p for p, c in zip(parts, cancels) if c]
+    rest = [p for p, c in zip(parts, cancels) if not c]
+    if not centred or not rest:
+        return value, None
+    return _sum(centred), _sum(rest)
+
+
+def written_pair(value: Expr, ctx: FusionContext) -> tuple[Expr, Expr] | None:
+    """The first cancelling pair (`cancelling_pairs`) whose difference the body forms as written, or None."""
+    return next((p for p in cancelling_pairs(value, ctx) if forms_difference(value, p)), None)
+
+
+def forms_difference(value: Expr, pair: tuple[Expr, Expr]) -> bool:
+    """True where the body, as written, adds or subtracts a side reading the reduced ``X`` (not ``Y``) and a
+    side reading the earlier result ``Y`` (not ``X``): the reference forms ``X - k Y`` before anything
+    multiplies it, so it keeps the small difference that the expanded ``sum X R - k Y sum R`` loses. Where
+    the body combines them only after a product (``x / Y + c``, ``x Y - Y^2``) the reference rounds the
+    large products itself, and the expansion loses nothing more."""
+    x, y = pair
+    reads = lambda e, a: any(n == a for n in walk(e))  # noqa: E731
+    for n in walk(value):
+        if isinstance(n, Binary) and n.op in (BinaryOp.ADD, BinaryOp.SUB):
+            a_x, a_y, b_x, b_y = reads(n.a, x), reads(n.a, y), reads(n.b, x), reads(n.b, y)
+            if (a_x and not a_y and b_y and not b_x) or (b_x and not b_y and a_y and not a_x):
+                return True
+    return False
+
+
+_MAX_PARTS = 16
+"""Distributing products over sums stops at this many additive terms (the body is then taken whole)."""
+
+
+def _additive_parts(e: Expr, ctx: FusionContext) -> list[Expr]:
+    """`e` as a sum of terms, products distributed over sums (``(a + b) * v`` gives ``a v`` and ``b v``), but
+    never into a sum that itself adds a side of reduced values only to a side of earlier results only
+    (``x - Y`` stays one factor: it is what a centre keeps small)."""
+    if isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB) and not _difference_node(e, ctx):
+        b = _additive_parts(e.b, ctx)
+        if e.op is BinaryOp.SUB:
+            b = [Unary(UnaryOp.NEG, p, p.dtype) for p in b]
+        parts = _additive_parts(e.a, ctx) + b
+    elif isinstance(e, Unary) and e.op is UnaryOp.NEG:
+        parts = [Unary(UnaryOp.NEG, p, p.dtype) for p in _additive_parts(e.x, ctx)]
+    elif isinstance(e, Binary) and e.op is BinaryOp.MUL:
+        parts = [Binary(BinaryOp.MUL, a, b, e.dtype) for a in _additive_parts(e.a, ctx)
+                 for b in _additive_parts(e.b, ctx)]
+    elif isinstance(e, Binary) and e.op is BinaryOp.DIV:
+        parts = [Binary(BinaryOp.DIV, a, e.b, e.dtype) for a in _additive_parts(e.a, ctx)]
+    else:
+        return [e]
+    return parts if len(parts) <= _MAX_PARTS else [e]
+
+
+def _difference_node(e: Binary, ctx: FusionContext) -> bool:
+    kinds_a = {ctx.kind(n) for n in walk(e.a) if isinstance(n, Load)}
+    kinds_b = {ctx.kind(n) for n in walk(e.b) if isinstance(n, Load)}
+    return bool(("x" in kinds_a and "y" not in kinds_a and "y" in kinds_b and "x" not in kinds_b)
+                or ("x" in kinds_b and "y" not in kinds_b and "y" in kinds_a and "x" not in kinds_a))
+
+
+def _sum(parts: list[Expr]) -> Expr:
+    out = parts[0]
+    for p in parts[1:]:
+        out = Binary(BinaryOp.ADD, out, p, out.dtype)
+    return out
 
 
 def own_centre_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: Axis, name: str,
@@ -205,7 +313,9 @@ def finish(b: "LoopBuilder", member: "Member", dec: Decomposition, accs: list) -
     centre, count = resolve(b, member, own_centre_of(dec))
     d = member.out.dtype
     delta = centre.delta
-    value = Binary(BinaryOp.SUB, centre_now(centre, count), centre.own, d)
+    value = centre_now(centre, count)
+    if not centre.taylor:
+        value = Binary(BinaryOp.SUB, value, centre.own, d)
     b.epilogue.append(Compute(delta.buffer, member.axes, value, loc=member.loc))
     b.epilogue_values[delta.buffer.name] = (member.axes, b.running(value))
     b.names.add(delta.buffer.name)
@@ -227,4 +337,4 @@ def finish(b: "LoopBuilder", member: "Member", dec: Decomposition, accs: list) -
     return out
 
 
-__all__ = ["stabilize", "own_centre_sum", "resolve", "keep_infinite", "own_centre_of", "finish"]
+__all__ = ["stabilize", "split_by_pair", "written_pair", "forms_difference", "own_centre_sum", "resolve", "keep_infinite", "own_centre_of", "finish"]

@@ -168,6 +168,10 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             online_states = tuple(st for st in b.states if isinstance(st, OnlineState))
             delta = Load(Buffer(f"{name}_delta", member.out.type), member.axes)
             dec, unstable = stabilize(dec, value, ctx, online_states, b.running, axis, name, delta)
+            if unstable is not None:
+                # A multiplied-out difference with no stable form would cancel: a second pass is exact.
+                dec = Refusal(f"`{name}` has no shift-stable fused form, and its expanded sums would cancel "
+                              f"where the data is close to the earlier result: {unstable}; so a second pass")
         if isinstance(dec, Decomposition):
             failure = check(value, dec, ctx)
             if failure:
@@ -231,9 +235,9 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
                                       loc=member.loc))
         if dec.expanded:
             notes.append(f"`{name}` was expanded into {len(dec.accumulators)} accumulated terms; exact in real "
-                         "arithmetic, but terms of opposite sign can cancel in floating point when the earlier "
-                         "results are large compared with the spread of the data"
-                         + (f"; no shift-stable form: {unstable}" if unstable else ""))
+                         "arithmetic, but terms of opposite sign can cancel in floating point when they are large "
+                         "compared with their sum (no term multiplies out a difference of the reduced values and an "
+                         "earlier result, which would have been centred or refused)")
     group.notes = tuple(notes)
     group.reason = "; ".join(refused.values()) or None
     if len(fused) < 2:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from ..ir import (Axis, Binary, BinaryOp, Cast, Const, DType, Expr, IndexValue, Load, ReduceOp, Select, Unary,
-                  UnaryOp, format_expr)
+                  UnaryOp, format_expr, map_expr)
 from ..ir.types import bool_
 from ..ir.loop.expr import walk
 from . import algebra as A
@@ -300,7 +300,29 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
     rounded = tuple(dict.fromkeys(r for s in splits for r in s.rounded))
     if isinstance(out, Decomposition) and (conditions or rounded):
         out = replace(out, conditions=conditions, rounded=rounded)
+    if isinstance(out, Decomposition) and op is ReduceOp.SUM and len(splits) > 1 and not (conditions or rounded):
+        out = _term_as_written(value, out, splits, ctx)
     return out
+
+
+def _term_as_written(value: Expr, dec: Decomposition, splits: list[_Split], ctx: FusionContext) -> Decomposition:
+    """A sum kept as one accumulator accumulates the body as the user wrote it, its deferred factor set to 1,
+    rather than the normal form's expansion: ``exp(x - m) * (x - 300)^2`` expanded into
+    ``exp(x - m) x^2 - 600 exp(x - m) x + 90000 exp(x - m)`` cancels in every element where ``x`` is near
+    300; written as it is, nothing cancels that the reference's own ``x - 300`` does not. (The normal form has
+    one deferred monomial for all its terms here, so setting its atoms to 1 leaves exactly the accumulated
+    term; the randomized identity check confirms it, else the expansion is kept.)"""
+    if len(dec.accumulators) != 1:
+        return dec
+    (acc,) = dec.accumulators
+    if acc.powers.factors or acc.quantized or acc.live is not None or any(sp.selects for sp in splits):
+        return dec
+    deferred = {a for a, _ in splits[0].deferred.factors}
+    term = map_expr(value, lambda n: Const(1.0, n.dtype) if n in deferred else None)
+    candidate = replace(dec, accumulators=(replace(acc, term=term),), expanded=False)
+    from .numeric_check import check   # (numeric_check imports this module)
+
+    return candidate if check(value, candidate, ctx) is None else dec
 
 
 def _acc(op: ReduceOp, term: Expr, s: _Split, g: Expr, d: DType) -> Accumulator:

@@ -152,6 +152,8 @@ def run(config: Config, examples: int, jobs: int = 0, verbose: bool = False, poo
         campaign.record(r)
         if verbose:
             print(f"{r.index:6d} {'FAIL' if r.failures else 'ok  '} {r.kind:8s} {r.description[:150]}", flush=True)
+            for f in r.failures:   # at once: a long campaign's reproducers come only at its end
+                print(f"{'':6s}   {f.kind} on {f.backend}: {f.message[:400]}", flush=True)
         elif campaign.examples % PROGRESS_EVERY == 0:
             print(f"{campaign.examples}/{examples} examples, {len(campaign.failures)} failures, "
                   f"{time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
