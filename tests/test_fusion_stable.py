@@ -304,36 +304,63 @@ def test_explain_names_the_taylor_form():
 
 
 def test_a_sum_without_a_stable_form_is_refused_with_the_reason():
-    """No stable form: the reduced value inside exp times the difference (no polynomial), and a 16-bit sum
-    (its running count is exact only to 2048). Each is refused, computed in a second pass, and still right."""
+    """No stable form: the reduced value inside exp times the difference (no polynomial). Refused, computed
+    in a second pass, and still right."""
     def exponential_times_square(x, z):
         y = rf.max(z, axis=-1, keepdims=True)
         return rf.sum(rf.exp((x - y) * 0.01) * (x - y) ** 2, axis=-1)
 
-    def square_about_other_max(x, z):
-        y = rf.max(z, axis=-1, keepdims=True)
-        return rf.sum((x - y) ** 2, axis=-1)
-
     x, z = _near_300((3, 64), seed=15)
-    cases = ((exponential_times_square, (x, z), "no Taylor form around one applies (it applies 'exp' to x[i0,j], "
-                                              "which no polynomial does)"),
-             (square_about_other_max, (x.astype(np.float16), z.astype(np.float16)),
-              "the count of a running mean is exact only in f32 and f64"))
-    for body, inputs, why in cases:
-        group = rf.kernel(body, backend="interpret").lower(*inputs).groups[0]
-        assert not group.fused
-        assert group.reason.startswith("`out` has no shift-stable fused form, and its expanded sums would cancel")
-        assert "it multiplies out x[i0,j] ± y[i0]; y[i0] is not a running max, min or mean of x[i0,j]" in group.reason
-        assert why in group.reason
-        for backend in ("interpret", "cpu"):
-            actual = np.asarray(rf.kernel(body, backend=backend)(*inputs))
-            with np.errstate(all="ignore"):
-                assert_close(actual, body(*inputs), inputs[0].dtype, 64)
+    group = rf.kernel(exponential_times_square, backend="interpret").lower(x, z).groups[0]
+    assert not group.fused
+    assert group.reason.startswith("`out` has no shift-stable fused form, and its expanded sums would cancel")
+    assert "it multiplies out x[i0,j] ± y[i0]; y[i0] is not a running max, min or mean of x[i0,j]" in group.reason
+    assert "no Taylor form around one applies (it applies 'exp' to x[i0,j], which no polynomial does)" in group.reason
+    for backend in ("interpret", "cpu"):
+        actual = np.asarray(rf.kernel(exponential_times_square, backend=backend)(x, z))
+        with np.errstate(all="ignore"):
+            assert_close(actual, exponential_times_square(x, z), np.float32, 64)
+
+
+def layer_norm_variance(x):
+    n = x.shape[-1]
+    mu = rf.sum(x, axis=-1, keepdims=True) / n
+    return rf.sum((x - mu) ** 2, axis=-1, keepdims=True) / n
+
+
+def square_about_another_max(x, z):
+    y = rf.max(z, axis=-1, keepdims=True)
+    return rf.sum((x - y) ** 2, axis=-1)
+
+
+@pytest.mark.parametrize("body", [layer_norm_variance, square_about_another_max, product_about_two_results])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_16_bit_sums_are_centred_with_an_f32_count(backend, dtype, body):
+    """A 16-bit mean's count is an f32 state (f16 counts exactly only to 2048, bf16 to 256), so 16-bit
+    variances and polynomials are centred too. Before, an f16 layer-norm variance over 4096 elements of
+    magnitude 4 was expanded, and sum x^2 overflowed f16 (NaN where numpy gives a finite variance)."""
+    dt = getattr(rf, dtype)
+    rng = np.random.default_rng(20)
+    x = (4.0 + rng.standard_normal((4, 4096))).astype(dt)
+    z = (3.5 + 0.1 * rng.standard_normal((4, 4096))).astype(dt)
+    inputs = (x,) if body is layer_norm_variance else (x, z)
+    group = rf.kernel(body, backend="interpret").lower(*inputs).groups[-1]
+    assert group.fused and group.decompositions[group.reductions[-1]].stable is not None
+    assert any(s.acc.dtype.name == "f32" and "count" in s.acc.name for s in group.states)
+    actual = np.asarray(_outputs(backend, body, *inputs)).astype(np.float64)
+    with np.errstate(all="ignore"):
+        r16 = np.asarray(body(*inputs)).astype(np.float64)
+        r64 = np.asarray(body(*(a.astype(np.float64) for a in inputs)))
+    assert np.isfinite(actual).all()
+    own = max(float(np.abs(r16 - r64).max()), float(np.finfo(np.float16).eps) * float(np.abs(r64).max()))
+    assert float(np.abs(actual - r64).max()) <= 20 * own
 
 
 # One accumulator whose body the normal form expanded inside the term: x - 300 (a constant) or x - y (y reduced
-# before the cascade, over another axis) is no difference with an earlier result, but expanded per element it cancelled in every
-# element (errors 4e-4 and 1.5e-3 against numpy-f32's 1e-7). The loop now accumulates the body as written.
+# before the cascade, over another axis) is no difference with an earlier result, but expanded per element it
+# cancelled in every element (errors 4e-4 and 1.5e-3 against numpy-f32's 1e-7). The loop now accumulates the body
+# as written.
 def weighted_square_about_a_constant(x, z):
     m = rf.max(x, axis=-1, keepdims=True)
     return rf.sum(rf.exp(x - m) * (x - 300.0) ** 2, axis=-1)

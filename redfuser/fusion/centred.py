@@ -30,7 +30,6 @@ from fractions import Fraction
 from typing import Callable
 
 from ..ir import Axis, Binary, BinaryOp, Buffer, BufferType, Const, DType, Expr, Load, OnlineState, ReduceOp, map_expr
-from ..ir.types import float32, float64
 from . import algebra as A
 from .build import product_expr, sum_expr
 from .positivity import is_nonnegative, is_positive
@@ -119,8 +118,6 @@ def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, .
         if p != 1 or st is None or st.rescale is not None or st.carry is not None:
             continue
         if st.op is ReduceOp.SUM:
-            if atom.dtype not in (float32, float64):
-                continue   # the running count must be exact (a 16-bit float counts exactly only to 2048 or 256)
             c: Expr = Binary(BinaryOp.MUL, atom, Const(1.0 / (kappa * extent), atom.dtype), atom.dtype)
         elif kappa == 1.0:
             c = atom

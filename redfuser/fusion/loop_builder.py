@@ -33,7 +33,7 @@ from .narrowing import rescale_dtype
 from .nan_guard import read_safely, running_extrema
 from .positivity import is_positive
 from .algebra import Linear
-from .own_centre import keep_infinite, resolve as resolve_own_centre
+from .own_centre import count_type, keep_infinite, resolve as resolve_own_centre
 from .shift_law import carry_expr, centre_move, centre_unseen, loop_term, overflow_condition, overflows
 from .separability import Accumulator, rescale_expr
 from .substitute import inline_loads
@@ -132,10 +132,12 @@ class LoopBuilder:
         return guard
 
     def count_state(self, member: Member) -> Buffer:
-        """The exact running count of elements seen (a sum of 1), for a running mean."""
-        one = Const(1.0, member.out.dtype)
+        """The exact running count of elements seen (a sum of 1), for a running mean: in f32 for a 16-bit
+        result (f16 counts exactly only to 2048, bf16 to 256)."""
+        t = count_type(member.out.type)
+        one = Const(1.0, t.dtype)
         return self.state_for(member, Accumulator(ReduceOp.SUM, one, Linear(), one, one),
-                              Buffer(f"{member.name}_count", member.out.type))
+                              Buffer(f"{member.name}_count", t))
 
     def running_extrema(self) -> dict[str, float]:
         """Max/min states and their identities (what they hold before any element is seen)."""

@@ -183,8 +183,6 @@ def own_centre_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axi
     several (``(x - Y)·(x + L)``: which factor is small depends on the data, and one centre keeps only one
     of them free of cancellation)."""
     d = value.dtype
-    if d not in (float32, float64):
-        return "the count of a running mean is exact only in f32 and f64"
     pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
     nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
     normal = A.normalize(value, pos, nonneg)
@@ -278,16 +276,26 @@ def _root_from_top_powers(normal: A.Sum, ctx: FusionContext, y: Expr) -> Expr | 
 def resolve(b: "LoopBuilder", member: "Member", centre: Centre) -> tuple[Centre, Load]:
     """`centre` reading the loop's own running sum of ``u`` and the exact count beside it (both skip
     non-finite values of ``u``), created in `b` where they are not there yet."""
-    d = member.out.dtype
+    t = count_type(member.out.type)
+    d = t.dtype
     u = centre.u if centre.u.dtype == d else Cast(centre.u, d)   # bf16 values of an f32 sum: summed in f32
     finite = Binary(BinaryOp.LT, Unary(UnaryOp.ABS, u, d), Const(float("inf"), d), bool_)
     one, zero = Const(1.0, d), Const(0.0, d)
     states = []
     for what, term in (("sum", Select(finite, u, zero, d)), ("count", Select(finite, one, zero, d))):
         states.append(b.state_for(member, Accumulator(ReduceOp.SUM, term, A.Linear(), term, one),
-                                  Buffer(f"{member.name}_centre_{what}", member.out.type)))
+                                  Buffer(f"{member.name}_centre_{what}", t)))
     total, count = (Load(s, member.state_axes) for s in states)
     return replace(centre, source=total), count
+
+
+def count_type(result: BufferType) -> BufferType:
+    """The type of a running mean's count (and of the compiler's own mean's sum) beside a result of type
+    `result`: f32 where the result is a 16-bit float, whose integers are exact only to 2048 (f16) or 256
+    (bf16); the result's own type otherwise."""
+    if result.dtype in (float32, float64):
+        return result
+    return replace(result, dtype=float32)
 
 
 def keep_infinite(carry: Expr, prev: Load, rescale: Expr | None) -> Expr:
@@ -337,4 +345,5 @@ def finish(b: "LoopBuilder", member: "Member", dec: Decomposition, accs: list) -
     return out
 
 
-__all__ = ["stabilize", "split_by_pair", "written_pair", "forms_difference", "own_centre_sum", "resolve", "keep_infinite", "own_centre_of", "finish"]
+__all__ = ["stabilize", "split_by_pair", "written_pair", "forms_difference", "own_centre_sum", "resolve", "count_type",
+           "keep_infinite", "own_centre_of", "finish"]

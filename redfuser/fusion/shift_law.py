@@ -17,7 +17,7 @@ from __future__ import annotations
 from math import comb
 from typing import Callable
 
-from ..ir import Binary, BinaryOp, Const, Expr, Load, ReduceOp, Select, Unary, UnaryOp, map_expr
+from ..ir import Binary, BinaryOp, Cast, Const, DType, Expr, Load, ReduceOp, Select, Unary, UnaryOp, map_expr
 from ..ir.types import bool_
 from .centred import Centre, Shift
 
@@ -25,23 +25,34 @@ from .centred import Centre, Shift
 def centre_now(centre: Centre, count: Load | None) -> Expr:
     """The running centre after this chunk, inside the loop: the running max (0 while it is at its
     identity, as exponentials read it), or ``S / n`` (0 before any element)."""
-    d = centre.source.dtype
     if centre.op is ReduceOp.SUM:
-        return Select(Binary(BinaryOp.EQ, count, Const(0.0, d), bool_), Const(0.0, d),
-                      Binary(BinaryOp.DIV, centre.source, count, d), d)
+        return _mean(centre.source, count, centre.marker.dtype)
+    d = centre.source.dtype
     ident = Const(centre.op.identity(d), d)
     return Select(Binary(BinaryOp.EQ, centre.source, ident, bool_), Const(0.0, d), centre.source, d)
+
+
+def _mean(total: Expr, count: Expr, d: DType, empty_is_zero: bool = True) -> Expr:
+    """``S / n`` (0 while ``n`` is 0, where `empty_is_zero`) in the count's dtype, then in the centred values'
+    dtype `d`: a 16-bit sum's count is an f32 state (exact to 2^24 elements, where f16 counts exactly only
+    to 2048 and bf16 to 256), and its mean is rounded to `d` once, as the reference's ``S / N`` is."""
+    w = count.dtype
+    s = total if total.dtype == w else Cast(total, w)
+    mean: Expr = Binary(BinaryOp.DIV, s, count, w)
+    if empty_is_zero:
+        mean = Select(Binary(BinaryOp.EQ, count, Const(0.0, w), bool_), Const(0.0, w), mean, w)
+    return mean if w == d else Cast(mean, d)
 
 
 def centre_move(centre: Centre, count: Load | None, to_prev: Callable[[Expr], Expr]) -> Expr:
     """``d = c_before - c_now``: 0 while nothing was seen before the chunk (the accumulators hold
     nothing to move, or only the reference's NaN)."""
-    d = centre.source.dtype
+    d = centre.marker.dtype if centre.op is ReduceOp.SUM else centre.source.dtype
     now = centre_now(centre, count)
     if centre.op is ReduceOp.SUM:
         n_prev = to_prev(count)
-        before: Expr = Binary(BinaryOp.DIV, to_prev(centre.source), n_prev, d)
-        empty = Binary(BinaryOp.EQ, n_prev, Const(0.0, d), bool_)
+        before: Expr = _mean(to_prev(centre.source), n_prev, d, empty_is_zero=False)   # (`empty` below)
+        empty = Binary(BinaryOp.EQ, n_prev, Const(0.0, n_prev.dtype), bool_)
     else:
         before = to_prev(centre.source)
         empty = Binary(BinaryOp.EQ, before, Const(centre.op.identity(d), d), bool_)
@@ -103,7 +114,7 @@ def overflow_condition(shift: Shift, extreme: Load) -> Expr:
 
 def loop_term(shift: Shift, count: Load | None) -> Expr:
     """The accumulated term as the loop evaluates it: ``u - c_run`` for the marker."""
-    d = shift.centre.source.dtype
+    d = shift.centre.marker.dtype if shift.centre.op is ReduceOp.SUM else shift.centre.source.dtype
     if shift.centre.op is ReduceOp.SUM:
         w: Expr = Binary(BinaryOp.SUB, shift.centre.u, centre_now(shift.centre, count), d)
     else:

@@ -23,7 +23,7 @@ difference of large sums. The expanded normal form would instead compute ``c^2 +
 
 The formula is exact for every ``c``, so the randomized identity check confirms it with the centre drawn
 as a free variable. Bodies this does not cover (a reduced value inside ``exp`` or ``log`` beside the
-difference, two reduced values, degree above 8, 16-bit sums whose running count is not exact) are
+difference, two reduced values, degree above 8) are
 refused by `rewrite.py` when they multiply out such a difference.
 """
 from __future__ import annotations
@@ -33,7 +33,6 @@ from math import factorial
 
 from ..ir import Axis, Binary, BinaryOp, Buffer, BufferType, Cast, Const, Expr, Load, ReduceOp, Unary, UnaryOp, map_expr
 from ..ir.loop.expr import walk
-from ..ir.types import float32, float64
 from . import algebra as A
 from .centred import _MAX_DEGREE, Centre, _families, change_variables
 from .positivity import is_nonnegative, is_positive
@@ -45,8 +44,6 @@ def taylor_sum(value: Expr, ctx: FusionContext, x: Expr, axis: Axis, name: str, 
     not (the reason names what the body has that a polynomial in `x` has not). `delta` is the buffer slot
     `own_centre.py` would use (the member's type and axes); here it holds the final mean itself."""
     d = value.dtype
-    if d not in (float32, float64):
-        return "the count of a running mean is exact only in f32 and f64"
     if not isinstance(x, Load):
         return f"{_words(x)} is not a value loaded from an input"
     others = sorted({_words(n) for n in walk(value) if isinstance(n, Load) and n != x and ctx.kind(n) == "x"})
@@ -103,7 +100,9 @@ def derivative(e: Expr, x: Load) -> Expr | str:
         return Const(0.0, d)
     if e == x:
         return Const(1.0, d)
-    if isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float and e.dtype.numpy.itemsize >= e.x.dtype.numpy.itemsize:
+    widening = e.dtype.is_float and e.x.dtype.is_float and e.dtype.numpy.itemsize >= e.x.dtype.numpy.itemsize \
+        if isinstance(e, Cast) else False
+    if widening:
         inner = derivative(e.x, x)
         return inner if isinstance(inner, str) else _cast(inner, d)
     if isinstance(e, Unary) and e.op is UnaryOp.NEG:
@@ -128,7 +127,8 @@ def derivative(e: Expr, x: Load) -> Expr | str:
         if isinstance(a, str):
             return a
         n = int(e.b.value)
-        lower = Const(1.0, d) if n == 1 else e.a if n == 2 else Binary(BinaryOp.POW, e.a, Const(float(n - 1), e.b.dtype), d)
+        lower = (Const(1.0, d) if n == 1 else e.a if n == 2
+                 else Binary(BinaryOp.POW, e.a, Const(float(n - 1), e.b.dtype), d))
         return _mul(_scale(lower, float(n)), a)
     op = e.op.value if isinstance(e, Unary | Binary) else type(e).__name__.lower()
     return f"it applies '{op}' to {_words(x)}, which no polynomial does"

@@ -176,22 +176,12 @@ def live(c: Cascade) -> set[str]:
     return out
 
 
-def may_be_refused(c: Cascade, r) -> bool:
-    """A separable sum the engine may refuse for want of a stable form (docs/fusion.md, "When no stable form
-    exists"): one multiplying out ``x - Y``, ``Y`` any earlier result, in a 16-bit dtype. It is centred where
-    ``Y`` is a running max or min of x; a running mean, its own or the user's, needs a count that a 16-bit
-    float holds exactly only to 2048 (f16) or 256 (bf16), so there it is refused rather than expanded."""
-    return (c.data.dtype in ("float16", "bfloat16") and r.op in (SUM, MATMUL) and r.template.expands
-            and "Y" in r.template.slots)
-
-
 def expected_fused(c: Cascade) -> dict[str, bool]:
     """The grammar's ground truth: which live reductions one pass must compute."""
     exp: dict[str, bool] = {}
     alive = live(c)
     for r in c.reductions:
-        exp[r.name] = (r.name in alive and r.separable and not may_be_refused(c, r)
-                       and all(exp.get(j, False) for j in r.reads))
+        exp[r.name] = r.name in alive and r.separable and all(exp.get(j, False) for j in r.reads)
     if sum(exp.values()) < 2:
         exp = {k: False for k in exp}
     return exp
