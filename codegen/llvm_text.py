@@ -425,6 +425,9 @@ class TextBuilder:
     def zext(self, x, typ, name: str = ""):
         return self._cast("zext", x, typ, name)
 
+    def ptrtoint(self, x, typ, name: str = ""):
+        return self._cast("ptrtoint", x, typ, name)
+
     def sext(self, x, typ, name: str = ""):
         return self._cast("sext", x, typ, name)
 

@@ -5,17 +5,20 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ...ir.buffer import Buffer
-from ...ir.simt.nodes import SimtKernel
+from ...ir.errors import BackendError
+from ...ir.simt.nodes import FenceProxyAsync, SimtKernel, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, walk_stmts
 from ...ir.simt.verifier import verify_simt_kernel
 from .. import nvvm
 from ..llvm_text import TextBuilder, TextModule
 from ..nvptx import PtxArtifact, compile_module, new_module, parse_and_verify
 from ..nvvm import PTR, PTR_GLOBAL
-from . import arith, control, memory, warp
+from . import arith, control, memory, warp, wgmma
 from .emitter import Emitter, LlvmOptions
 from .types import mem_type
 
-RULES = {**arith.RULES, **memory.RULES, **warp.RULES, **control.RULES}
+RULES = {**arith.RULES, **memory.RULES, **warp.RULES, **wgmma.RULES, **control.RULES}
+WGMMA_OPS = (Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait, FenceProxyAsync)
+"""Statements that need ``.target sm_90a``."""
 
 
 def emit_module(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, verify: bool = True) -> TextModule:
@@ -63,7 +66,8 @@ def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule
         else:
             em.set(param, arg)
     for alloc in kernel.shared:
-        em.shared[alloc.name] = nvvm.declare_shared(module, f"smem_{alloc.name}", mem_type(alloc.dtype), alloc.size)
+        em.shared[alloc.name] = nvvm.declare_shared(module, f"smem_{alloc.name}", mem_type(alloc.dtype), alloc.size,
+                                                    align=alloc.align)
     em.emit(kernel.body)
     em.dispose()
     builder.ret_void()
@@ -72,7 +76,10 @@ def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule
 
 def compile_simt(kernel: SimtKernel, sm: str = "sm_90", options: LlvmOptions = LlvmOptions(), *,
                  ptx_version: int | None = None) -> PtxArtifact:
-    """`kernel` to PTX for `sm` (every stage's text kept in the artifact). Needs no GPU."""
+    """`kernel` to PTX for `sm` (every stage's text kept in the artifact). Needs no GPU. A kernel with
+    Hopper's warpgroup MMA (`Wgmma` and its fences) compiles for ``sm_90a`` only."""
+    if sm != "sm_90a" and any(isinstance(s, WGMMA_OPS) for s in walk_stmts(kernel.body)):
+        raise BackendError(f"kernel {kernel.name} uses wgmma, which only sm_90a has (asked for {sm})")
     return compile_module(emit_module(kernel, options), sm, ptx_version=ptx_version)
 
 

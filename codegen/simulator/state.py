@@ -6,13 +6,13 @@ threads executing the current statement (structured control flow narrows it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, NoReturn
 
 import numpy as np
 
 from ...ir.errors import SimulationError
-from ...ir.simt.nodes import Reg, SimtKernel, Stmt
+from ...ir.simt.nodes import Reg, SimtKernel, Stmt, StoreShared, Wgmma, uses
 from ...ir.simt.printer import format_stmt
 from .tracker import Tracker
 
@@ -55,6 +55,31 @@ class Launch:
         return f"thread {tid} (warp {tid // 32}, lane {tid % 32}) of block {coords}"
 
 
+@dataclass
+class WgmmaState:
+    """What one block's wgmma ops have left in flight (the simulator runs a block's warpgroups lock-step)."""
+
+    uncommitted: list[str] = field(default_factory=list)      # results issued since the last commit
+    groups: list[list[str]] = field(default_factory=list)     # committed, not yet waited for (oldest first)
+    in_flight: set[str] = field(default_factory=set)          # every result not yet waited for
+    taken: set[str] = field(default_factory=set)              # C registers a wgmma took (now D's)
+    produced: set[str] = field(default_factory=set)           # results of wgmmas (chained C needs no fence)
+    unfenced: set[str] = field(default_factory=set)           # registers written since the last wgmma.fence
+    fenced: bool = False                                      # a wgmma.fence came before (the first wgmma needs one)
+    proxy_dirty: set[str] = field(default_factory=set)        # shared allocations stored to since the proxy fence
+
+    def check_reads(self, s: Stmt, block: "Block") -> None:
+        """Fail where `s` reads a result still in flight or a C register a wgmma took."""
+        chained = s.c.name if isinstance(s, Wgmma) and s.c is not None else None
+        for r in uses(s):
+            if r.name in self.taken:
+                block.fail("wgmma_in_flight", f"{r} was the accumulator C of a wgmma, whose D now occupies its "
+                           "registers: read the wgmma's result instead", s)
+            if r.name in self.in_flight and r.name != chained:
+                block.fail("wgmma_in_flight", f"{r} is the result of a wgmma still in flight: a wgmma.commit_group "
+                           "and a wgmma.wait_group that covers it must come before it is read", s)
+
+
 class Block:
     """One thread block being simulated: registers, the active mask and its shared memory."""
 
@@ -80,6 +105,7 @@ class Block:
                     alloc.name, "shared", alloc.size, self.threads, launch.describe,
                     check_uninitialized=launch.options.check_uninitialized, check_races=launch.options.check_races)
         launch.epoch += 1  # a new block starts a new interval: its accesses never meet the last block's
+        self.wgmma = WgmmaState()
 
     def __getitem__(self, reg: Reg) -> np.ndarray:
         return self.env[reg.name]
@@ -87,6 +113,7 @@ class Block:
     def set(self, reg: Reg, value: np.ndarray) -> None:
         shape = (self.threads,) if reg.length == 1 else (self.threads, reg.length)
         self.env[reg.name] = np.broadcast_to(np.asarray(value), shape).astype(reg.dtype.numpy, copy=False)
+        self.wgmma.unfenced.add(reg.name)
 
     def thread_name(self, tid: int) -> str:
         return self.launch.describe(self.linear * self.threads + int(tid))
@@ -97,5 +124,10 @@ class Block:
 
     def run(self, stmts: tuple[Stmt, ...]) -> None:
         """Run statements lock-step over the active threads (a rule per statement type)."""
+        wgmma = self.wgmma
         for s in stmts:
+            if wgmma.in_flight or wgmma.taken:
+                wgmma.check_reads(s, self)
+            if isinstance(s, StoreShared):
+                wgmma.proxy_dirty.add(s.alloc.name)
             self.rules[type(s)](s, self)

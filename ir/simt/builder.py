@@ -19,10 +19,11 @@ from ..buffer import Buffer
 from .nodes import (
     Barrier, Binary, Bitcast, BlockIdx, Branch, Cast, Const, Extract, For, If, IntBinary, IntOp, LaneId, LdMatrix,
     LoadGlobal, LoadShared, Mma, MmaShape, Pack, Reg, RegType, Region, Scalar, Select, SharedAlloc, Shuffle, ShuffleKind,
-    SimtKernel, Stmt, StoreGlobal, StoreShared, ThreadIdx, Unary, WarpId,
+    SimtKernel, Stmt, StoreGlobal, StoreShared, ThreadIdx, Unary, WarpId, FenceProxyAsync, SharedAddress, Wgmma,
+    WgmmaCommit, WgmmaDescriptor, WgmmaFence, WgmmaShape, WgmmaWait,
 )
 from .verifier import verify_simt_kernel
-from ..types import BufferType, DType, bool_, int32
+from ..types import BufferType, DType, bool_, int32, int64
 
 
 class SimtBuilder:
@@ -58,8 +59,8 @@ class SimtBuilder:
         self.params.append(reg)
         return reg
 
-    def shared(self, name: str, dtype: DType, shape: tuple[int, ...]) -> SharedAlloc:
-        alloc = SharedAlloc(name, BufferType(dtype, tuple(shape)))
+    def shared(self, name: str, dtype: DType, shape: tuple[int, ...], align: int = 16) -> SharedAlloc:
+        alloc = SharedAlloc(name, BufferType(dtype, tuple(shape)), align)
         self.shared_allocs.append(alloc)
         return alloc
 
@@ -160,6 +161,30 @@ class SimtBuilder:
 
     def mma(self, shape: MmaShape, a: Reg, b: Reg, c: Reg) -> Reg:
         return self._def(lambda o: Mma(o, shape, a, b, c), "mma", shape.c_type)
+
+    # --- Hopper's warpgroup MMA (sm_90a) -------------------------------------------------------------
+
+    def shared_address(self, alloc: SharedAlloc) -> Reg:
+        return self._def(lambda o: SharedAddress(o, alloc), f"{alloc.name}_addr", RegType(int32))
+
+    def wgmma_descriptor(self, address: Reg, *, leading: int, stride: int, swizzle: int) -> Reg:
+        return self._def(lambda o: WgmmaDescriptor(o, address, leading, stride, swizzle), "desc", RegType(int64))
+
+    def wgmma(self, shape: WgmmaShape, *, b_desc: Reg, c: Reg | None = None, a: Reg | None = None,
+              a_desc: Reg | None = None) -> Reg:
+        return self._def(lambda o: Wgmma(o, shape, a, a_desc, b_desc, c), "acc", shape.c_type)
+
+    def wgmma_fence(self) -> None:
+        self.emit(WgmmaFence())
+
+    def wgmma_commit(self) -> None:
+        self.emit(WgmmaCommit())
+
+    def wgmma_wait(self, pending: int = 0) -> None:
+        self.emit(WgmmaWait(pending))
+
+    def fence_proxy_async(self) -> None:
+        self.emit(FenceProxyAsync())
 
     def butterfly(self, value: Reg, combine: Callable[[Reg, Reg], Reg], width: int = 32) -> Reg:
         """All-reduce over groups of `width` lanes: log2(width) ``shfl.bfly`` steps, `combine` the monoid."""

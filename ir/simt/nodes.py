@@ -33,6 +33,13 @@ executable definition; `codegen/simt_to_llvm` emits the same for nvptx64):
   with segment width `width`; `LdMatrix` is ``ldmatrix.m8n8`` (see its docstring).
   `Mma` operands are the per-lane fragments of ``fragments.fragment_a/b/c``:
   vector element ``r * per_reg + j`` is element ``j`` of fragment register ``r``.
+- `Wgmma` (sm_90a) is warpgroup-collective (128 threads, ``.sync.aligned``) and asynchronous: its
+  result may be read only after `WgmmaCommit` and a `WgmmaWait` covering it, the first one needs a
+  `WgmmaFence`, as does every register it reads that ordinary code wrote since; its shared-memory
+  operands are read through descriptors (`WgmmaDescriptor` of a `SharedAddress`, byte offsets from
+  `shared_offsets`) by the async proxy, so stores to them need a `FenceProxyAsync` first. Layouts:
+  ``wgmma_fragments``; the simulator (`codegen/simulator/wgmma.py`) executes and checks all of it. The
+  GPU lowering does not emit these yet (issue 21), nor does the LLVM emitter take them.
 - `For` runs `body` for ``iv = start, start+step, ... < stop`` per thread (trip
   counts may differ between threads); `If` runs a branch for the threads whose
   `cond` holds. Both produce `results` from their yields.
@@ -59,12 +66,19 @@ from .ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     Mma,
     Pack,
     Select,
+    SharedAddress,
     Shuffle,
     StoreGlobal,
     StoreShared,
     ThreadIdx,
     Unary,
     WarpId,
+    FenceProxyAsync,
+    Wgmma,
+    WgmmaCommit,
+    WgmmaDescriptor,
+    WgmmaFence,
+    WgmmaWait,
 )
 from .types import (  # noqa: F401
     MAX_STATIC_SHARED_BYTES,
@@ -77,6 +91,7 @@ from .types import (  # noqa: F401
     Scalar,
     SharedAlloc,
     ShuffleKind,
+    WgmmaShape,
 )
 from ..source import UNKNOWN, SourceLoc
 
@@ -130,7 +145,8 @@ class If:
 
 
 Stmt = Union[ThreadIdx, LaneId, WarpId, BlockIdx, Const, Unary, Binary, IntBinary, Select, Cast, Bitcast, Pack, Extract,
-             LoadGlobal, StoreGlobal, LoadShared, StoreShared, Barrier, Shuffle, LdMatrix, Mma, For, If]
+             LoadGlobal, StoreGlobal, LoadShared, StoreShared, Barrier, Shuffle, LdMatrix, Mma, SharedAddress,
+             WgmmaDescriptor, Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait, FenceProxyAsync, For, If]
 ELEMENTWISE = (Unary, Binary, IntBinary, Select, Cast)
 
 
@@ -164,6 +180,8 @@ _USES = {
     StoreGlobal: lambda s: (s.index, s.value) + _masked(s), StoreShared: lambda s: (s.index, s.value) + _masked(s),
     Shuffle: lambda s: (s.value, s.lane) if isinstance(s.lane, Reg) else (s.value,),
     Mma: lambda s: (s.a, s.b, s.c),
+    WgmmaDescriptor: lambda s: (s.address,),
+    Wgmma: lambda s: tuple(r for r in (s.a, s.a_desc, s.b_desc, s.c) if r is not None),
     For: lambda s: tuple(v for v in (s.start, s.stop) if isinstance(v, Reg)) + s.inits,
     If: lambda s: (s.cond,),
 }
@@ -218,10 +236,26 @@ class SimtKernel:
 
     @property
     def shared_bytes(self) -> int:
-        """Static shared memory of one block, each allocation 16-byte aligned."""
-        return sum(-(-a.nbytes // 16) * 16 for a in self.shared)
+        """Static shared memory of one block: the allocations in order, each at a multiple of its alignment
+        (`shared_offsets`), the total rounded up to 16 bytes."""
+        end = 0
+        for a, offset in zip(self.shared, shared_offsets(self.shared).values()):
+            end = offset + a.nbytes
+        return -(-end // 16) * 16
 
     def __str__(self) -> str:
         from .printer import format_simt_kernel
 
         return format_simt_kernel(self)
+
+
+def shared_offsets(allocs: tuple[SharedAlloc, ...]) -> dict[str, int]:
+    """Each allocation's byte offset in the block's shared memory: in order, each at the next multiple of its
+    `align` (16 by default) after the previous one's end. A `SharedAddress` is this offset."""
+    out: dict[str, int] = {}
+    end = 0
+    for a in allocs:
+        start = -(-end // a.align) * a.align
+        out[a.name] = start
+        end = start + a.nbytes
+    return out

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..semantics import BinaryOp, UnaryOp
 from ..buffer import Buffer
-from .types import IntOp, MmaShape, Reg, Scalar, SharedAlloc, ShuffleKind, WARP_SIZE
+from .types import IntOp, MmaShape, Reg, Scalar, SharedAlloc, ShuffleKind, WARP_SIZE, WgmmaShape
 from ..source import UNKNOWN, SourceLoc
 
 
@@ -244,4 +244,77 @@ class Mma:
     a: Reg
     b: Reg
     c: Reg
+    loc: SourceLoc = _loc()
+
+
+# --- Hopper's asynchronous warpgroup MMA (sm_90a; ir/simt/wgmma_fragments.py has the layouts) ----------
+
+@dataclass(frozen=True, slots=True)
+class SharedAddress:
+    """The shared-memory byte address (i32) of element 0 of `alloc` (`nodes.shared_offsets`)."""
+
+    out: Reg
+    alloc: SharedAlloc
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class WgmmaDescriptor:
+    """The 64-bit matrix descriptor (i64) of an operand tile at byte `address` (a register): `leading` and
+    `stride` byte offsets, the `swizzle` mode's number (`wgmma_fragments.Swizzle`), base offset 0."""
+
+    out: Reg
+    address: Reg
+    leading: int
+    stride: int
+    swizzle: int
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class Wgmma:
+    """``wgmma.mma_async``: D (`out`) = A·B + C (`c`) over the warpgroup, issued asynchronously.
+
+    A is the register fragment `a` or the K-major shared tile of descriptor `a_desc` (exactly one of them);
+    B the K-major shared tile (N rows of K) of descriptor `b_desc`. `c` None is the instruction's scale-d
+    predicate false: D = A·B. D takes C's registers: `c` is dead after the issue, and D may be read only
+    after a `WgmmaWait` that covers its commit group (another `Wgmma` may take it as its C before that:
+    accumulator chaining)."""
+
+    out: Reg
+    shape: WgmmaShape
+    a: Reg | None
+    a_desc: Reg | None
+    b_desc: Reg
+    c: Reg | None
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class WgmmaFence:
+    """``wgmma.fence.sync.aligned``: orders earlier register writes before the next `Wgmma` reads them."""
+
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class WgmmaCommit:
+    """``wgmma.commit_group.sync.aligned``: the issued, uncommitted `Wgmma`s become one group."""
+
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class WgmmaWait:
+    """``wgmma.wait_group.sync.aligned N``: waits until at most `pending` committed groups are in flight."""
+
+    pending: int
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class FenceProxyAsync:
+    """``fence.proxy.async.shared::cta``: makes this thread's earlier shared-memory stores (generic proxy)
+    visible to the async proxy that `Wgmma` (and TMA) read through."""
+
     loc: SourceLoc = _loc()

@@ -48,6 +48,13 @@ from .nodes import (
     ThreadIdx,
     Unary,
     WarpId,
+    FenceProxyAsync,
+    SharedAddress,
+    Wgmma,
+    WgmmaCommit,
+    WgmmaDescriptor,
+    WgmmaFence,
+    WgmmaWait,
 )
 
 _AXES = "xyz"
@@ -91,6 +98,19 @@ _RHS: dict[type, Callable[..., str]] = {
     Shuffle: lambda s: f"shfl.{s.kind.value} {s.value}, {s.lane} width {s.width}",
     LdMatrix: lambda s: f"ldmatrix.x{s.count}{'.trans' if s.trans else ''} {s.alloc.name}[{s.index}]",
     Mma: lambda s: f"mma.{s.shape.value} {s.a}, {s.b}, {s.c}",
+    SharedAddress: lambda s: f"shared_address {s.alloc.name}",
+    WgmmaDescriptor: lambda s: (f"wgmma_descriptor {s.address} leading {s.leading} stride {s.stride} "
+                                f"swizzle {('none', '128B', '64B', '32B')[s.swizzle]}"),
+    Wgmma: lambda s: (f"wgmma.{s.shape.value} " + (f"{s.a}" if s.a is not None else f"desc {s.a_desc}")
+                      + f", desc {s.b_desc}, {s.c if s.c is not None else 'zero'}"),
+}
+
+_BARE: dict[type, Callable[..., str]] = {
+    Barrier: lambda s: "barrier",
+    WgmmaFence: lambda s: "wgmma.fence",
+    WgmmaCommit: lambda s: "wgmma.commit_group",
+    WgmmaWait: lambda s: f"wgmma.wait_group {s.pending}",
+    FenceProxyAsync: lambda s: "fence.proxy.async",
 }
 
 
@@ -116,8 +136,8 @@ def _emit_stmt(s: Stmt, indent: str, lines: list[str], index: LineIndex | None) 
         name = s.buffer.name if isinstance(s, StoreGlobal) else s.alloc.name
         space = "global" if isinstance(s, StoreGlobal) else "shared"
         lines.append(f"{indent}store.{space} {name}[{s.index}] = {s.value}{_mask(s.mask)}")
-    elif isinstance(s, Barrier):
-        lines.append(f"{indent}barrier")
+    elif type(s) in _BARE:
+        lines.append(f"{indent}{_BARE[type(s)](s)}")
     elif isinstance(s, For):
         body = s.body
         head = ", ".join(_decl(r) for r in s.results)

@@ -66,10 +66,12 @@ class Reg:
 
 @dataclass(frozen=True, slots=True)
 class SharedAlloc:
-    """A static shared-memory array of the block (row-major `type`, indexed by flat element offset)."""
+    """A static shared-memory array of the block (row-major `type`, indexed by flat element offset), placed at
+    a multiple of `align` bytes (1024 for a tile a ``wgmma`` descriptor reads with a 128-byte swizzle)."""
 
     name: str
     type: BufferType
+    align: int = 16
 
     @property
     def dtype(self) -> DType:
@@ -132,3 +134,30 @@ class MmaShape(enum.Enum):
     def c_type(self) -> RegType:
         """Per-lane C/D fragment: 16 x 8 f32 over 32 lanes."""
         return RegType(float32, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class WgmmaShape:
+    """A warpgroup ``wgmma.mma_async.sync.aligned.m64nNkK`` with f32 accumulate: `n` a multiple of 8 up to
+    256, K = 16 for f16/bf16 operands (`dtype`), 32 for e4m3 (``ir/simt/wgmma_fragments.py``)."""
+
+    n: int
+    dtype: DType
+
+    @property
+    def k(self) -> int:
+        return 32 if self.dtype == float8_e4m3fn else 16
+
+    @property
+    def value(self) -> str:
+        return f"m64n{self.n}k{self.k}.{self.dtype}"
+
+    @property
+    def a_type(self) -> RegType:
+        """A from registers: 64 x K elements over the warpgroup's 128 threads."""
+        return RegType(self.dtype, 64 * self.k // 128)
+
+    @property
+    def c_type(self) -> RegType:
+        """The f32 accumulator: 64 x N over 128 threads."""
+        return RegType(float32, self.n // 2)

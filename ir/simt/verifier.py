@@ -52,12 +52,19 @@ from .nodes import (
     ThreadIdx,
     Unary,
     WarpId,
+    FenceProxyAsync,
+    SharedAddress,
+    Wgmma,
+    WgmmaCommit,
+    WgmmaDescriptor,
+    WgmmaFence,
+    WgmmaWait,
     defs,
     uses,
 )
 from .printer import simt_kernel_lines
 from .ranges import Ranges, transfer, trip_range
-from ..types import DType, bool_, float32, int32, int64
+from ..types import DType, bfloat16, bool_, float8_e4m3fn, float16, float32, int32, int64
 
 # A check's message: text, or a function making it -- most messages show values, and formatting them
 # for every statement that passes was a third of the verifier's time.
@@ -199,6 +206,32 @@ def _check_mma(s: Mma, ctx: _Ctx, need: Need) -> None:
         need(reg.type == want, lambda: f"mma.{s.shape.value} {what} fragment is {reg.type}, wants {want}")
 
 
+def _check_wgmma(s: Wgmma, ctx: _Ctx, need: Need) -> None:
+    shape = s.shape
+    need(8 <= shape.n <= 256 and shape.n % 8 == 0, lambda: f"wgmma n={shape.n}: a multiple of 8 from 8 to 256")
+    need(shape.dtype in (float16, bfloat16, float8_e4m3fn), lambda: f"wgmma of {shape.dtype}: f16, bf16 or e4m3")
+    need((s.a is None) != (s.a_desc is None), "wgmma reads A from registers or from a descriptor, one of them")
+    if s.a is not None:
+        need(s.a.type == shape.a_type, lambda: f"wgmma.{shape.value} A fragment is {s.a.type}, wants {shape.a_type}")
+        need(shape.dtype != float8_e4m3fn,
+             "an e4m3 wgmma takes A from shared memory here (its register layout differs)")
+    for what, reg in (("A", s.a_desc), ("B", s.b_desc)):
+        if reg is not None:
+            need(reg.type == RegType(int64), lambda: f"wgmma {what} descriptor {reg} must be an i64 scalar")
+    for what, reg in (("C", s.c), ("D", s.out)):
+        if reg is not None:
+            need(reg.type == shape.c_type, lambda: f"wgmma.{shape.value} {what} is {reg.type}, wants {shape.c_type}")
+
+
+def _check_descriptor(s: WgmmaDescriptor, ctx: _Ctx, need: Need) -> None:
+    need(s.address.type in (RegType(int32), RegType(int64)), "a descriptor's address is an i32/i64 scalar")
+    need(s.out.type == RegType(int64), "a descriptor is an i64 scalar")
+    need(0 <= s.swizzle <= 3, lambda: f"swizzle mode {s.swizzle}: 0 to 3")
+    for what, v in (("leading", s.leading), ("stride", s.stride)):
+        need(v % 16 == 0 and 0 <= v >> 4 < 1 << 14, lambda: f"descriptor {what} byte offset {v}: a multiple of 16 "
+             "below 2^18")
+
+
 def _check_for(s: For, ctx: _Ctx, need: Need) -> None:
     body = s.body
     need(s.step > 0, "loop step must be positive")
@@ -246,6 +279,15 @@ _CHECKS: dict[type, Callable[[Stmt, _Ctx, Need], None]] = {
     Shuffle: _check_shuffle,
     LdMatrix: _check_ldmatrix,
     Mma: _check_mma,
+    SharedAddress: lambda s, ctx, need: (
+        need(s.alloc in ctx.kernel.shared, lambda: f"{s.alloc.name} is not a shared allocation of the kernel"),
+        need(s.out.type == RegType(int32), "a shared address is an i32 scalar")),
+    WgmmaDescriptor: _check_descriptor,
+    Wgmma: _check_wgmma,
+    WgmmaFence: lambda s, ctx, need: None,
+    WgmmaCommit: lambda s, ctx, need: None,
+    WgmmaWait: lambda s, ctx, need: need(0 <= s.pending <= 7, "wgmma.wait_group takes 0 to 7"),
+    FenceProxyAsync: lambda s, ctx, need: None,
     For: _check_for,
     If: _check_if,
     Barrier: lambda s, ctx, need: None,
@@ -259,7 +301,9 @@ def _check_stmt(s: Stmt, ctx: _Ctx) -> None:
             _fail(msg if isinstance(msg, str) else msg(), s, ctx)
 
     for r in defs(s):
-        need(r.type.length in _VECTOR_LENGTHS, lambda: f"{r} has {r.type.length} elements (1, 2, 4, 8 or 16)")
+        # (a wgmma accumulator is the exception: N/2 f32 registers per thread, up to 128)
+        need(r.type.length in _VECTOR_LENGTHS or isinstance(s, Wgmma),
+             lambda: f"{r} has {r.type.length} elements (1, 2, 4, 8 or 16)")
     check = _CHECKS.get(type(s))
     if check is None:
         _fail(f"unknown SIMT statement {type(s).__name__}", None, ctx)
