@@ -15,35 +15,38 @@ from redfuser.ir.simt.nodes import WgmmaShape
 from redfuser.ir.simt.wgmma_fragments import Swizzle, accumulator, swizzle
 from redfuser.ir.types import float16, float32, int32
 
-N, K = 64, 64          # D (64 x N) = A (64 x K) · B (N x K)ᵀ, four k16 steps
-ROW_BYTES = 128        # a K-major row of 64 f16 values: one 128-byte swizzle row
+N, K = 64, 64          # D (64 x N) = A (64 x K) · B (N x K)ᵀ, four k16 steps (the default kernel)
+ROW_BYTES = 128        # a K-major row of 64 f16 (128 e4m3) values: one 128-byte swizzle row
 
 
 def swizzled_image(tile: np.ndarray) -> np.ndarray:
-    """The shared-memory image of a K-major f16 tile (rows of 64) under the 128-byte swizzle."""
+    """The shared-memory image of a K-major tile of 128-byte rows under the 128-byte swizzle."""
     out = np.empty(tile.size, tile.dtype)
+    item = tile.dtype.itemsize
     for r in range(tile.shape[0]):
         for k in range(tile.shape[1]):
-            out[swizzle(r * ROW_BYTES + 2 * k, Swizzle.B128) // 2] = tile[r, k]
+            out[swizzle(r * ROW_BYTES + item * k, Swizzle.B128) // item] = tile[r, k]
     return out
 
 
-def gemm_kernel(bug: str = ""):
+def gemm_kernel(bug: str = "", n: int = N, dtype=float16):
     """One warpgroup: copy the swizzled A and B images to shared memory, then four chained wgmmas, commit,
-    wait, and store the accumulator fragment (thread-major, 32 values each). `bug` plants one mistake."""
+    wait, and store the accumulator fragment (thread-major, n/2 values each). `bug` plants one mistake."""
+    shape = WgmmaShape(n, dtype)
+    k = ROW_BYTES // dtype.itemsize             # 64 f16/bf16 or 128 e4m3: four k-steps either way
     b = SimtBuilder("wgmma_gemm", warps=4, grid=(1,))
-    a_img, b_img = b.buffer("a", float16, (64 * K,)), b.buffer("b", float16, (N * K,))
-    out = b.buffer("out", float32, (128 * N // 2,))
-    a_s = b.shared("a_s", float16, (64 * K,), align=1024)
-    b_s = b.shared("b_s", float16, (N * K,), align=1024)
+    a_img, b_img = b.buffer("a", dtype, (64 * k,)), b.buffer("b", dtype, (n * k,))
+    out = b.buffer("out", float32, (128 * n // 2,))
+    a_s = b.shared("a_s", dtype, (64 * k,), align=1024)
+    b_s = b.shared("b_s", dtype, (n * k,), align=1024)
     tid = b.thread_idx()
 
-    def copy(iv):
+    def copy(src, dst, iv):
         i = b.add(b.mul(iv, b.const(128, int32)), tid)
-        b.store_shared(a_s, i, b.load_global(a_img, i))
-        b.store_shared(b_s, i, b.load_global(b_img, i))
+        b.store_shared(dst, i, b.load_global(src, i))
 
-    b.for_(0, 64 * K // 128, 1, [], lambda iv: copy(iv))
+    b.for_(0, 64 * k // 128, 1, [], lambda iv: copy(a_img, a_s, iv))
+    b.for_(0, n * k // 128, 1, [], lambda iv: copy(b_img, b_s, iv))
     if bug != "no barrier":
         b.barrier()
     if bug != "no proxy fence":
@@ -53,10 +56,9 @@ def gemm_kernel(bug: str = ""):
     a_addr, b_addr = b.shared_address(a_s), b.shared_address(b_s)
     if bug == "descriptor per thread":   # thread 5 reads its B tile 16 bytes further on
         b_addr = b.add(b_addr, b.select(b.eq(tid, b.const(5, int32)), b.const(16, int32), b.const(0, int32)))
-    shape = WgmmaShape(N, float16)
     acc = None
-    for step in range(K // 16):
-        offset = b.const(32 * step, int32)   # the k16 step's 32 bytes within each swizzled row
+    for step in range(4):
+        offset = b.const(32 * step, int32)   # the k-step's 32 bytes within each swizzled row
         da = b.wgmma_descriptor(b.add(a_addr, offset), leading=16, stride=8 * ROW_BYTES, swizzle=1)
         db = b.wgmma_descriptor(b.add(b_addr, offset), leading=16, stride=8 * ROW_BYTES, swizzle=1)
         if bug == "divergent" and step == 0:   # half the warpgroup issues a wgmma
@@ -65,28 +67,29 @@ def gemm_kernel(bug: str = ""):
         previous = acc
         acc = b.wgmma(shape, a_desc=da, b_desc=db, c=acc)
         if bug == "read C after issue" and previous is not None:
-            b.store_global(out, b.mul(tid, b.const(N // 2, int32)), b.extract(previous, 0, 4))
+            b.store_global(out, b.mul(tid, b.const(n // 2, int32)), b.extract(previous, 0, 4))
     if bug != "no commit":
         b.wgmma_commit()
     if bug not in ("no wait", "no commit"):
         b.wgmma_wait(0)
-    for part in range(N // 2 // 4):   # (16-byte stores)
-        index = b.add(b.mul(tid, b.const(N // 2, int32)), b.const(4 * part, int32))
+    for part in range(max(n // 2 // 4, 1)):   # (16-byte stores)
+        index = b.add(b.mul(tid, b.const(n // 2, int32)), b.const(4 * part, int32))
         b.store_global(out, index, b.extract(acc, 4 * part, 4))
     return b.build()
 
 
-def tiles(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def tiles(seed: int = 0, n: int = N, dtype=np.float16) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((64, K)).astype(np.float16), rng.standard_normal((N, K)).astype(np.float16))
+    k = ROW_BYTES // np.dtype(dtype).itemsize
+    return (rng.standard_normal((64, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype))
 
 
-def unfragment(flat: np.ndarray) -> np.ndarray:
-    d = np.empty((64, N), np.float32)
-    values = flat.reshape(128, N // 2)
+def unfragment(flat: np.ndarray, n: int = N) -> np.ndarray:
+    d = np.empty((64, n), np.float32)
+    values = flat.reshape(128, n // 2)
     for t in range(128):
-        for i in range(N // 2):
-            d[accumulator(t, i, N)] = values[t, i]
+        for i in range(n // 2):
+            d[accumulator(t, i, n)] = values[t, i]
     return d
 
 
@@ -95,6 +98,28 @@ def test_a_warpgroup_gemm_through_swizzled_shared_tiles_equals_numpy():
     result = simulate(gemm_kernel(), {"a": swizzled_image(a), "b": swizzled_image(bt), "out": np.zeros(128 * N // 2)})
     want = a.astype(np.float64) @ bt.astype(np.float64).T
     np.testing.assert_allclose(unfragment(result["out"]), want, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [8, 128, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn"])
+def test_wgmma_shapes_and_types_equal_numpy_and_assemble(n, dtype):
+    """m64nNk16 for f16/bf16 and m64nNk32 for e4m3 at the smallest, a middle and the largest N: numpy's
+    product in the simulator (exact products, one f32 rounding per k-step's sum), and the same kernel
+    assembled for sm_90a without spills."""
+    import ml_dtypes
+
+    from redfuser.codegen import ptx_check
+    from redfuser.codegen.simt_to_llvm.kernel import compile_simt
+    from redfuser.ir import types
+
+    np_dtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}[dtype]
+    kernel = gemm_kernel(n=n, dtype=getattr(types, dtype))
+    a, bt = tiles(1, n, np_dtype)
+    result = simulate(kernel, {"a": swizzled_image(a), "b": swizzled_image(bt), "out": np.zeros(128 * n // 2)})
+    want = a.astype(np.float64) @ bt.astype(np.float64).T
+    np.testing.assert_allclose(unfragment(result["out"], n), want, rtol=1e-5, atol=1e-4)
+    (assembled,) = ptx_check.check_ptx(compile_simt(kernel, "sm_90a").ptx).values()
+    assert assembled.usage[0].spill_store_bytes == 0
 
 
 def test_a_tile_read_unswizzled_is_wrong():

@@ -38,8 +38,8 @@ executable definition; `codegen/simt_to_llvm` emits the same for nvptx64):
   `WgmmaFence`, as does every register it reads that ordinary code wrote since; its shared-memory
   operands are read through descriptors (`WgmmaDescriptor` of a `SharedAddress`, byte offsets from
   `shared_offsets`) by the async proxy, so stores to them need a `FenceProxyAsync` first. Layouts:
-  ``wgmma_fragments``; the simulator (`codegen/simulator/wgmma.py`) executes and checks all of it. The
-  GPU lowering does not emit these yet (issue 21), nor does the LLVM emitter take them.
+  ``wgmma_fragments``; the simulator (`codegen/simulator/wgmma.py`) executes and checks all of it, and
+  `codegen/simt_to_llvm/wgmma.py` emits it for sm_90a. The GPU lowering does not produce them yet (issue 21).
 - `For` runs `body` for ``iv = start, start+step, ... < stop`` per thread (trip
   counts may differ between threads); `If` runs a branch for the threads whose
   `cond` holds. Both produce `results` from their yields.
