@@ -15,10 +15,10 @@ from ...ir.errors import SimulationError
 from ...ir.buffer import Buffer
 from ...ir.simt.nodes import SimtKernel
 from ...ir.simt.verifier import verify_simt_kernel
-from . import arith, control, memory, warp, wgmma
+from . import arith, control, memory, tma, warp, wgmma
 from .state import Block, Launch, SimOptions
 
-RULES = {**arith.RULES, **memory.RULES, **warp.RULES, **wgmma.RULES, **control.RULES}
+RULES = {**arith.RULES, **memory.RULES, **warp.RULES, **wgmma.RULES, **tma.RULES, **control.RULES}
 
 
 def _bind(kernel: SimtKernel, args: Sequence[object] | Mapping[str, object]) -> dict[str, object]:

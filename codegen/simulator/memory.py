@@ -12,6 +12,7 @@ import numpy as np
 
 from ...ir.simt.nodes import LoadGlobal, LoadShared, Stmt, StoreGlobal, StoreShared
 from .state import Block
+from .tma import check_landed
 from .tracker import Tracker
 
 
@@ -60,6 +61,8 @@ def load(s: LoadGlobal | LoadShared, block: Block) -> None:
     array, name, space, tracker = _where(s, block)
     length = s.out.length
     threads, elems = _elements(s, block, array.size, name, space, length)
+    if space == "shared" and block.tma.copies:
+        check_landed(block, name, elems, s)
     if tracker is not None:
         tracker.read(elems.ravel(), np.repeat(block.gid[threads], length), block.launch.epoch, fail_at(block, s))
     shape = (block.threads,) if length == 1 else (block.threads, length)

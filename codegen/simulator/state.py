@@ -67,6 +67,7 @@ class WgmmaState:
     unfenced: set[str] = field(default_factory=set)           # registers written since the last wgmma.fence
     fenced: bool = False                                      # a wgmma.fence came before (the first wgmma needs one)
     proxy_dirty: set[str] = field(default_factory=set)        # shared allocations stored to since the proxy fence
+    reads: dict[str, list[tuple[str, np.ndarray]]] = field(default_factory=dict)   # in-flight result -> tiles read
 
     def check_reads(self, s: Stmt, block: "Block") -> None:
         """Fail where `s` reads a result still in flight or a C register a wgmma took."""
@@ -78,6 +79,28 @@ class WgmmaState:
             if r.name in self.in_flight and r.name != chained:
                 block.fail("wgmma_in_flight", f"{r} is the result of a wgmma still in flight: a wgmma.commit_group "
                            "and a wgmma.wait_group that covers it must come before it is read", s)
+
+
+@dataclass
+class Mbarrier:
+    """One mbarrier: the arrivals it expects a phase, those in, its transaction count, how many phases have
+    completed (the phase bit is its parity), how many of them a wait has seen, and whether the current
+    phase has had an ``expect_tx``."""
+
+    expected: int
+    arrived: int = 0
+    tx: int = 0
+    completed: int = 0
+    observed: int = 0
+    expect_seen: bool = False
+
+
+@dataclass
+class TmaState:
+    """A block's mbarriers (by (allocation, index)) and the TMA copies not yet seen complete by a wait."""
+
+    barriers: dict[tuple[str, int], Mbarrier] = field(default_factory=dict)
+    copies: list[tuple[str, np.ndarray, tuple[str, int], int]] = field(default_factory=list)  # alloc, elems, key, phase
 
 
 class Block:
@@ -106,6 +129,7 @@ class Block:
                     check_uninitialized=launch.options.check_uninitialized, check_races=launch.options.check_races)
         launch.epoch += 1  # a new block starts a new interval: its accesses never meet the last block's
         self.wgmma = WgmmaState()
+        self.tma = TmaState()
 
     def __getitem__(self, reg: Reg) -> np.ndarray:
         return self.env[reg.name]

@@ -68,6 +68,12 @@ class Tracker:
         self.reader[uniq] = np.where(fresh | (old == new), new, _SEVERAL)
         self.read_epoch[uniq] = epoch
 
+    def record_async_write(self, elems: np.ndarray, gid: int) -> None:
+        """Elements an asynchronous copy (TMA) wrote for thread `gid`: initialized from now on, and in no
+        barrier interval (an mbarrier, not a barrier, orders them: `codegen/simulator/tma.py` checks that)."""
+        self.writer[elems] = gid
+        self.write_epoch[elems] = -1
+
     def write(self, elems: np.ndarray, gids: np.ndarray, old: np.ndarray, new: np.ndarray, epoch: int,
               fail: Fail) -> None:
         """Check and record writes of bit patterns `new` over `old` to `elems` by `gids`; raises on a conflict."""

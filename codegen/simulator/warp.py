@@ -22,6 +22,7 @@ import numpy as np
 from ...ir.simt.nodes import WARP_SIZE, LdMatrix, Mma, MmaShape, Reg, Shuffle, ShuffleKind, Stmt
 from ...ir.simt.fragments import fragment_a, fragment_b, fragment_c
 from .memory import fail_at
+from .tma import check_landed
 from .state import Block
 
 
@@ -76,6 +77,8 @@ def _ldmatrix(s: LdMatrix, block: Block) -> None:
             block.fail(kind, f"ldmatrix row {name}[{first[k]}:{first[k] + 8}] given by "
                        f"{block.thread_name(givers[k])}: {why}", s)
     elems = first[:, None] + np.arange(8)
+    if block.tma.copies:
+        check_landed(block, name, elems, s)
     tracker = block.shared_trackers.get(name)
     if tracker is not None:
         tracker.read(elems.ravel(), np.repeat(block.gid[givers], 8), block.launch.epoch, fail_at(block, s))

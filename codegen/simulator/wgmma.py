@@ -33,6 +33,7 @@ from ...ir.simt.nodes import (FenceProxyAsync, SharedAddress, SimtKernel, Stmt, 
 from ...ir.simt.wgmma_fragments import WARPGROUP_THREADS, MatrixDescriptor, Swizzle, accumulator, swizzle
 from .memory import fail_at
 from .state import Block, WgmmaState
+from .tma import check_landed
 
 
 def _whole_warpgroups(s: Stmt, block: Block, what: str) -> np.ndarray:
@@ -97,6 +98,8 @@ def _read_tile(s: Wgmma, block: Block, reg, rows: int, groups: np.ndarray) -> np
         for g in np.flatnonzero(groups):
             reader = np.full(flat.size, block.gid[g * WARPGROUP_THREADS])
             tracker.read(flat, reader, block.launch.epoch, fail_at(block, s))
+    check_landed(block, name, elems, s)
+    block.wgmma.reads.setdefault(s.out.name, []).append((name, elems))
     return block.shared[name][elems].astype(np.float64)
 
 
@@ -156,7 +159,10 @@ def _wait(s: WgmmaWait, block: Block) -> None:
     _whole_warpgroups(s, block, f"wgmma.wait_group {s.pending}")
     state = block.wgmma
     while len(state.groups) > s.pending:
-        state.in_flight.difference_update(state.groups.pop(0))
+        done = state.groups.pop(0)
+        state.in_flight.difference_update(done)
+        for name in done:
+            state.reads.pop(name, None)
 
 
 def _fence(s: WgmmaFence, block: Block) -> None:

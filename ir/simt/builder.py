@@ -20,7 +20,8 @@ from .nodes import (
     Barrier, Binary, Bitcast, BlockIdx, Branch, Cast, Const, Extract, For, If, IntBinary, IntOp, LaneId, LdMatrix,
     LoadGlobal, LoadShared, Mma, MmaShape, Pack, Reg, RegType, Region, Scalar, Select, SharedAlloc, Shuffle, ShuffleKind,
     SimtKernel, Stmt, StoreGlobal, StoreShared, ThreadIdx, Unary, WarpId, FenceProxyAsync, SharedAddress, Wgmma,
-    WgmmaCommit, WgmmaDescriptor, WgmmaFence, WgmmaShape, WgmmaWait,
+    WgmmaCommit, WgmmaDescriptor, WgmmaFence, WgmmaShape, WgmmaWait, MbarrierArrive, MbarrierInit, MbarrierWait,
+    TmaLoad,
 )
 from .verifier import verify_simt_kernel
 from ..types import BufferType, DType, bool_, int32, int64
@@ -185,6 +186,19 @@ class SimtBuilder:
 
     def fence_proxy_async(self) -> None:
         self.emit(FenceProxyAsync())
+
+    def mbarrier_init(self, alloc: SharedAlloc, index: int, count: int) -> None:
+        self.emit(MbarrierInit(alloc, index, count))
+
+    def mbarrier_arrive(self, alloc: SharedAlloc, index: int, tx_bytes: int = 0) -> None:
+        self.emit(MbarrierArrive(alloc, index, tx_bytes))
+
+    def mbarrier_wait(self, alloc: SharedAlloc, index: int, parity: Reg | int) -> None:
+        self.emit(MbarrierWait(alloc, index, parity))
+
+    def tma_load(self, dst: SharedAlloc, dst_index: int, src: Buffer, coords: Sequence[Reg], box: Sequence[int], *,
+                 swizzle: int, barrier: SharedAlloc, barrier_index: int) -> None:
+        self.emit(TmaLoad(dst, dst_index, src, tuple(coords), tuple(box), swizzle, barrier, barrier_index))
 
     def butterfly(self, value: Reg, combine: Callable[[Reg, Reg], Reg], width: int = 32) -> Reg:
         """All-reduce over groups of `width` lanes: log2(width) ``shfl.bfly`` steps, `combine` the monoid."""

@@ -39,7 +39,10 @@ executable definition; `codegen/simt_to_llvm` emits the same for nvptx64):
   operands are read through descriptors (`WgmmaDescriptor` of a `SharedAddress`, byte offsets from
   `shared_offsets`) by the async proxy, so stores to them need a `FenceProxyAsync` first. Layouts:
   ``wgmma_fragments``; the simulator (`codegen/simulator/wgmma.py`) executes and checks all of it, and
-  `codegen/simt_to_llvm/wgmma.py` emits it for sm_90a. The GPU lowering does not produce them yet (issue 21).
+  `codegen/simt_to_llvm/wgmma.py` emits it for sm_90a. `TmaLoad` copies a box of a global tensor into
+  shared memory asynchronously, completing its bytes on an mbarrier (`MbarrierInit`, `MbarrierArrive`
+  with ``expect_tx``, `MbarrierWait` on a phase parity); the simulator (`codegen/simulator/tma.py`) checks
+  the protocol. The GPU lowering produces none of these yet (issue 21); TMA is not emitted yet.
 - `For` runs `body` for ``iv = start, start+step, ... < stop`` per thread (trip
   counts may differ between threads); `If` runs a branch for the threads whose
   `cond` holds. Both produce `results` from their yields.
@@ -74,6 +77,10 @@ from .ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     Unary,
     WarpId,
     FenceProxyAsync,
+    MbarrierArrive,
+    MbarrierInit,
+    MbarrierWait,
+    TmaLoad,
     Wgmma,
     WgmmaCommit,
     WgmmaDescriptor,
@@ -146,7 +153,8 @@ class If:
 
 Stmt = Union[ThreadIdx, LaneId, WarpId, BlockIdx, Const, Unary, Binary, IntBinary, Select, Cast, Bitcast, Pack, Extract,
              LoadGlobal, StoreGlobal, LoadShared, StoreShared, Barrier, Shuffle, LdMatrix, Mma, SharedAddress,
-             WgmmaDescriptor, Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait, FenceProxyAsync, For, If]
+             WgmmaDescriptor, Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait, FenceProxyAsync, MbarrierInit,
+             MbarrierArrive, MbarrierWait, TmaLoad, For, If]
 ELEMENTWISE = (Unary, Binary, IntBinary, Select, Cast)
 
 
@@ -182,6 +190,8 @@ _USES = {
     Mma: lambda s: (s.a, s.b, s.c),
     WgmmaDescriptor: lambda s: (s.address,),
     Wgmma: lambda s: tuple(r for r in (s.a, s.a_desc, s.b_desc, s.c) if r is not None),
+    MbarrierWait: lambda s: (s.parity,) if isinstance(s.parity, Reg) else (),
+    TmaLoad: lambda s: s.coords,
     For: lambda s: tuple(v for v in (s.start, s.stop) if isinstance(v, Reg)) + s.inits,
     If: lambda s: (s.cond,),
 }

@@ -318,3 +318,59 @@ class FenceProxyAsync:
     visible to the async proxy that `Wgmma` (and TMA) read through."""
 
     loc: SourceLoc = _loc()
+
+
+# --- TMA and mbarriers (sm_90) ------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class MbarrierInit:
+    """``mbarrier.init.shared.b64``: barrier `index` of the i64 allocation `alloc` expects `count` arrivals a
+    phase; its phase bit starts at 0 and its transaction count at 0."""
+
+    alloc: SharedAlloc
+    index: int
+    count: int
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class MbarrierArrive:
+    """``mbarrier.arrive[.expect_tx].shared.b64``: each executing thread adds `tx_bytes` to the transaction
+    count it expects (0: a plain arrive), then arrives. A phase completes when all its arrivals are in and
+    the transaction count is back to 0; the phase bit then flips."""
+
+    alloc: SharedAlloc
+    index: int
+    tx_bytes: int = 0
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class MbarrierWait:
+    """``mbarrier.try_wait.parity`` in a loop: waits until the phase of parity `parity` (a register or 0/1)
+    has completed, that is until the barrier's phase bit differs from it."""
+
+    alloc: SharedAlloc
+    index: int
+    parity: Reg | int
+    loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class TmaLoad:
+    """``cp.async.bulk.tensor.Nd.shared::cluster.global.tile.mbarrier::complete_tx::bytes``: each executing
+    thread copies the `box` (outermost dimension first) of the global tensor `src` at element `coords` (one
+    register per dimension, outermost first) into `dst` from element `dst_index` on, rows of the box
+    stored one after another and swizzled by `swizzle` (`wgmma_fragments.Swizzle`'s number); elements
+    outside `src` read as 0. The copy's bytes complete transactions on barrier `barrier_index` of
+    `barrier`, and `dst` may be read only after a wait on that barrier sees the phase complete."""
+
+    dst: SharedAlloc
+    dst_index: int
+    src: Buffer
+    coords: tuple[Reg, ...]
+    box: tuple[int, ...]
+    swizzle: int
+    barrier: SharedAlloc
+    barrier_index: int
+    loc: SourceLoc = _loc()

@@ -49,6 +49,10 @@ from .nodes import (
     Unary,
     WarpId,
     FenceProxyAsync,
+    MbarrierArrive,
+    MbarrierInit,
+    MbarrierWait,
+    TmaLoad,
     SharedAddress,
     Wgmma,
     WgmmaCommit,
@@ -111,6 +115,13 @@ _BARE: dict[type, Callable[..., str]] = {
     WgmmaCommit: lambda s: "wgmma.commit_group",
     WgmmaWait: lambda s: f"wgmma.wait_group {s.pending}",
     FenceProxyAsync: lambda s: "fence.proxy.async",
+    MbarrierInit: lambda s: f"mbarrier.init {s.alloc.name}[{s.index}] count {s.count}",
+    MbarrierArrive: lambda s: (f"mbarrier.arrive {s.alloc.name}[{s.index}]"
+                               + (f" expect_tx {s.tx_bytes}" if s.tx_bytes else "")),
+    MbarrierWait: lambda s: f"mbarrier.wait {s.alloc.name}[{s.index}] parity {s.parity}",
+    TmaLoad: lambda s: (f"tma.load {s.dst.name}[{s.dst_index}] <- {s.src.name}[{', '.join(str(c) for c in s.coords)}] "
+                        f"box {'x'.join(map(str, s.box))} swizzle {('none', '128B', '64B', '32B')[s.swizzle]} "
+                        f"barrier {s.barrier.name}[{s.barrier_index}]"),
 }
 
 

@@ -53,6 +53,10 @@ from .nodes import (
     Unary,
     WarpId,
     FenceProxyAsync,
+    MbarrierArrive,
+    MbarrierInit,
+    MbarrierWait,
+    TmaLoad,
     SharedAddress,
     Wgmma,
     WgmmaCommit,
@@ -232,6 +236,30 @@ def _check_descriptor(s: WgmmaDescriptor, ctx: _Ctx, need: Need) -> None:
              "below 2^18")
 
 
+def _check_barrier_slot(alloc, index: int, ctx: _Ctx, need: Need) -> None:
+    need(alloc in ctx.kernel.shared, lambda: f"{alloc.name} is not a shared allocation of the kernel")
+    need(alloc.dtype == int64 and 0 <= index < alloc.size,
+         lambda: f"mbarrier {alloc.name}[{index}]: an i64 allocation with at least {index + 1} elements")
+
+
+def _check_tma(s: TmaLoad, ctx: _Ctx, need: Need) -> None:
+    _check_barrier_slot(s.barrier, s.barrier_index, ctx, need)
+    need(s.src in ctx.kernel.buffers and s.src.type.strides is None, lambda: f"{s.src.name} is not a dense global "
+         "buffer of the kernel")
+    need(s.dst in ctx.kernel.shared and s.dst.dtype == s.src.dtype, lambda: f"tma into {s.dst.name}: a shared "
+         f"allocation of {s.src.dtype}")
+    need(len(s.coords) == len(s.box) == len(s.src.shape) and 1 <= len(s.box) <= 5,
+         lambda: f"tma of a {len(s.src.shape)}-d tensor with {len(s.coords)} coordinates and a {len(s.box)}-d box")
+    need(all(c.type == RegType(int32) for c in s.coords), "tma coordinates are i32 scalars")
+    need(all(1 <= b <= 256 for b in s.box), lambda: f"tma box {s.box}: each extent 1 to 256")
+    need(0 <= s.swizzle <= 3, lambda: f"swizzle mode {s.swizzle}: 0 to 3")
+    box_elems = 1
+    for b in s.box:
+        box_elems *= b
+    need(0 <= s.dst_index and s.dst_index + box_elems <= s.dst.size,
+         lambda: f"tma box of {box_elems} elements at {s.dst.name}[{s.dst_index}] overruns {s.dst.size}")
+
+
 def _check_for(s: For, ctx: _Ctx, need: Need) -> None:
     body = s.body
     need(s.step > 0, "loop step must be positive")
@@ -288,6 +316,15 @@ _CHECKS: dict[type, Callable[[Stmt, _Ctx, Need], None]] = {
     WgmmaCommit: lambda s, ctx, need: None,
     WgmmaWait: lambda s, ctx, need: need(0 <= s.pending <= 7, "wgmma.wait_group takes 0 to 7"),
     FenceProxyAsync: lambda s, ctx, need: None,
+    MbarrierInit: lambda s, ctx, need: (_check_barrier_slot(s.alloc, s.index, ctx, need),
+                                        need(s.count >= 1, "an mbarrier expects at least one arrival")),
+    MbarrierArrive: lambda s, ctx, need: (_check_barrier_slot(s.alloc, s.index, ctx, need),
+                                          need(0 <= s.tx_bytes < 1 << 20, "expect_tx of 0 to 2^20 - 1 bytes")),
+    MbarrierWait: lambda s, ctx, need: (_check_barrier_slot(s.alloc, s.index, ctx, need),
+                                        need(s.parity in (0, 1) if isinstance(s.parity, int)
+                                             else s.parity.type == RegType(int32),
+                                             "a wait's parity is 0, 1 or an i32")),
+    TmaLoad: _check_tma,
     For: _check_for,
     If: _check_if,
     Barrier: lambda s, ctx, need: None,
