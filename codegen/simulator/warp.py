@@ -26,15 +26,26 @@ from .tma import check_landed
 from .state import Block
 
 
+def check_converged(s: Stmt, block: Block, what: str, size: int = WARP_SIZE, unit: str = "warp",
+                    members: str = "lanes") -> np.ndarray:
+    """Fail unless every group of `size` consecutive threads (a warp, or a warpgroup of 128) is either fully
+    active or fully inactive; the groups that execute `s` (a bool per group)."""
+    if block.threads % size:
+        block.fail(f"divergent_{unit}_op", f"{what} needs whole {unit}s of {size} threads; the block has "
+                   f"{block.threads}", s)
+    per_group = block.active.reshape(-1, size)
+    split = np.flatnonzero(per_group.any(axis=1) & ~per_group.all(axis=1))
+    if split.size:
+        g = int(split[0])
+        idle = int(np.flatnonzero(~per_group[g])[0]) + g * size
+        block.fail(f"divergent_{unit}_op", f"{what} needs all {size} {members} of {unit} {g}, but "
+                   f"{block.thread_name(idle)} is not active here (divergent control flow)", s)
+    return per_group.all(axis=1)
+
+
 def check_warps_converged(s: Stmt, block: Block, what: str) -> None:
     """Fail unless every warp is either fully active or fully inactive."""
-    per_warp = block.active.reshape(-1, WARP_SIZE)
-    split = np.flatnonzero(per_warp.any(axis=1) & ~per_warp.all(axis=1))
-    if split.size:
-        w = int(split[0])
-        idle = int(np.flatnonzero(~per_warp[w])[0]) + w * WARP_SIZE
-        block.fail("divergent_warp_op", f"{what} needs all 32 lanes of warp {w}, but "
-                   f"{block.thread_name(idle)} is not active here (divergent control flow)", s)
+    check_converged(s, block, what)
 
 
 def shuffle_sources(kind: ShuffleKind, lane: np.ndarray, b: np.ndarray, width: int) -> np.ndarray:

@@ -34,21 +34,12 @@ from ...ir.simt.wgmma_fragments import WARPGROUP_THREADS, MatrixDescriptor, Swiz
 from .memory import fail_at
 from .state import Block, WgmmaState
 from .tma import check_landed
+from .warp import check_converged
 
 
 def _whole_warpgroups(s: Stmt, block: Block, what: str) -> np.ndarray:
     """The warpgroups executing `s` (a bool per warpgroup), after checking none is partly active."""
-    if block.threads % WARPGROUP_THREADS:
-        block.fail("divergent_warpgroup_op", f"{what} needs whole warpgroups of 128 threads; the block has "
-                   f"{block.threads}", s)
-    per_group = block.active.reshape(-1, WARPGROUP_THREADS)
-    split = np.flatnonzero(per_group.any(axis=1) & ~per_group.all(axis=1))
-    if split.size:
-        g = int(split[0])
-        idle = int(np.flatnonzero(~per_group[g])[0]) + g * WARPGROUP_THREADS
-        block.fail("divergent_warpgroup_op", f"{what} needs all 128 threads of warpgroup {g}, but "
-                   f"{block.thread_name(idle)} is not active here (divergent control flow)", s)
-    return per_group.all(axis=1)
+    return check_converged(s, block, what, WARPGROUP_THREADS, "warpgroup", "threads")
 
 
 def tile_elements(kernel: SimtKernel, desc: MatrixDescriptor, rows: int, k: int, itemsize: int
