@@ -37,6 +37,7 @@ class Emitter:
         self.memo: dict[tuple, object] = {}
         self.buffers: dict[str, ir.Value] = {}
         self.shared: dict[str, ir.GlobalVariable] = {}
+        self.tensor_maps: dict[str, ir.Value] = {}     # a TMA source buffer's CUtensorMap parameter (generic, i64)
         # each register's defining statement (the statements with one result)
         self.defs = {s.out.name: s for s in walk_stmts(kernel.body) if isinstance(getattr(s, "out", None), Reg)}
         mma_results = {name for name, s in self.defs.items() if isinstance(s, Mma)}

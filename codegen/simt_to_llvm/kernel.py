@@ -6,7 +6,8 @@ from llvmlite import ir
 
 from ...ir.buffer import Buffer
 from ...ir.errors import BackendError
-from ...ir.simt.nodes import FenceProxyAsync, SimtKernel, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, walk_stmts
+from ...ir.simt.nodes import (FenceProxyAsync, MbarrierArrive, MbarrierInit, MbarrierWait, SimtKernel, TmaLoad, Wgmma,
+                              WgmmaCommit, WgmmaFence, WgmmaWait, walk_stmts)
 from ...ir.simt.verifier import verify_simt_kernel
 from .. import nvvm
 from ..llvm_text import TextBuilder, TextModule
@@ -19,6 +20,8 @@ from .types import mem_type
 RULES = {**arith.RULES, **memory.RULES, **warp.RULES, **wgmma.RULES, **control.RULES}
 WGMMA_OPS = (Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait, FenceProxyAsync)
 """Statements that need ``.target sm_90a``."""
+ASYNC_COPY_OPS = (TmaLoad, MbarrierInit, MbarrierArrive, MbarrierWait)
+"""Statements that need sm_90."""
 
 
 def emit_module(kernel: SimtKernel, options: LlvmOptions = LlvmOptions(), *, verify: bool = True) -> TextModule:
@@ -53,7 +56,13 @@ def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule
         verify_simt_kernel(kernel, "simt_to_llvm")
     module = new_module(kernel.name, TextModule)
     arg_types = [PTR if isinstance(p, Buffer) else mem_type(p.dtype) for p in kernel.params]
-    fn = nvvm.define_kernel(module, kernel.name, arg_types)
+    maps = tensor_map_sources(kernel)
+    fn = nvvm.define_kernel(module, kernel.name, arg_types + [PTR] * len(maps))
+    for arg, name in zip(fn.args[len(kernel.params):], maps):
+        # a CUtensorMap the host encoded, read in place from the parameter space (no local copy: TMA needs that)
+        arg.name = f"{name}_tmap"
+        for attribute in ("byval([128 x i8])", "align 64", '"nvvm.grid_constant"'):
+            arg.add_attribute(attribute)
     nvvm.set_launch_bounds(fn, kernel.threads, kernel.min_blocks_per_sm)
     builder = TextBuilder(fn.append_basic_block("entry"))
     em = Emitter(kernel, builder, RULES, options)
@@ -65,6 +74,8 @@ def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule
             em.set(param, builder.icmp_unsigned("!=", arg, ir.Constant(arg.type, 0)))
         else:
             em.set(param, arg)
+    for arg, name in zip(fn.args[len(kernel.params):], maps):
+        em.tensor_maps[name] = builder.ptrtoint(arg, ir.IntType(64))
     for alloc in kernel.shared:
         em.shared[alloc.name] = nvvm.declare_shared(module, f"smem_{alloc.name}", mem_type(alloc.dtype), alloc.size,
                                                     align=alloc.align)
@@ -74,12 +85,26 @@ def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule
     return module
 
 
+def tensor_map_sources(kernel: SimtKernel) -> list[str]:
+    """The global buffers a `TmaLoad` reads, in order of first use: each is passed a second time, as a
+    128-byte ``CUtensorMap`` parameter ``<name>_tmap`` after the kernel's own parameters (encoded on the
+    host with the copy's box and swizzle; the runtime does not launch such kernels yet)."""
+    out: list[str] = []
+    for s in walk_stmts(kernel.body):
+        if isinstance(s, TmaLoad) and s.src.name not in out:
+            out.append(s.src.name)
+    return out
+
+
 def compile_simt(kernel: SimtKernel, sm: str = "sm_90", options: LlvmOptions = LlvmOptions(), *,
                  ptx_version: int | None = None) -> PtxArtifact:
     """`kernel` to PTX for `sm` (every stage's text kept in the artifact). Needs no GPU. A kernel with
     Hopper's warpgroup MMA (`Wgmma` and its fences) compiles for ``sm_90a`` only."""
-    if sm != "sm_90a" and any(isinstance(s, WGMMA_OPS) for s in walk_stmts(kernel.body)):
+    stmts = list(walk_stmts(kernel.body))
+    if sm != "sm_90a" and any(isinstance(s, WGMMA_OPS) for s in stmts):
         raise BackendError(f"kernel {kernel.name} uses wgmma, which only sm_90a has (asked for {sm})")
+    if sm not in ("sm_90", "sm_90a") and any(isinstance(s, ASYNC_COPY_OPS) for s in stmts):
+        raise BackendError(f"kernel {kernel.name} uses TMA and mbarriers, which need sm_90 (asked for {sm})")
     return compile_module(emit_module(kernel, options), sm, ptx_version=ptx_version)
 
 

@@ -11,7 +11,12 @@
   allocation asks: 1024 bytes for a 128-byte-swizzled tile); `WgmmaDescriptor`: the descriptor's bits
   from it, ``((addr & 0x3FFFF) >> 4) | fields`` (`ir.simt.wgmma_fragments.MatrixDescriptor`).
 
-Only an sm_90a target assembles these (ptxas rejects ``wgmma`` under ``sm_90``).
+TMA and mbarriers (inline PTX, ``shared::cta`` 32-bit addresses): `MbarrierInit`, `MbarrierArrive` (with
+``expect_tx``), `MbarrierWait` (a ``try_wait.parity`` loop), `TmaLoad` (``cp.async.bulk.tensor.Nd``, the
+coordinates innermost first, the tensor map the kernel's extra parameter ``<buffer>_tmap``: see
+`kernel.emit_module`).
+
+Only an sm_90a target assembles ``wgmma`` (ptxas rejects it under ``sm_90``); TMA needs sm_90.
 """
 from __future__ import annotations
 
@@ -19,8 +24,8 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.simt.nodes import (FenceProxyAsync, SharedAddress, Wgmma, WgmmaCommit, WgmmaDescriptor, WgmmaFence,
-                              WgmmaWait)
+from ...ir.simt.nodes import (FenceProxyAsync, MbarrierArrive, MbarrierInit, MbarrierWait, SharedAddress, TmaLoad,
+                              Wgmma, WgmmaCommit, WgmmaDescriptor, WgmmaFence, WgmmaWait)
 from ...ir.simt.wgmma_fragments import MatrixDescriptor, Swizzle
 from ...ir.types import bfloat16, float16
 from ..nvvm import F32, I32, call_intrinsic, i32
@@ -93,6 +98,46 @@ def _wgmma(s: Wgmma, em: Emitter) -> None:
     em.set(s.out, vec)
 
 
+def _asm(em: Emitter, text: str, constraints: str, operands: list[ir.Value]) -> None:
+    fn = ir.InlineAsm(ir.FunctionType(VOID, [v.type for v in operands]), text,
+                      ",".join([constraints, "~{memory}"]) if constraints else "~{memory}", side_effect=True)
+    em.builder.call(fn, operands)
+
+
+def _barrier_address(em: Emitter, alloc, index: int) -> ir.Value:
+    b = em.builder
+    return b.add(b.ptrtoint(em.shared[alloc.name], I32), i32(8 * index))
+
+
+def _mbarrier_init(s: MbarrierInit, em: Emitter) -> None:
+    _asm(em, "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r", [_barrier_address(em, s.alloc, s.index), i32(s.count)])
+
+
+def _mbarrier_arrive(s: MbarrierArrive, em: Emitter) -> None:
+    address = _barrier_address(em, s.alloc, s.index)
+    if s.tx_bytes:
+        _asm(em, "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r", [address, i32(s.tx_bytes)])
+    else:
+        _asm(em, "mbarrier.arrive.shared::cta.b64 _, [$0];", "r", [address])
+
+
+def _mbarrier_wait(s: MbarrierWait, em: Emitter) -> None:
+    parity = em[s.parity] if not isinstance(s.parity, int) else i32(s.parity)
+    _asm(em, "{ .reg .pred p; WAIT_${:uid}: mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1; "
+             "@!p bra WAIT_${:uid}; }", "r,r", [_barrier_address(em, s.alloc, s.index), parity])
+
+
+def _tma_load(s: TmaLoad, em: Emitter) -> None:
+    b = em.builder
+    dst = b.add(b.ptrtoint(em.shared[s.dst.name], I32), i32(s.dst_index * s.dst.dtype.itemsize))
+    coords = [em[c] for c in reversed(s.coords)]            # innermost first, as the tensor map numbers them
+    names = ", ".join(f"${2 + i}" for i in range(len(coords)))
+    text = (f"cp.async.bulk.tensor.{len(coords)}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+            f"[$0], [$1, {{{names}}}], [${2 + len(coords)}];")
+    _asm(em, text, ",".join(["r", "l"] + ["r"] * len(coords) + ["r"]),
+         [dst, em.tensor_maps[s.src.name], *coords, _barrier_address(em, s.barrier, s.barrier_index)])
+
+
 def _intrinsic(name: str, args: Callable[[object], list] = lambda s: []) -> Callable[..., None]:
     return lambda s, em: call_intrinsic(em.builder, name, VOID, args(s))
 
@@ -104,8 +149,11 @@ RULES: dict[type, Callable[..., None]] = {
     WgmmaFence: _intrinsic("llvm.nvvm.wgmma.fence.sync.aligned"),
     WgmmaCommit: _intrinsic("llvm.nvvm.wgmma.commit_group.sync.aligned"),
     WgmmaWait: _intrinsic("llvm.nvvm.wgmma.wait_group.sync.aligned", lambda s: [ir.Constant(I64, s.pending)]),
-    FenceProxyAsync: lambda s, em: em.builder.call(
-        ir.InlineAsm(ir.FunctionType(VOID, []), "fence.proxy.async.shared::cta;", "~{memory}", side_effect=True), []),
+    FenceProxyAsync: lambda s, em: _asm(em, "fence.proxy.async.shared::cta;", "", []),
+    MbarrierInit: _mbarrier_init,
+    MbarrierArrive: _mbarrier_arrive,
+    MbarrierWait: _mbarrier_wait,
+    TmaLoad: _tma_load,
 }
 
 __all__ = ["RULES"]

@@ -42,7 +42,7 @@ executable definition; `codegen/simt_to_llvm` emits the same for nvptx64):
   `codegen/simt_to_llvm/wgmma.py` emits it for sm_90a. `TmaLoad` copies a box of a global tensor into
   shared memory asynchronously, completing its bytes on an mbarrier (`MbarrierInit`, `MbarrierArrive`
   with ``expect_tx``, `MbarrierWait` on a phase parity); the simulator (`codegen/simulator/tma.py`) checks
-  the protocol. The GPU lowering produces none of these yet (issue 21); TMA is not emitted yet.
+  the protocol. The GPU lowering produces none of these yet (issue 21).
 - `For` runs `body` for ``iv = start, start+step, ... < stop`` per thread (trip
   counts may differ between threads); `If` runs a branch for the threads whose
   `cond` holds. Both produce `results` from their yields.
