@@ -211,3 +211,31 @@ def test_a_wgmma_kernel_for_another_target_is_refused():
 
     with pytest.raises(BackendError, match="only sm_90a"):
         compile_simt(gemm_kernel(), "sm_90")
+
+
+def specialized_kernel(split: int = 128):
+    """Two warpgroups: the first (the producer of a warp-specialized kernel) gives registers back, the
+    second takes them; `split` is the thread where the branch divides (128: at the warpgroup boundary)."""
+    b = SimtBuilder("specialized", warps=8, grid=(1,))
+    out = b.buffer("out", int32, (256,))
+    tid = b.thread_idx()
+    b.if_(b.lt(tid, b.const(split, int32)), lambda: b.set_max_nreg(40, increase=False),
+          lambda: b.set_max_nreg(232, increase=True))
+    b.store_global(out, tid, tid)
+    return b.build()
+
+
+def test_setmaxnreg_per_warpgroup_runs_and_assembles_and_a_split_warpgroup_is_reported():
+    from redfuser.codegen import ptx_check
+    from redfuser.codegen.simt_to_llvm.kernel import compile_simt
+
+    assert np.array_equal(simulate(specialized_kernel(), {"out": np.zeros(256)})["out"], np.arange(256))
+    ptx = compile_simt(specialized_kernel(), "sm_90a").ptx
+    import re
+
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)
+    assert ptx_check.check_ptx(ptx)
+    with pytest.raises(SimulationError) as err:
+        simulate(specialized_kernel(split=64), {"out": np.zeros(256)})
+    assert err.value.kind == "divergent_warpgroup_op"

@@ -6,8 +6,8 @@ from llvmlite import ir
 
 from ...ir.buffer import Buffer
 from ...ir.errors import BackendError
-from ...ir.simt.nodes import (FenceProxyAsync, MbarrierArrive, MbarrierInit, MbarrierWait, SimtKernel, TmaLoad, Wgmma,
-                              WgmmaCommit, WgmmaFence, WgmmaWait, walk_stmts)
+from ...ir.simt.nodes import (FenceProxyAsync, MbarrierArrive, MbarrierInit, MbarrierWait, SetMaxNReg, SimtKernel,
+                              TmaLoad, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, walk_stmts)
 from ...ir.simt.verifier import verify_simt_kernel
 from .. import nvvm
 from ..llvm_text import TextBuilder, TextModule
@@ -18,7 +18,7 @@ from .emitter import Emitter, LlvmOptions
 from .types import mem_type
 
 RULES = {**arith.RULES, **memory.RULES, **warp.RULES, **wgmma.RULES, **control.RULES}
-WGMMA_OPS = (Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait, FenceProxyAsync)
+WGMMA_OPS = (Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait, FenceProxyAsync, SetMaxNReg)
 """Statements that need ``.target sm_90a``."""
 ASYNC_COPY_OPS = (TmaLoad, MbarrierInit, MbarrierArrive, MbarrierWait)
 """Statements that need sm_90."""
@@ -102,7 +102,7 @@ def compile_simt(kernel: SimtKernel, sm: str = "sm_90", options: LlvmOptions = L
     Hopper's warpgroup MMA (`Wgmma` and its fences) compiles for ``sm_90a`` only."""
     stmts = list(walk_stmts(kernel.body))
     if sm != "sm_90a" and any(isinstance(s, WGMMA_OPS) for s in stmts):
-        raise BackendError(f"kernel {kernel.name} uses wgmma, which only sm_90a has (asked for {sm})")
+        raise BackendError(f"kernel {kernel.name} uses wgmma or setmaxnreg, which only sm_90a has (asked for {sm})")
     if sm not in ("sm_90", "sm_90a") and any(isinstance(s, ASYNC_COPY_OPS) for s in stmts):
         raise BackendError(f"kernel {kernel.name} uses TMA and mbarriers, which need sm_90 (asked for {sm})")
     return compile_module(emit_module(kernel, options), sm, ptx_version=ptx_version)

@@ -24,8 +24,8 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.simt.nodes import (FenceProxyAsync, MbarrierArrive, MbarrierInit, MbarrierWait, SharedAddress, TmaLoad,
-                              Wgmma, WgmmaCommit, WgmmaDescriptor, WgmmaFence, WgmmaWait)
+from ...ir.simt.nodes import (FenceProxyAsync, MbarrierArrive, MbarrierInit, MbarrierWait, SetMaxNReg, SharedAddress,
+                              TmaLoad, Wgmma, WgmmaCommit, WgmmaDescriptor, WgmmaFence, WgmmaWait)
 from ...ir.simt.wgmma_fragments import MatrixDescriptor, Swizzle
 from ...ir.types import bfloat16, float16
 from ..nvvm import F32, I32, call_intrinsic, i32
@@ -154,6 +154,8 @@ RULES: dict[type, Callable[..., None]] = {
     MbarrierArrive: _mbarrier_arrive,
     MbarrierWait: _mbarrier_wait,
     TmaLoad: _tma_load,
+    SetMaxNReg: lambda s, em: call_intrinsic(em.builder, f"llvm.nvvm.setmaxnreg.{'inc' if s.increase else 'dec'}"
+                                             ".sync.aligned.u32", VOID, [i32(s.count)]),
 }
 
 __all__ = ["RULES"]

@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...ir.simt.nodes import (FenceProxyAsync, SharedAddress, SimtKernel, Stmt, Wgmma, WgmmaCommit,
+from ...ir.simt.nodes import (FenceProxyAsync, SetMaxNReg, SharedAddress, SimtKernel, Stmt, Wgmma, WgmmaCommit,
                               WgmmaDescriptor, WgmmaFence, WgmmaWait, shared_offsets)
 from ...ir.simt.wgmma_fragments import WARPGROUP_THREADS, MatrixDescriptor, Swizzle, accumulator, swizzle
 from .memory import fail_at
@@ -176,7 +176,13 @@ def _shared_address(s: SharedAddress, block: Block) -> None:
     block.set(s.out, np.full(block.threads, shared_offsets(block.kernel.shared)[s.alloc.name], np.int32))
 
 
+def _set_max_nreg(s: SetMaxNReg, block: Block) -> None:
+    """Only its warpgroup-uniformity is checked: the simulator has no register file to size."""
+    _whole_warpgroups(s, block, f"setmaxnreg {s.count}")
+
+
 RULES: dict[type, Callable[..., None]] = {
+    SetMaxNReg: _set_max_nreg,
     SharedAddress: _shared_address,
     WgmmaDescriptor: _descriptor_rule,
     Wgmma: _wgmma,

@@ -21,7 +21,7 @@ from .nodes import (
     LoadGlobal, LoadShared, Mma, MmaShape, Pack, Reg, RegType, Region, Scalar, Select, SharedAlloc, Shuffle, ShuffleKind,
     SimtKernel, Stmt, StoreGlobal, StoreShared, ThreadIdx, Unary, WarpId, FenceProxyAsync, SharedAddress, Wgmma,
     WgmmaCommit, WgmmaDescriptor, WgmmaFence, WgmmaShape, WgmmaWait, MbarrierArrive, MbarrierInit, MbarrierWait,
-    TmaLoad,
+    TmaLoad, SetMaxNReg,
 )
 from .verifier import verify_simt_kernel
 from ..types import BufferType, DType, bool_, int32, int64
@@ -199,6 +199,9 @@ class SimtBuilder:
     def tma_load(self, dst: SharedAlloc, dst_index: int, src: Buffer, coords: Sequence[Reg], box: Sequence[int], *,
                  swizzle: int, barrier: SharedAlloc, barrier_index: int) -> None:
         self.emit(TmaLoad(dst, dst_index, src, tuple(coords), tuple(box), swizzle, barrier, barrier_index))
+
+    def set_max_nreg(self, count: int, *, increase: bool) -> None:
+        self.emit(SetMaxNReg(count, increase))
 
     def butterfly(self, value: Reg, combine: Callable[[Reg, Reg], Reg], width: int = 32) -> Reg:
         """All-reduce over groups of `width` lanes: log2(width) ``shfl.bfly`` steps, `combine` the monoid."""

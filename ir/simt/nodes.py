@@ -81,6 +81,7 @@ from .ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     MbarrierInit,
     MbarrierWait,
     TmaLoad,
+    SetMaxNReg,
     Wgmma,
     WgmmaCommit,
     WgmmaDescriptor,
@@ -154,7 +155,7 @@ class If:
 Stmt = Union[ThreadIdx, LaneId, WarpId, BlockIdx, Const, Unary, Binary, IntBinary, Select, Cast, Bitcast, Pack, Extract,
              LoadGlobal, StoreGlobal, LoadShared, StoreShared, Barrier, Shuffle, LdMatrix, Mma, SharedAddress,
              WgmmaDescriptor, Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait, FenceProxyAsync, MbarrierInit,
-             MbarrierArrive, MbarrierWait, TmaLoad, For, If]
+             MbarrierArrive, MbarrierWait, TmaLoad, SetMaxNReg, For, If]
 ELEMENTWISE = (Unary, Binary, IntBinary, Select, Cast)
 
 

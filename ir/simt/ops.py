@@ -374,3 +374,14 @@ class TmaLoad:
     barrier: SharedAlloc
     barrier_index: int
     loc: SourceLoc = _loc()
+
+
+@dataclass(frozen=True, slots=True)
+class SetMaxNReg:
+    """``setmaxnreg.{inc,dec}.sync.aligned.u32 count`` (sm_90a): the executing warpgroup's per-thread
+    register budget becomes `count` (24 to 256, a multiple of 8); warp specialization gives a producer
+    warpgroup few registers and the consumers many."""
+
+    count: int
+    increase: bool
+    loc: SourceLoc = _loc()

@@ -53,6 +53,7 @@ from .nodes import (
     MbarrierInit,
     MbarrierWait,
     TmaLoad,
+    SetMaxNReg,
     SharedAddress,
     Wgmma,
     WgmmaCommit,
@@ -116,6 +117,7 @@ _BARE: dict[type, Callable[..., str]] = {
     WgmmaWait: lambda s: f"wgmma.wait_group {s.pending}",
     FenceProxyAsync: lambda s: "fence.proxy.async",
     MbarrierInit: lambda s: f"mbarrier.init {s.alloc.name}[{s.index}] count {s.count}",
+    SetMaxNReg: lambda s: f"setmaxnreg.{'inc' if s.increase else 'dec'} {s.count}",
     MbarrierArrive: lambda s: (f"mbarrier.arrive {s.alloc.name}[{s.index}]"
                                + (f" expect_tx {s.tx_bytes}" if s.tx_bytes else "")),
     MbarrierWait: lambda s: f"mbarrier.wait {s.alloc.name}[{s.index}] parity {s.parity}",
