@@ -12,7 +12,7 @@ from redfuser.ir.errors import SimulationError
 from redfuser.ir.simt.builder import SimtBuilder
 from redfuser.ir.simt.nodes import WgmmaShape
 from redfuser.ir.simt.wgmma_fragments import accumulator
-from redfuser.ir.types import float16, float32, int32, int64
+from redfuser.ir.types import float8_e4m3fn, float16, float32, int32, int64
 
 N, ROWS_B, K = 64, 60, 64     # B has 60 rows: the 64-row box reads 4 rows past its end, which TMA fills with 0
 
@@ -166,3 +166,30 @@ def test_tma_kernels_are_refused_before_sm_90():
     with pytest.raises(BackendError, match="TMA and mbarriers, which need sm_90"):
         compile_simt(tma_copy(), "sm_80")
     assert ptx_check.check_ptx(compile_simt(tma_copy(), "sm_90").ptx)
+
+
+def test_tensor_map_arguments_follow_the_drivers_conventions_and_refuse_what_tma_cannot_do():
+    from redfuser.ir.errors import BackendError
+    from redfuser.runtime.tensor_maps import tensor_map_specs
+
+    a, b = tensor_map_specs(tma_gemm())
+    assert (a.buffer, a.data_type, a.global_dims, a.global_strides, a.box, a.swizzle) == \
+        ("a", "FLOAT16", (K, 64), (2 * K,), (K, 64), "128B")
+    assert (b.global_dims, b.box, b.oob_fill) == ((K, ROWS_B), (K, N), "NONE")   # rows past 60 read 0
+
+    def copy_kernel(shape, box, swizzle, dtype=float16):
+        kb = SimtBuilder("k", warps=1, grid=(1,))
+        src = kb.buffer("src", dtype, shape)
+        dst = kb.shared("dst", dtype, (box[0] * box[1],), align=1024)
+        bars = kb.shared("bars", int64, (1,), align=8)
+        zero = kb.const(0, int32)
+        kb.mbarrier_init(bars, 0, 1)
+        kb.tma_load(dst, 0, src, [zero, zero], box, swizzle=swizzle, barrier=bars, barrier_index=0)
+        return kb.build()
+
+    with pytest.raises(BackendError, match="rows of 26 bytes"):
+        tensor_map_specs(copy_kernel((4, 13), (4, 8), 0))
+    with pytest.raises(BackendError, match="box row of 256 bytes under swizzle 128B"):
+        tensor_map_specs(copy_kernel((4, 128), (4, 128), 1))
+    (e4m3,) = tensor_map_specs(copy_kernel((4, 128), (4, 128), 1, dtype=float8_e4m3fn))
+    assert e4m3.data_type == "UINT8" and e4m3.box == (128, 4)

@@ -1,0 +1,83 @@
+"""What the host passes for each TMA source of a kernel: the arguments of ``cuTensorMapEncodeTiled``.
+
+A SIMT kernel's `TmaLoad`s read a global buffer through a *tensor map* that the host encodes before the
+launch (``cuda.bindings.driver.cuTensorMapEncodeTiled``) and passes as the kernel's extra parameter
+``<buffer>_tmap`` (`codegen.simt_to_llvm.kernel.tensor_map_sources`). `tensor_map_specs` derives those
+arguments from the kernel, in the driver's conventions, and refuses with the reason what TMA cannot do:
+
+- dimensions innermost first; ``globalStrides`` are the byte strides of the outer dimensions (rank - 1 of
+  them), each a multiple of 16 (a row of 13 f32 values cannot be a TMA source);
+- ``boxDim`` innermost first, each 1 to 256, the inner extent in bytes a multiple of 16 and, under a swizzle,
+  at most the swizzle's span (64 f16 values for 128 bytes);
+- out-of-bounds elements are filled with zeros (``OOB_FILL_NONE``), as the simulator does;
+- e4m3 and bool travel as bytes (``UINT8``): TMA moves bits.
+
+Every copy from one buffer must use the same box and swizzle (one map per buffer). Encoding itself needs the
+CUDA driver and comes with the launch of such kernels (issue 21); this module is what can be checked here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.errors import BackendError
+from ..ir.simt.nodes import SimtKernel, TmaLoad, walk_stmts
+from ..ir.simt.wgmma_fragments import Swizzle
+
+_DATA_TYPES = {"f16": "FLOAT16", "bf16": "BFLOAT16", "f32": "FLOAT32", "i32": "INT32", "i64": "INT64",
+               "f8e4m3": "UINT8", "bool": "UINT8"}
+_SWIZZLES = {Swizzle.NONE: "NONE", Swizzle.B128: "128B", Swizzle.B64: "64B", Swizzle.B32: "32B"}
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """The arguments of ``cuTensorMapEncodeTiled`` for one buffer (enum names without their
+    ``CU_TENSOR_MAP_...`` prefixes; the address is the buffer's at launch)."""
+
+    buffer: str
+    data_type: str                     # CU_TENSOR_MAP_DATA_TYPE_<data_type>
+    global_dims: tuple[int, ...]       # innermost first
+    global_strides: tuple[int, ...]    # bytes, the outer rank - 1 dimensions, innermost first
+    box: tuple[int, ...]               # innermost first
+    element_strides: tuple[int, ...]
+    swizzle: str                       # CU_TENSOR_MAP_SWIZZLE_<swizzle>
+    oob_fill: str = "NONE"             # zeros
+    interleave: str = "NONE"
+    l2_promotion: str = "L2_128B"
+
+
+def tensor_map_specs(kernel: SimtKernel) -> list[TensorMapSpec]:
+    """One spec per TMA source buffer of `kernel`, in the order of its ``_tmap`` parameters."""
+    uses: dict[str, TmaLoad] = {}
+    for s in walk_stmts(kernel.body):
+        if isinstance(s, TmaLoad):
+            first = uses.setdefault(s.src.name, s)
+            if (first.box, first.swizzle) != (s.box, s.swizzle):
+                raise BackendError(f"kernel {kernel.name}: TMA copies of {s.src.name} use boxes {first.box} and "
+                                   f"{s.box} (or two swizzles); one tensor map per buffer takes one of each")
+    return [_spec(kernel.name, s) for s in uses.values()]
+
+
+def _spec(kernel: str, s: TmaLoad) -> TensorMapSpec:
+    buf, item = s.src, s.src.dtype.itemsize
+    where = f"kernel {kernel}: the TMA source {buf.name} ({buf.type})"
+    dims = tuple(reversed(buf.shape))
+    strides = []
+    step = item
+    for extent in dims[:-1]:
+        step *= extent
+        strides.append(step)
+    if any(st % 16 for st in strides):
+        raise BackendError(f"{where} has rows of {strides[0]} bytes; TMA needs byte strides that are multiples of 16")
+    box = tuple(reversed(s.box))
+    mode = Swizzle(s.swizzle)
+    inner = box[0] * item
+    if inner % 16 or (mode is not Swizzle.NONE and inner > mode.row_bytes):
+        raise BackendError(f"{where}: a box row of {inner} bytes under swizzle {_SWIZZLES[mode]} (a multiple of 16"
+                           + (f", at most {mode.row_bytes})" if mode is not Swizzle.NONE else ")"))
+    if buf.dtype.name not in _DATA_TYPES:
+        raise BackendError(f"{where}: TMA does not copy {buf.dtype}")
+    return TensorMapSpec(buf.name, _DATA_TYPES[buf.dtype.name], dims, tuple(strides), box, (1,) * len(box),
+                         _SWIZZLES[mode])
+
+
+__all__ = ["TensorMapSpec", "tensor_map_specs"]
