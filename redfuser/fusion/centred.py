@@ -146,9 +146,10 @@ def _clean(s: A.Sum) -> A.Sum:
     return A.add(tuple(out), ())
 
 
-def change_variables(normal: A.Sum, centre: Centre) -> A.Sum | None:
+def change_variables(normal: A.Sum, centre: Centre, exponents: bool = True) -> A.Sum | None:
     """`normal` with ``u`` written as ``w + c`` (`centre.marker` for ``w``), or None where ``u`` does not
-    enter it polynomially (a negative or fractional power, inside a non-linear exponent)."""
+    enter it polynomially (a negative or fractional power, inside a non-linear exponent). Without
+    `exponents`, ``u`` inside an exponential stays as it is (a weight the centre does not move: taylor.py)."""
     never = lambda e: False  # noqa: E731
     u = A.as_linear(A.normalize(centre.u, never, never))
     c = A.as_linear(A.normalize(centre.c, never, never))
@@ -170,7 +171,7 @@ def change_variables(normal: A.Sum, centre: Centre) -> A.Sum | None:
         k = 0.0
         terms = {}
         for m, coef in t.exponent.terms:
-            if x in m.as_dict():
+            if x in m.as_dict() and exponents:
                 if m.factors != ((x, Fraction(1)),):
                     return None
                 k += coef

@@ -91,7 +91,7 @@ def _own_or_taylor(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axi
     own = own_centre_sum(value, ctx, pair, axis, name, delta)
     if isinstance(own, Decomposition):
         return own
-    taylor = taylor_sum(value, ctx, pair[0], axis, name, delta)
+    taylor = taylor_sum(value, ctx, pair, axis, name, delta)
     if isinstance(taylor, Decomposition):
         return taylor
     return f"the compiler could not centre the sum on a running mean of its own ({own}), and no Taylor form " \

@@ -21,10 +21,11 @@ as the reference computes the body at a point near the data (``(x_i - Y) * (x_i 
 no more than the reference does; the power sums are centred, so ``sum (x - c)`` is near 0 and small, not a
 difference of large sums. The expanded normal form would instead compute ``c^2 + c L - c Y - Y L``.
 
-The formula is exact for every ``c``, so the randomized identity check confirms it with the centre drawn
-as a free variable. Bodies this does not cover (a reduced value inside ``exp`` or ``log`` beside the
-difference, two reduced values, degree above 8) are
-refused by `rewrite.py` when they multiply out such a difference.
+A factor that is no polynomial in ``x`` and does not read ``Y`` (the softmax weight ``exp(x - m)``) stays
+outside the expansion: ``sum W p(x) = sum_j p^(j)(c) / j! * sum W (x - c)^j``. The formula is exact for every
+``c``, so the randomized identity check confirms it with the centre drawn as a free variable. Bodies this does
+not cover (a non-polynomial factor that reads ``Y``, two reduced values, degree above 8) are refused by
+`rewrite.py` when they multiply out such a difference.
 """
 from __future__ import annotations
 
@@ -39,17 +40,25 @@ from .positivity import is_nonnegative, is_positive
 from .separability import Decomposition, FusionContext
 
 
-def taylor_sum(value: Expr, ctx: FusionContext, x: Expr, axis: Axis, name: str, delta: Load) -> Decomposition | str:
-    """`value`'s sum in Taylor form around the compiler's own running mean of the reduced value `x`, or why
-    not (the reason names what the body has that a polynomial in `x` has not). `delta` is the buffer slot
-    `own_centre.py` would use (the member's type and axes); here it holds the final mean itself."""
+def taylor_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: Axis, name: str,
+               delta: Load) -> Decomposition | str:
+    """`value`'s sum in Taylor form around the compiler's own running mean of the reduced value ``x`` of
+    `pair` (``x``, the earlier result ``Y`` it is subtracted from), or why not (the reason names what the body
+    has that a polynomial in ``x`` has not). A factor of the body that is no polynomial in ``x`` but does not
+    read ``Y`` (``exp(x - m)`` of a softmax) is a *weight* ``W``: ``sum W p(x) = sum_j p^(j)(c)/j! sum W (x - c)^j``,
+    the weighted power sums moved by the shift law like unweighted ones (and rescaled with ``m``). `delta` is
+    the buffer slot `own_centre.py` would use (the member's type and axes); here it holds the final mean."""
     d = value.dtype
+    x, y = pair
     if not isinstance(x, Load):
         return f"{_words(x)} is not a value loaded from an input"
-    others = sorted({_words(n) for n in walk(value) if isinstance(n, Load) and n != x and ctx.kind(n) == "x"})
+    weight, polynomial = _weight_and_polynomial(value, x)
+    if any(n == y for w in weight for n in walk(w)):
+        return f"a factor that is no polynomial in {_words(x)} reads {_words(y)} too"
+    others = sorted({_words(n) for n in walk(polynomial) if isinstance(n, Load) and n != x and ctx.kind(n) == "x"})
     if others:
         return f"it reads {others[0]} beside {_words(x)}, and a Taylor form needs one reduced value"
-    coefficients = _coefficients(value, x)
+    coefficients = _coefficients(polynomial, x)
     if isinstance(coefficients, str):
         return coefficients
     mean = Load(Buffer(f"{name}_mean", delta.buffer.type), delta.indices)
@@ -58,7 +67,7 @@ def taylor_sum(value: Expr, ctx: FusionContext, x: Expr, axis: Axis, name: str, 
     centre = Centre(ReduceOp.SUM, "", x, placeholder, mean, x, marker, own=Const(0.0, d), delta=mean, taylor=True)
     pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
     nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
-    moved = change_variables(A.normalize(value, pos, nonneg), centre)
+    moved = change_variables(A.normalize(value, pos, nonneg), centre, exponents=False)
     inner = replace(ctx, states=ctx.states | {mean.buffer.name})
     dec = _families(moved, centre, inner, name, d) if moved is not None else None
     if dec is None:
@@ -68,6 +77,28 @@ def taylor_sum(value: Expr, ctx: FusionContext, x: Expr, axis: Axis, name: str, 
         return "its terms do not form one family of powers of the centred values"
     factors = tuple(_at(coefficients[j], x, mean) for j in range(len(degrees)))
     return replace(dec, factors=factors)
+
+
+def _weight_and_polynomial(value: Expr, x: Load) -> tuple[list[Expr], Expr]:
+    """The factors of `value` (a product, divisions by what does not read `x` included) that are no
+    polynomial in `x`, and the product of the others (`value` itself where every factor is one)."""
+    factors = _factors(value)
+    weight = [f for f in factors if isinstance(derivative(f, x), str)]
+    if not weight:
+        return [], value
+    rest = [f for f in factors if not isinstance(derivative(f, x), str)]
+    poly: Expr = Const(1.0, value.dtype)
+    for f in rest:
+        poly = _mul(poly, f)
+    return weight, poly
+
+
+def _factors(e: Expr) -> list[Expr]:
+    if isinstance(e, Binary) and e.op is BinaryOp.MUL:
+        return _factors(e.a) + _factors(e.b)
+    if isinstance(e, Binary) and e.op is BinaryOp.DIV:
+        return _factors(e.a) + [Binary(BinaryOp.DIV, Const(1.0, e.dtype), e.b, e.dtype)]
+    return [e]
 
 
 def _at(coefficient: Expr, x: Load, mean: Load) -> Expr | None:
