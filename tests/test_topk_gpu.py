@@ -256,3 +256,26 @@ def test_moe_routing_ptx_assembles_for_sm80_and_sm90_without_spills(experts, k):
             for arch, result in check_ptx(kernel.ptx).items():   # raises with the assembler's log on bad PTX
                 assert all(u.spill_store_bytes == 0 and u.registers <= 255 for u in result.usage), (kernel.name, arch)
         assert "shfl.sync.bfly.b32" in str(ptx)
+
+
+def top_k_of_probabilities(x, k):
+    p = rf.exp(x - rf.max(x, axis=-1, keepdims=True))
+    return rf.topk(p, k)
+
+
+def test_a_k_beyond_the_gpu_limit_is_refused_with_the_users_line_and_the_limit_itself_compiles():
+    """Long campaign (seed 1), example 5850: a top-1000 routing ran past 30 minutes on `simulate` (the GPU's
+    k-lists are unrolled registers; lowering took 45 s at k = 64, 200 s at k = 128). k above 32 is now a
+    clear refusal on the GPU backends naming the user's line; cpu still compiles it; k = 32 runs."""
+    from redfuser.codegen.simt.topk import MAX_GPU_TOPK
+
+    x = np.random.default_rng(3).standard_normal((2, 40)).astype(np.float32)
+    with pytest.raises(rf.BackendError, match="top-k of more than 32 values per row is not compiled for the GPU") \
+            as err:
+        rf.kernel(lambda x: top_k_of_probabilities(x, MAX_GPU_TOPK + 1), backend="simulate")(x)
+    assert "rf.topk(p, k)" in str(err.value) and "test_topk_gpu.py" in str(err.value)
+    for backend, k in (("cpu", 33), ("simulate", 32)):
+        values, indices = rf.kernel(lambda x: top_k_of_probabilities(x, k), backend=backend)(x)
+        want_v, want_i = top_k_of_probabilities(x, k)
+        assert np.array_equal(indices, want_i)
+        assert_close(values, want_v, np.float32, 40)

@@ -32,7 +32,7 @@ empty slots last); see `topk_lists`.
 """
 from __future__ import annotations
 
-from ...ir import BinaryOp
+from ...ir import BackendError, BinaryOp
 from ...ir.tile import nodes as t
 from ...ir.simt.nodes import IntOp
 from ...ir.types import int32, int64
@@ -85,8 +85,21 @@ def list_layout(layout: Layout, axis: int, k: int) -> Layout:
                   "topk")
 
 
+MAX_GPU_TOPK = 32
+"""The largest k (after rounding up to a power of two) the GPU lowering compiles: each thread keeps its k-lists
+in registers and the insertion and merge networks are unrolled, so registers and compile time grow with k
+(and k²): k = 64 took 45 s to lower and k = 128 200 s (the fuzzer's long campaign, example 5850: a top-1000
+routing ran past 30 minutes on `simulate`). Larger k is refused with a `BackendError` (cpu and interpret
+compile any k)."""
+
+
 @plan_rule(t.TopK)
 def _plan(p, op: t.TopK, depth: int) -> None:
+    if op.k > MAX_GPU_TOPK:
+        raise BackendError(f"top-k of more than {MAX_GPU_TOPK} values per row is not compiled for the GPU backends "
+                           f"(k = {op.k} after rounding up to a power of two): the k-lists live in registers and "
+                           "their networks are unrolled; use backend='cpu' or 'interpret' for a larger k",
+                           op="topk", loc=op.loc)
     layout = candidate_layout(op.x.shape, op.axis, p.plan.warps)
     p.plan.reduce_in[op.out.name] = layout
     out = list_layout(layout, op.axis, op.k)

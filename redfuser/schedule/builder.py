@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..ir import BinaryOp, Buffer, DType, ReduceOp, UnaryOp
+from ..ir.source import UNKNOWN, SourceLoc
 from ..ir.tile import nodes as t
 from ..ir.types import bool_
 
@@ -157,11 +158,12 @@ class KernelBuilder:
         return out
 
     def topk(self, x: t.Value, indices: t.Value, axis: int, k: int, acc: tuple[t.Value, t.Value] | None = None,
-             hint: str = "top") -> tuple[t.Value, t.Value]:
-        """The best `k` of (`x`, `indices`) along `axis`, merged into the k-list `acc` (values, indices)."""
+             hint: str = "top", loc: SourceLoc = UNKNOWN) -> tuple[t.Value, t.Value]:
+        """The best `k` of (`x`, `indices`) along `axis`, merged into the k-list `acc` (values, indices); `loc`
+        is the user's line (a GPU backend's refusal of a large k names it)."""
         shape = x.shape[:axis] + (k,) + x.shape[axis + 1:]
         out, out_i = self.value(hint, x.dtype, shape), self.value(f"{hint}_idx", indices.dtype, shape)
-        self.emit(t.TopK(out, out_i, x, indices, axis, *(acc or (None, None))))
+        self.emit(t.TopK(out, out_i, x, indices, axis, *(acc or (None, None)), loc=loc))
         return out, out_i
 
     @contextmanager

@@ -110,7 +110,7 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
             values = place(kb, ranked_values(lw, st.term, b), cand)
             acc = (prev[0] if r is None else rescale_list(kb, prev[0], r), prev[1])
             news += update_list(kb, values, candidate_indices(kb, kdim, cand), rows, kdim, acc, dims,
-                                fb.rank_dim(j), st.acc.name)
+                                fb.rank_dim(j), st.acc.name, loc=fl.loc)
             continue
         acc = prev[0]
         if st.carry is not None:   # a shift-stable sum moves to its new centre (OnlineState.carry)

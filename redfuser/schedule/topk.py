@@ -13,6 +13,7 @@ dims already, as in MoE routing).
 from __future__ import annotations
 
 from ..ir import BackendError, BinaryOp, DType, Expr, TopK
+from ..ir.source import UNKNOWN, SourceLoc
 from ..ir.tile import nodes as t
 from ..ir.types import float32, float64, int32, int64
 from .builder import KernelBuilder
@@ -57,7 +58,8 @@ def empty_list(kb: KernelBuilder, dtype: DType, dims: tuple[Dim, ...], hint: str
 
 
 def update_list(kb: KernelBuilder, values: t.Value, indices: t.Value, rows: tuple[Dim, ...], kdim: Dim,
-                acc: tuple[t.Value, t.Value], dims: tuple[Dim, ...], rank: Dim, hint: str) -> tuple[t.Value, t.Value]:
+                acc: tuple[t.Value, t.Value], dims: tuple[Dim, ...], rank: Dim, hint: str,
+                loc: SourceLoc = UNKNOWN) -> tuple[t.Value, t.Value]:
     """The list `acc` (on `dims`, rank included) merged with candidates (`values`, `indices` on rows + kdim)."""
     last = tuple(d for d in dims if d.key != rank.key) + (rank,)
     to_last = tuple(dims.index(d) for d in last)
@@ -65,7 +67,7 @@ def update_list(kb: KernelBuilder, values: t.Value, indices: t.Value, rows: tupl
     cand = ordered(rows + (kdim,))
     chunk_last = tuple(n for n, d in enumerate(cand) if d.key != kdim.key) + (cand.index(kdim),)
     values, indices = kb.permute(values, chunk_last), kb.permute(indices, chunk_last)
-    v, i = kb.topk(values, indices, len(cand) - 1, rank.size, (acc_v, acc_i), hint=hint)
+    v, i = kb.topk(values, indices, len(cand) - 1, rank.size, (acc_v, acc_i), hint=hint, loc=loc)
     back = tuple(last.index(d) for d in dims)
     return kb.permute(v, back), kb.permute(i, back)
 
@@ -98,7 +100,8 @@ def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType,
         b[s.reduce_axis.name] = kdim
         cand = ordered(rows + (kdim,))
         values = place(kb, ranked_values(lw, s.value, b), cand)
-        return update_list(kb, values, candidate_indices(kb, kdim, cand), rows, kdim, acc, dims, rank, s.values.name)
+        return update_list(kb, values, candidate_indices(kb, kdim, cand), rows, kdim, acc, dims, rank, s.values.name,
+                           loc=s.loc)
 
     if size >= n:
         acc = chunk(Dim(f"{s.values.name}.{s.reduce_axis.name}", 2, size, n, None, size > n), acc)
