@@ -12,7 +12,7 @@ from typing import Callable, NoReturn
 import numpy as np
 
 from ...ir.errors import SimulationError
-from ...ir.simt.nodes import Reg, SimtKernel, Stmt, StoreShared, Wgmma, uses
+from ...ir.simt.nodes import Reg, SimtKernel, Stmt, StoreShared, Wgmma, uses, walk_stmts
 from ...ir.simt.printer import format_stmt
 from .tracker import Tracker
 
@@ -38,6 +38,9 @@ class Launch:
         self.epoch = 0
         self.trackers = {name: Tracker(name, "global", arr.size, kernel.threads, self.describe, check_uninitialized=False)
                          for name, arr in globals_.items()} if options.check_races else {}
+        # Register writes and shared stores are recorded for wgmma's fence checks only where there is a wgmma
+        # (every statement of every other kernel would pay for it).
+        self.has_wgmma = any(isinstance(s, Wgmma) for s in walk_stmts(kernel.body))
 
     def block_coords(self, linear: int) -> tuple[int, ...]:
         """The grid position of the block with linear id `linear` (x fastest, as CUDA numbers them)."""
@@ -130,6 +133,7 @@ class Block:
         launch.epoch += 1  # a new block starts a new interval: its accesses never meet the last block's
         self.wgmma = WgmmaState()
         self.tma = TmaState()
+        self.has_wgmma = launch.has_wgmma
 
     def __getitem__(self, reg: Reg) -> np.ndarray:
         return self.env[reg.name]
@@ -137,7 +141,8 @@ class Block:
     def set(self, reg: Reg, value: np.ndarray) -> None:
         shape = (self.threads,) if reg.length == 1 else (self.threads, reg.length)
         self.env[reg.name] = np.broadcast_to(np.asarray(value), shape).astype(reg.dtype.numpy, copy=False)
-        self.wgmma.unfenced.add(reg.name)
+        if self.has_wgmma:
+            self.wgmma.unfenced.add(reg.name)
 
     def thread_name(self, tid: int) -> str:
         return self.launch.describe(self.linear * self.threads + int(tid))
@@ -148,6 +153,10 @@ class Block:
 
     def run(self, stmts: tuple[Stmt, ...]) -> None:
         """Run statements lock-step over the active threads (a rule per statement type)."""
+        if not self.has_wgmma:
+            for s in stmts:
+                self.rules[type(s)](s, self)
+            return
         wgmma = self.wgmma
         for s in stmts:
             if wgmma.in_flight or wgmma.taken:

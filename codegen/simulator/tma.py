@@ -88,7 +88,7 @@ def box_elements(s: TmaLoad, block: Block, coords: list[int]) -> tuple[np.ndarra
     byte = base + (s.dst_index + np.arange(idx.shape[1])) * item
     mode = Swizzle(s.swizzle)
     if mode is not Swizzle.NONE:
-        byte = np.array([swizzle(int(b), mode) for b in byte])
+        byte = swizzle(byte, mode)
     return src, (byte - base) // item
 
 

@@ -54,7 +54,7 @@ def tile_elements(kernel: SimtKernel, desc: MatrixDescriptor, rows: int, k: int,
         byte = desc.start + (r // 8) * desc.stride + (kk // 16) * desc.leading + (r % 8) * 16 + kk % 16
     else:
         byte = desc.start + (r // 8) * desc.stride + (r % 8) * desc.mode.row_bytes + kk
-        byte = np.vectorize(lambda b: swizzle(int(b), desc.mode))(byte)
+        byte = swizzle(byte, desc.mode)
     offsets = shared_offsets(kernel.shared)
     first, last = int(byte.min()), int(byte.max()) + itemsize
     for alloc in kernel.shared:

@@ -32,8 +32,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import InternalError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Offset = TypeVar("Offset", int, "np.ndarray")
 
 WARPGROUP_THREADS = 128
 """Four warps issue one ``wgmma``."""
@@ -80,11 +86,12 @@ class Swizzle(Enum):
         return {Swizzle.NONE: 16, Swizzle.B128: 128, Swizzle.B64: 64, Swizzle.B32: 32}[self]
 
 
-def swizzle(offset: int, mode: Swizzle) -> int:
+def swizzle(offset: Offset, mode: Swizzle) -> Offset:
     """The byte offset where a swizzled layout of `mode` stores the byte at `offset` of the unswizzled one
     (offsets from a base aligned to the pattern's period: 1024, 512 or 256 bytes). The 16-byte chunk index
     (address bits 4-6, 4-5 or 4) is XORed with address bits 7-9, 7-8 or 7: for 128-byte rows that is chunk
-    ``c`` of row ``r`` stored at chunk ``c ^ (r % 8)``. An involution: applying it twice gives `offset`."""
+    ``c`` of row ``r`` stored at chunk ``c ^ (r % 8)``. An involution: applying it twice gives `offset`.
+    Bit operations only, so an integer numpy array of offsets is swizzled element by element."""
     if mode is Swizzle.NONE:
         return offset
     mask = mode.row_bytes // 16 - 1                     # 7, 3 or 1: the chunk bits that are permuted

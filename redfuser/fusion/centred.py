@@ -236,12 +236,6 @@ def cancelling_pairs(value: Expr, ctx: FusionContext) -> list[tuple[Expr, Expr]]
     return out
 
 
-def cancelling_pair(value: Expr, ctx: FusionContext) -> tuple[Expr, Expr] | None:
-    """The first of `cancelling_pairs`, or None."""
-    pairs = cancelling_pairs(value, ctx)
-    return pairs[0] if pairs else None
-
-
 def _families(moved: A.Sum, centre: Centre, ctx: FusionContext, name: str, d: DType) -> Decomposition | None:
     w = centre.marker
     w_mono = A.Monomial.of({w: Fraction(1)})
@@ -293,5 +287,4 @@ def _factor(weights: list[A.Product], d: DType) -> Expr | None:
     return sum_expr(s, d) if s else Const(0.0, d)
 
 
-__all__ = ["Centre", "Shift", "find_centres", "change_variables", "centre_sum", "cancelling_pair",
-           "cancelling_pairs"]
+__all__ = ["Centre", "Shift", "find_centres", "change_variables", "centre_sum", "cancelling_pairs"]

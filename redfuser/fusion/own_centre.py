@@ -128,10 +128,10 @@ def forms_difference(value: Expr, pair: tuple[Expr, Expr]) -> bool:
     the body combines them only after a product (``x / Y + c``, ``x Y - Y^2``) the reference rounds the
     large products itself, and the expansion loses nothing more."""
     x, y = pair
-    reads = lambda e, a: any(n == a for n in walk(e))  # noqa: E731
     for n in walk(value):
         if isinstance(n, Binary) and n.op in (BinaryOp.ADD, BinaryOp.SUB):
-            a_x, a_y, b_x, b_y = reads(n.a, x), reads(n.a, y), reads(n.b, x), reads(n.b, y)
+            a_x, a_y = A.reads(n.a, lambda e: e == x), A.reads(n.a, lambda e: e == y)
+            b_x, b_y = A.reads(n.b, lambda e: e == x), A.reads(n.b, lambda e: e == y)
             if (a_x and not a_y and b_y and not b_x) or (b_x and not b_y and a_y and not a_x):
                 return True
     return False

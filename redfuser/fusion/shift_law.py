@@ -44,10 +44,16 @@ def _mean(total: Expr, count: Expr, d: DType, empty_is_zero: bool = True) -> Exp
     return mean if w == d else Cast(mean, d)
 
 
+def _values_dtype(centre: Centre) -> DType:
+    """The dtype ``u - c`` is computed in: the centred values' (a mean's state may be wider: `_mean`), or the
+    running max/min's own."""
+    return centre.marker.dtype if centre.op is ReduceOp.SUM else centre.source.dtype
+
+
 def centre_move(centre: Centre, count: Load | None, to_prev: Callable[[Expr], Expr]) -> Expr:
     """``d = c_before - c_now``: 0 while nothing was seen before the chunk (the accumulators hold
     nothing to move, or only the reference's NaN)."""
-    d = centre.marker.dtype if centre.op is ReduceOp.SUM else centre.source.dtype
+    d = _values_dtype(centre)
     now = centre_now(centre, count)
     if centre.op is ReduceOp.SUM:
         n_prev = to_prev(count)
@@ -114,7 +120,7 @@ def overflow_condition(shift: Shift, extreme: Load) -> Expr:
 
 def loop_term(shift: Shift, count: Load | None) -> Expr:
     """The accumulated term as the loop evaluates it: ``u - c_run`` for the marker."""
-    d = shift.centre.marker.dtype if shift.centre.op is ReduceOp.SUM else shift.centre.source.dtype
+    d = _values_dtype(shift.centre)
     if shift.centre.op is ReduceOp.SUM:
         w: Expr = Binary(BinaryOp.SUB, shift.centre.u, centre_now(shift.centre, count), d)
     else:

@@ -53,7 +53,7 @@ def taylor_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: A
     if not isinstance(x, Load):
         return f"{_words(x)} is not a value loaded from an input"
     weight, polynomial = _weight_and_polynomial(value, x)
-    if any(n == y for w in weight for n in walk(w)):
+    if any(A.reads(w, lambda n: n == y) for w in weight):
         return f"a factor that is no polynomial in {_words(x)} reads {_words(y)} too"
     others = sorted({_words(n) for n in walk(polynomial) if isinstance(n, Load) and n != x and ctx.kind(n) == "x"})
     if others:
@@ -83,10 +83,11 @@ def _weight_and_polynomial(value: Expr, x: Load) -> tuple[list[Expr], Expr]:
     """The factors of `value` (a product, divisions by what does not read `x` included) that are no
     polynomial in `x`, and the product of the others (`value` itself where every factor is one)."""
     factors = _factors(value)
-    weight = [f for f in factors if isinstance(derivative(f, x), str)]
+    polynomial = [not isinstance(derivative(f, x), str) for f in factors]
+    weight = [f for f, p in zip(factors, polynomial) if not p]
     if not weight:
         return [], value
-    rest = [f for f in factors if not isinstance(derivative(f, x), str)]
+    rest = [f for f, p in zip(factors, polynomial) if p]
     poly: Expr = Const(1.0, value.dtype)
     for f in rest:
         poly = _mul(poly, f)
@@ -166,7 +167,7 @@ def derivative(e: Expr, x: Load) -> Expr | str:
 
 
 def _reads(e: Expr, x: Load) -> bool:
-    return any(n == x for n in walk(e))
+    return A.reads(e, lambda n: n == x)
 
 
 def _is_zero(e: Expr) -> bool:
