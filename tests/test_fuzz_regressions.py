@@ -328,3 +328,52 @@ def test_program_instances_write_only_their_own_tiles(monkeypatch):
         got = rf.kernel(int_quotient_to_e4m3, backend="cpu", fuse=False)(x)
         want = int_quotient_to_e4m3(x)
     assert np.array_equal(got.astype(np.float32), want.astype(np.float32), equal_nan=True)
+
+
+def squared_softmax_deviation(x0):
+    v0 = rf.max(x0, axis=-1, keepdims=True)
+    v2 = rf.exp(x0 - v0)
+    v4 = v2 / rf.sum(v2, axis=-1, keepdims=True)
+    return rf.sum((v4 + -0.5) ** 2, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_a_fused_term_of_f16_values_is_computed_in_f32(backend, chunk):
+    """Long campaign (seed 1), example 14646: ``sum((softmax(x) - 0.5)**2)`` over an f16 row [65504, 1]. The
+    fusion expands the square into three accumulated terms, one of them ``exp(2*x - 2*m)``, which numpy never
+    computes; the interpreter evaluated it in f16, where ``2 * 65504`` is inf and inf - inf is NaN (numpy:
+    0.5). Its fused terms of 16-bit values are now computed in f32, as in the compiled kernels."""
+    x0 = np.array([[65504.0, 1.0], [2.0, 1.0]], np.float16)
+    options = {"interpret_chunk": chunk} if backend == "interpret" else {"block_n": chunk}
+    with np.errstate(all="ignore"):
+        got, want = rf.kernel(squared_softmax_deviation, backend=backend, **options)(x0), squared_softmax_deviation(x0)
+    assert got.dtype == want.dtype and got[0] == want[0] == 0.5, (got, want)
+    assert abs(float(got[1]) - float(want[1])) <= 4e-3, (got, want)
+
+
+def centred_beside_another_term(x, w, v):
+    r0 = rf.max(x * w, axis=-1, keepdims=True)
+    return ((x - r0) * w + x * r0) @ v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_widened_sum_of_bf16_terms_is_split_before_centring(backend):
+    """Long campaign at bfab432 (seed 1), example 16839: ``((x - r0) * w + x * r0) @ v`` on bf16 data fuses in
+    f32 (the term multiplying out ``x - r0`` is centred on the compiler's own mean of x, ``x * r0`` summed as
+    usual) but was refused in bf16: there the sum is rounded to bf16 and widened, ``f32(a + b) * f32(v)``, and
+    the split into additive terms stopped at the cast. Widening casts are now distributed over sums."""
+    rng = np.random.default_rng(7)
+    x = (300.0 + rng.standard_normal((3, 251))).astype(rf.bfloat16)
+    w = rng.standard_normal((3, 251)).astype(rf.bfloat16)
+    v = rng.standard_normal((251, 2)).astype(rf.bfloat16)
+    kernel = rf.kernel(centred_beside_another_term, backend=backend)
+    (group,) = kernel.lower(x, w, v).groups
+    assert group.fused, group.reason
+    got = kernel(x, w, v)
+    x64, w64, v64 = (a.astype(np.float64) for a in (x, w, v))
+    r0 = (x * w).max(axis=-1, keepdims=True).astype(np.float64)
+    exact = ((x64 - r0) * w64 + x64 * r0) @ v64
+    # the reference rounds each element's two products and their sum to bf16 (2^-9 of their magnitudes)
+    scale = (np.abs((x64 - r0) * w64) + np.abs(x64 * r0)) @ np.abs(v64)
+    assert got.dtype == np.float32 and np.all(np.abs(got - exact) <= 2.0 ** -8 * scale), np.abs(got - exact).max()

@@ -10,6 +10,7 @@ Evaluation is a rule table keyed by node type (no visitor class hierarchy).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import ml_dtypes
@@ -18,6 +19,7 @@ import numpy as np
 from .expr import Axis, Binary, Cast, Const, Expr, IndexValue, Load, Select, Unary
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
+from .rewrite import widened
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 from ..types import from_numpy
 
@@ -220,6 +222,15 @@ def _windowed(axes: Space, env: Env) -> Space:
     return tuple(Axis(a.name, hi - lo) if a.name == name else a for a in axes)
 
 
+def _in_work_precision(st: OnlineState) -> OnlineState:
+    """`st` with its term, carry and rescale computed in f32 when its values are a storage-only type."""
+    if not st.acc.dtype.storage_only:
+        return st
+    def w(e: Expr | None) -> Expr | None:
+        return None if e is None else widened(e)
+    return replace(st, term=widened(st.term), carry=w(st.carry), rescale=w(st.rescale))
+
+
 def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                    span: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """Run a fused cascade chunk by chunk, exactly as its online update rules say.
@@ -233,6 +244,9 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
             for st in s.states if isinstance(st, OnlineState)}
     acc = {st.acc.name: np.full([a.extent for a in st.axes], identity(st.op, work[st.acc.name]))
            for st in s.states if isinstance(st, OnlineState)}
+    # Their terms and rescales are evaluated in f32 too: fusion makes terms numpy never computes, such as
+    # exp(2*x - 2*m) for a squared softmax, whose intermediate 2*x overflows f16 where x - m does not.
+    computed = {st.acc.name: _in_work_precision(st) for st in s.states if isinstance(st, OnlineState)}
     lists = {st.acc.name: topk_semantics.empty(tuple(a.extent for a in st.axes), st.k, st.acc.dtype.numpy)
              for st in s.states if isinstance(st, TopKState)}
     lo, hi = span if span is not None else (0, s.axis.extent)
@@ -256,14 +270,16 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
             with np.errstate(all="ignore"):
                 if partial is None:
                     space = st.axes + (chunk_axis,)
-                    full = np.broadcast_to(evaluate(st.term, inner, space), [a.extent for a in space])
+                    term = computed[st.acc.name].term
+                    full = np.broadcast_to(evaluate(term, inner, space), [a.extent for a in space])
                     partial = REDUCERS[st.op](full.astype(wd, copy=False), axis=-1)
                 partial = partial.astype(work[st.acc.name], copy=False)
                 prev = inner[st.prev.name]
-                if st.carry is not None:
-                    scaled = np.broadcast_to(evaluate(st.carry, inner, st.axes), prev.shape)
+                carry, rescale = computed[st.acc.name].carry, computed[st.acc.name].rescale
+                if carry is not None:
+                    scaled = np.broadcast_to(evaluate(carry, inner, st.axes), prev.shape)
                 else:
-                    r = None if st.rescale is None else evaluate(st.rescale, inner, st.axes)
+                    r = None if rescale is None else evaluate(rescale, inner, st.axes)
                     scaled = rescale_partial(st.op, prev, r)
                 new = combine(st.op, scaled, partial)
             new = np.broadcast_to(new, prev.shape).astype(work[st.acc.name], order="C")  # fresh (0-d stays 0-d)

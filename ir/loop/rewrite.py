@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .expr import Binary, Cast, Expr, Load, Select, Unary
+from .expr import Binary, Cast, Const, Expr, Load, Select, Unary
 from ..buffer import Buffer
+from ..types import float32
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 
 
@@ -22,6 +23,22 @@ def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
         e = e if (c is e.cond and a is e.a and b is e.b) else replace(e, cond=c, a=a, b=b)
     out = fn(e)
     return e if out is None else out
+
+
+def widened(e: Expr) -> Expr:
+    """`e` computed in f32 wherever it computes in a storage-only type (f16, bf16, e4m3): such loads are cast
+    to f32 and such arithmetic, selects and constants become f32; casts are kept (they are rounding points
+    the program asked for). This is how the compiled kernels evaluate a fused loop's terms (the schedule
+    widens every operand), and how the interpreter evaluates the terms it made itself."""
+    def widen(n: Expr) -> Expr | None:
+        if not n.dtype.storage_only:
+            return None
+        if isinstance(n, Load):
+            return Cast(n, float32)
+        if isinstance(n, Unary | Binary | Select | Const):
+            return replace(n, dtype=float32)
+        return None
+    return map_expr(e, widen)
 
 
 def rename_buffers(p: Program, names: dict[str, str], program_name: str | None = None) -> Program:

@@ -142,7 +142,8 @@ _MAX_PARTS = 16
 
 
 def _additive_parts(e: Expr, ctx: FusionContext) -> list[Expr]:
-    """`e` as a sum of terms, products distributed over sums (``(a + b) * v`` gives ``a v`` and ``b v``), but
+    """`e` as a sum of terms, products and widening casts distributed over sums (``(a + b) * v`` gives ``a v``
+    and ``b v``, ``f32(a + b)`` gives ``f32(a)`` and ``f32(b)``), but
     never into a sum that itself adds a side of reduced values only to a side of earlier results only
     (``x - Y`` stays one factor: it is what a centre keeps small)."""
     if isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB) and not _difference_node(e, ctx):
@@ -157,6 +158,10 @@ def _additive_parts(e: Expr, ctx: FusionContext) -> list[Expr]:
                  for b in _additive_parts(e.b, ctx)]
     elif isinstance(e, Binary) and e.op is BinaryOp.DIV:
         parts = [Binary(BinaryOp.DIV, a, e.b, e.dtype) for a in _additive_parts(e.a, ctx)]
+    elif isinstance(e, Cast) and A.is_widening(e):
+        # ``f32(a + b)`` of 16-bit values: each part widened alone. The expansion sums the parts in f32
+        # anyway (it never rounds their sum to 16 bits), so the split changes nothing it computes.
+        parts = [Cast(p, e.dtype) for p in _additive_parts(e.x, ctx)]
     else:
         return [e]
     return parts if len(parts) <= _MAX_PARTS else [e]
