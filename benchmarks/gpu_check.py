@@ -313,12 +313,16 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 # attention and the FP8 GEMM `prefetch` alone, 8 warps with and without it, 128 rows with 8 warps; for
 # attention 4 blocks an SM, `prefetch` at 3, and 128 rows with key blocks of 32; for causal attention
 # 128 rows with key blocks of 32.)
+# - Hopper's wgmma (`sm="sm_90a"`, codegen/simt/wgmma.py: operands staged in swizzled shared tiles by the
+#   threads, one commit and wait a dot; no TMA or pipelining yet) where its operand tiles fit in 48 KiB
+#   beside the kernel's scratch: attention at head dimension 64 and the FP8 GEMM (not yet timed).
 _ROW_VARIANTS = (("redfuser warps=8", {"num_warps": 8}), ("redfuser chunks of 64", {"block_n": 64}))
+_WGMMA = ("redfuser wgmma (sm_90a)", {"sm": "sm_90a"})
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "attention f16": (("redfuser block_m=64", {"block_m": 64}),),
+    "attention f16": (("redfuser block_m=64", {"block_m": 64}), _WGMMA),
     "causal": (("redfuser 3 blocks/SM", {"min_blocks_per_sm": 3}),),
     "fp8_gemm": (("redfuser block_m=128", {"block_m": 128}), ("redfuser 4 blocks/SM", {"min_blocks_per_sm": 4}),
-                 ("redfuser prefetch 4 blocks/SM", {"prefetch": True, "min_blocks_per_sm": 4})),
+                 ("redfuser prefetch 4 blocks/SM", {"prefetch": True, "min_blocks_per_sm": 4}), _WGMMA),
     "softmax": _ROW_VARIANTS,
     "log_softmax": _ROW_VARIANTS,
 }
@@ -445,7 +449,8 @@ def dry_run(all_cases: list[Case], sm: str) -> tuple[list[Row], list[str]]:
             row.first_call_s = time.perf_counter() - start
             ptx = lowered.stages["ptx"]
             mma = sum(k.ptx.count("mma.sync") for k in ptx.kernels)
-            row.check = f"PTX for {ptx.sm}: {len(ptx.kernels)} kernel(s), {mma} mma.sync"
+            wgmma = sum(k.ptx.count("wgmma.mma_async") for k in ptx.kernels)
+            row.check = f"PTX for {ptx.sm}: {len(ptx.kernels)} kernel(s), {mma} mma.sync, {wgmma} wgmma"
         except Exception as exc:  # the table shows what does not compile yet
             _failed(row, exc)
         rows.append(row)

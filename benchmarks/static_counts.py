@@ -106,13 +106,13 @@ def main(argv: list[str] | None = None) -> int:
             settings = [("", {})] + (variants(case) if args.variants else [])
             for name, extra in settings:
                 label = case.label + (f" {name.removeprefix('redfuser ')}" if name else "")
+                options = {"sm": args.sm, **case.options, **extra}     # (a variant may name its own target)
                 try:
-                    lowered = rf.kernel(case.fn, backend="cuda", sm=args.sm, **{**case.options, **extra}).lower(
-                        *case.compile_args())
+                    lowered = rf.kernel(case.fn, backend="cuda", **options).lower(*case.compile_args())
                 except rf.RedFuserError as exc:   # a case that does not compile is a row saying why
                     rows.append([label, f"{type(exc).__name__}: {str(exc).splitlines()[0][:50]}", *"-" * 5])
                     continue
-                rows.extend(kernel_rows(label, lowered, args.sm, cuobjdump))
+                rows.extend(kernel_rows(label, lowered, options["sm"], cuobjdump))
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     for cells in [head, ["-" * w for w in widths]] + rows:
         print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip())

@@ -16,7 +16,8 @@ loop for the first iteration) and those that can run after it (up to the next ba
 of the body for the next iteration, and past the loop for the last). A loop or branch on the way counts
 with everything it contains, unless the scan can stop at a barrier inside a loop known to run at least
 once. Arrays are compared by name, not by address, so the answer errs towards keeping a barrier. Barriers
-inside an ``if`` stay. Barriers are decided one at a time in program order, each on the kernel without
+inside an ``if`` stay. A `Wgmma` reads shared memory through
+descriptors: it counts as a read of every shared array. Barriers are decided one at a time in program order, each on the kernel without
 the ones removed before it (removing one only joins two intervals, so a barrier kept stays needed).
 
 Guarantees: the same kernel but for barriers between accesses that cannot conflict; the simulator's race
@@ -37,6 +38,7 @@ from ...ir.simt.nodes import (
     Stmt,
     StoreGlobal,
     StoreShared,
+    Wgmma,
     walk_stmts,
 )
 
@@ -50,8 +52,15 @@ _KINDS: dict[type, tuple[str, str, bool]] = {
 """Statement kinds that touch memory: (space, the field naming the array, writes)."""
 
 
+ANY_SHARED = "*"
+"""The array a `Wgmma` reads: it reads shared memory through descriptors (registers), so which tile is not
+known here; it conflicts with a store to any shared array."""
+
+
 def _access(s: Stmt) -> Access | None:
     """The memory access of a plain statement, None for one that touches no memory."""
+    if isinstance(s, Wgmma):
+        return ("shared", ANY_SHARED, False)
     kind = _KINDS.get(type(s))
     if kind is None:
         return None
@@ -66,9 +75,17 @@ def _accesses(s: For | If) -> set[Access]:
 
 def _conflict(before: set[Access], after: set[Access]) -> bool:
     writes = {(space, name) for space, name, w in before | after if w}
-    touched_before = {(space, name) for space, name, _ in before}
-    touched_after = {(space, name) for space, name, _ in after}
+    touched_before = _touched(before, writes)
+    touched_after = _touched(after, writes)
     return bool(writes & touched_before & touched_after)
+
+
+def _touched(accesses: set[Access], writes: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The arrays `accesses` touch, a read of any shared array standing for every shared array written."""
+    out = {(space, name) for space, name, _ in accesses}
+    if ("shared", ANY_SHARED) in out:
+        out |= {w for w in writes if w[0] == "shared"}
+    return out
 
 
 def _runs(loop: For) -> bool:

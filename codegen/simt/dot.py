@@ -7,6 +7,7 @@ a load's blocked layout, or by renaming registers when the operand is itself an
 accumulator, as ``P`` in ``P @ V``), and each warp runs, per output tile
 ``(mi, ni)``, one mma per ``k_inst`` step of the contraction, left to right.
 
+On ``sm_90a``, where the warps form warpgroups along the output's rows, Hopper's ``wgmma`` (`wgmma.py`).
 FMA otherwise (f32 operands, shapes or targets without an mma): `fma.py`.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from ...ir.tile import nodes as t
 from .context import Lowering, value_rule
 from .fma import fma_dot
+from .wgmma import lower_wgmma
 from .layouts import Layout, mma_a, mma_b, mma_warps
 from .values import Regs, from_registers, pieces, splat
 
@@ -47,6 +49,9 @@ def _mma(lw: Lowering, op: t.Dot, layout: Layout) -> Regs:
 
 @value_rule(t.Dot)
 def _dot(lw: Lowering, op: t.Dot, layout: Layout) -> Regs:
-    if lw.plan.dots[op.out.name].mma is not None:
+    plan = lw.plan.dots[op.out.name]
+    if plan.wgmma is not None:
+        return lower_wgmma(lw, op, plan.wgmma, layout, lw.get(op.acc, layout) if op.acc is not None else None)
+    if plan.mma is not None:
         return _mma(lw, op, layout)
     return fma_dot(lw, op, layout, lw.get(op.acc, layout) if op.acc is not None else None)

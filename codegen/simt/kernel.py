@@ -103,7 +103,9 @@ def size_shared(kernel: SimtKernel, lw: Lowering) -> SimtKernel:
     """`kernel` with each shared scratch array as large as its largest use."""
     final = {name: SharedAlloc(name, BufferType(alloc.dtype, (lw.arena_size[name],)))
              for name, alloc in lw.arenas.items()}
-    sized = replace(kernel, shared=tuple(final.values()), body=_resize(kernel.body, final))
+    # fixed allocations (wgmma's operand tiles, 1024-byte aligned) first: no padding in front of them
+    fixed = tuple(a for a in kernel.shared if a.name not in final)
+    sized = replace(kernel, shared=fixed + tuple(final.values()), body=_resize(kernel.body, final))
     if sized.shared_bytes > MAX_STATIC_SHARED_BYTES:
         raise SharedMemoryExceeded(f"kernel {kernel.name} needs {sized.shared_bytes} bytes of shared memory for its "
                                    f"layout conversions (at most {MAX_STATIC_SHARED_BYTES}); use smaller "
@@ -129,16 +131,28 @@ def lower_kernel(k: t.TileKernel, opts: GpuOptions) -> SimtKernel:
         k = narrow_dot_operands(k, opts)
         plan = plan_kernel(k, opts)
     with timed_part("emit"):
-        try:
-            kernel = _emit(k, plan, opts, alternate=True)
-        except SharedMemoryExceeded:    # two scratch arrays a dtype are too many: one, as before
-            kernel = _emit(k, plan, opts, alternate=False)
+        kernel = _emit_within_shared_memory(k, plan, opts)
     with timed_part("clean-up"):
         kernel = drop_unused(kernel)
     with timed_part("barriers"):
         kernel = drop_redundant_barriers(kernel)
     with timed_part("verify"):
         return verify_simt_kernel(kernel, "lower_to_simt")
+
+
+def _emit_within_shared_memory(k: t.TileKernel, plan: Plan, opts: GpuOptions) -> SimtKernel:
+    """`_emit` with two scratch arrays a dtype, else one, else (a kernel with wgmma dots, whose operand tiles
+    take shared memory of their own) with its dots on ``mma.sync``: the first that fits in shared memory."""
+    try:
+        return _emit(k, plan, opts, alternate=True)
+    except SharedMemoryExceeded:
+        pass
+    try:
+        return _emit(k, plan, opts, alternate=False)
+    except SharedMemoryExceeded:
+        if not any(d.wgmma is not None for d in plan.dots.values()):
+            raise
+    return _emit_within_shared_memory(k, plan_kernel(k, opts, wgmma=False), opts)
 
 
 def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool) -> SimtKernel:

@@ -3,7 +3,8 @@
 | option          | meaning                                                                 | default |
 |-----------------|-------------------------------------------------------------------------|---------|
 | `sm`            | the GPU generation lowered for: tensor-core FP8 and f8 conversions need | sm_90   |
-|                 | sm_89+, so the SIMT program (not only the PTX) depends on it             |         |
+|                 | sm_89+, so the SIMT program (not only the PTX) depends on it; `sm_90a`    |         |
+|                 | puts tensor-core dots on Hopper's wgmma (`wgmma.py`)                      |         |
 | `num_warps`     | warps per block (fewer when a kernel's tiles are small); None: 4, or for | None    |
 |                 | a kernel without products or loops enough that a thread holds at most    |         |
 |                 | `plan.ELEMENTS_PER_THREAD` of its largest tile (up to 16)                |         |

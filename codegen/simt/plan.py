@@ -27,6 +27,7 @@ from ...ir.types import bfloat16, float8_e4m3fn, float16, float32
 from .affine import AffineInfo
 from .layouts import Layout, blocked, default_vec, mma_acc, scalar, sliced
 from .options import GpuOptions
+from .wgmma import WgmmaPlan, wgmma_plan
 
 LAZY_OPS = (t.Constant, t.Arange, t.Broadcast, t.ExpandDims, t.Permute)
 MMA_SHAPES = {float16: MmaShape.M16N8K16_F16, bfloat16: MmaShape.M16N8K16_BF16, float8_e4m3fn: MmaShape.M16N8K32_E4M3}
@@ -34,10 +35,12 @@ MMA_SHAPES = {float16: MmaShape.M16N8K16_F16, bfloat16: MmaShape.M16N8K16_BF16, 
 
 @dataclass(frozen=True, slots=True)
 class DotPlan:
-    """How one `Dot` runs: on tensor cores (`mma` names the instruction) or as FMA (`mma` None)."""
+    """How one `Dot` runs: on warpgroup tensor cores (`wgmma`, sm_90a), on warp tensor cores (`mma` names
+    the instruction) or as FMA (both None)."""
 
     mma: MmaShape | None
     layout: Layout
+    wgmma: WgmmaPlan | None = None
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Plan:
     dots: dict[str, DotPlan] = field(default_factory=dict)
     reduce_in: dict[str, Layout] = field(default_factory=dict)
     affine: AffineInfo | None = None
+    wgmma: bool = True                      # whether dots may run on wgmma (where `wgmma_plan` allows)
 
     def is_lazy(self, v: t.Value) -> bool:
         return v.name in self.lazy
@@ -162,9 +166,11 @@ def _reduce(p: _Planner, op: t.Reduce, depth: int) -> None:
 
 def _dot(p: _Planner, op: t.Dot, depth: int) -> None:
     shape = mma_shape(op, p.opts)
+    wgmma = wgmma_plan(op, p.opts.sm, p.plan.warps) if p.plan.wgmma else None
     m, n = op.out.shape
-    layout = mma_acc(m, n, p.plan.warps) if shape is not None else default_layout(op.out.shape, p.plan.warps)
-    p.plan.dots[op.out.name] = DotPlan(shape, layout)
+    tensor_cores = shape is not None or wgmma is not None    # (wgmma's accumulator is the mma one: `wgmma.py`)
+    layout = mma_acc(m, n, p.plan.warps) if tensor_cores else default_layout(op.out.shape, p.plan.warps)
+    p.plan.dots[op.out.name] = DotPlan(shape, layout, wgmma)
     p.concrete(op.out, layout)
 
 
@@ -254,9 +260,10 @@ def choose_warps(k: t.TileKernel, opts: GpuOptions) -> int:
     return warps
 
 
-def plan_kernel(k: t.TileKernel, opts: GpuOptions) -> Plan:
-    """The layout plan of `k` (see the module docstring); `BackendError` on an op with no GPU lowering."""
-    plan = Plan(choose_warps(k, opts))
+def plan_kernel(k: t.TileKernel, opts: GpuOptions, wgmma: bool = True) -> Plan:
+    """The layout plan of `k` (see the module docstring); `BackendError` on an op with no GPU lowering.
+    `wgmma` False keeps every dot off ``wgmma`` (its operand tiles did not fit in shared memory)."""
+    plan = Plan(choose_warps(k, opts), wgmma=wgmma)
     defs: dict[str, t.Op] = {}
     for op in t.walk_ops(k.body):
         for r in t.results(op):

@@ -142,7 +142,11 @@ class Block:
         shape = (self.threads,) if reg.length == 1 else (self.threads, reg.length)
         self.env[reg.name] = np.broadcast_to(np.asarray(value), shape).astype(reg.dtype.numpy, copy=False)
         if self.has_wgmma:
+            # a (re)definition, e.g. in a loop's next iteration, is a new value in new registers: no wgmma has
+            # taken it as its C and it is no wgmma's result (a wgmma marks its own result after this)
             self.wgmma.unfenced.add(reg.name)
+            self.wgmma.taken.discard(reg.name)
+            self.wgmma.produced.discard(reg.name)
 
     def thread_name(self, tid: int) -> str:
         return self.launch.describe(self.linear * self.threads + int(tid))

@@ -341,8 +341,10 @@ def _check_stmt(s: Stmt, ctx: _Ctx) -> None:
             _fail(msg if isinstance(msg, str) else msg(), s, ctx)
 
     for r in defs(s):
-        # (a wgmma accumulator is the exception: N/2 f32 registers per thread, up to 128)
-        need(r.type.length in _VECTOR_LENGTHS or isinstance(s, Wgmma),
+        # (a wgmma accumulator is the exception: N/2 f32 registers per thread, up to 128, made by the
+        # wgmma or packed from shorter registers to be its C)
+        need(r.type.length in _VECTOR_LENGTHS or isinstance(s, Wgmma)
+             or (isinstance(s, Pack) and r.type.length % 4 == 0 and r.type.length <= 128),
              lambda: f"{r} has {r.type.length} elements (1, 2, 4, 8 or 16)")
     check = _CHECKS.get(type(s))
     if check is None:

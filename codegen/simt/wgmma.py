@@ -1,0 +1,198 @@
+"""`Dot` on Hopper's warpgroup tensor cores (``wgmma.mma_async``, sm_90a): when and how.
+
+When (`wgmma_plan`): the target is ``sm_90a``, A and B are f16, bf16 or e4m3 and the result f32, the
+block's warps form whole warpgroups, and the output's rows give every warp its own 16-row slices (``m`` a
+multiple of 16 per warp: `layouts.mma_warps` then puts every warp along the rows, ``wn = 1``). Then the
+``mma.sync`` accumulator layout `layouts.mma_acc` *is* the wgmma accumulator: warpgroup ``g`` holds rows
+``64 g + 16 warps · mi`` onwards of its ``mi``-th m64 slice, each warp 16 of them, in the order
+``ir/simt/wgmma_fragments.accumulator`` gives, and register ``4 (mi · NT + ni) + c`` of the layout is value
+``4 ni + c`` of that slice's instruction. So everything after the dot reads the result as it reads an
+``mma.sync`` one; only the operands and the issue differ.
+
+How (`lower_wgmma`): both operands are staged in shared memory as K-major tiles (rows of K: A's rows, B's
+columns) under the widest swizzle a row allows (128 bytes: 64 f16 or 128 e4m3 per row; a 64- or 32-byte
+swizzle for K = 32 or 16 f16), K cut into panels of one swizzled row each (`TileGeometry`). Each thread
+stores the elements its registers hold where the swizzle puts them: the unswizzled byte offset is a sum of
+disjoint bit fields of the thread index and the register number, and the swizzle is an XOR of address
+bits, so a thread's part is swizzled once and each register's constant XORed in (a vector store where its
+registers run along K within a 16-byte chunk). Then ``fence.proxy.async`` (the stores become visible to
+the tensor cores' async proxy), a barrier, ``wgmma.fence``, and per m64 slice and N chunk (at most 256) a
+chain of wgmmas over K, each reading both operands through descriptors; one commit and a wait for all.
+A barrier in front of the stores keeps them off tiles another warpgroup's wgmma may still read.
+
+Not yet: A from registers (``P`` in ``P @ V`` goes through shared memory too), transposed (MN-major)
+descriptors, several groups in flight, TMA-fed multi-stage rings and warp specialization (HOPPER.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir.semantics import BinaryOp
+from ...ir.simt.nodes import Reg, SharedAlloc, WgmmaShape
+from ...ir.simt.types import IntOp
+from ...ir.simt.wgmma_fragments import M as WGMMA_M
+from ...ir.simt.wgmma_fragments import WARPGROUP_THREADS, Swizzle, swizzle
+from ...ir.tile import nodes as t
+from ...ir.types import bfloat16, float8_e4m3fn, float16, float32, int32
+from .convert import writer_mask
+from .layouts import Layout, blocked, contiguous_run, default_vec, log2, mapped, mma_acc, mma_warps
+from .values import Regs, from_registers, pieces
+
+WGMMA_TYPES = (float16, bfloat16, float8_e4m3fn)
+MAX_N = 256
+"""The widest ``wgmma`` N."""
+
+
+@dataclass(frozen=True, slots=True)
+class TileGeometry:
+    """A K-major operand tile of `rows` rows of `k` elements of `itemsize` bytes in shared memory: K cut into
+    panels of one swizzled row (`row_bytes`: 32, 64 or 128), a panel's rows one after another."""
+
+    rows: int
+    k: int
+    itemsize: int
+
+    @property
+    def row_bytes(self) -> int:
+        return min(128, self.k * self.itemsize)
+
+    @property
+    def mode(self) -> Swizzle:
+        return {128: Swizzle.B128, 64: Swizzle.B64, 32: Swizzle.B32}[self.row_bytes]
+
+    @property
+    def panel_elements(self) -> int:
+        return self.row_bytes // self.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.k * self.itemsize
+
+    def unswizzled(self, row: int, k: int) -> int:
+        """The byte offset of (`row`, `k`) before the swizzle: panel, then row, then column; for coordinates
+        that are powers of two (or sums of distinct ones) the three fields never overlap."""
+        panel, col = divmod(k, self.panel_elements)
+        return panel * self.rows * self.row_bytes + row * self.row_bytes + col * self.itemsize
+
+    def offset(self, row: int, k: int) -> int:
+        """The byte offset of element (`row`, `k`) in the swizzled tile."""
+        return swizzle(self.unswizzled(row, k), self.mode)
+
+    def start(self, row: int, k: int) -> int:
+        """The descriptor start (bytes from the tile's base) of the instruction reading rows `row`.. at
+        K step `k` (a multiple of 8 rows; the K offset inside the swizzled row is applied by the hardware's
+        address swizzle, as the tile was written)."""
+        return self.unswizzled(row, k)
+
+
+@dataclass(frozen=True, slots=True)
+class WgmmaPlan:
+    """How one `Dot` runs on wgmma: the instruction, its N chunk, the operand tiles' geometry."""
+
+    shape: WgmmaShape
+    m_slices: int            # m64 slices per warpgroup
+    a: TileGeometry
+    b: TileGeometry
+
+
+def wgmma_plan(op: t.Dot, sm: str, warps: int) -> WgmmaPlan | None:
+    """The wgmma plan for `op`, or None where ``mma.sync`` (or FMA) runs it (see the module docstring)."""
+    dtype = op.a.dtype
+    if sm != "sm_90a" or dtype not in WGMMA_TYPES or op.b.dtype != dtype or op.out.dtype != float32:
+        return None
+    (m, k), n = op.a.shape, op.b.shape[1]
+    if warps % 4 or m % (16 * warps) or n % 8 or mma_warps(m, n, warps) != (warps, 1):
+        return None
+    shape = WgmmaShape(min(n, MAX_N), dtype)
+    if k % shape.k or n % shape.n:
+        return None
+    return WgmmaPlan(shape, m // (16 * warps), TileGeometry(m, k, dtype.itemsize), TileGeometry(n, k, dtype.itemsize))
+
+
+def _store_k_major(lw, regs: Regs, alloc: SharedAlloc, geometry: TileGeometry, k_dim: int) -> None:
+    """Every element of `regs` (one writer each) into the swizzled K-major tile `alloc`; `k_dim` is the dim of
+    the tile value that runs along K (1 for A's ``[m, k]``, 0 for B's ``[k, n]``)."""
+    b, layout = lw.b, regs.layout
+    row_dim = 1 - k_dim
+    item = geometry.itemsize
+
+    def unswizzled(coord) -> int:
+        return geometry.unswizzled(coord[row_dim], coord[k_dim])
+
+    run = max(1, min(contiguous_run(layout, k_dim), 16 // item, regs.chunk_len))
+    mask = writer_mask(lw, layout)
+    thread = b.thread_field(lw.tid, [unswizzled(x) for x in layout.thread_bases])
+    # swizzle(t + c) = swizzle(t) ^ swizzle(c): the fields are disjoint bits and the swizzle is linear over them
+    chunk_bits = geometry.mode.row_bytes // 16 - 1
+    high = b.int_arith(IntOp.AND, b.int_arith(IntOp.SHR, thread, b.const_of(7, int32)), b.const_of(chunk_bits, int32))
+    swizzled = b.int_arith(IntOp.XOR, thread, b.int_arith(IntOp.SHL, high, b.const_of(4, int32)))
+    base = b.int_arith(IntOp.SHR, swizzled, b.const_of(log2(item), int32))        # bytes -> elements
+    for r in range(0, layout.num_regs, run):
+        constant = swizzle(unswizzled(layout.reg_coord(r)), geometry.mode) // item
+        index = b.int_arith(IntOp.XOR, base, b.const_of(constant, int32)) if constant else base
+        b.store_shared(alloc, index, pieces(b, regs, r, run), mask=mask)
+
+
+def _operand(lw, v: t.Value, k_dim: int) -> Regs:
+    """`v` in registers to stage: its planned layout when it has one, a transposed view in its source's
+    layout (no data moves), else a blocked layout running along K (16-byte vector stores)."""
+    if lw.plan.layouts.get(v.name) is not None:
+        return lw.get(v)
+    op = lw.plan.defs.get(v.name)
+    if isinstance(op, t.Permute) and lw.plan.layouts.get(op.x.name) is not None:   # B = w.T: w's registers
+        home, perm = lw.planned(op.x), op.perm
+        return lw.get(v, mapped(home, v.shape, lambda basis: tuple(basis[p] for p in perm)))
+    order = (k_dim, 1 - k_dim)
+    return lw.get(v, blocked(v.shape, lw.plan.warps, order, default_vec(v.shape, lw.plan.warps, v.dtype.itemsize)))
+
+
+def _accumulator_part(b, c: Regs, first: int, length: int) -> Reg:
+    """Registers ``first .. first + length - 1`` of `c` as one register (chunks packed: a wgmma's C)."""
+    step = min(length, c.chunk_len)
+    parts = [pieces(b, c, first + i, step) for i in range(0, length, step)]
+    return parts[0] if len(parts) == 1 else b.pack(parts)
+
+
+def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None) -> Regs:
+    """``acc + a @ b`` (`acc` None: ``a @ b``) on wgmma, in the accumulator `layout` (`layouts.mma_acc`)."""
+    b = lw.b
+    (m, k), n = op.a.shape, op.b.shape[1]
+    warps = lw.plan.warps
+    if layout != mma_acc(m, n, warps):
+        raise AssertionError("a wgmma result lives in the mma accumulator layout")
+    a_regs, b_regs = _operand(lw, op.a, 1), _operand(lw, op.b, 0)
+    a_tile = b.shared(f"{op.out.name}_a_tile", op.a.dtype, (m * k,), align=1024)
+    b_tile = b.shared(f"{op.out.name}_b_tile", op.b.dtype, (n * k,), align=1024)
+    b.barrier()
+    _store_k_major(lw, a_regs, a_tile, plan.a, 1)
+    _store_k_major(lw, b_regs, b_tile, plan.b, 0)
+    shape, nt = plan.shape, n // 8
+    slices = [(mi, n0) for mi in range(plan.m_slices) for n0 in range(0, n, shape.n)]
+    # every C register is written (packed) before the fence that orders those writes before the wgmmas
+    inits = {s: None if acc is None else _accumulator_part(b, acc, 4 * (s[0] * nt + s[1] // 8), shape.n // 2)
+             for s in slices}
+    b.fence_proxy_async()
+    b.barrier()
+    b.wgmma_fence()
+    group = b.int_arith(IntOp.SHR, lw.tid, b.const_of(log2(WARPGROUP_THREADS), int32))
+    a_base = b.arith(BinaryOp.ADD, b.shared_address(a_tile),
+                         b.int_arith(IntOp.SHL, group, b.const_of(log2(WGMMA_M * plan.a.row_bytes), int32)))
+    b_base = b.shared_address(b_tile)
+    outs = []
+    for mi, n0 in slices:
+        d = inits[(mi, n0)]
+        for k0 in range(0, k, shape.k):
+            da = _descriptor(b, a_base, plan.a, 16 * warps * mi, k0)
+            db = _descriptor(b, b_base, plan.b, n0, k0)
+            d = b.wgmma(shape, a_desc=da, b_desc=db, c=d)
+        outs.append(d)
+    b.wgmma_commit()
+    b.wgmma_wait(0)
+    step = min(shape.n // 2, layout.num_regs, 16)
+    parts = [b.extract(d, i, step) for d in outs for i in range(0, shape.n // 2, step)]
+    return from_registers(b, layout, float32, parts)
+
+
+def _descriptor(b, base: Reg, geometry: TileGeometry, row: int, k: int) -> Reg:
+    address = b.arith(BinaryOp.ADD, base, b.const_of(geometry.start(row, k), int32))
+    return b.wgmma_descriptor(address, leading=16, stride=8 * geometry.row_bytes, swizzle=geometry.mode.value)

@@ -1,0 +1,102 @@
+"""Tile IR dots lowered to Hopper's ``wgmma`` (codegen/simt/wgmma.py) for ``sm="sm_90a"``: the SIMT simulator
+runs the lowered kernels with its wgmma ordering checks on (fences, commit/wait, barriers, C registers in
+flight, the async proxy) and they equal numpy within the tolerance rule; their PTX assembles for sm_90a
+without spills; where a dot cannot take wgmma (shape, warps, shared memory) the kernel keeps ``mma.sync``."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import assemble_without_spills
+
+import redfuser as rf
+from redfuser.codegen.simt.wgmma import TileGeometry
+from redfuser.ir.simt.wgmma_fragments import Swizzle, k_major_offset
+from redfuser.testing import assert_close
+from redfuser.workloads import causal_attention, flash_attention_bf16, flash_attention_f16, fp8_quant_gemm
+
+BF16, F8 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
+RNG = np.random.default_rng(90)
+
+
+def matmul_f32(x, w):
+    return x.astype(rf.float32) @ w.astype(rf.float32)
+
+
+def instructions(lowered) -> tuple[int, int]:
+    """(wgmma, mma.sync) instructions in the lowered SIMT program."""
+    text = str(lowered.stages["simt"])
+    return text.count("wgmma.m64"), text.count("mma.m16")
+
+
+def test_the_operand_tiles_are_swizzled_k_major_panels():
+    """A tile's byte offsets are `k_major_offset`'s within each 128-byte panel, panels one after another;
+    narrower K takes the 64- or 32-byte swizzle; every element has its own byte range."""
+    g = TileGeometry(rows=64, k=256, itemsize=2)
+    assert (g.mode, g.panel_elements) == (Swizzle.B128, 64)
+    for row, k in [(0, 0), (1, 0), (7, 9), (63, 63), (5, 64), (63, 255)]:
+        assert g.offset(row, k) == (k // 64) * 64 * 128 + k_major_offset(row, k % 64, 2)
+    assert TileGeometry(64, 32, 2).mode is Swizzle.B64 and TileGeometry(64, 16, 2).mode is Swizzle.B32
+    assert TileGeometry(64, 128, 1).mode is Swizzle.B128
+    for geometry in (g, TileGeometry(16, 32, 2), TileGeometry(8, 256, 1)):
+        offsets = {geometry.offset(r, k) for r in range(geometry.rows) for k in range(geometry.k)}
+        assert len(offsets) == geometry.rows * geometry.k and max(offsets) < geometry.nbytes
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (64, 16, 8), (64, 32, 32), (128, 64, 128), (256, 512, 256)])
+def test_a_matmul_on_wgmma_equals_numpy(dtype, m, k, n):
+    """One wgmma chain (K = 16 to 64 in one tile), several m64 slices a warpgroup, and a loop over K whose
+    accumulator goes from one iteration's wgmmas to the next's."""
+    x, w = RNG.standard_normal((m, k)).astype(dtype), RNG.standard_normal((k, n)).astype(dtype)
+    kernel = rf.kernel(matmul_f32, backend="simulate", sm="sm_90a")
+    got = kernel(x, w)
+    lowered = kernel.lower(x, w)
+    wgmma, mma = instructions(lowered)
+    assert wgmma > 0 and mma == 0
+    assert_close(got, matmul_f32(x, w), np.float32, k)
+    assemble_without_spills(lowered)
+
+
+@pytest.mark.parametrize("body,dtype", [(flash_attention_f16, np.float16), (flash_attention_bf16, BF16),
+                                        (causal_attention, np.float16)])
+def test_attention_on_wgmma_equals_its_mma_sync_kernel(body, dtype):
+    """Both GEMMs of a fused attention on wgmma (S = Q·Kᵀ from the K tile's registers seen transposed, P·V
+    with P rounded in registers and staged): the same values as the ``mma.sync`` kernel (both sum each
+    16-wide k-step exactly and round once to f32), and within numpy's tolerance."""
+    q, k, v = (RNG.standard_normal((1, 2, 128, 64)).astype(dtype) for _ in range(3))
+    on_wgmma = rf.kernel(body, backend="simulate", sm="sm_90a")
+    on_mma = rf.kernel(body, backend="simulate", sm="sm_90")
+    got = on_wgmma(q, k, v)
+    wgmma, mma = instructions(on_wgmma.lower(q, k, v))
+    assert wgmma > 0 and mma == 0
+    np.testing.assert_array_equal(got, on_mma(q, k, v))
+    assemble_without_spills(on_wgmma.lower(q, k, v))
+
+
+def test_an_fp8_gemm_takes_the_e4m3_wgmma():
+    x = RNG.standard_normal((128, 256)).astype(np.float32)
+    w, ws = (RNG.standard_normal((256, 64)) * 0.1).astype(F8), RNG.uniform(0.5, 2.0, 64).astype(np.float32)
+    on_wgmma = rf.kernel(fp8_quant_gemm, backend="simulate", sm="sm_90a")
+    got = on_wgmma(x, w, ws)
+    lowered = on_wgmma.lower(x, w, ws)
+    assert "wgmma.m64n64k32.f8e4m3" in str(lowered.stages["simt"])
+    np.testing.assert_array_equal(got, rf.kernel(fp8_quant_gemm, backend="simulate", sm="sm_90")(x, w, ws))
+    assemble_without_spills(lowered)
+
+
+def test_a_dot_whose_tiles_do_not_fit_keeps_mma_sync():
+    """Head dimension 128 at the default tiles: the wgmma operand tiles and the layout conversions' scratch
+    need more than 48 KiB of shared memory, so the kernel is planned again with its dots on mma.sync."""
+    q, k, v = (RNG.standard_normal((1, 1, 128, 128)).astype(np.float16) for _ in range(3))
+    kernel = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a")
+    got = kernel(q, k, v)
+    wgmma, mma = instructions(kernel.lower(q, k, v))
+    assert wgmma == 0 and mma > 0
+    np.testing.assert_array_equal(got, rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90")(q, k, v))
+
+
+@pytest.mark.parametrize("sm", ["sm_90", "sm_89"])
+def test_only_sm_90a_lowers_to_wgmma(sm):
+    x, w = RNG.standard_normal((64, 64)).astype(np.float16), RNG.standard_normal((64, 64)).astype(np.float16)
+    assert instructions(rf.kernel(matmul_f32, backend="simulate", sm=sm).lower(x, w))[0] == 0
