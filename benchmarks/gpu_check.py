@@ -313,14 +313,15 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 # attention and the FP8 GEMM `prefetch` alone, 8 warps with and without it, 128 rows with 8 warps; for
 # attention 4 blocks an SM, `prefetch` at 3, and 128 rows with key blocks of 32; for causal attention
 # 128 rows with key blocks of 32.)
-# - Hopper's wgmma (`sm="sm_90a"`, codegen/simt/wgmma.py: operands staged in swizzled shared tiles by the
-#   threads, one commit and wait a dot; no TMA or pipelining yet) where its operand tiles fit in 48 KiB
-#   beside the kernel's scratch: attention at head dimension 64 and the FP8 GEMM (not yet timed).
+# - Hopper's wgmma (`sm="sm_90a"`, codegen/simt/wgmma.py: B and Q staged in swizzled shared tiles by the
+#   threads, P from registers, one commit and wait a dot; no TMA or pipelining yet) for every tensor-core
+#   case (not yet timed).
 _ROW_VARIANTS = (("redfuser warps=8", {"num_warps": 8}), ("redfuser chunks of 64", {"block_n": 64}))
 _WGMMA = ("redfuser wgmma (sm_90a)", {"sm": "sm_90a"})
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
     "attention f16": (("redfuser block_m=64", {"block_m": 64}), _WGMMA),
-    "causal": (("redfuser 3 blocks/SM", {"min_blocks_per_sm": 3}),),
+    "attention bf16": (_WGMMA,),
+    "causal": (("redfuser 3 blocks/SM", {"min_blocks_per_sm": 3}), _WGMMA),
     "fp8_gemm": (("redfuser block_m=128", {"block_m": 128}), ("redfuser 4 blocks/SM", {"min_blocks_per_sm": 4}),
                  ("redfuser prefetch 4 blocks/SM", {"prefetch": True, "min_blocks_per_sm": 4}), _WGMMA),
     "softmax": _ROW_VARIANTS,

@@ -58,18 +58,24 @@ def test_a_matmul_on_wgmma_equals_numpy(dtype, m, k, n):
     assemble_without_spills(lowered)
 
 
-@pytest.mark.parametrize("body,dtype", [(flash_attention_f16, np.float16), (flash_attention_bf16, BF16),
-                                        (causal_attention, np.float16)])
-def test_attention_on_wgmma_equals_its_mma_sync_kernel(body, dtype):
+@pytest.mark.parametrize("body,dtype,head", [(flash_attention_f16, np.float16, 64), (flash_attention_bf16, BF16, 64),
+                                             (causal_attention, np.float16, 64), (flash_attention_f16, np.float16, 128)])
+def test_attention_on_wgmma_equals_its_mma_sync_kernel(body, dtype, head):
     """Both GEMMs of a fused attention on wgmma (S = Q·Kᵀ from the K tile's registers seen transposed, P·V
     with P rounded in registers and staged): the same values as the ``mma.sync`` kernel (both sum each
     16-wide k-step exactly and round once to f32), and within numpy's tolerance."""
-    q, k, v = (RNG.standard_normal((1, 2, 128, 64)).astype(dtype) for _ in range(3))
+    q, k, v = (RNG.standard_normal((1, 2, 128, head)).astype(dtype) for _ in range(3))
     on_wgmma = rf.kernel(body, backend="simulate", sm="sm_90a")
     on_mma = rf.kernel(body, backend="simulate", sm="sm_90")
     got = on_wgmma(q, k, v)
     wgmma, mma = instructions(on_wgmma.lower(q, k, v))
     assert wgmma > 0 and mma == 0
+    simt = str(on_wgmma.lower(q, k, v).stages["simt"])
+    # Q·Kᵀ reads both operands through descriptors, P·V its A (P) from registers: one staged A tile
+    a_operands = [line.split("= wgmma.")[1].split(" ", 1)[1].split(",")[0] for line in simt.splitlines()
+                  if "= wgmma." in line]
+    assert {a.startswith("desc") for a in a_operands} == {True, False}
+    assert simt.count("_a_tile:") == 1
     np.testing.assert_array_equal(got, on_mma(q, k, v))
     assemble_without_spills(on_wgmma.lower(q, k, v))
 
@@ -86,14 +92,15 @@ def test_an_fp8_gemm_takes_the_e4m3_wgmma():
 
 
 def test_a_dot_whose_tiles_do_not_fit_keeps_mma_sync():
-    """Head dimension 128 at the default tiles: the wgmma operand tiles and the layout conversions' scratch
-    need more than 48 KiB of shared memory, so the kernel is planned again with its dots on mma.sync."""
-    q, k, v = (RNG.standard_normal((1, 1, 128, 128)).astype(np.float16) for _ in range(3))
-    kernel = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a")
-    got = kernel(q, k, v)
-    wgmma, mma = instructions(kernel.lower(q, k, v))
+    """128 x 128 x 128 tiles: the two wgmma operand tiles alone take 64 KiB, more than the 48 KiB of static
+    shared memory, so the kernel is planned again with its dot on mma.sync (the same values)."""
+    x, w = (RNG.standard_normal((256, 256)).astype(np.float16) for _ in range(2))
+    tiles = dict(block_m=128, block_n=128, block_k=128)
+    kernel = rf.kernel(matmul_f32, backend="simulate", sm="sm_90a", **tiles)
+    got = kernel(x, w)
+    wgmma, mma = instructions(kernel.lower(x, w))
     assert wgmma == 0 and mma > 0
-    np.testing.assert_array_equal(got, rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90")(q, k, v))
+    np.testing.assert_array_equal(got, rf.kernel(matmul_f32, backend="simulate", sm="sm_90", **tiles)(x, w))
 
 
 @pytest.mark.parametrize("sm", ["sm_90", "sm_89"])

@@ -20,8 +20,11 @@ the tensor cores' async proxy), a barrier, ``wgmma.fence``, and per m64 slice an
 chain of wgmmas over K, each reading both operands through descriptors; one commit and a wait for all.
 A barrier in front of the stores keeps them off tiles another warpgroup's wgmma may still read.
 
-Not yet: A from registers (``P`` in ``P @ V`` goes through shared memory too), transposed (MN-major)
-descriptors, several groups in flight, TMA-fed multi-stage rings and warp specialization (HOPPER.md).
+A comes from registers instead where it already lives in the accumulator layout of its own shape
+(`_register_a`: ``P`` in ``P @ V``, rounded to f16/bf16 in registers, needs no shared-memory round trip).
+
+Not yet: transposed (MN-major) descriptors, several groups in flight, TMA-fed multi-stage rings and warp
+specialization (HOPPER.md).
 """
 from __future__ import annotations
 
@@ -146,6 +149,19 @@ def _operand(lw, v: t.Value, k_dim: int) -> Regs:
     return lw.get(v, blocked(v.shape, lw.plan.warps, order, default_vec(v.shape, lw.plan.warps, v.dtype.itemsize)))
 
 
+def _register_a(lw, v: t.Value, shape: WgmmaShape) -> Regs | None:
+    """`v`'s registers as wgmma A fragments, or None (A goes through shared memory). A 16-bit value planned in
+    the accumulator layout of its own shape (``P = f16(exp(S - m))`` in ``P @ V``) already is: the m64k16 A
+    fragment is the accumulator map with N = 16 (`wgmma_fragments.register_a`), so the fragment of m64 slice
+    ``mi`` and K step ``s`` is registers ``4 (mi · K/8 + 2 s)`` to ``+ 8`` of `layouts.mma_acc`."""
+    if v.dtype.itemsize != 2 or shape.a_type.length != 8:
+        return None
+    m, k = v.shape
+    if lw.plan.is_lazy(v) or lw.plan.layouts.get(v.name) != mma_acc(m, k, lw.plan.warps):
+        return None
+    return lw.get(v)
+
+
 def _accumulator_part(b, c: Regs, first: int, length: int) -> Reg:
     """Registers ``first .. first + length - 1`` of `c` as one register (chunks packed: a wgmma's C)."""
     step = min(length, c.chunk_len)
@@ -160,31 +176,41 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
     warps = lw.plan.warps
     if layout != mma_acc(m, n, warps):
         raise AssertionError("a wgmma result lives in the mma accumulator layout")
-    a_regs, b_regs = _operand(lw, op.a, 1), _operand(lw, op.b, 0)
-    a_tile = b.shared(f"{op.out.name}_a_tile", op.a.dtype, (m * k,), align=1024)
-    b_tile = b.shared(f"{op.out.name}_b_tile", op.b.dtype, (n * k,), align=1024)
-    b.barrier()
-    _store_k_major(lw, a_regs, a_tile, plan.a, 1)
-    _store_k_major(lw, b_regs, b_tile, plan.b, 0)
     shape, nt = plan.shape, n // 8
+    a_fragments = _register_a(lw, op.a, shape)
+    b_regs = _operand(lw, op.b, 0)
+    a_regs = _operand(lw, op.a, 1) if a_fragments is None else None
+    b_tile = b.shared(f"{op.out.name}_b_tile", op.b.dtype, (n * k,), align=1024)
+    a_tile = b.shared(f"{op.out.name}_a_tile", op.a.dtype, (m * k,), align=1024) if a_regs is not None else None
+    b.barrier()
+    if a_regs is not None:
+        _store_k_major(lw, a_regs, a_tile, plan.a, 1)
+    _store_k_major(lw, b_regs, b_tile, plan.b, 0)
     slices = [(mi, n0) for mi in range(plan.m_slices) for n0 in range(0, n, shape.n)]
-    # every C register is written (packed) before the fence that orders those writes before the wgmmas
+    # every C and A register is written (packed) before the fence that orders those writes before the wgmmas
     inits = {s: None if acc is None else _accumulator_part(b, acc, 4 * (s[0] * nt + s[1] // 8), shape.n // 2)
              for s in slices}
+    a_parts = None if a_fragments is None else {
+        (mi, k0): pieces(b, a_fragments, 4 * (mi * (k // 8) + k0 // 8), shape.a_type.length)
+        for mi in range(plan.m_slices) for k0 in range(0, k, shape.k)}
     b.fence_proxy_async()
     b.barrier()
     b.wgmma_fence()
-    group = b.int_arith(IntOp.SHR, lw.tid, b.const_of(log2(WARPGROUP_THREADS), int32))
-    a_base = b.arith(BinaryOp.ADD, b.shared_address(a_tile),
-                         b.int_arith(IntOp.SHL, group, b.const_of(log2(WGMMA_M * plan.a.row_bytes), int32)))
     b_base = b.shared_address(b_tile)
+    a_base = None
+    if a_tile is not None:
+        group = b.int_arith(IntOp.SHR, lw.tid, b.const_of(log2(WARPGROUP_THREADS), int32))
+        a_base = b.arith(BinaryOp.ADD, b.shared_address(a_tile),
+                         b.int_arith(IntOp.SHL, group, b.const_of(log2(WGMMA_M * plan.a.row_bytes), int32)))
     outs = []
     for mi, n0 in slices:
         d = inits[(mi, n0)]
         for k0 in range(0, k, shape.k):
-            da = _descriptor(b, a_base, plan.a, 16 * warps * mi, k0)
             db = _descriptor(b, b_base, plan.b, n0, k0)
-            d = b.wgmma(shape, a_desc=da, b_desc=db, c=d)
+            if a_parts is not None:
+                d = b.wgmma(shape, a=a_parts[(mi, k0)], b_desc=db, c=d)
+            else:
+                d = b.wgmma(shape, a_desc=_descriptor(b, a_base, plan.a, 16 * warps * mi, k0), b_desc=db, c=d)
         outs.append(d)
     b.wgmma_commit()
     b.wgmma_wait(0)
