@@ -55,11 +55,15 @@ class Case:
 ATTENTION = ("attention", "causal_attention", "flash_attention_f16", "flash_attention_bf16")
 """Workloads computing softmax attention (same peers, reference and torch program shape)."""
 
+ROUTING = {"moe_routing": 2, "moe_routing_top8": 8}
+"""MoE routing workloads and the k of their top-k."""
+
 
 def _attention(name, workload, b, h, n, d, dtype, causal=False, nq=None, peers=None, **options) -> Case:
     nq = n if nq is None else nq
     shapes = (((b, h, nq, d), dtype), ((b, h, n, d), dtype), ((b, h, n, d), dtype))
-    peers = peers or ("sdpa", "torch", "triton", "torch.compile")
+    peers = peers or (("sdpa", "torch", "triton", "torch.compile") if nq == 1 else
+                      ("sdpa", "flex_attention", "torch", "triton", "torch.compile"))
     if nq == 1:   # decoding: bytes of q, k, v and the output
         return Case(name, workload, shapes, peers, "hbm", (2 * b * h * n * d + 2 * b * h * d) * ITEMSIZE[dtype])
     return Case(name, workload, shapes, peers, "bf16", 4 * b * h * nq * n * d / (2 if causal else 1), causal, options)
@@ -70,30 +74,53 @@ def _rows(name, workload, t, c, dtype) -> Case:
                 "hbm", 2 * t * c * ITEMSIZE[dtype])
 
 
+def _routing(name, workload, t, experts, k) -> Case:
+    return Case(name, workload, (((t, experts), "float32"),),
+                ("torch topk(softmax)", "triton fused routing", "torch.compile"), "hbm",
+                t * experts * 4 + t * k * (4 + 8))
+
+
+def _fp8(m, k, n) -> Case:
+    return Case("fp8_gemm", "fp8_quant_gemm", (((m, k), "float16"), ((k, n), "float8_e4m3fn"), ((n,), "float32")),
+                ("scaled_mm", "scaled_mm alone", "torch", "torch.compile"), "fp8", 2 * m * k * n)
+
+
+def _gemm(m, k, n) -> Case:
+    return Case("gemm", "gemm", (((m, k), "float16"), ((k, n), "float16")), ("torch.matmul",), "bf16", 2 * m * k * n)
+
+
+ATTENTION_SHAPES = ((4, 16, 4096), (16, 16, 1024), (1, 16, 16384))
+"""(batch, heads, sequence) of the attention cases: the reference shape, short sequences in a large batch,
+one long sequence (FlashAttention's papers vary the same two)."""
+
+
 def cases(size: str = "full") -> list[Case]:
-    """The benchmark set: ``full`` (an H200, < 8 minutes in all) or ``tiny`` (a CPU smoke run)."""
+    """The benchmark set: ``full`` (an H200: each workload at three shapes or more, about 8 minutes with
+    every peer) or ``tiny`` (a CPU smoke run, one shape each)."""
     tiny = size == "tiny"
-    b, h, n = (1, 2, 128) if tiny else (4, 16, 4096)
-    keys, dec_bh = (1024, (1, 2)) if tiny else (32768, (4, 32))
-    rows = (64, 512) if tiny else (32768, 16384)
-    tokens, experts = (256, 64) if tiny else (262144, 128)
-    m, k, nn = (64, 128, 64) if tiny else (4096, 4096, 4096)
+    attention_shapes = ((1, 2, 128),) if tiny else ATTENTION_SHAPES
+    decode_shapes = (((1, 2), 1024),) if tiny else (((4, 32), 32768), ((64, 32), 4096), ((1, 32), 131072))
+    row_shapes = ((64, 512),) if tiny else ((32768, 16384), (262144, 1024), (2048, 262144))
+    fp8_shapes = ((64, 128, 64),) if tiny else ((4096, 4096, 4096), (16384, 4096, 4096), (1024, 8192, 8192))
+    gemm_shapes = ((64, 128, 64),) if tiny else ((4096, 4096, 4096), (8192, 8192, 8192), (1024, 8192, 8192))
+    routing = ((256, 64),) if tiny else ((262144, 128), (16384, 128))
+    serving = ((64, 256),) if tiny else ((4096, 256), (65536, 256))
+    b, h, n = attention_shapes[0]
     # The attention rows compared with SDPA are the bodies users write for f16 and bf16 (f32 statistics,
     # the probabilities rounded for the GEMM, as FlashAttention does); the body written by numpy's rules
     # (every intermediate in the input type, which the kernel computes in f32) is a row of its own.
-    return [
-        _attention("attention", "flash_attention_f16", b, h, n, 64, "float16"),
-        _attention("attention", "flash_attention_bf16", b, h, n, 128, "bfloat16"),
-        _attention("attention_numpy_rules", "attention", b, h, n, 64, "float16", peers=("sdpa",)),
-        _attention("causal", "causal_attention", b, h, n, 128, "float16", causal=True, skip_masked=True),
-        _attention("decode", "attention", *dec_bh, keys, 128, "float16", nq=1),
-        _rows("softmax", "softmax", *rows, "float16"),
-        _rows("log_softmax", "log_softmax", *rows, "float16"),
-        Case("moe_routing", "moe_routing", (((tokens, experts), "float32"),), ("torch topk(softmax)", "torch.compile"),
-             "hbm", tokens * experts * 4 + tokens * 2 * (4 + 8)),
-        Case("fp8_gemm", "fp8_quant_gemm", (((m, k), "float16"), ((k, nn), "float8_e4m3fn"), ((nn,), "float32")),
-             ("scaled_mm", "torch", "torch.compile"), "fp8", 2 * m * k * nn),
-    ]
+    out = [_attention("attention", "flash_attention_f16", *shape, 64, "float16") for shape in attention_shapes]
+    out += [_attention("attention", "flash_attention_bf16", *shape, 128, "bfloat16") for shape in attention_shapes]
+    out.append(_attention("attention_numpy_rules", "attention", b, h, n, 64, "float16", peers=("sdpa",)))
+    out += [_attention("causal", "causal_attention", *shape, 128, "float16", causal=True, skip_masked=True)
+            for shape in attention_shapes]
+    out += [_attention("decode", "attention", *bh, keys, 128, "float16", nq=1) for bh, keys in decode_shapes]
+    out += [_rows(name, name, *shape, "float16") for name in ("softmax", "log_softmax") for shape in row_shapes]
+    out += [_routing("moe_routing", "moe_routing", t, e, 2) for t, e in routing]
+    out += [_routing("moe_routing_top8", "moe_routing_top8", t, e, 8) for t, e in serving]
+    out += [_fp8(*shape) for shape in fp8_shapes]
+    out += [_gemm(*shape) for shape in gemm_shapes]
+    return out
 
 
 CASES = cases()
@@ -114,7 +141,7 @@ def make_inputs(case: Case, torch, device: str, seed: int) -> tuple:
             x = torch.rand(shape, generator=g, device=device) * 1.5 + 0.5          # per-channel scales
         else:
             x = torch.randn(shape, generator=g, device=device, dtype=torch.float32)
-            if case.workload in ("softmax", "log_softmax", "moe_routing"):
+            if case.workload in ("softmax", "log_softmax", "moe_routing", "moe_routing_top8"):
                 x = x * 3
             if case.workload == "fp8_quant_gemm" and i == 0:
                 a = x.abs().amax(-1, keepdim=True)
@@ -164,11 +191,13 @@ def torch_program(workload: str, torch):
                 return e / e.sum(-1, keepdim=True)
             return x - m - torch.log(torch.exp(x - m).sum(-1, keepdim=True))
         return rows
-    if workload == "moe_routing":
+    if workload in ROUTING:
         def route(logits):
-            w, i = torch.topk(torch.softmax(logits, -1), 2)
+            w, i = torch.topk(torch.softmax(logits, -1), ROUTING[workload])
             return w / w.sum(-1, keepdim=True), i
         return route
+    if workload == "gemm":
+        return lambda x, w: x @ w
     if workload == "fp8_quant_gemm":
         def fp8(x, w, w_scale):
             xf = x.float()
@@ -196,10 +225,13 @@ def reference(case: Case, inputs: tuple, torch) -> tuple:
         return (torch.softmax(inputs[0].double(), -1),)
     if case.workload == "log_softmax":
         return (torch.log_softmax(inputs[0].double(), -1),)
-    if case.workload == "moe_routing":
+    if case.workload in ROUTING:
+        k = ROUTING[case.workload]
         p = torch.softmax(inputs[0].double(), -1)
-        w, i = torch.topk(p, 3)
-        return (w[:, :2] / w[:, :2].sum(-1, keepdim=True), i[:, :2], w)
+        w, i = torch.topk(p, k + 1)
+        return (w[:, :k] / w[:, :k].sum(-1, keepdim=True), i[:, :k], w)
+    if case.workload == "gemm":
+        return (inputs[0].double() @ inputs[1].double(),)
     return (QuantizedReference(*host_arrays(inputs, torch)),)
 
 
@@ -232,10 +264,12 @@ def check(case: Case, impl: str, got, ref: tuple, torch) -> tuple[bool, str]:
     got = got if isinstance(got, (tuple, list)) else (got,)
     if case.workload == "fp8_quant_gemm":
         return fp8_check(impl, got[0].float().cpu().numpy(), ref[0])
-    if case.workload == "moe_routing":
-        weights, experts, top3 = ref
+    if case.workload in ROUTING:
+        weights, experts, top = ref
+        k = ROUTING[case.workload]
         same = got[1].long() == experts
-        tie = (top3[:, 1] - top3[:, 2]).abs() < 1e-6                 # 2nd and 3rd too close to order
+        # (a row whose k-th and (k+1)-th probabilities are too close to order may keep either)
+        tie = (top[:, k - 1] - top[:, k]).abs() < 1e-6
         wrong_rows = int((~same.all(-1) & ~tie).sum())
         rel = _relative(got[0], weights, torch)
         return wrong_rows == 0 and rel <= 1e-3, f"rel {rel:.1e}, {wrong_rows} rows' experts differ"

@@ -6,14 +6,20 @@ against the peers a user would pick instead. One command, one table.
     python3 benchmarks/gpu_check.py --smoke-cpu  # where torch is installed: the whole script on the CPU,
                                                  # tiny shapes, the cpu backend (a test of the script itself)
 
-Cases: attention f16/bf16 ``[B,H,N,D]`` with D=64/128 written as users write it for those types
-(``redfuser.workloads.flash_attention_f16``/``_bf16``: f32 scores and statistics, probabilities rounded
-for the GEMM), the same attention written by numpy's rules (``attention_numpy_rules``, against SDPA), causal, flash decoding (one query, N=32768),
-softmax / log-softmax rows, MoE routing (softmax + top-2 + renormalize), per-token FP8 quantization
-+ GEMM. Peers: ``torch.nn.functional.scaled_dot_product_attention``, the unfused torch program (the
-workload's body written in torch ops), ``torch.compile`` of it, a Triton kernel with a hand-written
-online softmax (``benchmarks/triton_peers.py``; skipped with a note without Triton), ``torch.softmax``,
-``torch.topk(torch.softmax(...))`` for routing and ``torch._scaled_mm`` for the FP8 GEMM.
+Cases (``gpu_cases.cases``), each workload at three shapes (large batch, short sequences in a larger
+one, one long sequence or wide rows): attention f16/bf16 ``[B,H,N,D]`` with D=64/128 written as users
+write it for those types (``redfuser.workloads.flash_attention_f16``/``_bf16``: f32 scores and statistics,
+probabilities rounded for the GEMM), the same attention written by numpy's rules
+(``attention_numpy_rules``, against SDPA, one shape), causal, flash decoding (one query), softmax /
+log-softmax rows, MoE routing (softmax + top-2 + renormalize, and top-8 of 256 experts at the serving
+shape, 4096 tokens), per-token FP8 quantization + GEMM, and a plain f16 GEMM (the tensor-core baseline).
+Peers: ``torch.nn.functional.scaled_dot_product_attention``, FlexAttention (``flex_attention`` under
+``torch.compile``, the causal block mask built once), the unfused torch program (the workload's body
+written in torch ops), ``torch.compile`` of it, a Triton kernel with a hand-written online softmax
+(``benchmarks/triton_peers.py``; skipped with a note without Triton), ``torch.softmax``,
+``torch.topk(torch.softmax(...))`` and a one-pass Triton routing kernel for routing, ``torch._scaled_mm``
+with row-wise scales for the FP8 GEMM (timed with the per-token quantization, the user's pipeline, and
+alone on pre-quantized tokens) and ``torch.matmul`` (cuBLAS) for the GEMM.
 
 Method (docs/gpu-backend.md): each implementation is first checked on fresh random inputs against a
 float64 torch reference on the device (relative Frobenius error; indices exactly; RedFuser's FP8 GEMM
@@ -42,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # triton_peers, gpu_c
 
 import redfuser as rf                                         # noqa: E402
 from redfuser import config                                   # noqa: E402
-from gpu_cases import ATTENTION, Case, cases, check, make_inputs, reference, torch_program  # noqa: E402
+from gpu_cases import ATTENTION, ROUTING, Case, cases, check, make_inputs, reference, torch_program  # noqa: E402
 
 # Peaks the "% peak" column divides by, and where each number comes from.
 PEAKS = {
@@ -212,6 +218,24 @@ def peer(name: str, case: Case, dev: Device, hardware: dict):
     F = torch.nn.functional
     if name == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+    if name == "flex_attention":
+        if dev.smoke:
+            raise Skip("not in a --smoke-cpu run (FlexAttention needs torch.compile)")
+        return _flex_attention(case, dev)
+    if name == "torch.matmul":
+        return lambda x, w: x @ w
+    if name == "triton fused routing":
+        if dev.smoke:
+            raise Skip("not in a --smoke-cpu run")
+        try:
+            import triton_peers
+        except Exception as exc:
+            raise Skip(f"Triton is not installed ({type(exc).__name__}: {exc})") from None
+        k = ROUTING[case.workload]
+        return lambda logits: triton_peers.moe_routing(logits, k)
+    if name == "scaled_mm alone":
+        return lambda xq, w_colmajor, scale_a, w_scale: torch._scaled_mm(
+            xq, w_colmajor, scale_a=scale_a, scale_b=w_scale.view(1, -1), out_dtype=torch.bfloat16)
     if name in ("torch", "torch topk(softmax)"):
         return torch_program(case.workload, torch)
     if name == "torch.compile":
@@ -244,12 +268,34 @@ def peer(name: str, case: Case, dev: Device, hardware: dict):
     raise KeyError(name)
 
 
-def peer_inputs(name: str, sets: list) -> list:
+def _flex_attention(case: Case, dev: Device):
+    """``flex_attention`` compiled as its documentation says to use it, the causal block mask built once
+    (outside the timed call, as a user builds it once per shape)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch = dev.torch
+    flex = torch.compile(flex_attention, dynamic=False)
+    if not case.causal:
+        return lambda q, k, v: flex(q, k, v)
+    (_, _, nq, _), (_, _, nk, _) = case.inputs[0][0], case.inputs[1][0]
+    mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, nq, nk, device=dev.name)
+    return lambda q, k, v: flex(q, k, v, block_mask=mask)
+
+
+def peer_inputs(name: str, sets: list, torch) -> list:
     """The input sets as `name` takes them: ``torch._scaled_mm`` wants the weights column-major, which a
-    user prepares once (outside the timed call)."""
-    if name != "scaled_mm":
-        return sets
-    return [(x, w.t().contiguous().t(), s) for x, w, s in sets]
+    user prepares once (outside the timed call); ``scaled_mm alone`` also gets the tokens quantized
+    per row beforehand, so that only the FP8 GEMM is timed."""
+    if name == "scaled_mm":
+        return [(x, w.t().contiguous().t(), s) for x, w, s in sets]
+    if name == "scaled_mm alone":
+        out = []
+        for x, w, s in sets:
+            a = x.float().abs().amax(-1, keepdim=True)
+            xq = (x.float() * (448.0 / a)).to(torch.float8_e4m3fn)
+            out.append((xq, w.t().contiguous().t(), a / 448.0, s))
+        return out
+    return sets
 
 
 # --- running a case ---------------------------------------------------------------------------------
@@ -324,6 +370,7 @@ VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
     "causal": (("redfuser 3 blocks/SM", {"min_blocks_per_sm": 3}), _WGMMA),
     "fp8_gemm": (("redfuser block_m=128", {"block_m": 128}), ("redfuser 4 blocks/SM", {"min_blocks_per_sm": 4}),
                  ("redfuser prefetch 4 blocks/SM", {"prefetch": True, "min_blocks_per_sm": 4}), _WGMMA),
+    "gemm": (_WGMMA,),
     "softmax": _ROW_VARIANTS,
     "log_softmax": _ROW_VARIANTS,
 }
@@ -371,7 +418,7 @@ def run_case(case: Case, dev: Device, peaks: dict, budget: Budget, hardware: dic
         except Skip as note:
             rows.append(Row(case.label, name, status="skipped", check=str(note)))
             continue
-        rows.append(measure(name, fn, case, peer_inputs(name, sets), ref, dev, peaks, budget))
+        rows.append(measure(name, fn, case, peer_inputs(name, sets, dev.torch), ref, dev, peaks, budget))
     return rows
 
 

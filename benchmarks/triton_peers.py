@@ -140,6 +140,35 @@ def softmax_kernel(X, Y, n_cols, s_x, s_y, BLOCK: tl.constexpr, LOG: tl.constexp
         tl.store(Y + row * s_y + start + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def routing_kernel(X, W, I, n_rows, n_experts, s_x, s_w, s_i, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                   K: tl.constexpr):
+    """MoE routing in one pass over the logits: ROWS tokens a program, each token's experts in registers;
+    softmax, then K rounds of (largest probability, lowest expert index among equals) with the winner
+    masked out, then the K weights renormalized by their sum. Ties order by index, as torch.topk's
+    stable selection does on distinct values."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    inside = (rows < n_rows) & (cols < n_experts)
+    x = tl.load(X + rows * s_x + cols, mask=inside, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, 1)[:, None])
+    p = e / tl.sum(e, 1)[:, None]
+    p = tl.where(cols < n_experts, p, -1.0)
+    kpos = tl.arange(0, K)[None, :]
+    weights = tl.zeros([ROWS, K], tl.float32)
+    experts = tl.zeros([ROWS, K], tl.int64)
+    for j in tl.static_range(K):
+        best = tl.max(p, 1)[:, None]
+        index = tl.min(tl.where(p == best, cols, BLOCK), 1)[:, None]
+        weights = tl.where(kpos == j, best, weights)
+        experts = tl.where(kpos == j, index.to(tl.int64), experts)
+        p = tl.where(cols == index, -1.0, p)
+    weights = weights / tl.sum(weights, 1)[:, None]
+    keep = rows < n_rows
+    tl.store(W + rows * s_w + kpos, weights, mask=keep)
+    tl.store(I + rows * s_i + kpos, experts, mask=keep)
+
+
 # --- launchers (torch tensors) ------------------------------------------------------------------------
 
 def attention(q, k, v, causal: bool = False, block_m: int = 128, block_n: int = 64, num_stages: int = 3):
@@ -202,6 +231,22 @@ def log_softmax(x):
     return _rows(x, True)
 
 
+def moe_routing(logits, k: int):
+    """(renormalized top-`k` softmax weights, their expert indices) of each row of a contiguous 2-d f32
+    tensor, in one kernel."""
+    import torch
+
+    n_rows, n_experts = logits.shape
+    weights = torch.empty((n_rows, k), dtype=torch.float32, device=logits.device)
+    experts = torch.empty((n_rows, k), dtype=torch.int64, device=logits.device)
+    block = triton.next_power_of_2(n_experts)
+    rows = max(1, min(16, 4096 // block))
+    routing_kernel[(triton.cdiv(n_rows, rows),)](logits, weights, experts, n_rows, n_experts, logits.stride(0),
+                                                  weights.stride(0), experts.stride(0), ROWS=rows, BLOCK=block,
+                                                  K=k, num_warps=4)
+    return weights, experts
+
+
 # --- compiling without a GPU (benchmarks/compile_time.py) ---------------------------------------------
 
 TRITON_TYPES = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}
@@ -241,6 +286,12 @@ def kernel_specs(case_name: str, dtype: str, head_d: int = 64, cols: int = 1024)
                      "LOG": "constexpr"}
         return [(softmax_kernel, signature, {"BLOCK": block, "LOG": case_name == "log_softmax"},
                  {"num_warps": 16 if block >= 4096 else 4})]
+    if case_name in ("moe_routing", "moe_routing_top8"):
+        block = triton.next_power_of_2(cols)
+        signature = {"X": "*fp32", "W": "*fp32", "I": "*i64", "n_rows": "i32", "n_experts": "i32", "s_x": "i32",
+                     "s_w": "i32", "s_i": "i32", "ROWS": "constexpr", "BLOCK": "constexpr", "K": "constexpr"}
+        constants = {"ROWS": max(1, min(16, 4096 // block)), "BLOCK": block, "K": 8 if case_name.endswith("8") else 2}
+        return [(routing_kernel, signature, constants, {"num_warps": 4})]
     raise KeyError(case_name)
 
 

@@ -81,6 +81,21 @@ def moe_routing(logits):
     return weights / rf.sum(weights, axis=-1, keepdims=True), experts
 
 
+def moe_routing_top8(logits):
+    """MoE routing at a serving model's width: softmax over (256) experts, top-8, renormalized."""
+    m = rf.max(logits, axis=-1, keepdims=True)
+    e = rf.exp(logits - m)
+    p = e / rf.sum(e, axis=-1, keepdims=True)
+    weights, experts = rf.topk(p, 8)
+    return weights / rf.sum(weights, axis=-1, keepdims=True), experts
+
+
+def gemm(x, w):
+    """A plain GEMM, ``x @ w``: in f16 the baseline of the tensor-core path (f32 accumulation, as numpy's
+    16-bit matmul and cuBLAS do, one rounding of the result)."""
+    return x @ w
+
+
 def fp8_quant_gemm(x, w, w_scale):
     """Per-token absmax quantization of `x` to float8_e4m3fn, GEMM with FP8 weights, per-channel scales."""
     xf = x.astype(rf.float32)
@@ -136,6 +151,9 @@ WORKLOADS: dict[str, Workload] = {
     "layer_norm_stats": Workload(layer_norm_stats, _rows((64, 1000))),
     "mean_abs_deviation": Workload(mean_abs_deviation, _rows((64, 1000))),
     "moe_routing": Workload(moe_routing, _rows((256, 64))),
+    "moe_routing_top8": Workload(moe_routing_top8, _rows((64, 256))),
+    "gemm": Workload(gemm, lambda rng: (rng.standard_normal((96, 200)).astype(np.float16),
+                                        rng.standard_normal((200, 72)).astype(np.float16))),
     "fp8_quant_gemm": Workload(fp8_quant_gemm, lambda rng: (
         rng.standard_normal((64, 256)).astype(np.float16),
         rng.standard_normal((256, 128)).astype(rf.float8_e4m3fn),

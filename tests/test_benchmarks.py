@@ -38,15 +38,24 @@ def test_dry_run_compiles_every_case_and_writes_the_table_to_out(tmp_path, monke
             assert ours["error"]
         variants = [name for name, _ in gpu_check.variants(case)]
         assert [r["impl"] for r in rows if r["case"] == case.label][1:] == variants + list(case.peers)
-    assert any(r["impl"] == "redfuser" and "mma.sync" in r["check"] and not r["check"].endswith(" 0 mma.sync")
+    assert any(r["impl"] == "redfuser" and "mma.sync" in r["check"] and " 0 mma.sync" not in r["check"]
                for r in rows)                            # attention runs on tensor cores
 
 
 def test_every_case_names_work_peers_and_inputs():
     full = gpu_cases.cases("full")
     assert {c.workload for c in full} == {"attention", "causal_attention", "softmax", "log_softmax",
-                                          "moe_routing", "fp8_quant_gemm", "flash_attention_f16",
-                                          "flash_attention_bf16"}
+                                          "moe_routing", "moe_routing_top8", "fp8_quant_gemm", "gemm",
+                                          "flash_attention_f16", "flash_attention_bf16"}
+    # each workload at three shapes or more (numpy's-rules attention is one labelled row; routing at two
+    # widths, the serving one (4096 tokens x 256 experts, top-8) among them)
+    for name in ("attention", "causal", "decode", "softmax", "log_softmax", "fp8_gemm", "gemm"):
+        for workload in {c.workload for c in full if c.name == name}:
+            assert len({c.inputs for c in full if c.workload == workload and c.name == name}) >= 3, (name, workload)
+    assert any(c.workload == "moe_routing_top8" and c.inputs[0][0] == (4096, 256) for c in full)
+    assert {"sdpa", "flex_attention", "triton"} <= set(next(c for c in full if c.name == "causal").peers)
+    assert "torch.matmul" in next(c for c in full if c.name == "gemm").peers
+    assert {"scaled_mm", "scaled_mm alone"} <= set(next(c for c in full if c.name == "fp8_gemm").peers)
     # SDPA is compared with the bodies users write for f16 and bf16; numpy's-rules attention is its own row
     assert {(c.inputs[0][1], c.workload) for c in full if c.name == "attention"} == {
         ("float16", "flash_attention_f16"), ("bfloat16", "flash_attention_bf16")}
@@ -55,11 +64,13 @@ def test_every_case_names_work_peers_and_inputs():
     decode = next(c for c in full if c.name == "decode")
     assert decode.inputs[0][0][2] == 1 and decode.inputs[1][0][2] == 32768 and decode.peak == "hbm"
     assert {c.inputs[0][0][-1] for c in full if c.name == "attention"} == {64, 128}
+    decode = next(c for c in full if c.name == "decode")
     assert {c.inputs[0][1] for c in full if c.name == "attention"} == {"float16", "bfloat16"}
     for c in full:
         assert c.work > 0 and c.peak in gpu_check.UNITS
-        assert all(p in ("sdpa", "torch", "torch.compile", "triton", "scaled_mm", "torch topk(softmax)",
-                         f"torch.{c.workload}") for p in c.peers)
+        assert all(p in ("sdpa", "flex_attention", "torch", "torch.compile", "triton", "scaled_mm", "scaled_mm alone",
+                         "torch topk(softmax)", "triton fused routing", "torch.matmul", f"torch.{c.workload}")
+                   for p in c.peers)
     causal = next(c for c in full if c.causal)
     plain = next(c for c in full if c.name == "attention" and c.inputs[0][0] == causal.inputs[0][0])
     assert causal.work == plain.work / 2
@@ -213,3 +224,30 @@ def test_the_fp8_gemm_check_catches_what_the_worst_case_bound_lets_through():
     # a peer is held to the quantization's relative error only (it rounds its output to bf16)
     assert gpu_cases.fp8_check("scaled_mm", body.astype(rf.bfloat16).astype(np.float32), ref)[0]
     assert not gpu_cases.fp8_check("scaled_mm", body * 0.7, ref)[0]
+
+
+ROUTING_CHECK = """
+import sys, torch, triton_peers
+for rows, experts, k in ((100, 128, 2), (37, 256, 8), (5, 64, 8)):
+    x = torch.randn(rows, experts, generator=torch.Generator().manual_seed(rows)) * 3
+    weights, got = triton_peers.moe_routing(x, k)
+    want, want_experts = torch.topk(torch.softmax(x.double(), -1), k)
+    assert torch.equal(got, want_experts), (rows, experts, k)
+    assert float((weights.double() - want / want.sum(-1, keepdim=True)).abs().max()) < 1e-6
+print("ok")
+"""
+
+
+def test_the_triton_routing_peer_equals_topk_of_softmax():
+    """The fused Triton routing peer (`triton_peers.moe_routing`), run by Triton's interpreter on the CPU (a
+    process of its own: the interpreter is chosen when Triton is imported): torch.topk(softmax)'s experts
+    and renormalized weights, top-2 of 128 and top-8 of 256 and 64 experts."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
+    run = subprocess.run([sys.executable, "-c", ROUTING_CHECK], cwd=Path(gpu_check.__file__).parent, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
