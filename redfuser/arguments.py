@@ -1,8 +1,8 @@
 """A kernel's call, as the compiler sees it: each argument bound to its parameter and described as a spec.
 
 - `check_signature`: when the kernel is made, the parameters it can take (positional, keyword, with
-  defaults; not ``*args``/``**kwargs``, whose count would change the program; not ``stream``, the name
-  the ``cuda`` backend's call takes).
+  defaults; not ``*args``/``**kwargs``, whose count would change the program; not ``stream`` or ``out``,
+  the names of the call's own keywords: the ``cuda`` backend's stream, the arrays results go into).
 - `bind`: the call's arguments by parameter name, Python's rules and the defaults applied.
 - `spec_of`: one argument as an `ArraySpec` (dtype, shape, strides) or a `StaticSpec` (its exact
   value), and the array to run with: the argument itself (a view is read in place), or a copy where
@@ -48,8 +48,9 @@ class ShapeDtype:
         return BufferType(dtype, shape, strides)
 
 
-RESERVED = ("stream",)
-"""Keyword arguments of a kernel call that are not the kernel's: ``stream=`` (the ``cuda`` backend)."""
+RESERVED = {"stream": "the CUDA stream to run on", "out": "the arrays the results are written into"}
+"""Keyword arguments of a kernel call that are not the kernel's: ``stream=`` (the ``cuda`` backend) and
+``out=`` (`redfuser.outputs`), with what each means."""
 
 SUPPORTED_ARRAY_DTYPES = ", ".join(d.numpy_name for d in T.ALL_DTYPES if d != T.float64)
 PLAIN_ARRAY_TYPES = (np.ndarray, np.memmap)
@@ -79,8 +80,8 @@ def check_signature(fn: Callable, name: str) -> inspect.Signature:
             raise UnsupportedError(f"kernels take named parameters only, not {p}: the number of arguments would "
                                    "change the program", op=name, loc=function_loc(fn))
         if p.name in RESERVED:
-            raise ArgumentError(f"a kernel parameter cannot be named {p.name!r}: kernel(..., {p.name}=...) is the "
-                                "CUDA stream to run on; rename the parameter", op=name, loc=function_loc(fn))
+            raise ArgumentError(f"a kernel parameter cannot be named {p.name!r}: kernel(..., {p.name}=...) is "
+                                f"{RESERVED[p.name]}; rename the parameter", op=name, loc=function_loc(fn))
     return signature
 
 

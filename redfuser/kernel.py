@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from . import backends
+from . import backends, outputs
 from .compiler import Lowered, lower
 from .arguments import ShapeDtype, bind, check_signature, spec_of
 from .ir import ArgumentError, RedFuserError
@@ -27,6 +27,15 @@ def _user_facing(method: Callable) -> Callable:
             raise err.with_traceback(None) from None
 
     return wrapper
+
+
+class CacheInfo(NamedTuple):
+    """`Kernel.cache_info`'s answer, shaped like `functools.lru_cache`'s."""
+
+    hits: int
+    misses: int
+    maxsize: int | None
+    currsize: int
 
 
 class Kernel:
@@ -54,6 +63,7 @@ class Kernel:
         self.__wrapped__ = fn
         self.backend = backend
         self._cache: dict[tuple, tuple[Lowered, backends.Executable]] = {}
+        self._hits = self._misses = 0
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -81,7 +91,10 @@ class Kernel:
         backend, _ = backends.resolve(self.backend, to_run=to_run)
         key = (specs, backend, self.options)
         entry = self._cache.get(key)
-        if entry is None:
+        if entry is not None:
+            self._hits += 1
+        else:
+            self._misses += 1
             options = self._tuned(specs, backend, arrays, to_run)
             entry = self._cache[key] = [lower(self.__wrapped__, specs, backends.BACKENDS[backend], options), None]
         if to_run and entry[1] is None:   # compiled without running (lower/explain): build it now
@@ -107,22 +120,34 @@ class Kernel:
 
     # -- public -----------------------------------------------------------------------------------
     @_user_facing
-    def __call__(self, *args: Any, stream: object | None = None, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    def __call__(self, *args: Any, stream: object | None = None, out: object | None = None,
+                 **kwargs: Any) -> Any:
         """Run on `args` and `kwargs` (Python's rules: by position or by name, defaults applied). `stream`: the
         CUDA stream the ``cuda`` backend queues its work on (an int handle, a torch or cupy stream...; default:
         torch's/cupy's current one for their tensors); host backends ignore it. See docs/gpu-backend.md,
-        "Arrays and streams"."""
+        "Arrays and streams". `out`: arrays to write the results into (one, or a tuple with one per result),
+        returned as given; see `redfuser.outputs` for what they must be."""
         lowered, run, arrays = self._compiled(args, kwargs)
+        names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
+        outs = None
+        if out is not None:
+            loc = user_loc()
+            outs = outputs.as_tuple(out, len(lowered.program.outputs), self.__name__, loc)
+            outputs.check(outs, lowered.program.outputs, list(zip(names, arrays)), self.__name__, loc)
         if backends.BACKENDS[lowered.backend].arrays == "host":
             # Host backends read numpy views of host arrays (torch CPU tensors too, without a copy) and
             # hand results back as the caller's array type.
-            names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
+            inputs = [arrays_rt.host_array(a, f"argument {n!r}") for a, n in zip(arrays, names)]
+            if outs is not None:
+                _run_into(run, inputs, [arrays_rt.host_array(o, "out") for o in outs])
+                return out
             library = next((arrays_rt.library_of(a) for a in arrays if not isinstance(a, np.ndarray)), "numpy")
-            outputs = tuple(arrays_rt.as_caller_type(o, library)
-                            for o in run([arrays_rt.host_array(a, f"argument {n!r}") for a, n in zip(arrays, names)]))
+            results = tuple(arrays_rt.as_caller_type(o, library) for o in run(inputs))
         else:
-            outputs = run(arrays, stream=stream)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+            results = run(arrays, stream=stream, outputs=outs)
+            if outs is not None:
+                return out
+        return results[0] if len(results) == 1 else tuple(results)
 
     @_user_facing
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
@@ -141,6 +166,23 @@ class Kernel:
     def cache_size(self) -> int:
         """How many specializations are compiled in memory."""
         return len(self._cache)
+
+    def cache_info(self) -> CacheInfo:
+        """``(hits, misses, maxsize, currsize)`` of the kernel's specializations, as `functools.lru_cache`
+        reports its own: a miss is a specialization made (compiled, or served by the disk cache) for a
+        call, `lower` or `explain`; a hit one found in memory; `maxsize` None (the cache is not bounded);
+        `currsize` how many it holds."""
+        return CacheInfo(self._hits, self._misses, None, len(self._cache))
+
+
+def _run_into(run: backends.Executable, inputs: list[np.ndarray], views: list[np.ndarray]) -> None:
+    """Run a host executable writing its results into `views` (checked by `outputs.check`): in place where it
+    can (`runtime.cpu_jit.CpuProgram` writes into contiguous ones), else copied."""
+    if getattr(run, "writes_outputs", False):
+        run(inputs, outputs=views)
+        return
+    for view, result in zip(views, run(inputs)):
+        np.copyto(view, result, casting="no")
 
 
 def kernel(fn: Callable | None = None, *, backend: str | None = None, options: KernelOptions | None = None,

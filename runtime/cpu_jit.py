@@ -226,16 +226,27 @@ class CpuProgram:
         self._kernels = [(kernel_function(library, a.symbol, len(a.params)), a.params, a.programs) for a in abis]
         self._library = library  # keeps the code alive as long as the functions
 
-    def __call__(self, arrays) -> tuple:
+    writes_outputs = True
+    """`__call__` takes arrays to write the results into (``kernel(..., out=...)``)."""
+
+    def __call__(self, arrays, outputs=None) -> tuple:
+        """The outputs for input `arrays`; with `outputs` (numpy arrays of the results' shapes and dtypes,
+        checked by the caller) written into those: in place where one is C-contiguous, else copied."""
         import numpy as np
 
         p = self.program
         buffers = {}
         for b, a in zip(p.inputs, arrays):
             buffers[b.name] = memory_of(a, b.type)   # a view is read in place
+        given = dict(zip((b.name for b in p.outputs), outputs)) if outputs is not None else {}
         for b in p.outputs + p.scratch:
-            buffers[b.name] = np.empty(b.shape, dtype=b.dtype.numpy)
+            target = given.get(b.name)
+            in_place = target is not None and target.flags.c_contiguous and target.dtype == b.dtype.numpy
+            buffers[b.name] = target if in_place else np.empty(b.shape, dtype=b.dtype.numpy)
         for fn, params, programs in self._kernels:
             args = tuple(buffers[name].ctypes.data for name in params)
             self.pool.run(fn, args, programs)
-        return tuple(buffers[b.name] for b in p.outputs)
+        for name, target in given.items():
+            if buffers[name] is not target:
+                np.copyto(target, buffers[name], casting="no")
+        return tuple(given.get(b.name, buffers[b.name]) for b in p.outputs)

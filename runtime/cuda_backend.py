@@ -203,16 +203,27 @@ class CudaProgram:
             function.launch(grid=kernel.grid, block=(kernel.threads,),
                             args=[pointers[b.name] for b in kernel.buffers], stream=stream)
 
-    def __call__(self, arrays: Sequence[object], stream: object | None = None) -> tuple:
+    def __call__(self, arrays: Sequence[object], stream: object | None = None,
+                 outputs: Sequence[object] | None = None) -> tuple:
+        """The results for `arrays` (numpy, torch, cupy; see docs/gpu-backend.md, "Arrays and streams"). With
+        `outputs` (one array per result, checked by `redfuser.outputs`) the results are written there: a
+        device one in place (contiguous, on the arguments' device), a host one copied back."""
         p = self.simt
         if len(arrays) != len(p.inputs):
             raise ArgumentError(f"{p.name} takes {len(p.inputs)} array(s), got {len(arrays)}")
         infos = [(f"argument {b.name!r}", arrays_rt.describe(a, f"argument {b.name!r}"))
                  for b, a in zip(p.inputs, arrays)]
+        outs = [(f"out {b.name!r}", arrays_rt.describe(o, f"out {b.name!r}"), o)
+                for b, o in zip(p.outputs, outputs)] if outputs is not None else None
         with _keeping_current_context():
-            if any(info.on_gpu for _, info in infos):
-                return self._run_on_device(arrays, infos, stream)
-            return self._run_from_host(arrays, infos, stream)
+            if any(info.on_gpu for _, info in infos) or any(info.on_gpu for _, info, _ in outs or ()):
+                return self._run_on_device(arrays, infos, stream, outs)
+            results = self._run_from_host(arrays, infos, stream)
+        if outs is not None:
+            for (_, _, o), r in zip(outs, results):
+                np.copyto(arrays_rt.host_array(o, "out"), arrays_rt.host_array(r), casting="no")
+            return tuple(o for _, _, o in outs)
+        return results
 
     def _run_from_host(self, arrays: Sequence[object], infos: list, stream: object | None) -> tuple:
         from .cuda_driver import driver, primary_context
@@ -244,13 +255,16 @@ class CudaProgram:
             for buffer in owned:
                 buffer.free()
 
-    def _run_on_device(self, arrays: Sequence[object], infos: list, stream: object | None) -> tuple:
+    def _run_on_device(self, arrays: Sequence[object], infos: list, stream: object | None,
+                       outs: list | None = None) -> tuple:
         from .cuda_driver import driver, primary_context
         from .cuda_memory import DeviceBuffer, Stream
 
         p = self.simt
-        device = _common_device([(name, info) for name, info in infos if info.on_gpu])
-        library = next(info.library for _, info in infos if info.on_gpu)
+        on_gpu = [(name, info) for name, info in infos if info.on_gpu]
+        on_gpu += [(name, info) for name, info, _ in outs or () if info.on_gpu]
+        device = _common_device(on_gpu)
+        library = on_gpu[0][1].library
         context = primary_context(device)
         given = None if stream is None else stream_handle(stream)
         library_stream = _library_stream(library, stream, given, device)
@@ -281,9 +295,15 @@ class CudaProgram:
                         pointers[b.name] = owned[-1]
                         continue
                     pointers[b.name] = _Pointer(lowest)
-                for b in p.outputs:
-                    out = arrays_rt.new_like(library, b.shape, b.dtype, device, on_gpu=True)
-                    out_info = arrays_rt.describe(out, f"output {b.name!r}")
+                for i, b in enumerate(p.outputs):
+                    if outs is not None:
+                        name, out_info, out = outs[i]
+                        if out_info.on_gpu and not out_info.contiguous:
+                            raise ArgumentError(f"{name} is a strided view of device memory; the kernel writes "
+                                                "contiguous results (pass a contiguous tensor)")
+                    else:
+                        out = arrays_rt.new_like(library, b.shape, b.dtype, device, on_gpu=True)
+                        out_info = arrays_rt.describe(out, f"output {b.name!r}")
                     if out_info.on_gpu and out_info.contiguous and out_info.dtype == b.dtype:
                         pointers[b.name] = _Pointer(out_info.pointer)
                     else:                             # a library RedFuser cannot allocate in: numpy comes back
@@ -297,6 +317,12 @@ class CudaProgram:
             if not owned:
                 return tuple(outputs)         # asynchronous, ordered on the stream like the library's own ops
             on.synchronize()
+            if outs is not None:              # host outs (and only those) have a buffer of RedFuser's
+                for b, (_, _, given), out in zip(p.outputs, outs, outputs):
+                    if out is None:
+                        result = pointers[b.name].copy_to(np.empty(b.shape, b.dtype.numpy))
+                        np.copyto(arrays_rt.host_array(given, "out"), result, casting="no")
+                return tuple(given for _, _, given in outs)
             return tuple(out if out is not None else pointers[b.name].copy_to(np.empty(b.shape, b.dtype.numpy))
                          for b, out in zip(p.outputs, outputs))
         finally:

@@ -257,6 +257,42 @@ def test_torch_tensors_are_read_in_place_and_outputs_are_torch_tensors_on_their_
     assert gpu.names().count("cuMemAlloc") == len(k.lower(x).stages["simt"].scratch)   # scratch only
 
 
+def test_results_go_into_device_outs_in_place_with_no_allocation_or_synchronization(gpu, torch):
+    """``out=`` of device tensors: the kernel writes them directly, on the caller's stream; a call that
+    allocates nothing and never waits for the device can be captured in a CUDA graph."""
+    x = rows(4, 64)
+    k = compiled(gpu, softmax, x)
+    t = FakeTensor(x.copy(), gpu)
+    k(t)                                              # the first call makes the split's scratch
+    gpu.calls.clear()
+    torch.log.clear()
+    out = FakeTensor(np.full((4, 64), np.nan, np.float32), gpu)
+    assert k(t, out=out) is out
+    np.testing.assert_allclose(out.data, expected_softmax(x), rtol=1e-5, atol=1e-6)
+    assert out.data.ctypes.data in gpu.launches[-1]["pointers"]
+    assert not {"cuMemAlloc", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuStreamSynchronize", "cuCtxSynchronize"} & set(
+        gpu.names())
+    assert torch.log == []                             # nothing allocated through the library either
+
+
+def test_numpy_outs_on_the_cuda_backend_get_the_results_copied_back(gpu):
+    x = rows(4, 64)
+    k = compiled(gpu, softmax, x)
+    out = np.full((4, 64), np.nan, np.float32)
+    assert k(x, out=out) is out
+    np.testing.assert_allclose(out, expected_softmax(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_strided_device_out_is_refused_before_any_launch(gpu, torch):
+    x = rows(4, 64)
+    k = compiled(gpu, softmax, x)
+    wide = np.zeros((4, 128), np.float32)
+    strided = FakeTensor(wide[:, ::2], gpu, base=wide)
+    with pytest.raises(ArgumentError, match="strided view of device memory"):
+        k(FakeTensor(x.copy(), gpu), out=strided)
+    assert not gpu.launches
+
+
 @pytest.mark.parametrize("how", ["torch stream", "int", "redfuser Stream", "__cuda_stream__"])
 def test_a_user_given_stream_is_honoured(gpu, torch, how):
     x = rows(4, 64)

@@ -1,0 +1,77 @@
+"""``kernel(*args, out=...)``: results written into arrays the caller allocated.
+
+`out` is one array (a kernel with one result) or a tuple or list of them, one per result, of the
+result's exact shape and dtype, writable, and sharing no memory with an argument or another `out`
+(the kernel reads its arguments while it writes its results; a result written over an input would
+change what the rest of the kernel reads). numpy arrays and torch CPU tensors go with the host backends
+(``interpret``, ``cpu``, ``simulate``); on ``cuda`` device tensors (torch, cupy) are written in place, on
+the stream the call runs on, with no allocation and no host synchronization (so the call can be
+captured in a CUDA graph), and host arrays get the results copied back. Anything else is an
+`ArgumentError` that names the result, what it must be and the caller's line; nothing is written then.
+
+Memory is compared by address ranges (lowest to highest byte an array spans, on its device), so two
+interleaved views of one buffer count as overlapping: the check errs towards refusing.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .ir import ArgumentError, Buffer, SourceLoc
+from .ir.types import BufferType
+from .runtime import arrays as arrays_rt
+
+
+def as_tuple(out: object, count: int, kernel: str, loc: SourceLoc | None) -> tuple[object, ...]:
+    """`out` as one array per result; `ArgumentError` when the count is wrong."""
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if len(outs) != count:
+        what = "one array" if count == 1 else f"a tuple of {count} arrays"
+        raise ArgumentError(f"out= must be {what}, one per result of the kernel; got {len(outs)}", op=kernel, loc=loc)
+    return outs
+
+
+def _span(info: arrays_rt.ArrayInfo) -> tuple[int, int]:
+    """The bytes ``[lowest, highest)`` an array touches (empty for an array without elements)."""
+    if any(n == 0 for n in info.shape):
+        return (info.pointer, info.pointer)
+    item = info.dtype.itemsize
+    low = high = 0
+    for n, s in zip(info.shape, info.strides):
+        step = (n - 1) * s * item
+        low, high = (low + step, high) if step < 0 else (low, high + step)
+    return (info.pointer + low, info.pointer + high + item)
+
+
+def _overlap(a: arrays_rt.ArrayInfo, b: arrays_rt.ArrayInfo) -> bool:
+    if (a.device_type, a.device_id) != (b.device_type, b.device_id):
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
+
+
+def check(outs: Sequence[object], results: Sequence[Buffer], arguments: Sequence[tuple[str, object]], kernel: str,
+          loc: SourceLoc | None) -> list[arrays_rt.ArrayInfo]:
+    """Each of `outs` described, after checking it against its result (shape, dtype, writable) and against
+    the `arguments` (name, array) and the other outs (no shared memory); `ArgumentError` on the first
+    violation."""
+    infos: list[arrays_rt.ArrayInfo] = []
+    for i, (o, b) in enumerate(zip(outs, results)):
+        name = f"out[{i}] (result {b.name!r})" if len(results) > 1 else f"out (result {b.name!r})"
+        try:
+            info = arrays_rt.describe(o, name)
+        except ArgumentError as err:
+            raise ArgumentError(str(err), op=kernel, loc=loc) from None
+        if (tuple(info.shape), info.dtype) != (tuple(b.shape), b.dtype):
+            raise ArgumentError(f"{name} is {BufferType(info.dtype, tuple(info.shape))}; the kernel's result is "
+                                f"{BufferType(b.dtype, tuple(b.shape))}", op=kernel, loc=loc)
+        if getattr(getattr(o, "flags", None), "writeable", True) is False:
+            raise ArgumentError(f"{name} is a read-only array", op=kernel, loc=loc)
+        for arg_name, arg in arguments:
+            if _overlap(info, arrays_rt.describe(arg, f"argument {arg_name!r}")):
+                raise ArgumentError(f"{name} shares memory with argument {arg_name!r}: the kernel reads its "
+                                    "arguments while it writes its results", op=kernel, loc=loc)
+        for j, other in enumerate(infos):
+            if _overlap(info, other):
+                raise ArgumentError(f"{name} shares memory with out[{j}]", op=kernel, loc=loc)
+        infos.append(info)
+    return infos

@@ -1,0 +1,124 @@
+"""``kernel(*args, out=...)`` on the host backends (the cuda backend's in test_cuda_interop.py) and
+``kernel.cache_info()``: results written into the caller's arrays, returned as given, and every misuse
+refused with an error naming the result and the caller's line before anything is written."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+from redfuser.ir.errors import ArgumentError
+from redfuser.workloads import layer_norm_stats, moe_routing, softmax
+
+BACKENDS = ("interpret", "cpu", "simulate")
+RNG = np.random.default_rng(5)
+
+
+def rows(*shape):
+    return (RNG.standard_normal(shape) * 3).astype(np.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_results_are_written_into_out_and_out_is_returned(backend):
+    x = rows(6, 70)
+    k = rf.kernel(softmax, backend=backend)
+    want = k(x)
+    out = np.full_like(x, np.nan)
+    assert k(x, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    mu, var = np.full((6, 1), np.nan, np.float32), np.full((6, 1), np.nan, np.float32)
+    given = (mu, var)
+    stats = rf.kernel(layer_norm_stats, backend=backend)
+    assert stats(x, out=given) is given
+    for got, expected in zip(given, stats(x)):
+        np.testing.assert_array_equal(got, expected)
+    weights, experts = np.empty((6, 2), np.float32), np.empty((6, 2), np.int64)
+    rf.kernel(moe_routing, backend=backend)(x, out=[weights, experts])
+    np.testing.assert_array_equal(experts, moe_routing(x)[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_strided_out_gets_the_same_values(backend):
+    """A transposed or strided view is a valid out: the results are copied into it (the cpu backend writes
+    contiguous outs in place and copies into the others)."""
+    x = rows(6, 70)
+    k = rf.kernel(softmax, backend=backend)
+    storage = np.zeros((70, 6), np.float32)
+    k(x, out=storage.T)
+    np.testing.assert_array_equal(storage.T, k(x))
+    wide = np.zeros((6, 140), np.float32)
+    k(x, out=wide[:, ::2])
+    np.testing.assert_array_equal(wide[:, ::2], k(x))
+    assert not wide[:, 1::2].any()
+
+
+def test_torch_cpu_tensors_as_outs():
+    torch = pytest.importorskip("torch")
+    x = rows(6, 70)
+    k = rf.kernel(softmax, backend="cpu")
+    out = torch.empty(6, 70)
+    assert k(torch.from_numpy(x), out=out) is out
+    np.testing.assert_array_equal(out.numpy(), k(x))
+
+
+def refused(k, *args, out, match: str) -> ArgumentError:
+    with pytest.raises(ArgumentError, match=match) as info:
+        k(*args, out=out)
+    assert "test_kernel_out.py" in str(info.value)          # the caller's line
+    return info.value
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outs_of_another_shape_dtype_or_count_are_refused_and_left_alone(backend):
+    x = rows(6, 70)
+    k = rf.kernel(softmax, backend=backend)
+    for bad, match in [(np.zeros((6, 69), np.float32), r"is f32\[6,69\]; the kernel's result is f32\[6,70\]"),
+                       (np.zeros((6, 70), np.float64), r"is f64\[6,70\]; the kernel's result is f32\[6,70\]"),
+                       (np.zeros((6, 70), np.float16), r"is f16\[6,70\]")]:
+        refused(k, x, out=bad, match=match)
+        assert not bad.any()
+    refused(k, x, out=(np.zeros_like(x), np.zeros_like(x)), match="must be one array")
+    refused(rf.kernel(layer_norm_stats, backend=backend), x, out=np.zeros((6, 1), np.float32),
+            match="must be a tuple of 2 arrays")
+    frozen = np.zeros_like(x)
+    frozen.flags.writeable = False
+    refused(k, x, out=frozen, match="read-only")
+    refused(k, x, out=[1.0] * 70, match="out")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outs_sharing_memory_with_an_argument_or_each_other_are_refused(backend):
+    x = rows(6, 70)
+    keep = x.copy()
+    k = rf.kernel(softmax, backend=backend)
+    refused(k, x, out=x, match="shares memory with argument 'x'")
+    both = np.zeros((12, 70), np.float32)
+    both[:6] = x
+    refused(k, both[:6], out=both[3:9], match="shares memory with argument 'x'")   # a partial overlap
+    np.testing.assert_array_equal(x, keep)
+    stats = rf.kernel(layer_norm_stats, backend=backend)
+    shared = np.zeros((6, 1), np.float32)
+    refused(stats, x, out=(shared, shared), match=r"out\[1\] \(result 'var'\) shares memory with out\[0\]")
+    k(both[:6], out=both[6:])                            # the other half of the same buffer is fine
+    np.testing.assert_array_equal(both[6:], k(x))
+
+
+def test_a_kernel_parameter_named_out_is_refused():
+    def f(x, out):
+        return x + out
+
+    with pytest.raises(ArgumentError, match="cannot be named 'out'"):
+        rf.kernel(f)
+
+
+def test_cache_info_counts_specializations_like_lru_cache():
+    k = rf.kernel(softmax, backend="interpret")
+    assert k.cache_info() == (0, 0, None, 0)
+    k(rows(2, 8))
+    k(rows(2, 8))
+    k(rows(3, 8))
+    k.lower(rows(3, 8))
+    k(rows(2, 8), out=np.empty((2, 8), np.float32))
+    info = k.cache_info()
+    assert (info.hits, info.misses, info.maxsize, info.currsize) == (3, 2, None, 2)
+    assert rf.kernel(softmax, backend="cpu").cache_info().misses == 0
