@@ -213,6 +213,26 @@ def kernel_function(library: JitLibrary, symbol: str, num_params: int):
     return proto(library.address(symbol))
 
 
+INLINE_STACK_BYTES = 1 << 20
+"""A kernel whose tiles take at most this many bytes in all may run on the caller's (main) thread, whose
+stack is the process's (8 MiB by default on Linux); workers get `STACK_BYTES`."""
+
+
+def tile_bytes(kernel) -> int:
+    """Bytes of every tile value of a Tile IR kernel together: a bound on the stack arrays its code keeps
+    (materialized tiles; the rest live in registers)."""
+    from ..ir.tile import nodes as t
+
+    total = 0
+    for op in t.walk_ops(kernel.body):
+        for v in t.results(op):
+            n = v.dtype.itemsize
+            for extent in v.shape:
+                n *= extent
+            total += n
+    return total
+
+
 class CpuProgram:
     """A compiled Tile IR program: call it with the input arrays, get the outputs.
 
@@ -225,6 +245,7 @@ class CpuProgram:
         self.pool = grid_pool(threads)
         self._kernels = [(kernel_function(library, a.symbol, len(a.params)), a.params, a.programs) for a in abis]
         self._library = library  # keeps the code alive as long as the functions
+        self._small_stack = all(tile_bytes(k) <= INLINE_STACK_BYTES for k in tile_program.kernels)
 
     writes_outputs = True
     """`__call__` takes arrays to write the results into (``kernel(..., out=...)``)."""
@@ -237,15 +258,21 @@ class CpuProgram:
         p = self.program
         buffers = {}
         for b, a in zip(p.inputs, arrays):
-            buffers[b.name] = memory_of(a, b.type)   # a view is read in place
+            dense = b.type.strides is None and a.flags.c_contiguous and a.dtype == b.dtype.numpy
+            buffers[b.name] = a if dense else memory_of(a, b.type)   # a view is read in place
         given = dict(zip((b.name for b in p.outputs), outputs)) if outputs is not None else {}
         for b in p.outputs + p.scratch:
             target = given.get(b.name)
             in_place = target is not None and target.flags.c_contiguous and target.dtype == b.dtype.numpy
             buffers[b.name] = target if in_place else np.empty(b.shape, dtype=b.dtype.numpy)
+        address = {name: a.__array_interface__["data"][0] for name, a in buffers.items()}
+        inline = self._small_stack and threading.current_thread() is threading.main_thread()
         for fn, params, programs in self._kernels:
-            args = tuple(buffers[name].ctypes.data for name in params)
-            self.pool.run(fn, args, programs)
+            args = tuple(address[name] for name in params)
+            if inline and programs == 1:
+                fn(*args, 0, 1)        # one program instance: handing it to a worker costs more than it runs
+            else:
+                self.pool.run(fn, args, programs)
         for name, target in given.items():
             if buffers[name] is not target:
                 np.copyto(target, buffers[name], casting="no")

@@ -1,0 +1,77 @@
+"""The cached call path (`Kernel.__call__`'s fast key, `CpuProgram`'s inline run): a call whose arguments are
+plain contiguous numpy arrays and Python scalars reuses its specialization without re-deriving it, and
+gives exactly what the full path gives; whatever the key cannot vouch for takes the full path."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+from redfuser.runtime import cpu_jit
+from redfuser.workloads import softmax
+
+RNG = np.random.default_rng(8)
+
+
+def scaled(x, c):
+    return rf.sum(x * c, axis=-1)
+
+
+def test_statics_that_numpy_tells_apart_are_two_specializations():
+    x = RNG.standard_normal((3, 5)).astype(np.float32)
+    k = rf.kernel(scaled, backend="cpu")
+    for c in (0.0, -0.0, 0.0, 1, True, 1.0, -0.0):
+        got = k(x, c)
+        np.testing.assert_array_equal(got, scaled(x, c))
+        assert got.dtype == scaled(x, c).dtype
+    assert k.cache_info().misses == 5 and k.cache_info().hits == 2     # 0.0, -0.0, 1, True, 1.0
+
+
+def test_arrays_the_key_cannot_vouch_for_take_the_full_path():
+    """A strided view, an unaligned view: the same results as a contiguous copy."""
+    k = rf.kernel(softmax, backend="cpu")
+    x = RNG.standard_normal((6, 40)).astype(np.float32)
+    want = k(np.ascontiguousarray(x))
+    wide = np.zeros((6, 80), np.float32)
+    wide[:, ::2] = x
+    np.testing.assert_array_equal(k(wide[:, ::2]), want)
+    raw = np.zeros(6 * 40 * 4 + 1, np.uint8)
+    unaligned = raw[1:].view(np.float32).reshape(6, 40)
+    unaligned[...] = x
+    np.testing.assert_array_equal(k(unaligned), want)
+    np.testing.assert_array_equal(k(x), want)                            # and the fast path again
+
+
+def test_the_backend_auto_picks_follows_the_environment(monkeypatch):
+    x = RNG.standard_normal((2, 8)).astype(np.float32)
+    k = rf.kernel(softmax)
+    monkeypatch.setenv("REDFUSER_BACKEND", "interpret")
+    k(x)
+    k(x)
+    monkeypatch.setenv("REDFUSER_BACKEND", "cpu")
+    k(x)
+    assert {lowered.backend for lowered, _ in k._cache.values()} == {"interpret", "cpu"}
+    assert k.cache_info()[:2] == (1, 2)
+
+
+def test_a_single_program_runs_on_the_calling_thread_only_from_the_main_thread(monkeypatch):
+    """Handing one program instance to a worker costs more than running it; other threads (whose stacks may
+    be small) and kernels with large tiles keep the pool."""
+    x = RNG.standard_normal((2, 8)).astype(np.float32)
+    k = rf.kernel(softmax, backend="cpu")
+    k(x)
+    run = next(iter(k._cache.values()))[1]
+    used = []
+    monkeypatch.setattr(run.pool, "run", lambda fn, args, n: (used.append(n), fn(*args, 0, n)))
+    inline = k(x)
+    assert used == []
+    result = []
+    worker = threading.Thread(target=lambda: result.append(k(x)))
+    worker.start()
+    worker.join()
+    assert used == [1]
+    np.testing.assert_array_equal(inline, result[0])
+    np.testing.assert_allclose(inline, softmax(x), rtol=1e-6)
+    assert cpu_jit.tile_bytes(run.program.kernels[0]) <= cpu_jit.INLINE_STACK_BYTES
