@@ -225,12 +225,7 @@ def peer(name: str, case: Case, dev: Device, hardware: dict):
     if name == "torch.matmul":
         return lambda x, w: x @ w
     if name == "triton fused routing":
-        if dev.smoke:
-            raise Skip("not in a --smoke-cpu run")
-        try:
-            import triton_peers
-        except Exception as exc:
-            raise Skip(f"Triton is not installed ({type(exc).__name__}: {exc})") from None
+        triton_peers = _triton_peers(dev)
         k = ROUTING[case.workload]
         return lambda logits: triton_peers.moe_routing(logits, k)
     if name == "scaled_mm alone":
@@ -247,12 +242,7 @@ def peer(name: str, case: Case, dev: Device, hardware: dict):
     if name == "torch.log_softmax":
         return lambda x: torch.log_softmax(x, -1)
     if name == "triton":
-        if dev.smoke:
-            raise Skip("not in a --smoke-cpu run")
-        try:
-            import triton_peers
-        except Exception as exc:
-            raise Skip(f"Triton is not installed ({type(exc).__name__}: {exc})") from None
+        triton_peers = _triton_peers(dev)
         if case.name == "decode":
             return lambda q, k, v: triton_peers.decode(q, k, v, sm_count=hardware.get("sm_count") or 132)
         if case.workload in ATTENTION:
@@ -266,6 +256,17 @@ def peer(name: str, case: Case, dev: Device, hardware: dict):
                                     out_dtype=torch.bfloat16)
         return scaled
     raise KeyError(name)
+
+
+def _triton_peers(dev: Device):
+    """The module of Triton peer kernels, or `Skip` where they cannot run (a CPU smoke run, no Triton)."""
+    if dev.smoke:
+        raise Skip("not in a --smoke-cpu run")
+    try:
+        import triton_peers
+    except Exception as exc:
+        raise Skip(f"Triton is not installed ({type(exc).__name__}: {exc})") from None
+    return triton_peers
 
 
 def _flex_attention(case: Case, dev: Device):

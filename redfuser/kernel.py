@@ -184,6 +184,15 @@ class Kernel:
         lowered = self._compiled(args, kwargs, to_run=False)[0]
         return explain(lowered.name, lowered.groups, lowered.stages.get("fused"))
 
+    @_user_facing
+    def output_types(self, *args: Any, **kwargs: Any) -> tuple[ShapeDtype, ...]:
+        """The shape and dtype of each result for these arguments (arrays or `rf.ShapeDtype`s), from tracing
+        alone: nothing is compiled (what a framework's shape inference, e.g. a torch fake tensor, needs)."""
+        from .trace import trace
+
+        specs, _ = self._specs(args, kwargs)
+        return tuple(ShapeDtype(b.shape, b.dtype.numpy) for b in trace(self.__wrapped__, specs).outputs)
+
     @property
     def cache_size(self) -> int:
         """How many specializations are compiled in memory."""

@@ -72,22 +72,23 @@ def mean_abs_deviation(x):
     return rf.sum(rf.abs(x - mu), axis=-1) / n
 
 
-def moe_routing(logits):
-    """MoE routing: softmax over experts, top-2, renormalized by the kept sum."""
+def route(logits, k: int):
+    """MoE routing: softmax over experts, the top `k`, renormalized by their sum."""
     m = rf.max(logits, axis=-1, keepdims=True)
     e = rf.exp(logits - m)
     p = e / rf.sum(e, axis=-1, keepdims=True)
-    weights, experts = rf.topk(p, 2)
+    weights, experts = rf.topk(p, k)
     return weights / rf.sum(weights, axis=-1, keepdims=True), experts
+
+
+def moe_routing(logits):
+    """MoE routing, top-2 (`route`)."""
+    return route(logits, 2)
 
 
 def moe_routing_top8(logits):
-    """MoE routing at a serving model's width: softmax over (256) experts, top-8, renormalized."""
-    m = rf.max(logits, axis=-1, keepdims=True)
-    e = rf.exp(logits - m)
-    p = e / rf.sum(e, axis=-1, keepdims=True)
-    weights, experts = rf.topk(p, 8)
-    return weights / rf.sum(weights, axis=-1, keepdims=True), experts
+    """MoE routing at a serving model's width: top-8 of (256) experts (`route`)."""
+    return route(logits, 8)
 
 
 def gemm(x, w):

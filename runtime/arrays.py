@@ -193,6 +193,9 @@ def _device_type(x: object) -> int:
 
 
 def _from_dlpack(x: object, name: str) -> tuple[ArrayInfo, np.ndarray | None]:
+    if getattr(x, "requires_grad", False) is True:   # torch refuses to export it (BufferError)
+        raise ArgumentError(f"{name} is a tensor that requires grad; a kernel has no backward, so pass "
+                            f"x.detach() (or call it under torch.no_grad() on detached tensors)")
     device_type, device_id = (int(v) for v in x.__dlpack_device__())
     if device_type == CPU:
         view = _host_dlpack(x, name)

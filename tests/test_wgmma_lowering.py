@@ -77,7 +77,9 @@ def test_attention_on_wgmma_equals_its_mma_sync_kernel(body, dtype, head):
     assert {a.startswith("desc") for a in a_operands} == {True, False}
     assert simt.count("_a_tile:") == 1
     np.testing.assert_array_equal(got, on_mma(q, k, v))
-    assemble_without_spills(on_wgmma.lower(q, k, v))
+    # f16 attention divides in another kernel; bf16 and causal attention divide by l in this one, and
+    # ptxas serializes their wgmmas for it (an IEEE division's slow path is a subroutine call)
+    assemble_without_spills(on_wgmma.lower(q, k, v), serialized_by_division=body is not flash_attention_f16)
 
 
 def test_an_fp8_gemm_takes_the_e4m3_wgmma():
@@ -88,7 +90,7 @@ def test_an_fp8_gemm_takes_the_e4m3_wgmma():
     lowered = on_wgmma.lower(x, w, ws)
     assert "wgmma.m64n64k32.f8e4m3" in str(lowered.stages["simt"])
     np.testing.assert_array_equal(got, rf.kernel(fp8_quant_gemm, backend="simulate", sm="sm_90")(x, w, ws))
-    assemble_without_spills(lowered)
+    assemble_without_spills(lowered, serialized_by_division=True)     # (448 / absmax, in the loop)
 
 
 def test_a_dot_whose_tiles_do_not_fit_keeps_mma_sync():
