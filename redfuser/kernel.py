@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -133,22 +134,29 @@ class Kernel:
         fast_key = _fast_key(args, self.backend) if not kwargs else None
         fast = self._fast.get(fast_key) if fast_key is not None else None
         if fast is not None:
-            # a specialization seen before with plain, contiguous numpy arrays: nothing to re-derive
+            # a specialization seen before with plain, contiguous numpy arrays or torch CPU tensors: nothing
+            # to re-derive (`_fast_key`)
             lowered, run, host = fast
-            arrays = [a for a in args if isinstance(a, np.ndarray)]
-            if out is None:
+            arrays = [a for a in args if type(a) not in _FAST_STATICS]
+            if host and any(type(a) is not np.ndarray for a in arrays):     # torch CPU tensors
+                results = tuple(_torch_from_numpy(r) for r in run([_numpy_view(a) for a in arrays]))
+                if out is None:
+                    self._hits += 1
+                    return results[0] if len(results) == 1 else tuple(results)
+            elif out is None:
                 self._hits += 1
                 results = run(arrays) if host else run(arrays, stream=stream)
                 return results[0] if len(results) == 1 else tuple(results)
-            given = _plain_outs(out, lowered.program.outputs, arrays) if host else None
-            if given is not None:
-                self._hits += 1
-                _run_into(run, arrays, given)
-                return out
+            else:
+                given = _plain_outs(out, lowered.program.outputs, arrays) if host else None
+                if given is not None:
+                    self._hits += 1
+                    _run_into(run, arrays, given)
+                    return out
         lowered, run, arrays = self._compiled(args, kwargs)
         host = backends.BACKENDS[lowered.backend].arrays == "host"
-        if fast_key is not None and len(arrays) == sum(isinstance(a, np.ndarray) for a in args) and all(
-                a is b for a, b in zip(arrays, (a for a in args if isinstance(a, np.ndarray)))):
+        passed = [a for a in args if type(a) not in _FAST_STATICS]
+        if fast_key is not None and len(arrays) == len(passed) and all(a is b for a, b in zip(arrays, passed)):
             self._fast[fast_key] = (lowered, run, host)    # (each array read in place: no copy to redo)
         names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
         outs = None
@@ -232,6 +240,7 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
     None for any other call, which takes the full path. The backend ``auto`` resolves to is in the key (it
     depends on ``REDFUSER_BACKEND``)."""
     key: list = [backend if backend is not None else ("auto", config.default_backend())]
+    torch = sys.modules.get("torch")
     for a in args:
         if type(a) is np.ndarray:
             flags = a.flags
@@ -240,9 +249,28 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
             key.append((a.dtype, a.shape))
         elif type(a) in _FAST_STATICS:
             key.append((type(a), a, repr(a)))   # (repr: -0.0 and 0.0 are two specializations)
+        elif torch is not None and type(a) is torch.Tensor and a.is_cpu and not a.requires_grad \
+                and a.dtype in _torch_numpy_dtypes(torch) and a.is_contiguous():
+            key.append(("torch", a.dtype, tuple(a.shape)))
         else:
             return None
     return tuple(key)
+
+
+@functools.cache
+def _torch_numpy_dtypes(torch: Any) -> frozenset:
+    """The torch dtypes whose CPU tensors ``Tensor.numpy()`` views without a copy."""
+    return frozenset({torch.float32, torch.float16, torch.int32, torch.int64, torch.bool})
+
+
+def _numpy_view(a: Any) -> np.ndarray:
+    return a if type(a) is np.ndarray else a.numpy()
+
+
+def _torch_from_numpy(r: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(r)
 
 
 def _run_into(run: backends.Executable, inputs: list[np.ndarray], views: list[np.ndarray]) -> None:

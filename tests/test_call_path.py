@@ -75,3 +75,20 @@ def test_a_single_program_runs_on_the_calling_thread_only_from_the_main_thread(m
     np.testing.assert_array_equal(inline, result[0])
     np.testing.assert_allclose(inline, softmax(x), rtol=1e-6)
     assert cpu_jit.tile_bytes(run.program.kernels[0]) <= cpu_jit.INLINE_STACK_BYTES
+
+
+def test_torch_cpu_tensors_take_the_cached_path_and_come_back_as_tensors():
+    torch = pytest.importorskip("torch")
+    k = rf.kernel(softmax, backend="cpu")
+    x = torch.randn(5, 24, generator=torch.Generator().manual_seed(1))
+    first, again = k(x), k(x)
+    assert isinstance(again, torch.Tensor) and torch.equal(first, again)
+    np.testing.assert_array_equal(again.numpy(), k(x.numpy()))
+    assert k.cache_info()[:2] == (2, 1)
+    wide = torch.zeros(5, 48)
+    wide[:, ::2] = x
+    assert torch.equal(k(wide[:, ::2]), again)                        # strided: the full path
+    half = x.bfloat16()                                                # no numpy view: the full path
+    assert torch.equal(k(half), k(half)) and k(half).dtype == torch.bfloat16
+    with pytest.raises(rf.ArgumentError, match="requires grad"):
+        k(x.clone().requires_grad_())
