@@ -241,6 +241,7 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
     depends on ``REDFUSER_BACKEND``)."""
     key: list = [backend if backend is not None else ("auto", config.default_backend())]
     torch = sys.modules.get("torch")
+    tensor = getattr(torch, "Tensor", None)      # (None where torch is not imported, or is not torch)
     for a in args:
         if type(a) is np.ndarray:
             flags = a.flags
@@ -249,7 +250,7 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
             key.append((a.dtype, a.shape))
         elif type(a) in _FAST_STATICS:
             key.append((type(a), a, repr(a)))   # (repr: -0.0 and 0.0 are two specializations)
-        elif torch is not None and type(a) is torch.Tensor and a.is_cpu and not a.requires_grad \
+        elif tensor is not None and type(a) is tensor and a.is_cpu and not a.requires_grad \
                 and a.dtype in _torch_numpy_dtypes(torch) and a.is_contiguous():
             key.append(("torch", a.dtype, tuple(a.shape)))
         else:
