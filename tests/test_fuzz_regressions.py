@@ -377,3 +377,16 @@ def test_a_widened_sum_of_bf16_terms_is_split_before_centring(backend):
     # the reference rounds each element's two products and their sum to bf16 (2^-9 of their magnitudes)
     scale = (np.abs((x64 - r0) * w64) + np.abs(x64 * r0)) @ np.abs(v64)
     assert got.dtype == np.float32 and np.all(np.abs(got - exact) <= 2.0 ** -8 * scale), np.abs(got - exact).max()
+
+
+@pytest.mark.parametrize("example", [27144, 31114])
+def test_the_oracle_does_not_judge_what_follows_a_16_bit_step_that_overflows_only_in_numpy(example):
+    """Long campaign at 88db831 (seed 1), examples 27144 (``x0 / (x2 @ (x1 @ x0))``, f16, ``65504 * 16``) and
+    31114 (``x1 / (|x0 * x2| + 1)``, ``x0 * x2 = 65504 * 2`` in f16): numpy's f16 step overflows to inf and
+    what follows is 0; a kernel keeps the step in f32 (finite) and gives 3e-5. The oracle compared the class
+    of the twin rounded to f16 (inf, like numpy's), so the step was not unsure and the result was judged
+    wrong; it now also compares the unrounded twin, and everything computed from such a step is unsure."""
+    from redfuser.testing.fuzz_tasks import Config, run_example
+
+    result = run_example(Config(1, ("cpu", "simulate")), example)
+    assert result.failures == [], result.failures
