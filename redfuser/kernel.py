@@ -138,21 +138,19 @@ class Kernel:
             # to re-derive (`_fast_key`)
             lowered, run, host = fast
             arrays = [a for a in args if type(a) not in _FAST_STATICS]
-            if host and any(type(a) is not np.ndarray for a in arrays):     # torch CPU tensors
-                results = tuple(_torch_from_numpy(r) for r in run([_numpy_view(a) for a in arrays]))
-                if out is None:
-                    self._hits += 1
-                    return results[0] if len(results) == 1 else tuple(results)
-            elif out is None:
+            numpy_only = all(type(a) is np.ndarray for a in arrays)
+            if out is None:
                 self._hits += 1
-                results = run(arrays) if host else run(arrays, stream=stream)
-                return results[0] if len(results) == 1 else tuple(results)
-            else:
-                given = _plain_outs(out, lowered.program.outputs, arrays) if host else None
-                if given is not None:
-                    self._hits += 1
-                    _run_into(run, arrays, given)
-                    return out
+                if not host:
+                    return _one_or_tuple(run(arrays, stream=stream))
+                if numpy_only:
+                    return _one_or_tuple(run(arrays))
+                return _one_or_tuple(tuple(_torch_from_numpy(r) for r in run([a.numpy() for a in arrays])))
+            given = _plain_outs(out, lowered.program.outputs, arrays) if host and numpy_only else None
+            if given is not None:
+                self._hits += 1
+                _run_into(run, arrays, given)
+                return out
         lowered, run, arrays = self._compiled(args, kwargs)
         host = backends.BACKENDS[lowered.backend].arrays == "host"
         passed = [a for a in args if type(a) not in _FAST_STATICS]
@@ -177,7 +175,7 @@ class Kernel:
             results = run(arrays, stream=stream, outputs=outs)
             if outs is not None:
                 return out
-        return results[0] if len(results) == 1 else tuple(results)
+        return _one_or_tuple(results)
 
     @_user_facing
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
@@ -264,8 +262,9 @@ def _torch_numpy_dtypes(torch: Any) -> frozenset:
     return frozenset({torch.float32, torch.float16, torch.int32, torch.int64, torch.bool})
 
 
-def _numpy_view(a: Any) -> np.ndarray:
-    return a if type(a) is np.ndarray else a.numpy()
+def _one_or_tuple(results: tuple) -> Any:
+    """A kernel call's value: its one result, or the tuple of them."""
+    return results[0] if len(results) == 1 else tuple(results)
 
 
 def _torch_from_numpy(r: np.ndarray) -> Any:

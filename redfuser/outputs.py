@@ -55,6 +55,7 @@ def check(outs: Sequence[object], results: Sequence[Buffer], arguments: Sequence
     the `arguments` (name, array) and the other outs (no shared memory); `ArgumentError` on the first
     violation."""
     infos: list[arrays_rt.ArrayInfo] = []
+    described = [(arg_name, arrays_rt.describe(arg, f"argument {arg_name!r}")) for arg_name, arg in arguments]
     for i, (o, b) in enumerate(zip(outs, results)):
         name = f"out[{i}] (result {b.name!r})" if len(results) > 1 else f"out (result {b.name!r})"
         try:
@@ -66,8 +67,8 @@ def check(outs: Sequence[object], results: Sequence[Buffer], arguments: Sequence
                                 f"{BufferType(b.dtype, tuple(b.shape))}", op=kernel, loc=loc)
         if getattr(getattr(o, "flags", None), "writeable", True) is False:
             raise ArgumentError(f"{name} is a read-only array", op=kernel, loc=loc)
-        for arg_name, arg in arguments:
-            if _overlap(info, arrays_rt.describe(arg, f"argument {arg_name!r}")):
+        for arg_name, arg_info in described:
+            if _overlap(info, arg_info):
                 raise ArgumentError(f"{name} shares memory with argument {arg_name!r}: the kernel reads its "
                                     "arguments while it writes its results", op=kernel, loc=loc)
         for j, other in enumerate(infos):

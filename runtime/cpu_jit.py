@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import queue
 import re
@@ -223,14 +224,7 @@ def tile_bytes(kernel) -> int:
     (materialized tiles; the rest live in registers)."""
     from ..ir.tile import nodes as t
 
-    total = 0
-    for op in t.walk_ops(kernel.body):
-        for v in t.results(op):
-            n = v.dtype.itemsize
-            for extent in v.shape:
-                n *= extent
-            total += n
-    return total
+    return sum(v.dtype.itemsize * math.prod(v.shape) for op in t.walk_ops(kernel.body) for v in t.results(op))
 
 
 class CpuProgram:

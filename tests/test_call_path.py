@@ -92,3 +92,17 @@ def test_torch_cpu_tensors_take_the_cached_path_and_come_back_as_tensors():
     assert torch.equal(k(half), k(half)) and k(half).dtype == torch.bfloat16
     with pytest.raises(rf.ArgumentError, match="requires grad"):
         k(x.clone().requires_grad_())
+
+
+def test_a_cached_call_with_torch_tensors_and_out_runs_the_kernel_once(monkeypatch):
+    torch = pytest.importorskip("torch")
+    k = rf.kernel(softmax, backend="cpu")
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    k(x)
+    runs = []
+    original = cpu_jit.CpuProgram.__call__
+    monkeypatch.setattr(cpu_jit.CpuProgram, "__call__", lambda self, *a, **kw: (runs.append(1), original(self, *a, **kw))[1])
+    out = np.empty((3, 16), np.float32)
+    assert k(x, out=out) is out
+    np.testing.assert_array_equal(out, k(x.numpy()))
+    assert len(runs) == 2                               # the out= call once, the check call once

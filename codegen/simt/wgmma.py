@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...ir.errors import InternalError
 from ...ir.semantics import BinaryOp
 from ...ir.simt.nodes import Reg, SharedAlloc, WgmmaShape
 from ...ir.simt.types import IntOp
@@ -80,12 +81,6 @@ class TileGeometry:
     def offset(self, row: int, k: int) -> int:
         """The byte offset of element (`row`, `k`) in the swizzled tile."""
         return swizzle(self.unswizzled(row, k), self.mode)
-
-    def start(self, row: int, k: int) -> int:
-        """The descriptor start (bytes from the tile's base) of the instruction reading rows `row`.. at
-        K step `k` (a multiple of 8 rows; the K offset inside the swizzled row is applied by the hardware's
-        address swizzle, as the tile was written)."""
-        return self.unswizzled(row, k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +170,8 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
     (m, k), n = op.a.shape, op.b.shape[1]
     warps = lw.plan.warps
     if layout != mma_acc(m, n, warps):
-        raise AssertionError("a wgmma result lives in the mma accumulator layout")
+        raise InternalError(f"wgmma result {op.out} asked for in {layout.kind}, not the mma accumulator layout",
+                            pass_name="lower_to_simt")
     shape, nt = plan.shape, n // 8
     a_fragments = _register_a(lw, op.a, shape)
     b_regs = _operand(lw, op.b, 0)
@@ -220,5 +216,7 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
 
 
 def _descriptor(b, base: Reg, geometry: TileGeometry, row: int, k: int) -> Reg:
-    address = b.arith(BinaryOp.ADD, base, b.const_of(geometry.start(row, k), int32))
+    """The descriptor of the instruction reading rows `row`.. (a multiple of 8) at K step `k`: its start is the
+    *unswizzled* offset, the hardware applying the swizzle to the address as the tile was written."""
+    address = b.arith(BinaryOp.ADD, base, b.const_of(geometry.unswizzled(row, k), int32))
     return b.wgmma_descriptor(address, leading=16, stride=8 * geometry.row_bytes, swizzle=geometry.mode.value)
