@@ -103,6 +103,9 @@ def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 class BufferType:
     """An array type with a static shape: dense row-major, or a strided view of memory.
 
+    Below the Loop IR of a shape-polymorphic kernel a dense buffer's shape may hold run-time extents
+    (`redfuser.ir.sizes.Size`); its size and strides are then expressions of them. Views are static.
+
     `strides` are element strides, one per dim (any sign; 0 repeats one element along a dim, as
     ``numpy.broadcast_to`` does); None means dense row-major, the layout of every array the compiler
     allocates. Only kernel inputs are ever strided: a kernel is specialized on its arguments' strides,
@@ -140,7 +143,7 @@ class BufferType:
     def base_offset(self) -> int:
         """Elements from the lowest addressed element to element ``[0, ..., 0]`` (> 0 only with negative
         strides)."""
-        if self.size == 0:
+        if self.strides is None or self.size == 0:
             return 0
         return sum((1 - n) * s for n, s in zip(self.shape, self.element_strides) if s < 0)
 
@@ -148,6 +151,8 @@ class BufferType:
     def span(self) -> int:
         """Elements of memory between the lowest and the highest addressed element, both included (the
         size for a dense buffer; 0 for an empty one)."""
+        if self.strides is None:
+            return self.size
         if self.size == 0:
             return 0
         return 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.element_strides))

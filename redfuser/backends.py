@@ -24,6 +24,8 @@ from .codegen.simt.ptx import LlvmModules, PtxProgram, compile_ptx, emit_llvm
 from .compiler import (COMMON_STAGES, Lowered, Stage, host_llvm_stage, prefetch_stage, schedule_stage,
                        simt_stage)
 from .ir import BackendError, SourceLoc, run_program
+from .ir.loop.extents import substitute_extents
+from .ir.sizes import bind_shapes
 from .kernel_options import KernelOptions
 from .schedule.options import DEFAULTS, ScheduleOptions, cpu_workers, gpu_workers
 
@@ -110,7 +112,7 @@ CPU_STAGES: tuple[Stage, ...] = COMMON_STAGES + (
 )
 GPU_STAGES: tuple[Stage, ...] = COMMON_STAGES + (
     Stage("tile", schedule_stage),
-    Stage("prefetched", prefetch_stage, applies=lambda options: options.prefetch),
+    Stage("prefetched", prefetch_stage, applies=lambda lowered: lowered.options.prefetch),
     Stage("simt", simt_stage),
     Stage("llvm", _gpu_llvm_stage),
     Stage("ptx", _ptx_stage),
@@ -122,7 +124,22 @@ GPU_STAGES: tuple[Stage, ...] = COMMON_STAGES + (
 def _build_interpret(lowered: Lowered) -> Executable:
     program = lowered.program
     chunk = lowered.options.interpret_chunk
-    return lambda arrays: run_program(program, arrays, chunk=chunk)
+    if lowered.shapes is None:
+        return lambda arrays: run_program(program, arrays, chunk=chunk)
+    # a shape class: the Loop IR traced at the probes, instantiated at each call's lengths
+    probed, probes = lowered.artifacts["probed"], dict(lowered.shapes.symbols)
+    made: dict[tuple, object] = {}
+
+    def run(arrays: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+        values = bind_shapes([b.shape for b in program.inputs], [np.shape(a) for a in arrays])
+        key = tuple(sorted(values.items()))
+        if key not in made:
+            if len(made) >= 64:
+                made.clear()
+            made[key] = substitute_extents(probed, {probes[name]: n for name, n in values.items()})
+        return run_program(made[key], arrays, chunk=chunk)
+
+    return run
 
 
 def _build_cpu(lowered: Lowered) -> Executable:

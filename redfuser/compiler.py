@@ -4,6 +4,8 @@
     traced      the Python body on tracers -> Loop IR, one loop       all
                 nest per op
     fused       inline, CSE, cascade analysis, the fusion theorem     all (option fuse)
+    sized       probe lengths -> run-time extents, after checking     all (shape-polymorphic
+                that the program does not depend on them              kernels only)
     tile        Loop IR -> Tile IR (grid of programs over tiles)      cpu, cuda, simulate
     llvm        Tile IR -> LLVM IR (host)                             cpu
     native      LLVM IR -> this CPU's object code (compile cache;     cpu
@@ -40,10 +42,13 @@ from llvmlite import ir as llvm_ir
 
 from . import config
 from .ir import Program, verify_program
+from .ir.loop.extents import substitute_extents
+from .ir.sizes import SymbolicDecision
 from .ir.tile.nodes import TileProgram
 from .ir.source import warn_at_user
 from .fusion import fuse
 from .kernel_options import KernelOptions
+from .shapes import ShapePlan
 from .trace import ArgSpec, trace
 from .schedule import ScheduleOptions, schedule_program
 from .schedule.prefetch import prefetch_operands
@@ -57,12 +62,12 @@ from .codegen.timing import recording_parts, timed
 class Stage:
     """One named step of a backend's pipeline: ``run(ir, lowered)`` takes what the stage before made (the
     Python function, for the first) and returns what it makes, kept as ``lowered.stages[name]`` and timed
-    as ``lowered.timings[name]``. `applies(options)`: whether it runs for a kernel's options (default:
-    always)."""
+    as ``lowered.timings[name]``. `applies(lowered)`: whether it runs for this compile (its options, whether
+    it is shape-polymorphic; default: always)."""
 
     name: str
     run: Callable[[Any, "Lowered"], Any]
-    applies: Callable[[KernelOptions], bool] = lambda options: True
+    applies: Callable[["Lowered"], bool] = lambda lowered: True
 
 
 class Pipeline(Protocol):
@@ -100,6 +105,9 @@ class Lowered:
     parts: dict[str, dict[str, float]] = field(default_factory=dict)
     pipeline: Pipeline | None = field(default=None, repr=False, compare=False)   # the backend compiled for
     gpu: GpuOptions | None = None   # the GPU lowering's options (cuda, simulate)
+    # a shape-polymorphic compile's shape class (`redfuser.shapes.ShapePlan`); `specs` are then its probes
+    shapes: ShapePlan | None = None
+    source: Callable | None = field(default=None, repr=False, compare=False)     # the kernel's function
 
     def timed(self, stage: str) -> AbstractContextManager[None]:
         """Add the wall time of the ``with`` body to ``timings[stage]``."""
@@ -129,7 +137,8 @@ class Lowered:
 
 def trace_stage(fn: Callable, lowered: Lowered) -> Program:
     """traced: the Python function on tracers -> verified Loop IR."""
-    lowered.program = verify_program(trace(fn, lowered.specs), pass_name="trace")
+    lowered.program = verify_program(trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", [])),
+                                     pass_name="trace")
     return lowered.program
 
 
@@ -164,11 +173,45 @@ def simt_stage(tile: TileProgram, lowered: Lowered) -> SimtProgram:
     return lower_to_simt(tile, lowered.gpu)
 
 
+def sized_stage(program: Program, lowered: Lowered) -> Program:
+    """sized (shape-polymorphic kernels): the program traced at `redfuser.shapes.PROBES` with each probe
+    replaced by its symbol (a `redfuser.ir.sizes.Sym`), once the program traced and fused at the other
+    probes has proven equal to this one up to the probes: nothing in it depends on a symbolic length's
+    value. `SymbolicDecision` when it does (the kernel then compiles the call's exact shapes). The probe
+    program stays in ``artifacts["probed"]`` (the ``interpret`` backend instantiates it per call), the
+    least length each symbol needs in ``artifacts["guards"]`` (from the trace's length checks: an int
+    index or a top-k's k; a call below them is compiled for its exact shapes, and fails as numpy does)."""
+    plan = lowered.shapes
+    assert plan is not None and lowered.source is not None
+    def same_at(specs: tuple[ArgSpec, ...], probes: dict[int, int]) -> bool:
+        other = trace(lowered.source, specs)
+        if lowered.options.fuse:
+            other, _ = fuse(other)
+        return substitute_extents(program, probes) == other
+
+    if not same_at(plan.check_specs, plan.probe_to_check):
+        swaps = plan.probe_to_check
+        names = frozenset(name for name, probe in plan.symbols
+                          if not same_at(plan.only(name), {probe: swaps[probe]}))
+        raise SymbolicDecision(f"the program depends on the value of {', '.join(sorted(names)) or 'its lengths'} "
+                               "(a length used as a number, or a fusion constant such as 1/n)", names)
+    lowered.artifacts["probed"] = program
+    lowered.program = verify_program(substitute_extents(program, plan.probe_to_symbol), pass_name="sized")
+    guards: dict[str, int] = {}
+    for name, probe in plan.symbols:
+        least = [n for length, n in lowered.artifacts.get("length_needs", []) if length == probe]
+        if least:
+            guards[name] = max(least)
+    lowered.artifacts["guards"] = guards
+    return lowered.program
+
+
 COMMON_STAGES: tuple[Stage, ...] = (
     Stage("traced", trace_stage),
-    Stage("fused", fuse_stage, applies=lambda options: options.fuse),
+    Stage("fused", fuse_stage, applies=lambda lowered: lowered.options.fuse),
+    Stage("sized", sized_stage, applies=lambda lowered: lowered.shapes is not None),
 )
-"""traced and fused: what every backend starts with."""
+"""traced, fused and (for a shape-polymorphic kernel) sized: what every backend starts with."""
 
 
 # --- running them ---------------------------------------------------------------------------------
@@ -200,18 +243,21 @@ def _gc_paused():
                 gc.enable()
 
 
-def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: KernelOptions) -> Lowered:
-    """Run `backend`'s stages on `fn` specialized to `specs`; keep every stage."""
+def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: KernelOptions,
+          shapes: ShapePlan | None = None) -> Lowered:
+    """Run `backend`'s stages on `fn` specialized to `specs`, or with `shapes` to a shape class (`specs`
+    are then its probes, `redfuser.shapes`); keep every stage."""
     with _gc_paused():
-        return _lower(fn, specs, backend, options)
+        return _lower(fn, specs, backend, options, shapes)
 
 
-def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: KernelOptions) -> Lowered:
+def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: KernelOptions,
+           shapes: ShapePlan | None) -> Lowered:
     out = Lowered(getattr(fn, "__name__", "kernel"), specs, backend.name, options, pipeline=backend,
-                  gpu=backend.gpu_options(options))
+                  gpu=backend.gpu_options(options), shapes=shapes, source=fn)
     made: Any = fn
     for stage in backend.stages:
-        if not stage.applies(options):
+        if not stage.applies(out):
             continue
         with out.timed(stage.name), recording_parts({}) as parts:
             made = stage.run(made, out)

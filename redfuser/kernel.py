@@ -11,7 +11,9 @@ from . import backends, config, outputs
 from .compiler import Lowered, lower
 from .arguments import ShapeDtype, bind, check_signature, spec_of
 from .ir import ArgumentError, RedFuserError
+from .ir.sizes import SymbolicDecision
 from .kernel_options import DEFAULT_OPTIONS, KernelOptions
+from .shapes import Dynamic, DynamicAxes, ShapePlan
 from .runtime import arrays as arrays_rt
 from .source_info import user_loc
 from .trace import ArgSpec, ArraySpec
@@ -45,13 +47,16 @@ class Kernel:
     Compiles once per specialization and keeps the result in memory: the arrays' dtypes, shapes and
     strides, each static value's type and exact value (``2``, ``2.0`` and ``True`` are three), the
     backend and the options (`redfuser.arguments`). `options` is the kernel's `KernelOptions`.
+    Shapes: a shape class where axes are symbolic (`dynamic`, `redfuser.shapes`): by default an axis seen
+    with a second length becomes symbolic, and one kernel then serves all its lengths.
     """
 
     @_user_facing
     def __init__(self, fn: Callable, backend: str | None = None, options: KernelOptions | None = None,
-                 **given: object) -> None:
+                 dynamic: Dynamic = None, **given: object) -> None:
         name = getattr(fn, "__name__", "kernel")
         self._signature = check_signature(fn, name)
+        self._dynamic = DynamicAxes(dynamic, name, tuple(self._signature.parameters), user_loc())
         if options is not None and not isinstance(options, KernelOptions):
             raise ArgumentError(f"options must be an rf.KernelOptions, got {type(options).__name__}", op="kernel",
                                 loc=user_loc())
@@ -93,6 +98,11 @@ class Kernel:
             raise ArgumentError("an rf.ShapeDtype argument can be compiled (kernel.lower, kernel.explain) but not run",
                                 op=self.__name__, loc=user_loc())
         backend, _ = backends.resolve(self.backend, to_run=to_run)
+        plan = self._dynamic.plan(specs)
+        if plan is not None:
+            found = self._polymorphic(plan, specs, backend, to_run)
+            if found is not None:
+                return found[0], found[1], arrays
         key = (specs, backend, self.options)
         entry = self._cache.get(key)
         if entry is not None:
@@ -104,6 +114,41 @@ class Kernel:
         if to_run and entry[1] is None:   # compiled without running (lower/explain): build it now
             entry[1] = backends.BACKENDS[backend].build(entry[0])
         return entry[0], entry[1], arrays
+
+    def _polymorphic(self, plan: ShapePlan, specs: tuple[ArgSpec, ...], backend: str, to_run: bool
+                     ) -> tuple[Lowered, backends.Executable | None] | None:
+        """The kernel of the call's shape class (`redfuser.shapes`): compiled, or found. Where compiling it
+        meets a decision on a symbolic length (`SymbolicDecision`), the axes behind it are kept static and
+        the narrower class is tried, and remembered for the next call of the class; None when no axis is
+        left symbolic (the caller compiles the exact shapes)."""
+        dynamic, first = self._dynamic, plan.key
+        excluded = dynamic.excluded.get(first, frozenset())
+        current: ShapePlan | None = dynamic.plan(specs, excluded) if excluded else plan
+        while current is not None:
+            key = (current.key, backend, self.options)
+            entry = self._cache.get(key)
+            if entry is not None:
+                if not _within_guards(entry[0], current):
+                    return None          # a length the class's program cannot take: the exact shapes say why
+                self._hits += 1
+            else:
+                try:
+                    lowered = lower(self.__wrapped__, current.specs, backends.BACKENDS[backend], self.options, current)
+                except (SymbolicDecision, RedFuserError) as why:
+                    symbols = why.symbols if isinstance(why, SymbolicDecision) else frozenset()
+                    excluded = excluded | current.axes_of(symbols)
+                    dynamic.excluded[first] = excluded
+                    dynamic.refused[current.describe()] = str(why).splitlines()[0]
+                    current = dynamic.plan(specs, excluded)
+                    continue
+                entry = self._cache[key] = [lowered, None]
+                if not _within_guards(lowered, current):
+                    return None
+                self._misses += 1
+            if to_run and entry[1] is None:
+                entry[1] = backends.BACKENDS[backend].build(entry[0])
+            return entry[0], entry[1]
+        return None
 
     def _tuned(self, specs: tuple[ArgSpec, ...], backend: str, arrays: list, to_run: bool) -> KernelOptions:
         """The options to compile with: tuned ones where autotuning is on (stored results only when not running)."""
@@ -155,6 +200,8 @@ class Kernel:
         host = backends.BACKENDS[lowered.backend].arrays == "host"
         passed = [a for a in args if type(a) not in _FAST_STATICS]
         if fast_key is not None and len(arrays) == len(passed) and all(a is b for a, b in zip(arrays, passed)):
+            if len(self._fast) >= _FAST_ENTRIES:
+                self._fast.clear()      # a shape-polymorphic kernel sees many shapes: keep the table small
             self._fast[fast_key] = (lowered, run, host)    # (each array read in place: no copy to redo)
         names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
         outs = None
@@ -200,6 +247,12 @@ class Kernel:
         return tuple(ShapeDtype(b.shape, b.dtype.numpy) for b in trace(self.__wrapped__, specs).outputs)
 
     @property
+    def polymorphism(self) -> dict[str, str]:
+        """The shape classes whose compile kept some axes static, and why (`redfuser.shapes`): each class in
+        words -> the reason (empty while every class seen compiled with all its symbolic axes)."""
+        return dict(self._dynamic.refused)
+
+    @property
     def cache_size(self) -> int:
         """How many specializations are compiled in memory."""
         return len(self._cache)
@@ -212,7 +265,15 @@ class Kernel:
         return CacheInfo(self._hits, self._misses, None, len(self._cache))
 
 
+def _within_guards(lowered: Lowered, plan: ShapePlan) -> bool:
+    """Whether the call's lengths meet the least lengths the class's program needs (its ``guards``)."""
+    guards = lowered.artifacts.get("guards", {})
+    return all(n >= guards.get(name, 0) for (name, _), n in zip(plan.symbols, plan.values))
+
+
 _FAST_STATICS = (bool, int, float, str, type(None))
+_FAST_ENTRIES = 1024
+"""The most call keys `Kernel._fast` holds (one per exact shape seen; a shape class serves many)."""
 
 
 def _plain_outs(out: object, results: tuple, arrays: list[np.ndarray]) -> list[np.ndarray] | None:
@@ -284,9 +345,11 @@ def _run_into(run: backends.Executable, inputs: list[np.ndarray], views: list[np
 
 
 def kernel(fn: Callable | None = None, *, backend: str | None = None, options: KernelOptions | None = None,
-           **given: object):
+           dynamic: Dynamic = None, **given: object):
     """Make `fn` a RedFuser kernel: ``@rf.kernel``, ``@rf.kernel(backend=...)`` or ``rf.kernel(fn, ...)``; options
-    as keywords (``block_m=64``) or as ``options=rf.KernelOptions(...)``."""
+    as keywords (``block_m=64``) or as ``options=rf.KernelOptions(...)``; `dynamic`: which axes are symbolic
+    (None: those seen with a second length; True: all; False: none; ``{"k": (-2,)}``: these;
+    `redfuser.shapes`)."""
     if fn is None:
-        return lambda f: Kernel(f, backend=backend, options=options, **given)
-    return Kernel(fn, backend=backend, options=options, **given)
+        return lambda f: Kernel(f, backend=backend, options=options, dynamic=dynamic, **given)
+    return Kernel(fn, backend=backend, options=options, dynamic=dynamic, **given)

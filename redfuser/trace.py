@@ -136,9 +136,12 @@ def _watching_returns(returned: Callable[[FrameType], None]):
             sys.setprofile(previous)
 
 
-def trace(fn: Callable, specs: tuple[ArgSpec, ...]) -> Program:
-    """Run `fn` on tracers for `specs`; return the unfused Loop IR of what it computes."""
+def trace(fn: Callable, specs: tuple[ArgSpec, ...], length_needs: list[tuple[int, int]] | None = None) -> Program:
+    """Run `fn` on tracers for `specs`; return the unfused Loop IR of what it computes. `length_needs`, when
+    given, receives the body's length checks (`TraceBuilder.need_length`), dead code's included."""
     builder = TraceBuilder(getattr(fn, "__name__", "kernel"))
+    if length_needs is not None:
+        builder.length_needs = length_needs
     values = {s.name: builder.add_input(s.name, s.type) if isinstance(s, ArraySpec) else s.value for s in specs}
     args, kwargs = _call_arguments(fn, values)
     returns: list[SourceLoc] = []

@@ -61,6 +61,13 @@ class TraceBuilder:
         self._counter: dict[str, int] = {}
         self._user_names: dict[str, str] = {}  # buffer name -> user variable name
         self._taken: set[str] = set()
+        # (a length the body's checks read, the least it may be): an int index or a top-k's k needs the axis
+        # to be that long; a shape-polymorphic kernel turns these into guards (`redfuser.compiler.sized_stage`)
+        self.length_needs: list[tuple[int, int]] = []
+
+    def need_length(self, length: int, least: int) -> None:
+        """Record that the body is what it traced to only while an axis of `length` has >= `least` elements."""
+        self.length_needs.append((int(length), int(least)))
 
     def fresh(self, hint: str) -> str:
         n = self._counter.get(hint, 0)

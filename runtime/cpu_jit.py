@@ -33,6 +33,7 @@ import llvmlite.binding as llvm
 
 from ..codegen.native import compile_object, host_target, jit_machine
 from ..ir.array_memory import memory_of
+from ..ir.sizes import bind_shapes, concrete, evaluate
 from .object_check import BadObject, check_host_object
 from .object_machines import Machine, machine_of_triple
 
@@ -209,8 +210,8 @@ def grid_pool(threads: int = 0) -> GridPool:
 
 
 def kernel_function(library: JitLibrary, symbol: str, num_params: int):
-    """The ctypes function for a kernel ``void f(ptr * num_params, i64 begin, i64 end)``."""
-    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * num_params), ctypes.c_int64, ctypes.c_int64)
+    """The ctypes function for a kernel ``void f(ptr * num_params, ptr sizes, i64 begin, i64 end)``."""
+    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * (num_params + 1)), ctypes.c_int64, ctypes.c_int64)
     return proto(library.address(symbol))
 
 
@@ -232,12 +233,16 @@ class CpuProgram:
 
     Kernels run in launch order; each one's program instances are split over the
     pool. Outputs and scratch buffers are fresh arrays per call; inputs are read only.
+    A shape-polymorphic program's run-time extents are read off its inputs' shapes
+    (`redfuser.ir.sizes.bind_shapes`) and each kernel gets the values of its own.
     """
 
     def __init__(self, tile_program, abis, library: JitLibrary, threads: int = 0) -> None:
         self.program = tile_program
         self.pool = grid_pool(threads)
-        self._kernels = [(kernel_function(library, a.symbol, len(a.params)), a.params, a.programs) for a in abis]
+        self._kernels = [(kernel_function(library, a.symbol, len(a.params)), a.params, a.programs, a.sizes)
+                         for a in abis]
+        self._symbolic = any(not isinstance(n, int) for b in tile_program.inputs for n in b.shape)
         self._library = library  # keeps the code alive as long as the functions
         self._small_stack = all(tile_bytes(k) <= INLINE_STACK_BYTES for k in tile_program.kernels)
 
@@ -250,6 +255,7 @@ class CpuProgram:
         import numpy as np
 
         p = self.program
+        values = bind_shapes([b.shape for b in p.inputs], [a.shape for a in arrays]) if self._symbolic else {}
         buffers = {}
         for b, a in zip(p.inputs, arrays):
             dense = b.type.strides is None and a.flags.c_contiguous and a.dtype == b.dtype.numpy
@@ -258,11 +264,17 @@ class CpuProgram:
         for b in p.outputs + p.scratch:
             target = given.get(b.name)
             in_place = target is not None and target.flags.c_contiguous and target.dtype == b.dtype.numpy
-            buffers[b.name] = target if in_place else np.empty(b.shape, dtype=b.dtype.numpy)
+            shape = concrete(b.shape, values) if values else b.shape
+            buffers[b.name] = target if in_place else np.empty(shape, dtype=b.dtype.numpy)
         address = {name: a.__array_interface__["data"][0] for name, a in buffers.items()}
         inline = self._small_stack and threading.current_thread() is threading.main_thread()
-        for fn, params, programs in self._kernels:
-            args = tuple(address[name] for name in params)
+        for fn, params, programs, sizes in self._kernels:
+            size_array = None
+            if sizes:
+                size_array = np.array([evaluate(n, values) for n in sizes], dtype=np.int64)
+                programs = evaluate(programs, values)
+            args = tuple(address[name] for name in params) + (
+                size_array.ctypes.data if size_array is not None else None,)
             if inline and programs == 1:
                 fn(*args, 0, 1)        # one program instance: handing it to a worker costs more than it runs
             else:

@@ -24,6 +24,9 @@ import numpy as np
 
 from ..codegen.simt import SimtProgram
 from ..codegen.simt.ptx import PtxProgram
+from ..codegen.simt.run import program_at
+from ..ir.buffer import Buffer
+from ..ir.sizes import bind_shapes
 from ..ir.array_memory import memory_of
 from ..ir.errors import ArgumentError, BackendError
 from ..ir.types import BufferType
@@ -164,7 +167,10 @@ class CudaProgram:
     def __init__(self, simt: SimtProgram, ptx: PtxProgram) -> None:
         self.simt, self.ptx = simt, ptx
         self._functions: dict[int, list] = {}               # device -> its loaded kernels, in launch order
-        self._workspaces: dict[tuple[int, int], dict] = {}  # (device, stream) -> scratch buffers by name
+        # (device, stream, scratch lengths) -> scratch buffers by name
+        self._workspaces: dict[tuple, dict] = {}
+        self._symbolic = any(not isinstance(n, int) for b in simt.inputs for n in b.shape)
+        self._at: dict[tuple, tuple] = {}   # a shape-polymorphic program's lengths -> `program_at` for them
 
     def _kernels(self, context) -> list:
         from .cuda_driver import load_module
@@ -175,15 +181,32 @@ class CudaProgram:
             self._functions[context.device_index] = functions
         return functions
 
-    def _scratch(self, context, handle: int) -> dict:
+    def _scratch(self, p: SimtProgram, context, handle: int) -> dict:
         from .cuda_memory import DeviceBuffer
 
-        key = (context.device_index, handle)
+        key = (context.device_index, handle, tuple(b.shape for b in p.scratch))
         workspace = self._workspaces.get(key)
         if workspace is None:
-            workspace = {b.name: DeviceBuffer.alloc(_nbytes(b), context) for b in self.simt.scratch}
+            workspace = {b.name: DeviceBuffer.alloc(_nbytes(b), context) for b in p.scratch}
             self._workspaces[key] = workspace
         return workspace
+
+    def _program(self, shapes: list[tuple[int, ...]]) -> tuple[SimtProgram, tuple[dict, ...]]:
+        """The program for arguments of `shapes`: itself, or for a shape-polymorphic one `program_at` their
+        lengths (made once per lengths, the last 64 kept)."""
+        if not self._symbolic:
+            return self.simt, tuple({} for _ in self.simt.kernels)
+        try:
+            values = bind_shapes([b.shape for b in self.simt.inputs], shapes)
+        except ValueError as err:
+            raise ArgumentError(f"arguments of shapes {shapes} for {self.simt.name}: {err}") from None
+        key = tuple(sorted(values.items()))
+        found = self._at.get(key)
+        if found is None:
+            if len(self._at) >= 64:
+                self._at.clear()
+            found = self._at[key] = program_at(self.simt, values)
+        return found
 
     def close(self) -> None:
         """Free the scratch buffers kept between calls (the next call allocates them again)."""
@@ -198,10 +221,10 @@ class CudaProgram:
         except Exception:  # interpreter shutdown or a driver already gone: nothing left to free
             pass
 
-    def _launch(self, context, pointers: dict, stream) -> None:
-        for kernel, function in zip(self.simt.kernels, self._kernels(context)):
-            function.launch(grid=kernel.grid, block=(kernel.threads,),
-                            args=[pointers[b.name] for b in kernel.buffers], stream=stream)
+    def _launch(self, p: SimtProgram, sizes: tuple[dict, ...], context, pointers: dict, stream) -> None:
+        for kernel, scalars, function in zip(p.kernels, sizes, self._kernels(context)):
+            args = [pointers[q.name] if isinstance(q, Buffer) else scalars[q.name] for q in kernel.params]
+            function.launch(grid=kernel.grid, block=(kernel.threads,), args=args, stream=stream)
 
     def __call__(self, arrays: Sequence[object], stream: object | None = None,
                  outputs: Sequence[object] | None = None) -> tuple:
@@ -213,23 +236,24 @@ class CudaProgram:
             raise ArgumentError(f"{p.name} takes {len(p.inputs)} array(s), got {len(arrays)}")
         infos = [(f"argument {b.name!r}", arrays_rt.describe(a, f"argument {b.name!r}"))
                  for b, a in zip(p.inputs, arrays)]
+        p, sizes = self._program([tuple(info.shape) for _, info in infos])
         outs = [(f"out {b.name!r}", arrays_rt.describe(o, f"out {b.name!r}"), o)
                 for b, o in zip(p.outputs, outputs)] if outputs is not None else None
         with _keeping_current_context():
             if any(info.on_gpu for _, info in infos) or any(info.on_gpu for _, info, _ in outs or ()):
-                return self._run_on_device(arrays, infos, stream, outs)
-            results = self._run_from_host(arrays, infos, stream)
+                return self._run_on_device(p, sizes, arrays, infos, stream, outs)
+            results = self._run_from_host(p, sizes, arrays, infos, stream)
         if outs is not None:
             for (_, _, o), r in zip(outs, results):
                 np.copyto(arrays_rt.host_array(o, "out"), arrays_rt.host_array(r), casting="no")
             return tuple(o for _, _, o in outs)
         return results
 
-    def _run_from_host(self, arrays: Sequence[object], infos: list, stream: object | None) -> tuple:
+    def _run_from_host(self, p: SimtProgram, sizes: tuple[dict, ...], arrays: Sequence[object], infos: list,
+                       stream: object | None) -> tuple:
         from .cuda_driver import driver, primary_context
         from .cuda_memory import DeviceBuffer, Stream
 
-        p = self.simt
         context = primary_context(0)
         handle = 0 if stream is None else stream_handle(stream)
         on = None if stream is None else Stream(driver.CUstream(handle))
@@ -245,8 +269,8 @@ class CudaProgram:
             for b in p.outputs:
                 owned.append(DeviceBuffer.alloc(_nbytes(b), context))
                 pointers[b.name] = owned[-1]
-            pointers.update(self._scratch(context, handle))
-            self._launch(context, pointers, on)
+            pointers.update(self._scratch(p, context, handle))
+            self._launch(p, sizes, context, pointers, on)
             if on is None:
                 context.synchronize()
             results = tuple(pointers[b.name].copy_to(np.empty(b.shape, b.dtype.numpy), on) for b in p.outputs)
@@ -255,12 +279,11 @@ class CudaProgram:
             for buffer in owned:
                 buffer.free()
 
-    def _run_on_device(self, arrays: Sequence[object], infos: list, stream: object | None,
-                       outs: list | None = None) -> tuple:
+    def _run_on_device(self, p: SimtProgram, sizes: tuple[dict, ...], arrays: Sequence[object], infos: list,
+                       stream: object | None, outs: list | None = None) -> tuple:
         from .cuda_driver import driver, primary_context
         from .cuda_memory import DeviceBuffer, Stream
 
-        p = self.simt
         on_gpu = [(name, info) for name, info in infos if info.on_gpu]
         on_gpu += [(name, info) for name, info, _ in outs or () if info.on_gpu]
         device = _common_device(on_gpu)
@@ -311,9 +334,9 @@ class CudaProgram:
                         pointers[b.name] = owned[-1]
                         out = None
                     outputs.append(out)
-            pointers.update(self._scratch(context, handle))
+            pointers.update(self._scratch(p, context, handle))
             launched = True
-            self._launch(context, pointers, on)
+            self._launch(p, sizes, context, pointers, on)
             if not owned:
                 return tuple(outputs)         # asynchronous, ordered on the stream like the library's own ops
             on.synchronize()

@@ -78,6 +78,34 @@ def test_the_variants_the_device_check_times_equal_the_numpy_body(name, shape, o
 
 # --- torch tensors and streams -------------------------------------------------------------------------
 
+_CUTS = {"softmax": (0,), "attention": (1, 2), "causal_attention": (0, 1, 2), "moe_routing": (0,),
+         "fp8_quant_gemm": (0,)}
+"""Which arguments' second-to-last axis (rows, keys) a polymorphic call shortens."""
+
+
+@pytest.mark.parametrize("name", list(_CUTS))
+def test_a_shape_polymorphic_kernel_on_the_device_equals_the_numpy_body_at_every_length(name):
+    """The run-time extents reach the PTX as scalar parameters (`SimtKernel.sizes`): one kernel, several
+    lengths, each equal to the body on numpy."""
+    w = WORKLOADS[name]
+    k = rf.kernel(w.fn, backend="cuda", dynamic=True)
+    base = w.make_inputs(np.random.default_rng(12))
+    for cut in (1.0, 0.37, 0.05):
+        args = [a[..., :max(2, int(a.shape[-2] * cut)), :].copy() if i in _CUTS[name] else a
+                for i, a in enumerate(base)]
+        with np.errstate(all="ignore"):
+            expected = as_tuple(w.fn(*args))
+        actual = as_tuple(k(*args))
+        if name == "fp8_quant_gemm":
+            x, wt, ws = args
+            exact = (x.astype(np.float64) @ wt.astype(np.float64)) * ws
+            assert np.all(np.abs(actual[0].astype(np.float64) - exact) <= quantization_bound(x, wt, ws))
+            continue
+        for a, e in zip(actual, expected):
+            assert_close(a, e, e.dtype, args[-1].shape[-2 if name.endswith("attention") else -1], name)
+    assert k.cache_info().misses <= 2, k.polymorphism
+
+
 def test_torch_cuda_tensors_in_give_torch_cuda_tensors_out_and_the_input_is_untouched(torch_cuda):
     torch = torch_cuda
     x = torch.randn(96, 700, device="cuda") * 3

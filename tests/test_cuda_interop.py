@@ -15,6 +15,7 @@ import ctypes
 import subprocess
 import sys
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,7 +23,9 @@ from cuda.bindings import driver as real_driver
 
 import redfuser as rf
 from redfuser import backends, cli
+from redfuser.ir.buffer import Buffer
 from redfuser.ir.errors import ArgumentError, BackendError, CudaError
+from redfuser.ir.types import BufferType
 from redfuser.runtime import arrays, cuda_driver
 from redfuser.runtime.arrays import CUDA
 from redfuser.runtime.cuda_backend import stream_handle
@@ -105,14 +108,25 @@ class FakeGpu(FakeDriver):
         kernel = self.kernels[fn.split(":", 1)[1]]
         slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
         pointers = [ctypes.c_uint64.from_address(slots[i]).value for i in range(len(kernel.buffers))]
+        # a shape-polymorphic kernel: its run-time extents are scalar params after the buffers, its grid the
+        # launch's, and its buffers the memory behind their pointers, flat
+        symbolic = bool(kernel.sizes)
+        scalars = {}
+        for i, q in enumerate(kernel.params[len(kernel.buffers):], start=len(kernel.buffers)):
+            scalars[q.name] = q.dtype.numpy.type(np.ctypeslib.as_array(
+                (ctypes.c_byte * q.dtype.itemsize).from_address(slots[i])).view(q.dtype.numpy)[0])
         views = {}
+        flat_params = []
         for b, ptr in zip(kernel.buffers, pointers):
             data, offset, _ = self._region(ptr)
             assert ptr % 16 == 0, f"{b.name} at {ptr:#x}: a vector load would fault on a misaligned address"
-            nbytes = b.type.span * b.dtype.itemsize     # a strided input: the memory it spans, flat
+            nbytes = (data.size - offset) if symbolic else b.type.span * b.dtype.itemsize
             flat = data[offset:offset + nbytes].view(b.dtype.numpy)
-            views[b.name] = flat.reshape(b.shape) if b.type.strides is None else flat
-        for name, value in simulate(kernel, views, verify=False).items():
+            views[b.name] = flat if symbolic or b.type.strides is not None else flat.reshape(b.shape)
+            flat_params.append(Buffer(b.name, BufferType(b.dtype, (flat.size,))))
+        if symbolic:
+            kernel = replace(kernel, grid=(gx,), params=tuple(flat_params) + kernel.params[len(kernel.buffers):])
+        for name, value in simulate(kernel, views | scalars, verify=False).items():
             views[name][...] = value
         self.launches.append({"entry": kernel.name, "grid": (gx, gy, gz), "block": (bx, by, bz),
                               "stream": int(stream), "pointers": pointers})
@@ -402,6 +416,35 @@ def test_device_arrays_of_a_library_redfuser_cannot_allocate_in_give_numpy_outpu
     names = gpu.names()
     assert names.index("cuStreamSynchronize") < names.index("cuMemcpyDtoH")
     assert names.count("cuMemFree") == 1                                        # the numpy output's buffer
+
+
+def test_a_shape_polymorphic_kernel_launches_with_its_lengths_as_parameters(gpu, torch):
+    """One compile serves every length: the grid and the run-time extents are computed per call from the
+    arguments' shapes and passed as kernel parameters; device outputs are allocated at the call's shape."""
+    k = rf.kernel(softmax, backend="cuda", dynamic=True)
+    gpu.program(k.lower(rows(3, 70)))
+    for shape in ((3, 70), (40, 130), (2, 5)):
+        x = rows(*shape, seed=shape[0])
+        on_host = k(x)
+        np.testing.assert_allclose(on_host, expected_softmax(x), rtol=1e-5, atol=1e-6)
+        on_device = k(FakeTensor(x.copy(), gpu))
+        np.testing.assert_allclose(on_device.data, expected_softmax(x), rtol=1e-5, atol=1e-6)
+    assert k.cache_info().misses == 1
+    grids = [launch["grid"][0] for launch in gpu.launches]
+    assert grids[0] == grids[1] != grids[2]           # the 40-row call has more programs than the 3-row one
+
+
+def test_a_polymorphic_split_reduction_sizes_its_scratch_per_call(gpu, torch):
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 1, 1, 16)).astype(np.float32)
+    k = rf.kernel(attention, backend="cuda", dynamic={"k": (-2,), "v": (-2,)})
+    kv = rng.standard_normal((1, 1, 1000, 16)).astype(np.float32)
+    gpu.program(k.lower(q, kv, kv))
+    for n in (1000, 333, 2):
+        kv = rng.standard_normal((1, 1, n, 16)).astype(np.float32)
+        out = k(FakeTensor(q.copy(), gpu), FakeTensor(kv.copy(), gpu), FakeTensor(kv.copy(), gpu))
+        np.testing.assert_allclose(out.data, attention(q, kv, kv), rtol=1e-4, atol=1e-5)
+    assert k.cache_info().misses == 1
 
 
 def test_split_reduction_scratch_is_kept_per_stream(gpu, torch):

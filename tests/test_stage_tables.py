@@ -27,7 +27,7 @@ def test_each_stage_has_one_name_for_its_text_its_timing_and_its_dump_file(name,
     monkeypatch.setenv("REDFUSER_DUMP_DIR", str(tmp_path))
     lowered = rf.kernel(workloads.softmax, backend=name, sm="sm_90").lower(_x())
     stages = backends.BACKENDS[name].stages
-    ran = [s.name for s in stages if s.applies(lowered.options)]
+    ran = [s.name for s in stages if s.applies(lowered)]
     assert list(lowered.timings) == list(lowered.stages) == ran
     assert set(lowered.parts) <= set(ran)
     assert len(set(ran)) == len(ran)                           # one name a stage

@@ -1,8 +1,11 @@
 """`KernelEmitter`: the state of one kernel's host code generation.
 
-The kernel becomes ``void name(ptr buf0, ..., ptr bufN, i64 begin, i64 end)``
+The kernel becomes ``void name(ptr buf0, ..., ptr bufN, ptr sizes, i64 begin, i64 end)``
 running program instances ``begin <= pid < end`` of its (flattened, row-major)
-grid; the runtime splits the grid over threads.
+grid; the runtime splits the grid over threads. ``sizes`` points to the i64
+values of the kernel's run-time extents (`size_params`: the `Extent` ops' sizes
+and the grid's, evaluated by the runtime per call; a shape-polymorphic kernel's
+only), null for a kernel without any.
 
 Values are produced on demand by `elem(value, idx)`: the element of a tile at an
 index (a tuple of i64 loop counters). Materialized tiles (see `plan.py`) are read
@@ -25,6 +28,7 @@ from typing import Callable, Iterator
 import llvmlite.ir as ir
 
 from ...ir import DType
+from ...ir.sizes import Size
 from ...ir.tile import nodes as t
 from ...ir.types import row_major_strides
 from ..llvm_dtypes import HOST, cast, from_memory, memory_type, register_type, to_memory
@@ -53,7 +57,7 @@ class KernelEmitter:
         self.module, self.kernel = module, kernel
         self.inline_rules, self.statement_rules = inline_rules, statement_rules
         self.plan = plan_kernel(kernel)
-        fnty = ir.FunctionType(VOID, [PTR] * len(kernel.params) + [I64, I64])
+        fnty = ir.FunctionType(VOID, [PTR] * (len(kernel.params) + 1) + [I64, I64])
         self.fn = ir.Function(module, fnty, name=fn_name)
         self.fn.attributes.add("nounwind")
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
@@ -62,6 +66,9 @@ class KernelEmitter:
             arg.name = buf.name
             arg.add_attribute("noalias")
             self.buffers[buf.name] = arg
+        self.size_params = size_params(kernel)
+        self.sizes_arg = self.fn.args[len(kernel.params)]
+        self.sizes_arg.name = "sizes"
         self.slots: dict[str, Slot] = {}
         self.scalars: dict[str, ir.Value] = {}
         self.coords: list[ir.Value] = []
@@ -76,12 +83,19 @@ class KernelEmitter:
             rest: ir.Value = pid
             coords = []
             for g in reversed(self.kernel.grid):
-                coords.append(self.b.urem(rest, ir.Constant(I64, g)))
-                rest = self.b.udiv(rest, ir.Constant(I64, g))
+                n = self.size(g) if isinstance(g, Size) else ir.Constant(I64, g)
+                coords.append(self.b.urem(rest, n))
+                rest = self.b.udiv(rest, n)
             self.coords = coords[::-1]
             self.emit_block(self.kernel.body)
         self.b.ret_void()
         return self.fn
+
+    def size(self, size: Size) -> ir.Value:
+        """The run-time extent `size` (an i64 read from the ``sizes`` argument)."""
+        slot = self.b.gep(self.sizes_arg, [ir.Constant(I64, self.size_params.index(size))], inbounds=True,
+                          source_etype=I64)
+        return self.b.load(slot, typ=I64, name=f"n{self.size_params.index(size)}")
 
     def emit_block(self, ops: tuple[t.Op, ...]) -> None:
         """Emit a block of ops in order: loop-owning ops by their statement rule, scalars and materialized
@@ -199,3 +213,11 @@ def _nested(em: KernelEmitter, shape: tuple[int, ...], name: str, idx: list) -> 
         idx.append(i)
         with _nested(em, shape[1:], name, idx):
             yield
+
+
+def size_params(kernel: t.TileKernel) -> tuple[Size, ...]:
+    """The run-time extents a kernel's code reads, in the order of its ``sizes`` argument: the grid's,
+    then its `Extent` ops' (`TileKernel.sizes`), each once."""
+    seen: dict[Size, None] = {g: None for g in kernel.grid if isinstance(g, Size)}
+    seen.update((s, None) for s in kernel.sizes())
+    return tuple(seen)

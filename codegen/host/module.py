@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
+from ...ir.sizes import Size, SizeLike
 from ...ir.tile import nodes as t
 from ..llvm_utils import initialize_native, parse_and_verify
 from .emitter import KernelEmitter
@@ -20,12 +21,15 @@ from .stmts import STATEMENT_RULES
 
 @dataclass(frozen=True)
 class KernelABI:
-    """How to call one compiled kernel: ``fn(*buffer pointers, begin, end)`` over ``0 <= pid < programs``."""
+    """How to call one compiled kernel: ``fn(*buffer pointers, sizes, begin, end)`` over ``0 <= pid <
+    programs``; ``sizes`` points to the values of `sizes` (run-time extents, evaluated per call; none for a
+    kernel of static shapes, which gets a null pointer)."""
 
     name: str
     symbol: str
     params: tuple[str, ...]
-    programs: int
+    programs: SizeLike
+    sizes: tuple[Size, ...] = ()
 
 
 def _symbol(program: str, kernel: str) -> str:
@@ -41,7 +45,8 @@ def build_host_module(p: t.TileProgram) -> tuple[ir.Module, tuple[KernelABI, ...
     abis = []
     for k in p.kernels:
         symbol = _symbol(p.name, k.name)
-        KernelEmitter(module, k, symbol, RULES, STATEMENT_RULES).build()
-        abis.append(KernelABI(k.name, symbol, tuple(b.name for b in k.params), k.num_programs))
+        emitter = KernelEmitter(module, k, symbol, RULES, STATEMENT_RULES)
+        emitter.build()
+        abis.append(KernelABI(k.name, symbol, tuple(b.name for b in k.params), k.num_programs, emitter.size_params))
     parse_and_verify(module, pass_name="codegen.host")
     return module, tuple(abis)

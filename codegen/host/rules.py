@@ -172,6 +172,7 @@ def _constant(em: KernelEmitter, op: t.Constant, idx: Idx) -> ir.Value:
 RULES: dict[type, InlineRule] = {
     t.ProgramId: lambda em, op, idx: em.coords[op.axis],
     t.Constant: _constant,
+    t.Extent: lambda em, op, idx: em.size(op.size),   # wide
     t.Arange: lambda em, op, idx: idx[0],
     t.Unary: _unary,
     t.Binary: _binary,

@@ -26,9 +26,22 @@ import math
 from dataclasses import dataclass, replace
 
 from ...ir import BinaryOp
+from ...ir.sizes import SizeLike, SizeOp
 from ...ir.tile import nodes as t
 
 MAX_DIV = 1 << 30
+
+
+def size_pow2_factor(size: SizeLike) -> int:
+    """A power of two dividing the run-time extent `size` for every value of its symbols (a symbol: 1)."""
+    if not isinstance(size, SizeOp):
+        return pow2_factor(size) if isinstance(size, int) else 1
+    a, b = size_pow2_factor(size.a), size_pow2_factor(size.b)
+    if size.op == "*":
+        return min(a * b, MAX_DIV)
+    if size.op in ("+", "-"):
+        return min(a, b)
+    return 1
 
 
 def pow2_factor(c: int) -> int:
@@ -70,6 +83,8 @@ class AffineInfo:
             return Affine((1,), MAX_DIV, None, True)
         if isinstance(op, t.ProgramId):
             return Affine((), 1, None, True)
+        if isinstance(op, t.Extent):      # a run-time extent: >= 0, a multiple of its factors' powers of two
+            return Affine((), size_pow2_factor(op.size), None, True)
         if isinstance(op, t.For):
             if v == op.body.iv:
                 return Affine((), pow2_factor(math.gcd(op.start, op.step)), None, op.start >= 0 and op.step > 0)

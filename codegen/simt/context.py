@@ -14,6 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from ...ir.sizes import Size
 from ...ir.tile import nodes as t
 from ...ir.errors import BackendError, InternalError
 from ...ir.simt.nodes import Reg, SharedAlloc
@@ -62,6 +63,16 @@ class Lowering:
         self._turn: dict[str, int] = {}
         self.tid: Reg = builder.thread_idx()
         self.scalar = scalar(plan.warps)
+        self.size_regs: dict[tuple[Size, DType], Reg] = {}   # run-time extents: kernel parameters
+
+    def size_param(self, size: Size, dtype: DType) -> Reg:
+        """The run-time extent `size` as a scalar kernel parameter of `dtype` (one per extent and dtype; the
+        runtime evaluates it per launch from the arguments' shapes: `SimtKernel.sizes`)."""
+        key = (size, dtype)
+        reg = self.size_regs.get(key)
+        if reg is None:
+            reg = self.size_regs[key] = self.b.scalar_param(f"n{len(self.size_regs)}", dtype)
+        return reg
 
     # --- the environment -------------------------------------------------------------------------
 

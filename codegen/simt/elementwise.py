@@ -36,6 +36,11 @@ def _constant(lw: Lowering, op: t.Constant, layout: Layout) -> Regs:
     return splat(lw.b, layout, op.out.dtype, coerce(op.value, op.out.dtype))
 
 
+@value_rule(t.Extent)
+def _extent(lw: Lowering, op: t.Extent, layout: Layout) -> Regs:
+    return Regs(layout, op.out.dtype, (lw.size_param(op.size, op.out.dtype),))
+
+
 @value_rule(t.ProgramId)
 def _program_id(lw: Lowering, op: t.ProgramId, layout: Layout) -> Regs:
     return Regs(layout, op.out.dtype, (lw.b.cast(lw.pids[op.axis], op.out.dtype) if op.out.dtype != lw.pids[op.axis].dtype

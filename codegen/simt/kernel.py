@@ -20,10 +20,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from ...ir.sizes import Size, SizeLike, is_static
 from ...ir.tile import nodes as t
 from ...ir.errors import BackendError
 from ...ir.buffer import Buffer
 from ...ir.simt.nodes import (
+    Reg,
     MAX_STATIC_SHARED_BYTES,
     For,
     If,
@@ -67,21 +69,26 @@ class SimtProgram:
         return "\n\n".join([head] + [str(k) for k in self.kernels])
 
 
-def _program_ids(lw: Lowering, grid: tuple[int, ...]) -> None:
-    """``pid_i = (block // prod(grid[i+1:])) % grid[i]`` (no mod for the first axis)."""
+def _program_ids(lw: Lowering, grid: tuple[SizeLike, ...]) -> None:
+    """``pid_i = (block // prod(grid[i+1:])) % grid[i]`` (no mod for the first axis); a run-time grid
+    dimension (or product) is a kernel parameter."""
     b = lw.b
+
+    def value(n: SizeLike) -> Reg:
+        return lw.size_param(n, int32) if isinstance(n, Size) else b.const_of(n, int32)
+
     block = b.block_idx(0)
     pids = []
-    inner = 1
+    inner: SizeLike = 1
     for axis in reversed(range(len(grid))):
-        if grid[axis] == 1:
+        if is_static(grid[axis]) and grid[axis] == 1:
             pid = b.const_of(0, int32)
         else:
-            pid = block if inner == 1 else b.int_op(IntOp.DIV, block, b.const_of(inner, int32))
+            pid = block if is_static(inner) and inner == 1 else b.int_op(IntOp.DIV, block, value(inner))
             if axis > 0:
-                pid = b.int_op(IntOp.REM, pid, b.const_of(grid[axis], int32))
+                pid = b.int_op(IntOp.REM, pid, value(grid[axis]))
         pids.append(pid)
-        inner *= grid[axis]
+        inner = inner * grid[axis]
     lw.pids = tuple(reversed(pids))
 
 
@@ -157,17 +164,19 @@ def _emit_within_shared_memory(k: t.TileKernel, plan: Plan, opts: GpuOptions) ->
 
 def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool) -> SimtKernel:
     """Steps 3-4 of the module docstring: the kernel's statements, its scratch arrays sized."""
-    b = LoweringBuilder(symbol(k.name), warps=plan.warps, grid=(max(1, k.num_programs),))
+    programs = k.num_programs
+    b = LoweringBuilder(symbol(k.name), warps=plan.warps, grid=(max(1, programs) if is_static(programs) else programs,))
     b.params.extend(k.params)
     lw = Lowering(k, plan, opts, b, alternate)
     _program_ids(lw, k.grid)
     lw.emit_ops(k.body)
-    built = replace(b.build(verify=False), min_blocks_per_sm=opts.min_blocks_per_sm)
+    built = replace(b.build(verify=False), min_blocks_per_sm=opts.min_blocks_per_sm,
+                    sizes=tuple((reg.name, size) for (size, _), reg in lw.size_regs.items()))
     return size_shared(built, lw)
 
 
 def lower_to_simt(p: t.TileProgram, opts: GpuOptions = GpuOptions()) -> SimtProgram:
     """Every kernel of `p` with at least one program, lowered (see the module docstring); each step's time
     as for `lower_kernel`, summed over the kernels."""
-    kernels = tuple(lower_kernel(k, opts) for k in p.kernels if k.num_programs > 0)
+    kernels = tuple(lower_kernel(k, opts) for k in p.kernels if not is_static(k.num_programs) or k.num_programs > 0)
     return SimtProgram(p.name, p.inputs, p.outputs, p.scratch, kernels, opts.sm)

@@ -208,6 +208,7 @@ def _store(p: _Planner, op: t.Store, depth: int) -> None:
 
 _RULES = {
     t.ProgramId: _scalar_or_lazy,
+    t.Extent: _scalar_or_lazy,
     t.Constant: _scalar_or_lazy,
     t.Arange: _scalar_or_lazy,
     t.Broadcast: _scalar_or_lazy,

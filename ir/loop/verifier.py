@@ -19,6 +19,7 @@ from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK,
 from ..excerpt import excerpt_around
 from .printer import program_lines
 from ..types import bool_, int64
+from ..sizes import is_static
 
 
 _ARITHMETIC = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV, BinaryOp.POW, BinaryOp.MAX,
@@ -33,6 +34,12 @@ class _Where(NamedTuple):
     program: Program
     pass_name: str
 
+
+
+
+def _below(i: int, extent: object) -> bool:
+    """``i < extent``; true for a run-time extent (its kernel guards the lengths its indices need)."""
+    return not is_static(extent) or i < extent
 
 def _fail(msg: str, node: Stmt | OnlineState | TopKState | None, where: _Where) -> None:
     """Raise `VerifyError`: `msg`, then the printed program around `node`, marked (none without a node)."""
@@ -56,7 +63,7 @@ def verify_expr(e: Expr, scope: dict[str, Axis], defined: dict[str, Buffer], stm
                         _fail(f"load of {buf.name} uses axis {idx.name} not in scope", stmt, where)
                     if idx.extent != size:
                         _fail(f"{buf.name} dim {dim} has size {size} but axis {idx.name} runs to {idx.extent}", stmt, where)
-                elif not (isinstance(idx, int) and 0 <= idx < size):
+                elif not (isinstance(idx, int) and 0 <= idx and _below(idx, size)):
                     _fail(f"{buf.name} dim {dim} indexed by {idx!r}, outside [0, {size})", stmt, where)
         elif isinstance(node, IndexValue):
             if scope.get(node.axis.name) != node.axis:
@@ -97,7 +104,7 @@ def verify_topk(s: TopK, defined: dict[str, Buffer], where: _Where) -> None:
     if s.values.shape != shape or s.indices.shape != shape or s.indices.dtype != int64:
         _fail(f"top-k buffers {s.values.type}, {s.indices.type} do not match loops {list(shape)} (indices i64)",
               s, where)
-    if not 0 <= s.rank < len(s.axes) or s.k > s.reduce_axis.extent:
+    if not 0 <= s.rank < len(s.axes) or not _below(s.k - 1, s.reduce_axis.extent):
         _fail(f"top-k rank {s.rank} / k {s.k} out of range for {s.reduce_axis.extent} elements", s, where)
     if s.value.dtype != s.values.dtype:
         _fail(f"top-k value has dtype {s.value.dtype} but {s.values.name} is {s.values.dtype}", s, where)
@@ -116,7 +123,7 @@ def verify_fused_loop(s: FusedLoop, defined: dict[str, Buffer], where: _Where) -
         shape = tuple(a.extent for a in st.axes)
         if isinstance(st, TopKState):
             shape = shape[: st.rank] + (st.k,) + shape[st.rank:]
-            if st.indices.shape != shape or st.indices.dtype != int64 or st.k > s.axis.extent:
+            if st.indices.shape != shape or st.indices.dtype != int64 or not _below(st.k - 1, s.axis.extent):
                 _fail(f"top-k state {st.acc.name}: indices {st.indices.type} or k {st.k} wrong", st, where)
         if st.prev.type != st.acc.type or shape != st.acc.shape:
             _fail(f"state {st.acc.name}: prev/acc types or axes disagree", st, where)

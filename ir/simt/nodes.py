@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from ..buffer import Buffer
+from ..sizes import Size, SizeLike
 from .ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     Barrier,
     Binary,
@@ -214,25 +215,28 @@ class SimtKernel:
     """One launch: `grid` blocks of ``warps * 32`` threads running `body`.
 
     `params` are the kernel arguments in order: global `Buffer`s and scalar `Reg`s
-    (uniform values defined for the whole body).
+    (uniform values defined for the whole body). A shape-polymorphic kernel's run-time
+    extents are scalar params: `sizes` names each one's register and its `Size`, which the
+    runtime evaluates per launch, as it does a `grid` dimension that is a `Size`.
     """
 
     name: str
     params: tuple[Buffer | Reg, ...]
     warps: int
-    grid: tuple[int, ...]
+    grid: tuple[SizeLike, ...]
     shared: tuple[SharedAlloc, ...]
     body: tuple[Stmt, ...]
     loc: SourceLoc = _loc()
     min_blocks_per_sm: int | None = None   # `.minnctapersm`: ptxas keeps registers low enough for this many
+    sizes: tuple[tuple[str, Size], ...] = ()
 
     @property
     def threads(self) -> int:
         return self.warps * WARP_SIZE
 
     @property
-    def num_blocks(self) -> int:
-        n = 1
+    def num_blocks(self) -> SizeLike:
+        n: SizeLike = 1
         for g in self.grid:
             n *= g
         return n

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..sizes import is_static
 from ..semantics import BinaryOp
 from .nodes import (
     Binary,
@@ -113,7 +114,8 @@ def transfer(s: Stmt, ranges: Ranges, kernel: SimtKernel) -> None:
     elif isinstance(s, WarpId):
         found = Range(0, kernel.warps - 1, True)
     elif isinstance(s, BlockIdx) and 0 <= s.axis < len(kernel.grid):
-        found = Range(0, kernel.grid[s.axis] - 1, True)
+        g = kernel.grid[s.axis]       # a run-time dimension: below 2**31 (checked at launch)
+        found = Range(0, (g if is_static(g) else 1 << 31) - 1, True)
     elif isinstance(s, Cast) and s.x.dtype.is_int and s.x.name in ranges:
         found = ranges[s.x.name]
     elif isinstance(s, Binary) and s.a.name in ranges and s.b.name in ranges:

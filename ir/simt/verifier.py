@@ -69,6 +69,7 @@ from .nodes import (
 )
 from .printer import simt_kernel_lines
 from .ranges import Ranges, transfer, trip_range
+from ..sizes import is_static
 from ..types import DType, bfloat16, bool_, float8_e4m3fn, float16, float32, int32, int64
 
 # A check's message: text, or a function making it -- most messages show values, and formatting them
@@ -399,9 +400,13 @@ def _check_kernel(k: SimtKernel, pass_name: str) -> None:
     ctx = _Ctx(k, pass_name)
     if not 1 <= k.warps <= 32:
         _fail(f"{k.warps} warps per block (1 to 32)", None, ctx)
-    if not 1 <= len(k.grid) <= 3 or any(g < 1 for g in k.grid) or k.grid[0] >= 2**31 or any(g > 65535 for g in k.grid[1:]):
+    static = [g if is_static(g) else 1 for g in k.grid]     # a run-time dimension is checked at launch
+    if not 1 <= len(k.grid) <= 3 or any(g < 1 for g in static) or static[0] >= 2**31 or any(g > 65535 for g in static[1:]):
         _fail(f"grid {k.grid} must have 1 to 3 dimensions of at least one block (x < 2**31, y and z <= 65535)",
               None, ctx)
+    scalars = {p.name for p in k.params if not isinstance(p, Buffer)}
+    if any(name not in scalars for name, _ in k.sizes):
+        _fail(f"a run-time extent of {[name for name, _ in k.sizes]} is not a scalar parameter", None, ctx)
     names = [p.name for p in k.params] + [a.name for a in k.shared]
     if len(set(names)) != len(names):
         _fail(f"params and shared allocations repeat a name: {names}", None, ctx)

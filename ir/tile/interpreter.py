@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..array_memory import memory_of
+from ..sizes import bind_shapes, concrete, evaluate
 from ..errors import InternalError
 from .. import topk as topk_semantics
 from ..semantics import BINARY_FUNCS as _BINARY, REDUCERS, UNARY_FUNCS as _UNARY
@@ -24,6 +25,7 @@ from .nodes import (
     Cast,
     Constant,
     Dot,
+    Extent,
     ExpandDims,
     For,
     Load,
@@ -46,8 +48,9 @@ Env = dict[str, np.ndarray]
 class _Instance:
     """One program instance: its grid position, the global buffers (flat views) and its values."""
 
-    def __init__(self, kernel: TileKernel, pid: tuple[int, ...], buffers: dict[str, np.ndarray]) -> None:
-        self.kernel, self.pid, self.buffers = kernel, pid, buffers
+    def __init__(self, kernel: TileKernel, pid: tuple[int, ...], buffers: dict[str, np.ndarray],
+                 sizes: dict[str, int]) -> None:
+        self.kernel, self.pid, self.buffers, self.sizes = kernel, pid, buffers, sizes
         self.env: Env = {}
 
     def __getitem__(self, v) -> np.ndarray:
@@ -118,6 +121,7 @@ def _for(op: For, inst: _Instance) -> tuple[np.ndarray, ...]:
 
 RULES: dict[type, Callable[..., np.ndarray]] = {
     ProgramId: lambda op, inst: np.asarray(inst.pid[op.axis], dtype=op.out.dtype.numpy),
+    Extent: lambda op, inst: np.asarray(evaluate(op.size, inst.sizes), dtype=op.out.dtype.numpy),
     Constant: lambda op, inst: np.full(op.out.shape, op.value, dtype=op.out.dtype.numpy),
     Arange: lambda op, inst: np.arange(op.out.shape[0], dtype=op.out.dtype.numpy),
     Unary: lambda op, inst: np.asarray(_UNARY[op.op](inst[op.x])).astype(op.out.dtype.numpy, copy=False),
@@ -146,20 +150,23 @@ def run_ops(ops: tuple[Op, ...], inst: _Instance) -> None:
                 inst.env[op.out.name] = np.asarray(RULES[type(op)](op, inst))
 
 
-def run_kernel(k: TileKernel, buffers: dict[str, np.ndarray]) -> None:
-    """Run every program instance of `k` over `buffers` (name -> flat array), in grid order."""
-    for pid in itertools.product(*(range(g) for g in k.grid)):
-        run_ops(k.body, _Instance(k, pid, buffers))
+def run_kernel(k: TileKernel, buffers: dict[str, np.ndarray], sizes: dict[str, int] | None = None) -> None:
+    """Run every program instance of `k` over `buffers` (name -> flat array), in grid order; `sizes`: the
+    value of each symbol of a shape-polymorphic kernel."""
+    sizes = sizes or {}
+    for pid in itertools.product(*(range(evaluate(g, sizes)) for g in k.grid)):
+        run_ops(k.body, _Instance(k, pid, buffers, sizes))
 
 
 def run_tile_program(p: TileProgram, args: list[np.ndarray] | tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     """Run `p` on numpy arrays (one per input); return its outputs. Scratch is poisoned with NaN/garbage."""
     buffers: dict[str, np.ndarray] = {}
+    sizes = bind_shapes([b.shape for b in p.inputs], [np.shape(a) for a in args])
     for b, a in zip(p.inputs, args):
         buffers[b.name] = memory_of(a, b.type)   # a view: the memory it spans (array_memory.py)
     for b in p.outputs + p.scratch:
-        poison = np.full(b.type.size, np.nan if b.dtype.is_float else 0).astype(b.dtype.numpy)
-        buffers[b.name] = poison
+        n = evaluate(b.type.size, sizes)
+        buffers[b.name] = np.full(n, np.nan if b.dtype.is_float else 0).astype(b.dtype.numpy)
     for k in p.kernels:
-        run_kernel(k, buffers)
-    return tuple(buffers[b.name].reshape(b.shape) for b in p.outputs)
+        run_kernel(k, buffers, sizes)
+    return tuple(buffers[b.name].reshape(concrete(b.shape, sizes)) for b in p.outputs)

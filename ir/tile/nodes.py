@@ -48,6 +48,7 @@ from typing import Union
 from ..semantics import BinaryOp, ReduceOp, UnaryOp
 from ..buffer import Buffer
 from ..source import UNKNOWN, SourceLoc
+from ..sizes import Size, SizeLike
 from ..types import DType
 
 
@@ -109,6 +110,17 @@ class ProgramId:
 
     out: Value
     axis: int
+    loc: SourceLoc = field(default=UNKNOWN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Extent:
+    """A run-time extent of a shape-polymorphic kernel (`redfuser.ir.sizes`): the value of `size`, an
+    expression of the symbolic lengths of the program's arrays, as a scalar of `out`'s integer type. The
+    runtime evaluates every `size` a kernel reads from its arguments' shapes before the launch."""
+
+    out: Value
+    size: Size
     loc: SourceLoc = field(default=UNKNOWN, compare=False)
 
 
@@ -289,7 +301,7 @@ class TopK:
         return self.out.shape[self.axis]
 
 
-Op = Union[ProgramId, Constant, Arange, Unary, Binary, Select, Cast, Broadcast, ExpandDims, Permute,
+Op = Union[ProgramId, Extent, Constant, Arange, Unary, Binary, Select, Cast, Broadcast, ExpandDims, Permute,
            Load, Store, Reduce, Dot, TopK, For]
 ELEMENTWISE = (Unary, Binary, Select, Cast)
 
@@ -357,20 +369,30 @@ class FreshValues:
 
 @dataclass(frozen=True, slots=True)
 class TileKernel:
-    """One launch: `grid` program instances running `body`, over the global buffers in `params`."""
+    """One launch: `grid` program instances running `body`, over the global buffers in `params`. A grid
+    dimension of a shape-polymorphic kernel may be a run-time extent (`Size`)."""
 
     name: str
-    grid: tuple[int, ...]
+    grid: tuple[SizeLike, ...]
     params: tuple[Buffer, ...]
     body: tuple[Op, ...]
     loc: SourceLoc = field(default=UNKNOWN, compare=False)
 
     @property
-    def num_programs(self) -> int:
-        n = 1
+    def num_programs(self) -> SizeLike:
+        n: SizeLike = 1
         for g in self.grid:
             n *= g
         return n
+
+    def sizes(self) -> tuple[Size, ...]:
+        """The run-time extents the body reads (`Extent` ops), each once, in order of first use: the
+        kernel's size parameters."""
+        seen: dict[Size, None] = {}
+        for op in walk_ops(self.body):
+            if isinstance(op, Extent):
+                seen.setdefault(op.size, None)
+        return tuple(seen)
 
     def stored(self) -> tuple[Buffer, ...]:
         """The buffers this kernel writes."""

@@ -25,6 +25,7 @@ from .nodes import (
     Broadcast,
     Cast,
     Constant,
+    Extent,
     Dot,
     ExpandDims,
     For,
@@ -59,6 +60,7 @@ def _binary(op: Binary) -> str:
 
 _RHS: dict[type, Callable[..., str]] = {
     ProgramId: lambda op: f"program_id {op.axis}",
+    Extent: lambda op: f"extent {op.size}",
     Constant: lambda op: f"const {format_const(op.value)}",
     Arange: lambda op: "arange",
     Unary: lambda op: f"{op.op.value} {op.x}",

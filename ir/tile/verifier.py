@@ -22,6 +22,7 @@ from .nodes import (
     Broadcast,
     Cast,
     Constant,
+    Extent,
     Dot,
     ExpandDims,
     For,
@@ -43,6 +44,7 @@ from .nodes import (
 )
 from .printer import kernel_lines
 from ..semantics import UnaryOp
+from ..sizes import is_static
 from ..types import DType, bool_, int32, int64
 
 def _fail(msg: str, op: Op | None, pass_name: str, kernel: TileKernel | None = None) -> None:
@@ -69,6 +71,8 @@ def _check_op(op: Op, kernel: TileKernel, pass_name: str) -> None:
         need(op.out.type.rank == 1 and op.out.dtype.is_int, "arange gives a 1-d integer tile")
     elif isinstance(op, Constant):
         pass
+    elif isinstance(op, Extent):
+        need(op.out.shape == () and op.out.dtype in (int32, int64), "extent gives an i32/i64 scalar")
     elif isinstance(op, Unary | Binary | Select | Cast):
         ins = operands(op)
         need(all(v.shape == op.out.shape for v in ins), "elementwise operands and result must share one shape")
@@ -169,7 +173,7 @@ def _define(v: Value, scope: set[str], defined: set[str], op: Op, pass_name: str
 
 def verify_kernel(k: TileKernel, pass_name: str = "") -> TileKernel:
     """Check one kernel's SSA form and op types; return it unchanged or raise `VerifyError`."""
-    if any(g < 0 for g in k.grid):
+    if any(is_static(g) and g < 0 for g in k.grid):
         _fail(f"kernel {k.name} has a negative grid {k.grid}", None, pass_name)
     _verify_block(k.body, set(), set(), k, pass_name)
     return k

@@ -144,6 +144,7 @@ def topk(x, k: int, axis: int = -1):
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= n:
         raise ShapeError(f"k must be an int in [1, {n}] for axis {axis} of {describe(x)}, got {k!r}",
                          op="topk", loc=user_loc())
+    x.builder.need_length(n, int(k))
     loc = user_loc()
     r = Axis("r0", n)
     out_axes = tuple(Axis("t0", int(k)) if i == d else Axis(f"i{i}", s) for i, s in enumerate(x.shape))

@@ -101,6 +101,7 @@ def getitem(x: Tracer, key: object) -> Tracer:
             if not -size <= k < size:
                 raise ShapeError(f"index {k} is out of bounds for dim {dim} of {describe(x)}", op="getitem",
                                  loc=user_loc())
+            x.builder.need_length(size, int(k) + 1 if k >= 0 else -int(k))
             new_of_old[dim] = Fixed(int(k) % size)
         else:
             raise UnsupportedError(f"index {k!r} of type {type(k).__name__} is not supported (use None, ..., ':' "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..ir import BinaryOp, Buffer, DType, ReduceOp, UnaryOp
+from ..ir.sizes import Size, SymbolicDecision
 from ..ir.source import UNKNOWN, SourceLoc
 from ..ir.tile import nodes as t
 from ..ir.types import bool_
@@ -75,7 +76,23 @@ class KernelBuilder:
         self.emit(t.ProgramId(out, axis))
         return out
 
-    def const(self, value: float | int | bool, dtype: DType, shape: tuple[int, ...] = (), hint: str = "c") -> t.Value:
+    def extent(self, size: Size, hint: str = "n") -> t.Value:
+        """The run-time extent `size` as an index scalar (one `Extent` op per expression and scope)."""
+        key = ("extent", size)
+        found = self.recall(key)
+        if found is None:
+            found = self.value(hint, self.index_dtype)
+            self.emit(t.Extent(found, size))
+            self.remember(key, found)
+        return found  # type: ignore[return-value]
+
+    def const(self, value: float | int | bool | Size, dtype: DType, shape: tuple[int, ...] = (),
+              hint: str = "c") -> t.Value:
+        """A tile of `value`; a run-time extent (`Size`, an index) is read once and broadcast."""
+        if isinstance(value, Size):
+            if dtype != self.index_dtype:
+                raise SymbolicDecision(f"the run-time extent {value} as {dtype}")
+            return self.broadcast(self.extent(value), tuple(shape))
         key = ("const", value, dtype, tuple(shape), str(value))
         found = self.recall(key)
         if found is None:
@@ -167,9 +184,11 @@ class KernelBuilder:
         return out, out_i
 
     @contextmanager
-    def loop(self, start: int, stop: int | t.Value, step: int, inits: tuple[t.Value, ...], hint: str = "k",
+    def loop(self, start: int, stop: int | Size | t.Value, step: int, inits: tuple[t.Value, ...], hint: str = "k",
              arg_hints: tuple[str, ...] | None = None) -> Iterator[LoopScope]:
         """Open ``for iv = start to stop step step`` carrying `inits`; the body goes inside the ``with``."""
+        if isinstance(stop, Size):
+            stop = self.extent(stop)
         iv = self.value(hint, self.index_dtype)
         names = arg_hints or tuple(f"{v.name}_run" for v in inits)
         args = tuple(t.Value(self.fresh(n), v.type) for n, v in zip(names, inits))
@@ -186,7 +205,7 @@ class KernelBuilder:
         scope.results = tuple(t.Value(self.fresh(f"{a.name.removesuffix('_run')}_out"), a.type) for a in args)
         self.emit(t.For(scope.results, start, stop, step, inits, t.Region(iv, args, tuple(ops), scope.yields)))
 
-    def finish(self, grid: tuple[int, ...]) -> t.TileKernel:
+    def finish(self, grid: tuple[int | Size, ...]) -> t.TileKernel:
         """The kernel built so far (params sorted by first use)."""
         assert len(self._blocks) == 1, "a loop is still open"
         return t.TileKernel(self.name, tuple(grid), tuple(self.params.values()), tuple(self._blocks[0]))

@@ -12,7 +12,9 @@ like this one.
 from __future__ import annotations
 
 from ..ir import BinaryOp, Compute, DType, FusedLoop, InternalError, TopKState
+from ..ir.sizes import SizeLike, is_static
 from ..ir.tile import nodes as t
+from .chunks import chunk_loop
 from .exprs import store_tile
 from .layout import FusedBuilder, FusedLayout, fused_layout
 from .masked import live_bound
@@ -57,12 +59,15 @@ def _sweep(fb: FusedBuilder, j: int, c: Compute, needed: set[str]) -> None:
     lay, kb, lw = fb.lay, fb.kb, fb.lw
     n = lay.classes.extent[lay.sweep_key]
     size = lay.sweep_chunk(fb.opts)
-    with kb.loop(0, n, size, (), hint=lay.sweep_key) as lp:
-        fb.binding[lay.sweep_key] = Dim(lay.sweep_key, fb.fused_order, size, n, lp.iv, n % size != 0)
+
+    def chunk(dim: Dim, carried: list[t.Value]) -> tuple[t.Value, ...]:
+        fb.binding[lay.sweep_key] = dim
         b = fb.bind(lay.epilogue_stmt(j), c.axes)
         dims = fb.dims(b, c.axes)
         store_tile(kb, c.out, Tiled(place(kb, lw.lower(c.value, b), dims), dims), [b[a.name] for a in c.axes])
-        lp.yield_()
+        return ()
+
+    chunk_loop(kb, lay.sweep_key, fb.fused_order, n, n, size, (), chunk, hint=lay.sweep_key)
 
 
 def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name: str, opts: ScheduleOptions,
@@ -72,14 +77,14 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
     n = fl.axis.extent
     size = fb.lay.chunk(opts)
     stop = live_stop(fb, n) if opts.skip_masked else n
-    with fb.kb.loop(0, stop, size, tuple(initial_states(fb)), hint=fb.lay.fused_key, arg_hints=carried_names(fb)) as lp:
-        kdim = Dim(fb.lay.fused_key, fb.fused_order, size, n, lp.iv, n % size != 0)
-        lp.yield_(*update_states(fb, kdim, list(lp.args)))
-    finish_states(fb, list(lp.results), needed)
+    final = chunk_loop(fb.kb, fb.lay.fused_key, fb.fused_order, n, stop, size, tuple(initial_states(fb)),
+                       lambda kdim, carried: update_states(fb, kdim, carried), hint=fb.lay.fused_key,
+                       arg_hints=carried_names(fb))
+    finish_states(fb, list(final), needed)
     return fb.finish()
 
 
-def live_stop(fb: FusedBuilder, n: int) -> int | t.Value:
+def live_stop(fb: FusedBuilder, n: SizeLike) -> SizeLike | t.Value:
     """Where this program's walk of the fused axis may stop (`masked.live_bound`): after the last chunk a
     row of its tile can see, clamped to ``[0, n]``; `n` when the loop has no such mask."""
     lay, kb = fb.lay, fb.kb
@@ -89,7 +94,10 @@ def live_stop(fb: FusedBuilder, n: int) -> int | t.Value:
         return n
     if isinstance(row, Dim):     # rows base .. base + size - 1 of the axis
         if row.base is None:
-            return max(0, min(n, row.size + bound.offset))
+            if is_static(n):
+                return max(0, min(n, row.size + bound.offset))
+            return kb.binary(BinaryOp.MIN, kb.const(max(0, row.size + bound.offset), kb.index_dtype),
+                             kb.const(n, kb.index_dtype), hint="live_stop")
         last, past = row.base, row.size + bound.offset
     else:                        # one row per program
         last, past = row.index, 1 + bound.offset

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, Reduce, ReduceOp, TopKState, loads
+from ..ir.sizes import SizeLike, assumed_at_least, is_static, same_length
 from ..ir.tile import nodes as t
 from .builder import KernelBuilder
 from .exprs import ExprLowering
@@ -46,7 +47,7 @@ class FusedLayout:
     def grid_tiled(self, opts: ScheduleOptions) -> tuple[str, ...]:
         """The whole keys tiled across the grid under `opts` (see the module docstring)."""
         limit = max(WHOLE_MAX, opts.block_n)
-        return tuple(k for k in self.gridable if self.classes.extent[k] > limit)
+        return tuple(k for k in self.gridable if not is_static(self.classes.extent[k]) or self.classes.extent[k] > limit)
 
     def state_stmt(self, j: int) -> int:
         """The statement number of state `j` in `classes`."""
@@ -104,7 +105,7 @@ class FusedLayout:
         axis when it is as long as the fused one (softmax's output row: the same tile as the loop's,
         so its load merges with the loop's and the row is read once)."""
         n = self.classes.extent[self.sweep_key]
-        whole = self.one_pass_rows(opts) and n == self.fl.axis.extent
+        whole = self.one_pass_rows(opts) and same_length(n, self.fl.axis.extent)
         return opts.tile(n if whole else opts.block_n, n)
 
     def one_pass_rows(self, opts: ScheduleOptions) -> int:
@@ -116,13 +117,15 @@ class FusedLayout:
         as many tiles as workers even at one row a tile, the loop is chunked and split across programs
         instead (`split.py`): more SMs then read, if each element twice."""
         n = self.fl.axis.extent
+        if not is_static(n):
+            return 0      # a row of run-time length is walked in chunks
         if not (opts.whole_rows and self.per_row_states and 0 < opts.tile(n, n) <= ONE_PASS_MAX
                 and not any(isinstance(st, TopKState) for st in self.fl.states)):
             return 0
         rows = max(1, ONE_PASS_TILE // opts.tile(n, n))
-        while rows > 1 and self.programs(opts, rows) < opts.workers:
+        while rows > 1 and not assumed_at_least(self.programs(opts, rows), opts.workers):
             rows //= 2
-        return rows if 2 * self.programs(opts, rows) >= opts.workers else 0
+        return rows if assumed_at_least(2 * self.programs(opts, rows), opts.workers) else 0
 
     def programs(self, opts: ScheduleOptions, rows: int | None = None) -> int:
         """How many program instances the grid has (without a split), with tiles of `rows` (default:
@@ -182,7 +185,7 @@ def _sweep_key(fl: FusedLoop, epilogue, classes: AxisClasses, fused: str, before
     for j, c in enumerate(epilogue[:-1]):
         earlier |= {classes.of(len(fl.locals) + len(fl.states) + j, a) for a in c.axes}
     new = [k for k in dict.fromkeys(classes.of(last, a) for a in epilogue[-1].axes) if k not in earlier and k != fused]
-    if len(new) == 1 and classes.extent[new[0]] == classes.extent[fused]:
+    if len(new) == 1 and same_length(classes.extent[new[0]], classes.extent[fused]):
         return new[0]
     return None
 
@@ -250,7 +253,7 @@ class FusedBuilder:
         self.kb = KernelBuilder(name, index)
         self.lw = ExprLowering(self.kb)
         self.binding: dict[str, Binding] = {}
-        self.grid: list[int] = []
+        self.grid: list[SizeLike] = []
         kb, extent = self.kb, lay.classes.extent
         for key in lay.grid_keys:
             self.binding[key] = Fixed(kb.program_id(len(self.grid), hint=f"pid_{key}"), extent[key])
@@ -260,7 +263,7 @@ class FusedBuilder:
             size = opts.tile(lay.rows(opts), n)
             pid = kb.program_id(len(self.grid), hint=f"pid_{lay.tiled_key}")
             base = pid if size == 1 else kb.binary(BinaryOp.MUL, pid, kb.const(size, index), hint=f"{lay.tiled_key}_start")
-            self.binding[lay.tiled_key] = Dim(lay.tiled_key, 0, size, n, base, _ceil_div(n, size) * size > n)
+            self.binding[lay.tiled_key] = Dim.make(lay.tiled_key, 0, size, n, base, _ceil_div(n, size) * size)
             premake(kb, self.binding[lay.tiled_key])
             self.grid.append(_ceil_div(n, size))
         # the chunk's dim goes before the whole dims when memory runs along a whole dim (decoding's v[j, d]),
@@ -278,7 +281,7 @@ class FusedBuilder:
                 size, tiles = opts.tile(opts.block_n, n), _ceil_div(n, opts.tile(opts.block_n, n))
                 pid = kb.program_id(len(self.grid), hint=f"pid_{key}")
                 base = kb.binary(BinaryOp.MUL, pid, kb.const(size, index), hint=f"{key}_start")
-                self.binding[key] = Dim(key, first_whole + n_whole, size, n, base, tiles * size > n)
+                self.binding[key] = Dim.make(key, first_whole + n_whole, size, n, base, tiles * size)
                 self.grid.append(tiles)
             else:
                 size = opts.tile(max(n, 1), n)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..ir import Axis, Binary, BinaryOp, Const, Expr, FusedLoop, IndexValue, Load, OnlineState, ReduceOp, Select
 from ..ir.loop.expr import walk
+from ..ir.sizes import SizeLike, is_static
 from ..fusion.numeric_check import evaluate64
 from .unify import AxisClasses
 
@@ -120,6 +121,11 @@ def _affine(e: Expr) -> tuple[Axis | None, int] | None:
     return None
 
 
+def _points_range(extent: SizeLike) -> int:
+    """How far random indices of an axis of `extent` reach (a run-time extent: as far as a long axis)."""
+    return max(1, extent) if is_static(extent) else 1 << 16
+
+
 def check_dead_terms(st: OnlineState, fused: Axis, row: Axis, offset: int, seed: int = 0) -> bool:
     """Whether `st`'s term is its reduction's identity wherever ``j > i + offset``, on random points in
     float64 (loads uniform in [-3, 3], so finite; other indices random in their range)."""
@@ -128,7 +134,7 @@ def check_dead_terms(st: OnlineState, fused: Axis, row: Axis, offset: int, seed:
         return False
     rng = np.random.default_rng(seed)
     values: dict[Expr, np.ndarray] = {}
-    i = rng.integers(0, max(1, row.extent), _POINTS).astype(np.float64)
+    i = rng.integers(0, _points_range(row.extent), _POINTS).astype(np.float64)
     for leaf in {n for n in walk(st.term) if isinstance(n, Load | IndexValue)}:
         if isinstance(leaf, IndexValue):
             if leaf.axis == row:
@@ -136,7 +142,7 @@ def check_dead_terms(st: OnlineState, fused: Axis, row: Axis, offset: int, seed:
             elif leaf.axis == fused:
                 values[leaf] = i + offset + 1 + rng.integers(0, 64, _POINTS)
             else:
-                values[leaf] = rng.integers(0, max(1, leaf.axis.extent), _POINTS).astype(np.float64)
+                values[leaf] = rng.integers(0, _points_range(leaf.axis.extent), _POINTS).astype(np.float64)
         elif leaf.dtype.is_bool:
             values[leaf] = rng.random(_POINTS) < 0.5
         else:

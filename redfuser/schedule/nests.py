@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..ir import Axis, Binary, BinaryOp, Compute, DType, Load, Reduce, walk
 from ..ir.tile import nodes as t
+from ..ir.sizes import SizeLike, ceil_div
 from .builder import KernelBuilder
 from .exprs import ExprLowering, footprint, store_tile
 from .options import ScheduleOptions
@@ -16,8 +17,8 @@ from .reduce import reduce_axes
 from .space import Binding, Dim, Fixed, index_tile, mask_tile
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+def _ceil_div(a: SizeLike, b: int) -> SizeLike:
+    return ceil_div(a, b)
 
 
 def premake(kb: KernelBuilder, dim: Dim) -> None:
@@ -30,7 +31,7 @@ def bind_grid(kb: KernelBuilder, grid_axes: tuple[Axis, ...], tiled: list[tuple[
               ) -> tuple[dict[str, Binding], list[int]]:
     """Program ids for `grid_axes` (one index each) and for tiles of `tiled` ``(axis, size, order)``."""
     bindings: dict[str, Binding] = {}
-    grid: list[int] = []
+    grid: list[SizeLike] = []
     for a in grid_axes:
         bindings[a.name] = Fixed(kb.program_id(len(grid), hint=f"pid_{a.name}"), a.extent)
         grid.append(a.extent)
@@ -38,7 +39,7 @@ def bind_grid(kb: KernelBuilder, grid_axes: tuple[Axis, ...], tiled: list[tuple[
         pid = kb.program_id(len(grid), hint=f"pid_{a.name}")
         tiles = _ceil_div(a.extent, size)
         base = pid if size == 1 else kb.binary(BinaryOp.MUL, pid, kb.const(size, kb.index_dtype), hint=f"{a.name}_start")
-        bindings[a.name] = Dim(a.name, order, size, a.extent, base, tiles * size > a.extent)
+        bindings[a.name] = Dim.make(a.name, order, size, a.extent, base, tiles * size)
         premake(kb, bindings[a.name])
         grid.append(tiles)
     return bindings, grid

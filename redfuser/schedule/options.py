@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Callable
 
+from ..ir.sizes import Size, SymbolicDecision, size_min
+
 
 @dataclass(frozen=True, slots=True)
 class ScheduleOptions:
@@ -78,6 +80,8 @@ class ScheduleOptions:
         `MIN_DIVIDING_CHUNK`) is taken where that one would leave a masked remainder: a head dimension of
         96 is three chunks of 32, not 64 and a padded 64, and its contraction stays on tensor cores."""
         size = self.tile(self.k_block(narrow_product), extent)
+        if isinstance(extent, Size):
+            return size          # a run-time extent: whole blocks, the last one masked
         if self.pow2 and extent % size:
             smaller = size // 2
             while smaller >= MIN_DIVIDING_CHUNK:
@@ -86,9 +90,13 @@ class ScheduleOptions:
                 smaller //= 2
         return size
 
-    def tile(self, block: int, extent: int) -> int:
-        """The tile length covering an axis of `extent` in blocks of `block` (at least 1)."""
-        size = max(1, min(block, extent))
+    def tile(self, block: int | Size, extent: int | Size) -> int:
+        """The tile length covering an axis of `extent` in blocks of `block` (at least 1). A run-time
+        extent takes whole blocks (masked past its end); a tile of a run-time length (a whole axis of
+        unknown length) does not exist: `SymbolicDecision`."""
+        if isinstance(block, Size):
+            raise SymbolicDecision(f"a tile as long as the run-time extent {block}")
+        size = max(1, size_min(extent, block))
         return 1 << (size - 1).bit_length() if self.pow2 else size
 
 

@@ -21,6 +21,7 @@ Offsets are i32 unless some buffer of a kernel (padded to whole tiles) reaches 2
 from __future__ import annotations
 
 from ..ir import Buffer, Compute, FusedLoop, Program, Reduce, Stmt, TopK, loads, written
+from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
 from ..ir.tile.verifier import verify_tile_program
 from ..ir.types import int32, int64
@@ -80,6 +81,8 @@ def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions) -> bool:
     # with power-of-two tiles a chunk overhangs its axis by less than the chunk: 2 x 64 covers a 128 chunk
     pad = max(opts.rows(), opts.block_n, opts.k_block()) * (2 if opts.pow2 else 1)
     for b in buffers:
+        if not all(is_static(n) for n in b.shape):
+            return True    # a run-time extent may be long: offsets in i64
         if b.type.strides is None:
             n = 1
             for s in b.shape:

@@ -8,6 +8,7 @@ index at a time, the last one in chunks of `block_k`).
 """
 from __future__ import annotations
 
+from ..ir.sizes import divides, is_static
 from ..ir import Axis, Binary, BinaryOp, Expr, ReduceOp, loads
 from ..ir.tile import nodes as t
 from .exprs import ExprLowering, compute_dtype
@@ -112,12 +113,12 @@ def _nest(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, ou
             lp.yield_(_nest(lw, opts, op, value, out_dims, bindings, rest, order, hint, lp.args[0], False))
         return lp.results[0]
     size = opts.chunk(axis.extent, _narrow_dot(value, out_dims))
-    if size >= axis.extent:  # one chunk covers the axis: no loop
+    if is_static(axis.extent) and size >= axis.extent:  # one chunk covers the axis: no loop
         dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, None, size > axis.extent)
         bindings[axis.name] = dim
         return reduce_chunk(lw, op, value, out_dims, dim, bindings, None if pristine else acc, hint)
     with kb.loop(0, axis.extent, size, (acc,), hint=axis.name, arg_hints=(f"{hint}_run",)) as lp:
-        dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, lp.iv, axis.extent % size != 0)
+        dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, lp.iv, not divides(size, axis.extent))
         bindings[axis.name] = dim
         lp.yield_(reduce_chunk(lw, op, value, out_dims, dim, bindings, lp.args[0], hint))
     return lp.results[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import BinaryOp, Buffer
+from ..ir.sizes import Size, SizeLike
 from ..ir.tile import nodes as t
 from .builder import KernelBuilder
 
@@ -23,14 +24,15 @@ class Dim:
     key: str
     order: int
     size: int
-    extent: int
+    extent: SizeLike
     base: t.Value | None
     masked: bool
 
     @staticmethod
-    def make(key: str, order: int, size: int, extent: int, base: t.Value | None, covered: int) -> "Dim":
-        """A dim whose lanes, over all programs or chunks, reach index `covered` (masked if > extent)."""
-        return Dim(key, order, size, extent, base, covered > extent)
+    def make(key: str, order: int, size: int, extent: SizeLike, base: t.Value | None, covered: SizeLike) -> "Dim":
+        """A dim whose lanes, over all programs or chunks, reach index `covered` (masked if > extent; always
+        for a run-time extent)."""
+        return Dim(key, order, size, extent, base, overhangs(covered, extent))
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +40,18 @@ class Fixed:
     """An axis pinned to one index per program instance or loop trip (a scalar value)."""
 
     index: t.Value
-    extent: int
+    extent: SizeLike
 
 
 Binding = Dim | Fixed
+
+
+def overhangs(covered: SizeLike, extent: SizeLike) -> bool:
+    """Whether lanes reaching index `covered` run past an axis of `extent` (true whenever either is a
+    run-time extent: the mask is then kept)."""
+    if isinstance(covered, Size) or isinstance(extent, Size):
+        return True
+    return covered > extent
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +129,10 @@ def mask_tile(kb: KernelBuilder, dims: tuple[Dim, ...]) -> t.Value | None:
     return kb.remember(key, mask)  # type: ignore[return-value]
 
 
+def _is_one(stride: SizeLike) -> bool:
+    return not isinstance(stride, Size) and stride == 1
+
+
 def offsets(kb: KernelBuilder, buffer: Buffer, positions: list[Binding | int]) -> Tiled:
     """Element offsets of `buffer` at `positions` (one binding or fixed int per buffer dim)."""
     idx = kb.index_dtype
@@ -126,19 +140,19 @@ def offsets(kb: KernelBuilder, buffer: Buffer, positions: list[Binding | int]) -
     scalar: t.Value | None = None
     tiles: list[Tiled] = []
     for pos, stride in zip(positions, buffer.type.element_strides):
-        if stride == 0 and buffer.type.strides is not None:
+        if buffer.type.strides is not None and stride == 0:
             continue   # a broadcast view's repeated dim (only inputs are views, so only loads get here)
         if isinstance(pos, int):
             const_part += pos * stride
         elif isinstance(pos, Fixed):
-            term = pos.index if stride == 1 else kb.binary(BinaryOp.MUL, pos.index, kb.const(stride, idx))
+            term = pos.index if _is_one(stride) else kb.binary(BinaryOp.MUL, pos.index, kb.const(stride, idx))
             scalar = term if scalar is None else kb.binary(BinaryOp.ADD, scalar, term, hint="off")
         else:
             it = index_tile(kb, pos)
-            term = it.value if stride == 1 else kb.binary(
+            term = it.value if _is_one(stride) else kb.binary(
                 BinaryOp.MUL, it.value, kb.const(stride, idx, (pos.size,)), hint=f"{pos.key}_off")
             tiles.append(Tiled(term, (pos,)))
-    if const_part:
+    if isinstance(const_part, Size) or const_part:
         c = kb.const(const_part, idx)
         scalar = c if scalar is None else kb.binary(BinaryOp.ADD, scalar, c, hint="off")
     if scalar is None and not tiles:

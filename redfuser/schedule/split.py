@@ -23,12 +23,13 @@ from dataclasses import dataclass
 
 from ..fusion.merge import merge_rule
 from ..ir import BinaryOp, Buffer, Compute, DType, FusedLoop
+from ..ir.sizes import SizeLike, divides, is_static
 from ..ir.tile import nodes as t
 from .fused import finish_states, layout_or_fail
 from .layout import FusedBuilder, FusedLayout
 from .nests import _ceil_div
 from .options import ScheduleOptions
-from .space import Dim
+from .space import Dim, overhangs
 from .states import (carried_names, initial_states, load_partials, merge_states, partial_buffers, store_partials,
                      update_states)
 
@@ -41,17 +42,21 @@ class SplitPlan:
     """`count` slices of `length` elements of the fused axis, each walked in chunks of `chunk`."""
 
     count: int
-    length: int
+    length: SizeLike
     chunk: int
 
 
-def auto_split(programs: int, chunks: int, workers: int) -> int:
+def auto_split(programs: SizeLike, chunks: SizeLike, workers: int) -> int:
     """The automatic split count: 1 when `programs` already occupy the `workers` (cores or SMs),
-    else enough slices for about two programs per worker, each slice at least `MIN_SLICE_CHUNKS` chunks."""
-    if programs >= workers or chunks < 2 * MIN_SLICE_CHUNKS:
+    else enough slices for about two programs per worker, each slice at least `MIN_SLICE_CHUNKS` chunks.
+    A grid of run-time size is taken to fill the machine (no split); an axis of run-time length is
+    split as if long (a call with a shorter one leaves the last slices empty: a loop of no trip)."""
+    if not is_static(programs):
+        return 1
+    if programs >= workers or (is_static(chunks) and chunks < 2 * MIN_SLICE_CHUNKS):
         return 1
     want = _ceil_div(2 * workers, max(programs, 1))
-    return max(1, min(want, chunks // MIN_SLICE_CHUNKS))
+    return max(1, min(want, chunks // MIN_SLICE_CHUNKS) if is_static(chunks) else want)
 
 
 def plan_split(lay: FusedLayout, opts: ScheduleOptions) -> SplitPlan | None:
@@ -67,7 +72,7 @@ def plan_split(lay: FusedLayout, opts: ScheduleOptions) -> SplitPlan | None:
     per = _ceil_div(n, requested)
     chunk = opts.tile(opts.block_n, per)
     length = _ceil_div(per, chunk) * chunk
-    count = _ceil_div(n, length)
+    count = _ceil_div(n, length) if is_static(n) else requested
     return SplitPlan(count, length, chunk) if count > 1 else None
 
 
@@ -83,7 +88,7 @@ def partial_kernel(lay: FusedLayout, plan: SplitPlan, name: str, opts: ScheduleO
     assert fb.split_pid is not None
     start = kb.binary(BinaryOp.MUL, fb.split_pid, kb.const(plan.length, index), hint="slice_start")
     stop: int | t.Value = plan.length
-    if plan.count * plan.length > n:
+    if overhangs(plan.count * plan.length, n):
         # The last slice overhangs the axis: every slice stops at the axis's end, so no program walks a
         # chunk wholly past it, and when the axis is whole chunks no lane needs a bounds mask at all.
         left = kb.binary(BinaryOp.SUB, kb.const(n, index), start, hint="slice_left")
@@ -91,7 +96,7 @@ def partial_kernel(lay: FusedLayout, plan: SplitPlan, name: str, opts: ScheduleO
     with kb.loop(0, stop, plan.chunk, tuple(initial_states(fb)), hint=lay.fused_key,
                  arg_hints=carried_names(fb)) as lp:
         base = kb.binary(BinaryOp.ADD, start, lp.iv, hint=f"{lay.fused_key}_base")
-        kdim = Dim(lay.fused_key, fb.fused_order, plan.chunk, n, base, n % plan.chunk != 0)
+        kdim = Dim(lay.fused_key, fb.fused_order, plan.chunk, n, base, not divides(plan.chunk, n))
         lp.yield_(*update_states(fb, kdim, list(lp.args)))
     store_partials(fb, list(lp.results), scratch_of(lay.fl, plan), fb.split_pid)
     return fb.finish()

@@ -13,6 +13,7 @@ dims already, as in MoE routing).
 from __future__ import annotations
 
 from ..ir import BackendError, BinaryOp, DType, Expr, TopK
+from ..ir.sizes import divides, is_static
 from ..ir.source import UNKNOWN, SourceLoc
 from ..ir.tile import nodes as t
 from ..ir.types import float32, float64, int32, int64
@@ -103,12 +104,12 @@ def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType,
         return update_list(kb, values, candidate_indices(kb, kdim, cand), rows, kdim, acc, dims, rank, s.values.name,
                            loc=s.loc)
 
-    if size >= n:
+    if is_static(n) and size >= n:
         acc = chunk(Dim(f"{s.values.name}.{s.reduce_axis.name}", 2, size, n, None, size > n), acc)
     else:
         with kb.loop(0, n, size, acc, hint=s.reduce_axis.name,
                      arg_hints=(f"{s.values.name}_run", f"{s.indices.name}_run")) as lp:
-            kdim = Dim(f"{s.values.name}.{s.reduce_axis.name}", 2, size, n, lp.iv, n % size != 0)
+            kdim = Dim(f"{s.values.name}.{s.reduce_axis.name}", 2, size, n, lp.iv, not divides(size, n))
             lp.yield_(*chunk(kdim, lp.args))
         acc = lp.results
     positions: list[Binding | int] = [rank if i == s.rank else bindings[a.name] for i, a in enumerate(s.axes)]

@@ -25,8 +25,9 @@ What is drawn:
   ``0.0, -0.0``) and kernel options (block sizes, ``split``, ``num_warps``,
   ``prefetch``, ``skip_masked``, ``interpret_chunk``, ``fuse``);
 - the calls: the same kernel object called again with the run's other scalars,
-  new data, and the same data as a broadcast, negative-stride, Fortran-order or
-  sliced view, or a masked array.
+  new data, the same data as a broadcast, negative-stride, Fortran-order or
+  sliced view, or a masked array, and new data at other lengths (the kernel then
+  makes the changed axes symbolic: one shape-polymorphic kernel, `redfuser.shapes`).
 """
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ class ProgramBuilder:
         self.env: dict[str, Value] = {}
         self.labels: list[str] = []
         self.count = 0
+        self.refused = False     # the program ends in a node numpy refuses (`refuse`)
 
     # -- values ----------------------------------------------------------------------------------
     def fresh(self) -> str:
@@ -148,6 +150,7 @@ class ProgramBuilder:
                 _step(node, dict(self.env))
         except Exception:
             self.nodes.append(node)
+            self.refused = True
             return True
         return False
 
@@ -205,7 +208,35 @@ def _calls(b: ProgramBuilder, first: tuple[Arg, ...]) -> tuple[tuple[Arg, ...], 
             layouts.append(d.pick(options + (["masked"] if d.chance(15) else [])))
         if any(x != "c" for x in layouts):
             calls.append(tuple(Arg(a.data, x) if a.is_array else a for a, x in zip(first, layouts)))
+    if not b.refused and d.chance(30):  # other lengths: the changed axes become symbolic (redfuser.shapes)
+        resized = _resized(d, first)
+        if resized is not None:
+            calls.append(resized)
     return tuple(calls)
+
+
+def _resized(d: Draw, first: tuple[Arg, ...]) -> tuple[Arg, ...] | None:
+    """The first call's arrays at other lengths: each length >= 2 (the same one wherever it occurs, so what
+    broadcast or contracted together still does) replaced by a drawn one in [2, n + 5]; values drawn anew
+    (specials kept where they still fit); None when no array has such a length. Not for a program drawn to
+    end in a refusal: at other lengths the refused node (a top-k of more than the axis) may be valid, and
+    its one output name would stand for two results."""
+    lengths = sorted({n for a in first if a.is_array for n in a.data.shape + (a.data.base or ()) if n >= 2})
+    if not lengths:
+        return None
+    new = {n: d.integer(2, n + 5) for n in lengths}
+    out = []
+    for a in first:
+        if not a.is_array:
+            out.append(a)
+            continue
+        data = a.data
+        shape = tuple(new.get(n, n) for n in data.shape)
+        base = tuple(new.get(n, n) for n in data.base) if data.base is not None else None
+        size = math.prod(base if base is not None else shape)
+        specials = tuple((pos, v) for pos, v in data.specials if pos < size)
+        out.append(Arg(replace(data, shape=shape, base=base, values=None, specials=specials), "c"))
+    return tuple(out)
 
 
 def _reseed(data: ArrayData, d: Draw) -> ArrayData:

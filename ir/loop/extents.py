@@ -1,0 +1,60 @@
+"""`substitute_extents`: a Loop IR program with some axis lengths replaced, the rest unchanged.
+
+A shape-polymorphic kernel is traced once with *probe* lengths on its symbolic axes (large primes no
+program computes by accident, `redfuser.shapes`); this pass then swaps each probe for what stands in its
+place: a `Size` symbol for the scheduler of a polymorphic kernel, another probe (to check that nothing
+in the program depends on the probe's value: the two programs must then be equal), or a call's real
+lengths (the ``interpret`` backend runs the Loop IR itself). Only extents change: every `Axis`'s
+`extent` and every dense `BufferType`'s shape entry found in `mapping`; constants, indices and strides
+never do, which is what makes the equality check meaningful.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Mapping
+
+from ..sizes import SizeLike
+from ..types import BufferType, DType
+from .expr import Axis
+from .nodes import Program
+
+_LEAVES = (str, int, float, bool, type(None), enum.Enum, DType)
+
+
+def substitute_extents(program: Program, mapping: Mapping[int, SizeLike]) -> Program:
+    """`program` with each axis extent and buffer shape entry that is a key of `mapping` replaced by its
+    value (see the module docstring). Shared sub-terms stay shared."""
+    memo: dict[int, object] = {}
+
+    def sub(x: object) -> object:
+        if isinstance(x, _LEAVES):
+            return x
+        found = memo.get(id(x))
+        if found is not None:
+            return found
+        if isinstance(x, Axis):
+            made: object = Axis(x.name, mapping.get(x.extent, x.extent)) if _is_key(x.extent, mapping) else x
+        elif isinstance(x, BufferType):
+            shape = tuple(mapping.get(n, n) if _is_key(n, mapping) else n for n in x.shape)
+            made = x if all(a is b for a, b in zip(shape, x.shape)) else BufferType(x.dtype, shape, x.strides)
+        elif isinstance(x, tuple):
+            items = tuple(sub(i) for i in x)
+            made = x if all(a is b for a, b in zip(items, x)) else items
+        elif dataclasses.is_dataclass(x):
+            changes = {f.name: sub(getattr(x, f.name)) for f in dataclasses.fields(x)}
+            same = all(changes[f.name] is getattr(x, f.name) for f in dataclasses.fields(x))
+            made = x if same else dataclasses.replace(x, **changes)
+        else:
+            made = x
+        memo[id(x)] = made
+        return made
+
+    return sub(program)  # type: ignore[return-value]
+
+
+def _is_key(extent: object, mapping: Mapping[int, SizeLike]) -> bool:
+    return type(extent) is int and extent in mapping
+
+
+__all__ = ["substitute_extents"]

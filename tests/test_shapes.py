@@ -1,0 +1,169 @@
+"""Shape-polymorphic kernels (`redfuser.shapes`, `redfuser.ir.sizes`): compile counts over varying lengths,
+results equal to the numpy body at every length (1 and lengths that are no multiple of a tile included),
+the ``dynamic=`` choices, the guards, and the symbolic extents themselves."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+from redfuser import workloads
+from redfuser.ir.sizes import Sym, SymbolicDecision, ceil_div, evaluate
+from redfuser.ir.tile.interpreter import run_tile_program
+
+HOST = ["interpret", "cpu"]
+
+
+def _close(got, want, tol=2e-6):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=tol, atol=tol)
+
+
+# -- the symbolic extents ----------------------------------------------------------------------------
+
+def test_sizes_do_arithmetic_and_refuse_every_decision_on_their_value():
+    n, m = Sym("n"), Sym("m")
+    e = (n * 64 + m) - 1
+    assert evaluate(e, {"n": 3, "m": 5}) == 196
+    assert evaluate(ceil_div(n, 32), {"n": 65}) == 3
+    assert n * 1 is n and n + 0 is n and 0 * n == 0
+    assert n == Sym("n") and n != m and hash(n) == hash(Sym("n"))
+    assert n != 0 and n != 1                       # a symbol is >= 2
+    for decide in (lambda: n < 128, lambda: n >= 2, lambda: n % 64, lambda: bool(n), lambda: int(n),
+                   lambda: range(n), lambda: n == 64, lambda: e == 0, lambda: max(n, 1), lambda: n // m):
+        with pytest.raises(SymbolicDecision) as info:
+            decide()
+        assert "n" in info.value.symbols or "m" in info.value.symbols
+
+
+# -- compile counts and results -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", HOST)
+def test_a_decoding_loop_over_a_growing_cache_compiles_at_most_two_kernels(backend):
+    rng = np.random.default_rng(0)
+    k = rf.kernel(workloads.attention, backend=backend)
+    q = rng.standard_normal((4, 1, 32)).astype(np.float32)
+    keys = rng.standard_normal((4, 80, 32)).astype(np.float32)
+    values = rng.standard_normal((4, 80, 32)).astype(np.float32)
+    for n in range(1, 80, 3):                  # 1, 4, 7 ... 79: lengths that are no multiple of a tile
+        _close(k(q, keys[:, :n].copy(), values[:, :n].copy()), workloads.attention(q, keys[:, :n], values[:, :n]))
+    info = k.cache_info()
+    assert info.misses == 2 and info.currsize == 2 and info.hits == 25, info   # exact, then one symbolic
+    assert k.polymorphism == {}
+
+
+@pytest.mark.parametrize("backend", HOST)
+def test_prefill_over_random_prompt_lengths_compiles_at_most_two_kernels(backend):
+    rng = np.random.default_rng(1)
+    k = rf.kernel(workloads.causal_attention, backend=backend)
+    for n in rng.integers(1, 90, 12):
+        q, kk, v = (rng.standard_normal((2, n, 16)).astype(np.float32) for _ in range(3))
+        _close(k(q, kk, v), workloads.causal_attention(q, kk, v))
+    assert k.cache_info().misses <= 2
+
+
+@pytest.mark.parametrize("backend", HOST)
+def test_moe_routing_over_varying_token_counts_compiles_at_most_two_kernels(backend):
+    rng = np.random.default_rng(2)
+    k = rf.kernel(workloads.moe_routing, backend=backend)
+    for tokens in (1, 5, 33, 64, 130, 7):
+        logits = rng.standard_normal((tokens, 16)).astype(np.float32)
+        _close(k(logits), workloads.moe_routing(logits))
+    assert k.cache_info().misses <= 2
+
+
+@pytest.mark.parametrize("backend", HOST)
+def test_dynamic_true_compiles_once_for_every_shape_and_false_once_per_shape(backend):
+    rng = np.random.default_rng(3)
+    shapes = [(3, 5), (40, 300), (2, 1000), (65, 64)]
+    every = rf.kernel(workloads.softmax, backend=backend, dynamic=True)
+    exact = rf.kernel(workloads.softmax, backend=backend, dynamic=False)
+    for shape in shapes:
+        x = rng.standard_normal(shape).astype(np.float32)
+        _close(every(x), workloads.softmax(x))
+        _close(exact(x), workloads.softmax(x))
+    assert every.cache_info().misses == 1
+    assert exact.cache_info().misses == len(shapes)
+
+
+def test_named_axes_are_the_only_symbolic_ones():
+    rng = np.random.default_rng(4)
+    k = rf.kernel(workloads.softmax, backend="cpu", dynamic={"x": (-2,)})
+    for rows in (3, 17, 200):
+        x = rng.standard_normal((rows, 48)).astype(np.float32)
+        _close(k(x), workloads.softmax(x))
+    assert k.cache_info().misses == 1
+    x = rng.standard_normal((5, 49)).astype(np.float32)   # the other axis is static: a new kernel
+    _close(k(x), workloads.softmax(x))
+    assert k.cache_info().misses == 2
+
+
+def test_a_length_used_as_a_number_keeps_its_axis_static_and_says_so():
+    rng = np.random.default_rng(5)
+    k = rf.kernel(workloads.layer_norm_stats, backend="cpu", dynamic=True)   # divides by x.shape[-1]
+    for shape in ((3, 5), (40, 5), (7, 300)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        _close(k(x), workloads.layer_norm_stats(x), tol=1e-5)
+    assert k.cache_info().misses == 2     # rows symbolic; one kernel per number of columns
+    (why,) = k.polymorphism.values()
+    assert "depends on the value of x.1" in why
+
+
+def test_symbolic_axes_of_equal_length_share_a_symbol_and_unequal_ones_make_another_class():
+    rng = np.random.default_rng(6)
+
+    def add(a, b):
+        return a + b
+
+    k = rf.kernel(add, backend="cpu", dynamic=True)
+    for n in (4, 9):
+        a, b = rng.standard_normal((n, 3)).astype(np.float32), rng.standard_normal((n, 3)).astype(np.float32)
+        _close(k(a, b), a + b)
+    assert k.cache_info().misses == 1
+    with pytest.raises(rf.RedFuserError):      # different lengths: numpy refuses, and so does the kernel
+        k(np.ones((4, 3), np.float32), np.ones((5, 3), np.float32))
+
+
+@pytest.mark.parametrize("backend", HOST)
+def test_an_int_index_guards_the_length_it_needs(backend):
+    def pick(x):
+        return x[:, 7] * 2.0
+
+    k = rf.kernel(pick, backend=backend, dynamic=True)
+    x = np.arange(40, dtype=np.float32).reshape(4, 10)
+    _close(k(x), pick(x))
+    y = np.arange(48, dtype=np.float32).reshape(4, 12)
+    _close(k(y), pick(y))
+    assert k.cache_info().misses == 1
+    with pytest.raises(rf.RedFuserError, match="index 7 is out of bounds"):
+        k(np.ones((4, 5), np.float32))          # numpy raises IndexError here
+
+
+def test_the_tile_interpreter_runs_the_symbolic_tile_program_at_any_length():
+    rng = np.random.default_rng(7)
+    k = rf.kernel(workloads.softmax, backend="cpu", dynamic=True)
+    lowered = k.lower(rng.standard_normal((6, 70)).astype(np.float32))
+    assert "x.0" in str(lowered.stages["sized"]) and "extent" in str(lowered.stages["tile"])
+    for shape in ((2, 2), (33, 65), (1, 130)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        _close(run_tile_program(lowered.stages["tile"], [x])[0], workloads.softmax(x))
+
+
+def test_a_dynamic_argument_that_is_not_a_choice_is_refused():
+    with pytest.raises(rf.ArgumentError, match="not a parameter"):
+        rf.kernel(workloads.softmax, dynamic={"y": (0,)})
+    with pytest.raises(rf.ArgumentError, match="dynamic must be"):
+        rf.kernel(workloads.softmax, dynamic="yes")
+
+
+@pytest.mark.parametrize("backend", ["simulate"])
+def test_gpu_backends_give_numpy_results_at_every_length(backend):
+    rng = np.random.default_rng(8)
+    k = rf.kernel(workloads.softmax, backend=backend)
+    for shape in ((3, 5), (3, 70), (9, 70)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        _close(k(x), workloads.softmax(x))
+    assert k.cache_info().misses <= 3
