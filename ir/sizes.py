@@ -157,8 +157,8 @@ class Sym(Size):
 
 
 class SizeOp(Size):
-    """``a op b`` with op one of ``+ - * // cdiv`` (`cdiv`: division rounded up; the divisor of ``//`` and
-    `cdiv` a positive int)."""
+    """``a op b`` with op one of ``+ - * // cdiv max`` (`cdiv`: division rounded up; the divisor of ``//``
+    and `cdiv` a positive int)."""
 
     __slots__ = ("op", "a", "b")
 
@@ -181,8 +181,8 @@ class SizeOp(Size):
         return _APPLY[self.op](a, b)
 
     def __str__(self) -> str:
-        if self.op == "cdiv":
-            return f"cdiv({self.a}, {self.b})"
+        if self.op in ("cdiv", "max"):
+            return f"{self.op}({self.a}, {self.b})"
         return f"({self.a} {self.op} {self.b})"
 
     def __repr__(self) -> str:
@@ -193,7 +193,7 @@ class SizeOp(Size):
 
 
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-          "//": lambda a, b: a // b, "cdiv": lambda a, b: -(-a // b)}
+          "//": lambda a, b: a // b, "cdiv": lambda a, b: -(-a // b), "max": max}
 
 
 def _key(x: SizeLike) -> tuple:
@@ -223,6 +223,13 @@ def size_op(op: str, a: SizeLike, b: SizeLike) -> SizeLike:
             if not isinstance(x, Size) and x == 0:
                 return 0
     return SizeOp(op, a, b)
+
+
+def size_max(a: SizeLike, b: SizeLike) -> SizeLike:
+    """``max(a, b)`` (an int for two ints; evaluated at run time otherwise)."""
+    if isinstance(a, Size) or isinstance(b, Size):
+        return SizeOp("max", a, b)
+    return max(a, b)
 
 
 def ceil_div(a: SizeLike, b: int) -> SizeLike:
@@ -301,4 +308,4 @@ def shape_str(shape: "tuple[SizeLike, ...]") -> str:
 
 
 __all__ = ["bind_shapes", "concrete", "shape_str", "Size", "Sym", "SizeOp", "SizeLike", "SymbolicDecision", "size_op", "ceil_div", "is_static",
-           "symbols_of", "evaluate", "size_min", "divides", "same_length", "assumed_at_least"]
+           "symbols_of", "evaluate", "size_min", "size_max", "divides", "same_length", "assumed_at_least"]

@@ -11,9 +11,10 @@ from . import backends, config, outputs
 from .compiler import Lowered, lower
 from .arguments import ShapeDtype, bind, check_signature, spec_of
 from .ir import ArgumentError, RedFuserError
-from .ir.sizes import SymbolicDecision
+from .ir import Buffer, BufferType
+from .ir.sizes import SymbolicDecision, bind_shapes, concrete
 from .kernel_options import DEFAULT_OPTIONS, KernelOptions
-from .shapes import Dynamic, DynamicAxes, ShapePlan
+from .shapes import CHECK_PROBES, PROBES, Dynamic, DynamicAxes, ShapePlan
 from .runtime import arrays as arrays_rt
 from .source_info import user_loc
 from .trace import ArgSpec, ArraySpec
@@ -73,6 +74,9 @@ class Kernel:
         # `_fast_key` of a call -> (lowered, executable, host backend?): the call path of a specialization
         # already made, for calls whose arguments need no checks beyond what the key says
         self._fast: dict[tuple, tuple[Lowered, backends.Executable, bool]] = {}
+        # the same for shape classes: the symbolic axes (argument position, axis) of each class made ->
+        # `_class_key` of a call -> (its call path as in `_fast`, each symbol's guard in the class's order)
+        self._classes: dict[frozenset, dict[tuple, tuple[tuple, tuple[int, ...]]]] = {}
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -150,6 +154,36 @@ class Kernel:
             return entry[0], entry[1]
         return None
 
+    def _remember_class(self, lowered: Lowered, args: tuple, backend_key: object, path: tuple) -> None:
+        """Keep the call path of a shape class for `_class_path` (calls by position, plain arrays)."""
+        plan = lowered.shapes
+        assert plan is not None
+        positions = {name: i for i, name in enumerate(self._signature.parameters)}
+        symbolic = frozenset((positions[name], d) for axes in plan.axes for name, d in axes)
+        found = _class_key(args, symbolic, backend_key)
+        if found is None:
+            return
+        key, _ = found
+        guards = lowered.artifacts.get("guards", {})
+        table = self._classes.setdefault(symbolic, {})
+        if len(table) >= _FAST_ENTRIES:
+            table.clear()
+        table[key] = (path, tuple(guards.get(name, 0) for name, _ in plan.symbols))
+
+    def _class_path(self, args: tuple, backend_key: object) -> tuple | None:
+        """The call path of a shape class made before whose class this call (plain arrays, by position) is in
+        and whose guards its lengths meet; None to take the full path."""
+        for symbolic, table in self._classes.items():
+            found = _class_key(args, symbolic, backend_key)
+            if found is None:
+                continue
+            key, lengths = found
+            entry = table.get(key)
+            if entry is not None and len(lengths) == len(entry[1]) and all(
+                    n >= least for n, least in zip(lengths, entry[1])):
+                return entry[0]
+        return None
+
     def _tuned(self, specs: tuple[ArgSpec, ...], backend: str, arrays: list, to_run: bool) -> KernelOptions:
         """The options to compile with: tuned ones where autotuning is on (stored results only when not running)."""
         from .runtime import autotune
@@ -178,6 +212,8 @@ class Kernel:
         returned as given; see `redfuser.outputs` for what they must be."""
         fast_key = _fast_key(args, self.backend) if not kwargs else None
         fast = self._fast.get(fast_key) if fast_key is not None else None
+        if fast is None and fast_key is not None and self._classes:
+            fast = self._class_path(args, fast_key[0])
         if fast is not None:
             # a specialization seen before with plain, contiguous numpy arrays or torch CPU tensors: nothing
             # to re-derive (`_fast_key`)
@@ -191,7 +227,7 @@ class Kernel:
                 if numpy_only:
                     return _one_or_tuple(run(arrays))
                 return _one_or_tuple(tuple(_torch_from_numpy(r) for r in run([a.numpy() for a in arrays])))
-            given = _plain_outs(out, lowered.program.outputs, arrays) if host and numpy_only else None
+            given = _plain_outs(out, _results_at(lowered, arrays), arrays) if host and numpy_only else None
             if given is not None:
                 self._hits += 1
                 _run_into(run, arrays, given)
@@ -203,12 +239,14 @@ class Kernel:
             if len(self._fast) >= _FAST_ENTRIES:
                 self._fast.clear()      # a shape-polymorphic kernel sees many shapes: keep the table small
             self._fast[fast_key] = (lowered, run, host)    # (each array read in place: no copy to redo)
+            if lowered.shapes is not None:
+                self._remember_class(lowered, args, fast_key[0], (lowered, run, host))
         names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
         outs = None
         if out is not None:
             loc = user_loc()
             outs = outputs.as_tuple(out, len(lowered.program.outputs), self.__name__, loc)
-            outputs.check(outs, lowered.program.outputs, list(zip(names, arrays)), self.__name__, loc)
+            outputs.check(outs, _results_at(lowered, arrays), list(zip(names, arrays)), self.__name__, loc)
         if host:
             # Host backends read numpy views of host arrays (torch CPU tensors too, without a copy) and
             # hand results back as the caller's array type.
@@ -263,6 +301,41 @@ class Kernel:
         call, `lower` or `explain`; a hit one found in memory; `maxsize` None (the cache is not bounded);
         `currsize` how many it holds."""
         return CacheInfo(self._hits, self._misses, None, len(self._cache))
+
+
+def _class_key(args: tuple, symbolic: frozenset, backend_key: object) -> tuple[tuple, list[int]] | None:
+    """A call's shape class as `_fast_key` sees a shape (its arguments passed that key's checks): each array's
+    dtype and lengths with the `symbolic` axes ``(position, axis)`` of length >= 2 replaced by the number of
+    their symbol (equal lengths, one symbol, in order of first use, as `redfuser.shapes` numbers them), and
+    the symbols' lengths; None where a static length equals a probe (the full path then compiles exactly)."""
+    key: list = [backend_key]
+    lengths: dict[int, int] = {}
+    for pos, a in enumerate(args):
+        if type(a) in _FAST_STATICS:
+            key.append((type(a), a, repr(a)))
+            continue
+        dims = []
+        for d, n in enumerate(a.shape):
+            if (pos, d) in symbolic and n >= 2:
+                dims.append(("s", lengths.setdefault(n, len(lengths))))
+            elif n in _PROBE_LENGTHS:
+                return None
+            else:
+                dims.append(n)
+        key.append((str(a.dtype), type(a) is np.ndarray, tuple(dims)))
+    return tuple(key), list(lengths)
+
+
+_PROBE_LENGTHS = frozenset(PROBES) | frozenset(CHECK_PROBES)
+
+
+def _results_at(lowered: Lowered, arrays: list) -> tuple:
+    """The program's outputs as buffers of this call's shapes (a shape class's evaluated at its lengths)."""
+    outs = lowered.program.outputs
+    if lowered.shapes is None:
+        return outs
+    values = bind_shapes([b.shape for b in lowered.program.inputs], [tuple(a.shape) for a in arrays])
+    return tuple(Buffer(b.name, BufferType(b.dtype, concrete(b.shape, values))) for b in outs)
 
 
 def _within_guards(lowered: Lowered, plan: ShapePlan) -> bool:

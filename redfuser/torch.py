@@ -5,7 +5,10 @@ inside ``torch.compile(fullgraph=True)`` without a graph break (its fake impleme
 shape and dtype from tracing the kernel, `Kernel.output_types`, without compiling or running it), inside
 ``nn.Module``s, and under CUDA graphs on the ``cuda`` backend (a call of device tensors allocates through
 torch and never synchronizes). CPU tensors run on the ``cpu`` backend and CUDA tensors on ``cuda``, read and
-written in place (zero copy both); the kernel's options apply to both.
+written in place (zero copy both); the kernel's options apply to both. Symbolic sizes (``torch.compile``'s
+dynamic shapes) stay symbolic: the fake implementation traces them at probe lengths and gives them back in
+the results' shapes, so one graph serves every length, and the kernel behind it compiles one shape class
+for them (docs/shapes.md). ``op.kernels`` maps each device to its kernel (``cache_info()``).
 
 Every parameter of the kernel becomes a ``Tensor`` argument of the op; the op returns the kernel's result,
 or a tuple of them. There is no backward: calling the op where autograd would need its gradient (an input
@@ -24,6 +27,8 @@ from .ir import BackendError, UnsupportedError
 from .ir.errors import ArgumentError
 from .kernel import Kernel
 from .kernel import kernel as make_kernel
+from .arguments import ShapeDtype
+from .shapes import PROBES
 
 
 def _torch():
@@ -79,8 +84,26 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
 
     @custom.register_fake
     def _(*tensors):
-        shapes = kernel.output_types(*(_spec(torch, t) for t in tensors))
-        return [tensors[0].new_empty(s.shape, dtype=_torch_dtype(torch, s.dtype)) for s in shapes]
+        # A symbolic size (torch.compile's dynamic shapes) is traced at a probe length, and the results'
+        # lengths that are probes are that size again: the op's shapes follow its inputs' symbols, so one
+        # graph serves every length (and the kernel behind it is shape-polymorphic, docs/shapes.md).
+        probes, symbolic = iter(PROBES), {}
+        specs = []
+        for t in tensors:
+            shape = []
+            for n in t.shape:
+                if isinstance(n, torch.SymInt):
+                    key = str(n)
+                    if key not in symbolic:
+                        symbolic[key] = (next(probes), n)
+                    shape.append(symbolic[key][0])
+                else:
+                    shape.append(int(n))
+            specs.append(ShapeDtype(tuple(shape), _numpy_dtype(torch, t.dtype)))
+        back = {probe: n for probe, n in symbolic.values()}
+        shapes = kernel.output_types(*specs)
+        return [tensors[0].new_empty(tuple(back.get(n, n) for n in s.shape), dtype=_torch_dtype(torch, s.dtype))
+                for s in shapes]
 
     def no_backward(ctx, *grads):
         raise UnsupportedError(f"the redfuser op {name} has no backward: RedFuser compiles forward kernels only")
@@ -97,13 +120,8 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
     call.__name__ = opname
     call.__doc__ = f"The redfuser op {name} ({kernel.__name__}); see redfuser.torch."
     call.op = custom
+    call.kernels = on          # device -> the kernel its tensors run on (cache_info: what it compiled)
     return call
-
-
-def _spec(torch, t):
-    from .arguments import ShapeDtype
-
-    return ShapeDtype(tuple(int(n) for n in t.shape), _numpy_dtype(torch, t.dtype))
 
 
 __all__ = ["op"]

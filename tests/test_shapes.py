@@ -167,3 +167,35 @@ def test_gpu_backends_give_numpy_results_at_every_length(backend):
         x = rng.standard_normal(shape).astype(np.float32)
         _close(k(x), workloads.softmax(x))
     assert k.cache_info().misses <= 3
+
+
+def test_a_call_at_a_new_length_of_a_class_made_before_takes_the_fast_path():
+    rng = np.random.default_rng(9)
+    k = rf.kernel(workloads.softmax, backend="cpu")
+    xs = [rng.standard_normal((4, n)).astype(np.float32) for n in range(16, 40)]
+    k(xs[0]), k(xs[1])
+    full = []
+    compiled = k._compiled
+    k._compiled = lambda *a, **kw: full.append(1) or compiled(*a, **kw)
+    for x in xs[2:]:
+        _close(k(x), workloads.softmax(x))
+    assert not full and k.cache_info().hits == len(xs) - 2
+    with pytest.raises(rf.RedFuserError, match="index 7"):    # a guard failing takes the full path and fails
+        def pick(x):
+            return x[:, 7]
+        p = rf.kernel(pick, backend="cpu")
+        p(np.ones((2, 9), np.float32)), p(np.ones((2, 10), np.float32))
+        p(np.ones((2, 5), np.float32))
+
+
+@pytest.mark.parametrize("backend", HOST)
+def test_out_takes_the_results_at_the_calls_lengths(backend):
+    rng = np.random.default_rng(10)
+    k = rf.kernel(workloads.softmax, backend=backend, dynamic=True)
+    for shape in ((3, 5), (8, 70)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        out = np.empty_like(x)
+        assert k(x, out=out) is out
+        _close(out, workloads.softmax(x))
+    with pytest.raises(rf.ArgumentError):
+        k(x, out=np.empty((8, 71), np.float32))

@@ -73,6 +73,28 @@ def test_an_op_in_a_module_compiles_with_fullgraph_and_no_graph_break(ops):
     assert dynamo.explain(ours)(q, k, v).graph_break_count == 0
 
 
+def test_symbolic_sizes_map_onto_one_graph_and_one_polymorphic_kernel(ops):
+    """torch.compile's dynamic shapes: the fake implementation keeps the inputs' symbols in the results'
+    shapes, so the graph is compiled once for every length, and the kernel behind the op serves every length
+    with one shape-polymorphic compile after the first exact one."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    kernel = rf.kernel(attention, backend="cpu")
+    op = rft.op(kernel, "rftests::attention_dyn")
+    compiled = torch.compile(lambda q, k, v: op(q, k, v) * 2, fullgraph=True, dynamic=True, backend=counting)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n in (5, 19, 64, 3):
+            q, k, v = (torch.randn(2, n, 16, generator=gen) for _ in range(3))
+            torch.testing.assert_close(compiled(q, k, v), SDPA(q, k, v) * 2, atol=1e-5, rtol=1e-5)
+    assert len(graphs) == 1
+    assert op.kernels["cpu"].cache_info().misses == 2      # the first length exactly, then one class
+
+
 def test_autograd_is_refused_with_a_clear_error(ops):
     x = torch.randn(3, 8, requires_grad=True)
     with pytest.raises(rf.UnsupportedError, match="has no backward"):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..fusion.merge import merge_rule
 from ..ir import BinaryOp, Buffer, Compute, DType, FusedLoop
-from ..ir.sizes import SizeLike, divides, is_static
+from ..ir.sizes import SizeLike, divides, is_static, size_max
 from ..ir.tile import nodes as t
 from .fused import finish_states, layout_or_fail
 from .layout import FusedBuilder, FusedLayout
@@ -72,7 +72,12 @@ def plan_split(lay: FusedLayout, opts: ScheduleOptions) -> SplitPlan | None:
     per = _ceil_div(n, requested)
     chunk = opts.tile(opts.block_n, per)
     length = _ceil_div(per, chunk) * chunk
-    count = _ceil_div(n, length) if is_static(n) else requested
+    if not is_static(n):
+        # a run-time length: `requested` slices, none shorter than an automatic split's shortest, so a short
+        # axis is one slice's work (the slices past its end are empty loops)
+        length = size_max(length, MIN_SLICE_CHUNKS * chunk) if opts.split is None else length
+        return SplitPlan(requested, length, chunk)
+    count = _ceil_div(n, length)
     return SplitPlan(count, length, chunk) if count > 1 else None
 
 
