@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, Reduce, ReduceOp, TopKState, loads
-from ..ir.sizes import SizeLike, assumed_at_least, is_static, same_length
+from ..ir.sizes import SizeLike, assumed_at_least, ceil_div, is_static, same_length
 from ..ir.tile import nodes as t
 from .builder import KernelBuilder
 from .exprs import ExprLowering
-from .nests import _ceil_div, premake
+from .nests import premake
 from .options import ACC_TILE, ONE_PASS_MAX, ONE_PASS_TILE, WHOLE_MAX, WIDE_ROWS, ScheduleOptions
 from .reduce import reads_only_narrow
 from .space import Binding, Dim, Fixed, ordered
@@ -135,10 +135,10 @@ class FusedLayout:
             n *= self.classes.extent[key]
         if self.tiled_key is not None:
             extent = self.classes.extent[self.tiled_key]
-            n *= _ceil_div(extent, opts.tile(rows or self.rows(opts), extent))
+            n *= ceil_div(extent, opts.tile(rows or self.rows(opts), extent))
         for key in self.grid_tiled(opts):
             extent = self.classes.extent[key]
-            n *= _ceil_div(extent, opts.tile(opts.block_n, extent))
+            n *= ceil_div(extent, opts.tile(opts.block_n, extent))
         return n
 
 
@@ -263,9 +263,9 @@ class FusedBuilder:
             size = opts.tile(lay.rows(opts), n)
             pid = kb.program_id(len(self.grid), hint=f"pid_{lay.tiled_key}")
             base = pid if size == 1 else kb.binary(BinaryOp.MUL, pid, kb.const(size, index), hint=f"{lay.tiled_key}_start")
-            self.binding[lay.tiled_key] = Dim.make(lay.tiled_key, 0, size, n, base, _ceil_div(n, size) * size)
+            self.binding[lay.tiled_key] = Dim.make(lay.tiled_key, 0, size, n, base, ceil_div(n, size) * size)
             premake(kb, self.binding[lay.tiled_key])
-            self.grid.append(_ceil_div(n, size))
+            self.grid.append(ceil_div(n, size))
         # the chunk's dim goes before the whole dims when memory runs along a whole dim (decoding's v[j, d]),
         # so reductions over the chunk combine whole rows in place instead of gathering columns
         chunk_first = _chunk_first(lay)
@@ -278,7 +278,7 @@ class FusedBuilder:
                 self.binding[key] = Fixed(kb.const(0, index), 1)
                 continue
             if key in grid_tiled:  # this program's tile of the axis, at pid * size
-                size, tiles = opts.tile(opts.block_n, n), _ceil_div(n, opts.tile(opts.block_n, n))
+                size, tiles = opts.tile(opts.block_n, n), ceil_div(n, opts.tile(opts.block_n, n))
                 pid = kb.program_id(len(self.grid), hint=f"pid_{key}")
                 base = kb.binary(BinaryOp.MUL, pid, kb.const(size, index), hint=f"{key}_start")
                 self.binding[key] = Dim.make(key, first_whole + n_whole, size, n, base, tiles * size)

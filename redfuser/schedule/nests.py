@@ -17,10 +17,6 @@ from .reduce import reduce_axes
 from .space import Binding, Dim, Fixed, index_tile, mask_tile
 
 
-def _ceil_div(a: SizeLike, b: int) -> SizeLike:
-    return ceil_div(a, b)
-
-
 def premake(kb: KernelBuilder, dim: Dim) -> None:
     """Build a kernel-wide dim's indices and mask up front, so every loop reuses them."""
     index_tile(kb, dim)
@@ -37,7 +33,7 @@ def bind_grid(kb: KernelBuilder, grid_axes: tuple[Axis, ...], tiled: list[tuple[
         grid.append(a.extent)
     for a, size, order in tiled:
         pid = kb.program_id(len(grid), hint=f"pid_{a.name}")
-        tiles = _ceil_div(a.extent, size)
+        tiles = ceil_div(a.extent, size)
         base = pid if size == 1 else kb.binary(BinaryOp.MUL, pid, kb.const(size, kb.index_dtype), hint=f"{a.name}_start")
         bindings[a.name] = Dim.make(a.name, order, size, a.extent, base, tiles * size)
         premake(kb, bindings[a.name])

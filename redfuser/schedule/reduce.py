@@ -8,8 +8,8 @@ index at a time, the last one in chunks of `block_k`).
 """
 from __future__ import annotations
 
-from ..ir.sizes import divides, is_static
 from ..ir import Axis, Binary, BinaryOp, Expr, ReduceOp, loads
+from ..ir.sizes import divides, is_static
 from ..ir.tile import nodes as t
 from .exprs import ExprLowering, compute_dtype
 from .options import ScheduleOptions

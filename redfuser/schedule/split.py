@@ -23,11 +23,10 @@ from dataclasses import dataclass
 
 from ..fusion.merge import merge_rule
 from ..ir import BinaryOp, Buffer, Compute, DType, FusedLoop
-from ..ir.sizes import SizeLike, divides, is_static, size_max
+from ..ir.sizes import SizeLike, ceil_div, divides, is_static, size_max
 from ..ir.tile import nodes as t
 from .fused import finish_states, layout_or_fail
 from .layout import FusedBuilder, FusedLayout
-from .nests import _ceil_div
 from .options import ScheduleOptions
 from .space import Dim, overhangs
 from .states import (carried_names, initial_states, load_partials, merge_states, partial_buffers, store_partials,
@@ -55,7 +54,7 @@ def auto_split(programs: SizeLike, chunks: SizeLike, workers: int) -> int:
         return 1
     if programs >= workers or (is_static(chunks) and chunks < 2 * MIN_SLICE_CHUNKS):
         return 1
-    want = _ceil_div(2 * workers, max(programs, 1))
+    want = ceil_div(2 * workers, max(programs, 1))
     return max(1, min(want, chunks // MIN_SLICE_CHUNKS) if is_static(chunks) else want)
 
 
@@ -66,18 +65,18 @@ def plan_split(lay: FusedLayout, opts: ScheduleOptions) -> SplitPlan | None:
         return None
     requested = opts.split
     if requested is None:
-        requested = auto_split(lay.programs(opts), _ceil_div(n, lay.chunk(opts)), opts.workers)
+        requested = auto_split(lay.programs(opts), ceil_div(n, lay.chunk(opts)), opts.workers)
     if requested <= 1:
         return None
-    per = _ceil_div(n, requested)
+    per = ceil_div(n, requested)
     chunk = opts.tile(opts.block_n, per)
-    length = _ceil_div(per, chunk) * chunk
+    length = ceil_div(per, chunk) * chunk
     if not is_static(n):
         # a run-time length: `requested` slices, none shorter than an automatic split's shortest, so a short
         # axis is one slice's work (the slices past its end are empty loops)
         length = size_max(length, MIN_SLICE_CHUNKS * chunk) if opts.split is None else length
         return SplitPlan(requested, length, chunk)
-    count = _ceil_div(n, length)
+    count = ceil_div(n, length)
     return SplitPlan(count, length, chunk) if count > 1 else None
 
 
