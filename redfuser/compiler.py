@@ -197,6 +197,7 @@ def sized_stage(program: Program, lowered: Lowered) -> Program:
                                "(a length used as a number, or a fusion constant such as 1/n)", names)
     lowered.artifacts["probed"] = program
     lowered.program = verify_program(substitute_extents(program, plan.probe_to_symbol), pass_name="sized")
+    lowered.groups = [substitute_extents(g, plan.probe_to_symbol) for g in lowered.groups]   # for `explain`
     guards: dict[str, int] = {}
     for name, probe in plan.symbols:
         least = [n for length, n in lowered.artifacts.get("length_needs", []) if length == probe]

@@ -273,7 +273,7 @@ class Kernel:
         from .fusion.explain import explain
 
         lowered = self._compiled(args, kwargs, to_run=False)[0]
-        return explain(lowered.name, lowered.groups, lowered.stages.get("fused"))
+        return explain(lowered.name, lowered.groups, lowered.stages.get("sized", lowered.stages.get("fused")))
 
     @_user_facing
     def output_types(self, *args: Any, **kwargs: Any) -> tuple[ShapeDtype, ...]:

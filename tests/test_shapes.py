@@ -199,3 +199,13 @@ def test_out_takes_the_results_at_the_calls_lengths(backend):
         _close(out, workloads.softmax(x))
     with pytest.raises(rf.ArgumentError):
         k(x, out=np.empty((8, 71), np.float32))
+
+
+def test_explain_and_the_sized_stage_name_the_symbols_not_the_probes():
+    k = rf.kernel(workloads.softmax, backend="cpu", dynamic=True)
+    x = np.ones((4, 100), np.float32)
+    text = k.explain(x)
+    assert "over an axis of x.1 elements" in text and "f32[x.0,x.1]" in text
+    assert not any(str(p) in text for p in (10007, 10009))
+    lowered = k.lower(x)
+    assert "10007" in str(lowered.stages["traced"]) and "10007" not in str(lowered.stages["sized"])

@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Mapping
+from typing import Mapping, TypeVar
 
 from ..sizes import SizeLike
 from ..types import BufferType, DType
 from .expr import Axis
-from .nodes import Program
 
 _LEAVES = (str, int, float, bool, type(None), enum.Enum, DType)
+T = TypeVar("T")
 
 
-def substitute_extents(program: Program, mapping: Mapping[int, SizeLike]) -> Program:
-    """`program` with each axis extent and buffer shape entry that is a key of `mapping` replaced by its
-    value (see the module docstring). Shared sub-terms stay shared."""
+def substitute_extents(program: T, mapping: Mapping[int, SizeLike]) -> T:
+    """`program` (or any tree of frozen dataclasses and tuples holding Loop IR, such as a fusion report's
+    cascade groups) with each axis extent and buffer shape entry that is a key of `mapping` replaced by
+    its value (see the module docstring). Shared sub-terms stay shared."""
     memo: dict[int, object] = {}
 
     def sub(x: object) -> object:
