@@ -209,3 +209,22 @@ def test_explain_and_the_sized_stage_name_the_symbols_not_the_probes():
     assert not any(str(p) in text for p in (10007, 10009))
     lowered = k.lower(x)
     assert "10007" in str(lowered.stages["traced"]) and "10007" not in str(lowered.stages["sized"])
+
+
+@pytest.mark.parametrize("name,options", [("attention", {}), ("flash_attention_f16", {"sm": "sm_90a"}),
+                                          ("causal_attention", {"prefetch": True}),
+                                          ("causal_attention", {"skip_masked": True})])
+def test_the_gpu_lowering_of_a_class_equals_numpy_at_every_length(name, options):
+    """On `simulate`: the run-time extents as kernel parameters, the grid evaluated per launch, the split
+    of a decoding loop over a run-time length, wgmma dots, prefetched operands, skipped masked blocks."""
+    fn = getattr(workloads, name)
+    rng = np.random.default_rng(11)
+    dtype = np.float16 if name.endswith("f16") else np.float32
+    k = rf.kernel(fn, backend="simulate", dynamic={"q": (-2,), "k": (-2,), "v": (-2,)}, **options)
+    for n_q, n_k in ((1, 70), (1, 3), (17, 17), (40, 40)) if name == "attention" else ((70, 70), (9, 9)):
+        q = rng.standard_normal((2, n_q, 32)).astype(dtype)
+        kv = [rng.standard_normal((2, n_k, 32)).astype(dtype) for _ in range(2)]
+        tol = 2e-3 if dtype == np.float16 else 2e-6
+        _close(k(q, *kv), fn(q, *kv), tol=tol)
+    assert k.polymorphism == {}
+    assert k.cache_info().misses <= 2

@@ -183,6 +183,7 @@ def simt_kernel_lines(k: SimtKernel, index: LineIndex | None = None) -> list[str
     lines = [f"simt kernel {k.name}({params}) grid {grid} block {k.threads} "
              f"({k.warps} warp{'s' if k.warps != 1 else ''}{bound})"]
     lines += [f"  shared {a.name}: {a.type}" for a in k.shared]
+    lines += [f"  size %{name} = {size}" for name, size in k.sizes]   # run-time extents the launch passes
     for s in k.body:
         _emit_stmt(s, "  ", lines, index)
     return lines
