@@ -235,16 +235,26 @@ class CpuProgram:
     pool. Outputs and scratch buffers are fresh arrays per call; inputs are read only.
     A shape-polymorphic program's run-time extents are read off its inputs' shapes
     (`redfuser.ir.sizes.bind_shapes`) and each kernel gets the values of its own.
+    What a call needs of the program is laid out once, when it is made: the buffers in
+    one list (inputs, outputs, scratch), each kernel's parameters as positions in it,
+    each input's dtype and each result's shape, so a call only reads its arrays'
+    addresses and allocates its results.
     """
 
     def __init__(self, tile_program, abis, library: JitLibrary, threads: int = 0) -> None:
-        self.program = tile_program
+        import numpy as np
+
+        self.program = p = tile_program
         self.pool = grid_pool(threads)
-        self._kernels = [(kernel_function(library, a.symbol, len(a.params)), a.params, a.programs, a.sizes)
-                         for a in abis]
-        self._symbolic = any(not isinstance(n, int) for b in tile_program.inputs for n in b.shape)
+        made = p.outputs + p.scratch
+        position = {b.name: i for i, b in enumerate(p.inputs + made)}
+        self._kernels = [(kernel_function(library, a.symbol, len(a.params)), tuple(position[n] for n in a.params),
+                          a.programs, a.sizes) for a in abis]
+        self._symbolic = any(not isinstance(n, int) for b in p.inputs for n in b.shape)
+        self._inputs = [(b.type, b.type.strides is None, np.dtype(b.dtype.numpy)) for b in p.inputs]
+        self._made = [(b.shape, np.dtype(b.dtype.numpy)) for b in made]
         self._library = library  # keeps the code alive as long as the functions
-        self._small_stack = all(tile_bytes(k) <= INLINE_STACK_BYTES for k in tile_program.kernels)
+        self._small_stack = all(tile_bytes(k) <= INLINE_STACK_BYTES for k in p.kernels)
 
     writes_outputs = True
     """`__call__` takes arrays to write the results into (``kernel(..., out=...)``)."""
@@ -254,32 +264,34 @@ class CpuProgram:
         checked by the caller) written into those: in place where one is C-contiguous, else copied."""
         import numpy as np
 
-        p = self.program
-        values = bind_shapes([b.shape for b in p.inputs], [a.shape for a in arrays]) if self._symbolic else {}
-        buffers = {}
-        for b, a in zip(p.inputs, arrays):
-            dense = b.type.strides is None and a.flags.c_contiguous and a.dtype == b.dtype.numpy
-            buffers[b.name] = a if dense else memory_of(a, b.type)   # a view is read in place
-        given = dict(zip((b.name for b in p.outputs), outputs)) if outputs is not None else {}
-        for b in p.outputs + p.scratch:
-            target = given.get(b.name)
-            in_place = target is not None and target.flags.c_contiguous and target.dtype == b.dtype.numpy
-            shape = concrete(b.shape, values) if values else b.shape
-            buffers[b.name] = target if in_place else np.empty(shape, dtype=b.dtype.numpy)
-        address = {name: a.__array_interface__["data"][0] for name, a in buffers.items()}
+        values = bind_shapes([b.shape for b in self.program.inputs], [a.shape for a in arrays]) \
+            if self._symbolic else None
+        memory = [a if dense and a.flags.c_contiguous and a.dtype == dtype else memory_of(a, type_)
+                  for a, (type_, dense, dtype) in zip(arrays, self._inputs)]   # a view is read in place
+        n_out = len(self.program.outputs)
+        for i, (shape, dtype) in enumerate(self._made):
+            target = outputs[i] if outputs is not None and i < n_out else None
+            if target is not None and target.flags.c_contiguous and target.dtype == dtype:
+                memory.append(target)
+            else:
+                memory.append(np.empty(concrete(shape, values) if values else shape, dtype=dtype))
+        address = [m.__array_interface__["data"][0] for m in memory]
         inline = self._small_stack and threading.current_thread() is threading.main_thread()
         for fn, params, programs, sizes in self._kernels:
             size_array = None
             if sizes:
                 size_array = np.array([evaluate(n, values) for n in sizes], dtype=np.int64)
                 programs = evaluate(programs, values)
-            args = tuple(address[name] for name in params) + (
-                size_array.ctypes.data if size_array is not None else None,)
+            args = tuple(address[i] for i in params) + (size_array.ctypes.data if size_array is not None else None,)
             if inline and programs == 1:
                 fn(*args, 0, 1)        # one program instance: handing it to a worker costs more than it runs
             else:
                 self.pool.run(fn, args, programs)
-        for name, target in given.items():
-            if buffers[name] is not target:
-                np.copyto(target, buffers[name], casting="no")
-        return tuple(given.get(b.name, buffers[b.name]) for b in p.outputs)
+        first = len(arrays)
+        results = memory[first:first + n_out]
+        if outputs is not None:
+            for target, result in zip(outputs, results):
+                if result is not target:
+                    np.copyto(target, result, casting="no")
+            return tuple(outputs)
+        return tuple(results)
