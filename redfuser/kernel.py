@@ -16,6 +16,7 @@ from .ir.sizes import SymbolicDecision, bind_shapes, concrete
 from .kernel_options import DEFAULT_OPTIONS, KernelOptions
 from .shapes import CHECK_PROBES, PROBES, Dynamic, DynamicAxes, ShapePlan
 from .runtime import arrays as arrays_rt
+from .runtime import autotune
 from .source_info import user_loc
 from .trace import ArgSpec, ArraySpec
 
@@ -103,6 +104,8 @@ class Kernel:
                                 op=self.__name__, loc=user_loc())
         backend, _ = backends.resolve(self.backend, to_run=to_run)
         plan = self._dynamic.plan(specs)
+        if plan is not None and backend in autotune.SPACES and autotune.wanted(self.options):
+            plan = None      # tuning measures the call's own shapes: an autotuned kernel compiles them exactly
         if plan is not None:
             found = self._polymorphic(plan, specs, backend, to_run)
             if found is not None:
@@ -186,7 +189,6 @@ class Kernel:
 
     def _tuned(self, specs: tuple[ArgSpec, ...], backend: str, arrays: list, to_run: bool) -> KernelOptions:
         """The options to compile with: tuned ones where autotuning is on (stored results only when not running)."""
-        from .runtime import autotune
         from .trace import trace
 
         if backend not in autotune.SPACES or not autotune.wanted(self.options):

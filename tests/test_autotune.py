@@ -197,3 +197,14 @@ def test_a_stored_config_may_set_prefetch_only_as_a_bool():
             _config(bad)
     assert Config(prefetch=True, min_blocks_per_sm=3) in SPACES["cuda"]   # the device measures it; off by default
     assert _config({"min_blocks_per_sm": 3}) == Config(min_blocks_per_sm=3)
+
+
+def test_an_autotuned_kernel_compiles_every_shape_exactly(cache):
+    """Tuning measures the call's own shapes, so `dynamic` does not make a tuned kernel a shape class."""
+    kernel = rf.kernel(softmax, backend="cpu", autotune=True, dynamic=True)
+    with autotune.using_timer(FakeTimer()):
+        for rows in (24, 40):
+            x = np.random.default_rng(rows).standard_normal((rows, 64)).astype(np.float32)
+            np.testing.assert_allclose(kernel(x), softmax(x), rtol=1e-5, atol=1e-7)
+    assert kernel.cache_info().misses == 2
+    assert all(lowered.shapes is None for lowered, _ in kernel._cache.values())
