@@ -156,9 +156,10 @@ def main() -> None:
                       else f"{'-':>10} {'-':>9}")
         shape = "x".join(map(str, args[-1 if name == "decode" else 0].shape))
         label = name + (" skip" if options.get("skip_masked") else "")
-        if name == "decode":  # how many slices the split used (1: unsplit)
+        if name == "decode":  # how many slices the split used (1: unsplit), and whether it was chosen or given
             first = kernel.lower(*args).stages["tile"].kernels[0]
-            label += f" split={first.grid[-1] if first.name.endswith('_partial') else 1}"
+            label += (" auto:" if "split" not in options else " given:") + \
+                f"{first.grid[-1] if first.name.endswith('_partial') else 1}"
         print(f"{label:<16} {shape:<20} {t_cpu * 1e3:>9.1f} {t_np * 1e3:>10.1f} {t_np / t_cpu:>9.2f} {torch_cols} "
               f"{cold:>8.2f} {warm * 1e3:>9.1f} {disk * 1e3:>9.1f}   ({err})")
 
