@@ -151,7 +151,7 @@ def test_compiles_once_per_signature():
         traces.append(x.shape)  # a side effect that runs only while tracing
         return x + 1.0
 
-    k = rf.kernel(body, backend="interpret")
+    k = rf.kernel(body, backend="interpret", dynamic=False)     # one kernel per exact shape
     x = np.zeros((2, 3), np.float32)
     k(x)
     k(x)
@@ -161,6 +161,14 @@ def test_compiles_once_per_signature():
     k(np.zeros((2, 3), np.float16))
     k.lower(x)
     assert traces == [(2, 3), (3, 2), (2, 3)] and k.cache_size == 3
+    # by default a second length makes a shape class, traced twice at probe lengths (redfuser.shapes), and
+    # a third length traces nothing
+    traces.clear()
+    k = rf.kernel(body, backend="interpret")
+    k(np.zeros((2, 3), np.float32)), k(np.zeros((2, 5), np.float32))
+    assert traces[0] == (2, 3) and len(traces) == 3 and traces[1][1] > 10000 and traces[2][1] > 10000
+    k(np.zeros((2, 9), np.float32))
+    assert len(traces) == 3 and k.cache_size == 2
 
 
 def test_kernel_spellings():
