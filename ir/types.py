@@ -119,6 +119,8 @@ class BufferType:
     strides: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if any(type(n) is not int and isinstance(n, int) for n in self.shape):   # traced probe lengths
+            object.__setattr__(self, "shape", tuple(int(n) if isinstance(n, int) else n for n in self.shape))
         if self.strides is not None and len(self.strides) != len(self.shape):
             raise ValueError(f"{len(self.strides)} strides for a {len(self.shape)}-d shape")
 

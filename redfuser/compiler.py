@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -48,6 +48,7 @@ from .ir.tile.nodes import TileProgram
 from .ir.source import warn_at_user
 from .fusion import fuse
 from .kernel_options import KernelOptions
+from .probes import noting_probe_reads
 from .shapes import ShapePlan
 from .trace import ArgSpec, trace
 from .schedule import ScheduleOptions, schedule_program
@@ -136,9 +137,12 @@ class Lowered:
 # --- the stages every backend shares, and those without the runtime --------------------------------
 
 def trace_stage(fn: Callable, lowered: Lowered) -> Program:
-    """traced: the Python function on tracers -> verified Loop IR."""
-    lowered.program = verify_program(trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", [])),
-                                     pass_name="trace")
+    """traced: the Python function on tracers -> verified Loop IR (for a shape class, noting the probe
+    lengths the body reads as numbers: `redfuser.probes`)."""
+    with noting_probe_reads() if lowered.shapes is not None else nullcontext(set()) as reads:
+        program = trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", []))
+    lowered.artifacts["probe_reads"] = reads
+    lowered.program = verify_program(program, pass_name="trace")
     return lowered.program
 
 
@@ -183,8 +187,14 @@ def sized_stage(program: Program, lowered: Lowered) -> Program:
     index or a top-k's k; a call below them is compiled for its exact shapes, and fails as numpy does)."""
     plan = lowered.shapes
     assert plan is not None and lowered.source is not None
+    read = lowered.artifacts.get("probe_reads", set())
+    names = frozenset(name for name, probe in plan.symbols if probe in read)
+    if names:
+        raise SymbolicDecision(f"the body uses the length {', '.join(sorted(names))} as a number", names)
+
     def same_at(specs: tuple[ArgSpec, ...], probes: dict[int, int]) -> bool:
-        other = trace(lowered.source, specs)
+        with noting_probe_reads():      # traced as the first was (its constants of lengths are alike)
+            other = trace(lowered.source, specs)
         if lowered.options.fuse:
             other, _ = fuse(other)
         return substitute_extents(program, probes) == other

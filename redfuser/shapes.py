@@ -28,19 +28,12 @@ from dataclasses import dataclass
 from typing import Mapping, Union
 
 from .ir import ArgumentError, BufferType, SourceLoc
+from .probes import CHECK_PROBES, PROBES
 from .ir.sizes import Sym
 from .trace import ArgSpec, ArraySpec
 
 Dynamic = Union[None, bool, Mapping[str, "tuple[int, ...] | list[int] | int"]]
 """What ``rf.kernel(fn, dynamic=...)`` accepts (see the module docstring)."""
-
-PROBES = (10007, 10009, 10037, 10039, 10061, 10067, 10069, 10079, 10091, 10093, 10099, 10103, 10111, 10133,
-          10139, 10141)
-"""The lengths a shape class is traced at, one per symbol (so at most this many symbols a class)."""
-CHECK_PROBES = (20011, 20021, 20023, 20029, 20047, 20051, 20063, 20071, 20089, 20101, 20107, 20113, 20117,
-                20123, 20129, 20143)
-"""The second tracing's lengths (`PROBES`' partners)."""
-
 
 @dataclass(frozen=True)
 class ShapePlan:

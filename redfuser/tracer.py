@@ -37,6 +37,7 @@ from .ir import (
     written,
 )
 from .ir import types as T
+from .probes import ProbeLength, probe_length, product_length
 from .source_info import is_internal, user_loc
 
 
@@ -189,7 +190,8 @@ class Tracer:
         self.builder = builder
         self.buffer = buffer
         self.view = view
-        self.shape = tuple(int(s) for s in shape)
+        # (a probe length of a shape class's trace stays a `ProbeLength`: redfuser.probes)
+        self.shape = tuple(probe_length(int(s)) for s in shape)
         # A 0-d value the numpy body holds as a 0-d ndarray, not a numpy scalar (`ops.common.is_numpy_scalar`):
         # a 0-d argument, and what `where`, ``x[...]`` and `astype`/`transpose` of such an array return.
         self.array0d = array0d
@@ -211,7 +213,7 @@ class Tracer:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return product_length(int(np.prod(self.shape, dtype=np.int64)), self.shape)
 
     @property
     def is_plain(self) -> bool:
@@ -288,7 +290,10 @@ class Tracer:
     def __len__(self) -> int:
         if not self.shape:
             raise ShapeError("len() of a 0-d traced value (it has no first dimension)", op="len()", loc=user_loc())
-        return self.shape[0]
+        n = self.shape[0]
+        if isinstance(n, ProbeLength):    # len() hands back a plain int: the read is noted here
+            n.note_if_user(sys._getframe(1))
+        return n
 
     def __array__(self, *args, **kwargs):
         self._no_python_value("numpy.asarray()")

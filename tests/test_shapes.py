@@ -228,3 +228,33 @@ def test_the_gpu_lowering_of_a_class_equals_numpy_at_every_length(name, options)
         _close(k(q, *kv), fn(q, *kv), tol=tol)
     assert k.polymorphism == {}
     assert k.cache_info().misses <= 2
+
+
+@pytest.mark.parametrize("backend", HOST)
+def test_a_decision_on_a_length_both_probes_take_alike_keeps_the_axis_static(backend):
+    """Both probes are long, so the two traces agree on ``x.shape[0] > 8``; the body's read of the length as a
+    number is noted instead (`redfuser.probes`), and rows stay static: 5 rows take numpy's other branch."""
+    def branchy(x):
+        if x.shape[0] > 8:
+            return x * 2.0
+        return x * 3.0
+
+    def counted(x):
+        return x * float(len(x))
+
+    for body in (branchy, counted):
+        k = rf.kernel(body, backend=backend, dynamic=True)
+        for rows in (20, 30, 5):
+            x = np.ones((rows, 4), np.float32)
+            _close(k(x), body(x))
+        assert "uses the length x.0 as a number" in " ".join(k.polymorphism.values())
+
+
+def test_a_length_handed_to_an_op_stays_symbolic():
+    """``rf.arange(k.shape[-2])`` is RedFuser's own use of the length (an axis), not the body's."""
+    k = rf.kernel(workloads.causal_attention, backend="cpu", dynamic={"q": (-2,), "k": (-2,), "v": (-2,)})
+    rng = np.random.default_rng(12)
+    for n in (9, 40):
+        q, kk, v = (rng.standard_normal((2, n, 16)).astype(np.float32) for _ in range(3))
+        _close(k(q, kk, v), workloads.causal_attention(q, kk, v))
+    assert k.cache_info().misses == 1 and k.polymorphism == {}

@@ -20,6 +20,10 @@ class Axis:
     name: str
     extent: int
 
+    def __post_init__(self) -> None:
+        if type(self.extent) is not int and isinstance(self.extent, int):
+            object.__setattr__(self, "extent", int(self.extent))   # a traced probe length (redfuser.probes)
+
     def __str__(self) -> str:
         return self.name
 

@@ -55,7 +55,7 @@ def substitute_extents(program: T, mapping: Mapping[int, SizeLike]) -> T:
 
 
 def _is_key(extent: object, mapping: Mapping[int, SizeLike]) -> bool:
-    return type(extent) is int and extent in mapping
+    return isinstance(extent, int) and not isinstance(extent, bool) and extent in mapping
 
 
 __all__ = ["substitute_extents"]

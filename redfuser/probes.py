@@ -1,0 +1,107 @@
+"""Probe lengths: the lengths a shape class is traced at (`redfuser.shapes`), and how the tracer notices the
+user's code reading one as a number.
+
+A shape class is traced and fused at `PROBES` and again at `CHECK_PROBES` (one pair per symbol: large primes
+no body computes by accident), and the two programs must be equal up to the probes. What that cannot see is
+a decision on a length both probes take the same way (``if x.shape[0] > 8``): so while a class is traced,
+the tracer keeps each probe length of a shape as a `ProbeLength`, an int that notes when the user's code
+uses it as a number (compares, computes with, converts or formats it; RedFuser's own code, which builds the
+program from lengths, is not noted). A symbol whose probe was read so is kept static.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import os
+import sys
+from typing import Iterator
+
+from .ir.source import is_internal
+
+PROBES = (10007, 10009, 10037, 10039, 10061, 10067, 10069, 10079, 10091, 10093, 10099, 10103, 10111, 10133,
+          10139, 10141)
+"""The lengths a shape class is traced at, one per symbol (so at most this many symbols a class)."""
+CHECK_PROBES = (20011, 20021, 20023, 20029, 20047, 20051, 20063, 20071, 20089, 20101, 20107, 20113, 20117,
+                20123, 20129, 20143)
+"""The second tracing's lengths (`PROBES`' partners)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _users(filename: str) -> bool:
+    """Whether code of `filename` is the user's: not RedFuser's own, not numpy's or ml_dtypes'."""
+    import ml_dtypes
+    import numpy
+
+    libraries = tuple(os.path.join(os.path.dirname(m.__file__), "") for m in (numpy, ml_dtypes))
+    return not is_internal(filename) and not os.path.abspath(filename).startswith(libraries)
+
+
+_PROBE_SET = frozenset(PROBES) | frozenset(CHECK_PROBES)
+_reads: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar("redfuser_probe_reads", default=None)
+
+
+class ProbeLength(int):
+    """A length as the body sees it (``x.shape[d]``, ``x.size``) while a shape class is traced, when it is a
+    probe or a product with probes (`probes`): an int that notes when the user's code (not RedFuser's)
+    uses it as a number -- compares, computes with, converts or formats it. Two traces at different probes
+    cannot see a decision such as ``if x.shape[0] > 8`` (both probes are larger); a noted read makes the
+    symbols static instead (`noting_probe_reads`)."""
+
+    probes: frozenset[int]
+
+    def __new__(cls, value: int, probes: frozenset[int]) -> "ProbeLength":
+        made = super().__new__(cls, value)
+        made.probes = probes
+        return made
+
+    def note_if_user(self, frame) -> None:
+        """Note this length as read when `frame` (the one using it) is the user's code (not RedFuser's, and
+        not numpy's or ml_dtypes', which RedFuser calls on shapes, e.g. to broadcast them)."""
+        reads = _reads.get()
+        if reads is not None and _users(frame.f_code.co_filename):
+            reads.update(self.probes)
+
+
+def _noting(name: str):
+    method = getattr(int, name)
+
+    def noted(self, *args):
+        self.note_if_user(sys._getframe(1))
+        return method(self, *args)
+
+    noted.__name__ = name
+    return noted
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+              "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__", "__neg__", "__abs__",
+              "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__bool__", "__index__", "__int__",
+              "__float__", "__format__", "__and__", "__or__", "__xor__", "__lshift__", "__rshift__", "__divmod__"):
+    setattr(ProbeLength, _name, _noting(_name))
+ProbeLength.__hash__ = int.__hash__
+
+
+def probe_length(n: int) -> int:
+    """`n` as the tracer keeps a length: a `ProbeLength` while a class is traced and `n` is a probe."""
+    return ProbeLength(n, frozenset((n,))) if n in _PROBE_SET and _reads.get() is not None else n
+
+
+def product_length(n: int, factors: tuple[int, ...]) -> int:
+    """`n`, the product of `factors`, as a `ProbeLength` when some factor is one (an array's size)."""
+    probes = frozenset(f for f in factors if isinstance(f, ProbeLength))
+    return ProbeLength(n, frozenset().union(*(f.probes for f in probes))) if probes else n
+
+
+@contextlib.contextmanager
+def noting_probe_reads() -> Iterator[set[int]]:
+    """Collect, in the set it yields, the probe lengths the user's code reads as numbers inside the ``with``."""
+    reads: set[int] = set()
+    token = _reads.set(reads)
+    try:
+        yield reads
+    finally:
+        _reads.reset(token)
+
+
+__all__ = ["PROBES", "CHECK_PROBES", "ProbeLength", "probe_length", "product_length", "noting_probe_reads"]
