@@ -126,8 +126,10 @@ class Kernel:
                      ) -> tuple[Lowered, backends.Executable | None] | None:
         """The kernel of the call's shape class (`redfuser.shapes`): compiled, or found. Where compiling it
         meets a decision on a symbolic length (`SymbolicDecision`), the axes behind it are kept static and
-        the narrower class is tried, and remembered for the next call of the class; None when no axis is
-        left symbolic (the caller compiles the exact shapes)."""
+        the narrower class is tried, and remembered for the next call of the class; any other failure of a
+        class's compile keeps every axis static (the exact shapes then compile, or raise the user's error as
+        they always did), its reason kept in `polymorphism`. None when no axis is left symbolic (the caller
+        compiles the exact shapes)."""
         dynamic, first = self._dynamic, plan.key
         excluded = dynamic.excluded.get(first, frozenset())
         current: ShapePlan | None = dynamic.plan(specs, excluded) if excluded else plan
@@ -141,11 +143,12 @@ class Kernel:
             else:
                 try:
                     lowered = lower(self.__wrapped__, current.specs, backends.BACKENDS[backend], self.options, current)
-                except (SymbolicDecision, RedFuserError) as why:
+                except Exception as why:   # noqa: BLE001 - the exact shapes compile or raise the user's error
                     symbols = why.symbols if isinstance(why, SymbolicDecision) else frozenset()
                     excluded = excluded | current.axes_of(symbols)
                     dynamic.excluded[first] = excluded
-                    dynamic.refused[current.describe()] = str(why).splitlines()[0]
+                    kind = "" if isinstance(why, SymbolicDecision | RedFuserError) else f"{type(why).__name__}: "
+                    dynamic.refused[current.describe()] = kind + (str(why).splitlines() or [""])[0]
                     current = dynamic.plan(specs, excluded)
                     continue
                 entry = self._cache[key] = [lowered, None]

@@ -258,3 +258,23 @@ def test_a_length_handed_to_an_op_stays_symbolic():
         q, kk, v = (rng.standard_normal((2, n, 16)).astype(np.float32) for _ in range(3))
         _close(k(q, kk, v), workloads.causal_attention(q, kk, v))
     assert k.cache_info().misses == 1 and k.polymorphism == {}
+
+
+def test_any_failure_of_a_class_compile_falls_back_to_the_exact_shapes(monkeypatch):
+    """A bug in the symbolic path must cost polymorphism, never the call: the exact shapes compile."""
+    import importlib
+
+    kernel_module = importlib.import_module("redfuser.kernel")   # (rf.kernel is the function)
+    real = kernel_module.lower
+
+    def broken(fn, specs, backend, options, shapes=None):
+        if shapes is not None:
+            raise TypeError("unsupported operand type(s) for *: 'Sym' and 'float'")
+        return real(fn, specs, backend, options)
+
+    monkeypatch.setattr(kernel_module, "lower", broken)
+    k = rf.kernel(workloads.softmax, backend="cpu", dynamic=True)
+    x = np.random.default_rng(13).standard_normal((5, 33)).astype(np.float32)
+    _close(k(x), workloads.softmax(x))
+    assert k.cache_info().misses == 1
+    assert "TypeError: unsupported operand" in " ".join(k.polymorphism.values())
