@@ -390,3 +390,14 @@ def test_the_oracle_does_not_judge_what_follows_a_16_bit_step_that_overflows_onl
 
     result = run_example(Config(1, ("cpu", "simulate")), example)
     assert result.failures == [], result.failures
+
+
+def test_the_oracle_takes_a_bitwise_not_a_later_scalar_makes_as_a_user_error():
+    """Fuzz seed 16, example 180 (this session's grammar): ``v = b + s0; ~v`` on a bool ``b`` with the static
+    ``s0`` run ``False, True, 0``: at ``0`` the sum is int64 and numpy's ``~`` is a bitwise not, outside
+    RedFuser's op subset (``~`` is logical not), refused with a DTypeError that says so. The oracle judged
+    the refusal a failure; such a call is now marked unsupported, like numpy-only dtypes."""
+    from redfuser.testing.fuzz_tasks import Config, run_example
+
+    result = run_example(Config(16, ("cpu",)), 180)
+    assert "not" in result.description and result.failures == []

@@ -182,6 +182,12 @@ def reference(program: Program, call: int, backend: str = "cpu") -> Reference:
         return Reference(error=err, masked=masked)
     outputs = tuple(env[o] for o in program.outputs)
     unsupported = ", ".join(sorted({str(v.dtype) for v in env.values() if v.dtype not in SUPPORTED}))
+    # `~` is logical not in RedFuser's subset; numpy's bitwise not of integers (reached when a later call's
+    # static scalar promotes a bool operand to int: False, then 0) is a documented user error
+    inverted = sorted({str(env[n.args[0]].dtype) for n in program.nodes
+                       if n.op == "not" and env[n.args[0]].dtype != np.bool_})
+    if inverted:
+        unsupported = ", ".join(filter(None, [unsupported, f"~ of {', '.join(inverted)} (bitwise not)"]))
     if not masked:
         return Reference(outputs, unsupported=unsupported)
     plain = [np.ma.getdata(a) if isinstance(a, np.ma.MaskedArray) else a for a in args]
