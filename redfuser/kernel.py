@@ -14,7 +14,8 @@ from .ir import ArgumentError, RedFuserError
 from .ir import Buffer, BufferType
 from .ir.sizes import SymbolicDecision, bind_shapes, concrete
 from .kernel_options import DEFAULT_OPTIONS, KernelOptions
-from .shapes import CHECK_PROBES, PROBES, Dynamic, DynamicAxes, ShapePlan
+from .probes import PROBE_LENGTHS
+from .shapes import Dynamic, DynamicAxes, ShapePlan
 from .runtime import arrays as arrays_rt
 from .runtime import autotune
 from .source_info import user_loc
@@ -323,15 +324,12 @@ def _class_key(args: tuple, symbolic: frozenset, backend_key: object) -> tuple[t
         for d, n in enumerate(a.shape):
             if (pos, d) in symbolic and n >= 2:
                 dims.append(("s", lengths.setdefault(n, len(lengths))))
-            elif n in _PROBE_LENGTHS:
+            elif n in PROBE_LENGTHS:
                 return None
             else:
                 dims.append(n)
         key.append((str(a.dtype), type(a) is np.ndarray, tuple(dims)))
     return tuple(key), list(lengths)
-
-
-_PROBE_LENGTHS = frozenset(PROBES) | frozenset(CHECK_PROBES)
 
 
 def _results_at(lowered: Lowered, arrays: list) -> tuple:

@@ -37,7 +37,8 @@ def _users(filename: str) -> bool:
     return not is_internal(filename) and not os.path.abspath(filename).startswith(libraries)
 
 
-_PROBE_SET = frozenset(PROBES) | frozenset(CHECK_PROBES)
+PROBE_LENGTHS = frozenset(PROBES) | frozenset(CHECK_PROBES)
+"""Every probe length (a static length equal to one cannot be told from a symbol's probe)."""
 _reads: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar("redfuser_probe_reads", default=None)
 
 
@@ -84,7 +85,7 @@ ProbeLength.__hash__ = int.__hash__
 
 def probe_length(n: int) -> int:
     """`n` as the tracer keeps a length: a `ProbeLength` while a class is traced and `n` is a probe."""
-    return ProbeLength(n, frozenset((n,))) if n in _PROBE_SET and _reads.get() is not None else n
+    return ProbeLength(n, frozenset((n,))) if n in PROBE_LENGTHS and _reads.get() is not None else n
 
 
 def product_length(n: int, factors: tuple[int, ...]) -> int:
@@ -104,4 +105,4 @@ def noting_probe_reads() -> Iterator[set[int]]:
         _reads.reset(token)
 
 
-__all__ = ["PROBES", "CHECK_PROBES", "ProbeLength", "probe_length", "product_length", "noting_probe_reads"]
+__all__ = ["PROBES", "CHECK_PROBES", "PROBE_LENGTHS", "ProbeLength", "probe_length", "product_length", "noting_probe_reads"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping, Union
 
 from .ir import ArgumentError, BufferType, SourceLoc
-from .probes import CHECK_PROBES, PROBES
+from .probes import CHECK_PROBES, PROBE_LENGTHS, PROBES
 from .ir.sizes import Sym
 from .trace import ArgSpec, ArraySpec
 
@@ -147,8 +147,7 @@ class DynamicAxes:
                     dims.append((spec.name, d, n))
         if not dims or len(symbol_of_length) > len(PROBES):
             return None
-        probes = set(PROBES) | set(CHECK_PROBES)
-        if any(n in probes for spec in specs if isinstance(spec, ArraySpec) for n in spec.type.shape):
+        if any(n in PROBE_LENGTHS for spec in specs if isinstance(spec, ArraySpec) for n in spec.type.shape):
             return None     # a static length equal to a probe would be taken for the symbol: compile exactly
         order = list(symbol_of_length)                     # lengths, in order of first use
         probe_of = {n: PROBES[i] for i, n in enumerate(order)}
