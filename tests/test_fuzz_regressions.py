@@ -401,3 +401,35 @@ def test_the_oracle_takes_a_bitwise_not_a_later_scalar_makes_as_a_user_error():
 
     result = run_example(Config(16, ("cpu",)), 180)
     assert "not" in result.description and result.failures == []
+
+
+def test_a_bf16_cascade_is_judged_against_the_float64_body():
+    """Long campaign at 49e8393 (seed 1), example 49087: ``r1 = sum((x - max x)^2)`` over 4096 bf16 values,
+    then ``sum(where(x > r1 / 4096, x, 0))``. numpy adds bf16 one term at a time in bf16 and stagnates
+    (9472 instead of 27114 on the shrunk row), so its threshold kept elements no correct evaluation keeps
+    (25.1 against the kernel's exact 0). bf16 cascades are now judged against the float64 body rounded
+    once (`cascade_check.reference`), the reference docs/testing.md prescribes for bf16 reductions."""
+    from redfuser.testing.fuzz_tasks import Config, run_example
+
+    result = run_example(Config(1, ("interpret",)), 49087)
+    assert result.description.startswith("bfloat16") and "r2=sum[where(x > G, x, 0)]" in result.description
+    assert result.failures == [], result.failures
+
+
+def batched_matmul_beside_a_row_sum(x0, x1):
+    v2 = rf.sum(x0, axis=-1, keepdims=False)
+    v3 = x0 @ x1
+    return v3, v2
+
+
+def test_a_row_sum_beside_a_matmul_of_the_same_rows_fits_in_shared_memory():
+    """Long campaign at 49e8393 (seed 1), example 48483: ``x0 @ x1`` (int32 by float32: f64) and
+    ``sum(x0, -1)`` fuse into one loop over the contraction axis. Their states shared no axis (only a loaded
+    input joins them), so the kernel had no grid and the simulate backend refused the [8, 32, 4, 8] f64
+    product tile: SharedMemoryExceeded, 67584 bytes of shared memory."""
+    x0 = np.random.default_rng(1297414798).integers(-8, 9, (17, 3, 5)).astype(np.int32)
+    x1 = np.random.default_rng(1942635349).integers(-4, 5, (17, 5, 5)).astype(np.float32)
+    got = rf.kernel(batched_matmul_beside_a_row_sum, backend="simulate")(x0, x1)
+    want = batched_matmul_beside_a_row_sum(x0, x1)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w)   # small integers: every sum is exact

@@ -143,6 +143,27 @@ def test_matmuls_become_dots_and_batch_axes_fold_into_the_grid():
     assert (loop.stop, loop.step) == (9, 4)
 
 
+def sum_and_max(x):
+    return rf.sum(x, axis=-1), rf.max(x, axis=-1)
+
+
+def sum_and_matmul(x, w):
+    return rf.sum(x, axis=-1), x @ w
+
+
+@pytest.mark.parametrize("fn,shapes,grid", [(sum_and_max, [(100, 100, 64)], (100, 2)),
+                                            (sum_and_matmul, [(17, 3, 5), (17, 5, 5)], (17, 1))])
+def test_sibling_reductions_of_one_input_share_the_grid(fn, shapes, grid):
+    """Two reductions of the same tensor that read no result of each other run in one fused loop; their
+    states share no computed buffer, so only the input they both load joins their row axes. Without that
+    join the kernel had no grid (one program holding all 100 x 100 rows; on the GPU the f64 case of fuzz
+    example 48483 needed 64 KiB of shared memory for a [8, 32, 4, 8] product tile)."""
+    args = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in shapes]
+    program = lowered(fn, *args).program
+    (kernel,) = check_schedule(program, args, options_for("gpu"), n=shapes[0][-1]).kernels
+    assert kernel.grid == grid
+
+
 @pytest.mark.parametrize("sa,sb", [((6,), (6,)), ((6,), (6, 3)), ((4, 6), (6,)), ((2, 1, 4, 6), (3, 6, 5))])
 def test_one_dimensional_and_broadcast_matmuls(sa, sb):
     rng = np.random.default_rng(0)

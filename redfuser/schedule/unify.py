@@ -9,12 +9,21 @@ rank: the kernel keeps a rank as a tile dim), or one statement
 axis meeting another of the same statement, cannot be tiled this way and raise
 `Unfusable`.
 
+Sibling states (reductions that read the same input and no result of each other:
+``sum(x)`` beside ``max(x)``, ``sum(x)`` beside ``x @ w``) share no computed
+buffer, so the reads above never join their axes, and a kernel whose states share
+no axis has no grid: one program would hold the whole tensor. So two states that
+load the same input buffer at the same axes (every index an axis, the same fused
+axis position) join those axes too, where that keeps every class valid (no
+statement meets itself, one length); otherwise they stay apart.
+
 A running top-k's list has one more axis than its `axes`: the rank (0 = best),
 of length k, at position `rank` of its buffers. `rank_axis` names it, so the
 epilogue's reads of the values and indices line up with it like any other axis.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..ir import Axis, Compute, Expr, FusedLoop, Load, OnlineState, Reduce, TopKState, walk
@@ -110,6 +119,7 @@ def unify(fl: FusedLoop, epilogue: list[Compute]) -> AxisClasses:
                         # (not a top-1 list's rank: the kernel keeps that one as a tile dim)
                         raise Unfusable(f"{load.buffer.name} is read at a fixed position")
                     union((n, idx.name), (p, pa.name))
+    _join_sibling_states(fl, stmts, producers, parent, extents, find)
     groups: dict[Node, list[Node]] = {}
     for node in parent:
         groups.setdefault(find(node), []).append(node)
@@ -129,3 +139,42 @@ def unify(fl: FusedLoop, epilogue: list[Compute]) -> AxisClasses:
         for n in nodes:
             key[n] = name
     return AxisClasses(key, extent)
+
+
+def _join_sibling_states(fl: FusedLoop, stmts: list[tuple[tuple[Axis, ...], list[Expr], str]], producers: dict,
+                         parent: dict[Node, Node], extents: dict[Node, int], find: Callable[[Node], Node]) -> None:
+    """Join the axes at which two states load one input buffer alike (module docstring), one pair of loads at
+    a time, undoing a pair that would put two axes of a statement, or two lengths, in one class."""
+    first = len(fl.locals)
+    reads: dict[tuple[str, tuple[int, ...]], list[tuple[int, tuple[Axis, ...]]]] = {}
+    for n in range(first, first + len(fl.states)):
+        for e in stmts[n][1]:
+            for load in (x for x in walk(e) if isinstance(x, Load) and x.buffer.name not in producers):
+                if not load.indices or not all(isinstance(i, Axis) and (n, i.name) in parent for i in load.indices):
+                    continue
+                fused_at = tuple(k for k, i in enumerate(load.indices) if i.name == fl.axis.name)
+                reads.setdefault((load.buffer.name, fused_at), []).append((n, load.indices))
+    for loads_of_buffer in reads.values():
+        n0, idx0 = loads_of_buffer[0]
+        for n, idx in loads_of_buffer[1:]:
+            if n == n0:
+                continue
+            saved = dict(parent)
+            for a, b in zip(idx0, idx):
+                if a.name != fl.axis.name:
+                    parent[find((n, b.name))] = find((n0, a.name))
+            if not _valid(parent, extents, find):
+                parent.clear()
+                parent.update(saved)
+
+
+def _valid(parent: dict[Node, Node], extents: dict[Node, int], find: Callable[[Node], Node]) -> bool:
+    """Whether every class has one axis per statement and one length."""
+    seen: dict[Node, tuple[set[int], set[int]]] = {}
+    for node in parent:
+        stmts, lengths = seen.setdefault(find(node), (set(), set()))
+        if node[0] in stmts:
+            return False
+        stmts.add(node[0])
+        lengths.add(extents[node])
+    return all(len(lengths) == 1 for _, lengths in seen.values())

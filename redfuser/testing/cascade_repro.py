@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from .cascade_check import Failure, check
+from .cascade_check import Failure, check, sequential_sums
 from .cascade_nodes import leaves, rename
 from .cascades import SIDES, Cascade, Gemm, Reduction
 
@@ -148,7 +148,10 @@ def reproducer(c: Cascade, failure: Failure, origin: str = "") -> str:
     summary = "\n".join(textwrap.wrap(failure.message, 100, break_long_words=False)[:12])
     where = f" in `{name}`" if name else ""
     lines = [f'"""RedFuser fusion fuzzer: {failure.kind} failure{where}{origin}.', "", summary, '"""',
-             "import numpy as np", "", "import redfuser as rf", "", "", c.source(), "", ""]
+             "import numpy as np", "", "import redfuser as rf"]
+    if sequential_sums(c):  # the checker's reference for bf16 (cascade_check.reference)
+        lines.append("from redfuser.testing.tolerance import wide_reference")
+    lines += ["", "", c.source(), "", ""]
     lines += c.data.source()
     lines += [f"kernel = rf.kernel(cascade, backend=\"interpret\", interpret_chunk={c.chunk})",
               f"lowered = kernel.lower({args})",
@@ -158,7 +161,7 @@ def reproducer(c: Cascade, failure: Failure, origin: str = "") -> str:
               "fused = {n for g in lowered.groups for n in g.fused_members}",
               "with np.errstate(all=\"ignore\"):",
               f"    got = kernel({args})",
-              f"    want = cascade({args})"]
+              f"    want = wide_reference(cascade, {args})" if sequential_sums(c) else f"    want = cascade({args})"]
     lines += _assertions(c, failure)
     return "\n".join(lines) + "\n"
 
