@@ -18,6 +18,7 @@ from .probes import PROBE_LENGTHS
 from .shapes import Dynamic, DynamicAxes, ShapePlan
 from .runtime import arrays as arrays_rt
 from .runtime import autotune
+from .runtime.addresses import data_address
 from .source_info import user_loc
 from .trace import ArgSpec, ArraySpec
 
@@ -73,9 +74,10 @@ class Kernel:
         self.backend = backend
         self._cache: dict[tuple, tuple[Lowered, backends.Executable]] = {}
         self._hits = self._misses = 0
-        # `_fast_key` of a call -> (lowered, executable, host backend?): the call path of a specialization
-        # already made, for calls whose arguments need no checks beyond what the key says
-        self._fast: dict[tuple, tuple[Lowered, backends.Executable, bool]] = {}
+        # `_fast_key` of a call -> (lowered, executable, host backend?, numpy arrays only?, the executable's
+        # `call_dense` where it has one and they are, no static arguments?): the call path of a specialization already made, for
+        # calls whose arguments need no checks beyond what the key says
+        self._fast: dict[tuple, tuple] = {}
         # the same for shape classes: the symbolic axes (argument position, axis) of each class made ->
         # `_class_key` of a call -> (its call path as in `_fast`, each symbol's guard in the class's order)
         self._classes: dict[frozenset, dict[tuple, tuple[tuple, tuple[int, ...]]]] = {}
@@ -223,11 +225,12 @@ class Kernel:
         if fast is not None:
             # a specialization seen before with plain, contiguous numpy arrays or torch CPU tensors: nothing
             # to re-derive (`_fast_key`)
-            lowered, run, host = fast
-            arrays = [a for a in args if type(a) not in _FAST_STATICS]
-            numpy_only = all(type(a) is np.ndarray for a in arrays)
+            lowered, run, host, numpy_only, dense, only_arrays = fast
+            arrays = args if only_arrays else [a for a in args if type(a) not in _FAST_STATICS]
             if out is None:
                 self._hits += 1
+                if dense is not None:
+                    return _one_or_tuple(dense(arrays))
                 if not host:
                     return _one_or_tuple(run(arrays, stream=stream))
                 if numpy_only:
@@ -236,7 +239,10 @@ class Kernel:
             given = _plain_outs(out, _results_at(lowered, arrays), arrays) if host and numpy_only else None
             if given is not None:
                 self._hits += 1
-                _run_into(run, arrays, given)
+                if dense is not None:
+                    dense(arrays, given)
+                else:
+                    _run_into(run, arrays, given)
                 return out
         lowered, run, arrays = self._compiled(args, kwargs)
         host = backends.BACKENDS[lowered.backend].arrays == "host"
@@ -244,9 +250,12 @@ class Kernel:
         if fast_key is not None and len(arrays) == len(passed) and all(a is b for a, b in zip(arrays, passed)):
             if len(self._fast) >= _FAST_ENTRIES:
                 self._fast.clear()      # a shape-polymorphic kernel sees many shapes: keep the table small
-            self._fast[fast_key] = (lowered, run, host)    # (each array read in place: no copy to redo)
+            numpy_only = all(type(a) is np.ndarray for a in passed)
+            dense = getattr(run, "call_dense", None) if host and numpy_only else None
+            path = (lowered, run, host, numpy_only, dense, len(passed) == len(args))
+            self._fast[fast_key] = path    # (each array read in place: no copy to redo)
             if lowered.shapes is not None:
-                self._remember_class(lowered, args, fast_key[0], (lowered, run, host))
+                self._remember_class(lowered, args, fast_key[0], path)
         names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
         outs = None
         if out is not None:
@@ -354,17 +363,22 @@ _FAST_ENTRIES = 1024
 
 def _plain_outs(out: object, results: tuple, arrays: list[np.ndarray]) -> list[np.ndarray] | None:
     """`out` as a list when every one is a writable C-contiguous numpy array of its result's shape and dtype
-    whose memory bounds meet no argument's and no other out's (`outputs.check` would accept it); None to
-    take the full path, which checks and explains."""
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    whose memory meets no argument's and no other out's (`outputs.check` would accept it; the arguments are
+    C-contiguous numpy arrays, the call key says so); None to take the full path, which checks and explains."""
+    outs = list(out) if type(out) is tuple or type(out) is list else [out]
     if len(outs) != len(results):
         return None
-    for i, (o, b) in enumerate(zip(outs, results)):
-        if not (type(o) is np.ndarray and o.flags.c_contiguous and o.flags.writeable and o.shape == b.shape
-                and o.dtype == b.dtype.numpy):
+    spans = [(data_address(a), a.nbytes) for a in arrays]
+    for o, b in zip(outs, results):
+        if type(o) is not np.ndarray:
             return None
-        if any(np.may_share_memory(o, a) for a in arrays) or any(np.may_share_memory(o, p) for p in outs[:i]):
+        flags = o.flags
+        if not (flags.c_contiguous and flags.writeable and o.shape == b.shape and o.dtype == b.dtype.numpy):
             return None
+        start, size = data_address(o), o.nbytes
+        if any(begin < start + size and start < begin + n for begin, n in spans):
+            return None
+        spans.append((start, size))
     return outs
 
 

@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING
 
 import llvmlite
 import llvmlite.binding as llvm
+import numpy as np
 
 from ..codegen.native import compile_object, host_target, jit_machine
 from ..ir.array_memory import memory_of
 from ..ir.sizes import bind_shapes, concrete, evaluate
+from .addresses import data_address
 from .object_check import BadObject, check_host_object
 from .object_machines import Machine, machine_of_triple
 
@@ -215,6 +217,8 @@ def kernel_function(library: JitLibrary, symbol: str, num_params: int):
     return proto(library.address(symbol))
 
 
+_MAIN_THREAD = threading.main_thread().ident
+
 INLINE_STACK_BYTES = 1 << 20
 """A kernel whose tiles take at most this many bytes in all may run on the caller's (main) thread, whose
 stack is the process's (8 MiB by default on Linux); workers get `STACK_BYTES`."""
@@ -242,8 +246,6 @@ class CpuProgram:
     """
 
     def __init__(self, tile_program, abis, library: JitLibrary, threads: int = 0) -> None:
-        import numpy as np
-
         self.program = p = tile_program
         self.pool = grid_pool(threads)
         made = p.outputs + p.scratch
@@ -255,6 +257,36 @@ class CpuProgram:
         self._made = [(b.shape, np.dtype(b.dtype.numpy)) for b in made]
         self._library = library  # keeps the code alive as long as the functions
         self._small_stack = all(tile_bytes(k) <= INLINE_STACK_BYTES for k in p.kernels)
+        self._n_out = len(p.outputs)
+        # every input read in place as given and every length static: `call_dense` may skip `__call__`'s checks
+        self._dense = not self._symbolic and all(dense for _, dense, _ in self._inputs) and not any(
+            a.sizes for a in abis)
+
+    def call_dense(self, arrays: Sequence, outputs: Sequence | None = None) -> tuple:
+        """`__call__` for the call path's commonest case, without its checks: `arrays` are C-contiguous,
+        aligned numpy arrays of the inputs' dtypes (what `redfuser.kernel`'s call key has checked), the
+        `outputs` given C-contiguous arrays of the results' shapes and dtypes (`redfuser.kernel._plain_outs`),
+        and the program's shapes static. Anything else goes to `__call__`."""
+        if not self._dense:
+            return self(arrays, outputs)
+        memory = list(arrays)
+        if outputs is not None:
+            memory += outputs
+            for shape, dtype in self._made[self._n_out:]:
+                memory.append(np.empty(shape, dtype))
+        else:
+            for shape, dtype in self._made:
+                memory.append(np.empty(shape, dtype))
+        address = [data_address(m) for m in memory]
+        inline = self._small_stack and threading.get_ident() == _MAIN_THREAD
+        for fn, params, programs, _ in self._kernels:
+            args = [address[i] for i in params]
+            if inline and programs == 1:
+                fn(*args, None, 0, 1)     # one program instance: handing it to a worker costs more than it runs
+            else:
+                self.pool.run(fn, (*args, None), programs)
+        first = len(arrays)
+        return tuple(memory[first:first + self._n_out])
 
     writes_outputs = True
     """`__call__` takes arrays to write the results into (``kernel(..., out=...)``)."""
@@ -262,8 +294,6 @@ class CpuProgram:
     def __call__(self, arrays, outputs=None) -> tuple:
         """The outputs for input `arrays`; with `outputs` (numpy arrays of the results' shapes and dtypes,
         checked by the caller) written into those: in place where one is C-contiguous, else copied."""
-        import numpy as np
-
         values = bind_shapes([b.shape for b in self.program.inputs], [a.shape for a in arrays]) \
             if self._symbolic else None
         memory = [a if dense and a.flags.c_contiguous and a.dtype == dtype else memory_of(a, type_)
@@ -275,14 +305,14 @@ class CpuProgram:
                 memory.append(target)
             else:
                 memory.append(np.empty(concrete(shape, values) if values else shape, dtype=dtype))
-        address = [m.__array_interface__["data"][0] for m in memory]
-        inline = self._small_stack and threading.current_thread() is threading.main_thread()
+        address = [data_address(m) for m in memory]
+        inline = self._small_stack and threading.get_ident() == _MAIN_THREAD
         for fn, params, programs, sizes in self._kernels:
             size_array = None
             if sizes:
                 size_array = np.array([evaluate(n, values) for n in sizes], dtype=np.int64)
                 programs = evaluate(programs, values)
-            args = tuple(address[i] for i in params) + (size_array.ctypes.data if size_array is not None else None,)
+            args = tuple(address[i] for i in params) + (data_address(size_array) if size_array is not None else None,)
             if inline and programs == 1:
                 fn(*args, 0, 1)        # one program instance: handing it to a worker costs more than it runs
             else:

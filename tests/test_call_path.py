@@ -106,3 +106,43 @@ def test_a_cached_call_with_torch_tensors_and_out_runs_the_kernel_once(monkeypat
     assert k(x, out=out) is out
     np.testing.assert_array_equal(out, k(x.numpy()))
     assert len(runs) == 2                               # the out= call once, the check call once
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.zeros((4, 16), np.float32), lambda: np.arange(70, dtype=np.int64)[3:],
+    lambda: np.ones((5, 7), np.float16)[2:, 1:], lambda: np.empty(0, np.int32), lambda: np.bool_([True]),
+    lambda: np.ma.masked_array(np.ones(4)), lambda: np.asarray(np.float32(2.5)),
+])
+def test_data_address_is_numpys_own(make):
+    """The cached call path reads each buffer's address from the array object's data field
+    (`runtime.addresses`); it must be the address numpy reports, for views and subclasses too."""
+    from redfuser.runtime.addresses import data_address
+
+    a = make()
+    assert data_address(a) == a.__array_interface__["data"][0]
+
+
+def test_cached_calls_with_outs_that_overlap_are_refused_like_the_first():
+    """After a specialization is cached, a call with ``out=`` takes the cached path's own overlap check
+    (address spans): it must refuse what `redfuser.outputs` refuses and accept the disjoint half."""
+    from redfuser.workloads import layer_norm_stats
+
+    x = RNG.standard_normal((6, 70)).astype(np.float32)
+    k, stats = rf.kernel(softmax, backend="cpu"), rf.kernel(layer_norm_stats, backend="cpu")
+    k(x), stats(x)
+    both = np.zeros((12, 70), np.float32)
+    both[:6] = x
+    for args, out, match in [((x,), x, "shares memory with argument 'x'"),
+                             ((both[:6],), both[3:9], "shares memory with argument 'x'")]:
+        with pytest.raises(rf.ArgumentError, match=match):
+            k(*args, out=out)
+    shared = np.zeros((6, 1), np.float32)
+    with pytest.raises(rf.ArgumentError, match=r"out\[1\] \(result 'var'\) shares memory with out\[0\]"):
+        stats(x, out=(shared, shared))
+    np.testing.assert_array_equal(both[:6], x)
+    k(both[:6], out=both[6:])
+    np.testing.assert_array_equal(both[6:], k(x))
+    pair = np.zeros((2, 6, 1), np.float32)
+    stats(x, out=(pair[0], pair[1]))
+    for got, want in zip(pair, stats(x)):
+        np.testing.assert_array_equal(got, want)
