@@ -28,8 +28,15 @@ class UnaryOp(enum.Enum):
     LOG2 = "log2"
     SQRT = "sqrt"
     RSQRT = "rsqrt"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    TRUNC = "trunc"
+    RINT = "rint"           # to the nearest integer, ties to even (numpy's rint and round)
     NOT = "not"
 
+
+ROUNDING = frozenset({UnaryOp.FLOOR, UnaryOp.CEIL, UnaryOp.TRUNC, UnaryOp.RINT})
+"""The ops that round a float to an integral value of the same type (exact: no rounding error of their own)."""
 
 TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2})
 """The unary ops a GPU computes in f32 only (from ``ex2``/``lg2``)."""
@@ -103,6 +110,10 @@ UNARY_FUNCS: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.LOG2: np.log2,
     UnaryOp.SQRT: np.sqrt,
     UnaryOp.RSQRT: lambda x: np.asarray(1, dtype=x.dtype) / np.sqrt(x),
+    UnaryOp.FLOOR: np.floor,
+    UnaryOp.CEIL: np.ceil,
+    UnaryOp.TRUNC: np.trunc,
+    UnaryOp.RINT: np.rint,
     UnaryOp.NOT: np.logical_not,
 }
 """What each unary op computes, elementwise on a numpy array."""

@@ -95,6 +95,17 @@ OPS: list[Op] = [
     Op("pow3", "unary", lambda x: x ** 3),
     Op("pow_half", "unary", lambda x: x ** 0.5),
     Op("pow_m1", "unary", lambda x: x ** -1, FLOATS, errors=INTS + ("bool",), error_op=("power",)),
+    Op("floor", "unary", lambda x: rf.floor(x)),
+    Op("ceil", "unary", lambda x: rf.ceil(x)),
+    Op("trunc", "unary", lambda x: rf.trunc(x)),
+    Op("rint", "unary", lambda x: rf.rint(x)),
+    Op("round", "unary", lambda x: rf.round(x)),
+    Op("round_2", "unary", lambda x: rf.round(x, 2), FLOATS + INTS, errors=("bool",), error_op=("round",)),
+    Op("round_m1", "unary", lambda x: rf.round(x, -1), FLOATS + INTS, errors=("bool",), error_op=("round",)),
+    Op("sign", "unary", lambda x: rf.sign(x), NOT_BOOL, errors=("bool",), error_op=("sign",)),
+    Op("isnan", "unary", lambda x: rf.isnan(x)),
+    Op("isinf", "unary", lambda x: rf.isinf(x)),
+    Op("isfinite", "unary", lambda x: rf.isfinite(x)),
     # -- binary (x: (29, 1), y: (131,), broadcast to every pair; c: a bool condition) ------------------
     Op("add", "binary", lambda x, y, c: x + y),
     Op("sub", "binary", lambda x, y, c: x - y, NOT_BOOL, errors=("bool",), error_op=("subtract",)),
@@ -103,6 +114,8 @@ OPS: list[Op] = [
     Op("maximum", "binary", lambda x, y, c: rf.maximum(x, y), signed_zeros=False),
     Op("minimum", "binary", lambda x, y, c: rf.minimum(x, y), signed_zeros=False),
     Op("where", "binary", lambda x, y, c: rf.where(c, x, y)),
+    Op("clip", "binary", lambda x, y, c: rf.clip(x, y, 2), signed_zeros=False),
+    Op("clip_max", "binary", lambda x, y, c: rf.clip(y, None, x), signed_zeros=False),
     Op("lt", "binary", lambda x, y, c: x < y),
     Op("le", "binary", lambda x, y, c: x <= y),
     Op("gt", "binary", lambda x, y, c: x > y),
@@ -227,6 +240,10 @@ _SAT_INT = ("float -> int of NaN, +-inf and out-of-range values saturates (NaN -
 _F64_IN_F32 = ("GPUs compute exp/exp2/log/log2 of float64 values in f32 (docs/gpu-backend.md, \"Numerics\"): "
                "numpy's float64 result of exp(int array) has f32 precision and range there (exp(100) is inf)")
 
+_ROUND_NARROW = ("numpy rounds x * 10**decimals to the 16- or 8-bit type before rint, a kernel keeps it in f32 "
+                 "(storage types): near a tie they would differ by a unit of the last decimal, so the kernel "
+                 "raises UnsupportedError and says how to write it in f32")
+
 DIVERGENCES: list[Divergence] = [
     *(Divergence(f"astype_{t}", FLOATS, COMPILED, _SAT_INT, affected=_saturated(t)[0], gives=_saturated(t)[1],
                  numpy_defined=False) for t in INTS),
@@ -235,6 +252,11 @@ DIVERGENCES: list[Divergence] = [
     *(Divergence(name, ("i64",), COMPILED, "top-k of int64 is not compiled (the ranking key is a float64, "
                  "which rounds int64): the kernel raises BackendError", raises=rf.BackendError)
       for name in ("topk_1", "topk_4", "topk_axis0", "topk_full")),
+    Divergence("round_2", ("f16", "bf16", "e4m3"), BACKENDS, _ROUND_NARROW, raises=rf.UnsupportedError),
+    Divergence("round_m1", ("f16", "bf16", "e4m3"), BACKENDS, _ROUND_NARROW, raises=rf.UnsupportedError),
+    Divergence("round_m1", INTS, BACKENDS, "numpy rounds integers at a negative decimal place "
+               "through float64 and back: not in the subset, the kernel raises UnsupportedError",
+               raises=rf.UnsupportedError),
     Divergence("pow2", ("bool",), BACKENDS, "numpy gives int8 (bool ** Python int), a dtype RedFuser does "
                "not have: the kernel raises DTypeError", raises=rf.DTypeError),
     *(Divergence(name, INTS, BACKENDS, "& | ~ are in the subset for bools only (numpy's bitwise ops on "

@@ -110,17 +110,28 @@ def test_a_reduction_of_a_refused_topks_indices_is_not_fused(backend):
 
 
 
+def judged(program, backend: str) -> list:
+    """The fuzzer's verdict on `program` (a `redfuser.testing.program.Program`) run on `backend`: its failures."""
+    from redfuser.testing.program_judge import run
+    from redfuser.testing.program_oracle import reference
+
+    return run(program, backend, [reference(program, c, backend) for c in range(len(program.calls))]).failures
+
+
 @pytest.mark.parametrize("backend", ["cpu", "simulate"])
 def test_the_oracle_allows_a_narrow_step_that_underflows_in_numpy(backend):
     """Long campaign (seed 1), example 3094, shrunk to ``np.float32(0.5) * rf.exp2(rf.minimum(x0, 4.0))`` on f16
     ``x0 = -39.59375``: numpy's f16 ``exp2`` underflows to 0 before the f32 product; a kernel computes f16 steps
     in f32 (the oracle's rule (1)) and keeps 6e-13. The oracle's bound had no absolute part, allowed 0 there
     and judged the kernel wrong; a rounding's bound now adds one subnormal step of its dtype
-    (`program_bounds.underflow_step`)."""
-    from redfuser.testing.fuzz_tasks import Config, run_example
+    (`program_bounds.underflow_step`). (Written out: the grammar's example 3094 is another program now.)"""
+    from redfuser.testing.program import Arg, Node, Program
+    from redfuser.testing.program_data import ArrayData
 
-    result = run_example(Config(1, (backend,)), 3094)
-    assert "exp2" in result.description and result.failures == []
+    x0 = Arg(ArrayData("float16", (1,), values=(-39.59375,)))
+    program = Program(("x0",), (Node(("v0",), "exp2_safe", ("x0",)),
+                                Node(("v1",), "rmul_c", ("v0",), (np.float32(0.5),))), ("v1",), ((x0,),))
+    assert judged(program, backend) == []
 
 
 def where_squared(c, a, b):
@@ -393,14 +404,21 @@ def test_the_oracle_does_not_judge_what_follows_a_16_bit_step_that_overflows_onl
 
 
 def test_the_oracle_takes_a_bitwise_not_a_later_scalar_makes_as_a_user_error():
-    """Fuzz seed 16, example 180 (this session's grammar): ``v = b + s0; ~v`` on a bool ``b`` with the static
+    """Fuzz seed 16, example 180 (the grammar of 5236c05): ``v = b + s0; ~v`` on a bool ``b`` with the static
     ``s0`` run ``False, True, 0``: at ``0`` the sum is int64 and numpy's ``~`` is a bitwise not, outside
     RedFuser's op subset (``~`` is logical not), refused with a DTypeError that says so. The oracle judged
-    the refusal a failure; such a call is now marked unsupported, like numpy-only dtypes."""
-    from redfuser.testing.fuzz_tasks import Config, run_example
+    the refusal a failure; such a call is now marked unsupported, like numpy-only dtypes. (Written out: the
+    grammar's example 180 is another program now.)"""
+    from redfuser.testing.program import Arg, Node, Program
+    from redfuser.testing.program_data import ArrayData
+    from redfuser.testing.program_oracle import reference
 
-    result = run_example(Config(16, ("cpu",)), 180)
-    assert "not" in result.description and result.failures == []
+    b = Arg(ArrayData("bool", (3,), values=(True, False, True)))
+    calls = tuple((b, Arg(scalar=s)) for s in (False, True, 0))
+    program = Program(("x0", "s0"), (Node(("v0",), "add", ("x0", "s0")), Node(("v1",), "not", ("v0",))),
+                      ("v1",), calls)
+    assert "bitwise not" in reference(program, 2).unsupported
+    assert judged(program, "cpu") == []
 
 
 def test_a_bf16_cascade_is_judged_against_the_float64_body():
@@ -433,3 +451,44 @@ def test_a_row_sum_beside_a_matmul_of_the_same_rows_fits_in_shared_memory():
     want = batched_matmul_beside_a_row_sum(x0, x1)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and np.array_equal(g, w)   # small integers: every sum is exact
+
+
+def max_of_log_softmax_over_one_element(x0):
+    v0 = rf.max(x0, axis=-1, keepdims=True)
+    v1 = x0 - v0
+    v3 = rf.sum(rf.exp(v1), axis=-1, keepdims=True)
+    return rf.max(v1 - v3, axis=0, keepdims=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("x", [np.array([1e8], np.float32), np.array([65504.0], np.float16)])
+def test_an_additive_max_is_finished_in_the_bodys_own_association(backend, x):
+    """Fuzz seed 7, example 203 (main after 2098be2): ``max(x - m - l)`` with ``m = max x`` was finished as
+    ``acc + (-m - l)``; against m = 1e8 (f32) or 65504 (f16, on the interpreter, which rounds each step to
+    f16) ``-m - l`` rounds l away and the result was 0 for numpy's -1. It is now ``(acc - m) - l``, the
+    body with the accumulator in place of x."""
+    got = rf.kernel(max_of_log_softmax_over_one_element, backend=backend)(x)
+    assert got == max_of_log_softmax_over_one_element(x) == -1.0
+
+
+def normalized_columns_times(x1, x2):
+    v0 = x1.mT
+    return (v0 / rf.sum(v0, axis=-1, keepdims=True)) @ x2
+
+
+def test_a_prefetched_first_tile_of_a_loop_that_may_not_run_is_not_read():
+    """Long campaign at 93bda34 (seed 1), example 7350: the second call's lengths made the kernel
+    shape-polymorphic; its contraction runs a loop over the full 64-key chunks of a run-time length (none of
+    3 keys) and a tail. Prefetch loaded the main loop's first f16 tile in front of it anyway, reading x2
+    past its end (the simulator's out-of-bounds check). The first tile is now loaded only where the loop
+    runs."""
+    x1 = np.array([-2.0], np.float32).reshape(1, 1, 1)
+    x2 = np.array([4.0, 3.0], np.float16).reshape(1, 1, 2)
+    x1_later = np.array([-2.0, -3.0, 1.0, -2.0, 4.0, -2.0], np.float32).reshape(1, 3, 2)
+    x2_later = np.array([4, 3, 2, 3, 4, -2, 3, -1, -1], np.float16).reshape(1, 3, 3)
+    k = rf.kernel(normalized_columns_times, backend="simulate", prefetch=True)
+    k(x1, x2)
+    got = k(x1_later, x2_later)
+    assert k.cache_info().currsize == 2 and k.polymorphism == {}   # the second is the symbolic class
+    want = rf.kernel(normalized_columns_times, backend="simulate", prefetch=True, dynamic=False)(x1_later, x2_later)
+    np.testing.assert_array_equal(got, want)

@@ -14,7 +14,7 @@ import llvmlite.ir as ir
 
 from ...ir import BinaryOp, UnaryOp
 from ...ir.tile import nodes as t
-from ...ir.semantics import F32_TINY
+from ...ir.semantics import F32_TINY, ROUNDING
 from ..llvm_dtypes import constant, from_memory, intrinsic_suffix, memory_type
 from ..llvm_utils import F32, I1, I64, declare_intrinsic
 from . import mathlib
@@ -56,6 +56,8 @@ def _unary(em: KernelEmitter, op: t.Unary, idx: Idx) -> ir.Value:
         return b.call(intrinsic(em, "sqrt", x.type), [x])
     if op.op is UnaryOp.RSQRT:
         return b.fdiv(ir.Constant(x.type, 1.0), b.call(intrinsic(em, "sqrt", x.type), [x]))
+    if op.op in ROUNDING:   # llvm.rint rounds in the default mode, to nearest with ties to even: numpy's rint
+        return b.call(intrinsic(em, op.op.value, x.type), [x])
     flush = op.op is UnaryOp.EXP2_FTZ       # exp2, then results below 2**-126 made 0
     name = "exp2" if flush else op.op.value  # exp, exp2, log, log2
     if x.type == F32:

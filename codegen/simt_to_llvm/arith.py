@@ -15,7 +15,7 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.semantics import BinaryOp, UnaryOp
+from ...ir.semantics import ROUNDING, BinaryOp, UnaryOp
 from ...ir.simt.nodes import (
     Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Reg, Select, ThreadIdx, Unary,
     WarpId,
@@ -30,7 +30,7 @@ from .types import const, reg_type
 
 
 # Unary float ops without a vector form on NVPTX: one call per element.
-_SCALAR_ONLY_UNARY = frozenset({UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2})
+_SCALAR_ONLY_UNARY = frozenset({UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2}) | ROUNDING
 
 
 def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.Value:
@@ -43,6 +43,8 @@ def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.V
         return call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x])
     if op is UnaryOp.RSQRT:
         return b.fdiv(splat(x.type, 1.0), call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x]))
+    if op in ROUNDING:      # cvt.rmi / rpi / rzi / rni: exact; rint is to nearest, ties to even (numpy's)
+        return call_intrinsic(b, f"llvm.{op.value}.{suffix}", x.type, [x])
     # The verifier admits the transcendental ops on f32 only.
     return {UnaryOp.EXP: lambda: mathlib.exp(b, x, fast=em.options.fast_math), UnaryOp.EXP2: lambda: mathlib.exp2(b, x),
             UnaryOp.EXP2_FTZ: lambda: mathlib.ex2_approx_ftz(b, x),

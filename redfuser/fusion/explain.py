@@ -37,7 +37,10 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
             lines.append(f"{pad}{' ' * len(tag)}carried only to move the higher powers with the centre")
         elif factor is not None:
             lines.append(f"{pad}{' ' * len(tag)}deferred: {format_expr(factor)} applied once after the loop")
-    if dec.addend is not None:
+    if dec.written is not None:
+        lines.append(f"{pad}after the loop: the body as written, the accumulator in place of G "
+                     f"(its own association: nothing cancels that the reference's does not)")
+    elif dec.addend is not None:
         lines.append(f"{pad}added once after the loop: {format_expr(dec.addend)}")
     return lines
 

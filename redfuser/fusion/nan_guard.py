@@ -44,7 +44,8 @@ _PROPAGATING_BINARY = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, Binar
 """Binary ops whose result is NaN when either operand is (not ``**``: ``1 ** nan`` is 1)."""
 
 _PROPAGATING_UNARY = frozenset({UnaryOp.NEG, UnaryOp.ABS, UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2,
-                                UnaryOp.SQRT, UnaryOp.RSQRT})
+                                UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.FLOOR, UnaryOp.CEIL, UnaryOp.TRUNC,
+                                UnaryOp.RINT})
 
 _EXPONENTIALS = frozenset({UnaryOp.EXP, UnaryOp.EXP2})
 

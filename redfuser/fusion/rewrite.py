@@ -27,6 +27,7 @@ from ..ir import (
     ReduceOp,
     Select,
     format_expr,
+    map_expr,
     walk,
     written,
 )
@@ -80,9 +81,15 @@ def _carried_only(factor: Expr | None) -> bool:
 
 def _epilogue_value(member: Member, dec: Decomposition, accs: list[Buffer | Expr],
                     unseen: list[Expr | None] | None = None) -> Expr:
-    """``sum_j factor_j * acc_j + addend``; with `unseen`, an accumulator whose running max never left
-    -inf is NaN (what the reference's ``exp(-inf - -inf)`` gives)."""
+    """``sum_j factor_j * acc_j + addend`` (or the body as written, `Decomposition.written`); with `unseen`,
+    an accumulator whose running max never left -inf is NaN (what the reference's ``exp(-inf - -inf)``
+    gives)."""
     d = member.out.dtype
+    if dec.written is not None:   # an additive max/min: the body with the accumulator in place of its G
+        (buf,) = accs
+        load = Load(buf, member.axes) if isinstance(buf, Buffer) else buf
+        g = dec.accumulators[0].G
+        return map_expr(dec.written, lambda n: load if n == g else None)
     out: Expr | None = None
     for n, (buf, factor) in enumerate(zip(accs, dec.factors)):
         if _carried_only(factor):

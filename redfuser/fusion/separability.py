@@ -79,7 +79,8 @@ class Accumulator:
 class Decomposition:
     """How one reduction is computed in the fused loop.
 
-    Final value: ``sum_j factors[j] * acc_j + addend`` (a factor of None is 1).
+    Final value: ``sum_j factors[j] * acc_j + addend`` (a factor of None is 1), or, where `written` is set,
+    `written` with the one accumulator in place of its ``G``.
     """
 
     kind: str                                # independent | separable | sum of separable terms | additive
@@ -87,6 +88,8 @@ class Decomposition:
     accumulators: tuple[Accumulator, ...]
     factors: tuple[Expr | None, ...]
     addend: Expr | None = None
+    written: Expr | None = None              # an additive max/min's final value as the body computes it, with
+                                             # the accumulator in place of G (`_additive_as_written`)
     expanded: bool = False                   # distributing created several terms (may cancel numerically)
     conditions: tuple[Expr, ...] = ()        # conditions of wheres taken apart as where(c(x), G1, G2)·H(y)
     rounded: tuple[tuple[Expr, Expr], ...] = ()  # narrowing casts: (G's cast, the cast the loop evaluates)
@@ -295,7 +298,7 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         return Refusal(f"in `{name}`, {op.value} over k of {format_expr(atom)}: the where's 0 branch would be rescaled "
                        "with the running result (0·NaN once it is NaN), which the reference never does; only sums "
                        "take such a where apart", atom)
-    out = _sum_terms(splits, d) if op is ReduceOp.SUM else _max_min(splits, op, d, ctx, name)
+    out = _sum_terms(splits, d) if op is ReduceOp.SUM else _max_min(splits, op, d, ctx, name, value)
     conditions = tuple(dict.fromkeys(a.cond for s in splits for a, _ in s.selects))
     rounded = tuple(dict.fromkeys(r for s in splits for r in s.rounded))
     if isinstance(out, Decomposition) and (conditions or rounded):
@@ -368,7 +371,8 @@ def _sum_terms(splits: list[_Split], d: DType) -> Decomposition:
     return Decomposition(kind, tuple(accs), tuple(factors), expanded=len(splits) > 1)
 
 
-def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, name: str) -> Decomposition | Refusal:
+def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, name: str,
+             value: Expr) -> Decomposition | Refusal:
     if len(splits) == 1:
         s = splits[0]
         if s.deferred.factors and not all(is_positive(a, ctx.positive) for a, _ in s.deferred.factors):
@@ -390,7 +394,25 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
                            f"{format_expr(t)} is a product of both", t)
     g = sum_expr(tuple(x_part), d)
     h = sum_expr(tuple(y_part), d)
-    return Decomposition("additive", (Accumulator(op, g, A.Linear(), g, h),), (None,), addend=h)
+    return Decomposition("additive", (Accumulator(op, g, A.Linear(), g, h),), (None,), addend=h,
+                         written=value if _one_atom(x_part) else None)
+
+
+def _one_atom(x_part: list[A.Product]) -> bool:
+    """Whether an additive max/min's G is a single atom with coefficient 1, so that its final value can be
+    the body as written with the accumulator in place of the atom (`Decomposition.written`).
+
+    An additive max/min, ``max over k of (G(x) + H(y))``, finished as the body is written with
+    ``max over k of G`` in place of G, rather than as ``acc + H``: the body's own association then
+    cancels what the reference's does. ``max(x - m - l)`` with ``m = max x`` is ``(acc - m) - l``, exactly
+    ``-l`` as numpy's ``(x - m) - l`` is at the maximum, where ``acc + (-m - l)`` rounds ``l`` away
+    against a large ``m`` (fuzz seed 7, example 203: ``-m - l`` is ``-1e8`` in f32, the result 0 for
+    numpy's -1). Valid where G is a single atom with coefficient 1 (the body is then non-decreasing in it:
+    its max over k is the body at G's max)."""
+    if len(x_part) != 1:
+        return False
+    (p,) = x_part
+    return p.coeff == 1.0 and p.exponent.is_zero and len(p.mono.factors) == 1 and p.mono.factors[0][1] == 1
 
 
 def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,

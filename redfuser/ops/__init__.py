@@ -10,6 +10,7 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 |-----------------|----------------------------------------------------------------------|
 | elementwise.py  | + - * / ** neg abs exp exp2 log log2 sqrt rsqrt maximum minimum      |
 |                 | comparisons, & | ^ ~ (on bools), logical_xor, where, astype          |
+| numeric.py      | floor ceil trunc rint round sign isnan isinf isfinite clip           |
 | reductions.py   | sum max min, matmul, topk                                            |
 | views.py        | swapaxes transpose, indexing, arange                                 |
 | common.py       | operand helpers shared by all                                        |
@@ -58,6 +59,7 @@ from .elementwise import (
     subtract,
     where,
 )
+from .numeric import ceil, clip, floor, isfinite, isinf, isnan, rint, round, sign, trunc
 from .reductions import matmul, max, min, normalize_axes, sum, topk
 from .views import arange, getitem, swapaxes, transpose
 
@@ -92,10 +94,11 @@ def _arguments_checked(fn: Callable) -> Callable:
     return op
 
 
-PUBLIC = ("abs", "add", "arange", "astype", "divide", "equal", "exp", "exp2", "greater", "greater_equal", "less",
-          "less_equal", "log", "log2", "logical_and", "logical_not", "logical_or", "logical_xor", "matmul", "max",
-          "maximum", "min", "minimum", "multiply", "negative", "not_equal", "power", "rsqrt", "sqrt", "subtract",
-          "sum", "swapaxes", "topk", "transpose", "where")
+PUBLIC = ("abs", "add", "arange", "astype", "ceil", "clip", "divide", "equal", "exp", "exp2", "floor", "greater",
+          "greater_equal", "isfinite", "isinf", "isnan", "less", "less_equal", "log", "log2", "logical_and",
+          "logical_not", "logical_or", "logical_xor", "matmul", "max", "maximum", "min", "minimum", "multiply",
+          "negative", "not_equal", "power", "rint", "round", "rsqrt", "sign", "sqrt", "subtract", "sum", "swapaxes",
+          "topk", "transpose", "trunc", "where")
 """The ops `redfuser` exports (its namespace, README "Op subset")."""
 for _name in PUBLIC:
     globals()[_name] = _arguments_checked(globals()[_name])

@@ -13,9 +13,11 @@ they arrive: a full trip to global memory, twice an iteration, hidden only by th
 
 so the load of iteration ``j + step`` is in flight while iteration ``j`` computes. The re-read on the last
 iteration keeps every address one the original loop reads: no mask is needed and nothing out of bounds is
-touched. The first tile is loaded even when a computed stop lets the loop run no iteration (a causal row
-tile's skipped key blocks, `masked.py`): such a stop only cuts a range whose first iteration the scheduler
-built in bounds, and a loop whose constant range is empty is left alone. The cost is registers: the next
+touched. A loop whose constant range is empty is left alone; where the stop is computed (a causal row
+tile's skipped key blocks, `masked.py`; the full chunks of a run-time length, `chunks.py`, which may be
+none) the first tile is loaded only where ``start < stop``: the first iteration of a range that runs no
+iteration need not be in bounds (fuzz seed 1, example 7350: a shape-polymorphic GEMM over 3 keys read
+past its operand). The cost is registers: the next
 tile is held across the body, in its load layout (a 64 x 64 f16 tile is 16 registers a thread of 128). So
 loads are taken in body order while the 2-d tiles the loop carries -- its state (attention's output
 accumulator) and the prefetched tiles -- stay within `BUDGET_BYTES` a thread; the rest load as before.
@@ -177,8 +179,14 @@ def _pipeline(loop: t.For, stored: set[str], names: t.FreshValues, budget: _Budg
                        t.Binary(more, BinaryOp.LT, after, stop), t.Select(following, more, after, iv)]
     inits, args, yields, results = [], [], [], []
     carried: dict[str, t.Value] = {}
+    runs = None
+    if not isinstance(loop.stop, int):   # a computed stop may let the loop run no iteration (module docstring)
+        runs = names(f"{iv.name}_runs", t.TileType(bool_, ()))
+        pre.append(t.Binary(runs, BinaryOp.LT, start, stop))
     for load, ops in chosen:
         first = _copy(ops + [load], {iv.name: start}, names, "first")
+        if runs is not None:
+            first = first[:-1] + _only_if(first[-1], runs, names)
         ahead = _copy(ops + [load], {iv.name: following}, names, "next")
         pre += first
         top += ahead
@@ -194,6 +202,18 @@ def _pipeline(loop: t.For, stored: set[str], names: t.FreshValues, budget: _Budg
                        yields=tuple(carried.get(y.name, y) for y in body.yields) + tuple(yields))
     return pre, replace(loop, results=loop.results + tuple(results), inits=loop.inits + tuple(inits),
                         body=new_body)
+
+
+def _only_if(load: t.Load, runs: t.Value, names: t.FreshValues) -> list[t.Op]:
+    """`load` reading nothing unless the scalar `runs` is true (its tile is then all `other`)."""
+    shape = load.out.type.shape
+    everywhere = names(f"{runs.name}_b", t.TileType(bool_, shape))
+    ops: list[t.Op] = [t.Broadcast(everywhere, runs)]
+    mask = everywhere
+    if load.mask is not None:
+        mask = names(f"{load.mask.name}_runs", t.TileType(bool_, shape))
+        ops.append(t.Binary(mask, BinaryOp.AND, load.mask, everywhere))
+    return ops + [replace(load, mask=mask, other=load.other if load.mask is not None else 0.0)]
 
 
 def _copy(ops: list[t.Op], names_in: dict[str, t.Value], names: t.FreshValues, suffix: str) -> list[t.Op]:

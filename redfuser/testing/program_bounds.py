@@ -224,7 +224,7 @@ def _log(node, a, out):
 
 ERRORS = {
     "add": _sum2, "sub": _sum2, "mul": _mul, "div": _div, "div_safe": _div, "recip": _recip,
-    "add_c": _first, "rsub_c": _first, "neg": _first, "abs": _first,
+    "add_c": _first, "rsub_c": _first, "neg": _first, "abs": _first, "clip_c": _first,
     "mul_c": lambda n, a, o: a[0][1] * abs(float(n.params[0])),
     "rmul_c": lambda n, a, o: a[0][1] * abs(float(n.params[0])),
     "div_c": lambda n, a, o: a[0][1] / abs(float(n.params[0])),

@@ -277,7 +277,7 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
                 # 3e-5 in the kernel), whatever the class of the rounded twin
                 unsure = unsure | (_class(wide) != _class(r))
         err = np.where(np.isfinite(_f64(r)), err, 0.0)
-    zsign = exact and is_float(dt) and (node.op in ("maximum", "minimum", "max", "min")
+    zsign = exact and is_float(dt) and (node.op in ("maximum", "minimum", "max", "min", "clip_c")
                                         or any(v.zsign for v in ins))
     return Value(ref, wide, exact, np.broadcast_to(np.asarray(err, np.float64), shape),
                  np.broadcast_to(unsure, shape), zsign, mag, expanded, extremum,

@@ -6,8 +6,9 @@ on arrays), how to print it, what kind of op it is (for the oracle's masks,
 `program_oracle`), and how exact it is:
 
 - ``exact``: bit-exact on every backend when its operands are (views, ``neg``,
-  ``abs``, ``where``, ``maximum``/``minimum``, ``max``/``min``, comparisons,
-  logic, casts, top-k, ``arange``);
+  ``abs``, ``where``, ``maximum``/``minimum``, ``clip``, ``max``/``min``, comparisons,
+  logic, casts, top-k, ``arange``, the roundings ``floor ceil trunc rint round``,
+  ``sign``, ``isnan isinf isfinite``);
 - ``arith``: ``+ - * /``: correctly rounded in the result dtype on both sides,
   so exact when the result is f32, f64, an integer or bool; f16/bf16/e4m3
   results are computed in f32 by a kernel and rounded on store, by numpy at
@@ -15,7 +16,8 @@ on arrays), how to print it, what kind of op it is (for the oracle's masks,
 - ``inexact``: libm functions (a kernel's ``exp`` is its own polynomial) and
   float ``sum``/``@`` (another summation order); an integer or bool sum is exact.
 
-``discontinuous`` rules (comparisons, casts to int/bool, top-k indices) jump
+``discontinuous`` rules (comparisons, casts to int/bool, top-k indices, roundings,
+``sign``, the classifications) jump
 where their operand crosses a point, so the grammar feeds them exact operands
 only; the oracle judges nothing of their result where it does not. (A division,
 ``log`` and ``sqrt`` jump only at 0: the oracle handles those per element.)
@@ -105,7 +107,17 @@ RULES: dict[str, Rule] = {
     "astype": Rule(lambda a, p: a[0].astype(getattr(rf, p[0])), "{a}.astype({p0})", E, "exact"),
     "to_int": Rule(lambda a, p: _guarded_int(a[0]), "rf.where(rf.abs({a}) < %r, {a}, 0).astype(rf.int32)" % INT_LIMIT,
                    E, "exact", discontinuous=True),
+    "floor": Rule(lambda a, p: rf.floor(a[0]), "rf.floor({a})", E, "exact", discontinuous=True),
+    "ceil": Rule(lambda a, p: rf.ceil(a[0]), "rf.ceil({a})", E, "exact", discontinuous=True),
+    "trunc": Rule(lambda a, p: rf.trunc(a[0]), "rf.trunc({a})", E, "exact", discontinuous=True),
+    "rint": Rule(lambda a, p: rf.rint(a[0]), "rf.rint({a})", E, "exact", discontinuous=True),
+    "round": Rule(lambda a, p: rf.round(a[0]), "rf.round({a})", E, "exact", discontinuous=True),
+    "sign": Rule(lambda a, p: rf.sign(a[0]), "rf.sign({a})", E, "exact", discontinuous=True),
+    "isnan": Rule(lambda a, p: rf.isnan(a[0]), "rf.isnan({a})", E, "exact", discontinuous=True),
+    "isinf": Rule(lambda a, p: rf.isinf(a[0]), "rf.isinf({a})", E, "exact", discontinuous=True),
+    "isfinite": Rule(lambda a, p: rf.isfinite(a[0]), "rf.isfinite({a})", E, "exact", discontinuous=True),
     # -- with a constant --
+    "clip_c": Rule(lambda a, p: rf.clip(a[0], p[0], p[1]), "rf.clip({a}, {p0}, {p1})", E, "exact"),
     "add_c": Rule(lambda a, p: a[0] + p[0], "{a} + {p0}", E, "arith"),
     "rsub_c": Rule(lambda a, p: p[0] - a[0], "{p0} - {a}", E, "arith"),
     "mul_c": Rule(lambda a, p: a[0] * p[0], "{a} * {p0}", E, "arith"),

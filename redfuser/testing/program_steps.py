@@ -20,23 +20,27 @@ def unary(b: ProgramBuilder, a: str) -> bool:
     dt = v.dtype
     if dt == np.bool_:
         choices = [("not", ()), ("astype", ("int32",)), ("astype", ("float32",)), ("astype", ("float16",)),
-                   ("abs", ())] * 4 + [("square", ())]  # numpy's bool ** 2 is int8, a refusal: rare
+                   ("abs", ()), ("floor", ()), ("isnan", ())] * 4 + [("square", ()), ("rint", ())]
+        # (numpy's bool ** 2 is int8, a refusal: rare; its rint of bools is float16)
     elif dt.kind in "iu":
         choices = [("neg", ()), ("abs", ()), ("abs", ()), ("square", ()), ("astype", (d.pick(CASTS),)), ("recip", ()),
                    ("add_c", (d.pick(INT_CONSTANTS),)), ("mul_c", (d.pick(INT_CONSTANTS),)),
                    ("rsub_c", (d.pick(INT_CONSTANTS),)), ("div_c", (d.pick((2, 3.0, -4)),)),
                    ("gt_c", (d.pick(INT_CONSTANTS),)), ("eq_c", (0,)), ("mul_c", (2.5,)), ("exp_safe", ()),
-                   ("astype", ("bool_",))]
+                   ("astype", ("bool_",)), ("floor", ()), ("rint", ()), ("sign", ()), ("isfinite", ()),
+                   ("clip_c", (d.pick(INT_CONSTANTS), d.pick(INT_CONSTANTS)))]
     else:
         choices = [("neg", ()), ("abs", ()), ("exp_safe", ()), ("exp2_safe", ()), ("log_safe", ()),
                    ("log2_safe", ()), ("sqrt_safe", ()), ("rsqrt_safe", ()), ("square", ()),
                    ("astype", (d.pick(CASTS),)), ("add_c", (d.pick(CONSTANTS),)), ("rsub_c", (d.pick(CONSTANTS),)),
                    ("mul_c", (d.pick(CONSTANTS),)), ("rmul_c", (np.float32(d.pick((0.5, 2.0, -1.0))),)),
-                   ("div_c", (d.pick((2.0, 3.0, -0.5)),))]
+                   ("div_c", (d.pick((2.0, 3.0, -0.5)),)), ("clip_c", (d.pick(CONSTANTS), d.pick(CONSTANTS)))]
         if v.exact:
             choices += [("to_int", ()), ("gt_c", (d.pick(CONSTANTS),)), ("le_c", (0.0,)), ("eq_c", (0.0,)),
                         ("astype", ("bool_",)),
-                        ("recip", ()), ("log", ()), ("sqrt", ()), ("exp", ())]
+                        ("recip", ()), ("log", ()), ("sqrt", ()), ("exp", ()),
+                        (d.pick(("floor", "ceil", "trunc", "rint", "round")), ()), ("sign", ()),
+                        (d.pick(("isnan", "isinf", "isfinite")), ())]
     for _ in range(3):
         op, params = d.pick(choices)
         if params and params[0] == "bool_" and not v.exact:

@@ -1,0 +1,81 @@
+"""Rounding, sign, classification and clipping (`redfuser/ops/numeric.py`): refusals that name the op, and the
+ops inside cascades, where the fusion engine must treat them as what they are (the conformance table,
+`tests/conformance_table.py`, checks every dtype and special value elementwise)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+
+BACKENDS = ("interpret", "cpu", "simulate")
+RNG = np.random.default_rng(24)
+
+
+def rounded_at_two_places(x):
+    return rf.round(x, 2)
+
+
+def sign_of(x):
+    return rf.sign(x)
+
+
+def clip_without_bounds(x):
+    return rf.clip(x)
+
+
+@pytest.mark.parametrize("fn,x,error,match", [
+    (rounded_at_two_places, np.ones(4, np.float16), rf.UnsupportedError, r"round: decimals=2 of f16\[4\]: only float32 and float64"),
+    (sign_of, np.ones(4, bool), rf.DTypeError, r"sign: not defined for bool\[4\]"),
+    (clip_without_bounds, np.ones(4, np.float32), rf.UnsupportedError, "clip needs a_min or a_max"),
+])
+def test_refusals_name_the_op_and_the_line(fn, x, error, match):
+    with pytest.raises(error, match=match) as info:
+        rf.kernel(fn, backend="interpret")(x)
+    assert "test_numeric_ops.py" in str(info.value)
+
+
+def quantized_rows(x):
+    """int8-style per-row quantization written with numpy's names: scale by the row's absmax, round, clip."""
+    scale = rf.max(rf.abs(x), axis=-1, keepdims=True) / 127.0
+    q = rf.clip(rf.rint(x / scale), -127.0, 127.0)
+    return q, rf.sum(q * scale, axis=-1)
+
+
+def floor_of_shifted(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum(rf.floor(x - m), axis=-1), rf.sum(rf.isfinite(x - m), axis=-1)
+
+
+def clipped_softmax_max(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    p = rf.exp(x - m) / rf.sum(rf.exp(x - m), axis=-1, keepdims=True)
+    return rf.max(rf.clip(p, 0.05, 0.5), axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [quantized_rows, floor_of_shifted, clipped_softmax_max])
+def test_cascades_with_the_numeric_ops_equal_numpy(backend, fn):
+    """The roundings, `isfinite` and `clip` of a value that reads an earlier result mix x and y (the fusion
+    engine cannot factor them, `floor(x - m)`) or sit on a reduction's input; whatever the engine decides,
+    the result is numpy's, exactly for the rounded and counted values."""
+    x = (RNG.standard_normal((6, 300)) * 4).astype(np.float32)
+    x[2, 7] = np.inf
+    x[3, :] = -np.inf
+    with np.errstate(all="ignore"):
+        got, want = rf.kernel(fn, backend=backend)(x), fn(x)
+    got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        finite = np.isfinite(w)
+        assert np.array_equal(np.isnan(g), np.isnan(w)) and np.array_equal(g[~finite & ~np.isnan(w)],
+                                                                            w[~finite & ~np.isnan(w)])
+        np.testing.assert_allclose(g[finite], w[finite], rtol=1e-5, atol=1e-4)
+
+
+def test_floor_of_a_value_read_with_an_earlier_result_is_not_fused():
+    """``floor(x - m)`` jumps where x - m crosses an integer: no ``G(x) H(m)`` factorization exists."""
+    x = np.zeros((2, 64), np.float32)
+    groups = rf.kernel(floor_of_shifted, backend="interpret").lower(x).groups
+    refused = [g for g in groups if g.reason]
+    assert refused and any("floor" in g.reason for g in refused), [(g.reductions, g.reason) for g in groups]
