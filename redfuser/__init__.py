@@ -58,6 +58,7 @@ from .ops import (
     matmul,
     max,
     maximum,
+    mean,
     min,
     minimum,
     multiply,
@@ -69,12 +70,14 @@ from .ops import (
     rsqrt,
     sign,
     sqrt,
+    std,
     subtract,
     sum,
     swapaxes,
     topk,
     transpose,
     trunc,
+    var,
     where,
 )
 

@@ -163,6 +163,13 @@ OPS: list[Op] = [
     )),
     Op("sum_method", "reduce", lambda x1, x37, x300, x3: x37.sum(axis=-1, keepdims=True), length=37,
        scale=_abs_sum(1, -1, True), **_ACCUMULATED),
+    Op("mean_row", "reduce", lambda x1, x37, x300, x3: rf.mean(x37, axis=-1), length=37, **_ACCUMULATED),
+    Op("mean_axes", "reduce", lambda x1, x37, x300, x3: x3.mean(axis=(0, 2), keepdims=True), length=134,
+       **_ACCUMULATED),
+    Op("var_row", "reduce", lambda x1, x37, x300, x3: rf.var(x300, axis=1), length=300, **_ACCUMULATED),
+    Op("var_ddof", "reduce", lambda x1, x37, x300, x3: x37.var(axis=-1, ddof=1, keepdims=True), length=37,
+       **_ACCUMULATED),
+    Op("std_all", "reduce", lambda x1, x37, x300, x3: rf.std(x37), length=259, **_ACCUMULATED),
     # -- matmul: a (2, 5, 37), b (37, 3), v (37,), w (2, 37, 3) ----------------------------------------
     Op("mm", "matmul", lambda a, b, v, w: a[0] @ b, length=37, scale=_abs_matmul(lambda i: i[0][0], lambda i: i[1]),
        **_ACCUMULATED),
@@ -240,6 +247,16 @@ _SAT_INT = ("float -> int of NaN, +-inf and out-of-range values saturates (NaN -
 _F64_IN_F32 = ("GPUs compute exp/exp2/log/log2 of float64 values in f32 (docs/gpu-backend.md, \"Numerics\"): "
                "numpy's float64 result of exp(int array) has f32 precision and range there (exp(100) is inf)")
 
+def _narrow_overflow(op: Op, inputs: tuple, expected: np.ndarray) -> np.ndarray:
+    """Where numpy's result is not finite but the body on f32 inputs, rounded to the result's dtype, is."""
+    wide = _in_f32(op, inputs, expected).astype(expected.dtype).astype(np.float64)
+    return ~np.isfinite(expected.astype(np.float64)) & np.isfinite(wide)
+
+
+_NARROW_SUM = ("numpy's var sums f16 in f16, which overflows to inf on rows of large values, where a kernel's "
+               "16-bit running sums are f32 (docs/cpu-backend.md): on those rows the kernel gives the variance of "
+               "the f32 sums")
+
 _ROUND_NARROW = ("numpy rounds x * 10**decimals to the 16- or 8-bit type before rint, a kernel keeps it in f32 "
                  "(storage types): near a tie they would differ by a unit of the last decimal, so the kernel "
                  "raises UnsupportedError and says how to write it in f32")
@@ -252,6 +269,11 @@ DIVERGENCES: list[Divergence] = [
     *(Divergence(name, ("i64",), COMPILED, "top-k of int64 is not compiled (the ranking key is a float64, "
                  "which rounds int64): the kernel raises BackendError", raises=rf.BackendError)
       for name in ("topk_1", "topk_4", "topk_axis0", "topk_full")),
+    Divergence("var_ddof", ("f16",), BACKENDS, _NARROW_SUM, affected=_narrow_overflow, gives=_in_f32,
+               within=DTYPES["f16"]),
+    *(Divergence(name, ("e4m3",), BACKENDS, "numpy adds e4m3 values in e4m3 (NaN past 448), a kernel in f32: "
+                 "mean, var and std of e4m3 raise UnsupportedError, which says to take them of f32 values",
+                 raises=rf.UnsupportedError) for name in ("mean_row", "mean_axes", "var_row", "var_ddof", "std_all")),
     Divergence("round_2", ("f16", "bf16", "e4m3"), BACKENDS, _ROUND_NARROW, raises=rf.UnsupportedError),
     Divergence("round_m1", ("f16", "bf16", "e4m3"), BACKENDS, _ROUND_NARROW, raises=rf.UnsupportedError),
     Divergence("round_m1", INTS, BACKENDS, "numpy rounds integers at a negative decimal place "

@@ -79,3 +79,51 @@ def test_floor_of_a_value_read_with_an_earlier_result_is_not_fused():
     groups = rf.kernel(floor_of_shifted, backend="interpret").lower(x).groups
     refused = [g for g in groups if g.reason]
     assert refused and any("floor" in g.reason for g in refused), [(g.reductions, g.reason) for g in groups]
+
+
+def python_round(x):
+    return round(x)
+
+
+def math_floor(x):
+    import math
+
+    return math.floor(x)
+
+
+@pytest.mark.parametrize("fn,hint", [(python_round, "rf.round"), (math_floor, "rf.floor")])
+def test_pythons_own_rounding_of_a_traced_value_points_at_the_op(fn, hint):
+    """numpy refuses ``round(array)`` and ``math.floor(array)`` (they would make a Python number)."""
+    with pytest.raises(rf.UnsupportedError, match=hint):
+        rf.kernel(fn, backend="interpret")(np.ones(3, np.float32))
+
+
+def moments(x):
+    return rf.mean(x, axis=-1), x.var(axis=-1, ddof=1), rf.std(x, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mean_var_std_of_rows_far_from_zero_are_numpys_in_one_pass(backend):
+    """The variance written numpy's way (the mean, then the squared deviations) fuses into one pass kept
+    centred on the running mean; rows around 1e4 with a spread of 1 keep numpy's value (no cancellation)."""
+    x = (1e4 + RNG.standard_normal((5, 3000))).astype(np.float32)
+    k = rf.kernel(moments, backend=backend)
+    assert any(len(g.fused_members) >= 2 for g in k.lower(x).groups)
+    for got, want in zip(k(x), moments(x)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.float16])
+def test_statistics_accumulate_where_numpy_does(dtype):
+    """Integers and bools in float64 (float64 results), float16's mean in float32 rounded back to f16."""
+    x = (RNG.standard_normal((4, 50)) * 3).astype(dtype)
+    got = rf.kernel(moments, backend="cpu")(x)
+    for g, w in zip(got, moments(x)):
+        assert g.dtype == w.dtype
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=2e-3, atol=1e-6)
+
+
+def test_statistics_of_e4m3_are_refused_with_the_way_out():
+    with pytest.raises(rf.UnsupportedError, match=r"x.astype\(rf.float32\)"):
+        rf.kernel(moments, backend="interpret")(np.ones((2, 8), rf.float8_e4m3fn))

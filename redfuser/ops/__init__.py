@@ -12,6 +12,7 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 |                 | comparisons, & | ^ ~ (on bools), logical_xor, where, astype          |
 | numeric.py      | floor ceil trunc rint round sign isnan isinf isfinite clip           |
 | reductions.py   | sum max min, matmul, topk                                            |
+| statistics.py   | mean var std (written with sum, as numpy's own _methods)             |
 | views.py        | swapaxes transpose, indexing, arange                                 |
 | common.py       | operand helpers shared by all                                        |
 | operators.py    | `Tracer`'s Python operators and methods, forwarded to the ops above  |
@@ -61,6 +62,7 @@ from .elementwise import (
 )
 from .numeric import ceil, clip, floor, isfinite, isinf, isnan, rint, round, sign, trunc
 from .reductions import matmul, max, min, normalize_axes, sum, topk
+from .statistics import mean, std, var
 from .views import arange, getitem, swapaxes, transpose
 
 UFUNC_OPERATORS: dict[np.ufunc, Callable] = {
@@ -96,9 +98,9 @@ def _arguments_checked(fn: Callable) -> Callable:
 
 PUBLIC = ("abs", "add", "arange", "astype", "ceil", "clip", "divide", "equal", "exp", "exp2", "floor", "greater",
           "greater_equal", "isfinite", "isinf", "isnan", "less", "less_equal", "log", "log2", "logical_and",
-          "logical_not", "logical_or", "logical_xor", "matmul", "max", "maximum", "min", "minimum", "multiply",
-          "negative", "not_equal", "power", "rint", "round", "rsqrt", "sign", "sqrt", "subtract", "sum", "swapaxes",
-          "topk", "transpose", "trunc", "where")
+          "logical_not", "logical_or", "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum", "multiply",
+          "negative", "not_equal", "power", "rint", "round", "rsqrt", "sign", "sqrt", "std", "subtract", "sum",
+          "swapaxes", "topk", "transpose", "trunc", "var", "where")
 """The ops `redfuser` exports (its namespace, README "Op subset")."""
 for _name in PUBLIC:
     globals()[_name] = _arguments_checked(globals()[_name])

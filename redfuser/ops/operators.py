@@ -26,8 +26,9 @@ def _unsupported_operator(symbol: str):
 
 def _no_rounding(name: str):
     def refuse(self, *args):
-        raise UnsupportedError(f"{name}() of a traced value is not in RedFuser's op subset (no rounding ops yet)",
-                               op=f"{name}()", loc=user_loc())
+        what = f"{name}()" if name == "round" else f"math.{name}()"
+        raise UnsupportedError(f"{what} of a traced value would make a Python number (numpy refuses it for "
+                               f"arrays); use rf.{name}(x), numpy's elementwise {name}", op=what, loc=user_loc())
 
     return refuse
 
@@ -62,10 +63,10 @@ def install_operators() -> None:
         setattr(Tracer, f"__{name}__", _unsupported_operator(symbol))
         setattr(Tracer, f"__r{name}__", _unsupported_operator(symbol))
     for name in ("round", "trunc", "floor", "ceil"):
-        setattr(Tracer, f"__{name}__", _no_rounding(name if name == "round" else f"math.{name}"))
+        setattr(Tracer, f"__{name}__", _no_rounding(name))
     Tracer.__getitem__ = lambda self, key: ops.getitem(self, key)  # type: ignore[attr-defined]
     # methods forward to the op of the same name, looked up when called (ops checks its own arguments)
-    for name in ("astype", "swapaxes", "transpose", "sum", "max", "min"):
+    for name in ("astype", "swapaxes", "transpose", "sum", "max", "min", "mean", "var", "std"):
         setattr(Tracer, name, lambda self, *args, _op=name, **kwargs: getattr(ops, _op)(self, *args, **kwargs))
     Tracer.T = property(lambda self: ops.transpose(self))  # type: ignore[attr-defined]
     Tracer.mT = property(lambda self: ops.swapaxes(self, -1, -2))  # type: ignore[attr-defined]

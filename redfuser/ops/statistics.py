@@ -1,0 +1,94 @@
+"""``mean``, ``var`` and ``std``, written with ``sum`` the way numpy's own ``_methods`` computes them.
+
+numpy accumulates integers and bools in float64; its ``mean`` (not ``var``) also float16 in float32,
+rounding the result back to f16; every other dtype in itself. Then
+
+- ``mean = sum(x) / n``;
+- ``var = sum((x - mean_k)**2) / max(n - ddof, 0)`` with ``mean_k`` the mean kept with its reduced axes
+  (a second pass over x in numpy; the fusion engine makes the pair one pass, kept centred on the running
+  mean, docs/fusion.md "Shift-stable sums");
+- ``std = sqrt(var)``, the square root taken of var's result, in its dtype.
+
+float8_e4m3fn values are refused (numpy adds them in e4m3, NaN past 448, where a kernel's running sums are
+f32). So each traces to the existing reductions and elementwise ops, and every backend computes them. ``n`` is
+the product of the reduced lengths: a length read as a number, which keeps those axes static in a
+shape-polymorphic kernel (docs/shapes.md).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+from ..ir import UnsupportedError
+from ..ir import types as T
+from ..source_info import user_loc
+from ..tracer import Tracer
+from .common import _check_operand, _traced, describe, result_dtype
+from .elementwise import astype, divide, multiply, sqrt, subtract
+from .reductions import normalize_axes, sum as _sum
+
+
+def _accumulation(x: Tracer, op: str) -> object:
+    """The dtype numpy's ``_mean`` / ``_var`` accumulate `x` in (a numpy dtype, or None for x's own)."""
+    d = x.ir_dtype
+    if d.is_int or d.is_bool:
+        return np.float64
+    if d == T.float16 and op == "mean":
+        return np.float32
+    return None
+
+
+def _prepared(op: str, x: Tracer, axis: object) -> tuple[tuple[int, ...], Tracer, int]:
+    _check_operand(op, x)
+    if x.ir_dtype == T.float8_e4m3fn:
+        # numpy adds e4m3 values in e4m3 (NaN past 448); a kernel's running sums are f32, so the two part
+        # on any row of large values, in a way no tolerance describes
+        raise UnsupportedError(f"{op} of {describe(x)}: numpy accumulates e4m3 in e4m3 (NaN past 448) and a "
+                               f"kernel in f32; take the {op} of x.astype(rf.float32)", op=op, loc=user_loc())
+    dims = normalize_axes(op, x, axis)
+    acc = _accumulation(x, op)
+    wide = astype(x, acc) if acc is not None else x
+    return dims, wide, math.prod(x.shape[d] for d in dims)
+
+
+def _finish(x: Tracer, value: Tracer) -> Tracer:
+    """An f16 `x`'s mean rounded back to f16 (numpy's ``is_float16_result``)."""
+    return astype(value, np.float16) if x.ir_dtype == T.float16 else value
+
+
+def mean(x, axis=None, keepdims=False):
+    """numpy's ``mean`` (``axis``, ``keepdims``): ``sum / n`` accumulated as numpy does (module docstring)."""
+    if not _traced(x):
+        return np.mean(x, axis=axis, keepdims=keepdims)
+    dims, wide, n = _prepared("mean", x, axis)
+    result_dtype("mean", lambda v: np.mean(v, axis=dims), x)     # numpy's refusals, named
+    return _finish(x, divide(_sum(wide, axis=dims, keepdims=keepdims), n))
+
+
+def var(x, axis=None, ddof=0, keepdims=False):
+    """numpy's ``var`` (``axis``, ``ddof``, ``keepdims``): the mean of squared deviations from the mean,
+    divided by ``max(n - ddof, 0)`` (module docstring)."""
+    if not _traced(x):
+        return np.var(x, axis=axis, ddof=ddof, keepdims=keepdims)
+    return _var(x, axis, ddof, keepdims, "var")
+
+
+def _var(x: Tracer, axis: object, ddof: object, keepdims: bool, op: str) -> Tracer:
+    if isinstance(ddof, bool) or not isinstance(ddof, int | float | np.integer | np.floating):
+        raise UnsupportedError(f"ddof must be a number, got {ddof!r}", op=op, loc=user_loc())
+    dims, wide, n = _prepared(op, x, axis)
+    with warnings.catch_warnings():      # numpy's "degrees of freedom <= 0" of the one-element probe
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result_dtype(op, lambda v: np.var(v, axis=dims, ddof=ddof), x)
+    centre = divide(_sum(wide, axis=dims, keepdims=True), n)
+    deviation = subtract(wide, centre)
+    return divide(_sum(multiply(deviation, deviation), axis=dims, keepdims=keepdims), max(n - ddof, 0))
+
+
+def std(x, axis=None, ddof=0, keepdims=False):
+    """numpy's ``std``: the square root of `var`'s result, in its dtype."""
+    if not _traced(x):
+        return np.std(x, axis=axis, ddof=ddof, keepdims=keepdims)
+    return sqrt(_var(x, axis, ddof, keepdims, "std"))
