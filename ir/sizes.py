@@ -17,7 +17,7 @@ rule cannot silently decide on a value it does not know.
 """
 from __future__ import annotations
 
-from typing import Mapping, Union
+from typing import Mapping, Sequence, Union
 
 SizeLike = Union[int, "Size"]
 
@@ -296,6 +296,19 @@ def bind_shapes(shapes: "list[tuple[SizeLike, ...]]", actual: "list[tuple[int, .
             elif want != n:
                 raise ValueError(f"length {n} where the kernel has {want}")
     return values
+
+
+def bind_buffers(buffers: "Sequence[object]", arrays: "Sequence[object]") -> dict[str, int]:
+    """`bind_shapes` of buffers (anything with a ``shape``: IR buffers) holding `arrays` (anything with a
+    ``shape``, or a shape tuple itself)."""
+    return bind_shapes([b.shape for b in buffers], [_shape_of(a) for a in arrays])
+
+
+def _shape_of(a: object) -> tuple[int, ...]:
+    if isinstance(a, tuple):
+        return a
+    shape = getattr(a, "shape", None)       # numpy, torch (CPU or CUDA), cupy...
+    return tuple(shape) if shape is not None else ()   # a Python scalar
 
 
 def concrete(shape: "tuple[SizeLike, ...]", values: Mapping[str, int]) -> tuple[int, ...]:

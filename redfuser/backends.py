@@ -25,7 +25,7 @@ from .compiler import (COMMON_STAGES, Lowered, Stage, host_llvm_stage, prefetch_
                        simt_stage)
 from .ir import BackendError, SourceLoc, run_program
 from .ir.loop.extents import substitute_extents
-from .ir.sizes import bind_shapes
+from .ir.sizes import bind_buffers
 from .kernel_options import KernelOptions
 from .schedule.options import DEFAULTS, ScheduleOptions, cpu_workers, gpu_workers
 
@@ -131,7 +131,7 @@ def _build_interpret(lowered: Lowered) -> Executable:
     made: dict[tuple, object] = {}
 
     def run(arrays: list[np.ndarray]) -> tuple[np.ndarray, ...]:
-        values = bind_shapes([b.shape for b in program.inputs], [np.shape(a) for a in arrays])
+        values = bind_buffers(program.inputs, arrays)
         key = tuple(sorted(values.items()))
         if key not in made:
             if len(made) >= 64:

@@ -12,7 +12,7 @@ from .compiler import Lowered, lower
 from .arguments import ShapeDtype, bind, check_signature, spec_of
 from .ir import ArgumentError, RedFuserError
 from .ir import Buffer, BufferType
-from .ir.sizes import SymbolicDecision, bind_shapes, concrete
+from .ir.sizes import SymbolicDecision, bind_buffers, concrete
 from .kernel_options import DEFAULT_OPTIONS, KernelOptions
 from .probes import PROBE_LENGTHS
 from .shapes import Dynamic, DynamicAxes, ShapePlan
@@ -346,7 +346,7 @@ def _results_at(lowered: Lowered, arrays: list) -> tuple:
     outs = lowered.program.outputs
     if lowered.shapes is None:
         return outs
-    values = bind_shapes([b.shape for b in lowered.program.inputs], [tuple(a.shape) for a in arrays])
+    values = bind_buffers(lowered.program.inputs, arrays)
     return tuple(Buffer(b.name, BufferType(b.dtype, concrete(b.shape, values))) for b in outs)
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..codegen.native import compile_object, host_target, jit_machine
 from ..ir.array_memory import memory_of
-from ..ir.sizes import bind_shapes, concrete, evaluate
+from ..ir.sizes import bind_buffers, concrete, evaluate
 from .addresses import data_address
 from .object_check import BadObject, check_host_object
 from .object_machines import Machine, machine_of_triple
@@ -238,7 +238,7 @@ class CpuProgram:
     Kernels run in launch order; each one's program instances are split over the
     pool. Outputs and scratch buffers are fresh arrays per call; inputs are read only.
     A shape-polymorphic program's run-time extents are read off its inputs' shapes
-    (`redfuser.ir.sizes.bind_shapes`) and each kernel gets the values of its own.
+    (`redfuser.ir.sizes.bind_buffers`) and each kernel gets the values of its own.
     What a call needs of the program is laid out once, when it is made: the buffers in
     one list (inputs, outputs, scratch), each kernel's parameters as positions in it,
     each input's dtype and each result's shape, so a call only reads its arrays'
@@ -294,7 +294,7 @@ class CpuProgram:
     def __call__(self, arrays, outputs=None) -> tuple:
         """The outputs for input `arrays`; with `outputs` (numpy arrays of the results' shapes and dtypes,
         checked by the caller) written into those: in place where one is C-contiguous, else copied."""
-        values = bind_shapes([b.shape for b in self.program.inputs], [a.shape for a in arrays]) \
+        values = bind_buffers(self.program.inputs, arrays) \
             if self._symbolic else None
         memory = [a if dense and a.flags.c_contiguous and a.dtype == dtype else memory_of(a, type_)
                   for a, (type_, dense, dtype) in zip(arrays, self._inputs)]   # a view is read in place

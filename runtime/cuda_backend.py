@@ -26,7 +26,7 @@ from ..codegen.simt import SimtProgram
 from ..codegen.simt.ptx import PtxProgram
 from ..codegen.simt.run import program_at
 from ..ir.buffer import Buffer
-from ..ir.sizes import bind_shapes
+from ..ir.sizes import bind_buffers
 from ..ir.array_memory import memory_of
 from ..ir.errors import ArgumentError, BackendError
 from ..ir.types import BufferType
@@ -197,7 +197,7 @@ class CudaProgram:
         if not self._symbolic:
             return self.simt, tuple({} for _ in self.simt.kernels)
         try:
-            values = bind_shapes([b.shape for b in self.simt.inputs], shapes)
+            values = bind_buffers(self.simt.inputs, shapes)
         except ValueError as err:
             raise ArgumentError(f"arguments of shapes {shapes} for {self.simt.name}: {err}") from None
         key = tuple(sorted(values.items()))

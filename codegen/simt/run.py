@@ -16,7 +16,7 @@ from ...ir.array_memory import memory_of
 from ...ir.buffer import Buffer
 from ...ir.simt.nodes import SimtKernel
 from ...ir.types import BufferType
-from ...ir.sizes import bind_shapes, concrete, evaluate
+from ...ir.sizes import bind_buffers, concrete, evaluate
 from ..simulator import SimOptions, simulate
 from .kernel import SimtProgram
 
@@ -58,7 +58,7 @@ def simulate_program(p: SimtProgram, arrays: Sequence[np.ndarray], options: SimO
                      ) -> tuple[np.ndarray, ...]:
     """`p`'s outputs for `arrays` (one per input, in order), computed by the simulator; a shape-polymorphic
     program's run-time extents come from the inputs' shapes."""
-    p, sizes = program_at(p, bind_shapes([b.shape for b in p.inputs], [np.shape(a) for a in arrays]))
+    p, sizes = program_at(p, bind_buffers(p.inputs, arrays))
     buffers: dict[str, np.ndarray] = {}
     for b, a in zip(p.inputs, arrays):
         buffers[b.name] = memory_of(a, b.type)   # a view's own memory (ir/array_memory.py)

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..array_memory import memory_of
-from ..sizes import bind_shapes, concrete, evaluate
+from ..sizes import bind_buffers, concrete, evaluate
 from ..errors import InternalError
 from .. import topk as topk_semantics
 from ..semantics import BINARY_FUNCS as _BINARY, REDUCERS, UNARY_FUNCS as _UNARY
@@ -161,7 +161,7 @@ def run_kernel(k: TileKernel, buffers: dict[str, np.ndarray], sizes: dict[str, i
 def run_tile_program(p: TileProgram, args: list[np.ndarray] | tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     """Run `p` on numpy arrays (one per input); return its outputs. Scratch is poisoned with NaN/garbage."""
     buffers: dict[str, np.ndarray] = {}
-    sizes = bind_shapes([b.shape for b in p.inputs], [np.shape(a) for a in args])
+    sizes = bind_buffers(p.inputs, args)
     for b, a in zip(p.inputs, args):
         buffers[b.name] = memory_of(a, b.type)   # a view: the memory it spans (array_memory.py)
     for b in p.outputs + p.scratch:
