@@ -63,6 +63,8 @@ class BinaryOp(enum.Enum):
     NE = "!="
     AND = "&"
     OR = "|"
+    FLOORDIV = "//"     # integers only (numpy's floored quotient; x // 0 is 0): codegen/int_division.py
+    MOD = "%"           # integers only (the divisor's sign; x % 0 is 0)
 
     @property
     def is_comparison(self) -> bool:
@@ -134,6 +136,8 @@ BINARY_FUNCS: dict[BinaryOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     BinaryOp.NE: np.not_equal,
     BinaryOp.AND: np.logical_and,
     BinaryOp.OR: np.logical_or,
+    BinaryOp.FLOORDIV: np.floor_divide,
+    BinaryOp.MOD: np.remainder,
 }
 """What each binary op computes, elementwise (numpy broadcasting) on two numpy arrays."""
 

@@ -114,6 +114,8 @@ OPS: list[Op] = [
     Op("maximum", "binary", lambda x, y, c: rf.maximum(x, y), signed_zeros=False),
     Op("minimum", "binary", lambda x, y, c: rf.minimum(x, y), signed_zeros=False),
     Op("where", "binary", lambda x, y, c: rf.where(c, x, y)),
+    Op("floordiv", "binary", lambda x, y, c: x // y),
+    Op("mod", "binary", lambda x, y, c: x % y),
     Op("clip", "binary", lambda x, y, c: rf.clip(x, y, 2), signed_zeros=False),
     Op("clip_max", "binary", lambda x, y, c: rf.clip(y, None, x), signed_zeros=False),
     Op("lt", "binary", lambda x, y, c: x < y),
@@ -274,11 +276,16 @@ DIVERGENCES: list[Divergence] = [
     *(Divergence(name, ("e4m3",), BACKENDS, "numpy adds e4m3 values in e4m3 (NaN past 448), a kernel in f32: "
                  "mean, var and std of e4m3 raise UnsupportedError, which says to take them of f32 values",
                  raises=rf.UnsupportedError) for name in ("mean_row", "mean_axes", "var_row", "var_ddof", "std_all")),
+    *(Divergence(name, FLOATS, BACKENDS, "// and % are numpy's integer ops only (numpy's float rules, fmod "
+                 "with its sign and rounding corrections, are not in the subset): the kernel raises "
+                 "UnsupportedError", raises=rf.UnsupportedError) for name in ("floordiv", "mod")),
     Divergence("round_2", ("f16", "bf16", "e4m3"), BACKENDS, _ROUND_NARROW, raises=rf.UnsupportedError),
     Divergence("round_m1", ("f16", "bf16", "e4m3"), BACKENDS, _ROUND_NARROW, raises=rf.UnsupportedError),
     Divergence("round_m1", INTS, BACKENDS, "numpy rounds integers at a negative decimal place "
                "through float64 and back: not in the subset, the kernel raises UnsupportedError",
                raises=rf.UnsupportedError),
+    *(Divergence(name, ("bool",), BACKENDS, "numpy gives int8 (bool // bool, bool % bool), a dtype RedFuser does "
+                 "not have: the kernel raises DTypeError", raises=rf.DTypeError) for name in ("floordiv", "mod")),
     Divergence("pow2", ("bool",), BACKENDS, "numpy gives int8 (bool ** Python int), a dtype RedFuser does "
                "not have: the kernel raises DTypeError", raises=rf.DTypeError),
     *(Divergence(name, INTS, BACKENDS, "& | ~ are in the subset for bools only (numpy's bitwise ops on "

@@ -127,3 +127,28 @@ def test_statistics_accumulate_where_numpy_does(dtype):
 def test_statistics_of_e4m3_are_refused_with_the_way_out():
     with pytest.raises(rf.UnsupportedError, match=r"x.astype\(rf.float32\)"):
         rf.kernel(moments, backend="interpret")(np.ones((2, 8), rf.float8_e4m3fn))
+
+
+def block_causal(q_pos, k_pos):
+    """A chunked-attention mask written with numpy's integer ``//``: query and key in the same block of 16."""
+    return (q_pos[:, None] // 16 == k_pos[None, :] // 16) & (k_pos[None, :] <= q_pos[:, None])
+
+
+def floor_ops(a, b):
+    return a // b, a % b, -a // 7, a % -3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_integer_floor_division_and_remainder_are_numpys(backend, dtype):
+    """Floored quotient, the divisor's sign for the remainder, 0 for a zero divisor, INT_MIN // -1 wrapping
+    (LLVM's sdiv would trap on both: codegen/int_division.py)."""
+    lo = np.iinfo(dtype).min
+    a = np.array([7, -7, 7, -7, 0, 5, lo, lo, 3, -3, -1, 12], dtype)
+    b = np.array([2, 2, -2, -2, 3, 0, -1, 1, 0, 5, 4, -5], dtype)
+    with np.errstate(all="ignore"):
+        got, want = rf.kernel(floor_ops, backend=backend)(a, b), floor_ops(a, b)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
+    q = np.arange(40, dtype=np.int32)
+    assert np.array_equal(rf.kernel(block_causal, backend=backend)(q, q), block_causal(q, q))

@@ -18,6 +18,7 @@ from ...ir.semantics import F32_TINY, ROUNDING
 from ..llvm_dtypes import constant, from_memory, intrinsic_suffix, memory_type
 from ..llvm_utils import F32, I1, I64, declare_intrinsic
 from . import mathlib
+from .. import int_division
 from .emitter import Idx, InlineRule, KernelEmitter
 
 _FCMP = {BinaryOp.LT: "<", BinaryOp.LE: "<=", BinaryOp.GT: ">", BinaryOp.GE: ">=", BinaryOp.EQ: "=="}
@@ -122,6 +123,10 @@ def _binary(em: KernelEmitter, op: t.Binary, idx: Idx) -> ir.Value:
             return b.icmp_signed(_FCMP[o], x, y)
         if o is BinaryOp.DIV:
             return b.sdiv(x, y)
+        if o is BinaryOp.FLOORDIV:
+            return int_division.floor_divide(b, x, y)
+        if o is BinaryOp.MOD:
+            return int_division.remainder(b, x, y)
         raise NotImplementedError(f"{o.value} on {d}")
     if o is BinaryOp.ADD:
         return b.fadd(x, y)

@@ -21,7 +21,7 @@ from ...ir.simt.nodes import (
     WarpId,
 )
 from ...ir.types import DType, float8_e4m3fn
-from .. import nvvm
+from .. import int_division, nvvm
 from ..llvm_dtypes import NVPTX, cast, intrinsic_suffix
 from ..nvvm import I32, call_intrinsic, i32, lanewise, splat
 from . import mathlib
@@ -88,6 +88,10 @@ def _binary_scalar(op: BinaryOp, dtype: DType, b: ir.IRBuilder, x: ir.Value, y: 
         return call_intrinsic(b, name, x.type, [x, y])   # NaN-propagating, like numpy
     if op in _INT:
         return getattr(b, _INT[op])(x, y)
+    if op is BinaryOp.FLOORDIV:
+        return int_division.floor_divide(b, x, y)
+    if op is BinaryOp.MOD:
+        return int_division.remainder(b, x, y)
     return b.select(b.icmp_signed(">" if op is BinaryOp.MAX else "<", x, y), x, y)
 
 

@@ -23,7 +23,7 @@ from ..sizes import is_static
 
 
 _ARITHMETIC = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV, BinaryOp.POW, BinaryOp.MAX,
-                         BinaryOp.MIN})
+                         BinaryOp.MIN, BinaryOp.FLOORDIV, BinaryOp.MOD})
 """Binary ops whose meaning on bools would depend on the backend (LLVM's 1-bit add is xor): bool values
 use only comparisons and the logical ops."""
 

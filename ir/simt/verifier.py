@@ -139,6 +139,8 @@ def _check_binary(s: Binary, need: Need) -> None:
         need(s.op not in (BinaryOp.AND, BinaryOp.OR), lambda: f"{s.op.value} is on bool; use int ops for bits")
     if s.op is BinaryOp.DIV:
         need(a.is_float, "integer division is IntBinary div (truncating)")
+    if s.op in (BinaryOp.FLOORDIV, BinaryOp.MOD):
+        need(a.is_int, lambda: f"{s.op.value} is numpy's floored integer op: integers only")
     if s.op is BinaryOp.POW:
         need(a == float32, lambda: f"** of {a}: the GPU computes it in f32 only")
 

@@ -8,7 +8,7 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 
 | file            | ops                                                                  |
 |-----------------|----------------------------------------------------------------------|
-| elementwise.py  | + - * / ** neg abs exp exp2 log log2 sqrt rsqrt maximum minimum      |
+| elementwise.py  | + - * / // % ** neg abs exp exp2 log log2 sqrt rsqrt maximum minimum |
 |                 | comparisons, & | ^ ~ (on bools), logical_xor, where, astype          |
 | numeric.py      | floor ceil trunc rint round sign isnan isinf isfinite clip           |
 | reductions.py   | sum max min, matmul, topk                                            |
@@ -36,6 +36,7 @@ from .elementwise import (
     divide,
     equal,
     exp,
+    floor_divide,
     exp2,
     greater,
     greater_equal,
@@ -55,6 +56,7 @@ from .elementwise import (
     not_equal,
     power,
     power_operator,
+    remainder,
     rsqrt,
     sqrt,
     subtract,
@@ -69,6 +71,7 @@ UFUNC_OPERATORS: dict[np.ufunc, Callable] = {
     np.add: add, np.subtract: subtract, np.multiply: multiply, np.true_divide: divide, np.power: power,
     np.less: less, np.less_equal: less_equal, np.greater: greater, np.greater_equal: greater_equal,
     np.equal: equal, np.not_equal: not_equal, np.matmul: matmul,
+    np.floor_divide: floor_divide, np.remainder: remainder,
     # a numpy bool scalar on the left of & | ^ hands over numpy's bitwise ufuncs: on bools they are logical
     np.bitwise_and: logical_and, np.bitwise_or: logical_or, np.bitwise_xor: bitwise_xor,
 }
@@ -96,11 +99,12 @@ def _arguments_checked(fn: Callable) -> Callable:
     return op
 
 
-PUBLIC = ("abs", "add", "arange", "astype", "ceil", "clip", "divide", "equal", "exp", "exp2", "floor", "greater",
-          "greater_equal", "isfinite", "isinf", "isnan", "less", "less_equal", "log", "log2", "logical_and",
-          "logical_not", "logical_or", "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum", "multiply",
-          "negative", "not_equal", "power", "rint", "round", "rsqrt", "sign", "sqrt", "std", "subtract", "sum",
-          "swapaxes", "topk", "transpose", "trunc", "var", "where")
+PUBLIC = ("abs", "add", "arange", "astype", "ceil", "clip", "divide", "equal", "exp", "exp2", "floor",
+          "floor_divide", "greater", "greater_equal", "isfinite", "isinf", "isnan", "less", "less_equal",
+          "log", "log2", "logical_and", "logical_not", "logical_or", "logical_xor", "matmul", "max",
+          "maximum", "mean", "min", "minimum", "multiply", "negative", "not_equal", "power", "remainder",
+          "rint", "round", "rsqrt", "sign", "sqrt", "std", "subtract", "sum", "swapaxes", "topk", "transpose",
+          "trunc", "var", "where")
 """The ops `redfuser` exports (its namespace, README "Op subset")."""
 for _name in PUBLIC:
     globals()[_name] = _arguments_checked(globals()[_name])

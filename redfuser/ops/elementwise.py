@@ -127,6 +127,31 @@ def subtract(a, b):
     return _subtract(a, b)
 multiply = _binary(BinaryOp.MUL, np.multiply, "multiply")
 divide = _binary(BinaryOp.DIV, np.true_divide, "divide")
+def _integer_division(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
+    """numpy's ``//`` or ``%`` of integers (floored; a zero divisor gives 0, ``INT_MIN // -1`` wraps:
+    codegen/int_division.py). Of floats numpy has its own fmod-based rules; not in the subset yet."""
+    integers = _binary(op, np_fn, name)
+
+    def fn(a, b):
+        if not _traced(a, b):
+            return np_fn(a, b)
+        for x in (a, b):
+            _check_operand(name, x)
+        d = result_dtype(name, np_fn, a, b)
+        if not d.is_int:
+            raise UnsupportedError(f"{op.value} of {describe(a)} and {describe(b)} gives {d}: RedFuser has "
+                                   f"numpy's {op.value} of integers only (for floats write rf.floor(a / b)"
+                                   f"{' and a - b * rf.floor(a / b)' if op is BinaryOp.MOD else ''}, whose "
+                                   "rounding differs from numpy's at the edges)", op=name, loc=user_loc())
+        return integers(a, b)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"numpy's ``{name}`` (``{op.value}``) of integers: floored, 0 for a zero divisor."
+    return fn
+
+
+floor_divide = _integer_division(BinaryOp.FLOORDIV, np.floor_divide, "floor_divide")
+remainder = _integer_division(BinaryOp.MOD, np.remainder, "remainder")
 maximum = _binary(BinaryOp.MAX, np.maximum, "maximum")
 minimum = _binary(BinaryOp.MIN, np.minimum, "minimum")
 

@@ -10,10 +10,8 @@ from ..source_info import user_loc
 from ..tracer import Tracer
 
 
-UNSUPPORTED_OPERATORS: dict[str, str] = {
-    "floordiv": "//", "mod": "%", "divmod": "divmod()", "lshift": "<<", "rshift": ">>",
-}
-"""Python operators with no RedFuser op yet (numpy's integer floor semantics are not implemented)."""
+UNSUPPORTED_OPERATORS: dict[str, str] = {"divmod": "divmod()", "lshift": "<<", "rshift": ">>"}
+"""Python operators with no RedFuser op yet."""
 
 
 def _unsupported_operator(symbol: str):
@@ -57,6 +55,10 @@ def install_operators() -> None:
     Tracer.__pos__ = lambda self: self  # type: ignore[attr-defined]
     Tracer.__abs__ = lambda self: ops.abs(self)  # type: ignore[attr-defined]
     Tracer.__invert__ = lambda self: ops.invert(self)  # type: ignore[attr-defined]
+    Tracer.__floordiv__ = binary(ops.floor_divide)  # type: ignore[attr-defined]
+    Tracer.__rfloordiv__ = binary(ops.floor_divide, reflected=True)  # type: ignore[attr-defined]
+    Tracer.__mod__ = binary(ops.remainder)  # type: ignore[attr-defined]
+    Tracer.__rmod__ = binary(ops.remainder, reflected=True)  # type: ignore[attr-defined]
     Tracer.__xor__ = binary(ops.bitwise_xor)  # type: ignore[attr-defined]
     Tracer.__rxor__ = binary(ops.bitwise_xor, reflected=True)  # type: ignore[attr-defined]
     for name, symbol in UNSUPPORTED_OPERATORS.items():

@@ -123,6 +123,8 @@ RULES: dict[str, Rule] = {
     "mul_c": Rule(lambda a, p: a[0] * p[0], "{a} * {p0}", E, "arith"),
     "rmul_c": Rule(lambda a, p: p[0] * a[0], "{p0} * {a}", E, "arith"),
     "div_c": Rule(lambda a, p: a[0] / p[0], "{a} / {p0}", E, "arith"),
+    "floordiv_c": Rule(lambda a, p: a[0] // p[0], "{a} // {p0}", E, "exact"),    # integers only (the grammar)
+    "mod_c": Rule(lambda a, p: a[0] % p[0], "{a} % {p0}", E, "exact"),
     "gt_c": Rule(lambda a, p: a[0] > p[0], "{a} > {p0}", E, "exact", discontinuous=True),
     "le_c": Rule(lambda a, p: a[0] <= p[0], "{a} <= {p0}", E, "exact", discontinuous=True),
     "eq_c": Rule(lambda a, p: a[0] == p[0], "{a} == {p0}", E, "exact", discontinuous=True),

@@ -28,7 +28,8 @@ def unary(b: ProgramBuilder, a: str) -> bool:
                    ("rsub_c", (d.pick(INT_CONSTANTS),)), ("div_c", (d.pick((2, 3.0, -4)),)),
                    ("gt_c", (d.pick(INT_CONSTANTS),)), ("eq_c", (0,)), ("mul_c", (2.5,)), ("exp_safe", ()),
                    ("astype", ("bool_",)), ("floor", ()), ("rint", ()), ("sign", ()), ("isfinite", ()),
-                   ("clip_c", (d.pick(INT_CONSTANTS), d.pick(INT_CONSTANTS)))]
+                   ("clip_c", (d.pick(INT_CONSTANTS), d.pick(INT_CONSTANTS))),
+                   ("floordiv_c", (d.pick((2, -3, 16, 0)),)), ("mod_c", (d.pick((2, -3, 16, 0)),))]
     else:
         choices = [("neg", ()), ("abs", ()), ("exp_safe", ()), ("exp2_safe", ()), ("log_safe", ()),
                    ("log2_safe", ()), ("sqrt_safe", ()), ("rsqrt_safe", ()), ("square", ()),
