@@ -33,6 +33,8 @@ from . import ops as _ops
 from .ops import (
     abs,
     add,
+    all,
+    any,
     arange,
     astype,
     ceil,

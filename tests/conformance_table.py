@@ -172,6 +172,8 @@ OPS: list[Op] = [
     Op("var_ddof", "reduce", lambda x1, x37, x300, x3: x37.var(axis=-1, ddof=1, keepdims=True), length=37,
        **_ACCUMULATED),
     Op("std_all", "reduce", lambda x1, x37, x300, x3: rf.std(x37), length=259, **_ACCUMULATED),
+    Op("any_row", "reduce", lambda x1, x37, x300, x3: rf.any(x37, axis=-1)),
+    Op("all_axes", "reduce", lambda x1, x37, x300, x3: x3.all(axis=(0, 2), keepdims=True)),
     # -- matmul: a (2, 5, 37), b (37, 3), v (37,), w (2, 37, 3) ----------------------------------------
     Op("mm", "matmul", lambda a, b, v, w: a[0] @ b, length=37, scale=_abs_matmul(lambda i: i[0][0], lambda i: i[1]),
        **_ACCUMULATED),

@@ -152,3 +152,22 @@ def test_integer_floor_division_and_remainder_are_numpys(backend, dtype):
         assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
     q = np.arange(40, dtype=np.int32)
     assert np.array_equal(rf.kernel(block_causal, backend=backend)(q, q), block_causal(q, q))
+
+
+def any_and_all(x):
+    return rf.any(x, axis=-1), x.all(axis=-1), rf.any(x > 0.5, axis=0, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(3, 0), (0, 4), (4, 37)])
+def test_any_and_all_over_empty_and_special_rows(backend, shape):
+    """numpy's any/all: NaN counts as true, an empty axis gives False / True (max and min have no identity
+    there, so the op counts instead)."""
+    x = (RNG.standard_normal(shape) > 0.7).astype(np.float32)
+    if x.size:
+        x[1] = 0.0
+        x[2] = np.nan
+        x[3] = 1.0
+    got, want = rf.kernel(any_and_all, backend=backend)(x), any_and_all(x)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)

@@ -12,7 +12,7 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 |                 | comparisons, & | ^ ~ (on bools), logical_xor, where, astype          |
 | numeric.py      | floor ceil trunc rint round sign isnan isinf isfinite clip           |
 | reductions.py   | sum max min, matmul, topk                                            |
-| statistics.py   | mean var std (written with sum, as numpy's own _methods)             |
+| statistics.py   | mean var std any all (written with the IR's reductions, as numpy)   |
 | views.py        | swapaxes transpose, indexing, arange                                 |
 | common.py       | operand helpers shared by all                                        |
 | operators.py    | `Tracer`'s Python operators and methods, forwarded to the ops above  |
@@ -64,7 +64,7 @@ from .elementwise import (
 )
 from .numeric import ceil, clip, floor, isfinite, isinf, isnan, rint, round, sign, trunc
 from .reductions import matmul, max, min, normalize_axes, sum, topk
-from .statistics import mean, std, var
+from .statistics import all, any, mean, std, var
 from .views import arange, getitem, swapaxes, transpose
 
 UFUNC_OPERATORS: dict[np.ufunc, Callable] = {
@@ -99,12 +99,12 @@ def _arguments_checked(fn: Callable) -> Callable:
     return op
 
 
-PUBLIC = ("abs", "add", "arange", "astype", "ceil", "clip", "divide", "equal", "exp", "exp2", "floor",
-          "floor_divide", "greater", "greater_equal", "isfinite", "isinf", "isnan", "less", "less_equal",
-          "log", "log2", "logical_and", "logical_not", "logical_or", "logical_xor", "matmul", "max",
-          "maximum", "mean", "min", "minimum", "multiply", "negative", "not_equal", "power", "remainder",
-          "rint", "round", "rsqrt", "sign", "sqrt", "std", "subtract", "sum", "swapaxes", "topk", "transpose",
-          "trunc", "var", "where")
+PUBLIC = ("abs", "add", "all", "any", "arange", "astype", "ceil", "clip", "divide", "equal", "exp", "exp2",
+          "floor", "floor_divide", "greater", "greater_equal", "isfinite", "isinf", "isnan", "less",
+          "less_equal", "log", "log2", "logical_and", "logical_not", "logical_or", "logical_xor", "matmul",
+          "max", "maximum", "mean", "min", "minimum", "multiply", "negative", "not_equal", "power",
+          "remainder", "rint", "round", "rsqrt", "sign", "sqrt", "std", "subtract", "sum", "swapaxes", "topk",
+          "transpose", "trunc", "var", "where")
 """The ops `redfuser` exports (its namespace, README "Op subset")."""
 for _name in PUBLIC:
     globals()[_name] = _arguments_checked(globals()[_name])

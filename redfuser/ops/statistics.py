@@ -1,4 +1,9 @@
-"""``mean``, ``var`` and ``std``, written with ``sum`` the way numpy's own ``_methods`` computes them.
+"""``mean``, ``var``, ``std``, ``any`` and ``all``, written with the reductions the IR has, as numpy computes them.
+
+``any(x)`` is the max of ``x != 0`` over bools (logical or; ``!=`` is unordered, so NaN counts as true, as in
+numpy) and ``all(x)`` their min; over an empty axis, where max and min have no identity, they are
+``count(x != 0) > 0`` and ``count(x == 0) == 0`` (numpy's False and True).
+
 
 numpy accumulates integers and bools in float64; its ``mean`` (not ``var``) also float16 in float32,
 rounding the result back to f16; every other dtype in itself. Then
@@ -16,6 +21,7 @@ shape-polymorphic kernel (docs/shapes.md).
 """
 from __future__ import annotations
 
+import builtins
 import math
 import warnings
 
@@ -26,7 +32,9 @@ from ..ir import types as T
 from ..source_info import user_loc
 from ..tracer import Tracer
 from .common import _check_operand, _traced, describe, result_dtype
-from .elementwise import astype, divide, multiply, sqrt, subtract
+from .elementwise import astype, divide, equal, greater, multiply, not_equal, sqrt, subtract
+from .reductions import max as _max
+from .reductions import min as _min
 from .reductions import normalize_axes, sum as _sum
 
 
@@ -92,3 +100,29 @@ def std(x, axis=None, ddof=0, keepdims=False):
     if not _traced(x):
         return np.std(x, axis=axis, ddof=ddof, keepdims=keepdims)
     return sqrt(_var(x, axis, ddof, keepdims, "std"))
+
+
+def _logical(op: str, x, axis: object, keepdims: bool) -> Tracer:
+    _check_operand(op, x)
+    dims = normalize_axes(op, x, axis)
+    result_dtype(op, lambda v: getattr(np, op)(v, axis=dims), x)
+    if builtins.any(x.shape[d] == 0 for d in dims):   # no identity for max/min: count instead (module docstring)
+        if op == "any":
+            return greater(_sum(not_equal(x, 0), axis=dims, keepdims=keepdims), 0)
+        return equal(_sum(equal(x, 0), axis=dims, keepdims=keepdims), 0)
+    truth = x if x.ir_dtype.is_bool else not_equal(x, 0)
+    return (_max if op == "any" else _min)(truth, axis=dims, keepdims=keepdims)
+
+
+def any(x, axis=None, keepdims=False):  # noqa: A001 - numpy's name
+    """numpy's ``any``: whether some element along `axis` is nonzero (NaN is)."""
+    if not _traced(x):
+        return np.any(x, axis=axis, keepdims=keepdims)
+    return _logical("any", x, axis, keepdims)
+
+
+def all(x, axis=None, keepdims=False):  # noqa: A001 - numpy's name
+    """numpy's ``all``: whether every element along `axis` is nonzero (NaN is)."""
+    if not _traced(x):
+        return np.all(x, axis=axis, keepdims=keepdims)
+    return _logical("all", x, axis, keepdims)
