@@ -36,6 +36,8 @@ from .ops import (
     all,
     any,
     arange,
+    argmax,
+    argmin,
     astype,
     ceil,
     clip,

@@ -172,6 +172,8 @@ OPS: list[Op] = [
     Op("var_ddof", "reduce", lambda x1, x37, x300, x3: x37.var(axis=-1, ddof=1, keepdims=True), length=37,
        **_ACCUMULATED),
     Op("std_all", "reduce", lambda x1, x37, x300, x3: rf.std(x37), length=259, **_ACCUMULATED),
+    Op("argmax_row", "reduce", lambda x1, x37, x300, x3: rf.argmax(x37, axis=-1)),
+    Op("argmin_axis0", "reduce", lambda x1, x37, x300, x3: x3.argmin(axis=0, keepdims=True)),
     Op("any_row", "reduce", lambda x1, x37, x300, x3: rf.any(x37, axis=-1)),
     Op("all_axes", "reduce", lambda x1, x37, x300, x3: x3.all(axis=(0, 2), keepdims=True)),
     # -- matmul: a (2, 5, 37), b (37, 3), v (37,), w (2, 37, 3) ----------------------------------------
@@ -272,7 +274,7 @@ DIVERGENCES: list[Divergence] = [
       for name in ("exp", "exp2", "log", "log2")),
     *(Divergence(name, ("i64",), COMPILED, "top-k of int64 is not compiled (the ranking key is a float64, "
                  "which rounds int64): the kernel raises BackendError", raises=rf.BackendError)
-      for name in ("topk_1", "topk_4", "topk_axis0", "topk_full")),
+      for name in ("topk_1", "topk_4", "topk_axis0", "topk_full", "argmax_row", "argmin_axis0")),
     Divergence("var_ddof", ("f16",), BACKENDS, _NARROW_SUM, affected=_narrow_overflow, gives=_in_f32,
                within=DTYPES["f16"]),
     *(Divergence(name, ("e4m3",), BACKENDS, "numpy adds e4m3 values in e4m3 (NaN past 448), a kernel in f32: "

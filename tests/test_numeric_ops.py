@@ -171,3 +171,25 @@ def test_any_and_all_over_empty_and_special_rows(backend, shape):
     got, want = rf.kernel(any_and_all, backend=backend)(x), any_and_all(x)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
+
+
+def greedy_token(logits):
+    m = rf.max(logits, axis=-1, keepdims=True)
+    p = rf.exp(logits - m) / rf.sum(rf.exp(logits - m), axis=-1, keepdims=True)
+    return rf.argmax(p, axis=-1), rf.max(p, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_argmax_of_a_softmax_is_numpys_first_index(backend):
+    """Greedy decoding: the first index of the largest probability (ties and NaN rows as numpy's argmax)."""
+    x = np.round(RNG.standard_normal((6, 257)) * 2).astype(np.float32)   # many ties
+    x[2, 5] = np.nan
+    with np.errstate(all="ignore"):
+        got, want = rf.kernel(greedy_token, backend=backend)(x), greedy_token(x)
+    assert got[0].dtype == want[0].dtype and np.array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+
+
+def test_argmax_without_an_axis_of_a_matrix_is_refused():
+    with pytest.raises(rf.UnsupportedError, match="pass an axis"):
+        rf.kernel(lambda x: rf.argmax(x), backend="interpret")(np.ones((2, 3), np.float32))

@@ -13,6 +13,7 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 | numeric.py      | floor ceil trunc rint round sign isnan isinf isfinite clip           |
 | reductions.py   | sum max min, matmul, topk                                            |
 | statistics.py   | mean var std any all (written with the IR's reductions, as numpy)   |
+| argextrema.py   | argmax argmin (written with topk)                                    |
 | views.py        | swapaxes transpose, indexing, arange                                 |
 | common.py       | operand helpers shared by all                                        |
 | operators.py    | `Tracer`'s Python operators and methods, forwarded to the ops above  |
@@ -62,6 +63,7 @@ from .elementwise import (
     subtract,
     where,
 )
+from .argextrema import argmax, argmin
 from .numeric import ceil, clip, floor, isfinite, isinf, isnan, rint, round, sign, trunc
 from .reductions import matmul, max, min, normalize_axes, sum, topk
 from .statistics import all, any, mean, std, var
@@ -99,12 +101,12 @@ def _arguments_checked(fn: Callable) -> Callable:
     return op
 
 
-PUBLIC = ("abs", "add", "all", "any", "arange", "astype", "ceil", "clip", "divide", "equal", "exp", "exp2",
-          "floor", "floor_divide", "greater", "greater_equal", "isfinite", "isinf", "isnan", "less",
-          "less_equal", "log", "log2", "logical_and", "logical_not", "logical_or", "logical_xor", "matmul",
-          "max", "maximum", "mean", "min", "minimum", "multiply", "negative", "not_equal", "power",
-          "remainder", "rint", "round", "rsqrt", "sign", "sqrt", "std", "subtract", "sum", "swapaxes", "topk",
-          "transpose", "trunc", "var", "where")
+PUBLIC = ("abs", "add", "all", "any", "arange", "argmax", "argmin", "astype", "ceil", "clip", "divide",
+          "equal", "exp", "exp2", "floor", "floor_divide", "greater", "greater_equal", "isfinite", "isinf",
+          "isnan", "less", "less_equal", "log", "log2", "logical_and", "logical_not", "logical_or",
+          "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum", "multiply", "negative",
+          "not_equal", "power", "remainder", "rint", "round", "rsqrt", "sign", "sqrt", "std", "subtract",
+          "sum", "swapaxes", "topk", "transpose", "trunc", "var", "where")
 """The ops `redfuser` exports (its namespace, README "Op subset")."""
 for _name in PUBLIC:
     globals()[_name] = _arguments_checked(globals()[_name])
