@@ -492,3 +492,19 @@ def test_a_prefetched_first_tile_of_a_loop_that_may_not_run_is_not_read():
     assert k.cache_info().currsize == 2 and k.polymorphism == {}   # the second is the symbolic class
     want = rf.kernel(normalized_columns_times, backend="simulate", prefetch=True, dynamic=False)(x1_later, x2_later)
     np.testing.assert_array_equal(got, want)
+
+
+def test_the_oracle_takes_a_bitwise_and_a_later_scalar_makes_as_a_user_error():
+    """Long campaign at 4aeccef (seed 1), example 13216: ``x & s0`` style steps on bools with the static ``s0``
+    run ``False`` then ``0``: at ``0`` numpy's ``&`` is a bitwise and of integers, outside RedFuser's subset
+    (``&`` is logical and), refused with a DTypeError. The oracle judged the refusal a failure, as it did
+    for ``~`` (5236c05); such a call is now marked unsupported."""
+    from redfuser.testing.program import Arg, Node, Program
+    from redfuser.testing.program_data import ArrayData
+    from redfuser.testing.program_oracle import reference
+
+    b = Arg(ArrayData("bool", (3,), values=(True, False, True)))
+    calls = tuple((b, Arg(scalar=s)) for s in (False, True, 0))
+    program = Program(("x0", "s0"), (Node(("v0",), "and", ("x0", "s0")),), ("v0",), calls)
+    assert "(bitwise)" in reference(program, 2).unsupported and not reference(program, 0).unsupported
+    assert judged(program, "cpu") == []

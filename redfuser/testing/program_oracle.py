@@ -188,6 +188,13 @@ def reference(program: Program, call: int, backend: str = "cpu") -> Reference:
                        if n.op == "not" and env[n.args[0]].dtype != np.bool_})
     if inverted:
         unsupported = ", ".join(filter(None, [unsupported, f"~ of {', '.join(inverted)} (bitwise not)"]))
+    # likewise & and | with an integer operand (numpy's bitwise and/or), reached the same way (False, then 0)
+    dtype_of = lambda v: v.dtype  # noqa: E731
+    bitwise = sorted({f"{'&' if n.op == 'and' else '|'} of {dtype_of(env[n.args[0]])} and {dtype_of(env[n.args[1]])}"
+                      for n in program.nodes if n.op in ("and", "or")
+                      and (dtype_of(env[n.args[0]]) != np.bool_ or dtype_of(env[n.args[1]]) != np.bool_)})
+    if bitwise:
+        unsupported = ", ".join(filter(None, [unsupported, f"{', '.join(bitwise)} (bitwise)"]))
     if not masked:
         return Reference(outputs, unsupported=unsupported)
     plain = [np.ma.getdata(a) if isinstance(a, np.ma.MaskedArray) else a for a in args]
