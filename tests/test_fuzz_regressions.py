@@ -508,3 +508,19 @@ def test_the_oracle_takes_a_bitwise_and_a_later_scalar_makes_as_a_user_error():
     program = Program(("x0", "s0"), (Node(("v0",), "and", ("x0", "s0")),), ("v0",), calls)
     assert "(bitwise)" in reference(program, 2).unsupported and not reference(program, 0).unsupported
     assert judged(program, "cpu") == []
+
+
+def test_the_oracle_takes_a_float_remainder_a_later_scalar_makes_as_a_user_error():
+    """Long campaign at e8c19a3 (seed 1), examples 3355, 7642, 9090, 13225: ``(x0 + s0) % 2`` with the static
+    ``s0`` run ``2`` then ``2.0``: the operand becomes float64 and numpy's float ``%`` is outside the subset
+    (refused with an UnsupportedError that says so); such a call is unsupported, not a failure."""
+    from redfuser.testing.program import Arg, Node, Program
+    from redfuser.testing.program_data import ArrayData
+    from redfuser.testing.program_oracle import reference
+
+    x = Arg(ArrayData("int32", (4,), values=(5, -7, 0, 3)))
+    calls = tuple((x, Arg(scalar=s)) for s in (2, 2.0))
+    program = Program(("x0", "s0"), (Node(("v0",), "add", ("x0", "s0")), Node(("v1",), "mod_c", ("v0",), (2,)),
+                                     Node(("v2",), "floordiv_c", ("v0",), (-3,))), ("v1", "v2"), calls)
+    assert not reference(program, 0).unsupported and "(floats)" in reference(program, 1).unsupported
+    assert judged(program, "cpu") == []
