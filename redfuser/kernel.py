@@ -36,6 +36,17 @@ def _user_facing(method: Callable) -> Callable:
     return wrapper
 
 
+class _FastPath(NamedTuple):
+    """What a cached call needs of its specialization (`Kernel._fast`), decided once when it was made."""
+
+    lowered: Lowered
+    run: "backends.Executable"
+    host: bool                    # a host backend (numpy views of the arrays)
+    numpy_only: bool              # the key's arrays are all numpy arrays (no torch tensors)
+    dense: Callable | None        # the executable's `call_dense`, where it has one and `numpy_only`
+    only_arrays: bool             # no static arguments: the call's arguments are its arrays
+
+
 class CacheInfo(NamedTuple):
     """`Kernel.cache_info`'s answer, shaped like `functools.lru_cache`'s."""
 
@@ -74,13 +85,12 @@ class Kernel:
         self.backend = backend
         self._cache: dict[tuple, tuple[Lowered, backends.Executable]] = {}
         self._hits = self._misses = 0
-        # `_fast_key` of a call -> (lowered, executable, host backend?, numpy arrays only?, the executable's
-        # `call_dense` where it has one and they are, no static arguments?): the call path of a specialization already made, for
-        # calls whose arguments need no checks beyond what the key says
-        self._fast: dict[tuple, tuple] = {}
+        # `_fast_key` of a call -> its `_FastPath`: the call path of a specialization already made, for calls
+        # whose arguments need no checks beyond what the key says
+        self._fast: dict[tuple, _FastPath] = {}
         # the same for shape classes: the symbolic axes (argument position, axis) of each class made ->
         # `_class_key` of a call -> (its call path as in `_fast`, each symbol's guard in the class's order)
-        self._classes: dict[frozenset, dict[tuple, tuple[tuple, tuple[int, ...]]]] = {}
+        self._classes: dict[frozenset, dict[tuple, tuple[_FastPath, tuple[int, ...]]]] = {}
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -163,7 +173,7 @@ class Kernel:
             return entry[0], entry[1]
         return None
 
-    def _remember_class(self, lowered: Lowered, args: tuple, backend_key: object, path: tuple) -> None:
+    def _remember_class(self, lowered: Lowered, args: tuple, backend_key: object, path: "_FastPath") -> None:
         """Keep the call path of a shape class for `_class_path` (calls by position, plain arrays)."""
         plan = lowered.shapes
         assert plan is not None
@@ -179,7 +189,7 @@ class Kernel:
             table.clear()
         table[key] = (path, tuple(guards.get(name, 0) for name, _ in plan.symbols))
 
-    def _class_path(self, args: tuple, backend_key: object) -> tuple | None:
+    def _class_path(self, args: tuple, backend_key: object) -> "_FastPath | None":
         """The call path of a shape class made before whose class this call (plain arrays, by position) is in
         and whose guards its lengths meet; None to take the full path."""
         for symbolic, table in self._classes.items():
@@ -252,7 +262,7 @@ class Kernel:
                 self._fast.clear()      # a shape-polymorphic kernel sees many shapes: keep the table small
             numpy_only = all(type(a) is np.ndarray for a in passed)
             dense = getattr(run, "call_dense", None) if host and numpy_only else None
-            path = (lowered, run, host, numpy_only, dense, len(passed) == len(args))
+            path = _FastPath(lowered, run, host, numpy_only, dense, len(passed) == len(args))
             self._fast[fast_key] = path    # (each array read in place: no copy to redo)
             if lowered.shapes is not None:
                 self._remember_class(lowered, args, fast_key[0], path)

@@ -41,8 +41,7 @@ def _data_field_offset() -> int | None:
     probes = _probes()
     want = [_interface_address(p) for p in probes]
     for offset in range(_POINTER, 8 * _POINTER, _POINTER):   # after the header's reference count, at least
-        if all(_load(id(p) + offset).value == w or (w == 0 and not _load(id(p) + offset).value)
-               for p, w in zip(probes, want)):
+        if all((_load(id(p) + offset).value or 0) == w for p, w in zip(probes, want)):
             return offset
     return None
 

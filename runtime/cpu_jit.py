@@ -269,24 +269,28 @@ class CpuProgram:
         and the program's shapes static. Anything else goes to `__call__`."""
         if not self._dense:
             return self(arrays, outputs)
-        memory = list(arrays)
-        if outputs is not None:
-            memory += outputs
-            for shape, dtype in self._made[self._n_out:]:
-                memory.append(np.empty(shape, dtype))
-        else:
-            for shape, dtype in self._made:
-                memory.append(np.empty(shape, dtype))
-        address = [data_address(m) for m in memory]
-        inline = self._small_stack and threading.get_ident() == _MAIN_THREAD
-        for fn, params, programs, _ in self._kernels:
-            args = [address[i] for i in params]
-            if inline and programs == 1:
-                fn(*args, None, 0, 1)     # one program instance: handing it to a worker costs more than it runs
-            else:
-                self.pool.run(fn, (*args, None), programs)
+        memory = list(arrays) + (list(outputs) if outputs is not None else [])
+        for shape, dtype in self._made[len(memory) - len(arrays):]:
+            memory.append(np.empty(shape, dtype))
+        self._launch(memory, None)
         first = len(arrays)
         return tuple(memory[first:first + self._n_out])
+
+    def _launch(self, memory: list, values: dict[str, int] | None) -> None:
+        """Run every kernel on the buffers `memory` (inputs, outputs, scratch), a shape-polymorphic one's
+        run-time lengths from `values`."""
+        address = [data_address(m) for m in memory]
+        inline = self._small_stack and threading.get_ident() == _MAIN_THREAD
+        for fn, params, programs, sizes in self._kernels:
+            size_array = None
+            if sizes:
+                size_array = np.array([evaluate(n, values) for n in sizes], dtype=np.int64)
+                programs = evaluate(programs, values)
+            args = tuple(address[i] for i in params) + (data_address(size_array) if size_array is not None else None,)
+            if inline and programs == 1:
+                fn(*args, 0, 1)        # one program instance: handing it to a worker costs more than it runs
+            else:
+                self.pool.run(fn, args, programs)
 
     writes_outputs = True
     """`__call__` takes arrays to write the results into (``kernel(..., out=...)``)."""
@@ -305,18 +309,7 @@ class CpuProgram:
                 memory.append(target)
             else:
                 memory.append(np.empty(concrete(shape, values) if values else shape, dtype=dtype))
-        address = [data_address(m) for m in memory]
-        inline = self._small_stack and threading.get_ident() == _MAIN_THREAD
-        for fn, params, programs, sizes in self._kernels:
-            size_array = None
-            if sizes:
-                size_array = np.array([evaluate(n, values) for n in sizes], dtype=np.int64)
-                programs = evaluate(programs, values)
-            args = tuple(address[i] for i in params) + (data_address(size_array) if size_array is not None else None,)
-            if inline and programs == 1:
-                fn(*args, 0, 1)        # one program instance: handing it to a worker costs more than it runs
-            else:
-                self.pool.run(fn, args, programs)
+        self._launch(memory, values)
         first = len(arrays)
         results = memory[first:first + n_out]
         if outputs is not None:

@@ -89,7 +89,7 @@ class Decomposition:
     factors: tuple[Expr | None, ...]
     addend: Expr | None = None
     written: Expr | None = None              # an additive max/min's final value as the body computes it, with
-                                             # the accumulator in place of G (`_additive_as_written`)
+                                             # the accumulator in place of G (`_one_atom`)
     expanded: bool = False                   # distributing created several terms (may cancel numerically)
     conditions: tuple[Expr, ...] = ()        # conditions of wheres taken apart as where(c(x), G1, G2)·H(y)
     rounded: tuple[tuple[Expr, Expr], ...] = ()  # narrowing casts: (G's cast, the cast the loop evaluates)

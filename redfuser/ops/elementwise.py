@@ -127,6 +127,8 @@ def subtract(a, b):
     return _subtract(a, b)
 multiply = _binary(BinaryOp.MUL, np.multiply, "multiply")
 divide = _binary(BinaryOp.DIV, np.true_divide, "divide")
+
+
 def _integer_division(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
     """numpy's ``//`` or ``%`` of integers (floored; a zero divisor gives 0, ``INT_MIN // -1`` wraps:
     codegen/int_division.py). Of floats numpy has its own fmod-based rules; not in the subset yet."""
@@ -152,6 +154,8 @@ def _integer_division(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
 
 floor_divide = _integer_division(BinaryOp.FLOORDIV, np.floor_divide, "floor_divide")
 remainder = _integer_division(BinaryOp.MOD, np.remainder, "remainder")
+
+
 maximum = _binary(BinaryOp.MAX, np.maximum, "maximum")
 minimum = _binary(BinaryOp.MIN, np.minimum, "minimum")
 

@@ -54,6 +54,7 @@ def round(x, decimals: int = 0):  # noqa: A001 - numpy's name
         return np.round(x, decimals)
     if not isinstance(decimals, int) or isinstance(decimals, bool):
         raise UnsupportedError(f"decimals must be an int, got {decimals!r}", op="round", loc=user_loc())
+
     def numpy_round(v):
         return np.round(v, decimals)
 
@@ -129,8 +130,11 @@ def _not_nan(v: Expr) -> Expr:
     return Binary(BinaryOp.EQ, v, v, T.bool_)
 
 
-isnan = _classify("isnan", np.isnan, lambda v: Binary(BinaryOp.NE, v, v, T.bool_), False,
-                  lambda v: Binary(BinaryOp.NE, v, v, T.bool_))
+def _nan(v: Expr) -> Expr:
+    return Binary(BinaryOp.NE, v, v, T.bool_)
+
+
+isnan = _classify("isnan", np.isnan, _nan, False, _nan)
 isinf = _classify("isinf", np.isinf,
                   lambda v: Binary(BinaryOp.EQ, _magnitude(v), constant(np.inf, v.dtype), T.bool_), False,
                   lambda v: constant(False, T.bool_))

@@ -182,23 +182,9 @@ def reference(program: Program, call: int, backend: str = "cpu") -> Reference:
         return Reference(error=err, masked=masked)
     outputs = tuple(env[o] for o in program.outputs)
     unsupported = ", ".join(sorted({str(v.dtype) for v in env.values() if v.dtype not in SUPPORTED}))
-    # `~` is logical not in RedFuser's subset; numpy's bitwise not of integers (reached when a later call's
-    # static scalar promotes a bool operand to int: False, then 0) is a documented user error
-    inverted = sorted({str(env[n.args[0]].dtype) for n in program.nodes
-                       if n.op == "not" and env[n.args[0]].dtype != np.bool_})
-    if inverted:
-        unsupported = ", ".join(filter(None, [unsupported, f"~ of {', '.join(inverted)} (bitwise not)"]))
-    # likewise & and | with an integer operand (numpy's bitwise and/or), reached the same way (False, then 0)
-    dtype_of = lambda v: v.dtype  # noqa: E731
-    bitwise = sorted({f"{'&' if n.op == 'and' else '|'} of {dtype_of(env[n.args[0]])} and {dtype_of(env[n.args[1]])}"
-                      for n in program.nodes if n.op in ("and", "or")
-                      and (dtype_of(env[n.args[0]]) != np.bool_ or dtype_of(env[n.args[1]]) != np.bool_)})
-    # // and % of floats (a later call's static float makes an integer operand float) are not in the subset
-    bitwise += sorted({f"{'//' if n.op == 'floordiv_c' else '%'} of {dtype_of(env[n.args[0]])} (floats)"
-                       for n in program.nodes if n.op in ("floordiv_c", "mod_c")
-                       and dtype_of(env[n.args[0]]).kind == "f"})
-    if bitwise:
-        unsupported = ", ".join(filter(None, [unsupported, f"{', '.join(bitwise)} (bitwise)"]))
+    outside = _outside_the_subset(program, env)
+    if outside:
+        unsupported = ", ".join(filter(None, [unsupported, ", ".join(outside)]))
     if not masked:
         return Reference(outputs, unsupported=unsupported)
     plain = [np.ma.getdata(a) if isinstance(a, np.ma.MaskedArray) else a for a in args]
@@ -293,6 +279,23 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
     return Value(ref, wide, exact, np.broadcast_to(np.asarray(err, np.float64), shape),
                  np.broadcast_to(unsure, shape), zsign, mag, expanded, extremum,
                  np.broadcast_to(expansion, shape), np.broadcast_to(limit, shape))
+
+
+def _outside_the_subset(program: Program, env: dict) -> list[str]:
+    """Steps numpy computes that RedFuser refuses by design (documented user errors), reached when a later
+    call's static scalar changes an operand's dtype (``False``, then ``0``; ``2``, then ``2.0``): ``~``, ``&``
+    and ``|`` of integers (numpy's bitwise ops; RedFuser's are logical, on bools), ``//`` and ``%`` of floats
+    (RedFuser's are the integer ones)."""
+    found = set()
+    for n in program.nodes:
+        dtypes = [env[a].dtype for a in n.args]
+        if n.op == "not" and dtypes[0] != np.bool_:
+            found.add(f"~ of {dtypes[0]} (bitwise not)")
+        elif n.op in ("and", "or") and any(dt != np.bool_ for dt in dtypes):
+            found.add(f"{'&' if n.op == 'and' else '|'} of {dtypes[0]} and {dtypes[1]} (bitwise)")
+        elif n.op in ("floordiv_c", "mod_c") and dtypes[0].kind == "f":
+            found.add(f"{'//' if n.op == 'floordiv_c' else '%'} of {dtypes[0]} (floats)")
+    return sorted(found)
 
 
 def _lossy_cast(node, ins: list[Value], dt: np.dtype) -> bool:
