@@ -193,3 +193,16 @@ def test_argmax_of_a_softmax_is_numpys_first_index(backend):
 def test_argmax_without_an_axis_of_a_matrix_is_refused():
     with pytest.raises(rf.UnsupportedError, match="pass an axis"):
         rf.kernel(lambda x: rf.argmax(x), backend="interpret")(np.ones((2, 3), np.float32))
+
+
+def chunk_ids(i):
+    return i // 3 % 2, (i % 5) // 2, i // (i % 5 + 1)
+
+
+def test_every_stage_of_a_kernel_with_floor_division_prints():
+    """The Loop IR printer knew no precedence for ``//`` and ``%`` (a KeyError printing the stages, found
+    reading the change): they print as Python writes them, parenthesized where the order needs it."""
+    lowered = rf.kernel(chunk_ids, backend="simulate").lower(np.arange(8, dtype=np.int32))
+    fused = str(lowered.stages["fused"])
+    assert "i[i0] // 3 % 2" in fused and "i[i0] % 5 // 2" in fused and "i[i0] // (i[i0] % 5 + 1)" in fused
+    assert "kernel" in str(lowered)      # every stage prints

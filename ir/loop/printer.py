@@ -24,7 +24,7 @@ _PREC = {
     BinaryOp.AND: 2,
     BinaryOp.LT: 3, BinaryOp.LE: 3, BinaryOp.GT: 3, BinaryOp.GE: 3, BinaryOp.EQ: 3, BinaryOp.NE: 3,
     BinaryOp.ADD: 4, BinaryOp.SUB: 4,
-    BinaryOp.MUL: 5, BinaryOp.DIV: 5,
+    BinaryOp.MUL: 5, BinaryOp.DIV: 5, BinaryOp.FLOORDIV: 5, BinaryOp.MOD: 5,
     BinaryOp.POW: 7,
 }
 _NEG_PREC = 6
