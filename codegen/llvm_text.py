@@ -407,10 +407,10 @@ class TextBuilder:
         return self._cmp("icmp", pred if pred in ("eq", "ne") else "u" + pred, a, b, name)
 
     def fcmp_ordered(self, op: str, a, b, name: str = ""):
-        return self._cmp("fcmp", "o" + _CMP[op], a, b, name)
+        return self._cmp("fcmp", op if op == "ord" else "o" + _CMP[op], a, b, name)
 
     def fcmp_unordered(self, op: str, a, b, name: str = ""):
-        return self._cmp("fcmp", "u" + _CMP[op], a, b, name)
+        return self._cmp("fcmp", op if op == "uno" else "u" + _CMP[op], a, b, name)
 
     def select(self, cond, a, b, name: str = ""):
         return self._value(a.type, name, f"select {_typed(cond)}, {_typed(a)}, {_typed(b)}")
@@ -442,6 +442,9 @@ class TextBuilder:
 
     def sitofp(self, x, typ, name: str = ""):
         return self._cast("sitofp", x, typ, name)
+
+    def fptosi(self, x, typ, name: str = ""):
+        return self._cast("fptosi", x, typ, name)
 
     def uitofp(self, x, typ, name: str = ""):
         return self._cast("uitofp", x, typ, name)

@@ -32,14 +32,24 @@ class UnaryOp(enum.Enum):
     CEIL = "ceil"
     TRUNC = "trunc"
     RINT = "rint"           # to the nearest integer, ties to even (numpy's rint and round)
+    TANH = "tanh"
+    EXPM1 = "expm1"
+    LOG1P = "log1p"
+    ERF = "erf"             # not a numpy ufunc: math.erf elementwise (computed in float64, see UNARY_FUNCS)
+    SIN = "sin"
+    COS = "cos"
     NOT = "not"
 
 
 ROUNDING = frozenset({UnaryOp.FLOOR, UnaryOp.CEIL, UnaryOp.TRUNC, UnaryOp.RINT})
 """The ops that round a float to an integral value of the same type (exact: no rounding error of their own)."""
 
-TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2})
-"""The unary ops a GPU computes in f32 only (from ``ex2``/``lg2``)."""
+WIDE_MATH = frozenset({UnaryOp.TANH, UnaryOp.EXPM1, UnaryOp.LOG1P, UnaryOp.ERF, UnaryOp.SIN, UnaryOp.COS})
+"""The functions whose f32 form the code generators take from `codegen/wide_math.py` (evaluated in f64, at
+most 1 ulp on the whole f32 range)."""
+
+TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2}) | WIDE_MATH
+"""The unary ops a GPU computes in f32 only (from ``ex2``/``lg2``, or `WIDE_MATH`'s f32 forms)."""
 
 F32_TINY = 2.0 ** -126
 """f32's smallest normal number: `UnaryOp.EXP2_FTZ` flushes results below it to 0."""
@@ -97,6 +107,14 @@ class ReduceOp(enum.Enum):
         return int(info.min) if self is ReduceOp.MAX else int(info.max)
 
 
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function of each element, computed in float64 (``math.erf``) and returned in `x`'s float
+    dtype (numpy has no ``erf``; this is what ``scipy.special.erf`` gives for f32 and f64)."""
+    x = np.asarray(x)
+    wide = np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)) if x.size else x.astype(np.float64)
+    return wide.astype(x.dtype)
+
+
 def _flush_tiny(r: np.ndarray) -> np.ndarray:
     """`r` with values below f32's smallest normal (2**-126) made +0 (`UnaryOp.EXP2_FTZ`; NaN stays)."""
     return np.where(r < F32_TINY, np.zeros_like(r), r)
@@ -116,6 +134,12 @@ UNARY_FUNCS: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.CEIL: np.ceil,
     UnaryOp.TRUNC: np.trunc,
     UnaryOp.RINT: np.rint,
+    UnaryOp.TANH: np.tanh,
+    UnaryOp.EXPM1: np.expm1,
+    UnaryOp.LOG1P: np.log1p,
+    UnaryOp.ERF: erf,
+    UnaryOp.SIN: np.sin,
+    UnaryOp.COS: np.cos,
     UnaryOp.NOT: np.logical_not,
 }
 """What each unary op computes, elementwise on a numpy array."""

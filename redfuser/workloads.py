@@ -127,6 +127,27 @@ def flash_attention_bf16(q, k, v):
     return ((p / l).astype(rf.bfloat16) @ v.astype(rf.float32)).astype(rf.bfloat16)
 
 
+def softcap_attention(q, k, v):
+    """Attention with logit soft-capping (Gemma 2: ``cap * tanh(s / cap)``, cap 50) before the safe softmax.
+
+    The cap is elementwise in the scores, so the softmax and the value GEMM still fuse into one pass."""
+    s = (q @ rf.swapaxes(k, -1, -2)) * (1.0 / q.shape[-1] ** 0.5)
+    s = 50.0 * rf.tanh(s / 50.0)
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l) @ v
+
+
+def gelu_mlp(x, w1, w2):
+    """A GELU MLP block (exact GELU, ``x Phi(x)`` with ``erf``) and the RMS of its output rows: the GEMM's
+    epilogue is elementwise, the mean of squares a reduction over the second GEMM's rows."""
+    h = x @ w1
+    g = 0.5 * h * (1.0 + rf.erf(h * (1.0 / 2.0 ** 0.5)))
+    y = g @ w2
+    return y, rf.sqrt(rf.mean(y * y, axis=-1))
+
+
 @dataclass(frozen=True)
 class Workload:
     """A reference kernel and example inputs for it."""
@@ -146,6 +167,11 @@ def _rows(shape: tuple[int, ...]) -> Callable[[np.random.Generator], tuple[np.nd
 WORKLOADS: dict[str, Workload] = {
     "attention": Workload(attention, _qkv((2, 4, 128, 64))),
     "causal_attention": Workload(causal_attention, _qkv((2, 4, 128, 64))),
+    "softcap_attention": Workload(softcap_attention, lambda rng: tuple(
+        (rng.standard_normal((2, 4, 128, 64)) * 6).astype(np.float32) for _ in range(3))),
+    "gelu_mlp": Workload(gelu_mlp, lambda rng: (rng.standard_normal((64, 96)).astype(np.float32),
+                                                (rng.standard_normal((96, 160)) / 10).astype(np.float32),
+                                                (rng.standard_normal((160, 48)) / 12).astype(np.float32))),
     "softmax": Workload(softmax, _rows((64, 1000))),
     "log_softmax": Workload(log_softmax, _rows((64, 1000))),
     "softmax_entropy": Workload(softmax_entropy, _rows((64, 1000))),

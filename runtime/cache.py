@@ -248,11 +248,11 @@ class CompileCache:
         if reason is None:
             self.put(key, payload, meta)
             return
-        # Our own compiler's output fails our own check: the check (or the compiler) is wrong. Keep the
-        # artifact for this process, as before the check existed, but never write what cannot be read back.
-        self._remember(key, payload)
-        _warn(f"RedFuser compile cache: the {describe or key.describe} just built fails its load check "
-              f"({reason}); using it without caching it on disk (please report this)")
+        # Our own compiler's output fails our own check. The check exists because loading such code can
+        # crash the process (an unresolvable symbol is a call to address 0), so it is not used either: an
+        # error the user can report beats a segfault.
+        raise InternalError(f"the {describe or key.describe} just built fails its load check ({reason}); "
+                            "RedFuser does not load it, since that could crash the process (please report this)")
 
     # -- storing ---------------------------------------------------------------------------------
 

@@ -106,6 +106,12 @@ OPS: list[Op] = [
     Op("isnan", "unary", lambda x: rf.isnan(x)),
     Op("isinf", "unary", lambda x: rf.isinf(x)),
     Op("isfinite", "unary", lambda x: rf.isfinite(x)),
+    Op("tanh", "unary", lambda x: rf.tanh(x)),
+    Op("sin", "unary", lambda x: rf.sin(x)),
+    Op("cos", "unary", lambda x: rf.cos(x)),
+    Op("expm1", "unary", lambda x: rf.expm1(x)),
+    Op("log1p", "unary", lambda x: rf.log1p(x)),
+    Op("erf", "unary", lambda x: rf.erf(x)),
     # -- binary (x: (29, 1), y: (131,), broadcast to every pair; c: a bool condition) ------------------
     Op("add", "binary", lambda x, y, c: x + y),
     Op("sub", "binary", lambda x, y, c: x - y, NOT_BOOL, errors=("bool",), error_op=("subtract",)),
@@ -114,6 +120,7 @@ OPS: list[Op] = [
     Op("maximum", "binary", lambda x, y, c: rf.maximum(x, y), signed_zeros=False),
     Op("minimum", "binary", lambda x, y, c: rf.minimum(x, y), signed_zeros=False),
     Op("where", "binary", lambda x, y, c: rf.where(c, x, y)),
+    Op("logaddexp", "binary", lambda x, y, c: rf.logaddexp(x, y)),
     Op("floordiv", "binary", lambda x, y, c: x // y),
     Op("mod", "binary", lambda x, y, c: x % y),
     Op("clip", "binary", lambda x, y, c: rf.clip(x, y, 2), signed_zeros=False),
@@ -250,7 +257,8 @@ def _everywhere(op: Op, inputs: tuple, expected: np.ndarray) -> np.ndarray:
 _SAT_INT = ("float -> int of NaN, +-inf and out-of-range values saturates (NaN -> 0, else the nearest bound: "
             "LLVM's fptosi.sat on cpu, PTX's cvt.rzi on GPUs); numpy's result is undefined there (a C cast; "
             "INT_MIN on x86)")
-_F64_IN_F32 = ("GPUs compute exp/exp2/log/log2 of float64 values in f32 (docs/gpu-backend.md, \"Numerics\"): "
+_F64_IN_F32 = ("GPUs compute exp/exp2/log/log2 (and tanh, sin, cos, expm1, log1p, erf) of float64 values in f32 "
+               "(docs/gpu-backend.md, \"Numerics\"): "
                "numpy's float64 result of exp(int array) has f32 precision and range there (exp(100) is inf)")
 
 def _narrow_overflow(op: Op, inputs: tuple, expected: np.ndarray) -> np.ndarray:
@@ -271,7 +279,7 @@ DIVERGENCES: list[Divergence] = [
     *(Divergence(f"astype_{t}", FLOATS, COMPILED, _SAT_INT, affected=_saturated(t)[0], gives=_saturated(t)[1],
                  numpy_defined=False) for t in INTS),
     *(Divergence(name, INTS, ("simulate",), _F64_IN_F32, affected=_everywhere, gives=_in_f32, within=np.float32)
-      for name in ("exp", "exp2", "log", "log2")),
+      for name in ("exp", "exp2", "log", "log2", "tanh", "sin", "cos", "expm1", "log1p", "erf", "logaddexp")),
     *(Divergence(name, ("i64",), COMPILED, "top-k of int64 is not compiled (the ranking key is a float64, "
                  "which rounds int64): the kernel raises BackendError", raises=rf.BackendError)
       for name in ("topk_1", "topk_4", "topk_axis0", "topk_full", "argmax_row", "argmin_axis0")),

@@ -964,12 +964,16 @@ def test_checked_fetch_wants_the_build_record_of_the_payload(tmp_path, meta, say
     assert not path.exists()
 
 
-def test_a_fresh_build_failing_its_check_is_used_but_never_written(tmp_path):
+def test_a_fresh_build_failing_its_check_is_an_error_and_never_written(tmp_path):
+    """Loading an object that fails the check can crash the process (a call to address 0, seen when LLVM
+    emitted a call of __truncdfhf2): the fresh build is refused with an InternalError, not used."""
+    from redfuser import InternalError
+
     cache = CompileCache(tmp_path)
-    with pytest.warns(CacheWarning, match="just built fails its load check"):
-        got = cache.fetch(key_of(), lambda: b"bad build", check=_only_good, describe="thing")
-    assert got.payload == b"bad build" and not list(tmp_path.rglob("*.bin"))
-    assert cache.fetch(key_of(), lambda: pytest.fail("kept"), check=_only_good).source == "memory"
+    with pytest.raises(InternalError, match="just built fails its load check .*does not load it"):
+        cache.fetch(key_of(), lambda: b"bad build", check=_only_good, describe="thing")
+    assert not list(tmp_path.rglob("*.bin"))
+    assert cache.fetch(key_of(), lambda: b"good payload", check=_only_good).source == "build"
 
 
 # -- the PTX payload ------------------------------------------------------------------------------

@@ -16,6 +16,10 @@ functions; after inlining the loop vectorizer sees straight-line code.
 
 Measured against numpy on random and special inputs (tests): exp within 2 ulp; exp2, log, log2 within 3 ulp.
 f64 uses LLVM's intrinsics (libm calls), which are exact but scalar.
+
+``tanh``, ``expm1``, ``log1p``, ``erf``, ``sin`` and ``cos`` in f32 are `codegen/wide_math.py`'s (shared with
+the GPU: evaluated in f64, at most 1 ulp), wrapped here as ``rf.<name>f`` functions; in f64 they are the C
+library's (`libm_f64`).
 """
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ import math
 
 import llvmlite.ir as ir
 
-from ..llvm_utils import F32, I1, I32, declare_intrinsic
+from .. import wide_math
+from ..llvm_utils import F32, F64, I1, I32, declare_intrinsic
 
 _LN2_HI = 0.693359375
 _LN2_LO = -2.12194440e-4
@@ -165,3 +170,23 @@ def log2f(module: ir.Module) -> ir.Function:
 
 
 F32_FUNCTIONS = {"exp": expf, "exp2": exp2f, "log": logf, "log2": log2f}
+
+
+def wide_f32(module: ir.Module, name: str) -> ir.Function:
+    """``rf.<name>f``: f32 `name` (one of `wide_math.FUNCTIONS`), evaluated in f64 by `codegen/wide_math.py`."""
+    fn, b = _function(module, f"rf.{name}f")
+    if b is not None:
+        # The fence keeps the f64 -> f32 rounding a step of its own: without it x86's code generator merges
+        # it with a following f32 -> f16 store into one f64 -> f16 rounding, a call of __truncdfhf2, which
+        # the JIT cannot resolve (codegen/llvm_dtypes/target.py)
+        fence = declare_intrinsic(module, "llvm.arithmetic.fence.f32", F32, [F32])
+        b.ret(wide_math.emit(b, name, fn.args[0]))
+    return fn
+
+
+def libm_f64(module: ir.Module, name: str) -> ir.Function:
+    """The C library's f64 `name` (``tanh``, ``erf``...): f64 values of these functions are numpy's own."""
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing  # type: ignore[return-value]
+    return ir.Function(module, ir.FunctionType(F64, [F64]), name=name)

@@ -5,7 +5,8 @@ and ``minimum`` propagate NaN (``llvm.maximum``/``llvm.minimum``, not maxnum);
 ``!=`` is unordered (NaN != x); comparisons otherwise ordered. Float ``+ - *``
 round separately like numpy's (no FMA contraction: ``c*s - max(c*s)`` must stay
 <= 0, or ``exp`` of it overflows for large scores). ``exp``/``log`` in f32
-are the vectorizable polynomials of `mathlib`; ``x ** c`` for the constants numpy
+are the vectorizable polynomials of `mathlib`, ``tanh sin cos erf expm1 log1p`` those of
+`wide_math`; ``x ** c`` for the constants numpy
 special-cases (2, 0.5, -1, 1, 0) is computed like numpy does.
 """
 from __future__ import annotations
@@ -14,9 +15,9 @@ import llvmlite.ir as ir
 
 from ...ir import BinaryOp, UnaryOp
 from ...ir.tile import nodes as t
-from ...ir.semantics import F32_TINY, ROUNDING
+from ...ir.semantics import F32_TINY, ROUNDING, WIDE_MATH
 from ..llvm_dtypes import constant, from_memory, intrinsic_suffix, memory_type
-from ..llvm_utils import F32, I1, I64, declare_intrinsic
+from ..llvm_utils import F32, F64, I1, I64, declare_intrinsic
 from . import mathlib
 from .. import int_division
 from .emitter import Idx, InlineRule, KernelEmitter
@@ -59,6 +60,10 @@ def _unary(em: KernelEmitter, op: t.Unary, idx: Idx) -> ir.Value:
         return b.fdiv(ir.Constant(x.type, 1.0), b.call(intrinsic(em, "sqrt", x.type), [x]))
     if op.op in ROUNDING:   # llvm.rint rounds in the default mode, to nearest with ties to even: numpy's rint
         return b.call(intrinsic(em, op.op.value, x.type), [x])
+    if op.op in WIDE_MATH:  # f32: evaluated in f64 (codegen/wide_math.py); f64: the C library's, as numpy's
+        if x.type == F64:
+            return b.call(mathlib.libm_f64(em.module, op.op.value), [x])
+        return b.call(mathlib.wide_f32(em.module, op.op.value), [x])
     flush = op.op is UnaryOp.EXP2_FTZ       # exp2, then results below 2**-126 made 0
     name = "exp2" if flush else op.op.value  # exp, exp2, log, log2
     if x.type == F32:

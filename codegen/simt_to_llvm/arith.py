@@ -15,13 +15,13 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.semantics import ROUNDING, BinaryOp, UnaryOp
+from ...ir.semantics import ROUNDING, WIDE_MATH, BinaryOp, UnaryOp
 from ...ir.simt.nodes import (
     Binary, Bitcast, BlockIdx, Cast, Const, Extract, IntBinary, IntOp, LaneId, Pack, Reg, Select, ThreadIdx, Unary,
     WarpId,
 )
 from ...ir.types import DType, float8_e4m3fn
-from .. import int_division, nvvm
+from .. import int_division, nvvm, wide_math
 from ..llvm_dtypes import NVPTX, cast, intrinsic_suffix
 from ..nvvm import I32, call_intrinsic, i32, lanewise, splat
 from . import mathlib
@@ -30,7 +30,7 @@ from .types import const, reg_type
 
 
 # Unary float ops without a vector form on NVPTX: one call per element.
-_SCALAR_ONLY_UNARY = frozenset({UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2}) | ROUNDING
+_SCALAR_ONLY_UNARY = frozenset({UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2}) | ROUNDING | WIDE_MATH
 
 
 def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.Value:
@@ -46,6 +46,8 @@ def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.V
     if op in ROUNDING:      # cvt.rmi / rpi / rzi / rni: exact; rint is to nearest, ties to even (numpy's)
         return call_intrinsic(b, f"llvm.{op.value}.{suffix}", x.type, [x])
     # The verifier admits the transcendental ops on f32 only.
+    if op in WIDE_MATH:     # evaluated in f64, at most 1 ulp; the same code as the CPU's (codegen/wide_math.py)
+        return wide_math.emit(b, op.value, x, table_space=1)
     return {UnaryOp.EXP: lambda: mathlib.exp(b, x, fast=em.options.fast_math), UnaryOp.EXP2: lambda: mathlib.exp2(b, x),
             UnaryOp.EXP2_FTZ: lambda: mathlib.ex2_approx_ftz(b, x),
             UnaryOp.LOG: lambda: mathlib.log(b, x), UnaryOp.LOG2: lambda: mathlib.log2(b, x)}[op]()

@@ -37,6 +37,7 @@ from ..ir import (
     UnaryOp,
     map_expr,
 )
+from ..ir.semantics import WIDE_MATH
 from ..ir.types import bool_
 from .substitute import rename_axes
 
@@ -45,7 +46,7 @@ _PROPAGATING_BINARY = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, Binar
 
 _PROPAGATING_UNARY = frozenset({UnaryOp.NEG, UnaryOp.ABS, UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2,
                                 UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.FLOOR, UnaryOp.CEIL, UnaryOp.TRUNC,
-                                UnaryOp.RINT})
+                                UnaryOp.RINT}) | WIDE_MATH
 
 _EXPONENTIALS = frozenset({UnaryOp.EXP, UnaryOp.EXP2})
 

@@ -11,6 +11,7 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 | elementwise.py  | + - * / // % ** neg abs exp exp2 log log2 sqrt rsqrt maximum minimum |
 |                 | comparisons, & | ^ ~ (on bools), logical_xor, where, astype          |
 | numeric.py      | floor ceil trunc rint round sign isnan isinf isfinite clip           |
+| functions.py    | tanh expm1 log1p sin cos erf logaddexp                               |
 | reductions.py   | sum max min, matmul, topk                                            |
 | statistics.py   | mean var std any all (written with the IR's reductions, as numpy)   |
 | argextrema.py   | argmax argmin (written with topk)                                    |
@@ -64,6 +65,7 @@ from .elementwise import (
     where,
 )
 from .argextrema import argmax, argmin
+from .functions import cos, erf, expm1, log1p, logaddexp, sin, tanh
 from .numeric import ceil, clip, floor, isfinite, isinf, isnan, rint, round, sign, trunc
 from .reductions import matmul, max, min, normalize_axes, sum, topk
 from .statistics import all, any, mean, std, var
@@ -101,12 +103,12 @@ def _arguments_checked(fn: Callable) -> Callable:
     return op
 
 
-PUBLIC = ("abs", "add", "all", "any", "arange", "argmax", "argmin", "astype", "ceil", "clip", "divide",
-          "equal", "exp", "exp2", "floor", "floor_divide", "greater", "greater_equal", "isfinite", "isinf",
-          "isnan", "less", "less_equal", "log", "log2", "logical_and", "logical_not", "logical_or",
-          "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum", "multiply", "negative",
-          "not_equal", "power", "remainder", "rint", "round", "rsqrt", "sign", "sqrt", "std", "subtract",
-          "sum", "swapaxes", "topk", "transpose", "trunc", "var", "where")
+PUBLIC = ("abs", "add", "all", "any", "arange", "argmax", "argmin", "astype", "ceil", "clip", "cos", "divide",
+          "equal", "erf", "exp", "exp2", "expm1", "floor", "floor_divide", "greater", "greater_equal", "isfinite",
+          "isinf", "isnan", "less", "less_equal", "log", "log1p", "log2", "logaddexp", "logical_and", "logical_not",
+          "logical_or", "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum", "multiply", "negative",
+          "not_equal", "power", "remainder", "rint", "round", "rsqrt", "sign", "sin", "sqrt", "std", "subtract",
+          "sum", "swapaxes", "tanh", "topk", "transpose", "trunc", "var", "where")
 """The ops `redfuser` exports (its namespace, README "Op subset")."""
 for _name in PUBLIC:
     globals()[_name] = _arguments_checked(globals()[_name])

@@ -43,7 +43,8 @@ POLYNOMIAL = frozenset({"add", "sub", "mul", "neg", "square", "add_c", "rsub_c",
 """Ops the fusion algebra expands through (`magnitude` follows them; every other op restarts)."""
 
 
-F32_MATH = frozenset({"exp", "exp_safe", "exp2_safe", "log", "log_safe", "log2_safe"})
+F32_MATH = frozenset({"exp", "exp_safe", "exp2_safe", "log", "log_safe", "log2_safe", "tanh", "sin", "cos", "erf",
+                      "expm1_safe", "log1p_safe", "logaddexp"})
 """Ops the GPU backends compute in f32 on f64 values (docs/gpu-backend.md, "Numerics")."""
 
 
@@ -56,13 +57,26 @@ def f32_math(node, ins: list, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     out = np.abs(_f64(r))
     x = np.abs(_f64(ins[0].ref))
     with np.errstate(all="ignore"):
-        if node.op.startswith("exp"):
+        if node.op in _ARGUMENT_SENSITIVITY:   # |f'(x)| |x|: what rounding the argument to f32 moves f by
+            arg = _ARGUMENT_SENSITIVITY[node.op](x, out) * float(f.eps)
+        elif node.op.startswith("exp"):
             arg = out * np.minimum(x, 4.0 if node.op.endswith("_safe") else np.inf) * float(f.eps)
         else:
             arg = np.full(out.shape, float(f.eps) / (math.log(2.0) if node.op.startswith("log2") else 1.0))
         extra = arg + 4 * float(f.eps) * out + float(f.tiny)
         beyond = np.isfinite(out) & (out > float(f.max) / 2)
     return np.where(np.isnan(extra), np.inf, extra), np.broadcast_to(beyond, out.shape)
+
+
+_ARGUMENT_SENSITIVITY = {
+    "tanh": lambda x, out: x, "sin": lambda x, out: x, "cos": lambda x, out: x,
+    "erf": lambda x, out: 1.13 * x, "expm1_safe": lambda x, out: (out + 1.0) * np.minimum(x, 4.0),
+    "log1p_safe": lambda x, out: np.ones_like(out),
+    "logaddexp": lambda x, out: np.abs(out) + 1.0,
+}
+"""``|f'(x)| |x|`` bounds of the smooth functions (``tanh sin cos`` have ``|f'| <= 1``, erf's is below 1.13,
+``expm1'`` is ``out + 1``, ``log1p(|x|)``'s times ``|x|`` is below 1; logaddexp's argument sensitivity is
+bounded by the larger argument, within ``|out| + 1`` of the result)."""
 
 
 def _f64(x: object) -> np.ndarray:
@@ -140,8 +154,8 @@ def underflow_step(dt: np.dtype) -> float:
 def _inner(node, a, out: np.ndarray, u: float) -> np.ndarray | float:
     """The rounding of ``|x| + 1`` inside the guarded rules (``log(|x| + 1)``...), carried through their function:
     in f16 or bf16, numpy rounds it to that type before the function, a kernel does not."""
-    if not node.op.endswith("_safe") or node.op == "exp_safe" or node.op == "exp2_safe":
-        return 0.0
+    if node.op not in ("log_safe", "log2_safe", "sqrt_safe", "rsqrt_safe", "div_safe"):
+        return 0.0      # (exp(minimum(x, 4)), expm1(...) and log1p(|x|) round nothing before their function)
     x = a[-1][0]
     y = np.abs(x) + 1.0
     return {"log_safe": lambda: np.full(out.shape, 2 * u),
@@ -233,6 +247,12 @@ ERRORS = {
     "exp2_safe": lambda n, a, o: o * np.expm1(math.log(2.0) * a[0][1]),
     "log": _log, "log_safe": _log, "log2_safe": _log, "sqrt": _sqrt, "sqrt_safe": _sqrt,
     "rsqrt_safe": lambda n, a, o: a[0][1] / 2,
+    "tanh": lambda n, a, o: a[0][1],                                         # |tanh'| <= 1
+    "sin": lambda n, a, o: np.minimum(a[0][1], 2.0), "cos": lambda n, a, o: np.minimum(a[0][1], 2.0),
+    "erf": lambda n, a, o: np.minimum(1.13 * a[0][1], 2.0),                  # |erf'| <= 2/sqrt(pi)
+    "expm1_safe": lambda n, a, o: (o + 1.0) * np.expm1(a[0][1]),              # expm1' = expm1 + 1
+    "log1p_safe": lambda n, a, o: np.log1p(a[0][1]),                          # log1p(|x|): 1 + |x| >= 1
+    "logaddexp": lambda n, a, o: np.maximum(a[0][1], a[1][1]),               # gradient: weights summing to 1
     "sum": lambda n, a, o: np.sum(a[0][1], axis=n.params[0], keepdims=n.params[1]),
     "sum_method": lambda n, a, o: np.sum(a[0][1], axis=n.params[0], keepdims=n.params[1]),
     "matmul": lambda n, a, o: np.matmul(a[0][1], np.abs(a[1][0])) + np.matmul(np.abs(a[0][0]), a[1][1]),

@@ -35,7 +35,8 @@ def unary(b: ProgramBuilder, a: str) -> bool:
                    ("log2_safe", ()), ("sqrt_safe", ()), ("rsqrt_safe", ()), ("square", ()),
                    ("astype", (d.pick(CASTS),)), ("add_c", (d.pick(CONSTANTS),)), ("rsub_c", (d.pick(CONSTANTS),)),
                    ("mul_c", (d.pick(CONSTANTS),)), ("rmul_c", (np.float32(d.pick((0.5, 2.0, -1.0))),)),
-                   ("div_c", (d.pick((2.0, 3.0, -0.5)),)), ("clip_c", (d.pick(CONSTANTS), d.pick(CONSTANTS)))]
+                   ("div_c", (d.pick((2.0, 3.0, -0.5)),)), ("clip_c", (d.pick(CONSTANTS), d.pick(CONSTANTS))),
+                   (d.pick(("tanh", "sin", "cos", "erf", "expm1_safe", "log1p_safe")), ())]
         if v.exact:
             choices += [("to_int", ()), ("gt_c", (d.pick(CONSTANTS),)), ("le_c", (0.0,)), ("eq_c", (0.0,)),
                         ("astype", ("bool_",)),
@@ -83,7 +84,7 @@ def _broadcasts(x: tuple[int, ...], y: tuple[int, ...]) -> bool:
         return False
 
 
-ARITH = ("add", "sub", "mul", "mul", "div", "div_safe", "maximum", "minimum")
+ARITH = ("add", "sub", "mul", "mul", "div", "div_safe", "maximum", "minimum", "logaddexp")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 
 
