@@ -148,6 +148,14 @@ def gelu_mlp(x, w1, w2):
     return y, rf.sqrt(rf.mean(y * y, axis=-1))
 
 
+def int8_quant_gemm(x, w, w_scale):
+    """Per-token symmetric int8 quantization (round to nearest even, clipped to +-127) and a GEMM with int8
+    weights held as f32, rescaled by both scales: fused like the FP8 case, with the running absmax."""
+    s = rf.max(rf.abs(x), axis=-1, keepdims=True) / 127.0
+    q = rf.clip(rf.rint(x / s), -127.0, 127.0)
+    return (q @ w) * s * w_scale
+
+
 @dataclass(frozen=True)
 class Workload:
     """A reference kernel and example inputs for it."""
@@ -169,6 +177,10 @@ WORKLOADS: dict[str, Workload] = {
     "causal_attention": Workload(causal_attention, _qkv((2, 4, 128, 64))),
     "softcap_attention": Workload(softcap_attention, lambda rng: tuple(
         (rng.standard_normal((2, 4, 128, 64)) * 6).astype(np.float32) for _ in range(3))),
+    "int8_quant_gemm": Workload(int8_quant_gemm, lambda rng: (
+        rng.standard_normal((64, 256)).astype(np.float32),
+        rng.integers(-127, 128, (256, 128)).astype(np.float32),
+        rng.uniform(0.001, 0.01, 128).astype(np.float32))),
     "gelu_mlp": Workload(gelu_mlp, lambda rng: (rng.standard_normal((64, 96)).astype(np.float32),
                                                 (rng.standard_normal((96, 160)) / 10).astype(np.float32),
                                                 (rng.standard_normal((160, 48)) / 12).astype(np.float32))),

@@ -30,6 +30,7 @@ from redfuser.testing.program_judge import Failure, run
 from redfuser.testing.program_oracle import evaluate, reference
 from redfuser.testing.program_repro import reproducer
 from redfuser.testing.program_shrink import same_failure, shrink
+from redfuser.testing.tolerance import C
 
 REPO = Path(__file__).resolve().parents[1]
 CI_SEED, CI_EXAMPLES = 2026, 40
@@ -409,3 +410,24 @@ def test_a_cascade_failure_on_cpu_prints_a_script_that_runs_cpu(tmp_path):
     script = fuzz._cascade_reproducer(Config(0, ("cpu",)), index, failure, 0)
     assert 'backend="cpu"' in script and "interpret_chunk" not in script
     assert _run_script(script, tmp_path).returncode == 0   # nothing is wrong with the kernel itself
+
+
+def test_int8_quantization_with_a_running_absmax_is_judged_within_a_grid_step():
+    """``clip(rint(x / (max|x| / 127))) @ w`` fuses, rounding with the running absmax (fusion/grid_quantization.py):
+    the oracle allows one grid step per element (it judged the fused kernel wrong before), times the judge's
+    safety factor C, and no more."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((3, 64)).astype(np.float32), rng.integers(-9, 10, (64, 5)).astype(np.float32)
+    nodes = [Node(("v0",), "abs", ("x0",)), Node(("v1",), "max", ("v0",), (-1, True)),
+             Node(("v2",), "div_c", ("v1",), (127.0,)), Node(("v3",), "div", ("x0", "v2")),
+             Node(("v4",), "rint", ("v3",)), Node(("v5",), "clip_c", ("v4",), (-127.0, 127.0)),
+             Node(("v6",), "matmul", ("v5", "x1"))]
+    p = _program(nodes, ("v6",), (_array(x), _array(w)), options=(("block_k", 16),))
+    assert rf.kernel(p.body, backend="cpu", block_k=16).lower(x, w).groups[0].fused
+    for backend in ("interpret", "cpu"):
+        assert run(p, backend).failures == []
+    ref = reference(p, 0)
+    q = np.asarray(ref.outputs[0].ref)
+    step = np.abs(w).sum(axis=0)                              # every element one grid step off
+    assert program_judge.compare(q + 0.5 * step, ref, "cpu", 0) is None
+    assert program_judge.compare(q + 1.5 * C * step, ref, "cpu", 0) is not None

@@ -24,6 +24,7 @@ import numpy as np
 from ..ir import Binary, Cast, Const, Expr, IndexValue, Load, Select, Unary
 from ..ir.loop.expr import walk
 from ..ir.semantics import BINARY_FUNCS, UNARY_FUNCS
+from .grid_quantization import identity_inner
 from .separability import Decomposition, FusionContext
 
 POINTS = 96
@@ -37,11 +38,15 @@ def _leaves(e: Expr) -> set[Expr]:
 
 
 def evaluate64(e: Expr, values: dict[Expr, np.ndarray]) -> np.ndarray:
-    """`e` in float64 with each leaf (load or index) given by `values`; float casts are the identity."""
+    """`e` in float64 with each leaf (load or index) given by `values`; float casts and roundings to the
+    integer grid (``clip(rint(v), lo, hi)``, `grid_quantization`) are the identity."""
     if isinstance(e, Load | IndexValue):
         return values[e]
     if isinstance(e, Const):
         return np.asarray(e.value, dtype=np.bool_ if isinstance(e.value, bool) else np.float64)
+    inner = identity_inner(e)        # a quantization to the integer grid, like a float cast: the identity
+    if inner is not None:
+        return evaluate64(inner, values)
     if isinstance(e, Cast):
         x = evaluate64(e.x, values)
         if e.dtype.is_float:

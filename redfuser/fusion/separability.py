@@ -27,6 +27,7 @@ from ..ir.types import bool_
 from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
+from .grid_quantization import grid_quantization
 from .narrowing import Extremum, distribute_cast, rescale_dtype, split_narrowing
 from .positivity import is_nonnegative, is_positive
 
@@ -242,13 +243,14 @@ def _cast_like(e: Expr, d: DType) -> Expr:
 
 def _quantization(atom: Expr, ctx: FusionContext) -> A.Monomial | None:
     """For ``cast(G(x) * M(y))`` with M a product of running maxima (e.g. ``(x * 448 / a).astype(f8)``):
-    M, which then scales the accumulator online (the cast rounds, so M cannot be taken out of it).
+    M, which then scales the accumulator online (the cast rounds, so M cannot be taken out of it). An
+    integer-grid rounding ``clip(rint(c·x / a), -c, c)`` with ``a = max |x|`` is the same (`grid_quantization`).
 
     The algebra treats the cast as exact to decide separability; the loop evaluates the cast with
     the running maxima, as a quantizing kernel must.
     """
     if not A.is_narrowing(atom):
-        return None
+        return grid_quantization(atom, ctx)      # clip(rint(c·x / max|x|)): int8 quantization, the same rule
     inner = A.normalize(atom.x, lambda e: False, lambda e: False)
     if len(inner) != 1 or not inner[0].exponent.is_zero:
         return None
