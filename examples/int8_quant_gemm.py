@@ -2,6 +2,7 @@
 import numpy as np
 
 import redfuser as rf
+from redfuser.testing.quantization import int8_quantization_bound
 from redfuser.workloads import int8_quant_gemm
 
 rng = np.random.default_rng(0)
@@ -15,9 +16,7 @@ for g in lowered.groups:
     print(f"cascade {', '.join(g.reductions)}: fused={g.fused}")
 out, ref = k(x, w, w_scale), int8_quant_gemm(x, w, w_scale)
 exact = (x.astype(np.float64) @ w.astype(np.float64)) * w_scale
-a = np.abs(x.astype(np.float64)).max(-1, keepdims=True)
-f32_sums = 1024 * 2.0**-23 * (127.0 * np.ones_like(x, np.float64) @ np.abs(w.astype(np.float64))) * (a / 127)
-bound = (np.abs(w.astype(np.float64)).sum(0) * a / 127 / 2 + 2 * f32_sums) * w_scale   # half a grid step each
+bound = int8_quantization_bound(x, w, w_scale)   # half a grid step per term, plus f32 sums
 print(f"max |fused - exact| / bound = {np.max(np.abs(out - exact) / bound):.3f}, "
       f"unfused: {np.max(np.abs(ref - exact) / bound):.3f}  (both must be <= 1)")
 assert np.all(np.abs(out - exact) <= bound) and np.all(np.abs(ref - exact) <= bound)

@@ -41,6 +41,8 @@ def demo(args: argparse.Namespace) -> int:
     got = _outputs(k(*inputs))
     if args.workload == "fp8_quant_gemm":
         return _check_quantized(got[0], *inputs)
+    if args.workload == "int8_quant_gemm":
+        return _check_int8(got[0], *inputs)
     ref = _outputs(work.fn(*inputs))
     reduction_length = max(x.shape[-1] for x in inputs)
     worst = 0.0
@@ -59,6 +61,19 @@ def _check_quantized(out: np.ndarray, x: np.ndarray, w: np.ndarray, w_scale: np.
 
     result = assert_quantized_gemm(out, x, w, w_scale)
     print(f"\ncheck against the exact product: {result} — OK")
+    return 0
+
+
+def _check_int8(out: np.ndarray, x: np.ndarray, w: np.ndarray, w_scale: np.ndarray) -> int:
+    """The fused int8 GEMM rounds with the running absmax (docs/fusion.md, "The same rule for int8"): both
+    programs are within half a grid step per term of the exact product."""
+    from .testing.quantization import int8_quantization_bound
+
+    exact = (x.astype(np.float64) @ w.astype(np.float64)) * w_scale
+    ratio = float(np.max(np.abs(out - exact) / int8_quantization_bound(x, w, w_scale)))
+    if not ratio <= 1.0:
+        raise AssertionError(f"the int8 GEMM is {ratio:.3g} times its quantization bound from the exact product")
+    print(f"\ncheck against the exact product: {ratio:.3f} of the int8 quantization bound — OK")
     return 0
 
 

@@ -156,6 +156,15 @@ def int8_quant_gemm(x, w, w_scale):
     return (q @ w) * s * w_scale
 
 
+def argmax_routing(logits):
+    """Greedy (top-1) MoE routing: the softmax's largest probability and its expert (numpy's first index on
+    ties): the softmax statistics and the max of the probabilities in one pass, the argmax after it, exactly."""
+    m = rf.max(logits, axis=-1, keepdims=True)
+    p = rf.exp(logits - m)
+    probs = p / rf.sum(p, axis=-1, keepdims=True)
+    return rf.argmax(probs, axis=-1), rf.max(probs, axis=-1)
+
+
 @dataclass(frozen=True)
 class Workload:
     """A reference kernel and example inputs for it."""
@@ -181,6 +190,8 @@ WORKLOADS: dict[str, Workload] = {
         rng.standard_normal((64, 256)).astype(np.float32),
         rng.integers(-127, 128, (256, 128)).astype(np.float32),
         rng.uniform(0.001, 0.01, 128).astype(np.float32))),
+    "argmax_routing": Workload(argmax_routing, lambda rng: (
+        np.round(rng.standard_normal((64, 256)) * 4).astype(np.float32),)),    # whole logits: ties are common
     "gelu_mlp": Workload(gelu_mlp, lambda rng: (rng.standard_normal((64, 96)).astype(np.float32),
                                                 (rng.standard_normal((96, 160)) / 10).astype(np.float32),
                                                 (rng.standard_normal((160, 48)) / 12).astype(np.float32))),

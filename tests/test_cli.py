@@ -83,3 +83,11 @@ def test_top_level_help_names_every_command(capsys):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert "demo" in out and "explain" in out and "fuzz" in out and "workloads:" in out
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_demo_of_every_workload_passes_its_own_check_on_the_cpu(capsys, name):
+    """Each workload's demo check holds (a quantized GEMM's is its quantization bound: the int8 demo compared
+    the fused GEMM, which rounds with the running absmax, with numpy's rounding and failed)."""
+    assert cli.main(["demo", "--workload", name, "--backend", "cpu"]) == 0
+    assert "OK" in capsys.readouterr().out

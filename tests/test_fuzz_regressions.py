@@ -524,3 +524,23 @@ def test_the_oracle_takes_a_float_remainder_a_later_scalar_makes_as_a_user_error
                                      Node(("v2",), "floordiv_c", ("v0",), (-3,))), ("v1", "v2"), calls)
     assert not reference(program, 0).unsupported and "(floats)" in reference(program, 1).unsupported
     assert judged(program, "cpu") == []
+
+
+def _std_of_squared_deviations(x0):
+    v0 = rf.sum(x0, axis=-1, keepdims=True)
+    v3 = (x0 - v0 / 2.0) ** 2
+    return rf.std(v3, axis=-3, keepdims=False, ddof=1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sum_of_reduced_values_only_is_not_expanded_inside_a_product(backend):
+    """Seed 21, example 211 (the grammar's first std): the variance of ``(x - v0/2)**2``, ``v0`` computed per
+    chunk, expanded ``(x - v0/2)**4`` into ``x**4 - 2 v0 x**3 + ...``; with every x near 300 the f32 terms
+    (8e9) cancelled to a negative variance and the std was NaN (numpy: 1.29). A sum reading only the reduced
+    values is now one factor (`FusionContext.reduced_only_sum`)."""
+    x0 = np.array([301.48334, 298.58795, 300.51828, 298.8289, 299.86334, 300.8995, 301.35013, 298.276],
+                  np.float32).reshape(2, 2, 2)
+    kernel = rf.kernel(_std_of_squared_deviations, backend=backend)
+    assert "x0[j,i0,i1] ** 3" not in str(kernel.lower(x0).stages["fused"])   # no expanded x**3 term
+    want = _std_of_squared_deviations(x0)
+    rf.testing.assert_close(kernel(x0), want, np.float32, 2)

@@ -20,6 +20,7 @@ import pytest
 
 import redfuser as rf
 from redfuser import workloads as W
+from redfuser.testing.quantization import int8_quantization_bound
 
 K = 160
 
@@ -43,11 +44,6 @@ def _accumulation(x, w, ws):
     return K * 2.0**-23 * (127.0 * np.ones_like(x, np.float64) @ np.abs(w.astype(np.float64))) * (a / 127) * ws
 
 
-def quantization_bound(x, w, ws):
-    a = np.abs(x.astype(np.float64)).max(axis=1, keepdims=True)
-    return (np.abs(w.astype(np.float64)).sum(axis=0) * (a / 127) / 2) * ws + 2 * _accumulation(x, w, ws)
-
-
 def _exact(x, w, ws):
     return (x.astype(np.float64) @ w.astype(np.float64)) * ws
 
@@ -59,7 +55,7 @@ def test_fused_int8_gemm_is_within_the_quantization_bound(chunk):
     (g,) = k.lower(x, w, ws).groups
     assert g.fused
     out, ref = k(x, w, ws), W.int8_quant_gemm(x, w, ws)
-    bound = quantization_bound(x, w, ws)
+    bound = int8_quantization_bound(x, w, ws)
     ok = ~np.isnan(ref)
     assert np.all(np.abs(ref - _exact(x, w, ws))[ok] <= bound[ok])   # the unfused body meets the bound
     assert np.all(np.abs(out - _exact(x, w, ws))[ok] <= bound[ok])   # and so does the fused loop
@@ -88,7 +84,7 @@ def test_the_exact_check_fails_on_planted_wrong_kernels():
 
 def test_the_bound_fails_on_a_planted_wrong_kernel():
     x, w, ws = _inputs(6)
-    bound = quantization_bound(x, w, ws)
+    bound = int8_quantization_bound(x, w, ws)
     ref = W.int8_quant_gemm(x, w, ws)
     assert np.any(np.abs(ref * 0.9 - _exact(x, w, ws)) > bound)
 

@@ -431,3 +431,19 @@ def test_int8_quantization_with_a_running_absmax_is_judged_within_a_grid_step():
     step = np.abs(w).sum(axis=0)                              # every element one grid step off
     assert program_judge.compare(q + 0.5 * step, ref, "cpu", 0) is None
     assert program_judge.compare(q + 1.5 * C * step, ref, "cpu", 0) is not None
+
+
+def test_a_rounded_numerator_over_an_exact_zero_is_unsure():
+    """Seed 22, example 773: ``(x - sum(x) / 33) / mask`` on a constant row. numpy's mean of 33 equal values
+    is x exactly (0/0: NaN), a kernel summing in another order is off by an ulp (-inf): a numerator that may be
+    zero over an exact 0 has no determined class, so it is not judged; over a 1 it still is."""
+    x0 = np.full((1, 33), -0.39565697, np.float32)
+    mask = (np.arange(33) % 3 == 0).reshape(1, 33)
+    nodes = [Node(("v0",), "sum", ("x0",), (-1, True)), Node(("v1",), "div_c", ("v0",), (33.0,)),
+             Node(("v2",), "sub", ("x0", "v1")), Node(("v3",), "div", ("v2", "x1"))]
+    p = _program(nodes, ("v3",), (_array(x0), Arg(ArrayData("bool", mask.shape, values=tuple(mask.ravel().tolist())))))
+    ref = reference(p, 0)
+    assert np.array_equal(np.asarray(ref.outputs[0].unsure)[0], ~mask[0])
+    got = np.where(mask, 1e-8, -np.inf).astype(np.float32)      # a kernel's -1e-8 / 0 where numpy has 0 / 0
+    assert program_judge.compare(got, ref, "cpu", 0) is None
+    assert program_judge.compare(np.where(mask, 1.0, np.nan).astype(np.float32), ref, "cpu", 0) is not None

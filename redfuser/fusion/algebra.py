@@ -204,17 +204,27 @@ def log_of(s: Sum, positive: Callable[[Expr], bool]) -> Sum | None:
     return _combine(out)
 
 
-def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr], bool]) -> Sum:
-    """`e` in normal form. Sub-expressions no rule applies to become atoms (kept whole)."""
+def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr], bool],
+              whole: Callable[[Expr], bool] | None = None) -> Sum:
+    """`e` in normal form. Sub-expressions no rule applies to become atoms (kept whole), and so does a factor
+    or base of a product or power that `whole` selects (`separability.FusionContext.normal_form`: a sum that
+    reads the reduced values only, whose expansion would separate nothing and only cancel)."""
     if isinstance(e, Const) and not isinstance(e.value, bool) and math.isfinite(e.value):
         return const(float(e.value))
     if isinstance(e, Cast) and is_widening(e):
-        return normalize(e.x, positive, nonneg)  # widening float casts are exact: transparent
+        return normalize(e.x, positive, nonneg, whole)  # widening float casts are exact: transparent
+
+    def operand(x: Expr, multiplied: bool) -> Sum:
+        if multiplied and whole is not None and whole(x):
+            return atom(x)
+        return normalize(x, positive, nonneg, whole)
+
     if isinstance(e, Binary):
         op = e.op
         if op in (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV):
-            a = normalize(e.a, positive, nonneg)
-            b = normalize(e.b, positive, nonneg)
+            products = op in (BinaryOp.MUL, BinaryOp.DIV)
+            a = operand(e.a, products)
+            b = operand(e.b, products)
             if op is BinaryOp.ADD:
                 return add(a, b)
             if op is BinaryOp.SUB:
@@ -226,11 +236,11 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
         if op is BinaryOp.POW and isinstance(e.b, Const) and math.isfinite(float(e.b.value)):
             k = Power(float(e.b.value)).limit_denominator(64)
             if float(k) == float(e.b.value):
-                p = power_of(normalize(e.a, positive, nonneg), k, nonneg)
+                p = power_of(operand(e.a, True), k, nonneg)
                 if p is not None:
                     return p
     if isinstance(e, Unary):
-        inner = normalize(e.x, positive, nonneg) if e.op is not UnaryOp.NOT else None
+        inner = normalize(e.x, positive, nonneg, whole) if e.op is not UnaryOp.NOT else None
         if e.op is UnaryOp.NEG:
             return scale(inner, -1.0)
         if e.op in (UnaryOp.EXP, UnaryOp.EXP2):

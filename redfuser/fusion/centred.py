@@ -32,7 +32,6 @@ from typing import Callable
 from ..ir import Axis, Binary, BinaryOp, Buffer, BufferType, Const, DType, Expr, Load, OnlineState, ReduceOp, map_expr
 from . import algebra as A
 from .build import product_expr, sum_expr
-from .positivity import is_nonnegative, is_positive
 from .separability import Accumulator, Decomposition, FusionContext, Refusal, _split
 from .substitute import value_at
 
@@ -191,9 +190,7 @@ def centre_sum(value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...],
     results read through `running`), or None where none applies: the body does not read the centre
     only through ``u - c``, or something else (a quantization, a where) stands in the way."""
     d = value.dtype
-    pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
-    nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
-    normal = A.normalize(value, pos, nonneg)
+    normal = ctx.normal_form(value)
     for centre in find_centres(normal, ctx, states, running, loop_axis, extent):
         moved = change_variables(normal, centre)
         if moved is None:
@@ -214,9 +211,7 @@ def cancelling_pairs(value: Expr, ctx: FusionContext) -> list[tuple[Expr, Expr]]
     ``exp(x - m) * m``). Their sums cancel wherever ``X`` is close to ``k Y``. Every such pair, in the order
     found (``(x - y) w`` gives ``(x, y)`` and also ``(w, y)``: `own_centre.forms_difference` tells which one
     the body wrote)."""
-    pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
-    nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
-    normal = A.normalize(value, pos, nonneg)
+    normal = ctx.normal_form(value)
     monos: dict[A.Linear, set[A.Monomial]] = {}
     out: list[tuple[Expr, Expr]] = []
     for t in normal:

@@ -67,7 +67,7 @@ def grid_quantization(atom: Expr, ctx: "FusionContext") -> A.Monomial | None:
     g = grid_rounding(atom)
     if g is None:
         return None
-    inner = A.normalize(g.inner, lambda e: False, lambda e: False)
+    inner = ctx.normal_form(g.inner, signs=False)
     if len(inner) != 1 or not inner[0].exponent.is_zero:
         return None
     t = inner[0]
@@ -83,7 +83,7 @@ def grid_quantization(atom: Expr, ctx: "FusionContext") -> A.Monomial | None:
     body = value_at(extremum.axes, extremum.body, a.indices)
     if not (isinstance(body, Unary) and body.op is UnaryOp.ABS):
         return None
-    b = A.normalize(body.x, lambda e: False, lambda e: False)
+    b = ctx.normal_form(body.x, signs=False)
     if len(b) != 1 or not b[0].exponent.is_zero or abs(b[0].coeff) == 0:
         return None
     if b[0].mono != xs:                                # the rounded value is c·B/a for a's own B

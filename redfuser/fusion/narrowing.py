@@ -65,7 +65,7 @@ def split_narrowing(atom: Cast, p: A.Power, ctx: "FusionContext", name: str) -> 
     where = f"in `{name}`, the cast {format_expr(atom)}"
     if p.denominator != 1 or p < 1:
         return f"{where} is raised to the power {p}; only positive integer powers of a rounded value are fused"
-    inner = A.normalize(atom.x, lambda e: False, lambda e: False)
+    inner = ctx.normal_form(atom.x, signs=False)
     if len(inner) != 1:
         return f"{where} rounds a sum of {len(inner)} terms, which does not factor into G(x)·H(y)"
     t = inner[0]
@@ -107,7 +107,7 @@ def distribute_cast(atom: Cast, ctx: "FusionContext") -> Select | None:
     result, so that the where is taken apart like any other (`separability._x_select`) and each branch's
     cast is split by `split_narrowing`. None for any other cast. A constant branch with nothing to
     multiply (``where(mask, exp(s - m), 0)``) is rounded here, so that its 0 stays a 0."""
-    inner = A.normalize(atom.x, lambda e: False, lambda e: False)
+    inner = ctx.normal_form(atom.x, signs=False)
     if len(inner) != 1:
         return None
     t = inner[0]
@@ -143,8 +143,7 @@ def _exp_bound(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext") -> str | 
         if ext is None or (ext.op is ReduceOp.MAX) != (c < 0):
             return ("its exponential is not of the form exp(c·(e(x) - max e)) with the running max of e, so it is "
                     "not bounded by 1 inside the loop and the rounded value could overflow")
-        body = A.as_linear(A.normalize(value_at(ext.axes, ext.body, atom.indices), lambda e: False,
-                                       lambda e: False))
+        body = A.as_linear(ctx.normal_form(value_at(ext.axes, ext.body, atom.indices), signs=False))
         if body is None:
             return f"the body of `{ext.name}` is not a linear form, so exp(e(x) - {ext.name}) cannot be shown <= 1"
         expected = expected + body.scale(-c)

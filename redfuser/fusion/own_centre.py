@@ -38,7 +38,6 @@ from ..ir.types import bool_, float32, float64
 from . import algebra as A
 from .build import linear_expr
 from .centred import Centre, _families, cancelling_pairs, centre_sum, change_variables
-from .positivity import is_nonnegative, is_positive
 from .numeric_check import check
 from .separability import Accumulator, Decomposition, FusionContext, Refusal, decompose
 from .shift_law import centre_now
@@ -188,9 +187,7 @@ def own_centre_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axi
     several (``(x - Y)·(x + L)``: which factor is small depends on the data, and one centre keeps only one
     of them free of cancellation)."""
     d = value.dtype
-    pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
-    nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
-    normal = A.normalize(value, pos, nonneg)
+    normal = ctx.normal_form(value)
     x, y = pair
     inner = replace(ctx, states=ctx.states | {delta.buffer.name})
     marker = Load(Buffer(f"__centre_own_{name}", BufferType(d, (axis.extent,))), (axis,))

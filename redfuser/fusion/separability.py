@@ -59,6 +59,20 @@ class FusionContext:
                 x = True
         return "mixed" if x and y else "x" if x else "y" if y else "c"
 
+    def reduced_only_sum(self, e: Expr) -> bool:
+        """A sum or difference that reads the reduced values and no earlier result (``x - v0/2``, with a
+        per-chunk ``v0``): kept whole as a factor, since expanding ``(x - c)**2`` into ``x**2 - 2cx + c**2``
+        separates nothing and cancels (every x near 300: a variance of it became NaN)."""
+        return isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB) and self.kind(e) == "x"
+
+    def normal_form(self, e: Expr, signs: bool = True) -> "A.Sum":
+        """`e` in the algebra's normal form as every part of the engine takes a reduction's body: with the
+        positivity known here (`signs`; without it, for comparing two forms) and `reduced_only_sum`s whole."""
+        if not signs:
+            return A.normalize(e, lambda a: False, lambda a: False, self.reduced_only_sum)
+        return A.normalize(e, lambda a: is_positive(a, self.positive), lambda a: is_nonnegative(a, self.positive),
+                           self.reduced_only_sum)
+
 
 @dataclass(frozen=True)
 class Accumulator:
@@ -198,13 +212,11 @@ def _x_select(atom: Select, p: A.Power, ctx: FusionContext,
     even where the factor is infinite. Refused too when the branches' H differ or the where is
     raised to a non-integer power."""
     d = atom.dtype
-    pos: Callable[[Expr], bool] = lambda e: is_positive(e, ctx.positive)
-    nonneg: Callable[[Expr], bool] = lambda e: is_nonnegative(e, ctx.positive)
     branches = []
     keys = set()
     for b in (atom.a, atom.b):
         splits = []
-        for t in A.normalize(b, pos, nonneg):
+        for t in ctx.normal_form(b):
             s = _split(t, ctx, name)
             if isinstance(s, Refusal):
                 return s
@@ -251,7 +263,7 @@ def _quantization(atom: Expr, ctx: FusionContext) -> A.Monomial | None:
     """
     if not A.is_narrowing(atom):
         return grid_quantization(atom, ctx)      # clip(rint(c·x / max|x|)): int8 quantization, the same rule
-    inner = A.normalize(atom.x, lambda e: False, lambda e: False)
+    inner = ctx.normal_form(atom.x, signs=False)
     if len(inner) != 1 or not inner[0].exponent.is_zero:
         return None
     ys = [(a, p) for a, p in inner[0].mono.factors if ctx.kind(a) != "x" and ctx.kind(a) != "c"]
@@ -282,9 +294,7 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         return Decomposition("independent", (Accumulator(op, value, A.Linear(), value, Const(1.0, d)),), (None,))
     if not d.is_float:
         return Refusal(f"`{name}` reduces {d} values; the one-pass rescaling needs floating point")
-    pos: Callable[[Expr], bool] = lambda e: is_positive(e, ctx.positive)
-    nonneg: Callable[[Expr], bool] = lambda e: is_nonnegative(e, ctx.positive)
-    normal = A.normalize(value, pos, nonneg)
+    normal = ctx.normal_form(value)
     if not normal:
         return Refusal(f"`{name}`'s body simplifies to 0 in exact arithmetic, yet reads earlier results; it is "
                        "kept unfused so that its floating-point value (NaN where an input is infinite) is the "

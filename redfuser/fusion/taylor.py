@@ -36,7 +36,6 @@ from ..ir import Axis, Binary, BinaryOp, Buffer, BufferType, Cast, Const, Expr, 
 from ..ir.loop.expr import walk
 from . import algebra as A
 from .centred import _MAX_DEGREE, Centre, _families, change_variables
-from .positivity import is_nonnegative, is_positive
 from .separability import Decomposition, FusionContext
 
 
@@ -65,9 +64,7 @@ def taylor_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: A
     marker = Load(Buffer(f"__centre_taylor_{name}", BufferType(d, (axis.extent,))), (axis,))
     placeholder = Load(Buffer(f"__own_sum_{name}", mean.buffer.type), mean.indices)
     centre = Centre(ReduceOp.SUM, "", x, placeholder, mean, x, marker, own=Const(0.0, d), delta=mean, taylor=True)
-    pos = lambda e: is_positive(e, ctx.positive)  # noqa: E731
-    nonneg = lambda e: is_nonnegative(e, ctx.positive)  # noqa: E731
-    moved = change_variables(A.normalize(value, pos, nonneg), centre, exponents=False)
+    moved = change_variables(ctx.normal_form(value), centre, exponents=False)
     inner = replace(ctx, states=ctx.states | {mean.buffer.name})
     dec = _families(moved, centre, inner, name, d) if moved is not None else None
     if dec is None:

@@ -108,8 +108,59 @@ def magnitude(node, ins: list, r: np.ndarray) -> tuple[np.ndarray, bool]:
     return np.broadcast_to(np.maximum(mag, np.where(np.isnan(out), 0.0, out)), r.shape), expanded
 
 
+STATISTICS = frozenset({"mean", "var", "std"})
+"""numpy's statistics: the fusion engine accumulates them as sums (``var``/``std`` centred on a running mean,
+docs/fusion.md), so they round like sums of their terms' magnitudes."""
+
+
+def _statistic_parts(node, ins: list) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """(x in f64, its mean along the axis (kept dims), the count n, the divisor n - ddof) of a statistic."""
+    x = _f64(ins[0].ref)
+    axis = node.params[0]
+    n = x.size // max(np.sum(np.zeros(x.shape), axis=axis).size, 1) if x.size else 0
+    ddof = node.params[2] if node.op != "mean" else 0
+    with np.errstate(all="ignore"):
+        mu = np.mean(x, axis=axis, keepdims=True) if x.size else np.zeros(())
+    return x, mu, float(n), float(n - ddof)
+
+
+def _statistic_error(node, ins: list, out: np.ndarray, u: float) -> np.ndarray:
+    """The bound of a mean, var or std: its terms' rounding (``u (1 + log2 n + sqrt n)`` times their
+    magnitudes, ``|x|`` for a mean, ``(|x| + |mean|)**2`` for a variance, which is what an expanded or a
+    centred-on-the-running-mean accumulation rounds relative to) and its operand's bound carried through
+    (``mean(e)``; ``2 sum |x - mean| e / (n - ddof)`` for a variance); a std is the square root of that."""
+    x, mu, n, div = _statistic_parts(node, ins)
+    axis, keep = node.params[0], node.params[1]
+    e = np.broadcast_to(ins[0].err, x.shape)
+    mag = np.broadcast_to(ins[0].mag, x.shape)
+    with np.errstate(all="ignore"):
+        if node.op == "mean":
+            return (u * _depth(int(n)) * np.sum(mag, axis=axis, keepdims=keep)
+                    + np.sum(e, axis=axis, keepdims=keep)) / n
+        terms = (mag + np.abs(mu)) ** 2
+        ev = (4 * u * _depth(int(n)) * np.sum(terms, axis=axis, keepdims=keep)
+              + np.sum(2 * np.abs(x - mu) * e + e * e, axis=axis, keepdims=keep)) / div
+        if node.op == "var":
+            return ev
+        return np.minimum(np.sqrt(ev), ev / np.maximum(2 * out, 1e-300))
+
+
+def _statistic_hazard(node, ins: list, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Elements of a statistic whose row holds a non-finite value or whose terms overflow `dtype`: the engine's
+    sums (centred on a running mean) meet inf - inf or an overflow elsewhere than numpy's formula does."""
+    x, mu, n, div = _statistic_parts(node, ins)
+    top = float(ml_dtypes.finfo(dtype).max) / 4
+    axis, keep = node.params[0], node.params[1]
+    with np.errstate(all="ignore"):
+        mag = np.abs(x) if node.op == "mean" else (np.abs(x) + np.abs(mu)) ** 2
+        bad = ~np.isfinite(x) | ~(np.sum(mag, axis=axis, keepdims=True) < top)
+        return np.broadcast_to(np.any(bad, axis=axis, keepdims=keep) | (div <= 0), shape)
+
+
 def expansion_hazard(node, ins: list, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """Elements of a float sum or ``@`` whose expanded terms are infinite or overflow `dtype`."""
+    if node.op in STATISTICS and dtype.kind in "fV":
+        return _statistic_hazard(node, ins, shape, dtype)
     if node.op not in ("sum", "sum_method", "matmul") or dtype.kind not in "fV":
         return np.zeros(shape, bool)
     top = float(ml_dtypes.finfo(dtype).max)
@@ -133,6 +184,8 @@ def error(node, ins: list, r: np.ndarray, u: float, lossy: bool, eta: float = 0.
     a = [(_f64(v.ref), v.err) for v in ins]
     with np.errstate(all="ignore"):
         e = ERRORS.get(node.op, _worst)(node, a, out) if ins else np.zeros(r.shape)
+        if node.op in STATISTICS:
+            return np.where(np.isnan(e := _statistic_error(node, ins, out, u)), np.inf, e + 4 * u * out + eta)
         if node.op in ("sum", "sum_method", "matmul"):
             rounding = _accumulation(node, ins, u)
         elif lossy:  # one ulp and one subnormal step of the target, after the factor C

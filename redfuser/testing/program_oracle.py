@@ -21,8 +21,9 @@ keeps what judging needs (`Value`):
       another class than the reference's (``x * x`` overflows f16 at 300 in
       numpy, not in f32), the element is unsure;
   (2) an inexact operand that may be zero (``|value| <= C e``) multiplied by an
-      infinity, or used as a divisor, or under ``log``/``sqrt``; a zero whose
-      sign is not determined (``maximum(-0.0, 0.0)``) used as a divisor;
+      infinity, used as a divisor, divided by zero (``0/0`` is NaN, a rounded
+      ``1e-9/0`` is inf), or under ``log``/``sqrt``; a zero whose sign is not
+      determined (``maximum(-0.0, 0.0)``) used as a divisor;
   (3) on the GPU backends (``simulate``, ``cuda``), which compute ``exp`` and
       ``log`` of f64 values in f32 (docs/gpu-backend.md, "Numerics"), a result
       beyond f32's range (`program_bounds.f32_math`, which also widens the
@@ -353,8 +354,9 @@ def _new_unsure(node, ins: list[Value], r: np.ndarray) -> np.ndarray:
             a, b = ins
             inf_a, inf_b = np.isinf(_f64(a.ref)), np.isinf(_f64(b.ref))
             out = (_may_be_zero(a) & inf_b) | (_may_be_zero(b) & inf_a)
-        elif op == "div":
+        elif op == "div":   # an uncertain divisor's zero; or 0/0 (NaN) against a rounded numerator over 0 (+-inf)
             out = _may_be_zero(ins[1]) if not ins[1].exact or ins[1].zsign else np.zeros((), bool)
+            out = out | (_may_be_zero(ins[0]) & (_f64(ins[1].ref) == 0))
         elif op in ("recip", "log", "sqrt"):
             out = _may_be_zero(ins[0]) if not ins[0].exact or ins[0].zsign else np.zeros((), bool)
     return np.broadcast_to(out, r.shape)

@@ -161,6 +161,13 @@ RULES: dict[str, Rule] = {
                 "exact"),
     "min": Rule(lambda a, p: rf.min(a[0], axis=p[0], keepdims=p[1]), "rf.min({a}, axis={p0}, keepdims={p1})", R,
                 "exact"),
+    # -- statistics: params (axis, keepdims, ddof) --
+    "mean": Rule(lambda a, p: rf.mean(a[0], axis=p[0], keepdims=p[1]), "rf.mean({a}, axis={p0}, keepdims={p1})",
+                 R, "inexact"),
+    "var": Rule(lambda a, p: rf.var(a[0], axis=p[0], keepdims=p[1], ddof=p[2]),
+                "rf.var({a}, axis={p0}, keepdims={p1}, ddof={p2})", R, "inexact"),
+    "std": Rule(lambda a, p: rf.std(a[0], axis=p[0], keepdims=p[1], ddof=p[2]),
+                "rf.std({a}, axis={p0}, keepdims={p1}, ddof={p2})", R, "inexact"),
     "matmul": Rule(lambda a, p: a[0] @ a[1], "{a} @ {b}", "matmul", "intsum"),
     # -- top-k along the last axis: params (k,) --
     "topk": Rule(lambda a, p: rf.topk(a[0], p[0]), "rf.topk({a}, {p0})", "topk", "exact", discontinuous=True,

@@ -63,6 +63,19 @@ def quantization_bound(x: np.ndarray, w: np.ndarray, w_scale: np.ndarray) -> np.
     return (per_element @ np.abs(w.astype(np.float64))) * w_scale.astype(np.float64)
 
 
+def int8_quantization_bound(x: np.ndarray, w: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
+    """The int8 analogue of bound 1 (`redfuser.workloads.int8_quant_gemm`, docs/fusion.md "The same rule for
+    int8"), per output element: half a grid step ``a_i/127`` per term, and twice the f32 accumulation of the
+    terms' magnitudes (``K`` ulps, any order)::
+
+        |out - x@w*s| <= s_j * (sum_k |w_kj| * a_i/254  +  2 K 2^-23 * 127 * sum_k |w_kj| * a_i/127)
+    """
+    k = x.shape[-1]
+    a = np.abs(x.astype(np.float64)).max(axis=-1, keepdims=True)
+    wsum = np.abs(w.astype(np.float64)).sum(axis=0)
+    return (wsum * a / 254.0 + 2 * k * 2.0**-23 * wsum * a) * w_scale
+
+
 def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(q, a)``: the e4m3 values and absmax per row, computed as `fp8_quant_gemm`'s body does (f32)."""
     xf = x.astype(np.float32)
