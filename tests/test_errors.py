@@ -201,7 +201,7 @@ def test_iteration_over_a_traced_value():
     raises_at(rf.TracerBoolError, "iter", interp(body), X, contains=("iteration", "f32[3,4]"))
 
 
-@pytest.mark.parametrize("name", ["sum", "tanh", "exp", "mean", "maximum"])
+@pytest.mark.parametrize("name", ["sum", "tanh", "arctanh", "exp", "mean", "maximum"])
 def test_numpy_function_in_the_body(name):
     fn = getattr(np, name)
 

@@ -32,6 +32,7 @@ What is drawn:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import replace
 from typing import Sequence
 
@@ -130,7 +131,8 @@ class ProgramBuilder:
         node = Node(names, op, tuple(args), params)
         trial = dict(self.env)
         try:
-            with np.errstate(all="ignore"):
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")     # numpy's own (var with ddof >= n): judged, not printed
                 _step(node, trial)
         except Exception:
             return None
@@ -146,7 +148,8 @@ class ProgramBuilder:
         """Append a node numpy refuses (the kernel must refuse it with a user error)."""
         node = Node((self.fresh(),), op, tuple(args), params)
         try:
-            with np.errstate(all="ignore"):
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 _step(node, dict(self.env))
         except Exception:
             self.nodes.append(node)
