@@ -94,17 +94,29 @@ class ReduceOp(enum.Enum):
     SUM = "sum"
     MAX = "max"
     MIN = "min"
+    PROD = "prod"
+
+    @property
+    def combine(self) -> "BinaryOp":
+        """The binary op folding two partial results (``+``, ``maximum``, ``minimum``, ``*``)."""
+        return _COMBINE[self]
 
     def identity(self, dtype: DType) -> float | int | bool:
         """The monoid's neutral element in `dtype` (what an empty reduction gives)."""
         if self is ReduceOp.SUM:
             return False if dtype.is_bool else 0
+        if self is ReduceOp.PROD:
+            return True if dtype.is_bool else 1
         if dtype.is_float:
             return -math.inf if self is ReduceOp.MAX else math.inf
         if dtype.is_bool:
             return self is ReduceOp.MIN
         info = np.iinfo(dtype.numpy)
         return int(info.min) if self is ReduceOp.MAX else int(info.max)
+
+
+_COMBINE = {ReduceOp.SUM: BinaryOp.ADD, ReduceOp.MAX: BinaryOp.MAX, ReduceOp.MIN: BinaryOp.MIN,
+            ReduceOp.PROD: BinaryOp.MUL}
 
 
 def erf(x: np.ndarray) -> np.ndarray:
@@ -169,5 +181,6 @@ REDUCERS: dict[ReduceOp, Callable[..., np.ndarray]] = {
     ReduceOp.SUM: np.sum,
     ReduceOp.MAX: np.max,
     ReduceOp.MIN: np.min,
+    ReduceOp.PROD: np.prod,
 }
 """Each reduction as the numpy reducer taking ``axis=`` (and ``initial=``)."""

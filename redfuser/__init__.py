@@ -75,6 +75,7 @@ from .ops import (
     negative,
     not_equal,
     power,
+    prod,
     remainder,
     rint,
     round,

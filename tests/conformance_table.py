@@ -170,6 +170,10 @@ OPS: list[Op] = [
         Op(f"{name}_axes", "reduce", lambda x1, x37, x300, x3, fn=fn: fn(x3, axis=(0, 2)), length=134,
            scale=_abs_sum(3, (0, 2)) if name == "sum" else None, **_ACCUMULATED),
     )),
+    Op("prod_len1", "reduce", lambda x1, x37, x300, x3: rf.prod(x1, axis=-1), **_ACCUMULATED),
+    Op("prod_row", "reduce", lambda x1, x37, x300, x3: rf.prod(x37, axis=-1), length=37, **_ACCUMULATED),
+    Op("prod_axes", "reduce", lambda x1, x37, x300, x3: x3.prod(axis=(0, 2), keepdims=True), length=134,
+       **_ACCUMULATED),
     Op("sum_method", "reduce", lambda x1, x37, x300, x3: x37.sum(axis=-1, keepdims=True), length=37,
        scale=_abs_sum(1, -1, True), **_ACCUMULATED),
     Op("mean_row", "reduce", lambda x1, x37, x300, x3: rf.mean(x37, axis=-1), length=37, **_ACCUMULATED),
@@ -271,6 +275,20 @@ _NARROW_SUM = ("numpy's var sums f16 in f16, which overflows to inf on rows of l
                "16-bit running sums are f32 (docs/cpu-backend.md): on those rows the kernel gives the variance of "
                "the f32 sums")
 
+_NARROW_PRODUCT = ("numpy multiplies f16 and e4m3 values in that type, so a partial product past its range is inf or "
+                   "NaN (e4m3) even where later factors would bring it back, or where a 0 follows (inf * 0); a kernel's "
+                   "16- and 8-bit running products are f32 (docs/cpu-backend.md): on those rows it gives the product "
+                   "of the f32 steps, rounded once")
+
+
+def _narrow_class(op: Op, inputs: tuple, expected: np.ndarray) -> np.ndarray:
+    """Where numpy's result and the body on f32 inputs, rounded to the result's dtype, differ in class."""
+    with np.errstate(all="ignore"):
+        wide = _in_f32(op, inputs, expected).astype(expected.dtype).astype(np.float64)
+    ref = expected.astype(np.float64)
+    return (np.isnan(ref) != np.isnan(wide)) | (np.isinf(ref) != np.isinf(wide))
+
+
 _ROUND_NARROW = ("numpy rounds x * 10**decimals to the 16- or 8-bit type before rint, a kernel keeps it in f32 "
                  "(storage types): near a tie they would differ by a unit of the last decimal, so the kernel "
                  "raises UnsupportedError and says how to write it in f32")
@@ -283,6 +301,10 @@ DIVERGENCES: list[Divergence] = [
     *(Divergence(name, ("i64",), COMPILED, "top-k of int64 is not compiled (the ranking key is a float64, "
                  "which rounds int64): the kernel raises BackendError", raises=rf.BackendError)
       for name in ("topk_1", "topk_4", "topk_axis0", "topk_full", "argmax_row", "argmin_axis0")),
+    Divergence("prod_row", ("e4m3",), BACKENDS, _NARROW_PRODUCT, affected=_narrow_class, gives=_in_f32,
+               within=DTYPES["e4m3"]),
+    *(Divergence("prod_axes", (d,), COMPILED, _NARROW_PRODUCT, affected=_narrow_class, gives=_in_f32,
+                 within=DTYPES[d]) for d in ("f16", "e4m3")),
     Divergence("var_ddof", ("f16",), BACKENDS, _NARROW_SUM, affected=_narrow_overflow, gives=_in_f32,
                within=DTYPES["f16"]),
     *(Divergence(name, ("e4m3",), BACKENDS, "numpy adds e4m3 values in e4m3 (NaN past 448), a kernel in f32: "

@@ -38,16 +38,21 @@ def _store(em: KernelEmitter, op: t.Store) -> None:
 
 
 def combine(em: KernelEmitter, op: ReduceOp, acc: ir.Value, x: ir.Value, dtype: DType) -> ir.Value:
-    """``acc (+|max|min) x`` with numpy's NaN rules; float sums may be reassociated (vectorized)."""
+    """``acc (+|max|min|*) x`` with numpy's NaN rules; float sums and products may be reassociated
+    (vectorized)."""
     b = em.b
     if dtype.is_bool:
         return b.or_(acc, x) if op is not ReduceOp.MIN else b.and_(acc, x)
     if dtype.is_float:
         if op is ReduceOp.SUM:
             return b.fadd(acc, x, flags=("reassoc",))
+        if op is ReduceOp.PROD:
+            return b.fmul(acc, x, flags=("reassoc",))
         return b.call(intrinsic(em, "maximum" if op is ReduceOp.MAX else "minimum", x.type, 2), [acc, x])
     if op is ReduceOp.SUM:
         return b.add(acc, x)
+    if op is ReduceOp.PROD:
+        return b.mul(acc, x)
     return b.call(intrinsic(em, "smax" if op is ReduceOp.MAX else "smin", x.type, 2), [acc, x])
 
 

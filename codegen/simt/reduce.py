@@ -28,11 +28,11 @@ _SHUFFLED = frozenset({float32, int32})
 def combiner(lw: Lowering, op: ReduceOp, dtype):
     """The binary SIMT op folding two partials of `op` (bool max/min are or/and)."""
     if dtype.is_bool:
-        if op is ReduceOp.SUM:
-            raise BackendError("a sum of bools must be cast to an integer first")
+        if op in (ReduceOp.SUM, ReduceOp.PROD):
+            raise BackendError(f"a {op.value} of bools must be cast to an integer first")
         which = BinaryOp.OR if op is ReduceOp.MAX else BinaryOp.AND
     else:
-        which = {ReduceOp.SUM: BinaryOp.ADD, ReduceOp.MAX: BinaryOp.MAX, ReduceOp.MIN: BinaryOp.MIN}[op]
+        which = op.combine
     return lambda a, b: lw.b.binary(which, a, b)
 
 

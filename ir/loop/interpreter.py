@@ -189,6 +189,8 @@ def combine(op: ReduceOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a (+) b`` for the monoid `op` (max/min propagate NaN, like numpy)."""
     if op is ReduceOp.SUM:
         return a + b
+    if op is ReduceOp.PROD:
+        return a * b
     return (np.maximum if op is ReduceOp.MAX else np.minimum)(a, b)
 
 

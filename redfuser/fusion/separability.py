@@ -292,6 +292,10 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
     d = value.dtype
     if not any(isinstance(n, Load) and n.buffer.name in ctx.states for n in walk(value)):
         return Decomposition("independent", (Accumulator(op, value, A.Linear(), value, Const(1.0, d)),), (None,))
+    if op is ReduceOp.PROD:
+        return Refusal(f"`{name}` is a product over k of a body that reads an earlier result: prod of G(x)·H(y) is "
+                       "H(y) to the power of the count times prod of G(x), a rescale law the one-pass loop does "
+                       "not have yet; so a second pass")
     if not d.is_float:
         return Refusal(f"`{name}` reduces {d} values; the one-pass rescaling needs floating point")
     normal = ctx.normal_form(value)

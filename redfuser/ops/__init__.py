@@ -12,7 +12,7 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 |                 | comparisons, & | ^ ~ (on bools), logical_xor, where, astype          |
 | numeric.py      | floor ceil trunc rint round sign isnan isinf isfinite clip           |
 | functions.py    | tanh expm1 log1p sin cos erf logaddexp                               |
-| reductions.py   | sum max min, matmul, topk                                            |
+| reductions.py   | sum max min prod, matmul, topk                                       |
 | statistics.py   | mean var std any all (written with the IR's reductions, as numpy)   |
 | argextrema.py   | argmax argmin (written with topk)                                    |
 | views.py        | swapaxes transpose, indexing, arange                                 |
@@ -67,7 +67,7 @@ from .elementwise import (
 from .argextrema import argmax, argmin
 from .functions import cos, erf, expm1, log1p, logaddexp, sin, tanh
 from .numeric import ceil, clip, floor, isfinite, isinf, isnan, rint, round, sign, trunc
-from .reductions import matmul, max, min, normalize_axes, sum, topk
+from .reductions import matmul, max, min, normalize_axes, prod, sum, topk
 from .statistics import all, any, mean, std, var
 from .views import arange, getitem, swapaxes, transpose
 
@@ -107,7 +107,7 @@ PUBLIC = ("abs", "add", "all", "any", "arange", "argmax", "argmin", "astype", "c
           "equal", "erf", "exp", "exp2", "expm1", "floor", "floor_divide", "greater", "greater_equal", "isfinite",
           "isinf", "isnan", "less", "less_equal", "log", "log1p", "log2", "logaddexp", "logical_and", "logical_not",
           "logical_or", "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum", "multiply", "negative",
-          "not_equal", "power", "remainder", "rint", "round", "rsqrt", "sign", "sin", "sqrt", "std", "subtract",
+          "not_equal", "power", "prod", "remainder", "rint", "round", "rsqrt", "sign", "sin", "sqrt", "std", "subtract",
           "sum", "swapaxes", "tanh", "topk", "transpose", "trunc", "var", "where")
 """The ops `redfuser` exports (its namespace, README "Op subset")."""
 for _name in PUBLIC:

@@ -68,7 +68,7 @@ def install_operators() -> None:
         setattr(Tracer, f"__{name}__", _no_rounding(name))
     Tracer.__getitem__ = lambda self, key: ops.getitem(self, key)  # type: ignore[attr-defined]
     # methods forward to the op of the same name, looked up when called (ops checks its own arguments)
-    for name in ("astype", "swapaxes", "transpose", "sum", "max", "min", "mean", "var", "std", "any", "all",
+    for name in ("astype", "swapaxes", "transpose", "sum", "max", "min", "prod", "mean", "var", "std", "any", "all",
                  "argmax", "argmin"):
         setattr(Tracer, name, lambda self, *args, _op=name, **kwargs: getattr(ops, _op)(self, *args, **kwargs))
     Tracer.T = property(lambda self: ops.transpose(self))  # type: ignore[attr-defined]

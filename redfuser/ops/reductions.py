@@ -57,7 +57,7 @@ def _reduction(op: ReduceOp, np_fn: Callable) -> Callable:
         _check_operand(name, x)
         dims = normalize_axes(name, x, axis)
         out_dtype = result_dtype(name, lambda v: np_fn(v, axis=dims), x)
-        if op is not ReduceOp.SUM and any(x.shape[d] == 0 for d in dims):
+        if op not in (ReduceOp.SUM, ReduceOp.PROD) and any(x.shape[d] == 0 for d in dims):
             raise ShapeError(f"{name} over an empty axis of {describe(x)} has no identity", op=name, loc=user_loc())
         loc = user_loc()
         builder = x.builder
@@ -89,6 +89,7 @@ def _reduction(op: ReduceOp, np_fn: Callable) -> Callable:
 sum = _reduction(ReduceOp.SUM, np.sum)
 max = _reduction(ReduceOp.MAX, np.max)
 min = _reduction(ReduceOp.MIN, np.min)
+prod = _reduction(ReduceOp.PROD, np.prod)
 
 
 

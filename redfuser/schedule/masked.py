@@ -129,7 +129,7 @@ def _points_range(extent: SizeLike) -> int:
 def check_dead_terms(st: OnlineState, fused: Axis, row: Axis, offset: int, seed: int = 0) -> bool:
     """Whether `st`'s term is its reduction's identity wherever ``j > i + offset``, on random points in
     float64 (loads uniform in [-3, 3], so finite; other indices random in their range)."""
-    identity = {ReduceOp.SUM: 0.0, ReduceOp.MAX: -math.inf, ReduceOp.MIN: math.inf}.get(st.op)
+    identity = {ReduceOp.SUM: 0.0, ReduceOp.MAX: -math.inf, ReduceOp.MIN: math.inf, ReduceOp.PROD: 1.0}.get(st.op)
     if identity is None:
         return False
     rng = np.random.default_rng(seed)

@@ -15,7 +15,7 @@ from .exprs import ExprLowering, compute_dtype
 from .options import ScheduleOptions
 from .space import Binding, Dim, Fixed, Tiled, mask_tile, ordered, place
 
-COMBINE = {ReduceOp.SUM: BinaryOp.ADD, ReduceOp.MAX: BinaryOp.MAX, ReduceOp.MIN: BinaryOp.MIN}
+COMBINE = {op: op.combine for op in ReduceOp}
 
 
 def shape_of(dims: tuple[Dim, ...]) -> tuple[int, ...]:

@@ -145,6 +145,35 @@ def _statistic_error(node, ins: list, out: np.ndarray, u: float) -> np.ndarray:
         return np.minimum(np.sqrt(ev), ev / np.maximum(2 * out, 1e-300))
 
 
+def _product_error(node, ins: list, out: np.ndarray, u: float) -> np.ndarray:
+    """A float ``prod``: ``n`` roundings relative to the result (any order), and the operands' relative bounds
+    added up: ``|out| (u n + sum_k e_k / |x_k|)``."""
+    x = np.abs(_f64(ins[0].ref))
+    axis, keep = node.params[0], node.params[1]
+    n = x.size // max(np.sum(np.zeros(x.shape), axis=axis).size, 1) if x.size else 0
+    e = np.broadcast_to(ins[0].err, x.shape)
+    with np.errstate(all="ignore"):
+        rel = np.sum(np.where(e > 0, e / x, 0.0), axis=axis, keepdims=keep)
+    return out * (u * (n + 1) + rel)
+
+
+def _product_hazard(node, ins: list, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Rows of a float ``prod`` whose partial products may leave `dtype`'s range in some order (or numpy's, which
+    multiplies 16-bit values in their own type): then whether it is inf, 0 or NaN (``inf * 0``) depends on the
+    order. Judged only where the sum of the factors' binary exponents' magnitudes stays inside the range."""
+    x = np.abs(_f64(ins[0].ref))
+    f = ml_dtypes.finfo(dtype)
+    src = ins[0].dtype if np.dtype(ins[0].dtype).kind == "f" else dtype
+    g = ml_dtypes.finfo(src) if np.dtype(src).kind in "fV" else f
+    room = min(math.log2(float(f.max)), -math.log2(float(f.smallest_normal)),
+               math.log2(float(g.max)), -math.log2(float(g.smallest_normal))) - 2
+    axis, keep = node.params[0], node.params[1]
+    with np.errstate(all="ignore"):
+        span = np.sum(np.where((x > 0) & np.isfinite(x), np.abs(np.log2(x)), 0.0), axis=axis, keepdims=keep)
+        special = np.any(~np.isfinite(x) | (x == 0), axis=axis, keepdims=keep)
+    return np.broadcast_to(~(span < room) | special, shape)
+
+
 def _statistic_hazard(node, ins: list, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """Elements of a statistic whose row holds a non-finite value or whose terms overflow `dtype`: the engine's
     sums (centred on a running mean) meet inf - inf or an overflow elsewhere than numpy's formula does."""
@@ -161,6 +190,8 @@ def expansion_hazard(node, ins: list, shape: tuple[int, ...], dtype: np.dtype) -
     """Elements of a float sum or ``@`` whose expanded terms are infinite or overflow `dtype`."""
     if node.op in STATISTICS and dtype.kind in "fV":
         return _statistic_hazard(node, ins, shape, dtype)
+    if node.op == "prod" and dtype.kind in "fV":
+        return _product_hazard(node, ins, shape, dtype)
     if node.op not in ("sum", "sum_method", "matmul") or dtype.kind not in "fV":
         return np.zeros(shape, bool)
     top = float(ml_dtypes.finfo(dtype).max)
@@ -184,6 +215,8 @@ def error(node, ins: list, r: np.ndarray, u: float, lossy: bool, eta: float = 0.
     a = [(_f64(v.ref), v.err) for v in ins]
     with np.errstate(all="ignore"):
         e = ERRORS.get(node.op, _worst)(node, a, out) if ins else np.zeros(r.shape)
+        if node.op == "prod":
+            return np.where(np.isnan(e := _product_error(node, ins, out, u)), np.inf, e + eta)
         if node.op in STATISTICS:
             return np.where(np.isnan(e := _statistic_error(node, ins, out, u)), np.inf, e + 4 * u * out + eta)
         if node.op in ("sum", "sum_method", "matmul"):

@@ -64,7 +64,7 @@ import numpy as np
 from .program_rules import RULES
 
 REDUCTIONS = frozenset({"sum", "sum_method", "max", "min", "matmul", "topk", "topk_values", "topk_indices", "mean",
-                        "var", "std"})
+                        "var", "std", "prod"})
 """Ops that can be a member of a cascade (single-axis reductions, `@` over its contracted axis, top-k)."""
 FACTORS = frozenset({"mul", "neg", "abs", "square", "mul_c", "rmul_c", "div_c", "astype"})
 """Ops through which a divisor's operands stay factors of it (``a / (m * w)`` divides by ``m``)."""

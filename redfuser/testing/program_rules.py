@@ -161,6 +161,8 @@ RULES: dict[str, Rule] = {
                 "exact"),
     "min": Rule(lambda a, p: rf.min(a[0], axis=p[0], keepdims=p[1]), "rf.min({a}, axis={p0}, keepdims={p1})", R,
                 "exact"),
+    "prod": Rule(lambda a, p: rf.prod(a[0], axis=p[0], keepdims=p[1]), "rf.prod({a}, axis={p0}, keepdims={p1})",
+                 R, "intsum"),
     # -- statistics: params (axis, keepdims, ddof) --
     "mean": Rule(lambda a, p: rf.mean(a[0], axis=p[0], keepdims=p[1]), "rf.mean({a}, axis={p0}, keepdims={p1})",
                  R, "inexact"),

@@ -148,7 +148,7 @@ def reduce(b: ProgramBuilder, a: str) -> bool:
             axis = tuple(x - ndim if d.chance(30) else x for x in dims[d.integer(0, ndim - 1):])
         else:
             axis = None
-        op = d.pick(("sum", "sum", "max", "min", "sum_method", "mean", "var", "std"))
+        op = d.pick(("sum", "sum", "max", "min", "sum_method", "mean", "var", "std", "prod"))
         params = (axis, d.chance(50)) + ((d.pick((0, 0, 1)),) if op in ("var", "std") else ())
         if b.add(op, [a], params):
             return True

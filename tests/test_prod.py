@@ -1,0 +1,73 @@
+"""``rf.prod``: numpy's product reduction, a monoid to the whole compiler (identity 1, combine ``*``).
+
+It joins a fused pass when its body reads no earlier result; a product of ``G(x)·H(y)`` would need ``H`` to the
+power of the count as its rescale, which the loop does not have, so it is refused with that reason (and stays
+exact). Integer products wrap as numpy's do, in any order; bools give int64; an empty axis gives 1.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+
+BACKENDS = ("interpret", "cpu", "simulate")
+RNG = np.random.default_rng(11)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("axis", [-1, 0, None, (0, 2)])
+def test_prod_equals_numpy(backend, axis):
+    x = RNG.uniform(0.6, 1.6, (3, 5, 41)).astype(np.float32)
+    got, want = rf.kernel(lambda v: rf.prod(v, axis=axis), backend=backend)(x), np.prod(x, axis=axis)
+    assert got.dtype == want.dtype and got.shape == np.shape(want)
+    rf.testing.assert_close(got, want, np.float32, x.size)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_integer_products_wrap_like_numpys_and_bools_count_as_int64(backend):
+    xi = RNG.integers(-9, 10, (4, 33)).astype(np.int32)       # overflows int64 and wraps
+    xb = RNG.random((4, 33)) < 0.97
+    empty = np.zeros((4, 0), np.int32)
+    k = rf.kernel(lambda a, b, e: (a.prod(axis=-1), rf.prod(b, axis=0), rf.prod(e, axis=-1)), backend=backend)
+    got, want = k(xi, xb, empty), (xi.prod(axis=-1), np.prod(xb, axis=0), np.prod(empty, axis=-1))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+
+
+def _softmax_sum_and_prod(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(x - m), axis=-1), rf.prod(x, axis=-1)
+
+
+def _prod_of_scaled(x):
+    return rf.prod(x / rf.max(x, axis=-1, keepdims=True), axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_independent_prod_joins_the_pass_and_one_reading_an_earlier_result_does_not(backend):
+    x = RNG.uniform(0.8, 1.25, (6, 200)).astype(np.float32)
+    k = rf.kernel(_softmax_sum_and_prod, backend=backend)
+    assert [g.fused for g in k.lower(x).groups] == [True]
+    for g, w in zip(k(x), _softmax_sum_and_prod(x)):
+        rf.testing.assert_close(g, w, np.float32, 200)
+    k = rf.kernel(_prod_of_scaled, backend=backend)
+    (group,) = k.lower(x).groups
+    assert not group.fused and "H(y) to the power of the count" in group.reason
+    rf.testing.assert_close(k(x), _prod_of_scaled(x), np.float32, 200)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on PATH")
+@pytest.mark.parametrize("sm", ["sm_80", "sm_90"])
+def test_ptx_assembles(sm, tmp_path):
+    x = RNG.uniform(0.8, 1.25, (6, 200)).astype(np.float32)
+    lowered = rf.kernel(_softmax_sum_and_prod, backend="cuda", sm=sm).lower(x)
+    for i, kern in enumerate(lowered.stages["ptx"].kernels):
+        path = tmp_path / f"k{i}.ptx"
+        path.write_text(kern.ptx)
+        run = subprocess.run(["ptxas", f"-arch={sm}", str(path), "-o", str(tmp_path / "k.cubin")],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
