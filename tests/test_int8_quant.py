@@ -127,3 +127,9 @@ def test_ptx_assembles(sm, tmp_path):
         run = subprocess.run(["ptxas", f"-arch={sm}", str(path), "-o", str(tmp_path / "k.cubin")],
                              capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
+
+
+def test_explain_says_the_rounding_uses_the_running_scale():
+    x, w, ws = _inputs(2)
+    text = rf.kernel(W.int8_quant_gemm, backend="cpu").explain(x, w, ws)
+    assert "quantized with the running values: minimum(maximum(rint(" in text and "one quantization bound" in text

@@ -29,6 +29,11 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
         tag = f"term {n + 1}: " if len(dec.accumulators) > 1 else ""
         lines.append(f"{pad}{tag}G(x) = {format_expr(acc.G)}")
         lines.append(f"{pad}{' ' * len(tag)}H(y) = {format_expr(acc.H)}")
+        for q in acc.quantized:
+            lines.append(f"{pad}{' ' * len(tag)}quantized with the running values: {format_expr(q)} rounds inside "
+                         "the loop with the scale known so far (exact algebra, the rounding taken as the identity; "
+                         "both programs within one quantization bound: docs/fusion.md, \"Quantization inside a "
+                         "cascade\")")
         state = next((st for st in group.states if st.acc.name == group.state_of.get((name, n))), None)
         if state is not None:
             rescale = f", rescaled per chunk by {format_expr(state.rescale)}" if state.rescale is not None else ""
