@@ -544,3 +544,40 @@ def test_a_sum_of_reduced_values_only_is_not_expanded_inside_a_product(backend):
     assert "x0[j,i0,i1] ** 3" not in str(kernel.lower(x0).stages["fused"])   # no expanded x**3 term
     want = _std_of_squared_deviations(x0)
     rf.testing.assert_close(kernel(x0), want, np.float32, 2)
+
+
+def _std_over_one_element(x0):
+    return rf.std(rf.exp(rf.minimum(x0, 4.0)), axis=-3, keepdims=True, ddof=0)
+
+
+def _std_of_a_ratio_to_itself(x0):
+    return rf.std(x0 / x0, axis=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("body, x", [
+    (_std_over_one_element, np.array([-2.0], np.float32).reshape(1, 1, 1)),
+    (_std_of_a_ratio_to_itself, np.array([1.0, 2.0, -4.0], np.float32).astype(rf.bfloat16).reshape(3, 1)),
+], ids=["one element", "x / x"])
+def test_a_body_constant_along_the_axis_is_not_expanded(body, x, backend):
+    """Seed 1, examples 734 and 2004 at 17e4aa1: a variance whose body reads no value varying along the axis
+    (one element read at index 0; ``x / x``, which the algebra makes 1) was expanded into ``c² - 2c·mean +
+    mean²``: -1e-9 for numpy's 0, a NaN std. Such a body is computed after the pass as written."""
+    k = rf.kernel(body, backend=backend)
+    got, want = k(x), body(x)
+    assert np.array_equal(np.asarray(got, np.float64), np.asarray(want, np.float64))
+    assert "reads no reduced value that varies" in k.explain(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_overflow_guard_state_has_its_terms_type(backend):
+    """Seed 1, example 2080 at 17e4aa1 (there over one element): ``int32 @ (p * log p)`` with ``p = exp(x - max
+    x)``: the centred product's guard state (the farthest reduced value, a running min) took the f64 result's
+    type for an f32 term (VerifyError after fuse_cascade)."""
+    def body(x0, x3):
+        p = rf.exp(x0 - rf.max(x0, axis=-1, keepdims=True))
+        return x3 @ (p * rf.log(p))
+
+    x0, x3 = np.array([-4.0, -1.0, 2.5], np.float32), np.array([[2, -1, 3]], np.int32)
+    got, want = rf.kernel(body, backend=backend)(x0, x3), body(x0, x3)
+    assert got.dtype == want.dtype and np.allclose(got, want, rtol=1e-6, atol=1e-12)

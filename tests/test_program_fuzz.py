@@ -447,3 +447,17 @@ def test_a_rounded_numerator_over_an_exact_zero_is_unsure():
     got = np.where(mask, 1e-8, -np.inf).astype(np.float32)      # a kernel's -1e-8 / 0 where numpy has 0 / 0
     assert program_judge.compare(got, ref, "cpu", 0) is None
     assert program_judge.compare(np.where(mask, 1.0, np.nan).astype(np.float32), ref, "cpu", 0) is not None
+
+
+def test_a_std_whose_variance_may_round_to_zero_is_unsure():
+    """Seed 1, example 2136 at 17e4aa1: the std of ``1 / x`` on a constant row. The engine expands that
+    variance (``1/x`` is not centred; explain says so), which leaves -1e-9 for numpy's 0 and a NaN std. As
+    rule (2) does for ``sqrt``, a std of a variance within its bound of 0 is unsure; elsewhere it is judged."""
+    x0 = np.array([[2.0] * 7, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]], np.float32)
+    nodes = [Node(("v0",), "recip", ("x0",)), Node(("v1",), "std", ("v0",), (-1, True, 0))]
+    p = _program(nodes, ("v1",), (_array(x0),))
+    ref = reference(p, 0)
+    assert np.asarray(ref.outputs[0].unsure).ravel().tolist() == [True, False]
+    got = np.array([[np.nan], [np.std(1 / x0[1])]], np.float32)
+    assert program_judge.compare(got, ref, "cpu", 0) is None
+    assert program_judge.compare(np.array([[np.nan], [np.nan]], np.float32), ref, "cpu", 0) is not None

@@ -125,8 +125,10 @@ class LoopBuilder:
         if overflows(shift):
             op = ReduceOp.MIN if shift.centre.op is ReduceOp.MAX else ReduceOp.MAX
             u = shift.centre.u
+            # in u's own type: the member's can be wider (an int32 @ f32 product is f64) and a state's term
+            # must have its accumulator's type (fuzz: seed 1, example 2080 at 17e4aa1)
             buf = self.state_for(member, Accumulator(op, u, Linear(), u, Const(1.0, u.dtype)),
-                                 Buffer(f"{member.name}_{op.value}", member.out.type))
+                                 Buffer(f"{member.name}_{op.value}", replace(member.out.type, dtype=u.dtype)))
             far = overflow_condition(shift, Load(buf, member.state_axes))
             guard = far if guard is None else Binary(BinaryOp.OR, guard, far, bool_)
         return guard

@@ -183,7 +183,15 @@ def _statistic_hazard(node, ins: list, shape: tuple[int, ...], dtype: np.dtype) 
     with np.errstate(all="ignore"):
         mag = np.abs(x) if node.op == "mean" else (np.abs(x) + np.abs(mu)) ** 2
         bad = ~np.isfinite(x) | ~(np.sum(mag, axis=axis, keepdims=True) < top)
-        return np.broadcast_to(np.any(bad, axis=axis, keepdims=keep) | (div <= 0), shape)
+        out = np.any(bad, axis=axis, keepdims=keep) | (div <= 0)
+        if node.op == "std":   # the square root of a variance that may round to <= 0 (rule 2's sqrt): an
+            # expanded variance (not centred: 1/x) of a constant row is -1e-9 as well as numpy's 0
+            u = max(float(ml_dtypes.finfo(dt).eps) for dt in (np.dtype(dtype), np.dtype(ins[0].dtype))
+                    if dt.kind in "fV") if np.dtype(ins[0].dtype).kind in "fV" else float(ml_dtypes.finfo(dtype).eps)
+            var = np.sum((x - mu) ** 2, axis=axis, keepdims=keep) / div
+            variance = type(node)(node.outs, "var", node.args, node.params)
+            out = out | ~(var > C * _statistic_error(variance, ins, np.abs(var), u))
+        return np.broadcast_to(out, shape)
 
 
 def expansion_hazard(node, ins: list, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
