@@ -62,3 +62,28 @@ def test_an_independent_prod_joins_the_pass_and_one_reading_an_earlier_result_do
 def test_ptx_assembles_for_sm80_and_sm90():
     x = RNG.uniform(0.8, 1.25, (6, 200)).astype(np.float32)
     assemble_without_spills(rf.kernel(_softmax_sum_and_prod, backend="cuda", sm="sm_80").lower(x))
+
+def _sum_over_prod(x):
+    return rf.sum(rf.exp(x - rf.prod(x, axis=-1, keepdims=True)), axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_product_read_by_a_later_member_is_not_taken_for_a_running_max(backend):
+    """A running product is no running max or min: in ``exp(x - prod x)`` (an online exponent) the engine read a
+    product equal to its identity 1 as 0, as it reads a max still at -inf (`nan_guard.running_extrema`): e times
+    numpy's sum on a row whose product is exactly 1."""
+    x = np.array([[2.0, 0.5, 1.0, 4.0, 0.25, 1.0], [1.5, 2.0, 1.0, 1.0, 1.0, 0.5]], np.float32)
+    got, want = rf.kernel(_sum_over_prod, backend=backend)(x), _sum_over_prod(x)
+    rf.testing.assert_close(got, want, np.float32, 6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exp_of_a_bool_max_at_false_is_not_an_unseen_row(backend):
+    """Fuzz seed 1, example 4009 at 17e4aa1: ``std(exp(x1 @ x3))`` of bools whose product is False: a bool max
+    at its identity False is an ordinary value, not a row that saw nothing (NaN for numpy's 0)."""
+    def body(x1, x3):
+        return rf.std(rf.exp(x1 @ x3), axis=-1, keepdims=True)
+
+    x1, x3 = np.array([True]).reshape(1, 1, 1), np.array([False]).reshape(1, 1, 1)
+    got, want = rf.kernel(body, backend=backend)(x1, x3), body(x1, x3)
+    assert np.array_equal(np.asarray(got, np.float64), np.asarray(want, np.float64))

@@ -205,19 +205,32 @@ def log_of(s: Sum, positive: Callable[[Expr], bool]) -> Sum | None:
 
 
 def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr], bool],
-              whole: Callable[[Expr], bool] | None = None) -> Sum:
+              whole: Callable[[Expr], bool] | None = None, term_whole: Callable[[Expr], bool] | None = None) -> Sum:
     """`e` in normal form. Sub-expressions no rule applies to become atoms (kept whole), and so does a factor
     or base of a product or power that `whole` selects (`separability.FusionContext.normal_form`: a sum that
-    reads the reduced values only, whose expansion would separate nothing and only cancel)."""
+    reads the reduced values only, whose expansion would separate nothing and only cancel), and a term that
+    `term_whole` selects of a sum that is such a factor or base (``1/x`` in ``(1/x - mean)**2``: one atom, so
+    that the expansion is in it and in ``mean`` only, and a running centre can be found for it)."""
     if isinstance(e, Const) and not isinstance(e.value, bool) and math.isfinite(e.value):
         return const(float(e.value))
     if isinstance(e, Cast) and is_widening(e):
-        return normalize(e.x, positive, nonneg, whole)  # widening float casts are exact: transparent
+        return normalize(e.x, positive, nonneg, whole, term_whole)  # widening float casts are exact: transparent
+
+    def terms(x: Expr) -> Sum:
+        """A multiplied sum, its `term_whole` terms kept whole."""
+        if isinstance(x, Binary) and x.op in (BinaryOp.ADD, BinaryOp.SUB):
+            a, b = terms(x.a), terms(x.b)
+            return add(a, b) if x.op is BinaryOp.ADD else add(a, scale(b, -1.0))
+        if term_whole is not None and term_whole(x):
+            return atom(x)
+        return normalize(x, positive, nonneg, whole, term_whole)
 
     def operand(x: Expr, multiplied: bool) -> Sum:
         if multiplied and whole is not None and whole(x):
             return atom(x)
-        return normalize(x, positive, nonneg, whole)
+        if multiplied and isinstance(x, Binary) and x.op in (BinaryOp.ADD, BinaryOp.SUB):
+            return terms(x)
+        return normalize(x, positive, nonneg, whole, term_whole)
 
     if isinstance(e, Binary):
         op = e.op
@@ -240,7 +253,7 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
                 if p is not None:
                     return p
     if isinstance(e, Unary):
-        inner = normalize(e.x, positive, nonneg, whole) if e.op is not UnaryOp.NOT else None
+        inner = normalize(e.x, positive, nonneg, whole, term_whole) if e.op is not UnaryOp.NOT else None
         if e.op is UnaryOp.NEG:
             return scale(inner, -1.0)
         if e.op in (UnaryOp.EXP, UnaryOp.EXP2):

@@ -54,7 +54,7 @@ _EXPONENTIALS = frozenset({UnaryOp.EXP, UnaryOp.EXP2})
 def running_extrema(states) -> dict[str, float]:
     """The max/min states among `states` and their identities (what they hold before any element is seen)."""
     return {st.acc.name: st.op.identity(st.acc.dtype) for st in states
-            if isinstance(st, OnlineState) and st.op is not ReduceOp.SUM}
+            if isinstance(st, OnlineState) and st.op in (ReduceOp.MAX, ReduceOp.MIN)}
 
 
 def read_safely(e: Expr, extrema: dict[str, float], only: frozenset[Load] | None = None) -> Expr:

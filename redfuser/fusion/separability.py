@@ -65,13 +65,28 @@ class FusionContext:
         separates nothing and cancels (every x near 300: a variance of it became NaN)."""
         return isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB) and self.kind(e) == "x"
 
+    def reduced_only_term(self, e: Expr) -> bool:
+        """A term of a multiplied sum that is computed from the reduced values alone and is not itself an atom
+        or a constant multiple of one (``1/x``, ``exp(x)``, ``x*w``): kept whole, so that ``(1/x - mean)**2``
+        expands into powers of one atom ``1/x``, which a running centre can hold (a variance of ``1/x`` on a
+        constant row was -1e-9, its std NaN, for numpy's 0)."""
+        if not isinstance(e, (Unary, Binary)) or self.kind(e) != "x":
+            return False
+        if isinstance(e, Unary) and e.op is UnaryOp.NEG:
+            return False
+        if isinstance(e, Binary) and e.op in (BinaryOp.MUL, BinaryOp.DIV):
+            consts = sum(isinstance(o, Const) for o in (e.a, e.b))
+            return consts == 0 or (e.op is BinaryOp.DIV and isinstance(e.a, Const))
+        return True
+
     def normal_form(self, e: Expr, signs: bool = True) -> "A.Sum":
         """`e` in the algebra's normal form as every part of the engine takes a reduction's body: with the
-        positivity known here (`signs`; without it, for comparing two forms) and `reduced_only_sum`s whole."""
+        positivity known here (`signs`; without it, for comparing two forms), `reduced_only_sum`s whole, and
+        the `reduced_only_term`s of a multiplied sum whole."""
         if not signs:
-            return A.normalize(e, lambda a: False, lambda a: False, self.reduced_only_sum)
+            return A.normalize(e, lambda a: False, lambda a: False, self.reduced_only_sum, self.reduced_only_term)
         return A.normalize(e, lambda a: is_positive(a, self.positive), lambda a: is_nonnegative(a, self.positive),
-                           self.reduced_only_sum)
+                           self.reduced_only_sum, self.reduced_only_term)
 
 
 @dataclass(frozen=True)
