@@ -461,3 +461,14 @@ def test_a_std_whose_variance_may_round_to_zero_is_unsure():
     got = np.array([[np.nan], [np.std(1 / x0[1])]], np.float32)
     assert program_judge.compare(got, ref, "cpu", 0) is None
     assert program_judge.compare(np.array([[np.nan], [np.nan]], np.float32), ref, "cpu", 0) is not None
+
+
+def test_a_mean_of_e4m3_values_is_outside_the_subset():
+    """Seed 1, example 2674 at 9dc1f40: ``rf.mean`` of float8_e4m3fn values, which RedFuser refuses by design
+    (numpy accumulates them in e4m3; the conformance table's note): the oracle takes the refusal as the user
+    error it is, not as a kernel refusing what numpy runs."""
+    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    nodes = [Node(("v0",), "astype", ("x0",), ("float8_e4m3fn",)), Node(("v1",), "mean", ("v0",), (-1, False))]
+    p = _program(nodes, ("v1",), (_array(x),))
+    assert reference(p, 0).unsupported
+    assert run(p, "cpu").failures == []
