@@ -598,3 +598,18 @@ def test_a_variance_of_a_reciprocal_is_not_left_expanded(backend):
     got, want = k(x0), _std_of_reciprocals(x0)
     assert not np.isnan(got).any()
     rf.testing.assert_close(got, want, np.float32, 7)
+
+
+def _std_of_exp(x0):
+    return rf.std(rf.exp(rf.minimum(x0, 4.0)), axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_variance_of_an_exponential_is_centred_on_its_own_atom(backend):
+    """Seed 1, example 3621 at fea91e6: ``std(exp(minimum(x, 4)))`` raised AttributeError from
+    `centred.change_variables`: ``exp(...)``, kept whole as one atom of the body, has no linear form of its
+    own. The centre's value is that atom."""
+    x0 = np.array([[2.0, -3.0], [1.0, 1.0], [0.5, -0.25]], np.float32)
+    got, want = rf.kernel(_std_of_exp, backend=backend)(x0), _std_of_exp(x0)
+    assert not np.isnan(got).any()
+    rf.testing.assert_close(got, want, np.float32, 2)

@@ -151,6 +151,8 @@ def change_variables(normal: A.Sum, centre: Centre, exponents: bool = True) -> A
     `exponents`, ``u`` inside an exponential stays as it is (a weight the centre does not move: taylor.py)."""
     never = lambda e: False  # noqa: E731
     u = A.as_linear(A.normalize(centre.u, never, never))
+    if u is None:   # a value kept whole in the body (`FusionContext.reduced_only_term`: exp(x), 1/x) is one atom
+        u = A.as_linear(A.atom(centre.u))
     c = A.as_linear(A.normalize(centre.c, never, never))
     pivot = next(((m.factors[0][0], k) for m, k in u.terms if len(m.factors) == 1 and m.factors[0][1] == 1), None)
     if pivot is None or c is None:
