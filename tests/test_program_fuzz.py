@@ -472,3 +472,16 @@ def test_a_mean_of_e4m3_values_is_outside_the_subset():
     p = _program(nodes, ("v1",), (_array(x),))
     assert reference(p, 0).unsupported
     assert run(p, "cpu").failures == []
+
+
+def test_logaddexp_is_judged_relative_to_its_parts_not_its_cancelled_sum():
+    """Campaign at fea91e6, example 5557: ``logaddexp(a, b)`` near 0 from ``max + log1p(exp(-|a - b|))`` of
+    opposite signs: each part rounds relative to its own size (a kernel's log1p and numpy's differ by an ulp of
+    5.5), so the bound follows the parts; an error of 1e-3 still fails."""
+    a = np.array([-0.3, -0.31, -4.21], np.float32)     # results 5.8e-5, -9.9e-3 (cancelled) and -3.56
+    b = np.array([-1.35, -1.36, -4.3], np.float32)
+    p = _program([Node(("v0",), "logaddexp", ("x0", "x1"))], ("v0",), (_array(a), _array(b)))
+    ref = reference(p, 0)
+    want = np.asarray(ref.outputs[0].ref)
+    assert program_judge.compare((want + np.float32(3e-7)).astype(np.float32), ref, "cpu", 0) is None
+    assert program_judge.compare((want + np.float32(1e-3)).astype(np.float32), ref, "cpu", 0) is not None

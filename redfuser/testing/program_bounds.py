@@ -248,6 +248,8 @@ def underflow_step(dt: np.dtype) -> float:
 def _inner(node, a, out: np.ndarray, u: float) -> np.ndarray | float:
     """The rounding of ``|x| + 1`` inside the guarded rules (``log(|x| + 1)``...), carried through their function:
     in f16 or bf16, numpy rounds it to that type before the function, a kernel does not."""
+    if node.op == "logaddexp":   # max(a, b) + log1p(exp(-|a - b|)): its two parts round before they cancel
+        return 4 * u * (np.maximum(np.abs(a[0][0]), np.abs(a[1][0])) + 1.0)
     if node.op not in ("log_safe", "log2_safe", "sqrt_safe", "rsqrt_safe", "div_safe"):
         return 0.0      # (exp(minimum(x, 4)), expm1(...) and log1p(|x|) round nothing before their function)
     x = a[-1][0]
