@@ -56,6 +56,13 @@ class ProbeLength(int):
         made.probes = probes
         return made
 
+    def note_read(self) -> None:
+        """Note this length as read whoever reads it (RedFuser's own code deciding on its value, e.g. the
+        length of a partial slice ``x[1:]`` of it)."""
+        reads = _reads.get()
+        if reads is not None:
+            reads.update(self.probes)
+
     def note_if_user(self, frame) -> None:
         """Note this length as read when `frame` (the one using it) is the user's code (not RedFuser's, and
         not numpy's or ml_dtypes', which RedFuser calls on shapes, e.g. to broadcast them)."""

@@ -25,6 +25,8 @@ from .ir import (
     Const,
     DType,
     Expr,
+    IndexExpr,
+    IndexValue,
     Load,
     Program,
     Reduce,
@@ -34,8 +36,13 @@ from .ir import (
     TracerBoolError,
     UnsupportedError,
     rename_buffers,
+    Strided,
+    map_expr,
+    shift_index,
     written,
 )
+from .ir.loop.index import as_index, index_value
+from .ir.types import int64
 from .ir import types as T
 from .probes import ProbeLength, probe_length, product_length
 from .source_info import is_internal, user_loc
@@ -48,8 +55,65 @@ class Fixed:
     pos: int
 
 
-ViewIndex = int | Fixed
-"""Per buffer dimension: the view dimension indexing it, or a fixed position."""
+@dataclass(frozen=True, slots=True)
+class Stepped:
+    """A buffer dimension read at ``start + step * n`` where view dimension `dim` is at ``n``: a slice that
+    is not the whole dimension (``(0, 1)`` is a prefix of it)."""
+
+    dim: int
+    start: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class Mapped:
+    """A buffer dimension read at a position computed from several view dimensions (a reshape): `value` is an
+    int64 expression of `view_index` placeholders, one per view dimension it reads."""
+
+    value: Expr
+
+
+ViewIndex = int | Fixed | Stepped | Mapped
+"""Per buffer dimension: the view dimension indexing it (the whole of it, or a slice), a position computed
+from several (a reshape), or a fixed position."""
+
+
+def view_index(d: int) -> IndexValue:
+    """The placeholder for view dimension `d`'s index in a `Mapped` position."""
+    return IndexValue(Axis(f"view{d}", 1), int64)
+
+
+def _position(v: ViewIndex) -> Expr:
+    """The buffer position `v` reads, as an int64 expression of view-index placeholders."""
+    if isinstance(v, Fixed):
+        return Const(v.pos, int64)
+    if isinstance(v, int):
+        return view_index(v)
+    if isinstance(v, Mapped):
+        return v.value
+    return index_value(Strided(view_index(v.dim).axis, v.start, v.step))
+
+
+def redirect(v: ViewIndex, to: "Callable[[int], ViewIndex]") -> ViewIndex:
+    """`v` with each view dimension `d` it reads replaced by ``to(d)`` (another dim, a fixed position, a slice
+    of one or a computed position), composing them: the buffer position stays what it was for every
+    element of the new view."""
+    if isinstance(v, Fixed):
+        return v
+    if isinstance(v, int):
+        return to(v)
+    if isinstance(v, Stepped):
+        new = to(v.dim)
+        if isinstance(new, Fixed):
+            return Fixed(v.start + v.step * new.pos)
+        if isinstance(new, Stepped):
+            return Stepped(new.dim, v.start + v.step * new.start, v.step * new.step)
+        if isinstance(new, int):
+            return Stepped(new, v.start, v.step)
+    value = map_expr(_position(v), lambda n: _position(to(int(n.axis.name[4:])))
+                     if isinstance(n, IndexValue) else None)
+    folded = as_index(value, None)
+    return Fixed(folded) if isinstance(folded, int) else Mapped(value)
 
 
 class TraceBuilder:
@@ -229,15 +293,25 @@ class Tracer:
         t.loc = self.loc
         return t
 
-    def expr_for(self, axes: tuple[Axis | None, ...]) -> Expr:
-        """This value as a Loop IR load, given the axis (or None for broadcast index 0) per view dim."""
-        idx = []
-        for v in self.view:
+    def expr_for(self, axes: tuple[IndexExpr | None, ...]) -> Expr:
+        """This value as a Loop IR load, given the index per view dim: an axis, a strided index of one (a
+        piece of `concatenate`), or None for broadcast index 0."""
+        def at(d: int) -> IndexExpr:
+            a = axes[d]
+            return 0 if a is None or self.shape[d] == 1 else a
+
+        idx: list[IndexExpr] = []
+        for v, size in zip(self.view, self.buffer.shape):
             if isinstance(v, Fixed):
                 idx.append(v.pos)
+            elif isinstance(v, int):
+                idx.append(at(v))
+            elif isinstance(v, Stepped):
+                idx.append(shift_index(at(v.dim), v.start, v.step, size))
             else:
-                a = axes[v]
-                idx.append(0 if a is None or self.shape[v] == 1 else a)
+                value = map_expr(v.value, lambda n: index_value(at(int(n.axis.name[4:])))
+                                 if isinstance(n, IndexValue) else None)
+                idx.append(as_index(value, size))
         return Load(self.buffer, tuple(idx))
 
     def __repr__(self) -> str:
@@ -344,4 +418,5 @@ def as_ir_dtype(dtype: object) -> DType | None:
     return T.from_numpy(dtype)
 
 
-__all__ = ["Tracer", "TraceBuilder", "Fixed", "tracing", "active_builder", "Cast", "Const", "Reduce", "Compute"]
+__all__ = ["Tracer", "TraceBuilder", "Fixed", "Stepped", "Mapped", "view_index", "redirect", "tracing", "active_builder",
+           "Cast", "Const", "Reduce", "Compute"]

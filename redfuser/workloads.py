@@ -181,11 +181,53 @@ def _rows(shape: tuple[int, ...]) -> Callable[[np.random.Generator], tuple[np.nd
     return lambda rng: (rng.standard_normal(shape).astype(np.float32) * 3,)
 
 
+def rope_attention(q, k, v, cos, sin):
+    """Attention with rotary position embeddings applied to q and k inside the kernel, in the rotate-half form
+    (Llama's): the rotation is elementwise over the head dim the score GEMM contracts, so the pass stays one."""
+    half = q.shape[-1] // 2
+
+    def rotate_half(x):
+        return rf.concatenate((-x[..., half:], x[..., :half]), axis=-1)
+
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    s = (q @ rf.swapaxes(k, -1, -2)) * (1.0 / q.shape[-1] ** 0.5)
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return (p / l) @ v
+
+
+def rope_tables(positions: int, dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    """The cos and sin tables of rotary embeddings (rotate-half layout: each frequency twice), f32."""
+    inverse = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    angle = np.arange(positions, dtype=np.float64)[:, None] * inverse[None, :]
+    angle = np.concatenate([angle, angle], axis=-1)
+    return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+
+
+def group_norm(x, w, b):
+    """Group normalization (8 groups) of an NCHW activation: the channels split into groups and merged with the
+    pixels by a reshape (a view: computed positions), the group statistics one centred pass, then scaled per
+    channel."""
+    n, c, h, wd = x.shape
+    g = x.reshape(n, 8, -1)
+    mu = rf.mean(g, axis=-1, keepdims=True)
+    var = rf.var(g, axis=-1, keepdims=True)
+    y = ((g - mu) / rf.sqrt(var + 1e-5)).reshape(n, c, h, wd)
+    return y * w[:, None, None] + b[:, None, None]
+
+
 WORKLOADS: dict[str, Workload] = {
     "attention": Workload(attention, _qkv((2, 4, 128, 64))),
     "causal_attention": Workload(causal_attention, _qkv((2, 4, 128, 64))),
     "softcap_attention": Workload(softcap_attention, lambda rng: tuple(
         (rng.standard_normal((2, 4, 128, 64)) * 6).astype(np.float32) for _ in range(3))),
+    "rope_attention": Workload(rope_attention, lambda rng: tuple(
+        rng.standard_normal((2, 4, 128, 64)).astype(np.float32) for _ in range(3)) + rope_tables(128, 64)),
+    "group_norm": Workload(group_norm, lambda rng: (
+        (rng.standard_normal((2, 32, 8, 8)) * 2 + 3).astype(np.float32),
+        rng.standard_normal(32).astype(np.float32), rng.standard_normal(32).astype(np.float32))),
     "int8_quant_gemm": Workload(int8_quant_gemm, lambda rng: (
         rng.standard_normal((64, 256)).astype(np.float32),
         rng.integers(-127, 128, (256, 128)).astype(np.float32),

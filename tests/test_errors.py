@@ -223,17 +223,69 @@ def test_numpy_function_on_a_list_of_traced_values():
 
 def test_unsupported_method():
     def body(x):
-        return x.reshape(4, 3)  # <- reshape
+        return x.flatten()  # <- flatten
 
-    raises_at(rf.UnsupportedError, "reshape", interp(body), X, contains=("reshape", "subset"))
+    raises_at(rf.UnsupportedError, "flatten", interp(body), X, contains=("flatten", "subset"))
 
 
-@pytest.mark.parametrize("key", [slice(1, 3), slice(None, None, 2), slice(0, 2)])
-def test_non_full_slices(key):
+def test_reshape_refuses_what_numpy_refuses():
     def body(x):
-        return x[:, key]  # <- slice
+        return x.reshape(5, 3)  # <- size
+    raises_at(rf.ShapeError, "size", interp(body), X, contains=("reshape", "size 12", "(5, 3)", "f32[3,4]"))
 
-    raises_at(rf.UnsupportedError, "slice", interp(body), X, contains=("getitem", "full slices", "f32[3,4]"))
+    def body2(x):
+        return x.reshape(-1, -1)  # <- two unknown
+    raises_at(rf.ShapeError, "two unknown", interp(body2), X, contains=("reshape", "one unknown dimension"))
+
+    def body3(x):
+        return rf.reshape(x, (2, 6), order="F")  # <- order
+    raises_at(rf.UnsupportedError, "order", interp(body3), X, contains=("reshape", "C order"))
+
+    def body4(x):
+        return x.reshape(2.0, 6)  # <- float shape
+    raises_at(rf.UnsupportedError, "float shape", interp(body4), X, contains=("reshape", "static ints"))
+
+
+def test_slice_step_zero():
+    def body(x):
+        return x[:, ::0]  # <- step
+    raises_at(rf.ShapeError, "step", interp(body), X, contains=("getitem", "step cannot be zero"))
+
+
+def test_slice_bound_must_be_a_static_int():
+    def body(x):
+        return x[:, 1.5:]  # <- float bound
+    raises_at(rf.UnsupportedError, "float bound", interp(body), X, contains=("getitem", "static ints", "1.5"))
+
+
+def test_concatenate_of_mismatched_shapes():
+    def body(x, y):
+        return rf.concatenate([x, y], axis=0)  # <- mismatch
+    raises_at(rf.ShapeError, "mismatch", interp(body), X, Y,
+              contains=("concatenate", "same number of dimensions", "f32[3,4]", "f32[5]"))
+
+    def body2(x):
+        return rf.concatenate((x, x[:, :2]), axis=0)  # <- other axis
+    raises_at(rf.ShapeError, "other axis", interp(body2), X,
+              contains=("concatenate", "except for the concatenation axis 0", "f32[3,2]"))
+
+    def body3(x):
+        return rf.concatenate((x, x), axis=2)  # <- axis out of range
+    raises_at(rf.ShapeError, "axis out of range", interp(body3), X, contains=("concatenate", "axis 2"))
+
+
+def test_concatenate_and_stack_refuse_what_numpy_refuses():
+    def body(x):
+        return rf.concatenate([rf.sum(x), x[0, 0]])  # <- 0-d
+    raises_at(rf.ShapeError, "0-d", interp(body), X, contains=("concatenate", "zero-dimensional"))
+
+    def body2(x):
+        return rf.concatenate(x)  # <- not a list
+    raises_at(rf.UnsupportedError, "not a list", interp(body2), X, contains=("concatenate", "tuple or list"))
+
+    def body3(x):
+        return rf.stack([x, x[:, 1:]])  # <- stack shapes
+    raises_at(rf.ShapeError, "stack shapes", interp(body3), X, contains=("stack", "same shape", "f32[3,3]"))
 
 
 def test_array_index_is_unsupported():

@@ -1,7 +1,9 @@
 """Scalar expressions of the Loop IR: what one element of a loop nest computes.
 
 Every node is a frozen, slotted dataclass with a `dtype`; equality and hashing
-are structural. Index expressions are loop axes (`Axis`) or fixed integers.
+are structural. Index expressions are loop axes (`Axis`), fixed integers, or
+an axis scaled and shifted (`Strided`: the index map of a slice with a start or
+a step, and of a piece of a concatenation).
 """
 from __future__ import annotations
 
@@ -28,8 +30,94 @@ class Axis:
         return self.name
 
 
-IndexExpr = Union[Axis, int]
-"""How one dimension of a buffer is indexed: by a loop axis or a fixed position."""
+@dataclass(frozen=True, slots=True)
+class Strided:
+    """Position ``start + step * axis`` along one buffer dimension (``x[start::step]`` read at `axis`).
+
+    A position outside the dimension reads the nearest element instead (the index is clamped). The
+    tracer makes such reads only for the pieces of ``concatenate``, whose select discards every value
+    read so: clamping keeps those reads inside the buffer's memory; every value a program keeps is read
+    at ``start + step * axis`` exactly. `step` is never 0 (that is a fixed position). ``(0, 1)`` is a
+    prefix of the dimension (a plain `Axis` index always runs over the whole dimension).
+    """
+
+    axis: Axis
+    start: int
+    step: int
+
+    def at(self, k: int, size: int) -> int:
+        """The position read when the axis is at `k`, in a dimension of `size` (clamped)."""
+        return min(max(self.start + self.step * k, 0), size - 1)
+
+    def may_clamp(self, size: object) -> bool:
+        """Whether some position of the axis falls outside a dimension of `size` (a run-time size: yes)."""
+        if not isinstance(size, int) or not isinstance(self.axis.extent, int):
+            return True
+        last = self.start + self.step * (self.axis.extent - 1)
+        return self.axis.extent > 0 and not (0 <= min(self.start, last) and max(self.start, last) < size)
+
+    def __str__(self) -> str:
+        scaled = self.axis.name if self.step == 1 else f"-{self.axis.name}" if self.step == -1 else \
+            f"{self.step}*{self.axis.name}"
+        if self.start == 0:
+            return scaled   # (0, 1): a prefix of the dimension, which the buffer's shape shows
+        return f"{scaled} {'+' if self.start > 0 else '-'} {abs(self.start)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Computed:
+    """A position computed from loop indices: an int64 expression of `IndexValue`s and constants (``+ - * // %``
+    and nothing else: no loads), clamped into the dimension as a `Strided` one is (a reshape's positions are
+    always inside it; a piece of a concatenation read through a reshape is clamped where it is discarded).
+    A reshape reads through these: a dim split in two is read at ``16*g + c``, two dims merged into one at
+    ``n // 16`` and ``n % 16``."""
+
+    value: "Expr"
+
+    def __str__(self) -> str:
+        from .printer import format_expr
+
+        return format_expr(self.value)
+
+
+IndexExpr = Union[Axis, int, Strided, Computed]
+"""How one dimension of a buffer is indexed: by a loop axis, a fixed position, an axis scaled and shifted, or
+a position computed from several axes."""
+
+
+def strided(axis: Axis, start: int, step: int, size: object = None) -> IndexExpr:
+    """The index ``start + step * axis`` of a dimension of `size`: the axis itself when that is the whole
+    dimension in order (a `size` is needed to know it), else a `Strided` one."""
+    if step == 0:
+        raise ValueError("a step of 0 is a fixed position, not a strided index")
+    if (start, step) == (0, 1) and size is not None and axis.extent == size:
+        return axis
+    return Strided(axis, int(start), int(step))
+
+
+def index_axes(i: IndexExpr) -> tuple[Axis, ...]:
+    """The loop axes an index varies with (none for a fixed position), in order of first use."""
+    if isinstance(i, Axis):
+        return (i,)
+    if isinstance(i, Strided):
+        return (i.axis,)
+    if isinstance(i, Computed):
+        return tuple(dict.fromkeys(n.axis for n in walk(i.value) if isinstance(n, IndexValue)))
+    return ()
+
+
+def reads_axis(i: IndexExpr, name: str) -> bool:
+    """Whether index `i` varies with the loop axis called `name`."""
+    return any(a.name == name for a in index_axes(i))
+
+
+def shift_index(i: IndexExpr, start: int, step: int, size: object = None) -> IndexExpr:
+    """``start + step * i``: the index `i` seen through a slice ``[start::step]`` of a dimension of `size`."""
+    if isinstance(i, int):
+        return start + step * i
+    if isinstance(i, Axis):
+        return strided(i, start, step, size)
+    return strided(i.axis, start + step * i.start, step * i.step, size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,10 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
-from .expr import Axis, Binary, Cast, Const, Expr, IndexValue, Load, Select, Unary
+from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Load, Select, Strided, Unary
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
+from .index import index_value
 from .rewrite import widened
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 from ..types import from_numpy
@@ -47,27 +48,49 @@ DEFAULT_CHUNK = 64
 """Chunk length the interpreter runs fused loops with (an option of the interpret backend)."""
 
 
-def load_array(arr: np.ndarray, indices: tuple[Axis | int, ...], space: Space,
+def load_array(arr: np.ndarray, indices: tuple[IndexExpr, ...], space: Space,
                window: tuple[str, int, int] | None = None) -> np.ndarray:
     """``arr[indices]`` laid out over `space`: one dim per axis, size 1 where unused.
 
     With a `window` ``(axis, start, stop)``, dims indexed by that axis read ``start:stop``
-    (the axis in `space` then has extent ``stop - start``).
+    (the axis in `space` then has extent ``stop - start``). A strided or computed index reads its
+    positions (a strided one clamped into the dim, as `Strided` says).
     """
+    def span(a: Axis) -> tuple[int, int]:
+        return (window[1], window[2]) if window is not None and a.name == window[0] else (0, a.extent)
+
+    if any(isinstance(i, Strided | Computed) for i in indices):
+        return _gather(arr, indices, space, window)
+
     def pick(i: Axis | int):
         if isinstance(i, int):
             return i
-        if window is not None and i.name == window[0]:
-            return slice(window[1], window[2])
-        return slice(None)
+        lo, hi = span(i)
+        return slice(None) if (lo, hi) == (0, i.extent) else slice(lo, hi)
 
-    picked = arr[tuple(pick(i) for i in indices)]
+    picked = arr[tuple(pick(i) for i in indices)]  # type: ignore[arg-type]
     used = [i for i in indices if isinstance(i, Axis)]
     position = {a.name: n for n, a in enumerate(space)}
     order = sorted(range(len(used)), key=lambda n: position[used[n].name])
     picked = picked.transpose(order)
     present = {used[n].name for n in order}
     return picked.reshape([a.extent if a.name in present else 1 for a in space])
+
+
+def _gather(arr: np.ndarray, indices: tuple[IndexExpr, ...], space: Space,
+            window: tuple[str, int, int] | None) -> np.ndarray:
+    """`load_array` by positions: each dim's positions as an array over `space`, then one numpy gather."""
+    env = Env()
+    env.window = window
+    positions = []
+    for dim, i in enumerate(indices):
+        if isinstance(i, int):
+            positions.append(np.intp(i))
+            continue
+        at = evaluate(index_value(i), env, space).astype(np.intp)
+        positions.append(np.clip(at, 0, arr.shape[dim] - 1))
+    shape = np.broadcast_shapes(*(np.shape(p) for p in positions), (1,) * len(space))
+    return arr[tuple(positions)].reshape(shape)
 
 
 def _const(e: Const, env: Env, space: Space) -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from .expr import Axis, Binary, Cast, Const, Expr, IndexValue, Load, Select, Unary
+from .expr import Axis, Binary, Cast, Const, Expr, IndexExpr, IndexValue, Load, Select, Strided, Unary
 from ..semantics import BinaryOp, UnaryOp
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 from ..excerpt import LineIndex, note_line
@@ -44,8 +44,14 @@ def format_const(value: float | int | bool) -> str:
     return str(value)
 
 
-def format_index(indices: tuple[Axis | int, ...]) -> str:
-    return ",".join(str(i) for i in indices)
+def format_index(indices: tuple[IndexExpr, ...], shape: tuple[int, ...] | None = None) -> str:
+    """Indices as ``i0,2*i1 + 1``; with the buffer's `shape`, a strided index that may fall outside its
+    dimension reads ``clip(i1 - 8)`` (it is clamped: `ir.loop.expr.Strided`)."""
+    def one(i: IndexExpr, size: object) -> str:
+        if isinstance(i, Strided) and shape is not None and i.may_clamp(size):
+            return f"clip({i})"
+        return str(i)
+    return ",".join(one(i, size) for i, size in zip(indices, shape or (None,) * len(indices)))
 
 
 def _expr(e: Expr) -> tuple[str, int]:
@@ -56,7 +62,7 @@ def _expr(e: Expr) -> tuple[str, int]:
     if isinstance(e, IndexValue):
         return (e.axis.name if e.dtype.is_int else f"{e.dtype}({e.axis.name})"), _ATOM
     if isinstance(e, Load):
-        return f"{e.buffer.name}[{format_index(e.indices)}]", _ATOM
+        return f"{e.buffer.name}[{format_index(e.indices, e.buffer.shape)}]", _ATOM
     if isinstance(e, Cast):
         return f"{e.dtype}({format_expr(e.x)})", _ATOM
     if isinstance(e, Select):

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..errors import VerifyError
-from .expr import Axis, Binary, Cast, Expr, IndexValue, Load, Select, Unary, walk
+from .expr import Axis, Binary, Cast, Computed, Expr, IndexValue, Load, Select, Strided, Unary, walk
+from .index import is_index_expression
 from ..semantics import BinaryOp, ReduceOp, UnaryOp
 from ..buffer import Buffer
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
@@ -63,6 +64,18 @@ def verify_expr(e: Expr, scope: dict[str, Axis], defined: dict[str, Buffer], stm
                         _fail(f"load of {buf.name} uses axis {idx.name} not in scope", stmt, where)
                     if idx.extent != size:
                         _fail(f"{buf.name} dim {dim} has size {size} but axis {idx.name} runs to {idx.extent}", stmt, where)
+                elif isinstance(idx, Computed):
+                    if not is_index_expression(idx.value):
+                        _fail(f"{buf.name} dim {dim} indexed by {idx}: a computed position holds only int64 "
+                              "+ - * // % of loop indices and constants", stmt, where)
+                    for n in walk(idx.value):
+                        if isinstance(n, IndexValue) and scope.get(n.axis.name) != n.axis:
+                            _fail(f"load of {buf.name} uses axis {n.axis.name} not in scope", stmt, where)
+                elif isinstance(idx, Strided):
+                    if scope.get(idx.axis.name) != idx.axis:
+                        _fail(f"load of {buf.name} uses axis {idx.axis.name} not in scope", stmt, where)
+                    if idx.step == 0:
+                        _fail(f"{buf.name} dim {dim} indexed by {idx!r}: a step of 0", stmt, where)
                 elif not (isinstance(idx, int) and 0 <= idx and _below(idx, size)):
                     _fail(f"{buf.name} dim {dim} indexed by {idx!r}, outside [0, {size})", stmt, where)
         elif isinstance(node, IndexValue):

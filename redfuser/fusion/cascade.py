@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import Axis, Load, Program, walk, written
+from ..ir import Axis, Load, Program, reads_axis, walk, written
 from .inline import reads
 from .member import Member, as_member
 
@@ -35,7 +35,7 @@ def axis_signature(r: Member) -> set[tuple[str, int]]:
     """The (buffer, dimension) pairs `r` reads along its reduced axis."""
     axis = r.reduce_axis
     return {(n.buffer.name, d) for n in walk(r.value) if isinstance(n, Load)
-            for d, i in enumerate(n.indices) if isinstance(i, Axis) and i.name == axis.name}
+            for d, i in enumerate(n.indices) if reads_axis(i, axis.name)}
 
 
 def reads_own_rows(r: Member, outs: set[str]) -> bool:

@@ -12,6 +12,8 @@ from dataclasses import replace
 
 from ..ir import (
     Axis,
+    index_axes,
+    reads_axis,
     Binary,
     BinaryOp,
     Buffer,
@@ -65,7 +67,7 @@ def _all_exprs(s) -> list[Expr]:
 def _axes_in(e: Expr):
     for n in walk(e):
         if isinstance(n, Load):
-            yield from (i for i in n.indices if isinstance(i, Axis))
+            yield from (a for i in n.indices for a in index_axes(i))
 
 
 def _constant(e: Expr) -> bool:
@@ -276,7 +278,7 @@ def _pull_locals(p: Program, fused: list[Member], b: LoopBuilder, axis: Axis) ->
         if not isinstance(s, Reduce) or s.out.name in outputs or s.out.name in used_elsewhere:
             continue
         dims = {d for e in exprs for n in walk(e) if isinstance(n, Load) and n.buffer.name == s.out.name
-                for d in [next((k for k, i in enumerate(n.indices) if isinstance(i, Axis) and i.name == axis.name), -1)]}
+                for d in [_read_along(n.indices, axis)]}
         if len(dims) != 1 or -1 in dims:
             continue
         d = dims.pop()
@@ -284,6 +286,13 @@ def _pull_locals(p: Program, fused: list[Member], b: LoopBuilder, axis: Axis) ->
         new_axes = tuple(axis if k == d else a for k, a in enumerate(s.axes))
         found.append((s, replace(s, axes=new_axes, value=renamed)))
     return found
+
+
+def _read_along(indices: tuple, axis: Axis) -> int:
+    """The dim a load reads along `axis` at the axis itself, or -1 (none, or a shifted or strided position:
+    such a read needs other chunks' values than the chunk's own)."""
+    along = [k for k, i in enumerate(indices) if reads_axis(i, axis.name)]
+    return along[0] if len(along) == 1 and isinstance(indices[along[0]], Axis) else -1
 
 
 def _place(p: Program, removed: set[int], loop: FusedLoop, epilogue: list[Compute]) -> Program:

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
-from ..ir import (Axis, Binary, BinaryOp, Cast, Const, DType, Expr, IndexValue, Load, ReduceOp, Select, Unary,
-                  UnaryOp, format_expr, map_expr)
+from ..ir import (Binary, BinaryOp, Cast, Const, DType, Expr, IndexValue, Load, ReduceOp, Select, Unary,
+                  UnaryOp, format_expr, map_expr, reads_axis)
 from ..ir.types import bool_
 from ..ir.loop.expr import walk
 from . import algebra as A
@@ -53,7 +53,7 @@ class FusionContext:
             if isinstance(n, Load):
                 if n.buffer.name in self.states:
                     y = True
-                if n.buffer.name in self.locals or any(isinstance(i, Axis) and i.name == self.loop_axis for i in n.indices):
+                if n.buffer.name in self.locals or any(reads_axis(i, self.loop_axis) for i in n.indices):
                     x = True
             elif isinstance(n, IndexValue) and n.axis.name == self.loop_axis:
                 x = True

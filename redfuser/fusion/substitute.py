@@ -1,28 +1,37 @@
 """Substituting a nest's value for reads of its buffer (the heart of inlining)."""
 from __future__ import annotations
 
-from ..ir import Axis, Const, Expr, IndexValue, Load, map_expr
+from ..ir import Axis, Expr, IndexValue, Load, map_expr, reads_axis
+from ..ir.loop.expr import IndexExpr
+from ..ir.loop.index import index_value, rename_index
 
 
-def rename_axes(e: Expr, mapping: dict[str, Axis | int]) -> Expr:
-    """`e` with loop axes replaced by name: by another axis, or by a fixed position."""
+def rename_axes(e: Expr, mapping: dict[str, IndexExpr]) -> Expr:
+    """`e` with loop axes replaced by name: by another axis, a fixed position, or a strided or computed index.
+
+    Indices compose (`ir.loop.index`): ``x[2*i + 1]`` with ``i -> j + 4`` reads ``x[2*j + 9]``. (Clamping,
+    which only keeps reads a select discards inside memory, is not composed: such a read stays discarded
+    and in bounds.)"""
     if not mapping:
         return e
 
+    def replace(a: Axis) -> IndexExpr | None:
+        return mapping.get(a.name)
+
     def fix(n: Expr) -> Expr | None:
         if isinstance(n, Load):
-            if any(isinstance(i, Axis) and i.name in mapping for i in n.indices):
-                return Load(n.buffer, tuple(mapping.get(i.name, i) if isinstance(i, Axis) else i for i in n.indices))
+            if any(reads_axis(i, name) for i in n.indices for name in mapping):
+                return Load(n.buffer, tuple(rename_index(i, size, replace)
+                                            for i, size in zip(n.indices, n.buffer.shape)))
             return None
         if isinstance(n, IndexValue) and n.axis.name in mapping:
-            new = mapping[n.axis.name]
-            return IndexValue(new, n.dtype) if isinstance(new, Axis) else Const(new, n.dtype)
+            return index_value(mapping[n.axis.name], n.dtype)
         return None
 
     return map_expr(e, fix)
 
 
-def value_at(axes: tuple[Axis, ...], value: Expr, indices: tuple[Axis | int, ...]) -> Expr:
+def value_at(axes: tuple[Axis, ...], value: Expr, indices: tuple[IndexExpr, ...]) -> Expr:
     """The value a nest ``for axes: out[axes] = value`` stores at ``out[indices]``."""
     return rename_axes(value, {a.name: i for a, i in zip(axes, indices)})
 

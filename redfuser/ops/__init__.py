@@ -15,7 +15,8 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 | reductions.py   | sum max min prod, matmul, topk                                       |
 | statistics.py   | mean var std any all (written with the IR's reductions, as numpy)   |
 | argextrema.py   | argmax argmin (written with topk)                                    |
-| views.py        | swapaxes transpose, indexing, arange                                 |
+| views.py        | swapaxes transpose reshape, indexing and slicing, arange             |
+| joining.py      | concatenate stack                                                    |
 | common.py       | operand helpers shared by all                                        |
 | operators.py    | `Tracer`'s Python operators and methods, forwarded to the ops above  |
 """
@@ -69,7 +70,8 @@ from .functions import cos, erf, expm1, log1p, logaddexp, sin, tanh
 from .numeric import ceil, clip, floor, isfinite, isinf, isnan, rint, round, sign, trunc
 from .reductions import matmul, max, min, normalize_axes, prod, sum, topk
 from .statistics import all, any, mean, std, var
-from .views import arange, getitem, swapaxes, transpose
+from .views import arange, getitem, reshape, swapaxes, transpose
+from .joining import concatenate, stack
 
 UFUNC_OPERATORS: dict[np.ufunc, Callable] = {
     np.add: add, np.subtract: subtract, np.multiply: multiply, np.true_divide: divide, np.power: power,
@@ -103,12 +105,13 @@ def _arguments_checked(fn: Callable) -> Callable:
     return op
 
 
-PUBLIC = ("abs", "add", "all", "any", "arange", "argmax", "argmin", "astype", "ceil", "clip", "cos", "divide",
-          "equal", "erf", "exp", "exp2", "expm1", "floor", "floor_divide", "greater", "greater_equal", "isfinite",
-          "isinf", "isnan", "less", "less_equal", "log", "log1p", "log2", "logaddexp", "logical_and", "logical_not",
-          "logical_or", "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum", "multiply", "negative",
-          "not_equal", "power", "prod", "remainder", "rint", "round", "rsqrt", "sign", "sin", "sqrt", "std", "subtract",
-          "sum", "swapaxes", "tanh", "topk", "transpose", "trunc", "var", "where")
+PUBLIC = ("abs", "add", "all", "any", "arange", "argmax", "argmin", "astype", "ceil", "clip", "concatenate", "cos",
+          "divide", "equal", "erf", "exp", "exp2", "expm1", "floor", "floor_divide", "greater", "greater_equal",
+          "isfinite", "isinf", "isnan", "less", "less_equal", "log", "log1p", "log2", "logaddexp", "logical_and",
+          "logical_not", "logical_or", "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum",
+          "multiply", "negative", "not_equal", "power", "prod", "remainder", "reshape", "rint", "round", "rsqrt",
+          "sign", "sin", "sqrt", "stack", "std", "subtract", "sum", "swapaxes", "tanh", "topk", "transpose", "trunc",
+          "var", "where")
 """The ops `redfuser` exports (its namespace, README "Op subset")."""
 for _name in PUBLIC:
     globals()[_name] = _arguments_checked(globals()[_name])

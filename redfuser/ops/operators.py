@@ -31,6 +31,13 @@ def _no_rounding(name: str):
     return refuse
 
 
+def _reshape_method(self, *shape, order="C"):
+    """``x.reshape(2, 3)`` or ``x.reshape((2, 3))``, as numpy's method."""
+    from .. import ops
+
+    return ops.reshape(self, shape[0] if len(shape) == 1 else shape, order=order)
+
+
 def install_operators() -> None:
     """Operators and methods of `Tracer` forward to the op namespace (one definition per op)."""
     from .. import ops   # redfuser.ops, being initialized: its ops are bound by now
@@ -71,5 +78,6 @@ def install_operators() -> None:
     for name in ("astype", "swapaxes", "transpose", "sum", "max", "min", "prod", "mean", "var", "std", "any", "all",
                  "argmax", "argmin"):
         setattr(Tracer, name, lambda self, *args, _op=name, **kwargs: getattr(ops, _op)(self, *args, **kwargs))
+    Tracer.reshape = _reshape_method  # type: ignore[attr-defined]
     Tracer.T = property(lambda self: ops.transpose(self))  # type: ignore[attr-defined]
     Tracer.mT = property(lambda self: ops.swapaxes(self, -1, -2))  # type: ignore[attr-defined]

@@ -18,12 +18,14 @@ from ..ir import (
 )
 from ..ir import types as T
 from ..source_info import user_loc
-from ..tracer import Fixed, Tracer, active_builder
+from ..probes import ProbeLength
+from ..tracer import Fixed, Mapped, Stepped, Tracer, ViewIndex, active_builder, redirect, view_index
 from .common import (
     _traced,
     constant,
     describe,
 )
+from ..ir import Const
 
 
 def _dim(op: str, x: Tracer, d: object) -> int:
@@ -37,7 +39,7 @@ def _dim(op: str, x: Tracer, d: object) -> int:
 def _permute(x: Tracer, perm: Sequence[int]) -> Tracer:
     """The view whose dim ``n`` is `x`'s dim ``perm[n]``."""
     where_to = {old: new for new, old in enumerate(perm)}
-    view = tuple(v if isinstance(v, Fixed) else where_to[v] for v in x.view)
+    view = tuple(redirect(v, where_to.__getitem__) for v in x.view)
     return x.with_view(view, tuple(x.shape[p] for p in perm))
 
 
@@ -67,7 +69,8 @@ def transpose(x, *axes):
 
 
 def getitem(x: Tracer, key: object) -> Tracer:
-    """``x[key]`` for keys made of ``None``, ``...``, full slices ``:`` and integers (a view)."""
+    """``x[key]`` for keys made of ``None``, ``...``, slices ``start:stop:step`` and integers (a view, as numpy
+    makes one: no data moves; a slice reads its positions through a strided index)."""
     items = key if isinstance(key, tuple) else (key,)
     if builtins.sum(1 for k in items if k is Ellipsis) > 1:
         raise ShapeError("an index can only have one ellipsis ('...')", op="getitem", loc=user_loc())
@@ -82,7 +85,7 @@ def getitem(x: Tracer, key: object) -> Tracer:
             expanded.append(k)
     if not builtins.any(k is Ellipsis for k in items):  # not `in`: that compares array keys with ==
         expanded.extend([slice(None)] * (x.ndim - consumed))
-    new_of_old: dict[int, int | Fixed] = {}
+    new_of_old: dict[int, ViewIndex] = {}
     shape: list[int] = []
     dim = 0
     for k in expanded:
@@ -91,12 +94,10 @@ def getitem(x: Tracer, key: object) -> Tracer:
             continue
         size = x.shape[dim]
         if isinstance(k, slice):
-            start, stop, step = k.indices(size)
-            if (start, stop, step) != (0, size, 1):
-                raise UnsupportedError(f"only full slices ':' are supported, got {k} on {describe(x)} dim {dim}",
-                                       op="getitem", loc=user_loc())
-            new_of_old[dim] = len(shape)
-            shape.append(size)
+            start, step = _slice_map(x, dim, k)
+            whole = (start, step) == (0, 1) and len(range(*k.indices(size))) == size
+            new_of_old[dim] = len(shape) if whole else Stepped(len(shape), start, step)
+            shape.append(len(range(*k.indices(size))))
         elif isinstance(k, int | np.integer) and not isinstance(k, bool):
             if not -size <= k < size:
                 raise ShapeError(f"index {k} is out of bounds for dim {dim} of {describe(x)}", op="getitem",
@@ -104,14 +105,110 @@ def getitem(x: Tracer, key: object) -> Tracer:
             x.builder.need_length(size, int(k) + 1 if k >= 0 else -int(k))
             new_of_old[dim] = Fixed(int(k) % size)
         else:
-            raise UnsupportedError(f"index {k!r} of type {type(k).__name__} is not supported (use None, ..., ':' "
-                                   "or an int)", op="getitem", loc=user_loc())
+            raise UnsupportedError(f"index {k!r} of type {type(k).__name__} is not supported (use None, ..., "
+                                   "slices or ints; rf.take_along_axis gathers)", op="getitem", loc=user_loc())
         dim += 1
-    view = tuple(v if isinstance(v, Fixed) else new_of_old[v] for v in x.view)
+    view = tuple(redirect(v, new_of_old.__getitem__) for v in x.view)
     # numpy: an index with an ellipsis returns an array (0-d included); integers alone down to 0-d, a scalar
     return x.with_view(view, tuple(shape), array0d=builtins.any(k is Ellipsis for k in items))
 
 
+def _slice_map(x: Tracer, dim: int, k: slice) -> tuple[int, int]:
+    """``(start, step)`` of slice `k` on `x`'s dim: the view's position ``n`` reads ``start + step * n``."""
+    for bound in (k.start, k.stop, k.step):
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int | np.integer)):
+            raise UnsupportedError(f"slice bounds must be static ints or None, got {k}", op="getitem",
+                                   loc=user_loc())
+    if k.step is not None and int(k.step) == 0:
+        raise ShapeError("slice step cannot be zero", op="getitem", loc=user_loc())
+    size = x.shape[dim]
+    start, stop, step = k.indices(size)
+    if (start, stop, step) != (0, size, 1) and isinstance(size, ProbeLength):
+        size.note_read()   # a partial slice of a length: the kernel specializes on that length
+    return start, step
+
+
+def reshape(a, shape=None, order="C"):
+    """``numpy.reshape`` in C order: the same elements in a new shape (one length may be -1). A view, as numpy
+    makes one of a contiguous array: a dim split in two is read at ``16*g + c``, dims merged into one at
+    ``n // 16`` and ``n % 16`` (computed positions; nothing is copied)."""
+    if not _traced(a):
+        return np.reshape(a, shape, order=order)
+    if order != "C":
+        raise UnsupportedError(f"order={order!r}: only C order is supported", op="reshape", loc=user_loc())
+    new = _new_shape(a, shape)
+    if new == a.shape:
+        return a.with_view(a.view, a.shape)
+    for n in a.shape:
+        if isinstance(n, ProbeLength):
+            n.note_read()       # the positions compile in the lengths: the kernel specializes on them
+    if a.size == 0:             # nothing to read: an empty array of the new shape
+        builder, loc = a.builder, user_loc()
+        return builder.emit("reshape", a.ir_dtype, new, lambda out: Compute(
+            out, builder.axes(new), constant(0, a.ir_dtype), loc=loc))
+    to = _reshape_map(a.shape, new)
+    return a.with_view(tuple(redirect(v, to.__getitem__) for v in a.view), new)
+
+
+def _new_shape(a: Tracer, shape: object) -> tuple[int, ...]:
+    """The target shape with its -1 inferred, numpy's refusals as `ShapeError`s."""
+    items = (shape,) if isinstance(shape, int | np.integer) else tuple(shape) if isinstance(shape, tuple | list) \
+        else None
+    if items is None or any(isinstance(n, bool) or not isinstance(n, int | np.integer) for n in items):
+        raise UnsupportedError(f"shape must be static ints, got {shape!r}", op="reshape", loc=user_loc())
+    dims = [int(n) for n in items]
+    if sum(1 for n in dims if n == -1) > 1 or any(n < -1 for n in dims):
+        raise ShapeError(f"can only specify one unknown dimension (-1) and no other negative one: {tuple(dims)}",
+                         op="reshape", loc=user_loc())
+    known = int(np.prod([n for n in dims if n != -1], dtype=np.int64))
+    size = int(a.size)
+    if -1 in dims:
+        if known == 0 or size % known:
+            raise ShapeError(f"cannot reshape {describe(a)} of size {size} into shape {tuple(items)}",
+                             op="reshape", loc=user_loc())
+        dims[dims.index(-1)] = size // known
+    elif known != size:
+        raise ShapeError(f"cannot reshape {describe(a)} of size {size} into shape {tuple(dims)}", op="reshape",
+                         loc=user_loc())
+    return tuple(dims)
+
+
+def _reshape_map(old: tuple[int, ...], new: tuple[int, ...]) -> dict[int, ViewIndex]:
+    """For each old view dim, what indexes it in the new view (a non-empty reshape): a new dim where the two
+    match one to one, a fixed 0 for a length-1 dim, else a position computed from the new dims of its block
+    (the fewest consecutive dims of each shape holding the same number of elements)."""
+    to: dict[int, ViewIndex] = {d: Fixed(0) for d, n in enumerate(old) if n == 1}
+    olds = [d for d, n in enumerate(old) if n != 1]
+    news = [k for k, n in enumerate(new) if n != 1]
+    i = k = 0
+    while i < len(olds):
+        block_old, block_new = [olds[i]], [news[k]]
+        p_old, p_new = old[olds[i]], new[news[k]]
+        i, k = i + 1, k + 1
+        while p_old != p_new:
+            if p_old < p_new:
+                block_old.append(olds[i])
+                p_old, i = p_old * old[olds[i]], i + 1
+            else:
+                block_new.append(news[k])
+                p_new, k = p_new * new[news[k]], k + 1
+        if len(block_old) == len(block_new) == 1:
+            to[block_old[0]] = block_new[0]
+            continue
+        flat: Expr | None = None
+        for n in block_new:                       # the block's flat position, row-major over its new dims
+            flat = view_index(n) if flat is None else _index(BinaryOp.ADD, _index(
+                BinaryOp.MUL, flat, Const(new[n], T.int64)), view_index(n))
+        inner = p_old
+        for m, d in enumerate(block_old):         # each old dim's digit of it
+            inner //= old[d]
+            digit = flat if inner == 1 else _index(BinaryOp.FLOORDIV, flat, Const(inner, T.int64))  # type: ignore
+            to[d] = Mapped(digit if m == 0 else _index(BinaryOp.MOD, digit, Const(old[d], T.int64)))
+    return to
+
+
+def _index(op: BinaryOp, a: Expr, b: Expr) -> Expr:
+    return Binary(op, a, b, T.int64)
 
 
 def arange(start, stop=None, step=1, dtype=None):

@@ -20,6 +20,9 @@ import numpy as np
 
 from ..ir import (
     Axis,
+    Strided,
+    Computed,
+    index_axes,
     Binary,
     BinaryOp,
     Cast,
@@ -37,7 +40,7 @@ from ..ir import (
 from ..ir.tile import nodes as t
 from ..ir.types import bool_, float32, from_numpy
 from .builder import KernelBuilder
-from .space import Binding, Dim, Fixed, Tiled, align, mask_tile, offsets, place
+from .space import Binding, Dim, Fixed, Position, Shifted, Tiled, align, mask_tile, offsets, place
 
 def compute_dtype(d: DType) -> DType:
     """The dtype arithmetic on `d` values runs in (f32 for the storage-only float types)."""
@@ -61,7 +64,7 @@ def footprint(e: Expr) -> tuple[tuple[str, ...], tuple[str, ...]]:
     for n in walk(e):
         if isinstance(n, Load):
             bufs.add(n.buffer.name)
-            axes.update(i.name for i in n.indices if isinstance(i, Axis))
+            axes.update(a.name for i in n.indices for a in index_axes(i))
         elif isinstance(n, IndexValue):
             axes.add(n.axis.name)
     return tuple(sorted(axes)), tuple(sorted(bufs))
@@ -116,11 +119,14 @@ def _load(lw: ExprLowering, e: Load, b: dict[str, Binding]) -> Tiled:
     if e.buffer.name in lw.tiles:
         tile = lw.tiles[e.buffer.name]
         used = {b[i.name].key for i in e.indices if isinstance(i, Axis) and isinstance(b[i.name], Dim)}
-        if used != {d.key for d in tile.dims}:
+        if used != {d.key for d in tile.dims} or any(isinstance(i, Strided | Computed) for i in e.indices):
             raise InternalError(f"fused read of {e.buffer.name} at {e.indices} does not line up with its tile",
                                 pass_name="schedule")
         return tile
-    positions: list[Binding | int] = [i if isinstance(i, int) else b[i.name] for i in e.indices]
+    positions: list[Position] = [
+        i if isinstance(i, int) else b[i.name] if isinstance(i, Axis) else
+        Shifted(b[i.axis.name], i.start, i.step, i.may_clamp(size)) if isinstance(i, Strided) else
+        lw.lower_as(i.value, kb.index_dtype, b) for i, size in zip(e.indices, e.buffer.shape)]
     off = offsets(kb, e.buffer, positions)
     mask = mask_tile(kb, off.dims)
     v = kb.load(e.buffer, off.value, mask, 0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, Reduce, ReduceOp, TopKState, loads
+from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, Reduce, ReduceOp, TopKState, index_axes, loads
 from ..ir.sizes import SizeLike, assumed_at_least, ceil_div, is_static, same_length
 from ..ir.tile import nodes as t
 from .builder import KernelBuilder
@@ -208,7 +208,7 @@ def _tiling_reuses_nothing(fl: FusedLoop, classes: AxisClasses, tiled: str, fuse
         for ld in loads(expr):
             if ld.buffer.name in computed:
                 continue
-            keys = {classes.of(stmt, a) for a in ld.indices if isinstance(a, Axis) and (stmt, a.name) in classes.key}
+            keys = {classes.of(stmt, a) for i in ld.indices for a in index_axes(i) if (stmt, a.name) in classes.key}
             keys -= grid
             if tiled in keys and fused in keys and len(keys) >= 3:
                 return True

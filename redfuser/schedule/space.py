@@ -46,6 +46,20 @@ class Fixed:
 Binding = Dim | Fixed
 
 
+@dataclass(frozen=True, slots=True)
+class Shifted:
+    """A buffer dim read at ``start + step * index`` of a binding (a Loop IR `Strided` index), clamped into
+    the dim where `clamp` (a piece of a concatenation: those lanes' values are discarded)."""
+
+    of: Binding
+    start: int
+    step: int
+    clamp: bool
+
+
+
+
+
 def overhangs(covered: SizeLike, extent: SizeLike) -> bool:
     """Whether lanes reaching index `covered` run past an axis of `extent` (true whenever either is a
     run-time extent: the mask is then kept)."""
@@ -60,6 +74,11 @@ class Tiled:
 
     value: t.Value
     dims: tuple[Dim, ...]
+
+
+Position = Binding | Shifted | int | Tiled
+"""How one buffer dim is addressed: a binding, a binding shifted and scaled, a fixed index, or computed
+indices (an index tile over some dims, or a scalar: a reshape's positions)."""
 
 
 def ordered(dims) -> tuple[Dim, ...]:
@@ -133,25 +152,56 @@ def _is_one(stride: SizeLike) -> bool:
     return not isinstance(stride, Size) and stride == 1
 
 
-def offsets(kb: KernelBuilder, buffer: Buffer, positions: list[Binding | int]) -> Tiled:
-    """Element offsets of `buffer` at `positions` (one binding or fixed int per buffer dim)."""
+def _shifted(kb: KernelBuilder, index: t.Value, pos: Shifted, size: SizeLike, hint: str) -> t.Value:
+    """``start + step * index`` (a scalar or a tile of indices), clamped into ``[0, size)`` where asked."""
+    idx, shape = kb.index_dtype, index.shape
+    if pos.step != 1:
+        index = kb.binary(BinaryOp.MUL, index, kb.const(pos.step, idx, shape), hint=hint)
+    if pos.start:
+        index = kb.binary(BinaryOp.ADD, index, kb.const(pos.start, idx, shape), hint=hint)
+    return _clamp(kb, index, size, hint) if pos.clamp else index
+
+
+def _clamp(kb: KernelBuilder, index: t.Value, size: SizeLike, hint: str = "at") -> t.Value:
+    """`index` clamped into ``[0, size)`` (a computed or strided read a select discards stays in memory)."""
+    idx, shape = kb.index_dtype, index.shape
+    index = kb.binary(BinaryOp.MAX, index, kb.const(0, idx, shape), hint=hint)
+    last = kb.binary(BinaryOp.SUB, kb.const(size, idx), kb.const(1, idx))
+    return kb.binary(BinaryOp.MIN, index, kb.broadcast(last, shape), hint=hint)
+
+
+def offsets(kb: KernelBuilder, buffer: Buffer, positions: list[Position]) -> Tiled:
+    """Element offsets of `buffer` at `positions` (one per buffer dim)."""
     idx = kb.index_dtype
     const_part = buffer.type.base_offset   # > 0 for a view with negative strides (ir.types.BufferType)
     scalar: t.Value | None = None
     tiles: list[Tiled] = []
-    for pos, stride in zip(positions, buffer.type.element_strides):
+    for pos, stride, size in zip(positions, buffer.type.element_strides, buffer.type.shape):
         if buffer.type.strides is not None and stride == 0:
             continue   # a broadcast view's repeated dim (only inputs are views, so only loads get here)
-        if isinstance(pos, int):
-            const_part += pos * stride
-        elif isinstance(pos, Fixed):
-            term = pos.index if _is_one(stride) else kb.binary(BinaryOp.MUL, pos.index, kb.const(stride, idx))
+        shift = pos if isinstance(pos, Shifted) else None
+        bound = shift.of if shift is not None else pos
+        if isinstance(bound, Tiled):
+            bound = Tiled(_clamp(kb, bound.value, size), bound.dims)
+            term = bound.value if _is_one(stride) else kb.binary(
+                BinaryOp.MUL, bound.value, kb.const(stride, idx, bound.value.shape), hint="at_off")
+            if bound.dims:
+                tiles.append(Tiled(term, bound.dims))
+            else:
+                scalar = term if scalar is None else kb.binary(BinaryOp.ADD, scalar, term, hint="off")
+        elif isinstance(bound, int):
+            const_part += bound * stride
+        elif isinstance(bound, Fixed):
+            index = bound.index if shift is None else _shifted(kb, bound.index, shift, size, "at")
+            term = index if _is_one(stride) else kb.binary(BinaryOp.MUL, index, kb.const(stride, idx))
             scalar = term if scalar is None else kb.binary(BinaryOp.ADD, scalar, term, hint="off")
         else:
-            it = index_tile(kb, pos)
-            term = it.value if _is_one(stride) else kb.binary(
-                BinaryOp.MUL, it.value, kb.const(stride, idx, (pos.size,)), hint=f"{pos.key}_off")
-            tiles.append(Tiled(term, (pos,)))
+            index = index_tile(kb, bound).value
+            if shift is not None:
+                index = _shifted(kb, index, shift, size, f"{bound.key}_at")
+            term = index if _is_one(stride) else kb.binary(
+                BinaryOp.MUL, index, kb.const(stride, idx, (bound.size,)), hint=f"{bound.key}_off")
+            tiles.append(Tiled(term, (bound,)))
     if isinstance(const_part, Size) or const_part:
         c = kb.const(const_part, idx)
         scalar = c if scalar is None else kb.binary(BinaryOp.ADD, scalar, c, hint="off")
@@ -159,8 +209,7 @@ def offsets(kb: KernelBuilder, buffer: Buffer, positions: list[Binding | int]) -
         scalar = kb.const(0, idx)
     if not tiles:
         return Tiled(scalar, ())  # type: ignore[arg-type]
-    key = ("offsets", buffer.name, tuple((p if isinstance(p, int) else (p.index.name if isinstance(p, Fixed) else p))
-                                         for p in positions))
+    key = ("offsets", buffer.name, tuple(_position_key(p) for p in positions))
     found = kb.recall(key)
     if found is not None:
         return found  # type: ignore[return-value]
@@ -171,3 +220,12 @@ def offsets(kb: KernelBuilder, buffer: Buffer, positions: list[Binding | int]) -
     if scalar is not None:
         total = kb.binary(BinaryOp.ADD, kb.broadcast(scalar, total.shape), total, hint=f"{buffer.name}_off")
     return kb.remember(key, Tiled(total, dims))  # type: ignore[return-value]
+
+
+def _position_key(p: Position) -> object:
+    """What identifies a position in the offsets memo (a scalar index by its value's name)."""
+    if isinstance(p, Shifted):
+        return (_position_key(p.of), p.start, p.step, p.clamp)
+    if isinstance(p, Tiled):
+        return ("at", p.value.name)
+    return p.index.name if isinstance(p, Fixed) else p

@@ -117,7 +117,7 @@ def unify(fl: FusedLoop, epilogue: list[Compute]) -> AxisClasses:
                         if pa.extent == 1 and find((p, pa.name)) not in {find(r) for r in ranks}:
                             continue  # index 0 of a length-1 axis: the kernel keeps that axis as a fixed 0
                         # (not a top-1 list's rank: the kernel keeps that one as a tile dim)
-                        raise Unfusable(f"{load.buffer.name} is read at a fixed position")
+                        raise Unfusable(f"{load.buffer.name} is read at a fixed, shifted or strided position")
                     union((n, idx.name), (p, pa.name))
     _join_sibling_states(fl, stmts, producers, parent, extents, find)
     groups: dict[Node, list[Node]] = {}

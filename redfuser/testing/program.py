@@ -33,8 +33,8 @@ class Node:
     def source(self) -> str:
         rule = RULES[self.op]
         fmt = {f"p{n}": literal(p) for n, p in enumerate(self.params)}
-        if self.op == "index":
-            fmt["key"] = key_text(self.params[0])
+        if self.op in ("index", "concatenate", "stack"):
+            fmt["key"] = key_text(self.params[-1])
         names = dict(zip("abc", self.args))
         return f"{', '.join(self.outs)} = " + rule.template.format(**names, **fmt)
 

@@ -55,14 +55,15 @@ def literal(v: object) -> str:
 
 
 def key_text(key: tuple) -> str:
-    """An index key as source: ``None``, ``...``, ``:``, ``::-1`` or an int per entry."""
+    """An index key as source: ``None``, ``...``, a slice (``:``, ``1:-2:3``, ``::-1``) or an int per entry."""
     def one(k: object) -> str:
         if k is None:
             return "None"
         if k is Ellipsis:
             return "..."
         if isinstance(k, slice):
-            return "::-1" if k.step == -1 else ":"
+            text = f"{'' if k.start is None else k.start}:{'' if k.stop is None else k.stop}"
+            return text + ("" if k.step is None else f":{k.step}")
         return str(k)
     return ", ".join(one(k) for k in key) if key else "()"
 
@@ -183,6 +184,12 @@ RULES: dict[str, Rule] = {
     "T": Rule(lambda a, p: a[0].T, "{a}.T", "view", "exact"),
     "mT": Rule(lambda a, p: a[0].mT, "{a}.mT", "view", "exact"),
     "index": Rule(lambda a, p: a[0][p[0]], "{a}[{key}]", "view", "exact"),
+    "reshape": Rule(lambda a, p: a[0].reshape(p[0]), "{a}.reshape({p0})", "view", "exact"),
+    # -- joins of a value with a slice of itself along one axis: params (axis, key of the slice) --
+    "concatenate": Rule(lambda a, p: rf.concatenate((a[0], a[0][p[1]]), axis=p[0]),
+                        "rf.concatenate(({a}, {a}[{key}]), axis={p0})", "view", "exact"),
+    "stack": Rule(lambda a, p: rf.stack((a[0], a[0][p[1]]), axis=p[0]),
+                  "rf.stack(({a}, {a}[{key}]), axis={p0})", "view", "exact"),
     # -- index builders: rf.arange over one of a value's dims --
     "arange": Rule(lambda a, p: rf.arange(a[0].shape[p[0]]), "rf.arange({a}.shape[{p0}])", "arange", "exact"),
 }

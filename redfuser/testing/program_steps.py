@@ -188,9 +188,20 @@ def topk(b: ProgramBuilder, a: str) -> bool:
 def view(b: ProgramBuilder, a: str) -> bool:
     d, shape = b.draw, b.shape(a)
     ndim = len(shape)
-    op = d.pick(("swapaxes", "transpose", "T", "mT", "index", "index"))
-    if op in ("swapaxes", "mT") and ndim < 2:
+    op = d.pick(("swapaxes", "transpose", "T", "mT", "index", "index", "concatenate", "stack", "reshape"))
+    if op == "reshape":
+        return bool(b.add(op, [a], (_reshaped(b, shape),)))
+    if op in ("swapaxes", "mT") and ndim < 2 or op == "concatenate" and ndim == 0:
         op = "index"
+    if op in ("concatenate", "stack"):
+        # joined with a slice of itself: along the axis for concatenate (any length), a same-shape view for stack
+        axis = d.integer(-ndim, ndim - 1) if op == "concatenate" else d.integer(-ndim - 1, ndim)
+        key = [slice(None)] * ndim
+        if op == "concatenate":
+            key[axis] = _slice(b, shape[axis])
+        elif ndim:
+            key[d.integer(0, ndim - 1)] = slice(None, None, -1)
+        return bool(b.add(op, [a], (axis, tuple(key))))
     if op == "swapaxes":
         return bool(b.add(op, [a], (d.integer(-ndim, ndim - 1), d.integer(-ndim, ndim - 1))))
     if op == "transpose":
@@ -210,7 +221,8 @@ def index_key(b: ProgramBuilder, shape: tuple[int, ...]) -> tuple:
     for size in shape:
         if d.chance(20):
             key.append(None)
-        key.append(d.integer(-size, size - 1) if size and d.chance(25) else slice(None))
+        key.append(d.integer(-size, size - 1) if size and d.chance(25) else
+                   _slice(b, size) if d.chance(30) else slice(None))
     if d.chance(40):
         key.append(None)
     if key and d.chance(30):
@@ -218,6 +230,29 @@ def index_key(b: ProgramBuilder, shape: tuple[int, ...]) -> tuple:
         if sum(1 for k in key if k is not None and k is not Ellipsis) > len(shape):
             key = [Ellipsis]
     return tuple(key)
+
+
+def _reshaped(b: ProgramBuilder, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Another shape of as many elements: dims split and merged, length-1 dims added, sometimes one -1."""
+    d = b.draw
+    left, dims = int(np.prod(shape, dtype=np.int64)), []
+    while left > 1 and len(dims) < 3:
+        dims.append(d.pick([k for k in range(2, left + 1) if left % k == 0]))
+        left //= dims[-1]
+    if left != 1 or not dims:
+        dims.append(left)
+    if d.chance(30):
+        dims.insert(d.integer(0, len(dims)), 1)
+    if d.chance(30):
+        dims[d.integer(0, len(dims) - 1)] = -1
+    return tuple(dims)
+
+
+def _slice(b: ProgramBuilder, size: int) -> slice:
+    """A slice of a dim of `size`: numpy's bounds (negative, past the end, empty) and steps (negative too)."""
+    d = b.draw
+    bound = lambda: None if d.chance(35) else d.integer(-size - 1, size + 1)   # noqa: E731
+    return slice(bound(), bound(), None if d.chance(40) else d.pick((1, 2, 3, -1, -2)))
 
 
 def scalar(b: ProgramBuilder, a: str) -> bool:
