@@ -142,6 +142,16 @@ def _horner(b, x, coefs) -> ir.Value:
     return acc
 
 
+def _nan_kept(b, x, r):
+    """`r`, or `x` itself where `x` is NaN (each function's NaN in gives the same NaN out)."""
+    return b.select(b.fcmp_unordered("uno", x, x), x, r)
+
+
+def _nan_to_zero(b, x, otherwise):
+    """0.0 where `x` is NaN, else `otherwise` (an argument safe for the integer conversions that follow)."""
+    return b.select(b.fcmp_unordered("uno", x, x), _d(0.0), otherwise)
+
+
 def _select_ordered(b, cond_op: str, x, limit: float, then):
     """``then if x <cond_op> limit else x`` (ordered compare: NaN keeps ``x``)."""
     return b.select(b.fcmp_ordered(cond_op, x, _d(limit)), then, x)
@@ -167,21 +177,21 @@ def _expm1(b, x32) -> ir.Value:
     x = b.fpext(x32, F64)
     clamped = _select_ordered(b, "<", x, -40.0, _d(-40.0))
     clamped = _select_ordered(b, ">", clamped, 90.0, _d(90.0))
-    clamped = b.select(b.fcmp_unordered("uno", x, x), _d(0.0), clamped)     # NaN: no poison from fptosi
+    clamped = _nan_to_zero(b, x, clamped)     # NaN: no poison from fptosi
     r = _expm1_wide(b, clamped)
     r = b.select(b.fcmp_ordered("==", x, _d(0.0)), x, r)                      # keeps -0.0
-    return b.select(b.fcmp_unordered("uno", x, x), x, r)
+    return _nan_kept(b, x, r)
 
 
 def _tanh(b, x32) -> ir.Value:
     x = b.fpext(x32, F64)
     a = call_intrinsic(b, "llvm.fabs.f64", F64, [x])
-    a = b.select(b.fcmp_unordered("uno", a, a), _d(0.0), _select_ordered(b, ">", a, 10.0, _d(10.0)))
+    a = _nan_to_zero(b, a, _select_ordered(b, ">", a, 10.0, _d(10.0)))
     e = _expm1_wide(b, b.fmul(a, _d(2.0)))
     t = b.fdiv(e, b.fadd(e, _d(2.0)))
     t = b.select(b.fcmp_ordered("==", a, _d(0.0)), a, t)
     r = call_intrinsic(b, "llvm.copysign.f64", F64, [t, x])
-    return b.select(b.fcmp_unordered("uno", x, x), x, r)
+    return _nan_kept(b, x, r)
 
 
 def _log_wide(b, u) -> ir.Value:
@@ -212,7 +222,7 @@ def _log1p(b, x32) -> ir.Value:
     r = b.select(b.fcmp_ordered("==", x, _d(-1.0)), _d(-math.inf), r)
     r = b.select(b.fcmp_ordered("<", x, _d(-1.0)), _d(math.nan), r)
     r = b.select(b.fcmp_ordered("==", x, _d(math.inf)), x, r)
-    return b.select(b.fcmp_unordered("uno", x, x), x, r)
+    return _nan_kept(b, x, r)
 
 
 def _table(b, name: str, values: tuple[float, ...], space: int):
@@ -243,7 +253,7 @@ def _load(b, table, index, space: int):
 def _erf(b, x32, space: int) -> ir.Value:
     x = b.fpext(x32, F64)
     a = call_intrinsic(b, "llvm.fabs.f64", F64, [x])
-    a = b.select(b.fcmp_unordered("uno", a, a), _d(0.0), _select_ordered(b, ">", a, 4.0, _d(4.0)))
+    a = _nan_to_zero(b, a, _select_ordered(b, ">", a, 4.0, _d(4.0)))
     z = b.fmul(a, a)
     # |x| < 0.5: erf(x) = 2/sqrt(pi) sum (-1)^n x^(2n+1) / (n! (2n+1)), to n = 13 (below 1e-19 relative)
     near0 = b.fmul(a, _horner(b, z, [2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1))
@@ -264,7 +274,7 @@ def _erf(b, x32, space: int) -> ir.Value:
     r = b.select(b.fcmp_ordered(">=", a, _d(4.0)), _d(1.0), r)
     r = b.select(b.fcmp_ordered("==", a, _d(0.0)), a, r)
     r = call_intrinsic(b, "llvm.copysign.f64", F64, [r, x])
-    return b.select(b.fcmp_unordered("uno", x, x), x, r)
+    return _nan_kept(b, x, r)
 
 
 def _sincos_reduce(b, x32, space: int):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from ...ir import DType, ReduceOp
+from ...ir import BinaryOp, DType, ReduceOp
 from ...ir.tile import nodes as t
 from ..llvm_dtypes import constant, memory_type, to_memory
 from ..llvm_utils import I64, counted_loop, entry_alloca
@@ -41,8 +41,8 @@ def combine(em: KernelEmitter, op: ReduceOp, acc: ir.Value, x: ir.Value, dtype: 
     """``acc (+|max|min|*) x`` with numpy's NaN rules; float sums and products may be reassociated
     (vectorized)."""
     b = em.b
-    if dtype.is_bool:
-        return b.or_(acc, x) if op is not ReduceOp.MIN else b.and_(acc, x)
+    if dtype.is_bool:    # numpy's + and maximum of bools are or, * and minimum are and
+        return b.or_(acc, x) if op.combine in (BinaryOp.ADD, BinaryOp.MAX) else b.and_(acc, x)
     if dtype.is_float:
         if op is ReduceOp.SUM:
             return b.fadd(acc, x, flags=("reassoc",))
