@@ -13,10 +13,17 @@ import numpy as np
 
 
 def _order(values: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """Positions along the last axis sorted best first: class (number > NaN > empty), value desc, index asc."""
-    cls = np.where(indices < 0, 0, np.where(np.isnan(values), 1, 2))
-    key = np.where(cls == 2, values, np.zeros((), values.dtype)).astype(np.float64)
-    return np.lexsort((indices, -key, -cls), axis=-1)
+    """Positions along the last axis sorted best first: class (number > NaN > empty), value desc, index asc.
+
+    Floats rank by their float64 value (exact for every float dtype); integers by themselves, descending as
+    ``~v`` (exact and without overflow: a float64 key would round int64 values near 2**63 into ties)."""
+    cls = np.where(indices < 0, 0, np.where(np.isnan(values), 1, 2)) if values.dtype.kind == "f" or \
+        values.dtype.kind == "V" else np.where(indices < 0, 0, 2)
+    if values.dtype.kind in "iub":
+        descending = ~np.where(cls == 2, values, np.zeros((), values.dtype)).astype(np.int64)
+    else:
+        descending = -np.where(cls == 2, values, np.zeros((), values.dtype)).astype(np.float64)
+    return np.lexsort((indices, descending, -cls), axis=-1)
 
 
 def topk(x: np.ndarray, k: int, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:

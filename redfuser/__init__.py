@@ -90,6 +90,7 @@ from .ops import (
     subtract,
     sum,
     swapaxes,
+    take_along_axis,
     tanh,
     topk,
     transpose,

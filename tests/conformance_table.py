@@ -231,6 +231,8 @@ OPS: list[Op] = [
     Op("topk_4", "topk", lambda x, s: rf.topk(x, 4, -1)),
     Op("topk_axis0", "topk", lambda x, s: rf.topk(x, 2, 0)),
     Op("topk_full", "topk", lambda x, s: rf.topk(s, 4, -1)),
+    Op("take_along_axis", "topk", lambda x, s: rf.take_along_axis(x, rf.topk(x, 4, -1)[1][:, ::-1], -1)),
+    Op("take_along_axis_0", "topk", lambda x, s: rf.take_along_axis(s, rf.argmax(s, axis=0, keepdims=True) - 5, 0)),
 ]
 OPS_BY_NAME = {op.name: op for op in OPS}
 
@@ -309,7 +311,8 @@ DIVERGENCES: list[Divergence] = [
       for name in ("exp", "exp2", "log", "log2", "tanh", "sin", "cos", "expm1", "log1p", "erf", "logaddexp")),
     *(Divergence(name, ("i64",), COMPILED, "top-k of int64 is not compiled (the ranking key is a float64, "
                  "which rounds int64): the kernel raises BackendError", raises=rf.BackendError)
-      for name in ("topk_1", "topk_4", "topk_axis0", "topk_full", "argmax_row", "argmin_axis0")),
+      for name in ("topk_1", "topk_4", "topk_axis0", "topk_full", "argmax_row", "argmin_axis0", "take_along_axis",
+                   "take_along_axis_0")),
     Divergence("prod_row", ("e4m3",), BACKENDS, _NARROW_PRODUCT, affected=_narrow_class, gives=_in_f32,
                within=DTYPES["e4m3"]),
     *(Divergence("prod_axes", (d,), COMPILED, _NARROW_PRODUCT, affected=_narrow_class, gives=_in_f32,

@@ -170,3 +170,14 @@ def test_routing_ptx_assembles_for_sm80_and_sm90(dtype):
         ptx = rf.kernel(routing(8), backend="cuda", sm=sm).lower(x).stages["ptx"]
         for kernel in ptx.kernels:
             check_ptx(kernel.ptx)    # raises with the assembler's log on bad PTX
+
+
+def test_int64_values_near_the_limits_rank_exactly():
+    """A float64 ranking key rounds int64 values near 2**63 into ties (the top-1 of [2**63 - 2, 2**63 - 1] was
+    index 0): integers rank by themselves, so rf.topk's own reference and the interpreter's argmax are exact."""
+    a = np.array([[-2**63, 2**63 - 2, -2**63 + 1, 2**63 - 2, 2**63 - 1]], np.int64)
+    values, indices = rf.topk(a, 5)
+    assert indices.tolist() == [[4, 1, 3, 2, 0]] and values.tolist() == [sorted(a[0].tolist(), reverse=True)]
+    k = rf.kernel(lambda x: (rf.argmax(x, axis=-1), rf.argmin(x, axis=-1), rf.topk(x, 2)[1]), backend="interpret")
+    got = k(np.concatenate([a, a[:, ::-1]]))
+    assert got[0].tolist() == [4, 0] and got[1].tolist() == [0, 4] and got[2].tolist() == [[4, 1], [0, 1]]

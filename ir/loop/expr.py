@@ -66,11 +66,11 @@ class Strided:
 
 @dataclass(frozen=True, slots=True)
 class Computed:
-    """A position computed from loop indices: an int64 expression of `IndexValue`s and constants (``+ - * // %``
-    and nothing else: no loads), clamped into the dimension as a `Strided` one is (a reshape's positions are
-    always inside it; a piece of a concatenation read through a reshape is clamped where it is discarded).
-    A reshape reads through these: a dim split in two is read at ``16*g + c``, two dims merged into one at
-    ``n // 16`` and ``n % 16``."""
+    """A position computed from loop indices and data: an int64 expression, clamped into the dimension as a
+    `Strided` one is (a reshape's and a gather's positions are always inside it; a piece of a concatenation
+    read through a reshape is clamped where it is discarded). A reshape reads through these (a dim split in
+    two at ``16*g + c``, two dims merged into one at ``n // 16`` and ``n % 16``), and so does a gather
+    (``take_along_axis``: ``x[i, idx[i, k] % n]``, whose loads of ``idx`` are the load's children)."""
 
     value: "Expr"
 
@@ -117,6 +117,10 @@ def shift_index(i: IndexExpr, start: int, step: int, size: object = None) -> Ind
         return start + step * i
     if isinstance(i, Axis):
         return strided(i, start, step, size)
+    if isinstance(i, Computed):
+        from ..types import int64
+        scaled = i.value if step == 1 else Binary(BinaryOp.MUL, Const(step, int64), i.value, int64)
+        return Computed(Binary(BinaryOp.ADD, scaled, Const(start, int64), int64) if start else scaled)
     return strided(i.axis, start + step * i.start, step * i.step, size)
 
 
@@ -193,7 +197,10 @@ Expr = Union[Const, IndexValue, Load, Unary, Binary, Select, Cast]
 
 
 def children(e: Expr) -> tuple[Expr, ...]:
-    """The direct sub-expressions of `e`, in order."""
+    """The direct sub-expressions of `e`, in order (a load's are its computed positions: a gather reads the
+    index buffers in them, so every walk sees those reads)."""
+    if isinstance(e, Load):
+        return tuple(i.value for i in e.indices if isinstance(i, Computed))
     if isinstance(e, Unary | Cast):
         return (e.x,)
     if isinstance(e, Binary):

@@ -10,12 +10,8 @@ from typing import Callable
 
 from ..semantics import BINARY_FUNCS, BinaryOp
 from ..types import DType, int64
-from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Strided, strided, walk
+from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Strided, strided
 from .rewrite import map_expr
-
-INDEX_OPS = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.FLOORDIV, BinaryOp.MOD})
-"""The arithmetic a computed index may use."""
-
 
 def index_value(i: IndexExpr, dtype: DType = int64) -> Expr:
     """The number index `i` stands for, as a value of `dtype` (``start + step * axis`` for a strided one;
@@ -129,6 +125,6 @@ def rename_index(i: IndexExpr, size: object, replace: Callable[[Axis], IndexExpr
 
 
 def is_index_expression(e: Expr) -> bool:
-    """Whether `e` is what a `Computed` index may hold: int64 arithmetic of loop indices and constants."""
-    return all(isinstance(n, Const | IndexValue) and n.dtype == int64 or
-               isinstance(n, Binary) and n.op in INDEX_OPS and n.dtype == int64 for n in walk(e))
+    """Whether `e` is what a `Computed` index may hold: an int64 value (of loop indices, constants and, for a
+    gather, integer data)."""
+    return e.dtype == int64

@@ -49,18 +49,19 @@ DEFAULT_CHUNK = 64
 
 
 def load_array(arr: np.ndarray, indices: tuple[IndexExpr, ...], space: Space,
-               window: tuple[str, int, int] | None = None) -> np.ndarray:
+               window: tuple[str, int, int] | None = None, env: "Env | None" = None) -> np.ndarray:
     """``arr[indices]`` laid out over `space`: one dim per axis, size 1 where unused.
 
     With a `window` ``(axis, start, stop)``, dims indexed by that axis read ``start:stop``
     (the axis in `space` then has extent ``stop - start``). A strided or computed index reads its
-    positions (a strided one clamped into the dim, as `Strided` says).
+    positions, clamped into the dim (`Strided`, `Computed`); a computed one reading data (a gather)
+    evaluates in `env`.
     """
     def span(a: Axis) -> tuple[int, int]:
         return (window[1], window[2]) if window is not None and a.name == window[0] else (0, a.extent)
 
     if any(isinstance(i, Strided | Computed) for i in indices):
-        return _gather(arr, indices, space, window)
+        return _gather(arr, indices, space, window, env)
 
     def pick(i: Axis | int):
         if isinstance(i, int):
@@ -78,10 +79,11 @@ def load_array(arr: np.ndarray, indices: tuple[IndexExpr, ...], space: Space,
 
 
 def _gather(arr: np.ndarray, indices: tuple[IndexExpr, ...], space: Space,
-            window: tuple[str, int, int] | None) -> np.ndarray:
+            window: tuple[str, int, int] | None, env: "Env | None") -> np.ndarray:
     """`load_array` by positions: each dim's positions as an array over `space`, then one numpy gather."""
-    env = Env()
-    env.window = window
+    if env is None:
+        env = Env()
+        env.window = window
     positions = []
     for dim, i in enumerate(indices):
         if isinstance(i, int):
@@ -107,7 +109,7 @@ def _index_value(e: IndexValue, env: Env, space: Space) -> np.ndarray:
 
 def _load(e: Load, env: Env, space: Space) -> np.ndarray:
     window = None if e.buffer.name in env.chunk_local else env.window
-    return load_array(env[e.buffer.name], e.indices, space, window)
+    return load_array(env[e.buffer.name], e.indices, space, window, env)
 
 
 def _unary(e: Unary, env: Env, space: Space) -> np.ndarray:

@@ -4,15 +4,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .expr import Binary, Cast, Const, Expr, Load, Select, Unary
+from .expr import Binary, Cast, Computed, Const, Expr, Load, Select, Unary
 from ..buffer import Buffer
 from ..types import float32
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 
 
 def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Rebuild `e` bottom-up; `fn(node)` returns a replacement or None to keep the node."""
-    if isinstance(e, Unary | Cast):
+    """Rebuild `e` bottom-up; `fn(node)` returns a replacement or None to keep the node (a load's computed
+    positions are its children: rebuilt first)."""
+    if isinstance(e, Load) and any(isinstance(i, Computed) for i in e.indices):
+        indices = tuple(Computed(map_expr(i.value, fn)) if isinstance(i, Computed) else i for i in e.indices)
+        e = e if indices == e.indices else Load(e.buffer, indices)
+    elif isinstance(e, Unary | Cast):
         x = map_expr(e.x, fn)
         e = e if x is e.x else replace(e, x=x)
     elif isinstance(e, Binary):

@@ -1,9 +1,9 @@
 """Substituting a nest's value for reads of its buffer (the heart of inlining)."""
 from __future__ import annotations
 
-from ..ir import Axis, Expr, IndexValue, Load, map_expr, reads_axis
+from ..ir import Axis, Computed, Expr, IndexValue, Load, map_expr
 from ..ir.loop.expr import IndexExpr
-from ..ir.loop.index import index_value, rename_index
+from ..ir.loop.index import as_index, index_value, rename_index
 
 
 def rename_axes(e: Expr, mapping: dict[str, IndexExpr]) -> Expr:
@@ -20,10 +20,11 @@ def rename_axes(e: Expr, mapping: dict[str, IndexExpr]) -> Expr:
 
     def fix(n: Expr) -> Expr | None:
         if isinstance(n, Load):
-            if any(reads_axis(i, name) for i in n.indices for name in mapping):
-                return Load(n.buffer, tuple(rename_index(i, size, replace)
-                                            for i, size in zip(n.indices, n.buffer.shape)))
-            return None
+            # (a computed position is a child: map_expr renamed inside it already; here it is only put back
+            # in canonical form)
+            indices = tuple(as_index(i.value, size) if isinstance(i, Computed) else rename_index(i, size, replace)
+                            for i, size in zip(n.indices, n.buffer.shape))
+            return None if indices == n.indices else Load(n.buffer, indices)
         if isinstance(n, IndexValue) and n.axis.name in mapping:
             return index_value(mapping[n.axis.name], n.dtype)
         return None

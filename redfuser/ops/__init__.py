@@ -17,6 +17,7 @@ promotion always matches the reference, including NEP 50 weak Python scalars.
 | argextrema.py   | argmax argmin (written with topk)                                    |
 | views.py        | swapaxes transpose reshape, indexing and slicing, arange             |
 | joining.py      | concatenate stack                                                    |
+| gather.py       | take_along_axis                                                      |
 | common.py       | operand helpers shared by all                                        |
 | operators.py    | `Tracer`'s Python operators and methods, forwarded to the ops above  |
 """
@@ -72,6 +73,7 @@ from .reductions import matmul, max, min, normalize_axes, prod, sum, topk
 from .statistics import all, any, mean, std, var
 from .views import arange, getitem, reshape, swapaxes, transpose
 from .joining import concatenate, stack
+from .gather import take_along_axis
 
 UFUNC_OPERATORS: dict[np.ufunc, Callable] = {
     np.add: add, np.subtract: subtract, np.multiply: multiply, np.true_divide: divide, np.power: power,
@@ -110,8 +112,8 @@ PUBLIC = ("abs", "add", "all", "any", "arange", "argmax", "argmin", "astype", "c
           "isfinite", "isinf", "isnan", "less", "less_equal", "log", "log1p", "log2", "logaddexp", "logical_and",
           "logical_not", "logical_or", "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum",
           "multiply", "negative", "not_equal", "power", "prod", "remainder", "reshape", "rint", "round", "rsqrt",
-          "sign", "sin", "sqrt", "stack", "std", "subtract", "sum", "swapaxes", "tanh", "topk", "transpose", "trunc",
-          "var", "where")
+          "sign", "sin", "sqrt", "stack", "std", "subtract", "sum", "swapaxes", "take_along_axis", "tanh", "topk",
+          "transpose", "trunc", "var", "where")
 """The ops `redfuser` exports (its namespace, README "Op subset")."""
 for _name in PUBLIC:
     globals()[_name] = _arguments_checked(globals()[_name])

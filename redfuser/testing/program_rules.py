@@ -178,6 +178,8 @@ RULES: dict[str, Rule] = {
     "topk_values": Rule(lambda a, p: rf.topk(a[0], p[0])[0], "rf.topk({a}, {p0})[0]", "topk", "exact"),
     "topk_indices": Rule(lambda a, p: rf.topk(a[0], p[0])[1], "rf.topk({a}, {p0})[1]", "topk", "exact",
                          discontinuous=True),
+    "take_along_axis": Rule(lambda a, p: rf.take_along_axis(a[0], a[1], axis=-1),
+                            "rf.take_along_axis({a}, {b}, axis=-1)", "elementwise", "exact"),
     # -- views --
     "swapaxes": Rule(lambda a, p: rf.swapaxes(a[0], p[0], p[1]), "rf.swapaxes({a}, {p0}, {p1})", "view", "exact"),
     "transpose": Rule(lambda a, p: rf.transpose(a[0], p[0]), "rf.transpose({a}, {p0})", "view", "exact"),

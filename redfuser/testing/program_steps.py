@@ -182,7 +182,10 @@ def topk(b: ProgramBuilder, a: str) -> bool:
     if not b.info(a).exact:
         return bool(b.add("topk_values", [a], (k,)))
     op = d.pick(("topk", "topk", "topk_values", "topk_indices"))
-    return bool(b.add(op, [a], (k,), outs=2 if op == "topk" else 1))
+    made = b.add(op, [a], (k,), outs=2 if op == "topk" else 1)
+    if made and op == "topk_indices" and d.chance(60):   # the values gathered back at the chosen indices
+        b.add("take_along_axis", [a, made])
+    return bool(made)
 
 
 def view(b: ProgramBuilder, a: str) -> bool:

@@ -1,0 +1,99 @@
+"""``rf.take_along_axis``: numpy's gather along an axis, as a load at a computed position ``idx % n``.
+
+The index buffer is read inside the position (a child of the load), so every analysis sees that read: a gather
+of a cascade's result waits for it, and one of the inputs joins the pass as any other read. Cross-entropy gathers
+the label's logit without an O(V) one-hot; MoE routing gathers the chosen experts' probabilities.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+from helpers import run_backend
+
+BACKENDS = ("interpret", "cpu", "simulate")
+RNG = np.random.default_rng(17)
+
+
+def _check(got, want, n: int = 1) -> None:
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if w.dtype.kind in "biu":
+            assert np.array_equal(g, w)
+        else:
+            rf.testing.assert_close(g, w, w.dtype, n)
+
+
+def _cross_entropy(logits, labels):
+    m = rf.max(logits, axis=-1, keepdims=True)
+    lse = m[:, 0] + rf.log(rf.sum(rf.exp(logits - m), axis=-1))
+    return lse - rf.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cross_entropy_gathers_the_label_logit_after_one_pass(backend):
+    logits = (RNG.standard_normal((13, 1000)) * 3).astype(np.float32)
+    labels = RNG.integers(-1000, 1000, 13)             # negative labels count from the end, as numpy's
+    kernel = rf.kernel(_cross_entropy, backend=backend)
+    assert [g.fused for g in kernel.lower(logits, labels).groups] == [True]
+    assert "logits[i0,labels[i0] % 1000]" in str(kernel.lower(logits, labels).stages["fused"])
+    _check(*run_backend(backend, _cross_entropy, logits, labels), 1000)
+
+
+def _routing_weights(logits):
+    m = rf.max(logits, axis=-1, keepdims=True)
+    p = rf.exp(logits - m)
+    p = p / rf.sum(p, axis=-1, keepdims=True)
+    _, experts = rf.topk(p, 2)
+    w = rf.take_along_axis(p, experts, axis=-1)          # the chosen experts' probabilities, renormalized
+    return w / rf.sum(w, axis=-1, keepdims=True), experts
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_routing_gathers_the_chosen_experts_probabilities(backend):
+    logits = RNG.standard_normal((40, 64)).astype(np.float32)
+    _check(*run_backend(backend, _routing_weights, logits), 64)
+
+
+def _gathers(a, rows, cols):
+    return (rf.take_along_axis(a, rows, axis=0),                     # along the first axis
+            rf.take_along_axis(a[:, ::-1], cols, axis=1),            # of a view
+            rf.take_along_axis(a.reshape(-1), cols.reshape(-1), axis=None),
+            rf.take_along_axis(a > 0, cols[:1], 1),                  # bools, indices broadcast over rows
+            rf.take_along_axis(a.astype(rf.int32), cols, -1) * 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gathers_equal_numpy(backend):
+    a = RNG.standard_normal((6, 7)).astype(np.float32)
+    rows = RNG.integers(-6, 6, (3, 7)).astype(np.int32)
+    cols = RNG.integers(-7, 7, (6, 4)).astype(np.int64)
+    _check(*run_backend(backend, _gathers, a, rows, cols))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_index_numpy_refuses_is_read_modulo_the_length(backend):
+    """numpy raises IndexError for an index outside [-n, n); a kernel cannot raise from inside: it reads the
+    index modulo n (README, "Op subset"). This pins the divergence: it must stay exactly that."""
+    a = np.arange(10, dtype=np.float32)[None, :]
+    idx = np.array([[10, -11, 23, 3]])
+    with pytest.raises(IndexError):
+        np.take_along_axis(a, idx, axis=-1)
+    got = rf.kernel(lambda x, i: rf.take_along_axis(x, i, axis=-1), backend=backend)(a, idx)
+    assert np.array_equal(got, a[:, idx[0] % 10])
+
+
+def test_gather_errors_name_the_op():
+    a, idx = np.zeros((3, 4), np.float32), np.zeros((3, 2), np.int32)
+    cases = [(lambda x, i: rf.take_along_axis(x, i.astype(rf.float32), -1), rf.DTypeError, "integer array"),
+             (lambda x, i: rf.take_along_axis(x, i[0], -1), rf.ShapeError, "same number of dimensions"),
+             (lambda x, i: rf.take_along_axis(x, i, 2), rf.ShapeError, "axis 2"),
+             (lambda x, i: rf.take_along_axis(x, i, None), rf.ShapeError, "1-d"),
+             (lambda x, i: rf.take_along_axis(x[:, :0], i, -1), rf.ShapeError, "no elements")]
+    for body, error, text in cases:
+        with pytest.raises(error) as info:
+            rf.kernel(body, backend="interpret")(a, idx)
+        assert "take_along_axis" in str(info.value) and text in str(info.value)
+        assert info.value.loc.file == __file__
