@@ -8,7 +8,8 @@ a product of bools), attention as written for low precision (the mask after
 ``exp``, probabilities rounded to f16/bf16 before the value GEMM), sums with a
 bare constant term, central moments and entropies of data far from 0, MoE
 routing (softmax, top-k, renormalize; tied and non-finite logits), and per-row
-absmax quantization to float8_e4m3fn (optionally followed by a GEMM).
+absmax quantization to float8_e4m3fn (optionally followed by a GEMM); attention with RoPE's rotation
+of q and k (slices and a concatenation) and group statistics over rows split by a reshape.
 """
 from __future__ import annotations
 
@@ -86,6 +87,10 @@ def attention(b: ProgramBuilder, dtype: str) -> str | None:
     q = b.new_input(lead + (n, k), dtype)
     kk = b.new_input(lead + (m, k), dtype)
     v = b.new_input(lead + (m, dv), dtype)
+    if k % 2 == 0 and d.chance(35):     # rotary embedding applied inside: x + c * rotate_half(x)
+        q, kk = rotate_half(b, q), rotate_half(b, kk)
+        if not (q and kk):
+            return None
     kt = b.add("mT", [kk])
     s = kt and b.add("matmul", [q, kt])
     if s and d.chance(60):
@@ -94,6 +99,17 @@ def attention(b: ProgramBuilder, dtype: str) -> str | None:
         s = causal_mask(b, s)
     p = s and softmax(b, s)
     return p and b.add("matmul", [p, v])
+
+
+def rotate_half(b: ProgramBuilder, x: str) -> str | None:
+    """``x + c * concatenate((-x[..., h:], x[..., :h]), -1)``: RoPE's rotation (slices and a join) without
+    its tables."""
+    h = b.shape(x)[-1] // 2
+    hi = b.add("index", [x], ((Ellipsis, slice(h, None)),))
+    lo = b.add("index", [x], ((Ellipsis, slice(None, h)),))
+    rot = hi and lo and b.add("concatenate2", [b.add("neg", [hi]), lo], (-1,))
+    scaled = rot and b.add("mul_c", [rot], (b.draw.pick((0.5, 1.0)),))
+    return scaled and b.add("add", [x, scaled])
 
 
 def flash_attention(b: ProgramBuilder, dtype: str) -> str | None:
@@ -226,6 +242,9 @@ def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
         x = b.new_input(shape, dtype, d.pick(("ints", "ints", "normal", "wide")))
         return routing(b, x)
     x = b.new_input(b.base_shape() or (b.draw.pick((3, 8)),), dtype)
+    shape = b.shape(x)
+    if name in ("layer_norm", "softmax") and shape[-1] % 2 == 0 and shape[-1] > 2 and b.draw.chance(30):
+        x = b.add("reshape", [x], (shape[:-1] + (2, -1),)) or x      # group statistics: rows split in two
     if name == "mask":
         if len(b.shape(x)) < 2:
             return None

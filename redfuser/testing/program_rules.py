@@ -190,6 +190,8 @@ RULES: dict[str, Rule] = {
     # -- joins of a value with a slice of itself along one axis: params (axis, key of the slice) --
     "concatenate": Rule(lambda a, p: rf.concatenate((a[0], a[0][p[1]]), axis=p[0]),
                         "rf.concatenate(({a}, {a}[{key}]), axis={p0})", "view", "exact"),
+    "concatenate2": Rule(lambda a, p: rf.concatenate((a[0], a[1]), axis=p[0]),
+                         "rf.concatenate(({a}, {b}), axis={p0})", "elementwise", "exact"),
     "stack": Rule(lambda a, p: rf.stack((a[0], a[0][p[1]]), axis=p[0]),
                   "rf.stack(({a}, {a}[{key}]), axis={p0})", "view", "exact"),
     # -- index builders: rf.arange over one of a value's dims --
