@@ -79,8 +79,9 @@ from several (a reshape), or a fixed position."""
 
 
 def view_index(d: int) -> IndexValue:
-    """The placeholder for view dimension `d`'s index in a `Mapped` position."""
-    return IndexValue(Axis(f"view{d}", 1), int64)
+    """The placeholder for view dimension `d`'s index in a `Mapped` position (extent 0: unknown here, so no
+    simplification assumes a range for it; the load's real axes replace it, `Tracer.expr_for`)."""
+    return IndexValue(Axis(f"view{d}", 0), int64)
 
 
 def _position(v: ViewIndex) -> Expr:

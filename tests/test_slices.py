@@ -264,7 +264,7 @@ def _shapes_of(draw, size: int) -> tuple[int, ...]:
     return tuple(dims)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(data=st.data(), backend=st.sampled_from(BACKENDS))
 def test_random_reshapes_equal_numpy(data, backend):
     shape = tuple(data.draw(st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=4)))
@@ -277,8 +277,10 @@ def test_random_reshapes_equal_numpy(data, backend):
 
     def body(v):
         y = views[view](v).reshape(first)
-        z = rf.reshape(y * 2.0, second)                       # a reshape of a computed value, of a reshape
-        return y, z, rf.sum(z, axis=-1) if z.ndim else z
+        z = rf.reshape(y * 2.0, second)                       # a reshape of a computed value
+        w = y.reshape(second)
+        w = w[..., ::-1] if w.ndim else w                    # a view of a reshape of a reshape of a view
+        return y, z, rf.sum(z, axis=-1) if z.ndim else z, w
 
     got, want = run_backend(backend, body, x)
     for g, w in zip(got, want):

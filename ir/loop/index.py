@@ -53,8 +53,129 @@ def _fold(e: Expr) -> Expr:
             return b
         if n.op is BinaryOp.MUL and (isinstance(a, Const) and a.value == 0 or isinstance(b, Const) and b.value == 0):
             return Const(0, n.dtype)
+        if n.op is BinaryOp.ADD and _digits_rejoined(a, b):
+            return b.a     # (e // c) * c + e % c == e: a dim split and merged back
+        if n.op in (BinaryOp.FLOORDIV, BinaryOp.MOD) and isinstance(b, Const) and b.value > 0:
+            return _digits(a, int(b.value), n.op is BinaryOp.MOD)
         return None
     return map_expr(e, fold)
+
+
+def _bounds(e: Expr) -> tuple[int, int] | None:
+    """The least and greatest value of an index expression over its axes' ranges (None: unknown)."""
+    if isinstance(e, Const):
+        return int(e.value), int(e.value)
+    if isinstance(e, IndexValue):
+        return (0, e.axis.extent - 1) if type(e.axis.extent) is int and e.axis.extent > 0 else None
+    if not isinstance(e, Binary):
+        return None
+    a, b = _bounds(e.a), _bounds(e.b)
+    if a is None or b is None:
+        return None
+    if e.op is BinaryOp.ADD:
+        return a[0] + b[0], a[1] + b[1]
+    if e.op is BinaryOp.SUB:
+        return a[0] - b[1], a[1] - b[0]
+    if e.op is BinaryOp.MUL:
+        corners = [x * y for x in a for y in b]
+        return min(corners), max(corners)
+    if e.op is BinaryOp.FLOORDIV and b[0] == b[1] and b[0] > 0:
+        return a[0] // b[0], a[1] // b[0]
+    if e.op is BinaryOp.MOD and b[0] == b[1] and b[0] > 0:
+        return (a[0], a[1]) if 0 <= a[0] and a[1] < b[0] else (0, b[0] - 1)
+    return None
+
+
+def _linear(e: Expr) -> tuple[dict[Expr, int], int]:
+    """`e` as ``sum(coeff * atom) + const`` (an atom: anything but + - and * by a constant), digits rejoined:
+    ``k*c * (x // c) + k * (x % c)`` is ``k * x``."""
+    terms, const = _linear_terms(e)
+    for atom in list(terms):
+        if not (isinstance(atom, Binary) and atom.op is BinaryOp.FLOORDIV and isinstance(atom.b, Const)):
+            continue
+        c = int(atom.b.value)
+        low = Binary(BinaryOp.MOD, atom.a, atom.b, atom.dtype)
+        k = terms.get(low, 0)
+        if c > 0 and k and atom in terms and terms[atom] == k * c:
+            del terms[atom], terms[low]
+            inner, extra = _linear(atom.a)
+            for a, coeff in inner.items():
+                terms[a] = terms.get(a, 0) + k * coeff
+            const += k * extra
+    return {a: c for a, c in terms.items() if c}, const
+
+
+def _linear_terms(e: Expr) -> tuple[dict[Expr, int], int]:
+    if isinstance(e, Const):
+        return {}, int(e.value)
+    if isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB):
+        (ta, ca), (tb, cb) = _linear(e.a), _linear(e.b)
+        sign = 1 if e.op is BinaryOp.ADD else -1
+        terms = dict(ta)
+        for atom, c in tb.items():
+            terms[atom] = terms.get(atom, 0) + sign * c
+        return {a: c for a, c in terms.items() if c}, ca + sign * cb
+    if isinstance(e, Binary) and e.op is BinaryOp.MUL and (isinstance(e.a, Const) or isinstance(e.b, Const)):
+        scale, x = (int(e.a.value), e.b) if isinstance(e.a, Const) else (int(e.b.value), e.a)  # type: ignore
+        terms, const = _linear(x)
+        return {a: c * scale for a, c in terms.items() if c * scale}, const * scale
+    return {e: 1}, 0
+
+
+def _build(terms: dict[Expr, int], const: int) -> Expr:
+    out: Expr | None = None
+    for atom, c in terms.items():
+        term = atom if c == 1 else Binary(BinaryOp.MUL, atom, Const(c, int64), int64)
+        out = term if out is None else Binary(BinaryOp.ADD, out, term, int64)
+    if out is None:
+        return Const(const, int64)
+    return Binary(BinaryOp.ADD, out, Const(const, int64), int64) if const else out
+
+
+def _digits(e: Expr, c: int, remainder: bool) -> Expr | None:
+    """``e // c`` (or ``e % c``) without the division where `e` is ``g * Q + R`` with ``0 <= R < g`` for a
+    divisor `g` of `c`: then ``e // c == Q // (c / g)`` and ``e % c == (Q % (c / g)) * g + R``. A reshape's
+    positions composed with another's collapse so: ``(64*i1 + 8*i2 + i3) // 64`` is ``i1``."""
+    terms, const = _linear(e)
+    whole = {a: k // c for a, k in terms.items() if k % c == 0}
+    if whole or const // c:     # (c*Q + R) // c == Q + R // c and (c*Q + R) % c == R % c, for any integers
+        rest = {a: k for a, k in terms.items() if k % c}
+        low = _build(rest, const % c)
+        part = Binary(BinaryOp.MOD if remainder else BinaryOp.FLOORDIV, low, Const(c, int64), int64)
+        part = _digits(low, c, remainder) or part
+        if remainder:
+            return part
+        if isinstance(part, Const):
+            return _build(whole, const // c + int(part.value))
+        return _build({**whole, part: whole.get(part, 0) + 1}, const // c)
+    for g in sorted((d for d in range(2, c + 1) if c % d == 0), reverse=True):
+        quotient = {a: k // g for a, k in terms.items() if k % g == 0}
+        rest = {a: k for a, k in terms.items() if k % g}
+        r = [_bounds(_build(rest, const % g))] if rest or const % g else [(0, 0)]
+        if r[0] is None or not (0 <= r[0][0] and r[0][1] < g):
+            continue
+        if any(_bounds(a) is None or _bounds(a)[0] < 0 for a in quotient):   # type: ignore[index]
+            continue
+        q = _build(quotient, const // g)
+        if not remainder:
+            return q if g == c else Binary(BinaryOp.FLOORDIV, q, Const(c // g, int64), int64)
+        low = _build(rest, const % g)
+        if g == c:
+            return low
+        high = Binary(BinaryOp.MUL, Binary(BinaryOp.MOD, q, Const(c // g, int64), int64), Const(g, int64), int64)
+        return Binary(BinaryOp.ADD, high, low, int64)
+    return None
+
+
+def _digits_rejoined(a: Expr, b: Expr) -> bool:
+    """Whether ``a + b`` is ``(e // c) * c + e % c`` for one `e` and one constant ``c > 0``."""
+    if not (isinstance(b, Binary) and b.op is BinaryOp.MOD and isinstance(b.b, Const) and b.b.value > 0):
+        return False
+    if not (isinstance(a, Binary) and a.op is BinaryOp.MUL):
+        return False
+    quotient, scale = (a.a, a.b) if isinstance(a.b, Const) else (a.b, a.a)
+    return isinstance(scale, Const) and scale.value == b.b.value and isinstance(quotient, Binary) and \
+        quotient.op is BinaryOp.FLOORDIV and quotient.a == b.a and quotient.b == b.b
 
 
 def _affine(e: Expr) -> tuple[Axis | None, int, int] | None:
@@ -89,7 +210,7 @@ def as_index(value: Expr, size: object) -> IndexExpr:
         if axis is None or step == 0:
             return clamped(start, size)
         return strided(axis, start, step, size)
-    return Computed(value)
+    return Computed(_build(*_linear(value)))     # (constants gathered into one, digits rejoined)
 
 
 def clamped(position: int, size: object) -> int:
