@@ -6,6 +6,7 @@ an index becomes its number, the axes in it are replaced, and the result is put 
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from ..semantics import BINARY_FUNCS, BinaryOp
@@ -132,6 +133,12 @@ def _build(terms: dict[Expr, int], const: int) -> Expr:
     return Binary(BinaryOp.ADD, out, Const(const, int64), int64) if const else out
 
 
+def _divisors_above_one(c: int) -> list[int]:
+    """The divisors of `c` greater than 1, largest first (found up to its square root)."""
+    small = [d for d in range(1, math.isqrt(c) + 1) if c % d == 0]
+    return sorted({d for s in small for d in (s, c // s)} - {1}, reverse=True)
+
+
 def _digits(e: Expr, c: int, remainder: bool) -> Expr | None:
     """``e // c`` (or ``e % c``) without the division where `e` is ``g * Q + R`` with ``0 <= R < g`` for a
     divisor `g` of `c`: then ``e // c == Q // (c / g)`` and ``e % c == (Q % (c / g)) * g + R``. A reshape's
@@ -148,7 +155,7 @@ def _digits(e: Expr, c: int, remainder: bool) -> Expr | None:
         if isinstance(part, Const):
             return _build(whole, const // c + int(part.value))
         return _build({**whole, part: whole.get(part, 0) + 1}, const // c)
-    for g in sorted((d for d in range(2, c + 1) if c % d == 0), reverse=True):
+    for g in _divisors_above_one(c):
         quotient = {a: k // g for a, k in terms.items() if k % g == 0}
         rest = {a: k for a, k in terms.items() if k % g}
         r = [_bounds(_build(rest, const % g))] if rest or const % g else [(0, 0)]
