@@ -352,3 +352,26 @@ def test_a_concatenation_read_at_fixed_positions_and_through_a_reshape(backend):
     got, want = run_backend(backend, _joined_then_viewed, x, -x - 1)
     for g, w in zip(got, want):
         _equal(g, w)
+
+
+def test_a_reshapes_positions_run_in_the_kernels_index_type_where_they_fit():
+    """GPU kernels index in i32: a reshape's divisions and remainders run there too when their loop indices bound
+    every step below 2**30 (64-bit division is a long software sequence on a GPU); a gather's data, or a
+    position that may not fit, stays int64."""
+    from redfuser.ir import Axis, Binary, BinaryOp, Const, IndexValue, Load
+    from redfuser.ir.buffer import Buffer
+    from redfuser.ir.loop.index import in_index_type
+    from redfuser.ir.types import BufferType, int32, int64
+
+    def position(extent: int):
+        i = IndexValue(Axis("i0", extent), int64)
+        return Binary(BinaryOp.MOD, Binary(BinaryOp.FLOORDIV, i, Const(8, int64), int64), Const(3, int64), int64)
+
+    small = in_index_type(position(4096), int32)
+    assert small.dtype == int32 and small.a.a.dtype == int32 and small.a.a.axis.extent == 4096
+    assert in_index_type(position(2**31), int32) == position(2**31)
+    gathered = Load(Buffer("idx", BufferType(int64, (4,))), (Axis("i0", 4),))
+    assert in_index_type(Binary(BinaryOp.MOD, gathered, Const(4, int64), int64), int32).dtype == int64
+    text = str(rf.kernel(lambda x: rf.sum(x.reshape(8, 3, 8), axis=-1), backend="simulate")
+               .lower(np.zeros((8, 6, 4), np.float32)).stages["tile"])
+    assert " // " in text and not any(" // " in line and "i64" in line for line in text.splitlines())

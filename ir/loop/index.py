@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
+
 from ..semantics import BINARY_FUNCS, BinaryOp
 from ..types import DType, int64
-from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Strided, strided
+from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Strided, strided, walk
 from .rewrite import map_expr
 
 def index_value(i: IndexExpr, dtype: DType = int64) -> Expr:
@@ -256,3 +258,21 @@ def is_index_expression(e: Expr) -> bool:
     """Whether `e` is what a `Computed` index may hold: an int64 value (of loop indices, constants and, for a
     gather, integer data)."""
     return e.dtype == int64
+
+
+def in_index_type(value: Expr, dtype: DType) -> Expr:
+    """A computed position's int64 `value` computed in `dtype` (a kernel's index type, i32 on GPUs) where every
+    step of it provably fits (its loop indices and constants bound it: a reshape's positions), so the same
+    floored divisions and remainders run in 32 bits; `value` itself where one may not (a gather's data)."""
+    if dtype == int64 or not dtype.is_int:
+        return value
+    limit = int(np.iinfo(dtype.numpy).max) // 2     # headroom: a tile's masked lanes run past the extents
+    for n in walk(value):
+        if not isinstance(n, Const | IndexValue | Binary):
+            return value
+        bounds = _bounds(n)
+        if bounds is None or bounds[0] < -limit or bounds[1] > limit:
+            return value
+    return map_expr(value, lambda n: Const(n.value, dtype) if isinstance(n, Const) else
+                    IndexValue(n.axis, dtype) if isinstance(n, IndexValue) else
+                    Binary(n.op, n.a, n.b, dtype) if isinstance(n, Binary) else None)

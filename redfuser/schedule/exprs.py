@@ -40,6 +40,7 @@ from ..ir import (
 from ..ir.tile import nodes as t
 from ..ir.types import bool_, float32, from_numpy
 from .builder import KernelBuilder
+from ..ir.loop.index import in_index_type
 from .space import Binding, Dim, Fixed, Position, Shifted, Tiled, align, mask_tile, offsets, place
 
 def compute_dtype(d: DType) -> DType:
@@ -126,7 +127,8 @@ def _load(lw: ExprLowering, e: Load, b: dict[str, Binding]) -> Tiled:
     positions: list[Position] = [
         i if isinstance(i, int) else b[i.name] if isinstance(i, Axis) else
         Shifted(b[i.axis.name], i.start, i.step, i.may_clamp(size)) if isinstance(i, Strided) else
-        lw.lower_as(i.value, kb.index_dtype, b) for i, size in zip(e.indices, e.buffer.shape)]
+        lw.lower_as(in_index_type(i.value, kb.index_dtype), kb.index_dtype, b)
+        for i, size in zip(e.indices, e.buffer.shape)]
     off = offsets(kb, e.buffer, positions)
     mask = mask_tile(kb, off.dims)
     v = kb.load(e.buffer, off.value, mask, 0)
