@@ -39,7 +39,7 @@ def _slices(draw, size: int) -> slice:
     return slice(draw(bound), draw(bound), step)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(data=st.data(), backend=st.sampled_from(BACKENDS))
 def test_random_slices_read_what_numpy_reads(data, backend):
     shape = tuple(data.draw(st.lists(st.integers(1, 9), min_size=1, max_size=3)))
@@ -173,7 +173,7 @@ def test_reversed_scores_inside_a_fused_loop(backend):
     _equal(got[0], want[0], 77)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(deadline=None)
 @given(data=st.data(), backend=st.sampled_from(BACKENDS))
 def test_concatenate_and_stack_equal_numpy(data, backend):
     ndim = data.draw(st.integers(1, 3))
@@ -264,7 +264,7 @@ def _shapes_of(draw, size: int) -> tuple[int, ...]:
     return tuple(dims)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(data=st.data(), backend=st.sampled_from(BACKENDS))
 def test_random_reshapes_equal_numpy(data, backend):
     shape = tuple(data.draw(st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=4)))
