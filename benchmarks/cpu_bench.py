@@ -6,15 +6,15 @@ the ratio numpy/compiled (> 1: the compiled kernel is faster), and the compile
 time of each kernel cold (LLVM from scratch), warm (the in-memory cache) and from
 disk (a fresh cache object reading the on-disk entry).
 
-Rows: attention (prefill), causal attention (every key block, and with
-``skip_masked=True``: only blocks on or before the diagonal), softmax and log-softmax over large rows, flash
-decoding (one query, 32768 keys) with the automatic split and unsplit
-(``split=1``), MoE routing (softmax + top-2 + renormalize, 4096 tokens x 64
-experts) and the per-token FP8 quantized GEMM (1024 x 4096 x 1024). The peers are
-the same unfused programs run by numpy (and ``torch`` SDPA / ``topk(softmax)``
-where torch is installed); the FP8 row's error column is in units of the
-quantization bound (docs/fusion.md), since quantizing with the running absmax
-rounds other values than the unfused program.
+Rows: attention (prefill), causal attention (every key block, and with ``skip_masked=True``: only blocks on
+or before the diagonal), softmax and log-softmax over large rows, flash decoding (one query, 32768 keys) with
+the automatic split and unsplit (``split=1``), MoE routing (softmax + top-2 + renormalize, 4096 tokens x 64
+experts), the per-token FP8 quantized GEMM (1024 x 4096 x 1024), attention with RoPE applied to q and k in
+the kernel, group norm (8 groups of an NCHW activation) and cross-entropy over a 32000-word vocabulary (the
+label's logit gathered). The peers are the same unfused programs run by numpy, and where torch is installed
+``torch``'s own ops doing the same work: SDPA (after the same rotation, for RoPE), ``topk(softmax)``,
+``group_norm``, ``cross_entropy``. The FP8 row's error column is in units of the quantization bound
+(docs/fusion.md), since quantizing with the running absmax rounds other values than the unfused program.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ import time
 import numpy as np
 
 import redfuser as rf
-from redfuser.workloads import attention, causal_attention, fp8_quant_gemm, log_softmax, moe_routing, softmax
+from redfuser.workloads import (attention, causal_attention, cross_entropy, fp8_quant_gemm, group_norm, log_softmax,
+                                moe_routing, rope_attention, rope_tables, softmax)
 from bench_common import CacheFolder
 
 
@@ -67,6 +68,21 @@ def torch_version(fn_name: str, args):
         return lambda: torch.softmax(tensors[0], -1)
     if fn_name == "log_softmax":
         return lambda: torch.log_softmax(tensors[0], -1)
+    if fn_name == "rope_attention":
+        q, k, v, cos, sin = tensors
+
+        def rope():
+            def rotate(x):
+                half = x.shape[-1] // 2
+                return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            return sdpa(q * cos + rotate(q) * sin, k * cos + rotate(k) * sin, v)
+        return rope
+    if fn_name == "group_norm":
+        return lambda: torch.nn.functional.group_norm(tensors[0], 8, tensors[1], tensors[2], eps=1e-5)
+    if fn_name == "cross_entropy":
+        labels = torch.from_numpy(args[1])
+        return lambda: torch.nn.functional.cross_entropy(tensors[0], labels, reduction="none")
     if fn_name == "moe_routing":
         def route():
             w, i = torch.topk(torch.softmax(tensors[0], -1), 2)
@@ -105,7 +121,7 @@ def compile_times(fn, args, options: dict) -> tuple[float, float, float]:
             start = time.perf_counter()
             rf.kernel(fn, backend="cpu", **options).lower(*args)
             k = rf.kernel(fn, backend="cpu", **options)
-            k._compiled(args)  # noqa: SLF001 - trace, schedule, codegen and load, without running
+            k._compiled(tuple(args), {})  # noqa: SLF001 - trace, schedule, codegen and load, without running
             out.append(time.perf_counter() - start)
         return out[0], out[1], out[2]
 
@@ -134,6 +150,13 @@ def main() -> None:
         ("decode", attention, decode, {"split": 1}),
         ("moe_routing", moe_routing, [rng.standard_normal((tokens, 64)).astype(np.float32) * 3], {}),
         ("fp8_gemm", fp8_quant_gemm, gemm, {}),
+        ("rope_attention", rope_attention, [rng.standard_normal((1, 8, n1, 64)).astype(np.float32) for _ in range(3)]
+         + list(rope_tables(n1, 64)), {}),
+        ("group_norm", group_norm, [(rng.standard_normal((8, 64, 32, 32) if not opts.quick else (2, 64, 16, 16)) * 2
+                                     + 3).astype(np.float32), rng.standard_normal(64).astype(np.float32),
+                                    rng.standard_normal(64).astype(np.float32)], {}),
+        ("cross_entropy", cross_entropy, [(rng.standard_normal((tokens, 32000 if not opts.quick else 4000)) * 3)
+                                          .astype(np.float32), rng.integers(0, 4000, tokens)], {}),
     ]
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; numpy {np.__version__}; "
           f"median of {opts.repeats} runs after a warm-up")

@@ -218,6 +218,14 @@ def group_norm(x, w, b):
     return y * w[:, None, None] + b[:, None, None]
 
 
+def cross_entropy(logits, labels):
+    """Cross-entropy per row: the log-sum-exp in one pass, minus the label's logit gathered by
+    ``take_along_axis`` (a read per row, not an O(V) one-hot)."""
+    m = rf.max(logits, axis=-1, keepdims=True)
+    lse = m[:, 0] + rf.log(rf.sum(rf.exp(logits - m), axis=-1))
+    return lse - rf.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+
+
 WORKLOADS: dict[str, Workload] = {
     "attention": Workload(attention, _qkv((2, 4, 128, 64))),
     "causal_attention": Workload(causal_attention, _qkv((2, 4, 128, 64))),
@@ -225,6 +233,8 @@ WORKLOADS: dict[str, Workload] = {
         (rng.standard_normal((2, 4, 128, 64)) * 6).astype(np.float32) for _ in range(3))),
     "rope_attention": Workload(rope_attention, lambda rng: tuple(
         rng.standard_normal((2, 4, 128, 64)).astype(np.float32) for _ in range(3)) + rope_tables(128, 64)),
+    "cross_entropy": Workload(cross_entropy, lambda rng: (
+        (rng.standard_normal((64, 1000)) * 3).astype(np.float32), rng.integers(0, 1000, 64))),
     "group_norm": Workload(group_norm, lambda rng: (
         (rng.standard_normal((2, 32, 8, 8)) * 2 + 3).astype(np.float32),
         rng.standard_normal(32).astype(np.float32), rng.standard_normal(32).astype(np.float32))),

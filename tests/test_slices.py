@@ -372,6 +372,17 @@ def test_a_reshapes_positions_run_in_the_kernels_index_type_where_they_fit():
     assert in_index_type(position(2**31), int32) == position(2**31)
     gathered = Load(Buffer("idx", BufferType(int64, (4,))), (Axis("i0", 4),))
     assert in_index_type(Binary(BinaryOp.MOD, gathered, Const(4, int64), int64), int32).dtype == int64
-    text = str(rf.kernel(lambda x: rf.sum(x.reshape(8, 3, 8), axis=-1), backend="simulate")
-               .lower(np.zeros((8, 6, 4), np.float32)).stages["tile"])
+    text = str(rf.kernel(lambda x: rf.sum(rf.transpose(x, (0, 2, 1)).reshape(8, 3, 8), axis=-1),
+                         backend="simulate").lower(np.zeros((8, 6, 4), np.float32)).stages["tile"])
     assert " // " in text and not any(" // " in line and "i64" in line for line in text.splitlines())
+
+
+def test_a_reshape_of_contiguous_memory_reads_it_contiguously():
+    """A reshape's per-dim positions fold into one element offset where that is affine (``(r // 4) * 4 + r % 4``
+    is ``r``): the kernel reads a merged row as the contiguous row it is, no division left to vectorize past."""
+    x = RNG.standard_normal((8, 6, 4)).astype(np.float32)
+    body = lambda v: rf.sum(v.reshape(8, 3, 8), axis=-1)   # noqa: E731
+    for backend in ("cpu", "simulate"):
+        text = str(rf.kernel(body, backend=backend).lower(x).stages["tile"])
+        assert " // " not in text and " % " not in text
+        _equal(rf.kernel(body, backend=backend)(x), body(x), 8)

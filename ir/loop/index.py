@@ -58,6 +58,11 @@ def _fold(e: Expr) -> Expr:
             return Const(0, n.dtype)
         if n.op is BinaryOp.ADD and _digits_rejoined(a, b):
             return b.a     # (e // c) * c + e % c == e: a dim split and merged back
+        if n.op is BinaryOp.FLOORDIV and isinstance(b, Const) and b.value > 0 and isinstance(a, Binary) and \
+                a.op is BinaryOp.FLOORDIV and isinstance(a.b, Const) and a.b.value > 0:
+            # x // a // b is x // (a*b) (floored, positive divisors): one form, so digits can be rejoined
+            return fold(Binary(BinaryOp.FLOORDIV, a.a, Const(int(a.b.value) * int(b.value), n.dtype), n.dtype)) or \
+                Binary(BinaryOp.FLOORDIV, a.a, Const(int(a.b.value) * int(b.value), n.dtype), n.dtype)
         if n.op in (BinaryOp.FLOORDIV, BinaryOp.MOD) and isinstance(b, Const) and b.value > 0:
             return _digits(a, int(b.value), n.op is BinaryOp.MOD)
         return None
@@ -91,21 +96,39 @@ def _bounds(e: Expr) -> tuple[int, int] | None:
 
 def _linear(e: Expr) -> tuple[dict[Expr, int], int]:
     """`e` as ``sum(coeff * atom) + const`` (an atom: anything but + - and * by a constant), digits rejoined:
-    ``k*c * (x // c) + k * (x % c)`` is ``k * x``."""
+    ``k*c * (x // (a*c)) + k * (x // a % c)`` is ``k * (x // a)`` (``x // 1`` being `x`), until none is left."""
     terms, const = _linear_terms(e)
-    for atom in list(terms):
-        if not (isinstance(atom, Binary) and atom.op is BinaryOp.FLOORDIV and isinstance(atom.b, Const)):
-            continue
-        c = int(atom.b.value)
-        low = Binary(BinaryOp.MOD, atom.a, atom.b, atom.dtype)
-        k = terms.get(low, 0)
-        if c > 0 and k and atom in terms and terms[atom] == k * c:
-            del terms[atom], terms[low]
-            inner, extra = _linear(atom.a)
-            for a, coeff in inner.items():
-                terms[a] = terms.get(a, 0) + k * coeff
+    joined = True
+    while joined:
+        joined = False
+        for low in list(terms):
+            whole = _digit_of(low)
+            if whole is None or low not in terms:
+                continue
+            x, a, c = whole
+            k = terms[low]
+            high = Binary(BinaryOp.FLOORDIV, x, Const(a * c, int64), int64)
+            if terms.get(high) != k * c:
+                continue
+            del terms[low], terms[high]
+            inner, extra = _linear(x if a == 1 else Binary(BinaryOp.FLOORDIV, x, Const(a, int64), int64))
+            for atom, coeff in inner.items():
+                terms[atom] = terms.get(atom, 0) + k * coeff
             const += k * extra
-    return {a: c for a, c in terms.items() if c}, const
+            terms = {atom: coeff for atom, coeff in terms.items() if coeff}
+            joined = True
+    return terms, const
+
+
+def _digit_of(e: Expr) -> tuple[Expr, int, int] | None:
+    """``(x, a, c)`` when `e` is ``x // a % c`` (``x % c``: ``a = 1``) with positive constants."""
+    if not (isinstance(e, Binary) and e.op is BinaryOp.MOD and isinstance(e.b, Const) and e.b.value > 0):
+        return None
+    inner = e.a
+    if isinstance(inner, Binary) and inner.op is BinaryOp.FLOORDIV and isinstance(inner.b, Const) and \
+            inner.b.value > 0:
+        return inner.a, int(inner.b.value), int(e.b.value)
+    return inner, 1, int(e.b.value)
 
 
 def _linear_terms(e: Expr) -> tuple[dict[Expr, int], int]:
@@ -276,3 +299,28 @@ def in_index_type(value: Expr, dtype: DType) -> Expr:
     return map_expr(value, lambda n: Const(n.value, dtype) if isinstance(n, Const) else
                     IndexValue(n.axis, dtype) if isinstance(n, IndexValue) else
                     Binary(n.op, n.a, n.b, dtype) if isinstance(n, Binary) else None)
+
+
+def flat_offset(indices: tuple[IndexExpr, ...], shape: tuple[object, ...],
+                strides: tuple[object, ...]) -> Expr | None:
+    """The element offset ``sum(position_d * stride_d)`` of a load whose positions are computed (a reshape's):
+    one linear expression, its digits rejoined across dims, so group norm's ``x[i0, i1*4 + r0 // 64,
+    r0 // 8 % 8, r0 % 8]`` of a dense buffer is the affine ``65536*i0 + 256*i1 + r0``. None where a position
+    reads data (a gather) or may fall outside its dim (it would need its clamp), or a length or stride is
+    known only at run time."""
+    total: Expr = Const(0, int64)
+    for i, size, stride in zip(indices, shape, strides):
+        if type(size) is not int or type(stride) is not int:
+            return None
+        if isinstance(i, Computed | Strided):
+            value = index_value(i)
+            if any(not isinstance(n, Const | IndexValue | Binary) for n in walk(value)):
+                return None
+            bounds = _bounds(value)
+            if bounds is None or bounds[0] < 0 or bounds[1] >= size:
+                return None
+        else:
+            value = index_value(i)
+        if stride:
+            total = Binary(BinaryOp.ADD, total, Binary(BinaryOp.MUL, value, Const(stride, int64), int64), int64)
+    return _build(*_linear(_fold(total)))

@@ -40,8 +40,8 @@ from ..ir import (
 from ..ir.tile import nodes as t
 from ..ir.types import bool_, float32, from_numpy
 from .builder import KernelBuilder
-from ..ir.loop.index import in_index_type
-from .space import Binding, Dim, Fixed, Position, Shifted, Tiled, align, mask_tile, offsets, place
+from ..ir.loop.index import flat_offset, in_index_type
+from .space import Binding, Dim, ElementOffset, Fixed, Position, Shifted, Tiled, align, mask_tile, offsets, place
 
 def compute_dtype(d: DType) -> DType:
     """The dtype arithmetic on `d` values runs in (f32 for the storage-only float types)."""
@@ -124,7 +124,18 @@ def _load(lw: ExprLowering, e: Load, b: dict[str, Binding]) -> Tiled:
             raise InternalError(f"fused read of {e.buffer.name} at {e.indices} does not line up with its tile",
                                 pass_name="schedule")
         return tile
-    positions: list[Position] = [
+    flat = flat_offset(e.indices, e.buffer.type.shape, e.buffer.type.element_strides) \
+        if any(isinstance(i, Computed) for i in e.indices) else None
+    if flat is not None and all(isinstance(n, Const | IndexValue | Binary) and
+                                not (isinstance(n, Binary) and n.op in (BinaryOp.FLOORDIV, BinaryOp.MOD))
+                                for n in walk(flat)):
+        # a reshape's positions that fold into one affine offset: contiguous reads stay contiguous (vectorized)
+        at = ElementOffset(lw.lower_as(in_index_type(flat, kb.index_dtype), kb.index_dtype, b))
+        positions: list[Position] = [at] + [0] * (len(e.indices) - 1)
+        off = offsets(kb, e.buffer, positions)
+        v = kb.load(e.buffer, off.value, mask_tile(kb, off.dims), 0)
+        return Tiled(kb.cast(v, compute_dtype(e.buffer.dtype)), off.dims)
+    positions = [
         i if isinstance(i, int) else b[i.name] if isinstance(i, Axis) else
         Shifted(b[i.axis.name], i.start, i.step, i.may_clamp(size)) if isinstance(i, Strided) else
         lw.lower_as(in_index_type(i.value, kb.index_dtype), kb.index_dtype, b)

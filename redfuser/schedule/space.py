@@ -76,7 +76,15 @@ class Tiled:
     dims: tuple[Dim, ...]
 
 
-Position = Binding | Shifted | int | Tiled
+@dataclass(frozen=True, slots=True)
+class ElementOffset:
+    """A load's whole element offset, computed (`ir.loop.index.flat_offset`: a reshape's positions folded into
+    one affine offset); it stands in one dim's place, the other dims' positions being 0."""
+
+    at: Tiled
+
+
+Position = Binding | Shifted | int | Tiled | ElementOffset
 """How one buffer dim is addressed: a binding, a binding shifted and scaled, a fixed index, or computed
 indices (an index tile over some dims, or a scalar: a reshape's positions)."""
 
@@ -177,6 +185,12 @@ def offsets(kb: KernelBuilder, buffer: Buffer, positions: list[Position]) -> Til
     scalar: t.Value | None = None
     tiles: list[Tiled] = []
     for pos, stride, size in zip(positions, buffer.type.element_strides, buffer.type.shape):
+        if isinstance(pos, ElementOffset):
+            if pos.at.dims:
+                tiles.append(pos.at)
+            else:
+                scalar = pos.at.value if scalar is None else kb.binary(BinaryOp.ADD, scalar, pos.at.value, hint="off")
+            continue
         if buffer.type.strides is not None and stride == 0:
             continue   # a broadcast view's repeated dim (only inputs are views, so only loads get here)
         shift = pos if isinstance(pos, Shifted) else None
@@ -228,4 +242,6 @@ def _position_key(p: Position) -> object:
         return (_position_key(p.of), p.start, p.step, p.clamp)
     if isinstance(p, Tiled):
         return ("at", p.value.name)
+    if isinstance(p, ElementOffset):
+        return ("offset", p.at.value.name)
     return p.index.name if isinstance(p, Fixed) else p
