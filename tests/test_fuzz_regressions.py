@@ -613,3 +613,29 @@ def test_a_variance_of_an_exponential_is_centred_on_its_own_atom(backend):
     got, want = rf.kernel(_std_of_exp, backend=backend)(x0), _std_of_exp(x0)
     assert not np.isnan(got).any()
     rf.testing.assert_close(got, want, np.float32, 2)
+
+
+def _matmul_then_row_variance(x0, x1, x2, s0):
+    v1 = rf.var(x0 @ x1, axis=-1, keepdims=False, ddof=1)
+    return x2 * v1 - s0
+
+
+@pytest.mark.parametrize("rows", [1 << 20, None])
+def test_a_one_pass_row_tile_counts_a_local_contractions_chunk(rows):
+    """Long campaign at 6a1ff44, example 14499: rows of 2 elements (the variance of ``x0 @ x1`` with 2 columns)
+    took 8192 rows a GPU tile, and the local matmul's operand tile was 8192 rows by its 64-long contraction
+    chunk: half a million unrolled shared-memory stores, a 30-minute compile on simulate. A whole-rows tile
+    now counts the widest local chunk per row. Checked on the schedule (a static and a symbolic row count)."""
+    from redfuser.ir.tile import nodes as t
+    from redfuser.schedule import schedule_program
+    from redfuser.schedule.options import ONE_PASS_TILE, options_for
+
+    args = (np.zeros((rows or 27, 6), np.float32), np.zeros((6, 2), np.float32), np.zeros(rows or 27, np.float32), 3)
+    kernel = rf.kernel(_matmul_then_row_variance, backend="interpret", dynamic=rows is None)
+    if rows is None:       # a second length: the row count becomes symbolic
+        kernel(*args)
+        args = (np.zeros((33, 6), np.float32), args[1], np.zeros(33, np.float32), 3)
+    program = kernel.lower(*args).program
+    tile = schedule_program(program, options_for("gpu"))
+    loads = [op for k in tile.kernels for op in t.walk_ops(k.body) if isinstance(op, t.Load)]
+    assert loads and all(int(np.prod(op.out.shape)) <= ONE_PASS_TILE for op in loads)
