@@ -639,3 +639,56 @@ def test_a_one_pass_row_tile_counts_a_local_contractions_chunk(rows):
     tile = schedule_program(program, options_for("gpu"))
     loads = [op for k in tile.kernels for op in t.walk_ops(k.body) if isinstance(op, t.Load)]
     assert loads and all(int(np.prod(op.out.shape)) <= ONE_PASS_TILE for op in loads)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_variance_over_an_empty_slice_is_not_centred(backend):
+    """Long campaign at 55ed019 (seed 1), example 48713: ``var(x[None, 0, None, 3:-21, :, None], axis=2,
+    ddof=1)`` of a (1, 1, 1) array reduces an empty slice; finding the running mean to centre the squares on
+    divided by the axis length, 0 (ZeroDivisionError out of the fusion engine). numpy's value is NaN."""
+    def body(x):
+        return rf.var(x[None, 0, None, 3:-21, :, None], axis=2, keepdims=True, ddof=1)
+
+    x = np.array([-2.0], np.float32).reshape(1, 1, 1)
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        want = body(x)
+    got = rf.kernel(body, backend=backend)(x)
+    assert got.shape == want.shape and got.dtype == want.dtype and np.isnan(got).all() and np.isnan(want).all()
+
+
+def test_the_oracle_reads_a_gathers_bounds_at_its_indices():
+    """Long campaign at 55ed019 (seed 1), example 48254: ``take_along_axis(v, topk(x, 1)[1])`` of an inexact
+    ``v`` [1, 8]: the oracle broadcast v's per-element bounds to the gather's [1, 1] result (numpy's
+    ValueError), took that for numpy refusing the program, and judged the kernel's result a failure. A
+    gather's (and a join's) bounds and unsure elements are now the op itself run on them."""
+    from redfuser.testing.program import Arg, Node, Program
+    from redfuser.testing.program_data import ArrayData
+    from redfuser.testing.program_oracle import reference
+
+    x = Arg(ArrayData("float32", (1, 8), values=(-1.0, 2.0, 3.5, 0.5, -2.0, 1.0, 0.0, 2.5)))
+    nodes = (Node(("v0",), "exp", ("x0",)), Node(("v1",), "topk_indices", ("x0",), (1,)),
+             Node(("v2",), "take_along_axis", ("v0", "v1")), Node(("v3",), "concatenate2", ("v0", "v2"), (1,)))
+    program = Program(("x0",), nodes, ("v2", "v3"), ((x,),))
+    ref = reference(program, 0)
+    assert ref.error is None, ref.error
+    gathered, joined = ref.outputs
+    assert gathered.err.shape == (1, 1) and gathered.err[0, 0] > 0 and joined.err.shape == (1, 9)
+    assert judged(program, "cpu") == []
+
+
+def test_the_oracle_does_not_judge_f64_math_of_a_value_beyond_f32s_range_on_gpus():
+    """Long campaign at 55ed019 (seed 1), example 27138: ``cos`` of an f64 value of 1e55 (a product of int32
+    sums; here int32 times f32, 6e47); the GPU backends compute f64 ``cos`` in f32 (docs/gpu-backend.md, "Numerics"), where 1e55 is inf
+    and its cosine NaN. The oracle marked only results beyond f32's range unsure, not operands."""
+    from redfuser.testing.program import Arg, Node, Program
+    from redfuser.testing.program_data import ArrayData
+    from redfuser.testing.program_oracle import reference
+
+    n = Arg(ArrayData("int32", (2,), values=(2_000_000_000, 1)))
+    x = Arg(ArrayData("float32", (2,), values=(3e38, 0.5)))
+    program = Program(("x0", "x1"), (Node(("v0",), "mul", ("x0", "x1")), Node(("v1",), "cos", ("v0",))), ("v1",),
+                      ((n, x),))
+    (out,) = reference(program, 0, "simulate").outputs
+    assert out.ref.dtype == np.float64 and np.isfinite(out.ref).all()
+    assert out.unsure.tolist() == [True, False]
+    assert judged(program, "simulate") == []

@@ -117,6 +117,8 @@ def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, .
         if p != 1 or st is None or st.rescale is not None or st.carry is not None:
             continue
         if st.op is ReduceOp.SUM:
+            if kappa * extent == 0:   # an empty axis (x[3:-21] of a short one): no mean to centre on
+                continue
             c: Expr = Binary(BinaryOp.MUL, atom, Const(1.0 / (kappa * extent), atom.dtype), atom.dtype)
         elif kappa == 1.0:
             c = atom

@@ -35,7 +35,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from .program_rules import RULES
+from .program_rules import RULES, at_output
 from .tolerance import C
 
 POLYNOMIAL = frozenset({"add", "sub", "mul", "neg", "square", "add_c", "rsub_c", "mul_c", "rmul_c", "div_c",
@@ -49,8 +49,8 @@ F32_MATH = frozenset({"exp", "exp_safe", "exp2_safe", "log", "log_safe", "log2_s
 
 
 def f32_math(node, ins: list, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For an op of `F32_MATH` on f64 values computed in f32: (the extra error bound, the elements beyond f32's
-    range, whose class f32 can change). The argument rounds to f32 (relative ``eps32``): ``exp`` moves by
+    """For an op of `F32_MATH` on f64 values computed in f32: (the extra error bound, the elements whose value or
+    operand is beyond f32's range, whose class f32 can change). The argument rounds to f32 (relative ``eps32``): ``exp`` moves by
     ``|out| |x| eps32`` (``ln 2`` times that for ``exp2``), ``log`` by ``eps32`` (over ``ln 2`` for ``log2``);
     the result rounds to f32 (a few ulps, and a subnormal step)."""
     f = ml_dtypes.finfo(np.float32)
@@ -64,7 +64,11 @@ def f32_math(node, ins: list, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         else:
             arg = np.full(out.shape, float(f.eps) / (math.log(2.0) if node.op.startswith("log2") else 1.0))
         extra = arg + 4 * float(f.eps) * out + float(f.tiny)
+        # beyond f32's range: the result, or an operand, which rounds to inf in f32 (cos(1e55) is NaN there)
         beyond = np.isfinite(out) & (out > float(f.max) / 2)
+        for v in ins:
+            w = np.abs(_f64(v.ref))
+            beyond = beyond | np.broadcast_to(np.isfinite(w) & (w > float(f.max) / 2), out.shape)
     return np.where(np.isnan(extra), np.inf, extra), np.broadcast_to(beyond, out.shape)
 
 
@@ -287,6 +291,8 @@ def _worst(node, a, out) -> np.ndarray:
         return np.broadcast_to(np.max(errs[0], axis=-1, keepdims=True), out.shape)
     if node.op in ("where", "where_c"):
         return np.maximum.reduce([np.broadcast_to(e, out.shape) for e in errs[1:]]) if len(errs) > 1 else 0.0
+    if rule.kind in ("join", "gather"):
+        return at_output(node, errs, [x for x, _ in a], out.shape, np.maximum)
     return np.maximum.reduce([np.broadcast_to(e, out.shape) for e in errs]) if errs else np.zeros(out.shape)
 
 

@@ -61,7 +61,7 @@ from typing import Callable
 
 import numpy as np
 
-from .program_rules import RULES
+from .program_rules import RULES, at_output
 
 REDUCTIONS = frozenset({"sum", "sum_method", "max", "min", "matmul", "topk", "topk_values", "topk_indices", "mean",
                         "var", "std", "prod"})
@@ -210,8 +210,9 @@ class _Walk:
             return nan, other   # a FINITE op's own elements only (its operands' do not reach its value)
         rule = RULES[node.op]
         ins = [self.mask(a) for a in node.args]
-        if rule.kind == "view":
-            return tuple(own | np.asarray(rule.apply([ins[0][k]], node.params), bool)
+        if rule.kind in ("view", "join", "gather"):
+            operands = [_ref(self.env[a]) for a in node.args]
+            return tuple(own | at_output(node, [m[k] for m in ins], operands, r.shape)
                          for k, own in enumerate((nan, other)))
         return tuple(np.logical_or.reduce([np.broadcast_to(m[k], r.shape) for m in ins] + [own])
                      for k, own in enumerate((nan, other)))

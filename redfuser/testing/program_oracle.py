@@ -60,7 +60,7 @@ from . import program_bounds as bounds
 from .program import Program
 from .program_limits import precondition_hazard
 from .program_ranking import robust_rows
-from .program_rules import RULES
+from .program_rules import RULES, at_output
 from .tolerance import C
 
 NARROW = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn)}
@@ -235,10 +235,11 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
     r = np.asarray(np.ma.getdata(ref) if isinstance(ref, np.ma.MaskedArray) else ref)
     dt, shape = r.dtype, r.shape
     all_exact = all(v.exact for v in ins)
+    refs = [v.ref for v in ins]
     if rule.kind == "arange":  # reads only its operand's shape
         return Value(ref, wide, True, np.zeros(shape), np.zeros(shape, bool))
     extremum = (rule.kind == "reduce" and node.op in ("max", "min")) or (
-        rule.kind in ("elementwise", "view") and any(v.extremum for v in ins))
+        rule.kind in ("elementwise", "view", "join", "gather") and any(v.extremum for v in ins))
     lossy = _lossy_cast(node, ins, dt)
     grid = _grid_rounding(node, ins, dt)
     kind = rule.exactness
@@ -246,11 +247,11 @@ def _value(node, rule, ins: list[Value], ref: object, wide: object, indices: boo
                            or (kind == "intsum" and not is_float(dt))) and not lossy and not grid
     if node.op == "div_safe" and ins[1].dtype in NARROW:
         exact = False   # its |b| + 1 is a step in b's narrow type: numpy rounds it there, a kernel does not
-    expansion = _propagate(node, rule, [v.expansion for v in ins], shape) | \
+    expansion = _propagate(node, rule, [v.expansion for v in ins], shape, refs) | \
         bounds.expansion_hazard(node, ins, shape, dt)
-    limit = _propagate(node, rule, [v.limit for v in ins], shape) | (
+    limit = _propagate(node, rule, [v.limit for v in ins], shape, refs) | (
         np.broadcast_to(limit, shape) if limit is not None else False)
-    unsure = _propagate(node, rule, [v.unsure for v in ins], shape) | expansion | limit
+    unsure = _propagate(node, rule, [v.unsure for v in ins], shape, refs) | expansion | limit
     u = max([unit_roundoff(dt)] + [unit_roundoff(v.dtype) for v in ins])
     eta = max([bounds.underflow_step(dt)] + [bounds.underflow_step(v.dtype) for v in ins])
     err = np.zeros(shape) if exact else bounds.error(node, ins, r, u, lossy, eta)
@@ -322,14 +323,15 @@ def _lossy_cast(node, ins: list[Value], dt: np.dtype) -> bool:
     return src != dt and src != np.bool_ and src != np.dtype(ml_dtypes.float8_e4m3fn)
 
 
-def _propagate(node, rule, masks: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
-    """Elements inheriting `masks` (the operands' unsure elements, or a rule's) from any element feeding them."""
+def _propagate(node, rule, masks: list[np.ndarray], shape: tuple[int, ...], operands: list) -> np.ndarray:
+    """Elements inheriting `masks` (the operands' unsure elements, or a rule's) from any element feeding them;
+    `operands`: the operands' values."""
     if not any(m.any() for m in masks):
         return np.zeros(shape, bool)
-    if rule.kind == "elementwise":
-        return np.broadcast_to(np.logical_or.reduce([np.broadcast_to(m, shape) for m in masks]), shape)
-    if rule.kind in ("view", "arange"):
-        return np.asarray(rule.apply([masks[0]], node.params)) if rule.kind == "view" else np.zeros(shape, bool)
+    if rule.kind in ("elementwise", "view", "join", "gather"):
+        return at_output(node, masks, operands, shape)
+    if rule.kind == "arange":
+        return np.zeros(shape, bool)
     if rule.kind == "reduce":
         return np.asarray(np.any(masks[0], axis=node.params[0], keepdims=node.params[1]))
     if rule.kind == "matmul":

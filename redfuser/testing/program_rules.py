@@ -74,7 +74,7 @@ class Rule:
 
     apply: Callable[[list, tuple], object]
     template: str       # "{a} + {b}"; {a} {b} {c}: operands, {p0} {p1}...: params as literals, {key}: an index
-    kind: str           # elementwise | reduce | matmul | topk | view | arange
+    kind: str           # elementwise | reduce | matmul | topk | view | join | gather | arange
     exactness: str      # exact | arith | inexact | intsum
     discontinuous: bool = False
     outputs: int = 1
@@ -179,7 +179,7 @@ RULES: dict[str, Rule] = {
     "topk_indices": Rule(lambda a, p: rf.topk(a[0], p[0])[1], "rf.topk({a}, {p0})[1]", "topk", "exact",
                          discontinuous=True),
     "take_along_axis": Rule(lambda a, p: rf.take_along_axis(a[0], a[1], axis=-1),
-                            "rf.take_along_axis({a}, {b}, axis=-1)", "elementwise", "exact"),
+                            "rf.take_along_axis({a}, {b}, axis=-1)", "gather", "exact"),
     # -- views --
     "swapaxes": Rule(lambda a, p: rf.swapaxes(a[0], p[0], p[1]), "rf.swapaxes({a}, {p0}, {p1})", "view", "exact"),
     "transpose": Rule(lambda a, p: rf.transpose(a[0], p[0]), "rf.transpose({a}, {p0})", "view", "exact"),
@@ -191,12 +191,31 @@ RULES: dict[str, Rule] = {
     "concatenate": Rule(lambda a, p: rf.concatenate((a[0], a[0][p[1]]), axis=p[0]),
                         "rf.concatenate(({a}, {a}[{key}]), axis={p0})", "view", "exact"),
     "concatenate2": Rule(lambda a, p: rf.concatenate((a[0], a[1]), axis=p[0]),
-                         "rf.concatenate(({a}, {b}), axis={p0})", "elementwise", "exact"),
+                         "rf.concatenate(({a}, {b}), axis={p0})", "join", "exact"),
     "stack": Rule(lambda a, p: rf.stack((a[0], a[0][p[1]]), axis=p[0]),
                   "rf.stack(({a}, {a}[{key}]), axis={p0})", "view", "exact"),
     # -- index builders: rf.arange over one of a value's dims --
     "arange": Rule(lambda a, p: rf.arange(a[0].shape[p[0]]), "rf.arange({a}.shape[{p0}])", "arange", "exact"),
 }
+
+
+def at_output(node, arrays: list[np.ndarray], operands: list, shape: tuple[int, ...],
+              combine: Callable = np.logical_or) -> np.ndarray:
+    """Per-element arrays of an elementwise, view, join or gather op's operands (their bounds, their unsure
+    elements) carried to the output elements they reach, `combine`d where several reach one: broadcast for an
+    elementwise op; the op itself, run on the arrays, for a view, a join (each output element comes from one
+    operand) and a gather's data (read at the gather's own indices, whose own array reaches its output element
+    as an elementwise operand's does). `operands` are the operands' values."""
+    rule = RULES[node.op]
+    full = [np.broadcast_to(a, np.shape(v)) for a, v in zip(arrays, operands)]
+    if rule.kind == "view":
+        return np.asarray(rule.apply([full[0]], node.params))
+    if rule.kind == "join":
+        return np.asarray(rule.apply(full, node.params))
+    if rule.kind == "gather":
+        data = np.asarray(rule.apply([full[0], np.asarray(operands[1]).astype(np.int64)], node.params))
+        return np.broadcast_to(combine(data, np.broadcast_to(full[1], shape)), shape)
+    return np.broadcast_to(combine.reduce([np.broadcast_to(a, shape) for a in arrays]), shape)
 
 
 def used_outputs(op: str) -> int:
