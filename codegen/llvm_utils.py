@@ -60,12 +60,28 @@ def entry_alloca(builder: ir.IRBuilder, ty: ir.Type, name: str = "", count: int 
     return slot
 
 
+class _LoopID(ir.values.MDValue):
+    """A loop's ``llvm.loop`` metadata: ``distinct !{!self, properties...}`` (LLVM wants the first operand to
+    refer to the node itself, which `llvmlite.ir.Module.add_metadata` cannot make)."""
+
+    def descr(self, buf):
+        ops = ", ".join([self.get_reference()] + [op.get_reference() for op in self.operands])
+        buf += (f"distinct !{{ {ops} }}", "\n")
+
+
+def no_unroll_loop_id(module: ir.Module) -> ir.values.MDValue:
+    """A new ``llvm.loop`` node saying "do not unroll": LLVM may still vectorize the loop."""
+    prop = module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.disable")])
+    return _LoopID(module, [prop], name=str(len(module.metadata)))
+
+
 @contextmanager
 def counted_loop(builder: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1,
-                 name: str = "loop") -> Iterator[ir.Value]:
+                 name: str = "loop", unroll: bool = True) -> Iterator[ir.Value]:
     """``for iv in range(start, stop, step)`` (step > 0); the body is emitted inside the ``with``.
 
-    After the ``with`` the builder sits in the exit block. `iv` has `start`'s type.
+    After the ``with`` the builder sits in the exit block. `iv` has `start`'s type. ``unroll=False`` marks the
+    loop for LLVM not to unroll (an `llvmlite.ir` builder only).
     """
     pre = builder.block
     header = named_block(builder, f"{name}.header")
@@ -80,7 +96,9 @@ def counted_loop(builder: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: i
     yield iv
     nxt = builder.add(iv, ir.Constant(start.type, step), name=f"{name}.next", flags=("nsw",))
     iv.add_incoming(nxt, builder.block)
-    builder.branch(header)
+    latch = builder.branch(header)
+    if not unroll:
+        latch.set_metadata("llvm.loop", no_unroll_loop_id(builder.module))
     builder.position_at_end(exit_)
 
 

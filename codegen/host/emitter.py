@@ -33,6 +33,7 @@ from ...ir.tile import nodes as t
 from ...ir.types import row_major_strides
 from ..llvm_dtypes import HOST, cast, from_memory, memory_type, register_type, to_memory
 from ..llvm_utils import I64, PTR, VOID, counted_loop, entry_alloca
+from ..simt.affine import AffineInfo
 from .plan import plan_kernel
 
 Idx = tuple[ir.Value, ...]
@@ -42,11 +43,13 @@ StatementRule = Callable[["KernelEmitter", t.Op], None]
 
 @dataclass(frozen=True)
 class Slot:
-    """A materialized tile: a row-major stack array."""
+    """A tile in memory: a row-major stack array, or (`strides` set) a load's elements read in place in its
+    buffer (`KernelEmitter.global_view`)."""
 
     ptr: ir.Value
     shape: tuple[int, ...]
     dtype: DType
+    strides: tuple[int, ...] | None = None   # elements between neighbours along each dim (None: row-major)
 
 
 class KernelEmitter:
@@ -70,6 +73,7 @@ class KernelEmitter:
         self.sizes_arg = self.fn.args[len(kernel.params)]
         self.sizes_arg.name = "sizes"
         self.slots: dict[str, Slot] = {}
+        self.stored = frozenset(op.buffer.name for op in _walk(kernel.body) if isinstance(op, t.Store))
         self.scalars: dict[str, ir.Value] = {}
         self.coords: list[ir.Value] = []
         self._cache: list[dict] = [{}]
@@ -107,13 +111,34 @@ class KernelEmitter:
             elif op.out.shape == ():
                 self.scalars[op.out.name] = self.inline(op.out, ())
             elif op.out.name in self.plan.materialized:
-                self.materialize(op.out)
+                view = self.global_view(op.out)
+                if view is not None:
+                    self.slots[op.out.name] = view
+                else:
+                    self.materialize(op.out)
 
     def materialize(self, v: t.Value) -> None:
         """`v` written, element by element, to a new stack array (its slot)."""
         slot = self.new_slot(v)
         with self.nest(v.shape, name=f"{v.name}.") as idx:
             self.write(slot, idx, self._exact(v, self.inline(v, idx)))
+
+    def global_view(self, v: t.Value) -> Slot | None:
+        """`v`'s elements where they are, when copying them to a stack array would only move them: `v` is an
+        unmasked load of its buffer's own dtype whose offsets are affine (`codegen.simt.affine`) with
+        non-negative strides and one element apart along the last dim, from a buffer this kernel never
+        stores to. Then a dot's operand or a transpose's source is read in place (rows contiguous), as a
+        stack array would be. None otherwise."""
+        op = self.plan.defs.get(v.name)
+        if (not isinstance(op, t.Load) or op.mask is not None or not v.shape or op.buffer.dtype != v.dtype
+                or memory_type(v.dtype) != register_type(v.dtype) or op.buffer.name in self.stored):
+            return None
+        form = AffineInfo(self.plan.defs).of(op.offsets)
+        if form is None or len(form.strides) != len(v.shape) or form.strides[-1] != 1 or min(form.strides) < 0:
+            return None
+        base = self.wide(op.offsets, (self.zero,) * len(v.shape))
+        ptr = self.b.gep(self.buffers[op.buffer.name], [base], source_etype=memory_type(v.dtype))
+        return Slot(ptr, v.shape, v.dtype, form.strides)
 
     # -- elements ---------------------------------------------------------------------------------
     def elem(self, v: t.Value, idx: tuple[ir.Value, ...]) -> ir.Value:
@@ -163,7 +188,9 @@ class KernelEmitter:
 
     def address(self, slot: Slot, idx: tuple[ir.Value, ...]) -> ir.Value:
         linear: ir.Value = self.zero
-        for i, s in zip(idx, row_major_strides(slot.shape)):
+        for i, s in zip(idx, slot.strides or row_major_strides(slot.shape)):
+            if s == 0:
+                continue
             term = i if s == 1 else self.b.mul(i, ir.Constant(I64, s), flags=("nsw", "nuw"))
             linear = term if linear is self.zero else self.b.add(linear, term, flags=("nsw", "nuw"))
         return self.b.gep(slot.ptr, [linear], inbounds=True, source_etype=memory_type(slot.dtype))
@@ -186,12 +213,13 @@ class KernelEmitter:
             self._cache.pop()
 
     @contextmanager
-    def loop(self, n: int, name: str) -> Iterator[ir.Value]:
-        """``for i in range(n)`` (i64), with its own memo layer; size 1 needs no loop."""
+    def loop(self, n: int, name: str, unroll: bool = True) -> Iterator[ir.Value]:
+        """``for i in range(n)`` (i64), with its own memo layer; size 1 needs no loop. ``unroll=False``: LLVM
+        may vectorize it but not unroll it (`llvm_utils.counted_loop`)."""
         if n == 1:
             yield self.zero
             return
-        with counted_loop(self.b, self.zero, ir.Constant(I64, n), name=name) as i:
+        with counted_loop(self.b, self.zero, ir.Constant(I64, n), name=name, unroll=unroll) as i:
             with self.level():
                 yield i
 
@@ -213,6 +241,14 @@ def _nested(em: KernelEmitter, shape: tuple[int, ...], name: str, idx: list) -> 
         idx.append(i)
         with _nested(em, shape[1:], name, idx):
             yield
+
+
+def _walk(ops: tuple[t.Op, ...]) -> Iterator[t.Op]:
+    """Every op of a block, loop bodies included."""
+    for op in ops:
+        yield op
+        if isinstance(op, t.For):
+            yield from _walk(op.body.ops)
 
 
 def size_params(kernel: t.TileKernel) -> tuple[Size, ...]:

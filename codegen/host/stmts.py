@@ -3,12 +3,15 @@
 
 - store: one loop nest; where the mask holds, the element goes to ``buffer[offset]``
   (LLVM turns the conditional store into a masked vector store);
-- reduce over the last axis: per output element, an inner loop folds into a register
-  (float sums carry ``reassoc`` so the loop vectorizes); over another axis: the
+- reduce over the last axis: a row of floats in memory as explicit vectors (`reduce_rows.py`); else per
+  output element, an inner loop folds into a register (float sums carry ``reassoc`` so the loop
+  vectorizes); over another axis: the
   output is initialized, then one pass over the input combines in place;
 - topk: insertion into a k-list kept in registers (`topk.py`);
-- dot: ``out = acc``, then ``for i, k: for j: out[i,j] += a[i,k] * b[k,j]`` with both
-  operands materialized row-major, so the inner loop is contiguous and vectorizes;
+- permute: a view, inline, unless the plan materializes it (a dot operand): then a 2-D transpose
+  is written in blocks transposed in registers (`transpose.py`);
+- dot: ``out = acc``, then the register-blocked micro-kernel of `gemm.py` where it tiles the dot,
+  else ``for i, k: for j: out[i,j] += a[i,k] * b[k,j]``, both operands materialized row-major;
 - for: carried values live in stack arrays; inits are copied in, each trip's yields
   (materialized first, so no yield reads a slot another already overwrote) are copied back.
 """
@@ -21,8 +24,16 @@ from ...ir.tile import nodes as t
 from ..llvm_dtypes import constant, memory_type, to_memory
 from ..llvm_utils import I64, counted_loop, entry_alloca
 from .emitter import KernelEmitter, Slot, StatementRule
+from .gemm import emit_register_blocked_dot
+from .reduce_rows import emit_vector_row_reduction
+from .transpose import emit_permute
 from .rules import intrinsic
 from .topk import emit_topk
+
+ROW_VECTORIZE_MIN = 16
+"""The shortest row a last-axis reduction vectorizes along (one AVX-512 vector of f32); shorter rows
+are left to LLVM, which unrolls them and vectorizes across rows."""
+
 
 def _store(em: KernelEmitter, op: t.Store) -> None:
     b = em.b
@@ -61,11 +72,16 @@ def _reduce(em: KernelEmitter, op: t.Reduce) -> None:
     out = em.new_slot(op.out)
     identity = constant(d, op.op.identity(d))
     n = op.x.shape[op.axis]
+    if emit_vector_row_reduction(em, op, out):
+        return
     if op.axis == len(op.x.shape) - 1:  # fold each row into a register (mem2reg turns the slot into a phi)
         acc = entry_alloca(b, identity.type, name=f"{op.out.name}.acc")
         with em.nest(op.out.shape, name=f"{op.out.name}.") as idx:
             b.store(identity, acc)
-            with em.loop(n, f"{op.out.name}.r") as r:
+            # not unrolled: LLVM would unroll a row of a few vectors whole, then vectorize the loop over
+            # rows with a gather per element (a quarter of a CPU attention kernel); kept, the row's own loop
+            # vectorizes with contiguous loads and one horizontal combine per row
+            with em.loop(n, f"{op.out.name}.r", unroll=n < ROW_VECTORIZE_MIN) as r:
                 b.store(combine(em, op.op, b.load(acc, typ=identity.type), em.value(op.x, idx + (r,)), d), acc)
             em.write(out, idx, b.load(acc, typ=identity.type))
         return
@@ -83,6 +99,8 @@ def _dot(em: KernelEmitter, op: t.Dot) -> None:
     k = op.a.shape[1]
     with em.nest((m, n), name=f"{op.out.name}.init") as idx:
         em.write(out, idx, em.value(op.acc, idx) if op.acc is not None else constant(d, 0.0))
+    if emit_register_blocked_dot(em, op, out):
+        return
     a_slot, b_slot = em.slots[op.a.name], em.slots[op.b.name]
     with em.loop(m, f"{op.out.name}.i") as i:
         with em.loop(k, f"{op.out.name}.k") as kk:
@@ -126,4 +144,5 @@ STATEMENT_RULES: dict[type, StatementRule] = {
     t.Reduce: _reduce,
     t.Dot: _dot,
     t.TopK: emit_topk,
+    t.Permute: emit_permute,
 }

@@ -1,0 +1,120 @@
+"""The host code generator's GEMM core: register-blocked dots, blocked transposes, operands read in place,
+and rows reduced as explicit vectors (codegen/host/gemm.py, transpose.py, reduce_rows.py,
+`KernelEmitter.global_view`).
+
+Each path is checked twice: that the kernel takes it (in the LLVM IR it emits, for the block this host's
+vector registers give) and that its results are numpy's under the tolerance rule, including the shapes
+each path declines (tails, other dtypes) and the values a reduction must propagate (NaN, infinities).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+from redfuser.codegen.host.gemm import choose_block, vector_registers
+from redfuser.testing.tolerance import assert_close
+from redfuser.workloads import attention
+
+
+def _llvm(kernel, *args) -> str:
+    return str(kernel.lower(*args).stages["llvm"])
+
+
+def matmul(a, b):
+    return a @ b
+
+
+def matmul_t(a, b):
+    return a @ rf.swapaxes(b, -1, -2)
+
+
+def row_max(x):
+    return rf.max(x * 2.0, axis=-1), rf.sum(x * 2.0, axis=-1), rf.min(x * 2.0, axis=-1)
+
+
+def _exact(body, *args) -> np.ndarray:
+    """`body` on `args` widened to float64, in the dtype numpy's own `body(*args)` gives."""
+    want = body(*args)
+    return np.asarray(body(*(x.astype(np.float64) for x in args))).astype(want.dtype)
+
+
+@pytest.mark.parametrize("a_dtype", [np.float32, np.int32])   # int32 @ float32 is an f64 dot (8-lane blocks)
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (96, 40, 128), (17, 33, 48), (100, 7, 5), (1, 64, 64)])
+def test_matmul_equals_numpy(a_dtype, m, k, n):
+    rng = np.random.default_rng(m * 1000 + n)
+    a = (rng.standard_normal((m, k)) * 100).astype(a_dtype)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    got = rf.kernel(matmul, backend="cpu")(a, b)
+    assert_close(got, _exact(matmul, a, b), got.dtype, k)
+    bt = np.ascontiguousarray(b.T)
+    got_t = rf.kernel(matmul_t, backend="cpu")(a, bt)
+    assert_close(got_t, _exact(matmul_t, a, bt), got.dtype, k)
+
+
+def test_a_dot_whose_tile_the_block_divides_is_register_blocked():
+    a = np.ones((256, 256), np.float32)
+    text = _llvm(rf.kernel(matmul, backend="cpu"), a, a)
+    lanes = vector_registers()[0] // 4
+    assert f"llvm.fmuladd.v{lanes}f32" in text and ".mb.header" in text
+
+
+def test_choose_block_fits_the_register_file_and_divides_the_tile():
+    width, registers = vector_registers()
+    for m, n in [(32, 64), (64, 64), (16, 128), (12, 32), (7, 16)]:
+        block = choose_block(m, n, 4)
+        lanes = width // 4
+        if n % lanes:
+            assert block is None
+            continue
+        assert block is not None and m % block.rows == 0 and n % block.cols == 0
+        assert block.rows * block.vectors + block.vectors + 1 <= registers
+    assert choose_block(8, width // 4 + 1, 4) is None   # a row not a whole number of vectors keeps the loop nest
+
+
+def test_an_integer_dot_with_a_transposed_operand_is_exact():
+    rng = np.random.default_rng(3)
+    a = rng.integers(-1000, 1000, (64, 64)).astype(np.int32)
+    b = rng.integers(-1000, 1000, (64, 64)).astype(np.int32)
+    got = rf.kernel(matmul_t, backend="cpu")(a, b)
+    want = matmul_t(a, b)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("n", [64, 200, 1024])
+def test_attention_takes_every_path_and_equals_numpy(n):
+    rng = np.random.default_rng(n)
+    q, k, v = (rng.standard_normal((1, 2, n, 64)).astype(np.float32) for _ in range(3))
+    kern = rf.kernel(attention, backend="cpu")
+    got = kern(q, k, v)
+    assert_close(got, _exact(attention, q, k, v), np.float32, n)
+    if n % 64 == 0 and vector_registers()[0] == 64:   # whole 64-key blocks: no masks, every path applies
+        text = _llvm(kern, q, k, v)
+        assert "k_t.tr.header" in text                # K^T transposed in registers
+        assert ".rv.header" in text                   # the row max and sum as vectors
+        assert "k_t.rows" not in text                 # K read in place, not copied first
+
+
+def test_vector_row_reductions_propagate_nan_and_infinities():
+    x = np.random.default_rng(5).standard_normal((8, 64)).astype(np.float32)
+    x[1, 40] = np.nan
+    x[2, 3] = np.inf
+    x[3, :] = -np.inf
+    x[4, 10], x[4, 50] = np.inf, -np.inf
+    kern = rf.kernel(row_max, backend="cpu")
+    with np.errstate(invalid="ignore"):
+        got, want = kern(x), row_max(x)
+    for g, w in zip(got, want):
+        assert_close(g, w, np.float32, 64)
+    if vector_registers()[0] == 64:
+        assert ".rv.header" in _llvm(kern, x)
+
+
+def test_a_strided_argument_is_not_read_in_place_as_rows():
+    """A view whose last dim steps by two elements: its loads are not one element apart, so the dot copies
+    its operand (and the result is still numpy's)."""
+    rng = np.random.default_rng(9)
+    base = rng.standard_normal((64, 128)).astype(np.float32)
+    a, b = base[:, ::2], rng.standard_normal((64, 64)).astype(np.float32)
+    got = rf.kernel(matmul, backend="cpu")(a, b)
+    assert_close(got, _exact(matmul, a, b), np.float32, 64)
