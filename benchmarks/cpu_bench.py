@@ -6,15 +6,23 @@ the ratio numpy/compiled (> 1: the compiled kernel is faster), and the compile
 time of each kernel cold (LLVM from scratch), warm (the in-memory cache) and from
 disk (a fresh cache object reading the on-disk entry).
 
-Rows: attention (prefill), causal attention (every key block, and with ``skip_masked=True``: only blocks on
-or before the diagonal), softmax and log-softmax over large rows, flash decoding (one query, 32768 keys) with
-the automatic split and unsplit (``split=1``), MoE routing (softmax + top-2 + renormalize, 4096 tokens x 64
-experts), the per-token FP8 quantized GEMM (1024 x 4096 x 1024), attention with RoPE applied to q and k in
+Rows, each workload at three sizes (``--quick``: small ones; ``--only a,b`` picks workloads): attention
+(prefill), causal attention (the default, which skips the key blocks past the diagonal where a scan shows
+that exact; ``skip_masked=True``, which always skips; ``skip_masked=False``, which never does), softmax and
+log-softmax over large rows, flash decoding (one query) with the automatic split and unsplit (``split=1``),
+MoE routing (softmax + top-2 + renormalize over 64 experts), the per-token FP8 quantized GEMM, layer norm
++ GEMM, a linear layer's cross-entropy (the logits never stored), attention with RoPE applied to q and k in
 the kernel, group norm (8 groups of an NCHW activation) and cross-entropy over a 32000-word vocabulary (the
 label's logit gathered). The peers are the same unfused programs run by numpy, and where torch is installed
 ``torch``'s own ops doing the same work: SDPA (after the same rotation, for RoPE), ``topk(softmax)``,
-``group_norm``, ``cross_entropy``. The FP8 row's error column is in units of the quantization bound
-(docs/fusion.md), since quantizing with the running absmax rounds other values than the unfused program.
+``layer_norm`` then ``@``, ``cross_entropy`` (of ``h @ w`` for the linear one), ``group_norm``.
+
+The check column judges every kernel's result by the project's tolerance rule against the body in
+float64 (indices exactly; the FP8 GEMM in units of its quantization bound, docs/fusion.md, since quantizing
+with the running absmax rounds other values than the unfused program). ``--plant`` perturbs each result by
+one part in a thousand (indices by one; the FP8 GEMM by half) before its check: every row must then say WRONG, which shows the
+checks can fail. The header names the CPU, its vector features as LLVM sees them (the host code
+generator's blocks follow them) and the peers' versions.
 """
 from __future__ import annotations
 
@@ -28,8 +36,9 @@ import time
 import numpy as np
 
 import redfuser as rf
-from redfuser.workloads import (attention, causal_attention, cross_entropy, fp8_quant_gemm, group_norm, log_softmax,
-                                moe_routing, rope_attention, rope_tables, softmax)
+from redfuser.testing.tolerance import assert_close, wide_reference
+from redfuser.workloads import (attention, causal_attention, cross_entropy, fp8_quant_gemm, group_norm, layer_norm_gemm,
+                                linear_cross_entropy, log_softmax, moe_routing, rope_attention, rope_tables, softmax)
 from bench_common import CacheFolder
 
 
@@ -83,6 +92,11 @@ def torch_version(fn_name: str, args):
     if fn_name == "cross_entropy":
         labels = torch.from_numpy(args[1])
         return lambda: torch.nn.functional.cross_entropy(tensors[0], labels, reduction="none")
+    if fn_name == "layer_norm_gemm":
+        return lambda: torch.nn.functional.layer_norm(tensors[0], tensors[0].shape[-1:], eps=1e-5) @ tensors[1]
+    if fn_name == "linear_cross_entropy":
+        labels = torch.from_numpy(args[2])
+        return lambda: torch.nn.functional.cross_entropy(tensors[0] @ tensors[1], labels, reduction="none")
     if fn_name == "moe_routing":
         def route():
             w, i = torch.topk(torch.softmax(tensors[0], -1), 2)
@@ -91,22 +105,44 @@ def torch_version(fn_name: str, args):
     return None  # fp8: torch has no CPU FP8 GEMM to compare with
 
 
-def check(name: str, got, ref, args) -> str:
-    """The error column: max |difference| from the reference (indices: exact match), or for FP8 the worst
-    error in units of the quantization bound."""
+def check(name: str, got, args, fn, length: int, plant: bool = False) -> str:
+    """The check column: ``ok`` or ``WRONG`` under the tolerance rule against the body in float64 (the
+    project's reference, docs/testing.md), with the worst error; indices must be equal; the FP8 GEMM is
+    judged in units of its quantization bound (docs/fusion.md), at most 1. `plant` perturbs the kernel's
+    result first (floats by one part in a thousand, indices by one): every row must then say WRONG."""
     got = got if isinstance(got, tuple) else (got,)
-    ref = ref if isinstance(ref, tuple) else (ref,)
+    if plant:   # (the FP8 bound is wide: its planted error is a quantization step's worth, a scale off by 1.5)
+        scale = np.float32(1.5 if name == "fp8_gemm" else 1.001)
+        got = tuple(a + 1 if a.dtype.kind in "iu" else a * scale + np.float32(1e-3) for a in got)
     if name == "fp8_gemm":
         x, w, ws = (a.astype(np.float64) for a in args)
         bound = ((2.0**-4 * np.abs(x) + 2.0**-10 * np.abs(x).max(-1, keepdims=True) / 448) @ np.abs(w)) * ws
-        return f"err/bound {float(np.max(np.abs(got[0] - (x @ w) * ws) / (bound + 1e-6))):.2f}"
-    parts = []
+        ratio = float(np.max(np.abs(got[0] - (x @ w) * ws) / (bound + 1e-6)))
+        return f"{'ok' if ratio <= 1 else 'WRONG'} (err/bound {ratio:.2f})"
+    ref = wide_reference(fn, *args)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    parts, fine = [], True
     for a, b in zip(got, ref):
         if a.dtype.kind in "iu":
-            parts.append("indices " + ("equal" if np.array_equal(a, b) else "DIFFER"))
-        else:
-            parts.append(f"max |err| {float(np.nanmax(np.abs(a - b))):.1e}")
-    return ", ".join(parts)
+            same = np.array_equal(a, b)
+            fine &= same
+            parts.append("indices " + ("equal" if same else "differ"))
+            continue
+        try:
+            assert_close(a, b, a.dtype, length)
+        except AssertionError:
+            fine = False
+        parts.append(f"max |err| {float(np.nanmax(np.abs(a.astype(np.float64) - b))):.1e}")
+    return f"{'ok' if fine else 'WRONG'} ({', '.join(parts)})"
+
+
+def features() -> str:
+    """The vector features of this CPU that LLVM sees (the host code generator's choices depend on them)."""
+    from redfuser.codegen.native import host_target
+
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512bf16", "avx512fp16", "amx-tile", "amx-bf16")
+    have = set(host_target().features.split(","))
+    return " ".join(f for f in wanted if f"+{f}" in have) or "none of AVX2/AVX-512/AMX"
 
 
 def compile_times(fn, args, options: dict) -> tuple[float, float, float]:
@@ -126,65 +162,104 @@ def compile_times(fn, args, options: dict) -> tuple[float, float, float]:
         return out[0], out[1], out[2]
 
 
+def cases(quick: bool, rng: np.random.Generator) -> list[tuple]:
+    """(name, body, arguments, options, reduction length) for every row: each workload at three sizes."""
+    def f32(*shape, scale=1.0, shift=0.0):
+        return (rng.standard_normal(shape) * scale + shift).astype(np.float32)
+
+    def qkv(n, d=64):
+        return [f32(1, 8, n, d) for _ in range(3)]
+
+    sizes = (lambda small, full: small if quick else full)
+    out = []
+    for n in sizes((128, 256, 512), (1024, 2048, 4096)):
+        out.append(("attention", attention, qkv(n), {}, n))
+    for n in sizes((128, 256, 512), (1024, 2048, 4096)):
+        out.append(("causal", causal_attention, qkv(n), {}, n))
+    n = sizes(512, 4096)
+    out.append(("causal", causal_attention, qkv(n), {"skip_masked": True}, n))
+    out.append(("causal", causal_attention, qkv(n), {"skip_masked": False}, n))
+    for rows in sizes(((256, 1024), (512, 2048), (256, 4096)), ((1024, 16384), (4096, 4096), (4096, 16384))):
+        out.append(("softmax", softmax, [f32(*rows, scale=3)], {}, rows[1]))
+        out.append(("log_softmax", log_softmax, [f32(*rows, scale=3)], {}, rows[1]))
+    for keys in sizes((1024, 2048, 4096), (8192, 16384, 32768)):
+        decode = [f32(1, 8, 1, 128), f32(1, 8, keys, 128), f32(1, 8, keys, 128)]
+        out.append(("decode", attention, decode, {}, keys))
+        if keys == sizes(4096, 32768):
+            out.append(("decode", attention, decode, {"split": 1}, keys))
+    for tokens in sizes((256, 512, 1024), (1024, 4096, 16384)):
+        out.append(("moe_routing", moe_routing, [f32(tokens, 64, scale=3)], {}, 64))
+    for gm, gk, gn in sizes(((64, 256, 64), (128, 512, 128), (256, 512, 256)),
+                            ((256, 4096, 1024), (1024, 4096, 1024), (2048, 4096, 1024))):
+        gemm = [rng.standard_normal((gm, gk)).astype(np.float16), rng.standard_normal((gk, gn)).astype(rf.float8_e4m3fn),
+                rng.uniform(0.5, 2.0, gn).astype(np.float32)]
+        out.append(("fp8_gemm", fp8_quant_gemm, gemm, {}, gk))
+    for rows, dim in sizes(((256, 256), (512, 256), (512, 512)), ((1024, 1024), (4096, 1024), (4096, 4096))):
+        out.append(("layer_norm_gemm", layer_norm_gemm, [f32(rows, dim, scale=2, shift=3), f32(dim, 1024 if not quick
+                                                                                            else 128)], {}, dim))
+    for tokens, vocab in sizes(((128, 1000), (256, 2000), (512, 2000)), ((512, 16000), (1024, 16000), (1024, 32000))):
+        out.append(("linear_cross_entropy", linear_cross_entropy, [f32(tokens, 512 if not quick else 64),
+                                                                   f32(512 if not quick else 64, vocab, scale=0.05),
+                                                                   rng.integers(0, vocab, tokens)], {}, vocab))
+    for n in sizes((128, 256, 512), (512, 1024, 2048)):
+        out.append(("rope_attention", rope_attention, qkv(n) + list(rope_tables(n, 64)), {}, n))
+    for batch in sizes((1, 2, 4), (2, 4, 8)):
+        shape = (batch, 64, 32, 32) if not quick else (batch, 64, 16, 16)
+        out.append(("group_norm", group_norm, [f32(*shape, scale=2, shift=3), f32(64), f32(64)], {},
+                    shape[2] * shape[3] * 8))
+    for tokens in sizes((256, 512, 1024), (1024, 2048, 4096)):
+        vocab = 32000 if not quick else 4000
+        out.append(("cross_entropy", cross_entropy, [f32(tokens, vocab, scale=3), rng.integers(0, vocab, tokens)], {},
+                    vocab))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
+    parser.add_argument("--only", default="", help="comma-separated workload names to run (default: all)")
+    parser.add_argument("--plant", action="store_true",
+                        help="perturb every kernel's result before its check (each row must say WRONG)")
+    parser.add_argument("--no-compile-times", action="store_true", help="skip the compile-time columns")
     opts = parser.parse_args()
     rng = np.random.default_rng(0)
-    n1, n2, rows = (256, 512, (256, 4096)) if opts.quick else (1024, 4096, (4096, 16384))
-    keys, tokens, (gm, gk, gn) = (4096, 512, (128, 512, 128)) if opts.quick else (32768, 4096, (1024, 4096, 1024))
-    decode = ([rng.standard_normal((1, 8, 1, 128)).astype(np.float32)]
-              + [rng.standard_normal((1, 8, keys, 128)).astype(np.float32) for _ in range(2)])
-    gemm = [rng.standard_normal((gm, gk)).astype(np.float16), rng.standard_normal((gk, gn)).astype(rf.float8_e4m3fn),
-            rng.uniform(0.5, 2.0, gn).astype(np.float32)]
-    cases = [
-        ("attention", attention, [rng.standard_normal((1, 8, n1, 64)).astype(np.float32) for _ in range(3)], {}),
-        ("attention", attention, [rng.standard_normal((1, 8, n2, 64)).astype(np.float32) for _ in range(3)], {}),
-        ("causal", causal_attention, [rng.standard_normal((1, 8, n2, 64)).astype(np.float32) for _ in range(3)], {}),
-        ("causal", causal_attention, [rng.standard_normal((1, 8, n2, 64)).astype(np.float32) for _ in range(3)],
-         {"skip_masked": True}),
-        ("softmax", softmax, [rng.standard_normal(rows).astype(np.float32) * 3], {}),
-        ("log_softmax", log_softmax, [rng.standard_normal(rows).astype(np.float32) * 3], {}),
-        ("decode", attention, decode, {}),
-        ("decode", attention, decode, {"split": 1}),
-        ("moe_routing", moe_routing, [rng.standard_normal((tokens, 64)).astype(np.float32) * 3], {}),
-        ("fp8_gemm", fp8_quant_gemm, gemm, {}),
-        ("rope_attention", rope_attention, [rng.standard_normal((1, 8, n1, 64)).astype(np.float32) for _ in range(3)]
-         + list(rope_tables(n1, 64)), {}),
-        ("group_norm", group_norm, [(rng.standard_normal((8, 64, 32, 32) if not opts.quick else (2, 64, 16, 16)) * 2
-                                     + 3).astype(np.float32), rng.standard_normal(64).astype(np.float32),
-                                    rng.standard_normal(64).astype(np.float32)], {}),
-        ("cross_entropy", cross_entropy, [(rng.standard_normal((tokens, 32000 if not opts.quick else 4000)) * 3)
-                                          .astype(np.float32), rng.integers(0, 4000, tokens)], {}),
-    ]
-    print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; numpy {np.__version__}; "
-          f"median of {opts.repeats} runs after a warm-up")
-    header = (f"{'kernel':<16} {'shape':<20} {'cpu (ms)':>9} {'numpy (ms)':>10} {'numpy/cpu':>9} {'torch (ms)':>10} "
-              f"{'torch/cpu':>9} {'cold (s)':>8} {'warm (ms)':>9} {'disk (ms)':>9}")
+    only = set(filter(None, opts.only.split(",")))
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; vector features: {features()}; numpy {np.__version__}; "
+          f"torch {torch_release()}; median of {opts.repeats} runs after a warm-up")
+    header = (f"{'kernel':<22} {'shape':<20} {'cpu (ms)':>9} {'numpy (ms)':>10} {'numpy/cpu':>9} {'torch (ms)':>10} "
+              f"{'torch/cpu':>9} {'cold (s)':>8} {'warm (ms)':>9} {'disk (ms)':>9}  check")
     print(header)
     print("-" * len(header))
-    for name, fn, args, options in cases:
+    for name, fn, args, options, length in cases(opts.quick, rng):
+        if only and name not in only:
+            continue
         kernel = rf.kernel(fn, backend="cpu", **options)
-        got = kernel(*args)
-        with np.errstate(all="ignore"):
-            ref = fn(*args)
-        err = check(name, got, ref, args)
+        result = check(name, kernel(*args), args, fn, length, plant=opts.plant)
         t_cpu = median_time(lambda: kernel(*args), opts.repeats)
-        t_np = median_time(lambda: fn(*args), opts.repeats)
+        with np.errstate(all="ignore"):
+            t_np = median_time(lambda: fn(*args), opts.repeats)
         tv = torch_version(name, args)
         t_torch = median_time(tv, opts.repeats) if tv is not None else None
-        cold, warm, disk = compile_times(fn, args, options)
+        cold, warm, disk = (0.0, 0.0, 0.0) if opts.no_compile_times else compile_times(fn, args, options)
         torch_cols = (f"{t_torch * 1e3:>10.1f} {t_torch / t_cpu:>9.2f}" if t_torch is not None
                       else f"{'-':>10} {'-':>9}")
         shape = "x".join(map(str, args[-1 if name == "decode" else 0].shape))
-        label = name + (" skip" if options.get("skip_masked") else "")
+        label = name + "".join(f" {k}={v}" for k, v in options.items() if k != "split")
         if name == "decode":  # how many slices the split used (1: unsplit), and whether it was chosen or given
             first = kernel.lower(*args).stages["tile"].kernels[0]
             label += (" auto:" if "split" not in options else " given:") + \
                 f"{first.grid[-1] if first.name.endswith('_partial') else 1}"
-        print(f"{label:<16} {shape:<20} {t_cpu * 1e3:>9.1f} {t_np * 1e3:>10.1f} {t_np / t_cpu:>9.2f} {torch_cols} "
-              f"{cold:>8.2f} {warm * 1e3:>9.1f} {disk * 1e3:>9.1f}   ({err})")
+        print(f"{label:<22} {shape:<20} {t_cpu * 1e3:>9.1f} {t_np * 1e3:>10.1f} {t_np / t_cpu:>9.2f} {torch_cols} "
+              f"{cold:>8.2f} {warm * 1e3:>9.1f} {disk * 1e3:>9.1f}  {result}", flush=True)
+
+
+def torch_release() -> str:
+    try:
+        import torch
+    except Exception:
+        return "not installed"
+    return f"{torch.__version__} ({torch.get_num_threads()} threads)"
 
 
 if __name__ == "__main__":

@@ -83,8 +83,10 @@ class KernelOptions:
     sm: str | None = _option(None, "cuda/simulate: GPU target such as 'sm_80'; None: the device's, else sm_90", _sm)
     autotune: bool = _option(False, "cpu/cuda: time a few tile sizes, warps and splits on first call "
                                     "(runtime/autotune.py)", _bool)
-    skip_masked: bool = _option(False, "skip key blocks a causal-style mask hides (exact for finite values; "
-                                       "schedule/masked.py)", _bool)
+    skip_masked: bool | None = _option(None, "skip key blocks a causal-style mask hides: None, the backend's "
+                                              "default (cpu: where a scan shows it exact for the call's values); "
+                                              "True, always (exact for finite values); False, never "
+                                              "(schedule/masked.py)", _one_of((None, True, False)))
     prefetch: bool = _option(False, "cuda/simulate: load tensor-core operands a loop iteration ahead "
                                     "(schedule/prefetch.py)", _bool)
     llvm_opt: int | None = _option(None, "cuda/simulate: None, RedFuser's middle end; 1-3, LLVM's O1-O3 "

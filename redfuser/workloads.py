@@ -226,6 +226,23 @@ def cross_entropy(logits, labels):
     return lse - rf.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
 
 
+def layer_norm_gemm(x, w):
+    """Layer normalization (no affine) then a GEMM: the row statistics in one centred pass, and ``y @ w`` with
+    ``y = (x - mu) / sqrt(var + eps)`` a separable term of the same pass (``(x @ w - mu * colsum(w)) / s``)."""
+    mu = rf.mean(x, axis=-1, keepdims=True)
+    var = rf.var(x, axis=-1, keepdims=True)
+    return ((x - mu) / rf.sqrt(var + 1e-5)) @ w
+
+
+def linear_cross_entropy(h, w, labels):
+    """Cross-entropy of a linear layer's logits (``h @ w``, a vocabulary of V columns) without materializing
+    them: per row, the log-sum-exp over V and the label's logit gathered."""
+    logits = h @ w
+    m = rf.max(logits, axis=-1, keepdims=True)
+    lse = m[:, 0] + rf.log(rf.sum(rf.exp(logits - m), axis=-1))
+    return lse - rf.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+
+
 WORKLOADS: dict[str, Workload] = {
     "attention": Workload(attention, _qkv((2, 4, 128, 64))),
     "causal_attention": Workload(causal_attention, _qkv((2, 4, 128, 64))),
@@ -235,6 +252,11 @@ WORKLOADS: dict[str, Workload] = {
         rng.standard_normal((2, 4, 128, 64)).astype(np.float32) for _ in range(3)) + rope_tables(128, 64)),
     "cross_entropy": Workload(cross_entropy, lambda rng: (
         (rng.standard_normal((64, 1000)) * 3).astype(np.float32), rng.integers(0, 1000, 64))),
+    "layer_norm_gemm": Workload(layer_norm_gemm, lambda rng: (
+        (rng.standard_normal((64, 256)) * 2 + 3).astype(np.float32), rng.standard_normal((256, 128)).astype(np.float32))),
+    "linear_cross_entropy": Workload(linear_cross_entropy, lambda rng: (
+        rng.standard_normal((64, 128)).astype(np.float32), rng.standard_normal((128, 1000)).astype(np.float32),
+        rng.integers(0, 1000, 64))),
     "group_norm": Workload(group_norm, lambda rng: (
         (rng.standard_normal((2, 32, 8, 8)) * 2 + 3).astype(np.float32),
         rng.standard_normal(32).astype(np.float32), rng.standard_normal(32).astype(np.float32))),

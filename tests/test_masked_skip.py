@@ -121,8 +121,8 @@ def test_a_loop_stop_must_be_an_iv_typed_scalar():
         verify_tile_program(t.TileProgram(tiled.name, tiled.inputs, tiled.outputs, tiled.scratch, (broken,)))
 
 
-def test_skip_masked_is_a_known_option_and_off_by_default():
-    assert rf.kernel(causal_attention).options.skip_masked is False
+def test_skip_masked_is_a_known_option_and_its_default_is_the_backends():
+    assert rf.kernel(causal_attention).options.skip_masked is None
     with pytest.raises(ArgumentError, match="unknown option"):
         rf.kernel(causal_attention, skip_mask=True)
 
@@ -151,3 +151,68 @@ def test_a_far_shifted_mask_still_fuses_and_skips():
     assert any(isinstance(s, FusedLoop) for s in kern.lower(q, k, v).program.body)
     assert_close(kern(q, k, v), fn(q, k, v), np.float32, 170)
     assert "to %live_stop step" in _tile_text(kern, q, k, v)
+
+
+# -- the exact skip (the cpu backend's default): dead chunks skipped where a scan shows it changes nothing --
+def test_the_exact_skip_scans_only_the_loads_a_mask_cannot_hide():
+    """In causal attention only ``v`` can break a dead chunk (``0 * inf``); ``k``'s scores are replaced by the
+    mask, and the running max and sum are states (their dead-chunk values are their live ones)."""
+    from redfuser.schedule.masked import live_bound
+    from redfuser.schedule.unify import unify
+
+    q, k, v = _qkv(0, 8, 16)
+    program = rf.kernel(causal_attention, backend="interpret").lower(q, k, v).program
+    (fl,) = [s for s in program.body if type(s).__name__ == "FusedLoop"]
+    classes = unify(fl, [])
+    key = classes.of(len(fl.locals), fl.axis)
+    bound = live_bound(fl, classes, key)
+    assert bound is not None
+    assert sorted({load.buffer.name for _, load in bound.unsafe}) == ["v"]
+
+
+@pytest.mark.parametrize("n", [1, 100, 256, 300])
+def test_the_cpu_default_skips_exactly(n):
+    q, k, v = _qkv(n, n, n)
+    default, never = rf.kernel(causal_attention, backend="cpu"), rf.kernel(causal_attention, backend="cpu",
+                                                                            skip_masked=False)
+    assert np.array_equal(default(q, k, v), never(q, k, v))
+    text = str(default.lower(q, k, v).stages["tile"])
+    assert ("live_stop" in text) == (n > 64)      # one 128-key chunk or less: nothing to skip
+    assert "live_stop" not in str(never.lower(q, k, v).stages["tile"])
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+def test_the_exact_skip_keeps_numpys_nan_from_an_infinity_under_the_mask(backend):
+    """``v = inf`` in a key block every row of some programs masks: numpy's ``0 * inf`` makes those rows NaN,
+    and ``skip_masked=True`` (finite values assumed) would not; the default scan finds it and computes the
+    block. A NaN in ``k`` under the mask changes nothing, in numpy and in the kernel."""
+    q, k, v = _qkv(7, 300, 300)
+    v[0, 1, 200, 3] = np.inf
+    k[0, 0, 250, 1] = np.nan
+    with np.errstate(all="ignore"):
+        want = causal_attention(q, k, v)
+        got = rf.kernel(causal_attention, backend=backend)(q, k, v)
+    assert np.isnan(want).any()
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert_close(np.where(finite, got, 0), np.where(finite, want, 0), np.float32, 300)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 40), keys=st.integers(1, 70), shift=st.integers(-8, 8), block_m=st.sampled_from([1, 4, 16]),
+       block_n=st.sampled_from([1, 3, 8, 32]), flipped=st.booleans(), seed=st.integers(0, 2**16),
+       bad=st.sampled_from([np.inf, -np.inf, np.nan]), where=st.floats(0, 1))
+def test_the_exact_skip_equals_numpy_for_any_value_under_the_mask(rows, keys, shift, block_m, block_n, flipped, seed,
+                                                                   bad, where):
+    fn = shifted_causal(shift, flipped)
+    q, k, v = _qkv(seed, rows, keys)
+    v[0, 1, min(int(where * keys), keys - 1), 0] = bad
+    program = rf.kernel(fn, backend="interpret").lower(q, k, v).program
+    tiled = schedule_program(program, ScheduleOptions(block_m=block_m, block_n=block_n, skip_exact=True))
+    verify_tile_program(tiled)
+    (out,) = run_tile_program(tiled, (q, k, v))
+    with np.errstate(all="ignore"):
+        want = fn(q, k, v)
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert_close(np.where(finite, out, 0), np.where(finite, want, 0), np.float32, keys)

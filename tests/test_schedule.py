@@ -196,7 +196,11 @@ def test_huge_buffers_get_64_bit_offsets():
 
 
 def test_options_for_backends():
-    assert options_for("cpu", {"block_m": 32, "fuse": True, "num_threads": 1}) == ScheduleOptions(block_m=32)
+    # a tile the user chose is the tile: the GEMM core's dot_tile is off, the exact causal skip stays on
+    assert options_for("cpu", {"block_m": 32, "fuse": True, "num_threads": 1}) == \
+        ScheduleOptions(block_m=32, skip_exact=True)
+    assert options_for("cpu", {"num_threads": 1}).dot_tile == (64, 128)
+    assert not options_for("cpu", {"skip_masked": False, "num_threads": 1}).skip_exact
     assert options_for("gpu").pow2
     with pytest.raises(rf.ArgumentError):
         ScheduleOptions(block_m=0)

@@ -50,17 +50,30 @@ def transpose_lanes(op: t.Permute) -> int | None:
 
 
 def reads_rows(em: KernelEmitter, x: t.Value) -> bool:
-    """Whether `x` is cheapest read in its own row-major order: a stack array, or a load whose addresses step
-    by one element along its last dim. (A load laid out the other way round, as a GEMM's ``B`` block often
-    is, makes the transpose's own order the contiguous one: the element-by-element copy is the fast one.)"""
-    slot = em.slots.get(x.name)
-    if slot is not None:
-        return slot.strides is None or slot.strides[-1] == 1
-    load = em.plan.defs.get(x.name)
-    if not isinstance(load, t.Load):
-        return False
-    form = AffineInfo(em.plan.defs).of(load.offsets)
-    return form is not None and len(form.strides) == 2 and form.strides[1] == 1
+    """Whether `x` is cheapest read in its own row-major order: a stack array, or a value computed from loads
+    none of which steps by one element along its first dim while striding along its last. (A load laid out
+    the other way round, as a GEMM's ``B`` block often is, makes the transpose's own order the contiguous
+    one: the element-by-element copy is the fast one.) A load of computed positions (RoPE's rotated half)
+    counts as read along its rows, which is how the schedule lays such positions out."""
+    affine = AffineInfo(em.plan.defs)
+    seen: set[str] = set()
+
+    def rows(v: t.Value) -> bool:
+        if v.name in seen or len(v.shape) != 2:
+            return True          # a broadcast of a lower-rank value is read the same either way
+        seen.add(v.name)
+        slot = em.slots.get(v.name)
+        if slot is not None:
+            return slot.strides is None or slot.strides[-1] == 1
+        op = em.plan.defs.get(v.name)
+        if isinstance(op, t.Load):
+            form = affine.of(op.offsets)
+            return form is None or len(form.strides) != 2 or not (form.strides[0] == 1 and form.strides[1] != 1)
+        if isinstance(op, t.Unary | t.Binary | t.Select | t.Cast):
+            return all(rows(o) for o in t.operands(op))
+        return not isinstance(op, t.Permute)   # a transposed view reads the other way round
+
+    return rows(x)
 
 
 def _shuffle_masks(lanes: int, b: int) -> tuple[list[int], list[int]]:

@@ -11,7 +11,7 @@ like this one.
 """
 from __future__ import annotations
 
-from ..ir import BinaryOp, Compute, DType, FusedLoop, InternalError, TopKState
+from ..ir import Binary, BinaryOp, Compute, Const, DType, FusedLoop, InternalError, ReduceOp, TopKState
 from ..ir.sizes import SizeLike, is_static
 from ..ir.tile import nodes as t
 from .chunks import chunk_loop
@@ -76,7 +76,7 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
     fb = FusedBuilder(layout_or_fail(fl, epilogue), name, opts, index)
     n = fl.axis.extent
     size = fb.lay.chunk(opts)
-    stop = live_stop(fb, n) if opts.skip_masked else n
+    stop = live_stop(fb, n) if opts.skip_masked else exact_live_stop(fb, n, size) if opts.skip_exact else n
     final = chunk_loop(fb.kb, fb.lay.fused_key, fb.fused_order, n, stop, size, tuple(initial_states(fb)),
                        lambda kdim, carried: update_states(fb, kdim, carried), hint=fb.lay.fused_key,
                        arg_hints=carried_names(fb))
@@ -104,6 +104,44 @@ def live_stop(fb: FusedBuilder, n: SizeLike) -> SizeLike | t.Value:
     stop = kb.binary(BinaryOp.ADD, last, kb.const(past, kb.index_dtype), hint="live_end")
     stop = kb.binary(BinaryOp.MAX, stop, kb.const(0, kb.index_dtype))
     return kb.binary(BinaryOp.MIN, stop, kb.const(n, kb.index_dtype), hint="live_stop")
+
+
+def exact_live_stop(fb: FusedBuilder, n: SizeLike, size: int) -> SizeLike | t.Value:
+    """`live_stop`, moved past every dead chunk where a load that could make a dead term differ from its
+    identity (`masked.LiveBound.unsafe`: ``v`` in ``P @ V``) is not finite: a scan of the dead chunks before
+    the loop, summing ``0 * load`` (NaN exactly where some element is inf or NaN), so the loop's result is
+    the unskipped loop's for every input. `n` (no skipping) where an unsafe value is one the loop computes
+    (a local) rather than loads."""
+    lay, kb, lw = fb.lay, fb.kb, fb.lw
+    bound = live_bound(lay.fl, lay.classes, lay.fused_key)
+    if bound is None:
+        return n
+    local_names = {local.out.name for local in lay.fl.locals}
+    if any(load.buffer.name in local_names for _, load in bound.unsafe):
+        return n
+    live = live_stop(fb, n)
+    if not bound.unsafe or (is_static(live) and is_static(n) and live == n):
+        return live
+    ix = kb.index_dtype
+    start = live if isinstance(live, t.Value) else kb.const(live, ix)
+    count = kb.binary(BinaryOp.SUB, kb.const(n, ix), start, hint="dead")
+    fl = lay.fl
+    with kb.loop(0, count, size, (start,), hint="scan", arg_hints=("seen_end",)) as lp:
+        base = kb.binary(BinaryOp.ADD, start, lp.iv, hint="scan_base")
+        fb.binding[lay.fused_key] = Dim(lay.fused_key, fb.fused_order, size, n, base, True)
+        bad: t.Value | None = None
+        for j, load in bound.unsafe:
+            st = fl.states[j]
+            b = fb.bind(lay.state_stmt(j), st.axes + (fl.axis,))
+            x = lw.lower(Binary(BinaryOp.MUL, load, Const(0.0, load.dtype), load.dtype), b).value
+            while x.shape:
+                x = kb.reduce(ReduceOp.SUM, x, len(x.shape) - 1)
+            nan = kb.binary(BinaryOp.NE, x, x, hint="not_finite")
+            bad = nan if bad is None else kb.binary(BinaryOp.OR, bad, nan)
+        end = kb.binary(BinaryOp.ADD, base, kb.const(size, ix), hint="scan_end")
+        lp.yield_(kb.select(bad, end, lp.args[0], hint="seen_end"))
+    (seen,) = lp.results
+    return kb.binary(BinaryOp.MIN, seen, kb.const(n, ix), hint="live_stop")
 
 
 def joins(fl: FusedLoop, epilogue: list[Compute], candidate: Compute) -> bool:

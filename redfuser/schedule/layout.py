@@ -74,7 +74,15 @@ class FusedLayout:
             return one
         if opts.block_m is None and self.feeds_tensor_cores and WIDE_ROWS * self.state_width(opts) <= ACC_TILE:
             return WIDE_ROWS
+        if opts.dot_tile is not None and self.contracts:
+            return opts.dot_tile[0]
         return opts.rows(self.per_row_states)
+
+    @property
+    def contracts(self) -> bool:
+        """Whether a local of the loop is a sum of products of two loaded operands (a ``dot``)."""
+        return any(isinstance(local, Reduce) and local.op is ReduceOp.SUM and len(loads(local.value)) > 1
+                   for local in self.fl.locals)
 
     @property
     def feeds_tensor_cores(self) -> bool:
@@ -98,7 +106,9 @@ class FusedLayout:
     def chunk(self, opts: ScheduleOptions) -> int:
         """The chunk length of the fused axis: ``block_n``, or the whole axis for a one-pass loop."""
         n = self.fl.axis.extent
-        return opts.tile(n if self.one_pass_rows(opts) else opts.block_n, n)
+        if self.one_pass_rows(opts):
+            return opts.tile(n, n)
+        return opts.tile(opts.dot_tile[1] if opts.dot_tile is not None and self.contracts else opts.block_n, n)
 
     def sweep_chunk(self, opts: ScheduleOptions) -> int:
         """The chunk length of the closing sweep's axis: ``block_n``, or in a one-pass kernel the whole

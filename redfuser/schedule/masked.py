@@ -8,10 +8,13 @@ proves the claim for each state on random points (`check_dead_terms`); the
 scheduler then stops the loop after the last block any row of the tile can see
 (``fused.fused_kernel``), halving causal attention's work.
 
-Exact for finite values. Not for infinities under the mask: the reference computes
-``0 * v`` for every masked key, which is NaN where ``v`` is inf or NaN, and a
-skipped block never reads ``v``. That is why skipping is an option (off by
-default), not a rewrite the compiler does on its own.
+With ``skip_masked=True`` this is exact for finite values only. Not for infinities under the mask: the
+reference computes ``0 * v`` for every masked key, which is NaN where ``v`` is inf or NaN, and a skipped
+block never reads ``v``. So the exact form, the cpu backend's default (``skip_masked=None``), skips a
+block only where it has checked that the loads that could break it (`LiveBound.unsafe`: ``v``, not ``k``,
+whose scores the mask replaces) are finite there: before the loop, a scan of the dead blocks' unsafe
+loads (``0 * v`` summed, NaN if any is not finite) moves the stop past the last block holding one
+(`fused.exact_live_stop`). Reading ``v``'s dead rows costs a small fraction of the dots skipped.
 
 The masks recognized: a `Select` with ``-inf`` on one side whose condition
 compares the fused axis ``j`` with a row axis ``i`` (each optionally plus a
@@ -37,11 +40,15 @@ _POINTS = 64
 
 @dataclass(frozen=True, slots=True)
 class LiveBound:
-    """Chunks with ``j > i + offset`` for every row ``i`` of a program change no state; `row_key` is the
-    class key of ``i``."""
+    """Chunks with ``j > i + offset`` for every row ``i`` of a program change no state *while the loads in
+    `unsafe` are finite there*; `row_key` is the class key of ``i``. `unsafe` lists ``(state number, load)``:
+    the loads of the states' terms an infinity or NaN of which makes a dead term differ from its identity
+    (``0 * v`` in ``P @ V``: NaN where ``v`` is inf); loads under the mask (``k`` in ``where(j <= i, q.k,
+    -inf)``) are not among them."""
 
     row_key: str
     offset: int
+    unsafe: tuple[tuple[int, Load], ...] = ()
 
 
 def live_bound(fl: FusedLoop, classes: AxisClasses, fused_key: str) -> LiveBound | None:
@@ -66,7 +73,18 @@ def live_bound(fl: FusedLoop, classes: AxisClasses, fused_key: str) -> LiveBound
     ((row_key, offset),) = found
     if not all(check_dead_terms(st, fl.axis, rows[row_key], offset) for st in fl.states):
         return None
-    return LiveBound(row_key, offset)
+    # an earlier state read in a dead chunk holds the value it had after the live ones: not scanned (a NaN
+    # there came from the live chunks, whose results it has already made NaN)
+    states = {b.name for st in fl.states for b in (st.acc, st.prev)}
+    unsafe = tuple((j, leaf) for j, st in enumerate(fl.states) for leaf in _float_loads(st.term)
+                   if leaf.buffer.name not in states and not all(check_dead_terms(st, fl.axis, rows[row_key], offset, special={leaf: v})
+                              for v in (math.inf, -math.inf, math.nan)))
+    return LiveBound(row_key, offset, unsafe)
+
+
+def _float_loads(e: Expr) -> list[Load]:
+    """The distinct float loads of `e`, in a deterministic order."""
+    return sorted({n for n in walk(e) if isinstance(n, Load) and n.dtype.is_float}, key=repr)
 
 
 def _mask(s: Select, stmt: int, classes: AxisClasses, fused_key: str) -> tuple[Axis, int] | None:
@@ -127,9 +145,11 @@ def _points_range(extent: SizeLike) -> int:
     return max(1, extent) if is_static(extent) else 1 << 16
 
 
-def check_dead_terms(st: OnlineState, fused: Axis, row: Axis, offset: int, seed: int = 0) -> bool:
+def check_dead_terms(st: OnlineState, fused: Axis, row: Axis, offset: int, seed: int = 0,
+                     special: dict[Load, float] | None = None) -> bool:
     """Whether `st`'s term is its reduction's identity wherever ``j > i + offset``, on random points in
-    float64 (loads uniform in [-3, 3], so finite; other indices random in their range)."""
+    float64 (loads uniform in [-3, 3], so finite, except those in `special`, which hold the value given
+    there; other indices random in their range)."""
     identity = st.op.identity(float64)
     rng = np.random.default_rng(seed)
     values: dict[Expr, np.ndarray] = {}
@@ -146,6 +166,8 @@ def check_dead_terms(st: OnlineState, fused: Axis, row: Axis, offset: int, seed:
             values[leaf] = rng.random(_POINTS) < 0.5
         else:
             values[leaf] = rng.uniform(-3.0, 3.0, _POINTS)
+        if special and leaf in special:
+            values[leaf] = np.full(_POINTS, special[leaf])
     with np.errstate(all="ignore"):
         got = np.broadcast_to(evaluate64(st.term, values), (_POINTS,))
     return bool(np.all(got == identity))

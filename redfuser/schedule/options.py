@@ -17,10 +17,17 @@
 | `workers`   | programs the target runs at once, for the automatic split       | cores | SMs |
 | `skip_masked` | stop a fused loop after the last chunk its rows' mask lets    | no  | no  |
 |             | through (causal attention; `masked.py`: exact for finite values)|     |     |
+| `skip_exact`| the same stop, moved past any dead chunk where a scan finds a   | yes | no  |
+|             | value that would not vanish under the mask (``v = inf``): exact |     |     |
+|             | for every input; off with ``skip_masked=False``                 |     |     |
 | `whole_rows`| a fused loop of per-row states over an axis of at most          | no  | yes |
 |             | `ONE_PASS_MAX` is one chunk of whole rows, `ONE_PASS_TILE`      |     |     |
 |             | elements a tile (one pass over memory); off when ``block_m`` or |     |     |
 |             | ``block_n`` is given, and where it would leave SMs idle         |     |     |
+| `dot_tile`  | (rows, chunk) of a fused loop with a contraction (attention's   |64,128| no |
+|             | ``q @ k^T``): the host GEMM core's blocks amortize the loop's   |     |     |
+|             | per-chunk work (K's transpose, the rescale) over more of them;  |     |     |
+|             | off when ``block_m`` or ``block_n`` is given                    |     |     |
 
 A kernel option of the same name (``rf.kernel(fn, block_m=32)``) overrides the default.
 `workers` comes from the machine: the ``num_threads`` option or the core count on
@@ -49,6 +56,8 @@ class ScheduleOptions:
     workers: int = 1
     skip_masked: bool = False
     whole_rows: bool = False
+    dot_tile: tuple[int, int] | None = None   # (rows, chunk) of a fused loop with a contraction (cpu)
+    skip_exact: bool = False                  # skip dead chunks where a scan shows it exact (masked.py)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "workers", "split"):
@@ -101,7 +110,7 @@ class ScheduleOptions:
 
 
 DEFAULTS: dict[str, ScheduleOptions] = {
-    "cpu": ScheduleOptions(),
+    "cpu": ScheduleOptions(dot_tile=(64, 128), skip_exact=True),
     "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True),
 }
 
@@ -176,8 +185,11 @@ def with_overrides(base: ScheduleOptions, overrides: Mapping[str, object],
     are not None applied; ``workers()`` unless `overrides` gives ``workers``."""
     names = {f.name for f in fields(ScheduleOptions)}
     chosen = {k: v for k, v in overrides.items() if k in names and v is not None}
+    if chosen.get("skip_masked") is False:
+        chosen["skip_exact"] = False             # skip_masked=False: every chunk is computed
     if chosen.keys() & {"block_m", "block_n"}:
         chosen.setdefault("whole_rows", False)   # a tile the user chose is the tile
+        chosen.setdefault("dot_tile", None)
     if "workers" not in chosen:
         chosen["workers"] = workers()
     return replace(base, **chosen)

@@ -54,7 +54,7 @@ OPTION_CHOICES: dict[str, tuple] = {
     "split": (1, 2, 3, 4),
     "num_warps": (1, 2, 4, 8),
     "prefetch": (True,),
-    "skip_masked": (True,),
+    "skip_masked": (True, False),
     "interpret_chunk": (1, 2, 3, 7),
     "fuse": (False,),
     "num_threads": (1, 2),
