@@ -8,6 +8,9 @@ each path declines (tails, other dtypes) and the values a reduction must propaga
 """
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -118,3 +121,43 @@ def test_a_strided_argument_is_not_read_in_place_as_rows():
     a, b = base[:, ::2], rng.standard_normal((64, 64)).astype(np.float32)
     got = rf.kernel(matmul, backend="cpu")(a, b)
     assert_close(got, _exact(matmul, a, b), np.float32, 64)
+
+
+def test_layer_norm_gemm_is_a_dot_centred_per_row():
+    """``((x - mu) / s) @ w``: the running mean's count is kept per row (a count is the same at every
+    index), so the centred term ``sum_j (x[i, j] - c[i]) w[j, n]`` is a dot; the carry's running sum of
+    ``w`` is reduced once per chunk, not once per row (`cleanup.reduce_before_broadcast`)."""
+    from redfuser.workloads import layer_norm_gemm
+
+    rng = np.random.default_rng(11)
+    kern = rf.kernel(layer_norm_gemm, backend="cpu")
+    for k in (256, 200):           # whole chunks; a masked last chunk (its sum of w still per row)
+        x = (rng.standard_normal((96, k)) * 2 + 3).astype(np.float32)
+        w = rng.standard_normal((k, 72)).astype(np.float32)
+        lowered = kern.lower(x, w)
+        fused, tile = str(lowered.stages["fused"]), str(lowered.stages["tile"])
+        assert "out_count" not in fused                    # no count per output element
+        assert "= dot " in tile
+        if k == 256:   # no [rows, chunk, n] tile: ``w``'s chunk is summed as [1, chunk, n]
+            assert not [d for d in re.findall(r"\[(\d+),\d+,\d+\]", tile) if int(d) > 1], tile
+        assert_close(kern(x, w), _exact(layer_norm_gemm, x, w), np.float32, k)
+
+
+def test_a_reduction_of_a_broadcast_is_reduced_once():
+    """``sum(broadcast(y), axis)`` along a dim the broadcast did not repeat is the broadcast of y's sum."""
+    from redfuser.ir.tile import nodes as t
+    from redfuser.ir.types import float32
+    from redfuser.ir import ReduceOp
+    from redfuser.schedule.cleanup import reduce_before_broadcast
+
+    y = t.Value("y", t.TileType(float32, (1, 8, 4)))
+    big = t.Value("big", t.TileType(float32, (16, 8, 4)))
+    r = t.Value("r", t.TileType(float32, (16, 4)))
+    k = t.TileKernel("k", (1,), (), (t.Constant(y, 1.0), t.Broadcast(big, y), t.Reduce(r, big, 1, ReduceOp.SUM)))
+    ops = reduce_before_broadcast(k).body
+    assert [type(op).__name__ for op in ops] == ["Constant", "Broadcast", "Reduce", "Broadcast"]
+    assert ops[2].x == y and ops[2].out.shape == (1, 4) and ops[3].out == r
+    # along the repeated dim it stays as it is: the broadcast's copies are what the sum adds
+    r0 = t.Value("r0", t.TileType(float32, (8, 4)))
+    k0 = replace(k, body=(t.Constant(y, 1.0), t.Broadcast(big, y), t.Reduce(r0, big, 0, ReduceOp.SUM)))
+    assert reduce_before_broadcast(k0).body == k0.body

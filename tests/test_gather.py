@@ -97,3 +97,39 @@ def test_gather_errors_name_the_op():
             rf.kernel(body, backend="interpret")(a, idx)
         assert "take_along_axis" in str(info.value) and text in str(info.value)
         assert info.value.loc.file == __file__
+
+
+def _linear_cross_entropy(h, w, labels):
+    return _cross_entropy(h @ w, labels)
+
+
+def _linear_top_half(h, w):
+    logits = h @ w
+    m = rf.max(logits, axis=-1, keepdims=True)
+    lse = m[:, 0] + rf.log(rf.sum(rf.exp(logits - m), axis=-1))
+    return lse[:, None] - logits[:, ::2]        # half of every row read after the pass
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_cross_entropy_keeps_the_logits_in_the_pass(backend):
+    """``h @ w`` is computed chunk by chunk inside the log-sum-exp's pass, never stored; the label's logit,
+    read after the pass, is its own reduction at the gathered position (`fusion/gathered_reads.py`)."""
+    h = RNG.standard_normal((13, 40)).astype(np.float32)
+    w = RNG.standard_normal((40, 300)).astype(np.float32)
+    labels = RNG.integers(-300, 300, 13)
+    kernel = rf.kernel(_linear_cross_entropy, backend=backend)
+    lowered = kernel.lower(h, w, labels)
+    fused = str(lowered.stages["fused"])
+    assert "local logits" in fused and "logits_at: f32[13] = " in fused, fused
+    if backend != "interpret":
+        assert "scratch logits:" not in str(lowered.stages["tile"])
+    _check([kernel(h, w, labels)], [_linear_cross_entropy(h, w, labels)], 300)
+
+
+def test_reads_of_many_positions_keep_the_reduction_in_memory():
+    """Reading half of every row after the pass would redo half the GEMM: the logits are stored instead."""
+    h = RNG.standard_normal((13, 40)).astype(np.float32)
+    w = RNG.standard_normal((40, 300)).astype(np.float32)
+    lowered = rf.kernel(_linear_top_half, backend="cpu").lower(h, w)
+    assert "local" not in str(lowered.stages["fused"]) and "_at" not in str(lowered.stages["fused"])
+    _check([rf.kernel(_linear_top_half, backend="cpu")(h, w)], [_linear_top_half(h, w)], 300)

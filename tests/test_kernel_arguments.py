@@ -132,7 +132,7 @@ def test_a_memmap_is_a_plain_array(tmp_path):
 @pytest.mark.parametrize("option,value", [("num_threads", -1), ("interpret_chunk", 0), ("block_m", 0),
                                           ("block_n", 2.5), ("split", 0), ("num_warps", 3), ("sm", "sm_1"),
                                           ("llvm_opt", 5), ("fuse", "yes"), ("prefetch", 1),
-                                          ("min_blocks_per_sm", 33), ("skip_masked", None)])
+                                          ("min_blocks_per_sm", 33), ("skip_masked", "yes")])
 def test_bad_option_values_are_refused_when_the_kernel_is_made(option, value):
     with pytest.raises(rf.ArgumentError) as info:
         rf.kernel(scaled, **{option: value})

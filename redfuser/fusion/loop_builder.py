@@ -95,8 +95,7 @@ class LoopBuilder:
             centre, count_load = resolve_own_centre(self, member, shift.centre)
             shift = replace(shift, centre=centre)
         else:
-            count = self.count_state(member) if shift.centre.op is ReduceOp.SUM else None
-            count_load = None if count is None else Load(count, member.state_axes)
+            count_load = self.count_for(member, shift.centre) if shift.centre.op is ReduceOp.SUM else None
         term = self.safe(self.running(loop_term(shift, count_load)))
         if shift.degree == 0:
             return self.state_for(member, acc, suggested, term=term)
@@ -140,6 +139,21 @@ class LoopBuilder:
         one = Const(1.0, t.dtype)
         return self.state_for(member, Accumulator(ReduceOp.SUM, one, Linear(), one, one),
                               Buffer(f"{member.name}_count", t))
+
+    def count_for(self, member: Member, centre) -> Load:
+        """The running count of a running mean `centre` (``S / N``), read by `member`'s term: kept per the
+        mean's own axes where its sum ``S`` is read at a subset of `member`'s (a count of elements seen
+        is the same at every index; layer norm + GEMM: per row, not per output element, so that
+        ``sum_j (x[i, j] - c[i]) w[j, n]`` stays a dot), else per `member`'s axes."""
+        own = centre.source.indices
+        if all(isinstance(a, Axis) for a in own) and set(own) <= set(member.state_axes) \
+                and len(set(own)) == len(own):
+            axes = tuple(a for a in member.state_axes if a in own)
+            shape = tuple(a.extent for a in axes)
+            narrowed = replace(member, out=Buffer(member.name, replace(member.out.type, shape=shape)),
+                               axes=axes, state_axes=axes)
+            return Load(self.count_state(narrowed), axes)
+        return Load(self.count_state(member), member.state_axes)
 
     def running_extrema(self) -> dict[str, float]:
         """Max/min states and their identities (what they hold before any element is seen)."""

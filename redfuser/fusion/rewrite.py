@@ -13,7 +13,6 @@ from dataclasses import replace
 from ..ir import (
     Axis,
     index_axes,
-    reads_axis,
     Binary,
     BinaryOp,
     Buffer,
@@ -34,6 +33,7 @@ from ..ir import (
     written,
 )
 from .cascade import Candidate, dependencies
+from .gathered_reads import read_along as _read_along, recompute_gathered_reads
 from .group import CascadeGroup
 from .inline import reads
 from .loop_builder import LoopBuilder
@@ -254,12 +254,18 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         if group.reason is None:
             group.reason = "fewer than two reductions of the cascade factor, so there is nothing to fuse"
         return p, group
+    p = recompute_gathered_reads(p, {id(m.stmt) for m in fused}, _state_exprs(b), b.epilogue, axis)
     locals_ = _pull_locals(p, fused, b, axis)
     loop = FusedLoop(axis, tuple(l for _, l in locals_), tuple(b.states), loc=first.loc)
     group.fused, group.fused_members = True, tuple(m.name for m in fused)
     group.locals = tuple(l.out.name for _, l in locals_)
     group.states, group.epilogue = loop.states, tuple(b.epilogue)
     return _place(p, {id(m.stmt) for m in fused} | {id(s) for s, _ in locals_}, loop, b.epilogue), group
+
+
+def _state_exprs(b: LoopBuilder) -> list[Expr]:
+    """Every expression the fused loop's states compute per chunk: terms, rescales, carries."""
+    return [e for st in b.states for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
 
 
 def _pull_locals(p: Program, fused: list[Member], b: LoopBuilder, axis: Axis) -> list[tuple[Reduce, Reduce]]:
@@ -272,7 +278,7 @@ def _pull_locals(p: Program, fused: list[Member], b: LoopBuilder, axis: Axis) ->
             used_elsewhere |= reads(s)
     for e in b.epilogue:
         used_elsewhere |= reads(e)
-    exprs = [e for st in b.states for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
+    exprs = _state_exprs(b)
     found = []
     for s in p.body:
         if not isinstance(s, Reduce) or s.out.name in outputs or s.out.name in used_elsewhere:
@@ -286,13 +292,6 @@ def _pull_locals(p: Program, fused: list[Member], b: LoopBuilder, axis: Axis) ->
         new_axes = tuple(axis if k == d else a for k, a in enumerate(s.axes))
         found.append((s, replace(s, axes=new_axes, value=renamed)))
     return found
-
-
-def _read_along(indices: tuple, axis: Axis) -> int:
-    """The dim a load reads along `axis` at the axis itself, or -1 (none, or a shifted or strided position:
-    such a read needs other chunks' values than the chunk's own)."""
-    along = [k for k, i in enumerate(indices) if reads_axis(i, axis.name)]
-    return along[0] if len(along) == 1 and isinstance(indices[along[0]], Axis) else -1
 
 
 def _place(p: Program, removed: set[int], loop: FusedLoop, epilogue: list[Compute]) -> Program:

@@ -198,9 +198,38 @@ def peel_single_trips(k: t.TileKernel) -> t.TileKernel:
     return replace(k, body=_peel(k.body, {}))
 
 
+def _reduce_first(ops: tuple[t.Op, ...], defs: dict[str, t.Op], fresh: t.FreshValues) -> tuple[t.Op, ...]:
+    out: list[t.Op] = []
+    for op in ops:
+        if isinstance(op, t.For):
+            out.append(replace(op, body=replace(op.body, ops=_reduce_first(op.body.ops, defs, fresh))))
+            continue
+        src = defs.get(op.x.name) if isinstance(op, t.Reduce) else None
+        if isinstance(src, t.Broadcast) and src.x.type.rank == src.out.type.rank \
+                and src.x.shape[op.axis] == src.out.shape[op.axis]:
+            y = src.x
+            once = fresh(f"{op.out.name}_once", t.TileType(op.out.dtype, y.shape[:op.axis] + y.shape[op.axis + 1:]))
+            out += [t.Reduce(once, y, op.axis, op.op, op.loc), t.Broadcast(op.out, once, op.loc)]
+            continue
+        for r in t.results(op):
+            defs[r.name] = op
+        out.append(op)
+    return tuple(out)
+
+
+def reduce_before_broadcast(k: t.TileKernel) -> t.TileKernel:
+    """`k` with each reduction of a broadcast along a dimension the broadcast did not repeat done on the
+    broadcast's source, its result broadcast instead: every row of the repeated tile reduces the same
+    values, so they are reduced once. (Layer norm + GEMM: the sum of ``w`` over a chunk, which the
+    running mean's carry reads per output element, was a ``[rows, chunk, n]`` reduction.)"""
+    if not any(isinstance(op, t.Reduce) for op in t.walk_ops(k.body)):
+        return k
+    return replace(k, body=_reduce_first(k.body, {}, t.FreshValues(k)))
+
+
 def cleanup_kernel(k: t.TileKernel) -> t.TileKernel:
-    """`k` with single-iteration loops inlined, duplicates merged, loop invariants hoisted and dead ops
-    dropped."""
+    """`k` with single-iteration loops inlined, reductions of broadcasts done before the broadcast,
+    duplicates merged, loop invariants hoisted and dead ops dropped."""
     stored = {b.name for b in k.stored()}
-    k = merge_duplicates(peel_single_trips(k))
+    k = merge_duplicates(reduce_before_broadcast(peel_single_trips(k)))
     return merge_duplicates(replace(k, body=drop_dead(_hoist(k.body, stored), set())))
