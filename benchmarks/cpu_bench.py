@@ -245,6 +245,8 @@ def main() -> None:
         torch_cols = (f"{t_torch * 1e3:>10.1f} {t_torch / t_cpu:>9.2f}" if t_torch is not None
                       else f"{'-':>10} {'-':>9}")
         shape = "x".join(map(str, args[-1 if name == "decode" else 0].shape))
+        if name in ("layer_norm_gemm", "linear_cross_entropy", "fp8_gemm"):   # [m, k] @ [k, n]: n too
+            shape += f"@{args[1].shape[1]}"
         label = name + "".join(f" {k}={v}" for k, v in options.items() if k != "split")
         if name == "decode":  # how many slices the split used (1: unsplit), and whether it was chosen or given
             first = kernel.lower(*args).stages["tile"].kernels[0]
