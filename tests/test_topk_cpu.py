@@ -178,3 +178,22 @@ def test_moe_routing_workload_matches_the_interpreter_tile_for_tile():
     (w, idx), (w_tile, idx_tile) = kern(x), run_tile_program(tiled, [x])
     assert np.array_equal(idx, idx_tile)
     assert_close(w, w_tile, np.float32, 40)
+
+
+def test_computed_candidates_are_computed_once():
+    """A top-k compares a candidate and then keeps it: a candidate computed inline (routing's
+    ``exp(x - m) / sum``) would be recomputed at each read, so the host plan keeps it in memory."""
+    from redfuser.codegen.host.plan import plan_kernel
+    from redfuser.ir.tile import nodes as t
+    from redfuser.workloads import moe_routing
+
+    x = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)
+    tile = rf.kernel(moe_routing, backend="cpu").lower(x).stages["tile"]
+    checked = 0
+    for k in tile.kernels:
+        plan = plan_kernel(k)
+        for op in t.walk_ops(k.body):
+            if isinstance(op, t.TopK):
+                assert op.x.name in plan.materialized
+                checked += isinstance(plan.defs[op.x.name], t.Binary)   # the division, not a load
+    assert checked

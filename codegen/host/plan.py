@@ -6,7 +6,7 @@ computed inside the loop nest of whoever reads it, so elementwise chains,
 broadcasts and index arithmetic fuse into one loop with no memory traffic).
 
 Materialized: results of ``reduce``, ``dot``, ``topk`` and ``for``; ``dot`` operands (laid
-out row-major for the inner loop); values a loop yields; and values that are
+out row-major for the inner loop) and ``topk`` candidates (read more than once); values a loop yields; and values that are
 costly to recompute (loads, float arithmetic) when more than one consumer reads
 them or a loop deeper than their definition does (loop invariants are computed
 once). Views (broadcast, expand_dims, permute) and integer/bool index
@@ -68,6 +68,10 @@ def plan_kernel(k: t.TileKernel) -> Plan:
                 use(v, id(op), level)
             if isinstance(op, t.Dot):
                 forced.update(v.name for v in (op.a, op.b))
+            if isinstance(op, t.TopK):
+                # a top-k reads each candidate more than once (compared, then kept): a computed one
+                # (MoE routing's exp(x - m) / sum) is computed once, not at every read
+                forced.add(op.x.name)
             if isinstance(op, t.Reduce | t.Dot | t.TopK):
                 forced.update(r.name for r in t.results(op))
             if isinstance(op, t.For):
