@@ -17,7 +17,7 @@ from ..ir.tile import nodes as t
 from .chunks import chunk_loop
 from .exprs import store_tile
 from .layout import FusedBuilder, FusedLayout, fused_layout
-from .masked import live_bound
+from .masked import LiveBound, live_bound
 from .options import ScheduleOptions
 from .space import Dim, Tiled, place
 from .states import Carried, carried_names, expose, initial_states, update_states
@@ -84,11 +84,12 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
     return fb.finish()
 
 
-def live_stop(fb: FusedBuilder, n: SizeLike) -> SizeLike | t.Value:
-    """Where this program's walk of the fused axis may stop (`masked.live_bound`): after the last chunk a
-    row of its tile can see, clamped to ``[0, n]``; `n` when the loop has no such mask."""
+def live_stop(fb: FusedBuilder, n: SizeLike, bound: LiveBound | None = None) -> SizeLike | t.Value:
+    """Where this program's walk of the fused axis may stop (`masked.live_bound`, or `bound` where the caller
+    has it): after the last chunk a row of its tile can see, clamped to ``[0, n]``; `n` when the loop has no
+    such mask."""
     lay, kb = fb.lay, fb.kb
-    bound = live_bound(lay.fl, lay.classes, lay.fused_key)
+    bound = live_bound(lay.fl, lay.classes, lay.fused_key) if bound is None else bound
     row = fb.binding.get(bound.row_key) if bound is not None else None
     if row is None:
         return n
@@ -119,20 +120,19 @@ def exact_live_stop(fb: FusedBuilder, n: SizeLike, size: int) -> SizeLike | t.Va
     local_names = {local.out.name for local in lay.fl.locals}
     if any(load.buffer.name in local_names for _, load in bound.unsafe):
         return n
-    live = live_stop(fb, n)
+    live = live_stop(fb, n, bound)
     if not bound.unsafe or (is_static(live) and is_static(n) and live == n):
         return live
     ix = kb.index_dtype
     start = live if isinstance(live, t.Value) else kb.const(live, ix)
     count = kb.binary(BinaryOp.SUB, kb.const(n, ix), start, hint="dead")
-    fl = lay.fl
     with kb.loop(0, count, size, (start,), hint="scan", arg_hints=("seen_end",)) as lp:
         base = kb.binary(BinaryOp.ADD, start, lp.iv, hint="scan_base")
         fb.binding[lay.fused_key] = Dim(lay.fused_key, fb.fused_order, size, n, base, True)
         bad: t.Value | None = None
         for j, load in bound.unsafe:
-            st = fl.states[j]
-            b = fb.bind(lay.state_stmt(j), st.axes + (fl.axis,))
+            st = lay.fl.states[j]
+            b = fb.bind(lay.state_stmt(j), st.axes + (lay.fl.axis,))
             x = lw.lower(Binary(BinaryOp.MUL, load, Const(0.0, load.dtype), load.dtype), b).value
             while x.shape:
                 x = kb.reduce(ReduceOp.SUM, x, len(x.shape) - 1)

@@ -74,9 +74,14 @@ class FusedLayout:
             return one
         if opts.block_m is None and self.feeds_tensor_cores and WIDE_ROWS * self.state_width(opts) <= ACC_TILE:
             return WIDE_ROWS
-        if opts.dot_tile is not None and self.contracts:
-            return opts.dot_tile[0]
+        tile = self.dot_tile(opts)
+        if tile is not None:
+            return tile[0]
         return opts.rows(self.per_row_states)
+
+    def dot_tile(self, opts: ScheduleOptions) -> tuple[int, int] | None:
+        """`opts.dot_tile` where the loop contracts (see `contracts`), else None."""
+        return opts.dot_tile if self.contracts else None
 
     @property
     def contracts(self) -> bool:
@@ -108,7 +113,8 @@ class FusedLayout:
         n = self.fl.axis.extent
         if self.one_pass_rows(opts):
             return opts.tile(n, n)
-        return opts.tile(opts.dot_tile[1] if opts.dot_tile is not None and self.contracts else opts.block_n, n)
+        tile = self.dot_tile(opts)
+        return opts.tile(tile[1] if tile is not None else opts.block_n, n)
 
     def sweep_chunk(self, opts: ScheduleOptions) -> int:
         """The chunk length of the closing sweep's axis: ``block_n``, or in a one-pass kernel the whole
