@@ -1,8 +1,8 @@
 """``rf.prod``: numpy's product reduction, a monoid to the whole compiler (identity 1, combine ``*``).
 
-It joins a fused pass when its body reads no earlier result; a product of ``G(x)·H(y)`` would need ``H`` to the
-power of the count as its rescale, which the loop does not have, so it is refused with that reason (and stays
-exact). Integer products wrap as numpy's do, in any order; bools give int64; an empty axis gives 1.
+It joins a fused pass when its body reads no earlier result, or reads one only inside an exponential (the product
+law, tests/test_product_law.py); a product of ``G(x)·h(y)`` with another factor of y, ``x / max(x)``, is refused
+with that reason (and stays exact). Integer products wrap as numpy's do, in any order; bools give int64; an empty axis gives 1.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _prod_of_scaled(x):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_an_independent_prod_joins_the_pass_and_one_reading_an_earlier_result_does_not(backend):
+def test_an_independent_prod_joins_the_pass_and_one_scaled_by_an_earlier_result_does_not(backend):
     x = RNG.uniform(0.8, 1.25, (6, 200)).astype(np.float32)
     k = rf.kernel(_softmax_sum_and_prod, backend=backend)
     assert [g.fused for g in k.lower(x).groups] == [True]
@@ -55,7 +55,7 @@ def test_an_independent_prod_joins_the_pass_and_one_reading_an_earlier_result_do
         rf.testing.assert_close(g, w, np.float32, 200)
     k = rf.kernel(_prod_of_scaled, backend=backend)
     (group,) = k.lower(x).groups
-    assert not group.fused and "H(y) to the power of the count" in group.reason
+    assert not group.fused and "not an exponential of earlier results" in group.reason
     rf.testing.assert_close(k(x), _prod_of_scaled(x), np.float32, 200)
 
 

@@ -86,7 +86,7 @@ def test_grammar_draws_every_op_dtype_layout_scalar_and_option():
         isinstance(s, float) and s == 0 and np.signbit(s) for s in scalars)
     assert set(options) >= {"block_m", "block_n", "block_k", "split", "num_warps", "prefetch", "skip_masked"}
     assert set(labels) >= {"softmax", "attention", "routing", "quantize", "mask", "causal", "window", "flash_attention",
-                           "constant_terms", "moments"}
+                           "constant_terms", "moments", "tempered_product"}
     sizes = {s for p in programs for a in p.calls[0] if a.is_array for s in a.data.shape}
     assert {1, 2, 3, 5, 7, 13} <= sizes and max(sizes) >= 100
     assert sum(len(p.calls) > 1 for p in programs) > len(programs) // 4

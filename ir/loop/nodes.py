@@ -89,11 +89,13 @@ class OnlineState:
     ``exp(-inf - 0) = 0`` rather than ``exp(-inf + inf) = NaN``; a row that stays
     -inf to the end gets the reference's NaN in the epilogue.
 
-    `carry`, when set (only for SUM states, and then `rescale` is None), replaces the
-    ``scaled`` line: ``scaled = carry``, always, identity included. It reads the
+    `carry`, when set (only for SUM and PROD states, and then `rescale` is None), replaces
+    the ``scaled`` line: ``scaled = carry``, always, identity included. It reads the
     `prev`-buffers of this and earlier states and earlier states' current values:
     a shift-stable accumulator ``sum (x - c)^k`` moves to a new centre by the
-    binomial law over its family's lower powers (`redfuser/fusion/centred.py`).
+    binomial law over its family's lower powers (`redfuser/fusion/centred.py`); a
+    running product is rescaled by the sum's rescale raised to the count of elements
+    already multiplied in (`redfuser/fusion/product_law.py`).
     """
 
     acc: Buffer

@@ -145,8 +145,8 @@ def verify_fused_loop(s: FusedLoop, defined: dict[str, Buffer], where: _Where) -
         if st.rescale is not None:
             verify_expr(st.rescale, {a.name: a for a in st.axes}, inner, st, where)
         if isinstance(st, OnlineState) and st.carry is not None:
-            if st.op is not ReduceOp.SUM or st.rescale is not None:
-                _fail(f"state {st.acc.name}: a carry needs a sum state without a rescale", st, where)
+            if st.op not in (ReduceOp.SUM, ReduceOp.PROD) or st.rescale is not None:
+                _fail(f"state {st.acc.name}: a carry needs a sum or product state without a rescale", st, where)
             verify_expr(st.carry, {a.name: a for a in st.axes}, inner, st, where)
         if isinstance(st, OnlineState):   # a running top-k is not readable inside the loop
             inner[st.acc.name] = st.acc

@@ -1,10 +1,18 @@
 """`explain`: what the fusion engine found and did, in plain words."""
 from __future__ import annotations
 
-from ..ir import Const, format_expr, format_stmt
+from dataclasses import replace
+
+from ..ir import Const, Expr, Load, ReduceOp, Unary, UnaryOp, format_expr, format_stmt, map_expr
 from .group import CascadeGroup
 from .narrowing import moved_rounding_line, rounding_factor
-from .separability import Decomposition, Refusal
+from .separability import Decomposition, Refusal, rescale_exponent
+
+
+def _before(e: Expr) -> Expr:
+    """`e` with each earlier result shown at its previous value (``m`` as ``m_before``)."""
+    return map_expr(e, lambda n: Load(replace(n.buffer, name=f"{n.buffer.name}_before"), n.indices)
+                    if isinstance(n, Load) else None)
 
 
 def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: CascadeGroup) -> list[str]:
@@ -37,6 +45,11 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
         state = next((st for st in group.states if st.acc.name == group.state_of.get((name, n))), None)
         if state is not None:
             rescale = f", rescaled per chunk by {format_expr(state.rescale)}" if state.rescale is not None else ""
+            if state.op is ReduceOp.PROD and state.carry is not None:
+                rescale = (", carried per chunk by the product law: each factor already multiplied in moves with H, "
+                           f"so the running product is rescaled by H(y_now)/H(y_before) = "
+                           f"{format_expr(Unary(UnaryOp.EXP, rescale_exponent(acc.online, _before, acc.G.dtype), acc.G.dtype))}"
+                           " raised to the count of those factors")
             lines.append(f"{pad}{' ' * len(tag)}state {state.acc.name}: accumulates {format_expr(acc.term)}{rescale}")
         if isinstance(factor, Const) and factor.value == 0.0:
             lines.append(f"{pad}{' ' * len(tag)}carried only to move the higher powers with the centre")

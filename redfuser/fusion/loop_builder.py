@@ -32,6 +32,7 @@ from .member import Member
 from .narrowing import rescale_dtype
 from .nan_guard import read_safely, running_extrema
 from .positivity import is_positive
+from .product_law import product_carry
 from .algebra import Linear
 from .own_centre import count_type, keep_infinite, resolve as resolve_own_centre
 from .shift_law import carry_expr, centre_move, centre_unseen, loop_term, overflow_condition, overflows
@@ -110,6 +111,18 @@ class LoopBuilder:
             return moved if shift.centre.own is None else keep_infinite(moved, Load(own, member.state_axes), rest)
 
         return self.state_for(member, acc, suggested, term=term, carry_of=carry)
+
+    def product_state(self, member: Member, acc, suggested: Buffer) -> Buffer:
+        """The state of a running product whose factors read a moving earlier result (`acc.online`): a count
+        of the elements multiplied in, and the product carried by the product law (`product_law.py`)."""
+        count_prev = self.to_prev(Load(self.count_state(member), member.state_axes))
+        d = rescale_dtype(acc.online, acc.powers, suggested.dtype)
+
+        def carry(own: Buffer) -> Expr:
+            return product_carry(acc.online, Load(own, member.state_axes), count_prev,
+                                 lambda e: self.to_prev(self.running(e)), lambda e: self.safe(self.running(e)), d)
+
+        return self.state_for(member, acc, suggested, carry_of=carry)
 
     def centred_nan_guard(self, member: Member, acc) -> Expr | None:
         """Where a shift-stable power's reference value is NaN though the loop's sums are not: the centre

@@ -224,7 +224,10 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             suggested = member.out if direct else Buffer(f"{name}_acc", member.out.type)
             nan_row = b.nan_row(acc) if member.is_topk else None
             indices = Buffer(f"{member.indices.name}_acc", member.indices.type) if nan_row is not None else None
-            accs.append(b.state_for(member, acc, suggested, indices))
+            if acc.op is ReduceOp.PROD and acc.online.terms:
+                accs.append(b.product_state(member, acc, suggested))   # the product law
+            else:
+                accs.append(b.state_for(member, acc, suggested, indices))
             group.state_of[(name, n)] = accs[-1].name
             if indices is not None:
                 # A NaN met in a late chunk would keep earlier positions; the reference's NaN row keeps 0..k-1.

@@ -11,6 +11,8 @@ cascade) or *c* (neither), and reads off the fusion theorem's pieces:
   Terms with equal online exponent and deferred factor share an accumulator.
 - ``max``/``min``: ``F = G(x) * H(y)`` with the deferred part of ``H`` shown > 0
   (online ``exp`` factors are always > 0), or ``F = G(x) + H(y)``.
+- ``prod``: ``F = G(x) * exp(L(y))``, H wholly online, carried by the product law
+  (`product_law.py`: the rescale raised to the count of elements already multiplied in).
 
 A narrowing cast of a separable term, ``cast(G(x)·H(y))``, joins with its rounding moved (H's online
 part evaluated inside it at its running value, the rest after the loop) where `narrowing.py` shows the
@@ -307,10 +309,6 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
     d = value.dtype
     if not any(isinstance(n, Load) and n.buffer.name in ctx.states for n in walk(value)):
         return Decomposition("independent", (Accumulator(op, value, A.Linear(), value, Const(1.0, d)),), (None,))
-    if op is ReduceOp.PROD:
-        return Refusal(f"`{name}` is a product over k of a body that reads an earlier result: prod of G(x)·H(y) is "
-                       "H(y) to the power of the count times prod of G(x), a rescale law the one-pass loop does "
-                       "not have yet; so a second pass")
     if not d.is_float:
         return Refusal(f"`{name}` reduces {d} values; the one-pass rescaling needs floating point")
     normal = ctx.normal_form(value)
@@ -337,7 +335,8 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         return Refusal(f"in `{name}`, {op.value} over k of {format_expr(atom)}: the where's 0 branch would be rescaled "
                        "with the running result (0·NaN once it is NaN), which the reference never does; only sums "
                        "take such a where apart", atom)
-    out = _sum_terms(splits, d) if op is ReduceOp.SUM else _max_min(splits, op, d, ctx, name, value)
+    out = (_sum_terms(splits, d) if op is ReduceOp.SUM else _product(splits, d, name) if op is ReduceOp.PROD
+           else _max_min(splits, op, d, ctx, name, value))
     conditions = tuple(dict.fromkeys(a.cond for s in splits for a, _ in s.selects))
     rounded = tuple(dict.fromkeys(r for s in splits for r in s.rounded))
     if isinstance(out, Decomposition) and (conditions or rounded):
@@ -437,6 +436,26 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
                          written=value if _one_atom(x_part) else None)
 
 
+def _product(splits: list[_Split], d: DType, name: str) -> Decomposition | Refusal:
+    """``prod over k of G(x)·exp(L(y))``: the exponential of the earlier results stays online and the running
+    product is carried by the product law (`product_law.py`): when y moves, each of the ``count`` factors
+    already multiplied in changes by ``exp(L(y_new) - L(y_old))``. Any other factor of y is refused."""
+    if len(splits) > 1:
+        t = sum_expr(tuple(A.Product(s.coeff, s.g * s.deferred, s.x_lin + s.y_lin) for s in splits), d)
+        return Refusal(f"`{name}` is a product over k of a sum of terms, {format_expr(t)}: a product of sums does "
+                       "not factor into prod G(x) · prod H(y); so a second pass", t)
+    s = splits[0]
+    other = s.deferred * s.powers
+    if other.factors or s.rounded:
+        h = monomial_expr(other, d) if other.factors else next(iter(dict(s.rounded)))
+        return Refusal(f"in `{name}`, a product over k of G(x)·H(y) with H = {format_expr(h)}, not an exponential "
+                       "of earlier results: carrying it would raise the ratio H(y_now)/H(y_before) to the count "
+                       "of elements already multiplied in, one rounding amplified by that count, and a running "
+                       "H of 0 has no ratio; so a second pass", h)
+    return Decomposition("separable", (_acc(ReduceOp.PROD, product_expr(_term_product(s), d), s,
+                                            product_expr(_g_product(s, False), d), d),), (None,))
+
+
 def _one_atom(x_part: list[A.Product]) -> bool:
     """Whether an additive max/min's G is a single atom with coefficient 1, so that its final value can be
     the body as written with the accumulator in place of the atom (`Decomposition.written`).
@@ -454,6 +473,25 @@ def _one_atom(x_part: list[A.Product]) -> bool:
     return p.coeff == 1.0 and p.exponent.is_zero and len(p.mono.factors) == 1 and p.mono.factors[0][1] == 1
 
 
+def rescale_exponent(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,
+                     to_new: Callable[[Expr], Expr] = lambda e: e) -> Expr | None:
+    """``online(y_new) - online(y_old)``, the exponent of the online exponential's change (None when there is
+    none): ``m_prev - m`` for ``exp(x - m)``. Each term is written as the difference of its two readings, so
+    two nearby maxima subtract exactly."""
+    from ..ir import Binary, BinaryOp
+
+    diff: Expr | None = None
+    for mono, c in online.terms:
+        raw = monomial_expr(mono, d)
+        new, old = to_new(raw), to_prev(raw)
+        first, second = (old, new) if c < 0 else (new, old)
+        part: Expr = Binary(BinaryOp.SUB, first, second, d)
+        if abs(c) != 1.0:
+            part = Binary(BinaryOp.MUL, Const(abs(c), d), part, d)
+        diff = part if diff is None else Binary(BinaryOp.ADD, diff, part, d)
+    return diff
+
+
 def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,
                  to_new: Callable[[Expr], Expr] = lambda e: e, powers: A.Monomial = A.Monomial(),
                  to_new_power: Callable[[Expr], Expr] = lambda e: e) -> Expr | None:
@@ -465,18 +503,8 @@ def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,
     """
     from ..ir import Binary, BinaryOp, Unary, UnaryOp
 
-    out: Expr | None = None
-    diff: Expr | None = None
-    for mono, c in online.terms:
-        raw = monomial_expr(mono, d)
-        new, old = to_new(raw), to_prev(raw)
-        first, second = (old, new) if c < 0 else (new, old)
-        part: Expr = Binary(BinaryOp.SUB, first, second, d)
-        if abs(c) != 1.0:
-            part = Binary(BinaryOp.MUL, Const(abs(c), d), part, d)
-        diff = part if diff is None else Binary(BinaryOp.ADD, diff, part, d)
-    if diff is not None:
-        out = Unary(UnaryOp.EXP, diff, d)
+    diff = rescale_exponent(online, to_prev, d, to_new)
+    out: Expr | None = None if diff is None else Unary(UnaryOp.EXP, diff, d)
     for atom, p in powers.factors:
         new, old = to_new_power(atom), to_prev(atom)
         ratio: Expr = Binary(BinaryOp.DIV, old, new, d) if p < 0 else Binary(BinaryOp.DIV, new, old, d)
@@ -486,4 +514,5 @@ def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,
     return out
 
 
-__all__ = ["FusionContext", "Accumulator", "Decomposition", "Refusal", "decompose", "rescale_expr", "linear_expr"]
+__all__ = ["FusionContext", "Accumulator", "Decomposition", "Refusal", "decompose", "rescale_expr", "rescale_exponent",
+           "linear_expr"]

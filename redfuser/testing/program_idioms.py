@@ -9,7 +9,8 @@ a product of bools), attention as written for low precision (the mask after
 bare constant term, central moments and entropies of data far from 0, MoE
 routing (softmax, top-k, renormalize; tied and non-finite logits), and per-row
 absmax quantization to float8_e4m3fn (optionally followed by a GEMM); attention with RoPE's rotation
-of q and k (slices and a concatenation) and group statistics over rows split by a reshape.
+of q and k (slices and a concatenation) and group statistics over rows split by a reshape; products of
+factors tempered by the row's max (the product law).
 """
 from __future__ import annotations
 
@@ -186,6 +187,21 @@ def moments(b: ProgramBuilder, x: str) -> str | None:
     return v and b.add("div_c", [v], (float(n),))
 
 
+def tempered_product(b: ProgramBuilder, x: str) -> str | None:
+    """``prod(exp(c (x - m)))`` or ``prod((x*x + 1) exp(c (x - m)))`` with ``m = max(x)``: a product whose
+    factors read the running max, carried by the product law (issue 24, docs/fusion.md "prod")."""
+    d = b.draw
+    mx = b.add("max", [x], (-1, True))
+    dx = mx and b.add("sub", [x, mx])
+    t = dx and b.add("mul_c", [dx], (d.pick((0.05, 0.5, 1.0)),))
+    e = t and b.add("exp", [t])
+    if e and d.chance(50):
+        sq = b.add("square", [x])
+        g = sq and b.add("add_c", [sq], (1.0,))
+        e = g and b.add("mul", [g, e])
+    return e and b.add("prod", [e], (-1, d.chance(30)))
+
+
 def routing(b: ProgramBuilder, x: str) -> str | None:
     """Softmax, top-k, renormalize. Its indices are judged exactly where the ranking is robust
     (`program_ranking`): the logits are often small integers, so ties are frequent and structural."""
@@ -223,7 +239,7 @@ def quantize(b: ProgramBuilder, x: str) -> str | None:
 
 
 IDIOMS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "attention", "routing", "quantize", "mask",
-          "flash_attention", "constant_terms", "moments")
+          "flash_attention", "constant_terms", "moments", "tempered_product")
 
 
 def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
@@ -252,4 +268,4 @@ def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
         return masked and softmax(b, masked)
     return {"softmax": softmax, "log_softmax": lambda b, x: softmax(b, x, log=True), "logsumexp": logsumexp,
             "layer_norm": layer_norm_stats, "routing": routing, "quantize": quantize,
-            "constant_terms": constant_terms}[name](b, x)
+            "constant_terms": constant_terms, "tempered_product": tempered_product}[name](b, x)
