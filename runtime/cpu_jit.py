@@ -178,30 +178,40 @@ class GridPool:
 
     def _work(self) -> None:
         while True:
-            fn, args, begin, end, done = self._tasks.get()
-            try:
-                fn(*args, begin, end)
-            finally:
-                done()
+            self._tasks.get()()
 
-    def run(self, fn, args: tuple, n: int, max_parts: int | None = None) -> None:
-        """Call `fn` on `n` program instances split into contiguous parts, one worker each at a time."""
+    def run(self, fn, args: tuple, n: int, max_parts: int | None = None, caller_helps: bool = False) -> None:
+        """Call `fn` on `n` program instances split into contiguous parts, taken in turn by the workers; with
+        `caller_helps` the calling thread takes parts too (it starts at once, where a worker first has to wake
+        up), and one worker fewer is woken. The caller only ever runs parts of its own call: another call's
+        kernel may need a worker's larger stack."""
         if n <= 0:
             return
         parts = min(n, max_parts or self.threads * 4)
         bounds = [n * i // parts for i in range(parts + 1)]
-        remaining = [parts]
         lock = threading.Lock()
+        state = [0, parts]          # the next part to take, the parts not yet finished
         finished = threading.Event()
 
-        def done() -> None:
-            with lock:
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    finished.set()
+        def drain() -> None:
+            while True:
+                with lock:
+                    i = state[0]
+                    state[0] += 1
+                if i >= parts:
+                    return
+                try:
+                    fn(*args, bounds[i], bounds[i + 1])
+                finally:
+                    with lock:
+                        state[1] -= 1
+                        if state[1] == 0:
+                            finished.set()
 
-        for i in range(parts):
-            self._tasks.put((fn, args, bounds[i], bounds[i + 1], done))
+        for _ in range(min(parts, self.threads) - (1 if caller_helps else 0)):
+            self._tasks.put(drain)
+        if caller_helps:
+            drain()
         finished.wait()
 
 
@@ -222,6 +232,22 @@ _MAIN_THREAD = threading.main_thread().ident
 INLINE_STACK_BYTES = 1 << 20
 """A kernel whose tiles take at most this many bytes in all may run on the caller's (main) thread, whose
 stack is the process's (8 MiB by default on Linux); workers get `STACK_BYTES`."""
+
+
+INLINE_WORK_BYTES = 512 << 10
+"""A kernel whose buffers take at most this many bytes in all runs on the caller's thread, all its program
+instances in turn: waking the pool's workers and waiting for them (Python threads, a queue and an event:
+about 50-100 us on two cores) costs more than such a kernel runs (MoE routing 256x64: 481 -> 104-143 us a
+call; docs/cpu-backend.md). A larger one runs on the pool, the caller taking parts too."""
+
+
+def small_work(buffers: tuple[tuple[int, tuple], ...], values: dict[str, int] | None) -> bool:
+    """Whether buffers of these (itemsize, shape) take at most `INLINE_WORK_BYTES` (run-time extents from
+    `values`)."""
+    total = 0
+    for itemsize, shape in buffers:
+        total += itemsize * math.prod(concrete(shape, values) if values else shape)
+    return total <= INLINE_WORK_BYTES
 
 
 def tile_bytes(kernel) -> int:
@@ -252,6 +278,10 @@ class CpuProgram:
         position = {b.name: i for i, b in enumerate(p.inputs + made)}
         self._kernels = [(kernel_function(library, a.symbol, len(a.params)), tuple(position[n] for n in a.params),
                           a.programs, a.sizes) for a in abis]
+        buffers = p.inputs + made
+        # each kernel's buffers (itemsize, shape): one whose bytes are under `INLINE_WORK_BYTES` runs on the caller
+        self._work = [tuple((buffers[i].dtype.itemsize, buffers[i].shape) for i in params)
+                      for _, params, _, _ in self._kernels]
         self._symbolic = any(not isinstance(n, int) for b in p.inputs for n in b.shape)
         self._inputs = [(b.type, b.type.strides is None, np.dtype(b.dtype.numpy)) for b in p.inputs]
         self._made = [(b.shape, np.dtype(b.dtype.numpy)) for b in made]
@@ -281,16 +311,16 @@ class CpuProgram:
         run-time lengths from `values`."""
         address = [data_address(m) for m in memory]
         inline = self._small_stack and threading.get_ident() == _MAIN_THREAD
-        for fn, params, programs, sizes in self._kernels:
+        for (fn, params, programs, sizes), work in zip(self._kernels, self._work):
             size_array = None
             if sizes:
                 size_array = np.array([evaluate(n, values) for n in sizes], dtype=np.int64)
                 programs = evaluate(programs, values)
             args = tuple(address[i] for i in params) + (data_address(size_array) if size_array is not None else None,)
-            if inline and programs == 1:
-                fn(*args, 0, 1)        # one program instance: handing it to a worker costs more than it runs
+            if inline and (programs == 1 or small_work(work, values)):
+                fn(*args, 0, programs)   # handing tiny work to the workers costs more than it runs
             else:
-                self.pool.run(fn, args, programs)
+                self.pool.run(fn, args, programs, caller_helps=inline)
 
     writes_outputs = True
     """`__call__` takes arrays to write the results into (``kernel(..., out=...)``)."""

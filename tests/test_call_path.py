@@ -64,7 +64,7 @@ def test_a_single_program_runs_on_the_calling_thread_only_from_the_main_thread(m
     k(x)
     run = next(iter(k._cache.values()))[1]
     used = []
-    monkeypatch.setattr(run.pool, "run", lambda fn, args, n: (used.append(n), fn(*args, 0, n)))
+    monkeypatch.setattr(run.pool, "run", lambda fn, args, n, **kw: (used.append(n), fn(*args, 0, n)))
     inline = k(x)
     assert used == []
     result = []
@@ -75,6 +75,68 @@ def test_a_single_program_runs_on_the_calling_thread_only_from_the_main_thread(m
     np.testing.assert_array_equal(inline, result[0])
     np.testing.assert_allclose(inline, softmax(x), rtol=1e-6)
     assert cpu_jit.tile_bytes(run.program.kernels[0]) <= cpu_jit.INLINE_STACK_BYTES
+
+
+def _pool_calls(monkeypatch, run) -> list:
+    """Each `run.pool.run` call's (program instances, caller_helps), the work still done by the real pool."""
+    calls, real = [], run.pool.run
+
+    def spy(fn, args, n, max_parts=None, caller_helps=False):
+        calls.append((n, caller_helps))
+        real(fn, args, n, max_parts, caller_helps)
+
+    monkeypatch.setattr(run.pool, "run", spy)
+    return calls
+
+
+def test_small_work_runs_on_the_calling_thread_and_large_work_shares_it_with_the_pool(monkeypatch):
+    """A kernel of several program instances whose buffers are small (MoE routing of 256 tokens: 8 programs
+    of 32 rows) runs them all on the main thread; a larger one goes to the pool, where the main thread takes
+    parts too (other threads only wait). Results are the same either way."""
+    small = RNG.standard_normal((96, 64)).astype(np.float32)        # 3 programs, 48 KiB of buffers
+    large = RNG.standard_normal((1024, 256)).astype(np.float32)     # 32 programs, 2 MiB
+    k = rf.kernel(softmax, backend="cpu", dynamic=False)
+    for x in (small, large):
+        k(x)
+    runs = {lowered.program.inputs[0].shape: run for lowered, run in k._cache.values()}
+    run_small, run_large = runs[small.shape], runs[large.shape]
+    assert run_small._kernels[0][2] > 1 and cpu_jit.small_work(run_small._work[0], None)
+    assert not cpu_jit.small_work(run_large._work[0], None)
+    calls = _pool_calls(monkeypatch, run_small)
+    np.testing.assert_allclose(k(small), softmax(small), rtol=1e-6)
+    assert calls == []
+    poly = rf.kernel(softmax, backend="cpu", dynamic=True)        # run-time extents: the same rule per call
+    np.testing.assert_allclose(poly(small), softmax(small), rtol=1e-6)
+    (run_poly,) = [run for _, run in poly._cache.values()]
+    calls = _pool_calls(monkeypatch, run_poly)
+    poly(small)
+    poly(large)
+    assert [helps for _, helps in calls] == [True]                  # only the large call used the pool
+    calls = _pool_calls(monkeypatch, run_large)
+    main = k(large)
+    other = []
+    worker = threading.Thread(target=lambda: other.append(k(large)))
+    worker.start()
+    worker.join()
+    assert calls == [(32, True), (32, False)]
+    np.testing.assert_array_equal(main, other[0])
+    np.testing.assert_allclose(main, softmax(large), rtol=1e-6)
+
+
+def test_the_pool_runs_every_part_once_with_the_caller_helping():
+    pool = cpu_jit.GridPool(2)
+    seen: list[tuple[int, int, int]] = []
+    lock = threading.Lock()
+
+    def part(tag, begin, end):
+        with lock:
+            seen.append((threading.get_ident(), begin, end))
+
+    pool.run(part, ("x",), 37, caller_helps=True)
+    covered = sorted((b, e) for _, b, e in seen)
+    assert covered[0][0] == 0 and covered[-1][1] == 37
+    assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))     # contiguous, no part twice
+    assert threading.get_ident() in {t for t, _, _ in seen}           # the caller took at least the first
 
 
 def test_torch_cpu_tensors_take_the_cached_path_and_come_back_as_tensors():

@@ -81,7 +81,8 @@ def reference_merge(x, xi, a, ai):
     return np.where(idx < 0, np.nan, vals), np.where(idx < 0, -1, idx)
 
 
-@pytest.mark.parametrize("rows,n,k", [(5, 9, 3), (4, 1, 1), (3, 20, 8), (2, 3, 8)])
+# rows of 32 candidates and more are screened in blocks first (codegen/host/topk.SCREEN)
+@pytest.mark.parametrize("rows,n,k", [(5, 9, 3), (4, 1, 1), (3, 20, 8), (2, 3, 8), (6, 37, 3), (5, 64, 1), (4, 100, 8)])
 def test_topk_op_follows_the_definition_in_the_interpreter_and_on_the_cpu(rows, n, k):
     rng = np.random.default_rng(rows * 100 + n * 10 + k)
     x, xi, a, ai = random_lists(rng, rows, n, k)

@@ -5,7 +5,9 @@ For every position outside the ranked axis, the k-list starts as the `acc` list
 list's last (worst) entry; only a candidate that beats it enters, by one pass of
 k comparisons and selects that shift the worse entries down (no branches inside,
 so the k slots stay in registers: they are entry-block allocas that mem2reg
-promotes). The order is exactly `redfuser.ir.topk`'s:
+promotes). Blocks of `SCREEN` candidates are screened first: only a block holding
+one not below the worst entry (unordered: NaN, or an empty worst slot) is inserted
+candidate by candidate. The order is exactly `redfuser.ir.topk`'s:
 
     class(v, i) = 0 if i < 0 (empty) else 1 if v is NaN else 2
     c beats e  <=>  class(c) > class(e)
@@ -25,6 +27,12 @@ from ...ir.tile import nodes as t
 from ..llvm_utils import I1, I8, I64, entry_alloca
 from ..llvm_dtypes import register_type
 from .emitter import KernelEmitter
+
+SCREEN = 16
+"""Candidates screened at once: a block whose every candidate is below the list's worst entry (the
+common case once the list is full: top-2 of 64 random values inserts about 7 times) is passed over with
+16 independent compares, instead of 16 dependent insertion steps (MoE routing's top-k: 5.4 -> ? ns a
+candidate)."""
 
 
 def _class(b: ir.IRBuilder, v: ir.Value, i: ir.Value) -> ir.Value:
@@ -63,20 +71,48 @@ def emit_topk(em: KernelEmitter, op: t.TopK) -> None:
             else:
                 b.store(nan, lv[j])
                 b.store(none, li[j])
-        with em.loop(n, f"{op.out.name}.c") as c:
-            cv, ci = em.value(op.x, at(c)), em.wide(op.indices, at(c))
-            c_cls = _class(b, cv, ci)
-            worst = beats(b, cv, ci, c_cls, b.load(lv[-1], typ=vty), b.load(li[-1], typ=I64))
-            with b.if_then(worst):
-                vs = [b.load(p, typ=vty) for p in lv]
-                ix = [b.load(p, typ=I64) for p in li]
-                wins = [beats(b, cv, ci, c_cls, vs[j], ix[j]) for j in range(k - 1)] + [ir.Constant(I1, 1)]
-                for j in range(k):  # slot j stays, takes the candidate, or takes its upper neighbour
-                    new_v, new_i = cv, ci
-                    if j:
-                        new_v, new_i = b.select(wins[j - 1], vs[j - 1], cv), b.select(wins[j - 1], ix[j - 1], ci)
-                    b.store(b.select(wins[j], new_v, vs[j]), lv[j])
-                    b.store(b.select(wins[j], new_i, ix[j]), li[j])
+
+        def threshold() -> ir.Value:
+            """The worst entry's value, NaN where it is empty: a candidate below it (ordered) cannot enter."""
+            worst_i = b.load(li[-1], typ=I64)
+            return b.select(b.icmp_signed("<", worst_i, ir.Constant(I64, 0)), nan, b.load(lv[-1], typ=vty))
+
+        def insert(c: ir.Value) -> None:
+            cv = em.value(op.x, at(c))
+            with b.if_then(b.fcmp_unordered(">=", cv, threshold())), em.level():   # (values made here stay here)
+                ci = em.wide(op.indices, at(c))
+                c_cls = _class(b, cv, ci)
+                worst = beats(b, cv, ci, c_cls, b.load(lv[-1], typ=vty), b.load(li[-1], typ=I64))
+                with b.if_then(worst):
+                    enter(cv, ci, c_cls)
+
+        def enter(cv: ir.Value, ci: ir.Value, c_cls: ir.Value) -> None:
+            vs = [b.load(p, typ=vty) for p in lv]
+            ix = [b.load(p, typ=I64) for p in li]
+            wins = [beats(b, cv, ci, c_cls, vs[j], ix[j]) for j in range(k - 1)] + [ir.Constant(I1, 1)]
+            for j in range(k):  # slot j stays, takes the candidate, or takes its upper neighbour
+                new_v, new_i = cv, ci
+                if j:
+                    new_v, new_i = b.select(wins[j - 1], vs[j - 1], cv), b.select(wins[j - 1], ix[j - 1], ci)
+                b.store(b.select(wins[j], new_v, vs[j]), lv[j])
+                b.store(b.select(wins[j], new_i, ix[j]), li[j])
+
+        blocks, tail = divmod(n, SCREEN) if n >= 2 * SCREEN else (0, n)
+        if blocks:
+            with em.loop(blocks, f"{op.out.name}.blk") as blk:
+                base = b.mul(blk, ir.Constant(I64, SCREEN))
+                # the screen: no candidate of the block is >= the worst entry (NaN: an empty one), so none beats it
+                bar = threshold()
+                hit = None
+                for j in range(SCREEN):
+                    ge = b.fcmp_unordered(">=", em.value(op.x, at(b.add(base, ir.Constant(I64, j)))), bar)
+                    hit = ge if hit is None else b.or_(hit, ge)
+                with b.if_then(hit):
+                    with em.loop(SCREEN, f"{op.out.name}.c") as j:
+                        insert(b.add(base, j))
+        if tail:
+            with em.loop(tail, f"{op.out.name}.t") as j:
+                insert(b.add(ir.Constant(I64, blocks * SCREEN), j) if blocks else j)
         ity = register_type(op.out_indices.dtype)
         for j in range(k):
             pos = at(ir.Constant(I64, j))
