@@ -153,7 +153,49 @@ def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
     x = lw.lower_as(e.x, compute_dtype(e.dtype), b)
     if e.op is UnaryOp.EXP and e.dtype.storage_only:
         return _exp_as_exp2(lw, x, flush=flushes_exp(e.dtype))
+    if e.op is UnaryOp.TANH and e.dtype.storage_only:
+        return Tiled(_narrow_tanh(lw.kb, x.value), x.dims)
     return Tiled(lw.kb.unary(e.op, x.value), x.dims)
+
+
+TANH_SERIES_BELOW = 0.125
+"""`_narrow_tanh`'s odd Taylor series serves ``|x|`` below this; above it, the exponential form."""
+
+
+def _narrow_tanh(kb: KernelBuilder, x: t.Value) -> t.Value:
+    """``tanh`` of an f32 value whose result the program rounds to a 16- or 8-bit float, in f32 with one
+    ``exp2`` instead of the f64 series of `codegen/wide_math.py` (issue 24's narrow fast path):
+
+        |x| < 1/8:   x (1 - x²/3 + 2x⁴/15 - 17x⁶/315)          truncation below 0.022 x⁸ < 2**-29 relative
+        otherwise:   ±(1 - 2 / (1 + exp2(2 |x| log2 e)))         2**-19 relative at worst (below)
+
+    The exponent's rounding is ``2|x| 2**-24`` relative in ``E = e^(2|x|)``, which moves ``1 - 2/(1 + E)`` by
+    ``2E/(E² - 1)`` times that: at most about 2**-21 where the result is not already 1 in the narrow type
+    (``|x| < 9``); the division's and subtraction's roundings (the subtraction exact, the quotient's error
+    grown by at most 7 at ``|x| = 1/8``) add 2**-21; ``exp2`` (``ex2.approx.ftz`` on a GPU, 2**-22; its
+    argument is >= 0, so nothing flushes). Against the narrow type's half ulp (2**-12 for f16, 2**-9 for
+    bf16) the rounded result is numpy's, or its neighbour within 2**-19 of a rounding midpoint.
+    ``tanh(±inf) = ±1`` (``exp2(inf) = inf``), NaN stays NaN, ``-0.0`` stays ``-0.0`` (the series)."""
+    f = x.dtype
+    shape = x.shape
+
+    def c(value: float) -> t.Value:
+        return kb.const(value, f, shape)
+
+    # (in this order, each tile consumed as soon as it is made: a thread holds whole tiles of them)
+    a = kb.unary(UnaryOp.ABS, x)
+    big_e = kb.unary(UnaryOp.EXP2_FTZ, kb.binary(BinaryOp.MUL, a, c(2.0 * LOG2E)))
+    ratio = kb.binary(BinaryOp.DIV, c(2.0), kb.binary(BinaryOp.ADD, big_e, c(1.0)))
+    magnitude = kb.binary(BinaryOp.SUB, c(1.0), ratio)
+    signed = kb.select(kb.binary(BinaryOp.LT, x, c(0.0)), kb.unary(UnaryOp.NEG, magnitude), magnitude)
+    # NaN is not below 1/8: it takes the exponential form, whose exp2(NaN) keeps it NaN
+    small = kb.binary(BinaryOp.LT, a, c(TANH_SERIES_BELOW))
+    x2 = kb.binary(BinaryOp.MUL, x, x)
+    poly = c(-17.0 / 315.0)
+    for coeff in (2.0 / 15.0, -1.0 / 3.0, 1.0):
+        poly = kb.binary(BinaryOp.ADD, kb.binary(BinaryOp.MUL, poly, x2), c(coeff))
+    series = kb.binary(BinaryOp.MUL, x, poly, hint="tanh_series")
+    return kb.select(small, series, signed, hint="tanh")
 
 
 def flushes_exp(d: DType) -> bool:
