@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import redfuser as rf
+from redfuser.codegen.host.emitter import conflicting_rows
 from redfuser.codegen.host.gemm import choose_block, vector_registers
 from redfuser.testing.tolerance import assert_close
 from redfuser.workloads import attention
@@ -161,3 +162,23 @@ def test_a_reduction_of_a_broadcast_is_reduced_once():
     r0 = t.Value("r0", t.TileType(float32, (8, 4)))
     k0 = replace(k, body=(t.Constant(y, 1.0), t.Broadcast(big, y), t.Reduce(r0, big, 0, ReduceOp.SUM)))
     assert reduce_before_broadcast(k0).body == k0.body
+
+
+def _sum_and_matmul(x, w):
+    return rf.sum(x, axis=-1, keepdims=True) + x @ w
+
+
+@pytest.mark.parametrize("n,copied", [(1024, True), (96, False)])
+def test_a_dots_right_operand_at_a_set_conflicting_stride_is_copied(n, copied):
+    """A fused loop's ``w[j, n]`` chunk is the dot's right operand, read again by every row block: at a row
+    stride that is a multiple of 1 KiB (1024 f32 columns: 4 KiB) its 64 rows share a few L1 sets, so it is
+    copied to the stack (`emitter.conflicting_rows`); at 384 bytes (96 columns) it is read in place."""
+    x = np.random.default_rng(6).standard_normal((64, 128)).astype(np.float32)
+    w = np.random.default_rng(7).standard_normal((128, n)).astype(np.float32)
+    k = rf.kernel(_sum_and_matmul, backend="cpu")
+    text = _llvm(k, x, w)
+    assert ('"w.tile" = alloca' in text) == copied
+    assert_close(k(x, w), _exact(_sum_and_matmul, x, w), np.float32, 128)
+    assert conflicting_rows((64, 64), (n, 1), 4) == copied
+    assert not conflicting_rows((8, 64), (1024, 1), 4)       # no more rows than the cache's ways
+    assert not conflicting_rows((512, 128), (32000, 1), 4)   # larger than L1 anyway: streamed in place
