@@ -692,3 +692,20 @@ def test_the_oracle_does_not_judge_f64_math_of_a_value_beyond_f32s_range_on_gpus
     assert out.ref.dtype == np.float64 and np.isfinite(out.ref).all()
     assert out.unsure.tolist() == [True, False]
     assert judged(program, "simulate") == []
+
+
+def _shifted_max(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.max(x - m + 2.0, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_constant_term_of_an_additive_max_stays_out_of_g(backend):
+    """Long campaign at fbc0792 (seed 1), example 68642: ``max(x - m + 2)`` with ``m = max(x)`` put the 2 into
+    G, ``(max x + 2) - m``, which rounds to 2 - 2**-23 where numpy's ``(x - m) + 2`` is exactly 2 at the
+    maximum. A bare constant is H's: the body as written, ``(max x - m) + 2``."""
+    x = np.array([-0.2944970428943634, -0.3409476578235626, 0.6466463804244995, -0.8507760167121887,
+                  0.9823898077011108, -0.39902737736701965, 1.6270619630813599, 0.4117336869239807],
+                 np.float32).reshape(2, 2, 2)
+    got = rf.kernel(_shifted_max, backend=backend)(x)
+    assert np.array_equal(got, _shifted_max(x)) and np.all(got == 2.0)

@@ -422,10 +422,13 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
         return Decomposition("separable", (acc,), (factor,))
     x_part, y_part = [], []
     for s in splits:
-        if s.y_lin.is_zero and not s.deferred.factors:
-            x_part.append(_g_product(s, False))
-        elif not s.g.factors and s.x_lin.is_zero:
+        if not s.g.factors and s.x_lin.is_zero:
+            # no reduced value: H's, a bare constant too (``max(x - m + 2)`` is ``(max x - m) + 2``, whose
+            # ``max x - m`` is exactly 0 at the maximum; in G it gave ``(max x + 2) - m``, 2 - 2**-23: fuzz
+            # seed 1, example 68642 at fbc0792)
             y_part.append(A.Product(s.coeff, s.deferred, s.y_lin))
+        elif s.y_lin.is_zero and not s.deferred.factors:
+            x_part.append(_g_product(s, False))
         else:
             t = product_expr(A.Product(s.coeff, s.g * s.deferred, s.x_lin + s.y_lin), d)
             return Refusal(f"in `{name}`, {op.value} distributes over '+' only for G(x) + H(y); the term "
