@@ -208,3 +208,27 @@ def test_cached_calls_with_outs_that_overlap_are_refused_like_the_first():
     stats(x, out=(pair[0], pair[1]))
     for got, want in zip(pair, stats(x)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_calls_from_several_python_threads_share_one_pool():
+    """Four Python threads calling kernels at once: every result is the body's, and the work runs on the one
+    shared pool (no thread per call, no second pool: the machine is not oversubscribed)."""
+    xs = [RNG.standard_normal((256, 1024)).astype(np.float32) + i for i in range(4)]    # 2 MiB: the pool
+    k = rf.kernel(softmax, backend="cpu")
+    k(xs[0])
+    before = {t.name for t in threading.enumerate()}
+    results: dict[int, np.ndarray] = {}
+
+    def call(i: int) -> None:
+        for _ in range(3):
+            results[i] = k(xs[i])
+
+    callers = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    for i, x in enumerate(xs):
+        np.testing.assert_allclose(results[i], softmax(x), rtol=1e-6)
+    workers = {t.name for t in threading.enumerate() if t.name.startswith("redfuser-cpu-")}
+    assert workers <= before and len(workers) == cpu_jit.grid_pool().threads

@@ -153,13 +153,48 @@ def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
     x = lw.lower_as(e.x, compute_dtype(e.dtype), b)
     if e.op is UnaryOp.EXP and e.dtype.storage_only:
         return _exp_as_exp2(lw, x, flush=flushes_exp(e.dtype))
-    if e.op is UnaryOp.TANH and e.dtype.storage_only:
-        return Tiled(_narrow_tanh(lw.kb, x.value), x.dims)
+    if e.dtype.storage_only and e.op in NARROW_FAST:
+        return Tiled(NARROW_FAST[e.op](lw.kb, x.value), x.dims)
     return Tiled(lw.kb.unary(e.op, x.value), x.dims)
 
 
-TANH_SERIES_BELOW = 0.125
-"""`_narrow_tanh`'s odd Taylor series serves ``|x|`` below this; above it, the exponential form."""
+SERIES_BELOW = 0.125
+"""The narrow fast paths' series serve ``|x|`` below this; above it, the exponential or logarithmic form."""
+
+
+def _horner(kb: KernelBuilder, x: t.Value, coefficients: tuple[float, ...]) -> t.Value:
+    """``c0 + x (c1 + x (c2 + ...))`` on a tile."""
+    out = kb.const(coefficients[-1], x.dtype, x.shape)
+    for c in reversed(coefficients[:-1]):
+        out = kb.binary(BinaryOp.ADD, kb.binary(BinaryOp.MUL, out, x), kb.const(c, x.dtype, x.shape))
+    return out
+
+
+def _narrow_expm1(kb: KernelBuilder, x: t.Value) -> t.Value:
+    """``expm1`` of an f32 value whose result the program rounds to a 16- or 8-bit float (issue 24's narrow
+    fast path, as `_narrow_tanh`): ``x (1 + x (1/2 + x (1/6 + x (1/24 + x (1/120 + x/720)))))`` below |x| = 1/8
+    (truncation below 2**-30 relative; ``-0.0`` stays ``-0.0``), else ``exp2(x log2 e) - 1``: the exponential's
+    2**-22 (and ``|x| 2**-24`` from rounding the product) grown at most 8.5 times by the subtraction at
+    ``x = 1/8`` (7.5 times at ``x = -1/8``), within 2**-18 relative; ``expm1(inf) = inf``, ``expm1(-inf) =
+    -1``, NaN stays NaN (it is not below 1/8)."""
+    c = lambda v: kb.const(v, x.dtype, x.shape)  # noqa: E731
+    e = kb.unary(UnaryOp.EXP2_FTZ, kb.binary(BinaryOp.MUL, x, c(LOG2E)))
+    wide = kb.binary(BinaryOp.SUB, e, c(1.0))
+    small = kb.binary(BinaryOp.LT, kb.unary(UnaryOp.ABS, x), c(SERIES_BELOW))
+    series = kb.binary(BinaryOp.MUL, x, _horner(kb, x, (1.0, 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720)))
+    return kb.select(small, series, wide, hint="expm1")
+
+
+def _narrow_log1p(kb: KernelBuilder, x: t.Value) -> t.Value:
+    """``log1p`` of an f32 value whose result the program rounds to a 16- or 8-bit float (issue 24's narrow
+    fast path): its Taylor series to ``x^8 / 8`` below |x| = 1/8 (truncation below 2**-27 relative), else ``log(1 + x)`` in f32 (`mathlib.log`, 3 ulps): rounding ``1 + x`` moves the
+    result by at most ``2**-24 / log(1 + x)`` relative, 2**-21 at ``x = 1/8`` (and at ``x = -1/8``); within
+    2**-20 in all. ``log1p(-1) = -inf``, below -1 NaN, ``log1p(inf) = inf``, NaN stays NaN."""
+    c = lambda v: kb.const(v, x.dtype, x.shape)  # noqa: E731
+    wide = kb.unary(UnaryOp.LOG, kb.binary(BinaryOp.ADD, x, c(1.0)))
+    small = kb.binary(BinaryOp.LT, kb.unary(UnaryOp.ABS, x), c(SERIES_BELOW))
+    series = kb.binary(BinaryOp.MUL, x, _horner(kb, x, (1.0, -1 / 2, 1 / 3, -1 / 4, 1 / 5, -1 / 6, 1 / 7, -1 / 8)))
+    return kb.select(small, series, wide, hint="log1p")
 
 
 def _narrow_tanh(kb: KernelBuilder, x: t.Value) -> t.Value:
@@ -189,13 +224,19 @@ def _narrow_tanh(kb: KernelBuilder, x: t.Value) -> t.Value:
     magnitude = kb.binary(BinaryOp.SUB, c(1.0), ratio)
     signed = kb.select(kb.binary(BinaryOp.LT, x, c(0.0)), kb.unary(UnaryOp.NEG, magnitude), magnitude)
     # NaN is not below 1/8: it takes the exponential form, whose exp2(NaN) keeps it NaN
-    small = kb.binary(BinaryOp.LT, a, c(TANH_SERIES_BELOW))
+    small = kb.binary(BinaryOp.LT, a, c(SERIES_BELOW))
     x2 = kb.binary(BinaryOp.MUL, x, x)
     poly = c(-17.0 / 315.0)
     for coeff in (2.0 / 15.0, -1.0 / 3.0, 1.0):
         poly = kb.binary(BinaryOp.ADD, kb.binary(BinaryOp.MUL, poly, x2), c(coeff))
     series = kb.binary(BinaryOp.MUL, x, poly, hint="tanh_series")
     return kb.select(small, series, signed, hint="tanh")
+
+
+NARROW_FAST: dict[UnaryOp, Callable[[KernelBuilder, t.Value], t.Value]] = {
+    UnaryOp.TANH: _narrow_tanh, UnaryOp.EXPM1: _narrow_expm1, UnaryOp.LOG1P: _narrow_log1p}
+"""The functions whose result the program rounds to a 16- or 8-bit float that are computed in f32 instead of
+`codegen/wide_math.py`'s f64 series (`erf`, `sin` and `cos` keep the series)."""
 
 
 def flushes_exp(d: DType) -> bool:

@@ -1,5 +1,6 @@
-"""``tanh`` of a 16-bit float is computed in f32 with one ``exp2`` (schedule/exprs.py, `_narrow_tanh`), not by
-the f64 series that f32 results get (codegen/wide_math.py).
+"""``tanh``, ``expm1`` and ``log1p`` of a 16-bit float are computed in f32 (schedule/exprs.py, `NARROW_FAST`:
+a short series near 0, else one ``exp2`` or ``log``), not by the f64 series that f32 results get
+(codegen/wide_math.py).
 
 The rule's promise, as for the narrow ``exp``: the narrow result is numpy's or its neighbour (one ulp of the
 narrow type), over every value of the type, special values exact (±0, ±1 at ±inf, NaN). Checked exhaustively
@@ -25,6 +26,18 @@ def tanh(x):
     return rf.tanh(x)
 
 
+def expm1(x):
+    return rf.expm1(x)
+
+
+def log1p(x):
+    return rf.log1p(x)
+
+
+FAST = {"tanh": (tanh, np.tanh, UnaryOp.TANH), "expm1": (expm1, np.expm1, UnaryOp.EXPM1),
+        "log1p": (log1p, np.log1p, UnaryOp.LOG1P)}
+
+
 def softcap(x):
     """Gemma 2's logit soft-capping, with its input in a narrow type: the fast path inside a larger body."""
     return 30.0 * rf.tanh(x / 30.0)
@@ -45,33 +58,34 @@ def unary_ops(tile_program) -> list[UnaryOp]:
     return [op.op for kernel in tile_program.kernels for op in t.walk_ops(kernel.body) if isinstance(op, t.Unary)]
 
 
+@pytest.mark.parametrize("fn", sorted(FAST))
 @pytest.mark.parametrize("name", ["f16", "bf16", "f32"])
-def test_narrow_tanh_is_one_exp2_and_f32_keeps_the_wide_series(name):
+def test_narrow_results_skip_the_wide_series_and_f32_keeps_it(name, fn):
+    body, _, op = FAST[fn]
     x = np.ones((4, 8), dtype=NARROW.get(name, np.float32))
-    program = rf.kernel(tanh, backend="interpret").lower(x).program
+    program = rf.kernel(body, backend="interpret").lower(x).program
     for target in ("cpu", "gpu"):
         ops = unary_ops(schedule_program(program, options_for(target)))
-        if name == "f32":
-            assert UnaryOp.TANH in ops
-        else:
-            assert UnaryOp.TANH not in ops and ops.count(UnaryOp.EXP2_FTZ) == 1
+        assert (op in ops) == (name == "f32"), ops
 
 
+@pytest.mark.parametrize("fn", sorted(FAST))
 @pytest.mark.parametrize("backend", ["cpu", "simulate"])
 @pytest.mark.parametrize("name", sorted(NARROW))
-def test_narrow_tanh_is_within_one_narrow_ulp_over_every_value(name, backend):
+def test_narrow_fast_paths_are_within_one_narrow_ulp_over_every_value(name, backend, fn):
+    body, reference, _ = FAST[fn]
     x = every_value(NARROW[name])
     with np.errstate(all="ignore"):
-        expected = np.tanh(x)
+        expected = reference(x)
     if backend == "simulate":
-        (actual,), _ = run_backend(backend, tanh, x)
+        (actual,), _ = run_backend(backend, body, x)
     else:
-        actual = rf.kernel(tanh, backend=backend)(x)
+        actual = rf.kernel(body, backend=backend)(x)
     assert actual.dtype == expected.dtype
     wide_e, wide_a = expected.astype(np.float32), actual.astype(np.float32)
     nan = np.isnan(wide_e)
     assert np.array_equal(np.isnan(wide_a), nan)
-    exact = ~nan & ((wide_e == 0) | (np.abs(wide_e) == 1) | np.isinf(x.astype(np.float32)))
+    exact = ~nan & ((wide_e == 0) | (np.abs(wide_e) == 1) | np.isinf(wide_e) | np.isinf(x.astype(np.float32)))
     assert np.array_equal(actual[exact].view(np.uint16), expected[exact].view(np.uint16))   # -0.0 stays -0.0
     distance = np.abs(ordered(actual[~nan]) - ordered(expected[~nan]))
     assert distance.max() <= 1, x[~nan][np.argmax(distance)]
