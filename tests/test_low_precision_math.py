@@ -1,4 +1,4 @@
-"""``tanh``, ``expm1`` and ``log1p`` of a 16-bit float are computed in f32 (schedule/exprs.py, `NARROW_FAST`:
+"""``tanh``, ``expm1``, ``log1p`` and ``erf`` of a 16-bit float are computed in f32 (schedule/exprs.py, `NARROW_FAST`:
 a short series near 0, else one ``exp2`` or ``log``), not by the f64 series that f32 results get
 (codegen/wide_math.py).
 
@@ -34,8 +34,17 @@ def log1p(x):
     return rf.log1p(x)
 
 
+def erf(x):
+    return rf.erf(x)
+
+
+def _erf_reference(x: np.ndarray) -> np.ndarray:
+    """``rf.erf`` on an ndarray (numpy has none): math.erf in float64, rounded to `x`'s dtype."""
+    return rf.erf(x)
+
+
 FAST = {"tanh": (tanh, np.tanh, UnaryOp.TANH), "expm1": (expm1, np.expm1, UnaryOp.EXPM1),
-        "log1p": (log1p, np.log1p, UnaryOp.LOG1P)}
+        "log1p": (log1p, np.log1p, UnaryOp.LOG1P), "erf": (erf, _erf_reference, UnaryOp.ERF)}
 
 
 def softcap(x):
