@@ -127,20 +127,21 @@ def test_a_strided_argument_is_not_read_in_place_as_rows():
 def test_layer_norm_gemm_is_a_dot_centred_per_row():
     """``((x - mu) / s) @ w``: the running mean's count is kept per row (a count is the same at every
     index), so the centred term ``sum_j (x[i, j] - c[i]) w[j, n]`` is a dot; the carry's running sum of
-    ``w`` is reduced once per chunk, not once per row (`cleanup.reduce_before_broadcast`)."""
+    ``w`` is reduced once per chunk, not once per row (`cleanup.reduce_before_broadcast`), in a masked chunk
+    too (a select of broadcasts is selected unrepeated)."""
     from redfuser.workloads import layer_norm_gemm
 
     rng = np.random.default_rng(11)
     kern = rf.kernel(layer_norm_gemm, backend="cpu")
-    for k in (256, 200):           # whole chunks; a masked last chunk (its sum of w still per row)
+    for k in (256, 200):           # whole chunks; masked chunks (w's sum selected and reduced unrepeated too)
         x = (rng.standard_normal((96, k)) * 2 + 3).astype(np.float32)
         w = rng.standard_normal((k, 72)).astype(np.float32)
         lowered = kern.lower(x, w)
         fused, tile = str(lowered.stages["fused"]), str(lowered.stages["tile"])
         assert "out_count" not in fused                    # no count per output element
         assert "= dot " in tile
-        if k == 256:   # no [rows, chunk, n] tile: ``w``'s chunk is summed as [1, chunk, n]
-            assert not [d for d in re.findall(r"\[(\d+),\d+,\d+\]", tile) if int(d) > 1], tile
+        # no [rows, chunk, n] tile: ``w``'s chunk is summed as [1, chunk, n], masked or not
+        assert not [d for d in re.findall(r"\[(\d+),\d+,\d+\]", tile) if int(d) > 1], tile
         assert_close(kern(x, w), _exact(layer_norm_gemm, x, w), np.float32, k)
 
 

@@ -198,6 +198,31 @@ def peel_single_trips(k: t.TileKernel) -> t.TileKernel:
     return replace(k, body=_peel(k.body, {}))
 
 
+def _select_of_broadcasts(src: t.Op | None, axis: int, defs: dict[str, t.Op]):
+    """For ``select(c, a, b)`` whose operands are each a broadcast (of its rank) or a constant, and which all
+    leave some dimension other than `axis` unrepeated (size 1 in every broadcast's source): the shape with
+    those dimensions at 1, and the operands to select there (sources, or the constants); else None."""
+    if not isinstance(src, t.Select):
+        return None
+    full = src.out.shape
+    operands = []
+    for v in (src.cond, src.a, src.b):
+        op = defs.get(v.name)
+        if isinstance(op, t.Broadcast) and op.x.type.rank == len(full):
+            operands.append(op.x)
+        elif isinstance(op, t.Constant):
+            operands.append(op)
+        else:
+            return None
+    sources = [v for v in operands if not isinstance(v, t.Constant)]
+    repeated = [d for d in range(len(full)) if d != axis and full[d] > 1
+                and all(v.shape[d] == 1 for v in sources)]
+    if not sources or not repeated:
+        return None
+    shape = tuple(1 if d in repeated else n for d, n in enumerate(full))
+    return (shape, *operands)
+
+
 def _reduce_first(ops: tuple[t.Op, ...], defs: dict[str, t.Op], fresh: t.FreshValues) -> tuple[t.Op, ...]:
     out: list[t.Op] = []
     for op in ops:
@@ -210,6 +235,30 @@ def _reduce_first(ops: tuple[t.Op, ...], defs: dict[str, t.Op], fresh: t.FreshVa
             y = src.x
             once = fresh(f"{op.out.name}_once", t.TileType(op.out.dtype, y.shape[:op.axis] + y.shape[op.axis + 1:]))
             out += [t.Reduce(once, y, op.axis, op.op, op.loc), t.Broadcast(op.out, once, op.loc)]
+            continue
+        masked = _select_of_broadcasts(src, op.axis, defs) if isinstance(op, t.Reduce) else None
+        if masked is not None:
+            # where(mask, repeated w, 0) with the mask repeated too (a masked chunk): select and reduce the
+            # unrepeated tile, then broadcast (layer norm + GEMM over a row length that is not a multiple of
+            # the chunk: every chunk summed w per row)
+            shape, cond, a, b = masked
+            small = t.TileType(src.out.dtype, shape)
+            parts = []
+            for v in (cond, a, b):
+                if isinstance(v, t.Constant):
+                    c = fresh(f"{v.out.name}_once", t.TileType(v.out.dtype, shape))
+                    out.append(t.Constant(c, v.value, v.loc))
+                    parts.append(c)
+                elif v.shape != shape:
+                    w = fresh(f"{v.name}_once", t.TileType(v.dtype, shape))
+                    out.append(t.Broadcast(w, v, op.loc))
+                    parts.append(w)
+                else:
+                    parts.append(v)
+            chosen = fresh(f"{src.out.name}_once", small)
+            once = fresh(f"{op.out.name}_once", t.TileType(op.out.dtype, shape[:op.axis] + shape[op.axis + 1:]))
+            out += [t.Select(chosen, *parts, src.loc), t.Reduce(once, chosen, op.axis, op.op, op.loc),
+                    t.Broadcast(op.out, once, op.loc)]
             continue
         for r in t.results(op):
             defs[r.name] = op
