@@ -198,12 +198,29 @@ def test_huge_buffers_get_64_bit_offsets():
 def test_options_for_backends():
     # a tile the user chose is the tile: the GEMM core's dot_tile is off, the exact causal skip stays on
     assert options_for("cpu", {"block_m": 32, "fuse": True, "num_threads": 1}) == \
-        ScheduleOptions(block_m=32, skip_exact=True)
+        ScheduleOptions(block_m=32, skip_exact=True, peel_ragged=True)
     assert options_for("cpu", {"num_threads": 1}).dot_tile == (64, 128)
     assert not options_for("cpu", {"skip_masked": False, "num_threads": 1}).skip_exact
     assert options_for("gpu").pow2
     with pytest.raises(rf.ArgumentError):
         ScheduleOptions(block_m=0)
+
+
+@pytest.mark.parametrize("n", [1000, 1024, 40])
+def test_a_ragged_fused_loop_on_the_cpu_peels_its_last_chunk(n):
+    """A fused loop over 1000 elements in chunks of 64 walks 15 whole chunks unmasked, then the last 40 on
+    their own (`chunks.chunk_loop`, `peel_ragged`): a masked chunk costs its selects on every chunk
+    (softmax 1000x1000 6.6 -> 1.6 ms). A whole number of chunks, or one short chunk, is one loop as before;
+    the GPU keeps one masked loop (its masked loads are predicated)."""
+    x = np.random.default_rng(5).standard_normal((8, n)).astype(np.float32)
+    kernel = rf.kernel(softmax, backend="cpu", split=1)
+    lowered = kernel.lower(x)
+    text = str(lowered.stages["tile"])
+    assert ("_tail" in text) == (n == 1000)          # the last chunk's own loop (one trip: inlined)
+    assert ("to 960 step 64" in text) == (n == 1000)  # the whole chunks' loop, unmasked
+    assert_close(kernel(x), softmax(x.astype(np.float64)).astype(np.float32), np.float32, n)
+    gpu = schedule_program(lowered.program, options_for("gpu"))
+    assert not options_for("gpu").peel_ragged and gpu is not None
 
 
 # ---------------------------------------------------------------------------------------------

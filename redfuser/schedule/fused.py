@@ -67,7 +67,8 @@ def _sweep(fb: FusedBuilder, j: int, c: Compute, needed: set[str]) -> None:
         store_tile(kb, c.out, Tiled(place(kb, lw.lower(c.value, b), dims), dims), [b[a.name] for a in c.axes])
         return ()
 
-    chunk_loop(kb, lay.sweep_key, fb.fused_order, n, n, size, (), chunk, hint=lay.sweep_key)
+    chunk_loop(kb, lay.sweep_key, fb.fused_order, n, n, size, (), chunk, hint=lay.sweep_key,
+               peel_ragged=fb.opts.peel_ragged)
 
 
 def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name: str, opts: ScheduleOptions,
@@ -79,7 +80,7 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
     stop = live_stop(fb, n) if opts.skip_masked else exact_live_stop(fb, n, size) if opts.skip_exact else n
     final = chunk_loop(fb.kb, fb.lay.fused_key, fb.fused_order, n, stop, size, tuple(initial_states(fb)),
                        lambda kdim, carried: update_states(fb, kdim, carried), hint=fb.lay.fused_key,
-                       arg_hints=carried_names(fb))
+                       arg_hints=carried_names(fb), peel_ragged=opts.peel_ragged)
     finish_states(fb, list(final), needed)
     return fb.finish()
 

@@ -28,6 +28,9 @@
 |             | ``q @ k^T``): the host GEMM core's blocks amortize the loop's   |     |     |
 |             | per-chunk work (K's transpose, the rescale) over more of them;  |     |     |
 |             | off when ``block_m`` or ``block_n`` is given                    |     |     |
+| `peel_ragged` | a fused loop over a static axis that is not a whole number of | yes | no  |
+|             | chunks: the whole chunks unmasked, the last one masked on its   |     |     |
+|             | own (`chunks.chunk_loop`; a GPU's masked loads are predicated)  |     |     |
 
 A kernel option of the same name (``rf.kernel(fn, block_m=32)``) overrides the default.
 `workers` comes from the machine: the ``num_threads`` option or the core count on
@@ -58,6 +61,7 @@ class ScheduleOptions:
     whole_rows: bool = False
     dot_tile: tuple[int, int] | None = None   # (rows, chunk) of a fused loop with a contraction (cpu)
     skip_exact: bool = False                  # skip dead chunks where a scan shows it exact (masked.py)
+    peel_ragged: bool = False                 # a fused loop's ragged last chunk in a loop of its own (cpu)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "workers", "split"):
@@ -110,7 +114,7 @@ class ScheduleOptions:
 
 
 DEFAULTS: dict[str, ScheduleOptions] = {
-    "cpu": ScheduleOptions(dot_tile=(64, 128), skip_exact=True),
+    "cpu": ScheduleOptions(dot_tile=(64, 128), skip_exact=True, peel_ragged=True),
     "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True),
 }
 
