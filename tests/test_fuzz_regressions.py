@@ -709,3 +709,25 @@ def test_a_constant_term_of_an_additive_max_stays_out_of_g(backend):
                  np.float32).reshape(2, 2, 2)
     got = rf.kernel(_shifted_max, backend=backend)(x)
     assert np.array_equal(got, _shifted_max(x)) and np.all(got == 2.0)
+
+
+
+def test_an_additive_max_is_finished_as_written_only_where_its_atom_is_written(tmp_path):
+    """Long campaign at 50b4a5f (seed 1), example 24819: ``0.5 + f32(x - v)`` on f16 data, with the constant now
+    in H (68642's fix), had a one-atom G, ``f32(x)``, that appears only in the normal form, not in the body as
+    written, so finishing the body as written left a load of x after the loop (`VerifyError`). Run as the
+    fuzzer's shrunk reproducer, a script of its own."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "repro_24819.py"
+    script.write_text(
+        "import numpy as np\nimport redfuser as rf\n\n\ndef program(x0, s0):\n"
+        "    v0 = rf.sum(x0, axis=-1, keepdims=True)\n    v2 = x0 - v0\n    v4 = s0 + v2\n"
+        "    v5 = rf.max(v4, axis=-1, keepdims=False)\n    return v5\n\n\n"
+        "x0 = np.array([-2.0, -4.0]).astype(np.float16).reshape((2,))\n"
+        "for backend in ('interpret', 'cpu', 'simulate'):\n"
+        "    got, want = rf.kernel(program, backend=backend)(x0, np.float32(0.5)), program(x0, np.float32(0.5))\n"
+        "    assert got.dtype == want.dtype and np.array_equal(got, want), (backend, got, want)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]

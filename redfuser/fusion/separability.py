@@ -435,8 +435,11 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
                            f"{format_expr(t)} is a product of both", t)
     g = sum_expr(tuple(x_part), d)
     h = sum_expr(tuple(y_part), d)
+    # as written only where G's atom is in the body as it is written: ``0.5 + f32(x - v)`` has ``f32(x)`` only
+    # in the normal form (fuzz: seed 1, example 24819 at 50b4a5f, a load of x left after the loop)
+    as_written = _one_atom(x_part) and any(n == g for n in walk(value))
     return Decomposition("additive", (Accumulator(op, g, A.Linear(), g, h),), (None,), addend=h,
-                         written=value if _one_atom(x_part) else None)
+                         written=value if as_written else None)
 
 
 def _product(splits: list[_Split], d: DType, name: str) -> Decomposition | Refusal:
