@@ -283,6 +283,8 @@ class CpuProgram:
         self._work = [tuple((buffers[i].dtype.itemsize, buffers[i].shape) for i in params)
                       for _, params, _, _ in self._kernels]
         self._symbolic = any(not isinstance(n, int) for b in p.inputs for n in b.shape)
+        # decided once where the shapes are static (a call then only reads it), per call where they are not
+        self._small = [None if self._symbolic else small_work(w, None) for w in self._work]
         self._inputs = [(b.type, b.type.strides is None, np.dtype(b.dtype.numpy)) for b in p.inputs]
         self._made = [(b.shape, np.dtype(b.dtype.numpy)) for b in made]
         self._library = library  # keeps the code alive as long as the functions
@@ -311,13 +313,13 @@ class CpuProgram:
         run-time lengths from `values`."""
         address = [data_address(m) for m in memory]
         inline = self._small_stack and threading.get_ident() == _MAIN_THREAD
-        for (fn, params, programs, sizes), work in zip(self._kernels, self._work):
+        for (fn, params, programs, sizes), work, small in zip(self._kernels, self._work, self._small):
             size_array = None
             if sizes:
                 size_array = np.array([evaluate(n, values) for n in sizes], dtype=np.int64)
                 programs = evaluate(programs, values)
             args = tuple(address[i] for i in params) + (data_address(size_array) if size_array is not None else None,)
-            if inline and (programs == 1 or small_work(work, values)):
+            if inline and (programs == 1 or (small if small is not None else small_work(work, values))):
                 fn(*args, 0, programs)   # handing tiny work to the workers costs more than it runs
             else:
                 self.pool.run(fn, args, programs, caller_helps=inline)

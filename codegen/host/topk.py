@@ -31,8 +31,8 @@ from .emitter import KernelEmitter
 SCREEN = 16
 """Candidates screened at once: a block whose every candidate is below the list's worst entry (the
 common case once the list is full: top-2 of 64 random values inserts about 7 times) is passed over with
-16 independent compares, instead of 16 dependent insertion steps (MoE routing's top-k: 5.4 -> ? ns a
-candidate)."""
+16 independent compares, instead of 16 dependent insertion steps (top-2 of 64 with the per-candidate
+precheck: 4.6 -> 3.5 ns a candidate)."""
 
 
 def _class(b: ir.IRBuilder, v: ir.Value, i: ir.Value) -> ir.Value:

@@ -227,10 +227,8 @@ def _narrow_tanh(kb: KernelBuilder, x: t.Value) -> t.Value:
     # NaN is not below 1/8: it takes the exponential form, whose exp2(NaN) keeps it NaN
     small = kb.binary(BinaryOp.LT, a, c(SERIES_BELOW))
     x2 = kb.binary(BinaryOp.MUL, x, x)
-    poly = c(-17.0 / 315.0)
-    for coeff in (2.0 / 15.0, -1.0 / 3.0, 1.0):
-        poly = kb.binary(BinaryOp.ADD, kb.binary(BinaryOp.MUL, poly, x2), c(coeff))
-    series = kb.binary(BinaryOp.MUL, x, poly, hint="tanh_series")
+    series = kb.binary(BinaryOp.MUL, x, _horner(kb, x2, (1.0, -1.0 / 3.0, 2.0 / 15.0, -17.0 / 315.0)),
+                       hint="tanh_series")
     return kb.select(small, series, signed, hint="tanh")
 
 
