@@ -16,7 +16,7 @@ import pytest
 
 import redfuser as rf
 from redfuser.codegen.host.emitter import conflicting_rows
-from redfuser.codegen.host.gemm import choose_block, vector_registers
+from redfuser.codegen.host.blocking import choose_block, micro_kernel_block, panel_columns, vector_registers
 from redfuser.testing.tolerance import assert_close
 from redfuser.workloads import attention
 
@@ -63,7 +63,7 @@ def test_a_dot_whose_tile_the_block_divides_is_register_blocked():
     assert f"llvm.fmuladd.v{lanes}f32" in text and ".mb.header" in text
 
 
-def test_choose_block_fits_the_register_file_and_divides_the_tile():
+def test_choose_block_fits_the_register_file_and_divides_the_columns():
     width, registers = vector_registers()
     for m, n in [(32, 64), (64, 64), (16, 128), (12, 32), (7, 16)]:
         block = choose_block(m, n, 4)
@@ -71,8 +71,13 @@ def test_choose_block_fits_the_register_file_and_divides_the_tile():
         if n % lanes:
             assert block is None
             continue
-        assert block is not None and m % block.rows == 0 and n % block.cols == 0
+        assert block is not None and block.rows <= m and n % block.cols == 0
         assert block.rows * block.vectors + block.vectors + 1 <= registers
+        # the largest divisor of m the registers hold, unless under half of that (then a shorter last block)
+        limit = min(m, 14, (registers - block.vectors - 1) // block.vectors)
+        divisor = max(r for r in range(1, limit + 1) if m % r == 0)
+        assert block.rows == (divisor if 2 * divisor > limit else limit)
+    assert choose_block(17, width // 4, 4).rows > 2      # 17 rows: not 17 blocks of one row
     assert choose_block(8, width // 4 + 1, 4) is None   # a row not a whole number of vectors keeps the loop nest
 
 
@@ -169,17 +174,48 @@ def _sum_and_matmul(x, w):
     return rf.sum(x, axis=-1, keepdims=True) + x @ w
 
 
-@pytest.mark.parametrize("n,copied", [(1024, True), (96, False)])
-def test_a_dots_right_operand_at_a_set_conflicting_stride_is_copied(n, copied):
-    """A fused loop's ``w[j, n]`` chunk is the dot's right operand, read again by every row block: at a row
-    stride that is a multiple of 1 KiB (1024 f32 columns: 4 KiB) its 64 rows share a few L1 sets, so it is
-    copied to the stack (`emitter.conflicting_rows`); at 384 bytes (96 columns) it is read in place."""
+def _dots(kernel, *args) -> list:
+    """The `Dot` ops of `kernel`'s tile program on `args`."""
+    from redfuser.ir.tile import nodes as t
+
+    def walk(ops):
+        for op in ops:
+            yield op
+            if isinstance(op, t.For):
+                yield from walk(op.body.ops)
+    return [op for k in kernel.lower(*args).stages["tile"].kernels for op in walk(k.body) if isinstance(op, t.Dot)]
+
+
+@pytest.mark.parametrize("n", [1024, 96])
+def test_a_dots_right_operand_read_by_many_row_blocks_is_packed_in_panels(n):
+    """A fused loop's ``w[j, n]`` chunk is the dot's right operand, read again by every row block: with 64
+    rows (at least `PANEL_MIN_BLOCKS` blocks) it is copied into panels of the block's columns whatever its
+    row stride, and the result is numpy's."""
     x = np.random.default_rng(6).standard_normal((64, 128)).astype(np.float32)
     w = np.random.default_rng(7).standard_normal((128, n)).astype(np.float32)
     k = rf.kernel(_sum_and_matmul, backend="cpu")
-    text = _llvm(k, x, w)
-    assert ('"w.tile" = alloca' in text) == copied
+    (dot,) = _dots(k, x, w)
+    block = micro_kernel_block(dot)
+    if block is None:
+        pytest.skip("no vector unit the micro-kernel blocks for")
+    assert panel_columns(dot) == block.cols
+    assert '"w.tile" = alloca' in _llvm(k, x, w)
     assert_close(k(x, w), _exact(_sum_and_matmul, x, w), np.float32, 128)
+
+
+@pytest.mark.parametrize("n,copied", [(1024, True), (96, False)])
+def test_a_few_rows_right_operand_at_a_set_conflicting_stride_is_copied(n, copied):
+    """With 8 rows (fewer than `PANEL_MIN_BLOCKS` row blocks: a copy into panels would not pay) the right
+    operand stays row-major, read in place unless its row stride is a multiple of 1 KiB (1024 f32 columns:
+    4 KiB), where its rows would share a few L1 sets: then it is copied to the stack
+    (`emitter.conflicting_rows`); at 384 bytes (96 columns) it is read in place."""
+    x = np.random.default_rng(6).standard_normal((8, 64)).astype(np.float32)
+    w = np.random.default_rng(7).standard_normal((64, n)).astype(np.float32)
+    k = rf.kernel(_sum_and_matmul, backend="cpu")
+    (dot,) = _dots(k, x, w)
+    assert panel_columns(dot) is None
+    assert ('"w.tile" = alloca' in _llvm(k, x, w)) == copied
+    assert_close(k(x, w), _exact(_sum_and_matmul, x, w), np.float32, 64)
     assert conflicting_rows((64, 64), (n, 1), 4) == copied
     assert not conflicting_rows((8, 64), (1024, 1), 4)       # no more rows than the cache's ways
     assert not conflicting_rows((512, 128), (32000, 1), 4)   # larger than L1 anyway: streamed in place

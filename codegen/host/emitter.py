@@ -36,6 +36,7 @@ from ...ir.types import row_major_strides
 from ..llvm_dtypes import HOST, cast, from_memory, memory_type, register_type, to_memory
 from ..llvm_utils import I64, PTR, VOID, counted_loop, entry_alloca
 from ..simt.affine import AffineInfo
+from .blocking import panel_columns
 from .plan import plan_kernel
 
 Idx = tuple[ir.Value, ...]
@@ -46,12 +47,14 @@ StatementRule = Callable[["KernelEmitter", t.Op], None]
 @dataclass(frozen=True)
 class Slot:
     """A tile in memory: a row-major stack array, or (`strides` set) a load's elements read in place in its
-    buffer (`KernelEmitter.global_view`)."""
+    buffer (`KernelEmitter.global_view`), or (`panel` set) a 2-D stack array in panels of `panel` columns,
+    each panel's rows one after another (a GEMM's right operand: `blocking.py`)."""
 
     ptr: ir.Value
     shape: tuple[int, ...]
     dtype: DType
     strides: tuple[int, ...] | None = None   # elements between neighbours along each dim (None: row-major)
+    panel: int | None = None                 # columns per panel (a power of two), 2-D stack arrays only
 
 
 L1_WAYS = 8
@@ -99,6 +102,12 @@ class KernelEmitter:
         self.slots: dict[str, Slot] = {}
         self.stored = frozenset(op.buffer.name for op in _walk(kernel.body) if isinstance(op, t.Store))
         self.dot_rhs = frozenset(op.b.name for op in _walk(kernel.body) if isinstance(op, t.Dot))
+        # right operands the micro-kernel reads in panels (one width for every dot that reads them)
+        widths: dict[str, set[int | None]] = {}
+        for op in _walk(kernel.body):
+            if isinstance(op, t.Dot):
+                widths.setdefault(op.b.name, set()).add(panel_columns(op))
+        self.panels = {name: w.pop() for name, w in widths.items() if len(w) == 1 and None not in w}
         self.scalars: dict[str, ir.Value] = {}
         self.coords: list[ir.Value] = []
         self._cache: list[dict] = [{}]
@@ -145,6 +154,15 @@ class KernelEmitter:
     def materialize(self, v: t.Value) -> None:
         """`v` written, element by element, to a new stack array (its slot)."""
         slot = self.new_slot(v)
+        if slot.panel is not None:   # panel by panel, each row's columns of the panel innermost (contiguous)
+            rows, cols = v.shape
+            with self.loop(cols // slot.panel, f"{v.name}.p") as p, self.loop(rows, f"{v.name}.r") as r:
+                base = self.b.mul(p, ir.Constant(I64, slot.panel), flags=("nsw", "nuw"))
+                with self.loop(slot.panel, f"{v.name}.c") as c:
+                    col = self.b.add(base, c, flags=("nsw", "nuw"))
+                    value = to_memory(self.b, self._exact(v, self.inline(v, (r, col))), v.dtype)
+                    self.b.store(value, self.panel_address(slot, p, r, c))
+            return
         with self.nest(v.shape, name=f"{v.name}.") as idx:
             self.write(slot, idx, self._exact(v, self.inline(v, idx)))
 
@@ -161,6 +179,8 @@ class KernelEmitter:
         form = AffineInfo(self.plan.defs).of(op.offsets)
         if form is None or len(form.strides) != len(v.shape) or form.strides[-1] != 1 or min(form.strides) < 0:
             return None
+        if v.name in self.panels:
+            return None    # (copied into panels: read by every row block, in order)
         if v.name in self.dot_rhs and conflicting_rows(v.shape, form.strides, v.dtype.itemsize):
             return None    # (a dot's right operand: its rows are read again by every row block)
         base = self.wide(op.offsets, (self.zero,) * len(v.shape))
@@ -209,11 +229,17 @@ class KernelEmitter:
     def new_slot(self, v: t.Value) -> Slot:
         n = max(1, v.type.size)
         ptr = entry_alloca(self.b, memory_type(v.dtype), name=f"{v.name}.tile", count=n, align=64)
-        slot = Slot(ptr, v.shape, v.dtype)
+        slot = Slot(ptr, v.shape, v.dtype, panel=self.panels.get(v.name))
         self.slots[v.name] = slot
         return slot
 
     def address(self, slot: Slot, idx: tuple[ir.Value, ...]) -> ir.Value:
+        if slot.panel is not None:
+            row, col = idx
+            shift = ir.Constant(I64, slot.panel.bit_length() - 1)
+            panel = self.b.lshr(col, shift)
+            within = self.b.and_(col, ir.Constant(I64, slot.panel - 1))
+            return self.panel_address(slot, panel, row, within)
         linear: ir.Value = self.zero
         for i, s in zip(idx, slot.strides or row_major_strides(slot.shape)):
             if s == 0:
@@ -221,6 +247,17 @@ class KernelEmitter:
             term = i if s == 1 else self.b.mul(i, ir.Constant(I64, s), flags=("nsw", "nuw"))
             linear = term if linear is self.zero else self.b.add(linear, term, flags=("nsw", "nuw"))
         return self.b.gep(slot.ptr, [linear], inbounds=True, source_etype=memory_type(slot.dtype))
+
+    def panel_address(self, slot: Slot, panel: ir.Value, row: ir.Value, within: ir.Value | int) -> ir.Value:
+        """The address of column `within` of `panel` in `row` of a panel-laid slot."""
+        b = self.b
+        rows_p = ir.Constant(I64, slot.shape[0] * slot.panel)
+        linear = b.add(b.mul(panel, rows_p, flags=("nsw", "nuw")),
+                       b.mul(row, ir.Constant(I64, slot.panel), flags=("nsw", "nuw")), flags=("nsw", "nuw"))
+        if not (isinstance(within, int) and within == 0):
+            within = ir.Constant(I64, within) if isinstance(within, int) else within
+            linear = b.add(linear, within, flags=("nsw", "nuw"))
+        return b.gep(slot.ptr, [linear], inbounds=True, source_etype=memory_type(slot.dtype))
 
     def read(self, slot: Slot, idx: tuple[ir.Value, ...]) -> ir.Value:
         raw = self.b.load(self.address(slot, idx), typ=memory_type(slot.dtype))

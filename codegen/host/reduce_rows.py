@@ -19,7 +19,7 @@ from ...ir.types import float32, float64
 from ..llvm_dtypes import constant, memory_type
 from ..llvm_utils import I64, call_intrinsic, declare_intrinsic, entry_alloca
 from .emitter import KernelEmitter, Slot
-from .gemm import vector_registers
+from .blocking import vector_registers
 
 _LANEWISE = {ReduceOp.MAX: "maximum", ReduceOp.MIN: "minimum"}
 _ACROSS = {ReduceOp.SUM: "fadd", ReduceOp.PROD: "fmul", ReduceOp.MAX: "fmaximum", ReduceOp.MIN: "fminimum"}

@@ -24,7 +24,7 @@ from ..llvm_dtypes import memory_type, register_type
 from ..llvm_utils import I32, I64, entry_alloca
 from ..simt.affine import AffineInfo
 from .emitter import KernelEmitter, Slot
-from .gemm import vector_registers
+from .blocking import vector_registers
 
 
 def emit_permute(em: KernelEmitter, op: t.Permute) -> None:

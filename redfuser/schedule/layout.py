@@ -6,7 +6,8 @@ by ``block_m`` (query rows in attention; `FusedLayout.rows`); axes only some sta
 head dimension, a running top-k's rank) stay whole inside the tile; the fused
 axis is walked in chunks. A state axis too long to stay whole (longer than
 `WHOLE_MAX` and ``block_n``: the N columns of a quantized GEMM's ``y[M, N]``) is
-*grid-tiled*: tiled by ``block_n`` with one more grid dimension over its tiles.
+*grid-tiled*: tiled by ``block_n`` (on the cpu, the columns of ``gemm_tile``: `FusedLayout.grid_tile`)
+with one more grid dimension over its tiles.
 Each such program recomputes the states that lack the axis (the GEMM's per-row
 absmax) -- exact, since they never read the axis (`_gridable`). `FusedBuilder`
 opens a kernel on that layout: program ids for the grid (plus, for a split
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, Reduce, ReduceOp, TopKState, index_axes, loads
+from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, OnlineState, Reduce, ReduceOp, TopKState, index_axes, loads, reads_axis
 from ..ir.sizes import SizeLike, assumed_at_least, ceil_div, is_static, same_length
 from ..ir.tile import nodes as t
 from .builder import KernelBuilder
@@ -27,6 +28,10 @@ from .options import ACC_TILE, ONE_PASS_MAX, ONE_PASS_TILE, WHOLE_MAX, WIDE_ROWS
 from .reduce import reads_only_narrow
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
+
+
+GEMM_MIN_ROWS = 16
+"""The fewest rows `FusedLayout.rows` halves a GEMM state's tile to so that every worker has a program."""
 
 
 @dataclass(frozen=True)
@@ -75,19 +80,48 @@ class FusedLayout:
         if opts.block_m is None and self.feeds_tensor_cores and WIDE_ROWS * self.state_width(opts) <= ACC_TILE:
             return WIDE_ROWS
         tile = self.dot_tile(opts)
+        if tile is not None and self.gemm_state and not self.contracts:
+            rows = tile[0]   # halved while the grid would leave workers idle (a short GEMM's few rows)
+            while rows > GEMM_MIN_ROWS and self.programs(opts, rows) < opts.workers:
+                rows //= 2
+            return rows
         if tile is not None:
             return tile[0]
         return opts.rows(self.per_row_states)
 
     def dot_tile(self, opts: ScheduleOptions) -> tuple[int, int] | None:
-        """`opts.dot_tile` where the loop contracts (see `contracts`), else None."""
-        return opts.dot_tile if self.contracts else None
+        """(rows, chunk): `opts.dot_tile` where a local of the loop contracts (see `contracts`), else the first
+        two of `opts.gemm_tile` where a state does (`gemm_state`), else None."""
+        if self.contracts:
+            return opts.dot_tile
+        if self.gemm_state and opts.gemm_tile is not None:
+            return opts.gemm_tile[:2]
+        return None
+
+    def grid_tile(self, opts: ScheduleOptions) -> int:
+        """The tile of a grid-tiled axis (`grid_tiled`): ``block_n``, or a GEMM state's columns
+        (`opts.gemm_tile`: the program's copy of ``w``'s block and its rows' statistics serve more of them)."""
+        if not self.contracts and self.gemm_state and opts.gemm_tile is not None:
+            return opts.gemm_tile[2]
+        return opts.block_n
 
     @property
     def contracts(self) -> bool:
         """Whether a local of the loop is a sum of products of two loaded operands (a ``dot``)."""
         return any(isinstance(local, Reduce) and local.op is ReduceOp.SUM and len(loads(local.value)) > 1
                    for local in self.fl.locals)
+
+    @property
+    def gemm_state(self) -> bool:
+        """Whether a state of the loop is a running sum over the loop axis of products of two inputs read
+        along it (layer norm + GEMM's ``sum over j of (x[i, j] - c[i]) * w[j, n]``, a quantized GEMM's output;
+        not softmax's ``sum over j of exp(x[i, j] - m[i])``, whose second read is a state's)."""
+        axis = self.fl.axis.name
+
+        def along(st: OnlineState) -> set[str]:
+            return {ld.buffer.name for ld in loads(st.term) if any(reads_axis(i, axis) for i in ld.indices)}
+        return any(isinstance(st, OnlineState) and st.op is ReduceOp.SUM and len(along(st)) > 1
+                   for st in self.fl.states)
 
     @property
     def feeds_tensor_cores(self) -> bool:
@@ -105,7 +139,7 @@ class FusedLayout:
             if key in self.rank_keys:
                 continue
             extent = self.classes.extent[key]
-            width *= opts.tile(opts.block_n if key in tiled else extent, extent)
+            width *= opts.tile(self.grid_tile(opts) if key in tiled else extent, extent)
         return width
 
     def chunk(self, opts: ScheduleOptions) -> int:
@@ -169,7 +203,7 @@ class FusedLayout:
             n *= ceil_div(extent, opts.tile(rows or self.rows(opts), extent))
         for key in self.grid_tiled(opts):
             extent = self.classes.extent[key]
-            n *= ceil_div(extent, opts.tile(opts.block_n, extent))
+            n *= ceil_div(extent, opts.tile(self.grid_tile(opts), extent))
         return n
 
 
@@ -309,7 +343,8 @@ class FusedBuilder:
                 self.binding[key] = Fixed(kb.const(0, index), 1)
                 continue
             if key in grid_tiled:  # this program's tile of the axis, at pid * size
-                size, tiles = opts.tile(opts.block_n, n), ceil_div(n, opts.tile(opts.block_n, n))
+                size = opts.tile(lay.grid_tile(opts), n)
+                tiles = ceil_div(n, size)
                 pid = kb.program_id(len(self.grid), hint=f"pid_{key}")
                 base = kb.binary(BinaryOp.MUL, pid, kb.const(size, index), hint=f"{key}_start")
                 self.binding[key] = Dim.make(key, first_whole + n_whole, size, n, base, tiles * size)

@@ -28,6 +28,12 @@
 |             | ``q @ k^T``): the host GEMM core's blocks amortize the loop's   |     |     |
 |             | per-chunk work (K's transpose, the rescale) over more of them;  |     |     |
 |             | off when ``block_m`` or ``block_n`` is given                    |     |     |
+| `gemm_tile` | (rows, chunk, columns) of a fused loop whose state is a GEMM    |128, | no  |
+|             | with no contraction among its locals (layer norm + GEMM's       |128, |     |
+|             | ``y @ w``, a quantized GEMM): the columns tile the grid; each   |128  |     |
+|             | program's statistics of its rows and copy of ``w``'s block are  |     |     |
+|             | amortized over a 128x128 output; off when ``block_m`` or        |     |     |
+|             | ``block_n`` is given                                            |     |     |
 | `peel_ragged` | a fused loop over a static axis that is not a whole number of | yes | no  |
 |             | chunks: the whole chunks unmasked, the last one masked on its   |     |     |
 |             | own (`chunks.chunk_loop`; a GPU's masked loads are predicated)  |     |     |
@@ -60,6 +66,7 @@ class ScheduleOptions:
     skip_masked: bool = False
     whole_rows: bool = False
     dot_tile: tuple[int, int] | None = None   # (rows, chunk) of a fused loop with a contraction (cpu)
+    gemm_tile: tuple[int, int, int] | None = None   # (rows, chunk, columns) of a fused GEMM state (cpu)
     skip_exact: bool = False                  # skip dead chunks where a scan shows it exact (masked.py)
     peel_ragged: bool = False                 # a fused loop's ragged last chunk in a loop of its own (cpu)
 
@@ -114,7 +121,7 @@ class ScheduleOptions:
 
 
 DEFAULTS: dict[str, ScheduleOptions] = {
-    "cpu": ScheduleOptions(dot_tile=(64, 128), skip_exact=True, peel_ragged=True),
+    "cpu": ScheduleOptions(dot_tile=(64, 128), gemm_tile=(128, 128, 128), skip_exact=True, peel_ragged=True),
     "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True),
 }
 
@@ -194,6 +201,7 @@ def with_overrides(base: ScheduleOptions, overrides: Mapping[str, object],
     if chosen.keys() & {"block_m", "block_n"}:
         chosen.setdefault("whole_rows", False)   # a tile the user chose is the tile
         chosen.setdefault("dot_tile", None)
+        chosen.setdefault("gemm_tile", None)
     if "workers" not in chosen:
         chosen["workers"] = workers()
     return replace(base, **chosen)

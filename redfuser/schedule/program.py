@@ -78,8 +78,10 @@ def _sweeps_of_split_loops_apart(groups: list[Group], opts: ScheduleOptions) -> 
 
 
 def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions) -> bool:
-    # with power-of-two tiles a chunk overhangs its axis by less than the chunk: 2 x 64 covers a 128 chunk
-    pad = max(opts.rows(), opts.block_n, opts.k_block()) * (2 if opts.pow2 else 1)
+    # with power-of-two tiles a chunk overhangs its axis by less than the chunk: 2 x 64 covers a 128 chunk;
+    # the cpu's fused-contraction tiles may be larger than the blocks
+    pad = max(opts.rows(), opts.block_n, opts.k_block(), *(opts.dot_tile or ()), *(opts.gemm_tile or ()))
+    pad *= 2 if opts.pow2 else 1
     for b in buffers:
         if not all(is_static(n) for n in b.shape):
             return True    # a run-time extent may be long: offsets in i64
