@@ -53,7 +53,15 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+SETTLE_S = 0.5
+"""Pause before timing each contender. numpy's OpenBLAS (and torch's OpenMP) keep their worker threads
+spinning for a while after a call: on a 2-core machine the next 100-300 ms of anyone's work (the kernel right
+after its float64 check, torch right after numpy) ran 1.5-2.5x slower. After the pause every contender
+starts with idle pools."""
+
+
 def median_time(fn, repeats: int) -> float:
+    time.sleep(SETTLE_S)
     fn()  # warm-up (first-touch of outputs, thread start)
     times = []
     for _ in range(repeats):
