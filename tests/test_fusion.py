@@ -156,6 +156,20 @@ def test_max_of_a_shifted_value_is_additive():
     assert kinds == ["independent", "additive", "separable"] and lowered.groups[0].fused
 
 
+def test_any_and_all_of_a_test_against_an_earlier_result_are_refused_with_the_reason():
+    """A bool per element that reads the running max cannot be rescaled when the max moves: any/all of it is a
+    second pass, its reason says so (not "needs floating point"), and the results are numpy's."""
+    def f(x):
+        m = rf.max(x, axis=-1, keepdims=True)
+        return rf.any(x > m - 1.0, axis=-1), rf.all(rf.exp(x - m) > 0.01, axis=-1)
+
+    x = np.random.default_rng(11).standard_normal((5, 40)).astype(np.float32)
+    lowered = _check(f, (x,), 40)
+    (g,) = lowered.groups
+    assert not g.fused
+    assert "any() of bools" in g.reason and "all() of bools" in g.reason and "second pass" in g.reason
+
+
 def test_independent_reductions_of_one_input_share_the_pass():
     def f(x):
         return rf.sum(x, axis=-1), rf.max(x, axis=-1), rf.min(x * x, axis=-1)

@@ -81,8 +81,10 @@ def reference_merge(x, xi, a, ai):
     return np.where(idx < 0, np.nan, vals), np.where(idx < 0, -1, idx)
 
 
-# rows of 32 candidates and more are screened in blocks first (codegen/host/topk.SCREEN)
-@pytest.mark.parametrize("rows,n,k", [(5, 9, 3), (4, 1, 1), (3, 20, 8), (2, 3, 8), (6, 37, 3), (5, 64, 1), (4, 100, 8)])
+# rows of 32 candidates and more are screened in blocks first (codegen/host/topk.SCREEN); 8 rows and more (16
+# with AVX-512) go in groups as the lanes of vectors (topk.row_lanes), the rows left over one at a time
+@pytest.mark.parametrize("rows,n,k", [(5, 9, 3), (4, 1, 1), (3, 20, 8), (2, 3, 8), (6, 37, 3), (5, 64, 1), (4, 100, 8),
+                                      (19, 37, 3), (16, 64, 2), (35, 100, 8), (40, 5, 1), (33, 1, 1)])
 def test_topk_op_follows_the_definition_in_the_interpreter_and_on_the_cpu(rows, n, k):
     rng = np.random.default_rng(rows * 100 + n * 10 + k)
     x, xi, a, ai = random_lists(rng, rows, n, k)
@@ -93,6 +95,19 @@ def test_topk_op_follows_the_definition_in_the_interpreter_and_on_the_cpu(rows, 
         got_v, got_i = run([x, xi, a, ai])
         assert np.array_equal(got_i, ei)
         assert np.array_equal(got_v, ev, equal_nan=True)
+
+
+def test_rows_of_a_topk_go_as_vector_lanes_where_there_are_enough():
+    """The lanes path is taken (vector lists in the LLVM IR) for 19 rows, not for 5."""
+    from redfuser.codegen.host.topk import row_lanes
+
+    def lists_in_lanes(rows):
+        p = merge_program(rows, 37, 3)
+        (op,) = [op for op in p.kernels[0].body if isinstance(op, t.TopK)]
+        module, _ = build_host_module(p)
+        return row_lanes(op) > 0, ".lv0" in str(module)
+    assert lists_in_lanes(19) == (True, True)
+    assert lists_in_lanes(5) == (False, False)
 
 
 def test_topk_op_with_i32_indices_and_no_acc_prints_and_verifies():

@@ -1,5 +1,11 @@
 """Host code for the Tile IR `TopK` op: insertion into a sorted k-list held in registers.
 
+Where there are at least a vector's lanes of rows (`row_lanes`: the dim after the ranked one's, e.g. MoE
+routing's tokens), each group of that many rows keeps its lists in the lanes of k value vectors and k
+index vectors, and each candidate column, gathered across the rows, is shifted in by the same selects
+(`_rows_as_lanes`): a short row's insertions are dependent steps, rows side by side are not. The rows
+left over go one at a time as below.
+
 For every position outside the ranked axis, the k-list starts as the `acc` list
 (or k empty slots), then each candidate along the axis is compared with the
 list's last (worst) entry; only a candidate that beats it enters, by one pass of
@@ -24,8 +30,10 @@ import math
 import llvmlite.ir as ir
 
 from ...ir.tile import nodes as t
-from ..llvm_utils import I1, I8, I64, entry_alloca
+from ...ir.types import float32, float64
+from ..llvm_utils import I8, I32, I64, entry_alloca
 from ..llvm_dtypes import register_type
+from .blocking import vector_registers
 from .emitter import KernelEmitter
 
 SCREEN = 16
@@ -35,89 +43,182 @@ common case once the list is full: top-2 of 64 random values inserts about 7 tim
 precheck: 4.6 -> 3.5 ns a candidate)."""
 
 
+def _const(like: ir.Value, ty: ir.Type, value: object) -> ir.Constant:
+    """`value` of type `ty`, splatted to `like`'s lanes where `like` is a vector."""
+    if isinstance(like.type, ir.VectorType):
+        return ir.Constant(ir.VectorType(ty, like.type.count), [value] * like.type.count)
+    return ir.Constant(ty, value)
+
+
 def _class(b: ir.IRBuilder, v: ir.Value, i: ir.Value) -> ir.Value:
-    number = b.select(b.fcmp_unordered("uno", v, v), ir.Constant(I8, 1), ir.Constant(I8, 2))
-    return b.select(b.icmp_signed("<", i, ir.Constant(I64, 0)), ir.Constant(I8, 0), number)
+    number = b.select(b.fcmp_unordered("uno", v, v), _const(v, I8, 1), _const(v, I8, 2))
+    return b.select(b.icmp_signed("<", i, _const(i, I64, 0)), _const(v, I8, 0), number)
 
 
 def beats(b: ir.IRBuilder, cv: ir.Value, ci: ir.Value, c_cls: ir.Value, ev: ir.Value, ei: ir.Value) -> ir.Value:
-    """Whether candidate (cv, ci) of class `c_cls` comes before entry (ev, ei) in top-k order (an i1)."""
+    """Whether candidate (cv, ci) of class `c_cls` comes before entry (ev, ei) in top-k order (an i1, or a
+    vector of them lane by lane where the operands are vectors)."""
     e_cls = _class(b, ev, ei)
     higher = b.icmp_unsigned(">", c_cls, e_cls)
-    same = b.and_(b.icmp_unsigned("==", c_cls, e_cls), b.icmp_unsigned("!=", c_cls, ir.Constant(I8, 0)))
+    same = b.and_(b.icmp_unsigned("==", c_cls, e_cls), b.icmp_unsigned("!=", c_cls, _const(c_cls, I8, 0)))
     tie = b.and_(b.fcmp_unordered("==", cv, ev), b.icmp_signed("<", ci, ei))
     return b.or_(higher, b.and_(same, b.or_(b.fcmp_ordered(">", cv, ev), tie)))
+
+
+def _shift_in(b: ir.IRBuilder, lv: list, li: list, vty: ir.Type, ity: ir.Type, cv: ir.Value, ci: ir.Value,
+              c_cls: ir.Value) -> None:
+    """Insert the candidate into the sorted list held in `lv`/`li` (allocas of `vty`/`ity`): slot j stays,
+    takes the candidate, or takes its upper neighbour, by selects only (lane by lane for vectors); a
+    candidate that beats no entry leaves the list as it was."""
+    vs = [b.load(p, typ=vty) for p in lv]
+    ix = [b.load(p, typ=ity) for p in li]
+    wins = [beats(b, cv, ci, c_cls, vs[j], ix[j]) for j in range(len(lv))]
+    for j in range(len(lv)):
+        new_v, new_i = cv, ci
+        if j:
+            new_v, new_i = b.select(wins[j - 1], vs[j - 1], cv), b.select(wins[j - 1], ix[j - 1], ci)
+        b.store(b.select(wins[j], new_v, vs[j]), lv[j])
+        b.store(b.select(wins[j], new_i, ix[j]), li[j])
 
 
 def emit_topk(em: KernelEmitter, op: t.TopK) -> None:
     """Fill the stack arrays of `op.out` and `op.out_indices` (see the module docstring)."""
     b = em.b
-    k, n, axis = op.k, op.x.shape[op.axis], op.axis
     vty = register_type(op.x.dtype)
     out_v, out_i = em.new_slot(op.out), em.new_slot(op.out_indices)
-    lv = [entry_alloca(b, vty, name=f"{op.out.name}.v{j}") for j in range(k)]
-    li = [entry_alloca(b, I64, name=f"{op.out.name}.i{j}") for j in range(k)]
-    nan, none = ir.Constant(vty, math.nan), ir.Constant(I64, -1)
-    outer = op.x.shape[:axis] + op.x.shape[axis + 1:]
+    lv = [entry_alloca(b, vty, name=f"{op.out.name}.v{j}") for j in range(op.k)]
+    li = [entry_alloca(b, I64, name=f"{op.out.name}.i{j}") for j in range(op.k)]
+    outer = op.x.shape[:op.axis] + op.x.shape[op.axis + 1:]
+    lanes = row_lanes(op)
+    if lanes:   # groups of `lanes` rows along the last outer dim as vectors, the rest row by row
+        groups, rest = divmod(outer[-1], lanes)
+        with em.nest(outer[:-1], name=f"{op.out.name}.o") as pre:
+            with em.loop(groups, f"{op.out.name}.g") as g:
+                _rows_as_lanes(em, op, pre, b.mul(g, ir.Constant(I64, lanes)), lanes)
+            if rest:
+                with em.loop(rest, f"{op.out.name}.r") as r:
+                    _one_row(em, op, pre + (b.add(r, ir.Constant(I64, groups * lanes)),), lv, li, out_v, out_i)
+        return
     with em.nest(outer, name=f"{op.out.name}.o") as o:
-        def at(j: ir.Value) -> tuple[ir.Value, ...]:
-            return o[:axis] + (j,) + o[axis:]
+        _one_row(em, op, o, lv, li, out_v, out_i)
 
-        for j in range(k):
-            if op.acc is not None:
-                pos = at(ir.Constant(I64, j))
-                b.store(em.value(op.acc, pos), lv[j])
-                b.store(em.wide(op.acc_indices, pos), li[j])
-            else:
-                b.store(nan, lv[j])
-                b.store(none, li[j])
 
-        def threshold() -> ir.Value:
-            """The worst entry's value, NaN where it is empty: a candidate below it (ordered) cannot enter."""
-            worst_i = b.load(li[-1], typ=I64)
-            return b.select(b.icmp_signed("<", worst_i, ir.Constant(I64, 0)), nan, b.load(lv[-1], typ=vty))
+def _one_row(em: KernelEmitter, op: t.TopK, o: tuple[ir.Value, ...], lv: list, li: list, out_v, out_i) -> None:
+    """The top-k of the candidates at outer position `o`, by screened insertion (the module docstring)."""
+    b = em.b
+    k, n, axis = op.k, op.x.shape[op.axis], op.axis
+    vty = register_type(op.x.dtype)
+    nan, none = ir.Constant(vty, math.nan), ir.Constant(I64, -1)
+    def at(j: ir.Value) -> tuple[ir.Value, ...]:
+        return o[:axis] + (j,) + o[axis:]
 
-        def insert(c: ir.Value) -> None:
-            cv = em.value(op.x, at(c))
-            with b.if_then(b.fcmp_unordered(">=", cv, threshold())), em.level():   # (values made here stay here)
-                ci = em.wide(op.indices, at(c))
-                c_cls = _class(b, cv, ci)
-                worst = beats(b, cv, ci, c_cls, b.load(lv[-1], typ=vty), b.load(li[-1], typ=I64))
-                with b.if_then(worst):
-                    enter(cv, ci, c_cls)
-
-        def enter(cv: ir.Value, ci: ir.Value, c_cls: ir.Value) -> None:
-            vs = [b.load(p, typ=vty) for p in lv]
-            ix = [b.load(p, typ=I64) for p in li]
-            wins = [beats(b, cv, ci, c_cls, vs[j], ix[j]) for j in range(k - 1)] + [ir.Constant(I1, 1)]
-            for j in range(k):  # slot j stays, takes the candidate, or takes its upper neighbour
-                new_v, new_i = cv, ci
-                if j:
-                    new_v, new_i = b.select(wins[j - 1], vs[j - 1], cv), b.select(wins[j - 1], ix[j - 1], ci)
-                b.store(b.select(wins[j], new_v, vs[j]), lv[j])
-                b.store(b.select(wins[j], new_i, ix[j]), li[j])
-
-        blocks, tail = divmod(n, SCREEN) if n >= 2 * SCREEN else (0, n)
-        if blocks:
-            with em.loop(blocks, f"{op.out.name}.blk") as blk:
-                base = b.mul(blk, ir.Constant(I64, SCREEN))
-                # the screen: no candidate of the block is >= the worst entry (NaN: an empty one), so none beats it
-                bar = threshold()
-                hit = None
-                for j in range(SCREEN):
-                    ge = b.fcmp_unordered(">=", em.value(op.x, at(b.add(base, ir.Constant(I64, j)))), bar)
-                    hit = ge if hit is None else b.or_(hit, ge)
-                with b.if_then(hit):
-                    with em.loop(SCREEN, f"{op.out.name}.c") as j:
-                        insert(b.add(base, j))
-        if tail:
-            with em.loop(tail, f"{op.out.name}.t") as j:
-                insert(b.add(ir.Constant(I64, blocks * SCREEN), j) if blocks else j)
-        ity = register_type(op.out_indices.dtype)
-        for j in range(k):
+    for j in range(k):
+        if op.acc is not None:
             pos = at(ir.Constant(I64, j))
-            v, i = b.load(lv[j], typ=vty), b.load(li[j], typ=I64)
+            b.store(em.value(op.acc, pos), lv[j])
+            b.store(em.wide(op.acc_indices, pos), li[j])
+        else:
+            b.store(nan, lv[j])
+            b.store(none, li[j])
+
+    def threshold() -> ir.Value:
+        """The worst entry's value, NaN where it is empty: a candidate below it (ordered) cannot enter."""
+        worst_i = b.load(li[-1], typ=I64)
+        return b.select(b.icmp_signed("<", worst_i, ir.Constant(I64, 0)), nan, b.load(lv[-1], typ=vty))
+
+    def insert(c: ir.Value) -> None:
+        cv = em.value(op.x, at(c))
+        with b.if_then(b.fcmp_unordered(">=", cv, threshold())), em.level():   # (values made here stay here)
+            ci = em.wide(op.indices, at(c))
+            c_cls = _class(b, cv, ci)
+            worst = beats(b, cv, ci, c_cls, b.load(lv[-1], typ=vty), b.load(li[-1], typ=I64))
+            with b.if_then(worst):
+                _shift_in(b, lv, li, vty, I64, cv, ci, c_cls)
+
+    blocks, tail = divmod(n, SCREEN) if n >= 2 * SCREEN else (0, n)
+    if blocks:
+        with em.loop(blocks, f"{op.out.name}.blk") as blk:
+            base = b.mul(blk, ir.Constant(I64, SCREEN))
+            # the screen: no candidate of the block is >= the worst entry (NaN: an empty one), so none beats it
+            bar = threshold()
+            hit = None
+            for j in range(SCREEN):
+                ge = b.fcmp_unordered(">=", em.value(op.x, at(b.add(base, ir.Constant(I64, j)))), bar)
+                hit = ge if hit is None else b.or_(hit, ge)
+            with b.if_then(hit):
+                with em.loop(SCREEN, f"{op.out.name}.c") as j:
+                    insert(b.add(base, j))
+    if tail:
+        with em.loop(tail, f"{op.out.name}.t") as j:
+            insert(b.add(ir.Constant(I64, blocks * SCREEN), j) if blocks else j)
+    ity = register_type(op.out_indices.dtype)
+    for j in range(k):
+        pos = at(ir.Constant(I64, j))
+        v, i = b.load(lv[j], typ=vty), b.load(li[j], typ=I64)
+        empty = b.icmp_signed("<", i, ir.Constant(I64, 0))
+        em.write(out_v, pos, b.select(empty, nan, v))
+        i = b.select(empty, none, i)
+        em.write(out_i, pos, b.trunc(i, ity) if ity != I64 else i)
+
+
+def row_lanes(op: t.TopK) -> int:
+    """Rows (along the last dim other than the ranked one) whose top-k lists are kept in the lanes of one
+    vector each, or 0 (row by row): float candidates with at least that many rows."""
+    if op.x.dtype not in (float32, float64) or len(op.x.shape) < 2:
+        return 0
+    lanes = vector_registers()[0] // op.x.dtype.itemsize
+    outer = op.x.shape[:op.axis] + op.x.shape[op.axis + 1:]
+    return lanes if outer[-1] >= lanes else 0
+
+
+def _rows_as_lanes(em: KernelEmitter, op: t.TopK, pre: tuple[ir.Value, ...], row0: ir.Value, lanes: int) -> None:
+    """The top-k of rows ``row0 .. row0 + lanes`` (last outer dim) at once: lane ``l`` of each list vector is
+    row ``row0 + l``'s entry. Each candidate column is gathered across the rows and shifted in by the same
+    selects as a single row's (`_shift_in`), after one vector compare against the worst entries lets a
+    column that no row takes pass (no branch per row: rows vectorize where the candidates are short)."""
+    b = em.b
+    k, n, axis = op.k, op.x.shape[op.axis], op.axis
+    vty, ity = register_type(op.x.dtype), I64
+    vvec, ivec = ir.VectorType(vty, lanes), ir.VectorType(ity, lanes)
+    lv = [entry_alloca(b, vvec, name=f"{op.out.name}.lv{j}") for j in range(k)]
+    li = [entry_alloca(b, ivec, name=f"{op.out.name}.li{j}") for j in range(k)]
+    rows = [row0 if l == 0 else b.add(row0, ir.Constant(I64, l), flags=("nsw", "nuw")) for l in range(lanes)]
+
+    def at(l: int, j: ir.Value) -> tuple[ir.Value, ...]:
+        o = pre + (rows[l],)
+        return o[:axis] + (j,) + o[axis:]
+
+    def gather(read, j: ir.Value, ty: ir.Type) -> ir.Value:
+        vec: ir.Value = ir.Constant(ty, ir.Undefined)
+        for l in range(lanes):
+            vec = b.insert_element(vec, read(at(l, j)), ir.Constant(I32, l))
+        return vec
+
+    nan_v, none_v = ir.Constant(vvec, [math.nan] * lanes), ir.Constant(ivec, [-1] * lanes)
+    for j in range(k):
+        if op.acc is not None:
+            pos = ir.Constant(I64, j)
+            b.store(gather(lambda p: em.value(op.acc, p), pos, vvec), lv[j])
+            b.store(gather(lambda p: em.wide(op.acc_indices, p), pos, ivec), li[j])
+        else:
+            b.store(nan_v, lv[j])
+            b.store(none_v, li[j])
+    with em.loop(n, f"{op.out.name}.c") as c:
+        cv = gather(lambda p: em.value(op.x, p), c, vvec)
+        worst_i = b.load(li[-1], typ=ivec)
+        bar = b.select(b.icmp_signed("<", worst_i, _const(worst_i, I64, 0)), nan_v, b.load(lv[-1], typ=vvec))
+        hit = b.bitcast(b.fcmp_unordered(">=", cv, bar), ir.IntType(lanes))
+        with b.if_then(b.icmp_unsigned("!=", hit, ir.Constant(ir.IntType(lanes), 0))), em.level():
+            ci = gather(lambda p: em.wide(op.indices, p), c, ivec)
+            _shift_in(b, lv, li, vvec, ivec, cv, ci, _class(b, cv, ci))
+    ity_out = register_type(op.out_indices.dtype)
+    out_v, out_i = em.slots[op.out.name], em.slots[op.out_indices.name]
+    for j in range(k):
+        vs, ix = b.load(lv[j], typ=vvec), b.load(li[j], typ=ivec)
+        for l in range(lanes):
+            pos = at(l, ir.Constant(I64, j))
+            v, i = b.extract_element(vs, ir.Constant(I32, l)), b.extract_element(ix, ir.Constant(I32, l))
             empty = b.icmp_signed("<", i, ir.Constant(I64, 0))
-            em.write(out_v, pos, b.select(empty, nan, v))
-            i = b.select(empty, none, i)
-            em.write(out_i, pos, b.trunc(i, ity) if ity != I64 else i)
+            em.write(out_v, pos, b.select(empty, ir.Constant(vty, math.nan), v))
+            i = b.select(empty, ir.Constant(I64, -1), i)
+            em.write(out_i, pos, b.trunc(i, ity_out) if ity_out != I64 else i)

@@ -309,8 +309,15 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
     d = value.dtype
     if not any(isinstance(n, Load) and n.buffer.name in ctx.states for n in walk(value)):
         return Decomposition("independent", (Accumulator(op, value, A.Linear(), value, Const(1.0, d)),), (None,))
+    if d.is_bool:
+        kind = {ReduceOp.MAX: "any", ReduceOp.MIN: "all"}.get(op, op.value)
+        return Refusal(f"`{name}` is {kind}() of bools that read an earlier result: whether an element passes "
+                       "depends on that result's final value, and a running bool has no rescale law to move it "
+                       "when the earlier result changes, so it is computed in a second pass")
     if not d.is_float:
-        return Refusal(f"`{name}` reduces {d} values; the one-pass rescaling needs floating point")
+        return Refusal(f"`{name}` reduces {d} values that read an earlier result; the one-pass rescaling "
+                       "(multiplying by H(y_old)/H(y_new)) has no exact integer form, so it is computed in a "
+                       "second pass")
     normal = ctx.normal_form(value)
     if not normal:
         return Refusal(f"`{name}`'s body simplifies to 0 in exact arithmetic, yet reads earlier results; it is "
