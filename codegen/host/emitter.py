@@ -154,9 +154,11 @@ class KernelEmitter:
     def materialize(self, v: t.Value) -> None:
         """`v` written, element by element, to a new stack array (its slot)."""
         slot = self.new_slot(v)
-        if slot.panel is not None:   # panel by panel, each row's columns of the panel innermost (contiguous)
+        if slot.panel is not None:   # row by row, each panel's part of the row contiguous (innermost)
+            # (rows outer: panels outer made LLVM's loop-load elimination take 0.5 s on the FP8 GEMM's
+            # e4m3 -> f32 tile, 0.1 s this way; the copies run alike)
             rows, cols = v.shape
-            with self.loop(cols // slot.panel, f"{v.name}.p") as p, self.loop(rows, f"{v.name}.r") as r:
+            with self.loop(rows, f"{v.name}.r") as r, self.loop(cols // slot.panel, f"{v.name}.p") as p:
                 base = self.b.mul(p, ir.Constant(I64, slot.panel), flags=("nsw", "nuw"))
                 with self.loop(slot.panel, f"{v.name}.c") as c:
                     col = self.b.add(base, c, flags=("nsw", "nuw"))
