@@ -76,6 +76,20 @@ def test_moe_routing_over_varying_token_counts_compiles_at_most_two_kernels(back
 
 
 @pytest.mark.parametrize("backend", HOST)
+def test_a_gemm_cascade_over_varying_token_counts_compiles_at_most_two_kernels(backend):
+    """Layer norm + GEMM whose rows vary: the cpu's GEMM tile (`ScheduleOptions.gemm_tile`) is halved while a
+    static grid would leave a worker idle, and kept whole for a run-time grid (deciding on the run-time
+    count of programs made every length a compile of its own)."""
+    rng = np.random.default_rng(4)
+    k = rf.kernel(workloads.layer_norm_gemm, backend=backend)
+    w = rng.standard_normal((96, 160)).astype(np.float32)
+    for tokens in (1, 5, 33, 130, 7, 300):
+        x = (rng.standard_normal((tokens, 96)) * 2 + 3).astype(np.float32)
+        rf.testing.assert_close(k(x, w), workloads.layer_norm_gemm(x, w), np.float32, 96)
+    assert k.cache_info().misses <= 2, k.polymorphism
+
+
+@pytest.mark.parametrize("backend", HOST)
 def test_dynamic_true_compiles_once_for_every_shape_and_false_once_per_shape(backend):
     rng = np.random.default_rng(3)
     shapes = [(3, 5), (40, 300), (2, 1000), (65, 64)]

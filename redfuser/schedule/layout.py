@@ -82,7 +82,10 @@ class FusedLayout:
         tile = self.dot_tile(opts)
         if tile is not None and self.gemm_state and not self.contracts:
             rows = tile[0]   # halved while the grid would leave workers idle (a short GEMM's few rows)
-            while rows > GEMM_MIN_ROWS and self.programs(opts, rows) < opts.workers:
+            while rows > GEMM_MIN_ROWS:
+                programs = self.programs(opts, rows)
+                if not is_static(programs) or programs >= opts.workers:
+                    break    # (a run-time grid keeps the tile: the kernel serves every length)
                 rows //= 2
             return rows
         if tile is not None:
