@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Axis, BinaryOp, Compute, DType, FusedLoop, OnlineState, Reduce, ReduceOp, TopKState, index_axes, loads, reads_axis
+from ..ir import (Axis, BinaryOp, Compute, DType, FusedLoop, OnlineState, Reduce, ReduceOp, TopKState, index_axes, loads,
+                  reads_axis)
 from ..ir.sizes import SizeLike, assumed_at_least, ceil_div, is_static, same_length
 from ..ir.tile import nodes as t
 from .builder import KernelBuilder
@@ -79,15 +80,16 @@ class FusedLayout:
             return one
         if opts.block_m is None and self.feeds_tensor_cores and WIDE_ROWS * self.state_width(opts) <= ACC_TILE:
             return WIDE_ROWS
-        tile = self.dot_tile(opts)
-        if tile is not None and self.gemm_state and not self.contracts:
-            rows = tile[0]   # halved while the grid would leave workers idle (a short GEMM's few rows)
+        gemm = self.gemm_tile(opts)
+        if gemm is not None:
+            rows = gemm[0]   # halved while the grid would leave workers idle (a short GEMM's few rows)
             while rows > GEMM_MIN_ROWS:
                 programs = self.programs(opts, rows)
                 if not is_static(programs) or programs >= opts.workers:
                     break    # (a run-time grid keeps the tile: the kernel serves every length)
                 rows //= 2
             return rows
+        tile = self.dot_tile(opts)
         if tile is not None:
             return tile[0]
         return opts.rows(self.per_row_states)
@@ -97,16 +99,19 @@ class FusedLayout:
         two of `opts.gemm_tile` where a state does (`gemm_state`), else None."""
         if self.contracts:
             return opts.dot_tile
-        if self.gemm_state and opts.gemm_tile is not None:
-            return opts.gemm_tile[:2]
-        return None
+        gemm = self.gemm_tile(opts)
+        return gemm[:2] if gemm is not None else None
+
+    def gemm_tile(self, opts: ScheduleOptions) -> tuple[int, int, int] | None:
+        """`opts.gemm_tile` where a state of the loop is a GEMM (`gemm_state`) and no local contracts, else
+        None."""
+        return opts.gemm_tile if self.gemm_state and not self.contracts else None
 
     def grid_tile(self, opts: ScheduleOptions) -> int:
         """The tile of a grid-tiled axis (`grid_tiled`): ``block_n``, or a GEMM state's columns
-        (`opts.gemm_tile`: the program's copy of ``w``'s block and its rows' statistics serve more of them)."""
-        if not self.contracts and self.gemm_state and opts.gemm_tile is not None:
-            return opts.gemm_tile[2]
-        return opts.block_n
+        (`gemm_tile`: the program's copy of ``w``'s block and its rows' statistics serve more of them)."""
+        gemm = self.gemm_tile(opts)
+        return gemm[2] if gemm is not None else opts.block_n
 
     @property
     def contracts(self) -> bool:
