@@ -1,11 +1,5 @@
 """Host code for the Tile IR `TopK` op: insertion into a sorted k-list held in registers.
 
-Where there are at least a vector's lanes of rows (`row_lanes`: the dim after the ranked one's, e.g. MoE
-routing's tokens), each group of that many rows keeps its lists in the lanes of k value vectors and k
-index vectors, and each candidate column, gathered across the rows, is shifted in by the same selects
-(`_rows_as_lanes`): a short row's insertions are dependent steps, rows side by side are not. The rows
-left over go one at a time as below.
-
 For every position outside the ranked axis, the k-list starts as the `acc` list
 (or k empty slots), then each candidate along the axis is compared with the
 list's last (worst) entry; only a candidate that beats it enters, by one pass of
@@ -13,7 +7,15 @@ k comparisons and selects that shift the worse entries down (no branches inside,
 so the k slots stay in registers: they are entry-block allocas that mem2reg
 promotes). Blocks of `SCREEN` candidates are screened first: only a block holding
 one not below the worst entry (unordered: NaN, or an empty worst slot) is inserted
-candidate by candidate. The order is exactly `redfuser.ir.topk`'s:
+candidate by candidate.
+
+Where there are at least a vector's lanes of rows (`row_lanes`: along the last dim other than the ranked
+one, e.g. MoE routing's tokens), each group of that many rows keeps its lists in the lanes of k value
+vectors and k index vectors, and each candidate column, gathered across the rows, is screened by one
+vector compare and shifted in by the same selects (`_rows_as_lanes`): a short row's insertions are
+dependent steps, rows side by side are not. The rows left over go one at a time as above.
+
+The order is exactly `redfuser.ir.topk`'s:
 
     class(v, i) = 0 if i < 0 (empty) else 1 if v is NaN else 2
     c beats e  <=>  class(c) > class(e)
