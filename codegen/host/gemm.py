@@ -11,11 +11,11 @@ stay in vector registers across the whole ``k`` loop, and each step loads ``NV``
 ``MR * NV`` FMAs for ``NV`` loads and ``MR`` broadcasts. Operands of a tile are already in L1 or L2 (the
 schedule's blocks are tens of KiB), so ``a`` needs no packing: its elements are scalar loads.
 
-``MR`` is as many rows as the register file allows (6 with AVX2's 16 registers, 14 with AVX-512's 32):
-fewer accumulators than the FMA units' latency times their count leave them idle. The last ``m mod MR``
-rows run a block of their own. ``NV * VW`` must divide ``n``; a dot the block does not tile (``n`` not a
-multiple of ``VW``), or with operands of another dtype than its result (the narrow-operand casts), keeps
-the loop nest. Each output element is the same sum of products in the same ``k`` order as the loop nest
+``MR`` and ``NV`` come from `blocking.choose_block` (the register file; ``MR`` the largest divisor of ``m``
+it allows, or where that is under half of it as many as it allows, the last ``m mod MR`` rows then a
+shorter block). ``NV * VW`` must divide ``n``; a dot the block does not tile (``n`` not a multiple of
+``VW``), or with operands of another dtype than its result (the narrow-operand casts), keeps the loop
+nest. Each output element is the same sum of products in the same ``k`` order as the loop nest
 computes (one rounding per FMA where LLVM fuses ``fmuladd``, as the nest's ``contract`` flags allow).
 """
 from __future__ import annotations

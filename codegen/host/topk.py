@@ -36,7 +36,7 @@ from ...ir.types import float32, float64
 from ..llvm_utils import I8, I32, I64, entry_alloca
 from ..llvm_dtypes import register_type
 from .blocking import vector_registers
-from .emitter import KernelEmitter
+from .emitter import KernelEmitter, Slot
 
 SCREEN = 16
 """Candidates screened at once: a block whose every candidate is below the list's worst entry (the
@@ -67,13 +67,12 @@ def beats(b: ir.IRBuilder, cv: ir.Value, ci: ir.Value, c_cls: ir.Value, ev: ir.V
     return b.or_(higher, b.and_(same, b.or_(b.fcmp_ordered(">", cv, ev), tie)))
 
 
-def _shift_in(b: ir.IRBuilder, lv: list, li: list, vty: ir.Type, ity: ir.Type, cv: ir.Value, ci: ir.Value,
-              c_cls: ir.Value) -> None:
-    """Insert the candidate into the sorted list held in `lv`/`li` (allocas of `vty`/`ity`): slot j stays,
-    takes the candidate, or takes its upper neighbour, by selects only (lane by lane for vectors); a
-    candidate that beats no entry leaves the list as it was."""
-    vs = [b.load(p, typ=vty) for p in lv]
-    ix = [b.load(p, typ=ity) for p in li]
+def _shift_in(b: ir.IRBuilder, lv: list, li: list, cv: ir.Value, ci: ir.Value, c_cls: ir.Value) -> None:
+    """Insert the candidate into the sorted list held in `lv`/`li` (allocas of `cv`'s and `ci`'s types):
+    slot j stays, takes the candidate, or takes its upper neighbour, by selects only (lane by lane for
+    vectors); a candidate that beats no entry leaves the list as it was."""
+    vs = [b.load(p, typ=cv.type) for p in lv]
+    ix = [b.load(p, typ=ci.type) for p in li]
     wins = [beats(b, cv, ci, c_cls, vs[j], ix[j]) for j in range(len(lv))]
     for j in range(len(lv)):
         new_v, new_i = cv, ci
@@ -96,7 +95,7 @@ def emit_topk(em: KernelEmitter, op: t.TopK) -> None:
         groups, rest = divmod(outer[-1], lanes)
         with em.nest(outer[:-1], name=f"{op.out.name}.o") as pre:
             with em.loop(groups, f"{op.out.name}.g") as g:
-                _rows_as_lanes(em, op, pre, b.mul(g, ir.Constant(I64, lanes)), lanes)
+                _rows_as_lanes(em, op, pre, b.mul(g, ir.Constant(I64, lanes)), lanes, out_v, out_i)
             if rest:
                 with em.loop(rest, f"{op.out.name}.r") as r:
                     _one_row(em, op, pre + (b.add(r, ir.Constant(I64, groups * lanes)),), lv, li, out_v, out_i)
@@ -105,12 +104,14 @@ def emit_topk(em: KernelEmitter, op: t.TopK) -> None:
         _one_row(em, op, o, lv, li, out_v, out_i)
 
 
-def _one_row(em: KernelEmitter, op: t.TopK, o: tuple[ir.Value, ...], lv: list, li: list, out_v, out_i) -> None:
+def _one_row(em: KernelEmitter, op: t.TopK, o: tuple[ir.Value, ...], lv: list, li: list, out_v: Slot,
+             out_i: Slot) -> None:
     """The top-k of the candidates at outer position `o`, by screened insertion (the module docstring)."""
     b = em.b
     k, n, axis = op.k, op.x.shape[op.axis], op.axis
     vty = register_type(op.x.dtype)
     nan, none = ir.Constant(vty, math.nan), ir.Constant(I64, -1)
+
     def at(j: ir.Value) -> tuple[ir.Value, ...]:
         return o[:axis] + (j,) + o[axis:]
 
@@ -135,7 +136,7 @@ def _one_row(em: KernelEmitter, op: t.TopK, o: tuple[ir.Value, ...], lv: list, l
             c_cls = _class(b, cv, ci)
             worst = beats(b, cv, ci, c_cls, b.load(lv[-1], typ=vty), b.load(li[-1], typ=I64))
             with b.if_then(worst):
-                _shift_in(b, lv, li, vty, I64, cv, ci, c_cls)
+                _shift_in(b, lv, li, cv, ci, c_cls)
 
     blocks, tail = divmod(n, SCREEN) if n >= 2 * SCREEN else (0, n)
     if blocks:
@@ -153,14 +154,19 @@ def _one_row(em: KernelEmitter, op: t.TopK, o: tuple[ir.Value, ...], lv: list, l
     if tail:
         with em.loop(tail, f"{op.out.name}.t") as j:
             insert(b.add(ir.Constant(I64, blocks * SCREEN), j) if blocks else j)
-    ity = register_type(op.out_indices.dtype)
     for j in range(k):
-        pos = at(ir.Constant(I64, j))
-        v, i = b.load(lv[j], typ=vty), b.load(li[j], typ=I64)
-        empty = b.icmp_signed("<", i, ir.Constant(I64, 0))
-        em.write(out_v, pos, b.select(empty, nan, v))
-        i = b.select(empty, none, i)
-        em.write(out_i, pos, b.trunc(i, ity) if ity != I64 else i)
+        _write_entry(em, op, out_v, out_i, at(ir.Constant(I64, j)), b.load(lv[j], typ=vty), b.load(li[j], typ=I64))
+
+
+def _write_entry(em: KernelEmitter, op: t.TopK, out_v: Slot, out_i: Slot, pos: tuple[ir.Value, ...],
+                 v: ir.Value, i: ir.Value) -> None:
+    """Store one finished list entry (value `v`, i64 index `i`) at `pos`: an empty slot as (NaN, -1)."""
+    b = em.b
+    empty = b.icmp_signed("<", i, ir.Constant(I64, 0))
+    em.write(out_v, pos, b.select(empty, ir.Constant(register_type(op.x.dtype), math.nan), v))
+    i = b.select(empty, ir.Constant(I64, -1), i)
+    ity = register_type(op.out_indices.dtype)
+    em.write(out_i, pos, b.trunc(i, ity) if ity != I64 else i)
 
 
 def row_lanes(op: t.TopK) -> int:
@@ -173,15 +179,15 @@ def row_lanes(op: t.TopK) -> int:
     return lanes if outer[-1] >= lanes else 0
 
 
-def _rows_as_lanes(em: KernelEmitter, op: t.TopK, pre: tuple[ir.Value, ...], row0: ir.Value, lanes: int) -> None:
+def _rows_as_lanes(em: KernelEmitter, op: t.TopK, pre: tuple[ir.Value, ...], row0: ir.Value, lanes: int,
+                   out_v: Slot, out_i: Slot) -> None:
     """The top-k of rows ``row0 .. row0 + lanes`` (last outer dim) at once: lane ``l`` of each list vector is
     row ``row0 + l``'s entry. Each candidate column is gathered across the rows and shifted in by the same
     selects as a single row's (`_shift_in`), after one vector compare against the worst entries lets a
     column that no row takes pass (no branch per row: rows vectorize where the candidates are short)."""
     b = em.b
     k, n, axis = op.k, op.x.shape[op.axis], op.axis
-    vty, ity = register_type(op.x.dtype), I64
-    vvec, ivec = ir.VectorType(vty, lanes), ir.VectorType(ity, lanes)
+    vvec, ivec = ir.VectorType(register_type(op.x.dtype), lanes), ir.VectorType(I64, lanes)
     lv = [entry_alloca(b, vvec, name=f"{op.out.name}.lv{j}") for j in range(k)]
     li = [entry_alloca(b, ivec, name=f"{op.out.name}.li{j}") for j in range(k)]
     rows = [row0 if l == 0 else b.add(row0, ir.Constant(I64, l), flags=("nsw", "nuw")) for l in range(lanes)]
@@ -212,15 +218,10 @@ def _rows_as_lanes(em: KernelEmitter, op: t.TopK, pre: tuple[ir.Value, ...], row
         hit = b.bitcast(b.fcmp_unordered(">=", cv, bar), ir.IntType(lanes))
         with b.if_then(b.icmp_unsigned("!=", hit, ir.Constant(ir.IntType(lanes), 0))), em.level():
             ci = gather(lambda p: em.wide(op.indices, p), c, ivec)
-            _shift_in(b, lv, li, vvec, ivec, cv, ci, _class(b, cv, ci))
-    ity_out = register_type(op.out_indices.dtype)
-    out_v, out_i = em.slots[op.out.name], em.slots[op.out_indices.name]
+            _shift_in(b, lv, li, cv, ci, _class(b, cv, ci))
     for j in range(k):
         vs, ix = b.load(lv[j], typ=vvec), b.load(li[j], typ=ivec)
         for l in range(lanes):
-            pos = at(l, ir.Constant(I64, j))
-            v, i = b.extract_element(vs, ir.Constant(I32, l)), b.extract_element(ix, ir.Constant(I32, l))
-            empty = b.icmp_signed("<", i, ir.Constant(I64, 0))
-            em.write(out_v, pos, b.select(empty, ir.Constant(vty, math.nan), v))
-            i = b.select(empty, ir.Constant(I64, -1), i)
-            em.write(out_i, pos, b.trunc(i, ity_out) if ity_out != I64 else i)
+            lane = ir.Constant(I32, l)
+            _write_entry(em, op, out_v, out_i, at(l, ir.Constant(I64, j)), b.extract_element(vs, lane),
+                         b.extract_element(ix, lane))

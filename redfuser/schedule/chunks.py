@@ -3,11 +3,11 @@
 An axis of static length either divides into chunks (no mask) or has a ragged last chunk, and the loop
 masks every chunk, except with `ScheduleOptions.peel_ragged` (the CPU's default), where it is peeled as
 below: a masked chunk of the CPU's fused loops costs its selects and stack copies on every chunk (layer
-norm + GEMM over rows of 1000: 45 -> 31 ms; softmax 1000x1000 6.6 -> 1.6 ms). An axis of run-time length (`redfuser.ir.sizes.Size`, a
-shape-polymorphic kernel: docs/shapes.md) would mask every chunk too, though only the last one can
-overhang: a quarter of attention's time on the CPU. So its walk is *peeled*: one loop over the whole
-chunks, ``[0, (n // chunk) * chunk)``, unmasked, then one over what is left, at most one chunk, masked;
-the carried values pass from the first to the second. Both bounds are run-time extents.
+norm + GEMM over rows of 1000: 45 -> 31 ms; softmax 1000x1000 6.6 -> 1.6 ms). An axis of run-time length
+(`redfuser.ir.sizes.Size`, a shape-polymorphic kernel: docs/shapes.md) would mask every chunk too, though
+only the last one can overhang: a quarter of attention's time on the CPU. So its walk is *peeled*: one loop
+over the whole chunks, ``[0, (n // chunk) * chunk)``, unmasked, then one over what is left, at most one
+chunk, masked; the carried values pass from the first to the second. Both bounds are run-time extents.
 """
 from __future__ import annotations
 

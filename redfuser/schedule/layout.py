@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import (Axis, BinaryOp, Compute, DType, FusedLoop, OnlineState, Reduce, ReduceOp, TopKState, index_axes, loads,
-                  reads_axis)
+from ..ir import (Axis, BinaryOp, Compute, DType, FusedLoop, OnlineState, Reduce, ReduceOp, TopKState, index_axes,
+                  loads, reads_axis)
 from ..ir.sizes import SizeLike, assumed_at_least, ceil_div, is_static, same_length
 from ..ir.tile import nodes as t
 from .builder import KernelBuilder
