@@ -105,18 +105,27 @@ def test_attention_takes_every_path_and_equals_numpy(n):
 
 
 def test_vector_row_reductions_propagate_nan_and_infinities():
-    x = np.random.default_rng(5).standard_normal((8, 64)).astype(np.float32)
+    """Rows of 64 (a multiple of every vector's lanes) take the vector path; max and min keep NaN in a mask
+    beside the values (reduce_rows.py), so a NaN in any lane of any vector, first or last, or a row of NaN,
+    gives NaN, and infinities and all-``-inf`` rows come out as numpy's."""
+    dtype = np.float32
+    x = np.random.default_rng(5).standard_normal((12, 64)).astype(dtype)
     x[1, 40] = np.nan
     x[2, 3] = np.inf
     x[3, :] = -np.inf
     x[4, 10], x[4, 50] = np.inf, -np.inf
+    x[5, 0] = np.nan                      # the first lane of the first vector
+    x[6, 63] = np.nan                     # the last lane of the last vector
+    x[7, :] = np.nan
+    x[8, 7], x[8, 9] = np.nan, 100.0      # NaN beside a larger value in the next vector
+    x[9, :] = np.inf
     kern = rf.kernel(row_max, backend="cpu")
     with np.errstate(invalid="ignore"):
         got, want = kern(x), row_max(x)
     for g, w in zip(got, want):
-        assert_close(g, w, np.float32, 64)
-    if vector_registers()[0] == 64:
-        assert ".rv.header" in _llvm(kern, x)
+        assert np.array_equal(np.isnan(g), np.isnan(w))
+        assert_close(g, w, dtype, 64)
+    assert ".rv.header" in _llvm(kern, x)
 
 
 def test_a_strided_argument_is_not_read_in_place_as_rows():

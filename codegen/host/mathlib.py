@@ -1,14 +1,19 @@
 """Vectorizable f32 ``exp``, ``exp2``, ``log`` and ``log2`` written in LLVM IR.
 
 LLVM vectorizes a call to ``llvm.exp.f32`` only with a vector math library,
-so the f32 functions are polynomials in plain IR (``rint``, ``fma``, integer
+so the f32 functions are polynomials in plain IR (``fma``, integer
 ops on the bits), emitted once per module as internal ``alwaysinline``
 functions; after inlining the loop vectorizer sees straight-line code.
 
 - ``exp``: ``x = n*ln2 + r`` (Cody-Waite, two-part ln2), ``e^r`` by a degree-7
   Taylor polynomial (``|r| <= ln2/2``: truncation < 1e-8 relative), then
-  ``* 2^n`` in two steps so results down to the subnormals are right. ``-inf``
-  and anything below -103.98 give 0, above 88.72 give ``inf``, NaN stays NaN.
+  ``* 2^n`` in two steps so results down to the subnormals are right. ``x`` is
+  first limited to [-104, 89], where ``n`` stays in [-150, 128]: the same
+  formula then gives 0 below -103.98 and ``inf`` above 88.72 by itself (no
+  fix-up selects: they were a quarter of the function). The limit keeps NaN
+  (an ordered compare and a select: one ``vmaxps``), and ``n`` is read from the
+  bits of ``x*log2(e) + 1.5*2^23`` rather than converted with ``fptosi``, which
+  is poison on NaN; a NaN ``x`` makes ``r`` and the result NaN.
 - ``log``: ``x = 2^e * m`` with ``m`` in [sqrt(1/2), sqrt(2)), ``log(m) =
   2 atanh(f/(2+f))`` by its odd series to s^9 (|s| <= 0.172); subnormals are
   scaled up first; ``log(0) = -inf``, ``log(x<0) = NaN``, ``log(inf) = inf``.
@@ -63,7 +68,8 @@ def _exp_poly(b: ir.IRBuilder, r: ir.Value) -> ir.Value:
 
 
 def _scale(b: ir.IRBuilder, p: ir.Value, n: ir.Value) -> ir.Value:
-    """``p * 2^n`` for integer n in [-150, 128], in two exact-range steps."""
+    """``p * 2^n`` for integer n in [-151, 129], in two steps whose factors are normal floats: the first
+    product is exact, so the result is rounded once, subnormals included."""
     n1 = b.ashr(n, _i(1))
     n2 = b.sub(n, n1)
     s1 = b.bitcast(b.shl(b.add(n1, _i(127)), _i(23)), F32)
@@ -71,16 +77,22 @@ def _scale(b: ir.IRBuilder, p: ir.Value, n: ir.Value) -> ir.Value:
     return b.fmul(b.fmul(p, s1), s2)
 
 
-def _finish_exp(b: ir.IRBuilder, x: ir.Value, res: ir.Value, hi: float, lo: float) -> None:
-    res = b.select(b.fcmp_ordered(">", x, _c(hi)), _c(math.inf), res)
-    res = b.select(b.fcmp_ordered("<", x, _c(lo)), _c(0.0), res)
-    b.ret(b.select(b.fcmp_unordered("uno", x, x), x, res))
-
-
 def _clamp(b: ir.IRBuilder, x: ir.Value, lo: float, hi: float) -> ir.Value:
-    mx = declare_intrinsic(b.module, "llvm.maxnum.f32", F32, [F32, F32])
-    mn = declare_intrinsic(b.module, "llvm.minnum.f32", F32, [F32, F32])
-    return b.call(mn, [b.call(mx, [x, _c(lo)]), _c(hi)])
+    """``x`` limited to [lo, hi], NaN kept: ``x < lo ? lo : x`` is x86's ``maxps(lo, x)`` exactly (it returns
+    its second operand when either is NaN), so each end is one instruction (``llvm.maxnum`` drops NaN)."""
+    x = b.select(b.fcmp_ordered("<", x, _c(lo)), _c(lo), x)
+    return b.select(b.fcmp_ordered(">", x, _c(hi)), _c(hi), x)
+
+
+_ROUND_MAGIC = 1.5 * 2.0 ** 23  # v + this rounds v (|v| < 2**22) to an integer held in the low mantissa bits
+
+
+def _round(b: ir.IRBuilder, t: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(n, n as i32)`` from ``t = v + _ROUND_MAGIC``: the nearest integer to ``v`` (ties to even, the
+    default rounding), as a float and read from ``t``'s bits (defined for every ``t``, NaN included)."""
+    n = b.fsub(t, _c(_ROUND_MAGIC))
+    ni = b.sub(b.bitcast(t, I32), b.bitcast(_c(_ROUND_MAGIC), I32))
+    return n, ni
 
 
 def expf(module: ir.Module) -> ir.Function:
@@ -89,14 +101,12 @@ def expf(module: ir.Module) -> ir.Function:
     if b is None:
         return fn
     x = fn.args[0]
-    rint = declare_intrinsic(module, "llvm.rint.f32", F32, [F32])
     fma = declare_intrinsic(module, "llvm.fma.f32", F32, [F32, F32, F32])
-    xc = _clamp(b, x, -104.0, 89.0)  # keeps n in range (and NaN out of fptosi); the ends are patched below
-    n = b.call(rint, [b.fmul(xc, _c(_LOG2E))])
+    xc = _clamp(b, x, -104.0, 89.0)  # n in [-150, 128]: 0 and inf come out of _scale (module docstring)
+    n, ni = _round(b, b.call(fma, [xc, _c(_LOG2E), _c(_ROUND_MAGIC)]))
     r = b.call(fma, [n, _c(-_LN2_HI), xc])
     r = b.call(fma, [n, _c(-_LN2_LO), r])
-    res = _scale(b, _exp_poly(b, r), b.fptosi(n, I32))
-    _finish_exp(b, x, res, 88.72283935546875, -103.97208)
+    b.ret(_scale(b, _exp_poly(b, r), ni))
     return fn
 
 
@@ -106,12 +116,10 @@ def exp2f(module: ir.Module) -> ir.Function:
     if b is None:
         return fn
     x = fn.args[0]
-    rint = declare_intrinsic(module, "llvm.rint.f32", F32, [F32])
-    xc = _clamp(b, x, -151.0, 129.0)
-    n = b.call(rint, [xc])
+    xc = _clamp(b, x, -151.0, 129.0)  # n in [-151, 129]: 0 and inf come out of _scale as in expf
+    n, ni = _round(b, b.fadd(xc, _c(_ROUND_MAGIC)))
     r = b.fmul(b.fsub(xc, n), _c(math.log(2.0)))
-    res = _scale(b, _exp_poly(b, r), b.fptosi(n, I32))
-    _finish_exp(b, x, res, 127.99999237060547, -150.0)
+    b.ret(_scale(b, _exp_poly(b, r), ni))
     return fn
 
 
