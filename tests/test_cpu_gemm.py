@@ -44,7 +44,8 @@ def _exact(body, *args) -> np.ndarray:
 
 
 @pytest.mark.parametrize("a_dtype", [np.float32, np.int32])   # int32 @ float32 is an f64 dot (8-lane blocks)
-@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (96, 40, 128), (17, 33, 48), (100, 7, 5), (1, 64, 64)])
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (96, 40, 128), (17, 33, 48), (100, 7, 5), (1, 64, 64),
+                                   (300, 260, 200)])   # ragged 128 x 128 tiles, a ragged third chunk
 def test_matmul_equals_numpy(a_dtype, m, k, n):
     rng = np.random.default_rng(m * 1000 + n)
     a = (rng.standard_normal((m, k)) * 100).astype(a_dtype)
@@ -54,6 +55,31 @@ def test_matmul_equals_numpy(a_dtype, m, k, n):
     bt = np.ascontiguousarray(b.T)
     got_t = rf.kernel(matmul_t, backend="cpu")(a, bt)
     assert_close(got_t, _exact(matmul_t, a, bt), got.dtype, k)
+
+
+def test_a_plain_matmul_takes_the_gemm_tile_and_halves_its_rows_for_idle_workers():
+    """A matmul's nest on the cpu takes `ScheduleOptions.gemm_tile` (128 x 128 outputs, 128-long chunks:
+    `nests.matmul_tile`), batched too; rows are halved while a static grid would leave a worker idle; a
+    ``block_m`` or ``block_n`` the user gives is the tile."""
+    rng = np.random.default_rng(21)
+
+    def grid(kernel, *args):
+        return re.search(r"grid \(([^)]*)\)", str(kernel.lower(*args).stages["tile"])).group(1)
+
+    a, b = rng.standard_normal((300, 520)).astype(np.float32), rng.standard_normal((520, 260)).astype(np.float32)
+    k = rf.kernel(matmul, backend="cpu", num_threads=2)
+    assert grid(k, a, b) == "3, 3"
+    assert "step 128" in str(k.lower(a, b).stages["tile"])
+    assert_close(k(a, b), _exact(matmul, a, b), np.float32, 520)
+    few, narrow = rng.standard_normal((64, 520)).astype(np.float32), b[:, :100]   # one tile of 128 x 128
+    kf = rf.kernel(matmul, backend="cpu", num_threads=2)
+    assert grid(kf, few, narrow) == "2, 1"                          # 64 rows halved to two tiles of 32
+    assert_close(kf(few, narrow), _exact(matmul, few, narrow), np.float32, 520)
+    batched = rng.standard_normal((3, 130, 70)).astype(np.float32), rng.standard_normal((3, 70, 40)).astype(np.float32)
+    kb = rf.kernel(matmul, backend="cpu", num_threads=2)
+    assert grid(kb, *batched) == "3, 2, 1"
+    assert_close(kb(*batched), _exact(matmul, *batched), np.float32, 70)
+    assert grid(rf.kernel(matmul, backend="cpu", block_m=32), a, b) == "10, 5"
 
 
 def test_a_dot_whose_tile_the_block_divides_is_register_blocked():

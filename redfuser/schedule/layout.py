@@ -25,14 +25,10 @@ from ..ir.tile import nodes as t
 from .builder import KernelBuilder
 from .exprs import ExprLowering
 from .nests import premake
-from .options import ACC_TILE, ONE_PASS_MAX, ONE_PASS_TILE, WHOLE_MAX, WIDE_ROWS, ScheduleOptions
+from .options import ACC_TILE, ONE_PASS_MAX, ONE_PASS_TILE, WHOLE_MAX, WIDE_ROWS, ScheduleOptions, gemm_rows
 from .reduce import reads_only_narrow
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
-
-
-GEMM_MIN_ROWS = 16
-"""The fewest rows `FusedLayout.rows` halves a GEMM state's tile to so that every worker has a program."""
 
 
 @dataclass(frozen=True)
@@ -82,13 +78,7 @@ class FusedLayout:
             return WIDE_ROWS
         gemm = self.gemm_tile(opts)
         if gemm is not None:
-            rows = gemm[0]   # halved while the grid would leave workers idle (a short GEMM's few rows)
-            while rows > GEMM_MIN_ROWS:
-                programs = self.programs(opts, rows)
-                if not is_static(programs) or programs >= opts.workers:
-                    break    # (a run-time grid keeps the tile: the kernel serves every length)
-                rows //= 2
-            return rows
+            return gemm_rows(gemm[0], lambda rows: self.programs(opts, rows), opts.workers)
         tile = self.dot_tile(opts)
         if tile is not None:
             return tile[0]

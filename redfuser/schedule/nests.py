@@ -7,12 +7,14 @@ a matmul, which becomes ``dot``) and loops over chunks of its reduced axes.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import Axis, Binary, BinaryOp, Compute, DType, Load, Reduce, walk
 from ..ir.tile import nodes as t
 from ..ir.sizes import SizeLike, ceil_div
 from .builder import KernelBuilder
 from .exprs import ExprLowering, footprint, store_tile
-from .options import ScheduleOptions
+from .options import ScheduleOptions, gemm_rows
 from .reduce import reduce_axes
 from .space import Binding, Dim, Fixed, index_tile, mask_tile
 
@@ -78,13 +80,32 @@ def _reduced_innermost(s: Reduce) -> bool:
     return not any(isinstance(i, Axis) and i.name == s.axes[-1].name for i in inner) if s.axes else True
 
 
+def matmul_tile(s: Reduce, opts: ScheduleOptions) -> tuple[int, int, ScheduleOptions]:
+    """(rows, columns) of a matmul's output tile and the options its contraction's chunks follow:
+    ``block_m`` x ``block_n`` and ``block_k``, or on the cpu `ScheduleOptions.gemm_tile`'s 128 x 128 tile and
+    128-long chunks (rows halved while a static grid would idle a worker: `options.gemm_rows`), the tile a
+    fused GEMM state takes: the host GEMM core's register blocks and the right operand's panels are
+    amortized over it (a 1024^3 f32 GEMM on one AVX2 core: docs/cpu-backend.md)."""
+    m, n = s.axes[-2], s.axes[-1]
+    if opts.gemm_tile is None:
+        return opts.tile(opts.rows(), m.extent), opts.tile(opts.block_n, n.extent), opts
+    rows, chunk, cols = opts.gemm_tile
+    cols = opts.tile(cols, n.extent)
+    batch: SizeLike = 1
+    for a in s.axes[:-2]:
+        batch = batch * a.extent
+    rows = gemm_rows(rows, lambda r: batch * ceil_div(m.extent, opts.tile(r, m.extent)) * ceil_div(n.extent, cols),
+                     opts.workers)
+    return opts.tile(rows, m.extent), cols, replace(opts, block_k=chunk)
+
+
 def reduce_kernel(s: Reduce, name: str, opts: ScheduleOptions, index: DType) -> t.TileKernel:
     """``out[axes] = op over reduce_axes of value``; matmuls tile (m, n) and become ``dot``."""
     kb = KernelBuilder(name, index)
     axes = s.axes
     if is_matmul(s):
-        tiled = [(axes[-2], opts.tile(opts.rows(), axes[-2].extent), 0),
-                 (axes[-1], opts.tile(opts.block_n, axes[-1].extent), 1)]
+        rows, cols, opts = matmul_tile(s, opts)
+        tiled = [(axes[-2], rows, 0), (axes[-1], cols, 1)]
     elif axes:
         tiled = [(axes[-1], opts.tile(opts.rows(), axes[-1].extent), 0)]
     else:

@@ -30,10 +30,10 @@
 |             | off when ``block_m`` or ``block_n`` is given                    |     |     |
 | `gemm_tile` | (rows, chunk, columns) of a fused loop whose state is a GEMM    |128, | no  |
 |             | with no contraction among its locals (layer norm + GEMM's       |128, |     |
-|             | ``y @ w``, a quantized GEMM): the columns tile the grid; each   |128  |     |
-|             | program's statistics of its rows and copy of ``w``'s block are  |     |     |
-|             | amortized over a 128x128 output; off when ``block_m`` or        |     |     |
-|             | ``block_n`` is given                                            |     |     |
+|             | ``y @ w``, a quantized GEMM), and of a plain matmul's nest: the |128  |     |
+|             | columns tile the grid; each program's statistics of its rows    |     |     |
+|             | and copy of ``w``'s block are amortized over a 128x128 output;  |     |     |
+|             | off when ``block_m`` or ``block_n`` is given                    |     |     |
 | `peel_ragged` | a fused loop over a static axis that is not a whole number of | yes | no  |
 |             | chunks: the whole chunks unmasked, the last one masked on its   |     |     |
 |             | own (`chunks.chunk_loop`; a GPU's masked loads are predicated)  |     |     |
@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Callable
 
-from ..ir.sizes import Size, SymbolicDecision, size_min
+from ..ir.sizes import Size, SizeLike, SymbolicDecision, is_static, size_min
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +144,23 @@ list) per row (`layout.FusedLayout.per_row_states`).
 64 rows suit tiles that feed tensor cores (16 rows per warp for 4 warps: attention's query rows); a row
 softmax's tile feeds none, and 32 rows halve its code and registers with as much in flight per SM
 (docs/gpu-backend.md, "Why these defaults")."""
+
+
+GEMM_MIN_ROWS = 16
+"""The fewest rows `gemm_rows` halves a GEMM tile to so that every worker has a program."""
+
+
+def gemm_rows(rows: int, programs: Callable[[int], SizeLike], workers: int) -> int:
+    """The rows of a cpu GEMM tile (`ScheduleOptions.gemm_tile`, a plain matmul's or a fused GEMM state's):
+    `rows` halved, down to `GEMM_MIN_ROWS`, while ``programs(rows)`` (the grid's size with such tiles) is
+    static and under `workers` (a short GEMM's few rows would leave a worker idle). A run-time grid keeps
+    the tile: the kernel serves every length."""
+    while rows > GEMM_MIN_ROWS:
+        n = programs(rows)
+        if not is_static(n) or n >= workers:
+            break
+        rows //= 2
+    return rows
 
 
 WIDE_ROWS = 128
