@@ -4,17 +4,18 @@ A row of ``n`` elements is combined ``L`` lanes at a time into one vector accumu
 loads), then across the lanes once per row (LLVM's ``vector.reduce`` intrinsics). LLVM's own
 vectorizer does this for sums of scalar loops, but not for ``max``/``min``: numpy's NaN-propagating
 maximum (``llvm.maximum``) is a reduction it leaves scalar, a compare and a blend per element, which
-was a twentieth of a CPU attention kernel.
-
-``max`` and ``min`` keep NaN apart from the values: each vector is combined by ``x > acc ? x : acc`` (one
-``vmaxps``; a NaN ``x`` leaves ``acc`` as it was) and its NaN lanes are or-ed into a mask, so the running
-value's dependency chain is one instruction long (``llvm.maximum`` on AVX2 is two blends, a max, a compare
-and a blend, all on the chain: a fifth of attention's softmax). Lanes are then combined by halving
-shuffles and the row is NaN where the mask has a lane set. Which of two equal zeros of opposite sign
-comes out is unspecified here, as in numpy (whose reductions return either, by position). Only rows already in memory (a stack array or a load read
+was a twentieth of a CPU attention kernel. Only rows already in memory (a stack array or a load read
 in place, `KernelEmitter.global_view`) with ``n`` a multiple of ``L`` take this path; the elements
 combined and the combine are the same as the scalar loop's (a sum or product in another order, which
 the scalar loop's ``reassoc`` flags allow too).
+
+``max`` and ``min`` keep NaN apart from the values: each vector is combined by ``x > acc ? x : acc`` (one
+``vmaxps``; a NaN ``x`` leaves ``acc`` as it was) and its NaN lanes are or-ed into a mask, so the running
+value's dependency chain is one instruction long (``llvm.maximum`` on AVX2 is two blends, a max, a
+compare and a blend, all on the chain). The lanes are then combined by halving shuffles, and the row is
+NaN where the mask has a lane set. Which of two equal zeros of opposite sign comes out is unspecified
+here, as in numpy (whose reductions return either, by position; the fuzzer's oracle treats the sign of
+a zero from max or min as unsure).
 """
 from __future__ import annotations
 
