@@ -20,13 +20,19 @@ import functools
 import pytest
 from hypothesis import HealthCheck, settings
 
+from helpers import DEFAULT_CHANGING
 from redfuser import config
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_compile_cache(tmp_path_factory):
-    """The suite compiles into a cache folder of its own, never the user's ~/.cache/redfuser."""
+    """The suite compiles into a cache folder of its own, never the user's ~/.cache/redfuser, and runs with
+    RedFuser's defaults: the variables of `redfuser.config` that change them for a user's own runs
+    (`helpers.DEFAULT_CHANGING`) are cleared. A ``REDFUSER_CACHE=0`` or ``REDFUSER_AUTOTUNE=1`` left in the caller's
+    environment failed the tests of the cache; tests that want another setting set it themselves."""
     mp = pytest.MonkeyPatch()
     mp.setenv("REDFUSER_CACHE_DIR", str(tmp_path_factory.mktemp("redfuser-cache")))
+    for name in DEFAULT_CHANGING:
+        mp.delenv(name, raising=False)
     yield
     mp.undo()
 

@@ -8,7 +8,8 @@
   ``simulate`` backend, for the suite parameterized over backends and each backend's own tests;
 - `run_on_host`: a SIMT kernel's emitted LLVM IR run on the host CPU, thread by thread;
 - `FakeDriver`, `OK`: just enough of ``cuda.bindings.driver`` to test the runtime without a GPU;
-- `CORPUS`, `SNAPSHOTS`, `compare`: the snapshot corpus's kernels and the golden-file comparison.
+- `CORPUS`, `SNAPSHOTS`, `compare`: the snapshot corpus's kernels and the golden-file comparison;
+- `DEFAULT_CHANGING`: the environment variables `conftest.py` clears so that the suite runs with the defaults.
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ from redfuser.schedule import options_for, schedule_program
 from redfuser.testing.quantization import quantization_bound as shared_bound
 from redfuser.workloads import attention, fp8_quant_gemm, log_softmax, softmax
 
+
+DEFAULT_CHANGING = ("REDFUSER_BACKEND", "REDFUSER_CACHE", "REDFUSER_AUTOTUNE", "REDFUSER_DUMP_DIR")
+"""Variables of `redfuser.config` that change RedFuser's defaults for a user's own runs; the suite clears them."""
 
 def as_tuple(x):
     """`x` if a tuple or list of outputs (as a tuple), else the one output `x` in a tuple."""
