@@ -80,6 +80,8 @@ def test_a_plain_matmul_takes_the_gemm_tile_and_halves_its_rows_for_idle_workers
     assert grid(kb, *batched) == "3, 2, 1"
     assert_close(kb(*batched), _exact(matmul, *batched), np.float32, 70)
     assert grid(rf.kernel(matmul, backend="cpu", block_m=32), a, b) == "10, 5"
+    text = _llvm(k, a, b)   # 520 = five chunks: the dot accumulates in the loop's carried slot (stmts.py)
+    assert "out_dot.init" not in text and "out_dot.cp" not in text
 
 
 def test_a_dot_whose_tile_the_block_divides_is_register_blocked():

@@ -94,11 +94,14 @@ def _reduce(em: KernelEmitter, op: t.Reduce) -> None:
 
 def _dot(em: KernelEmitter, op: t.Dot) -> None:
     b, d = em.b, op.out.dtype
-    out = em.new_slot(op.out)
     m, n = op.out.shape
     k = op.a.shape[1]
-    with em.nest((m, n), name=f"{op.out.name}.init") as idx:
-        em.write(out, idx, em.value(op.acc, idx) if op.acc is not None else constant(d, 0.0))
+    if op.out.name in em.in_place:   # accumulates into its loop's carried slot (`_in_place_dots`)
+        out = em.slots[op.out.name] = em.in_place[op.out.name]
+    else:
+        out = em.new_slot(op.out)
+        with em.nest((m, n), name=f"{op.out.name}.init") as idx:
+            em.write(out, idx, em.value(op.acc, idx) if op.acc is not None else constant(d, 0.0))
     if emit_register_blocked_dot(em, op, out):
         return
     a_slot, b_slot = em.slots[op.a.name], em.slots[op.b.name]
@@ -116,11 +119,39 @@ def _copy(em: KernelEmitter, src: t.Value, slot: Slot) -> None:
         em.write(slot, idx, em.value(src, idx))
 
 
+def _in_place_dots(body: t.Region, slots: list[Slot]) -> dict[str, Slot]:
+    """Dots of `body` that may accumulate straight into a carried slot: ``c = dot(a, b) + arg`` yielded in
+    `arg`'s place, where nothing else in the body reads `arg` (no op, view or other yield). The dot then
+    neither copies `arg` into a slot of its own first nor has its result copied back after the trip: a
+    plain GEMM's 128 x 128 accumulator was copied twice a chunk."""
+    readers: dict[str, int] = {}
+
+    def count(region: t.Region) -> None:   # nested loops' bodies and yields read outer values too
+        for o in region.ops:
+            for v in t.operands(o):
+                readers[v.name] = readers.get(v.name, 0) + 1
+            if isinstance(o, t.For):
+                count(o.body)
+        for y in region.yields:
+            readers[y.name] = readers.get(y.name, 0) + 1
+    count(body)
+    found: dict[str, Slot] = {}
+    for o in body.ops:
+        if not isinstance(o, t.Dot) or o.acc is None:
+            continue
+        for arg, y, slot in zip(body.args, body.yields, slots):
+            if o.acc.name == arg.name and y.name == o.out.name and readers.get(arg.name) == 1 \
+                    and readers.get(y.name) == 1 and slot.panel is None:
+                found[o.out.name] = slot
+    return found
+
+
 def _for(em: KernelEmitter, op: t.For) -> None:
     body = op.body
     slots = [em.new_slot(a) for a in body.args]
     for init, slot in zip(op.inits, slots):
         _copy(em, init, slot)
+    em.in_place.update(_in_place_dots(body, slots))
     start = ir.Constant(I64, op.start)
     if isinstance(op.stop, int):
         stop = ir.Constant(I64, op.stop)
@@ -132,7 +163,7 @@ def _for(em: KernelEmitter, op: t.For) -> None:
             em.scalars[body.iv.name] = iv
             em.emit_block(body.ops)
             for y, a, slot in zip(body.yields, body.args, slots):
-                if y.name != a.name:
+                if y.name != a.name and em.slots.get(y.name) is not slot:
                     _copy(em, y, slot)
     for r, slot in zip(op.results, slots):
         em.slots[r.name] = slot
