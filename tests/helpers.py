@@ -39,6 +39,7 @@ from redfuser.workloads import attention, fp8_quant_gemm, log_softmax, softmax
 DEFAULT_CHANGING = ("REDFUSER_BACKEND", "REDFUSER_CACHE", "REDFUSER_AUTOTUNE", "REDFUSER_DUMP_DIR")
 """Variables of `redfuser.config` that change RedFuser's defaults for a user's own runs; the suite clears them."""
 
+
 def as_tuple(x):
     """`x` if a tuple or list of outputs (as a tuple), else the one output `x` in a tuple."""
     return tuple(x) if isinstance(x, tuple | list) else (x,)
