@@ -24,7 +24,7 @@ from redfuser.ir.simt.nodes import (
     Barrier, For, LdMatrix, LoadGlobal, LoadShared, Mma, MmaShape, Shuffle, StoreShared, walk_stmts,
 )
 from redfuser.ir.tile.interpreter import run_tile_program
-from redfuser.ir.types import bool_, float16, int32, int64
+from redfuser.ir.types import bool_, float16, float32, int32, int64
 
 import redfuser as rf
 from redfuser.schedule import options_for, schedule_program
@@ -240,6 +240,38 @@ def test_dots_get_half_precision_operands_only_when_exact_or_rounded_away():
     h = normal(1, 1, 32, 16, dtype=np.float16)                        # f16 out: P is rounded for P @ V
     kernel = narrow_dot_operands(tile_program(attention, h, h, h, block_m=16, block_n=16).kernels[0], GpuOptions())
     assert all(op.a.dtype == float16 for op in t.walk_ops(kernel.body) if isinstance(op, t.Dot))
+
+
+def widened_matmul(x, w):
+    return x.astype(rf.float32) @ w.astype(rf.float32)
+
+
+def test_a_ragged_k_contraction_of_f16_data_stays_on_tensor_cores():
+    """K = 40 in chunks of 16: the scheduler zeroes the padded lanes of K with a select over each operand,
+    which a load masked the same way (other 0) already gives; the narrowing sees through it, so the dot
+    reads the f16 loads (it was an f32 FMA dot). A select that does change the padding keeps the f32 dot."""
+    rng = np.random.default_rng(31)
+    x, w = rng.standard_normal((32, 40)).astype(np.float16), rng.standard_normal((40, 24)).astype(np.float16)
+    prog = tile_program(widened_matmul, x, w, block_m=16, block_n=8, block_k=16)
+    kernel = narrow_dot_operands(prog.kernels[0], GpuOptions())
+    (dot,) = [op for op in t.walk_ops(kernel.body) if isinstance(op, t.Dot)]
+    assert (dot.a.dtype, dot.b.dtype) == (float16, float16)
+    narrowed = run_tile_program(replace(prog, kernels=(kernel,)), [x, w])[0]
+    np.testing.assert_array_equal(narrowed, run_tile_program(prog, [x, w])[0])
+    simulated = rf.kernel(widened_matmul, backend="simulate", block_m=16, block_n=8, block_k=16)(x, w)
+    assert_close(simulated, widened_matmul(x, w), np.float32, 40)
+
+    zeros = {op.b.name for op in t.walk_ops(prog.kernels[0].body) if isinstance(op, t.Select)}
+    ones = [op for op in t.walk_ops(prog.kernels[0].body) if isinstance(op, t.Constant) and op.out.name in zeros]
+    assert ones, "the padding selects are gone: this test no longer checks the see-through"
+    def pad_with_one(ops):
+        return tuple(replace(op, value=1.0) if op in ones else
+                     replace(op, body=replace(op.body, ops=pad_with_one(op.body.ops))) if isinstance(op, t.For) else op
+                     for op in ops)
+
+    padded_with_one = replace(prog.kernels[0], body=pad_with_one(prog.kernels[0].body))
+    (dot,) = [op for op in t.walk_ops(narrow_dot_operands(padded_with_one, GpuOptions()).body) if isinstance(op, t.Dot)]
+    assert (dot.a.dtype, dot.b.dtype) == (float32, float32)
 
 
 def adversarial_f32(rows: int, cols: int) -> np.ndarray:

@@ -91,15 +91,43 @@ class _Narrower:
         self.sink = store_precision(k)
 
     def exact(self, v: t.Value) -> tuple[t.Value, list[t.Op]] | None:
-        """``(x, views)`` when `v` is `views` applied to ``cast_f32(x)`` with a narrow ``x``."""
+        """``(x, views)`` when `v` is `views` applied to ``cast_f32(x)`` with a narrow ``x``, looking through
+        selects that change nothing (`_zero_where_false`)."""
         op = self.defs.get(v.name)
         views: list[t.Op] = []
-        while isinstance(op, _VIEWS):
+        while isinstance(op, _VIEWS) or (isinstance(op, t.Select) and self._zero_where_false(op)):
+            if isinstance(op, t.Select):
+                op = self.defs.get(op.a.name)
+                continue
             views.append(op)
             op = self.defs.get(op.x.name)
         if isinstance(op, t.Cast) and op.x.dtype.storage_only and op.out.dtype == float32:
             return op.x, views[::-1]
         return None
+
+    def _zero_where_false(self, op: t.Select) -> bool:
+        """Whether ``where(c, x, 0)`` is ``x`` itself: ``x`` is a cast of a load whose mask holds `c` as a
+        conjunct and whose other value is 0. The scheduler writes such a select on a contraction's operands
+        (padded lanes of a ragged K must add nothing); where the load already gives 0 there it changes
+        nothing, and seeing through it keeps a ragged-K ``dot`` of f16 data on the tensor cores."""
+        zero = self.defs.get(op.b.name)
+        if not (isinstance(zero, t.Constant) and zero.value == 0 and not np.signbit(zero.value)):
+            return False
+        cast = self.defs.get(op.a.name)
+        load = self.defs.get(cast.x.name) if isinstance(cast, t.Cast) else None
+        if not (isinstance(load, t.Load) and load.other == 0 and not np.signbit(load.other)):
+            return False
+        return self._conjunct(op.cond, load.mask)
+
+    def _conjunct(self, c: t.Value, mask: t.Value | None) -> bool:
+        """Whether `mask` is `c`, or an AND with `c` among its (nested) operands: false wherever `c` is."""
+        if mask is None:
+            return False
+        if mask.name == c.name:
+            return True
+        op = self.defs.get(mask.name)
+        return isinstance(op, t.Binary) and op.op is BinaryOp.AND and (
+            self._conjunct(c, op.a) or self._conjunct(c, op.b))
 
     def rebuild(self, x: t.Value, views: list[t.Op], out: list[t.Op]) -> t.Value:
         for view in views:
