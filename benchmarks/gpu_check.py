@@ -352,26 +352,24 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 # benchmarks/device_notes.md):
 # - rows: a softmax row in chunks of 64 (two reads of the row; the default before whole-row tiles), and
 #   8 warps against the 16 a whole-row tile gets;
-# - attention: 64 query rows a block, the default before `options.WIDE_ROWS`; the FP8 GEMM at 128 rows;
-# - tensor-core kernels: built for more blocks an SM (`min_blocks_per_sm`: ptxas caps the registers, so
-#   more warps hide the key loop's latencies), alone and with `prefetch`.
-# (Timed on H200s on 2026-11-29 and dropped from this list, all slower or equal: LLVM's O1 middle end;
-# head dimension chunks of 32; 64-row softmax, log-softmax and MoE tiles; for attention, causal
-# attention and the FP8 GEMM `prefetch` alone, 8 warps with and without it, 128 rows with 8 warps; for
-# attention 4 blocks an SM, `prefetch` at 3, and 128 rows with key blocks of 32; for causal attention
-# 128 rows with key blocks of 32.)
-# - Hopper's wgmma (`sm="sm_90a"`, codegen/simt/wgmma.py: B and Q staged in swizzled shared tiles by the
-#   threads, P from registers, one commit and wait a dot; no TMA or pipelining yet) for every tensor-core
-#   case (not yet timed).
+# - tensor-core kernels: the same kernel on ``mma.sync`` (``sm="sm_90"``), the default on Hopper until
+#   run 10 made ``sm_90a``'s wgmma the device's target (runtime/device.py), with the wgmma plan's own
+#   defaults (`codegen.simt.plan.WGMMA_TILE_ROWS`, `codegen.simt.kernel.WGMMA_BLOCKS_PER_SM`).
+# (Timed on H200s and dropped from this list, all slower or equal. On mma.sync, 2026-11-29: LLVM's O1
+# middle end; head dimension chunks of 32; 64-row softmax, log-softmax and MoE tiles; for attention,
+# causal attention and the FP8 GEMM `prefetch` alone, 8 warps with and without it, 128 rows with 8 warps;
+# for attention 4 blocks an SM, `prefetch` at 3, 64 rows, and 128 rows with key blocks of 32; for causal
+# attention 128 rows with key blocks of 32, 3 blocks an SM; for the FP8 GEMM 128 rows, 4 blocks an SM with
+# and without `prefetch`. On wgmma, 2026-12-04 (runs 9-10): one warpgroup for 128-row tiles; two
+# warpgroups with `prefetch`; two warpgroups of 128-row tiles at head 128.)
 _ROW_VARIANTS = (("redfuser warps=8", {"num_warps": 8}), ("redfuser chunks of 64", {"block_n": 64}))
-_WGMMA = ("redfuser wgmma (sm_90a)", {"sm": "sm_90a"})
+_MMA_SYNC = ("redfuser mma.sync (sm_90)", {"sm": "sm_90"})
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "attention f16": (("redfuser block_m=64", {"block_m": 64}), _WGMMA),
-    "attention bf16": (_WGMMA,),
-    "causal": (("redfuser 3 blocks/SM", {"min_blocks_per_sm": 3}), _WGMMA),
-    "fp8_gemm": (("redfuser block_m=128", {"block_m": 128}), ("redfuser 4 blocks/SM", {"min_blocks_per_sm": 4}),
-                 ("redfuser prefetch 4 blocks/SM", {"prefetch": True, "min_blocks_per_sm": 4}), _WGMMA),
-    "gemm": (_WGMMA,),
+    "attention f16": (_MMA_SYNC,),
+    "attention bf16": (_MMA_SYNC,),
+    "causal": (_MMA_SYNC,),
+    "fp8_gemm": (_MMA_SYNC,),
+    "gemm": (_MMA_SYNC,),
     "softmax": _ROW_VARIANTS,
     "log_softmax": _ROW_VARIANTS,
 }

@@ -19,6 +19,7 @@ from redfuser.ir.errors import BackendError, CudaError
 from redfuser.runtime import cuda_driver, device
 from redfuser.runtime.cuda_memory import DeviceBuffer
 from redfuser.testing import assert_close
+from redfuser.testing.quantization import assert_quantized_gemm, int8_quantization_bound, spike_rows
 from redfuser.workloads import WORKLOADS, softmax
 
 pytestmark = pytest.mark.gpu
@@ -48,6 +49,11 @@ def test_every_workload_on_the_device_equals_its_numpy_body(name):
         x, wt, ws = args
         exact = (x.astype(np.float64) @ wt.astype(np.float64)) * ws
         assert np.all(np.abs(actual[0].astype(np.float64) - exact) <= quantization_bound(x, wt, ws))
+        return
+    if name == "int8_quant_gemm":  # rounding with the running absmax: within half a grid step per term
+        x, wt, ws = args
+        exact = (x.astype(np.float64) @ wt.astype(np.float64)) * ws
+        assert np.all(np.abs(actual[0].astype(np.float64) - exact) <= int8_quantization_bound(x, wt, ws))
         return
     for a, e in zip(actual, expected):
         assert_close(a, e, e.dtype, args[0].shape[-1], name)
@@ -188,10 +194,12 @@ def _hopper() -> None:
 
 
 @pytest.mark.parametrize("m,k,n", [(64, 64, 64), (256, 512, 256), (1000, 700, 300)])
-def test_a_matmul_on_wgmma_equals_numpy_and_the_simulator(m, k, n):
-    """The first check of the wgmma lowering on silicon: the shared-memory descriptors (128-byte swizzle,
-    K-major, leading 16 and stride 1024 bytes) and the staging follow the PTX ISA as the simulator models
-    it; here the hardware agrees, bit for bit with the simulated kernel."""
+def test_a_matmul_on_wgmma_equals_numpy_and_the_mma_sync_kernel(m, k, n):
+    """The shared-memory descriptors (128-byte swizzle, K-major, leading 16 and stride 1024 bytes) and the
+    staging follow the PTX ISA: within numpy's tolerance, and bit for bit the mma.sync kernel on the same
+    device. (Not the simulator's bits: on an H200 the f16 tensor cores' sums of a k-step differ from its
+    model, exact then rounded once, by about an ulp: run 9 in benchmarks/device_notes.md.) 1000 x 700 x 300
+    is ragged along K: its dot stays on the tensor cores (`narrow._zero_where_false`)."""
     _hopper()
     rng = np.random.default_rng(21)
     x, w = rng.standard_normal((m, k)).astype(np.float16), rng.standard_normal((k, n)).astype(np.float16)
@@ -203,23 +211,29 @@ def test_a_matmul_on_wgmma_equals_numpy_and_the_simulator(m, k, n):
     assert "wgmma.mma_async" in str(kernel.lower(x, w).stages["ptx"])
     got = kernel(x, w)
     assert_close(got, body(x, w), np.float32, k)
-    np.testing.assert_array_equal(got, rf.kernel(body, backend="simulate", sm="sm_90a")(x, w))
+    np.testing.assert_array_equal(got, rf.kernel(body, backend="cuda", sm="sm_90")(x, w))
 
 
 @pytest.mark.parametrize("name,dtype", [("flash_attention_f16", np.float16), ("flash_attention_bf16", "bfloat16"),
                                         ("causal_attention", np.float16), ("fp8_quant_gemm", None)])
 def test_tensor_core_workloads_on_wgmma_equal_the_mma_sync_kernels(name, dtype):
-    """Q·Kᵀ through two descriptors, P·V with P from registers, the FP8 GEMM's e4m3 wgmma: the same values as
-    the mma.sync kernels (both sum each k-step exactly and round once to f32)."""
+    """Q·Kᵀ through two descriptors, P·V with P from registers: the same values as the mma.sync kernels
+    (the same tensor-core sums of each k-step). The FP8 GEMM's e4m3 wgmma accumulates with less precision than
+    mma.sync's f16 products on sm_90 (about 14 bits: run 9 of benchmarks/device_notes.md), so it is held to
+    both bounds of the FP8 check instead, on rows that quantize exactly like the body."""
     _hopper()
     from redfuser import workloads
 
     rng = np.random.default_rng(12)
     if dtype is None:
         body = workloads.fp8_quant_gemm
-        args = (rng.standard_normal((512, 256)).astype(np.float16),
-                (rng.standard_normal((256, 384)) * 0.1).astype(rf.float8_e4m3fn),
+        args = (spike_rows(rng.standard_normal((512, 1024)).astype(np.float32)).astype(np.float16),
+                (rng.standard_normal((1024, 384)) * 0.1).astype(rf.float8_e4m3fn),
                 rng.uniform(0.5, 2.0, 384).astype(np.float32))
+        on_wgmma = rf.kernel(body, backend="cuda", sm="sm_90a")
+        assert "wgmma.mma_async" in str(on_wgmma.lower(*args).stages["ptx"])
+        print(assert_quantized_gemm(on_wgmma(*args), *args))
+        return
     else:
         body = getattr(workloads, name)
         args = tuple(rng.standard_normal((2, 4, 300, 64)).astype(getattr(rf, dtype) if isinstance(dtype, str) else dtype)

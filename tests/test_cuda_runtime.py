@@ -151,9 +151,10 @@ def test_memory_and_streams_on_the_fake(fake):
 def test_device_info_on_the_fake(fake):
     fake()
     info = device.device_info()
-    assert (info.name, info.sm, info.sm_count, info.max_shared_per_block_optin) == ("Fake H200", "sm_90", 132,
+    # compute capability 9.0 compiles for the architecture-specific sm_90a (wgmma for tensor-core dots)
+    assert (info.name, info.sm, info.sm_count, info.max_shared_per_block_optin) == ("Fake H200", "sm_90a", 132,
                                                                                     227 * 1024)
-    assert "compute capability 9.0" in str(info) and device.target_sm() == "sm_90"
+    assert "compute capability 9.0" in str(info) and device.target_sm() == "sm_90a"
 
 
 # --- on a GPU --------------------------------------------------------------------------------------

@@ -121,3 +121,30 @@ def test_descriptor_start_keeps_the_low_18_address_bits_and_rejects_misaligned_f
                 MatrixDescriptor(0, 16, 1024, base=8)):
         with pytest.raises(InternalError):
             bad.encode()
+
+
+@pytest.mark.parametrize("mode,itemsize,n,k", [(mode, 2, n, k) for mode in CUTE for n, k in ((64, 16), (128, 32), (256, 16),
+                                                                                          (32, 16))
+                                                 if n * 2 % mode.row_bytes == 0])     # N: whole swizzle rows
+def test_an_mn_major_tile_is_cutes_canonical_mn_major_layout(mode, itemsize, n, k):
+    """The simulator's N-major B tile (`tile_elements` with ``mn_major``) against CuTe's canonical MN-major
+    GMMA layouts, ``Swizzle<B,4,3> o ((T, w, m), (8, k)) : ((1, T, LBO), (w T, SBO))`` with ``T`` the
+    elements of 16 bytes and ``w T`` those of one swizzle row (``mma_traits_sm90_gmma.hpp``'s comment for
+    ``make_gmma_desc<Major::MN>``), evaluated in bytes by the layout evaluator above."""
+    from types import SimpleNamespace
+
+    from redfuser.codegen.simulator.wgmma import tile_elements
+    from redfuser.ir.simt.types import BufferType, SharedAlloc
+    from redfuser.ir.types import float16
+
+    t, width = 16 // itemsize, mode.row_bytes // 16
+    lbo, sbo = k * mode.row_bytes, 8 * mode.row_bytes       # MN atoms after all of K; 8-row groups of K
+    kernel = SimpleNamespace(shared=(SharedAlloc("tile", BufferType(float16, (n * k,)), align=1024),))
+    name, elements = tile_elements(kernel, MatrixDescriptor(0, lbo, sbo, 0, mode), n, k, itemsize, mn_major=True)
+    assert name == "tile"
+    for row in range(n):
+        for kk in range(k):
+            canonical = cute_layout(((t, width, n // (t * width)), (8, k // 8)),
+                                    ((itemsize, itemsize * t, lbo), (itemsize * t * width, sbo)), row + n * kk)
+            assert elements[row, kk] * itemsize == cute_swizzle(*CUTE[mode], canonical), (row, kk)
+    assert len({int(e) for e in elements.ravel()}) == n * k                      # a permutation of the tile

@@ -13,6 +13,7 @@ import redfuser as rf
 from redfuser.codegen.simt.wgmma import TileGeometry
 from redfuser.ir.simt.wgmma_fragments import Swizzle, k_major_offset
 from redfuser.testing import assert_close
+from redfuser.testing.quantization import assert_quantized_gemm, spike_rows
 from redfuser.workloads import causal_attention, flash_attention_bf16, flash_attention_f16, fp8_quant_gemm
 
 BF16, F8 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
@@ -82,15 +83,64 @@ def test_attention_on_wgmma_equals_its_mma_sync_kernel(body, dtype, head):
     assemble_without_spills(on_wgmma.lower(q, k, v), serialized_by_division=body is not flash_attention_f16)
 
 
-def test_an_fp8_gemm_takes_the_e4m3_wgmma():
-    x = RNG.standard_normal((128, 256)).astype(np.float32)
-    w, ws = (RNG.standard_normal((256, 64)) * 0.1).astype(F8), RNG.uniform(0.5, 2.0, 64).astype(np.float32)
+@pytest.mark.parametrize("head", [64, 128])
+def test_attention_stages_q_once_and_v_n_major_in_16_byte_vectors(head):
+    """What the staging costs a key block: Q (defined before the key loop) is stored to its tile once, in front
+    of the loop; V, whose registers run along the head dimension (N of P·V), goes to an N-major tile
+    (imm-trans-b) in 16-byte vectors, where a K-major tile took one 2-byte store an element."""
+    q = RNG.standard_normal((1, 2, 128, head)).astype(np.float16)
+    program = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a").lower(q, q, q).stages["simt"]
+    simt, threads = str(program), program.kernels[0].threads
+    lines = simt.splitlines()
+    loop = next(i for i, line in enumerate(lines) if " = for " in line)
+    q_stores = [i for i, line in enumerate(lines) if "store.shared" in line and "_a_tile[" in line]
+    assert q_stores and max(q_stores) < loop
+    pv = [line for line in lines if "= wgmma." in line and "desc" not in line.split("=", 1)[1].split(",")[0]]
+    assert pv and all(" n-major" in line for line in pv)
+    v_stores = [line for line in lines if "store.shared matmul_acc_dot_b_tile[" in line]
+    assert len(v_stores) == 64 * head // threads // 8     # a key block of 64 x head, 8 elements a store
+
+
+def e4m3_chains(simt: str) -> list[int]:
+    """The lengths of the e4m3 wgmma chains in a printed SIMT kernel: a wgmma whose C is ``zero`` starts one,
+    a wgmma whose C is the previous one's D continues it."""
+    lengths: dict[str, int] = {}
+    chains: list[int] = []
+    for line in simt.splitlines():
+        if "= wgmma." not in line or "e4m3" not in line:
+            continue
+        d, c = line.split("=")[0].split(":")[0].strip(), line.rsplit(",", 1)[1].strip()
+        lengths[d] = 1 if c == "zero" else lengths[c] + 1
+        if c != "zero":
+            chains.remove(lengths[c])
+        chains.append(lengths[d])
+    return chains
+
+
+def test_an_fp8_gemm_takes_the_e4m3_wgmma_and_promotes_every_128_products():
+    """The e4m3 wgmma in chains that start from zero and hold at most 4 k-steps of 32 (Hopper's FP8 tensor
+    cores keep about 14 bits of what they accumulate: each chain's sum is added to the accumulator in f32,
+    `codegen/simt/wgmma.py`), so the carried accumulator never enters a wgmma. The fused FP8 GEMM (chunks of
+    64: one chain of 2 a chunk) is within both bounds of the FP8 check; a plain e4m3 matmul in chunks of 256
+    runs two chains of 4 a chunk and stays within numpy's tolerance."""
+    x = spike_rows(RNG.standard_normal((128, 512)).astype(np.float32))
+    w, ws = (RNG.standard_normal((512, 64)) * 0.1).astype(F8), RNG.uniform(0.5, 2.0, 64).astype(np.float32)
     on_wgmma = rf.kernel(fp8_quant_gemm, backend="simulate", sm="sm_90a")
-    got = on_wgmma(x, w, ws)
     lowered = on_wgmma.lower(x, w, ws)
-    assert "wgmma.m64n64k32.f8e4m3" in str(lowered.stages["simt"])
-    np.testing.assert_array_equal(got, rf.kernel(fp8_quant_gemm, backend="simulate", sm="sm_90")(x, w, ws))
+    simt = str(lowered.stages["simt"])
+    assert "wgmma.m64n64k32.f8e4m3" in simt and e4m3_chains(simt) == [2]
+    assert_quantized_gemm(on_wgmma(x, w, ws), x, w, ws)
     assemble_without_spills(lowered, serialized_by_division=True)     # (448 / absmax, in the loop)
+
+    def widened(a, b):
+        return a.astype(rf.float32) @ b.astype(rf.float32)
+
+    a8 = (RNG.standard_normal((64, 512)) * 4).astype(F8)
+    plain = rf.kernel(widened, backend="simulate", sm="sm_90a", block_k=256)
+    lowered = plain.lower(a8, w)
+    assert e4m3_chains(str(lowered.stages["simt"])) == [4, 4]
+    assert_close(plain(a8, w), widened(a8, w), np.float32, 512)
+    assemble_without_spills(lowered)
 
 
 def test_a_dot_whose_tiles_do_not_fit_keeps_mma_sync():
@@ -109,3 +159,18 @@ def test_a_dot_whose_tiles_do_not_fit_keeps_mma_sync():
 def test_only_sm_90a_lowers_to_wgmma(sm):
     x, w = RNG.standard_normal((64, 64)).astype(np.float16), RNG.standard_normal((64, 64)).astype(np.float16)
     assert instructions(rf.kernel(matmul_f32, backend="simulate", sm=sm).lower(x, w))[0] == 0
+
+
+@pytest.mark.parametrize("sm,head,threads,blocks", [("sm_90a", 64, 256, None), ("sm_90a", 128, 128, 3),
+                                                    ("sm_90", 64, 128, None), ("sm_90", 128, 128, None)])
+def test_the_wgmma_plan_has_its_own_warps_and_blocks_an_sm(sm, head, threads, blocks):
+    """Measured on an H200 (benchmarks/device_notes.md, run 10): on wgmma a 128-row tile takes two warpgroups
+    (`plan.WGMMA_TILE_ROWS`) and a one-warpgroup kernel is built for 3 blocks an SM
+    (`kernel.WGMMA_BLOCKS_PER_SM`); mma.sync keeps 4 warps and ptxas's register choice. A user's
+    ``num_warps`` and ``min_blocks_per_sm`` still decide."""
+    q = RNG.standard_normal((1, 2, 256, head)).astype(np.float16)
+    kernel = rf.kernel(flash_attention_f16, backend="simulate", sm=sm).lower(q, q, q).stages["simt"].kernels[0]
+    assert (kernel.threads, kernel.min_blocks_per_sm) == (threads, blocks)
+    kernel = rf.kernel(flash_attention_f16, backend="simulate", sm=sm, num_warps=4,
+                       min_blocks_per_sm=2).lower(q, q, q).stages["simt"].kernels[0]
+    assert (kernel.threads, kernel.min_blocks_per_sm) == (128, 2)

@@ -246,13 +246,25 @@ spread over the mma layout, and a loop carries its tiles from one iteration to t
 at 8 warps (docs/gpu-backend.md, "Why these defaults")."""
 
 
-def choose_warps(k: t.TileKernel, opts: GpuOptions) -> int:
-    """`opts.num_warps` (None: see `ELEMENTS_PER_THREAD`), fewer when the kernel's largest tile would leave
-    threads idle."""
+WGMMA_TILE_ROWS = 128
+"""Without a ``num_warps`` option, on ``sm_90a`` a kernel whose dots have output tiles of this many rows
+(attention's 128-row query tiles at head 64, `schedule.options.WIDE_ROWS`) gets 8 warps: two warpgroups,
+one m64 slice each, instead of one warpgroup holding both. On an H200 (benchmarks/device_notes.md, run 10)
+that took f16 attention from 1.96 to 1.58 ms at [4,16,4096,64] (183 to 106 registers a thread, twice the
+resident warps); the same rule on ``mma.sync`` was slower (run 2), so it is the wgmma plan's alone."""
+
+
+def choose_warps(k: t.TileKernel, opts: GpuOptions, wgmma: bool = True) -> int:
+    """`opts.num_warps` (None: see `ELEMENTS_PER_THREAD` and `WGMMA_TILE_ROWS`), fewer when the kernel's
+    largest tile would leave threads idle."""
     biggest = max((r.type.size for op in t.walk_ops(k.body) for r in t.results(op)), default=1)
     warps = opts.num_warps
     if warps is None:
         warps = DEFAULT_WARPS
+        if wgmma and opts.sm == "sm_90a" and any(
+                isinstance(op, t.Dot) and op.a.dtype.storage_only and op.a.shape[0] % WGMMA_TILE_ROWS == 0
+                for op in t.walk_ops(k.body)):
+            warps = 2 * DEFAULT_WARPS
         if not any(isinstance(op, t.Dot | t.For) for op in t.walk_ops(k.body)):
             while warps < 16 and biggest > 32 * warps * ELEMENTS_PER_THREAD:
                 warps *= 2
@@ -264,7 +276,7 @@ def choose_warps(k: t.TileKernel, opts: GpuOptions) -> int:
 def plan_kernel(k: t.TileKernel, opts: GpuOptions, wgmma: bool = True) -> Plan:
     """The layout plan of `k` (see the module docstring); `BackendError` on an op with no GPU lowering.
     `wgmma` False keeps every dot off ``wgmma`` (its operand tiles did not fit in shared memory)."""
-    plan = Plan(choose_warps(k, opts), wgmma=wgmma)
+    plan = Plan(choose_warps(k, opts, wgmma), wgmma=wgmma)
     defs: dict[str, t.Op] = {}
     for op in t.walk_ops(k.body):
         for r in t.results(op):

@@ -18,13 +18,26 @@ bits, so a thread's part is swizzled once and each register's constant XORed in 
 registers run along K within a 16-byte chunk). Then ``fence.proxy.async`` (the stores become visible to
 the tensor cores' async proxy), a barrier, ``wgmma.fence``, and per m64 slice and N chunk (at most 256) a
 chain of wgmmas over K, each reading both operands through descriptors; one commit and a wait for all.
-A barrier in front of the stores keeps them off tiles another warpgroup's wgmma may still read.
+A barrier in front of the stores keeps them off tiles another warpgroup's wgmma may still read. An operand
+defined outside the dot's loop (``Q``) is staged once, in front of the loop (`_defined_outside`).
 
 A comes from registers instead where it already lives in the accumulator layout of its own shape
 (`_register_a`: ``P`` in ``P @ V``, rounded to f16/bf16 in registers, needs no shared-memory round trip).
 
-Not yet: transposed (MN-major) descriptors, several groups in flight, TMA-fed multi-stage rings and warp
-specialization (HOPPER.md).
+e4m3 products are *promoted*: Hopper's FP8 tensor cores keep only about 14 significant bits of the sum they
+accumulate into (DeepSeek-V3's report, section 3.3.2; measured here on an H200: an FP8 GEMM accumulating
+all of K = 4096 in the wgmma's C was 1.46x outside the f32 accumulation bound). So an e4m3 chain starts from
+zero (no C) for every `E4M3_PROMOTE_STEPS` K steps, and each chain's result is added to the accumulator in
+f32 registers, as CUTLASS's and DeepGEMM's FP8 kernels do: the reduced precision then covers at most 128
+products, whose sum is far smaller than the running total (`redfuser.testing.quantization` bounds it).
+
+B goes to an MN-major (N-major) tile instead where its registers run along N (`_b_geometry`: ``V`` in
+``P @ V``, ``w`` in ``x @ w``): the instruction's imm-trans-b, 16-byte vector stores where a K-major tile
+took one 2-byte store an element (on an H200 the 4096^3 f16 GEMM on wgmma went from 1.64 to 0.58 ms,
+benchmarks/device_notes.md runs 9-10).
+
+Not yet: MN-major A, several groups in flight, TMA-fed multi-stage rings and warp specialization
+(HOPPER.md).
 """
 from __future__ import annotations
 
@@ -45,20 +58,27 @@ from .values import Regs, from_registers, pieces
 WGMMA_TYPES = (float16, bfloat16, float8_e4m3fn)
 MAX_N = 256
 """The widest ``wgmma`` N."""
+E4M3_PROMOTE_STEPS = 4
+"""K steps of an e4m3 wgmma chain (4 x 32 = 128 products) before its sum is added to the f32 accumulator."""
 
 
 @dataclass(frozen=True, slots=True)
 class TileGeometry:
-    """A K-major operand tile of `rows` rows of `k` elements of `itemsize` bytes in shared memory: K cut into
-    panels of one swizzled row (`row_bytes`: 32, 64 or 128), a panel's rows one after another."""
+    """An operand tile of `rows` rows (M or N) by `k` elements of `itemsize` bytes in shared memory.
+
+    K-major: K cut into panels of one swizzled row (`row_bytes`: 32, 64 or 128), a panel's rows one after
+    another. MN-major (`mn_major`, 16-bit B only: ``V`` in ``P @ V``, whose registers run along N): the rows
+    cut into panels of one swizzled row, each K index one swizzle row of a panel, the panels one after
+    another (the descriptor's leading byte offset is the panel size, ``k * row_bytes``)."""
 
     rows: int
     k: int
     itemsize: int
+    mn_major: bool = False
 
     @property
     def row_bytes(self) -> int:
-        return min(128, self.k * self.itemsize)
+        return min(128, (self.rows if self.mn_major else self.k) * self.itemsize)
 
     @property
     def mode(self) -> Swizzle:
@@ -73,10 +93,19 @@ class TileGeometry:
         return self.rows * self.k * self.itemsize
 
     def unswizzled(self, row: int, k: int) -> int:
-        """The byte offset of (`row`, `k`) before the swizzle: panel, then row, then column; for coordinates
-        that are powers of two (or sums of distinct ones) the three fields never overlap."""
+        """The byte offset of (`row`, `k`) before the swizzle: panel, then swizzle row, then column; for
+        coordinates that are powers of two (or sums of distinct ones) the three fields never overlap."""
+        if self.mn_major:
+            panel, col = divmod(row, self.panel_elements)
+            return panel * self.k * self.row_bytes + k * self.row_bytes + col * self.itemsize
         panel, col = divmod(k, self.panel_elements)
         return panel * self.rows * self.row_bytes + row * self.row_bytes + col * self.itemsize
+
+    @property
+    def leading(self) -> int:
+        """The descriptor's leading byte offset: unused by swizzled K-major tiles (16 by convention); from one
+        panel of rows to the next in an MN-major one."""
+        return self.k * self.row_bytes if self.mn_major else 16
 
     def offset(self, row: int, k: int) -> int:
         """The byte offset of element (`row`, `k`) in the swizzled tile."""
@@ -107,9 +136,11 @@ def wgmma_plan(op: t.Dot, sm: str, warps: int) -> WgmmaPlan | None:
     return WgmmaPlan(shape, m // (16 * warps), TileGeometry(m, k, dtype.itemsize), TileGeometry(n, k, dtype.itemsize))
 
 
-def _store_k_major(lw, regs: Regs, alloc: SharedAlloc, geometry: TileGeometry, k_dim: int) -> None:
-    """Every element of `regs` (one writer each) into the swizzled K-major tile `alloc`; `k_dim` is the dim of
-    the tile value that runs along K (1 for A's ``[m, k]``, 0 for B's ``[k, n]``)."""
+def _store_tile(lw, regs: Regs, alloc: SharedAlloc, geometry: TileGeometry, k_dim: int) -> None:
+    """Every element of `regs` (one writer each) into the swizzled tile `alloc` laid out as `geometry` says;
+    `k_dim` is the dim of the tile value that runs along K (1 for A's ``[m, k]``, 0 for B's ``[k, n]``). A
+    thread's registers go out as vectors where they run along a swizzle row (K in a K-major tile, the rows in
+    an MN-major one)."""
     b, layout = lw.b, regs.layout
     row_dim = 1 - k_dim
     item = geometry.itemsize
@@ -117,8 +148,9 @@ def _store_k_major(lw, regs: Regs, alloc: SharedAlloc, geometry: TileGeometry, k
     def unswizzled(coord) -> int:
         return geometry.unswizzled(coord[row_dim], coord[k_dim])
 
-    run = max(1, min(contiguous_run(layout, k_dim), 16 // item, regs.chunk_len))
     mask = writer_mask(lw, layout)
+    along = row_dim if geometry.mn_major else k_dim          # the dim running along a swizzle row
+    run = max(1, min(contiguous_run(layout, along), 16 // item, regs.chunk_len))
     thread = b.thread_field(lw.tid, [unswizzled(x) for x in layout.thread_bases])
     # swizzle(t + c) = swizzle(t) ^ swizzle(c): the fields are disjoint bits and the swizzle is linear over them
     chunk_bits = geometry.mode.row_bytes // 16 - 1
@@ -142,6 +174,26 @@ def _operand(lw, v: t.Value, k_dim: int) -> Regs:
         return lw.get(v, mapped(home, v.shape, lambda basis: tuple(basis[p] for p in perm)))
     order = (k_dim, 1 - k_dim)
     return lw.get(v, blocked(v.shape, lw.plan.warps, order, default_vec(v.shape, lw.plan.warps, v.dtype.itemsize)))
+
+
+def _defined_outside(lw, v: t.Value) -> bool:
+    """Whether `v` is defined outside the loop the dot is in (``Q`` in attention's ``Q @ Kᵀ``): its tile is then
+    staged once, in front of that loop (the tile is the dot's own, so nothing overwrites it), rather than on
+    every iteration, and its registers need not live through the loop. The ``fence.proxy.async`` and the
+    barrier in front of every issue order those stores before the wgmmas as they do the loop's own."""
+    return lw.plan.depth.get(v.name, 0) < lw.b.depth
+
+
+def _b_geometry(plan: WgmmaPlan, regs: Regs) -> TileGeometry:
+    """B's tile: MN-major where B's registers run along N further than along K (a row-major ``[K, N]`` value,
+    ``V``), so that its stores are 16-byte vectors instead of one element each; else `plan.b` (K-major).
+    MN-major needs a 16-bit type, whole swizzle rows of N and a power-of-two K (`TileGeometry`)."""
+    k, n = regs.layout.shape
+    mn = TileGeometry(n, k, plan.b.itemsize, mn_major=True)
+    if (plan.b.itemsize != 2 or n * plan.b.itemsize < 32 or n % mn.panel_elements or k & (k - 1)
+            or contiguous_run(regs.layout, 1) <= contiguous_run(regs.layout, 0)):
+        return plan.b
+    return mn
 
 
 def _register_a(lw, v: t.Value, shape: WgmmaShape) -> Regs | None:
@@ -175,17 +227,29 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
     shape, nt = plan.shape, n // 8
     a_fragments = _register_a(lw, op.a, shape)
     b_regs = _operand(lw, op.b, 0)
+    b_geometry = _b_geometry(plan, b_regs)
     a_regs = _operand(lw, op.a, 1) if a_fragments is None else None
     b_tile = b.shared(f"{op.out.name}_b_tile", op.b.dtype, (n * k,), align=1024)
     a_tile = b.shared(f"{op.out.name}_a_tile", op.a.dtype, (m * k,), align=1024) if a_regs is not None else None
+    staged = ((a_regs, a_tile, plan.a, 1, op.a), (b_regs, b_tile, b_geometry, 0, op.b))
+    for regs, tile, geometry, k_dim, value in staged:
+        if regs is not None and _defined_outside(lw, value):    # staged once, in front of the loop
+            with b.at(lw.plan.depth.get(value.name, 0)):
+                b.barrier()
+                _store_tile(lw, regs, tile, geometry, k_dim)
     b.barrier()
-    if a_regs is not None:
-        _store_k_major(lw, a_regs, a_tile, plan.a, 1)
-    _store_k_major(lw, b_regs, b_tile, plan.b, 0)
+    if a_regs is not None and not _defined_outside(lw, op.a):
+        _store_tile(lw, a_regs, a_tile, plan.a, 1)
+    if not _defined_outside(lw, op.b):
+        _store_tile(lw, b_regs, b_tile, b_geometry, 0)
     slices = [(mi, n0) for mi in range(plan.m_slices) for n0 in range(0, n, shape.n)]
+    steps = list(range(0, k, shape.k))
+    promote = op.a.dtype == float8_e4m3fn      # chains of at most E4M3_PROMOTE_STEPS, summed in f32 (docstring)
+    chains = [steps[i:i + E4M3_PROMOTE_STEPS] for i in range(0, len(steps), E4M3_PROMOTE_STEPS)] if promote \
+        else [steps]
     # every C and A register is written (packed) before the fence that orders those writes before the wgmmas
-    inits = {s: None if acc is None else _accumulator_part(b, acc, 4 * (s[0] * nt + s[1] // 8), shape.n // 2)
-             for s in slices}
+    inits = {s: None if acc is None or promote else
+             _accumulator_part(b, acc, 4 * (s[0] * nt + s[1] // 8), shape.n // 2) for s in slices}
     a_parts = None if a_fragments is None else {
         (mi, k0): pieces(b, a_fragments, 4 * (mi * (k // 8) + k0 // 8), shape.a_type.length)
         for mi in range(plan.m_slices) for k0 in range(0, k, shape.k)}
@@ -198,25 +262,33 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
         group = b.int_arith(IntOp.SHR, lw.tid, b.const_of(log2(WARPGROUP_THREADS), int32))
         a_base = b.arith(BinaryOp.ADD, b.shared_address(a_tile),
                          b.int_arith(IntOp.SHL, group, b.const_of(log2(WGMMA_M * plan.a.row_bytes), int32)))
-    outs = []
+    outs: list[list[Reg]] = [[] for _ in chains]      # per chain, a D per slice
     for mi, n0 in slices:
-        d = inits[(mi, n0)]
-        for k0 in range(0, k, shape.k):
-            db = _descriptor(b, b_base, plan.b, n0, k0)
-            if a_parts is not None:
-                d = b.wgmma(shape, a=a_parts[(mi, k0)], b_desc=db, c=d)
-            else:
-                d = b.wgmma(shape, a_desc=_descriptor(b, a_base, plan.a, 16 * warps * mi, k0), b_desc=db, c=d)
-        outs.append(d)
+        for chain, chain_outs in zip(chains, outs):
+            d = inits[(mi, n0)]
+            for k0 in chain:
+                db = _descriptor(b, b_base, b_geometry, n0, k0)
+                if a_parts is not None:
+                    d = b.wgmma(shape, a=a_parts[(mi, k0)], b_desc=db, c=d, b_mn_major=b_geometry.mn_major)
+                else:
+                    d = b.wgmma(shape, a_desc=_descriptor(b, a_base, plan.a, 16 * warps * mi, k0), b_desc=db, c=d,
+                                b_mn_major=b_geometry.mn_major)
+            chain_outs.append(d)
     b.wgmma_commit()
     b.wgmma_wait(0)
     step = min(shape.n // 2, layout.num_regs, 16)
-    parts = [b.extract(d, i, step) for d in outs for i in range(0, shape.n // 2, step)]
-    return from_registers(b, layout, float32, parts)
+    sums = [from_registers(b, layout, float32, [b.extract(d, i, step) for d in ds for i in range(0, shape.n // 2, step)])
+            for ds in outs]
+    # promoted chains are added to the accumulator in f32; otherwise the one chain already holds it
+    total, parts = (acc, sums) if promote and acc is not None else (sums[0], sums[1:])
+    for part in parts:
+        total = Regs(layout, float32, tuple(b.arith(BinaryOp.ADD, x, y) for x, y in zip(total.chunks, part.chunks)))
+    return total
 
 
 def _descriptor(b, base: Reg, geometry: TileGeometry, row: int, k: int) -> Reg:
     """The descriptor of the instruction reading rows `row`.. (a multiple of 8) at K step `k`: its start is the
     *unswizzled* offset, the hardware applying the swizzle to the address as the tile was written."""
     address = b.arith(BinaryOp.ADD, base, b.const_of(geometry.unswizzled(row, k), int32))
-    return b.wgmma_descriptor(address, leading=16, stride=8 * geometry.row_bytes, swizzle=geometry.mode.value)
+    return b.wgmma_descriptor(address, leading=geometry.leading, stride=8 * geometry.row_bytes,
+                              swizzle=geometry.mode.value)

@@ -81,8 +81,9 @@ def _wgmma(s: Wgmma, em: Emitter) -> None:
     operands.append(i32(1 if s.c is not None else 0))
     constraints.append("r")
     scale_d = f"${slot}"
-    # immediates: scale-a, scale-b = 1; the transposes (16-bit types only) = 0: both operands K-major
-    tail = "1, 1" + ("" if t == "e4m3" else (", 0" if s.a is not None else ", 0, 0"))
+    # immediates: scale-a, scale-b = 1; the transposes (16-bit types only): A K-major, B as `b_mn_major` says
+    trans_b = str(int(s.b_mn_major))
+    tail = "1, 1" + ("" if t == "e4m3" else (f", {trans_b}" if s.a is not None else f", 0, {trans_b}"))
     d_text = "{" + ", ".join(f"${i}" for i in range(outs)) + "}"
     asm = ("{ .reg .pred p; setp.ne.b32 p, " + scale_d + ", 0; "
            f"wgmma.mma_async.sync.aligned.m64n{s.shape.n}k{s.shape.k}.f32.{t}.{t} {d_text}, {a_text}, {b_text}, p, "

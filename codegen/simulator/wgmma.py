@@ -17,10 +17,15 @@ arithmetic would happen to come out right. Each failure is a `SimulationError` o
 - ``descriptor_out_of_bounds``: a descriptor whose tile is not inside one shared allocation.
 
 Shared memory is byte-addressed for descriptors: allocation ``a`` starts at ``nodes.shared_offsets``'s
-offset, and a descriptor's start address, stride byte offset and swizzle select the elements a K-major
-tile of ``rows x K`` reads (`tile_elements`). Reads are recorded by the race tracker like loads (so a
-missing barrier between the threads that stored the tile and the wgmma is a race). The product is exact
-in float64 (the operands are 16- or 8-bit floats) and the sum is rounded to f32 once, as for ``mma``.
+offset, and a descriptor's start address, byte offsets and swizzle select the elements a K-major (or, for
+an N-major B, MN-major) tile of ``rows x K`` reads (`tile_elements`). Each warpgroup reads through its own
+descriptor (with two warpgroups each reads its own rows of A). Reads are recorded by the race tracker like
+loads (so a missing barrier between the threads that stored the tile and the wgmma is a race). The product
+is exact in float64 (the operands are 16- or 8-bit floats) and the sum is rounded to f32 once, as for
+``mma``. That is a model, not the hardware's bits: on an H200 an f16 chain's sums differ from it by about an
+ulp, and e4m3 wgmmas keep only about 14 bits of what they accumulate (benchmarks/device_notes.md, run 9;
+`codegen/simt/wgmma.py` promotes e4m3 chains for it). Tests compare wgmma kernels with ``mma.sync`` ones
+in the simulator bit for bit, and on a device within the tolerance rules.
 """
 from __future__ import annotations
 
@@ -42,18 +47,31 @@ def _whole_warpgroups(s: Stmt, block: Block, what: str) -> np.ndarray:
     return check_converged(s, block, what, WARPGROUP_THREADS, "warpgroup", "threads")
 
 
-def tile_elements(kernel: SimtKernel, desc: MatrixDescriptor, rows: int, k: int, itemsize: int
-                  ) -> tuple[str, np.ndarray] | str:
-    """(the shared allocation, the element index of each (row, k) of a K-major ``rows x k`` tile) that
-    descriptor `desc` reads, or why it reads outside one allocation. Swizzled modes: row ``r`` at
-    ``start + (r / 8) stride + (r % 8) row_bytes``, the address then swizzled; no swizzle: 8 x 16-byte
-    core matrices, ``leading`` apart along K and ``stride`` apart along the rows."""
+def tile_elements(kernel: SimtKernel, desc: MatrixDescriptor, rows: int, k: int, itemsize: int,
+                  mn_major: bool = False) -> tuple[str, np.ndarray] | str:
+    """(the shared allocation, the element index of each (row, k) of a ``rows x k`` tile) that descriptor
+    `desc` reads, or why it reads outside one allocation.
+
+    K-major, swizzled: row ``r`` at ``start + (r / 8) stride + (r % 8) row_bytes``, the address then
+    swizzled; no swizzle: 8 x 16-byte core matrices, ``leading`` apart along K and ``stride`` apart along
+    the rows. MN-major (`mn_major`, swizzled only): K index ``k`` is a swizzle row, ``start + (k / 8) stride
+    + (k % 8) row_bytes``, holding ``W = row_bytes / itemsize`` consecutive rows of the tile; the next ``W``
+    rows are ``leading`` bytes on (the PTX ISA's leading byte offset of a swizzled MN-major layout: from one
+    swizzle-width of rows to the next)."""
     r = np.arange(rows)[:, None]
-    kk = np.arange(k)[None, :] * itemsize
-    if desc.mode is Swizzle.NONE:
+    kk = np.arange(k)[None, :]
+    if mn_major:
+        if desc.mode is Swizzle.NONE:
+            return "an MN-major tile without a swizzle (interleaved core matrices) is not modelled"
+        width = desc.mode.row_bytes // itemsize
+        byte = (desc.start + (r // width) * desc.leading + (kk // 8) * desc.stride + (kk % 8) * desc.mode.row_bytes
+                + (r % width) * itemsize)
+        byte = swizzle(byte, desc.mode)
+    elif desc.mode is Swizzle.NONE:
+        kk = kk * itemsize
         byte = desc.start + (r // 8) * desc.stride + (kk // 16) * desc.leading + (r % 8) * 16 + kk % 16
     else:
-        byte = desc.start + (r // 8) * desc.stride + (r % 8) * desc.mode.row_bytes + kk
+        byte = desc.start + (r // 8) * desc.stride + (r % 8) * desc.mode.row_bytes + kk * itemsize
         byte = swizzle(byte, desc.mode)
     offsets = shared_offsets(kernel.shared)
     first, last = int(byte.min()), int(byte.max()) + itemsize
@@ -66,29 +84,36 @@ def tile_elements(kernel: SimtKernel, desc: MatrixDescriptor, rows: int, k: int,
     return f"the tile spans shared bytes {first}..{last}, not inside one allocation"
 
 
-def _descriptor(s: Wgmma, block: Block, reg, groups: np.ndarray) -> MatrixDescriptor:
+def _descriptors(s: Wgmma, block: Block, reg, groups: np.ndarray) -> list[MatrixDescriptor]:
+    """The descriptor each active warpgroup passes in `reg` (uniform within a warpgroup; warpgroups may
+    differ: each reads its own rows of A)."""
     values = block[reg].reshape(-1, WARPGROUP_THREADS)[groups]
     if (values != values[:, :1]).any():
         block.fail("nonuniform_descriptor", f"descriptor {reg} differs between the threads of a warpgroup", s)
-    return MatrixDescriptor.decode(int(values[0, 0]) & ((1 << 64) - 1))
+    return [MatrixDescriptor.decode(int(v) & ((1 << 64) - 1)) for v in values[:, 0]]
 
 
-def _read_tile(s: Wgmma, block: Block, reg, rows: int, groups: np.ndarray) -> np.ndarray:
+def _read_tiles(s: Wgmma, block: Block, reg, rows: int, groups: np.ndarray, mn_major: bool = False) -> np.ndarray:
+    """``[active warpgroups, rows, k]``: the tile each active warpgroup's descriptor in `reg` reads."""
+    return np.stack([_read_tile(s, block, desc, g, rows, mn_major)
+                     for desc, g in zip(_descriptors(s, block, reg, groups), np.flatnonzero(groups))])
+
+
+def _read_tile(s: Wgmma, block: Block, desc: MatrixDescriptor, group: int, rows: int, mn_major: bool) -> np.ndarray:
+    """The ``[rows, k]`` tile descriptor `desc` of warpgroup `group` reads."""
     shape = s.shape
-    desc = _descriptor(s, block, reg, groups)
-    found = tile_elements(block.kernel, desc, rows, shape.k, shape.dtype.itemsize)
+    found = tile_elements(block.kernel, desc, rows, shape.k, shape.dtype.itemsize, mn_major)
     if isinstance(found, str):
-        block.fail("descriptor_out_of_bounds", f"descriptor {reg}: {found}", s)
+        block.fail("descriptor_out_of_bounds", f"warpgroup {group}'s descriptor: {found}", s)
     name, elems = found
     if name in block.wgmma.proxy_dirty:
         block.fail("fence_proxy_async", f"the wgmma reads shared {name}, stored to since the last "
                    "fence.proxy.async (stores are the generic proxy; wgmma reads through the async proxy)", s)
     tracker = block.shared_trackers.get(name)
-    if tracker is not None:   # each warpgroup reads the tile (recorded as its first thread's read)
+    if tracker is not None:   # the warpgroup reads the tile (recorded as its first thread's read)
         flat = elems.ravel()
-        for g in np.flatnonzero(groups):
-            reader = np.full(flat.size, block.gid[g * WARPGROUP_THREADS])
-            tracker.read(flat, reader, block.launch.epoch, fail_at(block, s))
+        reader = np.full(flat.size, block.gid[group * WARPGROUP_THREADS])
+        tracker.read(flat, reader, block.launch.epoch, fail_at(block, s))
     check_landed(block, name, elems, s)
     block.wgmma.reads.setdefault(s.out.name, []).append((name, elems))
     return block.shared[name][elems].astype(np.float64)
@@ -115,9 +140,9 @@ def _wgmma(s: Wgmma, block: Block) -> None:
         if reg is not None and reg.name in state.unfenced and reg.name not in state.produced:
             block.fail("wgmma_fence", f"the wgmma reads {reg} ({what}), written since the last wgmma.fence", s)
     shape = s.shape
-    b = _read_tile(s, block, s.b_desc, shape.n, groups)                     # [n, k]
+    b = _read_tiles(s, block, s.b_desc, shape.n, groups, s.b_mn_major)      # [groups, n, k]
     if s.a_desc is not None:
-        a = np.broadcast_to(_read_tile(s, block, s.a_desc, 64, groups), (int(groups.sum()), 64, shape.k))
+        a = _read_tiles(s, block, s.a_desc, 64, groups)                       # [groups, 64, k]
     else:
         rows, cols = _fragment(16)
         a = np.zeros((int(groups.sum()), 64, 16))
@@ -127,7 +152,7 @@ def _wgmma(s: Wgmma, block: Block) -> None:
     c = np.zeros((int(groups.sum()), 64, shape.n))
     if s.c is not None:   # (None: scale-d false, D = A·B)
         c[:, rows, cols] = block[s.c].astype(np.float64).reshape(-1, WARPGROUP_THREADS, shape.n // 2)[groups]
-    d = (a @ b.T + c).astype(np.float32)
+    d = (a @ np.swapaxes(b, 1, 2) + c).astype(np.float32)
     out = np.zeros((block.threads // WARPGROUP_THREADS, WARPGROUP_THREADS, shape.n // 2), np.float32)
     out[groups] = d[:, rows, cols]
     block.set(s.out, out.reshape(block.threads, shape.n // 2))

@@ -172,8 +172,8 @@ class SimtBuilder:
         return self._def(lambda o: WgmmaDescriptor(o, address, leading, stride, swizzle), "desc", RegType(int64))
 
     def wgmma(self, shape: WgmmaShape, *, b_desc: Reg, c: Reg | None = None, a: Reg | None = None,
-              a_desc: Reg | None = None) -> Reg:
-        return self._def(lambda o: Wgmma(o, shape, a, a_desc, b_desc, c), "acc", shape.c_type)
+              a_desc: Reg | None = None, b_mn_major: bool = False) -> Reg:
+        return self._def(lambda o: Wgmma(o, shape, a, a_desc, b_desc, c, b_mn_major), "acc", shape.c_type)
 
     def wgmma_fence(self) -> None:
         self.emit(WgmmaFence())

@@ -276,8 +276,9 @@ class Wgmma:
     """``wgmma.mma_async``: D (`out`) = A·B + C (`c`) over the warpgroup, issued asynchronously.
 
     A is the register fragment `a` or the K-major shared tile of descriptor `a_desc` (exactly one of them);
-    B the K-major shared tile (N rows of K) of descriptor `b_desc`. `c` None is the instruction's scale-d
-    predicate false: D = A·B. D takes C's registers: `c` is dead after the issue, and D may be read only
+    B the shared tile of descriptor `b_desc`: K-major (N rows of K), or with `b_mn_major` (the instruction's
+    imm-trans-b, 16-bit types only) N-major (K rows of N: a row-major ``[K, N]`` tile, as ``V`` is in
+    ``P @ V``). `c` None is the instruction's scale-d predicate false: D = A·B. D takes C's registers: `c` is dead after the issue, and D may be read only
     after a `WgmmaWait` that covers its commit group (another `Wgmma` may take it as its C before that:
     accumulator chaining)."""
 
@@ -287,6 +288,7 @@ class Wgmma:
     a_desc: Reg | None
     b_desc: Reg
     c: Reg | None
+    b_mn_major: bool = False
     loc: SourceLoc = _loc()
 
 

@@ -107,7 +107,7 @@ _RHS: dict[type, Callable[..., str]] = {
     WgmmaDescriptor: lambda s: (f"wgmma_descriptor {s.address} leading {s.leading} stride {s.stride} "
                                 f"swizzle {('none', '128B', '64B', '32B')[s.swizzle]}"),
     Wgmma: lambda s: (f"wgmma.{s.shape.value} " + (f"{s.a}" if s.a is not None else f"desc {s.a_desc}")
-                      + f", desc {s.b_desc}, {s.c if s.c is not None else 'zero'}"),
+                      + f", desc {s.b_desc}{' n-major' if s.b_mn_major else ''}, {s.c if s.c is not None else 'zero'}"),
 }
 
 _BARE: dict[type, Callable[..., str]] = {

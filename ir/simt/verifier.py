@@ -223,6 +223,7 @@ def _check_wgmma(s: Wgmma, ctx: _Ctx, need: Need) -> None:
         need(s.a.type == shape.a_type, lambda: f"wgmma.{shape.value} A fragment is {s.a.type}, wants {shape.a_type}")
         need(shape.dtype != float8_e4m3fn,
              "an e4m3 wgmma takes A from shared memory here (its register layout differs)")
+    need(not s.b_mn_major or shape.dtype.itemsize == 2, "an N-major B (imm-trans-b) is for 16-bit types only")
     for what, reg in (("A", s.a_desc), ("B", s.b_desc)):
         if reg is not None:
             need(reg.type == RegType(int64), lambda: f"wgmma {what} descriptor {reg} must be an i64 scalar")
