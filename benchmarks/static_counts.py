@@ -8,6 +8,9 @@ For each kernel of each case of ``benchmarks/gpu_cases.py`` (the shapes ``gpu_ch
 - **ptx**: PTX instructions (lines ending in ``;`` that are not directives);
 - **regs**, **spill B**: registers per thread and spill-store bytes, from nvJitLink (the assembler the
   corpus tests use; a driver's JIT may differ by a few registers);
+- **wgmma**: ``wgmma.mma_async`` instructions in the PTX, with ``serial`` where ptxas said it serialized
+  them (its warning C7509, "... due to the presence of Extern calls": an IEEE division's slow path is a
+  subroutine, and the wgmmas then wait on each other, losing the asynchrony);
 - **sass**: SASS instructions of the assembled cubin (``NOP`` padding not counted), when ``cuobjdump`` is on
   PATH (``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``; cuobjdump runs nvdisasm, so put their
   ``bin`` folder, ``site-packages/nvidia/*/bin``, on PATH).
@@ -30,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redfuser as rf                                        # noqa: E402
-from redfuser.codegen.ptx_check import assemble               # noqa: E402
+from redfuser.codegen.ptx_check import SERIALIZED_BY_DIVISION, assemble   # noqa: E402
 from bench_common import CacheFolder                          # noqa: E402
 from gpu_cases import cases                                   # noqa: E402
 from gpu_check import variants                                # noqa: E402
@@ -86,8 +89,10 @@ def kernel_rows(label: str, lowered, sm: str, cuobjdump: str | None) -> list[lis
         result = assemble(k.ptx, sm)
         (usage,) = [u for u in result.usage if u.kernel == k.entry]
         sass = str(sass_instructions(result.cubin, cuobjdump)) if cuobjdump else "-"
+        wgmma = k.ptx.count("wgmma.mma_async")
+        serial = " serial" if SERIALIZED_BY_DIVISION in result.info_log else ""
         rows.append([label, k.name, str(llvm_instructions(k.llvm_ir)), str(ptx_instructions(k.ptx)), sass,
-                     str(usage.registers), str(usage.spill_store_bytes)])
+                     str(usage.registers), str(usage.spill_store_bytes), f"{wgmma}{serial}"])
     return rows
 
 
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also the options gpu_check.py times beside the defaults")
     args = parser.parse_args(argv)
     cuobjdump = find_cuobjdump()
-    head = ["case", "kernel", "llvm", "ptx", "sass", "regs", "spill B"]
+    head = ["case", "kernel", "llvm", "ptx", "sass", "regs", "spill B", "wgmma"]
     rows: list[list[str]] = []
     with tempfile.TemporaryDirectory() as folder, CacheFolder(folder):
         for case in cases("tiny" if args.tiny else "full"):
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     lowered = rf.kernel(case.fn, backend="cuda", **options).lower(*case.compile_args())
                 except rf.RedFuserError as exc:   # a case that does not compile is a row saying why
-                    rows.append([label, f"{type(exc).__name__}: {str(exc).splitlines()[0][:50]}", *"-" * 5])
+                    rows.append([label, f"{type(exc).__name__}: {str(exc).splitlines()[0][:50]}", *"-" * 6])
                     continue
                 rows.extend(kernel_rows(label, lowered, options["sm"], cuobjdump))
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]

@@ -49,6 +49,12 @@ class AssembleResult:
     usage: tuple[ResourceUsage, ...]
 
 
+SERIALIZED_BY_DIVISION = "C7509"
+"""ptxas's (nvJitLink 13.5's) "wgmma.mma_async instructions are serialized due to the presence of Extern calls":
+an IEEE f32 division (``div.rn.f32``/``rcp.rn.f32``, whose slow path is a subroutine) anywhere in a kernel
+serializes its wgmmas. A known cost of the wgmma kernels that divide (docs/gpu-backend.md)."""
+
+
 def ptx_target(ptx: str) -> str:
     """The ``.target`` of a PTX text (``sm_90``)."""
     found = re.search(r"^\s*\.target\s+(sm_\w+)", ptx, flags=re.M)

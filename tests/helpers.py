@@ -26,7 +26,7 @@ from cuda.bindings import driver as real_driver
 
 import redfuser as rf
 from redfuser import config
-from redfuser.codegen.ptx_check import check_ptx
+from redfuser.codegen.ptx_check import SERIALIZED_BY_DIVISION, check_ptx
 from redfuser.codegen.simt import GpuOptions, lower_to_simt
 from redfuser.codegen.simt.run import simulate_program
 from redfuser.codegen.simt_to_llvm import emit_module
@@ -72,12 +72,6 @@ def expected_softmax(x):
     """numpy's softmax of `x` over its last axis."""
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
-
-
-SERIALIZED_BY_DIVISION = "C7509"
-"""ptxas's (nvJitLink 13.5's) "wgmma.mma_async instructions are serialized due to the presence of Extern calls":
-an IEEE f32 division (``div.rn.f32``/``rcp.rn.f32``, whose slow path is a subroutine) anywhere in a kernel
-serializes its wgmmas. A known cost of the wgmma kernels that divide (docs/gpu-backend.md)."""
 
 
 def assemble_without_spills(lowered, serialized_by_division: bool = False) -> None:

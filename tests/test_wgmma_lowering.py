@@ -7,6 +7,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from helpers import assemble_without_spills
 
 import redfuser as rf
@@ -174,3 +176,38 @@ def test_the_wgmma_plan_has_its_own_warps_and_blocks_an_sm(sm, head, threads, bl
     kernel = rf.kernel(flash_attention_f16, backend="simulate", sm=sm, num_warps=4,
                        min_blocks_per_sm=2).lower(q, q, q).stages["simt"].kernels[0]
     assert (kernel.threads, kernel.min_blocks_per_sm) == (128, 2)
+
+
+def _widened(x, w):
+    return x.astype(rf.float32) @ w.astype(rf.float32)
+
+
+def _widened_transposed(x, w):
+    return x.astype(rf.float32) @ rf.swapaxes(w, -1, -2).astype(rf.float32)
+
+
+def _scaled_plus_row_sum(x, w):
+    y = _widened(x, w) * 0.5
+    return y + rf.sum(x.astype(rf.float32), axis=-1, keepdims=True)
+
+
+@settings(deadline=None)
+@given(m=st.sampled_from([1, 16, 64, 100, 128, 192, 257]), k=st.sampled_from([8, 16, 40, 64, 96, 128, 200]),
+       n=st.sampled_from([8, 24, 64, 72, 128, 136]), dtype=st.sampled_from([np.float16, BF16]),
+       body=st.sampled_from([_widened, _widened_transposed, _scaled_plus_row_sum]),
+       tiles=st.sampled_from([{}, {"block_m": 64, "block_n": 64}, {"block_m": 128, "block_n": 64},
+                              {"block_m": 64, "block_n": 128, "block_k": 32}, {"num_warps": 8},
+                              {"block_m": 128, "num_warps": 8, "block_k": 128}]),
+       seed=st.integers(0, 2**31 - 1))
+@example(m=64, k=40, n=8, dtype=np.float16, body=_scaled_plus_row_sum, tiles={}, seed=0)
+def test_random_matmuls_on_the_hopper_path_equal_numpy(m, k, n, dtype, body, tiles, seed):
+    """Matmuls of random shapes (ragged ones included), 16-bit types, B K-major (``w.T``) or N-major (``w``),
+    one or two warpgroups, with an epilogue that reads the result: the simulated ``sm_90a`` kernel (wgmma
+    where the plan allows it, mma.sync or FMA elsewhere) within numpy's tolerance. The explicit example was
+    its first finding: a constant zero accumulator (one register for the whole kernel) handed to a wgmma as
+    its C, which the wgmma's D then owns, while the row sum still read it (`wgmma._accumulator_part`)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    w = rng.standard_normal((n, k) if body is _widened_transposed else (k, n)).astype(dtype)
+    got = rf.kernel(body, backend="simulate", sm="sm_90a", **tiles)(x, w)
+    assert_close(got, body(x, w), np.float32, k, f"{body.__name__} {m}x{k}x{n} {tiles}")

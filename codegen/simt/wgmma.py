@@ -210,10 +210,11 @@ def _register_a(lw, v: t.Value, shape: WgmmaShape) -> Regs | None:
 
 
 def _accumulator_part(b, c: Regs, first: int, length: int) -> Reg:
-    """Registers ``first .. first + length - 1`` of `c` as one register (chunks packed: a wgmma's C)."""
+    """Registers ``first .. first + length - 1`` of `c` as one new register (a wgmma's C). Always a new one,
+    a `Pack` even of a single part: the wgmma's D takes C's registers, and a part may be a register others
+    still read (a constant zero accumulator is one register for the whole kernel; extracts are shared)."""
     step = min(length, c.chunk_len)
-    parts = [pieces(b, c, first + i, step) for i in range(0, length, step)]
-    return parts[0] if len(parts) == 1 else b.pack(parts)
+    return b.pack([pieces(b, c, first + i, step) for i in range(0, length, step)])
 
 
 def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None) -> Regs:

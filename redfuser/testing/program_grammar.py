@@ -23,7 +23,7 @@ What is drawn:
   absmax FP8 quantization, layer-norm statistics, log-sum-exp);
 - static scalar arguments (runs such as ``2, 2.0, True, np.float32(2)`` or
   ``0.0, -0.0``) and kernel options (block sizes, ``split``, ``num_warps``,
-  ``prefetch``, ``skip_masked``, ``interpret_chunk``, ``fuse``);
+  ``prefetch``, ``skip_masked``, ``interpret_chunk``, ``fuse``, ``sm``);
 - the calls: the same kernel object called again with the run's other scalars,
   new data, the same data as a broadcast, negative-stride, Fortran-order or
   sliced view, or a masked array, and new data at other lengths (the kernel then
@@ -58,6 +58,7 @@ OPTION_CHOICES: dict[str, tuple] = {
     "interpret_chunk": (1, 2, 3, 7),
     "fuse": (False,),
     "num_threads": (1, 2),
+    "sm": ("sm_80", "sm_90a"),   # simulate: Ampere's mma.sync without FP8, or Hopper's wgmma (an H100's default)
 }
 
 
