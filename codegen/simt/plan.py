@@ -261,9 +261,8 @@ def choose_warps(k: t.TileKernel, opts: GpuOptions, wgmma: bool = True) -> int:
     warps = opts.num_warps
     if warps is None:
         warps = DEFAULT_WARPS
-        if wgmma and opts.sm == "sm_90a" and any(
-                isinstance(op, t.Dot) and op.a.dtype.storage_only and op.a.shape[0] % WGMMA_TILE_ROWS == 0
-                for op in t.walk_ops(k.body)):
+        if wgmma and any(isinstance(op, t.Dot) and op.a.shape[0] % WGMMA_TILE_ROWS == 0
+                         and wgmma_plan(op, opts.sm, 2 * DEFAULT_WARPS) is not None for op in t.walk_ops(k.body)):
             warps = 2 * DEFAULT_WARPS
         if not any(isinstance(op, t.Dot | t.For) for op in t.walk_ops(k.body)):
             while warps < 16 and biggest > 32 * warps * ELEMENTS_PER_THREAD:
