@@ -95,12 +95,14 @@ class _Narrower:
         selects that change nothing (`_zero_where_false`)."""
         op = self.defs.get(v.name)
         views: list[t.Op] = []
-        while isinstance(op, _VIEWS) or (isinstance(op, t.Select) and self._zero_where_false(op)):
-            if isinstance(op, t.Select):
+        while True:
+            if isinstance(op, _VIEWS):
+                views.append(op)
+                op = self.defs.get(op.x.name)
+            elif isinstance(op, t.Select) and self._zero_where_false(op):
                 op = self.defs.get(op.a.name)
-                continue
-            views.append(op)
-            op = self.defs.get(op.x.name)
+            else:
+                break
         if isinstance(op, t.Cast) and op.x.dtype.storage_only and op.out.dtype == float32:
             return op.x, views[::-1]
         return None

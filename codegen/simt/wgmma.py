@@ -53,7 +53,7 @@ from ...ir.tile import nodes as t
 from ...ir.types import bfloat16, float8_e4m3fn, float16, float32, int32
 from .convert import writer_mask
 from .layouts import Layout, blocked, contiguous_run, default_vec, log2, mapped, mma_acc, mma_warps
-from .values import Regs, from_registers, pieces
+from .values import Regs, from_registers, map_chunks, pieces
 
 WGMMA_TYPES = (float16, bfloat16, float8_e4m3fn)
 MAX_N = 256
@@ -232,17 +232,20 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
     a_regs = _operand(lw, op.a, 1) if a_fragments is None else None
     b_tile = b.shared(f"{op.out.name}_b_tile", op.b.dtype, (n * k,), align=1024)
     a_tile = b.shared(f"{op.out.name}_a_tile", op.a.dtype, (m * k,), align=1024) if a_regs is not None else None
-    staged = ((a_regs, a_tile, plan.a, 1, op.a), (b_regs, b_tile, b_geometry, 0, op.b))
-    for regs, tile, geometry, k_dim, value in staged:
-        if regs is not None and _defined_outside(lw, value):    # staged once, in front of the loop
+    operands = ((a_regs, a_tile, plan.a, 1, op.a), (b_regs, b_tile, b_geometry, 0, op.b))
+    here = []                                        # the tiles staged here, after one barrier
+    for regs, tile, geometry, k_dim, value in operands:
+        if regs is None:
+            continue
+        if _defined_outside(lw, value):              # staged once, in front of the loop
             with b.at(lw.plan.depth.get(value.name, 0)):
                 b.barrier()
                 _store_tile(lw, regs, tile, geometry, k_dim)
+        else:
+            here.append((regs, tile, geometry, k_dim))
     b.barrier()
-    if a_regs is not None and not _defined_outside(lw, op.a):
-        _store_tile(lw, a_regs, a_tile, plan.a, 1)
-    if not _defined_outside(lw, op.b):
-        _store_tile(lw, b_regs, b_tile, b_geometry, 0)
+    for regs, tile, geometry, k_dim in here:
+        _store_tile(lw, regs, tile, geometry, k_dim)
     slices = [(mi, n0) for mi in range(plan.m_slices) for n0 in range(0, n, shape.n)]
     steps = list(range(0, k, shape.k))
     promote = op.a.dtype == float8_e4m3fn      # chains of at most E4M3_PROMOTE_STEPS, summed in f32 (docstring)
@@ -269,21 +272,19 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
             d = inits[(mi, n0)]
             for k0 in chain:
                 db = _descriptor(b, b_base, b_geometry, n0, k0)
-                if a_parts is not None:
-                    d = b.wgmma(shape, a=a_parts[(mi, k0)], b_desc=db, c=d, b_mn_major=b_geometry.mn_major)
-                else:
-                    d = b.wgmma(shape, a_desc=_descriptor(b, a_base, plan.a, 16 * warps * mi, k0), b_desc=db, c=d,
-                                b_mn_major=b_geometry.mn_major)
+                a_operand = {"a": a_parts[(mi, k0)]} if a_parts is not None else \
+                    {"a_desc": _descriptor(b, a_base, plan.a, 16 * warps * mi, k0)}
+                d = b.wgmma(shape, **a_operand, b_desc=db, c=d, b_mn_major=b_geometry.mn_major)
             chain_outs.append(d)
     b.wgmma_commit()
     b.wgmma_wait(0)
     step = min(shape.n // 2, layout.num_regs, 16)
-    sums = [from_registers(b, layout, float32, [b.extract(d, i, step) for d in ds for i in range(0, shape.n // 2, step)])
-            for ds in outs]
+    sums = [from_registers(b, layout, float32, [b.extract(d, i, step) for d in ds
+                                                for i in range(0, shape.n // 2, step)]) for ds in outs]
     # promoted chains are added to the accumulator in f32; otherwise the one chain already holds it
     total, parts = (acc, sums) if promote and acc is not None else (sums[0], sums[1:])
     for part in parts:
-        total = Regs(layout, float32, tuple(b.arith(BinaryOp.ADD, x, y) for x, y in zip(total.chunks, part.chunks)))
+        total = Regs(layout, float32, map_chunks((total, part), lambda x, y: b.arith(BinaryOp.ADD, x, y)))
     return total
 
 
