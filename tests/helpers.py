@@ -9,6 +9,8 @@
 - `run_on_host`: a SIMT kernel's emitted LLVM IR run on the host CPU, thread by thread;
 - `FakeDriver`, `OK`: just enough of ``cuda.bindings.driver`` to test the runtime without a GPU;
 - `CORPUS`, `SNAPSHOTS`, `compare`: the snapshot corpus's kernels and the golden-file comparison;
+- `quantization_bound`, `QUANTIZATION_BOUNDS`, `within_quantization_bound`: the quantized GEMMs' checks against
+  the exact product;
 - `DEFAULT_CHANGING`: the environment variables `conftest.py` clears so that the suite runs with the defaults.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ from redfuser.codegen.simt.run import simulate_program
 from redfuser.codegen.simt_to_llvm import emit_module
 from redfuser.ir.tile import nodes as t
 from redfuser.schedule import options_for, schedule_program
+from redfuser.testing.quantization import int8_quantization_bound
 from redfuser.testing.quantization import quantization_bound as shared_bound
 from redfuser.workloads import attention, fp8_quant_gemm, log_softmax, softmax
 
@@ -61,6 +64,18 @@ def quantization_bound(x, w, w_scale):
     """|result - exact| allowed by rounding x * 448 / a to e4m3 (with any a' <= a per element), per output:
     `redfuser.testing.quantization`'s bound with room for the float32 epilogue."""
     return shared_bound(x, w, w_scale) * (1 + 1e-5) + 1e-6
+
+
+QUANTIZATION_BOUNDS = {"fp8_quant_gemm": quantization_bound, "int8_quant_gemm": int8_quantization_bound}
+"""The workloads that quantize with a running absmax (so they equal their numpy body only within the
+quantization error), and each one's per-element bound against the exact product."""
+
+
+def within_quantization_bound(name: str, out, x, w, w_scale) -> bool:
+    """Whether every element of `out` (of workload `name` on ``(x, w, w_scale)``) is within its
+    `QUANTIZATION_BOUNDS` bound of the exact ``(x @ w) * w_scale``, computed in float64."""
+    exact = (x.astype(np.float64) @ w.astype(np.float64)) * w_scale
+    return bool(np.all(np.abs(np.asarray(out, np.float64) - exact) <= QUANTIZATION_BOUNDS[name](x, w, w_scale)))
 
 
 def ops_of(kernel: t.TileKernel, kind) -> list:

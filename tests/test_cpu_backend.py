@@ -10,8 +10,7 @@ from functools import partial
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import quantization_bound, run_backend
-from redfuser.testing.quantization import int8_quantization_bound
+from helpers import QUANTIZATION_BOUNDS, run_backend, within_quantization_bound
 from hypothesis import given, note
 
 import redfuser as rf
@@ -34,15 +33,8 @@ def test_workloads(name, fuse):
     w = WORKLOADS[name]
     args = w.make_inputs(np.random.default_rng(7))
     actual, expected = run_cpu(w.fn, *args, fuse=fuse)
-    if name == "fp8_quant_gemm":  # quantizing with the running absmax: equal within the quantization error
-        x, wt, ws = args
-        exact = (x.astype(np.float64) @ wt.astype(np.float64)) * ws
-        assert np.all(np.abs(actual[0] - exact) <= quantization_bound(x, wt, ws))
-        return
-    if name == "int8_quant_gemm":  # rounding with the running absmax: within half a grid step per term
-        x, wt, ws = args
-        exact = (x.astype(np.float64) @ wt.astype(np.float64)) * ws
-        assert np.all(np.abs(actual[0] - exact) <= int8_quantization_bound(x, wt, ws))
+    if name in QUANTIZATION_BOUNDS:  # quantizing with the running absmax: within the quantization error
+        assert within_quantization_bound(name, actual[0], *args)
         return
     for a, e in zip(actual, expected):
         assert_close(a, e, e.dtype, args[0].shape[-1])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import as_tuple, expected_softmax, quantization_bound
+from helpers import QUANTIZATION_BOUNDS, as_tuple, expected_softmax, within_quantization_bound
 
 import redfuser as rf
 import nvptx_samples
@@ -19,7 +19,7 @@ from redfuser.ir.errors import BackendError, CudaError
 from redfuser.runtime import cuda_driver, device
 from redfuser.runtime.cuda_memory import DeviceBuffer
 from redfuser.testing import assert_close
-from redfuser.testing.quantization import assert_quantized_gemm, int8_quantization_bound, spike_rows
+from redfuser.testing.quantization import assert_quantized_gemm, spike_rows
 from redfuser.workloads import WORKLOADS, softmax
 
 pytestmark = pytest.mark.gpu
@@ -45,15 +45,8 @@ def test_every_workload_on_the_device_equals_its_numpy_body(name):
     actual = as_tuple(rf.kernel(w.fn, backend="cuda")(*args))
     assert all(a.tobytes() == c.tobytes() for a, c in zip(args, copies)), "an input was modified"
     assert all(isinstance(a, np.ndarray) for a in actual)
-    if name == "fp8_quant_gemm":   # the running absmax quantizes within the quantization error
-        x, wt, ws = args
-        exact = (x.astype(np.float64) @ wt.astype(np.float64)) * ws
-        assert np.all(np.abs(actual[0].astype(np.float64) - exact) <= quantization_bound(x, wt, ws))
-        return
-    if name == "int8_quant_gemm":  # rounding with the running absmax: within half a grid step per term
-        x, wt, ws = args
-        exact = (x.astype(np.float64) @ wt.astype(np.float64)) * ws
-        assert np.all(np.abs(actual[0].astype(np.float64) - exact) <= int8_quantization_bound(x, wt, ws))
+    if name in QUANTIZATION_BOUNDS:   # the running absmax quantizes within the quantization error
+        assert within_quantization_bound(name, actual[0], *args)
         return
     for a, e in zip(actual, expected):
         assert_close(a, e, e.dtype, args[0].shape[-1], name)
@@ -102,10 +95,8 @@ def test_a_shape_polymorphic_kernel_on_the_device_equals_the_numpy_body_at_every
         with np.errstate(all="ignore"):
             expected = as_tuple(w.fn(*args))
         actual = as_tuple(k(*args))
-        if name == "fp8_quant_gemm":
-            x, wt, ws = args
-            exact = (x.astype(np.float64) @ wt.astype(np.float64)) * ws
-            assert np.all(np.abs(actual[0].astype(np.float64) - exact) <= quantization_bound(x, wt, ws))
+        if name in QUANTIZATION_BOUNDS:
+            assert within_quantization_bound(name, actual[0], *args)
             continue
         for a, e in zip(actual, expected):
             assert_close(a, e, e.dtype, args[-1].shape[-2 if name.endswith("attention") else -1], name)

@@ -17,7 +17,7 @@ from redfuser.ir import run_program
 from redfuser.ir.tile import nodes as t
 from redfuser.ir.tile.interpreter import run_tile_program
 from redfuser.ir.tile.verifier import verify_tile_program
-from helpers import quantization_bound
+from helpers import within_quantization_bound
 
 import redfuser as rf
 from redfuser.schedule import ScheduleOptions, options_for, schedule_program
@@ -38,8 +38,7 @@ def fp8_inputs(m: int, k: int, n: int, seed: int = 0):
 
 
 def within_bound(out, x, w, ws) -> bool:
-    exact = (x.astype(np.float64) @ w.astype(np.float64)) * ws
-    return bool(np.all(np.abs(out - exact) <= quantization_bound(x, w, ws)))
+    return within_quantization_bound("fp8_quant_gemm", out, x, w, ws)
 
 
 def fused_kernels(tiled: t.TileProgram) -> list[t.TileKernel]:
