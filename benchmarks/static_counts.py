@@ -9,8 +9,8 @@ For each kernel of each case of ``benchmarks/gpu_cases.py`` (the shapes ``gpu_ch
 - **regs**, **spill B**: registers per thread and spill-store bytes, from nvJitLink (the assembler the
   corpus tests use; a driver's JIT may differ by a few registers);
 - **wgmma**: ``wgmma.mma_async`` instructions in the PTX, with ``serial`` where ptxas said it serialized
-  them (its warning C7509, "... due to the presence of Extern calls": an IEEE division's slow path is a
-  subroutine, and the wgmmas then wait on each other, losing the asynchrony);
+  them (its warning C7509, "... due to the presence of Extern calls": a subroutine in the kernel, and the
+  wgmmas then wait on each other, losing the asynchrony);
 - **sass**: SASS instructions of the assembled cubin (``NOP`` padding not counted), when ``cuobjdump`` is on
   PATH (``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``; cuobjdump runs nvdisasm, so put their
   ``bin`` folder, ``site-packages/nvidia/*/bin``, on PATH).
@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redfuser as rf                                        # noqa: E402
-from redfuser.codegen.ptx_check import SERIALIZED_BY_DIVISION, assemble   # noqa: E402
+from redfuser.codegen.ptx_check import SERIALIZED_BY_CALLS, assemble   # noqa: E402
 from bench_common import CacheFolder                          # noqa: E402
 from gpu_cases import cases                                   # noqa: E402
 from gpu_check import variants                                # noqa: E402
@@ -90,7 +90,7 @@ def kernel_rows(label: str, lowered, sm: str, cuobjdump: str | None) -> list[lis
         (usage,) = [u for u in result.usage if u.kernel == k.entry]
         sass = str(sass_instructions(result.cubin, cuobjdump)) if cuobjdump else "-"
         wgmma = k.ptx.count("wgmma.mma_async")
-        serial = " serial" if SERIALIZED_BY_DIVISION in result.info_log else ""
+        serial = " serial" if SERIALIZED_BY_CALLS in result.info_log else ""
         rows.append([label, k.name, str(llvm_instructions(k.llvm_ir)), str(ptx_instructions(k.ptx)), sass,
                      str(usage.registers), str(usage.spill_store_bytes), f"{wgmma}{serial}"])
     return rows

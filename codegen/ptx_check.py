@@ -49,10 +49,11 @@ class AssembleResult:
     usage: tuple[ResourceUsage, ...]
 
 
-SERIALIZED_BY_DIVISION = "C7509"
+SERIALIZED_BY_CALLS = "C7509"
 """ptxas's (nvJitLink 13.5's) "wgmma.mma_async instructions are serialized due to the presence of Extern calls":
-an IEEE f32 division (``div.rn.f32``/``rcp.rn.f32``, whose slow path is a subroutine) anywhere in a kernel
-serializes its wgmmas. A known cost of the wgmma kernels that divide (docs/gpu-backend.md)."""
+a subroutine call anywhere in a kernel serializes its wgmmas. IEEE ``div.rn``/``sqrt.rn`` are such calls (their
+slow paths), so a kernel that issues wgmma divides and takes roots in straight-line code instead
+(`codegen/correctly_rounded.py`)."""
 
 
 def ptx_target(ptx: str) -> str:

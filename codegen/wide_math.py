@@ -1,7 +1,7 @@
 """f32 ``tanh``, ``expm1``, ``log1p``, ``erf``, ``sin`` and ``cos``, evaluated in f64, in plain LLVM IR.
 
 One definition serves the CPU and the GPU code generators: each function is straight-line code (``fma``,
-``rint``, integer ops on the bits, ``select``, one ``fdiv`` at most, loads from a constant table) that
+``rint``, integer ops on the bits, ``select``, one f64 division at most, loads from a constant table) that
 `emit` writes with whichever builder it is given (`llvmlite.ir` for the host, the GPU's `TextBuilder`), so
 what the accuracy test measures on the CPU is, instruction for instruction, what a GPU runs.
 
@@ -183,18 +183,18 @@ def _expm1(b, x32) -> ir.Value:
     return _nan_kept(b, x, r)
 
 
-def _tanh(b, x32) -> ir.Value:
+def _tanh(b, x32, divide) -> ir.Value:
     x = b.fpext(x32, F64)
     a = call_intrinsic(b, "llvm.fabs.f64", F64, [x])
     a = _nan_to_zero(b, a, _select_ordered(b, ">", a, 10.0, _d(10.0)))
     e = _expm1_wide(b, b.fmul(a, _d(2.0)))
-    t = b.fdiv(e, b.fadd(e, _d(2.0)))
+    t = divide(b, e, b.fadd(e, _d(2.0)))                       # e + 2 in [2, 5e8]
     t = b.select(b.fcmp_ordered("==", a, _d(0.0)), a, t)
     r = call_intrinsic(b, "llvm.copysign.f64", F64, [t, x])
     return _nan_kept(b, x, r)
 
 
-def _log_wide(b, u) -> ir.Value:
+def _log_wide(b, u, divide) -> ir.Value:
     """``log`` of a normal positive finite f64 ``u``."""
     bits = b.bitcast(u, I64)
     e = b.sub(b.lshr(bits, ir.Constant(I64, 52)), ir.Constant(I64, 1023))
@@ -203,19 +203,19 @@ def _log_wide(b, u) -> ir.Value:
     m = b.select(big, b.fmul(m, _d(0.5)), m)
     e = b.select(big, b.add(e, ir.Constant(I64, 1)), e)
     f = b.fsub(m, _d(1.0))
-    s = b.fdiv(f, b.fadd(f, _d(2.0)))
+    s = divide(b, f, b.fadd(f, _d(2.0)))                       # f + 2 in [1.7, 2.5]
     z = b.fmul(s, s)
     series = _horner(b, z, [2.0 / (2 * n + 1) for n in range(12)])              # 2 atanh(s) / s to s^22
     ef = b.sitofp(e, F64)
     return _fma(b, ef, _d(math.log(2.0)), b.fmul(s, series))
 
 
-def _log1p(b, x32) -> ir.Value:
+def _log1p(b, x32, divide) -> ir.Value:
     x = b.fpext(x32, F64)
     u = b.fadd(x, _d(1.0))
     safe = b.select(b.fcmp_ordered(">", u, _d(0.0)), u, _d(1.0))
     safe = _select_ordered(b, ">", safe, 1e300, _d(1.0))                     # inf: patched below
-    r = _log_wide(b, safe)
+    r = _log_wide(b, safe, divide)
     small = b.fsub(x, b.fmul(b.fmul(x, x), _d(0.5)))
     a = call_intrinsic(b, "llvm.fabs.f64", F64, [x])
     r = b.select(b.fcmp_ordered("<", a, _d(2.0 ** -28)), small, r)
@@ -330,11 +330,18 @@ def _sin_or_cos(b, x32, space: int, cosine: bool) -> ir.Value:
     return b.select(finite, value, _d(math.nan))
 
 
-def emit(b, name: str, x: ir.Value, *, table_space: int = 0) -> ir.Value:
+def _fdiv(b, x, y):
+    return b.fdiv(x, y)
+
+
+def emit(b, name: str, x: ir.Value, *, table_space: int = 0, divide: Callable = _fdiv) -> ir.Value:
     """`name` (one of `FUNCTIONS`) of the f32 scalar `x`, as an f32; `table_space` is the address space of
-    the constant tables ``erf``, ``sin`` and ``cos`` read (0 on the CPU, 1, global, on NVPTX)."""
+    the constant tables ``erf``, ``sin`` and ``cos`` read (0 on the CPU, 1, global, on NVPTX). `divide`
+    ``(b, x, y)`` makes the one f64 quotient of ``tanh`` and ``log1p`` (its divisor is in [1.7, 5e8]): ``fdiv``,
+    or in a GPU kernel that must not call a subroutine `correctly_rounded.quotient_f64` (within an f64 ulp,
+    which the 1-ulp bound of the f32 result absorbs; `tests/test_wide_math.py` measures both)."""
     makers: dict[str, Callable] = {
-        "tanh": lambda: _tanh(b, x), "expm1": lambda: _expm1(b, x), "log1p": lambda: _log1p(b, x),
+        "tanh": lambda: _tanh(b, x, divide), "expm1": lambda: _expm1(b, x), "log1p": lambda: _log1p(b, x, divide),
         "erf": lambda: _erf(b, x, table_space), "sin": lambda: _sin_or_cos(b, x, table_space, False),
         "cos": lambda: _sin_or_cos(b, x, table_space, True),
     }

@@ -21,6 +21,8 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
 import ml_dtypes
 import numpy as np
 import pytest
@@ -28,7 +30,9 @@ from cuda.bindings import driver as real_driver
 
 import redfuser as rf
 from redfuser import config
-from redfuser.codegen.ptx_check import SERIALIZED_BY_DIVISION, check_ptx
+from redfuser.codegen.llvm_utils import F32, F64, I64, PTR, call_intrinsic, counted_loop, initialize_native
+from redfuser.codegen.native import host_target
+from redfuser.codegen.ptx_check import SERIALIZED_BY_CALLS, check_ptx
 from redfuser.codegen.simt import GpuOptions, lower_to_simt
 from redfuser.codegen.simt.run import simulate_program
 from redfuser.codegen.simt_to_llvm import emit_module
@@ -89,20 +93,63 @@ def expected_softmax(x):
     return e / e.sum(-1, keepdims=True)
 
 
-def assemble_without_spills(lowered, serialized_by_division: bool = False) -> None:
+def assemble_without_spills(lowered) -> None:
     """Assemble each kernel's PTX for every architecture among sm_80/sm_90 it runs on (sm_90a for itself); no
-    spills, and no warning from ptxas that it serialized the wgmmas (the asynchrony would be lost), unless
-    `serialized_by_division` says the kernel is known to, for its IEEE divisions: then the warning must be
-    there and name that cause (so a fix shows up here as a test to tighten)."""
+    spills, and no warning from ptxas that it serialized the wgmmas (the asynchrony would be lost; its cause
+    is a subroutine call in the kernel, `ptx_check.SERIALIZED_BY_CALLS`)."""
     for k in lowered.stages["ptx"].kernels:
         for arch, result in check_ptx(k.ptx).items():
             assert all(u.spill_store_bytes == 0 for u in result.usage), f"{k.name} spills on {arch}"
-            serialized = "serializ" in result.info_log.lower()
-            if serialized_by_division and "wgmma" in k.ptx and ("div.rn.f32" in k.ptx or "rcp.rn.f32" in k.ptx):
-                assert serialized and SERIALIZED_BY_DIVISION in result.info_log, result.info_log
-                assert "Extern calls" in result.info_log
-            else:
-                assert not serialized, result.info_log
+            assert "serializ" not in result.info_log.lower(), result.info_log
+            assert SERIALIZED_BY_CALLS not in result.info_log, result.info_log
+
+
+_ENGINES: list = []       # the JIT engines must outlive the functions they made
+
+
+def reciprocal_estimate(kind: str, kept_bits: int | None, up: bool = False):
+    """``1/x`` (kind "reciprocal") or ``1/sqrt(x)`` ("reciprocal_sqrt") exactly, or with only `kept_bits`
+    significant bits (the others cleared, or set where `up`)."""
+    def estimate(b, x):
+        root = x if kind == "reciprocal" else call_intrinsic(b, "llvm.sqrt.f64", F64, [x])
+        exact = b.fdiv(ir.Constant(F64, 1.0), root)
+        if kept_bits is None:
+            return exact
+        low = (1 << (53 - kept_bits)) - 1
+        bits = b.bitcast(exact, I64)
+        bits = b.or_(bits, ir.Constant(I64, low)) if up else b.and_(bits, ir.Constant(I64, ~low & (2**64 - 1)))
+        return b.bitcast(bits, F64)
+    return estimate
+
+
+def native_elementwise(operation, operands: int):
+    """``out[i] = operation(builder, in0[i], ...)`` over f32 arrays (`operation` emits LLVM IR for f32 scalars),
+    compiled for this CPU by LLVM's JIT, as a function of numpy arrays."""
+    initialize_native()
+    module = ir.Module()
+    module.triple = llvm.get_process_triple()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] * (operands + 1) + [I64]), "apply")
+    b = ir.IRBuilder(fn.append_basic_block())
+    *inputs, out, n = fn.args
+    with counted_loop(b, ir.Constant(I64, 0), n) as i:
+        values = [b.load(b.gep(p, [i], source_etype=F32), typ=F32) for p in inputs]
+        b.store(operation(b, *values), b.gep(out, [i], source_etype=F32))
+    b.ret_void()
+    parsed = llvm.parse_assembly(str(module))
+    parsed.verify()
+    engine = llvm.create_mcjit_compiler(parsed, host_target().machine)
+    engine.finalize_object()
+    _ENGINES.append(engine)
+    native = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * (operands + 1), ctypes.c_int64)(
+        engine.get_function_address("apply"))
+
+    def run(*arrays: np.ndarray) -> np.ndarray:
+        arrays = tuple(np.ascontiguousarray(a, dtype=np.float32) for a in arrays)
+        result = np.empty_like(arrays[0])
+        native(*[a.ctypes.data for a in arrays], result.ctypes.data, result.size)
+        return result
+    return run
+
 
 
 def run_backend(backend: str, body, *args, **options) -> tuple[tuple, tuple]:

@@ -80,9 +80,9 @@ def test_attention_on_wgmma_equals_its_mma_sync_kernel(body, dtype, head):
     assert {a.startswith("desc") for a in a_operands} == {True, False}
     assert simt.count("_a_tile:") == 1
     np.testing.assert_array_equal(got, on_mma(q, k, v))
-    # f16 attention divides in another kernel; bf16 and causal attention divide by l in this one, and
-    # ptxas serializes their wgmmas for it (an IEEE division's slow path is a subroutine call)
-    assemble_without_spills(on_wgmma.lower(q, k, v), serialized_by_division=body is not flash_attention_f16)
+    # bf16 and causal attention divide by l in this kernel: without a subroutine call (ptxas would serialize
+    # the wgmmas for one), codegen/correctly_rounded.py
+    assemble_without_spills(on_wgmma.lower(q, k, v))
 
 
 @pytest.mark.parametrize("head", [64, 128])
@@ -132,7 +132,7 @@ def test_an_fp8_gemm_takes_the_e4m3_wgmma_and_promotes_every_128_products():
     simt = str(lowered.stages["simt"])
     assert "wgmma.m64n64k32.f8e4m3" in simt and e4m3_chains(simt) == [2]
     assert_quantized_gemm(on_wgmma(x, w, ws), x, w, ws)
-    assemble_without_spills(lowered, serialized_by_division=True)     # (448 / absmax, in the loop)
+    assemble_without_spills(lowered)     # 448 / absmax in the loop, without a subroutine call
 
     def widened(a, b):
         return a.astype(rf.float32) @ b.astype(rf.float32)

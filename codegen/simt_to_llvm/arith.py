@@ -21,7 +21,7 @@ from ...ir.simt.nodes import (
     WarpId,
 )
 from ...ir.types import DType, float8_e4m3fn
-from .. import int_division, nvvm, wide_math
+from .. import correctly_rounded, int_division, nvvm, wide_math
 from ..llvm_dtypes import NVPTX, cast, intrinsic_suffix
 from ..nvvm import I32, call_intrinsic, i32, lanewise, splat
 from . import mathlib
@@ -40,13 +40,15 @@ def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.V
     if op is UnaryOp.ABS:
         return call_intrinsic(b, f"llvm.fabs.{suffix}", x.type, [x])
     if op is UnaryOp.SQRT:
-        return call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x])
+        return _sqrt(b, x, em)
     if op is UnaryOp.RSQRT:
-        return b.fdiv(splat(x.type, 1.0), call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x]))
+        return _divide(b, splat(x.type, 1.0), _sqrt(b, x, em), em)
     if op in ROUNDING:      # cvt.rmi / rpi / rzi / rni: exact; rint is to nearest, ties to even (numpy's)
         return call_intrinsic(b, f"llvm.{op.value}.{suffix}", x.type, [x])
     # The verifier admits the transcendental ops on f32 only.
     if op in WIDE_MATH:     # evaluated in f64, at most 1 ulp; the same code as the CPU's (codegen/wide_math.py)
+        if em.without_calls:    # its f64 division without div.rn.f64's subroutine
+            return wide_math.emit(b, op.value, x, table_space=1, divide=_quotient_f64)
         return wide_math.emit(b, op.value, x, table_space=1)
     return {UnaryOp.EXP: lambda: mathlib.exp(b, x, fast=em.options.fast_math), UnaryOp.EXP2: lambda: mathlib.exp2(b, x),
             UnaryOp.EXP2_FTZ: lambda: mathlib.ex2_approx_ftz(b, x),
@@ -72,16 +74,44 @@ def _unary(s: Unary, em: Emitter) -> None:
         em.set(s.out, one(em[s.x]))
 
 
-_FLOAT = {BinaryOp.ADD: "fadd", BinaryOp.SUB: "fsub", BinaryOp.MUL: "fmul", BinaryOp.DIV: "fdiv"}
+_FLOAT = {BinaryOp.ADD: "fadd", BinaryOp.SUB: "fsub", BinaryOp.MUL: "fmul"}
 _INT = {BinaryOp.ADD: "add", BinaryOp.SUB: "sub", BinaryOp.MUL: "mul", BinaryOp.AND: "and_", BinaryOp.OR: "or_"}
+def _without_calls(x: ir.Value, em: Emitter) -> bool:
+    """Whether ``x``'s division and square root must be free of subroutines: f32 in a kernel that issues wgmma
+    (a call would serialize them). 16-bit arithmetic is f32 in the SIMT IR; f64 keeps ``div.rn.f64``."""
+    element = x.type.element if isinstance(x.type, ir.VectorType) else x.type
+    return em.without_calls and isinstance(element, ir.FloatType)
 
 
-def _binary_scalar(op: BinaryOp, dtype: DType, b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+def _divide(b: ir.IRBuilder, x: ir.Value, y: ir.Value, em: Emitter) -> ir.Value:
+    """``x / y``, IEEE's correctly rounded quotient: ``fdiv`` (``div.rn``, which has a subroutine), or the same
+    quotient in straight-line code (`correctly_rounded.divide`) where `_without_calls`."""
+    if not _without_calls(x, em):
+        return b.fdiv(x, y)
+    return lanewise(b, x.type, lambda u, v: correctly_rounded.divide(b, u, v, correctly_rounded.nvptx_reciprocal),
+                    x, y)
+
+
+def _quotient_f64(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return correctly_rounded.quotient_f64(b, x, y, correctly_rounded.nvptx_reciprocal)
+
+
+def _sqrt(b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.Value:
+    """``sqrt(x)`` correctly rounded: ``llvm.sqrt`` (``sqrt.rn``, which has a subroutine), or straight-line code
+    (`correctly_rounded.sqrt`) where `_without_calls`."""
+    if not _without_calls(x, em):
+        return call_intrinsic(b, f"llvm.sqrt.{intrinsic_suffix(x.type)}", x.type, [x])
+    return lanewise(b, x.type, lambda u: correctly_rounded.sqrt(b, u, correctly_rounded.nvptx_reciprocal_sqrt), x)
+
+
+def _binary_scalar(op: BinaryOp, dtype: DType, b: ir.IRBuilder, x: ir.Value, y: ir.Value, em: Emitter) -> ir.Value:
     if op.is_comparison:
         if dtype.is_float:   # ordered, except != which numpy makes true on NaN
             return b.fcmp_unordered("!=", x, y) if op is BinaryOp.NE else b.fcmp_ordered(op.value, x, y)
         return b.icmp_signed(op.value, x, y)
     if dtype.is_float:
+        if op is BinaryOp.DIV:
+            return _divide(b, x, y, em)
         if op in _FLOAT:
             return getattr(b, _FLOAT[op])(x, y)
         if op is BinaryOp.POW:
@@ -99,7 +129,7 @@ def _binary_scalar(op: BinaryOp, dtype: DType, b: ir.IRBuilder, x: ir.Value, y: 
 
 def _binary(s: Binary, em: Emitter) -> None:
     b = em.builder
-    fn = lambda x, y: _binary_scalar(s.op, s.a.dtype, b, x, y)  # noqa: E731
+    fn = lambda x, y: _binary_scalar(s.op, s.a.dtype, b, x, y, em)  # noqa: E731
     if s.op is BinaryOp.POW:   # mathlib.pow_ calls lg2.approx, which has no vector form
         em.set(s.out, lanewise(b, reg_type(s.out.type), fn, em[s.a], em[s.b]))
     else:
