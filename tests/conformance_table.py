@@ -151,6 +151,8 @@ OPS: list[Op] = [
     Op("ge_float", "scalars", lambda x: x >= -1.5),
     Op("maximum_int", "scalars", lambda x: rf.maximum(x, 0), signed_zeros=False),
     Op("where_float", "scalars", lambda x: rf.where(x > 0, x, 0.5)),
+    Op("logaddexp_float", "scalars", lambda x: rf.logaddexp(0.0, x)),           # softplus, as users write it
+    Op("logaddexp_np_f32", "scalars", lambda x: rf.logaddexp(x, np.float32(-1.5))),
     Op("add_big_int", "scalars", lambda x: x + 2**40, tuple(d for d in ALL if d != "i32"), errors=("i32",),
        error_op=("add",)),
     Op("lt_big_int", "scalars", lambda x: x < 2**40),
@@ -309,6 +311,10 @@ DIVERGENCES: list[Divergence] = [
                  numpy_defined=False) for t in INTS),
     *(Divergence(name, INTS, ("simulate",), _F64_IN_F32, affected=_everywhere, gives=_in_f32, within=np.float32)
       for name in ("exp", "exp2", "log", "log2", "tanh", "sin", "cos", "expm1", "log1p", "erf", "logaddexp")),
+    Divergence("logaddexp_float", INTS + ("bool",), ("simulate",), _F64_IN_F32, affected=_everywhere, gives=_in_f32,
+               within=np.float32),                   # integers and bools with a Python float: numpy gives f64
+    Divergence("logaddexp_np_f32", INTS, ("simulate",), _F64_IN_F32, affected=_everywhere, gives=_in_f32,
+               within=np.float32),                   # integers with an np.float32: f64
     *(Divergence(name, ("i64",), COMPILED, "top-k of int64 is not compiled (the ranking key is a float64, "
                  "which rounds int64): the kernel raises BackendError", raises=rf.BackendError)
       for name in ("topk_1", "topk_4", "topk_axis0", "topk_full", "argmax_row", "argmin_axis0", "take_along_axis",

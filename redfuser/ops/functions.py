@@ -39,6 +39,12 @@ erf.__doc__ = ("Elementwise error function (not a numpy ufunc): ``math.erf`` of 
                "float64 and returned in the float dtype numpy's ``sin`` gives (module docstring).")
 
 
+def _as_work(x, work: T.DType):
+    """`x` in the dtype `work`: a traced value cast; a Python or numpy scalar made a numpy scalar of `work` (a
+    0-d array in its place would be an array captured by the body, which tracing refuses)."""
+    return astype(x, work.numpy) if _traced(x) else np.asarray(x).astype(work.numpy)[()]
+
+
 def logaddexp(a, b):
     """numpy's ``logaddexp(a, b)``: ``log(exp(a) + exp(b))`` without overflow, written as numpy computes it:
     ``a + log 2`` where ``a == b`` (so equal infinities stay), else ``max + log1p(exp(-|a - b|))``.
@@ -49,7 +55,7 @@ def logaddexp(a, b):
         _check_operand("logaddexp", x)
     d = result_dtype("logaddexp", np.logaddexp, a, b)
     work = T.float32 if d.storage_only else d
-    a, b = astype(a, work.numpy), astype(b, work.numpy)
+    a, b = _as_work(a, work), _as_work(b, work)
     far = maximum(a, b) + log1p(exp(-_abs(a - b)))
     out = where(a == b, a + math.log(2.0), far)
     return out if work == d else astype(out, d.numpy)
