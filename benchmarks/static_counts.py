@@ -8,6 +8,8 @@ For each kernel of each case of ``benchmarks/gpu_cases.py`` (the shapes ``gpu_ch
 - **ptx**: PTX instructions (lines ending in ``;`` that are not directives);
 - **regs**, **spill B**: registers per thread and spill-store bytes, from nvJitLink (the assembler the
   corpus tests use; a driver's JIT may differ by a few registers);
+- **shared B**: shared memory of a block, ``dyn`` where it is the launch's dynamic shared memory (past the
+  48 KiB a kernel declares statically: sm_90a's wgmma tiles);
 - **wgmma**: ``wgmma.mma_async`` instructions in the PTX, with ``serial`` where ptxas said it serialized
   them (its warning C7509, "... due to the presence of Extern calls": a subroutine in the kernel, and the
   wgmmas then wait on each other, losing the asynchrony);
@@ -85,14 +87,15 @@ def find_cuobjdump() -> str | None:
 def kernel_rows(label: str, lowered, sm: str, cuobjdump: str | None) -> list[list[str]]:
     """One row per kernel of a lowered program."""
     rows = []
-    for k in lowered.stages["ptx"].kernels:
+    for k, simt in zip(lowered.stages["ptx"].kernels, lowered.stages["simt"].kernels):
         result = assemble(k.ptx, sm)
         (usage,) = [u for u in result.usage if u.kernel == k.entry]
         sass = str(sass_instructions(result.cubin, cuobjdump)) if cuobjdump else "-"
         wgmma = k.ptx.count("wgmma.mma_async")
         serial = " serial" if SERIALIZED_BY_CALLS in result.info_log else ""
         rows.append([label, k.name, str(llvm_instructions(k.llvm_ir)), str(ptx_instructions(k.ptx)), sass,
-                     str(usage.registers), str(usage.spill_store_bytes), f"{wgmma}{serial}"])
+                     str(usage.registers), str(usage.spill_store_bytes),
+                     f"{simt.shared_bytes}{' dyn' if simt.dynamic_shared else ''}", f"{wgmma}{serial}"])
     return rows
 
 
@@ -104,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also the options gpu_check.py times beside the defaults")
     args = parser.parse_args(argv)
     cuobjdump = find_cuobjdump()
-    head = ["case", "kernel", "llvm", "ptx", "sass", "regs", "spill B", "wgmma"]
+    head = ["case", "kernel", "llvm", "ptx", "sass", "regs", "spill B", "shared B", "wgmma"]
     rows: list[list[str]] = []
     with tempfile.TemporaryDirectory() as folder, CacheFolder(folder):
         for case in cases("tiny" if args.tiny else "full"):
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     lowered = rf.kernel(case.fn, backend="cuda", **options).lower(*case.compile_args())
                 except rf.RedFuserError as exc:   # a case that does not compile is a row saying why
-                    rows.append([label, f"{type(exc).__name__}: {str(exc).splitlines()[0][:50]}", *"-" * 6])
+                    rows.append([label, f"{type(exc).__name__}: {str(exc).splitlines()[0][:50]}", *"-" * 7])
                     continue
                 rows.extend(kernel_rows(label, lowered, options["sm"], cuobjdump))
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]

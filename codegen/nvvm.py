@@ -238,7 +238,9 @@ def declare_dynamic_shared(module: ir.Module, name: str = "redfuser_dynamic_smem
     existing = module.globals.get(name)
     if existing is not None:
         return existing
-    var = _opaque(ir.GlobalVariable(module, ir.ArrayType(I8, 0), name, addrspace=3))
+    array = ir.ArrayType(I8, 0)
+    var = (module.add_global_variable(array, name, addrspace=3) if isinstance(module, TextModule)
+           else _opaque(ir.GlobalVariable(module, array, name, addrspace=3)))
     var.linkage = "external"
     var.align = align
     return var

@@ -224,7 +224,8 @@ class CudaProgram:
     def _launch(self, p: SimtProgram, sizes: tuple[dict, ...], context, pointers: dict, stream) -> None:
         for kernel, scalars, function in zip(p.kernels, sizes, self._kernels(context)):
             args = [pointers[q.name] if isinstance(q, Buffer) else scalars[q.name] for q in kernel.params]
-            function.launch(grid=kernel.grid, block=(kernel.threads,), args=args, stream=stream)
+            function.launch(grid=kernel.grid, block=(kernel.threads,), args=args, stream=stream,
+                            shared_bytes=kernel.shared_bytes if kernel.dynamic_shared else 0)
 
     def __call__(self, arrays: Sequence[object], stream: object | None = None,
                  outputs: Sequence[object] | None = None) -> tuple:

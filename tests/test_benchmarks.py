@@ -169,15 +169,16 @@ def test_static_counts_table_has_every_kernel_and_variant(capsys, monkeypatch):
     monkeypatch.setattr(static_counts, "find_cuobjdump", lambda: None)
     assert static_counts.main(["--tiny", "--variants"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["case", "kernel", "llvm", "ptx", "sass", "regs", "spill", "B", "wgmma"]
+    assert lines[0].split() == ["case", "kernel", "llvm", "ptx", "sass", "regs", "spill", "B", "shared", "B", "wgmma"]
     body = [line for line in lines[2:] if line.strip() and not line.startswith("RedFuser")]
     for case in gpu_cases.cases("tiny"):
         assert any(line.startswith(case.label + " ") for line in body), case.label
         for name, _ in gpu_check.variants(case):
             assert any(line.startswith(f"{case.label} {name.removeprefix('redfuser ')}") for line in body)
     attention = next(line for line in body if line.startswith(gpu_cases.cases("tiny")[0].label + " "))
-    llvm, ptx, sass, regs, spill, wgmma = attention.split()[-6:]
+    llvm, ptx, sass, regs, spill, shared, wgmma = attention.split()[-7:]
     assert int(llvm) > int(ptx) / 4 > 0 and sass == "-" and int(regs) > 0 and spill == "0" and wgmma == "0"
+    assert 0 < int(shared) <= 48 * 1024          # the default target, sm_90: static shared memory only
     assert "no cuobjdump" in lines[-1]
 
 

@@ -30,7 +30,8 @@ from redfuser.runtime import arrays, cuda_driver
 from redfuser.runtime.arrays import CUDA
 from redfuser.runtime.cuda_backend import stream_handle
 from redfuser.runtime.cuda_memory import Stream
-from redfuser.workloads import attention, softmax
+from redfuser.ir.simt.nodes import Wgmma, walk_stmts
+from redfuser.workloads import attention, flash_attention_f16, softmax
 from helpers import OK, FakeDriver, expected_softmax
 
 
@@ -129,7 +130,7 @@ class FakeGpu(FakeDriver):
         for name, value in simulate(kernel, views | scalars, verify=False).items():
             views[name][...] = value
         self.launches.append({"entry": kernel.name, "grid": (gx, gy, gz), "block": (bx, by, bz),
-                              "stream": int(stream), "pointers": pointers})
+                              "stream": int(stream), "pointers": pointers, "shared": shared})
         return self._record("cuLaunchKernel", (kernel.name, int(stream)), (OK,))
 
 
@@ -445,6 +446,29 @@ def test_a_polymorphic_split_reduction_sizes_its_scratch_per_call(gpu, torch):
         out = k(FakeTensor(q.copy(), gpu), FakeTensor(kv.copy(), gpu), FakeTensor(kv.copy(), gpu))
         np.testing.assert_allclose(out.data, attention(q, kv, kv), rtol=1e-4, atol=1e-5)
     assert k.cache_info().misses == 1
+
+
+def test_a_kernel_past_48_kib_of_shared_memory_takes_it_from_the_launch(gpu):
+    """Head-256 f16 attention on Hopper keeps its dots on wgmma with 56 KiB of operand tiles (a kernel may
+    declare 48 KiB statically): the kernel addresses them in the launch's dynamic shared memory, the launch
+    passes that many bytes, and the runtime raises the kernel's limit first. The results are the kernel's
+    (the fake driver simulates it) and equal the mma.sync kernel's, which needs no dynamic shared memory."""
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((1, 1, 128, 256)).astype(np.float16) for _ in range(3))
+    kernel = rf.kernel(flash_attention_f16, backend="cuda")
+    lowered = kernel.lower(q, k, v)
+    gpu.program(lowered)
+    (big,) = [s for s in lowered.stages["simt"].kernels if s.dynamic_shared]
+    assert big.shared_bytes > 48 * 1024 and any(isinstance(s, Wgmma) for s in walk_stmts(big.body))
+    out = kernel(q, k, v)
+    launch = next(entry for entry in gpu.launches if entry["entry"] == big.name)
+    assert launch["shared"] == big.shared_bytes
+    raised = [args for name, args in gpu.calls if name == "cuFuncSetAttribute"]
+    assert [args[1:] for args in raised] == [
+        (real_driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, big.shared_bytes)]
+    on_mma = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90")
+    assert not any(s.dynamic_shared for s in on_mma.lower(q, k, v).stages["simt"].kernels)
+    np.testing.assert_array_equal(out, on_mma(q, k, v))
 
 
 def test_split_reduction_scratch_is_kept_per_stream(gpu, torch):

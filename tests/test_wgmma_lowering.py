@@ -4,6 +4,8 @@ flight, the async proxy) and they equal numpy within the tolerance rule; their P
 without spills; where a dot cannot take wgmma (shape, warps, shared memory) the kernel keeps ``mma.sync``."""
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -62,7 +64,8 @@ def test_a_matmul_on_wgmma_equals_numpy(dtype, m, k, n):
 
 
 @pytest.mark.parametrize("body,dtype,head", [(flash_attention_f16, np.float16, 64), (flash_attention_bf16, BF16, 64),
-                                             (causal_attention, np.float16, 64), (flash_attention_f16, np.float16, 128)])
+                                             (causal_attention, np.float16, 64), (flash_attention_f16, np.float16, 128),
+                                             (flash_attention_bf16, BF16, 256)])
 def test_attention_on_wgmma_equals_its_mma_sync_kernel(body, dtype, head):
     """Both GEMMs of a fused attention on wgmma (S = Q·Kᵀ from the K tile's registers seen transposed, P·V
     with P rounded in registers and staged): the same values as the ``mma.sync`` kernel (both sum each
@@ -145,16 +148,24 @@ def test_an_fp8_gemm_takes_the_e4m3_wgmma_and_promotes_every_128_products():
     assemble_without_spills(lowered)
 
 
-def test_a_dot_whose_tiles_do_not_fit_keeps_mma_sync():
-    """128 x 128 x 128 tiles: the two wgmma operand tiles alone take 64 KiB, more than the 48 KiB of static
-    shared memory, so the kernel is planned again with its dot on mma.sync (the same values)."""
-    x, w = (RNG.standard_normal((256, 256)).astype(np.float16) for _ in range(2))
+def test_tiles_past_48_kib_take_dynamic_shared_memory_and_past_227_kib_keep_mma_sync():
+    """128 x 128 x 128 tiles: the two wgmma operand tiles take 64 KiB, more than a kernel declares statically,
+    so on sm_90a they live in the launch's dynamic shared memory (the same values as the mma.sync kernel of
+    sm_90, which needs 34 KiB). 256 x 256 x 256 tiles would take 256 KiB of operand tiles, past Hopper's 227:
+    the kernel is planned again with its dot on mma.sync."""
+    x, w = RNG.standard_normal((256, 512)).astype(np.float16), RNG.standard_normal((512, 256)).astype(np.float16)
     tiles = dict(block_m=128, block_n=128, block_k=128)
     kernel = rf.kernel(matmul_f32, backend="simulate", sm="sm_90a", **tiles)
-    got = kernel(x, w)
-    wgmma, mma = instructions(kernel.lower(x, w))
+    lowered = kernel.lower(x, w)
+    wgmma, mma = instructions(lowered)
+    assert wgmma > 0 and mma == 0
+    assert lowered.stages["simt"].kernels[0].dynamic_shared
+    np.testing.assert_array_equal(kernel(x, w), rf.kernel(matmul_f32, backend="simulate", sm="sm_90", **tiles)(x, w))
+    assemble_without_spills(lowered)
+    larger = rf.kernel(matmul_f32, backend="simulate", sm="sm_90a", block_m=256, block_n=256, block_k=256)
+    wgmma, mma = instructions(larger.lower(x, w))
     assert wgmma == 0 and mma > 0
-    np.testing.assert_array_equal(got, rf.kernel(matmul_f32, backend="simulate", sm="sm_90", **tiles)(x, w))
+    assert_close(larger(x, w), matmul_f32(x, w), np.float16, 512)
 
 
 @pytest.mark.parametrize("sm", ["sm_90", "sm_89"])
@@ -211,3 +222,42 @@ def test_random_matmuls_on_the_hopper_path_equal_numpy(m, k, n, dtype, body, til
     w = rng.standard_normal((n, k) if body is _widened_transposed else (k, n)).astype(dtype)
     got = rf.kernel(body, backend="simulate", sm="sm_90a", **tiles)(x, w)
     assert_close(got, body(x, w), np.float32, k, f"{body.__name__} {m}x{k}x{n} {tiles}")
+
+
+def test_head_256_attention_takes_its_tiles_from_dynamic_shared_memory():
+    """At head dimension 256 the wgmma operand tiles of a 128-row block (56 KiB) pass the 48 KiB a kernel may
+    declare statically: the kernel is marked `dynamic_shared` (its header says how many bytes), its PTX
+    declares no static ``.shared`` array but one ``.extern .shared`` array aligned for the 128-byte swizzle,
+    and it is built for as many blocks an SM as the SM's shared memory holds (3 would cap registers for
+    blocks that cannot be resident). The mma.sync kernel of the same body stays static."""
+    q = RNG.standard_normal((1, 2, 128, 256)).astype(np.float16)
+    lowered = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a").lower(q, q, q)
+    kernel = lowered.stages["simt"].kernels[0]
+    assert kernel.dynamic_shared and 48 * 1024 < kernel.shared_bytes <= 227 * 1024
+    assert f"{kernel.shared_bytes} bytes of dynamic shared memory" in str(kernel).splitlines()[0]
+    assert kernel.min_blocks_per_sm is None or kernel.min_blocks_per_sm <= 228 * 1024 // (kernel.shared_bytes + 1024)
+    ptx = lowered.stages["ptx"].kernels[0].ptx
+    assert ".extern .shared .align 1024 .b8 redfuser_dynamic_smem[]" in ptx
+    assert not re.search(r"^\s*\.shared\b", ptx, flags=re.M)          # a static array: `.shared .align 1024 .b8 ...`
+    assemble_without_spills(lowered)
+    on_mma = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90").lower(q, q, q)
+    assert not any(k.dynamic_shared for k in on_mma.stages["simt"].kernels)
+
+
+def test_the_verifier_bounds_static_and_dynamic_shared_memory():
+    """A kernel may declare 48 KiB statically and take up to 227 KiB (Hopper's opt-in) from the launch."""
+    from dataclasses import replace
+
+    from redfuser.ir.errors import VerifyError
+    from redfuser.ir.simt.nodes import SharedAlloc
+    from redfuser.ir.simt.verifier import verify_simt_kernel
+    from redfuser.ir.types import BufferType, float32
+
+    q = RNG.standard_normal((1, 2, 128, 256)).astype(np.float16)
+    kernel = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a").lower(q, q, q).stages["simt"].kernels[0]
+    verify_simt_kernel(kernel, "test")
+    with pytest.raises(VerifyError, match="bytes of static shared memory"):
+        verify_simt_kernel(replace(kernel, dynamic_shared=False), "test")
+    huge = SharedAlloc("huge", BufferType(float32, (60 * 1024,)))
+    with pytest.raises(VerifyError, match="bytes of dynamic shared memory"):
+        verify_simt_kernel(replace(kernel, shared=kernel.shared + (huge,)), "test")

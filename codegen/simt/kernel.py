@@ -26,7 +26,9 @@ from ...ir.errors import BackendError
 from ...ir.buffer import Buffer
 from ...ir.simt.nodes import (
     Reg,
+    MAX_DYNAMIC_SHARED_BYTES,
     MAX_STATIC_SHARED_BYTES,
+    SHARED_BYTES_PER_SM,
     For,
     If,
     IntOp,
@@ -106,17 +108,37 @@ def _resize(stmts: tuple[Stmt, ...], final: dict[str, SharedAlloc]) -> tuple[Stm
     return tuple(out)
 
 
-def size_shared(kernel: SimtKernel, lw: Lowering) -> SimtKernel:
-    """`kernel` with each shared scratch array as large as its largest use."""
+def shared_limit(sm: str) -> int:
+    """The shared memory one block of a kernel for `sm` may have: past the 48 KiB a kernel declares statically,
+    the launch's dynamic shared memory on sm_90a (Hopper's wgmma tiles: head 256 attention), not on the targets
+    that also run on GPUs with less (an sm_80 kernel runs on Ada's 99 KiB as well)."""
+    return MAX_DYNAMIC_SHARED_BYTES if sm == "sm_90a" else MAX_STATIC_SHARED_BYTES
+
+
+def _resident_blocks(kernel: SimtKernel, opts: GpuOptions) -> int | None:
+    """The blocks an SM a kernel is built for (``.minnctapersm``, which caps its registers), at most as many as
+    its shared memory lets an SM hold: a cap for more blocks than can be resident only costs registers. A
+    user's ``min_blocks_per_sm`` stands."""
+    if opts.min_blocks_per_sm is not None or kernel.min_blocks_per_sm is None:
+        return kernel.min_blocks_per_sm
+    return max(1, min(kernel.min_blocks_per_sm, SHARED_BYTES_PER_SM // (kernel.shared_bytes + 1024)))
+
+
+def size_shared(kernel: SimtKernel, lw: Lowering, limit: int) -> SimtKernel:
+    """`kernel` with each shared scratch array as large as its largest use, `SharedMemoryExceeded` past `limit`
+    bytes; past `MAX_STATIC_SHARED_BYTES` (a `limit` from `shared_limit`) in the launch's dynamic shared memory."""
     final = {name: SharedAlloc(name, BufferType(alloc.dtype, (lw.arena_size[name],)))
              for name, alloc in lw.arenas.items()}
     # fixed allocations (wgmma's operand tiles, 1024-byte aligned) first: no padding in front of them
     fixed = tuple(a for a in kernel.shared if a.name not in final)
     sized = replace(kernel, shared=fixed + tuple(final.values()), body=_resize(kernel.body, final))
-    if sized.shared_bytes > MAX_STATIC_SHARED_BYTES:
+    if sized.shared_bytes > limit:
         raise SharedMemoryExceeded(f"kernel {kernel.name} needs {sized.shared_bytes} bytes of shared memory for its "
-                                   f"layout conversions (at most {MAX_STATIC_SHARED_BYTES}); use smaller "
-                                   "block_m / block_n")
+                                   f"operand tiles and layout conversions (at most {limit} on {lw.opts.sm}); use "
+                                   "smaller block_m / block_n")
+    if sized.shared_bytes > MAX_STATIC_SHARED_BYTES:
+        sized = replace(sized, dynamic_shared=True)
+        sized = replace(sized, min_blocks_per_sm=_resident_blocks(sized, lw.opts))
     return sized
 
 
@@ -148,17 +170,19 @@ def lower_kernel(k: t.TileKernel, opts: GpuOptions) -> SimtKernel:
 
 
 def _emit_within_shared_memory(k: t.TileKernel, plan: Plan, opts: GpuOptions) -> SimtKernel:
-    """`_emit` with two scratch arrays a dtype, else one, else (a kernel with wgmma dots, whose operand tiles
-    take shared memory of their own) with its dots on ``mma.sync``: the first that fits in shared memory."""
-    try:
-        return _emit(k, plan, opts, alternate=True)
-    except SharedMemoryExceeded:
-        pass
-    try:
-        return _emit(k, plan, opts, alternate=False)
-    except SharedMemoryExceeded:
-        if not any(d.wgmma is not None for d in plan.dots.values()):
-            raise
+    """`_emit` with two scratch arrays a dtype, else one, within the 48 KiB a kernel declares statically, then
+    the same within the target's `shared_limit` (dynamic shared memory: fewer blocks an SM, so only where the
+    static size cannot do), else (a kernel with wgmma dots, whose operand tiles take shared memory of their
+    own) with its dots on ``mma.sync``: the first that fits."""
+    limits = dict.fromkeys((MAX_STATIC_SHARED_BYTES, shared_limit(opts.sm)))
+    for limit in limits:
+        for alternate in (True, False):
+            try:
+                return _emit(k, plan, opts, alternate, limit)
+            except SharedMemoryExceeded as exc:
+                failure = exc
+    if not any(d.wgmma is not None for d in plan.dots.values()):
+        raise failure
     return _emit_within_shared_memory(k, plan_kernel(k, opts, wgmma=False), opts)
 
 
@@ -179,7 +203,7 @@ def blocks_per_sm(plan: Plan, opts: GpuOptions) -> int | None:
     return None
 
 
-def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool) -> SimtKernel:
+def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool, limit: int) -> SimtKernel:
     """Steps 3-4 of the module docstring: the kernel's statements, its scratch arrays sized."""
     programs = k.num_programs
     b = LoweringBuilder(symbol(k.name), warps=plan.warps, grid=(max(1, programs) if is_static(programs) else programs,))
@@ -189,7 +213,7 @@ def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool) -> Sim
     lw.emit_ops(k.body)
     built = replace(b.build(verify=False), min_blocks_per_sm=blocks_per_sm(plan, opts),
                     sizes=tuple((reg.name, size) for (size, _), reg in lw.size_regs.items()))
-    return size_shared(built, lw)
+    return size_shared(built, lw, limit)
 
 
 def lower_to_simt(p: t.TileProgram, opts: GpuOptions = GpuOptions()) -> SimtProgram:

@@ -7,11 +7,12 @@ from llvmlite import ir
 from ...ir.buffer import Buffer
 from ...ir.errors import BackendError
 from ...ir.simt.nodes import (FenceProxyAsync, MbarrierArrive, MbarrierInit, MbarrierWait, SetMaxNReg, SimtKernel,
-                              TmaLoad, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, walk_stmts)
+                              TmaLoad, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, shared_offsets, walk_stmts)
 from ...ir.simt.verifier import verify_simt_kernel
 from .. import nvvm
 from ..llvm_text import TextBuilder, TextModule
 from ..nvptx import PtxArtifact, compile_module, new_module, parse_and_verify
+from ..llvm_utils import I8, I64
 from ..nvvm import PTR, PTR_GLOBAL
 from . import arith, control, memory, warp, wgmma
 from .emitter import Emitter, LlvmOptions
@@ -76,13 +77,26 @@ def _build(kernel: SimtKernel, options: LlvmOptions, verify: bool) -> TextModule
             em.set(param, arg)
     for arg, name in zip(fn.args[len(kernel.params):], maps):
         em.tensor_maps[name] = builder.ptrtoint(arg, ir.IntType(64))
-    for alloc in kernel.shared:
-        em.shared[alloc.name] = nvvm.declare_shared(module, f"smem_{alloc.name}", mem_type(alloc.dtype), alloc.size,
-                                                    align=alloc.align)
+    _declare_shared(kernel, module, builder, em)
     em.emit(kernel.body)
     em.dispose()
     builder.ret_void()
     return module
+
+
+def _declare_shared(kernel: SimtKernel, module: TextModule, builder: TextBuilder, em: Emitter) -> None:
+    """Each shared allocation's pointer: a static ``.shared`` array, or in a `SimtKernel.dynamic_shared` kernel
+    its offset (`shared_offsets`) into the launch's ``extern .shared`` array, aligned as the most aligned
+    allocation asks (1024 bytes for 128-byte-swizzled wgmma tiles)."""
+    if not kernel.dynamic_shared:
+        for alloc in kernel.shared:
+            em.shared[alloc.name] = nvvm.declare_shared(module, f"smem_{alloc.name}", mem_type(alloc.dtype),
+                                                        alloc.size, align=alloc.align)
+        return
+    base = nvvm.declare_dynamic_shared(module, align=max((a.align for a in kernel.shared), default=16))
+    for alloc, offset in zip(kernel.shared, shared_offsets(kernel.shared).values()):
+        em.shared[alloc.name] = builder.gep(base, [ir.Constant(I64, offset)], inbounds=True, source_etype=I8,
+                                            name=f"smem_{alloc.name}")
 
 
 def tensor_map_sources(kernel: SimtKernel) -> list[str]:

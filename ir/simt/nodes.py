@@ -90,7 +90,9 @@ from .ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     WgmmaWait,
 )
 from .types import (  # noqa: F401
+    MAX_DYNAMIC_SHARED_BYTES,
     MAX_STATIC_SHARED_BYTES,
+    SHARED_BYTES_PER_SM,
     MAX_VECTOR,
     WARP_SIZE,
     IntOp,
@@ -218,6 +220,10 @@ class SimtKernel:
     (uniform values defined for the whole body). A shape-polymorphic kernel's run-time
     extents are scalar params: `sizes` names each one's register and its `Size`, which the
     runtime evaluates per launch, as it does a `grid` dimension that is a `Size`.
+
+    `dynamic_shared`: the `shared` allocations live in the launch's dynamic shared memory
+    (`shared_bytes` of it, at the same offsets) instead of static ``.shared`` arrays: a kernel
+    needing more than `MAX_STATIC_SHARED_BYTES` (up to `MAX_DYNAMIC_SHARED_BYTES`, sm_90a only).
     """
 
     name: str
@@ -229,6 +235,7 @@ class SimtKernel:
     loc: SourceLoc = _loc()
     min_blocks_per_sm: int | None = None   # `.minnctapersm`: ptxas keeps registers low enough for this many
     sizes: tuple[tuple[str, Size], ...] = ()
+    dynamic_shared: bool = False
 
     @property
     def threads(self) -> int:

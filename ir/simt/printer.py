@@ -180,8 +180,9 @@ def simt_kernel_lines(k: SimtKernel, index: LineIndex | None = None) -> list[str
     grid = "(" + ", ".join(str(g) for g in k.grid) + ("," if len(k.grid) == 1 else "") + ")"
     params = ", ".join(format_param(p) for p in k.params)
     bound = "" if k.min_blocks_per_sm is None else f", at least {k.min_blocks_per_sm} blocks an SM"
+    dynamic = f", {k.shared_bytes} bytes of dynamic shared memory" if k.dynamic_shared else ""
     lines = [f"simt kernel {k.name}({params}) grid {grid} block {k.threads} "
-             f"({k.warps} warp{'s' if k.warps != 1 else ''}{bound})"]
+             f"({k.warps} warp{'s' if k.warps != 1 else ''}{bound}{dynamic})"]
     lines += [f"  shared {a.name}: {a.type}" for a in k.shared]
     lines += [f"  size %{name} = {size}" for name, size in k.sizes]   # run-time extents the launch passes
     for s in k.body:

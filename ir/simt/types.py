@@ -16,6 +16,13 @@ from ..types import BufferType, DType, bfloat16, float8_e4m3fn, float16, float32
 WARP_SIZE = 32
 MAX_VECTOR = 16
 MAX_STATIC_SHARED_BYTES = 48 * 1024
+"""Shared memory a kernel may declare statically (``.shared``): past it, the launch's dynamic shared memory."""
+MAX_DYNAMIC_SHARED_BYTES = 227 * 1024
+"""Shared memory of one block on Hopper (sm_90a) with the per-kernel opt-in raised: the launch's dynamic
+shared memory (`SimtKernel.dynamic_shared`). Ampere and Ada allow less (163 and 99 KiB), so the kernels
+for sm_80 and sm_90 stay within `MAX_STATIC_SHARED_BYTES`."""
+SHARED_BYTES_PER_SM = 228 * 1024
+"""Hopper's shared memory an SM, of which each resident block also takes 1 KiB for the system."""
 
 Scalar = Union[float, int, bool]
 

@@ -23,6 +23,7 @@ from ..excerpt import excerpt_around
 from ..semantics import TRANSCENDENTAL, BinaryOp, UnaryOp
 from ..buffer import Buffer
 from .nodes import (
+    MAX_DYNAMIC_SHARED_BYTES,
     MAX_STATIC_SHARED_BYTES,
     MAX_VECTOR,
     Barrier,
@@ -413,8 +414,9 @@ def _check_kernel(k: SimtKernel, pass_name: str) -> None:
     names = [p.name for p in k.params] + [a.name for a in k.shared]
     if len(set(names)) != len(names):
         _fail(f"params and shared allocations repeat a name: {names}", None, ctx)
-    if k.shared_bytes > MAX_STATIC_SHARED_BYTES:
-        _fail(f"{k.shared_bytes} bytes of static shared memory (at most {MAX_STATIC_SHARED_BYTES})", None, ctx)
+    limit, kind = ((MAX_DYNAMIC_SHARED_BYTES, "dynamic") if k.dynamic_shared else (MAX_STATIC_SHARED_BYTES, "static"))
+    if k.shared_bytes > limit:
+        _fail(f"{k.shared_bytes} bytes of {kind} shared memory (at most {limit})", None, ctx)
     scope: set[str] = set()
     defined: set[str] = set()
     for p in k.scalars:
