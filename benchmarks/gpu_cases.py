@@ -111,6 +111,8 @@ def cases(size: str = "full") -> list[Case]:
     # (every intermediate in the input type, which the kernel computes in f32) is a row of its own.
     out = [_attention("attention", "flash_attention_f16", *shape, 64, "float16") for shape in attention_shapes]
     out += [_attention("attention", "flash_attention_bf16", *shape, 128, "bfloat16") for shape in attention_shapes]
+    # head dimension 256 (Gemma's): the wgmma tiles of a 128-row block take dynamic shared memory on Hopper
+    out.append(_attention("attention", "flash_attention_bf16", b, h, n, 256, "bfloat16"))
     out.append(_attention("attention_numpy_rules", "attention", b, h, n, 64, "float16", peers=("sdpa",)))
     out += [_attention("causal", "causal_attention", *shape, 128, "float16", causal=True, skip_masked=True)
             for shape in attention_shapes]
