@@ -120,8 +120,8 @@ def divide(b, x: ir.Value, y: ir.Value, estimate: Estimate) -> ir.Value:
 
 
 def sqrt(b, x: ir.Value, estimate: Estimate) -> ir.Value:
-    """``sqrt(x)`` correctly rounded to the type of the scalar `x` (``float``; ``half`` would do as well), with IEEE's special
-    values, in straight-line f64 code (the module docstring)."""
+    """``sqrt(x)`` correctly rounded to the type of the scalar `x` (``float``; ``half`` would do as well), with
+    IEEE's special values, in straight-line f64 code (the module docstring)."""
     a = b.fpext(x, F64)
     regular = b.and_(b.fcmp_ordered(">", a, _d(0.0)), b.fcmp_ordered("<", a, _d(math.inf)))
     y = estimate(b, b.select(regular, a, _d(1.0)))
