@@ -30,7 +30,7 @@ from cuda.bindings import driver as real_driver
 
 import redfuser as rf
 from redfuser import config
-from redfuser.codegen.llvm_utils import F32, F64, I64, PTR, call_intrinsic, counted_loop, initialize_native
+from redfuser.codegen.llvm_utils import F32, I64, PTR, call_intrinsic, counted_loop, initialize_native, like, splat
 from redfuser.codegen.native import host_target
 from redfuser.codegen.ptx_check import SERIALIZED_BY_CALLS, check_ptx
 from redfuser.codegen.simt import GpuOptions, lower_to_simt
@@ -108,32 +108,36 @@ _ENGINES: list = []       # the JIT engines must outlive the functions they made
 
 
 def reciprocal_estimate(kind: str, kept_bits: int | None, up: bool = False):
-    """``1/x`` (kind "reciprocal") or ``1/sqrt(x)`` ("reciprocal_sqrt") exactly, or with only `kept_bits`
-    significant bits (the others cleared, or set where `up`)."""
+    """``1/x`` (kind "reciprocal") or ``1/sqrt(x)`` ("reciprocal_sqrt") of an f64 scalar or vector exactly, or
+    with only `kept_bits` significant bits (the others cleared, or set where `up`)."""
     def estimate(b, x):
-        root = x if kind == "reciprocal" else call_intrinsic(b, "llvm.sqrt.f64", F64, [x])
-        exact = b.fdiv(ir.Constant(F64, 1.0), root)
+        suffix = f"v{x.type.count}f64" if isinstance(x.type, ir.VectorType) else "f64"
+        root = x if kind == "reciprocal" else call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x])
+        exact = b.fdiv(splat(x.type, 1.0), root)
         if kept_bits is None:
             return exact
         low = (1 << (53 - kept_bits)) - 1
-        bits = b.bitcast(exact, I64)
-        bits = b.or_(bits, ir.Constant(I64, low)) if up else b.and_(bits, ir.Constant(I64, ~low & (2**64 - 1)))
-        return b.bitcast(bits, F64)
+        bits_type = like(x.type, I64)
+        bits = b.bitcast(exact, bits_type)
+        bits = b.or_(bits, splat(bits_type, low)) if up else b.and_(bits, splat(bits_type, ~low & (2**64 - 1)))
+        return b.bitcast(bits, x.type)
     return estimate
 
 
-def native_elementwise(operation, operands: int):
-    """``out[i] = operation(builder, in0[i], ...)`` over f32 arrays (`operation` emits LLVM IR for f32 scalars),
-    compiled for this CPU by LLVM's JIT, as a function of numpy arrays."""
+def native_elementwise(operation, operands: int, lanes: int = 1):
+    """``out[i] = operation(builder, in0[i], ...)`` over f32 arrays (`operation` emits LLVM IR for f32 values:
+    scalars, or with `lanes` > 1 vectors of that many elements), compiled for this CPU by LLVM's JIT, as a
+    function of numpy arrays (their length a multiple of `lanes`)."""
     initialize_native()
     module = ir.Module()
     module.triple = llvm.get_process_triple()
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] * (operands + 1) + [I64]), "apply")
     b = ir.IRBuilder(fn.append_basic_block())
     *inputs, out, n = fn.args
+    value_type = ir.VectorType(F32, lanes) if lanes > 1 else F32
     with counted_loop(b, ir.Constant(I64, 0), n) as i:
-        values = [b.load(b.gep(p, [i], source_etype=F32), typ=F32) for p in inputs]
-        b.store(operation(b, *values), b.gep(out, [i], source_etype=F32))
+        values = [b.load(b.gep(p, [i], source_etype=value_type), typ=value_type) for p in inputs]
+        b.store(operation(b, *values), b.gep(out, [i], source_etype=value_type))
     b.ret_void()
     parsed = llvm.parse_assembly(str(module))
     parsed.verify()
@@ -145,11 +149,11 @@ def native_elementwise(operation, operands: int):
 
     def run(*arrays: np.ndarray) -> np.ndarray:
         arrays = tuple(np.ascontiguousarray(a, dtype=np.float32) for a in arrays)
+        assert arrays[0].size % lanes == 0, f"{arrays[0].size} elements are not whole vectors of {lanes}"
         result = np.empty_like(arrays[0])
-        native(*[a.ctypes.data for a in arrays], result.ctypes.data, result.size)
+        native(*[a.ctypes.data for a in arrays], result.ctypes.data, result.size // lanes)
         return result
     return run
-
 
 
 def run_backend(backend: str, body, *args, **options) -> tuple[tuple, tuple]:

@@ -20,10 +20,17 @@ from redfuser.codegen import correctly_rounded
 RNG = np.random.default_rng(11)
 
 
-def _native(operation, estimate):
-    """`operation` (`correctly_rounded.divide` or `sqrt`) with `estimate`, compiled for this CPU."""
+def _native(operation, estimate, lanes: int = 1):
+    """`operation` (`correctly_rounded.divide` or `sqrt`) with `estimate`, compiled for this CPU on scalars or
+    on vectors of `lanes` (the GPU emits it on a register's whole vector, the estimate element by element)."""
     operands = 2 if operation is correctly_rounded.divide else 1
-    return native_elementwise(lambda b, *values: operation(b, *values, estimate), operands)
+    return native_elementwise(lambda b, *values: operation(b, *values, estimate), operands, lanes)
+
+
+def _whole_vectors(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The arrays cut to a multiple of 8 elements."""
+    n = arrays[0].size // 8 * 8
+    return tuple(a[:n] for a in arrays)
 
 
 def _bit_equal(got: np.ndarray, want: np.ndarray) -> np.ndarray:
@@ -65,23 +72,23 @@ def _sqrt_operands() -> np.ndarray:
     return np.concatenate([sweep, SPECIALS, near])
 
 
-ESTIMATES = [(None, False), (8, False), (8, True)]
+ESTIMATES = [(None, False, 1), (8, False, 1), (8, True, 1), (8, False, 8)]
 
 
-@pytest.mark.parametrize("kept_bits,up", ESTIMATES)
-def test_division_equals_numpys_bit_for_bit(kept_bits, up):
-    divide = _native(correctly_rounded.divide, reciprocal_estimate("reciprocal", kept_bits, up))
-    a, b = _division_operands()
+@pytest.mark.parametrize("kept_bits,up,lanes", ESTIMATES)
+def test_division_equals_numpys_bit_for_bit(kept_bits, up, lanes):
+    divide = _native(correctly_rounded.divide, reciprocal_estimate("reciprocal", kept_bits, up), lanes)
+    a, b = _whole_vectors(*_division_operands())
     with np.errstate(all="ignore"):
         want = a / b
     same = _bit_equal(divide(a, b), want)
     assert same.all(), list(zip(a[~same][:5], b[~same][:5]))
 
 
-@pytest.mark.parametrize("kept_bits,up", ESTIMATES)
-def test_sqrt_equals_numpys_bit_for_bit(kept_bits, up):
-    root = _native(correctly_rounded.sqrt, reciprocal_estimate("reciprocal_sqrt", kept_bits, up))
-    x = _sqrt_operands()
+@pytest.mark.parametrize("kept_bits,up,lanes", ESTIMATES)
+def test_sqrt_equals_numpys_bit_for_bit(kept_bits, up, lanes):
+    root = _native(correctly_rounded.sqrt, reciprocal_estimate("reciprocal_sqrt", kept_bits, up), lanes)
+    (x,) = _whole_vectors(_sqrt_operands())
     with np.errstate(all="ignore"):
         want = np.sqrt(x)
     got = root(x)

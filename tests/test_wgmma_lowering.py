@@ -174,13 +174,14 @@ def test_only_sm_90a_lowers_to_wgmma(sm):
     assert instructions(rf.kernel(matmul_f32, backend="simulate", sm=sm).lower(x, w))[0] == 0
 
 
-@pytest.mark.parametrize("sm,head,threads,blocks", [("sm_90a", 64, 256, None), ("sm_90a", 128, 128, 3),
+@pytest.mark.parametrize("sm,head,threads,blocks", [("sm_90a", 64, 256, 2), ("sm_90a", 128, 128, 3),
                                                     ("sm_90", 64, 128, None), ("sm_90", 128, 128, None)])
 def test_the_wgmma_plan_has_its_own_warps_and_blocks_an_sm(sm, head, threads, blocks):
     """Measured on an H200 (benchmarks/device_notes.md, run 10): on wgmma a 128-row tile takes two warpgroups
     (`plan.WGMMA_TILE_ROWS`) and a one-warpgroup kernel is built for 3 blocks an SM
-    (`kernel.WGMMA_BLOCKS_PER_SM`); mma.sync keeps 4 warps and ptxas's register choice. A user's
-    ``num_warps`` and ``min_blocks_per_sm`` still decide."""
+    (`kernel.WGMMA_BLOCKS_PER_SM`); a two-warpgroup one for 2 (the occupancy run 11 measured, which the
+    call-free division would lose to 6 more registers: `kernel.WGMMA_TWO_GROUP_BLOCKS_PER_SM`); mma.sync keeps
+    4 warps and ptxas's register choice. A user's ``num_warps`` and ``min_blocks_per_sm`` still decide."""
     q = RNG.standard_normal((1, 2, 256, head)).astype(np.float16)
     kernel = rf.kernel(flash_attention_f16, backend="simulate", sm=sm).lower(q, q, q).stages["simt"].kernels[0]
     assert (kernel.threads, kernel.min_blocks_per_sm) == (threads, blocks)
@@ -228,14 +229,14 @@ def test_head_256_attention_takes_its_tiles_from_dynamic_shared_memory():
     """At head dimension 256 the wgmma operand tiles of a 128-row block (56 KiB) pass the 48 KiB a kernel may
     declare statically: the kernel is marked `dynamic_shared` (its header says how many bytes), its PTX
     declares no static ``.shared`` array but one ``.extern .shared`` array aligned for the 128-byte swizzle,
-    and it is built for as many blocks an SM as the SM's shared memory holds (3 would cap registers for
-    blocks that cannot be resident). The mma.sync kernel of the same body stays static."""
+    and it keeps ptxas's register choice (bounded for 2 blocks an SM, its 164 registers would spill). The
+    mma.sync kernel of the same body stays static."""
     q = RNG.standard_normal((1, 2, 128, 256)).astype(np.float16)
     lowered = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a").lower(q, q, q)
     kernel = lowered.stages["simt"].kernels[0]
     assert kernel.dynamic_shared and 48 * 1024 < kernel.shared_bytes <= 227 * 1024
     assert f"{kernel.shared_bytes} bytes of dynamic shared memory" in str(kernel).splitlines()[0]
-    assert kernel.min_blocks_per_sm is None or kernel.min_blocks_per_sm <= 228 * 1024 // (kernel.shared_bytes + 1024)
+    assert kernel.min_blocks_per_sm is None
     ptx = lowered.stages["ptx"].kernels[0].ptx
     assert ".extern .shared .align 1024 .b8 redfuser_dynamic_smem[]" in ptx
     assert not re.search(r"^\s*\.shared\b", ptx, flags=re.M)          # a static array: `.shared .align 1024 .b8 ...`

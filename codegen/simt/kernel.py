@@ -28,7 +28,6 @@ from ...ir.simt.nodes import (
     Reg,
     MAX_DYNAMIC_SHARED_BYTES,
     MAX_STATIC_SHARED_BYTES,
-    SHARED_BYTES_PER_SM,
     For,
     If,
     IntOp,
@@ -116,12 +115,11 @@ def shared_limit(sm: str) -> int:
 
 
 def _resident_blocks(kernel: SimtKernel, opts: GpuOptions) -> int | None:
-    """The blocks an SM a kernel is built for (``.minnctapersm``, which caps its registers), at most as many as
-    its shared memory lets an SM hold: a cap for more blocks than can be resident only costs registers. A
-    user's ``min_blocks_per_sm`` stands."""
-    if opts.min_blocks_per_sm is not None or kernel.min_blocks_per_sm is None:
-        return kernel.min_blocks_per_sm
-    return max(1, min(kernel.min_blocks_per_sm, SHARED_BYTES_PER_SM // (kernel.shared_bytes + 1024)))
+    """The blocks an SM a kernel in dynamic shared memory is built for (``.minnctapersm``, which caps its
+    registers): a user's ``min_blocks_per_sm``, else ptxas's choice. Its tiles are large (head-256 attention
+    needs 164 registers; bounded for 2 blocks an SM it spills) and the default bounds were measured on
+    kernels within 48 KiB."""
+    return opts.min_blocks_per_sm
 
 
 def size_shared(kernel: SimtKernel, lw: Lowering, limit: int) -> SimtKernel:
@@ -193,14 +191,21 @@ built for this many blocks an SM (ptxas keeps it within 168 registers a thread).
 [4,16,4096,128] (10.1 to 8.0 ms at [1,16,16384,128]), causal f16 at head 128 within 4% either way; the
 GEMMs' wgmma kernels are below 168 registers already."""
 
+WGMMA_TWO_GROUP_BLOCKS_PER_SM = 2
+"""The same for a kernel of two warpgroups (8 warps; `plan.WGMMA_TILE_ROWS`): 2 blocks an SM, 16 warps, the
+occupancy f16 attention ran at in run 11 (ncu; 124 registers from ptxas's own choice then). Its call-free
+division (`codegen/correctly_rounded.py`) made ptxas's unbounded choice 130 registers, one block an SM;
+with this bound it takes 124 again, without spills."""
+
 
 def blocks_per_sm(plan: Plan, opts: GpuOptions) -> int | None:
-    """`opts.min_blocks_per_sm`, or where that is None `WGMMA_BLOCKS_PER_SM` for a one-warpgroup wgmma kernel."""
+    """`opts.min_blocks_per_sm`, or where that is None `WGMMA_BLOCKS_PER_SM` for a one-warpgroup wgmma kernel
+    and `WGMMA_TWO_GROUP_BLOCKS_PER_SM` for a two-warpgroup one."""
     if opts.min_blocks_per_sm is not None:
         return opts.min_blocks_per_sm
-    if plan.warps == 4 and any(d.wgmma is not None for d in plan.dots.values()):
-        return WGMMA_BLOCKS_PER_SM
-    return None
+    if not any(d.wgmma is not None for d in plan.dots.values()):
+        return None
+    return {4: WGMMA_BLOCKS_PER_SM, 8: WGMMA_TWO_GROUP_BLOCKS_PER_SM}.get(plan.warps)
 
 
 def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool, limit: int) -> SimtKernel:

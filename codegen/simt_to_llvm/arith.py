@@ -88,8 +88,7 @@ def _divide(b: ir.IRBuilder, x: ir.Value, y: ir.Value, em: Emitter) -> ir.Value:
     quotient in straight-line code (`correctly_rounded.divide`) where `_without_calls`."""
     if not _without_calls(x, em):
         return b.fdiv(x, y)
-    return lanewise(b, x.type, lambda u, v: correctly_rounded.divide(b, u, v, correctly_rounded.nvptx_reciprocal),
-                    x, y)
+    return correctly_rounded.divide(b, x, y, correctly_rounded.nvptx_reciprocal)
 
 
 def _quotient_f64(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
@@ -101,7 +100,7 @@ def _sqrt(b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.Value:
     (`correctly_rounded.sqrt`) where `_without_calls`."""
     if not _without_calls(x, em):
         return call_intrinsic(b, f"llvm.sqrt.{intrinsic_suffix(x.type)}", x.type, [x])
-    return lanewise(b, x.type, lambda u: correctly_rounded.sqrt(b, u, correctly_rounded.nvptx_reciprocal_sqrt), x)
+    return correctly_rounded.sqrt(b, x, correctly_rounded.nvptx_reciprocal_sqrt)
 
 
 def _binary_scalar(op: BinaryOp, dtype: DType, b: ir.IRBuilder, x: ir.Value, y: ir.Value, em: Emitter) -> ir.Value:

@@ -92,7 +92,6 @@ from .ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
 from .types import (  # noqa: F401
     MAX_DYNAMIC_SHARED_BYTES,
     MAX_STATIC_SHARED_BYTES,
-    SHARED_BYTES_PER_SM,
     MAX_VECTOR,
     WARP_SIZE,
     IntOp,

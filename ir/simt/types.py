@@ -21,8 +21,6 @@ MAX_DYNAMIC_SHARED_BYTES = 227 * 1024
 """Shared memory of one block on Hopper (sm_90a) with the per-kernel opt-in raised: the launch's dynamic
 shared memory (`SimtKernel.dynamic_shared`). Ampere and Ada allow less (163 and 99 KiB), so the kernels
 for sm_80 and sm_90 stay within `MAX_STATIC_SHARED_BYTES`."""
-SHARED_BYTES_PER_SM = 228 * 1024
-"""Hopper's shared memory an SM, of which each resident block also takes 1 KiB for the system."""
 
 Scalar = Union[float, int, bool]
 
