@@ -190,6 +190,18 @@ def test_the_wgmma_plan_has_its_own_warps_and_blocks_an_sm(sm, head, threads, bl
     assert (kernel.threads, kernel.min_blocks_per_sm) == (128, 2)
 
 
+@pytest.mark.parametrize("block_n,blocks", [(128, 2), (256, None)])
+def test_two_warpgroups_are_bounded_for_two_blocks_only_where_their_accumulators_leave_room(block_n, blocks):
+    """A 128 x 128 GEMM tile (64 accumulator registers a thread) is built for 2 blocks an SM like f16 attention;
+    a 128 x 256 one (128 of them) keeps ptxas's choice, which a bound of 128 registers would make spill."""
+    x = RNG.standard_normal((256, 256)).astype(np.float16)
+    lowered = rf.kernel(_widened, backend="simulate", sm="sm_90a", block_m=128, block_n=block_n,
+                        block_k=64).lower(x, x)
+    kernel = lowered.stages["simt"].kernels[0]
+    assert (kernel.warps, kernel.min_blocks_per_sm) == (8, blocks)
+    assemble_without_spills(lowered)
+
+
 def _widened(x, w):
     return x.astype(rf.float32) @ w.astype(rf.float32)
 

@@ -192,10 +192,18 @@ built for this many blocks an SM (ptxas keeps it within 168 registers a thread).
 GEMMs' wgmma kernels are below 168 registers already."""
 
 WGMMA_TWO_GROUP_BLOCKS_PER_SM = 2
-"""The same for a kernel of two warpgroups (8 warps; `plan.WGMMA_TILE_ROWS`): 2 blocks an SM, 16 warps, the
-occupancy f16 attention ran at in run 11 (ncu; 124 registers from ptxas's own choice then). Its call-free
-division (`codegen/correctly_rounded.py`) made ptxas's unbounded choice 130 registers, one block an SM;
-with this bound it takes 124 again, without spills."""
+"""The same for a kernel of two warpgroups (8 warps; `plan.WGMMA_TILE_ROWS`) whose dots' f32 accumulators take
+at most half of the 128 registers the bound leaves a thread (`_accumulator_registers`; larger tiles, such as
+a 128 x 256 GEMM tile, keep ptxas's choice rather than spill): 2 blocks an SM, 16 warps, the occupancy f16
+attention ran at in run 11 (ncu; 124 registers from ptxas's own choice then). Its call-free division
+(`codegen/correctly_rounded.py`) made ptxas's unbounded choice 130 registers, one block an SM; with this
+bound it takes 124 again, without spills."""
+
+
+def _accumulator_registers(plan: Plan) -> int:
+    """The f32 registers a thread holds for the results of the kernel's wgmma dots (all of them at once)."""
+    threads = plan.warps * 32
+    return sum(d.wgmma.a.rows * d.wgmma.b.rows // threads for d in plan.dots.values() if d.wgmma is not None)
 
 
 def blocks_per_sm(plan: Plan, opts: GpuOptions) -> int | None:
@@ -205,7 +213,11 @@ def blocks_per_sm(plan: Plan, opts: GpuOptions) -> int | None:
         return opts.min_blocks_per_sm
     if not any(d.wgmma is not None for d in plan.dots.values()):
         return None
-    return {4: WGMMA_BLOCKS_PER_SM, 8: WGMMA_TWO_GROUP_BLOCKS_PER_SM}.get(plan.warps)
+    if plan.warps == 4:
+        return WGMMA_BLOCKS_PER_SM
+    if plan.warps == 8 and _accumulator_registers(plan) <= 64:
+        return WGMMA_TWO_GROUP_BLOCKS_PER_SM
+    return None
 
 
 def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool, limit: int) -> SimtKernel:
