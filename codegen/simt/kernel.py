@@ -114,14 +114,6 @@ def shared_limit(sm: str) -> int:
     return MAX_DYNAMIC_SHARED_BYTES if sm == "sm_90a" else MAX_STATIC_SHARED_BYTES
 
 
-def _resident_blocks(kernel: SimtKernel, opts: GpuOptions) -> int | None:
-    """The blocks an SM a kernel in dynamic shared memory is built for (``.minnctapersm``, which caps its
-    registers): a user's ``min_blocks_per_sm``, else ptxas's choice. Its tiles are large (head-256 attention
-    needs 164 registers; bounded for 2 blocks an SM it spills) and the default bounds were measured on
-    kernels within 48 KiB."""
-    return opts.min_blocks_per_sm
-
-
 def size_shared(kernel: SimtKernel, lw: Lowering, limit: int) -> SimtKernel:
     """`kernel` with each shared scratch array as large as its largest use, `SharedMemoryExceeded` past `limit`
     bytes; past `MAX_STATIC_SHARED_BYTES` (a `limit` from `shared_limit`) in the launch's dynamic shared memory."""
@@ -135,8 +127,10 @@ def size_shared(kernel: SimtKernel, lw: Lowering, limit: int) -> SimtKernel:
                                    f"operand tiles and layout conversions (at most {limit} on {lw.opts.sm}); use "
                                    "smaller block_m / block_n")
     if sized.shared_bytes > MAX_STATIC_SHARED_BYTES:
-        sized = replace(sized, dynamic_shared=True)
-        sized = replace(sized, min_blocks_per_sm=_resident_blocks(sized, lw.opts))
+        # Built for a user's min_blocks_per_sm only, else with ptxas's register choice: such tiles are large
+        # (head-256 attention needs 164 registers, and bounded for 2 blocks an SM it spills), and the default
+        # bounds (`blocks_per_sm`) were measured on kernels within 48 KiB.
+        sized = replace(sized, dynamic_shared=True, min_blocks_per_sm=lw.opts.min_blocks_per_sm)
     return sized
 
 
