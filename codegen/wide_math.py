@@ -3,7 +3,8 @@
 One definition serves the CPU and the GPU code generators: each function is straight-line code (``fma``,
 ``rint``, integer ops on the bits, ``select``, one f64 division at most, loads from a constant table) that
 `emit` writes with whichever builder it is given (`llvmlite.ir` for the host, the GPU's `TextBuilder`), so
-what the accuracy test measures on the CPU is, instruction for instruction, what a GPU runs.
+what the accuracy test measures on the CPU is, instruction for instruction, what a GPU runs (in a kernel that
+issues wgmma the one division is `correctly_rounded.quotient_f64` instead, which the test measures too).
 
 Why f64: the argument is widened (exactly), the function is evaluated to about 1e-16 relative error by
 series whose truncation is far below that, and the result is rounded to f32 once. So the f32 result is

@@ -76,6 +76,8 @@ def _unary(s: Unary, em: Emitter) -> None:
 
 _FLOAT = {BinaryOp.ADD: "fadd", BinaryOp.SUB: "fsub", BinaryOp.MUL: "fmul"}
 _INT = {BinaryOp.ADD: "add", BinaryOp.SUB: "sub", BinaryOp.MUL: "mul", BinaryOp.AND: "and_", BinaryOp.OR: "or_"}
+
+
 def _without_calls(x: ir.Value, em: Emitter) -> bool:
     """Whether ``x``'s division and square root must be free of subroutines: f32 in a kernel that issues wgmma
     (a call would serialize them). 16-bit arithmetic is f32 in the SIMT IR; f64 keeps ``div.rn.f64``."""

@@ -42,8 +42,9 @@ class Emitter:
         self.defs = {s.out.name: s for s in walk_stmts(kernel.body) if isinstance(getattr(s, "out", None), Reg)}
         mma_results = {name for name, s in self.defs.items() if isinstance(s, Mma)}
         self.vector_uses = _vector_uses(kernel, mma_results) if mma_results else set()   # read by `set_lanes` only
-        # A call anywhere in a kernel serializes its wgmmas (ptxas C7509), and IEEE division is one: such a
-        # kernel divides in straight-line code instead (codegen/division.py), with the same results.
+        # A call anywhere in a kernel serializes its wgmmas (ptxas C7509), and IEEE division and square root
+        # are calls: such a kernel computes them in straight-line code (codegen/correctly_rounded.py), with the
+        # same results.
         self.without_calls = any(isinstance(s, Wgmma) for s in self.defs.values())
         self._blocks = 0
 
