@@ -30,6 +30,7 @@ from cuda.bindings import driver as real_driver
 
 import redfuser as rf
 from redfuser import config
+from redfuser.codegen.llvm_dtypes import intrinsic_suffix
 from redfuser.codegen.llvm_utils import F32, I64, PTR, call_intrinsic, counted_loop, initialize_native, like, splat
 from redfuser.codegen.native import host_target
 from redfuser.codegen.ptx_check import SERIALIZED_BY_CALLS, check_ptx
@@ -111,8 +112,7 @@ def reciprocal_estimate(kind: str, kept_bits: int | None, up: bool = False):
     """``1/x`` (kind "reciprocal") or ``1/sqrt(x)`` ("reciprocal_sqrt") of an f64 scalar or vector exactly, or
     with only `kept_bits` significant bits (the others cleared, or set where `up`)."""
     def estimate(b, x):
-        suffix = f"v{x.type.count}f64" if isinstance(x.type, ir.VectorType) else "f64"
-        root = x if kind == "reciprocal" else call_intrinsic(b, f"llvm.sqrt.{suffix}", x.type, [x])
+        root = x if kind == "reciprocal" else call_intrinsic(b, f"llvm.sqrt.{intrinsic_suffix(x.type)}", x.type, [x])
         exact = b.fdiv(splat(x.type, 1.0), root)
         if kept_bits is None:
             return exact

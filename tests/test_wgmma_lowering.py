@@ -5,6 +5,7 @@ without spills; where a dot cannot take wgmma (shape, warps, shared memory) the 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -15,7 +16,11 @@ from helpers import assemble_without_spills
 
 import redfuser as rf
 from redfuser.codegen.simt.wgmma import TileGeometry
+from redfuser.ir.errors import VerifyError
+from redfuser.ir.simt.nodes import SharedAlloc
+from redfuser.ir.simt.verifier import verify_simt_kernel
 from redfuser.ir.simt.wgmma_fragments import Swizzle, k_major_offset
+from redfuser.ir.types import BufferType, float32
 from redfuser.testing import assert_close
 from redfuser.testing.quantization import assert_quantized_gemm, spike_rows
 from redfuser.workloads import causal_attention, flash_attention_bf16, flash_attention_f16, fp8_quant_gemm
@@ -259,13 +264,6 @@ def test_head_256_attention_takes_its_tiles_from_dynamic_shared_memory():
 
 def test_the_verifier_bounds_static_and_dynamic_shared_memory():
     """A kernel may declare 48 KiB statically and take up to 227 KiB (Hopper's opt-in) from the launch."""
-    from dataclasses import replace
-
-    from redfuser.ir.errors import VerifyError
-    from redfuser.ir.simt.nodes import SharedAlloc
-    from redfuser.ir.simt.verifier import verify_simt_kernel
-    from redfuser.ir.types import BufferType, float32
-
     q = RNG.standard_normal((1, 2, 128, 256)).astype(np.float16)
     kernel = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a").lower(q, q, q).stages["simt"].kernels[0]
     verify_simt_kernel(kernel, "test")
