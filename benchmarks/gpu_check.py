@@ -354,22 +354,26 @@ def input_sets(case: Case, dev: Device, l2_bytes: int) -> list:
 #   8 warps against the 16 a whole-row tile gets;
 # - tensor-core kernels: the same kernel on ``mma.sync`` (``sm="sm_90"``), the default on Hopper until
 #   run 10 made ``sm_90a``'s wgmma the device's target (runtime/device.py), with the wgmma plan's own
-#   defaults (`codegen.simt.plan.WGMMA_TILE_ROWS`, `codegen.simt.kernel.WGMMA_BLOCKS_PER_SM`).
+#   defaults (`codegen.simt.plan.WGMMA_TILE_ROWS`, `codegen.simt.kernel.WGMMA_BLOCKS_PER_SM`); and the same
+#   kernel with its operand tiles staged by the threads (``tma=False``), the default until run 14 measured
+#   the copy engine's (`codegen/simt/tma.py`).
 # (Timed on H200s and dropped from this list, all slower or equal. On mma.sync, 2026-11-29: LLVM's O1
 # middle end; head dimension chunks of 32; 64-row softmax, log-softmax and MoE tiles; for attention,
 # causal attention and the FP8 GEMM `prefetch` alone, 8 warps with and without it, 128 rows with 8 warps;
 # for attention 4 blocks an SM, `prefetch` at 3, 64 rows, and 128 rows with key blocks of 32; for causal
 # attention 128 rows with key blocks of 32, 3 blocks an SM; for the FP8 GEMM 128 rows, 4 blocks an SM with
 # and without `prefetch`. On wgmma, 2026-12-04 (runs 9-10): one warpgroup for 128-row tiles; two
-# warpgroups with `prefetch`; two warpgroups of 128-row tiles at head 128.)
+# warpgroups with `prefetch`; two warpgroups of 128-row tiles at head 128; run 12, `prefetch` within 1%;
+# run 13, at head 256: the head tiled in 4 grid programs of 64 columns, whole on mma.sync, 128 rows.)
 _ROW_VARIANTS = (("redfuser warps=8", {"num_warps": 8}), ("redfuser chunks of 64", {"block_n": 64}))
 _MMA_SYNC = ("redfuser mma.sync (sm_90)", {"sm": "sm_90"})
+_STAGED = ("redfuser threads' staging", {"tma": False})
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "attention f16": (_MMA_SYNC,),
-    "attention bf16": (_MMA_SYNC,),
-    "causal": (_MMA_SYNC,),
+    "attention f16": (_MMA_SYNC, _STAGED),
+    "attention bf16": (_MMA_SYNC, _STAGED),
+    "causal": (_MMA_SYNC, _STAGED),
     "fp8_gemm": (_MMA_SYNC,),
-    "gemm": (_MMA_SYNC,),
+    "gemm": (_MMA_SYNC, _STAGED),
     "softmax": _ROW_VARIANTS,
     "log_softmax": _ROW_VARIANTS,
 }
@@ -515,9 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (implied by --smoke-cpu)")
     parser.add_argument("--sm", default="sm_90", help="the target of --dry-run (default sm_90, an H100/H200)")
     parser.add_argument("--budget", type=float, default=400.0, help="seconds; past it the rest is skipped")
-    parser.add_argument("--only", nargs="*", default=None, help="case names to run (default all)")
+    parser.add_argument("--only", nargs="*", default=None, help="case names or labels to run (default all)")
     args = parser.parse_args(argv)
-    all_cases = [c for c in cases("tiny" if args.smoke_cpu or args.tiny else "full") if not args.only or c.name in args.only]
+    all_cases = [c for c in cases("tiny" if args.smoke_cpu or args.tiny else "full") if not args.only or c.name in args.only
+                 or c.label in args.only]
     budget = Budget(args.budget)
     if args.dry_run:
         rows, header = dry_run(all_cases, args.sm)

@@ -72,6 +72,9 @@ class KernelOptions:
                                   _int_at_least(1, optional=True))
     block_k: int | None = _option(None, "chunk of a reduced axis; None: default (cpu 64; gpu 128 for 16-bit "
                                         "dots, else 64)", _int_at_least(1, optional=True))
+    whole_max: int | None = _option(None, "longest state axis a fused loop with a dot keeps whole (attention's "
+                                          "head dimension); longer ones are tiled across the grid by block_n; "
+                                          "None: the backend's (cpu 512, gpu 256; schedule/options.py)", _int_at_least(1, optional=True))
     num_threads: int = _option(0, "cpu: worker threads splitting the grid; 0: one per core",
                                _int_at_least(0, optional=False))
     split: int | None = _option(None, "slices of a fused loop's axis across programs (flash decoding); None: "
@@ -87,6 +90,8 @@ class KernelOptions:
                                               "default (cpu: where a scan shows it exact for the call's values); "
                                               "True, always (exact for finite values); False, never "
                                               "(schedule/masked.py)", _one_of((None, True, False)))
+    tma: bool = _option(True, "cuda/simulate on sm_90a: load wgmma operand tiles with the tensor memory "
+                              "accelerator where it can (codegen/simt/tma.py); False: the threads stage them", _bool)
     prefetch: bool = _option(False, "cuda/simulate: load tensor-core operands a loop iteration ahead "
                                     "(schedule/prefetch.py)", _bool)
     llvm_opt: int | None = _option(None, "cuda/simulate: None, RedFuser's middle end; 1-3, LLVM's O1-O3 "
@@ -137,9 +142,9 @@ class KernelOptions:
 
     def gpu_options(self, default_sm: Callable[[], str]) -> GpuOptions:
         """The SIMT lowering's options: ``sm`` (None: `default_sm()`, the device's or sm_90), ``num_warps``,
-        ``min_blocks_per_sm``."""
+        ``min_blocks_per_sm``, ``tma``."""
         return GpuOptions(sm=self.sm or default_sm(), num_warps=self.num_warps,
-                          min_blocks_per_sm=self.min_blocks_per_sm)
+                          min_blocks_per_sm=self.min_blocks_per_sm, tma=self.tma)
 
 
 DEFAULT_OPTIONS = KernelOptions()

@@ -33,6 +33,7 @@ from ..ir.types import BufferType
 from . import arrays as arrays_rt
 from .arrays import ArrayInfo
 from .cuda_driver import DeviceAddress
+from .tensor_maps import encode, tensor_map_specs
 
 
 # --- streams ---------------------------------------------------------------------------------------
@@ -171,6 +172,7 @@ class CudaProgram:
         self._workspaces: dict[tuple, dict] = {}
         self._symbolic = any(not isinstance(n, int) for b in simt.inputs for n in b.shape)
         self._at: dict[tuple, tuple] = {}   # a shape-polymorphic program's lengths -> `program_at` for them
+        self._maps: dict[int, tuple] = {}    # id(kernel) -> (kernel, its tensor map specs); the kernel kept alive
 
     def _kernels(self, context) -> list:
         from .cuda_driver import load_module
@@ -208,6 +210,13 @@ class CudaProgram:
             found = self._at[key] = program_at(self.simt, values)
         return found
 
+    def _tensor_maps(self, kernel) -> list:
+        """`tensor_map_specs` of `kernel`, derived once."""
+        found = self._maps.get(id(kernel))
+        if found is None:
+            found = self._maps[id(kernel)] = (kernel, tensor_map_specs(kernel))
+        return found[1]
+
     def close(self) -> None:
         """Free the scratch buffers kept between calls (the next call allocates them again)."""
         workspaces, self._workspaces = self._workspaces, {}
@@ -224,6 +233,8 @@ class CudaProgram:
     def _launch(self, p: SimtProgram, sizes: tuple[dict, ...], context, pointers: dict, stream) -> None:
         for kernel, scalars, function in zip(p.kernels, sizes, self._kernels(context)):
             args = [pointers[q.name] if isinstance(q, Buffer) else scalars[q.name] for q in kernel.params]
+            # a TMA source's tensor map, after the kernel's own parameters (`tensor_map_sources`' order)
+            args += [encode(spec, pointers[spec.buffer].ptr) for spec in self._tensor_maps(kernel)]
             function.launch(grid=kernel.grid, block=(kernel.threads,), args=args, stream=stream,
                             shared_bytes=kernel.shared_bytes if kernel.dynamic_shared else 0)
 

@@ -267,14 +267,15 @@ _CTYPES = {np.dtype(t): c for t, c in [
 def pack_params(args: list[object]) -> tuple[ctypes.Array, list[object]]:
     """The ``void*[]`` cuLaunchKernel reads arguments through, and the values it points at (keep both alive).
 
-    An argument is a `DeviceAddress` such as a `DeviceBuffer` (its address), a numpy scalar (``np.int64(n)``) or a
-    ctypes value. Python ints and floats are refused: the kernel's parameter width must be explicit.
+    An argument is a `DeviceAddress` such as a `DeviceBuffer` (its address), a numpy scalar (``np.int64(n)``), a
+    ctypes value, or a ctypes array of bytes (a parameter passed by value: a ``CUtensorMap``). Python ints and
+    floats are refused: the kernel's parameter width must be explicit.
     """
     values: list[object] = []
     for arg in args:
         if isinstance(arg, DeviceAddress):
             values.append(ctypes.c_uint64(arg.ptr))
-        elif isinstance(arg, ctypes._SimpleCData):
+        elif isinstance(arg, ctypes._SimpleCData | ctypes.Array):
             values.append(arg)
         elif isinstance(arg, np.generic) and arg.dtype in _CTYPES:
             values.append(_CTYPES[arg.dtype](arg.item()))

@@ -12,11 +12,13 @@ arguments from the kernel, in the driver's conventions, and refuses with the rea
 - out-of-bounds elements are filled with zeros (``OOB_FILL_NONE``), as the simulator does;
 - e4m3 and bool travel as bytes (``UINT8``): TMA moves bits.
 
-Every copy from one buffer must use the same box and swizzle (one map per buffer). Encoding itself needs the
-CUDA driver and comes with the launch of such kernels (issue 21); this module is what can be checked here.
+Every copy from one buffer must use the same box and swizzle (one map per buffer). `encode` asks the driver
+for the 128-byte map of a spec at a buffer's device address; the cuda backend passes one per source at every
+launch (`runtime/cuda_backend.py`).
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 from ..ir.errors import BackendError
@@ -80,4 +82,28 @@ def _spec(kernel: str, s: TmaLoad) -> TensorMapSpec:
                          _SWIZZLES[mode])
 
 
-__all__ = ["TensorMapSpec", "tensor_map_specs"]
+TENSOR_MAP_BYTES = 128
+
+
+def encode(spec: TensorMapSpec, address: int) -> ctypes.Array:
+    """The ``CUtensorMap`` of `spec` for the buffer at device `address` (16-byte aligned: the cuda backend copies
+    an input that is not), as the bytes a kernel parameter takes (`cuda_driver.pack_params`)."""
+    from .cuda_driver import call, driver
+
+    def enum(kind: str, prefix: str, name: str):
+        return getattr(getattr(driver, kind), f"CU_TENSOR_MAP_{prefix}_{name}")
+
+    tensor_map = call("cuTensorMapEncodeTiled", enum("CUtensorMapDataType", "DATA_TYPE", spec.data_type),
+                      len(spec.global_dims), address,
+                      [driver.cuuint64_t(n) for n in spec.global_dims],
+                      [driver.cuuint64_t(n) for n in spec.global_strides],
+                      [driver.cuuint32_t(n) for n in spec.box],
+                      [driver.cuuint32_t(n) for n in spec.element_strides],
+                      enum("CUtensorMapInterleave", "INTERLEAVE", spec.interleave),
+                      enum("CUtensorMapSwizzle", "SWIZZLE", spec.swizzle),
+                      enum("CUtensorMapL2promotion", "L2_PROMOTION", spec.l2_promotion),
+                      enum("CUtensorMapFloatOOBfill", "FLOAT_OOB_FILL", spec.oob_fill))
+    return (ctypes.c_uint8 * TENSOR_MAP_BYTES).from_buffer_copy(ctypes.string_at(tensor_map.getPtr(), TENSOR_MAP_BYTES))
+
+
+__all__ = ["TENSOR_MAP_BYTES", "TensorMapSpec", "encode", "tensor_map_specs"]

@@ -254,13 +254,19 @@ def run_on_host(kernel, args) -> dict:
 OK = real_driver.CUresult.CUDA_SUCCESS
 
 
+TENSOR_MAP_TYPES = ("CUtensorMapDataType", "CUtensorMapInterleave", "CUtensorMapSwizzle", "CUtensorMapL2promotion",
+                    "CUtensorMapFloatOOBfill", "cuuint64_t", "cuuint32_t")
+"""What `runtime.tensor_maps.encode` takes from the driver module besides the call."""
+
+
 class FakeDriver(SimpleNamespace):
     """Just enough of ``cuda.bindings.driver`` for the runtime, recording every call."""
 
     def __init__(self, **overrides):
         super().__init__(CUresult=real_driver.CUresult, CUdevice_attribute=real_driver.CUdevice_attribute,
                          CUfunction_attribute=real_driver.CUfunction_attribute,
-                         CUstream_flags=real_driver.CUstream_flags)
+                         CUstream_flags=real_driver.CUstream_flags,
+                         **{name: getattr(real_driver, name) for name in TENSOR_MAP_TYPES})
         self.calls: list[tuple] = []
         self.next_ptr = 0x7000_0000_0000
         self.optin = 227 * 1024

@@ -235,3 +235,31 @@ def test_tensor_core_workloads_on_wgmma_equal_the_mma_sync_kernels(name, dtype):
     want = as_tuple(rf.kernel(body, backend="cuda", sm="sm_90")(*args))
     for g, e in zip(got, want):
         np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("name,dtype,shape", [
+    ("flash_attention_f16", np.float16, (2, 4, 256, 64)), ("flash_attention_bf16", "bfloat16", (2, 4, 320, 128)),
+    ("causal_attention", np.float16, (1, 2, 384, 128)), ("flash_attention_bf16", "bfloat16", (1, 2, 128, 256)),
+    ("gemm", np.float16, (512, 1024, 256))])
+def test_operand_tiles_copied_by_tma_equal_the_threads_staged_kernels(name, dtype, shape):
+    """TMA (the default on sm_90a): Q, K, V (and a GEMM's x and w) reach the wgmma tiles by the copy engine, through tensor maps
+    encoded per launch, the mbarrier phase from the loop counters: bit for bit the kernel whose threads stage
+    the same tiles (the same tensor-core sums), at odd and even key-block counts and head 256's inner loop."""
+    _hopper()
+    from redfuser import workloads
+
+    rng = np.random.default_rng(14)
+    dt = getattr(rf, dtype) if isinstance(dtype, str) else dtype
+    if name == "gemm":
+        m, k, n = shape
+        body = workloads.gemm
+        args = (rng.standard_normal((m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt))
+    else:
+        body = getattr(workloads, name)
+        args = tuple(rng.standard_normal(shape).astype(dt) for _ in range(3))
+    with_tma = rf.kernel(body, backend="cuda", sm="sm_90a")               # the default on sm_90a
+    assert "cp.async.bulk.tensor" in str(with_tma.lower(*args).stages["ptx"])
+    got = as_tuple(with_tma(*args))
+    want = as_tuple(rf.kernel(body, backend="cuda", sm="sm_90a", tma=False)(*args))
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(g, e)

@@ -30,7 +30,8 @@ from redfuser.runtime import arrays, cuda_driver
 from redfuser.runtime.arrays import CUDA
 from redfuser.runtime.cuda_backend import stream_handle
 from redfuser.runtime.cuda_memory import Stream
-from redfuser.ir.simt.nodes import Wgmma, walk_stmts
+from redfuser.codegen.simt_to_llvm.kernel import tensor_map_sources
+from redfuser.ir.simt.nodes import TmaLoad, Wgmma, walk_stmts
 from redfuser.workloads import attention, flash_attention_f16, softmax
 from helpers import OK, FakeDriver, expected_softmax
 
@@ -45,6 +46,20 @@ class FakeGpu(FakeDriver):
         self.kernels: dict[str, object] = {}                      # PTX entry -> SIMT kernel
         self.launches: list[dict] = []
         self.current = real_driver.CUcontext(0)
+        self.tensor_maps: list[tuple] = []                        # the arguments of each encoded tensor map
+
+    def cuTensorMapEncodeTiled(self, dtype, rank, address, dims, strides, box, element_strides, interleave,
+                               swizzle, l2_promotion, oob_fill):
+        """A 128-byte stand-in for the map: the source's address and the map's number, which a launch checks."""
+        self._region(address)
+        number = len(self.tensor_maps)
+        self.tensor_maps.append((dtype.name, rank, address, [int(n) for n in dims], [int(n) for n in strides],
+                                 [int(n) for n in box], swizzle.name, oob_fill.name))
+        blob = (ctypes.c_uint8 * 128)()
+        ctypes.c_uint64.from_buffer(blob, 0).value = address
+        ctypes.c_uint64.from_buffer(blob, 8).value = number
+        return self._record("cuTensorMapEncodeTiled", (number,), (OK, types.SimpleNamespace(
+            getPtr=lambda: ctypes.addressof(blob), blob=blob)))
 
     def program(self, lowered) -> None:
         self.kernels.update({k.entry: s for k, s in zip(lowered.stages["ptx"].kernels, lowered.stages["simt"].kernels)})
@@ -127,10 +142,16 @@ class FakeGpu(FakeDriver):
             flat_params.append(Buffer(b.name, BufferType(b.dtype, (flat.size,))))
         if symbolic:
             kernel = replace(kernel, grid=(gx,), params=tuple(flat_params) + kernel.params[len(kernel.buffers):])
+        # a TMA source's tensor map follows the parameters, by value: it must describe that buffer
+        maps = []
+        for i, name in enumerate(tensor_map_sources(kernel), start=len(kernel.params)):
+            address, number = (ctypes.c_uint64.from_address(slots[i] + at).value for at in (0, 8))
+            assert address == pointers[[b.name for b in kernel.buffers].index(name)], f"{name}'s tensor map"
+            maps.append(number)
         for name, value in simulate(kernel, views | scalars, verify=False).items():
             views[name][...] = value
         self.launches.append({"entry": kernel.name, "grid": (gx, gy, gz), "block": (bx, by, bz),
-                              "stream": int(stream), "pointers": pointers, "shared": shared})
+                              "stream": int(stream), "pointers": pointers, "shared": shared, "maps": maps})
         return self._record("cuLaunchKernel", (kernel.name, int(stream)), (OK,))
 
 
@@ -469,6 +490,29 @@ def test_a_kernel_past_48_kib_of_shared_memory_takes_it_from_the_launch(gpu):
     on_mma = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90")
     assert not any(s.dynamic_shared for s in on_mma.lower(q, k, v).stages["simt"].kernels)
     np.testing.assert_array_equal(out, on_mma(q, k, v))
+
+
+def test_a_kernel_copying_operands_by_tma_gets_a_tensor_map_of_each_source_at_every_launch(gpu):
+    """On sm_90a (TMA, the default there), f16 attention's Q, K and V tiles are copied by the tensor memory accelerator:
+    every launch encodes one map a source (its address, its dims innermost first, a 128-byte swizzle, boxes of
+    64 columns) and passes it after the kernel's parameters; the results equal the threads-staged kernel's."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 128, 64)).astype(np.float16) for _ in range(3))
+    kernel = rf.kernel(flash_attention_f16, backend="cuda", sm="sm_90a")
+    lowered = kernel.lower(q, k, v)
+    gpu.program(lowered)
+    simt = lowered.stages["simt"].kernels[0]
+    assert tensor_map_sources(simt) == ["q", "k", "v"] and any(isinstance(s, TmaLoad) for s in walk_stmts(simt.body))
+    for call in (1, 2):
+        out = kernel(q, k, v)
+        assert len(gpu.tensor_maps) == 3 * call and len(gpu.launches[-2]["maps"]) == 3
+    dtype, rank, _, dims, strides, box, swizzle, fill = gpu.tensor_maps[0]
+    assert (dtype, rank, dims, strides) == ("CU_TENSOR_MAP_DATA_TYPE_FLOAT16", 4, [64, 128, 2, 1],
+                                            [128, 128 * 128, 2 * 128 * 128])
+    assert box[0] == 64 and box[2:] == [1, 1] and swizzle == "CU_TENSOR_MAP_SWIZZLE_128B"
+    assert fill == "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"
+    staged = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a", tma=False)
+    np.testing.assert_array_equal(out, staged(q, k, v))
 
 
 def test_split_reduction_scratch_is_kept_per_stream(gpu, torch):

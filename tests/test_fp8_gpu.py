@@ -3,11 +3,14 @@
 The fused loop's states are ``a[M]`` (running absmax) and ``y_acc[M, N]``. N is not shared by every state,
 so it used to stay whole in the tile (``f32[block_m, N]`` per program), which no GPU block holds for N in
 the thousands. Beyond `WHOLE_MAX` it is tiled by ``block_n`` over one more grid dimension, each program
-recomputing ``a`` (exact: ``a`` never reads N). Attention's head dimension (<= 128) stays whole.
+recomputing ``a`` (exact: ``a`` never reads N). Attention's head dimension (up to 256 on a
+GPU) stays whole.
 """
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -22,7 +25,8 @@ from helpers import within_quantization_bound
 import redfuser as rf
 from redfuser.schedule import ScheduleOptions, options_for, schedule_program
 from redfuser.schedule.options import WHOLE_MAX
-from redfuser.workloads import attention, fp8_quant_gemm
+from redfuser.testing import assert_close
+from redfuser.workloads import attention, flash_attention_f16, fp8_quant_gemm
 
 MAX_SHARED = 48 * 1024
 
@@ -62,13 +66,45 @@ def test_long_output_axis_is_tiled_across_the_grid(n):
         assert -(-n // opts.block_n) in kernel.grid
 
 
-def test_head_dimension_of_attention_stays_whole():
-    q = np.zeros((2, 3, 64, WHOLE_MAX), np.float32)
-    kv = np.zeros((2, 3, 128, WHOLE_MAX), np.float32)       # two key blocks: a loop (one would be inlined)
-    tiled = schedule_program(rf.kernel(attention, backend="interpret").lower(q, kv, kv).program, options_for("gpu"))
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_head_dimension_of_attention_stays_whole(backend):
+    """Up to the backend's `WHOLE_MAX` (cpu 128, gpu 256) the head dimension is one tile: no grid dimension
+    over it, so no program recomputes ``q @ k^T``."""
+    head = WHOLE_MAX[backend]
+    q = np.zeros((2, 3, 64, head), np.float32)
+    kv = np.zeros((2, 3, 256, head), np.float32)       # key blocks: a loop (one would be inlined)
+    tiled = schedule_program(rf.kernel(attention, backend="interpret").lower(q, kv, kv).program,
+                             replace(options_for(backend), split=1))
     (kernel,) = fused_kernels(tiled)
-    assert carried_shapes(kernel)[-1] == (64, WHOLE_MAX)
+    assert carried_shapes(kernel)[-1] == (64, head)
     assert kernel.grid == (2, 3, 1)  # batch, heads, query tiles: no grid dimension over the head dim
+    longer = np.zeros((2, 3, 64, 2 * head), np.float32)
+    tiled = schedule_program(rf.kernel(attention, backend="interpret").lower(longer, longer, longer).program,
+                             replace(options_for(backend), split=1))
+    assert len(fused_kernels(tiled)[0].grid) == 4       # past it: one more grid dimension, over the head dim
+
+
+def test_cpu_attention_with_a_whole_head_of_512_equals_numpy():
+    """The cpu keeps a head dimension of 512 in one tile (`WHOLE_MAX`): 64 x 512 accumulators, the same
+    values as numpy's body within the f32 tolerance of a 512-long and a 300-long reduction."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, n, 512)).astype(np.float32) for n in (70, 300, 300))
+    got = rf.kernel(attention, backend="cpu")(q, k, v)
+    assert_close(got, attention(q, k, v), np.float32, 512)
+
+
+@pytest.mark.parametrize("sm,whole_max,head_tiles", [("sm_90a", None, 1), ("sm_90", None, 1), ("sm_80", None, 1),
+                                                     ("sm_90a", 128, 4), ("sm_90", 128, 4)])
+def test_head_256_stays_whole_on_gpus(sm, whole_max, head_tiles):
+    """Head 256 stays whole on every GPU target (`WHOLE_MAX`: 2.0-2.9x faster on an H200 than 4 grid programs
+    of 64 columns, each recomputing q @ k^T); the ``whole_max`` option tiles it."""
+    q = np.zeros((1, 2, 128, 256), np.float16)
+    lowered = rf.kernel(flash_attention_f16, backend="simulate", sm=sm, whole_max=whole_max,
+                        split=1).lower(q, q, q)
+    kernel = fused_kernels(lowered.stages["tile"])[0]
+    rows = 64 if head_tiles == 1 else 128    # a 128-row tile of a 256-wide accumulator passes ACC_TILE
+    assert carried_shapes(kernel)[-1] == (rows, 256 // head_tiles)
+    assert math.prod(kernel.grid) == 2 * (128 // rows) * head_tiles     # heads x query tiles x head tiles
 
 
 @pytest.mark.parametrize("opts", [ScheduleOptions(block_m=16, block_n=32, split=1),

@@ -60,8 +60,11 @@ def test_schedule_and_gpu_options_derive_from_the_kernel_options():
     assert gpu.pow2 and gpu.block_m == 16 and not gpu.whole_rows   # a tile the user chose is the tile
     assert rf.KernelOptions().schedule_options(BACKENDS["cuda"].schedule, lambda: 132).whole_rows
     lowering = options.gpu_options(lambda: "sm_90")
-    assert (lowering.sm, lowering.num_warps, lowering.min_blocks_per_sm) == ("sm_80", 8, 2)
+    assert (lowering.sm, lowering.num_warps, lowering.min_blocks_per_sm, lowering.tma) == ("sm_80", 8, 2, True)
     assert rf.KernelOptions().gpu_options(lambda: "sm_90").sm == "sm_90"
+    assert not rf.KernelOptions(tma=False).gpu_options(lambda: "sm_90a").tma
+    assert (cpu.whole_max, gpu.whole_max) == (512, 256)                       # schedule/options.py, WHOLE_MAX
+    assert rf.KernelOptions(whole_max=64).schedule_options(BACKENDS["cuda"].schedule, lambda: 132).whole_max == 64
 
 
 def test_equal_options_share_one_compiled_specialization():

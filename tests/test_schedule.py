@@ -18,6 +18,7 @@ from redfuser.ir import types as T
 from redfuser.ir.tile.interpreter import run_tile_program
 from redfuser.ir.tile.verifier import verify_tile_program
 from redfuser.schedule import ScheduleOptions, options_for, schedule_program
+from redfuser.schedule.options import WHOLE_MAX
 from redfuser.testing import assert_close
 from redfuser.testing.strategies import programs
 from redfuser.workloads import attention, causal_attention, log_softmax, softmax
@@ -198,7 +199,7 @@ def test_huge_buffers_get_64_bit_offsets():
 def test_options_for_backends():
     # a tile the user chose is the tile: the GEMM core's dot_tile is off, the exact causal skip stays on
     assert options_for("cpu", {"block_m": 32, "fuse": True, "num_threads": 1}) == \
-        ScheduleOptions(block_m=32, skip_exact=True, peel_ragged=True)
+        ScheduleOptions(block_m=32, skip_exact=True, peel_ragged=True, whole_max=WHOLE_MAX["cpu"])
     assert options_for("cpu", {"num_threads": 1}).dot_tile == (64, 128)
     assert not options_for("cpu", {"skip_masked": False, "num_threads": 1}).skip_exact
     assert options_for("gpu").pow2

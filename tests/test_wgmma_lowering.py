@@ -97,9 +97,10 @@ def test_attention_on_wgmma_equals_its_mma_sync_kernel(body, dtype, head):
 def test_attention_stages_q_once_and_v_n_major_in_16_byte_vectors(head):
     """What the staging costs a key block: Q (defined before the key loop) is stored to its tile once, in front
     of the loop; V, whose registers run along the head dimension (N of P·V), goes to an N-major tile
-    (imm-trans-b) in 16-byte vectors, where a K-major tile took one 2-byte store an element."""
+    (imm-trans-b) in 16-byte vectors, where a K-major tile took one 2-byte store an element. (The threads'
+    staging, ``tma=False``: the copy engine's is tests/test_tma_lowering.py's.)"""
     q = RNG.standard_normal((1, 2, 128, head)).astype(np.float16)
-    program = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a").lower(q, q, q).stages["simt"]
+    program = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a", tma=False).lower(q, q, q).stages["simt"]
     simt, threads = str(program), program.kernels[0].threads
     lines = simt.splitlines()
     loop = next(i for i, line in enumerate(lines) if " = for " in line)

@@ -34,10 +34,14 @@ from ...ir.simt.nodes import (
     LdMatrix,
     LoadGlobal,
     LoadShared,
+    MbarrierArrive,
+    MbarrierInit,
+    MbarrierWait,
     SimtKernel,
     Stmt,
     StoreGlobal,
     StoreShared,
+    TmaLoad,
     Wgmma,
     walk_stmts,
 )
@@ -48,7 +52,9 @@ Access = tuple[str, str, bool]   # (memory space, array name, writes)
 _KINDS: dict[type, tuple[str, str, bool]] = {
     LoadShared: ("shared", "alloc", False), LdMatrix: ("shared", "alloc", False),
     StoreShared: ("shared", "alloc", True),
-    LoadGlobal: ("global", "buffer", False), StoreGlobal: ("global", "buffer", True)}
+    LoadGlobal: ("global", "buffer", False), StoreGlobal: ("global", "buffer", True),
+    TmaLoad: ("shared", "dst", True), MbarrierInit: ("shared", "alloc", True),
+    MbarrierArrive: ("shared", "alloc", True), MbarrierWait: ("shared", "alloc", False)}
 """Statement kinds that touch memory: (space, the field naming the array, writes)."""
 
 

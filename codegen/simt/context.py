@@ -12,6 +12,7 @@ emit stores and loops in program order.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ...ir.sizes import Size
@@ -50,6 +51,19 @@ def effect_rule(*types: type) -> Callable[[EffectRule], EffectRule]:
     return register
 
 
+@dataclass(frozen=True, slots=True)
+class LoopFrame:
+    """A SIMT loop whose body is being emitted: ``for iv in range(start, stop, step)`` with `trips` iterations
+    when static (None: a run-time stop), its body at builder depth `depth`. A statement at depth ``d`` runs
+    inside the frames of depth ``<= d``; `tma.py` derives an mbarrier's phase from them."""
+
+    iv: Reg
+    start: int
+    step: int
+    trips: int | None
+    depth: int
+
+
 class Lowering:
     """One kernel being lowered: the plan, the builder, the register environment and the shared arenas."""
 
@@ -64,6 +78,7 @@ class Lowering:
         self.tid: Reg = builder.thread_idx()
         self.scalar = scalar(plan.warps)
         self.size_regs: dict[tuple[Size, DType], Reg] = {}   # run-time extents: kernel parameters
+        self.loops: list[LoopFrame] = []                   # the SIMT loops being emitted, outermost first
 
     def size_param(self, size: Size, dtype: DType) -> Reg:
         """The run-time extent `size` as a scalar kernel parameter of `dtype` (one per extent and dtype; the
@@ -145,7 +160,8 @@ class Lowering:
         """Emit a block: anchors and effects in program order; other values wait until someone reads them."""
         for op in ops:
             if isinstance(op, EAGER):
-                self.get(op.out)
+                if not self.plan.copied(op):
+                    self.get(op.out)
             elif type(op) in EFFECT_RULES:
                 EFFECT_RULES[type(op)](self, op)
             elif type(op) not in VALUE_RULES:

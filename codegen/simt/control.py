@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...ir.tile import nodes as t
 from ...ir.simt.nodes import RegType
-from .context import Lowering, effect_rule
+from .context import Lowering, LoopFrame, effect_rule
 from .values import Regs
 
 
@@ -21,7 +21,16 @@ def _for(lw: Lowering, op: t.For) -> None:
     counts = [len(r.chunks) for r in inits]
     names = [a.name if n == 1 else f"{a.name}_{i}" for a, n in zip(body.args, counts) for i in range(n)]
 
+    trips = -(-(op.stop - op.start) // op.step) if isinstance(op.stop, int) else None
+
     def run(iv, *carried):
+        lw.loops.append(LoopFrame(iv, op.start, op.step, None if trips is None else max(trips, 0), lw.b.depth))
+        try:
+            return body_of(iv, *carried)
+        finally:
+            lw.loops.pop()
+
+    def body_of(iv, *carried):
         with lw.region():
             lw.bind(body.iv, Regs(lw.scalar, body.iv.dtype, (iv,)))
             at = 0

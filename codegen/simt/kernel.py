@@ -119,18 +119,22 @@ def size_shared(kernel: SimtKernel, lw: Lowering, limit: int) -> SimtKernel:
     bytes; past `MAX_STATIC_SHARED_BYTES` (a `limit` from `shared_limit`) in the launch's dynamic shared memory."""
     final = {name: SharedAlloc(name, BufferType(alloc.dtype, (lw.arena_size[name],)))
              for name, alloc in lw.arenas.items()}
-    # fixed allocations (wgmma's operand tiles, 1024-byte aligned) first: no padding in front of them
-    fixed = tuple(a for a in kernel.shared if a.name not in final)
+    # fixed allocations first, the most aligned (wgmma's operand tiles, 1024 bytes) in front: no padding
+    # between them (a TMA tile's 8-byte mbarrier between two tiles would cost 1016 bytes)
+    fixed = tuple(sorted((a for a in kernel.shared if a.name not in final), key=lambda a: -a.align))
     sized = replace(kernel, shared=fixed + tuple(final.values()), body=_resize(kernel.body, final))
     if sized.shared_bytes > limit:
         raise SharedMemoryExceeded(f"kernel {kernel.name} needs {sized.shared_bytes} bytes of shared memory for its "
                                    f"operand tiles and layout conversions (at most {limit} on {lw.opts.sm}); use "
                                    "smaller block_m / block_n")
     if sized.shared_bytes > MAX_STATIC_SHARED_BYTES:
-        # Built for a user's min_blocks_per_sm only, else with ptxas's register choice: such tiles are large
-        # (head-256 attention needs 164 registers, and bounded for 2 blocks an SM it spills), and the default
-        # bounds (`blocks_per_sm`) were measured on kernels within 48 KiB.
-        sized = replace(sized, dynamic_shared=True, min_blocks_per_sm=lw.opts.min_blocks_per_sm)
+        # a default register bound (`blocks_per_sm`) for more blocks than the SM's shared memory holds would
+        # only cost registers
+        blocks = sized.min_blocks_per_sm
+        if lw.opts.min_blocks_per_sm is None and blocks is not None \
+                and blocks * (sized.shared_bytes + BLOCK_RESERVED_SHARED_BYTES) > SM_SHARED_BYTES:
+            blocks = None
+        sized = replace(sized, dynamic_shared=True, min_blocks_per_sm=blocks)
     return sized
 
 
@@ -186,12 +190,24 @@ built for this many blocks an SM (ptxas keeps it within 168 registers a thread).
 GEMMs' wgmma kernels are below 168 registers already."""
 
 WGMMA_TWO_GROUP_BLOCKS_PER_SM = 2
-"""The same for a kernel of two warpgroups (8 warps; `plan.WGMMA_TILE_ROWS`) whose dots' f32 accumulators take
-at most half of the 128 registers the bound leaves a thread (`_accumulator_registers`; larger tiles, such as
-a 128 x 256 GEMM tile, keep ptxas's choice rather than spill): 2 blocks an SM, 16 warps, the occupancy f16
+"""The same for a kernel of two warpgroups (8 warps; `plan.WGMMA_TILE_ROWS`) whose dots' f32 accumulators leave
+room (`ACCUMULATOR_SHARE` of the 128 registers the bound leaves a thread; larger tiles, such as a 128 x 256
+GEMM tile, keep ptxas's choice rather than spill): 2 blocks an SM, 16 warps, the occupancy f16
 attention ran at in run 11 (ncu; 124 registers from ptxas's own choice then). Its call-free division
 (`codegen/correctly_rounded.py`) made ptxas's unbounded choice 130 registers, one block an SM; with this
 bound it takes 124 again, without spills."""
+
+
+ACCUMULATOR_SHARE = 0.6
+"""A default bound (`blocks_per_sm`) applies where the wgmma accumulators take at most this share of the registers
+it leaves a thread: bf16 attention at head 128 (96 of 168, one warpgroup) and f16 at head 64 (64 of 128, two)
+run bounded without spills; head-256 attention (160 of 168) and a 128 x 256 GEMM tile (128 of 128) would
+spill, and keep ptxas's choice."""
+
+REGISTERS_PER_SM = 65536
+SM_SHARED_BYTES = 228 * 1024
+"""An H100/H200 SM's shared memory, of which each resident block takes its own and `BLOCK_RESERVED_SHARED_BYTES`."""
+BLOCK_RESERVED_SHARED_BYTES = 1024
 
 
 def _accumulator_registers(plan: Plan) -> int:
@@ -202,16 +218,17 @@ def _accumulator_registers(plan: Plan) -> int:
 
 def blocks_per_sm(plan: Plan, opts: GpuOptions) -> int | None:
     """`opts.min_blocks_per_sm`, or where that is None `WGMMA_BLOCKS_PER_SM` for a one-warpgroup wgmma kernel
-    and `WGMMA_TWO_GROUP_BLOCKS_PER_SM` for a two-warpgroup one."""
+    and `WGMMA_TWO_GROUP_BLOCKS_PER_SM` for a two-warpgroup one, where its accumulators leave room
+    (`ACCUMULATOR_SHARE`)."""
     if opts.min_blocks_per_sm is not None:
         return opts.min_blocks_per_sm
     if not any(d.wgmma is not None for d in plan.dots.values()):
         return None
-    if plan.warps == 4:
-        return WGMMA_BLOCKS_PER_SM
-    if plan.warps == 8 and _accumulator_registers(plan) <= 64:
-        return WGMMA_TWO_GROUP_BLOCKS_PER_SM
-    return None
+    blocks = {4: WGMMA_BLOCKS_PER_SM, 8: WGMMA_TWO_GROUP_BLOCKS_PER_SM}.get(plan.warps)
+    if blocks is None:
+        return None
+    registers = REGISTERS_PER_SM // (blocks * plan.warps * 32) // 8 * 8       # ptxas allocates in eights
+    return blocks if _accumulator_registers(plan) <= ACCUMULATOR_SHARE * registers else None
 
 
 def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool, limit: int) -> SimtKernel:

@@ -14,6 +14,10 @@
 | `round_operands`| let a `dot` round an f32 operand to f16/bf16 for tensor cores when every | True    |
 |                 | result it feeds is stored in that precision or coarser (FlashAttention's |         |
 |                 | ``P @ V``); the rounding is then below what the store rounds away        |         |
+| `tma`           | on ``sm_90a``, wgmma operand tiles loaded by the tensor memory          | True    |
+|                 | accelerator (a box copy into the swizzled tile, completed on an          |         |
+|                 | mbarrier) where the operand is a plain load of a dense buffer's rows     |         |
+|                 | (`tma.py`); else (and with False) the threads load and stage them        |         |
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ class GpuOptions:
     num_warps: int | None = None
     round_operands: bool = True
     min_blocks_per_sm: int | None = None
+    tma: bool = True
 
     def __post_init__(self) -> None:
         sm_number(self.sm)   # BackendError on an unknown target

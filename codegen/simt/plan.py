@@ -27,6 +27,7 @@ from ...ir.types import bfloat16, float8_e4m3fn, float16, float32
 from .affine import AffineInfo
 from .layouts import Layout, blocked, default_vec, mma_acc, scalar, sliced
 from .options import GpuOptions
+from .tma import TmaOperand, plan_tma
 from .wgmma import WgmmaPlan, wgmma_plan
 
 LAZY_OPS = (t.Constant, t.Arange, t.Broadcast, t.ExpandDims, t.Permute)
@@ -56,9 +57,15 @@ class Plan:
     reduce_in: dict[str, Layout] = field(default_factory=dict)
     affine: AffineInfo | None = None
     wgmma: bool = True                      # whether dots may run on wgmma (where `wgmma_plan` allows)
+    tma: dict[str, TmaOperand] = field(default_factory=dict)   # wgmma operands the copy engine stages (`tma.py`)
 
     def is_lazy(self, v: t.Value) -> bool:
         return v.name in self.lazy
+
+    def copied(self, op: t.Op) -> bool:
+        """Whether `op` is a load the copy engine does instead of the threads (`tma.py`): not emitted where
+        it stands (a dot whose staging point cannot use the copy loads it on request)."""
+        return isinstance(op, t.Load) and any(o.load is op for o in self.tma.values())
 
 
 def mma_shape(op: t.Dot, opts: GpuOptions) -> MmaShape | None:
@@ -290,4 +297,6 @@ def plan_kernel(k: t.TileKernel, opts: GpuOptions, wgmma: bool = True) -> Plan:
                 raise BackendError(f"the GPU backends need power-of-two tile shapes, {v} is {v.type} "
                                    "(schedule with pow2=True, the GPU default)")
     _Planner(plan, opts).ops(k.body, 0)
+    if opts.tma and wgmma:
+        plan.tma = plan_tma(k, plan.dots, plan.defs, plan.affine)
     return plan

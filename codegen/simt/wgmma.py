@@ -19,7 +19,9 @@ registers run along K within a 16-byte chunk). Then ``fence.proxy.async`` (the s
 the tensor cores' async proxy), a barrier, ``wgmma.fence``, and per m64 slice and N chunk (at most 256) a
 chain of wgmmas over K, each reading both operands through descriptors; one commit and a wait for all.
 A barrier in front of the stores keeps them off tiles another warpgroup's wgmma may still read. An operand
-defined outside the dot's loop (``Q``) is staged once, in front of the loop (`_defined_outside`).
+defined outside the dot's loop (``Q``) is staged once, in front of the loop (`_defined_outside`). Where the
+operand is a plain load of a buffer's rows, the copy engine writes the same tile instead of the threads
+(`tma.py`, the default on sm_90a): no registers, no stores, a wait on an mbarrier.
 
 A comes from registers instead where it already lives in the accumulator layout of its own shape
 (`_register_a`: ``P`` in ``P @ V``, rounded to f16/bf16 in registers, needs no shared-memory round trip).
@@ -36,8 +38,7 @@ B goes to an MN-major (N-major) tile instead where its registers run along N (`_
 took one 2-byte store an element (on an H200 the 4096^3 f16 GEMM on wgmma went from 1.64 to 0.58 ms,
 benchmarks/device_notes.md runs 9-10).
 
-Not yet: MN-major A, several groups in flight, TMA-fed multi-stage rings and warp specialization
-(HOPPER.md).
+Not yet: MN-major A, several groups in flight, multi-stage TMA rings and warp specialization (HOPPER.md).
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ from ...ir.types import bfloat16, float8_e4m3fn, float16, float32, int32
 from .convert import writer_mask
 from .layouts import Layout, blocked, contiguous_run, default_vec, log2, mapped, mma_acc, mma_warps
 from .values import Regs, from_registers, map_chunks, pieces
+from . import tma
 
 WGMMA_TYPES = (float16, bfloat16, float8_e4m3fn)
 MAX_N = 256
@@ -122,10 +124,15 @@ class WgmmaPlan:
     b: TileGeometry
 
 
+def has_wgmma(sm: str) -> bool:
+    """Whether code for target `sm` may issue ``wgmma`` (only the architecture-specific ``sm_90a``)."""
+    return sm == "sm_90a"
+
+
 def wgmma_plan(op: t.Dot, sm: str, warps: int) -> WgmmaPlan | None:
     """The wgmma plan for `op`, or None where ``mma.sync`` (or FMA) runs it (see the module docstring)."""
     dtype = op.a.dtype
-    if sm != "sm_90a" or dtype not in WGMMA_TYPES or op.b.dtype != dtype or op.out.dtype != float32:
+    if not has_wgmma(sm) or dtype not in WGMMA_TYPES or op.b.dtype != dtype or op.out.dtype != float32:
         return None
     (m, k), n = op.a.shape, op.b.shape[1]
     if warps % 4 or m % (16 * warps) or n % 8 or mma_warps(m, n, warps) != (warps, 1):
@@ -176,6 +183,17 @@ def _operand(lw, v: t.Value, k_dim: int) -> Regs:
     return lw.get(v, blocked(v.shape, lw.plan.warps, order, default_vec(v.shape, lw.plan.warps, v.dtype.itemsize)))
 
 
+def _copied(lw, v: t.Value) -> tuple[tma.TmaOperand, Reg | int] | None:
+    """(how, the mbarrier phase parity where it is staged) where the copy engine stages `v` (`tma.py`), else
+    None: not planned for it, or its staging point's phase needs a run-time trip count."""
+    operand = lw.plan.tma.get(v.name)
+    if operand is None:
+        return None
+    depth = lw.plan.depth.get(v.name, 0) if _defined_outside(lw, v) else lw.b.depth
+    parity = tma.phase_parity(lw, depth)
+    return None if parity is None else (operand, parity)
+
+
 def _defined_outside(lw, v: t.Value) -> bool:
     """Whether `v` is defined outside the loop the dot is in (``Q`` in attention's ``Q @ Kᵀ``): its tile is then
     staged once, in front of that loop (the tile is the dot's own, so nothing overwrites it), rather than on
@@ -184,14 +202,22 @@ def _defined_outside(lw, v: t.Value) -> bool:
     return lw.plan.depth.get(v.name, 0) < lw.b.depth
 
 
-def _b_geometry(plan: WgmmaPlan, regs: Regs) -> TileGeometry:
-    """B's tile: MN-major where B's registers run along N further than along K (a row-major ``[K, N]`` value,
-    ``V``), so that its stores are 16-byte vectors instead of one element each; else `plan.b` (K-major).
-    MN-major needs a 16-bit type, whole swizzle rows of N and a power-of-two K (`TileGeometry`)."""
-    k, n = regs.layout.shape
+def mn_major_geometry(plan: WgmmaPlan, n: int, k: int) -> TileGeometry | None:
+    """An MN-major tile for B ``[k, n]``, or None where the instruction cannot read one: it needs a 16-bit
+    type, whole swizzle rows of N and a power-of-two K (`TileGeometry`)."""
     mn = TileGeometry(n, k, plan.b.itemsize, mn_major=True)
-    if (plan.b.itemsize != 2 or n * plan.b.itemsize < 32 or n % mn.panel_elements or k & (k - 1)
-            or contiguous_run(regs.layout, 1) <= contiguous_run(regs.layout, 0)):
+    if plan.b.itemsize != 2 or n * plan.b.itemsize < 32 or n % mn.panel_elements or k & (k - 1):
+        return None
+    return mn
+
+
+def _b_geometry(plan: WgmmaPlan, regs: Regs) -> TileGeometry:
+    """B's tile: MN-major (`mn_major_geometry`) where B's registers run along N further than along K (a
+    row-major ``[K, N]`` value, ``V``), so that its stores are 16-byte vectors instead of one element each;
+    else `plan.b` (K-major)."""
+    k, n = regs.layout.shape
+    mn = mn_major_geometry(plan, n, k)
+    if mn is None or contiguous_run(regs.layout, 1) <= contiguous_run(regs.layout, 0):
         return plan.b
     return mn
 
@@ -227,23 +253,34 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
                             pass_name="lower_to_simt")
     shape, nt = plan.shape, n // 8
     a_fragments = _register_a(lw, op.a, shape)
-    b_regs = _operand(lw, op.b, 0)
-    b_geometry = _b_geometry(plan, b_regs)
-    a_regs = _operand(lw, op.a, 1) if a_fragments is None else None
+    copied_a = _copied(lw, op.a) if a_fragments is None else None
+    copied_b = _copied(lw, op.b)
+    b_regs = _operand(lw, op.b, 0) if copied_b is None else None
+    b_geometry = copied_b[0].geometry if copied_b is not None else _b_geometry(plan, b_regs)
+    a_regs = _operand(lw, op.a, 1) if a_fragments is None and copied_a is None else None
     b_tile = b.shared(f"{op.out.name}_b_tile", op.b.dtype, (n * k,), align=1024)
-    a_tile = b.shared(f"{op.out.name}_a_tile", op.a.dtype, (m * k,), align=1024) if a_regs is not None else None
-    operands = ((a_regs, a_tile, plan.a, 1, op.a), (b_regs, b_tile, b_geometry, 0, op.b))
-    here = []                                        # the tiles staged here, after one barrier
-    for regs, tile, geometry, k_dim, value in operands:
-        if regs is None:
+    a_tile = b.shared(f"{op.out.name}_a_tile", op.a.dtype, (m * k,), align=1024) \
+        if a_fragments is None else None
+    operands = ((a_regs, copied_a, a_tile, plan.a, 1, op.a), (b_regs, copied_b, b_tile, b_geometry, 0, op.b))
+    here, copied_here, parity_here = [], [], 0       # the tiles staged here, after one barrier
+    for regs, copied, tile, geometry, k_dim, value in operands:
+        if regs is None and copied is None:
             continue
         if _defined_outside(lw, value):              # staged once, in front of the loop
             with b.at(lw.plan.depth.get(value.name, 0)):
                 b.barrier()
-                _store_tile(lw, regs, tile, geometry, k_dim)
+                if copied is not None:
+                    tma.stage(lw, [(copied[0], tile)], value.name, copied[1])
+                else:
+                    _store_tile(lw, regs, tile, geometry, k_dim)
+        elif copied is not None:
+            copied_here.append((copied[0], tile))
+            parity_here = copied[1]
         else:
             here.append((regs, tile, geometry, k_dim))
     b.barrier()
+    if copied_here:
+        tma.stage(lw, copied_here, op.out.name, parity_here)
     for regs, tile, geometry, k_dim in here:
         _store_tile(lw, regs, tile, geometry, k_dim)
     slices = [(mi, n0) for mi in range(plan.m_slices) for n0 in range(0, n, shape.n)]
@@ -257,8 +294,11 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
     a_parts = None if a_fragments is None else {
         (mi, k0): pieces(b, a_fragments, 4 * (mi * (k // 8) + k0 // 8), shape.a_type.length)
         for mi in range(plan.m_slices) for k0 in range(0, k, shape.k)}
-    b.fence_proxy_async()
-    b.barrier()
+    if any(regs is not None for regs, *_ in operands):
+        # the threads' stores become visible to the tensor cores' async proxy; tiles the copy engine wrote
+        # are visible once the mbarrier wait returns
+        b.fence_proxy_async()
+        b.barrier()
     b.wgmma_fence()
     b_base = b.shared_address(b_tile)
     a_base = None

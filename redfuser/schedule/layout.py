@@ -4,9 +4,9 @@
 its epilogue: the axes every state shares go to the grid, the last of them tiled
 by ``block_m`` (query rows in attention; `FusedLayout.rows`); axes only some states have (attention's
 head dimension, a running top-k's rank) stay whole inside the tile; the fused
-axis is walked in chunks. A state axis too long to stay whole (longer than
-`WHOLE_MAX` and ``block_n``: the N columns of a quantized GEMM's ``y[M, N]``) is
-*grid-tiled*: tiled by ``block_n`` (on the cpu, the columns of ``gemm_tile``: `FusedLayout.grid_tile`)
+axis is walked in chunks. A state axis too long to stay whole (longer than ``block_n`` and than
+``whole_max`` in a loop with a dot among its locals, attention's head dimension, or `CHEAP_RECOMPUTE_MAX` in
+any other, the N columns of a quantized GEMM's ``y[M, N]``) is *grid-tiled*: tiled by ``block_n`` (on the cpu, the columns of ``gemm_tile``: `FusedLayout.grid_tile`)
 with one more grid dimension over its tiles.
 Each such program recomputes the states that lack the axis (the GEMM's per-row
 absmax) -- exact, since they never read the axis (`_gridable`). `FusedBuilder`
@@ -25,7 +25,8 @@ from ..ir.tile import nodes as t
 from .builder import KernelBuilder
 from .exprs import ExprLowering
 from .nests import premake
-from .options import ACC_TILE, ONE_PASS_MAX, ONE_PASS_TILE, WHOLE_MAX, WIDE_ROWS, ScheduleOptions, gemm_rows
+from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, ONE_PASS_MAX, ONE_PASS_TILE, WIDE_ROWS, ScheduleOptions,
+                      gemm_rows)
 from .reduce import reads_only_narrow
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
@@ -47,8 +48,10 @@ class FusedLayout:
     sweep_key: str | None = None
 
     def grid_tiled(self, opts: ScheduleOptions) -> tuple[str, ...]:
-        """The whole keys tiled across the grid under `opts` (see the module docstring)."""
-        limit = max(WHOLE_MAX, opts.block_n)
+        """The whole keys tiled across the grid under `opts` (see the module docstring): those longer than
+        ``whole_max`` in a loop with a contraction among its locals (each program would recompute it),
+        `CHEAP_RECOMPUTE_MAX` in any other, and ``block_n``."""
+        limit = max(opts.whole_max if self.contracts else CHEAP_RECOMPUTE_MAX, opts.block_n)
         return tuple(k for k in self.gridable if not is_static(self.classes.extent[k]) or self.classes.extent[k] > limit)
 
     def state_stmt(self, j: int) -> int:

@@ -34,6 +34,10 @@
 |             | columns tile the grid; each program's statistics of its rows    |     |     |
 |             | and copy of ``w``'s block are amortized over a 128x128 output;  |     |     |
 |             | off when ``block_m`` or ``block_n`` is given                    |     |     |
+| `whole_max` | longest state axis a fused loop with a contraction keeps      |512  |256  |
+|             | whole (attention's head dimension); a longer one is tiled by    |     |     |
+|             | ``block_n`` across the grid, each program recomputing the other |     |     |
+|             | states (`WHOLE_MAX`; other loops: `CHEAP_RECOMPUTE_MAX`)        |     |     |
 | `peel_ragged` | a fused loop over a static axis that is not a whole number of | yes | no  |
 |             | chunks: the whole chunks unmasked, the last one masked on its   |     |     |
 |             | own (`chunks.chunk_loop`; a GPU's masked loads are predicated)  |     |     |
@@ -53,6 +57,25 @@ from typing import Callable
 from ..ir.sizes import Size, SizeLike, SymbolicDecision, is_static, size_min
 
 
+WHOLE_MAX: dict[str, int] = {"cpu": 512, "gpu": 256}
+"""`ScheduleOptions.whole_max` by backend kind: the longest state axis that is neither the fused axis nor shared
+by every state (attention's head dimension) a fused loop with a contraction among its locals keeps whole in
+its tile; a longer one is tiled by ``block_n`` across an extra grid dimension (see `layout.py`), each of whose
+programs recomputes the states without the axis: attention's whole ``q @ k^T`` and softmax once per 64
+columns of the head dimension. Kept whole, head-256 attention's 64-row GPU tile holds a 64 x 256 f32
+accumulator, 128 registers a thread at 4 warps: 255 registers and no spill on wgmma, 188 bytes of spills on
+``mma.sync``. Measured (benchmarks/device_notes.md, run 13; docs/cpu-backend.md): on an H200 whole took
+head-256 bf16 attention from 12.8 to 4.4 ms on wgmma and from 12.5 to 6.2 on ``mma.sync``; on the cpu f32
+attention [1,8,1024,d] from 194 to 80 ms at d = 256 and from 680 to 155 at d = 512. A loop without a
+contraction (a GEMM state's columns, whose programs recompute only per-row statistics) tiles beyond
+`CHEAP_RECOMPUTE_MAX`."""
+
+CHEAP_RECOMPUTE_MAX = 128
+"""The longest state axis a fused loop without a contraction among its locals keeps whole (see `WHOLE_MAX`):
+a quantized GEMM's output columns beyond it are tiled across the grid by ``block_n`` (the cpu: ``gemm_tile``'s
+columns), each program recomputing its rows' absmax, which costs little next to its GEMM."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleOptions:
     """The knobs `schedule_program` reads (see the module docstring)."""
@@ -69,9 +92,10 @@ class ScheduleOptions:
     gemm_tile: tuple[int, int, int] | None = None   # (rows, chunk, columns) of a fused GEMM state (cpu)
     skip_exact: bool = False                  # skip dead chunks where a scan shows it exact (masked.py)
     peel_ragged: bool = False                 # a fused loop's ragged last chunk in a loop of its own (cpu)
+    whole_max: int = CHEAP_RECOMPUTE_MAX      # longest state axis a contracting loop keeps whole
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k", "workers", "split"):
+        for name in ("block_m", "block_n", "block_k", "workers", "split", "whole_max"):
             value = getattr(self, name)
             if value is None and name in ("block_m", "block_k", "split"):
                 continue
@@ -121,8 +145,10 @@ class ScheduleOptions:
 
 
 DEFAULTS: dict[str, ScheduleOptions] = {
-    "cpu": ScheduleOptions(dot_tile=(64, 128), gemm_tile=(128, 128, 128), skip_exact=True, peel_ragged=True),
-    "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True),
+    "cpu": ScheduleOptions(dot_tile=(64, 128), gemm_tile=(128, 128, 128), skip_exact=True, peel_ragged=True,
+                           whole_max=WHOLE_MAX["cpu"]),
+    "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True,
+                           whole_max=WHOLE_MAX["gpu"]),
 }
 
 
@@ -183,12 +209,6 @@ that needs more registers than 16 warps allow (docs/gpu-backend.md, "Why these d
 
 ONE_PASS_TILE = 16384
 """Elements of a whole-rows tile: ``ONE_PASS_TILE // row`` rows of a shorter row (at least one row)."""
-
-
-WHOLE_MAX = 128
-"""A state axis that is neither the fused axis nor shared by every state (GEMM's output columns,
-attention's head dimension) stays whole in the tile up to this extent (and ``block_n``); a longer
-one is tiled by ``block_n`` across an extra grid dimension (see `layout.py`)."""
 
 
 GPU_PLANNING_SMS = 132

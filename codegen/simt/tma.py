@@ -1,0 +1,221 @@
+"""wgmma operand tiles loaded by the tensor memory accelerator (TMA, ``sm_90a``; the ``tma`` option).
+
+Without it, the threads of a block load a wgmma operand (``K`` seen transposed in ``Q @ Kᵀ``, ``V`` in
+``P @ V``, a GEMM's ``x`` and ``w`` tiles) into registers and store it, swizzled, into the operand's shared
+tile (`wgmma._store_tile`): per element an address, a load and a share of a store. With it, one thread asks
+the copy engine for the box of the buffer the tile covers and the engine writes it into the tile swizzled
+exactly as the wgmma descriptors read it; no register holds the operand.
+
+When (`plan_tma`): the operand is a plain load (no mask) of a dense buffer of a wgmma type whose offsets
+step by 1 along one dim of the tile and by the buffer's row length along the other (the tile is rows of
+the buffer's last two dims), read by that one dot alone (directly, or through a transpose: ``Kᵀ``, and a
+GEMM's ``w``, which the scheduler loads as ``[n, k]``), and the operand tile's layout follows the load: a
+K-major tile (A; B whose K runs along the buffer's rows: ``Kᵀ``) has K along them, an MN-major one (16-bit B
+whose N runs along them: ``V``, ``w``) has N. The box is ``(rows, panel)`` of the last two
+dims, ``panel`` the tile's swizzle span (64 f16 for 128 bytes), one copy a panel: K-major panels are
+``rows x panel`` blocks one after another, exactly the tile's layout (`wgmma.TileGeometry`), and so are
+MN-major ones (a panel of N, each K one swizzle row). One tensor map a buffer (`runtime/tensor_maps.py`):
+a second operand of the same buffer with another box keeps the threads' staging.
+
+How (`stage`): after the barrier that frees the tile (every warpgroup's wgmma reading its previous contents
+has been waited for), thread 0 arrives on the staging point's mbarrier expecting the copies' bytes and
+issues them; every thread waits on the mbarrier's phase. The barrier is set up once, in front of every loop
+(``mbarrier.init`` with one arrival, then ``fence.proxy.async`` so the copy engine sees it, and a block
+barrier). Its phase parity at a staging point is the number of times the point ran before, mod 2, derived
+from the enclosing loops' counters (`phase_parity`): a point in loops of trips ``T_1 .. T_d`` (outermost
+first) has run ``sum_l i_l * prod_{l' > l} T_l'`` times, so the parity is the XOR of ``i_l & 1`` over the
+loops whose inner trip counts are all odd. A point whose parity needs a run-time trip count keeps the
+threads' staging, as does one in a loop with a step that is not a power of two.
+
+The copy fills elements past the buffer's end with zeros; the loads taken here have no mask, so no box
+reaches past it. Checked by the simulator (`codegen/simulator/tma.py`: the mbarrier protocol, the swizzle,
+a copy into a tile a wgmma still reads) and, for each kernel, against the same kernel staged by the threads
+(tests/test_tma_lowering.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir.errors import InternalError
+from ...ir.semantics import BinaryOp
+from ...ir.simt.nodes import Reg, SharedAlloc
+from ...ir.simt.types import IntOp
+from ...ir.tile import nodes as t
+from ...ir.types import int32, int64
+from .layouts import log2, origin
+from . import wgmma   # (a module: wgmma imports this one too)
+
+MAX_BOX = 256
+"""The largest extent of a TMA box dimension."""
+
+
+@dataclass(frozen=True, slots=True)
+class TmaOperand:
+    """A dot operand the copy engine stages: `load`, a tile of `rows` rows of its buffer (its second-to-last
+    dim) by `cols` consecutive elements (its last), into a tile laid out as `geometry`."""
+
+    load: t.Load
+    geometry: wgmma.TileGeometry
+    rows: int
+    cols: int
+
+    @property
+    def panels(self) -> int:
+        return self.cols // self.geometry.panel_elements
+
+    @property
+    def box(self) -> tuple[int, ...]:
+        """The copy's box, outermost dim first: one swizzle span of rows."""
+        rank = len(self.load.buffer.shape)
+        return (1,) * (rank - 2) + (self.rows, self.geometry.panel_elements)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.cols * self.load.buffer.dtype.itemsize
+
+
+def plan_tma(k: t.TileKernel, dots: dict, defs: dict[str, t.Op], affine) -> dict[str, TmaOperand]:
+    """The wgmma operands of `k` the copy engine stages, by the name of the value the dot reads (see the module
+    docstring); `dots` are the kernel's `plan.DotPlan`s by result name."""
+    uses = _use_counts(k.body)
+    boxes: dict[str, tuple[int, ...]] = {}
+    out: dict[str, TmaOperand] = {}
+    for op in t.walk_ops(k.body):
+        planned = dots.get(op.out.name) if isinstance(op, t.Dot) else None
+        if planned is None or planned.wgmma is None:
+            continue
+        for value, is_a in ((op.a, True), (op.b, False)):
+            found = _operand(value, is_a, planned.wgmma, defs, affine, uses)
+            if found is not None and boxes.setdefault(found.load.buffer.name, found.box) == found.box:
+                out[value.name] = found
+    return out
+
+
+def _use_counts(ops: tuple[t.Op, ...]) -> dict[str, int]:
+    """How many ops read each value, counting live ops only: rewrites such as `narrow.py` leave ops behind that
+    nothing reads (the lowering never emits them), dropped here until none is left."""
+    ops = list(t.walk_ops(ops))
+    dead: set[int] = set()
+    while True:
+        counts: dict[str, int] = {}
+        for i, op in enumerate(ops):
+            if i in dead:
+                continue
+            for v in t.operands(op) + (op.body.yields if isinstance(op, t.For) else ()):
+                counts[v.name] = counts.get(v.name, 0) + 1
+        unread = {i for i, op in enumerate(ops) if i not in dead and not isinstance(op, t.Store | t.For)
+                  and not any(counts.get(r.name) for r in t.results(op))}
+        if not unread:
+            return counts
+        dead |= unread
+
+
+def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, t.Op], affine,
+             uses: dict[str, int]) -> TmaOperand | None:
+    """`value`'s `TmaOperand` when the copy engine can stage it (the module docstring's conditions), else None."""
+    op = defs.get(value.name)
+    transposed = isinstance(op, t.Permute)
+    if uses.get(value.name) != 1:
+        return None
+    if transposed:
+        if op.perm != (1, 0) or uses.get(op.x.name) != 1:
+            return None
+        op = defs.get(op.x.name)
+    if not isinstance(op, t.Load) or op.mask is not None or len(op.out.shape) != 2:
+        return None
+    buffer, shape, item = op.buffer, op.buffer.shape, op.buffer.dtype.itemsize
+    if (buffer.type.strides is not None or len(shape) < 2 or not all(isinstance(n, int) for n in shape)
+            or buffer.dtype not in wgmma.WGMMA_TYPES or shape[-1] * item % 16 or any(n >= 1 << 31 for n in shape)):
+        return None
+    form = affine.of(op.offsets)
+    if form is None or sorted(form.strides) != sorted((shape[-1], 1)) or shape[-1] == 1:
+        return None
+    inner = form.strides.index(1)            # the load tile's dim along the buffer's rows
+    rows, cols = op.out.shape[1 - inner], op.out.shape[inner]
+    if rows > MAX_BOX or rows > shape[-2] or cols > shape[-1]:
+        return None
+    along = inner if not transposed else 1 - inner      # the operand's dim that runs along the buffer's rows
+    if is_a:                                  # A [m, k]: K-major only
+        geometry = plan.a if along == 1 else None
+    else:                                     # B [k, n]: K-major where K runs along the rows, else MN-major
+        geometry = plan.b if along == 0 else wgmma.mn_major_geometry(plan, cols, rows)
+    if geometry is None or cols % geometry.panel_elements:
+        return None
+    expected = (cols, rows) if geometry.mn_major else (rows, cols)
+    if (geometry.rows, geometry.k) != expected:
+        raise InternalError(f"a TMA tile of {rows} x {cols} for a {geometry}", pass_name="lower_to_simt")
+    return TmaOperand(op, geometry, rows, cols)
+
+
+def phase_parity(lw, depth: int) -> Reg | int | None:
+    """How many times a statement at builder depth `depth` has run before, mod 2 (an i32 register, or 0 outside
+    every loop), from the loops enclosing it (the module docstring); None where that needs a loop's run-time
+    trip count or a step that is not a power of two."""
+    b = lw.b
+    frames = [f for f in lw.loops if f.depth <= depth]
+    parity: Reg | None = None
+    odd = True                            # whether the trips of the loops inside the current one are all odd
+    for i, frame in enumerate(reversed(frames)):
+        if odd:
+            if frame.step & (frame.step - 1):
+                return None
+            iv = frame.iv
+            index = b.arith(BinaryOp.SUB, iv, b.const_of(frame.start, iv.dtype)) if frame.start else iv
+            if frame.step > 1:
+                index = b.int_arith(IntOp.SHR, index, b.const_of(log2(frame.step), iv.dtype))
+            bit = b.int_arith(IntOp.AND, index, b.const_of(1, iv.dtype))
+            if bit.dtype != int32:
+                bit = b.cast(bit, int32)
+            parity = bit if parity is None else b.int_arith(IntOp.XOR, parity, bit)
+        if frame.trips is None:
+            if odd and i < len(frames) - 1:
+                return None               # an outer loop's share depends on this loop's run-time trips
+            odd = False
+        else:
+            odd = odd and frame.trips % 2 == 1
+    return 0 if parity is None else parity
+
+
+def _origin(lw, load: t.Load) -> list[Reg]:
+    """The coordinates (outermost dim first, i32) of the element the tile of `load` starts at."""
+    b = lw.b
+    base = lw.get(load.offsets, origin(load.out.shape, lw.plan.warps)).chunks[0]
+    shape = load.buffer.shape
+    coords: list[Reg] = []
+    rest = base
+    for extent in reversed(shape[1:]):
+        if extent & (extent - 1) == 0:
+            coords.append(b.int_arith(IntOp.AND, rest, b.const_of(extent - 1, base.dtype)))
+            rest = b.int_arith(IntOp.SHR, rest, b.const_of(log2(extent), base.dtype))
+        else:
+            coords.append(b.int_arith(IntOp.REM, rest, b.const_of(extent, base.dtype)))
+            rest = b.int_arith(IntOp.DIV, rest, b.const_of(extent, base.dtype))
+    coords.append(rest)
+    return [c if c.dtype == int32 else b.cast(c, int32) for c in reversed(coords)]
+
+
+def stage(lw, parts: list[tuple[TmaOperand, SharedAlloc]], name: str, parity: Reg | int) -> None:
+    """Copy each operand of `parts` into its tile and wait for the copies, at the builder's current position
+    (after the barrier that frees the tiles); `parity` from `phase_parity` for this position."""
+    b = lw.b
+    landed = b.shared(f"{name}_landed", int64, (1,), align=8)
+    with b.at(0):                         # in front of every loop: set up once
+        first = b.eq(lw.tid, b.const_of(0, int32))
+        b.if_(first, lambda: (b.mbarrier_init(landed, 0, 1), b.fence_proxy_async()) and None)
+        b.barrier()
+    origins = [_origin(lw, operand.load) for operand, _ in parts]
+
+    def issue() -> None:
+        b.mbarrier_arrive(landed, 0, tx_bytes=sum(operand.nbytes for operand, _ in parts))
+        for (operand, tile), start in zip(parts, origins):
+            panel = operand.geometry.panel_elements
+            for p in range(operand.panels):
+                coords = start[:-1] + [b.arith(BinaryOp.ADD, start[-1], b.const_of(p * panel, int32))]
+                b.tma_load(tile, p * operand.rows * panel, operand.load.buffer, coords, operand.box,
+                           swizzle=operand.geometry.mode.value, barrier=landed, barrier_index=0)
+
+    b.if_(first, issue)
+    b.mbarrier_wait(landed, 0, parity)
+
+
+__all__ = ["MAX_BOX", "TmaOperand", "phase_parity", "plan_tma", "stage"]
