@@ -162,6 +162,10 @@ def _keeping_current_context():
 
 # --- the program ---------------------------------------------------------------------------------
 
+ENCODED_MAPS = 256
+"""Encoded tensor maps a program keeps (`CudaProgram._encoded`); a map is 128 bytes."""
+
+
 class CudaProgram:
     """A compiled program; call it with one array per input (and optionally ``stream=``), get the outputs."""
 
@@ -173,6 +177,7 @@ class CudaProgram:
         self._symbolic = any(not isinstance(n, int) for b in simt.inputs for n in b.shape)
         self._at: dict[tuple, tuple] = {}   # a shape-polymorphic program's lengths -> `program_at` for them
         self._maps: dict[int, tuple] = {}    # id(kernel) -> (kernel, its tensor map specs); the kernel kept alive
+        self._maps_at: dict[tuple, object] = {}   # (spec, address) -> its encoded tensor map (`_encoded`)
 
     def _kernels(self, context) -> list:
         from .cuda_driver import load_module
@@ -210,6 +215,18 @@ class CudaProgram:
             found = self._at[key] = program_at(self.simt, values)
         return found
 
+    def _encoded(self, spec, address: int):
+        """`encode` of `spec` at `address`, remembered: calls on the same buffers (a model's weights, a KV
+        cache, preallocated inputs) reuse their maps instead of asking the driver again (the last
+        `ENCODED_MAPS` kept)."""
+        key = (spec, address)
+        found = self._maps_at.get(key)
+        if found is None:
+            if len(self._maps_at) >= ENCODED_MAPS:
+                self._maps_at.clear()
+            found = self._maps_at[key] = encode(spec, address)
+        return found
+
     def _tensor_maps(self, kernel) -> list:
         """`tensor_map_specs` of `kernel`, derived once."""
         found = self._maps.get(id(kernel))
@@ -234,7 +251,7 @@ class CudaProgram:
         for kernel, scalars, function in zip(p.kernels, sizes, self._kernels(context)):
             args = [pointers[q.name] if isinstance(q, Buffer) else scalars[q.name] for q in kernel.params]
             # a TMA source's tensor map, after the kernel's own parameters (`tensor_map_sources`' order)
-            args += [encode(spec, pointers[spec.buffer].ptr) for spec in self._tensor_maps(kernel)]
+            args += [self._encoded(spec, pointers[spec.buffer].ptr) for spec in self._tensor_maps(kernel)]
             function.launch(grid=kernel.grid, block=(kernel.threads,), args=args, stream=stream,
                             shared_bytes=kernel.shared_bytes if kernel.dynamic_shared else 0)
 

@@ -492,10 +492,11 @@ def test_a_kernel_past_48_kib_of_shared_memory_takes_it_from_the_launch(gpu):
     np.testing.assert_array_equal(out, on_mma(q, k, v))
 
 
-def test_a_kernel_copying_operands_by_tma_gets_a_tensor_map_of_each_source_at_every_launch(gpu):
-    """On sm_90a (TMA, the default there), f16 attention's Q, K and V tiles are copied by the tensor memory accelerator:
-    every launch encodes one map a source (its address, its dims innermost first, a 128-byte swizzle, boxes of
-    64 columns) and passes it after the kernel's parameters; the results equal the threads-staged kernel's."""
+def test_a_kernel_copying_operands_by_tma_gets_a_tensor_map_of_each_source_at_every_launch(gpu, torch):
+    """On sm_90a (TMA, the default there), f16 attention's Q, K and V tiles are copied by the tensor memory
+    accelerator: every launch passes one map a source after the kernel's parameters (its address, its dims
+    innermost first, a 128-byte swizzle, boxes of 64 columns), encoded once per buffer address (a second call
+    on the same tensors asks the driver for none); the results equal the threads-staged kernel's."""
     rng = np.random.default_rng(7)
     q, k, v = (rng.standard_normal((1, 2, 128, 64)).astype(np.float16) for _ in range(3))
     kernel = rf.kernel(flash_attention_f16, backend="cuda", sm="sm_90a")
@@ -503,9 +504,14 @@ def test_a_kernel_copying_operands_by_tma_gets_a_tensor_map_of_each_source_at_ev
     gpu.program(lowered)
     simt = lowered.stages["simt"].kernels[0]
     assert tensor_map_sources(simt) == ["q", "k", "v"] and any(isinstance(s, TmaLoad) for s in walk_stmts(simt.body))
-    for call in (1, 2):
-        out = kernel(q, k, v)
-        assert len(gpu.tensor_maps) == 3 * call and len(gpu.launches[-2]["maps"]) == 3
+    tensors = [FakeTensor(a.copy(), gpu) for a in (q, k, v)]
+    for _ in range(2):
+        out = kernel(*tensors).data
+        assert len(gpu.tensor_maps) == 3 and len(gpu.launches[-2]["maps"]) == 3
+    assert [m[2] for m in gpu.tensor_maps] == [t.data.ctypes.data for t in tensors]
+    other = FakeTensor(q.copy(), gpu)                 # another buffer: its own map
+    kernel(other, tensors[1], tensors[2])
+    assert len(gpu.tensor_maps) == 4 and gpu.tensor_maps[-1][2] == other.data.ctypes.data
     dtype, rank, _, dims, strides, box, swizzle, fill = gpu.tensor_maps[0]
     assert (dtype, rank, dims, strides) == ("CU_TENSOR_MAP_DATA_TYPE_FLOAT16", 4, [64, 128, 2, 1],
                                             [128, 128 * 128, 2 * 128 * 128])
