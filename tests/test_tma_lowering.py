@@ -139,3 +139,21 @@ def test_tiles_the_copy_engine_cannot_take_are_staged_by_the_threads(case):
     else:
         assert names == set()
     assert shared_stores(lowered) > 0 or case in ("sm_90",)
+
+
+def merged_rows_gemm(x, w):
+    return x.reshape(-1, 64).astype(rf.float32) @ w.astype(rf.float32)
+
+
+@pytest.mark.parametrize("n,copied", [(96, False), (128, True)])
+def test_a_tile_whose_rows_run_into_the_next_block_is_not_copied(n, copied):
+    """A copy's box is bounded per dim: a tile of rows of ``x.reshape(-1, 64)`` that runs from one block of
+    x's second-to-last dim into the next (96 rows a block, tiles of 64) would read zeros where the load reads
+    the next block. Such a tile is staged by the threads (it took the copy, and was wrong, before the check);
+    with 128 rows a block every tile lies in one and is copied."""
+    x = RNG.standard_normal((2, n, 64)).astype(np.float16)
+    w = RNG.standard_normal((64, 64)).astype(np.float16)
+    lowered, got, want = on_both(merged_rows_gemm, x, w)
+    assert ("x" in {c.src.name for c in copies(lowered)}) == copied
+    np.testing.assert_array_equal(got, want)
+    assert_close(got, merged_rows_gemm(x, w), np.float32, 64)

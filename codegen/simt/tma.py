@@ -34,6 +34,7 @@ a copy into a tile a wgmma still reads) and, for each kernel, against the same k
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...ir.errors import InternalError
@@ -132,7 +133,7 @@ def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, 
         return None
     inner = form.strides.index(1)            # the load tile's dim along the buffer's rows
     rows, cols = op.out.shape[1 - inner], op.out.shape[inner]
-    if rows > MAX_BOX or rows > shape[-2] or cols > shape[-1]:
+    if rows > MAX_BOX or cols > shape[-1] or not _rows_stay_in_one_block(op.offsets, inner, rows, shape, defs, affine):
         return None
     along = inner if not transposed else 1 - inner      # the operand's dim that runs along the buffer's rows
     if is_a:                                  # A [m, k]: K-major only
@@ -145,6 +146,68 @@ def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, 
     if (geometry.rows, geometry.k) != expected:
         raise InternalError(f"a TMA tile of {rows} x {cols} for a {geometry}", pass_name="lower_to_simt")
     return TmaOperand(op, geometry, rows, cols)
+
+
+def _rows_stay_in_one_block(offsets: t.Value, inner: int, rows: int, shape: tuple[int, ...], defs: dict[str, t.Op],
+                            affine) -> bool:
+    """Whether the tile's `rows` rows provably lie in one block of the buffer's second-to-last dim (length
+    ``N = shape[-2]``): the copy's box is bounded per dim, so a tile whose rows run on into the next block --
+    a program that merged dims with a reshape and tiles the merged rows -- would read zeros where the load
+    reads the next block's rows. Sufficient: ``N`` a multiple of `rows` and the first row a multiple of
+    `rows`, which the offsets' terms that do not vary along the columns show (each starts at a multiple of
+    ``rows * shape[-1]``: `_starts_at_multiple`); the column terms (the tile's first column, within a row)
+    are set apart."""
+    n = shape[-2]
+    if n % rows:
+        return False
+    for term in _sum_terms(offsets, defs):
+        form = affine.of(term)
+        if form is None:
+            return False
+        if form.strides[inner]:
+            if form.strides[1 - inner]:
+                return False                   # a term that mixes rows and columns: nothing to set apart
+            continue
+        if not _starts_at_multiple(term, rows * shape[-1], defs, affine):
+            return False
+    return True
+
+
+def _starts_at_multiple(v: t.Value, m: int, defs: dict[str, t.Op], affine) -> bool:
+    """Whether the element of integer tile `v` at the origin is provably a multiple of `m`, for every program
+    and loop iteration: through sums, products with constants, views and casts down to constants, aranges
+    (0 at the origin) and loop counters (start and step multiples), else `affine`'s power-of-two divisor."""
+    if m == 1:
+        return True
+    op = defs.get(v.name)
+    if isinstance(op, t.Constant):
+        return isinstance(op.value, int) and op.value % m == 0
+    if isinstance(op, t.Arange):
+        return True
+    if isinstance(op, t.Broadcast | t.ExpandDims | t.Permute | t.Cast):
+        return _starts_at_multiple(op.x, m, defs, affine)
+    if isinstance(op, t.For) and v.name == op.body.iv.name:
+        return op.start % m == 0 and op.step % m == 0
+    if isinstance(op, t.Binary) and op.op in (BinaryOp.ADD, BinaryOp.SUB):
+        return _starts_at_multiple(op.a, m, defs, affine) and _starts_at_multiple(op.b, m, defs, affine)
+    if isinstance(op, t.Binary) and op.op is BinaryOp.MUL:
+        for x, c in ((op.a, op.b), (op.b, op.a)):
+            factor = defs.get(c.name)
+            while isinstance(factor, t.Broadcast | t.ExpandDims):
+                factor = defs.get(factor.x.name)
+            if isinstance(factor, t.Constant) and isinstance(factor.value, int) and factor.value:
+                if _starts_at_multiple(x, m // math.gcd(m, abs(factor.value)), defs, affine):
+                    return True
+    form = affine.of(v)
+    return form is not None and form.div % m == 0
+
+
+def _sum_terms(v: t.Value, defs: dict[str, t.Op]) -> list[t.Value]:
+    """The terms of the sum `v` is (itself where it is not a sum of two tiles of its shape)."""
+    op = defs.get(v.name)
+    if isinstance(op, t.Binary) and op.op is BinaryOp.ADD and op.a.shape == op.b.shape == v.shape:
+        return _sum_terms(op.a, defs) + _sum_terms(op.b, defs)
+    return [v]
 
 
 def phase_parity(lw, depth: int) -> Reg | int | None:
