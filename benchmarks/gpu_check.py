@@ -521,8 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=400.0, help="seconds; past it the rest is skipped")
     parser.add_argument("--only", nargs="*", default=None, help="case names or labels to run (default all)")
     args = parser.parse_args(argv)
-    all_cases = [c for c in cases("tiny" if args.smoke_cpu or args.tiny else "full") if not args.only or c.name in args.only
-                 or c.label in args.only]
+    all_cases = [c for c in cases("tiny" if args.smoke_cpu or args.tiny else "full")
+                 if not args.only or c.name in args.only or c.label in args.only]
     budget = Budget(args.budget)
     if args.dry_run:
         rows, header = dry_run(all_cases, args.sm)

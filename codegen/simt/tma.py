@@ -11,7 +11,9 @@ step by 1 along one dim of the tile and by the buffer's row length along the oth
 the buffer's last two dims), read by that one dot alone (directly, or through a transpose: ``Kᵀ``, and a
 GEMM's ``w``, which the scheduler loads as ``[n, k]``), and the operand tile's layout follows the load: a
 K-major tile (A; B whose K runs along the buffer's rows: ``Kᵀ``) has K along them, an MN-major one (16-bit B
-whose N runs along them: ``V``, ``w``) has N. The box is ``(rows, panel)`` of the last two
+whose N runs along them: ``V``, ``w``) has N. And the tile's rows provably lie in one block of the buffer's
+second-to-last dim (`_rows_stay_in_one_block`): a box is bounded per dim, so rows of a reshaped ``x`` that
+run on into the next block would read zeros. The box is ``(rows, panel)`` of the last two
 dims, ``panel`` the tile's swizzle span (64 f16 for 128 bytes), one copy a panel: K-major panels are
 ``rows x panel`` blocks one after another, exactly the tile's layout (`wgmma.TileGeometry`), and so are
 MN-major ones (a panel of N, each K one swizzle row). One tensor map a buffer (`runtime/tensor_maps.py`):
@@ -43,6 +45,7 @@ from ...ir.simt.nodes import Reg, SharedAlloc
 from ...ir.simt.types import IntOp
 from ...ir.tile import nodes as t
 from ...ir.types import int32, int64
+from .affine import AffineInfo
 from .layouts import log2, origin
 from . import wgmma   # (a module: wgmma imports this one too)
 
@@ -75,7 +78,7 @@ class TmaOperand:
         return self.rows * self.cols * self.load.buffer.dtype.itemsize
 
 
-def plan_tma(k: t.TileKernel, dots: dict, defs: dict[str, t.Op], affine) -> dict[str, TmaOperand]:
+def plan_tma(k: t.TileKernel, dots: dict, defs: dict[str, t.Op], affine: AffineInfo) -> dict[str, TmaOperand]:
     """The wgmma operands of `k` the copy engine stages, by the name of the value the dot reads (see the module
     docstring); `dots` are the kernel's `plan.DotPlan`s by result name."""
     uses = _use_counts(k.body)
@@ -111,7 +114,7 @@ def _use_counts(ops: tuple[t.Op, ...]) -> dict[str, int]:
         dead |= unread
 
 
-def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, t.Op], affine,
+def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, t.Op], affine: AffineInfo,
              uses: dict[str, int]) -> TmaOperand | None:
     """`value`'s `TmaOperand` when the copy engine can stage it (the module docstring's conditions), else None."""
     op = defs.get(value.name)
@@ -149,7 +152,7 @@ def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, 
 
 
 def _rows_stay_in_one_block(offsets: t.Value, inner: int, rows: int, shape: tuple[int, ...], defs: dict[str, t.Op],
-                            affine) -> bool:
+                            affine: AffineInfo) -> bool:
     """Whether the tile's `rows` rows provably lie in one block of the buffer's second-to-last dim (length
     ``N = shape[-2]``): the copy's box is bounded per dim, so a tile whose rows run on into the next block --
     a program that merged dims with a reshape and tiles the merged rows -- would read zeros where the load
@@ -173,7 +176,7 @@ def _rows_stay_in_one_block(offsets: t.Value, inner: int, rows: int, shape: tupl
     return True
 
 
-def _starts_at_multiple(v: t.Value, m: int, defs: dict[str, t.Op], affine) -> bool:
+def _starts_at_multiple(v: t.Value, m: int, defs: dict[str, t.Op], affine: AffineInfo) -> bool:
     """Whether the element of integer tile `v` at the origin is provably a multiple of `m`, for every program
     and loop iteration: through sums, products with constants, views and casts down to constants, aranges
     (0 at the origin) and loop counters (start and step multiples), else `affine`'s power-of-two divisor."""

@@ -6,8 +6,8 @@ by ``block_m`` (query rows in attention; `FusedLayout.rows`); axes only some sta
 head dimension, a running top-k's rank) stay whole inside the tile; the fused
 axis is walked in chunks. A state axis too long to stay whole (longer than ``block_n`` and than
 ``whole_max`` in a loop with a dot among its locals, attention's head dimension, or `CHEAP_RECOMPUTE_MAX` in
-any other, the N columns of a quantized GEMM's ``y[M, N]``) is *grid-tiled*: tiled by ``block_n`` (on the cpu, the columns of ``gemm_tile``: `FusedLayout.grid_tile`)
-with one more grid dimension over its tiles.
+any other, the N columns of a quantized GEMM's ``y[M, N]``) is *grid-tiled*: tiled by ``block_n`` (on the
+cpu, the columns of ``gemm_tile``: `FusedLayout.grid_tile`) with one more grid dimension over its tiles.
 Each such program recomputes the states that lack the axis (the GEMM's per-row
 absmax) -- exact, since they never read the axis (`_gridable`). `FusedBuilder`
 opens a kernel on that layout: program ids for the grid (plus, for a split
