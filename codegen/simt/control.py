@@ -21,10 +21,10 @@ def _for(lw: Lowering, op: t.For) -> None:
     counts = [len(r.chunks) for r in inits]
     names = [a.name if n == 1 else f"{a.name}_{i}" for a, n in zip(body.args, counts) for i in range(n)]
 
-    trips = -(-(op.stop - op.start) // op.step) if isinstance(op.stop, int) else None
+    trips = max(0, -(-(op.stop - op.start) // op.step)) if isinstance(op.stop, int) else None
 
     def run(iv, *carried):
-        lw.loops.append(LoopFrame(iv, op.start, op.step, None if trips is None else max(trips, 0), lw.b.depth))
+        lw.loops.append(LoopFrame(iv, op.start, op.step, trips, lw.b.depth))
         try:
             return body_of(iv, *carried)
         finally:

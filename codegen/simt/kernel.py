@@ -26,8 +26,11 @@ from ...ir.errors import BackendError
 from ...ir.buffer import Buffer
 from ...ir.simt.nodes import (
     Reg,
+    BLOCK_RESERVED_SHARED_BYTES,
     MAX_DYNAMIC_SHARED_BYTES,
     MAX_STATIC_SHARED_BYTES,
+    REGISTERS_PER_SM,
+    SHARED_BYTES_PER_SM,
     For,
     If,
     IntOp,
@@ -49,6 +52,7 @@ from .narrow import narrow_dot_operands
 from .options import GpuOptions
 from .plan import Plan, plan_kernel
 from .values import LoweringBuilder
+from .wgmma import has_wgmma
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ def shared_limit(sm: str) -> int:
     """The shared memory one block of a kernel for `sm` may have: past the 48 KiB a kernel declares statically,
     the launch's dynamic shared memory on sm_90a (Hopper's wgmma tiles: head 256 attention), not on the targets
     that also run on GPUs with less (an sm_80 kernel runs on Ada's 99 KiB as well)."""
-    return MAX_DYNAMIC_SHARED_BYTES if sm == "sm_90a" else MAX_STATIC_SHARED_BYTES
+    return MAX_DYNAMIC_SHARED_BYTES if has_wgmma(sm) else MAX_STATIC_SHARED_BYTES
 
 
 def size_shared(kernel: SimtKernel, lw: Lowering, limit: int) -> SimtKernel:
@@ -132,7 +136,7 @@ def size_shared(kernel: SimtKernel, lw: Lowering, limit: int) -> SimtKernel:
         # only cost registers
         blocks = sized.min_blocks_per_sm
         if lw.opts.min_blocks_per_sm is None and blocks is not None \
-                and blocks * (sized.shared_bytes + BLOCK_RESERVED_SHARED_BYTES) > SM_SHARED_BYTES:
+                and blocks * (sized.shared_bytes + BLOCK_RESERVED_SHARED_BYTES) > SHARED_BYTES_PER_SM:
             blocks = None
         sized = replace(sized, dynamic_shared=True, min_blocks_per_sm=blocks)
     return sized
@@ -203,11 +207,6 @@ ACCUMULATOR_SHARE = 0.6
 it leaves a thread: bf16 attention at head 128 (96 of 168, one warpgroup) and f16 at head 64 (64 of 128, two)
 run bounded without spills; head-256 attention (160 of 168) and a 128 x 256 GEMM tile (128 of 128) would
 spill, and keep ptxas's choice."""
-
-REGISTERS_PER_SM = 65536
-SM_SHARED_BYTES = 228 * 1024
-"""An H100/H200 SM's shared memory, of which each resident block takes its own and `BLOCK_RESERVED_SHARED_BYTES`."""
-BLOCK_RESERVED_SHARED_BYTES = 1024
 
 
 def _accumulator_registers(plan: Plan) -> int:

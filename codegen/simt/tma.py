@@ -96,22 +96,13 @@ def plan_tma(k: t.TileKernel, dots: dict, defs: dict[str, t.Op], affine: AffineI
 
 
 def _use_counts(ops: tuple[t.Op, ...]) -> dict[str, int]:
-    """How many ops read each value, counting live ops only: rewrites such as `narrow.py` leave ops behind that
-    nothing reads (the lowering never emits them), dropped here until none is left."""
-    ops = list(t.walk_ops(ops))
-    dead: set[int] = set()
-    while True:
-        counts: dict[str, int] = {}
-        for i, op in enumerate(ops):
-            if i in dead:
-                continue
-            for v in t.operands(op) + (op.body.yields if isinstance(op, t.For) else ()):
-                counts[v.name] = counts.get(v.name, 0) + 1
-        unread = {i for i, op in enumerate(ops) if i not in dead and not isinstance(op, t.Store | t.For)
-                  and not any(counts.get(r.name) for r in t.results(op))}
-        if not unread:
-            return counts
-        dead |= unread
+    """How many ops read each value, among the ops `t.drop_dead` keeps: rewrites such as `narrow.py` leave ops
+    behind that nothing reads (the lowering never emits them)."""
+    counts: dict[str, int] = {}
+    for op in t.walk_ops(t.drop_dead(ops, set())):
+        for v in t.operands(op) + (op.body.yields if isinstance(op, t.For) else ()):
+            counts[v.name] = counts.get(v.name, 0) + 1
+    return counts
 
 
 def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, t.Op], affine: AffineInfo,

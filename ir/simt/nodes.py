@@ -90,8 +90,11 @@ from .ops import (  # noqa: F401 - re-exported: the SIMT IR in one import
     WgmmaWait,
 )
 from .types import (  # noqa: F401
+    BLOCK_RESERVED_SHARED_BYTES,
     MAX_DYNAMIC_SHARED_BYTES,
     MAX_STATIC_SHARED_BYTES,
+    REGISTERS_PER_SM,
+    SHARED_BYTES_PER_SM,
     MAX_VECTOR,
     WARP_SIZE,
     IntOp,

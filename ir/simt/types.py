@@ -21,6 +21,11 @@ MAX_DYNAMIC_SHARED_BYTES = 227 * 1024
 """Shared memory of one block on Hopper (sm_90a) with the per-kernel opt-in raised: the launch's dynamic
 shared memory (`SimtKernel.dynamic_shared`). Ampere and Ada allow less (163 and 99 KiB), so the kernels
 for sm_80 and sm_90 stay within `MAX_STATIC_SHARED_BYTES`."""
+SHARED_BYTES_PER_SM = 228 * 1024
+"""An H100/H200 SM's shared memory, of which each resident block takes its own and `BLOCK_RESERVED_SHARED_BYTES`."""
+BLOCK_RESERVED_SHARED_BYTES = 1024
+REGISTERS_PER_SM = 65536
+"""32-bit registers of one SM (every target RedFuser emits for)."""
 
 Scalar = Union[float, int, bool]
 

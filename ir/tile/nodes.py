@@ -42,7 +42,7 @@ states into scratch; a second kernel loops over the slices and merges them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 from ..semantics import BinaryOp, ReduceOp, UnaryOp
@@ -346,6 +346,28 @@ def walk_ops(ops: tuple[Op, ...]):
         yield op
         if isinstance(op, For):
             yield from walk_ops(op.body.ops)
+
+
+def drop_dead(ops: tuple[Op, ...], live: set[str]) -> tuple[Op, ...]:
+    """`ops` without the pure ops whose results neither `live` nor a later op reads (stores and the loops
+    holding them stay)."""
+    kept: list[Op] = []
+    for op in reversed(ops):
+        if isinstance(op, For):
+            needed = any(r.name in live for r in op.results) or any(
+                isinstance(x, Store) for x in walk_ops(op.body.ops))
+            if not needed:
+                continue
+            inner_live = set(live) | {y.name for y in op.body.yields}
+            body = drop_dead(op.body.ops, inner_live)
+            live |= inner_live | {v.name for v in operands(op)}
+            for x in walk_ops(body):
+                live |= {v.name for v in operands(x)}
+            kept.append(replace(op, body=replace(op.body, ops=body)))
+        elif isinstance(op, Store) or any(r.name in live for r in results(op)):
+            live |= {v.name for v in operands(op)}
+            kept.append(op)
+    return tuple(reversed(kept))
 
 
 class FreshValues:

@@ -9,7 +9,7 @@ same operands by that op's value (index arithmetic repeats across loads).
 
 `hoist_invariants` moves pure ops whose operands do not change in a loop out in
 front of it (attention's ``q`` tile is loaded once, not per chunk of keys).
-Loads move only from buffers the kernel never stores. `drop_dead` removes pure ops
+Loads move only from buffers the kernel never stores. `drop_dead` (`ir/tile/nodes.py`) removes pure ops
 whose results nobody uses. Both keep the kernel's meaning on every input.
 """
 from __future__ import annotations
@@ -65,28 +65,6 @@ def free_reads(op: t.For) -> set[str]:
         if isinstance(x, t.For):
             names |= {v.name for v in x.body.yields}
     return names
-
-
-def drop_dead(ops: tuple[t.Op, ...], live: set[str]) -> tuple[t.Op, ...]:
-    """`ops` without the pure ops whose results neither `live` nor a later op reads (stores and the loops
-    holding them stay)."""
-    kept: list[t.Op] = []
-    for op in reversed(ops):
-        if isinstance(op, t.For):
-            needed = any(r.name in live for r in op.results) or any(
-                isinstance(x, t.Store) for x in t.walk_ops(op.body.ops))
-            if not needed:
-                continue
-            inner_live = set(live) | {y.name for y in op.body.yields}
-            body = drop_dead(op.body.ops, inner_live)
-            live |= inner_live | {v.name for v in t.operands(op)}
-            for x in t.walk_ops(body):
-                live |= {v.name for v in t.operands(x)}
-            kept.append(replace(op, body=replace(op.body, ops=body)))
-        elif isinstance(op, t.Store) or any(r.name in live for r in t.results(op)):
-            live |= {v.name for v in t.operands(op)}
-            kept.append(op)
-    return tuple(reversed(kept))
 
 
 def _subst(x, names: dict[str, t.Value]):
@@ -281,4 +259,4 @@ def cleanup_kernel(k: t.TileKernel) -> t.TileKernel:
     duplicates merged, loop invariants hoisted and dead ops dropped."""
     stored = {b.name for b in k.stored()}
     k = merge_duplicates(reduce_before_broadcast(peel_single_trips(k)))
-    return merge_duplicates(replace(k, body=drop_dead(_hoist(k.body, stored), set())))
+    return merge_duplicates(replace(k, body=t.drop_dead(_hoist(k.body, stored), set())))

@@ -41,7 +41,7 @@ from ..ir.tile import nodes as t
 from ..ir.semantics import BinaryOp
 from ..ir.tile.verifier import verify_tile_program
 from ..ir.types import bool_
-from .cleanup import drop_dead, free_reads, rename_operands
+from .cleanup import free_reads, rename_operands
 
 _VIEWS = (t.Cast, t.Permute, t.ExpandDims, t.Broadcast)
 
@@ -72,7 +72,7 @@ def _kernel(k: t.TileKernel, threads: int, budget: int) -> t.TileKernel:
     body = _ops(k.body, stored, names, threads, budget)
     if body is k.body:
         return k
-    return replace(k, body=drop_dead(body, set()))
+    return replace(k, body=t.drop_dead(body, set()))
 
 
 class _Budget:
