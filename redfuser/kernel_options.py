@@ -92,6 +92,10 @@ class KernelOptions:
                                               "(schedule/masked.py)", _one_of((None, True, False)))
     tma: bool = _option(True, "cuda/simulate on sm_90a: load wgmma operand tiles with the tensor memory "
                               "accelerator where it can (codegen/simt/tma.py); False: the threads stage them", _bool)
+    tma_stages: int = _option(2, "cuda/simulate on sm_90a: tiles a TMA staging point in a loop cycles through "
+                                 "(1, 2 or 4); with more than one, each iteration issues the next one's copies "
+                                 "before waiting for its own; one where the extra tiles would fit fewer blocks an "
+                                 "SM (codegen/simt/tma.py)", _one_of((1, 2, 4)))
     prefetch: bool = _option(False, "cuda/simulate: load tensor-core operands a loop iteration ahead "
                                     "(schedule/prefetch.py)", _bool)
     llvm_opt: int | None = _option(None, "cuda/simulate: None, RedFuser's middle end; 1-3, LLVM's O1-O3 "
@@ -142,9 +146,9 @@ class KernelOptions:
 
     def gpu_options(self, default_sm: Callable[[], str]) -> GpuOptions:
         """The SIMT lowering's options: ``sm`` (None: `default_sm()`, the device's or sm_90), ``num_warps``,
-        ``min_blocks_per_sm``, ``tma``."""
+        ``min_blocks_per_sm``, ``tma``, ``tma_stages``."""
         return GpuOptions(sm=self.sm or default_sm(), num_warps=self.num_warps,
-                          min_blocks_per_sm=self.min_blocks_per_sm, tma=self.tma)
+                          min_blocks_per_sm=self.min_blocks_per_sm, tma=self.tma, tma_stages=self.tma_stages)
 
 
 DEFAULT_OPTIONS = KernelOptions()

@@ -263,3 +263,33 @@ def test_operand_tiles_copied_by_tma_equal_the_threads_staged_kernels(name, dtyp
     want = as_tuple(rf.kernel(body, backend="cuda", sm="sm_90a", tma=False)(*args))
     for g, e in zip(got, want):
         np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("name,dtype,shape,options", [
+    ("flash_attention_f16", np.float16, (2, 8, 2048, 64), {"tma_stages": 2}),
+    ("flash_attention_f16", np.float16, (2, 8, 1984, 64), {"tma_stages": 4}),          # 31 key blocks
+    ("flash_attention_bf16", "bfloat16", (2, 8, 2048, 128), {"min_blocks_per_sm": 2, "tma_stages": 4}),
+    ("causal_attention", np.float16, (1, 8, 2048, 128), {"tma_stages": 2}),
+    ("gemm", np.float16, (1024, 4096, 512), {"tma_stages": 4})])
+def test_tma_rings_equal_the_threads_staged_kernels(name, dtype, shape, options):
+    """A ring's copies run an iteration (or three) ahead of the wgmmas on the device, truly asynchronously: a
+    stage reused too early or a wait on the wrong phase would show as other bits than the kernel whose threads
+    stage the tiles (or as a hang, which the run's timeout catches), over many loop iterations."""
+    _hopper()
+    from redfuser import workloads
+
+    rng = np.random.default_rng(21)
+    dt = getattr(rf, dtype) if isinstance(dtype, str) else dtype
+    if name == "gemm":
+        m, k, n = shape
+        args = (rng.standard_normal((m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt))
+    else:
+        args = tuple(rng.standard_normal(shape).astype(dt) for _ in range(3))
+    body = getattr(workloads, name)
+    ringed = rf.kernel(body, backend="cuda", sm="sm_90a", **options)
+    assert "mbarrier.try_wait.parity" in str(ringed.lower(*args).stages["ptx"])
+    want = as_tuple(rf.kernel(body, backend="cuda", sm="sm_90a", tma=False,
+                              **{k: v for k, v in options.items() if k != "tma_stages"})(*args))
+    for _ in range(3):
+        for g, e in zip(as_tuple(ringed(*args)), want):
+            np.testing.assert_array_equal(g, e)

@@ -3,11 +3,17 @@
 Each kernel is compared with the same kernel whose threads stage the tiles, in the simulator, bit for bit:
 the copies land where the threads' swizzled stores did, and the simulator checks the mbarrier protocol on
 the way (expected bytes, one issuing thread, phases, reads before the wait, copies into tiles in flight).
-TMA is the default on sm_90a (``tma=False`` keeps the threads' staging). The mbarrier's phase parity is derived from the enclosing loops' counters: a parity fixed at 0 deadlocks
-on the second key block (the planted bug). Where a tile cannot be copied (a masked load, an 8-bit MN-major
-operand, a load another op reads) the threads stage it as before.
+TMA is the default on sm_90a (``tma=False`` keeps the threads' staging). The mbarrier's phase parity is
+derived from the enclosing loops' counters: a parity fixed at 0 deadlocks on the second key block (the
+planted bug). Where a tile cannot be copied (a masked load, an 8-bit MN-major operand, a load another op
+reads) the threads stage it as before. In a loop the copies go through a ring of ``tma_stages`` tiles (the
+next iteration's copies issued before this one's wait) where the extra tiles cost no blocks an SM; planted
+bugs in the ring (its next stage the current one, a wrong step to the next tile, parities of one stage)
+are each caught.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -17,7 +23,8 @@ from helpers import assemble_without_spills
 import redfuser as rf
 from redfuser.codegen.simt import tma
 from redfuser.ir.errors import SimulationError
-from redfuser.ir.simt.nodes import Barrier, For, If, MbarrierWait, StoreShared, TmaLoad, walk_stmts
+from redfuser.codegen.simt.kernel import ring_budget, rings_cost_blocks
+from redfuser.ir.simt.nodes import Barrier, For, If, MbarrierInit, MbarrierWait, Reg, StoreShared, TmaLoad, walk_stmts
 from redfuser.testing import assert_close
 from redfuser.workloads import causal_attention, flash_attention_bf16, flash_attention_f16, fp8_quant_gemm
 
@@ -108,7 +115,7 @@ def test_a_phase_parity_that_ignores_the_loop_deadlocks_the_second_key_block(mon
     q = RNG.standard_normal((1, 1, 64, 64)).astype(np.float16)
     k = RNG.standard_normal((1, 1, 256, 64)).astype(np.float16)
     monkeypatch.setattr(tma, "phase_parity", lambda lw, depth: 0)
-    kernel = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a", tma=True)
+    kernel = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a", tma=True, tma_stages=1)
     with pytest.raises(SimulationError) as err:
         kernel(q, k, k)
     assert err.value.kind == "mbarrier_deadlock"
@@ -156,3 +163,113 @@ def test_a_tile_whose_rows_run_into_the_next_block_is_not_copied(n, copied):
     assert ("x" in {c.src.name for c in copies(lowered)}) == copied
     np.testing.assert_array_equal(got, want)
     assert_close(got, merged_rows_gemm(x, w), np.float32, 64)
+
+
+def stages_of(lowered) -> dict[str, int]:
+    """The mbarriers each staging point set up, by allocation: its ring's stages."""
+    counts: dict[str, int] = {}
+    for k in lowered.stages["simt"].kernels:
+        for s in walk_stmts(k.body):
+            if isinstance(s, MbarrierInit):
+                counts[s.alloc.name] = counts.get(s.alloc.name, 0) + 1
+    return counts
+
+
+K, V = "s_matmul_dot_landed", "matmul_acc_dot_landed"     # the staging points of Q·Kᵀ and of P·V
+
+
+@pytest.mark.parametrize("body,dtype,head,keys,options,stages,expected", [
+    (flash_attention_f16, np.float16, 64, 320, {}, 1, {K: 1, V: 1}),        # 5 key blocks: odd trips
+    (flash_attention_f16, np.float16, 64, 320, {}, 2, {K: 2, V: 2}),
+    (flash_attention_f16, np.float16, 64, 320, {}, 4, {K: 4, V: 4}),
+    (causal_attention, np.float16, 64, 256, {"skip_masked": True}, 2,       # a run-time trip count
+     {K: 2, "out_acc_dot_landed": 2}),
+    # 3 blocks an SM (the register bound) leave 27 KiB for extra stages: K's (16 KiB), not V's too
+    (flash_attention_bf16, BF16, 128, 256, {}, 2, {K: 2, V: 1}),
+    # 2 blocks leave 65 KiB: K's three extra stages (48 KiB), then V's ring halved to 2 stages
+    (flash_attention_bf16, BF16, 128, 256, {"min_blocks_per_sm": 2}, 4, {K: 4, V: 2}),
+])
+def test_a_ring_of_stages_equals_the_threads_staged_kernel(body, dtype, head, keys, options, stages, expected):
+    """The ring's copies issued an iteration ahead land in the stage the next iteration reads: the same bits as
+    the threads' staging, and the simulator sees every wait find its phase (a wrong stage or parity deadlocks
+    or reads a copy not landed). Rings take the shared memory the kernel's blocks an SM leave."""
+    q = RNG.standard_normal((1, 2, 128, head)).astype(dtype)
+    k, v = (RNG.standard_normal((1, 2, keys, head)).astype(dtype) for _ in range(2))
+    lowered, got, want = on_both(body, q, k, v, tma_stages=stages, **options)
+    assert {name: n for name, n in stages_of(lowered).items() if not name.startswith("q_")} == expected
+    np.testing.assert_array_equal(got, want)
+    assert_close(got.astype(np.float32), body(q, k, v).astype(np.float32), dtype, keys)
+
+
+def test_a_ring_issues_the_next_iteration_before_waiting_for_this_one():
+    """In the loop: a barrier, then thread 0 copies the first iteration's tiles where it is the first and the
+    next iteration's where there is one, into the stages a register names, then every thread waits on this
+    iteration's stage. ``Q``, staged once in front of the loop, has one stage."""
+    q = RNG.standard_normal((1, 1, 128, 64)).astype(np.float16)
+    lowered = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a").lower(q, q, q)
+    assert stages_of(lowered) == {"q_landed": 1, "s_matmul_dot_landed": 2, "matmul_acc_dot_landed": 2}
+    (loop,) = [s for s in walk_stmts(lowered.stages["simt"].kernels[0].body) if isinstance(s, For)]
+    issuing = [s for s in loop.body.stmts if isinstance(s, If) and any(isinstance(x, TmaLoad)
+                                                                       for x in walk_stmts(s.then.stmts))]
+    assert len(issuing) == 2
+    for branch in issuing:
+        inner = [s for s in branch.then.stmts if isinstance(s, If)]
+        assert len(inner) == 2                       # this iteration's copies (the first), the next one's
+        for side in inner:
+            (copy,) = [s for s in side.then.stmts if isinstance(s, TmaLoad)]
+            assert isinstance(copy.dst_index, Reg) and isinstance(copy.barrier_index, Reg)
+    assert rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a").lower(q, q, q).stages["ptx"] is not None
+
+
+def test_rings_keep_the_blocks_an_sm_holds():
+    """A ring's extra tiles are taken only where the SM still holds as many blocks as with one stage (at most
+    the register bound asks): the budget left is what the rings may take."""
+    assert not rings_cost_blocks(65 * 1024, 16 * 1024, 3)          # 3 blocks of 49 and of 65 KiB fit 228 KiB
+    assert rings_cost_blocks(81 * 1024, 32 * 1024, 3)              # 81 KiB: 2 blocks
+    assert not rings_cost_blocks(81 * 1024, 32 * 1024, 2)
+    assert rings_cost_blocks(128 * 1024, 64 * 1024, None)          # unbounded: 3 blocks of 64 KiB fit, 1 of 128
+    assert ring_budget(48 * 1024, 3) == 76 * 1024 - 1024 - 48 * 1024
+    assert ring_budget(48 * 1024, None) == 228 * 1024 // 4 - 1024 - 48 * 1024     # 4 blocks of 48 KiB fit
+
+
+@pytest.mark.parametrize("bug,kind", [
+    # the next iteration's copy lands in the tile being read, completing a second phase before the wait
+    ("next stage is this one", "mbarrier_deadlock"),
+    ("step 0", None),                           # the next iteration's copy reads this iteration's tile
+    ("one stage's parity", "mbarrier_deadlock"),
+])
+def test_planted_bugs_in_a_ring_are_caught(monkeypatch, bug, kind):
+    q = RNG.standard_normal((1, 1, 64, 64)).astype(np.float16)
+    k, v = (RNG.standard_normal((1, 1, 320, 64)).astype(np.float16) for _ in range(2))
+    plan_ring = tma.plan_ring
+
+    def planted(lw, operands, depth, stages):
+        ring = plan_ring(lw, operands, depth, stages)
+        if ring.prefetch is None:
+            return ring
+        if bug == "next stage is this one":
+            return tma.Ring(ring.stages, ring.stage, ring.parity, replace(ring.prefetch, next_stage=ring.stage))
+        if bug == "step 0":
+            return tma.Ring(ring.stages, ring.stage, ring.parity,
+                            replace(ring.prefetch, steps=(0,) * len(ring.prefetch.steps)))
+        return tma.Ring(ring.stages, ring.stage, tma.phase_parity(lw, depth), ring.prefetch)
+
+    monkeypatch.setattr(tma, "plan_ring", planted)
+    kernel = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a")
+    if kind is None:
+        got = kernel(q, k, v)
+        want = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a", tma=False)(q, k, v)
+        assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() > 1e-2
+    else:
+        with pytest.raises(SimulationError) as err:
+            kernel(q, k, v)
+        assert err.value.kind == kind, err.value
+
+
+def test_the_ring_kernels_assemble_for_sm_90a_without_spills():
+    q = RNG.standard_normal((1, 2, 256, 64)).astype(np.float16)
+    lowered = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a").lower(q, q, q)
+    assert stages_of(lowered)["s_matmul_dot_landed"] == 2
+    assemble_without_spills(lowered)
+    c = RNG.standard_normal((1, 2, 512, 128)).astype(np.float16)
+    assemble_without_spills(rf.kernel(causal_attention, backend="simulate", sm="sm_90a").lower(c, c, c))

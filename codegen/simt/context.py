@@ -54,14 +54,17 @@ def effect_rule(*types: type) -> Callable[[EffectRule], EffectRule]:
 @dataclass(frozen=True, slots=True)
 class LoopFrame:
     """A SIMT loop whose body is being emitted: ``for iv in range(start, stop, step)`` with `trips` iterations
-    when static (None: a run-time stop), its body at builder depth `depth`. A statement at depth ``d`` runs
-    inside the frames of depth ``<= d``; `tma.py` derives an mbarrier's phase from them."""
+    when static (None: a run-time stop), its body at builder depth `depth`, the Tile IR loop's counter named
+    `tile_iv`. A statement at depth ``d`` runs inside the frames of depth ``<= d``; `tma.py` derives an
+    mbarrier's phase from them, and where a copy's next iteration starts."""
 
     iv: Reg
     start: int
+    stop: Reg | int
     step: int
     trips: int | None
     depth: int
+    tile_iv: str
 
 
 class Lowering:
@@ -79,6 +82,9 @@ class Lowering:
         self.scalar = scalar(plan.warps)
         self.size_regs: dict[tuple[Size, DType], Reg] = {}   # run-time extents: kernel parameters
         self.loops: list[LoopFrame] = []                   # the SIMT loops being emitted, outermost first
+        self.tma_stages = opts.tma_stages                   # a TMA ring's stages (`tma.ring_stages`)
+        self.ring_bytes = 0                                # the shared bytes the rings' extra stages take
+        self.ring_budget: int | None = None                # at most this many (None: no limit but the target's)
 
     def size_param(self, size: Size, dtype: DType) -> Reg:
         """The run-time extent `size` as a scalar kernel parameter of `dtype` (one per extent and dtype; the

@@ -22,9 +22,10 @@ def _for(lw: Lowering, op: t.For) -> None:
     names = [a.name if n == 1 else f"{a.name}_{i}" for a, n in zip(body.args, counts) for i in range(n)]
 
     trips = max(0, -(-(op.stop - op.start) // op.step)) if isinstance(op.stop, int) else None
+    stop = op.stop if isinstance(op.stop, int) else lw.get(op.stop, lw.scalar).chunks[0]
 
     def run(iv, *carried):
-        lw.loops.append(LoopFrame(iv, op.start, op.step, trips, lw.b.depth))
+        lw.loops.append(LoopFrame(iv, op.start, stop, op.step, trips, lw.b.depth, body.iv.name))
         try:
             return body_of(iv, *carried)
         finally:
@@ -41,7 +42,6 @@ def _for(lw: Lowering, op: t.For) -> None:
             yields = [lw.get(y, layout) for y, layout in zip(body.yields, layouts)]
         return [c for r in yields for c in r.chunks]
 
-    stop = op.stop if isinstance(op.stop, int) else lw.get(op.stop, lw.scalar).chunks[0]
     results = lw.b.for_(op.start, stop, op.step, [c for r in inits for c in r.chunks], run,
                         iv_type=RegType(body.iv.dtype), names=names, iv_name=body.iv.name)
     at = 0

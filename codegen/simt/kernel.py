@@ -174,11 +174,14 @@ def _emit_within_shared_memory(k: t.TileKernel, plan: Plan, opts: GpuOptions) ->
     the same within the target's `shared_limit` (dynamic shared memory: fewer blocks an SM, so only where the
     static size cannot do), else (a kernel with wgmma dots, whose operand tiles take shared memory of their
     own) with its dots on ``mma.sync``: the first that fits."""
+    ringed = _emit_with_rings(k, plan, opts) if plan.tma and opts.tma_stages > 1 else None
+    if ringed is not None:
+        return ringed
     limits = dict.fromkeys((MAX_STATIC_SHARED_BYTES, shared_limit(opts.sm)))
     for limit in limits:
         for alternate in (True, False):
             try:
-                return _emit(k, plan, opts, alternate, limit)
+                return _emit(k, plan, opts, alternate, limit, 1)[0]
             except SharedMemoryExceeded as exc:
                 failure = exc
     if not any(d.wgmma is not None for d in plan.dots.values()):
@@ -230,17 +233,70 @@ def blocks_per_sm(plan: Plan, opts: GpuOptions) -> int | None:
     return blocks if _accumulator_registers(plan) <= ACCUMULATOR_SHARE * registers else None
 
 
-def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool, limit: int) -> SimtKernel:
-    """Steps 3-4 of the module docstring: the kernel's statements, its scratch arrays sized."""
+def _emit_with_rings(k: t.TileKernel, plan: Plan, opts: GpuOptions) -> SimtKernel | None:
+    """`_emit` with TMA rings of ``opts.tma_stages`` stages (`tma.ring_stages`) within the target's
+    `shared_limit` and as many blocks an SM as with one stage (`rings_cost_blocks`): a ring hides a copy's
+    latency within a block, and more blocks an SM hide it too, and everything else's. Where every ring's extra
+    tiles would cost blocks, the rings get the shared memory the blocks leave, in program order (attention's
+    ``K`` then ``V``; `ring_budget`); None where no staging point has a ring then."""
+    bound = blocks_per_sm(plan, opts)
+    budget: int | None = None
+    for _ in range(2):
+        for alternate in (True, False):
+            try:
+                kernel, ring_bytes = _emit(k, plan, opts, alternate, shared_limit(opts.sm), opts.tma_stages, budget)
+                break
+            except SharedMemoryExceeded:
+                continue
+        else:
+            return None
+        if not ring_bytes:
+            return None
+        if not rings_cost_blocks(kernel.shared_bytes, ring_bytes, bound):
+            return kernel
+        budget = ring_budget(kernel.shared_bytes - ring_bytes, bound)
+    return None
+
+
+def _blocks_fitting(shared_bytes: int) -> int:
+    """How many blocks of `shared_bytes` each an SM's shared memory holds."""
+    return SHARED_BYTES_PER_SM // (shared_bytes + BLOCK_RESERVED_SHARED_BYTES)
+
+
+def _target_blocks(single_bytes: int, bound: int | None) -> int:
+    """The blocks an SM a kernel whose shared memory is `single_bytes` with one stage a ring is held to: as many
+    as fit, at most its register `bound`."""
+    fitting = _blocks_fitting(single_bytes)
+    return fitting if bound is None else min(fitting, bound)
+
+
+def rings_cost_blocks(shared_bytes: int, ring_bytes: int, bound: int | None) -> bool:
+    """Whether a kernel of `shared_bytes`, `ring_bytes` of them its TMA rings' extra stages, fits fewer blocks an
+    SM than it would with one stage, as many as its register `bound` asks at most (no bound: as many as fit)."""
+    return _blocks_fitting(shared_bytes) < _target_blocks(shared_bytes - ring_bytes, bound)
+
+
+def ring_budget(single_bytes: int, bound: int | None) -> int:
+    """The bytes of rings' extra stages a kernel of `single_bytes` with one stage can take and keep its
+    `_target_blocks` an SM."""
+    return SHARED_BYTES_PER_SM // _target_blocks(single_bytes, bound) - BLOCK_RESERVED_SHARED_BYTES - single_bytes
+
+
+def _emit(k: t.TileKernel, plan: Plan, opts: GpuOptions, alternate: bool, limit: int,
+          tma_stages: int, ring_budget: int | None = None) -> tuple[SimtKernel, int]:
+    """Steps 3-4 of the module docstring: the kernel's statements, its scratch arrays sized, with TMA rings of
+    up to `tma_stages` stages whose extra stages take at most `ring_budget` bytes (None: no limit); and the
+    shared bytes the rings' extra stages take."""
     programs = k.num_programs
     b = LoweringBuilder(symbol(k.name), warps=plan.warps, grid=(max(1, programs) if is_static(programs) else programs,))
     b.params.extend(k.params)
     lw = Lowering(k, plan, opts, b, alternate)
+    lw.tma_stages, lw.ring_budget = tma_stages, ring_budget
     _program_ids(lw, k.grid)
     lw.emit_ops(k.body)
     built = replace(b.build(verify=False), min_blocks_per_sm=blocks_per_sm(plan, opts),
                     sizes=tuple((reg.name, size) for (size, _), reg in lw.size_regs.items()))
-    return size_shared(built, lw, limit)
+    return size_shared(built, lw, limit), lw.ring_bytes
 
 
 def lower_to_simt(p: t.TileProgram, opts: GpuOptions = GpuOptions()) -> SimtProgram:

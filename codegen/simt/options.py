@@ -18,6 +18,10 @@
 |                 | accelerator (a box copy into the swizzled tile, completed on an          |         |
 |                 | mbarrier) where the operand is a plain load of a dense buffer's rows     |         |
 |                 | (`tma.py`); else (and with False) the threads load and stage them        |         |
+| `tma_stages`    | tiles a TMA staging point in a loop cycles through (1, 2 or 4): with more| 2       |
+|                 | than one, each iteration issues the next one's copies before it waits   |         |
+|                 | for its own (a ring); the lowering drops to one where the extra tiles    |         |
+|                 | would fit fewer blocks an SM (`kernel.py`)                               |         |
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ class GpuOptions:
     round_operands: bool = True
     min_blocks_per_sm: int | None = None
     tma: bool = True
+    tma_stages: int = 2
 
     def __post_init__(self) -> None:
         sm_number(self.sm)   # BackendError on an unknown target
@@ -44,6 +49,8 @@ class GpuOptions:
         blocks = self.min_blocks_per_sm
         if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= 32):
             raise ArgumentError(f"min_blocks_per_sm must be None or an int from 1 to 32, got {blocks!r}", op="kernel")
+        if isinstance(self.tma_stages, bool) or self.tma_stages not in (1, 2, 4):
+            raise ArgumentError(f"tma_stages must be 1, 2 or 4, got {self.tma_stages!r}", op="kernel")
 
     @property
     def sm_number(self) -> int:

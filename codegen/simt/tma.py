@@ -29,6 +29,16 @@ first) has run ``sum_l i_l * prod_{l' > l} T_l'`` times, so the parity is the XO
 loops whose inner trip counts are all odd. A point whose parity needs a run-time trip count keeps the
 threads' staging, as does one in a loop with a step that is not a power of two.
 
+Rings (`ring_stages`, `plan_ring`; the ``tma_stages`` option): a staging point directly in a loop's body
+cycles through ``S`` tiles and ``S`` mbarriers. Run ``n`` (`run_count`, mod ``2S``) reads stage ``n mod S``
+and waits for parity ``(n / S) mod 2``; after the barrier that frees the tiles, thread 0 first issues run
+``n``'s own copies where it is the loop's first iteration, then the next iteration's into stage
+``(n + 1) mod S`` where there is one (``iv + step < stop``), their origins this one's plus a constant
+(`_iteration_step`). The block barrier is the ring's "empty" barrier: the stage the next copy overwrites was
+last read by the previous iteration's wgmmas, which every warpgroup waited for before it (with a producer
+warp, per-stage empty mbarriers would take its place). Which stages a kernel can afford in shared memory,
+`kernel.py` decides (`rings_cost_blocks`, `ring_budget`, `lw.ring_budget`).
+
 The copy fills elements past the buffer's end with zeros; the loads taken here have no mask, so no box
 reaches past it. Checked by the simulator (`codegen/simulator/tma.py`: the mbarrier protocol, the swizzle,
 a copy into a tile a wgmma still reads) and, for each kernel, against the same kernel staged by the threads
@@ -204,40 +214,181 @@ def _sum_terms(v: t.Value, defs: dict[str, t.Op]) -> list[t.Value]:
     return [v]
 
 
+def run_count(lw, depth: int, modulus: int) -> Reg | int | None:
+    """How many times a statement at builder depth `depth` has run before, mod `modulus` (a power of two; an i32
+    register, or 0 outside every loop), from the loops enclosing it (the module docstring): the sum over them of
+    their iteration index times the trips of the loops inside them, the trips taken mod `modulus`; None where
+    that needs a loop's run-time trip count or a step that is not a power of two."""
+    b = lw.b
+    shares = _shares(lw, depth, modulus)
+    if shares is None:
+        return None
+    count: Reg | None = None
+    for frame, factor in shares:
+        iv = frame.iv
+        index = b.arith(BinaryOp.SUB, iv, b.const_of(frame.start, iv.dtype)) if frame.start else iv
+        if frame.step > 1:
+            index = b.int_arith(IntOp.SHR, index, b.const_of(log2(frame.step), iv.dtype))
+        if index.dtype != int32:
+            index = b.cast(index, int32)
+        if factor > 1:
+            index = b.arith(BinaryOp.MUL, index, b.const_of(factor, int32))
+        count = index if count is None else b.arith(BinaryOp.ADD, count, index)
+    return 0 if count is None else b.int_arith(IntOp.AND, count, b.const_of(modulus - 1, int32))
+
+
+def _shares(lw, depth: int, modulus: int) -> list[tuple[object, int]] | None:
+    """The loops enclosing depth `depth` whose iterations count towards `run_count` mod `modulus`, innermost
+    first, each with the trips of the loops inside it mod `modulus` (loops further out, whose factor is 0 mod
+    `modulus`, are left out); None where a factor needs a run-time trip count, or a step is not a power of two."""
+    shares = []
+    factor: int | None = 1                # the trips of the loops inside the current one, mod `modulus`
+    for frame in reversed([f for f in lw.loops if f.depth <= depth]):
+        if factor == 0:
+            break                         # every outer loop's share is a multiple of `modulus`
+        if factor is None or frame.step & (frame.step - 1):
+            return None                   # an outer loop's share depends on a run-time trip count
+        shares.append((frame, factor))
+        factor = None if frame.trips is None else factor * frame.trips % modulus
+    return shares
+
+
+def phase_known(lw, depth: int) -> bool:
+    """Whether `phase_parity` can say the phase of a staging point at builder depth `depth` (emits nothing)."""
+    return _shares(lw, depth, 2) is not None
+
+
 def phase_parity(lw, depth: int) -> Reg | int | None:
-    """How many times a statement at builder depth `depth` has run before, mod 2 (an i32 register, or 0 outside
-    every loop), from the loops enclosing it (the module docstring); None where that needs a loop's run-time
-    trip count or a step that is not a power of two."""
-    b = lw.b
+    """The mbarrier phase parity of a single-stage staging point at builder depth `depth` (`run_count` mod 2)."""
+    return run_count(lw, depth, 2)
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetch:
+    """How a ring's staging point issues the copies of its loop's next iteration: in the thread that issues,
+    where `more` holds (the loop has a next iteration), into stage `next_stage`, each operand's tile origin
+    `steps` elements on; where `first` holds (the loop's first iteration) it first issues its own copies,
+    which no earlier iteration did."""
+
+    first: Reg
+    more: Reg
+    next_stage: Reg
+    steps: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ring:
+    """A staging point's tiles and mbarriers: `stages` of each, used in turn; this run reads stage `stage`, whose
+    barrier completes the phase of parity `parity`. With more than one stage, `prefetch` says how the next
+    iteration's copies are issued one iteration ahead."""
+
+    stages: int
+    stage: Reg | int
+    parity: Reg | int
+    prefetch: Prefetch | None = None
+
+
+def ring_stages(lw, operands: list[TmaOperand], depth: int) -> int:
+    """How many stages the ring of the staging point at builder depth `depth` that copies `operands` has, its
+    extra stages' bytes added to `lw.ring_bytes` (emits nothing): `lw.tma_stages` where the point is directly
+    in a loop's body (runs once an iteration), every operand's tile origin moves by a constant from one
+    iteration to the next (`_iteration_step`) and the run count mod twice the stages is known (`run_count`);
+    fewer (halved) where the extra stages would take `lw.ring_bytes` past `lw.ring_budget`; else one."""
+    stages = lw.tma_stages
     frames = [f for f in lw.loops if f.depth <= depth]
-    parity: Reg | None = None
-    odd = True                            # whether the trips of the loops inside the current one are all odd
-    for i, frame in enumerate(reversed(frames)):
-        if odd:
-            if frame.step & (frame.step - 1):
-                return None
-            iv = frame.iv
-            index = b.arith(BinaryOp.SUB, iv, b.const_of(frame.start, iv.dtype)) if frame.start else iv
-            if frame.step > 1:
-                index = b.int_arith(IntOp.SHR, index, b.const_of(log2(frame.step), iv.dtype))
-            bit = b.int_arith(IntOp.AND, index, b.const_of(1, iv.dtype))
-            if bit.dtype != int32:
-                bit = b.cast(bit, int32)
-            parity = bit if parity is None else b.int_arith(IntOp.XOR, parity, bit)
-        if frame.trips is None:
-            if odd and i < len(frames) - 1:
-                return None               # an outer loop's share depends on this loop's run-time trips
-            odd = False
-        else:
-            odd = odd and frame.trips % 2 == 1
-    return 0 if parity is None else parity
+    if stages == 1 or not frames or frames[-1].depth != depth or _shares(lw, depth, 2 * stages) is None \
+            or any(_iteration_step(op.load.offsets, frames[-1], lw) is None for op in operands):
+        return 1
+    nbytes = sum(op.nbytes for op in operands)
+    while stages > 1 and lw.ring_budget is not None and lw.ring_bytes + (stages - 1) * nbytes > lw.ring_budget:
+        stages //= 2
+    lw.ring_bytes += (stages - 1) * nbytes
+    return stages
 
 
-def _origin(lw, load: t.Load) -> list[Reg]:
-    """The coordinates (outermost dim first, i32) of the element the tile of `load` starts at."""
+def plan_ring(lw, operands: list[TmaOperand], depth: int, stages: int) -> Ring:
+    """The ring of `stages` (from `ring_stages`) of the staging point at builder depth `depth` that copies
+    `operands`: this run's stage and phase parity, and with several stages how the next iteration's copies
+    are issued; its registers are emitted at the builder's position."""
+    if stages == 1:
+        return Ring(1, 0, phase_parity(lw, depth))
     b = lw.b
-    base = lw.get(load.offsets, origin(load.out.shape, lw.plan.warps)).chunks[0]
-    shape = load.buffer.shape
+    frame = [f for f in lw.loops if f.depth <= depth][-1]
+    steps = tuple(_iteration_step(op.load.offsets, frame, lw) for op in operands)
+    count = run_count(lw, depth, 2 * stages)
+    count = count if isinstance(count, Reg) else b.const_of(count, int32)
+    mask = b.const_of(stages - 1, int32)
+    stage = b.int_arith(IntOp.AND, count, mask)
+    parity = b.int_arith(IntOp.AND, b.int_arith(IntOp.SHR, count, b.const_of(log2(stages), int32)),
+                         b.const_of(1, int32))
+    next_stage = b.int_arith(IntOp.AND, b.arith(BinaryOp.ADD, stage, b.const_of(1, int32)), mask)
+    iv = frame.iv
+    following = b.arith(BinaryOp.ADD, iv, b.const_of(frame.step, iv.dtype))
+    stop = frame.stop if isinstance(frame.stop, Reg) else b.const_of(frame.stop, iv.dtype)
+    first = b.eq(iv, b.const_of(frame.start, iv.dtype))
+    return Ring(stages, stage, parity, Prefetch(first, b.lt(following, stop), next_stage, steps))
+
+
+def _iteration_step(offsets: t.Value, frame, lw) -> int | None:
+    """How many elements the origin element of `offsets` moves from one iteration of `frame`'s loop to the
+    next: its coefficient in the loop's counter (`_counter_coefficient`) times the step; None where it is not
+    provably a constant."""
+    plan = lw.plan
+    inside = plan.depth.get(frame.tile_iv)
+    if inside is None:
+        return None
+    c = _counter_coefficient(offsets, frame.tile_iv, inside, plan.defs, plan.depth, {})
+    return None if c is None else c * frame.step
+
+
+def _counter_coefficient(v: t.Value, iv: str, inside: int, defs: dict[str, t.Op], depth: dict[str, int],
+                         memo: dict[str, int | None]) -> int | None:
+    """`c` where the origin element of integer tile `v` is ``c * iv`` plus what does not change within the loop
+    of counter `iv` (whose body values have depth `inside`): through sums, differences, products with
+    constants, views and casts; values defined outside the loop, constants and aranges contribute 0. None
+    where `v` depends on the counter otherwise (or on another value of the body: a loaded index, a carry)."""
+    if v.name == iv:
+        return 1
+    if depth.get(v.name, 0) < inside:
+        return 0
+    if v.name in memo:
+        return memo[v.name]
+    op = defs.get(v.name)
+    found: int | None = None
+    if isinstance(op, t.Constant | t.Arange | t.ProgramId):
+        found = 0
+    elif isinstance(op, t.Broadcast | t.ExpandDims | t.Permute | t.Cast):
+        found = _counter_coefficient(op.x, iv, inside, defs, depth, memo)
+    elif isinstance(op, t.Binary) and op.op in (BinaryOp.ADD, BinaryOp.SUB):
+        a = _counter_coefficient(op.a, iv, inside, defs, depth, memo)
+        c = _counter_coefficient(op.b, iv, inside, defs, depth, memo)
+        found = None if a is None or c is None else a + c if op.op is BinaryOp.ADD else a - c
+    elif isinstance(op, t.Binary) and op.op is BinaryOp.MUL:
+        for x, factor in ((op.a, op.b), (op.b, op.a)):
+            k = _constant(factor, defs)
+            if k is not None:
+                c = _counter_coefficient(x, iv, inside, defs, depth, memo)
+                found = None if c is None else k * c
+                break
+    memo[v.name] = found
+    return found
+
+
+def _constant(v: t.Value, defs: dict[str, t.Op]) -> int | None:
+    """The integer every element of `v` provably is (through broadcasts), else None."""
+    op = defs.get(v.name)
+    while isinstance(op, t.Broadcast | t.ExpandDims):
+        op = defs.get(op.x.name)
+    return op.value if isinstance(op, t.Constant) and isinstance(op.value, int) else None
+
+
+def _base(lw, load: t.Load) -> Reg:
+    """The element offset the tile of `load` starts at (its offsets' element at the origin)."""
+    return lw.get(load.offsets, origin(load.out.shape, lw.plan.warps)).chunks[0]
+
+
+def _coordinates(b, base: Reg, shape: tuple[int, ...]) -> list[Reg]:
+    """Element offset `base` of a dense buffer of `shape` as coordinates, outermost dim first, i32."""
     coords: list[Reg] = []
     rest = base
     for extent in reversed(shape[1:]):
@@ -251,28 +402,50 @@ def _origin(lw, load: t.Load) -> list[Reg]:
     return [c if c.dtype == int32 else b.cast(c, int32) for c in reversed(coords)]
 
 
-def stage(lw, parts: list[tuple[TmaOperand, SharedAlloc]], name: str, parity: Reg | int) -> None:
-    """Copy each operand of `parts` into its tile and wait for the copies, at the builder's current position
-    (after the barrier that frees the tiles); `parity` from `phase_parity` for this position."""
+def stage(lw, parts: list[tuple[TmaOperand, SharedAlloc]], name: str, ring: Ring) -> None:
+    """Copy each operand of `parts` into its tile (`ring.stages` tiles one after another in the allocation) and
+    wait for the copies of this run's stage, at the builder's current position (after the barrier that frees
+    the tiles: with a ring, the stage the next iteration's copies go to was last read by the previous
+    iteration's wgmmas, which every warpgroup has waited for before that barrier)."""
     b = lw.b
-    landed = b.shared(f"{name}_landed", int64, (1,), align=8)
+    landed = b.shared(f"{name}_landed", int64, (ring.stages,), align=8)
     with b.at(0):                         # in front of every loop: set up once
         first = b.eq(lw.tid, b.const_of(0, int32))
-        b.if_(first, lambda: (b.mbarrier_init(landed, 0, 1), b.fence_proxy_async()) and None)
-        b.barrier()
-    origins = [_origin(lw, operand.load) for operand, _ in parts]
 
-    def issue() -> None:
-        b.mbarrier_arrive(landed, 0, tx_bytes=sum(operand.nbytes for operand, _ in parts))
-        for (operand, tile), start in zip(parts, origins):
+        def init() -> None:
+            for s in range(ring.stages):
+                b.mbarrier_init(landed, s, 1)
+            b.fence_proxy_async()
+        b.if_(first, init)
+        b.barrier()
+    bases = [_base(lw, operand.load) for operand, _ in parts]
+    origins = [_coordinates(b, base, operand.load.buffer.shape) for (operand, _), base in zip(parts, bases)]
+
+    def issue(stage: Reg | int, starts: list[list[Reg]]) -> None:
+        b.mbarrier_arrive(landed, stage, tx_bytes=sum(operand.nbytes for operand, _ in parts))
+        for (operand, tile), start in zip(parts, starts):
             panel = operand.geometry.panel_elements
+            tile_elements = operand.rows * operand.cols
+            at = b.arith(BinaryOp.MUL, stage, b.const_of(tile_elements, int32)) if isinstance(stage, Reg) else 0
             for p in range(operand.panels):
                 coords = start[:-1] + [b.arith(BinaryOp.ADD, start[-1], b.const_of(p * panel, int32))]
-                b.tma_load(tile, p * operand.rows * panel, operand.load.buffer, coords, operand.box,
-                           swizzle=operand.geometry.mode.value, barrier=landed, barrier_index=0)
+                offset = p * operand.rows * panel
+                index = b.arith(BinaryOp.ADD, at, b.const_of(offset, int32)) if isinstance(at, Reg) and offset \
+                    else at if isinstance(at, Reg) else offset
+                b.tma_load(tile, index, operand.load.buffer, coords, operand.box,
+                           swizzle=operand.geometry.mode.value, barrier=landed, barrier_index=stage)
 
-    b.if_(first, issue)
-    b.mbarrier_wait(landed, 0, parity)
+    ahead = ring.prefetch
+    if ahead is None:
+        b.if_(first, lambda: issue(ring.stage, origins))
+    else:
+        def issue_ahead() -> None:
+            b.if_(ahead.first, lambda: issue(ring.stage, origins))
+            b.if_(ahead.more, lambda: issue(ahead.next_stage, [
+                _coordinates(b, b.arith(BinaryOp.ADD, base, b.const_of(step, base.dtype)), operand.load.buffer.shape)
+                for (operand, _), base, step in zip(parts, bases, ahead.steps)]))
+        b.if_(first, issue_ahead)
+    b.mbarrier_wait(landed, ring.stage, ring.parity)
 
 
-__all__ = ["MAX_BOX", "TmaOperand", "phase_parity", "plan_tma", "stage"]
+__all__ = ["MAX_BOX", "Prefetch", "Ring", "TmaOperand", "phase_known", "phase_parity", "plan_ring", "plan_tma", "ring_stages", "run_count", "stage"]

@@ -38,7 +38,9 @@ B goes to an MN-major (N-major) tile instead where its registers run along N (`_
 took one 2-byte store an element (on an H200 the 4096^3 f16 GEMM on wgmma went from 1.64 to 0.58 ms,
 benchmarks/device_notes.md runs 9-10).
 
-Not yet: MN-major A, several groups in flight, multi-stage TMA rings and warp specialization (HOPPER.md).
+Not yet: MN-major A, several groups in flight and warp specialization (HOPPER.md). A copied tile in a loop
+has a ring of stages (`tma.ring_stages`): the tile allocation holds them one after another and the
+descriptors start at the stage this iteration reads.
 """
 from __future__ import annotations
 
@@ -183,15 +185,14 @@ def _operand(lw, v: t.Value, k_dim: int) -> Regs:
     return lw.get(v, blocked(v.shape, lw.plan.warps, order, default_vec(v.shape, lw.plan.warps, v.dtype.itemsize)))
 
 
-def _copied(lw, v: t.Value) -> tuple[tma.TmaOperand, Reg | int] | None:
-    """(how, the mbarrier phase parity where it is staged) where the copy engine stages `v` (`tma.py`), else
-    None: not planned for it, or its staging point's phase needs a run-time trip count."""
+def _copied(lw, v: t.Value) -> tma.TmaOperand | None:
+    """How the copy engine stages `v` (`tma.py`), else None: not planned for it, or its staging point's phase
+    needs a run-time trip count."""
     operand = lw.plan.tma.get(v.name)
     if operand is None:
         return None
     depth = lw.plan.depth.get(v.name, 0) if _defined_outside(lw, v) else lw.b.depth
-    parity = tma.phase_parity(lw, depth)
-    return None if parity is None else (operand, parity)
+    return operand if tma.phase_known(lw, depth) else None
 
 
 def _defined_outside(lw, v: t.Value) -> bool:
@@ -256,31 +257,47 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
     copied_a = _copied(lw, op.a) if a_fragments is None else None
     copied_b = _copied(lw, op.b)
     b_regs = _operand(lw, op.b, 0) if copied_b is None else None
-    b_geometry = copied_b[0].geometry if copied_b is not None else _b_geometry(plan, b_regs)
+    b_geometry = copied_b.geometry if copied_b is not None else _b_geometry(plan, b_regs)
     a_regs = _operand(lw, op.a, 1) if a_fragments is None and copied_a is None else None
-    b_tile = b.shared(f"{op.out.name}_b_tile", op.b.dtype, (n * k,), align=1024)
-    a_tile = b.shared(f"{op.out.name}_a_tile", op.a.dtype, (m * k,), align=1024) \
+    # the copied tiles staged here, after one barrier, share a ring; one staged in front of the loop has its own
+    copied_here = [c for c, v in ((copied_a, op.a), (copied_b, op.b)) if c is not None and not _defined_outside(lw, v)]
+    stages_here = tma.ring_stages(lw, copied_here, b.depth) if copied_here else 1
+
+    def stages(copied: tma.TmaOperand | None, v: t.Value) -> int:
+        if copied is None:
+            return 1
+        return tma.ring_stages(lw, [copied], lw.plan.depth.get(v.name, 0)) if _defined_outside(lw, v) else stages_here
+
+    b_stages, a_stages = stages(copied_b, op.b), stages(copied_a, op.a)
+    b_tile = b.shared(f"{op.out.name}_b_tile", op.b.dtype, (b_stages * n * k,), align=1024)
+    a_tile = b.shared(f"{op.out.name}_a_tile", op.a.dtype, (a_stages * m * k,), align=1024) \
         if a_fragments is None else None
-    operands = ((a_regs, copied_a, a_tile, plan.a, 1, op.a), (b_regs, copied_b, b_tile, b_geometry, 0, op.b))
-    here, copied_here, parity_here = [], [], 0       # the tiles staged here, after one barrier
-    for regs, copied, tile, geometry, k_dim, value in operands:
+    operands = ((a_regs, copied_a, a_tile, plan.a, 1, op.a, a_stages),
+                (b_regs, copied_b, b_tile, b_geometry, 0, op.b, b_stages))
+    here, parts_here = [], []                        # the tiles staged here, after one barrier
+    offsets: dict[str, Reg | int] = {}              # by tile: the byte offset of the stage this run reads
+    for regs, copied, tile, geometry, k_dim, value, tile_stages in operands:
         if regs is None and copied is None:
             continue
         if _defined_outside(lw, value):              # staged once, in front of the loop
-            with b.at(lw.plan.depth.get(value.name, 0)):
+            depth = lw.plan.depth.get(value.name, 0)
+            with b.at(depth):
                 b.barrier()
                 if copied is not None:
-                    tma.stage(lw, [(copied[0], tile)], value.name, copied[1])
+                    ring = tma.plan_ring(lw, [copied], depth, tile_stages)
+                    tma.stage(lw, [(copied, tile)], value.name, ring)
+                    offsets[tile.name] = _stage_offset(b, ring, copied)
                 else:
                     _store_tile(lw, regs, tile, geometry, k_dim)
         elif copied is not None:
-            copied_here.append((copied[0], tile))
-            parity_here = copied[1]
+            parts_here.append((copied, tile))
         else:
             here.append((regs, tile, geometry, k_dim))
     b.barrier()
-    if copied_here:
-        tma.stage(lw, copied_here, op.out.name, parity_here)
+    if parts_here:
+        ring = tma.plan_ring(lw, [copied for copied, _ in parts_here], b.depth, stages_here)
+        tma.stage(lw, parts_here, op.out.name, ring)
+        offsets.update((tile.name, _stage_offset(b, ring, copied)) for copied, tile in parts_here)
     for regs, tile, geometry, k_dim in here:
         _store_tile(lw, regs, tile, geometry, k_dim)
     slices = [(mi, n0) for mi in range(plan.m_slices) for n0 in range(0, n, shape.n)]
@@ -300,11 +317,11 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
         b.fence_proxy_async()
         b.barrier()
     b.wgmma_fence()
-    b_base = b.shared_address(b_tile)
+    b_base = _tile_address(b, b_tile, offsets.get(b_tile.name, 0))
     a_base = None
     if a_tile is not None:
         group = b.int_arith(IntOp.SHR, lw.tid, b.const_of(log2(WARPGROUP_THREADS), int32))
-        a_base = b.arith(BinaryOp.ADD, b.shared_address(a_tile),
+        a_base = b.arith(BinaryOp.ADD, _tile_address(b, a_tile, offsets.get(a_tile.name, 0)),
                          b.int_arith(IntOp.SHL, group, b.const_of(log2(WGMMA_M * plan.a.row_bytes), int32)))
     outs: list[list[Reg]] = [[] for _ in chains]      # per chain, a D per slice
     for mi, n0 in slices:
@@ -326,6 +343,19 @@ def lower_wgmma(lw, op: t.Dot, plan: WgmmaPlan, layout: Layout, acc: Regs | None
     for part in parts:
         total = Regs(layout, float32, map_chunks((total, part), lambda x, y: b.arith(BinaryOp.ADD, x, y)))
     return total
+
+
+def _stage_offset(b, ring: tma.Ring, copied: tma.TmaOperand) -> Reg | int:
+    """The byte offset, in its ring's tile allocation, of the stage this run reads."""
+    if not isinstance(ring.stage, Reg):
+        return ring.stage * copied.nbytes
+    return b.arith(BinaryOp.MUL, ring.stage, b.const_of(copied.nbytes, int32))
+
+
+def _tile_address(b, tile: SharedAlloc, offset: Reg | int) -> Reg:
+    """The shared address of `tile`, `offset` bytes on (a ring's stage)."""
+    address = b.shared_address(tile)
+    return b.arith(BinaryOp.ADD, address, offset) if isinstance(offset, Reg) else address
 
 
 def _descriptor(b, base: Reg, geometry: TileGeometry, row: int, k: int) -> Reg:

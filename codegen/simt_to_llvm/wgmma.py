@@ -24,7 +24,7 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ...ir.simt.nodes import (FenceProxyAsync, MbarrierArrive, MbarrierInit, MbarrierWait, SetMaxNReg, SharedAddress,
+from ...ir.simt.nodes import (FenceProxyAsync, MbarrierArrive, MbarrierInit, MbarrierWait, Reg, SetMaxNReg, SharedAddress,
                               TmaLoad, Wgmma, WgmmaCommit, WgmmaDescriptor, WgmmaFence, WgmmaWait)
 from ...ir.simt.wgmma_fragments import MatrixDescriptor, Swizzle
 from ...ir.types import bfloat16, float16
@@ -105,9 +105,15 @@ def _asm(em: Emitter, text: str, constraints: str, operands: list[ir.Value]) -> 
     em.builder.call(fn, operands)
 
 
-def _barrier_address(em: Emitter, alloc, index: int) -> ir.Value:
+def _element_address(em: Emitter, alloc, index: int | Reg, itemsize: int) -> ir.Value:
+    """The 32-bit ``shared::cta`` address of element `index` (a constant or an i32 register) of `alloc`."""
     b = em.builder
-    return b.add(b.ptrtoint(em.shared[alloc.name], I32), i32(8 * index))
+    offset = i32(itemsize * index) if isinstance(index, int) else b.mul(em[index], i32(itemsize))
+    return b.add(b.ptrtoint(em.shared[alloc.name], I32), offset)
+
+
+def _barrier_address(em: Emitter, alloc, index: int | Reg) -> ir.Value:
+    return _element_address(em, alloc, index, 8)
 
 
 def _mbarrier_init(s: MbarrierInit, em: Emitter) -> None:
@@ -129,8 +135,7 @@ def _mbarrier_wait(s: MbarrierWait, em: Emitter) -> None:
 
 
 def _tma_load(s: TmaLoad, em: Emitter) -> None:
-    b = em.builder
-    dst = b.add(b.ptrtoint(em.shared[s.dst.name], I32), i32(s.dst_index * s.dst.dtype.itemsize))
+    dst = _element_address(em, s.dst, s.dst_index, s.dst.dtype.itemsize)
     coords = [em[c] for c in reversed(s.coords)]            # innermost first, as the tensor map numbers them
     names = ", ".join(f"${2 + i}" for i in range(len(coords)))
     text = (f"cp.async.bulk.tensor.{len(coords)}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "

@@ -16,7 +16,9 @@ other thread is left to arrive and no copy is still on its way. Each failure is 
   wrong parity);
 - ``tma_not_landed``: shared memory read (a load, an ``ldmatrix``, a ``wgmma``'s tile) from a copy that no
   wait has yet seen complete;
-- ``buffer_reuse``: a copy into elements a ``wgmma`` still in flight reads (its stage was not released).
+- ``buffer_reuse``: a copy into elements a ``wgmma`` still in flight reads (its stage was not released);
+- ``tma_index``: threads naming different barriers of an allocation in one arrive or wait (a ring's stage
+  is the same in every thread).
 
 A copy's elements count as written for the race tracker's uninitialized check, but in no barrier interval:
 the mbarrier, not ``bar.sync``, orders them, and that is what is checked here.
@@ -31,6 +33,18 @@ from ...ir.simt.nodes import MbarrierArrive, MbarrierInit, MbarrierWait, Reg, St
 from ...ir.simt.wgmma_fragments import Swizzle, swizzle
 from ...ir.simt.nodes import shared_offsets
 from .state import Block, Mbarrier
+
+
+def uniform_index(s: Stmt, block: Block, index: int | Reg, what: str) -> int:
+    """`index` (a constant, or a register every active thread must hold the same value of: a ring's stage)."""
+    if isinstance(index, int):
+        return index
+    values = block[index][block.active]
+    if not values.size:
+        return 0
+    if (values != values[0]).any():
+        block.fail("tma_index", f"threads name different {what}s ({index}: {sorted(set(values.tolist()))[:4]})", s)
+    return int(values[0])
 
 
 def _barrier(s: Stmt, block: Block, alloc, index: int) -> Mbarrier:
@@ -54,29 +68,32 @@ def _init(s: MbarrierInit, block: Block) -> None:
 
 
 def _arrive(s: MbarrierArrive, block: Block) -> None:
-    bar = _barrier(s, block, s.alloc, s.index)
+    index = uniform_index(s, block, s.index, "mbarrier")
+    bar = _barrier(s, block, s.alloc, index)
     n = int(block.active.sum())
     bar.tx += s.tx_bytes * n
     bar.arrived += n
     bar.expect_seen = bar.expect_seen or s.tx_bytes > 0
-    _complete(bar, s, block, s.alloc, s.index)
+    _complete(bar, s, block, s.alloc, index)
 
 
 def _wait(s: MbarrierWait, block: Block) -> None:
-    bar = _barrier(s, block, s.alloc, s.index)
+    index = uniform_index(s, block, s.index, "mbarrier")
+    bar = _barrier(s, block, s.alloc, index)
     parity = block[s.parity][block.active] if isinstance(s.parity, Reg) else np.array([s.parity])
     if parity.size and (parity != parity[0]).any():
-        block.fail("mbarrier_deadlock", f"threads wait on mbarrier {s.alloc.name}[{s.index}] for different "
+        block.fail("mbarrier_deadlock", f"threads wait on mbarrier {s.alloc.name}[{index}] for different "
                    "parities", s)
     if parity.size and int(parity[0]) & 1 == bar.completed & 1:
-        block.fail("mbarrier_deadlock", f"the wait on mbarrier {s.alloc.name}[{s.index}] for parity "
+        block.fail("mbarrier_deadlock", f"the wait on mbarrier {s.alloc.name}[{index}] for parity "
                    f"{int(parity[0]) & 1} can never return: its current phase has {bar.arrived} of {bar.expected} "
                    f"arrivals and {bar.tx} transaction bytes outstanding", s)
     bar.observed = bar.completed
 
 
-def box_elements(s: TmaLoad, block: Block, coords: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(the global element of each box element, or -1 outside the tensor; the shared element it lands on)."""
+def box_elements(s: TmaLoad, block: Block, coords: list[int], dst_index: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the global element of each box element, or -1 outside the tensor; the shared element it lands on, the
+    box starting at element `dst_index` of `s.dst`)."""
     shape, box = s.src.shape, s.box
     idx = np.indices(box).reshape(len(box), -1)                 # box coordinates, row-major
     pos = idx + np.array(coords)[:, None]
@@ -85,7 +102,7 @@ def box_elements(s: TmaLoad, block: Block, coords: list[int]) -> tuple[np.ndarra
     src = np.where(inside, (pos * np.array(strides)[:, None]).sum(axis=0), -1)
     item = s.dst.dtype.itemsize
     base = shared_offsets(block.kernel.shared)[s.dst.name]
-    byte = base + (s.dst_index + np.arange(idx.shape[1])) * item
+    byte = base + (dst_index + np.arange(idx.shape[1])) * item
     mode = Swizzle(s.swizzle)
     if mode is not Swizzle.NONE:
         byte = swizzle(byte, mode)
@@ -93,8 +110,9 @@ def box_elements(s: TmaLoad, block: Block, coords: list[int]) -> tuple[np.ndarra
 
 
 def _tma(s: TmaLoad, block: Block) -> None:
-    bar = _barrier(s, block, s.barrier, s.barrier_index)
-    key = (s.barrier.name, s.barrier_index)
+    barrier_index = uniform_index(s, block, s.barrier_index, "mbarrier")
+    bar = _barrier(s, block, s.barrier, barrier_index)
+    key = (s.barrier.name, barrier_index)
     mode = Swizzle(s.swizzle)
     row_bytes = s.box[-1] * s.dst.dtype.itemsize
     if mode is not Swizzle.NONE and row_bytes != mode.row_bytes:
@@ -103,7 +121,8 @@ def _tma(s: TmaLoad, block: Block) -> None:
     tracker = block.shared_trackers.get(s.dst.name)
     for t in np.flatnonzero(block.active):
         coords = [int(block[c][t]) for c in s.coords]
-        src, dst = box_elements(s, block, coords)
+        dst_index = s.dst_index if isinstance(s.dst_index, int) else int(block[s.dst_index][t])
+        src, dst = box_elements(s, block, coords, dst_index)
         if not ((dst >= 0) & (dst < s.dst.size)).all():
             block.fail("tma_box", f"the box lands outside {s.dst.name} (swizzle with a misaligned destination)", s)
         for out, reads in block.wgmma.reads.items():

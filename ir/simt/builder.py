@@ -190,14 +190,14 @@ class SimtBuilder:
     def mbarrier_init(self, alloc: SharedAlloc, index: int, count: int) -> None:
         self.emit(MbarrierInit(alloc, index, count))
 
-    def mbarrier_arrive(self, alloc: SharedAlloc, index: int, tx_bytes: int = 0) -> None:
+    def mbarrier_arrive(self, alloc: SharedAlloc, index: int | Reg, tx_bytes: int = 0) -> None:
         self.emit(MbarrierArrive(alloc, index, tx_bytes))
 
-    def mbarrier_wait(self, alloc: SharedAlloc, index: int, parity: Reg | int) -> None:
+    def mbarrier_wait(self, alloc: SharedAlloc, index: int | Reg, parity: Reg | int) -> None:
         self.emit(MbarrierWait(alloc, index, parity))
 
-    def tma_load(self, dst: SharedAlloc, dst_index: int, src: Buffer, coords: Sequence[Reg], box: Sequence[int], *,
-                 swizzle: int, barrier: SharedAlloc, barrier_index: int) -> None:
+    def tma_load(self, dst: SharedAlloc, dst_index: int | Reg, src: Buffer, coords: Sequence[Reg],
+                 box: Sequence[int], *, swizzle: int, barrier: SharedAlloc, barrier_index: int | Reg) -> None:
         self.emit(TmaLoad(dst, dst_index, src, tuple(coords), tuple(box), swizzle, barrier, barrier_index))
 
     def set_max_nreg(self, count: int, *, increase: bool) -> None:

@@ -178,6 +178,11 @@ def uses(s: Stmt) -> tuple[Reg, ...]:
     return () if read is None else read(s)
 
 
+def _regs(*values: int | Reg) -> tuple[Reg, ...]:
+    """The registers among `values` (operands that may be a constant or a register)."""
+    return tuple(v for v in values if isinstance(v, Reg))
+
+
 def _masked(s) -> tuple[Reg, ...]:
     return () if s.mask is None else (s.mask,)
 
@@ -196,8 +201,9 @@ _USES = {
     Mma: lambda s: (s.a, s.b, s.c),
     WgmmaDescriptor: lambda s: (s.address,),
     Wgmma: lambda s: tuple(r for r in (s.a, s.a_desc, s.b_desc, s.c) if r is not None),
-    MbarrierWait: lambda s: (s.parity,) if isinstance(s.parity, Reg) else (),
-    TmaLoad: lambda s: s.coords,
+    MbarrierArrive: lambda s: _regs(s.index),
+    MbarrierWait: lambda s: _regs(s.index, s.parity),
+    TmaLoad: lambda s: s.coords + _regs(s.dst_index, s.barrier_index),
     For: lambda s: tuple(v for v in (s.start, s.stop) if isinstance(v, Reg)) + s.inits,
     If: lambda s: (s.cond,),
 }

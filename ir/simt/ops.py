@@ -339,10 +339,11 @@ class MbarrierInit:
 class MbarrierArrive:
     """``mbarrier.arrive[.expect_tx].shared.b64``: each executing thread adds `tx_bytes` to the transaction
     count it expects (0: a plain arrive), then arrives. A phase completes when all its arrivals are in and
-    the transaction count is back to 0; the phase bit then flips."""
+    the transaction count is back to 0; the phase bit then flips. `index` may be an i32 register, the same in
+    every executing thread (a ring's stage)."""
 
     alloc: SharedAlloc
-    index: int
+    index: int | Reg
     tx_bytes: int = 0
     loc: SourceLoc = _loc()
 
@@ -350,10 +351,10 @@ class MbarrierArrive:
 @dataclass(frozen=True, slots=True)
 class MbarrierWait:
     """``mbarrier.try_wait.parity`` in a loop: waits until the phase of parity `parity` (a register or 0/1)
-    has completed, that is until the barrier's phase bit differs from it."""
+    has completed, that is until the barrier's phase bit differs from it. `index`: as `MbarrierArrive`'s."""
 
     alloc: SharedAlloc
-    index: int
+    index: int | Reg
     parity: Reg | int
     loc: SourceLoc = _loc()
 
@@ -365,16 +366,17 @@ class TmaLoad:
     register per dimension, outermost first) into `dst` from element `dst_index` on, rows of the box
     stored one after another and swizzled by `swizzle` (`wgmma_fragments.Swizzle`'s number); elements
     outside `src` read as 0. The copy's bytes complete transactions on barrier `barrier_index` of
-    `barrier`, and `dst` may be read only after a wait on that barrier sees the phase complete."""
+    `barrier`, and `dst` may be read only after a wait on that barrier sees the phase complete. `dst_index`
+    and `barrier_index` may be i32 registers (a ring's stage picks its tile and its barrier at run time)."""
 
     dst: SharedAlloc
-    dst_index: int
+    dst_index: int | Reg
     src: Buffer
     coords: tuple[Reg, ...]
     box: tuple[int, ...]
     swizzle: int
     barrier: SharedAlloc
-    barrier_index: int
+    barrier_index: int | Reg
     loc: SourceLoc = _loc()
 
 

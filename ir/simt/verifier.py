@@ -242,8 +242,12 @@ def _check_descriptor(s: WgmmaDescriptor, ctx: _Ctx, need: Need) -> None:
              "below 2^18")
 
 
-def _check_barrier_slot(alloc, index: int, ctx: _Ctx, need: Need) -> None:
+def _check_barrier_slot(alloc, index: int | Reg, ctx: _Ctx, need: Need) -> None:
     need(alloc in ctx.kernel.shared, lambda: f"{alloc.name} is not a shared allocation of the kernel")
+    if isinstance(index, Reg):      # a ring's stage: bounded by the ring, not checkable here
+        need(alloc.dtype == int64 and index.type == RegType(int32),
+             lambda: f"mbarrier {alloc.name}[{index}]: an i64 allocation indexed by an i32 scalar")
+        return
     need(alloc.dtype == int64 and 0 <= index < alloc.size,
          lambda: f"mbarrier {alloc.name}[{index}]: an i64 allocation with at least {index + 1} elements")
 
@@ -262,8 +266,13 @@ def _check_tma(s: TmaLoad, ctx: _Ctx, need: Need) -> None:
     box_elems = 1
     for b in s.box:
         box_elems *= b
-    need(0 <= s.dst_index and s.dst_index + box_elems <= s.dst.size,
-         lambda: f"tma box of {box_elems} elements at {s.dst.name}[{s.dst_index}] overruns {s.dst.size}")
+    if isinstance(s.dst_index, Reg):
+        need(s.dst_index.type == RegType(int32) and box_elems <= s.dst.size,
+             lambda: f"tma box of {box_elems} elements at {s.dst.name}[{s.dst_index}]: an i32 index into an "
+                     f"allocation of at least {box_elems} elements")
+    else:
+        need(0 <= s.dst_index and s.dst_index + box_elems <= s.dst.size,
+             lambda: f"tma box of {box_elems} elements at {s.dst.name}[{s.dst_index}] overruns {s.dst.size}")
 
 
 def _check_for(s: For, ctx: _Ctx, need: Need) -> None:

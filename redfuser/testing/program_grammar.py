@@ -60,6 +60,7 @@ OPTION_CHOICES: dict[str, tuple] = {
     "num_threads": (1, 2),
     "sm": ("sm_80", "sm_90a"),   # simulate: Ampere's mma.sync without FP8, or Hopper's wgmma (an H100's default)
     "tma": (False,),             # sm_90a's operand tiles staged by the threads instead of the copy engine
+    "tma_stages": (1, 4),        # a TMA staging point in a loop without a ring, or with four stages
     "whole_max": (4, 32),        # state axes past it tiled across the grid, their programs recomputing the rest
 }
 
