@@ -45,6 +45,8 @@ class _FastPath(NamedTuple):
     numpy_only: bool              # the key's arrays are all numpy arrays (no torch tensors)
     dense: Callable | None        # the executable's `call_dense`, where it has one and `numpy_only`
     only_arrays: bool             # no static arguments: the call's arguments are its arrays
+    direct: Callable | None       # the executable's `direct()` function: arrays -> the call's value, or None
+    results: tuple | None         # each result's (shape, numpy dtype) where they are static (no shape class)
 
 
 class CacheInfo(NamedTuple):
@@ -235,10 +237,12 @@ class Kernel:
         if fast is not None:
             # a specialization seen before with plain, contiguous numpy arrays or torch CPU tensors: nothing
             # to re-derive (`_fast_key`)
-            lowered, run, host, numpy_only, dense, only_arrays = fast
+            lowered, run, host, numpy_only, dense, only_arrays, direct, results = fast
             arrays = args if only_arrays else [a for a in args if type(a) not in _FAST_STATICS]
             if out is None:
                 self._hits += 1
+                if direct is not None:
+                    return direct(arrays)
                 if dense is not None:
                     return _one_or_tuple(dense(arrays))
                 if not host:
@@ -246,10 +250,13 @@ class Kernel:
                 if numpy_only:
                     return _one_or_tuple(run(arrays))
                 return _one_or_tuple(tuple(_torch_from_numpy(r) for r in run([a.numpy() for a in arrays])))
-            given = _plain_outs(out, _results_at(lowered, arrays), arrays) if host and numpy_only else None
+            given = _plain_outs(out, results or _results_at(lowered, arrays), arrays) \
+                if host and numpy_only else None
             if given is not None:
                 self._hits += 1
-                if dense is not None:
+                if direct is not None:
+                    direct(arrays, given)
+                elif dense is not None:
                     dense(arrays, given)
                 else:
                     _run_into(run, arrays, given)
@@ -262,7 +269,10 @@ class Kernel:
                 self._fast.clear()      # a shape-polymorphic kernel sees many shapes: keep the table small
             numpy_only = all(type(a) is np.ndarray for a in passed)
             dense = getattr(run, "call_dense", None) if host and numpy_only else None
-            path = _FastPath(lowered, run, host, numpy_only, dense, len(passed) == len(args))
+            direct = run.direct() if dense is not None and hasattr(run, "direct") else None
+            results = None if lowered.shapes is not None else tuple(
+                (b.shape, np.dtype(b.dtype.numpy)) for b in lowered.program.outputs)
+            path = _FastPath(lowered, run, host, numpy_only, dense, len(passed) == len(args), direct, results)
             self._fast[fast_key] = path    # (each array read in place: no copy to redo)
             if lowered.shapes is not None:
                 self._remember_class(lowered, args, fast_key[0], path)
@@ -373,8 +383,9 @@ _FAST_ENTRIES = 1024
 
 def _plain_outs(out: object, results: tuple, arrays: list[np.ndarray]) -> list[np.ndarray] | None:
     """`out` as a list when every one is a writable C-contiguous numpy array of its result's shape and dtype
-    whose memory meets no argument's and no other out's (`outputs.check` would accept it; the arguments are
-    C-contiguous numpy arrays, the call key says so); None to take the full path, which checks and explains."""
+    (`results`: Buffers, or (shape, numpy dtype) pairs) whose memory meets no argument's and no other out's
+    (`outputs.check` would accept it; the arguments are C-contiguous numpy arrays, the call key says so);
+    None to take the full path, which checks and explains."""
     outs = list(out) if type(out) is tuple or type(out) is list else [out]
     if len(outs) != len(results):
         return None
@@ -382,12 +393,14 @@ def _plain_outs(out: object, results: tuple, arrays: list[np.ndarray]) -> list[n
     for o, b in zip(outs, results):
         if type(o) is not np.ndarray:
             return None
+        shape, dtype = b if type(b) is tuple else (b.shape, b.dtype.numpy)
         flags = o.flags
-        if not (flags.c_contiguous and flags.writeable and o.shape == b.shape and o.dtype == b.dtype.numpy):
+        if not (flags.c_contiguous and flags.writeable and o.shape == shape and o.dtype == dtype):
             return None
         start, size = data_address(o), o.nbytes
-        if any(begin < start + size and start < begin + n for begin, n in spans):
-            return None
+        for begin, n in spans:
+            if begin < start + size and start < begin + n:
+                return None
         spans.append((start, size))
     return outs
 
@@ -399,8 +412,6 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
     None for any other call, which takes the full path. The backend ``auto`` resolves to is in the key (it
     depends on ``REDFUSER_BACKEND``)."""
     key: list = [backend if backend is not None else ("auto", config.default_backend())]
-    torch = sys.modules.get("torch")
-    tensor = getattr(torch, "Tensor", None)      # (None where torch is not imported, or is not torch)
     for a in args:
         if type(a) is np.ndarray:
             flags = a.flags
@@ -409,11 +420,13 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
             key.append((a.dtype, a.shape))
         elif type(a) in _FAST_STATICS:
             key.append((type(a), a, repr(a)))   # (repr: -0.0 and 0.0 are two specializations)
-        elif tensor is not None and type(a) is tensor and a.is_cpu and not a.requires_grad \
-                and a.dtype in _torch_numpy_dtypes(torch) and a.is_contiguous():
-            key.append(("torch", a.dtype, tuple(a.shape)))
         else:
-            return None
+            torch = sys.modules.get("torch")     # (looked up only here: most calls pass numpy arrays)
+            if torch is not None and type(a) is getattr(torch, "Tensor", None) and a.is_cpu \
+                    and not a.requires_grad and a.dtype in _torch_numpy_dtypes(torch) and a.is_contiguous():
+                key.append(("torch", a.dtype, tuple(a.shape)))
+            else:
+                return None
     return tuple(key)
 
 

@@ -26,7 +26,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -307,6 +307,52 @@ class CpuProgram:
         self._launch(memory, None)
         first = len(arrays)
         return tuple(memory[first:first + self._n_out])
+
+    def direct(self) -> Callable[..., Any] | None:
+        """A function ``(arrays, outputs=None)`` doing what `call_dense` does, returning the call's value (the one
+        result, or the tuple of them; `outputs` as given), or None where it does not apply: every kernel runs on
+        the caller's thread (`_launch`'s inline case: static programs, one of them or small work, tiles that fit
+        the main thread's stack). Everything a call reads is bound when the function is made, so a call
+        allocates the results and scratch, reads the addresses and calls the kernels: a kernel's cached call
+        on tiny inputs took 6.8 us through `call_dense`, 4.7 through this (benchmarks/call_overhead.py). A
+        thread other than the main one takes `call_dense` (the inline case is the main thread's)."""
+        if not self._dense or not self._small_stack or not all(
+                programs == 1 or small for (_, _, programs, _), small in zip(self._kernels, self._small)):
+            return None
+        made, n_in, n_out = tuple(self._made), len(self.program.inputs), self._n_out
+        scratch = made[n_out:]
+        kernels = tuple((fn, params, programs) for fn, params, programs, _ in self._kernels)
+        empty, address, ident, dense = np.empty, data_address, threading.get_ident, self.call_dense
+
+        if len(kernels) == 1 and n_out == 1 and not scratch:       # (a row kernel: softmax)
+            ((fn, params, programs),), ((shape, dtype),) = kernels, made
+
+            def one(arrays: Sequence, outputs: Sequence | None = None) -> Any:
+                if ident() != _MAIN_THREAD:
+                    results = dense(arrays, outputs)
+                    return results[0] if outputs is None else outputs
+                result = empty(shape, dtype) if outputs is None else outputs[0]
+                memory = (*arrays, result)
+                fn(*[address(memory[i]) for i in params], None, 0, programs)
+                return result if outputs is None else outputs
+            return one
+
+        def call(arrays: Sequence, outputs: Sequence | None = None) -> Any:
+            if ident() != _MAIN_THREAD:
+                results = dense(arrays, outputs)
+            else:
+                if outputs is None:
+                    memory = (*arrays, *[empty(shape, dtype) for shape, dtype in made])
+                else:
+                    memory = (*arrays, *outputs, *[empty(shape, dtype) for shape, dtype in scratch])
+                at = [address(m) for m in memory]
+                for fn, params, programs in kernels:
+                    fn(*[at[i] for i in params], None, 0, programs)
+                results = memory[n_in:n_in + n_out]
+            if outputs is not None:
+                return outputs
+            return results[0] if n_out == 1 else tuple(results)
+        return call
 
     def _launch(self, memory: list, values: dict[str, int] | None) -> None:
         """Run every kernel on the buffers `memory` (inputs, outputs, scratch), a shape-polymorphic one's

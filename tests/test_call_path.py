@@ -232,3 +232,47 @@ def test_calls_from_several_python_threads_share_one_pool():
         np.testing.assert_allclose(results[i], softmax(x), rtol=1e-6)
     workers = {t.name for t in threading.enumerate() if t.name.startswith("redfuser-cpu-")}
     assert workers <= before and len(workers) == cpu_jit.grid_pool().threads
+
+
+def max_and_sum(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return m, rf.sum(rf.exp(x - m), axis=-1)
+
+
+def test_a_cached_call_runs_its_kernels_directly_and_equals_the_full_path(monkeypatch):
+    """A cached call of a program whose kernels all run on the calling thread goes straight from its arrays to
+    the kernels (`CpuProgram.direct`: no `_launch`), for a program of three kernels (a split and its combine)
+    and two results, with and without `out=`; the results are the program's own full run's."""
+    x = RNG.standard_normal((8, 300)).astype(np.float32)
+    k = rf.kernel(max_and_sum, backend="cpu", split=2)
+    first = k(x)
+    (path,) = k._fast.values()
+    assert len(path.run._kernels) == 3 and path.direct is not None
+    full = path.run([x])                                   # `CpuProgram.__call__`: every check, `_launch`
+    monkeypatch.setattr(path.run, "_launch", lambda *a: pytest.fail("the direct call went through _launch"))
+    got = k(x)
+    for g, f, e in zip(got, full, first):
+        np.testing.assert_array_equal(g, f)
+        np.testing.assert_array_equal(g, e)
+    outs = (np.full((8, 1), np.nan, np.float32), np.full(8, np.nan, np.float32))
+    assert k(x, out=outs) is outs
+    for o, f in zip(outs, full):
+        np.testing.assert_array_equal(o, f)
+    with pytest.raises(rf.RedFuserError):                  # an out that is the input: refused, not written
+        k(x, out=(x[:, :1], np.empty(8, np.float32)))
+    np.testing.assert_allclose(got[1], max_and_sum(x)[1], rtol=1e-5)
+
+
+def test_a_cached_call_from_another_thread_takes_the_pool_and_gives_the_same_result():
+    x = RNG.standard_normal((8, 300)).astype(np.float32)
+    k = rf.kernel(max_and_sum, backend="cpu", split=2)
+    main = k(x)
+    main = k(x)
+    other: list = []
+    worker = threading.Thread(target=lambda: other.append((k(x), k(x, out=(np.empty((8, 1), np.float32),
+                                                                              np.empty(8, np.float32))))))
+    worker.start()
+    worker.join()
+    for got in other[0]:
+        for g, m in zip(got, main):
+            np.testing.assert_array_equal(g, m)
