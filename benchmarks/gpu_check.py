@@ -369,9 +369,11 @@ _ROW_VARIANTS = (("redfuser warps=8", {"num_warps": 8}), ("redfuser chunks of 64
 _MMA_SYNC = ("redfuser mma.sync (sm_90)", {"sm": "sm_90"})
 _STAGED = ("redfuser threads' staging", {"tma": False})
 _ONE_STAGE = ("redfuser one TMA stage", {"tma_stages": 1})
+_FAST_EXP = ("redfuser fast_exp (FlashAttention's exp)", {"fast_exp": True})
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "attention f16": (_MMA_SYNC, _STAGED, _ONE_STAGE, ("redfuser 4 TMA stages", {"tma_stages": 4})),
-    "attention bf16": (_MMA_SYNC, _STAGED, _ONE_STAGE, ("redfuser 2 blocks/SM, K and V rings", {"min_blocks_per_sm": 2})),
+    "attention f16": (_MMA_SYNC, _STAGED, _ONE_STAGE, ("redfuser 4 TMA stages", {"tma_stages": 4}), _FAST_EXP),
+    "attention bf16": (_MMA_SYNC, _STAGED, _ONE_STAGE, ("redfuser 2 blocks/SM, K and V rings", {"min_blocks_per_sm": 2}),
+                       _FAST_EXP),
     "causal": (_MMA_SYNC, _STAGED, _ONE_STAGE),
     "fp8_gemm": (_MMA_SYNC,),
     "gemm": (_MMA_SYNC, _STAGED, _ONE_STAGE),

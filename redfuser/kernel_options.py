@@ -96,6 +96,10 @@ class KernelOptions:
                                  "(1, 2 or 4); with more than one, each iteration issues the next one's copies "
                                  "before waiting for its own; one where the extra tiles would fit fewer blocks an "
                                  "SM (codegen/simt/tma.py)", _one_of((1, 2, 4)))
+    fast_exp: bool = _option(False, "cpu/cuda/simulate: f32 exp as exp2(x * log2 e), one ex2.approx.ftz on a GPU "
+                                    "(FlashAttention's numerics: relative error up to 2**-22 + 1.5 |x| 2**-24, "
+                                    "results below 2**-126 flushed to 0); False: numpy's accuracy (about 2 ulp)",
+                             _bool)
     prefetch: bool = _option(False, "cuda/simulate: load tensor-core operands a loop iteration ahead "
                                     "(schedule/prefetch.py)", _bool)
     llvm_opt: int | None = _option(None, "cuda/simulate: None, RedFuser's middle end; 1-3, LLVM's O1-O3 "

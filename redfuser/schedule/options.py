@@ -93,6 +93,7 @@ class ScheduleOptions:
     skip_exact: bool = False                  # skip dead chunks where a scan shows it exact (masked.py)
     peel_ragged: bool = False                 # a fused loop's ragged last chunk in a loop of its own (cpu)
     whole_max: int = CHEAP_RECOMPUTE_MAX      # longest state axis a contracting loop keeps whole
+    fast_exp: bool = False                    # f32 exp as exp2_ftz(x log2 e) (exprs.py, `_exp_as_exp2`)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "workers", "split", "whole_max"):
