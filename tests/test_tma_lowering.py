@@ -188,6 +188,9 @@ K, V = "s_matmul_dot_landed", "matmul_acc_dot_landed"     # the staging points o
     (flash_attention_bf16, BF16, 128, 256, {}, 2, {K: 2, V: 1}),
     # 2 blocks leave 65 KiB: K's three extra stages (48 KiB), then V's ring halved to 2 stages
     (flash_attention_bf16, BF16, 128, 256, {"min_blocks_per_sm": 2}, 4, {K: 4, V: 2}),
+    # rings in an inner loop (head chunks of 128: 2 trips; of 3 key blocks), the run count through both loops
+    (flash_attention_bf16, BF16, 256, 192, {"min_blocks_per_sm": 1}, 2, {K: 2, V: 2}),
+    (flash_attention_f16, np.float16, 384, 192, {"whole_max": 512, "min_blocks_per_sm": 1}, 2, {K: 2}),
 ])
 def test_a_ring_of_stages_equals_the_threads_staged_kernel(body, dtype, head, keys, options, stages, expected):
     """The ring's copies issued an iteration ahead land in the stage the next iteration reads: the same bits as
