@@ -121,6 +121,20 @@ def test_a_phase_parity_that_ignores_the_loop_deadlocks_the_second_key_block(mon
     assert err.value.kind == "mbarrier_deadlock"
 
 
+@pytest.mark.parametrize("nq,nk,options", [(64, 200, {}), (100, 200, {}), (192, 77, {}), (100, 200, {"tma_stages": 1})])
+def test_ragged_tiles_are_copied_with_the_copy_engine_filling_the_rows_past_the_end(nq, nk, options):
+    """A ragged last key block (or query tile) is a load masked by ``row < N``: the copy of its box reads the
+    same, the copy engine filling the rows past the buffer's end with zeros, as the load's ``other`` 0. The
+    tile's first row is below N wherever it is copied (a loop counter below the loop's stop, a program id
+    whose grid ends there), so its coordinates are the row's own."""
+    q = RNG.standard_normal((1, 2, nq, 64)).astype(np.float16)
+    k, v = (RNG.standard_normal((1, 2, nk, 64)).astype(np.float16) for _ in range(2))
+    lowered, got, want = on_both(flash_attention_f16, q, k, v, **options)
+    assert {c.src.name for c in copies(lowered)} == {"q", "k", "v"}
+    np.testing.assert_array_equal(got, want)
+    assert_close(got.astype(np.float32), flash_attention_f16(q, k, v).astype(np.float32), np.float16, nk)
+
+
 @pytest.mark.parametrize("case", ["masked rows", "fp8 w", "read twice", "option off", "sm_90"])
 def test_tiles_the_copy_engine_cannot_take_are_staged_by_the_threads(case):
     if case == "fp8 w":          # e4m3 B must be K-major: w [k, n] runs along N, so its tile is transposed
@@ -129,15 +143,15 @@ def test_tiles_the_copy_engine_cannot_take_are_staged_by_the_threads(case):
         args, body = (x, w, np.ones(128, np.float32)), fp8_quant_gemm
     elif case == "read twice":
         args, body = (RNG.standard_normal((128, 128)).astype(np.float16),) * 2, gemm_twice
-    else:                        # 200 keys: the last key block's loads are masked
+    else:                        # 1000 keys split across programs: a slice's first row is not provably below N
         q = RNG.standard_normal((1, 1, 64, 64)).astype(np.float16)
-        args, body = (q, *(RNG.standard_normal((1, 1, 200 if case == "masked rows" else 128, 64))
+        args, body = (q, *(RNG.standard_normal((1, 1, 1000 if case == "masked rows" else 128, 64))
                            .astype(np.float16) for _ in range(2))), flash_attention_f16
     options = {"tma": case != "option off", "sm": "sm_90" if case == "sm_90" else "sm_90a"}
     lowered = rf.kernel(body, backend="simulate", **options).lower(*args)
     names = {c.src.name for c in copies(lowered)}
     if case == "masked rows":
-        assert names == {"q"}                       # Q's rows are whole; K's and V's last block is masked
+        assert names == {"q"}                       # Q's rows are whole; K's and V's rows run to a split's stop
     elif case == "fp8 w":
         assert "w" not in names
     elif case == "read twice":

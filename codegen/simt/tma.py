@@ -6,7 +6,9 @@ tile (`wgmma._store_tile`): per element an address, a load and a share of a stor
 the copy engine for the box of the buffer the tile covers and the engine writes it into the tile swizzled
 exactly as the wgmma descriptors read it; no register holds the operand.
 
-When (`plan_tma`): the operand is a plain load (no mask) of a dense buffer of a wgmma type whose offsets
+When (`plan_tma`): the operand is a load (unmasked, or masked by ``row < N`` only: a ragged last block, whose
+rows past the end the copy engine fills with zeros, `_masked_past_the_last_row`) of a dense buffer of a
+wgmma type whose offsets
 step by 1 along one dim of the tile and by the buffer's row length along the other (the tile is rows of
 the buffer's last two dims), read by that one dot alone (directly, or through a transpose: ``Kᵀ``, and a
 GEMM's ``w``, which the scheduler loads as ``[n, k]``), and the operand tile's layout follows the load: a
@@ -39,8 +41,8 @@ last read by the previous iteration's wgmmas, which every warpgroup waited for b
 warp, per-stage empty mbarriers would take its place). Which stages a kernel can afford in shared memory,
 `kernel.py` decides (`rings_cost_blocks`, `ring_budget`, `lw.ring_budget`).
 
-The copy fills elements past the buffer's end with zeros; the loads taken here have no mask, so no box
-reaches past it. Checked by the simulator (`codegen/simulator/tma.py`: the mbarrier protocol, the swizzle,
+The copy fills elements past the buffer's end with zeros: a masked load's ``other`` where its mask is the
+rows' bound; an unmasked load's box never reaches past the end. Checked by the simulator (`codegen/simulator/tma.py`: the mbarrier protocol, the swizzle,
 a copy into a tile a wgmma still reads) and, for each kernel, against the same kernel staged by the threads
 (tests/test_tma_lowering.py).
 """
@@ -99,7 +101,7 @@ def plan_tma(k: t.TileKernel, dots: dict, defs: dict[str, t.Op], affine: AffineI
         if planned is None or planned.wgmma is None:
             continue
         for value, is_a in ((op.a, True), (op.b, False)):
-            found = _operand(value, is_a, planned.wgmma, defs, affine, uses)
+            found = _operand(value, is_a, planned.wgmma, defs, affine, uses, k.grid)
             if found is not None and boxes.setdefault(found.load.buffer.name, found.box) == found.box:
                 out[value.name] = found
     return out
@@ -116,7 +118,7 @@ def _use_counts(ops: tuple[t.Op, ...]) -> dict[str, int]:
 
 
 def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, t.Op], affine: AffineInfo,
-             uses: dict[str, int]) -> TmaOperand | None:
+             uses: dict[str, int], grid: tuple = ()) -> TmaOperand | None:
     """`value`'s `TmaOperand` when the copy engine can stage it (the module docstring's conditions), else None."""
     op = defs.get(value.name)
     transposed = isinstance(op, t.Permute)
@@ -126,7 +128,7 @@ def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, 
         if op.perm != (1, 0) or uses.get(op.x.name) != 1:
             return None
         op = defs.get(op.x.name)
-    if not isinstance(op, t.Load) or op.mask is not None or len(op.out.shape) != 2:
+    if not isinstance(op, t.Load) or len(op.out.shape) != 2:
         return None
     buffer, shape, item = op.buffer, op.buffer.shape, op.buffer.dtype.itemsize
     if (buffer.type.strides is not None or len(shape) < 2 or not all(isinstance(n, int) for n in shape)
@@ -137,7 +139,9 @@ def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, 
         return None
     inner = form.strides.index(1)            # the load tile's dim along the buffer's rows
     rows, cols = op.out.shape[1 - inner], op.out.shape[inner]
-    if rows > MAX_BOX or cols > shape[-1] or not _rows_stay_in_one_block(op.offsets, inner, rows, shape, defs, affine):
+    in_bounds = _rows_stay_in_one_block(op.offsets, inner, rows, shape, defs, affine) if op.mask is None else \
+        _masked_past_the_last_row(op, inner, shape, defs, affine, grid)
+    if rows > MAX_BOX or cols > shape[-1] or not in_bounds:
         return None
     along = inner if not transposed else 1 - inner      # the operand's dim that runs along the buffer's rows
     if is_a:                                  # A [m, k]: K-major only
@@ -175,6 +179,82 @@ def _rows_stay_in_one_block(offsets: t.Value, inner: int, rows: int, shape: tupl
         if not _starts_at_multiple(term, rows * shape[-1], defs, affine):
             return False
     return True
+
+
+def _masked_past_the_last_row(load: t.Load, inner: int, shape: tuple[int, ...], defs: dict[str, t.Op],
+                              affine: AffineInfo, grid: tuple) -> bool:
+    """Whether masked `load` reads exactly what a copy of its box reads, the copy engine filling with zeros
+    the rows past the buffer's last (``N = shape[-2]``): a ragged last key block, or query tile. So: `other`
+    is +0; the mask is ``r < N`` for the tile's row positions ``r`` (a vector along the tile's rows, the same
+    value the offsets multiply by the row length ``C = shape[-1]``); the tile's first row ``r_0`` is below
+    ``N`` wherever the load runs (`_first_row_below`: a loop counter below a stop of at most ``N``, a program
+    id whose grid ends before ``N``), so the coordinates unravelled from the tile's first element are
+    ``r_0`` and its block's; and every other term of the offsets is a column term or starts at a multiple of
+    ``N C`` (the block)."""
+    if not (isinstance(load.other, int | float) and load.other == 0 and math.copysign(1.0, load.other) > 0):
+        return False
+    n, c = shape[-2], shape[-1]
+    rows = _along(load.mask, inner, defs)                  # the mask: one bool a row, broadcast along the columns
+    compare = defs.get(rows.name) if rows is not None else None
+    if not (isinstance(compare, t.Binary) and compare.op is BinaryOp.LT and _constant(compare.b, defs) == n):
+        return False
+    index = compare.a
+    found = False
+    for term in _sum_terms(load.offsets, defs):
+        scaled = _along(term, inner, defs)
+        product = defs.get(scaled.name) if scaled is not None else None
+        if not found and isinstance(product, t.Binary) and product.op is BinaryOp.MUL and product.a.name == \
+                index.name and _constant(product.b, defs) == c:
+            found = True                                   # the row term: r * C
+            continue
+        form = affine.of(term)
+        if form is None or (form.strides[1 - inner] != 0 and form.strides[inner] == 0):
+            return False
+        if form.strides[1 - inner] == 0 and form.strides[inner] == 0 and \
+                not _starts_at_multiple(term, n * c, defs, affine):
+            return False
+        if form.strides[1 - inner] != 0:
+            return False                                   # a term that mixes rows and columns
+    return found and _first_row_below(index, n, defs, grid)
+
+
+def _along(v: t.Value, inner: int, defs: dict[str, t.Op]) -> t.Value | None:
+    """The vector `v` (a 2-d tile) repeats along its dim `inner` (``broadcast(expand_dims(x, inner))``), else
+    None."""
+    op = defs.get(v.name)
+    if isinstance(op, t.Broadcast):
+        op = defs.get(op.x.name)
+    if isinstance(op, t.ExpandDims) and op.axis == inner and len(op.x.shape) == 1:
+        return op.x
+    return None
+
+
+def _first_row_below(index: t.Value, n: int, defs: dict[str, t.Op], grid: tuple) -> bool:
+    """Whether the first element of row positions ``index = start + arange`` is below `n` wherever it is
+    computed: ``start`` a constant below `n`, the counter of a loop from 0 or more to a constant stop of at
+    most `n`, or ``pid * c`` with the grid's extent along that axis ``g`` and ``(g - 1) c < n``."""
+    op = defs.get(index.name)
+    if not (isinstance(op, t.Binary) and op.op is BinaryOp.ADD):
+        return False
+    for start, ramp in ((op.a, op.b), (op.b, op.a)):
+        if not isinstance(defs.get(ramp.name), t.Arange):
+            continue
+        scalar = defs.get(start.name)
+        if isinstance(scalar, t.Broadcast):
+            start = scalar.x
+            scalar = defs.get(start.name)
+        if isinstance(scalar, t.Constant):
+            return isinstance(scalar.value, int) and 0 <= scalar.value < n
+        if isinstance(scalar, t.For) and start.name == scalar.body.iv.name:
+            return scalar.start >= 0 and isinstance(scalar.stop, int) and scalar.stop <= n
+        if isinstance(scalar, t.Binary) and scalar.op is BinaryOp.MUL:
+            for pid, factor in ((scalar.a, scalar.b), (scalar.b, scalar.a)):
+                program = defs.get(pid.name)
+                c = _constant(factor, defs)
+                if isinstance(program, t.ProgramId) and c is not None and c >= 0 and \
+                        program.axis < len(grid) and isinstance(grid[program.axis], int):
+                    return (grid[program.axis] - 1) * c < n
+    return False
 
 
 def _starts_at_multiple(v: t.Value, m: int, defs: dict[str, t.Op], affine: AffineInfo) -> bool:
