@@ -154,6 +154,18 @@ def test_an_fp8_gemm_takes_the_e4m3_wgmma_and_promotes_every_128_products():
     assemble_without_spills(lowered)
 
 
+def test_a_wider_fp8_tile_is_not_bounded_into_spills():
+    """The default register bound (`kernel.blocks_per_sm`) counts an e4m3 dot's accumulator twice: its promoted
+    chains sum into registers of their own. A 64 x 128 FP8 GEMM tile takes about 210 registers; counted once,
+    its 64 accumulator registers passed the 3-block bound's test and the bound (168) made it spill."""
+    x = RNG.standard_normal((128, 512)).astype(np.float16)
+    w, ws = (RNG.standard_normal((512, 256)) * 0.1).astype(F8), RNG.uniform(0.5, 2.0, 256).astype(np.float32)
+    lowered = rf.kernel(fp8_quant_gemm, backend="simulate", sm="sm_90a", block_n=128).lower(x, w, ws)
+    (kernel,) = lowered.stages["simt"].kernels
+    assert kernel.min_blocks_per_sm is None
+    assemble_without_spills(lowered)
+
+
 def test_tiles_past_48_kib_take_dynamic_shared_memory_and_past_227_kib_keep_mma_sync():
     """128 x 128 x 128 tiles: the two wgmma operand tiles take 64 KiB, more than a kernel declares statically,
     so on sm_90a they live in the launch's dynamic shared memory (the same values as the mma.sync kernel of
