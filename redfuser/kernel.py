@@ -269,7 +269,13 @@ class Kernel:
                 self._fast.clear()      # a shape-polymorphic kernel sees many shapes: keep the table small
             numpy_only = all(type(a) is np.ndarray for a in passed)
             dense = getattr(run, "call_dense", None) if host and numpy_only else None
-            direct = run.direct() if dense is not None and hasattr(run, "direct") else None
+            direct = None
+            if host and hasattr(run, "direct"):
+                tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+                if numpy_only:
+                    direct = run.direct()
+                elif tensor is not None and all(type(a) is tensor for a in passed):
+                    direct = run.direct(tensors=True)
             results = None if lowered.shapes is not None else tuple(
                 (b.shape, np.dtype(b.dtype.numpy)) for b in lowered.program.outputs)
             path = _FastPath(lowered, run, host, numpy_only, dense, len(passed) == len(args), direct, results)
@@ -424,7 +430,7 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
             torch = sys.modules.get("torch")     # (looked up only here: most calls pass numpy arrays)
             if torch is not None and type(a) is getattr(torch, "Tensor", None) and a.is_cpu \
                     and not a.requires_grad and a.dtype in _torch_numpy_dtypes(torch) and a.is_contiguous():
-                key.append(("torch", a.dtype, tuple(a.shape)))
+                key.append(("torch", a.dtype, a.shape))   # (a torch.Size: a tuple, hashed as one)
             else:
                 return None
     return tuple(key)

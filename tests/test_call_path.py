@@ -276,3 +276,27 @@ def test_a_cached_call_from_another_thread_takes_the_pool_and_gives_the_same_res
     for got in other[0]:
         for g, m in zip(got, main):
             np.testing.assert_array_equal(g, m)
+
+
+def test_cached_calls_with_torch_tensors_run_their_kernels_directly(monkeypatch):
+    """Contiguous torch CPU tensors take `CpuProgram.direct` too (read where ``data_ptr`` says, results as
+    tensors), for a program of three kernels and two results; from another thread, the pool."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(8, 300, generator=torch.Generator().manual_seed(2))
+    k = rf.kernel(max_and_sum, backend="cpu", split=2)
+    first = k(x)
+    (path,) = k._fast.values()
+    assert path.direct is not None
+    want = k(x.numpy())                                    # (a numpy call: a second key, the same program)
+    monkeypatch.setattr(path.run, "_launch", lambda *a: pytest.fail("the direct call went through _launch"))
+    got = k(x)
+    assert all(isinstance(g, torch.Tensor) for g in got)
+    for g, f, e in zip(got, first, want):
+        assert torch.equal(g, f)
+        np.testing.assert_array_equal(g.numpy(), e)
+    monkeypatch.undo()
+    other: list = []
+    worker = threading.Thread(target=lambda: other.append(k(x)))
+    worker.start()
+    worker.join()
+    assert all(torch.equal(g, f) for g, f in zip(other[0], first))
