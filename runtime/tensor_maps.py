@@ -56,11 +56,13 @@ def tensor_map_specs(kernel: SimtKernel) -> list[TensorMapSpec]:
             if (first.box, first.swizzle) != (s.box, s.swizzle):
                 raise BackendError(f"kernel {kernel.name}: TMA copies of {s.src.name} use boxes {first.box} and "
                                    f"{s.box} (or two swizzles); one tensor map per buffer takes one of each")
-    return [_spec(kernel.name, s) for s in uses.values()]
+    return [_spec(kernel.name, kernel.buffer(s.src.name), s) for s in uses.values()]
 
 
-def _spec(kernel: str, s: TmaLoad) -> TensorMapSpec:
-    buf, item = s.src, s.src.dtype.itemsize
+def _spec(kernel: str, buf, s: TmaLoad) -> TensorMapSpec:
+    """The spec of the copies `s` of `buf` (the kernel's parameter: a shape-polymorphic kernel's at the launch's
+    lengths, `codegen.simt.run.at_lengths`)."""
+    item = buf.dtype.itemsize
     where = f"kernel {kernel}: the TMA source {buf.name} ({buf.type})"
     dims = tuple(reversed(buf.shape))
     strides = []

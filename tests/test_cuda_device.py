@@ -293,3 +293,18 @@ def test_tma_rings_equal_the_threads_staged_kernels(name, dtype, shape, options)
     for _ in range(3):
         for g, e in zip(as_tuple(ringed(*args)), want):
             np.testing.assert_array_equal(g, e)
+
+
+def test_a_shape_polymorphic_tma_kernel_equals_the_threads_staged_one_at_every_length():
+    """``dynamic=True`` on sm_90a: K and V of the whole key blocks copied by TMA through maps encoded per
+    call at its lengths (`runtime/tensor_maps.py`), one compile for every length."""
+    _hopper()
+    from redfuser import workloads
+
+    rng = np.random.default_rng(22)
+    kernel = rf.kernel(workloads.flash_attention_f16, backend="cuda", sm="sm_90a", dynamic=True)
+    staged = rf.kernel(workloads.flash_attention_f16, backend="cuda", sm="sm_90a", dynamic=True, tma=False)
+    for n in (1024, 777, 2048, 130):
+        q, k, v = (rng.standard_normal((2, 4, n, 64)).astype(np.float16) for _ in range(3))
+        np.testing.assert_array_equal(kernel(q, k, v), staged(q, k, v))
+    assert kernel.cache_info().misses == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import subprocess
 import sys
 import types
@@ -148,8 +149,14 @@ class FakeGpu(FakeDriver):
             address, number = (ctypes.c_uint64.from_address(slots[i] + at).value for at in (0, 8))
             assert address == pointers[[b.name for b in kernel.buffers].index(name)], f"{name}'s tensor map"
             maps.append(number)
+            if symbolic:    # the copy engine sees the buffer as its map describes it (dims innermost first)
+                shape = tuple(reversed(self.tensor_maps[number][3]))
+                at = [b.name for b in kernel.buffers].index(name)
+                views[name] = views[name][:math.prod(shape)]
+                kernel = replace(kernel, params=kernel.params[:at] + (Buffer(name, BufferType(
+                    kernel.params[at].dtype, shape)),) + kernel.params[at + 1:])
         for name, value in simulate(kernel, views | scalars, verify=False).items():
-            views[name][...] = value
+            views[name][...] = np.reshape(value, views[name].shape)
         self.launches.append({"entry": kernel.name, "grid": (gx, gy, gz), "block": (bx, by, bz),
                               "stream": int(stream), "pointers": pointers, "shared": shared, "maps": maps})
         return self._record("cuLaunchKernel", (kernel.name, int(stream)), (OK,))
@@ -519,6 +526,24 @@ def test_a_kernel_copying_operands_by_tma_gets_a_tensor_map_of_each_source_at_ev
     assert fill == "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"
     staged = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a", tma=False)
     np.testing.assert_array_equal(out, staged(q, k, v))
+
+
+def test_a_shape_polymorphic_tma_kernel_gets_maps_of_each_calls_lengths(gpu, torch):
+    """A kernel compiled once for every length (``dynamic=True``) copies K and V by TMA in its loop of whole key
+    blocks: each call's maps carry that call's dims (the kernel's parameters at the launch's lengths), and
+    the results equal the threads-staged kernel's at each length."""
+    rng = np.random.default_rng(9)
+    kernel = rf.kernel(flash_attention_f16, backend="cuda", sm="sm_90a", dynamic=True)
+    staged = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a", dynamic=True, tma=False)
+    for n in (192, 130):
+        q, k, v = (rng.standard_normal((1, 2, n, 64)).astype(np.float16) for _ in range(3))
+        gpu.program(kernel.lower(q, k, v))
+        before = len(gpu.tensor_maps)
+        out = kernel(*[FakeTensor(a.copy(), gpu) for a in (q, k, v)]).data
+        dims = [m[3] for m in gpu.tensor_maps[before:]]
+        assert dims == [[64, n, 2, 1]] * 2                                  # K's and V's, at this call's length
+        np.testing.assert_array_equal(out, staged(q, k, v))
+    assert kernel.cache_info().misses == 1
 
 
 def test_split_reduction_scratch_is_kept_per_stream(gpu, torch):

@@ -135,6 +135,23 @@ def test_ragged_tiles_are_copied_with_the_copy_engine_filling_the_rows_past_the_
     assert_close(got.astype(np.float32), flash_attention_f16(q, k, v).astype(np.float32), np.float16, nk)
 
 
+def test_a_shape_polymorphic_kernel_copies_its_whole_key_blocks():
+    """``dynamic=True``: one kernel for every length, whose loop over the whole key blocks (to ``(N // 64) *
+    64``) copies K and V by TMA (the coordinates divide by the run-time extents; K in a ring of two stages), the
+    ragged rest in a masked loop of its own staged by the threads; Q, read by both loops' dots, too. Equal to
+    the threads-staged kernel bit for bit at every length, from one compile."""
+    kernel = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a", dynamic=True)
+    staged = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a", dynamic=True, tma=False)
+    for n in (256, 200, 130, 64):
+        q, k, v = (RNG.standard_normal((1, 2, n, 64)).astype(np.float16) for _ in range(3))
+        np.testing.assert_array_equal(kernel(q, k, v), staged(q, k, v))
+    (lowered, _), = kernel._cache.values()
+    assert lowered.shapes is not None
+    assert {c.src.name for c in copies(lowered)} == {"k", "v"}
+    assert stages_of(lowered)[K] == 2
+    assert kernel.cache_info().misses == 1
+
+
 @pytest.mark.parametrize("case", ["masked rows", "fp8 w", "read twice", "option off", "sm_90"])
 def test_tiles_the_copy_engine_cannot_take_are_staged_by_the_threads(case):
     if case == "fp8 w":          # e4m3 B must be K-major: w [k, n] runs along N, so its tile is transposed

@@ -56,6 +56,7 @@ from ...ir.semantics import BinaryOp
 from ...ir.simt.nodes import Reg, SharedAlloc
 from ...ir.simt.types import IntOp
 from ...ir.tile import nodes as t
+from ...ir.sizes import Size, SizeLike, SizeOp, ceil_div, size_op
 from ...ir.types import int32, int64
 from .affine import AffineInfo
 from .layouts import log2, origin
@@ -131,8 +132,9 @@ def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, 
     if not isinstance(op, t.Load) or len(op.out.shape) != 2:
         return None
     buffer, shape, item = op.buffer, op.buffer.shape, op.buffer.dtype.itemsize
-    if (buffer.type.strides is not None or len(shape) < 2 or not all(isinstance(n, int) for n in shape)
-            or buffer.dtype not in wgmma.WGMMA_TYPES or shape[-1] * item % 16 or any(n >= 1 << 31 for n in shape)):
+    if (buffer.type.strides is not None or len(shape) < 2 or not isinstance(shape[-1], int)
+            or buffer.dtype not in wgmma.WGMMA_TYPES or shape[-1] * item % 16
+            or any(isinstance(n, int) and n >= 1 << 31 for n in shape)):
         return None
     form = affine.of(op.offsets)
     if form is None or sorted(form.strides) != sorted((shape[-1], 1)) or shape[-1] == 1:
@@ -166,6 +168,8 @@ def _rows_stay_in_one_block(offsets: t.Value, inner: int, rows: int, shape: tupl
     ``rows * shape[-1]``: `_starts_at_multiple`); the column terms (the tile's first column, within a row)
     are set apart."""
     n = shape[-2]
+    if isinstance(n, Size):
+        return _rows_within_the_loop(offsets, inner, rows, shape, defs, affine)
     if n % rows:
         return False
     for term in _sum_terms(offsets, defs):
@@ -196,11 +200,20 @@ def _masked_past_the_last_row(load: t.Load, inner: int, shape: tuple[int, ...], 
     n, c = shape[-2], shape[-1]
     rows = _along(load.mask, inner, defs)                  # the mask: one bool a row, broadcast along the columns
     compare = defs.get(rows.name) if rows is not None else None
-    if not (isinstance(compare, t.Binary) and compare.op is BinaryOp.LT and _constant(compare.b, defs) == n):
+    if not (isinstance(compare, t.Binary) and compare.op is BinaryOp.LT and _same_size(_size_of(compare.b, defs), n)):
         return False
     index = compare.a
+    return _row_term_and_blocks(load.offsets, index, inner, shape, defs, affine) and \
+        _first_row_below(index, n, defs, grid)
+
+
+def _row_term_and_blocks(offsets: t.Value, index: t.Value, inner: int, shape: tuple, defs: dict[str, t.Op],
+                         affine: AffineInfo) -> bool:
+    """Whether the offsets are ``index * C`` (the row term, ``C = shape[-1]``), column terms, and terms that
+    start at a multiple of a whole block ``N C`` (``N = shape[-2]``, a run-time extent or not)."""
+    n, c = shape[-2], shape[-1]
     found = False
-    for term in _sum_terms(load.offsets, defs):
+    for term in _sum_terms(offsets, defs):
         scaled = _along(term, inner, defs)
         product = defs.get(scaled.name) if scaled is not None else None
         if not found and isinstance(product, t.Binary) and product.op is BinaryOp.MUL and product.a.name == \
@@ -208,14 +221,64 @@ def _masked_past_the_last_row(load: t.Load, inner: int, shape: tuple[int, ...], 
             found = True                                   # the row term: r * C
             continue
         form = affine.of(term)
-        if form is None or (form.strides[1 - inner] != 0 and form.strides[inner] == 0):
+        if form is None or form.strides[1 - inner] != 0:
+            return False                                   # a row term of another kind, or rows and columns mixed
+        if form.strides[inner] == 0 and not _starts_at_multiple(term, _times(n, c), defs, affine):
             return False
-        if form.strides[1 - inner] == 0 and form.strides[inner] == 0 and \
-                not _starts_at_multiple(term, n * c, defs, affine):
-            return False
-        if form.strides[1 - inner] != 0:
-            return False                                   # a term that mixes rows and columns
-    return found and _first_row_below(index, n, defs, grid)
+    return found
+
+
+def _rows_within_the_loop(offsets: t.Value, inner: int, rows: int, shape: tuple, defs: dict[str, t.Op],
+                          affine: AffineInfo) -> bool:
+    """For a run-time ``N = shape[-2]`` (a shape-polymorphic kernel): whether the unmasked tile's rows are ``iv +
+    arange(rows)`` for the counter of a loop from 0 in steps of `rows` to a stop of ``(N // rows) * rows`` (the
+    whole blocks of rows; the ragged rest is a masked loop of its own), so every tile's rows lie below ``N``;
+    the offsets' other terms as `_row_term_and_blocks` says."""
+    for term in _sum_terms(offsets, defs):
+        scaled = _along(term, inner, defs)
+        product = defs.get(scaled.name) if scaled is not None else None
+        if not (isinstance(product, t.Binary) and product.op is BinaryOp.MUL):
+            continue
+        index = defs.get(product.a.name)
+        if not (isinstance(index, t.Binary) and index.op is BinaryOp.ADD):
+            continue
+        for start, ramp in ((index.a, index.b), (index.b, index.a)):
+            loop = defs.get(start.name)
+            if isinstance(loop, t.Broadcast):
+                start = loop.x
+                loop = defs.get(start.name)
+            if isinstance(defs.get(ramp.name), t.Arange) and ramp.shape == (rows,) and isinstance(loop, t.For) \
+                    and start.name == loop.body.iv.name and loop.start == 0 and loop.step == rows \
+                    and _same_size(_size_of(loop.stop, defs), size_op("*", size_op("//", shape[-2], rows), rows)):
+                return _row_term_and_blocks(offsets, product.a, inner, shape, defs, affine)
+    return False
+
+
+def _size_of(v: t.Value | int, defs: dict[str, t.Op]) -> SizeLike | None:
+    """The length scalar (or broadcast scalar) `v` holds: a constant, or a run-time extent; else None."""
+    if isinstance(v, int):
+        return v
+    op = defs.get(v.name)
+    while isinstance(op, t.Broadcast | t.ExpandDims):
+        op = defs.get(op.x.name)
+    if isinstance(op, t.Constant) and isinstance(op.value, int) and not isinstance(op.value, bool):
+        return op.value
+    if isinstance(op, t.Extent):
+        return op.size
+    return None
+
+
+def _same_size(a: SizeLike | None, b: SizeLike) -> bool:
+    """Whether `a` is the length `b` for every value of the symbols (no decision on a symbol's value)."""
+    if a is None:
+        return False
+    if isinstance(a, Size) or isinstance(b, Size):
+        return isinstance(a, Size) and isinstance(b, Size) and a == b
+    return a == b
+
+
+def _times(n: SizeLike, c: int) -> SizeLike:
+    return n * c if isinstance(n, int) else size_op("*", n, c)
 
 
 def _along(v: t.Value, inner: int, defs: dict[str, t.Op]) -> t.Value | None:
@@ -244,23 +307,37 @@ def _first_row_below(index: t.Value, n: int, defs: dict[str, t.Op], grid: tuple)
             start = scalar.x
             scalar = defs.get(start.name)
         if isinstance(scalar, t.Constant):
-            return isinstance(scalar.value, int) and 0 <= scalar.value < n
+            return isinstance(scalar.value, int) and 0 <= scalar.value and (isinstance(n, Size) and scalar.value < 2
+                                                                           or isinstance(n, int) and scalar.value < n)
         if isinstance(scalar, t.For) and start.name == scalar.body.iv.name:
-            return scalar.start >= 0 and isinstance(scalar.stop, int) and scalar.stop <= n
+            stop = _size_of(scalar.stop, defs)
+            if scalar.start < 0 or stop is None:
+                return False
+            if isinstance(n, int):
+                return isinstance(stop, int) and stop <= n
+            # a run-time N: the loop runs to N itself, or to its whole blocks of `step` rows
+            return _same_size(stop, n) or _same_size(stop, size_op("*", size_op("//", n, scalar.step), scalar.step))
         if isinstance(scalar, t.Binary) and scalar.op is BinaryOp.MUL:
             for pid, factor in ((scalar.a, scalar.b), (scalar.b, scalar.a)):
                 program = defs.get(pid.name)
                 c = _constant(factor, defs)
-                if isinstance(program, t.ProgramId) and c is not None and c >= 0 and \
-                        program.axis < len(grid) and isinstance(grid[program.axis], int):
-                    return (grid[program.axis] - 1) * c < n
+                if isinstance(program, t.ProgramId) and c is not None and c > 0 and program.axis < len(grid):
+                    g = grid[program.axis]
+                    if isinstance(g, int) and isinstance(n, int):
+                        return (g - 1) * c < n
+                    # a run-time N: a grid of cdiv(N, c) programs of c rows
+                    return isinstance(n, Size) and _same_size(g, ceil_div(n, c))
     return False
 
 
-def _starts_at_multiple(v: t.Value, m: int, defs: dict[str, t.Op], affine: AffineInfo) -> bool:
+def _starts_at_multiple(v: t.Value, m: SizeLike, defs: dict[str, t.Op], affine: AffineInfo) -> bool:
     """Whether the element of integer tile `v` at the origin is provably a multiple of `m`, for every program
     and loop iteration: through sums, products with constants, views and casts down to constants, aranges
-    (0 at the origin) and loop counters (start and step multiples), else `affine`'s power-of-two divisor."""
+    (0 at the origin) and loop counters (start and step multiples), else `affine`'s power-of-two divisor. A
+    run-time `m` (a block of a shape-polymorphic buffer, ``N C``): through sums, views and products, down to
+    run-time extents that are multiples of it (`_size_multiple`)."""
+    if isinstance(m, Size):
+        return _starts_at_size_multiple(v, m, defs)
     if m == 1:
         return True
     op = defs.get(v.name)
@@ -284,6 +361,48 @@ def _starts_at_multiple(v: t.Value, m: int, defs: dict[str, t.Op], affine: Affin
                     return True
     form = affine.of(v)
     return form is not None and form.div % m == 0
+
+
+def _starts_at_size_multiple(v: t.Value, m: Size, defs: dict[str, t.Op]) -> bool:
+    """`_starts_at_multiple` for a run-time `m`."""
+    op = defs.get(v.name)
+    if isinstance(op, t.Constant):
+        return op.value == 0
+    if isinstance(op, t.Arange):
+        return True
+    if isinstance(op, t.Extent):
+        return _size_multiple(op.size, m)
+    if isinstance(op, t.Broadcast | t.ExpandDims | t.Permute | t.Cast):
+        return _starts_at_size_multiple(op.x, m, defs)
+    if isinstance(op, t.Binary) and op.op in (BinaryOp.ADD, BinaryOp.SUB):
+        return _starts_at_size_multiple(op.a, m, defs) and _starts_at_size_multiple(op.b, m, defs)
+    if isinstance(op, t.Binary) and op.op is BinaryOp.MUL:
+        return _starts_at_size_multiple(op.a, m, defs) or _starts_at_size_multiple(op.b, m, defs)
+    return False
+
+
+def _factors(size: SizeLike) -> tuple[int, list]:
+    """`size` as an integer times a list of run-time factors (the operands of its products)."""
+    if isinstance(size, int):
+        return size, []
+    if isinstance(size, SizeOp) and size.op == "*":
+        (ia, fa), (ib, fb) = _factors(size.a), _factors(size.b)
+        return ia * ib, fa + fb
+    return 1, [size]
+
+
+def _size_multiple(size: SizeLike, m: SizeLike) -> bool:
+    """Whether `size` is a multiple of `m` for every value of the symbols: its integer factor a multiple of
+    `m`'s and `m`'s run-time factors among its own."""
+    (i, fs), (j, fm) = _factors(size), _factors(m)
+    if j == 0 or i % j:
+        return i == 0
+    rest = list(fs)
+    for f in fm:
+        if f not in rest:
+            return False
+        rest.remove(f)
+    return True
 
 
 def _sum_terms(v: t.Value, defs: dict[str, t.Op]) -> list[t.Value]:
@@ -467,12 +586,18 @@ def _base(lw, load: t.Load) -> Reg:
     return lw.get(load.offsets, origin(load.out.shape, lw.plan.warps)).chunks[0]
 
 
-def _coordinates(b, base: Reg, shape: tuple[int, ...]) -> list[Reg]:
-    """Element offset `base` of a dense buffer of `shape` as coordinates, outermost dim first, i32."""
+def _coordinates(lw, base: Reg, shape: tuple) -> list[Reg]:
+    """Element offset `base` of a dense buffer of `shape` as coordinates, outermost dim first, i32 (a run-time
+    extent divides by its kernel parameter)."""
+    b = lw.b
     coords: list[Reg] = []
     rest = base
     for extent in reversed(shape[1:]):
-        if extent & (extent - 1) == 0:
+        if isinstance(extent, Size):
+            by = lw.size_param(extent, base.dtype)
+            coords.append(b.int_arith(IntOp.REM, rest, by))
+            rest = b.int_arith(IntOp.DIV, rest, by)
+        elif extent & (extent - 1) == 0:
             coords.append(b.int_arith(IntOp.AND, rest, b.const_of(extent - 1, base.dtype)))
             rest = b.int_arith(IntOp.SHR, rest, b.const_of(log2(extent), base.dtype))
         else:
@@ -499,7 +624,7 @@ def stage(lw, parts: list[tuple[TmaOperand, SharedAlloc]], name: str, ring: Ring
         b.if_(first, init)
         b.barrier()
     bases = [_base(lw, operand.load) for operand, _ in parts]
-    origins = [_coordinates(b, base, operand.load.buffer.shape) for (operand, _), base in zip(parts, bases)]
+    origins = [_coordinates(lw, base, operand.load.buffer.shape) for (operand, _), base in zip(parts, bases)]
 
     def issue(stage: Reg | int, starts: list[list[Reg]]) -> None:
         b.mbarrier_arrive(landed, stage, tx_bytes=sum(operand.nbytes for operand, _ in parts))
@@ -522,7 +647,7 @@ def stage(lw, parts: list[tuple[TmaOperand, SharedAlloc]], name: str, ring: Ring
         def issue_ahead() -> None:
             b.if_(ahead.first, lambda: issue(ring.stage, origins))
             b.if_(ahead.more, lambda: issue(ahead.next_stage, [
-                _coordinates(b, b.arith(BinaryOp.ADD, base, b.const_of(step, base.dtype)), operand.load.buffer.shape)
+                _coordinates(lw, b.arith(BinaryOp.ADD, base, b.const_of(step, base.dtype)), operand.load.buffer.shape)
                 for (operand, _), base, step in zip(parts, bases, ahead.steps)]))
         b.if_(first, issue_ahead)
     b.mbarrier_wait(landed, ring.stage, ring.parity)

@@ -94,7 +94,7 @@ def _wait(s: MbarrierWait, block: Block) -> None:
 def box_elements(s: TmaLoad, block: Block, coords: list[int], dst_index: int) -> tuple[np.ndarray, np.ndarray]:
     """(the global element of each box element, or -1 outside the tensor; the shared element it lands on, the
     box starting at element `dst_index` of `s.dst`)."""
-    shape, box = s.src.shape, s.box
+    shape, box = block.kernel.buffer(s.src.name).shape, s.box      # (the launch's lengths)
     idx = np.indices(box).reshape(len(box), -1)                 # box coordinates, row-major
     pos = idx + np.array(coords)[:, None]
     inside = np.all((pos >= 0) & (pos < np.array(shape)[:, None]), axis=0)

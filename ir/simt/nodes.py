@@ -260,6 +260,12 @@ class SimtKernel:
     def buffers(self) -> tuple[Buffer, ...]:
         return tuple(p for p in self.params if isinstance(p, Buffer))
 
+    def buffer(self, name: str) -> Buffer:
+        """The kernel's buffer parameter called `name`: the one a statement names, at this launch's lengths
+        where the kernel was made for them (`codegen.simt.run.at_lengths` replaces the parameters, not the
+        statements, of a shape-polymorphic kernel)."""
+        return next(p for p in self.params if isinstance(p, Buffer) and p.name == name)
+
     @property
     def scalars(self) -> tuple[Reg, ...]:
         return tuple(p for p in self.params if isinstance(p, Reg))
