@@ -158,7 +158,7 @@ def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, 
     return TmaOperand(op, geometry, rows, cols)
 
 
-def _rows_stay_in_one_block(offsets: t.Value, inner: int, rows: int, shape: tuple[int, ...], defs: dict[str, t.Op],
+def _rows_stay_in_one_block(offsets: t.Value, inner: int, rows: int, shape: tuple, defs: dict[str, t.Op],
                             affine: AffineInfo) -> bool:
     """Whether the tile's `rows` rows provably lie in one block of the buffer's second-to-last dim (length
     ``N = shape[-2]``): the copy's box is bounded per dim, so a tile whose rows run on into the next block --
@@ -166,7 +166,7 @@ def _rows_stay_in_one_block(offsets: t.Value, inner: int, rows: int, shape: tupl
     reads the next block's rows. Sufficient: ``N`` a multiple of `rows` and the first row a multiple of
     `rows`, which the offsets' terms that do not vary along the columns show (each starts at a multiple of
     ``rows * shape[-1]``: `_starts_at_multiple`); the column terms (the tile's first column, within a row)
-    are set apart."""
+    are set apart. A run-time ``N`` (a shape-polymorphic kernel): `_rows_within_the_loop`."""
     n = shape[-2]
     if isinstance(n, Size):
         return _rows_within_the_loop(offsets, inner, rows, shape, defs, affine)
@@ -185,7 +185,7 @@ def _rows_stay_in_one_block(offsets: t.Value, inner: int, rows: int, shape: tupl
     return True
 
 
-def _masked_past_the_last_row(load: t.Load, inner: int, shape: tuple[int, ...], defs: dict[str, t.Op],
+def _masked_past_the_last_row(load: t.Load, inner: int, shape: tuple, defs: dict[str, t.Op],
                               affine: AffineInfo, grid: tuple) -> bool:
     """Whether masked `load` reads exactly what a copy of its box reads, the copy engine filling with zeros
     the rows past the buffer's last (``N = shape[-2]``): a ragged last key block, or query tile. So: `other`
@@ -292,10 +292,12 @@ def _along(v: t.Value, inner: int, defs: dict[str, t.Op]) -> t.Value | None:
     return None
 
 
-def _first_row_below(index: t.Value, n: int, defs: dict[str, t.Op], grid: tuple) -> bool:
+def _first_row_below(index: t.Value, n: SizeLike, defs: dict[str, t.Op], grid: tuple) -> bool:
     """Whether the first element of row positions ``index = start + arange`` is below `n` wherever it is
-    computed: ``start`` a constant below `n`, the counter of a loop from 0 or more to a constant stop of at
-    most `n`, or ``pid * c`` with the grid's extent along that axis ``g`` and ``(g - 1) c < n``."""
+    computed: ``start`` a constant below `n` (a run-time `n` is at least 2), the counter of a loop from 0 or
+    more to a stop of at most `n` (a run-time `n`: `n` itself, or its whole blocks of the loop's step), or
+    ``pid * c`` with the grid's extent along that axis ``g`` and ``(g - 1) c < n`` (a run-time `n`: ``g =
+    cdiv(n, c)``)."""
     op = defs.get(index.name)
     if not (isinstance(op, t.Binary) and op.op is BinaryOp.ADD):
         return False
