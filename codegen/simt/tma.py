@@ -143,7 +143,8 @@ def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, 
     rows, cols = op.out.shape[1 - inner], op.out.shape[inner]
     in_bounds = _rows_stay_in_one_block(op.offsets, inner, rows, shape, defs, affine) if op.mask is None else \
         _masked_past_the_last_row(op, inner, shape, defs, affine, grid)
-    if rows > MAX_BOX or cols > shape[-1] or not in_bounds:
+    if rows > MAX_BOX or cols > shape[-1] or not in_bounds or not _columns_in_one_row(op.offsets, inner, cols,
+                                                                                       shape[-1], defs, affine):
         return None
     along = inner if not transposed else 1 - inner      # the operand's dim that runs along the buffer's rows
     if is_a:                                  # A [m, k]: K-major only
@@ -156,6 +157,22 @@ def _operand(value: t.Value, is_a: bool, plan: wgmma.WgmmaPlan, defs: dict[str, 
     if (geometry.rows, geometry.k) != expected:
         raise InternalError(f"a TMA tile of {rows} x {cols} for a {geometry}", pass_name="lower_to_simt")
     return TmaOperand(op, geometry, rows, cols)
+
+
+def _columns_in_one_row(offsets: t.Value, inner: int, cols: int, c: int, defs: dict[str, t.Op],
+                        affine: AffineInfo) -> bool:
+    """Whether the tile's `cols` columns provably lie in one row of ``c`` elements: a box is bounded per dim, so
+    columns running past the row's end would read zeros where a flat load reads the next row. Sufficient:
+    ``c`` a multiple of `cols` and the terms that vary along the columns starting at multiples of `cols` (the
+    schedule's column tiles: ``k0 + arange``)."""
+    if c % cols:
+        return False
+    for term in _sum_terms(offsets, defs):
+        form = affine.of(term)
+        if form is not None and form.strides[inner] != 0 and form.strides[1 - inner] == 0 \
+                and not _starts_at_multiple(term, cols, defs, affine):
+            return False
+    return True
 
 
 def _rows_stay_in_one_block(offsets: t.Value, inner: int, rows: int, shape: tuple, defs: dict[str, t.Op],
