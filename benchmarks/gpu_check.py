@@ -375,7 +375,7 @@ VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
     "attention bf16": (_MMA_SYNC, _STAGED, _ONE_STAGE, ("redfuser 2 blocks/SM, K and V rings", {"min_blocks_per_sm": 2}),
                        _FAST_EXP),
     "causal": (_MMA_SYNC, _STAGED, _ONE_STAGE),
-    "fp8_gemm": (_MMA_SYNC, ("redfuser 64x128 tiles", {"block_n": 128}),
+    "fp8_gemm": (_MMA_SYNC, _STAGED, ("redfuser 64x128 tiles", {"block_n": 128}),
                  ("redfuser 128x128 tiles", {"block_m": 128, "block_n": 128})),
     "gemm": (_MMA_SYNC, _STAGED, _ONE_STAGE),
     "softmax": _ROW_VARIANTS,

@@ -23,7 +23,9 @@ from .codegen.simt import GpuOptions, SimtProgram
 from .codegen.simt.ptx import LlvmModules, PtxProgram, compile_ptx, emit_llvm
 from .compiler import (COMMON_STAGES, Lowered, Stage, host_llvm_stage, prefetch_stage, schedule_stage,
                        simt_stage)
-from .ir import BackendError, SourceLoc, run_program
+from .codegen.simt.wgmma import has_wgmma
+from .ir import BackendError, Program, SourceLoc, run_program, verify_program
+from .schedule.k_major import k_major_fp8_operands
 from .ir.loop.extents import substitute_extents
 from .ir.sizes import bind_buffers
 from .kernel_options import KernelOptions
@@ -110,7 +112,19 @@ CPU_STAGES: tuple[Stage, ...] = COMMON_STAGES + (
     Stage("llvm", host_llvm_stage),
     Stage("native", _native_stage),
 )
+def _k_major_stage(program: Program, lowered: Lowered) -> Program:
+    """k_major (sm_90a with TMA): e4m3 inputs a fused loop contracts along their rows read from a K-major copy
+    (`redfuser.schedule.k_major`)."""
+    lowered.program = verify_program(k_major_fp8_operands(program), pass_name="k_major")
+    return lowered.program
+
+
+def _has_tma(lowered: Lowered) -> bool:
+    return lowered.gpu is not None and has_wgmma(lowered.gpu.sm) and lowered.gpu.tma
+
+
 GPU_STAGES: tuple[Stage, ...] = COMMON_STAGES + (
+    Stage("k_major", _k_major_stage, applies=_has_tma),
     Stage("tile", schedule_stage),
     Stage("prefetched", prefetch_stage, applies=lambda lowered: lowered.options.prefetch),
     Stage("simt", simt_stage),

@@ -135,3 +135,15 @@ def test_the_compiler_imports_no_runtime_module():
     names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert names and not [n for n in names if "runtime" in n]
+
+
+def test_hopper_with_tma_has_the_k_major_stage_between_fusion_and_schedule():
+    """On sm_90a with TMA the GPU stages read e4m3 weights from a K-major copy (`schedule/k_major.py`): a stage
+    of its own after `fused`, printed and timed like the others; on sm_90 (no wgmma) there is none."""
+    x = np.ones((512, 256), np.float16)
+    w, ws = np.ones((256, 128), rf.float8_e4m3fn), np.ones(128, np.float32)
+    lowered = rf.kernel(workloads.fp8_quant_gemm, backend="simulate", sm="sm_90a").lower(x, w, ws)
+    assert list(lowered.timings) == ["traced", "fused", "k_major", "tile", "simt", "llvm", "ptx"]
+    assert "w_k_major" in str(lowered.stages["k_major"])
+    plain = rf.kernel(workloads.fp8_quant_gemm, backend="simulate", sm="sm_90").lower(x, w, ws)
+    assert "k_major" not in plain.stages

@@ -152,6 +152,27 @@ def test_a_shape_polymorphic_kernel_copies_its_whole_key_blocks():
     assert kernel.cache_info().misses == 1
 
 
+def test_an_n_major_fp8_weight_is_copied_k_major_once_then_by_tma():
+    """e4m3 wgmma reads B K-major; ``w[k, n]`` is N-major in memory. With at least 256 rows (4 tiles, each of
+    which read and transposed all of ``w`` in its threads), the program copies ``w`` once into ``w_k_major[n,
+    k]`` (a kernel of its own: the ``k_major`` stage) and the GEMM's tiles of it come by TMA: the same bytes, so
+    the same result bit for bit; with 64 rows, and where there is no TMA (sm_90), ``w`` is read as it is."""
+    from redfuser.testing.quantization import assert_quantized_gemm
+
+    w = (RNG.standard_normal((256, 128)) * 0.1).astype(ml_dtypes.float8_e4m3fn)
+    ws = RNG.uniform(0.5, 2.0, 128).astype(np.float32)
+    x = RNG.standard_normal((512, 256)).astype(np.float16)
+    lowered, got, want = on_both(fp8_quant_gemm, x, w, ws)
+    assert "k_major" in lowered.stages and {c.src.name for c in copies(lowered)} >= {"w_k_major"}
+    assert "w_k_major" in str(lowered.stages["k_major"])
+    np.testing.assert_array_equal(got, want)
+    assert_quantized_gemm(got, x, w, ws)
+    few = rf.kernel(fp8_quant_gemm, backend="simulate", sm="sm_90a").lower(x[:64], w, ws)
+    assert "w_k_major" not in str(few.stages["k_major"])
+    hopper_without_tma = rf.kernel(fp8_quant_gemm, backend="simulate", sm="sm_90").lower(x, w, ws)
+    assert "k_major" not in hopper_without_tma.stages
+
+
 @pytest.mark.parametrize("case", ["masked rows", "fp8 w", "read twice", "option off", "sm_90"])
 def test_tiles_the_copy_engine_cannot_take_are_staged_by_the_threads(case):
     if case == "fp8 w":          # e4m3 B must be K-major: w [k, n] runs along N, so its tile is transposed

@@ -38,6 +38,9 @@ B goes to an MN-major (N-major) tile instead where its registers run along N (`_
 took one 2-byte store an element (on an H200 the 4096^3 f16 GEMM on wgmma went from 1.64 to 0.58 ms,
 benchmarks/device_notes.md runs 9-10).
 
+An e4m3 B stored N-major (a GEMM's ``w[k, n]``) is read from a K-major copy the program makes once
+(`redfuser/schedule/k_major.py`), whose tiles TMA copies.
+
 Not yet: MN-major A, several groups in flight and warp specialization (HOPPER.md). A copied tile in a loop
 has a ring of stages (`tma.ring_stages`): the tile allocation holds them one after another and the
 descriptors start at the stage this iteration reads.
