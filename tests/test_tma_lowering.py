@@ -24,7 +24,8 @@ import redfuser as rf
 from redfuser.codegen.simt import tma
 from redfuser.ir.errors import SimulationError
 from redfuser.codegen.simt.kernel import ring_budget, rings_cost_blocks
-from redfuser.ir.simt.nodes import Barrier, For, If, MbarrierInit, MbarrierWait, Reg, StoreShared, TmaLoad, walk_stmts
+from redfuser.ir.simt.nodes import (Barrier, For, If, MbarrierInit, MbarrierWait, Reg, StoreGlobal, StoreShared,
+                                    TmaLoad, walk_stmts)
 from redfuser.testing import assert_close
 from redfuser.workloads import causal_attention, flash_attention_bf16, flash_attention_f16, fp8_quant_gemm
 
@@ -165,6 +166,11 @@ def test_an_n_major_fp8_weight_is_copied_k_major_once_then_by_tma():
     lowered, got, want = on_both(fp8_quant_gemm, x, w, ws)
     assert "k_major" in lowered.stages and {c.src.name for c in copies(lowered)} >= {"w_k_major"}
     assert "w_k_major" in str(lowered.stages["k_major"])
+    # the copy reads rows of w and writes rows of w_k_major 16 bytes an access (its bytes cross over in shared
+    # memory: `memory._store` converts a 1-byte value stored one byte at a time)
+    writes = [s for k in lowered.stages["simt"].kernels for s in walk_stmts(k.body)
+              if isinstance(s, StoreGlobal) and s.buffer.name == "w_k_major"]
+    assert writes and all(s.value.type.length == 16 for s in writes)
     np.testing.assert_array_equal(got, want)
     assert_quantized_gemm(got, x, w, ws)
     few = rf.kernel(fp8_quant_gemm, backend="simulate", sm="sm_90a").lower(x[:64], w, ws)

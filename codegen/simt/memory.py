@@ -112,6 +112,12 @@ def _store(lw: Lowering, op: t.Store) -> None:
         layout = memory_layout(op, value.shape, value.dtype.itemsize, lw.plan)
     else:
         layout = lw.planned(value)
+        if value.dtype.itemsize == 1 and _width(lw, op, layout, 1) == 1:
+            # bytes stored one at a time across rows (a transposing copy of an e4m3 matrix: `schedule/k_major.py`)
+            # go through a layout conversion in shared memory to the store's own, 16 bytes an access
+            wide = memory_layout(op, value.shape, 1, lw.plan)
+            if _width(lw, op, wide, 1) > 1:
+                layout = wide
     regs = lw.get(value, layout)
     how = access(lw, op, layout, value.dtype.itemsize)
     writer = writer_mask(lw, layout)
