@@ -256,33 +256,47 @@ def _rows_within_the_loop(offsets: t.Value, inner: int, rows: int, shape: tuple,
         product = defs.get(scaled.name) if scaled is not None else None
         if not (isinstance(product, t.Binary) and product.op is BinaryOp.MUL):
             continue
-        index = defs.get(product.a.name)
-        if not (isinstance(index, t.Binary) and index.op is BinaryOp.ADD):
+        found = _ramp_start(product.a, defs)
+        if found is None:
             continue
-        for start, ramp in ((index.a, index.b), (index.b, index.a)):
-            loop = defs.get(start.name)
-            if isinstance(loop, t.Broadcast):
-                start = loop.x
-                loop = defs.get(start.name)
-            if isinstance(defs.get(ramp.name), t.Arange) and ramp.shape == (rows,) and isinstance(loop, t.For) \
-                    and start.name == loop.body.iv.name and loop.start == 0 and loop.step == rows \
-                    and _same_size(_size_of(loop.stop, defs), size_op("*", size_op("//", shape[-2], rows), rows)):
-                return _row_term_and_blocks(offsets, product.a, inner, shape, defs, affine)
+        start, loop, ramp = found
+        if ramp.shape == (rows,) and isinstance(loop, t.For) and start.name == loop.body.iv.name \
+                and loop.start == 0 and loop.step == rows \
+                and _same_size(_size_of(loop.stop, defs), _whole_blocks(shape[-2], rows)):
+            return _row_term_and_blocks(offsets, product.a, inner, shape, defs, affine)
     return False
+
+
+def _ramp_start(index: t.Value, defs: dict[str, t.Op]) -> tuple[t.Value, t.Op | None, t.Value] | None:
+    """For row positions ``index = start + arange`` (either order; ``start`` a scalar, broadcast): (``start``,
+    the op defining it, the arange), else None."""
+    op = defs.get(index.name)
+    if not (isinstance(op, t.Binary) and op.op is BinaryOp.ADD):
+        return None
+    for start, ramp in ((op.a, op.b), (op.b, op.a)):
+        if isinstance(defs.get(ramp.name), t.Arange):
+            scalar = defs.get(start.name)
+            if isinstance(scalar, t.Broadcast):
+                start = scalar.x
+                scalar = defs.get(start.name)
+            return start, scalar, ramp
+    return None
+
+
+def _whole_blocks(n: SizeLike, step: int) -> SizeLike:
+    """``(n // step) * step``: the whole blocks of `step` rows of a run-time `n` (a loop's stop)."""
+    return size_op("*", size_op("//", n, step), step)
 
 
 def _size_of(v: t.Value | int, defs: dict[str, t.Op]) -> SizeLike | None:
     """The length scalar (or broadcast scalar) `v` holds: a constant, or a run-time extent; else None."""
     if isinstance(v, int):
         return v
-    op = defs.get(v.name)
-    while isinstance(op, t.Broadcast | t.ExpandDims):
-        op = defs.get(op.x.name)
-    if isinstance(op, t.Constant) and isinstance(op.value, int) and not isinstance(op.value, bool):
-        return op.value
+    op = _through_views(v, defs)
     if isinstance(op, t.Extent):
         return op.size
-    return None
+    k = _constant(v, defs)
+    return None if isinstance(k, bool) else k
 
 
 def _same_size(a: SizeLike | None, b: SizeLike) -> bool:
@@ -315,37 +329,31 @@ def _first_row_below(index: t.Value, n: SizeLike, defs: dict[str, t.Op], grid: t
     more to a stop of at most `n` (a run-time `n`: `n` itself, or its whole blocks of the loop's step), or
     ``pid * c`` with the grid's extent along that axis ``g`` and ``(g - 1) c < n`` (a run-time `n`: ``g =
     cdiv(n, c)``)."""
-    op = defs.get(index.name)
-    if not (isinstance(op, t.Binary) and op.op is BinaryOp.ADD):
+    found = _ramp_start(index, defs)
+    if found is None:
         return False
-    for start, ramp in ((op.a, op.b), (op.b, op.a)):
-        if not isinstance(defs.get(ramp.name), t.Arange):
-            continue
-        scalar = defs.get(start.name)
-        if isinstance(scalar, t.Broadcast):
-            start = scalar.x
-            scalar = defs.get(start.name)
-        if isinstance(scalar, t.Constant):
-            return isinstance(scalar.value, int) and 0 <= scalar.value and (isinstance(n, Size) and scalar.value < 2
-                                                                           or isinstance(n, int) and scalar.value < n)
-        if isinstance(scalar, t.For) and start.name == scalar.body.iv.name:
-            stop = _size_of(scalar.stop, defs)
-            if scalar.start < 0 or stop is None:
-                return False
-            if isinstance(n, int):
-                return isinstance(stop, int) and stop <= n
-            # a run-time N: the loop runs to N itself, or to its whole blocks of `step` rows
-            return _same_size(stop, n) or _same_size(stop, size_op("*", size_op("//", n, scalar.step), scalar.step))
-        if isinstance(scalar, t.Binary) and scalar.op is BinaryOp.MUL:
-            for pid, factor in ((scalar.a, scalar.b), (scalar.b, scalar.a)):
-                program = defs.get(pid.name)
-                c = _constant(factor, defs)
-                if isinstance(program, t.ProgramId) and c is not None and c > 0 and program.axis < len(grid):
-                    g = grid[program.axis]
-                    if isinstance(g, int) and isinstance(n, int):
-                        return (g - 1) * c < n
-                    # a run-time N: a grid of cdiv(N, c) programs of c rows
-                    return isinstance(n, Size) and _same_size(g, ceil_div(n, c))
+    start, scalar, _ = found
+    if isinstance(scalar, t.Constant):
+        return isinstance(scalar.value, int) and 0 <= scalar.value and (isinstance(n, Size) and scalar.value < 2
+                                                                       or isinstance(n, int) and scalar.value < n)
+    if isinstance(scalar, t.For) and start.name == scalar.body.iv.name:
+        stop = _size_of(scalar.stop, defs)
+        if scalar.start < 0 or stop is None:
+            return False
+        if isinstance(n, int):
+            return isinstance(stop, int) and stop <= n
+        # a run-time N: the loop runs to N itself, or to its whole blocks of `step` rows
+        return _same_size(stop, n) or _same_size(stop, _whole_blocks(n, scalar.step))
+    if isinstance(scalar, t.Binary) and scalar.op is BinaryOp.MUL:
+        for pid, factor in ((scalar.a, scalar.b), (scalar.b, scalar.a)):
+            program = defs.get(pid.name)
+            c = _constant(factor, defs)
+            if isinstance(program, t.ProgramId) and c is not None and c > 0 and program.axis < len(grid):
+                g = grid[program.axis]
+                if isinstance(g, int) and isinstance(n, int):
+                    return (g - 1) * c < n
+                # a run-time N: a grid of cdiv(N, c) programs of c rows
+                return isinstance(n, Size) and _same_size(g, ceil_div(n, c))
     return False
 
 
@@ -372,12 +380,9 @@ def _starts_at_multiple(v: t.Value, m: SizeLike, defs: dict[str, t.Op], affine: 
         return _starts_at_multiple(op.a, m, defs, affine) and _starts_at_multiple(op.b, m, defs, affine)
     if isinstance(op, t.Binary) and op.op is BinaryOp.MUL:
         for x, c in ((op.a, op.b), (op.b, op.a)):
-            factor = defs.get(c.name)
-            while isinstance(factor, t.Broadcast | t.ExpandDims):
-                factor = defs.get(factor.x.name)
-            if isinstance(factor, t.Constant) and isinstance(factor.value, int) and factor.value:
-                if _starts_at_multiple(x, m // math.gcd(m, abs(factor.value)), defs, affine):
-                    return True
+            k = _constant(c, defs)
+            if k and _starts_at_multiple(x, m // math.gcd(m, abs(k)), defs, affine):
+                return True
     form = affine.of(v)
     return form is not None and form.div % m == 0
 
@@ -455,13 +460,18 @@ def run_count(lw, depth: int, modulus: int) -> Reg | int | None:
     return 0 if count is None else b.int_arith(IntOp.AND, count, b.const_of(modulus - 1, int32))
 
 
+def _enclosing(lw, depth: int) -> list:
+    """The `context.LoopFrame`s of the loops enclosing builder depth `depth`, outermost first."""
+    return [f for f in lw.loops if f.depth <= depth]
+
+
 def _shares(lw, depth: int, modulus: int) -> list[tuple[object, int]] | None:
     """The loops enclosing depth `depth` whose iterations count towards `run_count` mod `modulus`, innermost
     first, each with the trips of the loops inside it mod `modulus` (loops further out, whose factor is 0 mod
     `modulus`, are left out); None where a factor needs a run-time trip count, or a step is not a power of two."""
     shares = []
     factor: int | None = 1                # the trips of the loops inside the current one, mod `modulus`
-    for frame in reversed([f for f in lw.loops if f.depth <= depth]):
+    for frame in reversed(_enclosing(lw, depth)):
         if factor == 0:
             break                         # every outer loop's share is a multiple of `modulus`
         if factor is None or frame.step & (frame.step - 1):
@@ -513,7 +523,7 @@ def ring_stages(lw, operands: list[TmaOperand], depth: int) -> int:
     iteration to the next (`_iteration_step`) and the run count mod twice the stages is known (`run_count`);
     fewer (halved) where the extra stages would take `lw.ring_bytes` past `lw.ring_budget`; else one."""
     stages = lw.tma_stages
-    frames = [f for f in lw.loops if f.depth <= depth]
+    frames = _enclosing(lw, depth)
     if stages == 1 or not frames or frames[-1].depth != depth or _shares(lw, depth, 2 * stages) is None \
             or any(_iteration_step(op.load.offsets, frames[-1], lw) is None for op in operands):
         return 1
@@ -531,7 +541,7 @@ def plan_ring(lw, operands: list[TmaOperand], depth: int, stages: int) -> Ring:
     if stages == 1:
         return Ring(1, 0, phase_parity(lw, depth))
     b = lw.b
-    frame = [f for f in lw.loops if f.depth <= depth][-1]
+    frame = _enclosing(lw, depth)[-1]
     steps = tuple(_iteration_step(op.load.offsets, frame, lw) for op in operands)
     count = run_count(lw, depth, 2 * stages)
     count = count if isinstance(count, Reg) else b.const_of(count, int32)
@@ -592,11 +602,17 @@ def _counter_coefficient(v: t.Value, iv: str, inside: int, defs: dict[str, t.Op]
     return found
 
 
-def _constant(v: t.Value, defs: dict[str, t.Op]) -> int | None:
-    """The integer every element of `v` provably is (through broadcasts), else None."""
+def _through_views(v: t.Value, defs: dict[str, t.Op]) -> t.Op | None:
+    """The op defining `v` under its broadcasts and inserted dims (what every element of `v` is)."""
     op = defs.get(v.name)
     while isinstance(op, t.Broadcast | t.ExpandDims):
         op = defs.get(op.x.name)
+    return op
+
+
+def _constant(v: t.Value, defs: dict[str, t.Op]) -> int | None:
+    """The integer every element of `v` provably is (through broadcasts), else None."""
+    op = _through_views(v, defs)
     return op.value if isinstance(op, t.Constant) and isinstance(op.value, int) else None
 
 
@@ -642,32 +658,36 @@ def stage(lw, parts: list[tuple[TmaOperand, SharedAlloc]], name: str, ring: Ring
             b.fence_proxy_async()
         b.if_(first, init)
         b.barrier()
+    # each tile's first element here (read in the loop's scope); its coordinates are unravelled only where a
+    # copy is issued, by the one thread, not every thread every iteration
     bases = [_base(lw, operand.load) for operand, _ in parts]
-    origins = [_coordinates(lw, base, operand.load.buffer.shape) for (operand, _), base in zip(parts, bases)]
 
-    def issue(stage: Reg | int, starts: list[list[Reg]]) -> None:
+    def issue(stage: Reg | int, steps: tuple[int, ...]) -> None:
+        """Thread 0's copies of every part into stage `stage`, each tile `steps` elements on from here."""
         b.mbarrier_arrive(landed, stage, tx_bytes=sum(operand.nbytes for operand, _ in parts))
-        for (operand, tile), start in zip(parts, starts):
+        for (operand, tile), base, step in zip(parts, bases, steps):
+            if step:
+                base = b.arith(BinaryOp.ADD, base, b.const_of(step, base.dtype))
+            start = _coordinates(lw, base, operand.load.buffer.shape)
             panel = operand.geometry.panel_elements
-            tile_elements = operand.rows * operand.cols
-            at = b.arith(BinaryOp.MUL, stage, b.const_of(tile_elements, int32)) if isinstance(stage, Reg) else 0
+            at = b.arith(BinaryOp.MUL, stage, b.const_of(operand.rows * operand.cols, int32)) \
+                if isinstance(stage, Reg) else 0
             for p in range(operand.panels):
                 coords = start[:-1] + [b.arith(BinaryOp.ADD, start[-1], b.const_of(p * panel, int32))]
-                offset = p * operand.rows * panel
-                index = b.arith(BinaryOp.ADD, at, b.const_of(offset, int32)) if isinstance(at, Reg) and offset \
-                    else at if isinstance(at, Reg) else offset
+                offset = p * operand.rows * panel         # the panel's first element in the stage's tile
+                index = at if not offset else b.arith(BinaryOp.ADD, at, b.const_of(offset, int32)) \
+                    if isinstance(at, Reg) else offset
                 b.tma_load(tile, index, operand.load.buffer, coords, operand.box,
                            swizzle=operand.geometry.mode.value, barrier=landed, barrier_index=stage)
 
+    here = (0,) * len(parts)
     ahead = ring.prefetch
     if ahead is None:
-        b.if_(first, lambda: issue(ring.stage, origins))
+        b.if_(first, lambda: issue(ring.stage, here))
     else:
         def issue_ahead() -> None:
-            b.if_(ahead.first, lambda: issue(ring.stage, origins))
-            b.if_(ahead.more, lambda: issue(ahead.next_stage, [
-                _coordinates(lw, b.arith(BinaryOp.ADD, base, b.const_of(step, base.dtype)), operand.load.buffer.shape)
-                for (operand, _), base, step in zip(parts, bases, ahead.steps)]))
+            b.if_(ahead.first, lambda: issue(ring.stage, here))
+            b.if_(ahead.more, lambda: issue(ahead.next_stage, ahead.steps))
         b.if_(first, issue_ahead)
     b.mbarrier_wait(landed, ring.stage, ring.parity)
 
