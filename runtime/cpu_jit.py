@@ -335,7 +335,7 @@ class CpuProgram:
         on tiny inputs took 6.8 us through `call_dense`, 4.7 through this (benchmarks/call_overhead.py). A
         thread other than the main one takes `call_dense` (the inline case is the main thread's).
         With `tensors` the arrays are contiguous torch CPU tensors (read where ``data_ptr`` says) and the
-        results come back as tensors viewing the arrays made for them (no `outputs`): 15.3 -> 6.3 us."""
+        results come back as tensors viewing the arrays made for them (no `outputs`): 15.3 -> 8.9 us."""
         if not self._dense or not self._small_stack or not all(
                 programs == 1 or small for (_, _, programs, _), small in zip(self._kernels, self._small)):
             return None

@@ -45,6 +45,15 @@ def widened(e: Expr) -> Expr:
     return map_expr(e, widen)
 
 
+def map_state_exprs(st: OnlineState | TopKState, fn: Callable[[Expr], Expr | None]) -> OnlineState | TopKState:
+    """`st` with `map_expr(., fn)` applied to each of its expressions: term, rescale and (an `OnlineState`'s)
+    carry."""
+    st = replace(st, term=map_expr(st.term, fn), rescale=None if st.rescale is None else map_expr(st.rescale, fn))
+    if isinstance(st, OnlineState) and st.carry is not None:
+        st = replace(st, carry=map_expr(st.carry, fn))
+    return st
+
+
 def rename_buffers(p: Program, names: dict[str, str], program_name: str | None = None) -> Program:
     """`p` with buffers renamed by `names` (old name -> new name); others keep theirs."""
     new: dict[str, Buffer] = {}
@@ -58,11 +67,8 @@ def rename_buffers(p: Program, names: dict[str, str], program_name: str | None =
         return Load(buf(e.buffer), e.indices) if isinstance(e, Load) else None
 
     def state(st: OnlineState | TopKState) -> OnlineState | TopKState:
-        rescale = None if st.rescale is None else map_expr(st.rescale, fix)
-        st = replace(st, acc=buf(st.acc), prev=buf(st.prev), term=map_expr(st.term, fix), rescale=rescale)
-        if isinstance(st, TopKState):
-            return replace(st, indices=buf(st.indices))
-        return st if st.carry is None else replace(st, carry=map_expr(st.carry, fix))
+        st = map_state_exprs(replace(st, acc=buf(st.acc), prev=buf(st.prev)), fix)
+        return replace(st, indices=buf(st.indices)) if isinstance(st, TopKState) else st
 
     def stmt(s: Stmt) -> Stmt:
         if isinstance(s, FusedLoop):
@@ -79,4 +85,4 @@ def rename_buffers(p: Program, names: dict[str, str], program_name: str | None =
     )
 
 
-__all__ = ["map_expr", "rename_buffers", "Compute", "Reduce"]
+__all__ = ["map_expr", "map_state_exprs", "rename_buffers", "Compute", "Reduce"]

@@ -20,7 +20,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Axis, Buffer, Compute, Expr, FusedLoop, Load, Program, map_expr
-from ..ir.loop.nodes import OnlineState, Stmt, TopKState
+from ..ir.loop.expr import loads
+from ..ir.loop.nodes import Stmt, written
+from ..ir.loop.rewrite import map_state_exprs
 from ..ir.types import BufferType, float8_e4m3fn
 
 
@@ -39,7 +41,7 @@ def k_major_fp8_operands(p: Program) -> Program:
     for s in p.body:
         if isinstance(s, FusedLoop):
             for e, axes in _exprs(s):
-                for n in _loads(e):
+                for n in loads(e):
                     if n.buffer.name in inputs and _k_rows(n, s.axis) and _rows(axes, n.indices[1]) >= MIN_ROWS:
                         b = n.buffer
                         wanted.setdefault(b.name, Buffer(_fresh(p, f"{b.name}_k_major"),
@@ -67,15 +69,8 @@ def _read_transposed(loop: FusedLoop, wanted: dict[str, Buffer]) -> FusedLoop:
             return Load(wanted[e.buffer.name], (e.indices[1], e.indices[0]))
         return None
 
-    def state(st: OnlineState | TopKState) -> OnlineState | TopKState:
-        changed = replace(st, term=map_expr(st.term, fix),
-                          rescale=None if st.rescale is None else map_expr(st.rescale, fix))
-        if isinstance(st, OnlineState) and st.carry is not None:
-            changed = replace(changed, carry=map_expr(st.carry, fix))
-        return changed
-
     return replace(loop, locals=tuple(replace(l, value=map_expr(l.value, fix)) for l in loop.locals),
-                   states=tuple(state(st) for st in loop.states))
+                   states=tuple(map_state_exprs(st, fix) for st in loop.states))
 
 
 def _rows(axes: tuple[Axis, ...], column: Axis) -> int:
@@ -97,24 +92,13 @@ def _exprs(loop: FusedLoop) -> list[tuple[Expr, tuple[Axis, ...]]]:
     return out
 
 
-def _loads(e: Expr) -> list[Load]:
-    from ..ir import walk
-
-    return [n for n in walk(e) if isinstance(n, Load)]
-
-
 def _fresh(p: Program, name: str) -> str:
-    taken = {b.name for b in p.inputs + p.outputs} | {b.name for s in p.body for b in _written(s)}
+    """`name`, or `name` with a number after it, that no buffer of `p` has."""
+    taken = {b.name for b in p.inputs + p.outputs} | {b.name for s in p.body for b in written(s)}
     out, k = name, 1
     while out in taken:
         out, k = f"{name}{k}", k + 1
     return out
-
-
-def _written(s: Stmt) -> tuple[Buffer, ...]:
-    from ..ir.loop.nodes import written
-
-    return written(s)
 
 
 __all__ = ["k_major_fp8_operands"]
