@@ -212,6 +212,7 @@ class CudaProgram:
         if found is None:
             if len(self._at) >= 64:
                 self._at.clear()
+                self._maps.clear()     # (the specs of those programs' kernels: each length's are its own)
             found = self._at[key] = program_at(self.simt, values)
         return found
 
@@ -228,7 +229,8 @@ class CudaProgram:
         return found
 
     def _tensor_maps(self, kernel) -> list:
-        """`tensor_map_specs` of `kernel`, derived once."""
+        """`tensor_map_specs` of `kernel`, derived once (a shape-polymorphic program's kernels at each length
+        are kernels of their own, dropped with `_program`'s)."""
         found = self._maps.get(id(kernel))
         if found is None:
             found = self._maps[id(kernel)] = (kernel, tensor_map_specs(kernel))

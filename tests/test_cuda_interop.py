@@ -544,6 +544,14 @@ def test_a_shape_polymorphic_tma_kernel_gets_maps_of_each_calls_lengths(gpu, tor
         assert dims == [[64, n, 2, 1]] * 2                                  # K's and V's, at this call's length
         np.testing.assert_array_equal(out, staged(q, k, v))
     assert kernel.cache_info().misses == 1
+    # a length's kernels and their specs are kept with its program, the last 64 lengths: decoding through
+    # thousands of lengths does not keep thousands of kernels
+    (_, program), = kernel._cache.values()
+    for n in range(300, 400):
+        at, _ = program._program([(1, 2, n, 64)] * 3)
+        for simt in at.kernels:
+            program._tensor_maps(simt)
+    assert len(program._maps) <= 64 * len(at.kernels)
 
 
 def test_split_reduction_scratch_is_kept_per_stream(gpu, torch):
