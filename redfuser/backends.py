@@ -25,10 +25,10 @@ from .compiler import (COMMON_STAGES, Lowered, Stage, host_llvm_stage, prefetch_
                        simt_stage)
 from .codegen.simt.wgmma import has_wgmma
 from .ir import BackendError, Program, SourceLoc, run_program, verify_program
-from .schedule.k_major import k_major_fp8_operands
 from .ir.loop.extents import substitute_extents
 from .ir.sizes import bind_buffers
 from .kernel_options import KernelOptions
+from .schedule.k_major import k_major_fp8_operands
 from .schedule.options import DEFAULTS, ScheduleOptions, cpu_workers, gpu_workers
 
 Executable = Callable[[list[np.ndarray]], tuple[np.ndarray, ...]]
@@ -112,6 +112,8 @@ CPU_STAGES: tuple[Stage, ...] = COMMON_STAGES + (
     Stage("llvm", host_llvm_stage),
     Stage("native", _native_stage),
 )
+
+
 def _k_major_stage(program: Program, lowered: Lowered) -> Program:
     """k_major (sm_90a with TMA): e4m3 inputs a fused loop contracts along their rows read from a K-major copy
     (`redfuser.schedule.k_major`)."""
