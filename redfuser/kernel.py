@@ -387,6 +387,10 @@ _FAST_ENTRIES = 1024
 """The most call keys `Kernel._fast` holds (one per exact shape seen; a shape class serves many)."""
 
 
+_OWNDATA = 0x4                  # numpy's NPY_ARRAY_OWNDATA
+_WRITABLE_C = 0x1 | 0x400       # NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE
+
+
 def _plain_outs(out: object, results: tuple, arrays: list[np.ndarray]) -> list[np.ndarray] | None:
     """`out` as a list when every one is a writable C-contiguous numpy array of its result's shape and dtype
     (`results`: Buffers, or (shape, numpy dtype) pairs) whose memory meets no argument's and no other out's
@@ -395,14 +399,28 @@ def _plain_outs(out: object, results: tuple, arrays: list[np.ndarray]) -> list[n
     outs = list(out) if type(out) is tuple or type(out) is list else [out]
     if len(outs) != len(results):
         return None
-    spans = [(data_address(a), a.nbytes) for a in arrays]
+    owners = True       # every array owns its memory: then only the same object twice can overlap
     for o, b in zip(outs, results):
         if type(o) is not np.ndarray:
             return None
         shape, dtype = b if type(b) is tuple else (b.shape, b.dtype.numpy)
-        flags = o.flags
-        if not (flags.c_contiguous and flags.writeable and o.shape == shape and o.dtype == dtype):
+        flags = o.flags.num
+        if flags & _WRITABLE_C != _WRITABLE_C or o.shape != shape or (o.dtype is not dtype and o.dtype != dtype):
             return None
+        if not flags & _OWNDATA:
+            owners = False
+    if owners:
+        # (two arrays that each own their memory are two allocations: 1.9 -> 1.0 us for one in, one out)
+        for a in arrays:
+            if not a.flags.num & _OWNDATA:
+                break
+            for o in outs:
+                if a is o:
+                    return None
+        else:
+            return outs if len(outs) == 1 or len(set(map(id, outs))) == len(outs) else None
+    spans = [(data_address(a), a.nbytes) for a in arrays]
+    for o in outs:
         start, size = data_address(o), o.nbytes
         for begin, n in spans:
             if begin < start + size and start < begin + n:
