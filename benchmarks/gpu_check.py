@@ -370,10 +370,12 @@ _MMA_SYNC = ("redfuser mma.sync (sm_90)", {"sm": "sm_90"})
 _STAGED = ("redfuser threads' staging", {"tma": False})
 _ONE_STAGE = ("redfuser one TMA stage", {"tma_stages": 1})
 _FAST_EXP = ("redfuser fast_exp (FlashAttention's exp)", {"fast_exp": True})
+_ACCURATE_EXP = ("redfuser accurate exp (shifted_exp=False)", {"shifted_exp": False})
 VARIANTS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "attention f16": (_MMA_SYNC, _STAGED, _ONE_STAGE, ("redfuser 4 TMA stages", {"tma_stages": 4}), _FAST_EXP),
+    "attention f16": (_MMA_SYNC, _STAGED, _ONE_STAGE, ("redfuser 4 TMA stages", {"tma_stages": 4}), _FAST_EXP,
+                      _ACCURATE_EXP),
     "attention bf16": (_MMA_SYNC, _STAGED, _ONE_STAGE, ("redfuser 2 blocks/SM, K and V rings", {"min_blocks_per_sm": 2}),
-                       _FAST_EXP),
+                       _FAST_EXP, _ACCURATE_EXP),
     "causal": (_MMA_SYNC, _STAGED, _ONE_STAGE),
     "fp8_gemm": (_MMA_SYNC, _STAGED, ("redfuser 64x128 tiles", {"block_n": 128}),
                  ("redfuser 128x128 tiles", {"block_m": 128, "block_n": 128})),

@@ -79,6 +79,7 @@ class ExprLowering:
     kb: KernelBuilder
     tiles: dict[str, Tiled] = field(default_factory=dict)
     fast_exp: bool = False          # f32 exponentials as exp2_ftz too (the ``fast_exp`` option; `_unary`)
+    shifted: frozenset = frozenset()  # f32 exps of a value minus its maximum: exp2 (`shifted_exp.py`; `_unary`)
 
     def lower(self, e: Expr, bindings: dict[str, Binding]) -> Tiled:
         """`e` with its axes bound by `bindings`, as a tile over the dims it reads."""
@@ -158,6 +159,9 @@ def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
     if e.op is UnaryOp.EXP and lw.fast_exp and e.dtype == float32:
         # the ``fast_exp`` option: FlashAttention's exponential, not numpy's (docs/gpu-backend.md, "Numerics")
         return _exp_as_exp2(lw, x, flush=True)
+    if e.op is UnaryOp.EXP and e.dtype == float32 and e in lw.shifted:
+        # an argument at most 0 (a value minus its maximum): within the tolerance rule (shifted_exp.py)
+        return _exp_as_exp2(lw, x, flush=False)
     if e.dtype.storage_only and e.op in NARROW_FAST:
         return Tiled(NARROW_FAST[e.op](lw.kb, x.value), x.dims)
     return Tiled(lw.kb.unary(e.op, x.value), x.dims)

@@ -20,6 +20,8 @@ Offsets are i32 unless some buffer of a kernel (padded to whole tiles) reaches 2
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import Buffer, Compute, FusedLoop, Program, Reduce, Stmt, TopK, loads, written
 from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
@@ -29,6 +31,7 @@ from .cleanup import cleanup_kernel
 from .fused import fused_kernel, joins, layout_or_fail
 from .nests import compute_kernel, reduce_kernel
 from .options import ScheduleOptions
+from .shifted_exp import max_shifted_exps
 from .split import plan_split, scratch_of, split_kernels
 from .topk import topk_kernel
 
@@ -111,6 +114,8 @@ def _buffers(group: Group) -> list[Buffer]:
 def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileProgram:
     """Tile `p` (see the module docstring); the result is verified."""
     opts = opts or ScheduleOptions()
+    if opts.shifted_exp:
+        opts = replace(opts, shifted_exps=max_shifted_exps(p))
     groups = _sweeps_of_split_loops_apart(group_statements(p), opts)
     outputs = {b.name for b in p.outputs}
     kernels: list[t.TileKernel] = []
