@@ -24,6 +24,8 @@ class UnaryOp(enum.Enum):
     EXP2 = "exp2"
     EXP2_FTZ = "exp2_ftz"   # 2**x with results below f32's smallest normal (2**-126) flushed to +0: not in the
     #                         op namespace; the scheduler's exp of an f16 or e4m3 result (schedule/exprs.py)
+    EXP_NONPOS = "exp_nonpos"  # e**x of an argument proven at most 0 (or NaN): not in the op namespace; the
+    #                            scheduler's exp of a value minus its maximum (schedule/shifted_exp.py)
     LOG = "log"
     LOG2 = "log2"
     SQRT = "sqrt"
@@ -48,7 +50,8 @@ WIDE_MATH = frozenset({UnaryOp.TANH, UnaryOp.EXPM1, UnaryOp.LOG1P, UnaryOp.ERF, 
 """The functions whose f32 form the code generators take from `codegen/wide_math.py` (evaluated in f64, at
 most 1 ulp on the whole f32 range)."""
 
-TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2}) | WIDE_MATH
+TRANSCENDENTAL = frozenset({UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.EXP_NONPOS, UnaryOp.LOG,
+                            UnaryOp.LOG2}) | WIDE_MATH
 """The unary ops a GPU computes in f32 only (from ``ex2``/``lg2``, or `WIDE_MATH`'s f32 forms)."""
 
 F32_TINY = 2.0 ** -126
@@ -136,6 +139,7 @@ UNARY_FUNCS: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.NEG: np.negative,
     UnaryOp.ABS: np.abs,
     UnaryOp.EXP: np.exp,
+    UnaryOp.EXP_NONPOS: np.exp,
     UnaryOp.EXP2: np.exp2,
     UnaryOp.EXP2_FTZ: lambda x: _flush_tiny(np.exp2(x)),
     UnaryOp.LOG: np.log,

@@ -100,11 +100,11 @@ class KernelOptions:
                                     "(FlashAttention's numerics: relative error up to 2**-22 + 1.5 |x| 2**-24, "
                                     "results below 2**-126 flushed to 0); False: numpy's accuracy (about 2 ulp)",
                              _bool)
-    shifted_exp: bool | None = _option(None, "f32 exp(x - max) (a softmax's, an online softmax's rescale) as "
-                                              "exp2(x * log2 e), one ex2.approx on a GPU: within the tolerance "
-                                              "rule, subnormals kept (schedule/shifted_exp.py); None: the "
-                                              "backend's default (on for GPU schedules, off on the cpu)",
-                                       _one_of((None, True, False)))
+    shifted_exp: bool | None = _option(None, "f32 exp(x - max) (a softmax's, an online softmax's rescale) by an "
+                                              "exp of arguments at most 0: one ex2.approx(x * log2 e) on a GPU, "
+                                              "a shorter scaling on the cpu; within the tolerance rule, "
+                                              "subnormals kept (schedule/shifted_exp.py); None: the default "
+                                              "(on); False: every exp accurate", _one_of((None, True, False)))
     prefetch: bool = _option(False, "cuda/simulate: load tensor-core operands a loop iteration ahead "
                                     "(schedule/prefetch.py)", _bool)
     llvm_opt: int | None = _option(None, "cuda/simulate: None, RedFuser's middle end; 1-3, LLVM's O1-O3 "

@@ -152,7 +152,14 @@ def _trampoline() -> int | None:
         return None
     from .cpu_jit import compile_cached
 
-    library, _ = compile_cached(trampoline_ir(offset))
+    try:
+        library, _ = compile_cached(trampoline_ir(offset))
+    except Exception as exc:   # (an LLVM without this target's JIT, a broken install: calls keep ctypes)
+        import logging
+
+        logging.getLogger("redfuser.runtime").warning("the cached call's builtin could not be made (%s); "
+                                                      "calls go through ctypes", exc)
+        return None
     _LIBRARIES.append(library)                      # the code lives as long as the process
     address = library.address("redfuser_entry")
     if not _increfs_like_python(address):

@@ -146,3 +146,31 @@ def test_inside_its_loop_a_running_max_bounds_only_the_current_chunk():
     maxima = se._maxima(program)
     assert se._at_most_zero(arg, maxima, position) and se._at_most_zero(arg, maxima, None)
     assert se._at_most_zero(other, maxima, None) and not se._at_most_zero(other, maxima, position)
+
+
+def _exp_of_shifted(x):
+    return rf.exp(x - rf.max(x, axis=-1, keepdims=True))
+
+
+def test_the_cpus_nonpositive_exp_gives_expfs_results_within_two_ulp_of_numpy():
+    """Rows whose maximum is 0 make ``x - max`` exactly ``x``: 250 000 arguments in [-110, 0] (subnormal and
+    flushed results among them) and the ends, through the cpu's `expf_nonpositive`. Its results are the
+    accurate `expf`'s bit for bit and within 2 ulp of numpy's (subnormals: 2 units of 2**-149); a row with
+    a NaN is NaN."""
+    rng = np.random.default_rng(4)
+    ends = [0.0, -0.0, -np.inf, -87.3, -87.33, -88.72, -103.9, -104.0, -150.0, -1e-40, -1e-45, -0.5, -1.0]
+    x = np.concatenate([rng.uniform(-110, 0, 200_000), -np.exp(rng.uniform(-100, 4.6, 50_000)), ends])
+    rows = np.full(-(-x.size // 127) * 127, -1.0)
+    rows[:x.size] = x
+    x = np.concatenate([rows.reshape(-1, 127), np.zeros((rows.size // 127, 1))], axis=1).astype(np.float32)
+    x[-1, 5] = np.nan
+    kernel = rf.kernel(_exp_of_shifted, backend="cpu")
+    assert "exp_nonpos" in str(kernel.lower(x).stages["tile"])
+    got, accurate, want = kernel(x), rf.kernel(_exp_of_shifted, backend="cpu", shifted_exp=False)(x), np.exp(x)
+    np.testing.assert_array_equal(got, accurate)
+    assert np.isnan(got[-1]).all() and not np.isnan(got[:-1]).any()
+    got, want = got[:-1], want[:-1]
+    assert np.array_equal(got == 0, want == 0)
+    normal = want >= 2.0 ** -126
+    assert (np.abs(got[normal].astype(np.float64) - want[normal]) / np.spacing(want[normal])).max() <= 2
+    assert np.abs(got[~normal].astype(np.float64) - want[~normal]).max() <= 2 * 2.0 ** -149

@@ -65,11 +65,11 @@ def _unary(em: KernelEmitter, op: t.Unary, idx: Idx) -> ir.Value:
             return b.call(mathlib.libm_f64(em.module, op.op.value), [x])
         return b.call(mathlib.wide_f32(em.module, op.op.value), [x])
     flush = op.op is UnaryOp.EXP2_FTZ       # exp2, then results below 2**-126 made 0
-    name = "exp2" if flush else op.op.value  # exp, exp2, log, log2
+    name = "exp2" if flush else op.op.value  # exp, exp_nonpos, exp2, log, log2
     if x.type == F32:
         r = b.call(mathlib.F32_FUNCTIONS[name](em.module), [x])
-    else:
-        r = b.call(intrinsic(em, name, x.type), [x])
+    else:                                    # (f64: the C library's; an f64 exp_nonpos is its exp)
+        r = b.call(intrinsic(em, "exp" if op.op is UnaryOp.EXP_NONPOS else name, x.type), [x])
     if flush:
         return b.select(b.fcmp_ordered("<", r, ir.Constant(x.type, F32_TINY)), ir.Constant(x.type, 0.0), r)
     return r

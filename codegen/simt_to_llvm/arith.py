@@ -30,7 +30,8 @@ from .types import const, reg_type
 
 
 # Unary float ops without a vector form on NVPTX: one call per element.
-_SCALAR_ONLY_UNARY = frozenset({UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.LOG, UnaryOp.LOG2}) | ROUNDING | WIDE_MATH
+_SCALAR_ONLY_UNARY = frozenset({UnaryOp.EXP2, UnaryOp.EXP2_FTZ, UnaryOp.EXP_NONPOS, UnaryOp.LOG,
+                                UnaryOp.LOG2}) | ROUNDING | WIDE_MATH
 
 
 def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.Value:
@@ -52,6 +53,7 @@ def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.V
         return wide_math.emit(b, op.value, x, table_space=1)
     return {UnaryOp.EXP: lambda: mathlib.exp(b, x, fast=em.options.fast_math), UnaryOp.EXP2: lambda: mathlib.exp2(b, x),
             UnaryOp.EXP2_FTZ: lambda: mathlib.ex2_approx_ftz(b, x),
+            UnaryOp.EXP_NONPOS: lambda: mathlib.exp_nonpositive(b, x),
             UnaryOp.LOG: lambda: mathlib.log(b, x), UnaryOp.LOG2: lambda: mathlib.log2(b, x)}[op]()
 
 

@@ -69,6 +69,12 @@ def exp2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return call_intrinsic(b, "llvm.exp2.f32", F32, [x])
 
 
+def exp_nonpositive(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """``e**x`` for x at most 0 (`UnaryOp.EXP_NONPOS`: a value minus its maximum, schedule/shifted_exp.py):
+    ``ex2.approx.f32(x * log2 e)``, subnormal results kept; within ``2**-22 + |x| 2**-24`` relative."""
+    return exp2(b, b.fmul(x, splat(x.type, LOG2E)))
+
+
 def log2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """``log2(x)`` (``lg2.approx.f32``): -inf at 0, NaN below, inf at inf."""
     return call_intrinsic(b, "llvm.nvvm.lg2.approx.f", F32, [x])

@@ -160,8 +160,8 @@ def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
         # the ``fast_exp`` option: FlashAttention's exponential, not numpy's (docs/gpu-backend.md, "Numerics")
         return _exp_as_exp2(lw, x, flush=True)
     if e.op is UnaryOp.EXP and e.dtype == float32 and e in lw.shifted:
-        # an argument at most 0 (a value minus its maximum): within the tolerance rule (shifted_exp.py)
-        return _exp_as_exp2(lw, x, flush=False)
+        # an argument at most 0 (a value minus its maximum): each backend's cheaper exp (shifted_exp.py)
+        return Tiled(lw.kb.unary(UnaryOp.EXP_NONPOS, x.value), x.dims)
     if e.dtype.storage_only and e.op in NARROW_FAST:
         return Tiled(NARROW_FAST[e.op](lw.kb, x.value), x.dims)
     return Tiled(lw.kb.unary(e.op, x.value), x.dims)

@@ -41,8 +41,8 @@
 | `peel_ragged` | a fused loop over a static axis that is not a whole number of | yes | no  |
 |             | chunks: the whole chunks unmasked, the last one masked on its   |     |     |
 |             | own (`chunks.chunk_loop`; a GPU's masked loads are predicated)  |     |     |
-| `shifted_exp` | f32 ``exp(x - max)`` (softmax, an online softmax's rescale) as | no  | yes |
-|             | ``exp2(x log2 e)`` (`shifted_exp.py`: the tolerance rule holds) |     |     |
+| `shifted_exp` | f32 ``exp(x - max)`` (softmax, an online softmax's rescale) by | yes | yes |
+|             | each backend's exp of an argument at most 0 (`shifted_exp.py`) |     |     |
 
 A kernel option of the same name (``rf.kernel(fn, block_m=32)``) overrides the default.
 `workers` comes from the machine: the ``num_threads`` option or the core count on
@@ -96,7 +96,7 @@ class ScheduleOptions:
     peel_ragged: bool = False                 # a fused loop's ragged last chunk in a loop of its own (cpu)
     whole_max: int = CHEAP_RECOMPUTE_MAX      # longest state axis a contracting loop keeps whole
     fast_exp: bool = False                    # f32 exp as exp2_ftz(x log2 e) (exprs.py, `_exp_as_exp2`)
-    shifted_exp: bool = False                 # f32 exp(x - max) as exp2(x log2 e) (shifted_exp.py)
+    shifted_exp: bool = True                  # f32 exp(x - max) as UnaryOp.EXP_NONPOS (shifted_exp.py)
     # the exps `shifted_exp` applies to: derived from the program by `schedule_program`, not an option
     shifted_exps: frozenset = field(default=frozenset(), compare=False, repr=False)
 
@@ -154,7 +154,7 @@ DEFAULTS: dict[str, ScheduleOptions] = {
     "cpu": ScheduleOptions(dot_tile=(64, 128), gemm_tile=(128, 128, 128), skip_exact=True, peel_ragged=True,
                            whole_max=WHOLE_MAX["cpu"]),
     "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True,
-                           whole_max=WHOLE_MAX["gpu"], shifted_exp=True),
+                           whole_max=WHOLE_MAX["gpu"]),
 }
 
 
