@@ -79,7 +79,7 @@ class ExprLowering:
     kb: KernelBuilder
     tiles: dict[str, Tiled] = field(default_factory=dict)
     fast_exp: bool = False          # f32 exponentials as exp2_ftz too (the ``fast_exp`` option; `_unary`)
-    shifted: frozenset = frozenset()  # f32 exps of a value minus its maximum: exp2 (`shifted_exp.py`; `_unary`)
+    shifted: frozenset = frozenset()  # f32 exps of a value minus its maximum: EXP_NONPOS (`shifted_exp.py`)
 
     def lower(self, e: Expr, bindings: dict[str, Binding]) -> Tiled:
         """`e` with its axes bound by `bindings`, as a tile over the dims it reads."""
