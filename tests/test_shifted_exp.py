@@ -174,3 +174,48 @@ def test_the_cpus_nonpositive_exp_gives_expfs_results_within_two_ulp_of_numpy():
     normal = want >= 2.0 ** -126
     assert (np.abs(got[normal].astype(np.float64) - want[normal]) / np.spacing(want[normal])).max() <= 2
     assert np.abs(got[~normal].astype(np.float64) - want[~normal]).max() <= 2 * 2.0 ** -149
+
+
+def flushable(body, *args) -> list[str]:
+    """The exps `flush_safe_exps` takes in `body`'s fused program, printed and sorted."""
+    from redfuser.schedule.shifted_exp import flush_safe_exps
+
+    program = rf.kernel(body, backend="interpret").lower(*args).stages["fused"]
+    return sorted(format_expr(e) for e in flush_safe_exps(program, max_shifted_exps(program)))
+
+
+def test_only_exps_no_result_can_tell_flushed_are_flushable():
+    """f16 attention as users write it: ``p`` summed into ``l`` and rounded to f16 for ``P·V``, so a value
+    below 2**-126 shows nowhere; its rescale multiplies the accumulator too and is not taken. f32 attention
+    (``P·V`` in f32) and bf16 attention (bf16 keeps values down to 2**-133) flush none of their terms. A
+    softmax's and a cross-entropy's running sum ``l`` flushes its terms; the softmax's sweep, which stores
+    ``exp(x - m) / l``, does not."""
+    q16 = RNG.standard_normal((1, 2, 64, 64)).astype(np.float16)
+    assert flushable(flash_attention_f16, q16, q16, q16) == [
+        "exp(0.125 * s_matmul[0,i1,i2,j] - where(m[0,i1,i2] == -inf, 0.0, m[0,i1,i2]))"]
+    q = q16.astype(np.float32)
+    assert flushable(attention, q, q, q) == []
+    import ml_dtypes
+
+    from redfuser.workloads import flash_attention_bf16
+    qb = q16.astype(ml_dtypes.bfloat16)
+    assert flushable(flash_attention_bf16, qb, qb, qb) == []
+    x = RNG.standard_normal((8, 100)).astype(np.float32)
+    assert flushable(softmax, x) == ["exp(x[i0,j] - where(m[i0] == -inf, 0.0, m[i0]))"]       # not x[i0,i1]
+    assert flushable(cross_entropy, x, RNG.integers(0, 100, 8)) == [
+        "exp(logits[i0,j] - where(m[i0] == -inf, 0.0, m[i0]))"]
+
+
+def test_gpu_f16_attention_flushes_its_terms_and_keeps_its_rescale_exact():
+    """The flushable terms are one ``ex2.approx.ftz`` each on sm_90a; results stay within the tolerance rule
+    at scores far below -87 (std 16 and 30)."""
+    q = RNG.standard_normal((1, 2, 128, 64)).astype(np.float16)
+    ptx = ptx_of(flash_attention_f16, q, q, q)
+    assert ptx.count("cvt.rni") == 0 and ptx.count("ex2.approx.ftz.f32") >= 32      # the terms: one ex2.ftz each
+    assert 0 < ptx.count("ex2.approx.f32") < 16           # the rescales (a few a thread), not the 32 terms
+    for scale in (4.0, 5.5):
+        q = (RNG.standard_normal((1, 2, 64, 64)) * scale).astype(np.float16)
+        k = (RNG.standard_normal((1, 2, 96, 64)) * scale).astype(np.float16)
+        v = RNG.standard_normal((1, 2, 96, 64)).astype(np.float16)
+        got = rf.kernel(flash_attention_f16, backend="simulate", sm="sm_90a")(q, k, v)
+        assert_close(got.astype(np.float32), flash_attention_f16(q, k, v).astype(np.float32), np.float16, 96)

@@ -80,6 +80,7 @@ class ExprLowering:
     tiles: dict[str, Tiled] = field(default_factory=dict)
     fast_exp: bool = False          # f32 exponentials as exp2_ftz too (the ``fast_exp`` option; `_unary`)
     shifted: frozenset = frozenset()  # f32 exps of a value minus its maximum: EXP_NONPOS (`shifted_exp.py`)
+    flushable: frozenset = frozenset()  # those of them no result can tell flushed: exp2_ftz (`shifted_exp.py`)
 
     def lower(self, e: Expr, bindings: dict[str, Binding]) -> Tiled:
         """`e` with its axes bound by `bindings`, as a tile over the dims it reads."""
@@ -158,6 +159,9 @@ def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
         return _exp_as_exp2(lw, x, flush=flushes_exp(e.dtype))
     if e.op is UnaryOp.EXP and lw.fast_exp and e.dtype == float32:
         # the ``fast_exp`` option: FlashAttention's exponential, not numpy's (docs/gpu-backend.md, "Numerics")
+        return _exp_as_exp2(lw, x, flush=True)
+    if e.op is UnaryOp.EXP and e.dtype == float32 and e in lw.flushable:
+        # at most 0, and no result shows a value below 2**-126 (shifted_exp.flush_safe_exps): one ex2.approx.ftz
         return _exp_as_exp2(lw, x, flush=True)
     if e.op is UnaryOp.EXP and e.dtype == float32 and e in lw.shifted:
         # an argument at most 0 (a value minus its maximum): each backend's cheaper exp (shifted_exp.py)

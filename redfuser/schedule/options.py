@@ -43,6 +43,8 @@
 |             | own (`chunks.chunk_loop`; a GPU's masked loads are predicated)  |     |     |
 | `shifted_exp` | f32 ``exp(x - max)`` (softmax, an online softmax's rescale) by | yes | yes |
 |             | each backend's exp of an argument at most 0 (`shifted_exp.py`) |     |     |
+| `flush_shifted_exp` | those of them no result can tell flushed below 2**-126  | no  | yes |
+|             | (``l``'s terms, P rounded to f16) as ``exp2_ftz``: one ``ex2``  |     |     |
 
 A kernel option of the same name (``rf.kernel(fn, block_m=32)``) overrides the default.
 `workers` comes from the machine: the ``num_threads`` option or the core count on
@@ -97,8 +99,11 @@ class ScheduleOptions:
     whole_max: int = CHEAP_RECOMPUTE_MAX      # longest state axis a contracting loop keeps whole
     fast_exp: bool = False                    # f32 exp as exp2_ftz(x log2 e) (exprs.py, `_exp_as_exp2`)
     shifted_exp: bool = True                  # f32 exp(x - max) as UnaryOp.EXP_NONPOS (shifted_exp.py)
-    # the exps `shifted_exp` applies to: derived from the program by `schedule_program`, not an option
+    flush_shifted_exp: bool = False           # those no result can tell flushed: exp2_ftz (a GPU's one ex2)
+    # the exps `shifted_exp` applies to, and the flushable ones among them: derived from the program by
+    # `schedule_program` (shifted_exp.py), not options
     shifted_exps: frozenset = field(default=frozenset(), compare=False, repr=False)
+    flushable_exps: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "workers", "split", "whole_max"):
@@ -154,7 +159,7 @@ DEFAULTS: dict[str, ScheduleOptions] = {
     "cpu": ScheduleOptions(dot_tile=(64, 128), gemm_tile=(128, 128, 128), skip_exact=True, peel_ragged=True,
                            whole_max=WHOLE_MAX["cpu"]),
     "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True,
-                           whole_max=WHOLE_MAX["gpu"]),
+                           whole_max=WHOLE_MAX["gpu"], flush_shifted_exp=True),
 }
 
 

@@ -31,7 +31,7 @@ from .cleanup import cleanup_kernel
 from .fused import fused_kernel, joins, layout_or_fail
 from .nests import compute_kernel, reduce_kernel
 from .options import ScheduleOptions
-from .shifted_exp import max_shifted_exps
+from .shifted_exp import flush_safe_exps, max_shifted_exps
 from .split import plan_split, scratch_of, split_kernels
 from .topk import topk_kernel
 
@@ -115,7 +115,9 @@ def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileP
     """Tile `p` (see the module docstring); the result is verified."""
     opts = opts or ScheduleOptions()
     if opts.shifted_exp:
-        opts = replace(opts, shifted_exps=max_shifted_exps(p))
+        shifted = max_shifted_exps(p)
+        flushable = flush_safe_exps(p, shifted) if opts.flush_shifted_exp else frozenset()
+        opts = replace(opts, shifted_exps=shifted, flushable_exps=flushable)
     groups = _sweeps_of_split_loops_apart(group_statements(p), opts)
     outputs = {b.name for b in p.outputs}
     kernels: list[t.TileKernel] = []

@@ -28,7 +28,11 @@ maximum -- a fused loop's max state, or a max `Reduce` -- at some position ``p``
   after it: the final one covers every position), products and sums matched in either order; or
 - the state's value before the chunk (``m_prev``) at ``p``: the running max only grows.
 
-The shifted path is the ``shifted_exp`` option (on by default; False keeps every ``exp`` accurate).
+The shifted path is the ``shifted_exp`` option (on by default; False keeps every ``exp`` accurate). On GPU
+schedules (`ScheduleOptions.flush_shifted_exp`) the ones no result can tell flushed below ``2**-126``
+(`flush_safe_exps`: a running sum's terms, values rounded to f16 at once) are ``exp2_ftz``, one
+``ex2.approx.ftz`` where the non-flushing ``ex2.approx.f32`` is that instruction behind a range check and two
+multiplies: f16 attention 1 145 -> 1 049 SASS instructions.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from ..ir import Axis, Binary, BinaryOp, Const, Expr, FusedLoop, Load, OnlineSta
 from ..ir.loop.expr import Cast, Computed, IndexValue, Strided, children, walk
 from ..ir.loop.nodes import Compute
 from ..ir.semantics import ReduceOp, UnaryOp
-from ..ir.types import float32
+from ..ir.types import float8_e4m3fn, float16, float32
 
 _COMMUTATIVE = (BinaryOp.ADD, BinaryOp.MUL)
 
@@ -68,6 +72,75 @@ def max_shifted_exps(p: Program) -> frozenset[Expr]:
             if isinstance(node, Unary) and node.op is UnaryOp.EXP and node.dtype == float32:
                 (found if _at_most_zero(node.x, maxima, where) else refused).add(node)
     return frozenset(found - refused)
+
+
+FLUSHING_CASTS = (float16, float8_e4m3fn)
+"""Types whose rounding makes 0 of every value below 2**-126 (their smallest subnormals are 2**-24 and 2**-9;
+bfloat16's, 2**-133, is not among them)."""
+
+
+def flush_safe_exps(p: Program, shifted: frozenset[Expr]) -> frozenset[Expr]:
+    """Of the `shifted` exps, those no result of `p` can tell from ``exp2_ftz`` (results below 2**-126 made 0):
+    each occurrence is either
+
+    - rounded to f16 or e4m3 at once (`FLUSHING_CASTS`: the rounding makes those values 0 anyway; P in f16
+      attention as users write it), or
+    - the whole term of a running sum over the loop of its own maximum, ``l = sum over j of exp(s - m)``: the
+      term at the maximum is ``exp(0) = 1`` and rescales keep it 1 while ``m`` holds, so ``l >= 1`` after every
+      chunk (or every term is exactly 0) and a flushed term changes ``l`` by less than 2**-120, far below
+      half its ulp; the result may round the other way only where the exact sum lies that close to a
+      rounding boundary (then by one ulp of ``l``, within the tolerance rule by a factor of thousands).
+
+    A rescale ``exp(m_prev - m)`` is never among them: it multiplies ``P·V``'s accumulator too, where a
+    flushed factor would show."""
+    if not shifted:
+        return frozenset()
+    maxima = _maxima(p)
+    safe: set[Expr] = set()
+    unsafe: set[Expr] = set()
+    for position, s in enumerate(p.body):
+        for root, sum_state in _roots(s):
+            for node, parent in _with_parents(root):
+                if node not in shifted:
+                    continue
+                ok = (isinstance(parent, Cast) and parent.dtype in FLUSHING_CASTS) or \
+                    (parent is None and sum_state is not None and _sums_its_maximum(node, maxima, position))
+                (safe if ok else unsafe).add(node)
+    return frozenset(safe - unsafe)
+
+
+def _roots(s: object) -> list[tuple[Expr, OnlineState | None]]:
+    """The expressions of statement `s`, each with the running sum whose whole term it is (or None)."""
+    if isinstance(s, (Compute, Reduce)):
+        return [(s.value, None)]
+    if not isinstance(s, FusedLoop):
+        return []
+    out: list[tuple[Expr, OnlineState | None]] = [(local.value, None) for local in s.locals]
+    for st in s.states:
+        summed = isinstance(st, OnlineState) and st.op is ReduceOp.SUM and st.carry is None
+        out.append((st.term, st if summed else None))
+        out += [(e, None) for e in (st.rescale, getattr(st, "carry", None)) if e is not None]
+    return out
+
+
+def _with_parents(e: Expr):
+    """Every node of `e` with its parent (None for `e` itself)."""
+    stack: list[tuple[Expr, Expr | None]] = [(e, None)]
+    while stack:
+        node, parent = stack.pop()
+        yield node, parent
+        stack.extend((child, node) for child in children(node))
+
+
+def _sums_its_maximum(e: Expr, maxima: dict[str, _Maximum], loop: int) -> bool:
+    """Whether exp node `e` is ``exp(term - m)`` with ``m`` a running max of the fused loop at `loop` and the
+    argument that max's own term (not the rescale's ``m_prev``)."""
+    x = e.x  # type: ignore[attr-defined]
+    m = _guarded(x.b)
+    maximum = maxima.get(m.buffer.name) if isinstance(m, Load) else None
+    if maximum is None or maximum.loop != loop:
+        return False
+    return not (isinstance(x.a, Load) and x.a.buffer.name == maximum.prev)
 
 
 def _maxima(p: Program) -> dict[str, _Maximum]:
