@@ -45,6 +45,12 @@ def widened(e: Expr) -> Expr:
     return map_expr(e, widen)
 
 
+def state_exprs(st: OnlineState | TopKState) -> list[Expr]:
+    """The expressions a state computes per chunk: its term, and its rescale and (an `OnlineState`'s) carry
+    where it has them (the ones `map_state_exprs` maps)."""
+    return [e for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
+
+
 def map_state_exprs(st: OnlineState | TopKState, fn: Callable[[Expr], Expr | None]) -> OnlineState | TopKState:
     """`st` with `map_expr(., fn)` applied to each of its expressions: term, rescale and (an `OnlineState`'s)
     carry."""
@@ -85,4 +91,4 @@ def rename_buffers(p: Program, names: dict[str, str], program_name: str | None =
     )
 
 
-__all__ = ["map_expr", "map_state_exprs", "rename_buffers", "Compute", "Reduce"]
+__all__ = ["map_expr", "map_state_exprs", "rename_buffers", "state_exprs", "Compute", "Reduce"]

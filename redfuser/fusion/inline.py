@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from ..ir import Compute, Program, Reduce, TopK, walk, written
 from ..ir.loop.expr import Load
+from ..ir.loop.rewrite import state_exprs
 from .substitute import inline_loads
 
 MAX_INLINE_NODES = 256
@@ -39,7 +40,7 @@ def reads(s) -> set[str]:
 
     if isinstance(s, FusedLoop):
         exprs = [l.value for l in s.locals]
-        exprs += [e for st in s.states for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
+        exprs += [e for st in s.states for e in state_exprs(st)]
     else:
         exprs = [s.value]
     return {n.buffer.name for e in exprs for n in walk(e) if isinstance(n, Load)}

@@ -32,6 +32,7 @@ from ..ir import (
     walk,
     written,
 )
+from ..ir.loop.rewrite import state_exprs
 from .cascade import Candidate, dependencies
 from .gathered_reads import read_along as _read_along, recompute_gathered_reads
 from .group import CascadeGroup
@@ -268,7 +269,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
 
 def _state_exprs(b: LoopBuilder) -> list[Expr]:
     """Every expression the fused loop's states compute per chunk: terms, rescales, carries."""
-    return [e for st in b.states for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
+    return [e for st in b.states for e in state_exprs(st)]
 
 
 def _pull_locals(p: Program, fused: list[Member], b: LoopBuilder, axis: Axis) -> list[tuple[Reduce, Reduce]]:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from ..ir import Axis, Buffer, Compute, Expr, FusedLoop, Load, Program, map_expr
 from ..ir.loop.expr import loads
 from ..ir.loop.nodes import Stmt, written
-from ..ir.loop.rewrite import map_state_exprs
+from ..ir.loop.rewrite import map_state_exprs, state_exprs
 from ..ir.types import BufferType, float8_e4m3fn
 
 
@@ -88,7 +88,7 @@ def _exprs(loop: FusedLoop) -> list[tuple[Expr, tuple[Axis, ...]]]:
     """Each expression of `loop`'s locals and states, with the axes of the nest or state it belongs to."""
     out: list[tuple[Expr, tuple[Axis, ...]]] = [(l.value, l.axes) for l in loop.locals]
     for st in loop.states:
-        out += [(e, st.axes) for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
+        out += [(e, st.axes) for e in state_exprs(st)]
     return out
 
 

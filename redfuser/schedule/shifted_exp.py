@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from ..ir import Axis, Binary, BinaryOp, Const, Expr, FusedLoop, Load, OnlineState, Program, Reduce, Select, Unary
 from ..ir.loop.expr import Cast, Computed, IndexValue, Strided, children, walk
 from ..ir.loop.nodes import Compute
+from ..ir.loop.rewrite import state_exprs
 from ..ir.semantics import ReduceOp, UnaryOp
 from ..ir.types import float8_e4m3fn, float16, float32
 
@@ -67,7 +68,7 @@ def max_shifted_exps(p: Program) -> frozenset[Expr]:
         return frozenset()
     found: set[Expr] = set()
     refused: set[Expr] = set()      # (the same expression in two places is taken only where both are proven)
-    for e, where in _expressions(p):
+    for e, where, _ in _expressions(p):
         for node in walk(e):
             if isinstance(node, Unary) and node.op is UnaryOp.EXP and node.dtype == float32:
                 (found if _at_most_zero(node.x, maxima, where) else refused).add(node)
@@ -98,29 +99,14 @@ def flush_safe_exps(p: Program, shifted: frozenset[Expr]) -> frozenset[Expr]:
     maxima = _maxima(p)
     safe: set[Expr] = set()
     unsafe: set[Expr] = set()
-    for position, s in enumerate(p.body):
-        for root, sum_state in _roots(s):
-            for node, parent in _with_parents(root):
-                if node not in shifted:
-                    continue
-                ok = (isinstance(parent, Cast) and parent.dtype in FLUSHING_CASTS) or \
-                    (parent is None and sum_state is not None and _sums_its_maximum(node, maxima, position))
-                (safe if ok else unsafe).add(node)
+    for root, loop, summed in _expressions(p):
+        for node, parent in _with_parents(root):
+            if node not in shifted:
+                continue
+            ok = (isinstance(parent, Cast) and parent.dtype in FLUSHING_CASTS) or \
+                (parent is None and summed and _sums_its_maximum(node, maxima, loop))
+            (safe if ok else unsafe).add(node)
     return frozenset(safe - unsafe)
-
-
-def _roots(s: object) -> list[tuple[Expr, OnlineState | None]]:
-    """The expressions of statement `s`, each with the running sum whose whole term it is (or None)."""
-    if isinstance(s, (Compute, Reduce)):
-        return [(s.value, None)]
-    if not isinstance(s, FusedLoop):
-        return []
-    out: list[tuple[Expr, OnlineState | None]] = [(local.value, None) for local in s.locals]
-    for st in s.states:
-        summed = isinstance(st, OnlineState) and st.op is ReduceOp.SUM and st.carry is None
-        out.append((st.term, st if summed else None))
-        out += [(e, None) for e in (st.rescale, getattr(st, "carry", None)) if e is not None]
-    return out
 
 
 def _with_parents(e: Expr):
@@ -132,7 +118,7 @@ def _with_parents(e: Expr):
         stack.extend((child, node) for child in children(node))
 
 
-def _sums_its_maximum(e: Expr, maxima: dict[str, _Maximum], loop: int) -> bool:
+def _sums_its_maximum(e: Expr, maxima: dict[str, _Maximum], loop: int | None) -> bool:
     """Whether exp node `e` is ``exp(term - m)`` with ``m`` a running max of the fused loop at `loop` and the
     argument that max's own term (not the rescale's ``m_prev``)."""
     x = e.x  # type: ignore[attr-defined]
@@ -155,16 +141,18 @@ def _maxima(p: Program) -> dict[str, _Maximum]:
     return out
 
 
-def _expressions(p: Program) -> list[tuple[Expr, int | None]]:
-    """Every expression of `p`, with the position of the fused loop it is in (None: a nest of its own)."""
-    out: list[tuple[Expr, int | None]] = []
+def _expressions(p: Program) -> list[tuple[Expr, int | None, bool]]:
+    """Every expression of `p`, with the position of the fused loop it is in (None: a nest of its own) and
+    whether it is the whole term of a running sum (an `OnlineState` adding its terms, without a carry)."""
+    out: list[tuple[Expr, int | None, bool]] = []
     for position, s in enumerate(p.body):
         if isinstance(s, (Compute, Reduce)):
-            out.append((s.value, None))
+            out.append((s.value, None, False))
         elif isinstance(s, FusedLoop):
-            out += [(local.value, position) for local in s.locals]
+            out += [(local.value, position, False) for local in s.locals]
             for st in s.states:
-                out += [(e, position) for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
+                summed = isinstance(st, OnlineState) and st.op is ReduceOp.SUM and st.carry is None
+                out += [(e, position, summed and e is st.term) for e in state_exprs(st)]
     return out
 
 
