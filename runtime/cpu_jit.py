@@ -261,27 +261,34 @@ def tile_bytes(kernel) -> int:
     return sum(v.dtype.itemsize * math.prod(v.shape) for op in t.walk_ops(kernel.body) for v in t.results(op))
 
 
-def _tensor_call(kernels: tuple, made: tuple, n_out: int, dense: Callable,
-                 entry: Callable[..., Any] | None) -> Callable[..., Any]:
-    """`CpuProgram.direct`'s function for torch CPU tensors (see there), through the builtin `entry` where
-    there is one."""
+def _tensor_call(made: tuple, n_out: int, dense: Callable, launch: Callable[..., Any]) -> Callable[..., Any]:
+    """`CpuProgram.direct`'s function for torch CPU tensors (see there): their numpy views to `launch`."""
     import torch
 
-    from_numpy, empty, address, ident = torch.from_numpy, np.empty, data_address, threading.get_ident
+    from_numpy, empty, ident = torch.from_numpy, np.empty, threading.get_ident
 
     def call(tensors: Sequence) -> Any:
         if ident() != _MAIN_THREAD:
             results = dense([t.numpy() for t in tensors])
-        elif entry is not None:
-            results = [empty(shape, dtype) for shape, dtype in made]
-            entry(*[t.numpy() for t in tensors], *results)
         else:
             results = [empty(shape, dtype) for shape, dtype in made]
-            at = [t.data_ptr() for t in tensors] + [address(r) for r in results]
-            for fn, params, programs in kernels:
-                fn(*[at[i] for i in params], None, 0, programs)
+            launch(*[t.numpy() for t in tensors], *results)
         return from_numpy(results[0]) if n_out == 1 else tuple(from_numpy(r) for r in results[:n_out])
     return call
+
+
+def _ctypes_launch(kernels: tuple, result: int) -> Callable[..., Any]:
+    """`native_entry.entry_of`'s builtin done in Python where there is none: ``f(*buffers)`` calls each of
+    `kernels` (ctypes function, buffer positions, program count) on the buffers' addresses and returns
+    ``buffers[result]``."""
+    address = data_address
+
+    def launch(*memory: np.ndarray) -> np.ndarray:
+        at = [address(m) for m in memory]
+        for fn, params, programs in kernels:
+            fn(*[at[i] for i in params], None, 0, programs)
+        return memory[result]
+    return launch
 
 
 class CpuProgram:
@@ -339,47 +346,35 @@ class CpuProgram:
         result, or the tuple of them; `outputs` as given), or None where it does not apply: every kernel runs on
         the caller's thread (`_launch`'s inline case: static programs, one of them or small work, tiles that fit
         the main thread's stack). Everything a call reads is bound when the function is made, so a call
-        allocates the results and scratch, reads the addresses and calls the kernels: a kernel's cached call
-        on tiny inputs took 6.8 us through `call_dense`, 4.7 through this (benchmarks/call_overhead.py). A
-        thread other than the main one takes `call_dense` (the inline case is the main thread's).
-        With `tensors` the arrays are contiguous torch CPU tensors (read where ``data_ptr`` says) and the
-        results come back as tensors viewing the arrays made for them (no `outputs`): 15.3 -> 8.9 us."""
+        allocates the results and scratch and runs the kernels: one call of a builtin where the interpreter
+        allows it (`runtime.native_entry`: a cached softmax of a [4, 16] array 4.2 -> 2.2 us, from 6.8 through
+        `call_dense`), else a ctypes call per kernel on the buffers' addresses. A thread other than the main
+        one takes `call_dense` (the inline case is the main thread's). With `tensors` the arrays are contiguous
+        torch CPU tensors (read through their numpy views) and the results come back as tensors viewing the
+        arrays made for them (no `outputs`)."""
         if not self._dense or not self._small_stack or not all(
                 programs == 1 or small for (_, _, programs, _), small in zip(self._kernels, self._small)):
             return None
         made, n_in, n_out = tuple(self._made), len(self.program.inputs), self._n_out
         scratch = made[n_out:]
         kernels = tuple((fn, params, programs) for fn, params, programs, _ in self._kernels)
-        empty, address, ident, dense = np.empty, data_address, threading.get_ident, self.call_dense
-        # the kernels as one builtin call where the interpreter allows it (`runtime.native_entry`: 2.6 -> 0.6 us
-        # a call of softmax on a [4, 16] array); it keeps the GIL unless a kernel may run long
-        entry = entry_of([(ctypes.cast(fn, ctypes.c_void_p).value, params, programs) for fn, params, programs in kernels],
-                         n_in, release_gil=not all(self._small))
+        empty, ident, dense = np.empty, threading.get_ident, self.call_dense
+        # one builtin call where the interpreter allows it (keeping the GIL for small kernels only), else ctypes
+        launch = entry_of(kernels, n_in, release_gil=not all(self._small)) or _ctypes_launch(kernels, n_in)
         if tensors:
-            return _tensor_call(kernels, made, n_out, dense, entry)
+            return _tensor_call(made, n_out, dense, launch)
 
         if len(kernels) == 1 and n_out == 1 and not scratch:       # (a row kernel: softmax)
-            ((fn, params, programs),), ((shape, dtype),) = kernels, made
-
-            if entry is not None:
-                def one_entry(arrays: Sequence, outputs: Sequence | None = None) -> Any:
-                    if ident() != _MAIN_THREAD:
-                        results = dense(arrays, outputs)
-                        return results[0] if outputs is None else outputs
-                    if outputs is None:
-                        return entry(*arrays, empty(shape, dtype))
-                    entry(*arrays, outputs[0])
-                    return outputs
-                return one_entry
+            ((shape, dtype),) = made
 
             def one(arrays: Sequence, outputs: Sequence | None = None) -> Any:
                 if ident() != _MAIN_THREAD:
                     results = dense(arrays, outputs)
                     return results[0] if outputs is None else outputs
-                result = empty(shape, dtype) if outputs is None else outputs[0]
-                memory = (*arrays, result)
-                fn(*[address(memory[i]) for i in params], None, 0, programs)
-                return result if outputs is None else outputs
+                if outputs is None:
+                    return launch(*arrays, empty(shape, dtype))
+                launch(*arrays, outputs[0])
+                return outputs
             return one
 
         def call(arrays: Sequence, outputs: Sequence | None = None) -> Any:
@@ -390,12 +385,7 @@ class CpuProgram:
                     memory = (*arrays, *[empty(shape, dtype) for shape, dtype in made])
                 else:
                     memory = (*arrays, *outputs, *[empty(shape, dtype) for shape, dtype in scratch])
-                if entry is not None:
-                    entry(*memory)
-                else:
-                    at = [address(m) for m in memory]
-                    for fn, params, programs in kernels:
-                        fn(*[at[i] for i in params], None, 0, programs)
+                launch(*memory)
                 results = memory[n_in:n_in + n_out]
             if outputs is not None:
                 return outputs

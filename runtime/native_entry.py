@@ -131,14 +131,14 @@ def _address(fn: Any) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
-def plan_of(kernels: Sequence[tuple[int, Sequence[int], int]], result: int, release_gil: bool) -> np.ndarray:
-    """The plan `self` of a builtin call: `kernels` as (entry point, buffer positions, program count), run in
-    order, then the argument at position `result` returned."""
+def plan_of(kernels: Sequence[tuple[Any, Sequence[int], int]], result: int, release_gil: bool) -> np.ndarray:
+    """The plan `self` of a builtin call: `kernels` as (ctypes function, buffer positions, program count), run
+    in order, then the argument at position `result` returned."""
     api = ctypes.pythonapi
     words = [len(kernels), int(release_gil), _address(api.PyEval_SaveThread), _address(api.PyEval_RestoreThread),
              result]
     for fn, params, programs in kernels:
-        words += [fn, programs, len(params), *params]
+        words += [_address(fn), programs, len(params), *params]
     return np.array(words, dtype=np.int64)
 
 
@@ -196,9 +196,9 @@ def _increfs_like_python(address: int) -> bool:
     return held == before + 1 and sys.getrefcount(probe) == before
 
 
-def entry_of(kernels: Sequence[tuple[int, Sequence[int], int]], result: int,
+def entry_of(kernels: Sequence[tuple[Any, Sequence[int], int]], result: int,
              release_gil: bool) -> Callable[..., Any] | None:
-    """A builtin ``f(*buffers)`` running `kernels` (entry point, buffer positions, program count) on the
+    """A builtin ``f(*buffers)`` running `kernels` (ctypes function, buffer positions, program count) on the
     buffers' data and returning ``buffers[result]``, or None where the call cannot be made so (module
     docstring)."""
     if any(len(params) > MAX_PARAMS for _, params, _ in kernels):

@@ -139,10 +139,34 @@ def test_the_trampoline_calls_each_kernel_with_its_buffers_in_order():
     proto3 = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_int64, ctypes.c_int64)
     two = proto3(lambda a, b, c, sizes, begin, end: calls.append(("two", a, b, c, sizes, begin, end)))
-    address = lambda f: ctypes.cast(f, ctypes.c_void_p).value       # noqa: E731
     buffers = [np.zeros(n, np.float32) for n in (3, 5, 7)]
     at = [b.__array_interface__["data"][0] for b in buffers]
-    entry = native_entry.entry_of([(address(one), (2, 0), 4), (address(two), (1, 1, 2), 9)], 1, False)
+    entry = native_entry.entry_of([(one, (2, 0), 4), (two, (1, 1, 2), 9)], 1, False)
     assert entry(*buffers) is buffers[1]
     assert calls == [("one", at[2], at[0], None, 0, 4), ("two", at[1], at[1], at[2], None, 0, 9)]
-    assert native_entry.entry_of([(address(one), tuple(range(native_entry.MAX_PARAMS + 1)), 1)], 0, False) is None
+    assert native_entry.entry_of([(one, tuple(range(native_entry.MAX_PARAMS + 1)), 1)], 0, False) is None
+
+
+def test_without_the_builtin_the_cached_call_runs_its_kernels_through_ctypes(monkeypatch):
+    """Where the builtin cannot be made (another interpreter), `direct` calls each kernel through ctypes on
+    the buffers' addresses (`cpu_jit._ctypes_launch`): for a row kernel and for a program of three kernels
+    and two results, with and without ``out=``, the same results as the program's full run, and never
+    through the builtin."""
+    from redfuser.runtime import cpu_jit
+
+    monkeypatch.setattr(cpu_jit, "entry_of", lambda *a, **kw: None)
+    x = RNG.standard_normal((8, 300)).astype(np.float32)
+    for body, options in ((softmax, {}), (max_and_sum, {"split": 2})):
+        k = rf.kernel(body, backend="cpu", **options)
+        k(x)
+        (path,) = k._fast.values()
+        assert path.direct is not None
+        want = path.run([x])                               # `CpuProgram.__call__`: every check, `_launch`
+        got: list = []
+        assert _builtins_called(lambda: got.append(k(x))).count("redfuser_entry") == 0
+        got = got[0] if isinstance(got[0], tuple) else (got[0],)
+        outs = tuple(np.full_like(w, np.nan) for w in want)
+        k(x, out=outs if len(outs) > 1 else outs[0])
+        for g, o, w in zip(got, outs, want):
+            np.testing.assert_array_equal(g, w)
+            np.testing.assert_array_equal(o, w)
