@@ -95,18 +95,23 @@ def _round(b: ir.IRBuilder, t: ir.Value) -> tuple[ir.Value, ir.Value]:
     return n, ni
 
 
+def _reduced(b: ir.IRBuilder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(e**r, n as i32)`` with ``x = n ln2 + r`` (Cody-Waite, two-part ln2; `x` already limited)."""
+    fma = declare_intrinsic(b.module, "llvm.fma.f32", F32, [F32, F32, F32])
+    n, ni = _round(b, b.call(fma, [x, _c(_LOG2E), _c(_ROUND_MAGIC)]))
+    r = b.call(fma, [n, _c(-_LN2_HI), x])
+    r = b.call(fma, [n, _c(-_LN2_LO), r])
+    return _exp_poly(b, r), ni
+
+
 def expf(module: ir.Module) -> ir.Function:
     """``rf.expf``: f32 e**x (see the module docstring)."""
     fn, b = _function(module, "rf.expf")
     if b is None:
         return fn
-    x = fn.args[0]
-    fma = declare_intrinsic(module, "llvm.fma.f32", F32, [F32, F32, F32])
-    xc = _clamp(b, x, -104.0, 89.0)  # n in [-150, 128]: 0 and inf come out of _scale (module docstring)
-    n, ni = _round(b, b.call(fma, [xc, _c(_LOG2E), _c(_ROUND_MAGIC)]))
-    r = b.call(fma, [n, _c(-_LN2_HI), xc])
-    r = b.call(fma, [n, _c(-_LN2_LO), r])
-    b.ret(_scale(b, _exp_poly(b, r), ni))
+    xc = _clamp(b, fn.args[0], -104.0, 89.0)  # n in [-150, 128]: 0 and inf come out of _scale (module docstring)
+    p, ni = _reduced(b, xc)
+    b.ret(_scale(b, p, ni))
     return fn
 
 
@@ -123,13 +128,10 @@ def expf_nonpositive(module: ir.Module) -> ir.Function:
     if b is None:
         return fn
     x = fn.args[0]
-    fma = declare_intrinsic(module, "llvm.fma.f32", F32, [F32, F32, F32])
     xc = b.select(b.fcmp_ordered("<", x, _c(-104.0)), _c(-104.0), x)   # NaN kept (see `_clamp`)
-    n, ni = _round(b, b.call(fma, [xc, _c(_LOG2E), _c(_ROUND_MAGIC)]))
-    r = b.call(fma, [n, _c(-_LN2_HI), xc])
-    r = b.call(fma, [n, _c(-_LN2_LO), r])
+    p, ni = _reduced(b, xc)
     scale = b.bitcast(b.shl(b.add(ni, _i(64 + 127)), _i(23)), F32)
-    b.ret(b.fmul(b.fmul(_exp_poly(b, r), scale), _c(2.0 ** -64)))
+    b.ret(b.fmul(b.fmul(p, scale), _c(2.0 ** -64)))
     return fn
 
 
