@@ -157,15 +157,14 @@ def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
     x = lw.lower_as(e.x, compute_dtype(e.dtype), b)
     if e.op is UnaryOp.EXP and e.dtype.storage_only:
         return _exp_as_exp2(lw, x, flush=flushes_exp(e.dtype))
-    if e.op is UnaryOp.EXP and lw.fast_exp and e.dtype == float32:
-        # the ``fast_exp`` option: FlashAttention's exponential, not numpy's (docs/gpu-backend.md, "Numerics")
-        return _exp_as_exp2(lw, x, flush=True)
-    if e.op is UnaryOp.EXP and e.dtype == float32 and e in lw.flushable:
-        # at most 0, and no result shows a value below 2**-126 (shifted_exp.flush_safe_exps): one ex2.approx.ftz
-        return _exp_as_exp2(lw, x, flush=True)
-    if e.op is UnaryOp.EXP and e.dtype == float32 and e in lw.shifted:
-        # an argument at most 0 (a value minus its maximum): each backend's cheaper exp (shifted_exp.py)
-        return Tiled(lw.kb.unary(UnaryOp.EXP_NONPOS, x.value), x.dims)
+    if e.op is UnaryOp.EXP and e.dtype == float32:
+        if lw.fast_exp or e in lw.flushable:
+            # the ``fast_exp`` option (FlashAttention's exponential, not numpy's: docs/gpu-backend.md, "Numerics"),
+            # or an argument at most 0 whose flushed results no result shows (shifted_exp.flush_safe_exps)
+            return _exp_as_exp2(lw, x, flush=True)
+        if e in lw.shifted:
+            # an argument at most 0 (a value minus its maximum): each backend's cheaper exp (shifted_exp.py)
+            return Tiled(lw.kb.unary(UnaryOp.EXP_NONPOS, x.value), x.dims)
     if e.dtype.storage_only and e.op in NARROW_FAST:
         return Tiled(NARROW_FAST[e.op](lw.kb, x.value), x.dims)
     return Tiled(lw.kb.unary(e.op, x.value), x.dims)
