@@ -109,7 +109,8 @@ class KernelEmitter:
                 widths.setdefault(op.b.name, set()).add(panel_columns(op))
         self.panels = {name: w.pop() for name, w in widths.items() if len(w) == 1 and None not in w}
         self.scalars: dict[str, ir.Value] = {}
-        self.in_place: dict[str, Slot] = {}   # dots accumulating into a loop's carried slot (stmts._for)
+        self.in_place: dict[str, tuple[Slot, bool]] = {}   # dots accumulating into a loop's carried slot, and
+        # whether they write their accumulator's initial value there first (stmts._in_place_dots)
         self.coords: list[ir.Value] = []
         self._cache: list[dict] = [{}]
         self.zero = ir.Constant(I64, 0)

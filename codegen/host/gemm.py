@@ -30,9 +30,10 @@ from .blocking import micro_kernel_block
 from .emitter import KernelEmitter, Slot
 
 
-def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot) -> bool:
-    """``out += a @ b`` as the micro-kernel (`out` already holds the accumulator); False where the dot is not
-    one it computes (the caller then emits the loop nest)."""
+def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero: bool = False) -> bool:
+    """``out += a @ b`` as the micro-kernel (`out` already holds the accumulator), or with `from_zero`
+    ``out = a @ b`` (each block's accumulators start at 0 in registers); False where the dot is not one it
+    computes, and then nothing is emitted (the caller emits the loop nest)."""
     block = micro_kernel_block(op)
     a_slot, b_slot = em.slots.get(op.a.name), em.slots.get(op.b.name)
     if block is None or a_slot is None or b_slot is None:
@@ -46,6 +47,7 @@ def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot) -> bool:
     accs = [[entry_alloca(b, vec, name=f"{op.out.name}.c{r}_{v}") for v in range(block.vectors)]
             for r in range(block.rows)]
     zeros = ir.Constant(ir.VectorType(I32, block.lanes), [0] * block.lanes)
+    zero_acc = ir.Constant(vec, [ir.Constant(scalar, 0.0)] * block.lanes)
     fma = f"llvm.fmuladd.v{block.lanes}{'f32' if d == float32 else 'f64'}"
     in_panels = b_slot.panel == block.cols
 
@@ -64,7 +66,8 @@ def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot) -> bool:
                     for v in range(block.vectors)]
             for r, row in enumerate(rows):
                 for v, col in enumerate(cols):
-                    b.store(b.load(em.address(out, (row, col)), typ=vec, align=d.itemsize), accs[r][v])
+                    start = zero_acc if from_zero else b.load(em.address(out, (row, col)), typ=vec, align=d.itemsize)
+                    b.store(start, accs[r][v])
             with counted_loop(b, ir.Constant(I64, 0), ir.Constant(I64, k), name=f"{op.out.name}.k") as kk:
                 bv = [b.load(rhs(kk, jb, col, v), typ=vec, align=d.itemsize) for v, col in enumerate(cols)]
                 for r, row in enumerate(rows):

@@ -6,7 +6,8 @@ computed inside the loop nest of whoever reads it, so elementwise chains,
 broadcasts and index arithmetic fuse into one loop with no memory traffic).
 
 Materialized: results of ``reduce``, ``dot``, ``topk`` and ``for``; ``dot`` operands (laid
-out row-major for the inner loop) and ``topk`` candidates (read more than once); values a loop yields; and values that are
+out row-major for the inner loop) and ``topk`` candidates (read more than once); values a loop yields (but see
+`in_place_yields`); and values that are
 costly to recompute (loads, float arithmetic) when more than one consumer reads
 them or a loop deeper than their definition does (loop invariants are computed
 once). Views (broadcast, expand_dims, permute) and integer/bool index
@@ -23,10 +24,13 @@ VIEWS = (t.Broadcast, t.ExpandDims, t.Permute)
 
 @dataclass(frozen=True)
 class Plan:
-    """`materialized`: names of values stored in stack arrays; `defs`: each value's defining op."""
+    """`materialized`: names of values stored in stack arrays; `defs`: each value's defining op;
+    `in_place_yields`: yielded values computed, at the end of their loop's body, straight into the slot of the
+    carried value they replace (`in_place_yields`)."""
 
     materialized: frozenset[str]
     defs: dict[str, t.Op]
+    in_place_yields: frozenset[str] = frozenset()
 
 
 def _costly(op: t.Op) -> bool:
@@ -44,6 +48,7 @@ def plan_kernel(k: t.TileKernel) -> Plan:
     consumers: dict[str, set[int]] = {}
     deeper: set[str] = set()
     forced: set[str] = set()
+    in_place: set[str] = set()
 
     def source(v: t.Value) -> str:
         op = defs.get(v.name)
@@ -83,7 +88,9 @@ def plan_kernel(k: t.TileKernel) -> Plan:
                 visit(body.ops, level + 1)
                 for y in body.yields:
                     use(y, id(body), level + 1)
-                forced.update(y.name for y in body.yields)
+                lazy = in_place_yields(body)
+                in_place.update(lazy)
+                forced.update(y.name for y in body.yields if y.name not in lazy)
 
     visit(k.body, 0)
     chosen = set(forced)
@@ -91,7 +98,50 @@ def plan_kernel(k: t.TileKernel) -> Plan:
         if _costly(op) and (len(consumers.get(name, ())) > 1 or name in deeper):
             chosen.add(name)
     shaped = {n for n in chosen if n in defs and _shape_of(defs[n], n) != ()}
-    return Plan(frozenset(shaped), defs)
+    return Plan(frozenset(shaped), defs, frozenset(in_place))
+
+
+ELEMENTWISE = (t.Unary, t.Binary, t.Select, t.Cast)
+
+
+def in_place_yields(body: t.Region) -> set[str]:
+    """Values `body` yields that need no stack array of their own: each is computed elementwise (its defining
+    op and the inline ops under it: elementwise ops and views, down to materialized values) from the carried
+    value ``a`` it replaces, read only at the element being computed (no view of ``a`` under it), and from no
+    other carried value the loop changes; nothing but the yield reads it. Computed after the body's other yields
+    are copied, element by element into ``a``'s slot (each element of ``a`` read just before it is
+    overwritten), it replaces a pass that stored it and a copy back: layer norm + GEMM's running column sum
+    of ``w`` (``[rows, cols]``, ``s + colsum(w_chunk)``) made both each chunk."""
+    defs = {r.name: o for o in body.ops for r in t.results(o)}
+    unchanged = {a.name for a, y in zip(body.args, body.yields) if a.name == y.name}   # never overwritten
+    args = {a.name for a in body.args} - unchanged
+    yielded = [y.name for y in body.yields]
+    read_elsewhere = {v.name for o in t.walk_ops(body.ops) for v in t.operands(o)}
+    read_elsewhere.update(v.name for o in t.walk_ops(body.ops) if isinstance(o, t.For) for v in o.body.yields)
+    found: set[str] = set()
+    for a, y in zip(body.args, body.yields):
+        op = defs.get(y.name)
+        if (y.name == a.name or not isinstance(op, ELEMENTWISE) or y.shape != a.shape or yielded.count(y.name) != 1
+                or y.name in read_elsewhere):
+            continue
+        seen: set[int] = set()
+        todo: list[t.Op] = [op]
+        ok = True
+        while todo and ok:
+            o = todo.pop()
+            if id(o) in seen:
+                continue
+            seen.add(id(o))
+            for v in t.operands(o):
+                if v.name in args:
+                    ok = v.name == a.name and not isinstance(o, VIEWS)
+                    if not ok:
+                        break
+                elif isinstance(defs.get(v.name), ELEMENTWISE + VIEWS):
+                    todo.append(defs[v.name])
+        if ok:
+            found.add(y.name)
+    return found
 
 
 def _shape_of(op: t.Op, name: str) -> tuple[int, ...]:

@@ -97,9 +97,13 @@ def _dot(em: KernelEmitter, op: t.Dot) -> None:
     m, n = op.out.shape
     k = op.a.shape[1]
     if op.out.name in em.in_place:   # accumulates into its loop's carried slot (`_in_place_dots`)
-        out = em.slots[op.out.name] = em.in_place[op.out.name]
+        out, initialize = em.in_place[op.out.name]
+        em.slots[op.out.name] = out
     else:
-        out = em.new_slot(op.out)
+        out, initialize = em.new_slot(op.out), True
+    if op.acc is None and emit_register_blocked_dot(em, op, out, from_zero=True):
+        return      # (the accumulators start at 0 in registers: no pass writing zeros first)
+    if initialize:
         with em.nest((m, n), name=f"{op.out.name}.init") as idx:
             em.write(out, idx, em.value(op.acc, idx) if op.acc is not None else constant(d, 0.0))
     if emit_register_blocked_dot(em, op, out):
@@ -119,30 +123,77 @@ def _copy(em: KernelEmitter, src: t.Value, slot: Slot) -> None:
         em.write(slot, idx, em.value(src, idx))
 
 
-def _in_place_dots(body: t.Region, slots: list[Slot]) -> dict[str, Slot]:
-    """Dots of `body` that may accumulate straight into a carried slot: ``c = dot(a, b) + arg`` yielded in
-    `arg`'s place, where nothing else in the body reads `arg` (no op, view or other yield). The dot then
-    neither copies `arg` into a slot of its own first nor has its result copied back after the trip: a
-    plain GEMM's 128 x 128 accumulator was copied twice a chunk."""
-    readers: dict[str, int] = {}
+ELEMENTWISE = (t.Unary, t.Binary, t.Select, t.Cast)
 
-    def count(region: t.Region) -> None:   # nested loops' bodies and yields read outer values too
+
+def _readers(body: t.Region) -> dict[str, list[object]]:
+    """Who reads each value in `body`: its ops (nested loops' ops and yields included, a view counted as a
+    reader of its source) and, for a yielded value, the body itself."""
+    readers: dict[str, list[object]] = {}
+
+    def visit(region: t.Region) -> None:
         for o in region.ops:
             for v in t.operands(o):
-                readers[v.name] = readers.get(v.name, 0) + 1
+                readers.setdefault(v.name, []).append(o)
             if isinstance(o, t.For):
-                count(o.body)
+                visit(o.body)
         for y in region.yields:
-            readers[y.name] = readers.get(y.name, 0) + 1
-    count(body)
-    found: dict[str, Slot] = {}
+            readers.setdefault(y.name, []).append(region)
+    visit(body)
+    return readers
+
+
+def pointwise_tree(em: KernelEmitter, body: t.Region, root: t.Value) -> set[int]:
+    """The ops (by id) that compute `root`'s element at an index inline, elementwise from operands' elements at
+    the same index: `root`'s defining op and, through its operands, every elementwise op of `root`'s shape
+    that is not materialized. Views end the tree (their source is read at other indices)."""
+    defs = {r.name: o for o in body.ops for r in t.results(o)}
+    tree: set[int] = set()
+    todo = [root]
+    while todo:
+        v = todo.pop()
+        o = defs.get(v.name)
+        if not isinstance(o, ELEMENTWISE) or o.out.shape != root.shape or id(o) in tree \
+                or (o.out.name in em.plan.materialized and o.out is not root):
+            continue
+        tree.add(id(o))
+        todo.extend(t.operands(o))
+    return tree
+
+
+def _read_only_within(readers: dict[str, list[object]], body: t.Region, name: str, tree: set[int],
+                      sink: object) -> bool:
+    """Whether `name` and every value of `tree` are read only by ops of `tree` (and the tree's root by `sink`):
+    then, when the root's elements are computed, nothing reads `name` afterwards, and each element of it is
+    read only where the root's element at the same index is computed."""
+    ops = {id(o): o for o in body.ops}
+    if any(id(r) not in tree for r in readers.get(name, ())):
+        return False
+    return all(id(r) in tree or r is sink for i in tree for r in readers.get(ops[i].out.name, ()))
+
+
+def _in_place_dots(em: KernelEmitter, body: t.Region, slots: list[Slot]) -> dict[str, tuple[Slot, bool]]:
+    """Dots of `body` that accumulate straight into a carried slot: ``c = dot(a, b) + acc`` yielded in `arg`'s
+    place, where `acc` is `arg` or is computed elementwise from `arg` at the same index (`pointwise_tree`: a
+    rescale ``arg * alpha``, ``where(d == 0, arg, arg + d * s)``) and nothing else reads `arg` or what is
+    computed from it. The dot then writes its accumulator's initial value over `arg` (element by element, each
+    read before it is written; not at all where `acc` is `arg`) and no copy follows the trip: a plain GEMM's
+    128 x 128 accumulator was copied twice a chunk, and a fused GEMM's rescaled one once (the bool says
+    whether the initial value must be written)."""
+    readers = _readers(body)
+    found: dict[str, tuple[Slot, bool]] = {}
     for o in body.ops:
         if not isinstance(o, t.Dot) or o.acc is None:
             continue
         for arg, y, slot in zip(body.args, body.yields, slots):
-            if o.acc.name == arg.name and y.name == o.out.name and readers.get(arg.name) == 1 \
-                    and readers.get(y.name) == 1 and slot.panel is None:
-                found[o.out.name] = slot
+            if y.name != o.out.name or slot.panel is not None or readers.get(y.name) != [body]:
+                continue
+            if o.acc.name == arg.name and readers.get(arg.name) == [o]:
+                found[o.out.name] = (slot, False)
+                continue
+            tree = pointwise_tree(em, body, o.acc)
+            if tree and o.acc.shape == arg.shape and _read_only_within(readers, body, arg.name, tree, o):
+                found[o.out.name] = (slot, True)
     return found
 
 
@@ -151,7 +202,7 @@ def _for(em: KernelEmitter, op: t.For) -> None:
     slots = [em.new_slot(a) for a in body.args]
     for init, slot in zip(op.inits, slots):
         _copy(em, init, slot)
-    em.in_place.update(_in_place_dots(body, slots))
+    em.in_place.update(_in_place_dots(em, body, slots))
     start = ir.Constant(I64, op.start)
     if isinstance(op.stop, int):
         stop = ir.Constant(I64, op.stop)
@@ -162,9 +213,10 @@ def _for(em: KernelEmitter, op: t.For) -> None:
         with em.level():
             em.scalars[body.iv.name] = iv
             em.emit_block(body.ops)
-            for y, a, slot in zip(body.yields, body.args, slots):
+            lazy = em.plan.in_place_yields
+            for y, a, slot in sorted(zip(body.yields, body.args, slots), key=lambda e: e[0].name in lazy):
                 if y.name != a.name and em.slots.get(y.name) is not slot:
-                    _copy(em, y, slot)
+                    _copy(em, y, slot)     # (an in-place yield last: computed from its own slot, `plan.py`)
     for r, slot in zip(op.results, slots):
         em.slots[r.name] = slot
 
