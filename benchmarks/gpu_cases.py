@@ -52,8 +52,11 @@ class Case:
         return sum(math.prod(s) * ITEMSIZE[d] for s, d in self.inputs)
 
 
-ATTENTION = ("attention", "causal_attention", "flash_attention_f16", "flash_attention_bf16")
+ATTENTION = ("attention", "causal_attention", "flash_attention_f16", "flash_attention_bf16", "gqa_attention_f16")
 """Workloads computing softmax attention (same peers, reference and torch program shape)."""
+
+GQA = "gqa_attention_f16"
+"""Grouped-query attention: q [B, Hq, N, D], k and v [B, Hkv, N, D], the result [B, Hkv, G, N, D]."""
 
 ROUTING = {"moe_routing": 2, "moe_routing_top8": 8}
 """MoE routing workloads and the k of their top-k."""
@@ -67,6 +70,13 @@ def _attention(name, workload, b, h, n, d, dtype, causal=False, nq=None, peers=N
     if nq == 1:   # decoding: bytes of q, k, v and the output
         return Case(name, workload, shapes, peers, "hbm", (2 * b * h * n * d + 2 * b * h * d) * ITEMSIZE[dtype])
     return Case(name, workload, shapes, peers, "bf16", 4 * b * h * nq * n * d / (2 if causal else 1), causal, options)
+
+
+def _gqa(b, hq, hkv, n, d) -> Case:
+    """Grouped-query attention in f16 (Llama 3 8B: 32 query heads, 8 key/value heads, head 128)."""
+    shapes = (((b, hq, n, d), "float16"), ((b, hkv, n, d), "float16"), ((b, hkv, n, d), "float16"))
+    return Case(f"gqa {hq}/{hkv}", GQA, shapes, ("sdpa", "flex_attention", "torch", "torch.compile"), "bf16",
+                4 * b * hq * n * n * d)
 
 
 def _rows(name, workload, t, c, dtype) -> Case:
@@ -114,6 +124,7 @@ def cases(size: str = "full") -> list[Case]:
     # head dimension 256 (Gemma's): the wgmma tiles of a 128-row block take dynamic shared memory on Hopper
     out.append(_attention("attention", "flash_attention_bf16", b, h, n, 256, "bfloat16"))
     out.append(_attention("attention_numpy_rules", "attention", b, h, n, 64, "float16", peers=("sdpa",)))
+    out += [_gqa(b_, 4 if tiny else 32, 2 if tiny else 8, n_, 64 if tiny else 128) for b_, _, n_ in attention_shapes]
     out += [_attention("causal", "causal_attention", *shape, 128, "float16", causal=True, skip_masked=True)
             for shape in attention_shapes]
     out += [_attention("decode", "attention", *bh, keys, 128, "float16", nq=1) for bh, keys in decode_shapes]
@@ -166,6 +177,13 @@ def host_arrays(tensors: tuple, torch) -> tuple[np.ndarray, ...]:
 
 def torch_program(workload: str, torch):
     """The workload's body written in torch ops, unfused, as a user would (the "torch" peer)."""
+    if workload == GQA:
+        flash16 = torch_program("flash_attention_f16", torch)
+
+        def gqa(q, k, v):
+            b, hq, n, d = q.shape
+            return flash16(q.view(b, k.shape[1], hq // k.shape[1], n, d), k[:, :, None], v[:, :, None])
+        return gqa
     if workload in ("flash_attention_f16", "flash_attention_bf16"):
         def flash(q, k, v):
             s = (q.float() @ k.float().transpose(-1, -2)) * (1.0 / q.shape[-1] ** 0.5)
@@ -214,6 +232,9 @@ def reference(case: Case, inputs: tuple, torch) -> tuple:
     """float64 reference outputs (attention by batch, to bound the memory of the scores)."""
     if case.workload in ATTENTION:
         q, k, v = (t.double() for t in inputs)
+        if case.workload == GQA:   # the query heads grouped by their key head, k and v broadcast over a group
+            b, hq, n, d = q.shape
+            q, k, v = q.view(b, k.shape[1], hq // k.shape[1], n, d), k[:, :, None], v[:, :, None]
         out = []
         for b in range(q.shape[0]):
             s = q[b] @ k[b].transpose(-1, -2) / math.sqrt(q.shape[-1])

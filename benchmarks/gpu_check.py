@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # triton_peers, gpu_c
 
 import redfuser as rf                                         # noqa: E402
 from redfuser import config                                   # noqa: E402
-from gpu_cases import ATTENTION, ROUTING, Case, cases, check, make_inputs, reference, torch_program  # noqa: E402
+from gpu_cases import ATTENTION, GQA, ROUTING, Case, cases, check, make_inputs, reference, torch_program  # noqa: E402
 
 # Peaks the "% peak" column divides by, and where each number comes from.
 PEAKS = {
@@ -216,6 +216,9 @@ def peer(name: str, case: Case, dev: Device, hardware: dict):
     """The callable for peer `name` of `case` (same arguments as the RedFuser kernel)."""
     torch = dev.torch
     F = torch.nn.functional
+    if name == "sdpa" and case.workload == GQA:   # SDPA's own grouping; its [B, Hq, N, D] viewed as ours
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True).view(
+            q.shape[0], k.shape[1], q.shape[1] // k.shape[1], *q.shape[2:])
     if name == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
     if name == "flex_attention":
@@ -276,6 +279,9 @@ def _flex_attention(case: Case, dev: Device):
 
     torch = dev.torch
     flex = torch.compile(flex_attention, dynamic=False)
+    if case.workload == GQA:
+        return lambda q, k, v: flex(q, k, v, enable_gqa=True).view(
+            q.shape[0], k.shape[1], q.shape[1] // k.shape[1], *q.shape[2:])
     if not case.causal:
         return lambda q, k, v: flex(q, k, v)
     (_, _, nq, _), (_, _, nk, _) = case.inputs[0][0], case.inputs[1][0]

@@ -240,6 +240,18 @@ def linear_cross_entropy(h, w, labels):
     return cross_entropy(h @ w, labels)
 
 
+def gqa_attention_f16(q, k, v):
+    """Grouped-query attention (Llama 3, Mistral: each key/value head serves ``G = Hq / Hkv`` query heads) as
+    an f16 FlashAttention kernel computes it: ``q`` [B, Hq, N, D], ``k`` and ``v`` [B, Hkv, N, D], query
+    head ``h`` attending with key head ``h // G``. Written with numpy's broadcasting: the query heads seen as
+    [B, Hkv, G, N, D] (a view) against ``k`` and ``v`` with a length-1 group axis, so no key or value is
+    repeated. The result is [B, Hkv, G, N, D]; ``.reshape(B, Hq, N, D)`` of it outside the kernel is a free
+    view (inside the kernel a reshape of a result is a second kernel that copies it)."""
+    b, hq, n, d = q.shape
+    hkv = k.shape[1]
+    return flash_attention_f16(q.reshape(b, hkv, hq // hkv, n, d), k[:, :, None], v[:, :, None])
+
+
 WORKLOADS: dict[str, Workload] = {
     "attention": Workload(attention, _qkv((2, 4, 128, 64))),
     "causal_attention": Workload(causal_attention, _qkv((2, 4, 128, 64))),

@@ -46,7 +46,7 @@ def test_every_case_names_work_peers_and_inputs():
     full = gpu_cases.cases("full")
     assert {c.workload for c in full} == {"attention", "causal_attention", "softmax", "log_softmax",
                                           "moe_routing", "moe_routing_top8", "fp8_quant_gemm", "gemm",
-                                          "flash_attention_f16", "flash_attention_bf16"}
+                                          "flash_attention_f16", "flash_attention_bf16", "gqa_attention_f16"}
     # each workload at three shapes or more (numpy's-rules attention is one labelled row; routing at two
     # widths, the serving one (4096 tokens x 256 experts, top-8) among them)
     for name in ("attention", "causal", "decode", "softmax", "log_softmax", "fp8_gemm", "gemm"):
@@ -54,6 +54,10 @@ def test_every_case_names_work_peers_and_inputs():
             assert len({c.inputs for c in full if c.workload == workload and c.name == name}) >= 3, (name, workload)
     assert any(c.workload == "moe_routing_top8" and c.inputs[0][0] == (4096, 256) for c in full)
     assert {"sdpa", "flex_attention", "triton"} <= set(next(c for c in full if c.name == "causal").peers)
+    # grouped-query attention (Llama 3 8B's 32 query heads on 8 key/value heads) against SDPA's own grouping
+    gqa = [c for c in full if c.workload == "gqa_attention_f16"]
+    assert len({c.inputs for c in gqa}) >= 3 and all(c.inputs[1][0][1] * 4 == c.inputs[0][0][1] for c in gqa)
+    assert {"sdpa", "flex_attention"} <= set(gqa[0].peers)
     assert "torch.matmul" in next(c for c in full if c.name == "gemm").peers
     assert {"scaled_mm", "scaled_mm alone"} <= set(next(c for c in full if c.name == "fp8_gemm").peers)
     # SDPA is compared with the bodies users write for f16 and bf16; numpy's-rules attention is its own row

@@ -241,13 +241,14 @@ def max_and_sum(x):
 
 def test_a_cached_call_runs_its_kernels_directly_and_equals_the_full_path(monkeypatch):
     """A cached call of a program whose kernels all run on the calling thread goes straight from its arrays to
-    the kernels (`CpuProgram.direct`: no `_launch`), for a program of three kernels (a split and its combine)
-    and two results, with and without `out=`; the results are the program's own full run's."""
+    the kernels (`CpuProgram.direct`: no `_launch`), for a program of two kernels (a split and its combine,
+    which writes both results) and two results, with and without `out=`; the results are the program's own
+    full run's."""
     x = RNG.standard_normal((8, 300)).astype(np.float32)
     k = rf.kernel(max_and_sum, backend="cpu", split=2)
     first = k(x)
     (path,) = k._fast.values()
-    assert len(path.run._kernels) == 3 and path.direct is not None
+    assert len(path.run._kernels) == 2 and path.direct is not None
     full = path.run([x])                                   # `CpuProgram.__call__`: every check, `_launch`
     monkeypatch.setattr(path.run, "_launch", lambda *a: pytest.fail("the direct call went through _launch"))
     got = k(x)

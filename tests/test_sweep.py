@@ -57,3 +57,33 @@ def test_only_an_axis_of_the_loops_length_is_swept():
     kern = rf.kernel(scaled, backend="cpu", split=1)
     assert_close(kern(x, w), scaled(x, w), np.float32, 96)
     assert len(kern.lower(x, w).stages["tile"].kernels) == 2
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+@pytest.mark.parametrize("fn", [softmax, log_softmax])
+def test_a_batch_of_one_keeps_the_sweep_in_the_loops_kernel(fn, backend):
+    """Rows ``[1, 64, 333]``: the sweep reads ``m`` and ``l`` at index 0 of the length-1 batch axis, which
+    then joins no axis of the kernel; it is a fixed 0 there, not a reason for a second kernel (a batch of
+    two was one kernel, a batch of one two)."""
+    x = (np.random.default_rng(3).standard_normal((1, 64, 333)) * 3).astype(np.float32)
+    kern = rf.kernel(fn, backend=backend, split=1, block_n=64)
+    assert_close(kern(x), fn(x.astype(np.float64)).astype(np.float32), np.float32, 333)
+    tiled = kern.lower(x).stages["tile"]
+    (kernel,) = tiled.kernels
+    assert len(_loops(kernel)) == 2 and not tiled.scratch
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_a_batch_of_one_keeps_attentions_epilogue_in_the_loops_kernel(backend):
+    """FlashAttention's f16 body ends in two epilogue nests (``o = acc`` masked, then ``f16(o / l)``), the
+    second reading the first at index 0 of the batch axis when the batch is 1: one kernel, as for a batch
+    of two; and grouped-query attention (its query heads seen as [B, Hkv, G, N, D]) likewise."""
+    from redfuser.workloads import flash_attention_f16, gqa_attention_f16
+
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 2, 64, 64)).astype(np.float16) for _ in range(3))
+    qg = rng.standard_normal((1, 8, 64, 64)).astype(np.float16)
+    for fn, args in ((flash_attention_f16, (q, k, v)), (gqa_attention_f16, (qg, k, v))):
+        kern = rf.kernel(fn, backend=backend)
+        assert len(kern.lower(*args).stages["tile"].kernels) == 1, fn.__name__
+        assert_close(kern(*args).astype(np.float32), fn(*args).astype(np.float32), np.float16, 64)

@@ -159,4 +159,5 @@ def joins(fl: FusedLoop, epilogue: list[Compute], candidate: Compute) -> bool:
     known = set(lay.grid_keys) | set(lay.whole_keys) | ({lay.tiled_key} if lay.tiled_key else set())
     known |= {sweep} if sweep is not None else set()
     me = lay.epilogue_stmt(len(epilogue))
-    return all(lay.classes.of(me, a) in known for a in candidate.axes)
+    # a length-1 axis of its own (it reads the kernel's tiles at index 0 there: a batch of one) is a fixed 0
+    return all(lay.classes.of(me, a) in known or a.extent == 1 for a in candidate.axes)

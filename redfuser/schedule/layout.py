@@ -251,6 +251,9 @@ def _sweep_key(fl: FusedLoop, epilogue, classes: AxisClasses, fused: str, before
     for j, c in enumerate(epilogue[:-1]):
         earlier |= {classes.of(len(fl.locals) + len(fl.states) + j, a) for a in c.axes}
     new = [k for k in dict.fromkeys(classes.of(last, a) for a in epilogue[-1].axes) if k not in earlier and k != fused]
+    longer = [k for k in new if classes.extent[k] != 1]
+    if len(new) > 1 and len(longer) == 1:
+        new = longer     # (a length-1 axis of its own besides: a fixed 0, as in `fused.joins`)
     if len(new) == 1 and same_length(classes.extent[new[0]], classes.extent[fused]):
         return new[0]
     return None
