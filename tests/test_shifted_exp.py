@@ -176,6 +176,24 @@ def test_the_cpus_nonpositive_exp_gives_expfs_results_within_two_ulp_of_numpy():
     assert np.abs(got[~normal].astype(np.float64) - want[~normal]).max() <= 2 * 2.0 ** -149
 
 
+def _product_of_shifted(x):
+    return rf.prod(rf.exp(x - rf.max(x, axis=-1, keepdims=True)), axis=-1)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 16, 64])
+def test_a_product_of_nonpositive_exps_keeps_each_factors_scale_inside_it(n):
+    """``prod(exp(x - max(x)))`` on the cpu: each factor is ``(p * 2**(n + 64)) * 2**-64``, and the product's
+    reassociating multiplies once hoisted the constants out of the factors, so two ``2**64`` met first:
+    ``[-3, -3]`` gave inf, three factors NaN (fuzz seed 38). The factors are fenced
+    (`codegen.host.stmts.fenced_factor`): numpy's products, rows of equal values (each factor exactly 1)
+    included."""
+    x = np.concatenate([np.full((1, n), -3.0), np.linspace(-3, 0, n)[None], RNG.uniform(-1, 0, (3, n))])
+    x = x.astype(np.float32)
+    got = rf.kernel(_product_of_shifted, backend="cpu")(x)
+    assert got[0] == 1.0
+    assert_close(got, _product_of_shifted(x.astype(np.float64)).astype(np.float32), np.float32, n)
+
+
 def flushable(body, *args) -> list[str]:
     """The exps `flush_safe_exps` takes in `body`'s fused program, printed and sorted."""
     from redfuser.schedule.shifted_exp import flush_safe_exps

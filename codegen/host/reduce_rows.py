@@ -63,8 +63,8 @@ def emit_vector_row_reduction(em: KernelEmitter, op: t.Reduce, out: Slot) -> boo
             cur = b.load(acc, typ=vec)
             if op.op is ReduceOp.SUM:
                 nxt = b.fadd(cur, x, flags=("reassoc",))
-            elif op.op is ReduceOp.PROD:
-                nxt = b.fmul(cur, x, flags=("reassoc",))
+            elif op.op is ReduceOp.PROD:   # (fenced: `stmts.fenced_factor`)
+                nxt = b.fmul(cur, call_intrinsic(b, f"llvm.arithmetic.fence.{suffix}", vec, [x]), flags=("reassoc",))
             else:
                 nxt = _pick(b, op.op, x, cur)
                 b.store(b.or_(b.load(nans, typ=mask), b.fcmp_unordered("uno", x, x)), nans)

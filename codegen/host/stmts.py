@@ -58,13 +58,22 @@ def combine(em: KernelEmitter, op: ReduceOp, acc: ir.Value, x: ir.Value, dtype: 
         if op is ReduceOp.SUM:
             return b.fadd(acc, x, flags=("reassoc",))
         if op is ReduceOp.PROD:
-            return b.fmul(acc, x, flags=("reassoc",))
+            return b.fmul(acc, fenced_factor(em, x), flags=("reassoc",))
         return b.call(intrinsic(em, "maximum" if op is ReduceOp.MAX else "minimum", x.type, 2), [acc, x])
     if op is ReduceOp.SUM:
         return b.add(acc, x)
     if op is ReduceOp.PROD:
         return b.mul(acc, x)
     return b.call(intrinsic(em, "smax" if op is ReduceOp.MAX else "smin", x.type, 2), [acc, x])
+
+
+def fenced_factor(em: KernelEmitter, x: ir.Value) -> ir.Value:
+    """`x` behind ``llvm.arithmetic.fence``, for a product's ``reassoc`` multiply: the flag lets LLVM regroup
+    the product's multiplies (vectorized, as a tree), and without the fence also hoist a constant factor out
+    of `x`'s own computation across them. The nonpositive ``exp`` is ``(p * 2**(n + 64)) * 2**-64``: in a
+    product of two such terms the two ``2**(n + 64)`` met first and overflowed (``prod(exp(x - max(x)))`` of
+    ``[-3, -3]`` gave inf, of three terms NaN; fuzz seed 38, example 349)."""
+    return em.b.call(intrinsic(em, "arithmetic.fence", x.type), [x])
 
 
 def _reduce(em: KernelEmitter, op: t.Reduce) -> None:
