@@ -63,6 +63,7 @@ def test_a_single_program_runs_on_the_calling_thread_only_from_the_main_thread(m
     k = rf.kernel(softmax, backend="cpu")
     k(x)
     run = next(iter(k._cache.values()))[1]
+    assert run._kernels[0][2] == 1          # 16 elements: one program (`layout.row_tile`'s least work)
     used = []
     monkeypatch.setattr(run.pool, "run", lambda fn, args, n, **kw: (used.append(n), fn(*args, 0, n)))
     inline = k(x)

@@ -214,7 +214,7 @@ def test_a_ragged_fused_loop_on_the_cpu_peels_its_last_chunk(n):
     (softmax 1000x1000 6.6 -> 1.6 ms). A whole number of chunks, or one short chunk, is one loop as before;
     the GPU keeps one masked loop (its masked loads are predicated)."""
     x = np.random.default_rng(5).standard_normal((8, n)).astype(np.float32)
-    kernel = rf.kernel(softmax, backend="cpu", split=1)
+    kernel = rf.kernel(softmax, backend="cpu", split=1, block_n=64)   # (the default takes rows of 1000 whole)
     lowered = kernel.lower(x)
     text = str(lowered.stages["tile"])
     assert ("_tail" in text) == (n == 1000)          # the last chunk's own loop (one trip: inlined)

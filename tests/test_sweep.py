@@ -87,3 +87,57 @@ def test_a_batch_of_one_keeps_attentions_epilogue_in_the_loops_kernel(backend):
         kern = rf.kernel(fn, backend=backend)
         assert len(kern.lower(*args).stages["tile"].kernels) == 1, fn.__name__
         assert_close(kern(*args).astype(np.float32), fn(*args).astype(np.float32), np.float16, 64)
+
+
+def _rms_norm(x, w):
+    return x / rf.sqrt(rf.mean(x * x, axis=-1, keepdims=True) + 1e-6) * w
+
+
+def _l1_normalize(x):
+    return x / rf.sum(rf.abs(x), axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_a_lone_reduction_and_the_nest_that_sweeps_its_row_are_one_kernel(backend):
+    """RMSNorm and a row normalized by its own sum: one reduction, then a nest over the same row reading it.
+    The reduction is a fused loop of one (`fusion.cascade.swept_later`) and the nest its sweep, so the
+    statistic never leaves the kernel (two kernels before: the row read from memory twice). A reduction
+    whose reader adds no axis of the row's length stays a plain reduction."""
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((70, 600)).astype(np.float32), rng.standard_normal(600).astype(np.float32)
+    for fn, args in ((_rms_norm, (x, w)), (_l1_normalize, (x,))):
+        kern = rf.kernel(fn, backend=backend)
+        lowered = kern.lower(*args)
+        assert "fused loop over" in str(lowered.stages["fused"])
+        tiled = lowered.stages["tile"]
+        assert len(tiled.kernels) == 1 and not tiled.scratch, fn.__name__
+        want = fn(*(a.astype(np.float64) for a in args)).astype(np.float32)
+        assert_close(kern(*args), want, np.float32, 600)
+
+    def total_only(x):
+        return rf.sum(x, axis=-1) * 2.0
+
+    assert "fused loop" not in str(rf.kernel(total_only, backend=backend).lower(x).stages["fused"])
+
+
+def test_cpu_row_loops_take_whole_rows_up_to_4096_in_l1_sized_tiles():
+    """The cpu's row tile (`layout.row_tile`, `options.ROW_TILE`): a row of 1000 is one chunk, 8 rows a tile;
+    a row of 5000 is a chunk of 4096 and a peeled tail of 904, 2 rows a tile; a tiny input keeps one program
+    (`ROW_TILE_LEAST`); a tile given by the user is the tile."""
+    rng = np.random.default_rng(7)
+
+    def shape_of(x, **options):
+        kern = rf.kernel(softmax, backend="cpu", num_threads=2, **options)
+        tiled = kern.lower(x).stages["tile"]
+        (kernel,) = tiled.kernels
+        assert_close(kern(x), softmax(x.astype(np.float64)).astype(np.float32), np.float32, x.shape[-1])
+        return kernel.grid, str(tiled)
+
+    grid, text = shape_of((rng.standard_normal((64, 1000)) * 3).astype(np.float32))
+    assert grid == (8,) and "f32[8,1000] = load" in text and " = for " not in text.split("load")[0]
+    grid, text = shape_of((rng.standard_normal((6, 5000)) * 3).astype(np.float32))
+    assert grid == (3,) and "f32[2,4096] = load" in text and "_tail" in text   # (one whole chunk: inlined)
+    grid, _ = shape_of(rng.standard_normal((4, 16)).astype(np.float32))
+    assert grid == (1,)
+    grid, text = shape_of((rng.standard_normal((64, 1000)) * 3).astype(np.float32), block_m=32, block_n=64)
+    assert grid == (2,) and "step 64" in text

@@ -67,9 +67,9 @@ def test_moe_routing_fuses_the_softmax_and_ranks_after_the_pass(chunk):
     assert np.array_equal(idx, idx_ref)
     assert_close(w, w_ref, np.float32, 64)
     lowered = k.lower(x)
-    (g,) = lowered.groups
-    assert g.fused and g.fused_members == ("m", "p_sum")
-    (loop,) = [s for s in lowered.program.body if isinstance(s, FusedLoop)]
+    g, renormalization = lowered.groups     # (the weights' sum and division: a loop of one and its sweep)
+    assert g.fused and g.fused_members == ("m", "p_sum") and renormalization.fused_members == ("sum",)
+    loop = next(s for s in lowered.program.body if isinstance(s, FusedLoop))
     assert not any(isinstance(st, TopKState) for st in loop.states)
 
 

@@ -133,9 +133,9 @@ def test_the_top_k_runs_after_the_loop_and_explain_says_why():
     x = cross_chunk_ties(4, 64, 0)
     kern = rf.kernel(routing(8), backend="interpret")
     lowered = kern.lower(x)
-    (group,) = lowered.groups
-    assert group.fused and group.fused_members == ("m", "p_sum")
-    (loop,) = [s for s in lowered.program.body if isinstance(s, FusedLoop)]
+    group, renormalization = lowered.groups   # (the weights' sum and division: a loop of one and its sweep)
+    assert group.fused and group.fused_members == ("m", "p_sum") and renormalization.fused_members == ("sum",)
+    loop = next(s for s in lowered.program.body if isinstance(s, FusedLoop))
     assert not any(isinstance(st, TopKState) for st in loop.states)
     topks = [s for s in lowered.program.body if isinstance(s, TopK)]
     assert len(topks) == 1 and lowered.program.body.index(topks[0]) > lowered.program.body.index(loop)

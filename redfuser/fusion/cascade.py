@@ -6,6 +6,9 @@ member's result) or by reading one of the group's inputs along the reduced axis
 (one pass reads the data once). A reduction may only join when nothing else it
 reads depends on the group: that would need the group's final results first.
 
+A lone reduction is a group of one where a later nest sweeps its row again
+(`swept_later`: a row normalized by its own statistic), so both share a kernel.
+
 The analysis only *proposes* groups; `redfuser.fusion.rewrite` decides, member
 by member, whether each body factors (the fusion theorem) and builds the loop.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import Axis, Load, Program, reads_axis, walk, written
+from ..ir import Axis, Compute, Load, Program, reads_axis, walk, written
 from .inline import reads
 from .member import Member, as_member
 
@@ -89,4 +92,26 @@ def find_candidates(p: Program) -> list[Candidate]:
             groups.append(chosen)
         chosen.members.append(s)
         chosen.signature |= sig
-    return [g for g in groups if len(g.members) > 1]
+    return [g for g in groups if len(g.members) > 1 or swept_later(p, g.members[0])]
+
+
+def swept_later(p: Program, member: Member) -> bool:
+    """Whether a lone reduction is worth a loop of its own: a later nest reads its result and runs over an axis
+    of the reduced length besides the result's (RMSNorm's ``x / sqrt(mean(x * x))``, a row normalized by its
+    sum). As a fused loop the reduction and that nest are one kernel, the nest a *sweep* of the row the loop
+    just read (`schedule.layout._sweep_key`); as a plain reduction they are two, the row read from memory
+    twice and the statistic stored in between. Such a reduction is proposed as a cascade of one; a top-k keeps
+    its own kernel (`schedule/topk.py`)."""
+    if member.is_topk:
+        return False
+    name, extent = member.out.name, member.reduce_axis.extent
+    later = False
+    for s in p.body:
+        if s is member.stmt:
+            later = True
+            continue
+        if later and isinstance(s, Compute) and name in reads(s) \
+                and len([a for a in s.axes if a.extent == extent]) > len([a for a in member.axes if a.extent == extent]):
+            return True
+    return False
+

@@ -253,7 +253,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
                          "earlier result, which would have been centred or refused)")
     group.notes = tuple(notes)
     group.reason = "; ".join(refused.values()) or None
-    if len(fused) < 2:
+    if len(fused) < 2 and not (len(cand.members) == len(fused) == 1):   # (a lone one: `cascade.swept_later`)
         group.fused = False
         if group.reason is None:
             group.reason = "fewer than two reductions of the cascade factor, so there is nothing to fuse"

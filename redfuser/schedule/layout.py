@@ -25,8 +25,8 @@ from ..ir.tile import nodes as t
 from .builder import KernelBuilder
 from .exprs import ExprLowering
 from .nests import premake
-from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, ONE_PASS_MAX, ONE_PASS_TILE, WIDE_ROWS, ScheduleOptions,
-                      gemm_rows)
+from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, ONE_PASS_MAX, ONE_PASS_TILE, ROW_TILE_LEAST, WIDE_ROWS,
+                      ScheduleOptions, gemm_rows)
 from .reduce import reads_only_narrow
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
@@ -82,10 +82,27 @@ class FusedLayout:
         gemm = self.gemm_tile(opts)
         if gemm is not None:
             return gemm_rows(gemm[0], lambda rows: self.programs(opts, rows), opts.workers)
-        tile = self.dot_tile(opts)
+        tile = self.dot_tile(opts) or self.row_tile(opts)
         if tile is not None:
             return tile[0]
         return opts.rows(self.per_row_states)
+
+    def row_tile(self, opts: ScheduleOptions) -> tuple[int, int] | None:
+        """(rows, chunk) under `opts.row_tile` (the cpu's `ROW_TILE`) for a loop of per-row states over a static
+        axis, with no contraction, GEMM state or running top-k (whose sorting network grows with the chunk):
+        the axis whole up to the longest chunk, as many rows as the tile's elements hold, halved while the
+        grid would leave a worker idle and a tile keeps more than `ROW_TILE_LEAST` elements. None otherwise."""
+        n = self.fl.axis.extent
+        if (opts.row_tile is None or not is_static(n) or not self.per_row_states or self.contracts
+                or self.gemm_state or any(isinstance(st, TopKState) for st in self.fl.states)):
+            return None
+        elements, longest = opts.row_tile
+        chunk = opts.tile(longest, n)
+        rows = max(1, elements // chunk)
+        while rows > 1 and rows * chunk > ROW_TILE_LEAST and not assumed_at_least(self.programs(opts, rows),
+                                                                                   opts.workers):
+            rows //= 2
+        return rows, chunk
 
     def dot_tile(self, opts: ScheduleOptions) -> tuple[int, int] | None:
         """(rows, chunk): `opts.dot_tile` where a local of the loop contracts (see `contracts`), else the first
@@ -148,7 +165,7 @@ class FusedLayout:
         n = self.fl.axis.extent
         if self.one_pass_rows(opts):
             return opts.tile(n, n)
-        tile = self.dot_tile(opts)
+        tile = self.dot_tile(opts) or self.row_tile(opts)
         return opts.tile(tile[1] if tile is not None else opts.block_n, n)
 
     def sweep_chunk(self, opts: ScheduleOptions) -> int:
@@ -157,7 +174,8 @@ class FusedLayout:
         so its load merges with the loop's and the row is read once)."""
         n = self.classes.extent[self.sweep_key]
         whole = self.one_pass_rows(opts) and same_length(n, self.fl.axis.extent)
-        return opts.tile(n if whole else opts.block_n, n)
+        rows = self.row_tile(opts) if same_length(n, self.fl.axis.extent) else None
+        return opts.tile(n if whole else rows[1] if rows else opts.block_n, n)   # (the loop's chunks: `row_tile`)
 
     def one_pass_rows(self, opts: ScheduleOptions) -> int:
         """The rows of a tile when `opts.whole_rows` makes the fused axis one chunk, else 0.

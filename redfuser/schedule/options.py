@@ -28,6 +28,11 @@
 |             | ``q @ k^T``): the host GEMM core's blocks amortize the loop's   |     |     |
 |             | per-chunk work (K's transpose, the rescale) over more of them;  |     |     |
 |             | off when ``block_m`` or ``block_n`` is given                    |     |     |
+| `row_tile`  | (elements, longest chunk) of a fused loop of per-row states (no|8192,| no  |
+|             | contraction, no top-k: softmax, RMSNorm): chunks of the whole   |4096 |     |
+|             | row up to 4096, as many rows as fill 8192 elements, so the      |     |     |
+|             | closing sweep reads the rows again from L1/L2 (`ROW_TILE`); off |     |     |
+|             | when ``block_m`` or ``block_n`` is given                        |     |     |
 | `gemm_tile` | (rows, chunk, columns) of a fused loop whose state is a GEMM    |128, | no  |
 |             | with no contraction among its locals (layer norm + GEMM's       |128, |     |
 |             | ``y @ w``, a quantized GEMM), and of a plain matmul's nest: the |128  |     |
@@ -93,6 +98,7 @@ class ScheduleOptions:
     skip_masked: bool = False
     whole_rows: bool = False
     dot_tile: tuple[int, int] | None = None   # (rows, chunk) of a fused loop with a contraction (cpu)
+    row_tile: tuple[int, int] | None = None   # (elements, longest chunk) of a per-row loop's tile (cpu)
     gemm_tile: tuple[int, int, int] | None = None   # (rows, chunk, columns) of a fused GEMM state (cpu)
     skip_exact: bool = False                  # skip dead chunks where a scan shows it exact (masked.py)
     peel_ragged: bool = False                 # a fused loop's ragged last chunk in a loop of its own (cpu)
@@ -155,8 +161,22 @@ class ScheduleOptions:
         return 1 << (size - 1).bit_length() if self.pow2 else size
 
 
+ROW_TILE = (8192, 4096)
+"""The cpu's tile of a fused loop of per-row states (`ScheduleOptions.row_tile`): rows of up to 4096 elements
+whole (a longer one in chunks of 4096), as many rows a tile as 8192 elements hold (32 KiB of f32, the L1), fewer
+while the grid would leave a worker idle. The old 32 x 64 tile read 32 rows 256 bytes at a time, and its sweep
+read them again from L3 (docs/cpu-backend.md, "Row tiles": softmax 1024 x 16384 18-24 -> 14 ms, RMSNorm
+4096 x 16384 47-50 -> 29 ms on two cores)."""
+
+
+ROW_TILE_LEAST = 2048
+"""The fewest elements `ROW_TILE`'s rows are halved to for another worker's sake: less work than that (a
+cached softmax of 4 x 16) costs less on the calling thread than handing half of it to a worker."""
+
+
 DEFAULTS: dict[str, ScheduleOptions] = {
-    "cpu": ScheduleOptions(dot_tile=(64, 128), gemm_tile=(128, 128, 128), skip_exact=True, peel_ragged=True,
+    "cpu": ScheduleOptions(dot_tile=(64, 128), gemm_tile=(128, 128, 128), row_tile=ROW_TILE, skip_exact=True,
+                           peel_ragged=True,
                            whole_max=WHOLE_MAX["cpu"]),
     "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True,
                            whole_max=WHOLE_MAX["gpu"], flush_shifted_exp=True),
@@ -249,6 +269,7 @@ def with_overrides(base: ScheduleOptions, overrides: Mapping[str, object],
     if chosen.keys() & {"block_m", "block_n"}:
         chosen.setdefault("whole_rows", False)   # a tile the user chose is the tile
         chosen.setdefault("dot_tile", None)
+        chosen.setdefault("row_tile", None)
         chosen.setdefault("gemm_tile", None)
     if "workers" not in chosen:
         chosen["workers"] = workers()

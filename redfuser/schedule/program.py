@@ -80,11 +80,14 @@ def _sweeps_of_split_loops_apart(groups: list[Group], opts: ScheduleOptions) -> 
     return out
 
 
-def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions) -> bool:
+def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions, row_tiled: bool = False) -> bool:
     # with power-of-two tiles a chunk overhangs its axis by less than the chunk: 2 x 64 covers a 128 chunk;
     # the cpu's fused-contraction tiles may be larger than the blocks
     pad = max(opts.rows(), opts.block_n, opts.k_block(), *(opts.dot_tile or ()), *(opts.gemm_tile or ()))
     pad *= 2 if opts.pow2 else 1
+    # a row tile (`layout.row_tile`, `row_tiled`) is no longer than its axes (no power-of-two tiles where it
+    # applies), so it pads each of the two axes it tiles to less than twice their length: 4x the offsets
+    grow = 4 if row_tiled else 1
     for b in buffers:
         if not all(is_static(n) for n in b.shape):
             return True    # a run-time extent may be long: offsets in i64
@@ -94,7 +97,7 @@ def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions) -> bool:
                 n *= s + pad
         else:   # a view: its offsets run from its lowest element with its own strides (ir.types.BufferType)
             n = b.type.base_offset + 1 + sum((s + pad - 1) * abs(st) for s, st in zip(b.shape, b.type.strides))
-        if n >= 2**31:
+        if n * grow >= 2**31:
             return True
     return False
 
@@ -134,7 +137,8 @@ def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileP
         head = group[0]
         plan = plan_split(layout_or_fail(head, group[1:]), opts) if isinstance(head, FusedLoop) else None  # type: ignore[arg-type]
         parts = scratch_of(head, plan) if plan is not None else []  # type: ignore[arg-type]
-        index = int64 if _needs_i64(_buffers(group) + parts, opts) else int32
+        row_tiled = isinstance(head, FusedLoop) and layout_or_fail(head, group[1:]).row_tile(opts) is not None  # type: ignore[arg-type]
+        index = int64 if _needs_i64(_buffers(group) + parts, opts, row_tiled) else int32
         name = f"{p.name}_{len(kernels)}"
         made_here: tuple[t.TileKernel, ...]
         if isinstance(head, FusedLoop) and plan is not None:
