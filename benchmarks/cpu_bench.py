@@ -38,7 +38,8 @@ import numpy as np
 import redfuser as rf
 from redfuser.testing.tolerance import assert_close, wide_reference
 from redfuser.workloads import (attention, causal_attention, cross_entropy, fp8_quant_gemm, group_norm, layer_norm_gemm,
-                                linear_cross_entropy, log_softmax, moe_routing, rope_attention, rope_tables, softmax)
+                                linear_cross_entropy, log_softmax, moe_routing, rms_norm, rope_attention, rope_tables,
+                                softmax)
 from bench_common import CacheFolder
 
 
@@ -95,6 +96,8 @@ def torch_version(fn_name: str, args):
             sdpa = torch.nn.functional.scaled_dot_product_attention
             return sdpa(q * cos + rotate(q) * sin, k * cos + rotate(k) * sin, v)
         return rope
+    if fn_name == "rms_norm":
+        return lambda: torch.nn.functional.rms_norm(tensors[0], tensors[0].shape[-1:], tensors[1], eps=1e-6)
     if fn_name == "group_norm":
         return lambda: torch.nn.functional.group_norm(tensors[0], 8, tensors[1], tensors[2], eps=1e-5)
     if fn_name == "cross_entropy":
@@ -190,6 +193,8 @@ def cases(quick: bool, rng: np.random.Generator) -> list[tuple]:
     for rows in sizes(((256, 1024), (512, 2048), (256, 4096)), ((1024, 16384), (4096, 4096), (4096, 16384))):
         out.append(("softmax", softmax, [f32(*rows, scale=3)], {}, rows[1]))
         out.append(("log_softmax", log_softmax, [f32(*rows, scale=3)], {}, rows[1]))
+    for rows in sizes(((256, 1024), (512, 2048), (256, 4096)), ((1024, 16384), (4096, 4096), (16384, 1024))):
+        out.append(("rms_norm", rms_norm, [f32(*rows, scale=3), f32(rows[1])], {}, rows[1]))
     for keys in sizes((1024, 2048, 4096), (8192, 16384, 32768)):
         decode = [f32(1, 8, 1, 128), f32(1, 8, keys, 128), f32(1, 8, keys, 128)]
         out.append(("decode", attention, decode, {}, keys))

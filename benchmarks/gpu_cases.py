@@ -84,6 +84,12 @@ def _rows(name, workload, t, c, dtype) -> Case:
                 "hbm", 2 * t * c * ITEMSIZE[dtype])
 
 
+def _rms(t, c) -> Case:
+    """RMSNorm of f16 rows (statistics in f32, as torch's ``rms_norm`` computes them) with f32 weights."""
+    return Case("rms_norm", "rms_norm", (((t, c), "float16"), ((c,), "float32")),
+                ("torch.rms_norm", "torch", "torch.compile"), "hbm", 2 * t * c * 2 + c * 4)
+
+
 def _routing(name, workload, t, experts, k) -> Case:
     return Case(name, workload, (((t, experts), "float32"),),
                 ("torch topk(softmax)", "triton fused routing", "torch.compile"), "hbm",
@@ -129,6 +135,7 @@ def cases(size: str = "full") -> list[Case]:
             for shape in attention_shapes]
     out += [_attention("decode", "attention", *bh, keys, 128, "float16", nq=1) for bh, keys in decode_shapes]
     out += [_rows(name, name, *shape, "float16") for name in ("softmax", "log_softmax") for shape in row_shapes]
+    out += [_rms(*shape) for shape in row_shapes]
     out += [_routing("moe_routing", "moe_routing", t, e, 2) for t, e in routing]
     out += [_routing("moe_routing_top8", "moe_routing_top8", t, e, 8) for t, e in serving]
     out += [_fp8(*shape) for shape in fp8_shapes]
@@ -211,6 +218,11 @@ def torch_program(workload: str, torch):
                 return e / e.sum(-1, keepdim=True)
             return x - m - torch.log(torch.exp(x - m).sum(-1, keepdim=True))
         return rows
+    if workload == "rms_norm":
+        def rms(x, w):
+            xf = x.float()
+            return (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + 1e-6) * w).to(x.dtype)
+        return rms
     if workload in ROUTING:
         def route(logits):
             w, i = torch.topk(torch.softmax(logits, -1), ROUTING[workload])
@@ -246,6 +258,9 @@ def reference(case: Case, inputs: tuple, torch) -> tuple:
         return (torch.stack(out),)
     if case.workload == "softmax":
         return (torch.softmax(inputs[0].double(), -1),)
+    if case.workload == "rms_norm":
+        x, w = (t.double() for t in inputs)
+        return (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w,)
     if case.workload == "log_softmax":
         return (torch.log_softmax(inputs[0].double(), -1),)
     if case.workload in ROUTING:

@@ -252,6 +252,15 @@ def gqa_attention_f16(q, k, v):
     return flash_attention_f16(q.reshape(b, hkv, hq // hkv, n, d), k[:, :, None], v[:, :, None])
 
 
+def rms_norm(x, w):
+    """RMSNorm (Llama, T5): each row over its root mean square, scaled per feature by ``w``, computed in f32
+    whatever ``x`` is (as torch's ``rms_norm`` does) and returned in ``x``'s dtype. One reduction and the nest
+    that reads its row again: a fused loop of one whose sweep is that nest, so one kernel (docs/fusion.md,
+    ``find_candidates``)."""
+    xf = x.astype(rf.float32)
+    return (xf / rf.sqrt(rf.mean(xf * xf, axis=-1, keepdims=True) + 1e-6) * w).astype(x.dtype)
+
+
 WORKLOADS: dict[str, Workload] = {
     "attention": Workload(attention, _qkv((2, 4, 128, 64))),
     "causal_attention": Workload(causal_attention, _qkv((2, 4, 128, 64))),
@@ -278,6 +287,8 @@ WORKLOADS: dict[str, Workload] = {
     "gelu_mlp": Workload(gelu_mlp, lambda rng: (rng.standard_normal((64, 96)).astype(np.float32),
                                                 (rng.standard_normal((96, 160)) / 10).astype(np.float32),
                                                 (rng.standard_normal((160, 48)) / 12).astype(np.float32))),
+    "rms_norm": Workload(rms_norm, lambda rng: (rng.standard_normal((64, 1000)).astype(np.float32) * 3,
+                                                rng.uniform(0.5, 1.5, 1000).astype(np.float32))),
     "softmax": Workload(softmax, _rows((64, 1000))),
     "log_softmax": Workload(log_softmax, _rows((64, 1000))),
     "softmax_entropy": Workload(softmax_entropy, _rows((64, 1000))),

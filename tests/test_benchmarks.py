@@ -46,7 +46,8 @@ def test_every_case_names_work_peers_and_inputs():
     full = gpu_cases.cases("full")
     assert {c.workload for c in full} == {"attention", "causal_attention", "softmax", "log_softmax",
                                           "moe_routing", "moe_routing_top8", "fp8_quant_gemm", "gemm",
-                                          "flash_attention_f16", "flash_attention_bf16", "gqa_attention_f16"}
+                                          "flash_attention_f16", "flash_attention_bf16", "gqa_attention_f16",
+                                          "rms_norm"}
     # each workload at three shapes or more (numpy's-rules attention is one labelled row; routing at two
     # widths, the serving one (4096 tokens x 256 experts, top-8) among them)
     for name in ("attention", "causal", "decode", "softmax", "log_softmax", "fp8_gemm", "gemm"):
