@@ -75,6 +75,23 @@ def test_attention_with_tma_equals_the_threads_staged_kernel(body, dtype, head, 
     assert_close(got.astype(np.float32), body(q, k, v).astype(np.float32), dtype, keys)
 
 
+def test_grouped_query_attention_copies_each_key_head_for_its_query_heads():
+    """GQA (`workloads.gqa_attention_f16`: 8 query heads on 2 key/value heads, the query heads seen as
+    [B, 2, 4, N, D] against k and v broadcast over the group): one kernel whose Q, K and V tiles the copy
+    engine loads, K's and V's at the group's key head; equal bit for bit to the threads-staged kernel and to
+    mma.sync, within the tolerance rule of numpy's body (a batch of one: its epilogue in the same kernel)."""
+    from redfuser.workloads import gqa_attention_f16
+
+    q = RNG.standard_normal((1, 8, 128, 128)).astype(np.float16)
+    k, v = (RNG.standard_normal((1, 2, 192, 128)).astype(np.float16) for _ in range(2))
+    lowered, got, want = on_both(gqa_attention_f16, q, k, v)
+    assert len(lowered.stages["tile"].kernels) == 1
+    assert {c.src.name for c in copies(lowered)} == {"q", "k", "v"}
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, rf.kernel(gqa_attention_f16, backend="simulate", sm="sm_90")(q, k, v))
+    assert_close(got.astype(np.float32), gqa_attention_f16(q, k, v).astype(np.float32), np.float16, 192)
+
+
 @pytest.mark.parametrize("m,k,n", [(128, 512, 128), (256, 192, 64)])
 def test_a_gemm_with_tma_copies_both_operands_and_stores_nothing_to_shared_memory(m, k, n):
     x, w = RNG.standard_normal((m, k)).astype(np.float16), RNG.standard_normal((k, n)).astype(np.float16)
