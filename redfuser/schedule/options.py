@@ -28,8 +28,8 @@
 |             | ``q @ k^T``): the host GEMM core's blocks amortize the loop's   |     |     |
 |             | per-chunk work (K's transpose, the rescale) over more of them;  |     |     |
 |             | off when ``block_m`` or ``block_n`` is given                    |     |     |
-| `row_tile`  | (elements, longest chunk) of a fused loop of per-row states (no|8192,| no  |
-|             | contraction, no top-k: softmax, RMSNorm): chunks of the whole   |4096 |     |
+| `row_tile`  | (elements, longest chunk) of a fused loop of per-row states    |8192,| no  |
+|             | ending in a sweep (softmax, RMSNorm): chunks of the whole       |4096 |     |
 |             | row up to 4096, as many rows as fill 8192 elements, so the      |     |     |
 |             | closing sweep reads the rows again from L1/L2 (`ROW_TILE`); off |     |     |
 |             | when ``block_m`` or ``block_n`` is given                        |     |     |

@@ -73,7 +73,9 @@ def _sweeps_of_split_loops_apart(groups: list[Group], opts: ScheduleOptions) -> 
         head = group[0]
         if (isinstance(head, FusedLoop) and len(group) > 1
                 and layout_or_fail(head, group[1:]).sweep_key is not None  # type: ignore[arg-type]
-                and plan_split(layout_or_fail(head, group[1:-1]), opts) is not None):  # type: ignore[arg-type]
+                # (asked with the sweep: the cpu's row tile, which only a loop with a sweep takes, sets the
+                # programs and chunks the split is planned from)
+                and plan_split(layout_or_fail(head, group[1:]), opts) is not None):  # type: ignore[arg-type]
             out += [group[:-1], group[-1:]]
         else:
             out.append(group)
