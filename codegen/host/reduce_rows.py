@@ -28,6 +28,7 @@ from ..llvm_dtypes import constant, memory_type
 from ..llvm_utils import I64, call_intrinsic, declare_intrinsic, entry_alloca
 from .emitter import KernelEmitter, Slot
 from .blocking import vector_registers
+from .rules import fenced_factor
 
 _ACROSS = {ReduceOp.SUM: "fadd", ReduceOp.PROD: "fmul"}
 
@@ -63,8 +64,8 @@ def emit_vector_row_reduction(em: KernelEmitter, op: t.Reduce, out: Slot) -> boo
             cur = b.load(acc, typ=vec)
             if op.op is ReduceOp.SUM:
                 nxt = b.fadd(cur, x, flags=("reassoc",))
-            elif op.op is ReduceOp.PROD:   # (fenced: `stmts.fenced_factor`)
-                nxt = b.fmul(cur, call_intrinsic(b, f"llvm.arithmetic.fence.{suffix}", vec, [x]), flags=("reassoc",))
+            elif op.op is ReduceOp.PROD:
+                nxt = b.fmul(cur, fenced_factor(em, x), flags=("reassoc",))
             else:
                 nxt = _pick(b, op.op, x, cur)
                 b.store(b.or_(b.load(nans, typ=mask), b.fcmp_unordered("uno", x, x)), nans)

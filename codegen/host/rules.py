@@ -30,6 +30,15 @@ def intrinsic(em: KernelEmitter, name: str, ty: ir.Type, n: int = 1) -> ir.Funct
     return declare_intrinsic(em.module, f"llvm.{name}.{intrinsic_suffix(ty)}", ty, [ty] * n)
 
 
+def fenced_factor(em: KernelEmitter, x: ir.Value) -> ir.Value:
+    """`x` behind ``llvm.arithmetic.fence``, for a product's ``reassoc`` multiply: the flag lets LLVM regroup
+    the product's multiplies (vectorized, as a tree), and without the fence also hoist a constant factor out
+    of `x`'s own computation across them. The nonpositive ``exp`` is ``(p * 2**(n + 64)) * 2**-64``: in a
+    product of two such terms the two ``2**(n + 64)`` met first and overflowed (``prod(exp(x - max(x)))`` of
+    ``[-3, -3]`` gave inf, of three terms NaN; fuzz seed 38, example 349)."""
+    return em.b.call(intrinsic(em, "arithmetic.fence", x.type), [x])
+
+
 def _constant_of(em: KernelEmitter, v: t.Value) -> float | None:
     """The value of `v` when it is a constant (through broadcasts and other views)."""
     op = em.plan.defs.get(v.name)

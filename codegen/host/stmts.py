@@ -27,7 +27,8 @@ from .emitter import KernelEmitter, Slot, StatementRule
 from .gemm import emit_register_blocked_dot
 from .reduce_rows import emit_vector_row_reduction
 from .transpose import emit_permute
-from .rules import intrinsic
+from .plan import ELEMENTWISE
+from .rules import fenced_factor, intrinsic
 from .topk import emit_topk
 
 ROW_VECTORIZE_MIN = 16
@@ -65,15 +66,6 @@ def combine(em: KernelEmitter, op: ReduceOp, acc: ir.Value, x: ir.Value, dtype: 
     if op is ReduceOp.PROD:
         return b.mul(acc, x)
     return b.call(intrinsic(em, "smax" if op is ReduceOp.MAX else "smin", x.type, 2), [acc, x])
-
-
-def fenced_factor(em: KernelEmitter, x: ir.Value) -> ir.Value:
-    """`x` behind ``llvm.arithmetic.fence``, for a product's ``reassoc`` multiply: the flag lets LLVM regroup
-    the product's multiplies (vectorized, as a tree), and without the fence also hoist a constant factor out
-    of `x`'s own computation across them. The nonpositive ``exp`` is ``(p * 2**(n + 64)) * 2**-64``: in a
-    product of two such terms the two ``2**(n + 64)`` met first and overflowed (``prod(exp(x - max(x)))`` of
-    ``[-3, -3]`` gave inf, of three terms NaN; fuzz seed 38, example 349)."""
-    return em.b.call(intrinsic(em, "arithmetic.fence", x.type), [x])
 
 
 def _reduce(em: KernelEmitter, op: t.Reduce) -> None:
@@ -132,9 +124,6 @@ def _copy(em: KernelEmitter, src: t.Value, slot: Slot) -> None:
         em.write(slot, idx, em.value(src, idx))
 
 
-ELEMENTWISE = (t.Unary, t.Binary, t.Select, t.Cast)
-
-
 def _readers(body: t.Region) -> dict[str, list[object]]:
     """Who reads each value in `body`: its ops (nested loops' ops and yields included, a view counted as a
     reader of its source) and, for a yielded value, the body itself."""
@@ -152,11 +141,11 @@ def _readers(body: t.Region) -> dict[str, list[object]]:
     return readers
 
 
-def pointwise_tree(em: KernelEmitter, body: t.Region, root: t.Value) -> set[int]:
+def pointwise_tree(em: KernelEmitter, defs: dict[str, t.Op], root: t.Value) -> set[int]:
     """The ops (by id) that compute `root`'s element at an index inline, elementwise from operands' elements at
-    the same index: `root`'s defining op and, through its operands, every elementwise op of `root`'s shape
-    that is not materialized. Views end the tree (their source is read at other indices)."""
-    defs = {r.name: o for o in body.ops for r in t.results(o)}
+    the same index: `root`'s defining op (in `defs`, a loop body's) and, through its operands, every
+    elementwise op of `root`'s shape that is not materialized. Views end the tree (their source is read at
+    other indices)."""
     tree: set[int] = set()
     todo = [root]
     while todo:
@@ -170,15 +159,14 @@ def pointwise_tree(em: KernelEmitter, body: t.Region, root: t.Value) -> set[int]
     return tree
 
 
-def _read_only_within(readers: dict[str, list[object]], body: t.Region, name: str, tree: set[int],
+def _read_only_within(readers: dict[str, list[object]], defs: dict[str, t.Op], name: str, tree: set[int],
                       sink: object) -> bool:
     """Whether `name` and every value of `tree` are read only by ops of `tree` (and the tree's root by `sink`):
     then, when the root's elements are computed, nothing reads `name` afterwards, and each element of it is
     read only where the root's element at the same index is computed."""
-    ops = {id(o): o for o in body.ops}
     if any(id(r) not in tree for r in readers.get(name, ())):
         return False
-    return all(id(r) in tree or r is sink for i in tree for r in readers.get(ops[i].out.name, ()))
+    return all(id(r) in tree or r is sink for v, o in defs.items() if id(o) in tree for r in readers.get(v, ()))
 
 
 def _in_place_dots(em: KernelEmitter, body: t.Region, slots: list[Slot]) -> dict[str, tuple[Slot, bool]]:
@@ -190,19 +178,20 @@ def _in_place_dots(em: KernelEmitter, body: t.Region, slots: list[Slot]) -> dict
     128 x 128 accumulator was copied twice a chunk, and a fused GEMM's rescaled one once (the bool says
     whether the initial value must be written)."""
     readers = _readers(body)
+    defs = {r.name: o for o in body.ops for r in t.results(o)}
     found: dict[str, tuple[Slot, bool]] = {}
     for o in body.ops:
-        if not isinstance(o, t.Dot) or o.acc is None:
+        if not isinstance(o, t.Dot) or o.acc is None or readers.get(o.out.name) != [body]:
             continue
         for arg, y, slot in zip(body.args, body.yields, slots):
-            if y.name != o.out.name or slot.panel is not None or readers.get(y.name) != [body]:
+            if y.name != o.out.name or slot.panel is not None:
                 continue
             if o.acc.name == arg.name and readers.get(arg.name) == [o]:
                 found[o.out.name] = (slot, False)
-                continue
-            tree = pointwise_tree(em, body, o.acc)
-            if tree and o.acc.shape == arg.shape and _read_only_within(readers, body, arg.name, tree, o):
-                found[o.out.name] = (slot, True)
+            elif o.acc.shape == arg.shape:
+                tree = pointwise_tree(em, defs, o.acc)
+                if tree and _read_only_within(readers, defs, arg.name, tree, o):
+                    found[o.out.name] = (slot, True)
     return found
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import ml_dtypes
 import numpy as np
@@ -43,6 +43,9 @@ from ..ir.types import bool_, float32, from_numpy
 from .builder import KernelBuilder
 from ..ir.loop.index import flat_offset, in_index_type
 from .space import Binding, Dim, ElementOffset, Fixed, Position, Shifted, Tiled, align, mask_tile, offsets, place
+
+if TYPE_CHECKING:
+    from .options import ScheduleOptions
 
 def compute_dtype(d: DType) -> DType:
     """The dtype arithmetic on `d` values runs in (f32 for the storage-only float types)."""
@@ -81,6 +84,12 @@ class ExprLowering:
     fast_exp: bool = False          # f32 exponentials as exp2_ftz too (the ``fast_exp`` option; `_unary`)
     shifted: frozenset = frozenset()  # f32 exps of a value minus its maximum: EXP_NONPOS (`shifted_exp.py`)
     flushable: frozenset = frozenset()  # those of them no result can tell flushed: exp2_ftz (`shifted_exp.py`)
+
+    @classmethod
+    def of(cls, kb: KernelBuilder, opts: "ScheduleOptions") -> "ExprLowering":
+        """A lowering for `kb` under the exp choices of `opts` (``fast_exp`` and the derived shifted and
+        flushable exps)."""
+        return cls(kb, fast_exp=opts.fast_exp, shifted=opts.shifted_exps, flushable=opts.flushable_exps)
 
     def lower(self, e: Expr, bindings: dict[str, Binding]) -> Tiled:
         """`e` with its axes bound by `bindings`, as a tile over the dims it reads."""

@@ -340,8 +340,7 @@ class FusedBuilder:
     def __init__(self, lay: FusedLayout, name: str, opts: ScheduleOptions, index: DType, split: int = 0) -> None:
         self.lay, self.opts = lay, opts
         self.kb = KernelBuilder(name, index)
-        self.lw = ExprLowering(self.kb, fast_exp=opts.fast_exp, shifted=opts.shifted_exps,
-                               flushable=opts.flushable_exps)
+        self.lw = ExprLowering.of(self.kb, opts)
         self.binding: dict[str, Binding] = {}
         self.grid: list[SizeLike] = []
         kb, extent = self.kb, lay.classes.extent

@@ -55,8 +55,7 @@ def compute_kernel(s: Compute, name: str, opts: ScheduleOptions, index: DType) -
     else:
         tiled = []
     bindings, grid = bind_grid(kb, axes[: len(axes) - len(tiled)], tiled)
-    lw = ExprLowering(kb, fast_exp=opts.fast_exp, shifted=opts.shifted_exps,
-                      flushable=opts.flushable_exps)
+    lw = ExprLowering.of(kb, opts)
     value = lw.lower(s.value, bindings)
     store_tile(kb, s.out, value, [bindings[a.name] for a in axes])
     return kb.finish(tuple(grid))
@@ -114,8 +113,7 @@ def reduce_kernel(s: Reduce, name: str, opts: ScheduleOptions, index: DType) -> 
     bindings, grid = bind_grid(kb, axes[: len(axes) - len(tiled)], tiled)
     out_dims = tuple(b for b in (bindings[a.name] for a, _, _ in tiled))
     order = len(tiled) if _reduced_innermost(s) else -1
-    lw = ExprLowering(kb, fast_exp=opts.fast_exp, shifted=opts.shifted_exps,
-                      flushable=opts.flushable_exps)
+    lw = ExprLowering.of(kb, opts)
     value = reduce_axes(lw, opts, s.op, s.value, out_dims, bindings, s.reduce_axes, order, hint=s.out.name)
     store_tile(kb, s.out, value, [bindings[a.name] for a in axes])
     return kb.finish(tuple(grid))

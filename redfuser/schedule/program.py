@@ -71,11 +71,10 @@ def _sweeps_of_split_loops_apart(groups: list[Group], opts: ScheduleOptions) -> 
     out: list[Group] = []
     for group in groups:
         head = group[0]
-        if (isinstance(head, FusedLoop) and len(group) > 1
-                and layout_or_fail(head, group[1:]).sweep_key is not None  # type: ignore[arg-type]
-                # (asked with the sweep: the cpu's row tile, which only a loop with a sweep takes, sets the
-                # programs and chunks the split is planned from)
-                and plan_split(layout_or_fail(head, group[1:]), opts) is not None):  # type: ignore[arg-type]
+        lay = layout_or_fail(head, group[1:]) if isinstance(head, FusedLoop) and len(group) > 1 else None  # type: ignore[arg-type]
+        # (the split asked with the sweep: the cpu's row tile, which only a loop with a sweep takes, sets the
+        # programs and chunks the split is planned from)
+        if lay is not None and lay.sweep_key is not None and plan_split(lay, opts) is not None:
             out += [group[:-1], group[-1:]]
         else:
             out.append(group)
@@ -137,9 +136,10 @@ def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileP
             if b.name in needed and b.name not in outputs:
                 scratch[b.name] = b
         head = group[0]
-        plan = plan_split(layout_or_fail(head, group[1:]), opts) if isinstance(head, FusedLoop) else None  # type: ignore[arg-type]
+        lay = layout_or_fail(head, group[1:]) if isinstance(head, FusedLoop) else None  # type: ignore[arg-type]
+        plan = plan_split(lay, opts) if lay is not None else None
         parts = scratch_of(head, plan) if plan is not None else []  # type: ignore[arg-type]
-        row_tiled = isinstance(head, FusedLoop) and layout_or_fail(head, group[1:]).row_tile(opts) is not None  # type: ignore[arg-type]
+        row_tiled = lay is not None and lay.row_tile(opts) is not None
         index = int64 if _needs_i64(_buffers(group) + parts, opts, row_tiled) else int32
         name = f"{p.name}_{len(kernels)}"
         made_here: tuple[t.TileKernel, ...]

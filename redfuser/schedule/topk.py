@@ -90,8 +90,7 @@ def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType,
     k = opts.tile(s.k, s.k)   # a power of two on the GPU: the extra slots rank below the k stored
     rank = Dim(f"{s.values.name}.rank", 1, k, s.k, None, k > s.k)
     dims = ordered(rows + (rank,))
-    lw = ExprLowering(kb, fast_exp=opts.fast_exp, shifted=opts.shifted_exps,
-                      flushable=opts.flushable_exps)
+    lw = ExprLowering.of(kb, opts)
     d = rank_dtype(s.values.dtype)
     acc = empty_list(kb, d, dims, s.values.name)
     n = s.reduce_axis.extent
