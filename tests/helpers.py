@@ -32,7 +32,7 @@ import redfuser as rf
 from redfuser import config
 from redfuser.codegen.llvm_dtypes import intrinsic_suffix
 from redfuser.codegen.llvm_utils import F32, I64, PTR, call_intrinsic, counted_loop, initialize_native, like, splat
-from redfuser.codegen.native import host_target
+from redfuser.codegen.native import host_target, jit_machine
 from redfuser.codegen.ptx_check import SERIALIZED_BY_CALLS, check_ptx
 from redfuser.codegen.simt import GpuOptions, lower_to_simt
 from redfuser.codegen.simt.run import simulate_program
@@ -136,12 +136,16 @@ def native_elementwise(operation, operands: int, lanes: int = 1):
     *inputs, out, n = fn.args
     value_type = ir.VectorType(F32, lanes) if lanes > 1 else F32
     with counted_loop(b, ir.Constant(I64, 0), n) as i:
-        values = [b.load(b.gep(p, [i], source_etype=value_type), typ=value_type) for p in inputs]
-        b.store(operation(b, *values), b.gep(out, [i], source_etype=value_type))
+        # align 4: numpy guarantees an f32 array no more (a vector's own 32-byte alignment let LLVM use aligned
+        # moves, which fault on an array 16 bytes off: a segfault where numpy's allocator placed one so)
+        values = [b.load(b.gep(p, [i], source_etype=value_type), typ=value_type, align=4) for p in inputs]
+        b.store(operation(b, *values), b.gep(out, [i], source_etype=value_type), align=4)
     b.ret_void()
     parsed = llvm.parse_assembly(str(module))
     parsed.verify()
-    engine = llvm.create_mcjit_compiler(parsed, host_target().machine)
+    # a target machine of its own: an MCJIT engine takes ownership of the one it is given (`runtime.cpu_jit`)
+    target = host_target()
+    engine = llvm.create_mcjit_compiler(parsed, jit_machine(target.triple, target.cpu, target.features))
     engine.finalize_object()
     _ENGINES.append(engine)
     native = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * (operands + 1), ctypes.c_int64)(
