@@ -153,7 +153,8 @@ def features() -> str:
 
     wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512bf16", "avx512fp16", "amx-tile", "amx-bf16")
     have = set(host_target().features.split(","))
-    return " ".join(f for f in wanted if f"+{f}" in have) or "none of AVX2/AVX-512/AMX"
+    named = " ".join(f for f in wanted if f"+{f}" in have) or "none of AVX2/AVX-512/AMX"
+    return named + (" (512-bit loops)" if "-prefer-256-bit" in have else "")
 
 
 def compile_times(fn, args, options: dict) -> tuple[float, float, float]:

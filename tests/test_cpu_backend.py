@@ -171,6 +171,18 @@ def test_llvm_stage_is_opaque_pointer_ir_that_vectorizes():
     assert re.search(r"\bv(add|mul|fmadd\w*|max)ps\b.*[yz]mm", asm)
 
 
+@pytest.mark.skipif("+avx512f" not in native.host_target().features.split(","), reason="needs an AVX-512 host")
+def test_elementwise_loops_use_the_full_512_bit_width_on_avx512_hosts():
+    """LLVM's tuning for AVX-512 cores prefers 256-bit loops; the host target turns that off
+    (`native.FULL_WIDTH_VECTORS`), so a softmax's exp and division loops run 16 lanes wide (rows of 1024:
+    no tails, which take narrower vectors)."""
+    x = np.zeros((64, 1024), np.float32)
+    text = str(rf.kernel(softmax, backend="cpu").lower(x).stages["llvm"])
+    asm = native.assembly(text)
+    assert re.search(r"\bv(mul|fmadd\w*|div)ps\b[^\n]*zmm", asm), "no 512-bit arithmetic"
+    assert not re.search(r"\bv(mul|fmadd\w*|div)ps\b[^\n]*ymm", asm), "256-bit loops remain"
+
+
 def test_compile_cache_serves_the_second_build(tmp_path, monkeypatch):
     from redfuser.runtime.cache import reset_default_cache
 
