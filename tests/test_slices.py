@@ -268,7 +268,8 @@ def _shapes_of(draw, size: int) -> tuple[int, ...]:
 @given(data=st.data(), backend=st.sampled_from(BACKENDS))
 def test_random_reshapes_equal_numpy(data, backend):
     shape = tuple(data.draw(st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=4)))
-    x = RNG.standard_normal(shape).astype(np.float32)
+    # drawn from hypothesis's seed, not the module's RNG: a failure replays with the same values
+    x = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).standard_normal(shape).astype(np.float32)
     view = data.draw(st.sampled_from(["plain", "reversed", "transposed", "sliced"]))
     views = {"plain": lambda v: v, "reversed": lambda v: v[::-1], "transposed": lambda v: v.T,
              "sliced": lambda v: v[..., ::2]}
@@ -284,7 +285,9 @@ def test_random_reshapes_equal_numpy(data, backend):
 
     got, want = run_backend(backend, body, x)
     for g, w in zip(got, want):
-        _equal(g, w, x.size)
+        # the sum's error follows its terms (2x, up to 2 max|x|), not its result, which may cancel to near 0
+        # (six terms of magnitude ~1 summed to -0.041 were 6e-7 off, twice the result's own tolerance)
+        _equal(g, w, x.size, scale=2 * float(np.abs(x).max()) if x.size else None)
 
 
 def _group_norm(x, w, b):
