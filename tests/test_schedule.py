@@ -196,11 +196,23 @@ def test_huge_buffers_get_64_bit_offsets():
     assert {op.offsets.dtype for op in ops_of(small, t.Load)} == {T.int32}
 
 
+def test_offsets_are_32_bit_where_tiles_cannot_reach_2_to_the_31():
+    """A tile never overhangs its axis by more than the axis (tiles are no longer than it), so a small tensor
+    keeps i32 offsets however large the cpu's tiles are (group norm's [2, 64, 32, 32] took i64 when each axis
+    was padded by a whole 256-row dot tile); a tensor whose padded extent crosses 2**31 takes i64."""
+    from redfuser.schedule.program import _needs_i64
+    cpu = options_for("cpu", {"num_threads": 1})
+    assert max(cpu.dot_tile) == 256
+    assert not _needs_i64([Buffer("x", BufferType(F32, (2, 64, 32, 32)))], cpu)
+    assert not _needs_i64([Buffer("x", BufferType(F32, (2**16 - 300, 2**15 - 400)))], cpu)  # < 2**31 padded
+    assert _needs_i64([Buffer("x", BufferType(F32, (2**16, 2**15 - 100)))], cpu)   # 2**31 - 2**22 + padding
+
+
 def test_options_for_backends():
     # a tile the user chose is the tile: the GEMM core's dot_tile is off, the exact causal skip stays on
     assert options_for("cpu", {"block_m": 32, "fuse": True, "num_threads": 1}) == \
         ScheduleOptions(block_m=32, skip_exact=True, peel_ragged=True, whole_max=WHOLE_MAX["cpu"])
-    assert options_for("cpu", {"num_threads": 1}).dot_tile == (64, 128)
+    assert options_for("cpu", {"num_threads": 1}).dot_tile == (256, 128)
     assert not options_for("cpu", {"skip_masked": False, "num_threads": 1}).skip_exact
     assert options_for("gpu").pow2
     with pytest.raises(rf.ArgumentError):

@@ -24,9 +24,10 @@ from ..ir.sizes import SizeLike, assumed_at_least, ceil_div, is_static, same_len
 from ..ir.tile import nodes as t
 from .builder import KernelBuilder
 from .exprs import ExprLowering
+from .masked import live_bound
 from .nests import premake
-from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, ONE_PASS_MAX, ONE_PASS_TILE, ROW_TILE_LEAST, WIDE_ROWS,
-                      ScheduleOptions, gemm_rows)
+from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, DOT_ROWS_LEAST, MASKED_DOT_ROWS, ONE_PASS_MAX, ONE_PASS_TILE,
+                      ROW_TILE_LEAST, WIDE_ROWS, ScheduleOptions, gemm_rows)
 from .reduce import reads_only_narrow
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
@@ -108,9 +109,21 @@ class FusedLayout:
 
     def dot_tile(self, opts: ScheduleOptions) -> tuple[int, int] | None:
         """(rows, chunk): `opts.dot_tile` where a local of the loop contracts (see `contracts`), else the first
-        two of `opts.gemm_tile` where a state does (`gemm_state`), else None."""
+        two of `opts.gemm_tile` where a state does (`gemm_state`), else None.
+
+        A contracting loop's rows are `opts.dot_tile`'s, at most `MASKED_DOT_ROWS` where the loop's mask lets
+        it stop early (causal attention: `masked.live_bound`; each tile's diagonal chunks are computed whole,
+        and more rows a tile make more of them), and halved, down to `DOT_ROWS_LEAST`, while the grid would
+        leave a worker idle."""
         if self.contracts:
-            return opts.dot_tile
+            if opts.dot_tile is None:
+                return None
+            rows, chunk = opts.dot_tile
+            if (opts.skip_masked or opts.skip_exact) and live_bound(self.fl, self.classes, self.fused_key):
+                rows = min(rows, MASKED_DOT_ROWS)
+            while rows > DOT_ROWS_LEAST and not assumed_at_least(self.programs(opts, rows), opts.workers):
+                rows //= 2
+            return rows, chunk
         gemm = self.gemm_tile(opts)
         return gemm[:2] if gemm is not None else None
 

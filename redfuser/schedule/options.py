@@ -24,10 +24,12 @@
 |             | `ONE_PASS_MAX` is one chunk of whole rows, `ONE_PASS_TILE`      |     |     |
 |             | elements a tile (one pass over memory); off when ``block_m`` or |     |     |
 |             | ``block_n`` is given, and where it would leave SMs idle         |     |     |
-| `dot_tile`  | (rows, chunk) of a fused loop with a contraction (attention's   |64,128| no |
-|             | ``q @ k^T``): the host GEMM core's blocks amortize the loop's   |     |     |
-|             | per-chunk work (K's transpose, the rescale) over more of them;  |     |     |
-|             | off when ``block_m`` or ``block_n`` is given                    |     |     |
+| `dot_tile`  | (rows, chunk) of a fused loop with a contraction (attention's   |256, | no  |
+|             | ``q @ k^T``): the host GEMM core's blocks amortize the loop's   |128  |     |
+|             | per-chunk work (K's transpose, V's panels, the rescale) over    |     |     |
+|             | more of them; rows at most `MASKED_DOT_ROWS` in a loop that     |     |     |
+|             | stops at its mask, halved while a worker would idle; off when   |     |     |
+|             | ``block_m`` or ``block_n`` is given                             |     |     |
 | `row_tile`  | (elements, longest chunk) of a fused loop of per-row states    |8192,| no  |
 |             | ending in a sweep (softmax, RMSNorm): chunks of the whole       |4096 |     |
 |             | row up to 4096, as many rows as fill 8192 elements, so the      |     |     |
@@ -161,6 +163,22 @@ class ScheduleOptions:
         return 1 << (size - 1).bit_length() if self.pow2 else size
 
 
+DOT_TILE = (256, 128)
+"""(rows, chunk) of a cpu fused loop with a contraction (`layout.dot_tile`). Each chunk's K is transposed and V
+laid out in panels once for all the rows of the tile, and K and V come from L3 once per tile: 256 rows, against
+64, interleaved in one process on the 2-core AVX-512 host, 2 threads: attention [1,8,4096,64] 134 -> 120 ms,
+[1,8,1024,64] 8.3 -> 7.8, [1,8,2048,128] 68.9 -> 61.6, [1,8,1024,256] 34.2 -> 30.1, RoPE attention [1,8,1024,64]
+9.6 -> 8.5, linear cross-entropy 1024x512 @ 512x16000 62.2 -> 53.5 ms."""
+
+MASKED_DOT_ROWS = 128
+"""The most rows of a `DOT_TILE` whose loop stops at its mask (causal attention): a tile's chunks across the
+diagonal are computed whole, for more rows the more rows it has. Causal [1,8,1024,64]: 6.1 ms at 64 rows, 5.8 at
+128, 6.9 at 256; [1,8,4096,64]: 75.1, 70.6, 74.8 (same run as `DOT_TILE`'s)."""
+
+DOT_ROWS_LEAST = 64
+"""The fewest rows `DOT_TILE`'s are halved to for an idle worker's sake (the micro-kernel's blocks are 8 rows;
+fewer than 64 and the per-chunk transposes dominate again)."""
+
 ROW_TILE = (8192, 4096)
 """The cpu's tile of a fused loop of per-row states (`ScheduleOptions.row_tile`): rows of up to 4096 elements
 whole (a longer one in chunks of 4096), as many rows a tile as 8192 elements hold (32 KiB of f32, the L1), fewer
@@ -175,7 +193,7 @@ cached softmax of 4 x 16) costs less on the calling thread than handing half of 
 
 
 DEFAULTS: dict[str, ScheduleOptions] = {
-    "cpu": ScheduleOptions(dot_tile=(64, 128), gemm_tile=(128, 128, 128), row_tile=ROW_TILE, skip_exact=True,
+    "cpu": ScheduleOptions(dot_tile=DOT_TILE, gemm_tile=(128, 128, 128), row_tile=ROW_TILE, skip_exact=True,
                            peel_ragged=True,
                            whole_max=WHOLE_MAX["cpu"]),
     "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True,

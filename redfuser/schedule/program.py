@@ -89,15 +89,20 @@ def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions, row_tiled: bool = F
     # a row tile (`layout.row_tile`, `row_tiled`) is no longer than its axes (no power-of-two tiles where it
     # applies), so it pads each of the two axes it tiles to less than twice their length: 4x the offsets
     grow = 4 if row_tiled else 1
+    def padded(s: int) -> int:
+        """An axis of `s` and the most a tile overhangs it: less than the tile, which is never longer than the
+        axis (`ScheduleOptions.tile`; rounded up to a power of two with `pow2`)."""
+        return s + min(pad, 1 << (s - 1).bit_length() if opts.pow2 and s > 0 else s)
+
     for b in buffers:
         if not all(is_static(n) for n in b.shape):
             return True    # a run-time extent may be long: offsets in i64
         if b.type.strides is None:
             n = 1
             for s in b.shape:
-                n *= s + pad
+                n *= padded(s)
         else:   # a view: its offsets run from its lowest element with its own strides (ir.types.BufferType)
-            n = b.type.base_offset + 1 + sum((s + pad - 1) * abs(st) for s, st in zip(b.shape, b.type.strides))
+            n = b.type.base_offset + 1 + sum((padded(s) - 1) * abs(st) for s, st in zip(b.shape, b.type.strides))
         if n * grow >= 2**31:
             return True
     return False
