@@ -109,6 +109,8 @@ class KernelEmitter:
                 widths.setdefault(op.b.name, set()).add(panel_columns(op))
         self.panels = {name: w.pop() for name, w in widths.items() if len(w) == 1 and None not in w}
         self.scalars: dict[str, ir.Value] = {}
+        self.readers, self.block_of = _readers_and_blocks(kernel.body)
+        self.filled: set[str] = set()   # materialized values a statement already computed (`epilogue.py`)
         self.in_place: dict[str, tuple[Slot, bool]] = {}   # dots accumulating into a loop's carried slot, and
         # whether they write their accumulator's initial value there first (stmts._in_place_dots)
         self.coords: list[ir.Value] = []
@@ -146,6 +148,8 @@ class KernelEmitter:
                 rule(self, op)
             elif op.out.shape == ():
                 self.scalars[op.out.name] = self.inline(op.out, ())
+            elif op.out.name in self.filled:
+                continue
             elif op.out.name in self.plan.materialized:
                 view = self.global_view(op.out)
                 if view is not None:
@@ -218,7 +222,13 @@ class KernelEmitter:
 
     def _exact(self, v: t.Value, x: ir.Value) -> ir.Value:
         want = register_type(v.dtype)
+        if isinstance(x.type, ir.VectorType):   # (a dot's epilogue evaluated on vectors: `epilogue.py`)
+            return x
         return self.b.trunc(x, want) if x.type != want else x
+
+    def memo(self) -> dict:
+        """The innermost memo layer (`elem`): ``(name, ids of an index) -> (index, value)``."""
+        return self._cache[-1]
 
     def cast(self, x: ir.Value, src: DType, dst: DType) -> ir.Value:
         """`x` (a register of `src`) converted to `dst` like numpy's ``astype`` (`codegen.llvm_dtypes.cast`)."""
@@ -309,6 +319,27 @@ def _nested(em: KernelEmitter, shape: tuple[int, ...], name: str, idx: list) -> 
         idx.append(i)
         with _nested(em, shape[1:], name, idx):
             yield
+
+
+def _readers_and_blocks(body: tuple[t.Op, ...]) -> tuple[dict[str, list[object]], dict[int, int]]:
+    """Who reads each value of a kernel (its ops, loop bodies included; a loop body for the values it
+    yields), and the block (a number per op sequence) each op is in."""
+    readers: dict[str, list[object]] = {}
+    block_of: dict[int, int] = {}
+    blocks = [0]
+
+    def visit(ops: tuple[t.Op, ...], block: int) -> None:
+        for op in ops:
+            block_of[id(op)] = block
+            for v in t.operands(op):
+                readers.setdefault(v.name, []).append(op)
+            if isinstance(op, t.For):
+                for y in op.body.yields:
+                    readers.setdefault(y.name, []).append(op.body)
+                blocks[0] += 1
+                visit(op.body.ops, blocks[0])
+    visit(body, 0)
+    return readers, block_of
 
 
 def _walk(ops: tuple[t.Op, ...]) -> Iterator[t.Op]:

@@ -28,11 +28,14 @@ from ..llvm_dtypes import memory_type
 from ..llvm_utils import I32, I64, call_intrinsic, counted_loop, entry_alloca
 from .blocking import micro_kernel_block
 from .emitter import KernelEmitter, Slot
+from .epilogue import Epilogue
 
 
-def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero: bool = False) -> bool:
+def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero: bool = False,
+                              epilogue: Epilogue | None = None) -> bool:
     """``out += a @ b`` as the micro-kernel (`out` already holds the accumulator), or with `from_zero`
-    ``out = a @ b`` (each block's accumulators start at 0 in registers); False where the dot is not one it
+    ``out = a @ b`` (each block's accumulators start at 0 in registers); with an `epilogue`, what is stored is
+    its value computed from the accumulators, in its slot (`epilogue.py`). False where the dot is not one it
     computes, and then nothing is emitted (the caller emits the loop nest)."""
     block = micro_kernel_block(op)
     a_slot, b_slot = em.slots.get(op.a.name), em.slots.get(op.b.name)
@@ -80,7 +83,12 @@ def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero
                         b.store(call_intrinsic(b, fma, vec, [splat, bv[v], acc]), accs[r][v])
             for r, row in enumerate(rows):
                 for v, col in enumerate(cols):
-                    b.store(b.load(accs[r][v], typ=vec), em.address(out, (row, col)), align=d.itemsize)
+                    value = b.load(accs[r][v], typ=vec)
+                    if epilogue is None:
+                        b.store(value, em.address(out, (row, col)), align=d.itemsize)
+                    else:
+                        b.store(epilogue.apply(em, row, col, value), em.address(epilogue.slot, (row, col)),
+                                align=d.itemsize)
 
     full, tail = divmod(m, block.rows)
     with em.loop(full, f"{op.out.name}.mb") as ib:

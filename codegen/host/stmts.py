@@ -11,7 +11,8 @@
 - permute: a view, inline, unless the plan materializes it (a dot operand): then a 2-D transpose
   is written in blocks transposed in registers (`transpose.py`);
 - dot: ``out = acc``, then the register-blocked micro-kernel of `gemm.py` where it tiles the dot,
-  else ``for i, k: for j: out[i,j] += a[i,k] * b[k,j]``, both operands materialized row-major;
+  else ``for i, k: for j: out[i,j] += a[i,k] * b[k,j]``, both operands materialized row-major; the
+  micro-kernel stores, instead of the dot, the one elementwise value computed from it (`epilogue.py`);
 - for: carried values live in stack arrays; inits are copied in, each trip's yields
   (materialized first, so no yield reads a slot another already overwrote) are copied back.
 """
@@ -24,6 +25,7 @@ from ...ir.tile import nodes as t
 from ..llvm_dtypes import constant, memory_type, to_memory
 from ..llvm_utils import I64, counted_loop, entry_alloca
 from .emitter import KernelEmitter, Slot, StatementRule
+from .epilogue import Epilogue, dot_epilogue
 from .gemm import emit_register_blocked_dot
 from .reduce_rows import emit_vector_row_reduction
 from .transpose import emit_permute
@@ -102,13 +104,18 @@ def _dot(em: KernelEmitter, op: t.Dot) -> None:
         em.slots[op.out.name] = out
     else:
         out, initialize = em.new_slot(op.out), True
-    if op.acc is None and emit_register_blocked_dot(em, op, out, from_zero=True):
+    epilogue = dot_epilogue(em, op)
+    if op.acc is None and emit_register_blocked_dot(em, op, out, from_zero=True, epilogue=epilogue):
+        _filled(em, epilogue)
         return      # (the accumulators start at 0 in registers: no pass writing zeros first)
     if initialize:
         with em.nest((m, n), name=f"{op.out.name}.init") as idx:
             em.write(out, idx, em.value(op.acc, idx) if op.acc is not None else constant(d, 0.0))
-    if emit_register_blocked_dot(em, op, out):
+    if emit_register_blocked_dot(em, op, out, epilogue=epilogue):
+        _filled(em, epilogue)
         return
+    if epilogue is not None:            # (the loop nest stores the dot; its reader is computed as usual)
+        del em.slots[epilogue.root.name]
     a_slot, b_slot = em.slots[op.a.name], em.slots[op.b.name]
     with em.loop(m, f"{op.out.name}.i") as i:
         with em.loop(k, f"{op.out.name}.k") as kk:
@@ -117,6 +124,12 @@ def _dot(em: KernelEmitter, op: t.Dot) -> None:
                 bkj = em.cast(em.read(b_slot, (kk, j)), op.b.dtype, d)
                 cur = em.read(out, (i, j))
                 em.write(out, (i, j), b.fadd(cur, b.fmul(aik, bkj, flags=("contract",)), flags=("contract",)))
+
+
+def _filled(em: KernelEmitter, epilogue: Epilogue | None) -> None:
+    """Record that the micro-kernel computed `epilogue`'s value into its slot (no pass of its own)."""
+    if epilogue is not None:
+        em.filled.add(epilogue.root.name)
 
 
 def _copy(em: KernelEmitter, src: t.Value, slot: Slot) -> None:
