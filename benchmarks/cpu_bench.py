@@ -1,7 +1,8 @@
 """CPU benchmark: compiled ``cpu`` kernels against the unfused numpy body (and torch on the CPU if installed).
 
 Run ``python benchmarks/cpu_bench.py`` (``--quick`` for small shapes). Prints the
-hardware, one table of median times (of ``--repeats`` runs after a warm-up) with
+hardware, one table of median times (``ROUNDS`` rounds of ``--repeats`` runs after a warm-up, the contenders
+in turns: `median_times`) with
 the ratio numpy/compiled (> 1: the compiled kernel is faster), and the compile
 time of each kernel cold (LLVM from scratch), warm (the in-memory cache) and from
 disk (a fresh cache object reading the on-disk entry).
@@ -55,21 +56,38 @@ def cpu_model() -> str:
 
 
 SETTLE_S = 0.5
-"""Pause before timing each contender. numpy's OpenBLAS (and torch's OpenMP) keep their worker threads
-spinning for a while after a call: on a 2-core machine the next 100-300 ms of anyone's work (the kernel right
-after its float64 check, torch right after numpy) ran 1.5-2.5x slower. After the pause every contender
-starts with idle pools."""
+"""Pause before each contender's block of calls. numpy's OpenBLAS (and torch's OpenMP) keep their worker
+threads spinning for a while after a call: on a 2-core machine the next 100-300 ms of anyone's work (the kernel
+right after torch) ran 1.5-2.5x slower. After the pause every contender starts with idle pools."""
+
+ROUNDS = 3
+"""Blocks of calls each contender gets, in turns (`median_times`)."""
+
+WARM_S = 0.1
+"""Untimed calls at the start of each block, for at least this long: after the pause, every contender's first
+calls ran slower and sped up over 30-60 ms (attention [1,8,1024,64]: 9.0, 8.6, 8.2, 7.9 then 7.0-7.6 ms for
+the kernel, 10.4, 9.2, 8.9 then 7.7-7.9 for torch): clocks, caches and thread pools waking up."""
 
 
-def median_time(fn, repeats: int) -> float:
-    time.sleep(SETTLE_S)
-    fn()  # warm-up (first-touch of outputs, thread start)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def median_times(fns: list, repeats: int) -> list[float]:
+    """The median time of each of `fns` over `ROUNDS` rounds: in each round every contender in turn, after
+    `SETTLE_S`, makes untimed calls for `WARM_S` and then `repeats` timed ones back to back. One contender after the
+    other, a slow spell of this shared 2-core machine (20-30% for seconds at a time) fell on whichever ran
+    then: the same kernel's median moved from 7.8 to 9.9 ms between two runs while torch's did not. In turns,
+    every contender sees the same spells."""
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(ROUNDS):
+        for fn, out in zip(fns, times):
+            time.sleep(SETTLE_S)
+            warm = time.perf_counter()
+            fn()
+            while time.perf_counter() - warm < WARM_S:
+                fn()
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def torch_version(fn_name: str, args):
@@ -240,7 +258,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     only = set(filter(None, opts.only.split(",")))
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; vector features: {features()}; numpy {np.__version__}; "
-          f"torch {torch_release()}; median of {opts.repeats} runs after a warm-up")
+          f"torch {torch_release()}; median of {ROUNDS} rounds of {opts.repeats} runs, contenders in turns")
     header = (f"{'kernel':<22} {'shape':<20} {'cpu (ms)':>9} {'numpy (ms)':>10} {'numpy/cpu':>9} {'torch (ms)':>10} "
               f"{'torch/cpu':>9} {'cold (s)':>8} {'warm (ms)':>9} {'disk (ms)':>9}  check")
     print(header)
@@ -250,11 +268,14 @@ def main() -> None:
             continue
         kernel = rf.kernel(fn, backend="cpu", **options)
         result = check(name, kernel(*args), args, fn, length, plant=opts.plant)
-        t_cpu = median_time(lambda: kernel(*args), opts.repeats)
-        with np.errstate(all="ignore"):
-            t_np = median_time(lambda: fn(*args), opts.repeats)
         tv = torch_version(name, args)
-        t_torch = median_time(tv, opts.repeats) if tv is not None else None
+
+        def body():
+            with np.errstate(all="ignore"):
+                fn(*args)
+        t_cpu, t_np, *t_rest = median_times([lambda: kernel(*args), body] + ([tv] if tv is not None else []),
+                                            opts.repeats)
+        t_torch = t_rest[0] if t_rest else None
         cold, warm, disk = (0.0, 0.0, 0.0) if opts.no_compile_times else compile_times(fn, args, options)
         torch_cols = (f"{t_torch * 1e3:>10.1f} {t_torch / t_cpu:>9.2f}" if t_torch is not None
                       else f"{'-':>10} {'-':>9}")
