@@ -151,6 +151,14 @@ def splat(t: ir.Type, value: object) -> ir.Constant:
 _SPLATS: dict[tuple[str, str, str], ir.Constant] = {}
 
 
+def broadcast_lanes(builder: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
+    """A vector of `lanes` copies of the scalar register `x` (insert into lane 0, shuffle lane 0 everywhere;
+    `splat` makes the constant kind)."""
+    vec = ir.VectorType(x.type, lanes)
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
 def like(t: ir.Type, scalar: ir.Type) -> ir.Type:
     """`scalar`, as a vector with as many elements as `t` when `t` is a vector."""
     return ir.VectorType(scalar, t.count) if isinstance(t, ir.VectorType) else scalar

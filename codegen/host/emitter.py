@@ -322,8 +322,8 @@ def _nested(em: KernelEmitter, shape: tuple[int, ...], name: str, idx: list) -> 
 
 
 def _readers_and_blocks(body: tuple[t.Op, ...]) -> tuple[dict[str, list[object]], dict[int, int]]:
-    """Who reads each value of a kernel (its ops, loop bodies included; a loop body for the values it
-    yields), and the block (a number per op sequence) each op is in."""
+    """Who reads each value of a kernel (its ops, loop bodies included, a view counted as a reader of its
+    source; a loop body for the values it yields), and the block (a number per op sequence) each op is in."""
     readers: dict[str, list[object]] = {}
     block_of: dict[int, int] = {}
     blocks = [0]

@@ -26,7 +26,7 @@ import llvmlite.ir as ir
 
 from ...ir import BinaryOp, UnaryOp
 from ...ir.tile import nodes as t
-from ..llvm_utils import I32
+from ..llvm_utils import broadcast_lanes
 from .emitter import KernelEmitter, Slot
 from .plan import ELEMENTWISE, VIEWS
 
@@ -49,8 +49,6 @@ class Epilogue:
 
     def apply(self, em: KernelEmitter, row: ir.Value, col: ir.Value, acc: ir.Value) -> ir.Value:
         """``E``'s vector at ``(row, col .. col + lanes)`` from `acc`, ``D``'s accumulator vector there."""
-        b = em.b
-        lanes = acc.type.count
         idx = (row, col)
         key = tuple(id(i) for i in idx)
         dot_slot = em.slots.pop(self.dot_out.name, None)   # (a slot is read before the memo: `elem`)
@@ -58,12 +56,8 @@ class Epilogue:
             with em.level():
                 memo = em.memo()
                 memo[(self.dot_out.name, key)] = (idx, acc)
-                for leaf in self.leaves:
-                    x = em.value(leaf, idx)      # the row's element, the same at every column
-                    vec = ir.VectorType(x.type, lanes)
-                    one = b.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(I32, 0))
-                    memo[(leaf.name, key)] = (idx, b.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
-                                                                     ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)))
+                for leaf in self.leaves:        # the row's element, the same at every column
+                    memo[(leaf.name, key)] = (idx, broadcast_lanes(em.b, em.value(leaf, idx), acc.type.count))
                 return em.inline(self.root, idx)
         finally:
             if dot_slot is not None:
@@ -123,7 +117,7 @@ def dot_epilogue(em: KernelEmitter, op: t.Dot) -> Epilogue | None:
     if root.shape != d.shape or em.block_of.get(id(root_op)) != em.block_of.get(id(op)):
         return None
     tree = pointwise_tree(em, defs, root)
-    tree_ops = [o for o in t.walk_ops(em.kernel.body) if id(o) in tree]
+    tree_ops = list({id(o): o for o in defs.values() if id(o) in tree}.values())
     if not all(_vector_op(o) for o in tree_ops):
         return None
     inner = {o.out.name for o in tree_ops if o.out is not root}

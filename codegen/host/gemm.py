@@ -25,7 +25,7 @@ import llvmlite.ir as ir
 from ...ir.tile import nodes as t
 from ...ir.types import float32
 from ..llvm_dtypes import memory_type
-from ..llvm_utils import I32, I64, call_intrinsic, counted_loop, entry_alloca
+from ..llvm_utils import I64, broadcast_lanes, call_intrinsic, counted_loop, entry_alloca
 from .blocking import micro_kernel_block
 from .emitter import KernelEmitter, Slot
 from .epilogue import Epilogue
@@ -49,7 +49,6 @@ def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero
     vec = ir.VectorType(scalar, block.lanes)
     accs = [[entry_alloca(b, vec, name=f"{op.out.name}.c{r}_{v}") for v in range(block.vectors)]
             for r in range(block.rows)]
-    zeros = ir.Constant(ir.VectorType(I32, block.lanes), [0] * block.lanes)
     zero_acc = ir.Constant(vec, [ir.Constant(scalar, 0.0)] * block.lanes)
     fma = f"llvm.fmuladd.v{block.lanes}{'f32' if d == float32 else 'f64'}"
     in_panels = b_slot.panel == block.cols
@@ -75,9 +74,7 @@ def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero
                 bv = [b.load(rhs(kk, jb, col, v), typ=vec, align=d.itemsize) for v, col in enumerate(cols)]
                 for r, row in enumerate(rows):
                     x = b.load(em.address(a_slot, (row, kk)), typ=scalar)
-                    splat = b.shuffle_vector(b.insert_element(ir.Constant(vec, ir.Undefined), x,
-                                                              ir.Constant(I32, 0)),
-                                             ir.Constant(vec, ir.Undefined), zeros)
+                    splat = broadcast_lanes(b, x, block.lanes)
                     for v in range(block.vectors):
                         acc = b.load(accs[r][v], typ=vec)
                         b.store(call_intrinsic(b, fma, vec, [splat, bv[v], acc]), accs[r][v])

@@ -137,23 +137,6 @@ def _copy(em: KernelEmitter, src: t.Value, slot: Slot) -> None:
         em.write(slot, idx, em.value(src, idx))
 
 
-def _readers(body: t.Region) -> dict[str, list[object]]:
-    """Who reads each value in `body`: its ops (nested loops' ops and yields included, a view counted as a
-    reader of its source) and, for a yielded value, the body itself."""
-    readers: dict[str, list[object]] = {}
-
-    def visit(region: t.Region) -> None:
-        for o in region.ops:
-            for v in t.operands(o):
-                readers.setdefault(v.name, []).append(o)
-            if isinstance(o, t.For):
-                visit(o.body)
-        for y in region.yields:
-            readers.setdefault(y.name, []).append(region)
-    visit(body)
-    return readers
-
-
 def pointwise_tree(em: KernelEmitter, defs: dict[str, t.Op], root: t.Value) -> set[int]:
     """The ops (by id) that compute `root`'s element at an index inline, elementwise from operands' elements at
     the same index: `root`'s defining op (in `defs`, a loop body's) and, through its operands, every
@@ -190,7 +173,7 @@ def _in_place_dots(em: KernelEmitter, body: t.Region, slots: list[Slot]) -> dict
     read before it is written; not at all where `acc` is `arg`) and no copy follows the trip: a plain GEMM's
     128 x 128 accumulator was copied twice a chunk, and a fused GEMM's rescaled one once (the bool says
     whether the initial value must be written)."""
-    readers = _readers(body)
+    readers = em.readers      # (kernel-wide: a value of `body` is read only in it)
     defs = {r.name: o for o in body.ops for r in t.results(o)}
     found: dict[str, tuple[Slot, bool]] = {}
     for o in body.ops:
