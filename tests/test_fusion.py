@@ -260,6 +260,24 @@ def test_a_body_that_cancels_to_zero_is_refused_not_crashed():
     assert "simplifies to 0" in lowered.groups[0].reason
 
 
+@pytest.mark.parametrize("n", [1, 8])
+def test_an_earlier_result_that_cancels_out_of_the_body_is_refused(n):
+    # v / v is 1 in exact arithmetic, NaN in floats where v is 0 or infinite: fused as `sum of x` it gave
+    # numbers for numpy's NaN (fuzz: seed 45, example 667, over one element)
+    def f(x):
+        v = rf.max(x, axis=-1, keepdims=True)
+        return rf.sum(x * v / v, axis=-1)
+
+    x = np.random.default_rng(23).standard_normal((3, n)).astype(np.float32)
+    x[0] = 0.0
+    x[1, 0] = np.inf
+    lowered = _check(f, (x,), n, chunk=3)
+    assert "cancels out of the body" in lowered.groups[0].reason
+    with np.errstate(all="ignore"):
+        got = rf.kernel(f, backend="interpret")(x)
+    assert np.isnan(got[:2]).all() and not np.isnan(got[2])
+
+
 def test_a_multi_accumulator_result_is_known_positive():
     def f(x):
         m = rf.max(x, axis=-1, keepdims=True)

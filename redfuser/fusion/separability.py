@@ -323,6 +323,16 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         return Refusal(f"`{name}`'s body simplifies to 0 in exact arithmetic, yet reads earlier results; it is "
                        "kept unfused so that its floating-point value (NaN where an input is infinite) is the "
                        "reference's")
+    cancelled = _earlier_results(walk(value), ctx) - _earlier_results(
+        (n for a in A.free_atoms(normal) for n in walk(a)), ctx)
+    if cancelled:
+        # x/x = 1, x - x = 0 and 0·x = 0 are exact only for finite x (and a non-zero divisor); the earlier result
+        # would be gone from the fused form, and where it is 0, ±inf or NaN the reference's body is NaN
+        # (fuzz: seed 45, example 667, `v0 / v0` with the bool matmul v0 = False gave 1 for numpy's NaN)
+        names = ", ".join(f"`{c}`" for c in sorted(cancelled))
+        return Refusal(f"in `{name}`, the earlier result {names} cancels out of the body in exact arithmetic "
+                       "(x/x = 1, x - x = 0), which floating point does not do where it is 0, ±inf or NaN (0/0 and "
+                       "inf - inf are NaN); it is computed in a second pass as written")
     if len(normal) > 1 and not any(ctx.kind(a) in ("x", "mixed") for a in A.free_atoms(normal)):
         # F(c, y) is the same for every element: sum = n·F, max = F. Expanded into several accumulated terms
         # (as (c - mean)**2 is) it only cancels, to a negative variance where numpy's is 0 (fuzz: seed 1, examples
@@ -351,6 +361,11 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
     if isinstance(out, Decomposition) and op is ReduceOp.SUM and len(splits) > 1 and not (conditions or rounded):
         out = _term_as_written(value, out, splits, ctx)
     return out
+
+
+def _earlier_results(nodes, ctx: FusionContext) -> set[str]:
+    """The earlier results of the cascade (buffers in `ctx.states`) that `nodes` load."""
+    return {n.buffer.name for n in nodes if isinstance(n, Load) and n.buffer.name in ctx.states}
 
 
 def _term_as_written(value: Expr, dec: Decomposition, splits: list[_Split], ctx: FusionContext) -> Decomposition:
