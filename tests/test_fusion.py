@@ -278,6 +278,21 @@ def test_an_earlier_result_that_cancels_out_of_the_body_is_refused(n):
     assert np.isnan(got[:2]).all() and not np.isnan(got[2])
 
 
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_one_row_of_a_matmul_read_by_the_loop_is_computed_before_it(backend):
+    # the matmul was pulled into the loop as a per-chunk local read at row 1, which no schedule can tile:
+    # an internal error (fuzz: seed 46, example 632)
+    def f(a, b):
+        return rf.std((a @ b)[None, 1, :], axis=-1)
+
+    rng = np.random.default_rng(24)
+    a, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((4, 40)).astype(np.float32)
+    got = rf.kernel(f, backend=backend)(a, b)
+    assert_close(got, f(a, b), np.dtype(np.float32), 40)
+    lowered = rf.kernel(f, backend="interpret").lower(a, b)
+    assert lowered.groups[0].fused and lowered.groups[0].locals == ()
+
+
 def test_a_multi_accumulator_result_is_known_positive():
     def f(x):
         m = rf.max(x, axis=-1, keepdims=True)

@@ -287,15 +287,24 @@ def _pull_locals(p: Program, fused: list[Member], b: LoopBuilder, axis: Axis) ->
     for s in p.body:
         if not isinstance(s, Reduce) or s.out.name in outputs or s.out.name in used_elsewhere:
             continue
-        dims = {d for e in exprs for n in walk(e) if isinstance(n, Load) and n.buffer.name == s.out.name
-                for d in [_read_along(n.indices, axis)]}
-        if len(dims) != 1 or -1 in dims:
+        loads = [n for e in exprs for n in walk(e) if isinstance(n, Load) and n.buffer.name == s.out.name]
+        dims = {_read_along(n.indices, axis) for n in loads}
+        if len(dims) != 1 or -1 in dims or not all(_tiles_with(n, s) for n in loads):
             continue
         d = dims.pop()
         renamed = rename_axes(s.value, {s.axes[d].name: axis})
         new_axes = tuple(axis if k == d else a for k, a in enumerate(s.axes))
         found.append((s, replace(s, axes=new_axes, value=renamed)))
     return found
+
+
+def _tiles_with(load: Load, local: Reduce) -> bool:
+    """Whether `load` reads `local` at its own axes, as a per-chunk tile of the loop: every index an axis, or index
+    0 of a length-1 dim. Row 1 of a matmul (``(a @ b)[1, :]``) is not: the scheduler keeps a local's dims as the
+    kernel's axes and cannot pick one row of them (fuzz: seed 46, example 632, an internal error); computed
+    before the loop, the reduction is read from memory at any position."""
+    return all(isinstance(i, Axis) or a.extent == 1
+               for i, a in zip(load.indices, local.axes))
 
 
 def _place(p: Program, removed: set[int], loop: FusedLoop, epilogue: list[Compute]) -> Program:
