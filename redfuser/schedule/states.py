@@ -19,12 +19,15 @@ with one list as candidates and the other as the list).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..fusion.merge import MergeStep
 from ..ir import BinaryOp, Buffer, BufferType, OnlineState, Reduce, TopKState
 from ..ir.tile import nodes as t
 from ..ir.types import int64
 from .exprs import compute_dtype, store_tile
 from .layout import FusedBuilder
+from .options import ScheduleOptions
 from .reduce import COMBINE, reduce_axes, reduce_chunk
 from .space import Dim, Fixed, Tiled, mask_tile, offsets, ordered, place
 from .topk import candidate_indices, empty_list, rank_dtype, ranked_values, rescale_list, update_list
@@ -84,6 +87,17 @@ def expose(fb: FusedBuilder, carried: Carried, final: bool) -> None:
             fb.lw.tiles[st.acc.name] = Tiled(vals[0], dims)
 
 
+def _local_options(opts: ScheduleOptions, local: Reduce, dims: tuple[Dim, ...]) -> ScheduleOptions:
+    """`opts` for a local reduction: one chunk of its whole contraction where its tile has one row and the
+    contraction is at most `vector_k` (`options.VECTOR_K`: each key's row read whole, in memory order)."""
+    last = local.reduce_axes[-1].extent if local.reduce_axes else None
+    rows = [d for d in dims if d.size > 1]
+    if (isinstance(last, int) and opts.block_k is not None and opts.block_k < last <= opts.vector_k
+            and len(rows) <= 1):
+        return replace(opts, block_k=last)
+    return opts
+
+
 def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
     """One chunk (`kdim`) of the fused loop: the locals, then every state in cascade order."""
     kb, lw, lay = fb.kb, fb.lw, fb.lay
@@ -94,7 +108,8 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
         b = fb.bind(i, local.axes)
         dims = fb.dims(b, local.axes)
         if isinstance(local, Reduce):
-            value = reduce_axes(lw, fb.opts, local.op, local.value, dims, b, local.reduce_axes,
+            value = reduce_axes(lw, _local_options(fb.opts, local, dims), local.op, local.value, dims, b,
+                                local.reduce_axes,
                                 fb.local_order + i, hint=local.out.name).value
         else:
             value = place(kb, lw.lower(local.value, b), dims)
