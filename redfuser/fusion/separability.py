@@ -307,7 +307,8 @@ def _mixed_reason(atom: Expr, name: str) -> str:
 def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decomposition | Refusal:
     """`value`'s factorization for monoid `op` (see the module docstring), or why there is none."""
     d = value.dtype
-    if not any(isinstance(n, Load) and n.buffer.name in ctx.states for n in walk(value)):
+    earlier = _earlier_results(walk(value), ctx)
+    if not earlier:
         return Decomposition("independent", (Accumulator(op, value, A.Linear(), value, Const(1.0, d)),), (None,))
     if d.is_bool:
         kind = {ReduceOp.MAX: "any", ReduceOp.MIN: "all"}.get(op, op.value)
@@ -323,8 +324,7 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         return Refusal(f"`{name}`'s body simplifies to 0 in exact arithmetic, yet reads earlier results; it is "
                        "kept unfused so that its floating-point value (NaN where an input is infinite) is the "
                        "reference's")
-    cancelled = _earlier_results(walk(value), ctx) - _earlier_results(
-        (n for a in A.free_atoms(normal) for n in walk(a)), ctx)
+    cancelled = earlier - _earlier_results((n for a in A.free_atoms(normal) for n in walk(a)), ctx)
     if cancelled:
         # x/x = 1, x - x = 0 and 0·x = 0 are exact only for finite x (and a non-zero divisor); the earlier result
         # would be gone from the fused form, and where it is 0, ±inf or NaN the reference's body is NaN

@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from ..fusion.merge import MergeStep
 from ..ir import BinaryOp, Buffer, BufferType, OnlineState, Reduce, TopKState
+from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
 from ..ir.types import int64
 from .exprs import compute_dtype, store_tile
@@ -92,7 +93,7 @@ def _local_options(opts: ScheduleOptions, local: Reduce, dims: tuple[Dim, ...]) 
     contraction is at most `vector_k` (`options.VECTOR_K`: each key's row read whole, in memory order)."""
     last = local.reduce_axes[-1].extent if local.reduce_axes else None
     rows = [d for d in dims if d.size > 1]
-    if (isinstance(last, int) and opts.block_k is not None and opts.block_k < last <= opts.vector_k
+    if (last is not None and is_static(last) and opts.block_k is not None and opts.block_k < last <= opts.vector_k
             and len(rows) <= 1):
         return replace(opts, block_k=last)
     return opts
