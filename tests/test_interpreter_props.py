@@ -148,6 +148,21 @@ def test_fused_sum_of_terms_keeps_the_references_infinities():
     assert_close(actual[0], np.asarray(expected[0]), np.float32, 49)
 
 
+@pytest.mark.xfail(strict=True, reason="the centred sum (x - m_run) @ w meets w = -inf at the running max, 0 * -inf = NaN, "
+                                       "where the reference's (x - m) < 0 gives +inf (fuzz: seed 53, example 866)")
+def test_centred_sum_keeps_an_infinite_factor_at_a_running_max():
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    w = np.array([[1.0], [-np.inf], [1.0]], np.float32)
+
+    def body(x, w):
+        return (x - rf.max(x, axis=-1, keepdims=True)) @ w
+
+    with np.errstate(all="ignore"):
+        got = rf.kernel(body, backend="interpret", interpret_chunk=1)(x, w)
+        want = body(x, w)
+    assert np.isinf(got[0]) and got[0] == want[0]
+
+
 def attention(q, k, v):
     s = (q @ rf.swapaxes(k, -1, -2)) * 0.125
     m = rf.max(s, axis=-1, keepdims=True)
