@@ -731,3 +731,27 @@ def test_an_additive_max_is_finished_as_written_only_where_its_atom_is_written(t
         "    assert got.dtype == want.dtype and np.array_equal(got, want), (backend, got, want)\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _variance_of_twice_a_quotient(x, y):
+    return rf.var(x / y * 2.0, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_constant_multiple_of_a_quotient_is_centred_on_its_running_mean(backend):
+    """Seed 54, example 1107 at 570a151: ``var(x / y * 2)`` split ``x / y * 2`` into ``2 x y**-1`` while
+    ``var(x / y)`` kept ``x / y`` one atom. So no centre was found and the cancelling pair ``x² y⁻² - x y⁻¹
+    mean`` went unseen: the variance was expanded into three sums. Rows near 3000 gave 4.0 and 12.0 for
+    numpy's 3.98 and 4.03 (a silent wrong answer), and y = 1e-30 made ``y**2`` underflow to a NaN variance
+    for numpy's 0. A constant multiple of a term kept whole is now that atom times the constant."""
+    k = rf.kernel(_variance_of_twice_a_quotient, backend=backend)
+    rows = (3000.0 + np.random.default_rng(0).standard_normal((2, 4096))).astype(np.float32)
+    ones = np.ones((2, 1), np.float32)
+    got, want = k(rows, ones), _variance_of_twice_a_quotient(rows, ones)
+    assert np.allclose(got, want, rtol=1e-4), (got, want)
+    assert "centred on the running mean" in k.explain(rows, ones)
+
+    tiny = np.full((1, 4), 1e-30, np.float32), np.full((1, 1), 1e-30, np.float32)
+    with np.errstate(all="ignore"):
+        got, want = k(*tiny), _variance_of_twice_a_quotient(*tiny)
+    assert got[0] == want[0] == 0.0

@@ -216,20 +216,11 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
     if isinstance(e, Cast) and is_widening(e):
         return normalize(e.x, positive, nonneg, whole, term_whole)  # widening float casts are exact: transparent
 
-    def terms(x: Expr) -> Sum:
-        """A multiplied sum, its `term_whole` terms kept whole."""
-        if isinstance(x, Binary) and x.op in (BinaryOp.ADD, BinaryOp.SUB):
-            a, b = terms(x.a), terms(x.b)
-            return add(a, b) if x.op is BinaryOp.ADD else add(a, scale(b, -1.0))
-        if term_whole is not None and term_whole(x):
-            return atom(x)
-        return normalize(x, positive, nonneg, whole, term_whole)
-
     def operand(x: Expr, multiplied: bool) -> Sum:
         if multiplied and whole is not None and whole(x):
             return atom(x)
         if multiplied and isinstance(x, Binary) and x.op in (BinaryOp.ADD, BinaryOp.SUB):
-            return terms(x)
+            return normalize_terms(x, positive, nonneg, whole, term_whole)
         return normalize(x, positive, nonneg, whole, term_whole)
 
     if isinstance(e, Binary):
@@ -272,6 +263,44 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
     return atom(e)
 
 
+def normalize_terms(x: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr], bool],
+                    whole: Callable[[Expr], bool] | None = None,
+                    term_whole: Callable[[Expr], bool] | None = None) -> Sum:
+    """`x` in normal form as a sum whose terms a product multiplies: each term that `term_whole` selects,
+    or a constant multiple of one (``x / y * 2``, ``-(x / y)``), is one atom (times its constant), so that
+    ``(x / y * 2 - mean)**2`` expands in the atom ``x / y`` and ``mean`` alone, as ``(x / y - mean)**2``
+    does (split into ``x**2 y**-2``, its cancelling pair went unseen and ``y**-2`` underflowed)."""
+    if isinstance(x, Binary) and x.op in (BinaryOp.ADD, BinaryOp.SUB):
+        a = normalize_terms(x.a, positive, nonneg, whole, term_whole)
+        b = normalize_terms(x.b, positive, nonneg, whole, term_whole)
+        return add(a, b) if x.op is BinaryOp.ADD else add(a, scale(b, -1.0))
+    if term_whole is not None:
+        k, core = _constant_multiple(x)
+        if math.isfinite(k) and term_whole(core):
+            return scale(atom(core), k)
+    return normalize(x, positive, nonneg, whole, term_whole)
+
+
+def _constant_multiple(e: Expr) -> tuple[float, Expr]:
+    """``(k, core)`` with ``e = k * core``, peeling negations and products and quotients by finite constants."""
+    k = 1.0
+    while True:
+        if isinstance(e, Unary) and e.op is UnaryOp.NEG:
+            k, e = -k, e.x
+        elif isinstance(e, Binary) and e.op is BinaryOp.MUL and _finite_const(e.b):
+            k, e = k * float(e.b.value), e.a
+        elif isinstance(e, Binary) and e.op is BinaryOp.MUL and _finite_const(e.a):
+            k, e = k * float(e.a.value), e.b
+        elif isinstance(e, Binary) and e.op is BinaryOp.DIV and _finite_const(e.b) and float(e.b.value) != 0.0:
+            k, e = k / float(e.b.value), e.a
+        else:
+            return k, e
+
+
+def _finite_const(e: Expr) -> bool:
+    return isinstance(e, Const) and not isinstance(e.value, bool) and math.isfinite(e.value)
+
+
 def is_widening(e: Cast) -> bool:
     """True for a float-to-float cast that loses nothing (every value of the source is exact in the target)."""
     src, dst = e.x.dtype, e.dtype
@@ -309,4 +338,4 @@ def reads(e: Expr, predicate: Callable[[Expr], bool]) -> bool:
     return any(predicate(n) for n in walk(e))
 
 
-__all__ = ["Monomial", "Linear", "Product", "Sum", "normalize", "free_atoms", "DType"]
+__all__ = ["Monomial", "Linear", "Product", "Sum", "normalize", "normalize_terms", "free_atoms", "DType"]

@@ -125,7 +125,7 @@ def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, .
         else:
             continue
         u = value_at(st.axes, st.term, state_load.indices)
-        lin = A.as_linear(A.normalize(u, pos, pos))
+        lin = A.as_linear(A.normalize_terms(u, pos, pos, ctx.reduced_only_sum, ctx.reduced_only_term))
         # (values of kind c are the same at every k: an axis of length 1 reads x[i, 0])
         if lin is None or not lin.terms or any(ctx.kind(a) not in ("x", "c") for m, _ in lin.terms
                                                for a, _ in m.factors):
@@ -147,12 +147,14 @@ def _clean(s: A.Sum) -> A.Sum:
     return A.add(tuple(out), ())
 
 
-def change_variables(normal: A.Sum, centre: Centre, exponents: bool = True) -> A.Sum | None:
-    """`normal` with ``u`` written as ``w + c`` (`centre.marker` for ``w``), or None where ``u`` does not
-    enter it polynomially (a negative or fractional power, inside a non-linear exponent). Without
-    `exponents`, ``u`` inside an exponential stays as it is (a weight the centre does not move: taylor.py)."""
+def change_variables(normal: A.Sum, centre: Centre, ctx: FusionContext, exponents: bool = True) -> A.Sum | None:
+    """`normal` (`ctx.normal_form`) with ``u`` written as ``w + c`` (`centre.marker` for ``w``), or None where
+    ``u`` does not enter it polynomially (a negative or fractional power, inside a non-linear exponent).
+    ``u`` is read as the normal form reads a multiplied sum (``x / y * 2`` is twice the atom ``x / y``).
+    Without `exponents`, ``u`` inside an exponential stays as it is (a weight the centre does not move:
+    taylor.py)."""
     never = lambda e: False  # noqa: E731
-    u = A.as_linear(A.normalize(centre.u, never, never))
+    u = A.as_linear(A.normalize_terms(centre.u, never, never, ctx.reduced_only_sum, ctx.reduced_only_term))
     if u is None:   # a value kept whole in the body (`FusionContext.reduced_only_term`: exp(x), 1/x) is one atom
         u = A.as_linear(A.atom(centre.u))
     c = A.as_linear(A.normalize(centre.c, never, never))
@@ -196,7 +198,7 @@ def centre_sum(value: Expr, ctx: FusionContext, states: tuple[OnlineState, ...],
     d = value.dtype
     normal = ctx.normal_form(value)
     for centre in find_centres(normal, ctx, states, running, loop_axis, extent):
-        moved = change_variables(normal, centre)
+        moved = change_variables(normal, centre, ctx)
         if moved is None:
             continue
         atoms = A.free_atoms(moved)

@@ -199,7 +199,7 @@ def own_centre_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axi
             c = Binary(BinaryOp.ADD, delta, ky, d)
             placeholder = Load(Buffer(f"__own_sum_{name}", delta.buffer.type), delta.indices)
             centre = Centre(ReduceOp.SUM, "", earlier, placeholder, c, u, marker, own=ky, delta=delta)
-            moved = change_variables(normal, centre)
+            moved = change_variables(normal, centre, ctx)
             if moved is None or not _vanishes_at_root(moved, marker, delta):
                 continue
             dec = _families(moved, centre, inner, name, d)

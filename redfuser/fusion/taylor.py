@@ -64,7 +64,7 @@ def taylor_sum(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: A
     marker = Load(Buffer(f"__centre_taylor_{name}", BufferType(d, (axis.extent,))), (axis,))
     placeholder = Load(Buffer(f"__own_sum_{name}", mean.buffer.type), mean.indices)
     centre = Centre(ReduceOp.SUM, "", x, placeholder, mean, x, marker, own=Const(0.0, d), delta=mean, taylor=True)
-    moved = change_variables(ctx.normal_form(value), centre, exponents=False)
+    moved = change_variables(ctx.normal_form(value), centre, ctx, exponents=False)
     inner = replace(ctx, states=ctx.states | {mean.buffer.name})
     dec = _families(moved, centre, inner, name, d) if moved is not None else None
     if dec is None:
