@@ -8,7 +8,10 @@ time of each kernel cold (LLVM from scratch), warm (the in-memory cache) and fro
 disk (a fresh cache object reading the on-disk entry).
 
 Rows, each workload at three sizes (``--quick``: small ones; ``--only a,b`` picks workloads): attention
-(prefill), causal attention (the default, which skips the key blocks past the diagonal where a scan shows
+(prefill) in f32 and in bf16 (its dots on AMX tiles where the host has them, `codegen/host/amx.py`; numpy's
+bf16 ``@`` gives f32, so the result is f32 where torch's bf16 SDPA returns bf16 and rounds ``P`` to bf16
+for its second GEMM: it does less exact work), a bf16 GEMM (f32 result; torch's ``matmul`` returns bf16),
+causal attention (the default, which skips the key blocks past the diagonal where a scan shows
 that exact; ``skip_masked=True``, which always skips; ``skip_masked=False``, which never does), softmax and
 log-softmax over large rows, flash decoding (one query) with the automatic split and unsplit (``split=1``),
 MoE routing (softmax + top-2 + renormalize over 64 experts), the per-token FP8 quantized GEMM, layer norm
@@ -38,9 +41,9 @@ import numpy as np
 
 import redfuser as rf
 from redfuser.testing.tolerance import assert_close, wide_reference
-from redfuser.workloads import (attention, causal_attention, cross_entropy, fp8_quant_gemm, group_norm, layer_norm_gemm,
-                                linear_cross_entropy, log_softmax, moe_routing, rms_norm, rope_attention, rope_tables,
-                                softmax)
+from redfuser.workloads import (attention, causal_attention, cross_entropy, fp8_quant_gemm, gemm, group_norm,
+                                layer_norm_gemm, linear_cross_entropy, log_softmax, moe_routing, rms_norm, rope_attention,
+                                rope_tables, softmax)
 from bench_common import CacheFolder
 
 
@@ -95,11 +98,13 @@ def torch_version(fn_name: str, args):
         import torch
     except Exception:
         return None
-    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in args if a.dtype.kind == "f" and a.itemsize >= 2]
-    if fn_name in ("attention", "decode"):
+    tensors = [_to_torch(torch, a) for a in args if a.dtype == rf.bfloat16 or (a.dtype.kind == "f" and a.itemsize >= 2)]
+    if fn_name in ("attention", "decode", "attention_bf16"):
         return lambda: torch.nn.functional.scaled_dot_product_attention(*tensors)
     if fn_name == "causal":
         return lambda: torch.nn.functional.scaled_dot_product_attention(*tensors, is_causal=True)
+    if fn_name == "gemm_bf16":
+        return lambda: torch.matmul(*tensors)
     if fn_name == "softmax":
         return lambda: torch.softmax(tensors[0], -1)
     if fn_name == "log_softmax":
@@ -132,6 +137,14 @@ def torch_version(fn_name: str, args):
             return w / w.sum(-1, keepdim=True), i
         return route
     return None  # fp8: torch has no CPU FP8 GEMM to compare with
+
+
+def _to_torch(torch, a: np.ndarray):
+    """`a` as a torch tensor (a bf16 array through its bits: torch does not read ml_dtypes' bfloat16)."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == rf.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def check(name: str, got, args, fn, length: int, plant: bool = False) -> str:
@@ -205,6 +218,8 @@ def cases(quick: bool, rng: np.random.Generator) -> list[tuple]:
     for n in sizes((128, 256, 512), (1024, 2048, 4096)):
         out.append(("attention", attention, qkv(n), {}, n))
     for n in sizes((128, 256, 512), (1024, 2048, 4096)):
+        out.append(("attention_bf16", attention, [a.astype(rf.bfloat16) for a in qkv(n)], {}, n))
+    for n in sizes((128, 256, 512), (1024, 2048, 4096)):
         out.append(("causal", causal_attention, qkv(n), {}, n))
     n = sizes(512, 4096)
     out.append(("causal", causal_attention, qkv(n), {"skip_masked": True}, n))
@@ -223,9 +238,12 @@ def cases(quick: bool, rng: np.random.Generator) -> list[tuple]:
         out.append(("moe_routing", moe_routing, [f32(tokens, 64, scale=3)], {}, 64))
     for gm, gk, gn in sizes(((64, 256, 64), (128, 512, 128), (256, 512, 256)),
                             ((256, 4096, 1024), (1024, 4096, 1024), (2048, 4096, 1024))):
-        gemm = [rng.standard_normal((gm, gk)).astype(np.float16), rng.standard_normal((gk, gn)).astype(rf.float8_e4m3fn),
-                rng.uniform(0.5, 2.0, gn).astype(np.float32)]
-        out.append(("fp8_gemm", fp8_quant_gemm, gemm, {}, gk))
+        fp8 = [rng.standard_normal((gm, gk)).astype(np.float16), rng.standard_normal((gk, gn)).astype(rf.float8_e4m3fn),
+               rng.uniform(0.5, 2.0, gn).astype(np.float32)]
+        out.append(("fp8_gemm", fp8_quant_gemm, fp8, {}, gk))
+    for size in sizes((128, 256, 512), (1024, 2048, 4096)):
+        out.append(("gemm_bf16", gemm, [f32(size, size).astype(rf.bfloat16), f32(size, size).astype(rf.bfloat16)], {},
+                    size))
     for rows, dim in sizes(((256, 256), (512, 256), (512, 512)), ((1024, 1024), (4096, 1024), (4096, 4096))):
         out.append(("layer_norm_gemm", layer_norm_gemm, [f32(rows, dim, scale=2, shift=3), f32(dim, 1024 if not quick
                                                                                             else 128)], {}, dim))
@@ -280,7 +298,7 @@ def main() -> None:
         torch_cols = (f"{t_torch * 1e3:>10.1f} {t_torch / t_cpu:>9.2f}" if t_torch is not None
                       else f"{'-':>10} {'-':>9}")
         shape = "x".join(map(str, args[-1 if name == "decode" else 0].shape))
-        if name in ("layer_norm_gemm", "linear_cross_entropy", "fp8_gemm"):   # [m, k] @ [k, n]: n too
+        if name in ("layer_norm_gemm", "linear_cross_entropy", "fp8_gemm", "gemm_bf16"):   # [m, k] @ [k, n]: n too
             shape += f"@{args[1].shape[1]}"
         label = name + "".join(f" {k}={v}" for k, v in options.items() if k != "split")
         if name == "decode":  # how many slices the split used (1: unsplit), and whether it was chosen or given

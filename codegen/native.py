@@ -18,7 +18,9 @@ The compile cache around `compile_object` belongs to the runtime (`runtime.cpu_j
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import platform
 from dataclasses import dataclass, field
 
 import llvmlite.binding as llvm
@@ -36,15 +38,34 @@ class HostTarget:
     cpu: str
     features: str
     machine: llvm.TargetMachine
+    amx: bool = False       # AMX-BF16 tiles usable by this process (`amx_permitted`)
 
     @property
     def description(self) -> str:
-        return f"{self.triple} cpu={self.cpu}"
+        return f"{self.triple} cpu={self.cpu}" + (" amx" if self.amx else "")
 
     @property
     def key(self) -> str:
-        """The target part of a compile-cache key: triple, CPU and features."""
-        return f"{self.triple}:{self.cpu}:{self.features}"
+        """The target part of a compile-cache key: triple, CPU, features and whether AMX code may run (an
+        object with tile instructions faults in a process Linux has not granted them)."""
+        return f"{self.triple}:{self.cpu}:{self.features}" + (":amx" if self.amx else "")
+
+
+_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+def amx_permitted(features: str) -> bool:
+    """Whether this process may run AMX-BF16 code (`host/amx.py`): LLVM sees ``amx-tile`` and ``amx-bf16`` on
+    the host, and Linux grants the process the tile data state (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA)``, asked once: the kernel refuses tile instructions in a process that has not)."""
+    if not {"+amx-tile", "+amx-bf16"} <= set(features.split(",")) or platform.system() != "Linux" \
+            or platform.machine() != "x86_64":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def jit_machine(triple: str, cpu: str, features: str) -> llvm.TargetMachine:
@@ -73,7 +94,7 @@ def host_target() -> HostTarget:
     features = llvm.get_host_cpu_features().flatten()
     if "+avx512f" in features.split(","):
         features += FULL_WIDTH_VECTORS
-    return HostTarget(triple, cpu, features, jit_machine(triple, cpu, features))
+    return HostTarget(triple, cpu, features, jit_machine(triple, cpu, features), amx_permitted(features))
 
 
 def optimize(module: llvm.ModuleRef, slp: bool = True) -> llvm.ModuleRef:

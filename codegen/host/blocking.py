@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...ir.tile import nodes as t
-from ...ir.types import float32, float64
+from ...ir.types import bfloat16, float16, float32, float64
 from ..native import host_target
 
 PANEL_MIN_BLOCKS = 4
@@ -81,9 +81,10 @@ def choose_block(m: int, n: int, itemsize: int) -> Block | None:
 
 def micro_kernel_block(op: t.Dot) -> Block | None:
     """The block `gemm.py` computes `op` with, or None where it keeps the loop nest (a dtype other than f32
-    and f64, or operands of another dtype than the result: the narrow-operand casts)."""
+    and f64, or operands of another dtype than the result other than bf16 or f16 ones of an f32 dot)."""
     d = op.out.dtype
-    if d not in (float32, float64) or op.a.dtype != d or op.b.dtype != d:
+    widened = (d,) if d == float64 else (float32, bfloat16, float16)
+    if d not in (float32, float64) or op.a.dtype not in widened or op.b.dtype not in widened:
         return None
     m, n = op.out.shape
     return choose_block(m, n, d.itemsize)

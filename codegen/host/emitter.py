@@ -32,7 +32,7 @@ import llvmlite.ir as ir
 from ...ir import DType
 from ...ir.sizes import Size
 from ...ir.tile import nodes as t
-from ...ir.types import row_major_strides
+from ...ir.types import bfloat16, row_major_strides
 from ..llvm_dtypes import HOST, cast, from_memory, memory_type, register_type, to_memory
 from ..llvm_utils import I64, PTR, VOID, counted_loop, entry_alloca
 from ..simt.affine import AffineInfo
@@ -104,10 +104,25 @@ class KernelEmitter:
         self.dot_rhs = frozenset(op.b.name for op in _walk(kernel.body) if isinstance(op, t.Dot))
         # right operands the micro-kernel reads in panels (one width for every dot that reads them)
         widths: dict[str, set[int | None]] = {}
+        # and the bf16 operands of dots on AMX tiles (`amx.py`: read where they are, checked when made)
+        from .amx import fits
+        amx_dots = [op for op in _walk(kernel.body) if isinstance(op, t.Dot) and fits(op)]
+        self.amx_operands = frozenset(v.name for op in amx_dots for v in (op.a, op.b) if v.dtype == bfloat16)
         for op in _walk(kernel.body):
             if isinstance(op, t.Dot):
-                widths.setdefault(op.b.name, set()).add(panel_columns(op))
+                widths.setdefault(op.b.name, set()).add(None if op.b.name in self.amx_operands else panel_columns(op))
         self.panels = {name: w.pop() for name, w in widths.items() if len(w) == 1 and None not in w}
+        self.amx_ranges: dict[str, object] = {}   # an AMX operand's `amx._Range`, computed where it is made
+        # a transposed ``b`` read by its AMX dot alone: packed from its source where that has rows, not copied
+        readers_of = {}
+        for op in _walk(kernel.body):
+            for v in t.operands(op):
+                readers_of.setdefault(v.name, []).append(op)
+        defs = {r.name: op for op in _walk(kernel.body) for r in t.results(op)}
+        self.amx_transposed = frozenset(
+            op.b.name for op in amx_dots if isinstance(defs.get(op.b.name), t.Permute)
+            and defs[op.b.name].perm == (1, 0) and readers_of.get(op.b.name) == [op])
+        self.amx_sources: dict[str, Slot] = {}   # those packed from their source: its slot
         self.scalars: dict[str, ir.Value] = {}
         self.readers, self.block_of = _readers_and_blocks(kernel.body)
         self.filled: set[str] = set()   # materialized values a statement already computed (`epilogue.py`)
@@ -144,6 +159,8 @@ class KernelEmitter:
         tiles computed here; other inline values are emitted later, where they are read."""
         for op in ops:
             rule = self.statement_rules.get(type(op))
+            if isinstance(op, t.Permute) and op.out.name in self.amx_transposed and self._amx_source(op):
+                continue
             if rule is not None:
                 rule(self, op)
             elif op.out.shape == ():
@@ -156,6 +173,22 @@ class KernelEmitter:
                     self.slots[op.out.name] = view
                 else:
                     self.materialize(op.out)
+            for r in t.results(op):
+                if r.name in self.amx_operands and r.name in self.slots:
+                    from .amx import exponent_range
+                    self.amx_ranges[r.name] = exponent_range(self, self.slots[r.name])
+
+    def _amx_source(self, op: t.Permute) -> bool:
+        """Record the source of a transposed AMX operand (`amx_transposed`) instead of copying it, where the
+        source's rows are contiguous and a whole number of 16 x 16 blocks of bf16 pairs; False: copy it."""
+        src = self.slots.get(op.x.name) or self.global_view(op.x)
+        if src is None or src.panel is not None or (src.strides is not None and (
+                src.strides[-1] != 1 or src.strides[0] % 2)) or src.shape[1] % 32 or src.shape[0] % 16:
+            return False
+        from .amx import exponent_range
+        self.amx_sources[op.out.name] = src
+        self.amx_ranges[op.out.name] = exponent_range(self, src)
+        return True
 
     def materialize(self, v: t.Value) -> None:
         """`v` written, element by element, to a new stack array (its slot)."""

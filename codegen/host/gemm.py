@@ -14,8 +14,8 @@ schedule's blocks are tens of KiB), so ``a`` needs no packing: its elements are 
 ``MR`` and ``NV`` come from `blocking.choose_block` (the register file; ``MR`` the largest divisor of ``m``
 it allows, or where that is under half of it as many as it allows, the last ``m mod MR`` rows then a
 shorter block). ``NV * VW`` must divide ``n``; a dot the block does not tile (``n`` not a multiple of
-``VW``), or with operands of another dtype than its result (the narrow-operand casts), keeps the loop
-nest. Each output element is the same sum of products in the same ``k`` order as the loop nest
+``VW``) keeps the loop nest. bf16 and f16 operands of an f32 dot (`amx.py`'s fallback) are widened as
+they are loaded, exactly. Each output element is the same sum of products in the same ``k`` order as the loop nest
 computes (one rounding per FMA where LLVM fuses ``fmuladd``, as the nest's ``contract`` flags allow).
 """
 from __future__ import annotations
@@ -47,6 +47,7 @@ def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero
     b = em.b
     scalar = memory_type(d)
     vec = ir.VectorType(scalar, block.lanes)
+    a_type, b_type = memory_type(op.a.dtype), ir.VectorType(memory_type(op.b.dtype), block.lanes)
     accs = [[entry_alloca(b, vec, name=f"{op.out.name}.c{r}_{v}") for v in range(block.vectors)]
             for r in range(block.rows)]
     zero_acc = ir.Constant(vec, [ir.Constant(scalar, 0.0)] * block.lanes)
@@ -71,9 +72,10 @@ def emit_register_blocked_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero
                     start = zero_acc if from_zero else b.load(em.address(out, (row, col)), typ=vec, align=d.itemsize)
                     b.store(start, accs[r][v])
             with counted_loop(b, ir.Constant(I64, 0), ir.Constant(I64, k), name=f"{op.out.name}.k") as kk:
-                bv = [b.load(rhs(kk, jb, col, v), typ=vec, align=d.itemsize) for v, col in enumerate(cols)]
+                bv = [em.cast(b.load(rhs(kk, jb, col, v), typ=b_type, align=op.b.dtype.itemsize), op.b.dtype, d)
+                      for v, col in enumerate(cols)]
                 for r, row in enumerate(rows):
-                    x = b.load(em.address(a_slot, (row, kk)), typ=scalar)
+                    x = em.cast(b.load(em.address(a_slot, (row, kk)), typ=a_type), op.a.dtype, d)
                     splat = broadcast_lanes(b, x, block.lanes)
                     for v in range(block.vectors):
                         acc = b.load(accs[r][v], typ=vec)

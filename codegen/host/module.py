@@ -15,6 +15,7 @@ from ...ir.sizes import Size, SizeLike
 from ...ir.tile import nodes as t
 from ..llvm_dtypes.bits import f64_to_f32_odd
 from ..llvm_utils import F16, F64, initialize_native, parse_and_verify
+from .amx import amx_dot_operands
 from .emitter import KernelEmitter
 from .rules import RULES
 from .stmts import STATEMENT_RULES
@@ -45,6 +46,7 @@ def build_host_module(p: t.TileProgram) -> tuple[ir.Module, tuple[KernelABI, ...
     module.triple = llvm.get_process_triple()
     abis = []
     for k in p.kernels:
+        k = amx_dot_operands(k)   # (bf16 dots on AMX tiles, where the host has them: amx.py)
         symbol = _symbol(p.name, k.name)
         emitter = KernelEmitter(module, k, symbol, RULES, STATEMENT_RULES)
         emitter.build()

@@ -24,6 +24,8 @@ from ...ir import BinaryOp, DType, ReduceOp
 from ...ir.tile import nodes as t
 from ..llvm_dtypes import constant, memory_type, to_memory
 from ..llvm_utils import I64, counted_loop, entry_alloca
+from ...ir.errors import InternalError
+from . import amx
 from .emitter import KernelEmitter, Slot, StatementRule
 from .epilogue import Epilogue, dot_epilogue
 from .gemm import emit_register_blocked_dot
@@ -105,13 +107,13 @@ def _dot(em: KernelEmitter, op: t.Dot) -> None:
     else:
         out, initialize = em.new_slot(op.out), True
     epilogue = dot_epilogue(em, op)
-    if op.acc is None and emit_register_blocked_dot(em, op, out, from_zero=True, epilogue=epilogue):
+    if op.acc is None and _dot_core(em, op, out, from_zero=True, epilogue=epilogue):
         _filled(em, epilogue)
         return      # (the accumulators start at 0 in registers: no pass writing zeros first)
     if initialize:
         with em.nest((m, n), name=f"{op.out.name}.init") as idx:
             em.write(out, idx, em.value(op.acc, idx) if op.acc is not None else constant(d, 0.0))
-    if emit_register_blocked_dot(em, op, out, epilogue=epilogue):
+    if _dot_core(em, op, out, epilogue=epilogue):
         _filled(em, epilogue)
         return
     if epilogue is not None:            # (the loop nest stores the dot; its reader is computed as usual)
@@ -124,6 +126,19 @@ def _dot(em: KernelEmitter, op: t.Dot) -> None:
                 bkj = em.cast(em.read(b_slot, (kk, j)), op.b.dtype, d)
                 cur = em.read(out, (i, j))
                 em.write(out, (i, j), b.fadd(cur, b.fmul(aik, bkj, flags=("contract",)), flags=("contract",)))
+
+
+def _dot_core(em: KernelEmitter, op: t.Dot, out: Slot, from_zero: bool = False,
+              epilogue: Epilogue | None = None) -> bool:
+    """The dot on AMX tiles where its values allow (`amx.py`; else, checked at run time, the micro-kernel), or
+    on the micro-kernel (`gemm.py`); False where neither computes it (nothing emitted)."""
+    if amx.readable(em, op, out):
+        def fallback() -> None:
+            if not emit_register_blocked_dot(em, op, out, from_zero=from_zero, epilogue=epilogue):
+                raise InternalError(f"no FMA path for the AMX dot {op.out.name}", pass_name="codegen.host")
+        amx.emit_amx_dot(em, op, out, from_zero, epilogue, fallback)
+        return True
+    return emit_register_blocked_dot(em, op, out, from_zero=from_zero, epilogue=epilogue)
 
 
 def _filled(em: KernelEmitter, epilogue: Epilogue | None) -> None:

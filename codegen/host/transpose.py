@@ -89,21 +89,31 @@ def _blocked_transpose(em: KernelEmitter, op: t.Permute) -> bool:
         return False
     b, d = em.b, op.out.dtype
     scalar = memory_type(d)
-    vec = ir.VectorType(scalar, lanes)
     src = em.slots.get(op.x.name) or em.global_view(op.x)
     if src is None:   # read in its own order once, contiguously, into a private row-major array
         src = Slot(entry_alloca(b, scalar, name=f"{op.x.name}.rows", count=op.x.type.size, align=64),
                    op.x.shape, d)
         with em.nest(op.x.shape, name=f"{op.x.name}.rows") as idx:
             em.write(src, idx, em.value(op.x, idx))
-    out = em.new_slot(op.out)
-    rows, cols = op.x.shape
+    transpose_blocks(em, src, em.new_slot(op.out), lanes, op.out.name)
+    return True
+
+
+def transpose_blocks(em: KernelEmitter, src: Slot, out: Slot, lanes: int, name: str, align: int | None = None) -> None:
+    """``out = src^T`` for 2-D slots of one 4- or 8-byte type, rows of `src` contiguous: blocks of `lanes` x
+    `lanes` elements loaded as rows, transposed in registers by ``log2(lanes)`` rounds of shuffles, and stored
+    as rows of `out` (`lanes` must divide both sides). `align`: what `src`'s rows are aligned to (default: the
+    element size)."""
+    b, d = em.b, src.dtype
+    src_align = align or d.itemsize
+    vec = ir.VectorType(memory_type(d), lanes)
+    rows, cols = src.shape
     masks = {step: _shuffle_masks(lanes, step) for step in _steps(lanes)}
-    with em.loop(rows // lanes, f"{op.out.name}.tr") as rb:
+    with em.loop(rows // lanes, f"{name}.tr") as rb:
         r0 = b.mul(rb, ir.Constant(I64, lanes), flags=("nsw", "nuw"))
-        with em.loop(cols // lanes, f"{op.out.name}.tc") as cb:
+        with em.loop(cols // lanes, f"{name}.tc") as cb:
             c0 = b.mul(cb, ir.Constant(I64, lanes), flags=("nsw", "nuw"))
-            v = [b.load(em.address(src, (_plus(b, r0, r), c0)), typ=vec, align=d.itemsize) for r in range(lanes)]
+            v = [b.load(em.address(src, (_plus(b, r0, r), c0)), typ=vec, align=src_align) for r in range(lanes)]
             for step, (low, high) in masks.items():
                 for i in range(lanes):
                     if i & step:
@@ -113,7 +123,6 @@ def _blocked_transpose(em: KernelEmitter, op: t.Permute) -> bool:
                     v[i], v[i + step] = lo, hi
             for c in range(lanes):
                 b.store(v[c], em.address(out, (_plus(b, c0, c), r0)), align=d.itemsize)
-    return True
 
 
 def _steps(lanes: int) -> list[int]:

@@ -1,0 +1,226 @@
+"""Dot operands in a narrow float type: the Tile IR rewrite the GPU's tensor cores and the host's AMX share.
+
+The scheduler computes in f32, so a ``dot`` of half-precision data reads
+``permute(cast_f32(load_f16))``. `narrow_operands` rewrites such an operand to
+``permute(load_f16)`` — the same values, exactly (`Dot` multiplies in the
+accumulator's dtype) — where the caller's `fits` says a narrow instruction can run
+the dot (`codegen.simt.narrow`: an mma shape on the target; `codegen.host.amx`: an
+AMX tile shape). When only one operand is exactly low precision, the other (an f32
+computation, like ``P`` in ``P @ V``) is rounded to that type only where
+`round_operands` and every value the dot's result reaches is stored in that
+precision or coarser (`store_precision`): the rounding is then smaller than what
+the store rounds away anyway. Otherwise, when the exact operand is bf16, the f32
+operand is *split*: three bf16 values that sum to it exactly, each multiplied by
+the exact operand in its own dot, the three chained through the accumulator (numpy
+computes ``bf16 @ bf16`` in f32, so an f32 ``P @ V`` is what a bf16 attention
+written in numpy asks for). Otherwise the dot stays f32.
+Guarantees: verified Tile IR in and out; exact operands give the same result.
+
+Why the split is exact. bf16 has f32's exponent range and 8 of its 24 significant
+bits. ``a1 = bf16(a)`` (round to nearest) leaves ``a - a1`` exactly representable in
+f32 with at most 16 significant bits; ``a2 = bf16(a - a1)`` leaves at most 8, which
+``a3`` holds exactly. So ``a1 + a2 + a3 == a``, and every product with a bf16 value is
+exact in f32: the three dots add the very products the f32 dot adds, in another
+order (the smallest part first, so ``a3 + a2 == a - a1`` exactly and no partial sum
+overflows where ``a`` does not). Two edges: what ``a1`` and ``a2`` are cast from is
+clamped to bf16's largest finite value, so an f32 beyond it (up to f32's largest)
+does not round to inf, and an infinity reaches ``a3`` unclamped (``inf - max =
+inf``) and stays one; bits of ``a`` below bf16's smallest subnormal (2**-133, only
+when ``|a| < 2**-110``) are lost. NaN stays NaN. The cost is three narrow dots where
+one would do.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import ml_dtypes
+import numpy as np
+
+from ..ir.tile import nodes as t
+from ..ir.semantics import BinaryOp
+from ..ir.source import SourceLoc
+from ..ir.tile.verifier import verify_kernel
+from ..ir.types import DType, bfloat16, float8_e4m3fn, float32
+from typing import Callable
+
+BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+SPLIT_PARTS = 3   # bf16 parts of an f32 operand: 3 x 8 significant bits hold f32's 24
+_VIEWS = (t.Permute, t.Broadcast, t.ExpandDims)
+
+
+def eps(dtype) -> float:
+    """Machine epsilon of a float dtype; 0 (exact) for the others."""
+    return float(ml_dtypes.finfo(dtype.numpy).eps) if dtype.is_float else 0.0
+
+
+def store_precision(k: t.TileKernel) -> dict[str, float]:
+    """For each value, the smallest epsilon among the stores its value flows into (inf: none)."""
+    sink: dict[str, float] = {}
+
+    def lower(v: t.Value, e: float) -> bool:
+        if e < sink.get(v.name, np.inf):
+            sink[v.name] = e
+            return True
+        return False
+
+    changed = True
+    while changed:
+        changed = False
+        for op in reversed(list(t.walk_ops(k.body))):
+            if isinstance(op, t.Store):
+                changed |= lower(op.value, eps(op.buffer.dtype))
+            elif isinstance(op, t.For):
+                body = op.body
+                for init, arg, y, r in zip(op.inits, body.args, body.yields, op.results):
+                    e = min(sink.get(arg.name, np.inf), sink.get(r.name, np.inf))
+                    changed |= lower(init, e)
+                    changed |= lower(y, e)
+            else:
+                outs = t.results(op)
+                e = min((sink.get(r.name, np.inf) for r in outs), default=np.inf)
+                for v in t.operands(op):
+                    changed |= lower(v, e)
+    return sink
+
+
+class _Narrower:
+    def __init__(self, k: t.TileKernel, fits: Callable[[t.Dot], bool], round_operands: bool, mixed: bool) -> None:
+        self.fits, self.round_operands, self.mixed = fits, round_operands, mixed
+        self.defs: dict[str, t.Op] = {r.name: op for op in t.walk_ops(k.body) for r in t.results(op)}
+        self.fresh = t.FreshValues(k)
+        self.sink = store_precision(k) if round_operands else {}
+
+    def exact(self, v: t.Value) -> tuple[t.Value, list[t.Op]] | None:
+        """``(x, views)`` when `v` is `views` applied to ``cast_f32(x)`` with a narrow ``x``, looking through
+        selects that change nothing (`_zero_where_false`)."""
+        op = self.defs.get(v.name)
+        views: list[t.Op] = []
+        while True:
+            if isinstance(op, _VIEWS):
+                views.append(op)
+                op = self.defs.get(op.x.name)
+            elif isinstance(op, t.Select) and self._zero_where_false(op):
+                op = self.defs.get(op.a.name)
+            else:
+                break
+        if isinstance(op, t.Cast) and op.x.dtype.storage_only and op.out.dtype == float32:
+            return op.x, views[::-1]
+        return None
+
+    def _zero_where_false(self, op: t.Select) -> bool:
+        """Whether ``where(c, x, 0)`` is ``x`` itself: ``x`` is a cast of a load whose mask holds `c` as a
+        conjunct and whose other value is 0. The scheduler writes such a select on a contraction's operands
+        (padded lanes of a ragged K must add nothing); where the load already gives 0 there it changes
+        nothing, and seeing through it keeps a ragged-K ``dot`` of f16 data on the tensor cores."""
+        zero = self.defs.get(op.b.name)
+        if not (isinstance(zero, t.Constant) and zero.value == 0 and not np.signbit(zero.value)):
+            return False
+        cast = self.defs.get(op.a.name)
+        load = self.defs.get(cast.x.name) if isinstance(cast, t.Cast) else None
+        if not (isinstance(load, t.Load) and load.other == 0 and not np.signbit(load.other)):
+            return False
+        return self._conjunct(op.cond, load.mask)
+
+    def _conjunct(self, c: t.Value, mask: t.Value | None) -> bool:
+        """Whether `mask` is `c`, or an AND with `c` among its (nested) operands: false wherever `c` is."""
+        if mask is None:
+            return False
+        if mask.name == c.name:
+            return True
+        op = self.defs.get(mask.name)
+        return isinstance(op, t.Binary) and op.op is BinaryOp.AND and (
+            self._conjunct(c, op.a) or self._conjunct(c, op.b))
+
+    def rebuild(self, x: t.Value, views: list[t.Op], out: list[t.Op]) -> t.Value:
+        for view in views:
+            new = self.fresh(f"{view.out.name}_{x.dtype}", t.TileType(x.dtype, view.out.shape))
+            out.append(replace(view, out=new, x=x))
+            x = new
+        return x
+
+    def dot(self, op: t.Dot, out: list[t.Op]) -> t.Dot:
+        if op.out.dtype != float32:
+            return op
+        a, b = self.exact(op.a), self.exact(op.b)
+        kinds = {s[0].dtype for s in (a, b) if s is not None}
+        if len(kinds) != 1:
+            return op
+        (narrow,) = kinds
+        one_exact = a is None or b is None
+        rounds = one_exact and self.round_operands and narrow != float8_e4m3fn \
+            and self.sink.get(op.out.name, np.inf) >= eps(narrow)
+        if one_exact and not rounds and narrow != bfloat16:
+            return op
+        mixed = one_exact and not rounds and self.mixed
+        probe = t.Dot(op.out, t.Value("a", op.a.type.with_dtype(float32 if mixed and a is None else narrow)),
+                      t.Value("b", op.b.type.with_dtype(float32 if mixed and b is None else narrow)), op.acc)
+        if not self.fits(probe):
+            return op
+        operands: list[list[t.Value]] = []
+        for value, exact in ((op.a, a), (op.b, b)):
+            if exact is not None:
+                operands.append([self.rebuild(exact[0], exact[1], out)])
+            elif mixed:     # (split where the dot is computed: the code generator's own parts)
+                operands.append([value])
+            elif rounds:
+                rounded = self.fresh(f"{value.name}_{narrow}", value.type.with_dtype(narrow))
+                out.append(t.Cast(rounded, value, op.loc))
+                operands.append([rounded])
+            else:   # the smallest part first: each partial sum stays below |a| (no overflow on the way)
+                operands.append(self.split(value, out, op.loc)[::-1])
+        pairs = [(x, y) for x in operands[0] for y in operands[1]]
+        acc = op.acc
+        for i, (x, y) in enumerate(pairs[:-1]):
+            part = self.fresh(f"{op.out.name}_part{i}", op.out.type)
+            out.append(replace(op, out=part, a=x, b=y, acc=acc))
+            acc = part
+        return replace(op, a=pairs[-1][0], b=pairs[-1][1], acc=acc)
+
+    def split(self, value: t.Value, out: list[t.Op], loc: SourceLoc) -> list[t.Value]:
+        """`SPLIT_PARTS` bf16 values summing exactly to the f32 `value` (see the module docstring)."""
+        def new(suffix: str, dtype: DType = float32) -> t.Value:
+            return self.fresh(f"{value.name}_{suffix}", value.type.with_dtype(dtype))
+
+        def emit(op: t.Op) -> t.Value:
+            out.append(op)
+            return op.out
+
+        high = emit(t.Constant(new("bf16_max"), BF16_MAX, loc))
+        low = emit(t.Constant(new("bf16_lowest"), -BF16_MAX, loc))
+        rest, parts = value, []
+        for i in range(SPLIT_PARTS):
+            last = i + 1 == SPLIT_PARTS
+            # clamped, so that a finite f32 beyond bf16's range gives a finite part and the rest goes on;
+            # the last part is not: an infinite value reaches it (inf - max = inf) and stays infinite
+            part_f32 = rest if last else emit(t.Binary(
+                new(f"clamp{i}"), BinaryOp.MIN, emit(t.Binary(new(f"floor{i}"), BinaryOp.MAX, rest, low, loc)), high, loc))
+            parts.append(emit(t.Cast(new(f"part{i}", bfloat16), part_f32, loc)))
+            if not last:
+                back = emit(t.Cast(new(f"part{i}_f32"), parts[-1], loc))
+                rest = emit(t.Binary(new(f"rest{i}"), BinaryOp.SUB, rest, back, loc))
+        return parts
+
+    def block(self, ops: tuple[t.Op, ...]) -> tuple[t.Op, ...]:
+        out: list[t.Op] = []
+        for op in ops:
+            if isinstance(op, t.Dot):
+                op = self.dot(op, out)
+            elif isinstance(op, t.For):
+                op = replace(op, body=replace(op.body, ops=self.block(op.body.ops)))
+            out.append(op)
+        return tuple(out)
+
+
+def narrow_operands(k: t.TileKernel, fits: Callable[[t.Dot], bool], round_operands: bool,
+                    pass_name: str, mixed: bool = False) -> t.TileKernel:
+    """`k` (verified) with narrow dot operands where `fits` takes the narrowed dot (see the module docstring);
+    verified. With `mixed`, a dot with one exact bf16 operand keeps its other operand in f32 (not split
+    here: the code generator splits it as it packs it, `codegen.host.amx`). A kernel without a dot is
+    returned as it is: the analyses are not run and there is nothing new to verify."""
+    if not any(isinstance(op, t.Dot) for op in t.walk_ops(k.body)):
+        return k
+    narrower = _Narrower(k, fits, round_operands, mixed)
+    return verify_kernel(replace(k, body=narrower.block(k.body)), pass_name=pass_name)
+
+
+__all__ = ["narrow_operands", "store_precision", "eps", "BF16_MAX", "SPLIT_PARTS"]
