@@ -89,26 +89,30 @@ class _Range:
 
 
 def exponent_range(em: KernelEmitter, slot: Slot) -> _Range:
-    """`slot`'s `_Range` (a 2-D bf16 tile, rows contiguous), scanned 16 elements at a time."""
+    """`slot`'s `_Range` (a 2-D bf16 tile, rows contiguous, a whole number of 16-element vectors a row): the
+    smallest non-zero magnitude's bits less one (a zero's, less one, wraps to the largest, so zeros never
+    count) and the largest magnitude's bits, each reduced once; their exponents are the bits above the
+    7-bit fraction."""
     b = em.b
     rows, cols = slot.shape
-    lanes = TILE_ROWS
+    lanes = 32 if cols % 32 == 0 else TILE_ROWS
     vec = ir.VectorType(I16, lanes)
+    splat = lambda v: ir.Constant(vec, [v] * lanes)  # noqa: E731
     low_acc = entry_alloca(b, vec, name="amx.low")
     high_acc = entry_alloca(b, vec, name="amx.high")
-    b.store(ir.Constant(vec, [255] * lanes), low_acc)
-    b.store(ir.Constant(vec, [0] * lanes), high_acc)
+    b.store(splat(0xFFFF), low_acc)
+    b.store(splat(0), high_acc)
     with em.loop(rows, "amx.scan.r", unroll=False) as r, em.loop(cols // lanes, "amx.scan.c") as c:
         col = b.mul(c, ir.Constant(I64, lanes), flags=("nsw", "nuw"))
-        bits = b.load(em.address(slot, (r, col)), typ=vec, align=2)
-        exponent = b.and_(b.lshr(bits, ir.Constant(vec, [7] * lanes)), ir.Constant(vec, [255] * lanes))
-        nonzero = b.icmp_unsigned("!=", b.and_(bits, ir.Constant(vec, [0x7FFF] * lanes)), ir.Constant(vec, [0] * lanes))
-        low = b.select(nonzero, exponent, ir.Constant(vec, [255] * lanes))
-        b.store(call_intrinsic(b, "llvm.umin.v16i16", vec, [b.load(low_acc, typ=vec), low]), low_acc)
-        b.store(call_intrinsic(b, "llvm.umax.v16i16", vec, [b.load(high_acc, typ=vec), exponent]), high_acc)
-    low = call_intrinsic(b, "llvm.vector.reduce.umin.v16i16", I16, [b.load(low_acc, typ=vec)])
-    high = call_intrinsic(b, "llvm.vector.reduce.umax.v16i16", I16, [b.load(high_acc, typ=vec)])
-    return _Range(b.zext(low, I32), b.zext(high, I32))
+        magnitude = b.and_(b.load(em.address(slot, (r, col)), typ=vec, align=2), splat(0x7FFF))
+        b.store(call_intrinsic(b, f"llvm.umin.v{lanes}i16", vec, [b.load(low_acc, typ=vec),
+                                                                  b.sub(magnitude, splat(1))]), low_acc)
+        b.store(call_intrinsic(b, f"llvm.umax.v{lanes}i16", vec, [b.load(high_acc, typ=vec), magnitude]), high_acc)
+    smallest = b.zext(call_intrinsic(b, f"llvm.vector.reduce.umin.v{lanes}i16", I16, [b.load(low_acc, typ=vec)]), I32)
+    largest = b.zext(call_intrinsic(b, f"llvm.vector.reduce.umax.v{lanes}i16", I16, [b.load(high_acc, typ=vec)]), I32)
+    none = b.icmp_unsigned("==", smallest, ir.Constant(I32, 0xFFFF))
+    low = b.select(none, ir.Constant(I32, 255), b.lshr(b.add(smallest, ir.Constant(I32, 1)), ir.Constant(I32, 7)))
+    return _Range(low, b.lshr(largest, ir.Constant(I32, 7)))
 
 
 def _has_subnormal(em: KernelEmitter, slot: Slot) -> ir.Value:

@@ -181,14 +181,35 @@ class KernelEmitter:
     def _amx_source(self, op: t.Permute) -> bool:
         """Record the source of a transposed AMX operand (`amx_transposed`) instead of copying it, where the
         source's rows are contiguous and a whole number of 16 x 16 blocks of bf16 pairs; False: copy it."""
+        from .amx import exponent_range
+        columns = self._transposed_load_view(op)
+        if columns is not None:      # the transpose of a load read column-wise: a view with contiguous rows
+            self.slots[op.out.name] = columns
+            self.amx_ranges[op.out.name] = exponent_range(self, columns)
+            return True
         src = self.slots.get(op.x.name) or self.global_view(op.x)
         if src is None or src.panel is not None or (src.strides is not None and (
                 src.strides[-1] != 1 or src.strides[0] % 2)) or src.shape[1] % 32 or src.shape[0] % 16:
             return False
-        from .amx import exponent_range
         self.amx_sources[op.out.name] = src
         self.amx_ranges[op.out.name] = exponent_range(self, src)
         return True
+
+    def _transposed_load_view(self, op: t.Permute) -> Slot | None:
+        """``x^T`` read in place where ``x`` is an unmasked affine load one element apart along its *first* dim
+        (a GEMM's ``B`` block, loaded as ``[n, k]`` and transposed back: `global_view`'s conditions otherwise),
+        so that ``x^T``'s rows are contiguous in the buffer."""
+        load = self.plan.defs.get(op.x.name)
+        if (not isinstance(load, t.Load) or load.mask is not None or len(op.x.shape) != 2
+                or load.buffer.dtype != op.x.dtype or memory_type(op.x.dtype) != register_type(op.x.dtype)
+                or load.buffer.name in self.stored):
+            return None
+        form = AffineInfo(self.plan.defs).of(load.offsets)
+        if form is None or len(form.strides) != 2 or form.strides[0] != 1 or form.strides[1] < 0:
+            return None
+        base = self.wide(load.offsets, (self.zero, self.zero))
+        ptr = self.b.gep(self.buffers[load.buffer.name], [base], source_etype=memory_type(op.x.dtype))
+        return Slot(ptr, op.out.shape, op.out.dtype, (form.strides[1], 1))
 
     def materialize(self, v: t.Value) -> None:
         """`v` written, element by element, to a new stack array (its slot)."""
