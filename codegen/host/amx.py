@@ -3,29 +3,31 @@
 A host with AMX (Sapphire Rapids and later) multiplies a 16 x 32 bf16 tile by a 32 x 16 one into a
 16 x 16 f32 tile in one instruction (``tdpbf16ps``): 8 192 multiply-adds, where an AVX-512 FMA does 16.
 `amx_dot_operands` (a Tile IR pass, `codegen.narrow_operands` with AMX's shapes) gives a dot of bf16 data
-its bf16 operands, and splits an f32 operand multiplied by bf16 data (``P`` in a bf16 attention's
-``P @ V``) into three bf16 parts that sum to it exactly, chained through the accumulator. `emit_amx_dot`
-then computes each such dot on the tiles.
+its bf16 operands, and keeps an f32 operand multiplied by bf16 data (``P`` in a bf16 attention's
+``P @ V``) in f32: `emit_amx_dot` splits it as it packs it into three bf16 parts that sum to it exactly
+(`_split`), each multiplied by the same ``B`` tiles. `emit_amx_dot` computes each such dot on the tiles.
 
 Exactness. Each product of two bf16 values is exact in f32, and ``tdpbf16ps`` adds them to the f32
 accumulator one at a time, rounding to nearest: the f32 FMA chain of the micro-kernel (`gemm.py`), in
 another order (which the tolerance rule allows for any dot). But the instruction treats subnormal inputs
 as 0 and flushes subnormal results to 0 (DAZ, FTZ), which numpy does not. So each dot first checks, at run
-time, what its operands hold (`_Range`, computed where each operand is made): every element finite, no
-subnormal one, and the smallest non-zero magnitudes ``2^ea`` of ``a`` and ``2^eb`` of ``b`` with
-``ea + eb >= -102``, and no subnormal in the accumulator it starts from. Then every non-zero product is at
+time, what its operands hold (`_Range`, computed where each operand is made, or while an f32 one is
+split): every element finite, no subnormal one, and the smallest non-zero magnitudes ``2^ea`` of ``a``
+(of its parts: 2^-23 of its smallest value) and ``2^eb`` of ``b`` with ``ea + eb >= -102``, and no
+subnormal in the accumulator it starts from. Then every non-zero product is at
 least ``2^-102``, and a partial sum flushed to 0 loses under ``2^-126 = 2^-24 * 2^-102``: less than one f32
 rounding of any product it holds. Where the check fails (data of extreme range, infinities, NaN), the dot
-runs on the micro-kernel, on the same bf16 operands widened to f32: the exact FMA path. A split operand's
-third part is ``2^-16`` or less of the value, so an attention whose probabilities reach ``2^-60`` keeps
-most of its dots on the tiles.
+runs on the micro-kernel, on the same operands with bf16 ones widened to f32: the exact FMA path. An
+attention whose probabilities reach down to about ``2^-70`` (with unit-normal ``v``) keeps its dots on
+the tiles.
 
-The tiles. Every tile is configured as 16 rows of 64 bytes (one configuration, `_CONFIG`): ``C`` tiles
+The tiles. Every tile is configured as 16 rows of 64 bytes (one configuration, `_config`): ``C`` tiles
 ``tmm0..3`` (16 x 16 f32), ``A`` tiles ``tmm4, 5`` (16 rows x 32 bf16 of ``k``, read in place with the
 operand's row stride) and ``B`` tiles ``tmm6, 7`` (16 pairs of ``k`` rows x 16 columns: the *VNNI* layout,
-``b[2r, j]`` beside ``b[2r + 1, j]``, which each dot packs from ``b`` first). An output block of up to
-2 x 2 tiles keeps its four accumulators in the tile registers across the whole ``k`` loop. The kernel asks
-Linux for the AMX state once per process (`amx_usable`); without it, or on another host, nothing here runs.
+``b[2r, j]`` beside ``b[2r + 1, j]``, which each dot packs from ``b``, or from ``b``'s source where ``b``
+is a transpose: `_pack_vnni_transposed`). An output block of up to 2 x 2 tiles keeps its four accumulators
+in the tile registers across the whole ``k`` loop. Linux is asked for the tile state once per process
+(`codegen.native.amx_permitted`); without it, or on another host, nothing here runs.
 """
 from __future__ import annotations
 
@@ -39,7 +41,6 @@ from ...ir.types import bfloat16, float32, int32
 from ..llvm_utils import I8, I16, I32, I64, call_intrinsic, entry_alloca
 from ..narrow_operands import SPLIT_PARTS, narrow_operands
 from ..native import host_target
-
 from .emitter import Slot
 from .transpose import emit_permute, transpose_blocks
 
@@ -56,6 +57,7 @@ TILE_K = 32
 MIN_EXPONENT_SUM = 152
 """``ea + eb`` (biased exponents, bias 127) at least this: non-zero products at least ``2^(152 - 254) =
 2^-102`` (see the module docstring)."""
+
 
 def amx_usable() -> bool:
     """Whether this process runs AMX-BF16 code (`codegen.native.amx_permitted`, part of the cache key)."""
