@@ -102,29 +102,24 @@ class KernelEmitter:
         self.slots: dict[str, Slot] = {}
         self.stored = frozenset(op.buffer.name for op in _walk(kernel.body) if isinstance(op, t.Store))
         self.dot_rhs = frozenset(op.b.name for op in _walk(kernel.body) if isinstance(op, t.Dot))
-        # right operands the micro-kernel reads in panels (one width for every dot that reads them)
-        widths: dict[str, set[int | None]] = {}
-        # and the bf16 operands of dots on AMX tiles (`amx.py`: read where they are, checked when made)
-        from .amx import fits
+        self.readers, self.block_of = _readers_and_blocks(kernel.body)
+        # the bf16 operands of dots on AMX tiles (`amx.py`: read where they are, their exponents scanned where
+        # they are made), and those that are a transpose read by their dot alone (packed from the source)
+        from .amx import fits    # (amx.py imports this module)
         amx_dots = [op for op in _walk(kernel.body) if isinstance(op, t.Dot) and fits(op)]
         self.amx_operands = frozenset(v.name for op in amx_dots for v in (op.a, op.b) if v.dtype == bfloat16)
+        self.amx_transposed = frozenset(
+            op.b.name for op in amx_dots if isinstance(self.plan.defs.get(op.b.name), t.Permute)
+            and self.plan.defs[op.b.name].perm == (1, 0) and self.readers.get(op.b.name) == [op])
+        self.amx_ranges: dict[str, object] = {}  # an AMX operand's `amx._Range`
+        self.amx_sources: dict[str, Slot] = {}   # a transposed AMX operand packed from its source: the source
+        # right operands the micro-kernel reads in panels (one width for every dot that reads them; none on AMX)
+        widths: dict[str, set[int | None]] = {}
         for op in _walk(kernel.body):
             if isinstance(op, t.Dot):
                 widths.setdefault(op.b.name, set()).add(None if op.b.name in self.amx_operands else panel_columns(op))
         self.panels = {name: w.pop() for name, w in widths.items() if len(w) == 1 and None not in w}
-        self.amx_ranges: dict[str, object] = {}   # an AMX operand's `amx._Range`, computed where it is made
-        # a transposed ``b`` read by its AMX dot alone: packed from its source where that has rows, not copied
-        readers_of = {}
-        for op in _walk(kernel.body):
-            for v in t.operands(op):
-                readers_of.setdefault(v.name, []).append(op)
-        defs = {r.name: op for op in _walk(kernel.body) for r in t.results(op)}
-        self.amx_transposed = frozenset(
-            op.b.name for op in amx_dots if isinstance(defs.get(op.b.name), t.Permute)
-            and defs[op.b.name].perm == (1, 0) and readers_of.get(op.b.name) == [op])
-        self.amx_sources: dict[str, Slot] = {}   # those packed from their source: its slot
         self.scalars: dict[str, ir.Value] = {}
-        self.readers, self.block_of = _readers_and_blocks(kernel.body)
         self.filled: set[str] = set()   # materialized values a statement already computed (`epilogue.py`)
         self.in_place: dict[str, tuple[Slot, bool]] = {}   # dots accumulating into a loop's carried slot, and
         # whether they write their accumulator's initial value there first (stmts._in_place_dots)
@@ -175,13 +170,13 @@ class KernelEmitter:
                     self.materialize(op.out)
             for r in t.results(op):
                 if r.name in self.amx_operands and r.name in self.slots:
-                    from .amx import exponent_range
+                    from .amx import exponent_range    # (amx.py imports this module)
                     self.amx_ranges[r.name] = exponent_range(self, self.slots[r.name])
 
     def _amx_source(self, op: t.Permute) -> bool:
         """Record the source of a transposed AMX operand (`amx_transposed`) instead of copying it, where the
         source's rows are contiguous and a whole number of 16 x 16 blocks of bf16 pairs; False: copy it."""
-        from .amx import exponent_range
+        from .amx import exponent_range    # (amx.py imports this module)
         columns = self._transposed_load_view(op)
         if columns is not None:      # the transpose of a load read column-wise: a view with contiguous rows
             self.slots[op.out.name] = columns

@@ -15,9 +15,9 @@ schedule's blocks are tens of KiB), so ``a`` needs no packing: its elements are 
 it allows, or where that is under half of it as many as it allows, the last ``m mod MR`` rows then a
 shorter block). ``NV * VW`` must divide ``n``; a dot the block does not tile (``n`` not a multiple of
 ``VW``) keeps the loop nest. bf16 and f16 operands of an f32 dot (`amx.py`'s fallback) are widened as
-they are loaded, exactly. Each output element is the same sum of products in the same ``k`` order as the loop nest
-computes (one rounding per FMA where LLVM fuses ``fmuladd``, as the nest's ``contract`` flags allow).
-"""
+they are loaded, exactly. Each output element is the same sum of products in the same ``k`` order as the
+loop nest computes (one rounding per FMA where LLVM fuses ``fmuladd``, as the nest's ``contract`` flags
+allow)."""
 from __future__ import annotations
 
 import llvmlite.ir as ir

@@ -21,10 +21,10 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from ...ir import BinaryOp, DType, ReduceOp
+from ...ir.errors import InternalError
 from ...ir.tile import nodes as t
 from ..llvm_dtypes import constant, memory_type, to_memory
 from ..llvm_utils import I64, counted_loop, entry_alloca
-from ...ir.errors import InternalError
 from . import amx
 from .emitter import KernelEmitter, Slot, StatementRule
 from .epilogue import Epilogue, dot_epilogue
