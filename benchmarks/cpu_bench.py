@@ -42,8 +42,8 @@ import numpy as np
 import redfuser as rf
 from redfuser.testing.tolerance import assert_close, wide_reference
 from redfuser.workloads import (attention, causal_attention, cross_entropy, fp8_quant_gemm, gemm, group_norm,
-                                layer_norm_gemm, linear_cross_entropy, log_softmax, moe_routing, rms_norm, rope_attention,
-                                rope_tables, softmax)
+                                layer_norm_gemm, linear_cross_entropy, log_softmax, moe_routing, rms_norm,
+                                rope_attention, rope_tables, softmax)
 from bench_common import CacheFolder
 
 
@@ -98,7 +98,8 @@ def torch_version(fn_name: str, args):
         import torch
     except Exception:
         return None
-    tensors = [_to_torch(torch, a) for a in args if a.dtype == rf.bfloat16 or (a.dtype.kind == "f" and a.itemsize >= 2)]
+    tensors = [_to_torch(torch, a) for a in args
+               if a.dtype == rf.bfloat16 or (a.dtype.kind == "f" and a.itemsize >= 2)]
     if fn_name in ("attention", "decode", "attention_bf16"):
         return lambda: torch.nn.functional.scaled_dot_product_attention(*tensors)
     if fn_name == "causal":
