@@ -755,3 +755,27 @@ def test_a_constant_multiple_of_a_quotient_is_centred_on_its_running_mean(backen
     with np.errstate(all="ignore"):
         got, want = k(*tiny), _variance_of_twice_a_quotient(*tiny)
     assert got[0] == want[0] == 0.0
+
+
+def _matmul(x0, x1):
+    return x0 @ x1
+
+
+@pytest.mark.parametrize("backend", [
+    "interpret", "cpu",
+    pytest.param("simulate", marks=pytest.mark.xfail(
+        strict=True, reason="the tensor cores' split of the f32 operand multiplies its zero parts by the bf16 "
+                            "operand's -inf: 0 * -inf = NaN where numpy gives -inf (docs/gpu-backend.md)")),
+])
+def test_an_infinity_beside_a_split_operand_stays_infinite(backend):
+    """Seed 60, example 84 (the `tile_matmul` idiom): ``f32 @ bf16`` with -inf in the bf16 operand. The f32
+    side is split into three bf16 parts for the tensor cores, and ``1.0`` splits into ``1, 0, 0``. (On the
+    cpu with AMX the run-time check sends a dot with an infinite operand to the FMA path.)"""
+    x0 = np.ones((16, 32), np.float32)
+    x1 = np.ones((32, 16), np.float32)
+    x1[3, 5] = -np.inf
+    x1 = x1.astype(rf.bfloat16)
+    with np.errstate(all="ignore"):
+        got, want = rf.kernel(_matmul, backend=backend)(x0, x1), _matmul(x0, x1)
+    assert want[0, 5] == -np.inf
+    np.testing.assert_array_equal(got, want)

@@ -6,7 +6,8 @@ softmax, log-sum-exp, layer-norm statistics, attention (with a causal or
 sliding-window mask built from ``arange``; the window as ``(j <= i) * (j > i - w)``,
 a product of bools), attention as written for low precision (the mask after
 ``exp``, probabilities rounded to f16/bf16 before the value GEMM), sums with a
-bare constant term, central moments and entropies of data far from 0, MoE
+bare constant term, central moments and entropies of data far from 0 (attention now and then at sizes
+the host's AMX tiles take, `tile_sized`, and bf16 matmuls of such sizes, `tile_matmul`), MoE
 routing (softmax, top-k, renormalize; tied and non-finite logits), and per-row
 absmax quantization to float8_e4m3fn (optionally followed by a GEMM); attention with RoPE's rotation
 of q and k (slices and a concatenation) and group statistics over rows split by a reshape; products of
@@ -85,6 +86,8 @@ def attention(b: ProgramBuilder, dtype: str) -> str | None:
     d = b.draw
     lead = d.pick(((), (1,), (2,), (2, 3)))
     n, m, k, dv = d.pick((1, 3, 8, 16)), d.pick((1, 5, 8, 17, 64)), d.pick((1, 4, 16)), d.pick((1, 2, 8))
+    if d.chance(15):
+        lead, n, m, k, dv = tile_sized(b)
     q = b.new_input(lead + (n, k), dtype)
     kk = b.new_input(lead + (m, k), dtype)
     v = b.new_input(lead + (m, dv), dtype)
@@ -100,6 +103,14 @@ def attention(b: ProgramBuilder, dtype: str) -> str | None:
         s = causal_mask(b, s)
     p = s and softmax(b, s)
     return p and b.add("matmul", [p, v])
+
+
+def tile_sized(b: ProgramBuilder) -> tuple[tuple[int, ...], int, int, int, int]:
+    """(batch, queries, keys, head dim, value dim) whose dots the host's AMX tiles take (16-row and 16-column
+    tiles, 32-long contractions: `codegen/host/amx.py`), so that its run-time check and both of its paths
+    meet the fuzzer's data; a key count that is no multiple of 32 keeps ``P @ V`` on the FMA path."""
+    d = b.draw
+    return d.pick(((), (1,))), d.pick((16, 32)), d.pick((32, 64, 48)), d.pick((32, 64)), d.pick((16, 32))
 
 
 def rotate_half(b: ProgramBuilder, x: str) -> str | None:
@@ -120,6 +131,8 @@ def flash_attention(b: ProgramBuilder, dtype: str) -> str | None:
     d = b.draw
     lead = d.pick(((), (1,), (2,)))
     n, m, k, dv = d.pick((1, 3, 8)), d.pick((1, 5, 8, 17, 64)), d.pick((1, 4, 16)), d.pick((1, 2, 8))
+    if d.chance(15):
+        lead, n, m, k, dv = tile_sized(b)
     q, kk, v = b.new_input(lead + (n, k), dtype), b.new_input(lead + (m, k), dtype), b.new_input(lead + (m, dv), dtype)
     kt = b.add("mT", [kk])
     s = kt and b.add("matmul", [q, kt])
@@ -238,8 +251,19 @@ def quantize(b: ProgramBuilder, x: str) -> str | None:
     return ad and b.add("mul", [back, ad])
 
 
+def tile_matmul(b: ProgramBuilder) -> str | None:
+    """A matmul of `tile_sized` operands: bf16 by bf16, or f32 by bf16 (the f32 side split into three bf16
+    parts on AMX tiles), then now and then the softmax of its rows (one fused pass with the dot)."""
+    d = b.draw
+    lead, n, m, k, _ = tile_sized(b)
+    x = b.new_input(lead + (n, k), d.pick(("bfloat16", "bfloat16", "float32")))
+    w = b.new_input(lead + (k, m), "bfloat16")
+    y = b.add("matmul", [x, w])
+    return softmax(b, y) if y and d.chance(50) else y
+
+
 IDIOMS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "attention", "routing", "quantize", "mask",
-          "flash_attention", "constant_terms", "moments", "tempered_product")
+          "flash_attention", "constant_terms", "moments", "tempered_product", "tile_matmul")
 
 
 def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
@@ -249,6 +273,8 @@ def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
         return attention(b, dtype)
     if name == "flash_attention":
         return flash_attention(b, dtype)
+    if name == "tile_matmul":
+        return tile_matmul(b)
     if name == "moments":
         shape = b.base_shape() or (b.draw.pick((3, 8)),)
         return moments(b, b.new_input(shape, dtype, b.draw.pick(("offset", "far", "normal"))))
