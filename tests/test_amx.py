@@ -25,6 +25,10 @@ def matmul(a, b):
     return a @ b
 
 
+def matmul_transposed(a, bt):
+    return a @ rf.swapaxes(bt, -1, -2)
+
+
 def attention(q, k, v):
     s = (q @ rf.swapaxes(k, -1, -2)) * 0.125
     m = rf.max(s, axis=-1, keepdims=True)
@@ -44,6 +48,9 @@ def test_a_bf16_matmul_runs_on_the_tiles(m, k, n):
     assert "tdpbf16ps" in _llvm(matmul, a, b)
     got = rf.kernel(matmul, backend="cpu")(a, b)
     assert_close(got, matmul(a, b), np.float32, k)
+    bt = np.ascontiguousarray(b.T)
+    assert "tdpbf16ps" in _llvm(matmul_transposed, a, bt)
+    assert_close(rf.kernel(matmul_transposed, backend="cpu")(a, bt), matmul(a, b), np.float32, k)
 
 
 def test_a_contraction_the_tiles_do_not_cut_keeps_the_fma_path():
@@ -154,7 +161,10 @@ def test_tiles_or_fma_path_the_dot_is_numpys(data, shape, a_dtype):
     m, k, n = shape
     a = _values(data, (m, k), a_dtype)
     b = _values(data, (k, n), BF16)
-    got = rf.kernel(matmul, backend="cpu")(a, b)
+    if data.draw(st.booleans(), label="b given transposed"):    # packed from its source, as attention's K
+        got = rf.kernel(matmul_transposed, backend="cpu")(a, np.ascontiguousarray(b.T))
+    else:
+        got = rf.kernel(matmul, backend="cpu")(a, b)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         exact = a64 @ b64
