@@ -779,3 +779,21 @@ def test_an_infinity_beside_a_split_operand_stays_infinite(backend):
         got, want = rf.kernel(_matmul, backend=backend)(x0, x1), _matmul(x0, x1)
     assert want[0, 5] == -np.inf
     np.testing.assert_array_equal(got, want)
+
+
+def _squares_about_a_mean_of_other_data(x, y):
+    return rf.sum((x - rf.sum(y, axis=-1, keepdims=True) / 3.0) ** 2, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, rf.bfloat16])
+def test_a_centre_of_the_compilers_own_divides_as_the_body_does(backend, dtype):
+    """A sum of squares about ``sum(y) / 3`` (not a running statistic of ``x``: the compiler centres it on a
+    running mean of its own, docs/fusion.md) wrote ``sum(y) / 3`` as ``0.333 * sum(y)``: in bf16 that is
+    ``0.33398 * 3 = 1.0020`` for numpy's ``3 / 3 = 1``, and a row equal to the mean gave 1.1e-5 for 0."""
+    x = np.ones((2, 3), np.float32).astype(dtype)
+    y = np.ones((2, 3), np.float32).astype(dtype)
+    k = rf.kernel(_squares_about_a_mean_of_other_data, backend=backend)
+    assert "on its own running mean" in k.explain(x, y)
+    got, want = k(x, y), _squares_about_a_mean_of_other_data(x, y)
+    assert got.dtype == want.dtype and np.array_equal(got, want) and (want == 0).all()
