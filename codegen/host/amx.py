@@ -11,8 +11,8 @@ Exactness. Each product of two bf16 values is exact in f32, and ``tdpbf16ps`` ad
 accumulator one at a time, rounding to nearest: the f32 FMA chain of the micro-kernel (`gemm.py`), in
 another order (which the tolerance rule allows for any dot). But the instruction treats subnormal inputs
 as 0 and flushes subnormal results to 0 (DAZ, FTZ), which numpy does not. So each dot first checks, at run
-time, what its operands hold (`_Range`, computed where each operand is made, or while an f32 one is
-split): every element finite, no subnormal one, and the smallest non-zero magnitudes ``2^ea`` of ``a``
+time, what its operands hold (`_Range`, computed where ``a`` is made, while an f32 one is split, and
+while ``b`` is packed): every element finite, no subnormal one, and the smallest non-zero magnitudes ``2^ea`` of ``a``
 (of its parts: 2^-23 of its smallest value) and ``2^eb`` of ``b`` with ``ea + eb >= -102``, and no
 subnormal in the accumulator it starts from. Then every non-zero product is at
 least ``2^-102``, and a partial sum flushed to 0 loses under ``2^-126 = 2^-24 * 2^-102``: less than one f32
@@ -90,31 +90,51 @@ class _Range:
     high: ir.Value
 
 
+class _RangeScan:
+    """Accumulates a `_Range` over vectors of bf16 bit patterns: the smallest non-zero magnitude's bits less
+    one (a zero's, less one, wraps to the largest, so zeros never count) and the largest magnitude's bits,
+    lane by lane, reduced once at the end; their exponents are the bits above the 7-bit fraction."""
+
+    def __init__(self, em: KernelEmitter, lanes: int) -> None:
+        self.b, self.lanes = em.b, lanes
+        self.vec = ir.VectorType(I16, lanes)
+        self.low = entry_alloca(self.b, self.vec, name="amx.low")
+        self.high = entry_alloca(self.b, self.vec, name="amx.high")
+        self.b.store(self._splat(0xFFFF), self.low)
+        self.b.store(self._splat(0), self.high)
+
+    def _splat(self, v: int) -> ir.Constant:
+        return ir.Constant(self.vec, [v] * self.lanes)
+
+    def add(self, bits: ir.Value) -> None:
+        b, vec, lanes = self.b, self.vec, self.lanes
+        magnitude = b.and_(bits, self._splat(0x7FFF))
+        b.store(call_intrinsic(b, f"llvm.umin.v{lanes}i16", vec, [b.load(self.low, typ=vec),
+                                                                  b.sub(magnitude, self._splat(1))]), self.low)
+        b.store(call_intrinsic(b, f"llvm.umax.v{lanes}i16", vec, [b.load(self.high, typ=vec), magnitude]), self.high)
+
+    def finish(self) -> _Range:
+        b, vec, lanes = self.b, self.vec, self.lanes
+        smallest = b.zext(call_intrinsic(b, f"llvm.vector.reduce.umin.v{lanes}i16", I16, [b.load(self.low, typ=vec)]),
+                          I32)
+        largest = b.zext(call_intrinsic(b, f"llvm.vector.reduce.umax.v{lanes}i16", I16, [b.load(self.high, typ=vec)]),
+                         I32)
+        none = b.icmp_unsigned("==", smallest, ir.Constant(I32, 0xFFFF))
+        low = b.select(none, ir.Constant(I32, 255), b.lshr(b.add(smallest, ir.Constant(I32, 1)), ir.Constant(I32, 7)))
+        return _Range(low, b.lshr(largest, ir.Constant(I32, 7)))
+
+
 def exponent_range(em: KernelEmitter, slot: Slot) -> _Range:
-    """`slot`'s `_Range` (a 2-D bf16 tile, rows contiguous, a whole number of 16-element vectors a row): the
-    smallest non-zero magnitude's bits less one (a zero's, less one, wraps to the largest, so zeros never
-    count) and the largest magnitude's bits, each reduced once; their exponents are the bits above the
-    7-bit fraction."""
+    """`slot`'s `_Range` (a 2-D bf16 tile, rows contiguous, a whole number of 16-element vectors a row),
+    scanned 32 or 16 elements at a time (`_RangeScan`)."""
     b = em.b
     rows, cols = slot.shape
     lanes = 32 if cols % 32 == 0 else TILE_ROWS
-    vec = ir.VectorType(I16, lanes)
-    splat = lambda v: ir.Constant(vec, [v] * lanes)  # noqa: E731
-    low_acc = entry_alloca(b, vec, name="amx.low")
-    high_acc = entry_alloca(b, vec, name="amx.high")
-    b.store(splat(0xFFFF), low_acc)
-    b.store(splat(0), high_acc)
+    scan = _RangeScan(em, lanes)
     with em.loop(rows, "amx.scan.r", unroll=False) as r, em.loop(cols // lanes, "amx.scan.c") as c:
         col = b.mul(c, ir.Constant(I64, lanes), flags=("nsw", "nuw"))
-        magnitude = b.and_(b.load(em.address(slot, (r, col)), typ=vec, align=2), splat(0x7FFF))
-        b.store(call_intrinsic(b, f"llvm.umin.v{lanes}i16", vec, [b.load(low_acc, typ=vec),
-                                                                  b.sub(magnitude, splat(1))]), low_acc)
-        b.store(call_intrinsic(b, f"llvm.umax.v{lanes}i16", vec, [b.load(high_acc, typ=vec), magnitude]), high_acc)
-    smallest = b.zext(call_intrinsic(b, f"llvm.vector.reduce.umin.v{lanes}i16", I16, [b.load(low_acc, typ=vec)]), I32)
-    largest = b.zext(call_intrinsic(b, f"llvm.vector.reduce.umax.v{lanes}i16", I16, [b.load(high_acc, typ=vec)]), I32)
-    none = b.icmp_unsigned("==", smallest, ir.Constant(I32, 0xFFFF))
-    low = b.select(none, ir.Constant(I32, 255), b.lshr(b.add(smallest, ir.Constant(I32, 1)), ir.Constant(I32, 7)))
-    return _Range(low, b.lshr(largest, ir.Constant(I32, 7)))
+        scan.add(b.load(em.address(slot, (r, col)), typ=scan.vec, align=2))
+    return scan.finish()
 
 
 def _has_subnormal(em: KernelEmitter, slot: Slot) -> ir.Value:
@@ -217,14 +237,16 @@ def _config(em: KernelEmitter) -> ir.Value:
     return g
 
 
-def _pack_vnni(em: KernelEmitter, op: t.Dot, b_slot: Slot) -> ir.Value:
+def _pack_vnni(em: KernelEmitter, op: t.Dot, b_slot: Slot) -> tuple[ir.Value, _Range]:
     """``b[k, n]`` copied into the VNNI layout ``[k / 2, n, 2]`` (a stack array): row ``r`` of a ``B`` tile
-    holds, for each column, ``b[2r, j]`` and ``b[2r + 1, j]`` side by side."""
+    holds, for each column, ``b[2r, j]`` and ``b[2r + 1, j]`` side by side; and ``b``'s `_Range`, taken
+    from the same loads."""
     b = em.b
     k, n = op.b.shape
     lanes = TILE_ROWS
     half = ir.VectorType(I16, lanes)
     buf = entry_alloca(b, I16, name=f"{op.out.name}.vnni", count=k * n, align=64)
+    scan = _RangeScan(em, lanes)
     interleave = ir.Constant(ir.VectorType(I32, 2 * lanes), [x for i in range(lanes) for x in (i, lanes + i)])
     with em.loop(k // 2, f"{op.out.name}.vnni.r", unroll=False) as r, em.loop(n // lanes, f"{op.out.name}.vnni.c") as c:
         col = b.mul(c, ir.Constant(I64, lanes), flags=("nsw", "nuw"))
@@ -232,23 +254,26 @@ def _pack_vnni(em: KernelEmitter, op: t.Dot, b_slot: Slot) -> ir.Value:
         odd = b.add(even, ir.Constant(I64, 1), flags=("nsw", "nuw"))
         lo = b.load(em.address(b_slot, (even, col)), typ=half, align=2)
         hi = b.load(em.address(b_slot, (odd, col)), typ=half, align=2)
+        scan.add(lo)
+        scan.add(hi)
         pairs = b.shuffle_vector(lo, hi, interleave)
         at = b.add(b.mul(r, ir.Constant(I64, 2 * n), flags=("nsw", "nuw")),
                    b.mul(col, ir.Constant(I64, 2), flags=("nsw", "nuw")), flags=("nsw", "nuw"))
         b.store(pairs, b.gep(buf, [at], inbounds=True, source_etype=I16), align=4)
-    return buf
+    return buf, scan.finish()
 
 
-def _pack_vnni_transposed(em: KernelEmitter, op: t.Dot, source: Slot) -> ir.Value:
+def _pack_vnni_transposed(em: KernelEmitter, op: t.Dot, source: Slot) -> tuple[ir.Value, _Range]:
     """The VNNI layout of ``b = source^T`` (`source` ``[n, k]``, rows contiguous): its pair ``(b[2r, j],
     b[2r + 1, j])`` is the 32-bit word ``r`` of `source`'s row ``j``, so the layout is the transpose of
-    `source` read as ``[n, k / 2]`` words (`transpose.transpose_blocks`, 16 x 16 words at a time)."""
+    `source` read as ``[n, k / 2]`` words (`transpose.transpose_blocks`, 16 x 16 words at a time); and
+    ``b``'s `_Range`, scanned from `source`."""
     k, n = op.b.shape
     buf = entry_alloca(em.b, I16, name=f"{op.out.name}.vnni", count=k * n, align=64)
     strides = None if source.strides is None else (source.strides[0] // 2, 1)
     words = Slot(source.ptr, (n, k // 2), int32, strides)
     transpose_blocks(em, words, Slot(buf, (k // 2, n), int32), TILE_ROWS, f"{op.out.name}.vnni", align=2)
-    return buf
+    return buf, exponent_range(em, source)
 
 
 def _row_stride_bytes(slot: Slot) -> int:
@@ -257,12 +282,12 @@ def _row_stride_bytes(slot: Slot) -> int:
 
 def readable(em: KernelEmitter, op: t.Dot, out: Slot) -> bool:
     """Whether `emit_amx_dot` can read `op`'s operands and write `out` where they are: the dot `fits`, both
-    operands have slots with contiguous rows (not panels), its bf16 ones their `_Range`, and `out` is
-    row-major."""
+    operands have slots with contiguous rows (not panels), a bf16 ``a`` its `_Range` (``b``'s is taken as it
+    is packed), and `out` is row-major."""
     a_slot, b_slot = em.slots.get(op.a.name), em.slots.get(op.b.name) or em.amx_sources.get(op.b.name)
     if not fits(op) or a_slot is None or b_slot is None:
         return False
-    if (op.a.dtype == bfloat16 and op.a.name not in em.amx_ranges) or op.b.name not in em.amx_ranges:
+    if op.a.dtype == bfloat16 and op.a.name not in em.amx_ranges:
         return False
     rows_contiguous = all(s.panel is None and (s.strides is None or s.strides[-1] == 1) for s in (a_slot, b_slot))
     return rows_contiguous and out.strides is None and out.panel is None
@@ -281,10 +306,13 @@ def emit_amx_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero: bool, epilo
     else:
         a_range = em.amx_ranges[op.a.name]
         a_rows = [(a_slot, _row_stride_bytes(a_slot))]
-    ok = exact_on_tiles(em, a_range, em.amx_ranges[op.b.name], None if from_zero else out, split)
+    source = em.amx_sources.get(op.b.name)
+    vnni, b_range = (_pack_vnni(em, op, em.slots[op.b.name]) if source is None
+                     else _pack_vnni_transposed(em, op, source))
+    ok = exact_on_tiles(em, a_range, b_range, None if from_zero else out, split)
     with b.if_else(ok) as (tiles, fma):
         with tiles, em.level():
-            _tiles(em, op, out, a_rows, from_zero, epilogue)
+            _tiles(em, op, out, a_rows, vnni, from_zero, epilogue)
         with fma, em.level():
             transposed = em.amx_sources.get(op.b.name)
             if transposed is not None:   # (the FMA path reads ``b`` copied, in this branch only)
@@ -294,15 +322,14 @@ def emit_amx_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero: bool, epilo
                 del em.slots[op.b.name]
 
 
-def _tiles(em: KernelEmitter, op: t.Dot, out: Slot, a_rows: list[tuple[Slot | ir.Value, int]], from_zero: bool,
-           epilogue: Epilogue | None) -> None:
+def _tiles(em: KernelEmitter, op: t.Dot, out: Slot, a_rows: list[tuple[Slot | ir.Value, int]], vnni: ir.Value,
+           from_zero: bool, epilogue: Epilogue | None) -> None:
     """The tile loops. `a_rows`: ``(source, row stride in bytes)`` of each bf16 ``a`` (one, or the parts of
-    a split one, each multiplied by the same ``B`` tiles while they are loaded): a `Slot` or a stack array."""
+    a split one, each multiplied by the same ``B`` tiles while they are loaded): a `Slot` or a stack array;
+    `vnni`: ``b`` packed in pairs."""
     b = em.b
     m, n = op.out.shape
     k = op.a.shape[1]
-    source = em.amx_sources.get(op.b.name)
-    vnni = _pack_vnni(em, op, em.slots[op.b.name]) if source is None else _pack_vnni_transposed(em, op, source)
     row_tiles = 2 if (m // TILE_ROWS) % 2 == 0 else 1
     col_tiles = 2 if (n // TILE_ROWS) % 2 == 0 else 1
     tile = lambda i: ir.Constant(I8, i)  # noqa: E731

@@ -103,15 +103,17 @@ class KernelEmitter:
         self.stored = frozenset(op.buffer.name for op in _walk(kernel.body) if isinstance(op, t.Store))
         self.dot_rhs = frozenset(op.b.name for op in _walk(kernel.body) if isinstance(op, t.Dot))
         self.readers, self.block_of = _readers_and_blocks(kernel.body)
-        # the bf16 operands of dots on AMX tiles (`amx.py`: read where they are, their exponents scanned where
-        # they are made), and those that are a transpose read by their dot alone (packed from the source)
+        # the bf16 operands of dots on AMX tiles (`amx.py`: read where they are; a bf16 ``a``'s exponents scanned
+        # where it is made, ``b``'s as the dot packs it), and those that are a transpose read by their dot
+        # alone (packed from the source)
         from .amx import fits    # (amx.py imports this module)
         amx_dots = [op for op in _walk(kernel.body) if isinstance(op, t.Dot) and fits(op)]
         self.amx_operands = frozenset(v.name for op in amx_dots for v in (op.a, op.b) if v.dtype == bfloat16)
+        self.amx_scanned = frozenset(op.a.name for op in amx_dots if op.a.dtype == bfloat16)
         self.amx_transposed = frozenset(
             op.b.name for op in amx_dots if isinstance(self.plan.defs.get(op.b.name), t.Permute)
             and self.plan.defs[op.b.name].perm == (1, 0) and self.readers.get(op.b.name) == [op])
-        self.amx_ranges: dict[str, object] = {}  # an AMX operand's `amx._Range`
+        self.amx_ranges: dict[str, object] = {}  # an AMX dot's ``a``'s `amx._Range`
         self.amx_sources: dict[str, Slot] = {}   # a transposed AMX operand packed from its source: the source
         # right operands the micro-kernel reads in panels (one width for every dot that reads them; none on AMX)
         widths: dict[str, set[int | None]] = {}
@@ -169,25 +171,22 @@ class KernelEmitter:
                 else:
                     self.materialize(op.out)
             for r in t.results(op):
-                if r.name in self.amx_operands and r.name in self.slots:
+                if r.name in self.amx_scanned and r.name in self.slots:
                     from .amx import exponent_range    # (amx.py imports this module)
                     self.amx_ranges[r.name] = exponent_range(self, self.slots[r.name])
 
     def _amx_source(self, op: t.Permute) -> bool:
         """Record the source of a transposed AMX operand (`amx_transposed`) instead of copying it, where the
         source's rows are contiguous and a whole number of 16 x 16 blocks of bf16 pairs; False: copy it."""
-        from .amx import exponent_range    # (amx.py imports this module)
         columns = self._transposed_load_view(op)
         if columns is not None:      # the transpose of a load read column-wise: a view with contiguous rows
             self.slots[op.out.name] = columns
-            self.amx_ranges[op.out.name] = exponent_range(self, columns)
             return True
         src = self.slots.get(op.x.name) or self.global_view(op.x)
         if src is None or src.panel is not None or (src.strides is not None and (
                 src.strides[-1] != 1 or src.strides[0] % 2)) or src.shape[1] % 32 or src.shape[0] % 16:
             return False
         self.amx_sources[op.out.name] = src
-        self.amx_ranges[op.out.name] = exponent_range(self, src)
         return True
 
     def _transposed_load_view(self, op: t.Permute) -> Slot | None:
