@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 import llvmlite.ir as ir
 
 from ...ir.tile import nodes as t
-from ...ir.types import bfloat16, float32, int32
+from ...ir.types import DType, bfloat16, float32, int32
 from ..llvm_utils import I8, I16, I32, I64, call_intrinsic, entry_alloca
 from ..narrow_operands import SPLIT_PARTS, narrow_operands
 from ..native import host_target
@@ -83,45 +83,56 @@ def amx_dot_operands(k: t.TileKernel) -> t.TileKernel:
 
 @dataclass(frozen=True)
 class _Range:
-    """What the run-time check reads of one bf16 operand: the smallest biased exponent of its non-zero
-    elements (255 where it has none; 0 where one is subnormal) and the largest (255: an inf or NaN)."""
+    """What the run-time check reads of one operand (bf16, or an f32 one that is split): the smallest biased
+    exponent of its non-zero elements (255 where it has none; 0 where one is subnormal) and the largest (255:
+    an inf or NaN)."""
 
     low: ir.Value
     high: ir.Value
 
 
 class _RangeScan:
-    """Accumulates a `_Range` over vectors of bf16 bit patterns: the smallest non-zero magnitude's bits less
-    one (a zero's, less one, wraps to the largest, so zeros never count) and the largest magnitude's bits,
-    lane by lane, reduced once at the end; their exponents are the bits above the 7-bit fraction."""
+    """Accumulates a `_Range` over vectors of float bit patterns (bf16 as i16, or f32 as i32): the smallest
+    non-zero magnitude's bits less one (a zero's, less one, wraps to the largest, so zeros never count) and the
+    largest magnitude's bits, lane by lane, reduced once at the end; their exponents are the bits above the
+    fraction (7 bits of bf16, 23 of f32)."""
 
-    def __init__(self, em: KernelEmitter, lanes: int) -> None:
+    def __init__(self, em: KernelEmitter, lanes: int, dtype: DType = bfloat16) -> None:
         self.b, self.lanes = em.b, lanes
-        self.vec = ir.VectorType(I16, lanes)
+        width = 8 * dtype.itemsize
+        self.fraction = {16: 7, 32: 23}[width]
+        self.word = ir.IntType(width)
+        self.vec = ir.VectorType(self.word, lanes)
+        self.suffix = f"v{lanes}i{width}"
+        self.magnitude = (1 << (width - 1)) - 1
         self.low = entry_alloca(self.b, self.vec, name="amx.low")
         self.high = entry_alloca(self.b, self.vec, name="amx.high")
-        self.b.store(self._splat(0xFFFF), self.low)
+        self.b.store(self._splat(-1), self.low)
         self.b.store(self._splat(0), self.high)
 
     def _splat(self, v: int) -> ir.Constant:
         return ir.Constant(self.vec, [v] * self.lanes)
 
     def add(self, bits: ir.Value) -> None:
-        b, vec, lanes = self.b, self.vec, self.lanes
-        magnitude = b.and_(bits, self._splat(0x7FFF))
-        b.store(call_intrinsic(b, f"llvm.umin.v{lanes}i16", vec, [b.load(self.low, typ=vec),
-                                                                  b.sub(magnitude, self._splat(1))]), self.low)
-        b.store(call_intrinsic(b, f"llvm.umax.v{lanes}i16", vec, [b.load(self.high, typ=vec), magnitude]), self.high)
+        b, vec = self.b, self.vec
+        magnitude = b.and_(bits, self._splat(self.magnitude))
+        b.store(call_intrinsic(b, f"llvm.umin.{self.suffix}", vec, [b.load(self.low, typ=vec),
+                                                                    b.sub(magnitude, self._splat(1))]), self.low)
+        b.store(call_intrinsic(b, f"llvm.umax.{self.suffix}", vec, [b.load(self.high, typ=vec), magnitude]),
+                self.high)
 
     def finish(self) -> _Range:
-        b, vec, lanes = self.b, self.vec, self.lanes
-        smallest = b.zext(call_intrinsic(b, f"llvm.vector.reduce.umin.v{lanes}i16", I16, [b.load(self.low, typ=vec)]),
-                          I32)
-        largest = b.zext(call_intrinsic(b, f"llvm.vector.reduce.umax.v{lanes}i16", I16, [b.load(self.high, typ=vec)]),
-                         I32)
-        none = b.icmp_unsigned("==", smallest, ir.Constant(I32, 0xFFFF))
-        low = b.select(none, ir.Constant(I32, 255), b.lshr(b.add(smallest, ir.Constant(I32, 1)), ir.Constant(I32, 7)))
-        return _Range(low, b.lshr(largest, ir.Constant(I32, 7)))
+        b, vec = self.b, self.vec
+
+        def reduced(kind: str, acc: ir.Value) -> ir.Value:
+            value = call_intrinsic(b, f"llvm.vector.reduce.{kind}.{self.suffix}", self.word, [b.load(acc, typ=vec)])
+            return value if self.word == I32 else b.zext(value, I32)
+
+        smallest, largest = reduced("umin", self.low), reduced("umax", self.high)
+        none = b.icmp_unsigned("==", smallest, ir.Constant(I32, (1 << self.word.width) - 1))
+        fraction = ir.Constant(I32, self.fraction)
+        low = b.select(none, ir.Constant(I32, 255), b.lshr(b.add(smallest, ir.Constant(I32, 1)), fraction))
+        return _Range(low, b.lshr(largest, fraction))
 
 
 def exponent_range(em: KernelEmitter, slot: Slot) -> _Range:
@@ -187,21 +198,14 @@ def _split(em: KernelEmitter, op: t.Dot, a_slot: Slot) -> tuple[list[ir.Value], 
     # the high halves of two vectors of 16 words: 32 bf16 values (the little-endian upper i16 of each word)
     highs = ir.Constant(ir.VectorType(I16, 2 * lanes), [2 * i + 1 for i in range(2 * lanes)])
     parts = [entry_alloca(b, I16, name=f"{op.out.name}.part{i}", count=m * k, align=64) for i in range(SPLIT_PARTS)]
-    # the smallest non-zero magnitude's bits less one (0 less one is the largest: zeros never count), the largest
-    low_acc = entry_alloca(b, i32v, name="amx.split.low")
-    high_acc = entry_alloca(b, i32v, name="amx.split.high")
-    b.store(splat(-1), low_acc)
-    b.store(splat(0), high_acc)
+    scan = _RangeScan(em, lanes, float32)
     with em.loop(m, f"{op.out.name}.split.r", unroll=False) as r, \
             em.loop(k // (2 * lanes), f"{op.out.name}.split.c") as c:
         col = b.mul(c, ir.Constant(I64, 2 * lanes), flags=("nsw", "nuw"))
         rest = [b.load(em.address(a_slot, (r, col if h == 0 else b.add(col, ir.Constant(I64, lanes)))), typ=f32v,
                        align=4) for h in range(2)]
         for x in rest:
-            magnitude = b.and_(b.bitcast(x, i32v), splat(0x7FFFFFFF))
-            b.store(call_intrinsic(b, "llvm.umin.v16i32", i32v, [b.load(low_acc, typ=i32v),
-                                                                   b.sub(magnitude, splat(1))]), low_acc)
-            b.store(call_intrinsic(b, "llvm.umax.v16i32", i32v, [b.load(high_acc, typ=i32v), magnitude]), high_acc)
+            scan.add(b.bitcast(x, i32v))
         at = b.add(b.mul(r, ir.Constant(I64, k), flags=("nsw", "nuw")), col, flags=("nsw", "nuw"))
         for i in range(SPLIT_PARTS):
             words = [b.bitcast(x, ir.VectorType(I16, 2 * lanes)) for x in rest]
@@ -210,11 +214,7 @@ def _split(em: KernelEmitter, op: t.Dot, a_slot: Slot) -> tuple[list[ir.Value], 
             b.store(part, b.gep(parts[SPLIT_PARTS - 1 - i], [at], inbounds=True, source_etype=I16), align=2)
             if i + 1 < SPLIT_PARTS:
                 rest = [b.fsub(x, b.bitcast(b.and_(b.bitcast(x, i32v), splat(-65536)), f32v)) for x in rest]
-    smallest = call_intrinsic(b, "llvm.vector.reduce.umin.v16i32", I32, [b.load(low_acc, typ=i32v)])
-    largest = call_intrinsic(b, "llvm.vector.reduce.umax.v16i32", I32, [b.load(high_acc, typ=i32v)])
-    none = b.icmp_unsigned("==", smallest, ir.Constant(I32, 0xFFFFFFFF))
-    low = b.select(none, ir.Constant(I32, 255), b.lshr(b.add(smallest, ir.Constant(I32, 1)), ir.Constant(I32, 23)))
-    return parts, _Range(low, b.lshr(largest, ir.Constant(I32, 23)))
+    return parts, scan.finish()
 
 
 def _config(em: KernelEmitter) -> ir.Value:

@@ -35,7 +35,7 @@ from ...ir.tile import nodes as t
 from ...ir.types import bfloat16, row_major_strides
 from ..llvm_dtypes import HOST, cast, from_memory, memory_type, register_type, to_memory
 from ..llvm_utils import I64, PTR, VOID, counted_loop, entry_alloca
-from ..simt.affine import AffineInfo
+from ..simt.affine import Affine, AffineInfo
 from .blocking import panel_columns
 from .plan import plan_kernel
 
@@ -193,17 +193,11 @@ class KernelEmitter:
         """``x^T`` read in place where ``x`` is an unmasked affine load one element apart along its *first* dim
         (a GEMM's ``B`` block, loaded as ``[n, k]`` and transposed back: `global_view`'s conditions otherwise),
         so that ``x^T``'s rows are contiguous in the buffer."""
-        load = self.plan.defs.get(op.x.name)
-        if (not isinstance(load, t.Load) or load.mask is not None or len(op.x.shape) != 2
-                or load.buffer.dtype != op.x.dtype or memory_type(op.x.dtype) != register_type(op.x.dtype)
-                or load.buffer.name in self.stored):
+        found = self._in_place_load(op.x)
+        if found is None or len(op.x.shape) != 2 or found[1].strides[0] != 1:
             return None
-        form = AffineInfo(self.plan.defs).of(load.offsets)
-        if form is None or len(form.strides) != 2 or form.strides[0] != 1 or form.strides[1] < 0:
-            return None
-        base = self.wide(load.offsets, (self.zero, self.zero))
-        ptr = self.b.gep(self.buffers[load.buffer.name], [base], source_etype=memory_type(op.x.dtype))
-        return Slot(ptr, op.out.shape, op.out.dtype, (form.strides[1], 1))
+        load, form = found
+        return Slot(self._first_element(load), op.out.shape, op.out.dtype, (form.strides[1], 1))
 
     def materialize(self, v: t.Value) -> None:
         """`v` written, element by element, to a new stack array (its slot)."""
@@ -222,26 +216,41 @@ class KernelEmitter:
         with self.nest(v.shape, name=f"{v.name}.") as idx:
             self.write(slot, idx, self._exact(v, self.inline(v, idx)))
 
+    def _in_place_load(self, v: t.Value) -> tuple[t.Load, Affine] | None:
+        """``(load, affine form)`` where `v` is an unmasked load of its buffer's own dtype, from a buffer this
+        kernel never stores to, at affine offsets (`codegen.simt.affine`) with one non-negative stride per dim:
+        its elements can be read where they are (`global_view`, `_transposed_load_view`). None otherwise."""
+        op = self.plan.defs.get(v.name)
+        if (not isinstance(op, t.Load) or op.mask is not None or not v.shape or op.buffer.dtype != v.dtype
+                or memory_type(v.dtype) != register_type(v.dtype) or op.buffer.name in self.stored):
+            return None
+        form = AffineInfo(self.plan.defs).of(op.offsets)
+        if form is None or len(form.strides) != len(v.shape) or min(form.strides) < 0:
+            return None
+        return op, form
+
     def global_view(self, v: t.Value) -> Slot | None:
         """`v`'s elements where they are, when copying them to a stack array would only move them: `v` is an
         unmasked load of its buffer's own dtype whose offsets are affine (`codegen.simt.affine`) with
         non-negative strides and one element apart along the last dim, from a buffer this kernel never
         stores to. Then a dot's operand or a transpose's source is read in place (rows contiguous), as a
         stack array would be. None otherwise."""
-        op = self.plan.defs.get(v.name)
-        if (not isinstance(op, t.Load) or op.mask is not None or not v.shape or op.buffer.dtype != v.dtype
-                or memory_type(v.dtype) != register_type(v.dtype) or op.buffer.name in self.stored):
+        found = self._in_place_load(v)
+        if found is None:
             return None
-        form = AffineInfo(self.plan.defs).of(op.offsets)
-        if form is None or len(form.strides) != len(v.shape) or form.strides[-1] != 1 or min(form.strides) < 0:
+        op, form = found
+        if form.strides[-1] != 1:
             return None
         if v.name in self.panels:
             return None    # (copied into panels: read by every row block, in order)
         if v.name in self.dot_rhs and conflicting_rows(v.shape, form.strides, v.dtype.itemsize):
             return None    # (a dot's right operand: its rows are read again by every row block)
-        base = self.wide(op.offsets, (self.zero,) * len(v.shape))
-        ptr = self.b.gep(self.buffers[op.buffer.name], [base], source_etype=memory_type(v.dtype))
-        return Slot(ptr, v.shape, v.dtype, form.strides)
+        return Slot(self._first_element(op), v.shape, v.dtype, form.strides)
+
+    def _first_element(self, load: t.Load) -> ir.Value:
+        """The address of `load`'s element at index 0 of every dim, in its buffer."""
+        base = self.wide(load.offsets, (self.zero,) * len(load.out.shape))
+        return self.b.gep(self.buffers[load.buffer.name], [base], source_etype=memory_type(load.out.dtype))
 
     # -- elements ---------------------------------------------------------------------------------
     def elem(self, v: t.Value, idx: tuple[ir.Value, ...]) -> ir.Value:
