@@ -211,7 +211,7 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
     reads the reduced values only, whose expansion would separate nothing and only cancel), and a term that
     `term_whole` selects of a sum that is such a factor or base (``1/x`` in ``(1/x - mean)**2``: one atom, so
     that the expansion is in it and in ``mean`` only, and a running centre can be found for it)."""
-    if isinstance(e, Const) and not isinstance(e.value, bool) and math.isfinite(e.value):
+    if _finite_const(e):
         return const(float(e.value))
     if isinstance(e, Cast) and is_widening(e):
         return normalize(e.x, positive, nonneg, whole, term_whole)  # widening float casts are exact: transparent

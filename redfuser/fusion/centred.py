@@ -125,7 +125,7 @@ def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, .
         else:
             continue
         u = value_at(st.axes, st.term, state_load.indices)
-        lin = A.as_linear(A.normalize_terms(u, pos, pos, ctx.reduced_only_sum, ctx.reduced_only_term))
+        lin = A.as_linear(ctx.terms_form(u))
         # (values of kind c are the same at every k: an axis of length 1 reads x[i, 0])
         if lin is None or not lin.terms or any(ctx.kind(a) not in ("x", "c") for m, _ in lin.terms
                                                for a, _ in m.factors):
@@ -154,7 +154,7 @@ def change_variables(normal: A.Sum, centre: Centre, ctx: FusionContext, exponent
     Without `exponents`, ``u`` inside an exponential stays as it is (a weight the centre does not move:
     taylor.py)."""
     never = lambda e: False  # noqa: E731
-    u = A.as_linear(A.normalize_terms(centre.u, never, never, ctx.reduced_only_sum, ctx.reduced_only_term))
+    u = A.as_linear(ctx.terms_form(centre.u))
     if u is None:   # a value kept whole in the body (`FusionContext.reduced_only_term`: exp(x), 1/x) is one atom
         u = A.as_linear(A.atom(centre.u))
     c = A.as_linear(A.normalize(centre.c, never, never))

@@ -90,6 +90,13 @@ class FusionContext:
         return A.normalize(e, lambda a: is_positive(a, self.positive), lambda a: is_nonnegative(a, self.positive),
                            self.reduced_only_sum, self.reduced_only_term)
 
+    def terms_form(self, e: Expr) -> "A.Sum":
+        """`e` read as `normal_form` reads a multiplied sum (`algebra.normalize_terms`: a constant multiple of
+        a `reduced_only_term` is that atom times the constant), without positivity: the reduced values a
+        centre is the running mean of, matched against the atoms of a body's normal form."""
+        never = lambda a: False  # noqa: E731
+        return A.normalize_terms(e, never, never, self.reduced_only_sum, self.reduced_only_term)
+
 
 @dataclass(frozen=True)
 class Accumulator:
