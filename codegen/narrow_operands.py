@@ -22,12 +22,17 @@ f32 with at most 16 significant bits; ``a2 = bf16(a - a1)`` leaves at most 8, wh
 ``a3`` holds exactly. So ``a1 + a2 + a3 == a``, and every product with a bf16 value is
 exact in f32: the three dots add the very products the f32 dot adds, in another
 order (the smallest part first, so ``a3 + a2 == a - a1`` exactly and no partial sum
-overflows where ``a`` does not). Two edges: what ``a1`` and ``a2`` are cast from is
-clamped to bf16's largest finite value, so an f32 beyond it (up to f32's largest)
-does not round to inf, and an infinity reaches ``a3`` unclamped (``inf - max =
-inf``) and stays one; bits of ``a`` below bf16's smallest subnormal (2**-133, only
-when ``|a| < 2**-110``) are lost. NaN stays NaN. The cost is three narrow dots where
-one would do.
+overflows where ``a`` does not). The edges: what ``a1`` is cast from is clamped to
+bf16's largest finite value, so an f32 beyond it (up to f32's largest) does not round
+to inf (its rest, below 2**120, needs no clamp); an infinity is ``a1`` alone
+(``a2 = a3 = 0``); and since ``a2`` and ``a3`` are 0 where ``a`` has no bits left for
+them (``1.0`` splits into ``1, 0, 0``) and may have the other sign than ``a1``, they
+multiply a copy of the exact operand whose infinities are 0: against an infinity they
+would add ``0 · inf = NaN`` or ``inf - inf`` where ``a · inf`` is an infinity, while
+``a1`` carries ``a``'s sign and meets the infinity alone. Bits of ``a`` below bf16's
+smallest subnormal (2**-133, only when ``|a| < 2**-110``) are lost (an ``|a|`` below
+2**-134 is 0, and times an infinity NaN). NaN stays NaN. The cost is three narrow dots
+where one would do, and on the exact operand a select for the infinities.
 """
 from __future__ import annotations
 
@@ -37,10 +42,10 @@ import ml_dtypes
 import numpy as np
 
 from ..ir.tile import nodes as t
-from ..ir.semantics import BinaryOp
+from ..ir.semantics import BinaryOp, UnaryOp
 from ..ir.source import SourceLoc
 from ..ir.tile.verifier import verify_kernel
-from ..ir.types import DType, bfloat16, float8_e4m3fn, float32
+from ..ir.types import DType, bfloat16, bool_, float8_e4m3fn, float32
 from typing import Callable
 
 BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
@@ -157,6 +162,7 @@ class _Narrower:
         if not self.fits(probe):
             return op
         operands: list[list[t.Value]] = []
+        split_side: int | None = None
         for value, exact in ((op.a, a), (op.b, b)):
             if exact is not None:
                 operands.append([self.rebuild(exact[0], exact[1], out)])
@@ -168,7 +174,14 @@ class _Narrower:
                 operands.append([rounded])
             else:   # the smallest part first: each partial sum stays below |a| (no overflow on the way)
                 operands.append(self.split(value, out, op.loc)[::-1])
+                split_side = len(operands) - 1
         pairs = [(x, y) for x in operands[0] for y in operands[1]]
+        if split_side is not None:     # the parts after the first meet the exact operand without infinities
+            exact_side = 1 - split_side
+            narrow_value, views = (a, b)[exact_side]
+            finite = self.rebuild(self.without_infinities(narrow_value, out, op.loc), views, out)
+            pairs = [tuple(finite if side == exact_side else v for side, v in enumerate(pair))
+                     for pair in pairs[:-1]] + pairs[-1:]
         acc = op.acc
         for i, (x, y) in enumerate(pairs[:-1]):
             part = self.fresh(f"{op.out.name}_part{i}", op.out.type)
@@ -177,28 +190,46 @@ class _Narrower:
         return replace(op, a=pairs[-1][0], b=pairs[-1][1], acc=acc)
 
     def split(self, value: t.Value, out: list[t.Op], loc: SourceLoc) -> list[t.Value]:
-        """`SPLIT_PARTS` bf16 values summing exactly to the f32 `value` (see the module docstring)."""
+        """`SPLIT_PARTS` bf16 values summing exactly to the f32 `value`, the largest first (see the module
+        docstring): an infinity is the first part alone, the others 0."""
+        new, emit = self._makers(value, out)
+        infinite = _is_infinite(value, new, emit, loc)
+        # clamped, so that a finite f32 beyond bf16's range gives a finite first part (not one rounded to inf)
+        clamped = emit(t.Binary(new("clamp"), BinaryOp.MIN, emit(t.Binary(
+            new("floor"), BinaryOp.MAX, value, emit(t.Constant(new("bf16_lowest"), -BF16_MAX, loc)), loc)),
+            emit(t.Constant(new("bf16_max"), BF16_MAX, loc)), loc))
+        parts = [emit(t.Cast(new("part0", bfloat16), emit(t.Select(new("first"), infinite, value, clamped, loc)), loc))]
+        rest = emit(t.Binary(new("rest0"), BinaryOp.SUB, value, emit(t.Cast(new("part0_f32"), parts[0], loc)), loc))
+        rest = emit(t.Select(new("rest0_finite"), infinite, emit(t.Constant(new("zero"), 0.0, loc)), rest, loc))
+        for i in range(1, SPLIT_PARTS):     # the rest is finite and below bf16's largest: no clamp
+            parts.append(emit(t.Cast(new(f"part{i}", bfloat16), rest, loc)))
+            if i + 1 < SPLIT_PARTS:
+                rest = emit(t.Binary(new(f"rest{i}"), BinaryOp.SUB, rest,
+                                     emit(t.Cast(new(f"part{i}_f32"), parts[-1], loc)), loc))
+        return parts
+
+    def without_infinities(self, value: t.Value, out: list[t.Op], loc: SourceLoc) -> t.Value:
+        """The bf16 `value` with its infinities 0: what the split's smaller parts
+        multiply. Those parts are 0 where the f32 operand has no bits left for them (``1.0`` splits into
+        ``1, 0, 0``) and may have the other sign than the first (rounding to nearest), so against an infinity
+        they would add ``0 · inf = NaN`` or ``inf - inf`` where the f32 product is an infinity. The first part
+        carries the operand's sign and is 0 only where the operand is (below 2**-133), so it meets the
+        infinity alone; NaN stays, for the first part to meet too."""
+        new, emit = self._makers(value, out)
+        wide = emit(t.Cast(new("f32"), value, loc))
+        infinite = _is_infinite(wide, new, emit, loc)
+        finite = emit(t.Select(new("finite_f32"), infinite, emit(t.Constant(new("zero"), 0.0, loc)), wide, loc))
+        return emit(t.Cast(new("finite", value.dtype), finite, loc))
+
+    def _makers(self, value: t.Value, out: list[t.Op]):
+        """Fresh values named after `value`, of its shape, and an `emit` that appends an op to `out`."""
         def new(suffix: str, dtype: DType = float32) -> t.Value:
             return self.fresh(f"{value.name}_{suffix}", value.type.with_dtype(dtype))
 
         def emit(op: t.Op) -> t.Value:
             out.append(op)
             return op.out
-
-        high = emit(t.Constant(new("bf16_max"), BF16_MAX, loc))
-        low = emit(t.Constant(new("bf16_lowest"), -BF16_MAX, loc))
-        rest, parts = value, []
-        for i in range(SPLIT_PARTS):
-            last = i + 1 == SPLIT_PARTS
-            # clamped, so that a finite f32 beyond bf16's range gives a finite part and the rest goes on;
-            # the last part is not: an infinite value reaches it (inf - max = inf) and stays infinite
-            part_f32 = rest if last else emit(t.Binary(
-                new(f"clamp{i}"), BinaryOp.MIN, emit(t.Binary(new(f"floor{i}"), BinaryOp.MAX, rest, low, loc)), high, loc))
-            parts.append(emit(t.Cast(new(f"part{i}", bfloat16), part_f32, loc)))
-            if not last:
-                back = emit(t.Cast(new(f"part{i}_f32"), parts[-1], loc))
-                rest = emit(t.Binary(new(f"rest{i}"), BinaryOp.SUB, rest, back, loc))
-        return parts
+        return new, emit
 
     def block(self, ops: tuple[t.Op, ...]) -> tuple[t.Op, ...]:
         out: list[t.Op] = []
@@ -209,6 +240,12 @@ class _Narrower:
                 op = replace(op, body=replace(op.body, ops=self.block(op.body.ops)))
             out.append(op)
         return tuple(out)
+
+
+def _is_infinite(value: t.Value, new, emit, loc: SourceLoc) -> t.Value:
+    """``abs(value) == inf``, emitted."""
+    magnitude = emit(t.Unary(new("abs"), UnaryOp.ABS, value, loc))
+    return emit(t.Binary(new("is_inf", bool_), BinaryOp.EQ, magnitude, emit(t.Constant(new("inf"), np.inf, loc)), loc))
 
 
 def narrow_operands(k: t.TileKernel, fits: Callable[[t.Dot], bool], round_operands: bool,

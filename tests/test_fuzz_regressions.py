@@ -761,23 +761,23 @@ def _matmul(x0, x1):
     return x0 @ x1
 
 
-@pytest.mark.parametrize("backend", [
-    "interpret", "cpu",
-    pytest.param("simulate", marks=pytest.mark.xfail(
-        strict=True, reason="the tensor cores' split of the f32 operand multiplies its zero parts by the bf16 "
-                            "operand's -inf: 0 * -inf = NaN where numpy gives -inf (docs/gpu-backend.md)")),
-])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_an_infinity_beside_a_split_operand_stays_infinite(backend):
     """Seed 60, example 84 (the `tile_matmul` idiom): ``f32 @ bf16`` with -inf in the bf16 operand. The f32
-    side is split into three bf16 parts for the tensor cores, and ``1.0`` splits into ``1, 0, 0``. (On the
-    cpu with AMX the run-time check sends a dot with an infinite operand to the FMA path.)"""
+    side is split into three bf16 parts for the tensor cores, and ``1.0`` splits into ``1, 0, 0``: the zero
+    parts met the -inf, 0 * -inf = NaN where numpy gives -inf. Rows 1-4 are the other edges: a second part
+    of the other sign (``1 + 3 * 2**-9`` rounds up to ``1 + 2**-7``), an infinite P against an infinity
+    (P's infinity has to be the part that meets it), a P beyond bf16's largest, and P = 0 (NaN, as numpy).
+    (On the cpu with AMX the run-time check sends a dot with an infinite operand to the FMA path.)"""
     x0 = np.ones((16, 32), np.float32)
+    x0[1], x0[2, 3], x0[3, 0], x0[4, 3] = 1 + 3 * 2.0 ** -9, -np.inf, np.finfo(np.float32).max * 0.999, 0.0
     x1 = np.ones((32, 16), np.float32)
-    x1[3, 5] = -np.inf
+    x1[3, 5], x1[3, 6] = -np.inf, np.inf
+    x1[3, 7] = 0.0
     x1 = x1.astype(rf.bfloat16)
     with np.errstate(all="ignore"):
         got, want = rf.kernel(_matmul, backend=backend)(x0, x1), _matmul(x0, x1)
-    assert want[0, 5] == -np.inf
+    assert want[0, 5] == -np.inf and want[1, 6] == np.inf and np.isnan(want[4, 5]) and np.isnan(want[2, 7])
     np.testing.assert_array_equal(got, want)
 
 
