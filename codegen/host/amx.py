@@ -138,14 +138,62 @@ class _RangeScan:
 def exponent_range(em: KernelEmitter, slot: Slot) -> _Range:
     """`slot`'s `_Range` (a 2-D bf16 tile, rows contiguous, a whole number of 16-element vectors a row),
     scanned 32 or 16 elements at a time (`_RangeScan`)."""
+    return _scan(em, slot, None)
+
+
+def scan_a(em: KernelEmitter, slot: Slot, name: str) -> tuple[_Range, ir.Value | None]:
+    """`slot`'s `_Range` and, where it is a whole number of ``A`` tiles, a copy of it made by the same loads,
+    tile after tile (`_ATiles.packed`): ``A`` tiles read in place from rows thousands of bytes apart (a GEMM's
+    ``x``) put all 16 rows of a tile in one L1 set, and the tile loads missed; 1 KiB apiece, they stream."""
+    rows, cols = slot.shape
+    if rows % TILE_ROWS or cols % TILE_K:
+        return _scan(em, slot, None), None
+    buf = entry_alloca(em.b, I16, name=f"{name}.amx.a", count=rows * cols, align=64)
+    return _scan(em, slot, buf), buf
+
+
+def _scan(em: KernelEmitter, slot: Slot, packed: ir.Value | None) -> _Range:
     b = em.b
     rows, cols = slot.shape
     lanes = 32 if cols % 32 == 0 else TILE_ROWS
     scan = _RangeScan(em, lanes)
     with em.loop(rows, "amx.scan.r", unroll=False) as r, em.loop(cols // lanes, "amx.scan.c") as c:
         col = b.mul(c, ir.Constant(I64, lanes), flags=("nsw", "nuw"))
-        scan.add(b.load(em.address(slot, (r, col)), typ=scan.vec, align=2))
+        bits = b.load(em.address(slot, (r, col)), typ=scan.vec, align=2)
+        scan.add(bits)
+        if packed is not None:
+            b.store(bits, b.gep(packed, [_ATiles.offset(b, r, col, cols)], inbounds=True, source_etype=I16),
+                    align=64)
     return scan.finish()
+
+
+@dataclass(frozen=True)
+class _ATiles:
+    """Where the ``A`` tiles of one bf16 ``a`` (or one part of a split one) are read: `source` is the operand's
+    `Slot` (in place, rows `stride` bytes apart), or a stack array ``[m, k]`` — row-major (`packed` False) or
+    tile after tile (`packed`: the 16 x 32 tile ``(i, j)`` at ``(i · k/32 + j) · 512``, its rows 64 bytes
+    apart)."""
+
+    source: Slot | ir.Value
+    stride: int
+    packed: bool = False
+
+    @staticmethod
+    def offset(b: ir.IRBuilder, row: ir.Value, col: ir.Value, k: int) -> ir.Value:
+        """Element offset of ``(row, col)`` in a tile-after-tile array of `k` columns (`col` a multiple of 32)."""
+        c = lambda v: ir.Constant(I64, v)  # noqa: E731
+        tile = b.add(b.mul(b.udiv(row, c(TILE_ROWS)), c(k // TILE_K), flags=("nsw", "nuw")),
+                     b.udiv(col, c(TILE_K)), flags=("nsw", "nuw"))
+        return b.add(b.mul(tile, c(TILE_ROWS * TILE_K), flags=("nsw", "nuw")),
+                     b.mul(b.urem(row, c(TILE_ROWS)), c(TILE_K), flags=("nsw", "nuw")), flags=("nsw", "nuw"))
+
+    def address(self, em: KernelEmitter, row: ir.Value, k0: ir.Value, k: int) -> ir.Value:
+        b = em.b
+        if not isinstance(self.source, ir.Value):
+            return em.address(self.source, (row, k0))
+        at = _ATiles.offset(b, row, k0, k) if self.packed else \
+            b.add(b.mul(row, ir.Constant(I64, k), flags=("nsw", "nuw")), k0, flags=("nsw", "nuw"))
+        return b.gep(self.source, [at], inbounds=True, source_etype=I16)
 
 
 def _has_subnormal(em: KernelEmitter, slot: Slot) -> ir.Value:
@@ -243,7 +291,7 @@ def _pack_vnni(em: KernelEmitter, op: t.Dot, b_slot: Slot) -> tuple[ir.Value, _R
     from the same loads."""
     b = em.b
     k, n = op.b.shape
-    lanes = TILE_ROWS
+    lanes = 2 * TILE_ROWS if n % (2 * TILE_ROWS) == 0 else TILE_ROWS   # (whole 64-byte rows where they fit)
     half = ir.VectorType(I16, lanes)
     buf = entry_alloca(b, I16, name=f"{op.out.name}.vnni", count=k * n, align=64)
     scan = _RangeScan(em, lanes)
@@ -302,10 +350,11 @@ def emit_amx_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero: bool, epilo
     split = op.a.dtype == float32
     if split:
         parts, a_range = _split(em, op, a_slot)
-        a_rows = [(p, op.a.shape[1] * 2) for p in parts]
+        a_rows = [_ATiles(p, op.a.shape[1] * 2) for p in parts]
     else:
-        a_range = em.amx_ranges[op.a.name]
-        a_rows = [(a_slot, _row_stride_bytes(a_slot))]
+        a_range, packed = em.amx_ranges[op.a.name]
+        a_rows = [_ATiles(packed, 2 * TILE_K, packed=True) if packed is not None
+                  else _ATiles(a_slot, _row_stride_bytes(a_slot))]
     source = em.amx_sources.get(op.b.name)
     vnni, b_range = (_pack_vnni(em, op, em.slots[op.b.name]) if source is None
                      else _pack_vnni_transposed(em, op, source))
@@ -322,11 +371,10 @@ def emit_amx_dot(em: KernelEmitter, op: t.Dot, out: Slot, from_zero: bool, epilo
                 del em.slots[op.b.name]
 
 
-def _tiles(em: KernelEmitter, op: t.Dot, out: Slot, a_rows: list[tuple[Slot | ir.Value, int]], vnni: ir.Value,
+def _tiles(em: KernelEmitter, op: t.Dot, out: Slot, a_rows: list[_ATiles], vnni: ir.Value,
            from_zero: bool, epilogue: Epilogue | None) -> None:
-    """The tile loops. `a_rows`: ``(source, row stride in bytes)`` of each bf16 ``a`` (one, or the parts of
-    a split one, each multiplied by the same ``B`` tiles while they are loaded): a `Slot` or a stack array;
-    `vnni`: ``b`` packed in pairs."""
+    """The tile loops. `a_rows`: where the ``A`` tiles of each bf16 ``a`` are (one, or the parts of a split
+    one, each multiplied by the same ``B`` tiles while they are loaded); `vnni`: ``b`` packed in pairs."""
     b = em.b
     m, n = op.out.shape
     k = op.a.shape[1]
@@ -336,12 +384,6 @@ def _tiles(em: KernelEmitter, op: t.Dot, out: Slot, a_rows: list[tuple[Slot | ir
     out_stride = ir.Constant(I64, n * 4)
     b_stride = ir.Constant(I64, n * 4)
     call_intrinsic(b, "llvm.x86.ldtilecfg", ir.VoidType(), [_config(em)])
-
-    def a_address(source: Slot | ir.Value, row: ir.Value, k0: ir.Value) -> ir.Value:
-        if not isinstance(source, ir.Value):
-            return em.address(source, (row, k0))
-        at = b.add(b.mul(row, ir.Constant(I64, k), flags=("nsw", "nuw")), k0, flags=("nsw", "nuw"))
-        return b.gep(source, [at], inbounds=True, source_etype=I16)
 
     with em.loop(m // (TILE_ROWS * row_tiles), f"{op.out.name}.amx.i", unroll=False) as ib:
         i0 = b.mul(ib, ir.Constant(I64, TILE_ROWS * row_tiles), flags=("nsw", "nuw"))
@@ -364,10 +406,10 @@ def _tiles(em: KernelEmitter, op: t.Dot, out: Slot, a_rows: list[tuple[Slot | ir
                                b.mul(cols[c], ir.Constant(I64, 2), flags=("nsw", "nuw")), flags=("nsw", "nuw"))
                     call_intrinsic(b, "llvm.x86.tileloadd64", ir.VoidType(),
                                    [tile(6 + c), b.gep(vnni, [at], inbounds=True, source_etype=I16), b_stride])
-                for source, stride in a_rows:
+                for a in a_rows:
                     for r in range(row_tiles):
                         call_intrinsic(b, "llvm.x86.tileloadd64", ir.VoidType(),
-                                       [tile(4 + r), a_address(source, rows[r], k0), ir.Constant(I64, stride)])
+                                       [tile(4 + r), a.address(em, rows[r], k0, k), ir.Constant(I64, a.stride)])
                     for r in range(row_tiles):
                         for c in range(col_tiles):
                             call_intrinsic(b, "llvm.x86.tdpbf16ps", ir.VoidType(),
@@ -394,5 +436,5 @@ def _apply_epilogue(em: KernelEmitter, out: Slot, epilogue: Epilogue, i0: ir.Val
             b.store(epilogue.apply(em, row, col, acc), em.address(epilogue.slot, (row, col)), align=4)
 
 
-__all__ = ["amx_usable", "fits", "amx_dot_operands", "exponent_range", "readable", "emit_amx_dot", "TILE_ROWS",
+__all__ = ["amx_usable", "fits", "amx_dot_operands", "exponent_range", "scan_a", "readable", "emit_amx_dot", "TILE_ROWS",
            "TILE_K"]

@@ -113,7 +113,7 @@ class KernelEmitter:
         self.amx_transposed = frozenset(
             op.b.name for op in amx_dots if isinstance(self.plan.defs.get(op.b.name), t.Permute)
             and self.plan.defs[op.b.name].perm == (1, 0) and self.readers.get(op.b.name) == [op])
-        self.amx_ranges: dict[str, object] = {}  # an AMX dot's ``a``'s `amx._Range`
+        self.amx_ranges: dict[str, tuple] = {}  # an AMX dot's ``a``'s `amx._Range` and its tiles (`amx.scan_a`)
         self.amx_sources: dict[str, Slot] = {}   # a transposed AMX operand packed from its source: the source
         # right operands the micro-kernel reads in panels (one width for every dot that reads them; none on AMX)
         widths: dict[str, set[int | None]] = {}
@@ -172,8 +172,8 @@ class KernelEmitter:
                     self.materialize(op.out)
             for r in t.results(op):
                 if r.name in self.amx_scanned and r.name in self.slots:
-                    from .amx import exponent_range    # (amx.py imports this module)
-                    self.amx_ranges[r.name] = exponent_range(self, self.slots[r.name])
+                    from .amx import scan_a    # (amx.py imports this module)
+                    self.amx_ranges[r.name] = scan_a(self, self.slots[r.name], r.name)
 
     def _amx_source(self, op: t.Permute) -> bool:
         """Record the source of a transposed AMX operand (`amx_transposed`) instead of copying it, where the

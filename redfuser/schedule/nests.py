@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Axis, Binary, BinaryOp, Compute, DType, Load, Reduce, walk
+from ..ir import Axis, Binary, BinaryOp, Compute, DType, Load, Reduce, loads, walk
 from ..ir.tile import nodes as t
 from ..ir.sizes import SizeLike, ceil_div
 from .builder import KernelBuilder
@@ -83,13 +83,14 @@ def _reduced_innermost(s: Reduce) -> bool:
 def matmul_tile(s: Reduce, opts: ScheduleOptions) -> tuple[int, int, ScheduleOptions]:
     """(rows, columns) of a matmul's output tile and the options its contraction's chunks follow:
     ``block_m`` x ``block_n`` and ``block_k``, or on the cpu `ScheduleOptions.gemm_tile`'s 128 x 128 tile and
-    128-long chunks (rows halved while a static grid would idle a worker: `options.gemm_rows`), the tile a
+    128-long chunks (`half_gemm_tile`'s 256 x 512 and 512 for 16-bit floats; rows halved while a static grid would idle a worker: `options.gemm_rows`), the tile a
     fused GEMM state takes: the host GEMM core's register blocks and the right operand's panels are
     amortized over it (a 1024^3 f32 GEMM on one AVX2 core: docs/cpu-backend.md)."""
     m, n = s.axes[-2], s.axes[-1]
-    if opts.gemm_tile is None:
+    tile = opts.matmul_tile(all(ld.buffer.dtype.itemsize == 2 for ld in loads(s.value)))
+    if tile is None:
         return opts.tile(opts.rows(), m.extent), opts.tile(opts.block_n, n.extent), opts
-    rows, chunk, cols = opts.gemm_tile
+    rows, chunk, cols = tile
     cols = opts.tile(cols, n.extent)
     batch: SizeLike = 1
     for a in s.axes[:-2]:

@@ -41,6 +41,10 @@
 |             | columns tile the grid; each program's statistics of its rows    |     |     |
 |             | and copy of ``w``'s block are amortized over a 128x128 output;  |     |     |
 |             | off when ``block_m`` or ``block_n`` is given                    |     |     |
+| `half_gemm_ | the same of a plain matmul of 16-bit floats: bigger, since on   |256, | no  |
+| tile`       | AMX tiles each chunk's scans and packing of ``w`` are amortized |512, |     |
+|             | over more tile work (`HALF_GEMM_TILE`); off when ``block_m`` or |512  |     |
+|             | ``block_n`` is given                                            |     |     |
 | `vector_k`  | longest contraction a fused loop's local takes in one chunk     |256  | 0   |
 |             | where its tile has one row (decoding's ``q . k`` per key): each |     |     |
 |             | key's row is read once, whole, in memory order (`VECTOR_K`);    |     |     |
@@ -106,6 +110,7 @@ class ScheduleOptions:
     dot_tile: tuple[int, int] | None = None   # (rows, chunk) of a fused loop with a contraction (cpu)
     row_tile: tuple[int, int] | None = None   # (elements, longest chunk) of a per-row loop's tile (cpu)
     gemm_tile: tuple[int, int, int] | None = None   # (rows, chunk, columns) of a fused GEMM state (cpu)
+    half_gemm_tile: tuple[int, int, int] | None = None  # the same of a plain matmul of 16-bit floats (cpu)
     skip_exact: bool = False                  # skip dead chunks where a scan shows it exact (masked.py)
     peel_ragged: bool = False                 # a fused loop's ragged last chunk in a loop of its own (cpu)
     whole_max: int = CHEAP_RECOMPUTE_MAX      # longest state axis a contracting loop keeps whole
@@ -134,6 +139,10 @@ class ScheduleOptions:
         if self.block_m is not None:
             return self.block_m
         return ROWS[per_row_states]
+
+    def matmul_tile(self, half: bool) -> tuple[int, int, int] | None:
+        """`gemm_tile`, or for a plain matmul of 16-bit floats (`half`) `half_gemm_tile` where it is set."""
+        return self.half_gemm_tile if half and self.half_gemm_tile is not None else self.gemm_tile
 
     def k_block(self, narrow_product: bool = False) -> int:
         """`block_k`, or where that is None (the GPU default) `K_BLOCK` for a contraction of 16-bit or
@@ -204,8 +213,20 @@ ROW_TILE_LEAST = 2048
 cached softmax of 4 x 16) costs less on the calling thread than handing half of it to a worker."""
 
 
+HALF_GEMM_TILE = (256, 512, 512)
+"""(rows, chunk, columns) of a cpu matmul of 16-bit floats (`ScheduleOptions.half_gemm_tile`). On AMX tiles
+(`codegen/host/amx.py`) each program scans and packs its blocks of both operands once a chunk, work that
+scales with the blocks while the tiles' work scales with their product, and loads and stores its
+accumulator tiles once a chunk. bf16 GEMMs on a Sapphire Rapids core, after ``A``'s tiles were packed
+(one thread at 2048^3: 128 x 128 x 128 39.9 ms, 256 x 256 x 128 28.7, 256 x 256 x 256 26.7, 512 x 512 x 256
+23.8, 256 x 512 x 512 22.3, 512 x 512 x 512 21.2; two threads, 1024^3 / 2048^3 / 4096^3: 256 x 256 x 128 2.0
+/ 15.3 / 145 ms, 256 x 512 x 512 1.6 / 10.7 / 103, 512 x 512 x 512 1.7 / 10.8 / 105); without AMX (the FMA
+micro-kernel widening bf16, one thread, 2048^3) 128.8 ms at 128 x 128 x 128 and 115.1 at 512 x 512 x 512."""
+
+
 DEFAULTS: dict[str, ScheduleOptions] = {
-    "cpu": ScheduleOptions(dot_tile=DOT_TILE, gemm_tile=(128, 128, 128), row_tile=ROW_TILE, skip_exact=True,
+    "cpu": ScheduleOptions(dot_tile=DOT_TILE, gemm_tile=(128, 128, 128), half_gemm_tile=HALF_GEMM_TILE,
+                           row_tile=ROW_TILE, skip_exact=True,
                            peel_ragged=True, vector_k=VECTOR_K,
                            whole_max=WHOLE_MAX["cpu"]),
     "gpu": ScheduleOptions(block_m=None, block_n=64, block_k=None, pow2=True, whole_rows=True,
@@ -301,6 +322,7 @@ def with_overrides(base: ScheduleOptions, overrides: Mapping[str, object],
         chosen.setdefault("dot_tile", None)
         chosen.setdefault("row_tile", None)
         chosen.setdefault("gemm_tile", None)
+        chosen.setdefault("half_gemm_tile", None)
     if "block_k" in chosen:
         chosen.setdefault("vector_k", 0)         # a chunk the user chose is the chunk
     if "workers" not in chosen:
