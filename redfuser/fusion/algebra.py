@@ -270,6 +270,8 @@ def normalize_terms(x: Expr, positive: Callable[[Expr], bool], nonneg: Callable[
     or a constant multiple of one (``x / y * 2``, ``-(x / y)``), is one atom (times its constant), so that
     ``(x / y * 2 - mean)**2`` expands in the atom ``x / y`` and ``mean`` alone, as ``(x / y - mean)**2``
     does (split into ``x**2 y**-2``, its cancelling pair went unseen and ``y**-2`` underflowed)."""
+    if whole is not None and whole(x):
+        return atom(x)   # (a part that `whole` keeps as a factor stays whole as a term: ``(b - c)`` in ``(x - m) - (b - c)``)
     if isinstance(x, Binary) and x.op in (BinaryOp.ADD, BinaryOp.SUB):
         a = normalize_terms(x.a, positive, nonneg, whole, term_whole)
         b = normalize_terms(x.b, positive, nonneg, whole, term_whole)

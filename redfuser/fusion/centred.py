@@ -157,7 +157,7 @@ def change_variables(normal: A.Sum, centre: Centre, ctx: FusionContext, exponent
     u = A.as_linear(ctx.terms_form(centre.u))
     if u is None:   # a value kept whole in the body (`FusionContext.reduced_only_term`: exp(x), 1/x) is one atom
         u = A.as_linear(A.atom(centre.u))
-    c = A.as_linear(A.normalize(centre.c, never, never))
+    c = A.as_linear(ctx.terms_form(centre.c))   # (an earlier ``S / W`` one atom, as the body's terms read it)
     pivot = next(((m.factors[0][0], k) for m, k in u.terms if len(m.factors) == 1 and m.factors[0][1] == 1), None)
     if pivot is None or c is None:
         return None

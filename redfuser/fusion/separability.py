@@ -68,11 +68,14 @@ class FusionContext:
         return isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB) and self.kind(e) == "x"
 
     def reduced_only_term(self, e: Expr) -> bool:
-        """A term of a multiplied sum that is computed from the reduced values alone and is not itself an atom
-        or a constant multiple of one (``1/x``, ``exp(x)``, ``x*w``): kept whole, so that ``(1/x - mean)**2``
-        expands into powers of one atom ``1/x``, which a running centre can hold (a variance of ``1/x`` on a
-        constant row was -1e-9, its std NaN, for numpy's 0)."""
-        if not isinstance(e, (Unary, Binary)) or self.kind(e) != "x":
+        """A term of a multiplied sum that is computed from the reduced values alone, or from earlier results
+        alone, and is not itself an atom or a constant multiple of one (``1/x``, ``exp(x)``, ``x*w``; ``S/W``):
+        kept whole, so that ``(1/x - mean)**2`` expands into powers of one atom ``1/x``, which a running
+        centre can hold (a variance of ``1/x`` on a constant row was -1e-9, its std NaN, for numpy's 0), and
+        ``(x - S/W)**2`` into powers of ``x`` and one earlier value ``S/W``, whose cancelling pair the
+        compiler then sees and centres (a weighted mean, a mean over a count that is itself a sum: expanded
+        into three sums, a variance near 1e4 came out as -1536 for numpy's 84)."""
+        if not isinstance(e, (Unary, Binary)) or self.kind(e) not in ("x", "y"):
             return False
         if isinstance(e, Unary) and e.op is UnaryOp.NEG:
             return False
