@@ -84,3 +84,45 @@ def test_a_difference_with_another_cascades_result_is_summed_as_written(backend,
     a = (-1e4 + rng.standard_normal((2, 200))).astype(np.float32)
     b = (-1e4 + rng.standard_normal((2, 200))).astype(np.float32)
     assert_close(rf.kernel(body, backend=backend)(a, b), body(a, b), np.float32, 200)
+
+
+def _entropy(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    p = rf.exp(x - m)
+    q = p / rf.sum(p, axis=-1, keepdims=True)
+    return -rf.sum(q * rf.log(q), axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_entropy_is_nan_where_a_probability_underflows_as_in_the_reference(backend):
+    """``q log q`` with ``q = exp(x - m) / l``: numpy's ``q`` underflows to 0 for a logit 200 below the max, and
+    ``0 · log 0`` is NaN; the algebra's ``log q = (x - m) - log l`` is finite there, and the fused loop
+    returned 0.58. The body is now also evaluated, after the loop, at the element farthest from the max
+    (the first to underflow), and the result is NaN where the reference's term is."""
+    x = np.array([[0.0, -200.0, 1.0], [0.0, -20.0, 1.0], [0.0, -np.inf, 1.0], [-1e4, -1e4 - 100, -1e4 - 0.5]],
+                 np.float32)
+    with np.errstate(all="ignore"):
+        want = _entropy(x)
+        got = rf.kernel(_entropy, backend=backend)(x)
+    assert np.isnan(want[[0, 2]]).all() and np.isfinite(want[[1, 3]]).all()
+    assert_close(got, want, np.float32, 3)
+
+
+def _softmax_in_base_2(x):
+    s = x * 1.4426950408889634
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp2(s - m)
+    return p / rf.sum(p, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sum_of_one_term_accumulates_the_body_as_written(backend):
+    """A softmax in base 2 (``exp2(x log2(e) - m)``, as fast kernels write it): the algebra reads ``exp2(a)`` as
+    ``exp(a ln 2)`` and ``x log2(e) ln 2`` as ``x``, so the loop summed ``exp(x - 0.693 m)``, without numpy's
+    rounding of ``x log2(e)``, while the numerator kept it: rows near -1000 summed to 1 + 2.4e-5 (near 1e4,
+    3e-4). A sum of one separable term now accumulates the body as written (its deferred factors 1), as a
+    sum of several already did."""
+    x = np.array([[-1000.0, -1000.1, -1003.0, -1010.0], [1e4, 1e4 - 0.3, 1e4 - 1.7, 1e4 + 0.9]], np.float32)
+    got = rf.kernel(_softmax_in_base_2, backend=backend)(x)
+    assert_close(got, _softmax_in_base_2(x), np.float32, 4)
+    assert abs(got.astype(np.float64).sum(-1) - 1).max() < 4 * np.finfo(np.float32).eps

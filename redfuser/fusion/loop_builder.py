@@ -124,11 +124,12 @@ class LoopBuilder:
 
         return self.state_for(member, acc, suggested, carry_of=carry)
 
-    def centred_nan_guard(self, member: Member, acc) -> Expr | None:
+    def centred_nan_guard(self, member: Member, acc, value: Expr, reduced: Callable[[Expr], bool]) -> Expr | None:
         """Where a shift-stable power's reference value is NaN though the loop's sums are not: the centre
         (a running max/min) never left its identity, so every ``u - c`` is ``-inf - -inf`` (the loop read
         the centre as 0); or some ``u - c`` overflows (`overflows`), told by a state keeping the reduced
-        values' extreme farthest from the centre."""
+        values' extreme farthest from the centre, or the body (`value`, as the decomposition read it) is NaN
+        for that element (`term_at`; `reduced`: whether an expression reads the reduced values)."""
         shift = acc.shift
         if shift is None or shift.degree == 0 or shift.centre.op is ReduceOp.SUM:
             return None
@@ -141,9 +142,22 @@ class LoopBuilder:
             # must have its accumulator's type (fuzz: seed 1, example 2080 at 17e4aa1)
             buf = self.state_for(member, Accumulator(op, u, Linear(), u, Const(1.0, u.dtype)),
                                  Buffer(f"{member.name}_{op.value}", replace(member.out.type, dtype=u.dtype)))
-            far = overflow_condition(shift, Load(buf, member.state_axes))
+            extreme = Load(buf, member.state_axes)
+            far = overflow_condition(shift, extreme)
+            there = self.term_at(value, u, extreme, reduced)
+            if there is not None:
+                far = Binary(BinaryOp.OR, far, Binary(BinaryOp.NE, there, there, bool_), bool_)
             guard = far if guard is None else Binary(BinaryOp.OR, guard, far, bool_)
         return guard
+
+    @staticmethod
+    def term_at(value: Expr, u: Expr, extreme: Load, reduced: Callable[[Expr], bool]) -> Expr | None:
+        """The body `value` as the reference computes it for the element whose reduced value is `extreme`,
+        where `u` is all it reads of the reduced values (else None). An entropy's ``q log q`` with
+        ``q = exp(x - m) / l`` is NaN where ``q`` underflows to 0, which the algebra's ``log q = (x - m) -
+        log l`` never sees; such a ``q`` underflows first at the element farthest from the max."""
+        body = map_expr(value, lambda n: extreme if n == u else None)
+        return None if reduced(body) else body
 
     def count_state(self, member: Member) -> Buffer:
         """The exact running count of elements seen (a sum of 1), for a running mean: in f32 for a 16-bit

@@ -61,6 +61,56 @@ def evaluate64(e: Expr, values: dict[Expr, np.ndarray]) -> np.ndarray:
     raise TypeError(f"cannot evaluate {type(e).__name__}")
 
 
+def _rounded(e: Expr, values: dict[Expr, np.ndarray]) -> np.ndarray:
+    """`e` as the loop computes it: f32 arithmetic (f64 for f64 values), every cast rounding to its type."""
+    def wide(dtype) -> type:
+        return np.float64 if dtype.is_float and dtype.itemsize == 8 else np.float32
+
+    if isinstance(e, Load | IndexValue):
+        return values[e]
+    if isinstance(e, Const):
+        return np.asarray(e.value, dtype=np.bool_ if isinstance(e.value, bool) else wide(e.dtype))
+    if isinstance(e, Cast):
+        x = _rounded(e.x, values)
+        if e.dtype.is_float:
+            return x.astype(e.dtype.numpy).astype(wide(e.dtype))
+        return x.astype(e.dtype.numpy)
+    if isinstance(e, Unary):
+        return UNARY_FUNCS[e.op](_rounded(e.x, values))
+    if isinstance(e, Binary):
+        return BINARY_FUNCS[e.op](_rounded(e.a, values), _rounded(e.b, values))
+    if isinstance(e, Select):
+        return np.where(_rounded(e.cond, values), _rounded(e.a, values), _rounded(e.b, values))
+    raise TypeError(f"cannot evaluate {type(e).__name__}")
+
+
+def rounds_differently(a: Expr, b: Expr, seed: int = 0) -> bool:
+    """Whether two forms of one value (a term from the normal form, and the body as written) round apart in
+    the loop's arithmetic at some of `POINTS` random points of magnitudes 0.1 to 1e4 (where both are finite):
+    ``exp2(x log2(e) - m)`` against the algebra's ``exp(x - 0.693 m)``, ``x / 3`` against ``0.333 x``. Forms
+    that only reorder exact operations (``0.125 s`` and ``s * 0.125``) do not."""
+    rng = np.random.default_rng(seed)
+    values = {}
+    for leaf in _leaves(a) | _leaves(b):
+        if isinstance(leaf, IndexValue):
+            v = rng.integers(0, max(1, leaf.axis.extent), POINTS)
+        elif leaf.dtype.is_bool:
+            v = rng.random(POINTS) < 0.85
+        elif leaf.dtype.is_int:
+            v = rng.integers(-3, 4, POINTS)
+        else:
+            v = rng.standard_normal(POINTS) * 10.0 ** rng.uniform(-1, 4, POINTS)
+        values[leaf] = np.asarray(v).astype(leaf.dtype.numpy).astype(
+            np.float32 if leaf.dtype.is_float and leaf.dtype.itemsize < 8 else leaf.dtype.numpy)
+    try:
+        with np.errstate(all="ignore"):
+            x, y = np.broadcast_arrays(_rounded(a, values), _rounded(b, values))
+    except (TypeError, KeyError, ValueError):
+        return False
+    both = np.isfinite(x) & np.isfinite(y)
+    return bool(np.any(x[both] != y[both]))
+
+
 def _sample(leaf: Expr, ctx: FusionContext, rng: np.random.Generator, n: int) -> np.ndarray:
     if isinstance(leaf, IndexValue):
         return rng.integers(0, max(1, leaf.axis.extent), n).astype(np.float64)

@@ -202,7 +202,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         unseen = [_where_live(b, member, acc, b.unseen(acc)) for acc in dec.accumulators]
         for n, acc in enumerate(dec.accumulators):
             if not _carried_only(dec.factors[n]):
-                guard = b.centred_nan_guard(member, acc)
+                guard = b.centred_nan_guard(member, acc, value, lambda e: ctx.kind(e) in ("x", "mixed"))
                 if guard is not None:
                     unseen[n] = guard if unseen[n] is None else Binary(BinaryOp.OR, unseen[n], guard, bool_)
         direct = (len(dec.accumulators) == 1 and dec.factors[0] is None and dec.addend is None

@@ -368,7 +368,7 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
     rounded = tuple(dict.fromkeys(r for s in splits for r in s.rounded))
     if isinstance(out, Decomposition) and (conditions or rounded):
         out = replace(out, conditions=conditions, rounded=rounded)
-    if isinstance(out, Decomposition) and op is ReduceOp.SUM and len(splits) > 1 and not (conditions or rounded):
+    if isinstance(out, Decomposition) and op is ReduceOp.SUM and splits and not (conditions or rounded):
         out = _term_as_written(value, out, splits, ctx)
     return out
 
@@ -384,18 +384,42 @@ def _term_as_written(value: Expr, dec: Decomposition, splits: list[_Split], ctx:
     ``exp(x - m) x^2 - 600 exp(x - m) x + 90000 exp(x - m)`` cancels in every element where ``x`` is near
     300; written as it is, nothing cancels that the reference's own ``x - 300`` does not. (The normal form has
     one deferred monomial for all its terms here, so setting its atoms to 1 leaves exactly the accumulated
-    term; the randomized identity check confirms it, else the expansion is kept.)"""
+    term; the randomized identity check confirms it, else the expansion is kept.) A sum of one term takes the
+    body as written where the normal form's term rounds differently (`numeric_check.rounds_differently`):
+    ``exp2(x log2(e) - m)`` read as ``exp(x - 0.693 m)`` skipped numpy's rounding of ``x log2(e)``, which the
+    softmax's numerator kept, and rows near -1000 summed to 1 + 2.4e-5."""
     if len(dec.accumulators) != 1:
         return dec
     (acc,) = dec.accumulators
     if acc.powers.factors or acc.quantized or acc.live is not None or any(sp.selects for sp in splits):
         return dec
     deferred = {a for a, _ in splits[0].deferred.factors}
-    term = map_expr(value, lambda n: Const(1.0, n.dtype) if n in deferred else None)
+    term = _without_unit_factors(map_expr(value, lambda n: Const(1.0, n.dtype) if n in deferred else None))
     candidate = replace(dec, accumulators=(replace(acc, term=term),), expanded=False)
-    from .numeric_check import check   # (numeric_check imports this module)
+    from .numeric_check import check, rounds_differently   # (numeric_check imports this module)
 
+    if len(splits) == 1 and not rounds_differently(acc.term, term):
+        return dec      # (the normal form's term: the same values, and the same text as other sums' terms)
     return candidate if check(value, candidate, ctx) is None else dec
+
+
+def _without_unit_factors(e: Expr) -> Expr:
+    """`e` without its products and quotients by the constant 1 (a deferred ``l`` set to 1 in ``p / l * v``:
+    ``x * 1`` and ``x / 1`` are ``x`` exactly, and the term then reads as the contraction it is)."""
+    def fold(n: Expr) -> Expr | None:
+        if isinstance(n, Binary) and n.op in (BinaryOp.MUL, BinaryOp.DIV):
+            a, b = _without_unit_factors(n.a), _without_unit_factors(n.b)
+            if _is_one(b) and a.dtype == n.dtype:
+                return a
+            if n.op is BinaryOp.MUL and _is_one(a) and b.dtype == n.dtype:
+                return b
+            return replace(n, a=a, b=b)
+        return None
+    return map_expr(e, fold)
+
+
+def _is_one(e: Expr) -> bool:
+    return isinstance(e, Const) and not isinstance(e.value, bool) and e.value == 1.0
 
 
 def _acc(op: ReduceOp, term: Expr, s: _Split, g: Expr, d: DType) -> Accumulator:
