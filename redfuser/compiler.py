@@ -50,7 +50,7 @@ from .fusion import fuse
 from .kernel_options import KernelOptions
 from .probes import noting_probe_reads
 from .shapes import ShapePlan
-from .trace import ArgSpec, trace
+from .trace import ArgSpec, kernel_name, trace
 from .schedule import ScheduleOptions, schedule_program
 from .schedule.prefetch import prefetch_operands
 from .codegen.host import build_host_module
@@ -264,7 +264,7 @@ def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: 
 
 def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: KernelOptions,
            shapes: ShapePlan | None) -> Lowered:
-    out = Lowered(getattr(fn, "__name__", "kernel"), specs, backend.name, options, pipeline=backend,
+    out = Lowered(kernel_name(fn), specs, backend.name, options, pipeline=backend,
                   gpu=backend.gpu_options(options), shapes=shapes, source=fn)
     made: Any = fn
     for stage in backend.stages:

@@ -20,7 +20,7 @@ from .runtime import arrays as arrays_rt
 from .runtime import autotune
 from .runtime.addresses import data_address
 from .source_info import user_loc
-from .trace import ArgSpec, ArraySpec
+from .trace import ArgSpec, ArraySpec, kernel_name
 
 
 def _user_facing(method: Callable) -> Callable:
@@ -58,6 +58,52 @@ class CacheInfo(NamedTuple):
     currsize: int
 
 
+_SCALARS = (bool, int, float, complex, str, np.generic)
+
+
+class CapturedScalars:
+    """The Python scalars a kernel's body reads from its module's globals or its closure (``scale = 2.0``
+    outside ``def f(a): return a * scale``): tracing fixes their values into the program, so a kernel must
+    trace again when one changes (a call costs one comparison per such name). Scalars only: a captured
+    array is refused while tracing, and objects, functions and modules are taken as they were traced."""
+
+    def __init__(self, names: tuple[str, ...], globals_: dict, cells: tuple) -> None:
+        self.names, self.globals, self.cells = names, globals_, cells
+        self.seen = self._now()
+
+    @staticmethod
+    def of(fn: Callable) -> "CapturedScalars | None":
+        target = fn.func if isinstance(fn, functools.partial) else fn
+        code = getattr(target, "__code__", None) or getattr(getattr(type(target), "__call__", None), "__code__", None)
+        globals_ = getattr(target, "__globals__", None) or getattr(getattr(type(target), "__call__", None),
+                                                                   "__globals__", None)
+        if code is None or globals_ is None:
+            return None
+        names = tuple(n for n in code.co_names if isinstance(globals_.get(n), _SCALARS))
+        cells = tuple(c for c in (getattr(target, "__closure__", None) or ())
+                      if isinstance(_cell_value(c), _SCALARS))
+        return CapturedScalars(names, globals_, cells) if names or cells else None
+
+    def _now(self) -> tuple:
+        values = [self.globals.get(n) for n in self.names] + [_cell_value(c) for c in self.cells]
+        return tuple((type(v), repr(v)) for v in values)   # (repr: a NaN equals itself)
+
+    def changed(self) -> bool:
+        """Whether a value differs from the last one seen (then that one becomes the one seen)."""
+        now = self._now()
+        if now == self.seen:
+            return False
+        self.seen = now
+        return True
+
+
+def _cell_value(cell: object) -> object:
+    try:
+        return cell.cell_contents
+    except ValueError:       # (a cell not filled yet)
+        return None
+
+
 class Kernel:
     """A function compiled by RedFuser. Call it with numpy arrays; get numpy arrays back.
 
@@ -71,7 +117,7 @@ class Kernel:
     @_user_facing
     def __init__(self, fn: Callable, backend: str | None = None, options: KernelOptions | None = None,
                  dynamic: Dynamic = None, **given: object) -> None:
-        name = getattr(fn, "__name__", "kernel")
+        name = kernel_name(fn)
         self._signature = check_signature(fn, name)
         self._dynamic = DynamicAxes(dynamic, name, tuple(self._signature.parameters), user_loc())
         if options is not None and not isinstance(options, KernelOptions):
@@ -93,7 +139,10 @@ class Kernel:
         # the same for shape classes: the symbolic axes (argument position, axis) of each class made ->
         # `_class_key` of a call -> (its call path as in `_fast`, each symbol's guard in the class's order)
         self._classes: dict[frozenset, dict[tuple, tuple[_FastPath, tuple[int, ...]]]] = {}
+        self._captured = CapturedScalars.of(fn)
         functools.update_wrapper(self, fn)
+        # (a functools.partial or a callable object has no __name__ for update_wrapper to copy)
+        self.__name__ = getattr(self, "__name__", name)
 
     def __repr__(self) -> str:
         return f"<redfuser.kernel {self.__name__} backend={self.backend or 'auto'}>"
@@ -111,8 +160,17 @@ class Kernel:
                 arrays.append(array)
         return tuple(specs), arrays
 
+    def _forget(self) -> None:
+        """Drop every specialization made: a global or closure scalar the body reads has changed, and the
+        body traces to another program (the disk cache is keyed by the traced program, so it stays right)."""
+        self._cache.clear()
+        self._fast.clear()
+        self._classes.clear()
+
     def _compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, to_run: bool = True
                   ) -> tuple[Lowered, backends.Executable | None, list[Any]]:
+        if self._captured is not None and self._captured.changed():
+            self._forget()
         specs, arrays = self._specs(args, kwargs)
         if to_run and any(isinstance(a, ShapeDtype) for a in arrays):
             raise ArgumentError("an rf.ShapeDtype argument can be compiled (kernel.lower, kernel.explain) but not run",
@@ -230,6 +288,8 @@ class Kernel:
         torch's/cupy's current one for their tensors); host backends ignore it. See docs/gpu-backend.md,
         "Arrays and streams". `out`: arrays to write the results into (one, or a tuple with one per result),
         returned as given; see `redfuser.outputs` for what they must be."""
+        if self._captured is not None and self._captured.changed():
+            self._forget()
         fast_key = _fast_key(args, self.backend) if not kwargs else None
         fast = self._fast.get(fast_key) if fast_key is not None else None
         if fast is None and fast_key is not None and self._classes:

@@ -122,7 +122,14 @@ class DynamicAxes:
         if self.mode is True:
             return set(range(rank))
         if self.named:
-            return {a % rank for a in self.named.get(spec.name, ()) if -rank <= a < rank} if rank else set()
+            named = self.named.get(spec.name, ())
+            wrong = [a for a in named if not -rank <= a < rank]
+            if wrong:
+                from .source_info import user_loc
+                raise ArgumentError(f"dynamic[{spec.name!r}] names axis {wrong[0]}, but {spec.name} has {rank} "
+                                    f"dimension{'s' if rank != 1 else ''} (shape {tuple(shape)})", op="kernel",
+                                    loc=user_loc())
+            return {a % rank for a in named}
         first = self._first.setdefault(spec.name, shape)
         if len(first) == rank:
             self._seen_changing.update((spec.name, rank, d) for d in range(rank) if first[d] != shape[d])

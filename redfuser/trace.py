@@ -40,6 +40,13 @@ StaticValue = Union[None, bool, int, float, str, np.generic, tuple]
 tuple of these."""
 
 
+def kernel_name(fn: Callable) -> str:
+    """A kernel's name: its function's, a functools.partial's function's, or a callable object's class's."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    name = getattr(target, "__name__", None)
+    return name if isinstance(name, str) and name else type(target).__name__
+
+
 def static_key(value: object) -> tuple:
     """What two static values must share to share a compiled kernel: their type and their exact value.
 
@@ -139,7 +146,7 @@ def _watching_returns(returned: Callable[[FrameType], None]):
 def trace(fn: Callable, specs: tuple[ArgSpec, ...], length_needs: list[tuple[int, int]] | None = None) -> Program:
     """Run `fn` on tracers for `specs`; return the unfused Loop IR of what it computes. `length_needs`, when
     given, receives the body's length checks (`TraceBuilder.need_length`), dead code's included."""
-    builder = TraceBuilder(getattr(fn, "__name__", "kernel"))
+    builder = TraceBuilder(kernel_name(fn))
     if length_needs is not None:
         builder.length_needs = length_needs
     values = {s.name: builder.add_input(s.name, s.type) if isinstance(s, ArraySpec) else s.value for s in specs}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import re
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -130,6 +131,20 @@ class TraceBuilder:
         # (a length the body's checks read, the least it may be): an int index or a top-k's k needs the axis
         # to be that long; a shape-polymorphic kernel turns these into guards (`redfuser.compiler.sized_stage`)
         self.length_needs: list[tuple[int, int]] = []
+        self._views: dict[str, dict[int, weakref.ref]] = {}   # buffer name -> live Tracers viewing it, by id
+
+    def note_view(self, t: "Tracer") -> None:
+        """Remember `t` among the live views of its buffer (weakly: `other_views`)."""
+        self._views.setdefault(t.buffer.name, {})[id(t)] = weakref.ref(t)
+
+    def forget_view(self, t: "Tracer") -> None:
+        self._views.get(t.buffer.name, {}).pop(id(t), None)
+
+    def other_views(self, t: "Tracer", but: object = None) -> list["Tracer"]:
+        """The live traced values other than `t` (and `but`) that view `t`'s buffer: an in-place update of `t`
+        would have to change them too."""
+        found = (ref() for ref in self._views.get(t.buffer.name, {}).values())
+        return [v for v in found if v is not None and v is not t and v is not but]
 
     def need_length(self, length: int, least: int) -> None:
         """Record that the body is what it traced to only while an axis of `length` has >= `least` elements."""
@@ -247,7 +262,7 @@ class tracing:
 class Tracer:
     """An abstract array during tracing: static shape and dtype, a view of a buffer."""
 
-    __slots__ = ("builder", "buffer", "view", "shape", "loc", "array0d")
+    __slots__ = ("builder", "buffer", "view", "shape", "loc", "array0d", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, builder: TraceBuilder, buffer: Buffer, view: tuple[ViewIndex, ...], shape: tuple[int, ...],
@@ -262,6 +277,13 @@ class Tracer:
         self.array0d = array0d
         last = builder.body[-1] if builder.body else None
         self.loc: SourceLoc = last.loc if last is not None and buffer in written(last) else SourceLoc("<input>", 0)
+        builder.note_view(self)
+
+    def rebind(self, value: "Tracer") -> None:
+        """Make this object `value` (an in-place operator: ``b = a; b += 1`` changes ``a`` too, as in numpy)."""
+        self.builder.forget_view(self)
+        self.buffer, self.view, self.shape, self.loc = value.buffer, value.view, value.shape, value.loc
+        self.builder.note_view(self)
 
     # -- static properties (known at trace time) -----------------------------------------------
     @property

@@ -197,11 +197,6 @@ def test_argmax_of_a_softmax_is_numpys_first_index(backend):
     np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
 
 
-def test_argmax_without_an_axis_of_a_matrix_is_refused():
-    with pytest.raises(rf.UnsupportedError, match="pass an axis"):
-        rf.kernel(lambda x: rf.argmax(x), backend="interpret")(np.ones((2, 3), np.float32))
-
-
 def chunk_ids(i):
     return i // 3 % 2, (i % 5) // 2, i // (i % 5 + 1)
 

@@ -18,7 +18,7 @@ import numpy as np
 from ..ir import UnsupportedError
 from ..source_info import user_loc
 from ..tracer import Tracer
-from .common import _check_operand, _traced, describe, result_dtype
+from .common import _check_operand, _traced, result_dtype
 from .elementwise import astype, logical_not, subtract, where
 from .numeric import isnan
 from .reductions import max as _max
@@ -33,9 +33,10 @@ def _first_index(key: Tracer, d: int, keepdims: bool) -> Tracer:
 
 def _arg(op: str, x, axis: object, keepdims: bool) -> Tracer:
     _check_operand(op, x)
-    if axis is None and x.ndim != 1:
-        raise UnsupportedError(f"{op} with axis=None flattens {describe(x)}; RedFuser has no reshape yet: pass an "
-                               "axis", op=op, loc=user_loc())
+    if axis is None and x.ndim != 1:      # numpy's flat index: the argument of the flattened array
+        from .views import reshape
+        flat = _arg(op, reshape(x, (-1,)), 0, False)
+        return reshape(flat, (1,) * x.ndim) if keepdims else flat
     (d,) = normalize_axes(op, x, 0 if axis is None else axis)
     result_dtype(op, lambda v: getattr(np, op)(v, axis=d), x)   # numpy's refusals, named
     dtype = x.ir_dtype

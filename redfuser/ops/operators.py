@@ -5,7 +5,9 @@ line. `install_operators` runs once, when `redfuser.ops` is imported.
 """
 from __future__ import annotations
 
-from ..ir import UnsupportedError
+import numpy as np
+
+from ..ir import DTypeError, ShapeError, UnsupportedError
 from ..source_info import user_loc
 from ..tracer import Tracer
 
@@ -31,6 +33,40 @@ def _no_rounding(name: str):
     return refuse
 
 
+def _in_place(fn, symbol: str):
+    """``x op= y`` as numpy computes it: in place, so every name bound to the same array sees the new value
+    (``b = a; b += 1`` changes ``a``), in ``x``'s dtype and shape. A traced array is this Python object, so
+    the object itself takes the new value; where other traced arrays view its buffer (``t = a.T``, ``r =
+    a[0]``), numpy would change them too and the kernel could not: that is refused. A numpy scalar (not a 0-d
+    array) is immutable, and ``s += 1`` makes a new one, as here. Inputs the kernel reads are never written:
+    the caller's array keeps its values (numpy's body would change it)."""
+    def update(self, other):
+        from .. import ops
+
+        result = fn(self, other)
+        if self.ndim == 0 and not self.array0d:
+            return result
+        if tuple(result.shape) != tuple(self.shape):
+            raise ShapeError(f"the result's shape {tuple(result.shape)} does not fit the updated array's "
+                             f"{tuple(self.shape)} (numpy refuses to broadcast an in-place output)", op=symbol,
+                             loc=user_loc())
+        if result.dtype != self.dtype:
+            if not np.can_cast(result.dtype, self.dtype, "same_kind"):
+                raise DTypeError(f"numpy cannot cast the {result.dtype} result to the updated array's "
+                                 f"{self.dtype} in place (casting rule 'same_kind'); write x = x {symbol[:-1]} y",
+                                 op=symbol, loc=user_loc())
+            result = ops.astype(result, self.dtype)
+        shared = self.builder.other_views(self, but=other)
+        if shared:
+            raise UnsupportedError(f"in-place update of an array that other traced values view ({len(shared)} of them: "
+                                   "a transpose, a slice...): numpy would change them too, which a kernel does not "
+                                   f"do; write x = x {symbol[:-1]} y", op=symbol, loc=user_loc())
+        self.rebind(result)
+        return self
+
+    return update
+
+
 def _reshape_method(self, *shape, order="C"):
     """``x.reshape(2, 3)`` or ``x.reshape((2, 3))``, as numpy's method."""
     from .. import ops
@@ -51,9 +87,13 @@ def install_operators() -> None:
         "add": ops.add, "sub": ops.subtract, "mul": ops.multiply, "truediv": ops.divide,
         "pow": ops.power_operator, "matmul": ops.matmul, "and": ops.logical_and, "or": ops.logical_or,
     }
+    symbols = {"add": "+=", "sub": "-=", "mul": "*=", "truediv": "/=", "pow": "**=", "matmul": "@=", "and": "&=",
+               "or": "|=", "floordiv": "//=", "mod": "%=", "xor": "^="}
     for name, fn in table.items():
         setattr(Tracer, f"__{name}__", binary(fn))
         setattr(Tracer, f"__r{name}__", binary(fn, reflected=True))
+    for name, fn in (table | {"floordiv": ops.floor_divide, "mod": ops.remainder, "xor": ops.bitwise_xor}).items():
+        setattr(Tracer, f"__i{name}__", _in_place(fn, symbols[name]))
     for name, fn in {"lt": ops.less, "le": ops.less_equal, "gt": ops.greater, "ge": ops.greater_equal,
                      "eq": ops.equal, "ne": ops.not_equal}.items():
         setattr(Tracer, f"__{name}__", binary(fn))

@@ -86,6 +86,8 @@ def var(x, axis=None, ddof=0, keepdims=False):
 def _var(x: Tracer, axis: object, ddof: object, keepdims: bool, op: str) -> Tracer:
     if isinstance(ddof, bool) or not isinstance(ddof, int | float | np.integer | np.floating):
         raise UnsupportedError(f"ddof must be a number, got {ddof!r}", op=op, loc=user_loc())
+    if isinstance(ddof, np.generic):
+        ddof = ddof.item()   # a Python number: numpy's var keeps x's dtype, and so must the divisor here
     dims, wide, n = _prepared(op, x, axis)
     with warnings.catch_warnings():      # numpy's "degrees of freedom <= 0" of the one-element probe
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -27,8 +27,8 @@ from .space import Binding, Dim, Tiled, index_tile, mask_tile, ordered, place
 def rank_dtype(d: DType) -> DType:
     """The float type values of dtype `d` are ranked in (exactly, see the module docstring)."""
     if d == int64:
-        raise BackendError("top-k of int64 values is not compiled (their float64 ranking key rounds); "
-                           "use backend='interpret'")
+        raise BackendError("ranking int64 values (rf.topk, rf.argmax, rf.argmin) is not compiled: their float64 "
+                           "ranking key rounds; use backend='interpret', or int32 values")
     if d == float64 or d == int32 or d.is_bool:
         return float64
     return float32

@@ -43,7 +43,7 @@ POLYNOMIAL = frozenset({"add", "sub", "mul", "neg", "square", "add_c", "rsub_c",
 """Ops the fusion algebra expands through (`magnitude` follows them; every other op restarts)."""
 
 
-F32_MATH = frozenset({"exp", "exp_safe", "exp2_safe", "log", "log_safe", "log2_safe", "tanh", "sin", "cos", "erf",
+F32_MATH = frozenset({"exp", "exp_safe", "exp2", "exp2_safe", "log", "log_safe", "log2_safe", "tanh", "sin", "cos", "erf",
                       "expm1_safe", "log1p_safe", "logaddexp"})
 """Ops the GPU backends compute in f32 on f64 values (docs/gpu-backend.md, "Numerics")."""
 
@@ -101,8 +101,15 @@ def magnitude(node, ins: list, r: np.ndarray) -> tuple[np.ndarray, bool]:
         return out, False
     m = [v.mag for v in ins]
     c = abs(float(node.params[0])) if node.params else 1.0
+
+    def excess(v) -> np.ndarray:    # what an expansion inside `v` adds beyond |v|
+        return np.maximum(v.mag - np.abs(_f64(v.ref)), 0.0)
+
     with np.errstate(all="ignore"):
-        mag = {"add": lambda: m[0] + m[1], "sub": lambda: m[0] + m[1], "mul": lambda: m[0] * m[1],
+        # a sum or difference is formed before what multiplies it: the expansion keeps it (a centred sum),
+        # so it adds only what its operands' own expansions do (``(x - mu)**2`` rounds relative to itself)
+        mag = {"add": lambda: out + excess(ins[0]) + excess(ins[1]),
+               "sub": lambda: out + excess(ins[0]) + excess(ins[1]), "mul": lambda: m[0] * m[1],
                "neg": lambda: m[0], "square": lambda: m[0] ** 2, "add_c": lambda: m[0] + c,
                "rsub_c": lambda: m[0] + c, "mul_c": lambda: m[0] * c, "rmul_c": lambda: m[0] * c,
                "div_c": lambda: m[0] / c, "div": lambda: m[0] / np.abs(_f64(ins[1].ref)),
@@ -347,6 +354,7 @@ ERRORS = {
     "square": lambda n, a, o: 2 * np.abs(a[0][0]) * a[0][1] + a[0][1] ** 2,
     "exp": lambda n, a, o: o * np.expm1(a[0][1]), "exp_safe": lambda n, a, o: o * np.expm1(a[0][1]),
     "exp2_safe": lambda n, a, o: o * np.expm1(math.log(2.0) * a[0][1]),
+    "exp2": lambda n, a, o: o * np.expm1(math.log(2.0) * a[0][1]),
     "log": _log, "log_safe": _log, "log2_safe": _log, "sqrt": _sqrt, "sqrt_safe": _sqrt,
     "rsqrt_safe": lambda n, a, o: a[0][1] / 2,
     "tanh": lambda n, a, o: a[0][1],                                         # |tanh'| <= 1

@@ -6,7 +6,8 @@ softmax, log-sum-exp, layer-norm statistics, attention (with a causal or
 sliding-window mask built from ``arange``; the window as ``(j <= i) * (j > i - w)``,
 a product of bools), attention as written for low precision (the mask after
 ``exp``, probabilities rounded to f16/bf16 before the value GEMM), sums with a
-bare constant term, central moments and entropies of data far from 0 (attention now and then at sizes
+bare constant term, central moments and entropies of data far from 0 or logits wide enough to underflow,
+weighted moments, KL divergences and base-2 softmaxes (`weighted`; attention now and then at sizes
 the host's AMX tiles take, `tile_sized`, and bf16 matmuls of such sizes, `tile_matmul`), MoE
 routing (softmax, top-k, renormalize; tied and non-finite logits), and per-row
 absmax quantization to float8_e4m3fn (optionally followed by a GEMM); attention with RoPE's rotation
@@ -200,6 +201,39 @@ def moments(b: ProgramBuilder, x: str) -> str | None:
     return v and b.add("div_c", [v], (float(n),))
 
 
+def weighted(b: ProgramBuilder, x: str) -> str | None:
+    """Statistics users write whose mean is one reduction over another or whose difference reads another
+    cascade's result: the variance of ``x`` under ``softmax(x)`` (``mu = sum(p x) / sum(p)``), a variance
+    with positive weights (``sum(w x) / sum(w)``), the KL divergence of two log-softmaxes, and a softmax in
+    base 2 (``exp2(x log2(e) - m)``). The normal form once expanded the first three into sums that cancel
+    and summed the last without numpy's rounding of ``x log2(e)`` (docs/fusion.md)."""
+    d = b.draw
+    kind = d.pick(("softmax_var", "weighted_var", "kl", "base2"))
+    if kind == "base2":
+        s = b.add("mul_c", [x], (1.4426950408889634,))
+        m = s and b.add("max", [s], (-1, True))
+        e = m and b.add("exp2", [b.add("sub", [s, m])])
+        t = e and b.add("sum", [e], (-1, True))
+        return t and b.add("div", [e, t])
+    if kind == "kl":
+        y = b.new_input(b.shape(x), b.dtype(x).name, d.pick(("offset", "far", "normal", "large")))
+        la, lb = softmax(b, x, log=True), softmax(b, y, log=True)
+        pa = la and lb and b.add("exp", [la])
+        t = pa and b.add("mul", [pa, b.add("sub", [la, lb])])
+        return t and b.add("sum", [t], (-1, False))
+    if kind == "softmax_var":
+        m = b.add("max", [x], (-1, True))
+        w = m and b.add("exp", [b.add("sub", [x, m])])
+    else:
+        w = b.new_input(b.shape(x), "float32", "positive")
+    sw = w and b.add("sum", [w], (-1, True))
+    mu = sw and b.add("div", [b.add("sum", [b.add("mul", [w, x])], (-1, True)), sw])
+    c = mu and b.add("sub", [x, mu])
+    t = c and b.add("mul", [w, b.add("square", [c])])
+    v = t and b.add("sum", [t], (-1, True))
+    return v and b.add("div", [v, sw])
+
+
 def tempered_product(b: ProgramBuilder, x: str) -> str | None:
     """``prod(exp(c (x - m)))`` or ``prod((x*x + 1) exp(c (x - m)))`` with ``m = max(x)``: a product whose
     factors read the running max, carried by the product law (issue 24, docs/fusion.md "prod")."""
@@ -263,7 +297,7 @@ def tile_matmul(b: ProgramBuilder) -> str | None:
 
 
 IDIOMS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "attention", "routing", "quantize", "mask",
-          "flash_attention", "constant_terms", "moments", "tempered_product", "tile_matmul")
+          "flash_attention", "constant_terms", "moments", "tempered_product", "tile_matmul", "weighted")
 
 
 def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
@@ -275,9 +309,10 @@ def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
         return flash_attention(b, dtype)
     if name == "tile_matmul":
         return tile_matmul(b)
-    if name == "moments":
+    if name in ("moments", "weighted"):     # (large: logits whose probabilities underflow)
         shape = b.base_shape() or (b.draw.pick((3, 8)),)
-        return moments(b, b.new_input(shape, dtype, b.draw.pick(("offset", "far", "normal"))))
+        x = b.new_input(shape, dtype, b.draw.pick(("offset", "far", "normal", "large")))
+        return moments(b, x) if name == "moments" else weighted(b, x)
     if name == "routing" and b.draw.chance(60):  # router logits: tokens x experts, ties on purpose
         d = b.draw
         shape = (d.pick((1, 3, 7)), d.pick((5, 8, 16, 64, 256)))

@@ -59,7 +59,7 @@ KINDS = ("wrong value", "wrong class", "wrong dtype", "wrong shape", "accepted",
 LIMITS = ("precondition", "expansion")
 """The fusion engine's documented limits the oracle marks unsure (`Value.limit`: rule (6), the theorem's
 precondition; `Value.expansion`: rule (4), sums of expanded terms that overflow), counted apart."""
-KNOWN_LIMITS = ("top-k of int64 values is not compiled", "values per row is not compiled for the GPU backends")
+KNOWN_LIMITS = ("ranking int64 values (rf.topk, rf.argmax, rf.argmin) is not compiled", "values per row is not compiled for the GPU backends")
 """Refusals by design: a `BackendError` whose message holds one of these passes (the grammar avoids them; a
 run of static scalars can still lead there: ``True`` then ``2`` makes a bool an int64)."""
 

@@ -70,7 +70,7 @@ FACTORS = frozenset({"mul", "neg", "abs", "square", "mul_c", "rmul_c", "div_c", 
 """Ops through which a divisor's operands stay factors of it (``a / (m * w)`` divides by ``m``)."""
 FINITE = frozenset({"gt_c", "le_c", "eq_c", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "to_int"})
 """Ops whose result is finite whatever their operands: the walk does not go below them."""
-EXPONENTIALS = frozenset({"exp", "exp_safe", "exp2_safe"})
+EXPONENTIALS = frozenset({"exp", "exp_safe", "exp2", "exp2_safe"})
 """Ops that make an online exponent of the engine (``exp(x - max(x))`` is exempt, see the module docstring)."""
 
 

@@ -96,6 +96,7 @@ RULES: dict[str, Rule] = {
     "not": Rule(lambda a, p: ~a[0], "~{a}", E, "exact"),
     "exp": Rule(lambda a, p: rf.exp(a[0]), "rf.exp({a})", E, "inexact"),
     "exp_safe": Rule(lambda a, p: rf.exp(rf.minimum(a[0], 4.0)), "rf.exp(rf.minimum({a}, 4.0))", E, "inexact"),
+    "exp2": Rule(lambda a, p: rf.exp2(a[0]), "rf.exp2({a})", E, "inexact"),
     "exp2_safe": Rule(lambda a, p: rf.exp2(rf.minimum(a[0], 4.0)), "rf.exp2(rf.minimum({a}, 4.0))", E, "inexact"),
     "log": Rule(lambda a, p: rf.log(a[0]), "rf.log({a})", E, "inexact"),
     "log_safe": Rule(lambda a, p: rf.log(rf.abs(a[0]) + 1.0), "rf.log(rf.abs({a}) + 1.0)", E, "inexact"),

@@ -1,0 +1,179 @@
+"""The API as a new user tries it (2026-12-05): numpy's rules where they differed, and clear errors."""
+import functools
+
+import numpy as np
+import pytest
+
+import redfuser as rf
+
+BACKENDS = ("interpret", "cpu", "simulate")
+
+
+def _same(got, want):
+    got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        w = np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-6)
+
+
+def _variances(x):
+    return rf.var(x, axis=1, ddof=np.int64(1)), rf.std(x, axis=1, ddof=np.float32(1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_numpy_scalar_ddof_keeps_the_dtype(backend, dtype):
+    """``ddof=np.int64(1)`` made the divisor a numpy scalar, which promoted an f32 variance to f64 (an f16
+    one to f64 or f32), where numpy's ``var`` keeps the input's dtype."""
+    x = np.arange(12, dtype=dtype).reshape(3, 4)
+    _same(rf.kernel(_variances, backend=backend)(x), _variances(x))
+
+
+def _alias_updated(a):
+    b = a
+    b += 1
+    return a
+
+
+def _fresh_updated(a, w):
+    s = a * 2
+    s += w
+    s *= 0.5
+    s -= 1
+    s /= 4
+    i = a.astype(rf.int32)
+    i += 2
+    i //= 3
+    return rf.sum(s, axis=-1), i
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_place_operators_update_every_name_of_the_array(backend):
+    """numpy's ``b = a; b += 1`` changes ``a``; in a kernel ``+=`` made ``b`` a new value and ``a`` was returned
+    unchanged. In-place operators now keep numpy's aliasing, dtype and shape, and never write the caller's
+    array."""
+    x = np.zeros((2, 3), np.float32)
+    w = np.arange(3, dtype=np.float32)
+    _same(rf.kernel(_alias_updated, backend=backend)(x), _alias_updated(x.copy()))
+    _same(rf.kernel(_fresh_updated, backend=backend)(x, w), _fresh_updated(x, w))
+    assert (x == 0).all()
+
+
+def _updates_a_viewed_array(a):
+    t = a.T
+    a += 1
+    return t
+
+
+def _updates_an_int_with_a_float(a):
+    i = a.astype(rf.int32)
+    i += 1.5
+    return i
+
+
+def _grows_in_place(a, b):
+    a += b
+    return a
+
+
+def test_in_place_operators_numpy_or_a_kernel_cannot_do_are_refused():
+    """An update another traced view would have to see, one numpy's same_kind rule refuses, one that
+    would broadcast the updated array: each a clear error at the user's line, not a different result."""
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(rf.UnsupportedError, match="other traced values view") as err:
+        rf.kernel(_updates_a_viewed_array, backend="interpret")(x)
+    assert "a += 1" in str(err.value)
+    with pytest.raises(rf.DTypeError, match="same_kind"):
+        rf.kernel(_updates_an_int_with_a_float, backend="interpret")(x)
+    with pytest.raises(rf.ShapeError, match="does not fit"):
+        rf.kernel(_grows_in_place, backend="interpret")(np.zeros(3, np.float32), np.zeros((2, 3), np.float32))
+
+
+SCALE = 2.0
+
+
+def _scaled(a):
+    return a * SCALE
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_changed_global_or_closure_scalar_is_traced_again(backend):
+    """A global or closure scalar is fixed into the traced program; changing it kept returning the old
+    result from the in-memory cache. The kernel now traces again when one of them changes."""
+    global SCALE
+    x = np.ones(3, np.float32)
+    k = rf.kernel(_scaled, backend=backend)
+    try:
+        SCALE = 2.0
+        assert (k(x) == 2).all()
+        SCALE = 3.0
+        assert (k(x) == 3).all()
+        SCALE = float("nan")
+        k(x)
+        k(x)
+        assert k.cache_info().hits >= 1       # a NaN is the same value from call to call
+    finally:
+        SCALE = 2.0
+
+    offset = 1.0
+
+    def shifted(a):
+        return a + offset
+
+    ks = rf.kernel(shifted, backend=backend)
+    assert (ks(x) == 2).all()
+    offset = 5.0
+    assert (ks(x) == 6).all()
+
+
+def _scale(a, s):
+    return rf.sum(a * s, axis=-1)
+
+
+class _RowMax:
+    def __call__(self, a):
+        return rf.max(a, axis=-1)
+
+
+def test_a_partial_or_a_callable_object_is_a_kernel():
+    """``rf.kernel(functools.partial(f, s=3.0))`` and ``rf.kernel(obj)`` failed with AttributeError
+    ``__name__`` on every call: a bare internal traceback."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    k = rf.kernel(functools.partial(_scale, s=3.0), backend="cpu")
+    np.testing.assert_array_equal(k(x), _scale(x, 3.0))
+    assert "_scale" in repr(k) and "_scale" in k.explain(x)
+    c = rf.kernel(_RowMax(), backend="cpu")
+    np.testing.assert_array_equal(c(x), _RowMax()(x))
+    assert "_RowMax" in repr(c)
+
+
+def _flat_arg(x):
+    return rf.argmax(x), rf.argmin(x, keepdims=True), x.argmax()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_argmax_without_an_axis_is_the_flat_index(backend):
+    """``rf.argmax(x)`` of a 2-d array was refused ("no reshape yet"); numpy gives the flattened index."""
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    got, want = rf.kernel(_flat_arg, backend=backend)(x), _flat_arg(x)
+    for g, w in zip(got, want):
+        w = np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape and (g == w).all()
+
+
+def _row_sums(a):
+    return rf.sum(a, axis=-1)
+
+
+def test_a_dynamic_axis_the_argument_does_not_have_is_an_error():
+    """``dynamic={"a": (5,)}`` on a 2-d argument was silently ignored."""
+    with pytest.raises(rf.ArgumentError, match="names axis 5, but a has 2 dimensions"):
+        rf.kernel(_row_sums, backend="interpret", dynamic={"a": (5,)})(np.ones((2, 3), np.float32))
+
+
+def test_ranking_int64_names_the_ops_it_refuses():
+    """The refusal of an int64 argmin on a compiled backend spoke of top-k, which the user never wrote."""
+    with pytest.raises(rf.BackendError, match=r"rf\.argmax, rf\.argmin"):
+        rf.kernel(lambda x: rf.argmin(x, axis=1), backend="cpu")(np.arange(6, dtype=np.int64).reshape(2, 3))
