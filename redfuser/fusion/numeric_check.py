@@ -40,47 +40,40 @@ def _leaves(e: Expr) -> set[Expr]:
 def evaluate64(e: Expr, values: dict[Expr, np.ndarray]) -> np.ndarray:
     """`e` in float64 with each leaf (load or index) given by `values`; float casts and roundings to the
     integer grid (``clip(rint(v), lo, hi)``, `grid_quantization`) are the identity."""
-    if isinstance(e, Load | IndexValue):
-        return values[e]
-    if isinstance(e, Const):
-        return np.asarray(e.value, dtype=np.bool_ if isinstance(e.value, bool) else np.float64)
-    inner = identity_inner(e)        # a quantization to the integer grid, like a float cast: the identity
-    if inner is not None:
-        return evaluate64(inner, values)
-    if isinstance(e, Cast):
-        x = evaluate64(e.x, values)
-        if e.dtype.is_float:
-            return x.astype(np.float64)
-        return x.astype(e.dtype.numpy).astype(np.bool_ if e.dtype.is_bool else np.float64)
-    if isinstance(e, Unary):
-        return UNARY_FUNCS[e.op](evaluate64(e.x, values))
-    if isinstance(e, Binary):
-        return BINARY_FUNCS[e.op](evaluate64(e.a, values), evaluate64(e.b, values))
-    if isinstance(e, Select):
-        return np.where(evaluate64(e.cond, values), evaluate64(e.a, values), evaluate64(e.b, values))
-    raise TypeError(f"cannot evaluate {type(e).__name__}")
+    return _evaluate(e, values, exact=True)
 
 
 def _rounded(e: Expr, values: dict[Expr, np.ndarray]) -> np.ndarray:
     """`e` as the loop computes it: f32 arithmetic (f64 for f64 values), every cast rounding to its type."""
+    return _evaluate(e, values, exact=False)
+
+
+def _evaluate(e: Expr, values: dict[Expr, np.ndarray], exact: bool) -> np.ndarray:
     def wide(dtype) -> type:
-        return np.float64 if dtype.is_float and dtype.itemsize == 8 else np.float32
+        return np.float64 if exact or (dtype.is_float and dtype.itemsize == 8) else np.float32
+
+    def go(n: Expr) -> np.ndarray:
+        return _evaluate(n, values, exact)
 
     if isinstance(e, Load | IndexValue):
         return values[e]
     if isinstance(e, Const):
         return np.asarray(e.value, dtype=np.bool_ if isinstance(e.value, bool) else wide(e.dtype))
+    inner = identity_inner(e) if exact else None   # a quantization to the integer grid, like a float cast
+    if inner is not None:
+        return go(inner)
     if isinstance(e, Cast):
-        x = _rounded(e.x, values)
+        x = go(e.x)
         if e.dtype.is_float:
-            return x.astype(e.dtype.numpy).astype(wide(e.dtype))
-        return x.astype(e.dtype.numpy)
+            return x.astype(np.float64) if exact else x.astype(e.dtype.numpy).astype(wide(e.dtype))
+        x = x.astype(e.dtype.numpy)
+        return x.astype(np.bool_ if e.dtype.is_bool else np.float64) if exact else x
     if isinstance(e, Unary):
-        return UNARY_FUNCS[e.op](_rounded(e.x, values))
+        return UNARY_FUNCS[e.op](go(e.x))
     if isinstance(e, Binary):
-        return BINARY_FUNCS[e.op](_rounded(e.a, values), _rounded(e.b, values))
+        return BINARY_FUNCS[e.op](go(e.a), go(e.b))
     if isinstance(e, Select):
-        return np.where(_rounded(e.cond, values), _rounded(e.a, values), _rounded(e.b, values))
+        return np.where(go(e.cond), go(e.a), go(e.b))
     raise TypeError(f"cannot evaluate {type(e).__name__}")
 
 
