@@ -126,3 +126,24 @@ def test_a_sum_of_one_term_accumulates_the_body_as_written(backend):
     got = rf.kernel(_softmax_in_base_2, backend=backend)(x)
     assert_close(got, _softmax_in_base_2(x), np.float32, 4)
     assert abs(got.astype(np.float64).sum(-1) - 1).max() < 4 * np.finfo(np.float32).eps
+
+
+def _max_scaled_norm(x):
+    a = rf.max(rf.abs(x), axis=-1, keepdims=True)
+    return a[:, 0] * rf.sqrt(rf.sum((x / a) ** 2, axis=-1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_division_by_a_running_max_is_applied_online(backend):
+    """A "safe" norm ``a sqrt(sum((x / a)^2))`` with ``a = max(abs(x))``: the division was deferred, the loop
+    summed ``x^2``, which underflows below about 1e-19 and overflows above 1e19, and ``0 · inf`` gave NaN
+    where numpy gives the norm (the very rows the scaling is for). The term now divides by the running max,
+    each chunk rescaled by ``(a_prev / a)^2``; a row of zeros is NaN as in numpy (``0 / 0``)."""
+    x = np.array([[3e-25, 4e-25], [3e25, 4e25], [3.0, 4.0], [0.0, 0.0], [1.0, np.inf]], np.float32)
+    y = (np.random.default_rng(0).standard_normal((3, 300)) * np.array([[1e-30], [1.0], [1e30]])).astype(np.float32)
+    options = {"interpret_chunk": 7} if backend == "interpret" else {}
+    k = rf.kernel(_max_scaled_norm, backend=backend, **options)
+    with np.errstate(all="ignore"):
+        assert_close(k(x), _max_scaled_norm(x), np.float32, 2)
+        assert_close(k(y), _max_scaled_norm(y), np.float32, 300)
+    assert "scaled online" in k.explain(y)

@@ -38,6 +38,11 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
         lines.append(f"{pad}{tag}G(x) = {format_expr(acc.G)}")
         lines.append(f"{pad}{' ' * len(tag)}H(y) = {format_expr(acc.H)}")
         for q in acc.quantized:
+            if isinstance(q, Load):      # (a division by a running max, applied online: separability._split)
+                lines.append(f"{pad}{' ' * len(tag)}scaled online: the term divides by the running "
+                             f"{format_expr(q)} known so far, and each chunk rescales the sum by its ratio to "
+                             "the new one (so no power of the reduced values under- or overflows unscaled)")
+                continue
             lines.append(f"{pad}{' ' * len(tag)}quantized with the running values: {format_expr(q)} rounds inside "
                          "the loop with the scale known so far (exact algebra, the rounding taken as the identity; "
                          "both programs within one quantization bound: docs/fusion.md, \"Quantization inside a "

@@ -205,6 +205,14 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
             powers = powers * q.power(p)
             quantized.append(atom)
             kind = "x"
+        if kind == "y" and p < 0 and isinstance(atom, Load) and atom.buffer.name in ctx.maxima:
+            # a division by a running max (``(x / a)**2`` with ``a = max(abs(x))``: a safe norm) is applied
+            # online, each chunk rescaled by ``(a_prev / a)**-p`` as a quantization's scale is: deferred to
+            # after the loop, ``sum x**2`` under- or overflows where every ``(x / a)**2`` is at most 1
+            powers = powers * A.Monomial.of({atom: p})
+            quantized.append(atom)
+            g[atom] = g.get(atom, A.Power(0)) + p
+            continue
         target = deferred if kind == "y" else g
         target[atom] = target.get(atom, A.Power(0)) + p
     parts = A.split_exponent(t.exponent, ctx.kind)
@@ -391,7 +399,8 @@ def _term_as_written(value: Expr, dec: Decomposition, splits: list[_Split], ctx:
     if len(dec.accumulators) != 1:
         return dec
     (acc,) = dec.accumulators
-    if acc.powers.factors or acc.quantized or acc.live is not None or any(sp.selects for sp in splits):
+    quantizes = any(not isinstance(q, Load) for q in acc.quantized)   # (a Load: a running max's scale, online)
+    if quantizes or acc.live is not None or any(sp.selects for sp in splits):
         return dec
     deferred = {a for a, _ in splits[0].deferred.factors}
     term = _without_unit_factors(map_expr(value, lambda n: Const(1.0, n.dtype) if n in deferred else None))
