@@ -10,8 +10,9 @@ dynamic shapes) stay symbolic: the fake implementation traces them at probe leng
 the results' shapes, so one graph serves every length, and the kernel behind it compiles one shape class
 for them (docs/shapes.md). ``op.kernels`` maps each device to its kernel (``cache_info()``).
 
-Every parameter of the kernel becomes a ``Tensor`` argument of the op; the op returns the kernel's result,
-or a tuple of them. There is no backward: calling the op where autograd would need its gradient (an input
+Every parameter of the kernel without a default becomes a ``Tensor`` argument of the op (by position or by
+name; one with a default, or bound by a ``functools.partial``, keeps that value); the op returns the kernel's
+result, or a tuple of them. There is no backward: calling the op where autograd would need its gradient (an input
 that requires grad, grad mode on) raises an `UnsupportedError` saying so.
 
 PyTorch is an optional dependency (``pip install -e '.[torch]'``): without it this module still imports,
@@ -67,7 +68,9 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
     namespace, sep, opname = name.partition("::")
     if not sep or not namespace.isidentifier() or not opname.isidentifier():
         raise ArgumentError(f"an op name is 'namespace::name' with two identifiers, got {name!r}", op=kernel.__name__)
-    params = list(kernel._signature.parameters)
+    # the tensor arguments: the parameters without a default (a functools.partial's bound ones, and
+    # defaulted static values, keep the value the kernel gives them)
+    params = [p.name for p in kernel._signature.parameters.values() if p.default is p.empty]
     schema = "(" + ", ".join(f"Tensor {p}" for p in params) + ") -> Tensor[]"
     on = {"cpu": make_kernel(kernel.__wrapped__, backend="cpu", options=kernel.options)}
 
@@ -102,7 +105,8 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
             specs.append(ShapeDtype(tuple(shape), _numpy_dtype(torch, t.dtype)))
         back = {probe: n for probe, n in symbolic.values()}
         shapes = kernel.output_types(*specs)
-        return [tensors[0].new_empty(tuple(back.get(n, n) for n in s.shape), dtype=_torch_dtype(torch, s.dtype))
+        device = tensors[0].device if tensors else "cpu"
+        return [torch.empty(tuple(back.get(n, n) for n in s.shape), dtype=_torch_dtype(torch, s.dtype), device=device)
                 for s in shapes]
 
     def no_backward(ctx, *grads):
@@ -110,7 +114,13 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
 
     custom.register_autograd(no_backward)
 
-    def call(*tensors):
+    def call(*tensors, **named):
+        if named:       # by name, as the kernel's parameters are named
+            unknown = sorted(set(named) - set(params[len(tensors):]))
+            if unknown:
+                raise ArgumentError(f"the redfuser op {name} takes ({', '.join(params)}); got {', '.join(unknown)} by "
+                                    "name, which is not among them or is also given by position", op=opname)
+            tensors = tensors + tuple(named[p] for p in params[len(tensors):] if p in named)
         if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
             raise UnsupportedError(f"the redfuser op {name} has no backward, and an input requires grad: call it "
                                    "under torch.no_grad() or on tensors that do not require grad")
