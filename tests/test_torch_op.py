@@ -125,3 +125,37 @@ def test_without_torch_redfuser_imports_and_the_op_says_what_to_install():
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "refused: redfuser.torch needs PyTorch" in run.stdout, run.stderr
     assert "pip install -e '.[torch]'" in run.stdout
+
+
+def _scaled(x, scale):
+    return x * scale
+
+
+def _scaled_by_default(x, scale=0.5):
+    return x * scale
+
+
+def _iota():
+    return rf.arange(3)
+
+
+def _added(x, y):
+    return x + y
+
+
+def test_an_op_takes_the_parameters_without_a_default_by_position_or_name():
+    """(Trying the project as a new user.) A ``functools.partial`` kernel or one with a defaulted static value
+    became an op whose schema asked a Tensor for that parameter, which no call could give; keyword arguments
+    were a TypeError; a kernel without array parameters failed under torch.compile (IndexError)."""
+    import functools
+
+    ones = torch.ones(2)
+    assert torch.equal(rft.op(rf.kernel(functools.partial(_scaled, scale=3.0)), "rftests::scaled")(ones), ones * 3)
+    by_default = rft.op(rf.kernel(_scaled_by_default), "rftests::scaled_by_default")
+    assert torch.equal(by_default(ones), ones / 2) and torch.equal(by_default(x=ones), ones / 2)
+    iota = rft.op(rf.kernel(_iota), "rftests::iota")
+    assert torch.equal(torch.compile(lambda: iota(), fullgraph=True)(), torch.arange(3))
+    added = rft.op(rf.kernel(_added), "rftests::added")
+    assert torch.equal(added(ones, y=ones), ones * 2)
+    with pytest.raises(rf.ArgumentError, match="takes \\(x, y\\)"):
+        added(ones, x=ones)
