@@ -797,3 +797,23 @@ def test_a_centre_of_the_compilers_own_divides_as_the_body_does(backend, dtype):
     assert "on its own running mean" in k.explain(x, y)
     got, want = k(x, y), _squares_about_a_mean_of_other_data(x, y)
     assert got.dtype == want.dtype and np.array_equal(got, want) and (want == 0).all()
+
+
+def _scaled_min_of_shifted(x0):
+    v0 = rf.max(x0, axis=-1, keepdims=True)
+    return rf.min((x0 - v0) * 0.05, axis=-1), rf.max((v0 - x0) * -3.0, axis=-1), rf.min((x0 - v0) * -0.5, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_additive_min_of_a_scaled_value_is_the_body_at_the_extreme(backend):
+    """Seed 75, example 1 (pre-existing at f52c865): ``min((x - m) * 0.05)`` was finished as ``0.05 min(x) -
+    0.05 m``, an ulp from numpy's ``(x_min - m) * 0.05``, which the oracle holds exact (a min is one of the
+    values). The accumulator now keeps the atom's extreme (the other one for a negative factor) and the
+    body is evaluated at it as written."""
+    x0 = np.array([-1.5569467544555664, -4.923617362976074, -8.24763298034668, 0.644263744354248],
+                  np.float32).reshape((2, 2))
+    x1 = np.random.default_rng(5).standard_normal((3, 37)).astype(np.float32) * 7
+    k = rf.kernel(_scaled_min_of_shifted, backend=backend)
+    for x in (x0, x1):
+        for got, want in zip(k(x), _scaled_min_of_shifted(x)):
+            np.testing.assert_array_equal(got, want)

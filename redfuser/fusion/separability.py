@@ -20,6 +20,8 @@ rounded value bounded. Anything else is refused with the atom that mixes x and y
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
@@ -502,9 +504,16 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
     h = sum_expr(tuple(y_part), d)
     # as written only where G's atom is in the body as it is written: ``0.5 + f32(x - v)`` has ``f32(x)`` only
     # in the normal form (fuzz: seed 1, example 24819 at 50b4a5f, a load of x left after the loop)
-    as_written = _one_atom(x_part) and any(n == g for n in walk(value))
-    return Decomposition("additive", (Accumulator(op, g, A.Linear(), g, h),), (None,), addend=h,
-                         written=value if as_written else None)
+    one = _one_atom(x_part)
+    if one is not None and one[0].dtype == d and any(n == one[0] for n in walk(value)):
+        atom, coeff = one
+        # ``min((x - m) * 0.05)`` is the body at ``x``'s min: the accumulator keeps that extreme of the atom (the
+        # other one where the coefficient is negative) and the body is evaluated there as numpy evaluates it
+        # at that element (``0.05 min(x) - 0.05 m`` was an ulp off: fuzz seed 75, example 1 at 6678477)
+        acc_op = op if coeff > 0 else (ReduceOp.MIN if op is ReduceOp.MAX else ReduceOp.MAX)
+        return Decomposition("additive", (Accumulator(acc_op, atom, A.Linear(), atom, h),),
+                             (None if coeff == 1.0 else Const(coeff, d),), addend=h, written=value)
+    return Decomposition("additive", (Accumulator(op, g, A.Linear(), g, h),), (None,), addend=h)
 
 
 def _product(splits: list[_Split], d: DType, name: str) -> Decomposition | Refusal:
@@ -527,21 +536,25 @@ def _product(splits: list[_Split], d: DType, name: str) -> Decomposition | Refus
                                             product_expr(_g_product(s, False), d), d),), (None,))
 
 
-def _one_atom(x_part: list[A.Product]) -> bool:
-    """Whether an additive max/min's G is a single atom with coefficient 1, so that its final value can be
-    the body as written with the accumulator in place of the atom (`Decomposition.written`).
+def _one_atom(x_part: list[A.Product]) -> tuple[Expr, float] | None:
+    """An additive max/min's G as ``(atom, c)`` where it is ``c`` times a single atom (``c`` finite, not 0), so
+    that its final value can be the body as written with the accumulator in place of the atom
+    (`Decomposition.written`; the accumulator keeps the atom's max or min, the other where ``c < 0``).
 
     An additive max/min, ``max over k of (G(x) + H(y))``, finished as the body is written with
     ``max over k of G`` in place of G, rather than as ``acc + H``: the body's own association then
     cancels what the reference's does. ``max(x - m - l)`` with ``m = max x`` is ``(acc - m) - l``, exactly
     ``-l`` as numpy's ``(x - m) - l`` is at the maximum, where ``acc + (-m - l)`` rounds ``l`` away
     against a large ``m`` (fuzz seed 7, example 203: ``-m - l`` is ``-1e8`` in f32, the result 0 for
-    numpy's -1). Valid where G is a single atom with coefficient 1 (the body is then non-decreasing in it:
-    its max over k is the body at G's max)."""
+    numpy's -1). Valid where G is a single atom times a constant (the body is then monotone in it: its max
+    over k is the body at the atom's max, or its min for a negative constant)."""
     if len(x_part) != 1:
-        return False
+        return None
     (p,) = x_part
-    return p.coeff == 1.0 and p.exponent.is_zero and len(p.mono.factors) == 1 and p.mono.factors[0][1] == 1
+    if p.exponent.is_zero and len(p.mono.factors) == 1 and p.mono.factors[0][1] == 1 and p.coeff != 0 \
+            and math.isfinite(p.coeff):
+        return p.mono.factors[0][0], p.coeff
+    return None
 
 
 def rescale_exponent(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,
