@@ -35,17 +35,21 @@ def test_a_mean_that_is_a_quotient_of_two_sums_is_centred(backend):
     algebra split ``S / W`` into ``S W^-1``, so the pair ``x^2`` beside ``x S W^-1`` was no difference of
     ``x`` and one earlier value, the sum was expanded into three, and they cancelled: a softmax-weighted
     variance near 1000 gave 0.76 for 0.67, squares about a mean near 1e4 gave -1536 for 84, a weighted
-    covariance 20.6 for 0.1. ``S / W`` is now one earlier value, and the sums are centred on running means."""
+    covariance 20.6 for 0.1. ``S / W`` is now one earlier value: the sums are centred on a running mean of the
+    compiler's own, and the softmax-weighted one, whose weights that mean does not follow, is a second pass
+    (logits spread by 1e3: 0.16 off for numpy's 0.09 when it was centred so; fuzz seed 75, example 937)."""
     rng = np.random.default_rng(0)
-    x = (1000 + rng.standard_normal((2, 64))).astype(np.float32)
     k = rf.kernel(_variance_under_softmax, backend=backend)
-    assert_close(k(x), _variance_under_softmax(x), np.float32, 64)
-    assert "running mean" in k.explain(x)
+    for x in ((1000 + rng.standard_normal((2, 64))).astype(np.float32),
+              (rng.standard_normal((33, 5)) * 1000).astype(np.float32)):
+        assert_close(k(x), _variance_under_softmax(x), np.float32, x.shape[-1])
+    assert "second pass" in k.explain(x)
 
     x = (1e4 + rng.standard_normal((2, 64))).astype(np.float32)
     w = np.ones((2, 64), np.float32)
-    assert_close(rf.kernel(_squares_about_a_mean_over_a_count, backend=backend)(x, w),
-                 _squares_about_a_mean_over_a_count(x, w), np.float32, 64)
+    kc = rf.kernel(_squares_about_a_mean_over_a_count, backend=backend)
+    assert_close(kc(x, w), _squares_about_a_mean_over_a_count(x, w), np.float32, 64)
+    assert "centred on its own running mean" in kc.explain(x, w)
 
     y = (1e4 + rng.standard_normal((2, 64))).astype(np.float32)
     w = rng.uniform(0.5, 1, (2, 64)).astype(np.float32)

@@ -77,8 +77,11 @@ class FusionContext:
         ``(x - S/W)**2`` into powers of ``x`` and one earlier value ``S/W``, whose cancelling pair the
         compiler then sees and centres (a weighted mean, a mean over a count that is itself a sum: expanded
         into three sums, a variance near 1e4 came out as -1536 for numpy's 84)."""
-        if not isinstance(e, (Unary, Binary)) or self.kind(e) not in ("x", "y"):
+        kind = self.kind(e)
+        if not isinstance(e, (Unary, Binary)) or kind not in ("x", "y"):
             return False
+        if kind == "y" and not A.free_atoms(A.normalize(e, lambda a: False, lambda a: False)):
+            return False    # (``S / S`` is 1 to the algebra: kept whole it would hide what cancels out of the body)
         if isinstance(e, Unary) and e.op is UnaryOp.NEG:
             return False
         if isinstance(e, Binary) and e.op in (BinaryOp.MUL, BinaryOp.DIV):
