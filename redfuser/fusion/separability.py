@@ -116,8 +116,9 @@ class Accumulator:
     online: A.Linear          # exponent of the online factor of H (zero: none)
     G: Expr
     H: Expr
-    powers: A.Monomial = A.Monomial()      # running maxima scaling a quantization inside the term, online
-    quantized: tuple[Expr, ...] = ()       # the quantization atoms (casts) of `term` that read them
+    powers: A.Monomial = A.Monomial()      # running maxima scaling the term online (a quantization, a division)
+    quantized: tuple[Expr, ...] = ()       # atoms of `term` that read `powers` as scales (read scale-safely, as
+    #                                        1 while unset): quantization casts, and a running max the term divides by
     live: Expr | None = None               # true where an element's term is not the 0 branch of a where(c(x), ...)
     shift: "Shift | None" = None           # a shift-stable sum's place in its family (fusion/centred.py)
 
