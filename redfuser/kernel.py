@@ -74,9 +74,8 @@ class CapturedScalars:
     @staticmethod
     def of(fn: Callable) -> "CapturedScalars | None":
         target = fn.func if isinstance(fn, functools.partial) else fn
-        code = getattr(target, "__code__", None) or getattr(getattr(type(target), "__call__", None), "__code__", None)
-        globals_ = getattr(target, "__globals__", None) or getattr(getattr(type(target), "__call__", None),
-                                                                   "__globals__", None)
+        body = target if hasattr(target, "__code__") else getattr(type(target), "__call__", None)  # (an object's)
+        code, globals_ = getattr(body, "__code__", None), getattr(body, "__globals__", None)
         if code is None or globals_ is None:
             return None
         names = tuple(n for n in code.co_names if isinstance(globals_.get(n), _SCALARS))
@@ -160,17 +159,18 @@ class Kernel:
                 arrays.append(array)
         return tuple(specs), arrays
 
-    def _forget(self) -> None:
-        """Drop every specialization made: a global or closure scalar the body reads has changed, and the
+    def _retrace_if_captured_changed(self) -> None:
+        """Drop every specialization made where a global or closure scalar the body reads has changed: the
         body traces to another program (the disk cache is keyed by the traced program, so it stays right)."""
+        if self._captured is None or not self._captured.changed():
+            return
         self._cache.clear()
         self._fast.clear()
         self._classes.clear()
 
     def _compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, to_run: bool = True
                   ) -> tuple[Lowered, backends.Executable | None, list[Any]]:
-        if self._captured is not None and self._captured.changed():
-            self._forget()
+        self._retrace_if_captured_changed()
         specs, arrays = self._specs(args, kwargs)
         if to_run and any(isinstance(a, ShapeDtype) for a in arrays):
             raise ArgumentError("an rf.ShapeDtype argument can be compiled (kernel.lower, kernel.explain) but not run",
@@ -288,8 +288,7 @@ class Kernel:
         torch's/cupy's current one for their tensors); host backends ignore it. See docs/gpu-backend.md,
         "Arrays and streams". `out`: arrays to write the results into (one, or a tuple with one per result),
         returned as given; see `redfuser.outputs` for what they must be."""
-        if self._captured is not None and self._captured.changed():
-            self._forget()
+        self._retrace_if_captured_changed()
         fast_key = _fast_key(args, self.backend) if not kwargs else None
         fast = self._fast.get(fast_key) if fast_key is not None else None
         if fast is None and fast_key is not None and self._classes:
