@@ -6,9 +6,12 @@ shape and dtype from tracing the kernel, `Kernel.output_types`, without compilin
 ``nn.Module``s, and under CUDA graphs on the ``cuda`` backend (a call of device tensors allocates through
 torch and never synchronizes). CPU tensors run on the ``cpu`` backend and CUDA tensors on ``cuda``, read and
 written in place (zero copy both); the kernel's options apply to both. Symbolic sizes (``torch.compile``'s
-dynamic shapes) stay symbolic: the fake implementation traces them at probe lengths and gives them back in
-the results' shapes, so one graph serves every length, and the kernel behind it compiles one shape class
-for them (docs/shapes.md). ``op.kernels`` maps each device to its kernel (``cache_info()``).
+dynamic shapes) stay symbolic where a result's length is an input's symbol for every length, so one graph
+serves every length and the kernel behind it compiles one shape class for them (docs/shapes.md); a size
+the body decides on or compiles in (a branch on it, a slice, a concatenation or reshape of it), or whose
+result length is another function of the sizes, is guarded to its value, and equal sizes torch gave separate
+symbols are asserted equal where the body needs them so (`redfuser.symbolic_results`).
+``op.kernels`` maps each device to its kernel (``cache_info()``).
 
 Every parameter of the kernel without a default becomes a ``Tensor`` argument of the op (by position or by
 name; one with a default, or bound by a ``functools.partial``, keeps that value); the op returns the kernel's
@@ -28,8 +31,7 @@ from .ir import BackendError, UnsupportedError
 from .ir.errors import ArgumentError
 from .kernel import Kernel
 from .kernel import kernel as make_kernel
-from .arguments import ShapeDtype
-from .shapes import PROBES
+from .symbolic_results import symbolic_output_types
 
 
 def _torch():
@@ -57,6 +59,13 @@ def _torch_dtype(torch, dtype: np.dtype):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32,
             "int64": torch.int64, "bool": torch.bool, "float64": torch.float64,
             "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}[np.dtype(dtype).name]
+
+
+def _hint(n) -> int:
+    """A symbolic size's present value (its hint; a size without one, data-dependent, is read by `int`,
+    which raises torch's own error)."""
+    hint = n.node.hint
+    return int(hint) if hint is not None else int(n)
 
 
 def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
@@ -87,32 +96,43 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
 
     @custom.register_fake
     def _(*tensors):
-        # A symbolic size (torch.compile's dynamic shapes) is traced at a probe length, and the results'
-        # lengths that are probes are that size again: the op's shapes follow its inputs' symbols, so one
-        # graph serves every length (and the kernel behind it is shape-polymorphic, docs/shapes.md).
-        probes, symbolic = iter(PROBES), {}
-        specs = []
+        # torch.compile's symbolic sizes stay symbols in the results' shapes where that holds for every
+        # length (one graph serves them all, and the kernel behind it is shape-polymorphic); lengths the
+        # body reads or compiles in are guarded to their present values (redfuser.symbolic_results)
+        symbols = {}
+        inputs = []
         for t in tensors:
             shape = []
             for n in t.shape:
                 if isinstance(n, torch.SymInt):
-                    key = str(n)
-                    if key not in symbolic:
-                        symbolic[key] = (next(probes), n)
-                    shape.append(symbolic[key][0])
+                    symbols.setdefault(str(n), n)
+                    shape.append(str(n))     # a symbol, by its expression
                 else:
                     shape.append(int(n))
-            specs.append(ShapeDtype(tuple(shape), _numpy_dtype(torch, t.dtype)))
-        back = {probe: n for probe, n in symbolic.values()}
-        shapes = kernel.output_types(*specs)
+            inputs.append((tuple(shape), _numpy_dtype(torch, t.dtype)))
+        found = symbolic_output_types(kernel.output_types, inputs, lambda s: _hint(symbols[s]))
+        for group in found.merged:
+            for other in group[1:]:
+                torch._check(symbols[group[0]] == symbols[other])
+        for s in found.specialized:
+            int(symbols[s])            # a guard: the graph holds for this length only
         device = tensors[0].device if tensors else "cpu"
-        return [torch.empty(tuple(back.get(n, n) for n in s.shape), dtype=_torch_dtype(torch, s.dtype), device=device)
-                for s in shapes]
+        return [torch.empty(tuple(d if isinstance(d, int) else symbols[d] for d in shape),
+                            dtype=_torch_dtype(torch, dtype), device=device) for shape, dtype in found.results]
 
-    def no_backward(ctx, *grads):
-        raise UnsupportedError(f"the redfuser op {name} has no backward: RedFuser compiles forward kernels only")
+    refusal = (f"the redfuser op {name} has no backward (RedFuser compiles forward kernels only), and an input "
+               "requires grad: call it under torch.no_grad() or on tensors that do not require grad")
 
-    custom.register_autograd(no_backward)
+    def no_backward(ctx, *grads):      # (never reached: the setup below refuses first)
+        raise UnsupportedError(refusal)
+
+    def refuse_autograd(ctx, inputs, output):
+        # called as the op runs wherever autograd would record it: eagerly, and while torch.compile traces
+        # it (the error reaches the user through dynamo's; a check in `call` would be traced by dynamo,
+        # which cannot construct the error there)
+        raise UnsupportedError(refusal)
+
+    custom.register_autograd(no_backward, setup_context=refuse_autograd)
 
     def call(*tensors, **named):
         if named:       # by name, as the kernel's parameters are named
@@ -121,9 +141,9 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
                 raise ArgumentError(f"the redfuser op {name} takes ({', '.join(params)}); got {', '.join(unknown)} by "
                                     "name, which is not among them or is also given by position", op=opname)
             tensors = tensors + tuple(named[p] for p in params[len(tensors):] if p in named)
-        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
-            raise UnsupportedError(f"the redfuser op {name} has no backward, and an input requires grad: call it "
-                                   "under torch.no_grad() or on tensors that do not require grad")
+        if (not torch.compiler.is_compiling() and torch.is_grad_enabled()
+                and any(getattr(t, "requires_grad", False) for t in tensors)):
+            raise UnsupportedError(refusal)     # before compiling or running anything (eagerly)
         results = custom(*tensors)
         return results[0] if len(results) == 1 else tuple(results)
 

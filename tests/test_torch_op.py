@@ -95,6 +95,134 @@ def test_symbolic_sizes_map_onto_one_graph_and_one_polymorphic_kernel(ops):
     assert op.kernels["cpu"].cache_info().misses == 2      # the first length exactly, then one class
 
 
+def _compiled_graphs(fn, name, dynamic=True):
+    """`fn` as an op under ``torch.compile(fullgraph=True, dynamic=True)``, and the list of graphs it makes
+    (compiled by inductor, whose code asserts that each result has the size the fake implementation said)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    torch._dynamo.reset()
+    op = rft.op(rf.kernel(fn, backend="cpu"), f"rftests::{name}")
+    return torch.compile(lambda *a: op(*a), fullgraph=True, dynamic=dynamic, backend=counting), graphs
+
+
+def _joined(x, y):
+    return rf.concatenate([x, y], axis=0) * 2.0
+
+
+def _flattened(x):
+    return rf.reshape(x, (-1,)) + 1.0
+
+
+def _sliced(x):
+    return x[:, 1:] * 2.0
+
+
+def _strided(x):
+    return x[:, ::2] - 1.0
+
+
+def _branching(x):
+    if x.shape[-1] > 6:       # a decision on a symbolic length: the graph is guarded on it
+        return rf.sum(x, axis=-1, keepdims=True)
+    return x * 2.0
+
+
+@pytest.mark.parametrize("fn, make", [
+    (_joined, lambda n, g: (torch.randn(n, generator=g), torch.randn(n + 3, generator=g))),
+    (_flattened, lambda n, g: (torch.randn(n, n + 1, generator=g),)),
+    (_sliced, lambda n, g: (torch.randn(4, n, generator=g),)),
+    (_strided, lambda n, g: (torch.randn(4, n, generator=g),)),
+    (_branching, lambda n, g: (torch.randn(4, n, generator=g),)),
+], ids=["concatenate", "reshape", "slice", "step", "branch"])
+def test_results_whose_lengths_are_not_an_input_symbol_are_guarded_to_their_lengths(fn, make):
+    """A result length that is some other function of symbolic sizes (n + m, n * m, n - 1, n // 2), or a
+    body's decision on one, cannot be a symbol of the graph: the fake implementation guards those sizes to
+    their values (one graph per length, as the kernel behind it specializes on them), and a static length
+    that equals a probe is not taken for a symbol. Before, the fake mapped only probe lengths back, and
+    every one of these failed under torch.compile."""
+    compiled, graphs = _compiled_graphs(fn, f"guarded_{fn.__name__.strip('_<>')}")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n in (9, 5):
+            args = make(n, gen)
+            got, want = compiled(*args), fn(*(a.numpy() for a in args))
+            assert tuple(got.shape) == want.shape
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+    assert 1 <= len(graphs) <= 2
+
+
+def _doubled(x):
+    return x * 2.0
+
+
+def test_a_static_length_equal_to_a_probe_is_not_taken_for_a_symbol():
+    """torch.compile's automatic dynamic shapes: the second call makes the first axis symbolic and keeps the
+    second (10007, the first probe) static; the fake gave the result (s0, s0). Such a call's symbols are
+    guarded to their lengths (one graph per length, as the kernel behind it compiles such calls exactly)."""
+    compiled, graphs = _compiled_graphs(_doubled, "probe_length", dynamic=None)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n in (3, 4, 6):
+            x = torch.randn(n, 10007, generator=gen)
+            torch.testing.assert_close(compiled(x), x * 2)
+    assert len(graphs) == 3
+
+
+def test_separately_symbolic_lengths_the_body_needs_equal_share_one_graph():
+    """Without duck shaping (or with lengths that come from different places) torch gives equal lengths
+    separate symbols; a body that adds them fails to trace at distinct probes, so the fake asserts them
+    equal (torch._check) and the one graph serves every length."""
+    import torch.fx.experimental._config as fx_config
+
+    def add(x, y):
+        return rf.exp(x) + y
+
+    compiled, graphs = _compiled_graphs(add, "separately_symbolic")
+    gen = torch.Generator().manual_seed(0)
+    with fx_config.patch(use_duck_shape=False), torch.no_grad():
+        for n in (5, 7, 9):
+            x, y = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+            torch.testing.assert_close(compiled(x, y), torch.exp(x) + y)
+    assert len(graphs) == 1
+
+
+def test_symbolic_output_types_without_torch():
+    """The rules behind the fake implementation, on plain symbols (redfuser.symbolic_results)."""
+    from redfuser.symbolic_results import symbolic_output_types
+
+    values = {"n": 7, "m": 7, "k": 9}
+    f32 = np.dtype(np.float32)
+
+    def types(fn, *shapes):
+        return symbolic_output_types(rf.kernel(fn).output_types, [(s, f32) for s in shapes], values.get)
+
+    plain = types(softmax, ("n", 16))
+    assert plain.results == ((("n", 16), f32),) and not plain.specialized and not plain.merged
+    joined = types(_joined, ("n",), ("k",))
+    assert joined.results == (((16,), f32),) and joined.specialized == {"n", "k"}
+    added = types(lambda x, y: x + y, ("n",), ("m",))
+    assert added.results == ((("n",), f32),) and added.merged == (("n", "m"),)
+    with pytest.raises(rf.ShapeError, match="do not broadcast"):
+        types(lambda x, y: x + y, ("n",), ("k",))      # 7 and 9: the user's own error, at their values
+    probe = types(lambda x: x * 2.0, ("n", 10007))
+    assert probe.results == (((7, 10007), f32),) and probe.specialized == {"n"}
+
+
+def test_autograd_is_refused_under_torch_compile_too():
+    """Before, the refusal in the op's Python wrapper was traced by dynamo, which could not construct the
+    error (a dynamo 'super() attribute' error); the refusal now comes from the op's autograd setup."""
+    op = rft.op(rf.kernel(softmax, backend="cpu"), "rftests::softmax_grad_compiled")
+    compiled = torch.compile(lambda x: op(x), fullgraph=True)
+    with pytest.raises(Exception, match=r"has no backward \(RedFuser compiles forward kernels only\)"):
+        compiled(torch.randn(3, 8, requires_grad=True))
+
+
 def test_autograd_is_refused_with_a_clear_error(ops):
     x = torch.randn(3, 8, requires_grad=True)
     with pytest.raises(rf.UnsupportedError, match="has no backward"):
