@@ -133,3 +133,15 @@ def test_reads_of_many_positions_keep_the_reduction_in_memory():
     lowered = rf.kernel(_linear_top_half, backend="cpu").lower(h, w)
     assert "local" not in str(lowered.stages["fused"]) and "_at" not in str(lowered.stages["fused"])
     _check([rf.kernel(_linear_top_half, backend="cpu")(h, w)], [_linear_top_half(h, w)], 300)
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+def test_a_diagonal_by_take_along_axis_of_arange(backend):
+    """``take_along_axis(s, arange(n)[:, None], -1)`` (contrastive losses' positives) simplifies to the
+    read ``s[i, i]``; the interpreter laid such a read out by slicing and failed with numpy's reshape error."""
+    def diagonal(s):
+        picked = rf.take_along_axis(s, rf.arange(s.shape[-1])[None, :, None], -1)[..., 0]
+        return picked - rf.max(s, axis=-1)
+
+    s = np.random.default_rng(0).standard_normal((2, 5, 5)).astype(np.float32)
+    np.testing.assert_array_equal(rf.kernel(diagonal, backend=backend)(s), diagonal(s))

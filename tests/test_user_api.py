@@ -177,3 +177,26 @@ def test_ranking_int64_names_the_ops_it_refuses():
     """The refusal of an int64 argmin on a compiled backend spoke of top-k, which the user never wrote."""
     with pytest.raises(rf.BackendError, match=r"rf\.argmax, rf\.argmin"):
         rf.kernel(lambda x: rf.argmin(x, axis=1), backend="cpu")(np.arange(6, dtype=np.int64).reshape(2, 3))
+
+
+def test_topk_of_zero_is_refused_on_arrays_as_in_a_kernel():
+    """``rf.topk(x, 0)`` returned empty arrays on numpy arrays (the body, the reference) while every kernel
+    refused it: the reference and the kernel now refuse it alike."""
+    def best_none(x):
+        return rf.topk(x, 0)
+
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(rf.ShapeError, match=r"topk: k must be an int in \[1, 4\]"):
+        best_none(x)
+    with pytest.raises(rf.ShapeError, match=r"topk: k must be an int in \[1, 4\]"):
+        rf.kernel(best_none, backend="interpret")(x)
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_an_arg_extremum_over_an_empty_axis_names_itself(op):
+    """It said ``topk: k must be an int in [1, 0]``, naming an op the user never wrote."""
+    def arg(x):
+        return getattr(rf, op)(x, axis=1)
+
+    with pytest.raises(rf.ShapeError, match=rf"{op}: attempt to get {op} of an empty sequence"):
+        rf.kernel(arg, backend="interpret")(np.ones((3, 0), np.float32))

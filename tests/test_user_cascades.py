@@ -112,6 +112,23 @@ def test_an_entropy_is_nan_where_a_probability_underflows_as_in_the_reference(ba
     assert_close(got, want, np.float32, 3)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_f16_entropy_is_nan_where_the_f16_probability_underflows(backend):
+    """The same with f16 logits: the reference's ``q`` is f16 and underflows for a logit 20 below the max,
+    which the compiled kernels' f32 ``q`` does not (they returned 3e-07 for numpy's NaN, on ordinary logits of
+    std 3 too); the body at the farthest element is now rounded to f16 at each step, as numpy rounds it."""
+    x = np.zeros((3, 8), np.float16)
+    x[0, 0] = 20.0
+    x[1, 0] = 5.0
+    x[2] = np.random.default_rng(0).standard_normal(8).astype(np.float16) * 3
+    x[2, 3] = 21.0
+    with np.errstate(all="ignore"):
+        want = _entropy(x)
+        got = rf.kernel(_entropy, backend=backend)(x)
+    assert np.isnan(want[[0, 2]]).all() and np.isfinite(want[1])
+    assert_close(got, want, np.float16, 8)
+
+
 def _softmax_in_base_2(x):
     s = x * 1.4426950408889634
     m = rf.max(s, axis=-1, keepdims=True)

@@ -60,8 +60,9 @@ def load_array(arr: np.ndarray, indices: tuple[IndexExpr, ...], space: Space,
     def span(a: Axis) -> tuple[int, int]:
         return (window[1], window[2]) if window is not None and a.name == window[0] else (0, a.extent)
 
-    if any(isinstance(i, Strided | Computed) for i in indices):
-        return _gather(arr, indices, space, window, env)
+    named = [i.name for i in indices if isinstance(i, Axis)]
+    if any(isinstance(i, Strided | Computed) for i in indices) or len(set(named)) < len(named):
+        return _gather(arr, indices, space, window, env)      # (an axis twice, s[i, i]: a diagonal)
 
     def pick(i: Axis | int):
         if isinstance(i, int):

@@ -45,6 +45,19 @@ def widened(e: Expr) -> Expr:
     return map_expr(e, widen)
 
 
+def rounded(e: Expr) -> Expr:
+    """`e` rounded to its storage-only type (f16, bf16, e4m3) after every operation computing in one, as the
+    reference (numpy, in that type) rounds it: an explicit cast after each such arithmetic or select, which
+    the compiled kernels, computing in f32 (`widened`), keep as a rounding point. For the few expressions
+    that must see what the reference sees (where a narrow value underflows to 0 or overflows), not for a
+    loop's terms."""
+    def round_(n: Expr) -> Expr | None:
+        if n.dtype.storage_only and isinstance(n, Unary | Binary | Select):
+            return Cast(n, n.dtype)
+        return None
+    return map_expr(e, round_)
+
+
 def state_exprs(st: OnlineState | TopKState) -> list[Expr]:
     """The expressions a state computes per chunk: its term, and its rescale and (an `OnlineState`'s) carry
     where it has them (the ones `map_state_exprs` maps)."""

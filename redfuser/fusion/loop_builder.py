@@ -25,6 +25,7 @@ from ..ir import (
     Select,
     TopKState,
     map_expr,
+    rounded,
     walk,
 )
 from ..ir.types import bool_
@@ -155,9 +156,10 @@ class LoopBuilder:
         """The body `value` as the reference computes it for the element whose reduced value is `extreme`,
         where `u` is all it reads of the reduced values (else None). An entropy's ``q log q`` with
         ``q = exp(x - m) / l`` is NaN where ``q`` underflows to 0, which the algebra's ``log q = (x - m) -
-        log l`` never sees; such a ``q`` underflows first at the element farthest from the max."""
+        log l`` never sees; such a ``q`` underflows first at the element farthest from the max. Rounded as
+        the reference rounds it (`rounded`): an f16 ``q`` underflows where the kernel's f32 one would not."""
         body = map_expr(value, lambda n: extreme if n == u else None)
-        return None if reduced(body) else body
+        return None if reduced(body) else rounded(body)
 
     def count_state(self, member: Member) -> Buffer:
         """The exact running count of elements seen (a sum of 1), for a running mean: in f32 for a 16-bit

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import UnsupportedError
+from ..ir import ShapeError, UnsupportedError
 from ..source_info import user_loc
 from ..tracer import Tracer
-from .common import _check_operand, _traced, result_dtype
+from .common import _check_operand, _traced, describe, result_dtype
 from .elementwise import astype, logical_not, subtract, where
 from .numeric import isnan
 from .reductions import max as _max
@@ -39,6 +39,9 @@ def _arg(op: str, x, axis: object, keepdims: bool) -> Tracer:
         return reshape(flat, (1,) * x.ndim) if keepdims else flat
     (d,) = normalize_axes(op, x, 0 if axis is None else axis)
     result_dtype(op, lambda v: getattr(np, op)(v, axis=d), x)   # numpy's refusals, named
+    if x.shape[d] == 0:
+        raise ShapeError(f"attempt to get {op} of an empty sequence: axis {d} of {describe(x)} has length 0 "
+                         "(as numpy refuses it)", op=op, loc=user_loc())
     dtype = x.ir_dtype
     if op == "argmax":
         key = x if not dtype.is_bool else astype(x, np.int32)

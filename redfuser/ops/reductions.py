@@ -131,6 +131,12 @@ def matmul(a, b):
 
 
 
+def _check_k(n: int, k: object, axis: int, x: object) -> None:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= n:
+        raise ShapeError(f"k must be an int in [1, {n}] for axis {axis} of {describe(x)}, got {k!r}",
+                         op="topk", loc=user_loc())
+
+
 def topk(x, k: int, axis: int = -1):
     """The `k` largest values along `axis`, descending, and their indices (int64).
 
@@ -138,13 +144,13 @@ def topk(x, k: int, axis: int = -1):
     `redfuser.ir.topk.topk`, the definition every backend follows.
     """
     if not _traced(x):
-        return topk_semantics.topk(np.asarray(x), k, axis)
+        x = np.asarray(x)
+        _check_k(x.shape[_dim("topk", x, axis)], k, axis, x)     # on arrays as in a kernel: k >= 1
+        return topk_semantics.topk(x, k, axis)
     _check_operand("topk", x)
     d = _dim("topk", x, axis)
     n = x.shape[d]
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= n:
-        raise ShapeError(f"k must be an int in [1, {n}] for axis {axis} of {describe(x)}, got {k!r}",
-                         op="topk", loc=user_loc())
+    _check_k(n, k, axis, x)
     x.builder.need_length(n, int(k))
     loc = user_loc()
     r = Axis("r0", n)
