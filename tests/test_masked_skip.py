@@ -43,7 +43,7 @@ def unmasked_extra(q, k):
     s0 = (q @ rf.swapaxes(k, -1, -2)) * 0.25
     s = rf.where(rf.arange(n)[None, :] <= rf.arange(m_)[:, None], s0, -rf.inf)
     m = rf.max(s, axis=-1, keepdims=True)
-    return rf.sum(rf.exp(s - m), axis=-1, keepdims=True) + rf.sum(rf.exp(s0 - m), axis=-1, keepdims=True)
+    return rf.sum(rf.exp(s - m), axis=-1, keepdims=True) + rf.sum(rf.maximum(s0, 0.0), axis=-1, keepdims=True)
 
 
 def _qkv(seed: int, rows: int, keys: int, d: int = 16, dtype=np.float32):

@@ -168,3 +168,36 @@ def test_a_division_by_a_running_max_is_applied_online(backend):
         assert_close(k(x), _max_scaled_norm(x), np.float32, 2)
         assert_close(k(y), _max_scaled_norm(y), np.float32, 300)
     assert "scaled online" in k.explain(y)
+
+
+def _exp_of_other_values_less_a_max(x, y):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(y - m), axis=-1)
+
+
+def _reversed_softmax_denominator(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(x[:, ::-1] - m), axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_exponential_not_bounded_by_its_running_max_is_a_second_pass(backend):
+    """``exp(y - max x)`` with a large ``y`` before the max of ``x``: the loop's ``exp(y - m_run)`` overflowed
+    to inf and the rescale ``exp(m_prev - m)`` made NaN of numpy's 1.0 (and of ``exp(x[::-1] - max x)`` on
+    values near 1e4). A reduction whose exponent the running values do not bound by 1 is now a second pass;
+    a softmax's own ``exp(x - max x)``, and ``exp(a - max a - log Σ exp(a - max a))`` read by a later sum,
+    stay fused."""
+    x = np.zeros((2, 256), np.float32)
+    y = np.zeros((2, 256), np.float32)
+    x[:, -1], y[:, 0] = 200.0, 200.0
+    kernel = rf.kernel(_exp_of_other_values_less_a_max, backend=backend)
+    np.testing.assert_allclose(kernel(x, y), _exp_of_other_values_less_a_max(x, y), rtol=1e-6)
+    group = kernel.lower(x, y).groups[0]
+    assert "second pass" in group.reason and "exp(" in group.reason
+    z = np.full((1, 300), 1e4, np.float32)
+    z[0, :150] = 1e4 - 200.0
+    z[0, 0] = 1e4 + 1.0
+    np.testing.assert_allclose(rf.kernel(_reversed_softmax_denominator, backend=backend)(z),
+                               _reversed_softmax_denominator(z), rtol=1e-5)
+    a, b = np.random.default_rng(1).standard_normal((2, 3, 40)).astype(np.float32)
+    assert rf.kernel(_kl_of_log_softmaxes, backend=backend).lower(a, b).groups[0].fused

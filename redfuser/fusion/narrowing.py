@@ -85,9 +85,9 @@ def split_narrowing(atom: Cast, p: A.Power, ctx: "FusionContext", name: str) -> 
         return f"{where} has an exponential that does not split into exp(x)·exp(y)"
     x_lin, y_lin = parts
     src = atom.x.dtype
-    bound = _exp_bound(x_lin, y_lin, ctx)
+    bound = exp_bound(x_lin, y_lin, ctx)
     if bound is not None:
-        return f"{where}: {bound}"
+        return f"{where}: {bound}, and the rounded value with it"
     big = _g_bound(t.coeff, A.Monomial.of(g))
     limit = float(ml_dtypes.finfo(atom.dtype.numpy).max)
     if not big <= limit:
@@ -127,31 +127,61 @@ def distribute_cast(atom: Cast, ctx: "FusionContext") -> Select | None:
     return Select(where.cond, branch(where.a), branch(where.b), atom.dtype)
 
 
-def _exp_bound(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext") -> str | None:
+def exp_bound(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext", overflow_only: bool = False) -> str | None:
     """None when ``exp(x_lin + y_lin)`` is at most 1 wherever the loop evaluates it with the running
     values of y, else why not: each y term must be ``-c·m`` for a running max ``m`` of a body ``e``
-    (``+c·m`` for a running min), and the x part ``Σ c·e`` plus a constant ``<= 0``, compared in normal
-    form, so that the exponent is ``Σ c·(e(x_k) - m_t) + constant <= 0`` for every element seen so far
-    (``m_t`` already includes the current chunk)."""
-    if x_lin.is_zero and y_lin.is_zero:
-        return None
+    (``+c·m`` for a running min), or ``-c·log S`` for a running sum ``S`` that is at least 1
+    (`FusionContext.at_least_one`: a softmax's denominator), and the x part ``Σ c·e`` plus a constant
+    ``<= 0``, compared in normal form, so that the exponent is ``Σ c·(e(x_k) - m_t) + constant <= 0`` for
+    every element seen so far (``m_t`` already includes the current chunk). Where it is not, the running
+    value of the max, below its final one, can make the loop's exponential overflow to inf where the
+    reference's is finite (``exp(y - max x)`` with a large ``y`` before the max of ``x``). With
+    `overflow_only`, terms whose running value only makes the exponent smaller than the reference's
+    (``+c·max``, ``-c·min``) are left out: they cannot make the loop overflow where the reference does not."""
+    if overflow_only:
+        extrema = {e.name: e.op for e in ctx.extrema}
+        y_lin = A.Linear.of({mono: c for mono, c in y_lin.terms
+                             if not (len(mono.factors) == 1 and mono.factors[0][1] == 1
+                                     and isinstance(mono.factors[0][0], Load)
+                                     and (extrema.get(mono.factors[0][0].buffer.name) is ReduceOp.MAX) == (c > 0)
+                                     and mono.factors[0][0].buffer.name in extrema)})
+        if y_lin.is_zero:
+            return None
+    rest = _exp_rest(x_lin, y_lin, ctx)
+    if isinstance(rest, str):
+        return rest
+    if rest.terms or rest.constant > 0:
+        return ("its exponential's reduced part is not the very body its running max reduces (compared in normal "
+                "form), so exp(e(x) - max e) cannot be shown <= 1 inside the loop, where it could overflow")
+    return None
+
+
+def attains_one(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext") -> bool:
+    """Whether ``exp(x_lin + y_lin)`` is at most 1 in the loop (`exp_bound`) and exactly 1 at the element
+    that holds the running max (``exp(e - max e)``): a running sum of it is then at least 1."""
+    rest = _exp_rest(x_lin, y_lin, ctx)
+    return not isinstance(rest, str) and not rest.terms and rest.constant == 0 and not y_lin.is_zero
+
+
+def _exp_rest(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext") -> A.Linear | str:
+    """``x_lin`` less the bodies of the running extrema `y_lin` subtracts (each times its coefficient), or why
+    `y_lin` is not made of such extrema and logs of sums at least 1."""
     extrema = {e.name: e for e in ctx.extrema}
     expected = A.Linear()
     for mono, c in y_lin.terms:
         atom, power = mono.factors[0] if len(mono.factors) == 1 else (None, None)
+        if (c < 0 and power == 1 and isinstance(atom, Unary) and atom.op is UnaryOp.LOG
+                and isinstance(atom.x, Load) and atom.x.buffer.name in ctx.at_least_one):
+            continue        # -c·log S <= 0
         ext = extrema.get(atom.buffer.name) if isinstance(atom, Load) and power == 1 else None
         if ext is None or (ext.op is ReduceOp.MAX) != (c < 0):
             return ("its exponential is not of the form exp(c·(e(x) - max e)) with the running max of e, so it is "
-                    "not bounded by 1 inside the loop and the rounded value could overflow")
+                    "not bounded by 1 inside the loop, where it could overflow")
         body = A.as_linear(ctx.normal_form(value_at(ext.axes, ext.body, atom.indices), signs=False))
         if body is None:
             return f"the body of `{ext.name}` is not a linear form, so exp(e(x) - {ext.name}) cannot be shown <= 1"
         expected = expected + body.scale(-c)
-    rest = x_lin + expected.scale(-1.0)
-    if rest.terms or rest.constant > 0:
-        return ("its exponential's reduced part is not the very body its running max reduces (compared in normal "
-                "form), so exp(e(x) - max e) cannot be shown <= 1 and the rounded value could overflow")
-    return None
+    return x_lin + expected.scale(-1.0)
 
 
 def _g_bound(coeff: float, g: A.Monomial) -> float:
@@ -212,5 +242,5 @@ def moved_rounding_line(g_atom: Expr, online_atom: Expr, deferred: Expr | None) 
             "once, within one bound (docs/fusion.md, \"Narrowing casts inside a cascade\")")
 
 
-__all__ = ["Extremum", "NarrowedCast", "distribute_cast", "split_narrowing", "rescale_dtype", "rounding_factor",
+__all__ = ["Extremum", "NarrowedCast", "attains_one", "distribute_cast", "exp_bound", "split_narrowing", "rescale_dtype", "rounding_factor",
            "moved_rounding_line"]

@@ -44,7 +44,8 @@ from .numeric_check import check
 from .positivity import is_positive
 from .algebra import Linear
 from .own_centre import finish as finish_own_centre, own_centre_of, stabilize
-from .separability import Accumulator, Decomposition, FusionContext, Refusal, decompose
+from .separability import (Accumulator, Decomposition, FusionContext, Refusal, decompose, sums_at_least_one,
+                           unbounded_exponential)
 from .substitute import rename_axes
 from .topk_order import list_order_refusal
 from ..ir.types import bool_
@@ -154,6 +155,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
     unfused: set[str] = set()      # every buffer a refused member writes (a top-k's indices too)
     notes: list[str] = []
     extrema: list[Extremum] = []   # fused running max/min members read as they are (bounds narrowing casts)
+    at_least_one: set[str] = set()   # fused sums of exp(e - max e), at least 1 (bound a later exp(... - log S))
     for member in cand.members:
         name = member.name
         value = rename_axes(member.value, {member.reduce_axis.name: axis})
@@ -170,7 +172,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         earlier = {st.acc.name for st in b.states if isinstance(st, OnlineState)} | set(b.epilogue_values)
         ctx = FusionContext(axis.name, frozenset(earlier), frozenset(b.positive),
                             maxima=frozenset(n for n, v in b.running_extrema().items() if v < 0),
-                            extrema=tuple(extrema))
+                            extrema=tuple(extrema), at_least_one=frozenset(at_least_one))
         dec = decompose(value, member.order_op, ctx, name)
         unstable = None
         if isinstance(dec, Decomposition) and dec.expanded and member.order_op is ReduceOp.SUM and not member.is_topk:
@@ -182,6 +184,8 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
                 # A multiplied-out difference with no stable form would cancel: a second pass is exact.
                 dec = Refusal(f"`{name}` has no shift-stable fused form, and its expanded sums would cancel "
                               f"where the data is close to the earlier result: {unstable}; so a second pass")
+        if isinstance(dec, Decomposition):
+            dec = unbounded_exponential(value, ctx, name) or dec
         if isinstance(dec, Decomposition):
             failure = check(value, dec, ctx)
             if failure:
@@ -210,6 +214,8 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         extremum = member.order_op in (ReduceOp.MAX, ReduceOp.MIN) and not member.is_topk
         if direct and dec.kind == "independent" and extremum:
             extrema.append(Extremum(name, member.axes, member.order_op, value))
+        if member.order_op is ReduceOp.SUM and not member.is_topk and sums_at_least_one(value, ctx):
+            at_least_one.add(name)
         accs = []
         for n, acc in enumerate(dec.accumulators):
             if acc.shift is not None:

@@ -32,7 +32,7 @@ from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
 from .grid_quantization import grid_quantization
-from .narrowing import Extremum, distribute_cast, rescale_dtype, split_narrowing
+from .narrowing import Extremum, attains_one, distribute_cast, exp_bound, rescale_dtype, split_narrowing
 from .positivity import is_nonnegative, is_positive
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class FusionContext:
     locals: frozenset[str] = frozenset()  # per-chunk producers (read along the loop axis: x)
     maxima: frozenset[str] = frozenset()  # running-max states (a quantization may scale by them online)
     extrema: tuple[Extremum, ...] = ()    # earlier running max/min members and their bodies (narrowing casts)
+    at_least_one: frozenset[str] = frozenset()   # running sums of exp(e - max e): at least 1 (`attains_one`)
 
     def kind(self, e: Expr) -> str:
         """``x``, ``y``, ``c`` or ``mixed`` for one atom."""
@@ -387,6 +388,39 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
     return out
 
 
+def unbounded_exponential(value: Expr, ctx: FusionContext, name: str) -> Refusal | None:
+    """Why the fused loop's exponential of `value` could overflow where the reference's does not, else None.
+
+    The loop evaluates ``exp(x + y)`` at y's running values. A running max below its final value (or a
+    min above its final one, a running sum or mean anywhere) can make the exponent larger than the
+    reference's: ``exp(y - max x)`` with a large ``y`` before the max of ``x`` is inf in the loop, and the
+    rescale ``exp(m_prev - m)`` makes NaN of the reference's finite sum. Such an exponent must be bounded by
+    1 in the loop (`exp_bound`: ``x - max x``, a softmax's); else the reduction is a second pass."""
+    d = value.dtype
+    for t in ctx.normal_form(value):
+        sp = _split(t, ctx, name)
+        if isinstance(sp, Refusal):
+            return None
+        outer = sp.y_lin + sp.inner.scale(-1.0)     # (the wheres' and casts' own exponents are checked there)
+        why = None if outer.is_zero else exp_bound(sp.x_lin, outer, ctx, overflow_only=True)
+        if why is not None:
+            shown = format_expr(linear_expr(sp.x_lin + outer, d))
+            return Refusal(f"in `{name}`, exp({shown}): {why} where the reference's exponential is finite (a "
+                           "running max is below its final value), so it is computed in a second pass")
+    return None
+
+
+def sums_at_least_one(value: Expr, ctx: FusionContext) -> bool:
+    """Whether a sum of `value` is at least 1 at every chunk of the loop: `value` is ``exp(e - max e)``
+    (`attains_one`; a softmax's denominator), 1 at the element holding the running max, which the running
+    sum holds from the chunk that sets it on. A later ``exp(... - log S)`` is then bounded (`exp_bound`)."""
+    normal = ctx.normal_form(value)
+    if len(normal) != 1 or normal[0].coeff != 1 or normal[0].mono.factors:
+        return False
+    parts = A.split_exponent(normal[0].exponent, ctx.kind)
+    return not isinstance(parts, A.Monomial) and attains_one(parts[0], parts[1], ctx)
+
+
 def _earlier_results(nodes, ctx: FusionContext) -> set[str]:
     """The earlier results of the cascade (buffers in `ctx.states`) that `nodes` load."""
     return {n.buffer.name for n in nodes if isinstance(n, Load) and n.buffer.name in ctx.states}
@@ -602,5 +636,6 @@ def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,
     return out
 
 
-__all__ = ["FusionContext", "Accumulator", "Decomposition", "Refusal", "decompose", "rescale_expr", "rescale_exponent",
+__all__ = ["FusionContext", "Accumulator", "Decomposition", "Refusal", "decompose", "sums_at_least_one",
+           "unbounded_exponential", "rescale_expr", "rescale_exponent",
            "linear_expr"]
