@@ -201,3 +201,33 @@ def test_an_exponential_not_bounded_by_its_running_max_is_a_second_pass(backend)
                                _reversed_softmax_denominator(z), rtol=1e-5)
     a, b = np.random.default_rng(1).standard_normal((2, 3, 40)).astype(np.float32)
     assert rf.kernel(_kl_of_log_softmaxes, backend=backend).lower(a, b).groups[0].fused
+
+
+def _focal_loss(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    lp = x - m - rf.log(rf.sum(rf.exp(x - m), axis=-1, keepdims=True))
+    return -rf.sum((1 - rf.exp(lp)) ** 2 * lp, axis=-1)
+
+
+def _one_minus_p_times_shifted_logit(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum((1 - rf.exp(x - m)) * (x - m), axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("body", [_one_minus_p_times_shifted_logit, _focal_loss])
+def test_a_centred_sum_is_the_references_infinity_at_a_masked_logit(backend, body):
+    """A focal loss with a masked (-inf) class: numpy's term there is ``(1 - 0)·(-inf)``, so the loss is inf;
+    the centred sum, expanded into ``Σ(x - m) - Σ exp(x - m)(x - m)``, met it as ``0·(-inf)`` and returned
+    NaN. Where the body at the element farthest from the max is infinite, the sum is that infinity; a
+    +inf logit (an infinite max) and a NaN stay NaN, as in numpy."""
+    x = np.random.default_rng(0).standard_normal((5, 300)).astype(np.float32)
+    x[0, 5] = -np.inf
+    x[1, 7] = np.inf
+    x[2, 9] = np.nan
+    x[3, 3], x[3, 4] = -3e38, 3e38
+    with np.errstate(all="ignore"):
+        want = body(x)
+        got = rf.kernel(body, backend=backend)(x)
+    assert np.isinf(want[[0, 3]]).all() and np.isnan(want[[1, 2]]).all()
+    assert_close(got, want, np.float32, 300)

@@ -52,6 +52,7 @@ class LoopBuilder:
         self.epilogue_values: dict[str, tuple] = {}   # member -> (axes, value over state buffers)
         self.names: set[str] = set()
         self.online: list = []                         # each state's online exponent (for sharing)
+        self.extreme_terms: dict[str, tuple[Expr, Expr]] = {}   # member -> (an u - c overflowed, its body there)
 
     def state_for(self, member: Member, acc, suggested: Buffer, indices: Buffer | None = None,
                   term: Expr | None = None, carry_of: Callable[[Buffer], Expr] | None = None) -> Buffer:
@@ -147,6 +148,9 @@ class LoopBuilder:
             far = overflow_condition(shift, extreme)
             there = self.term_at(value, u, extreme, reduced)
             if there is not None:
+                c = shift.centre.source      # (finite: an infinite centre's own element is inf - inf = NaN)
+                finite = Binary(BinaryOp.EQ, Binary(BinaryOp.SUB, c, c, c.dtype), Const(0.0, c.dtype), bool_)
+                self.extreme_terms[member.name] = (Binary(BinaryOp.AND, far, finite, bool_), there)
                 far = Binary(BinaryOp.OR, far, Binary(BinaryOp.NE, there, there, bool_), bool_)
             guard = far if guard is None else Binary(BinaryOp.OR, guard, far, bool_)
         return guard

@@ -16,6 +16,7 @@ from ..ir import (
     Binary,
     BinaryOp,
     Buffer,
+    Cast,
     Compute,
     Const,
     Expr,
@@ -27,6 +28,8 @@ from ..ir import (
     Reduce,
     ReduceOp,
     Select,
+    Unary,
+    UnaryOp,
     format_expr,
     map_expr,
     walk,
@@ -111,6 +114,17 @@ def _epilogue_value(member: Member, dec: Decomposition, accs: list[Buffer | Expr
     if dec.addend is not None:
         out = Binary(BinaryOp.ADD, out, dec.addend, d)
     return out
+
+
+def _infinite_at_extreme(final: Expr, overflowed: Expr, there: Expr) -> Expr:
+    """A centred sum's value where some ``u - c`` overflowed (or is -inf) and the body at that element is
+    ±inf: that infinity, the reference's sum (its other terms are finite or the same infinity). The expanded
+    sums meet it as ``0·inf`` (a focal loss ``Σ (1 - exp(x - m))(x - m)`` with a -inf logit: the fused loop
+    gave NaN for numpy's -inf); where the body there is NaN the accumulators' guards already give NaN."""
+    d = final.dtype
+    there = there if there.dtype == d else Cast(there, d)
+    infinite = Binary(BinaryOp.EQ, Unary(UnaryOp.ABS, there, d), Const(math.inf, d), bool_)
+    return Select(Binary(BinaryOp.AND, overflowed, infinite, bool_), there, final, d)
 
 
 def _where_live(b: LoopBuilder, member: Member, acc, unseen: Expr | None) -> Expr | None:
@@ -250,8 +264,10 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
             b.epilogue_values[name] = (member.axes, b.running(running_value))
             if not member.is_topk and is_positive(b.running(running_value), frozenset(b.positive)):
                 b.positive.add(name)
-            b.epilogue.append(Compute(member.out, member.axes, _epilogue_value(member, dec, read, unseen),
-                                      loc=member.loc))
+            final = _epilogue_value(member, dec, read, unseen)
+            if name in b.extreme_terms and member.order_op is ReduceOp.SUM:
+                final = _infinite_at_extreme(final, *b.extreme_terms[name])
+            b.epilogue.append(Compute(member.out, member.axes, final, loc=member.loc))
         if dec.expanded:
             notes.append(f"`{name}` was expanded into {len(dec.accumulators)} accumulated terms; exact in real "
                          "arithmetic, but terms of opposite sign can cancel in floating point when they are large "
