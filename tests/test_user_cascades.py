@@ -231,3 +231,26 @@ def test_a_centred_sum_is_the_references_infinity_at_a_masked_logit(backend, bod
         got = rf.kernel(body, backend=backend)(x)
     assert np.isinf(want[[0, 3]]).all() and np.isnan(want[[1, 2]]).all()
     assert_close(got, want, np.float32, 300)
+
+
+def _effective_sample_size(w):
+    p = w / rf.sum(w, axis=-1, keepdims=True)
+    return 1.0 / rf.sum(p * p, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_division_by_a_squared_sum_is_not_deferred_out_of_range(backend):
+    """An effective sample size ``1 / Σ (w / Σw)**2``: the division was deferred, the loop summed ``w**2``, which
+    underflows for weights near 1e-25 and overflows near 1e19 (NaN for numpy's 4). The reference divides
+    first; where G's range can leave f32 such a reduction is a second pass. A softmax's ``Σ p**2``, whose G
+    is an exponential at most 1, stays fused."""
+    w = np.array([[1e-25] * 4, [1e19] * 4, [1.0, 2.0, 3.0, 4.0]], np.float32)
+    got = rf.kernel(_effective_sample_size, backend=backend)(w)
+    np.testing.assert_allclose(got, _effective_sample_size(w), rtol=1e-5)
+
+    def collision(x):
+        e = rf.exp(x - rf.max(x, axis=-1, keepdims=True))
+        p = e / rf.sum(e, axis=-1, keepdims=True)
+        return rf.sum(p * p, axis=-1)
+
+    assert rf.kernel(collision, backend=backend).lower(w).groups[0].fused

@@ -88,7 +88,7 @@ def split_narrowing(atom: Cast, p: A.Power, ctx: "FusionContext", name: str) -> 
     bound = exp_bound(x_lin, y_lin, ctx)
     if bound is not None:
         return f"{where}: {bound}, and the rounded value with it"
-    big = _g_bound(t.coeff, A.Monomial.of(g))
+    big = g_bound(t.coeff, A.Monomial.of(g))
     limit = float(ml_dtypes.finfo(atom.dtype.numpy).max)
     if not big <= limit:
         shown = format_expr(product_expr(A.Product(t.coeff, A.Monomial.of(g)), src))
@@ -184,7 +184,7 @@ def _exp_rest(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext") -> A.Linea
     return x_lin + expected.scale(-1.0)
 
 
-def _g_bound(coeff: float, g: A.Monomial) -> float:
+def g_bound(coeff: float, g: A.Monomial) -> float:
     """An upper bound of ``|coeff · G|`` from the types of G's atoms (inf when there is none)."""
     out = abs(coeff)
     for a, q in g.factors:
@@ -242,5 +242,5 @@ def moved_rounding_line(g_atom: Expr, online_atom: Expr, deferred: Expr | None) 
             "once, within one bound (docs/fusion.md, \"Narrowing casts inside a cascade\")")
 
 
-__all__ = ["Extremum", "NarrowedCast", "attains_one", "distribute_cast", "exp_bound", "split_narrowing", "rescale_dtype", "rounding_factor",
+__all__ = ["Extremum", "NarrowedCast", "attains_one", "distribute_cast", "exp_bound", "g_bound", "split_narrowing", "rescale_dtype", "rounding_factor",
            "moved_rounding_line"]

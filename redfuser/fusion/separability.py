@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
+
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
@@ -32,7 +34,7 @@ from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
 from .grid_quantization import grid_quantization
-from .narrowing import Extremum, attains_one, distribute_cast, exp_bound, rescale_dtype, split_narrowing
+from .narrowing import Extremum, attains_one, distribute_cast, exp_bound, g_bound, rescale_dtype, split_narrowing
 from .positivity import is_nonnegative, is_positive
 
 if TYPE_CHECKING:
@@ -372,6 +374,10 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         if isinstance(s, Refusal):
             return s
         splits.append(s)
+    for sp in splits:
+        why = _deferred_division_range(sp, d, name)
+        if why is not None:
+            return why
     if op is not ReduceOp.SUM and any(sp.live is not None for sp in splits):
         atom = next(a for sp in splits for a, _ in sp.selects)
         return Refusal(f"in `{name}`, {op.value} over k of {format_expr(atom)}: the where's 0 branch would be rescaled "
@@ -419,6 +425,25 @@ def sums_at_least_one(value: Expr, ctx: FusionContext) -> bool:
         return False
     parts = A.split_exponent(normal[0].exponent, ctx.kind)
     return not isinstance(parts, A.Monomial) and attains_one(parts[0], parts[1], ctx)
+
+
+def _deferred_division_range(sp: _Split, d: DType, name: str) -> Refusal | None:
+    """Why deferring a division by a power (>= 2) of an earlier result leaves G outside `d`'s range, else None.
+
+    The reference divides before it raises to the power: ``(w / S)**2`` is in range wherever ``w / S`` is,
+    but the deferred form sums ``w**2``, which overflows where ``|w| > 1.8e19`` and underflows where
+    ``|w| < 1e-19`` in f32 (an effective sample size ``1 / Σ (w / Σw)**2`` of weights near 1e-25 or 1e19 was
+    NaN for numpy's 4). A running max is divided by online instead (`_split`); a sum may pass through 0,
+    so such a reduction is a second pass where G's range (from its atoms' types, `narrowing`) can leave
+    `d`'s."""
+    if not any(q <= -2 for _, q in sp.deferred.factors) or not any(q >= 2 for _, q in sp.g.factors):
+        return None
+    if g_bound(1.0, sp.g) ** 2 <= float(ml_dtypes.finfo(d.numpy).max) or not d.is_float:
+        return None     # (squared: the bound's reciprocal, its underflow, is as far out)
+    shown = format_expr(monomial_expr(sp.deferred, d))
+    return Refusal(f"in `{name}`, the division by {shown} would be deferred to after the loop, but the reference "
+                   f"divides first, and {format_expr(monomial_expr(sp.g, d))} alone can leave {d}'s range (over- "
+                   "or underflow) where the quotient's power does not; so it is computed in a second pass")
 
 
 def _earlier_results(nodes, ctx: FusionContext) -> set[str]:
