@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from typing import Any, Callable, NamedTuple
 
@@ -221,7 +222,8 @@ class Kernel:
                     excluded = excluded | current.axes_of(symbols)
                     dynamic.excluded[first] = excluded
                     kind = "" if isinstance(why, SymbolicDecision | RedFuserError) else f"{type(why).__name__}: "
-                    dynamic.refused[current.describe()] = kind + (str(why).splitlines() or [""])[0]
+                    dynamic.refused[current.describe()] = _in_symbols(kind + (str(why).splitlines() or [""])[0],
+                                                                      current)
                     current = dynamic.plan(specs, excluded)
                     continue
                 entry = self._cache[key] = [lowered, None]
@@ -401,6 +403,14 @@ class Kernel:
         call, `lower` or `explain`; a hit one found in memory; `maxsize` None (the cache is not bounded);
         `currsize` how many it holds."""
         return CacheInfo(self._hits, self._misses, None, len(self._cache))
+
+
+def _in_symbols(reason: str, plan: ShapePlan) -> str:
+    """A class compile's failure in words: the probe lengths it was traced at (`redfuser.probes`, primes the
+    user never chose) named by their symbols (``f32[x.0,x.1]``), saying these axes are kept static."""
+    for name, probe in plan.symbols:
+        reason = re.sub(rf"\b{probe}\b", name, reason)
+    return f"kept static: with these axes symbolic, {reason}"
 
 
 def _class_key(args: tuple, symbolic: frozenset, backend_key: object) -> tuple[tuple, list[int]] | None:

@@ -292,3 +292,17 @@ def test_any_failure_of_a_class_compile_falls_back_to_the_exact_shapes(monkeypat
     _close(k(x), workloads.softmax(x))
     assert k.cache_info().misses == 1
     assert "TypeError: unsupported operand" in " ".join(k.polymorphism.values())
+
+
+def test_a_class_kept_static_says_why_in_the_users_lengths():
+    """A reshape into halves of a symbolic axis fails at the (prime) probe lengths; `polymorphism` said
+    ``cannot reshape f32[10007,10009]``, lengths the user never chose: it names the symbols instead."""
+    def halves(x):
+        return rf.sum(rf.reshape(x, (x.shape[0], -1, 2)), axis=-1)
+
+    k = rf.kernel(halves, backend="interpret", dynamic=True)
+    for n in (8, 12):
+        np.testing.assert_array_equal(k(np.ones((3, n), np.float32)), np.full((3, n // 2), 2.0, np.float32))
+    (why,) = k.polymorphism.values()
+    assert why.startswith("kept static: with these axes symbolic, reshape: cannot reshape f32[x.0,x.1]")
+    assert "10007" not in why and "10009" not in why
