@@ -9,14 +9,20 @@ one element stays one element.
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
 from .errors import InternalError
+from .sizes import concrete
 from .types import BufferType
 
 
-def memory_of(array: np.ndarray, type_: BufferType) -> np.ndarray:
-    """The flat, read-only view of `array`'s memory that code compiled for `type_` addresses."""
+def memory_of(array: np.ndarray, type_: BufferType, sizes: Mapping[str, int] | None = None) -> np.ndarray:
+    """The flat, read-only view of `array`'s memory that code compiled for `type_` addresses (a view of a
+    shape-polymorphic kernel: its run-time extents' values in `sizes`)."""
+    if sizes and type_.strides is not None:
+        type_ = BufferType(type_.dtype, concrete(type_.shape, sizes), type_.strides)
     if type_.strides is None:
         return np.ascontiguousarray(array, dtype=type_.dtype.numpy).reshape(-1)
     item = array.itemsize

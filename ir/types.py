@@ -104,7 +104,8 @@ class BufferType:
     """An array type with a static shape: dense row-major, or a strided view of memory.
 
     Below the Loop IR of a shape-polymorphic kernel a dense buffer's shape may hold run-time extents
-    (`redfuser.ir.sizes.Size`); its size and strides are then expressions of them. Views are static.
+    (`redfuser.ir.sizes.Size`); its size and strides are then expressions of them. A view's strides are
+    static; its shape may hold run-time extents too (its `span` and `base_offset` are then expressions).
 
     `strides` are element strides, one per dim (any sign; 0 repeats one element along a dim, as
     ``numpy.broadcast_to`` does); None means dense row-major, the layout of every array the compiler
@@ -137,6 +138,11 @@ class BufferType:
         return n
 
     @property
+    def empty(self) -> bool:
+        """Whether the array has no element (a run-time extent is never 0: a length of 0 stays static)."""
+        return any(isinstance(n, int) and n == 0 for n in self.shape)
+
+    @property
     def element_strides(self) -> tuple[int, ...]:
         """Element strides per dim (row-major ones for a dense buffer)."""
         return self.strides if self.strides is not None else row_major_strides(self.shape)
@@ -145,7 +151,7 @@ class BufferType:
     def base_offset(self) -> int:
         """Elements from the lowest addressed element to element ``[0, ..., 0]`` (> 0 only with negative
         strides)."""
-        if self.strides is None or self.size == 0:
+        if self.strides is None or self.empty:
             return 0
         return sum((1 - n) * s for n, s in zip(self.shape, self.element_strides) if s < 0)
 
@@ -155,7 +161,7 @@ class BufferType:
         size for a dense buffer; 0 for an empty one)."""
         if self.strides is None:
             return self.size
-        if self.size == 0:
+        if self.empty:
             return 0
         return 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.element_strides))
 

@@ -10,9 +10,9 @@ the class's exact lengths on its static axes and any length >= 2 on its symbolic
   ``{"k": (-2,)}`` names the axes per argument (negative counts from the end).
 - What a class fixes (`ShapePlan.key`): each array's dtype, rank and static lengths, which of its axes
   are symbolic and which symbolic axes have equal lengths (they share a symbol, so a kernel may add or
-  compare them; a call where they differ is another class), the static arguments, and that the arrays
-  are dense. An axis of length 0 or 1 stays static in every class (it changes the code: an empty loop,
-  a broadcast); a strided view keeps its exact layout, so its axes stay static too.
+  compare them; a call where they differ is another class), the static arguments, and each array's
+  layout (dense, or a view's exact strides: its axes may be symbolic under them). An axis of length 0
+  or 1 stays static in every class (it changes the code: an empty loop, a broadcast).
 - How a class is compiled (`redfuser.compiler`'s ``sized`` stage): the body is traced and fused at
   *probe* lengths (`PROBES`, primes no program computes by accident) and once more at other probes;
   the two programs must be equal up to the probes (`redfuser.ir.loop.extents`), which proves that
@@ -74,7 +74,7 @@ class ShapePlan:
         parts = []
         for part in self.key:
             if isinstance(part, tuple) and part and part[0] == "array":
-                _, name, dtype, pattern = part
+                _, name, dtype, pattern, _strides = part
                 dims = [self.symbols[d[1]][0] if isinstance(d, tuple) else str(d) for d in pattern]
                 parts.append(f"{name}: {dtype}[{', '.join(dims)}]")
         return ", ".join(parts)
@@ -145,8 +145,6 @@ class DynamicAxes:
             if not isinstance(spec, ArraySpec):
                 continue
             axes = self.chosen(spec)
-            if spec.type.strides is not None:
-                continue
             for d in sorted(axes):
                 n = spec.type.shape[d]
                 if n >= 2 and (spec.name, d) not in exclude:
@@ -171,10 +169,10 @@ class DynamicAxes:
                 continue
             shape = spec.type.shape
             pattern = tuple(("sym", order.index(n)) if (spec.name, d) in symbolic else n for d, n in enumerate(shape))
-            key.append(("array", spec.name, spec.type.dtype, pattern))
+            key.append(("array", spec.name, spec.type.dtype, pattern, spec.type.strides))
             for out, probes in ((specs_a, probe_of), (specs_b, check_of)):
                 probed = tuple(probes[n] if (spec.name, d) in symbolic else n for d, n in enumerate(shape))
-                out.append(ArraySpec(spec.name, BufferType(spec.type.dtype, probed)))
+                out.append(ArraySpec(spec.name, BufferType(spec.type.dtype, probed, spec.type.strides)))
         symbols = tuple((symbol_of_length[n], probe_of[n]) for n in order)
         axes = tuple(tuple((name, d) for name, d, m in dims if m == n) for n in order)
         return ShapePlan(tuple(key), tuple(specs_a), tuple(specs_b), symbols, tuple(order), axes)

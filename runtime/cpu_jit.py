@@ -416,7 +416,7 @@ class CpuProgram:
         checked by the caller) written into those: in place where one is C-contiguous, else copied."""
         values = bind_buffers(self.program.inputs, arrays) \
             if self._symbolic else None
-        memory = [a if dense and a.flags.c_contiguous and a.dtype == dtype else memory_of(a, type_)
+        memory = [a if dense and a.flags.c_contiguous and a.dtype == dtype else memory_of(a, type_, values)
                   for a, (type_, dense, dtype) in zip(arrays, self._inputs)]   # a view is read in place
         n_out = len(self.program.outputs)
         for i, (shape, dtype) in enumerate(self._made):

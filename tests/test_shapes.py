@@ -306,3 +306,32 @@ def test_a_class_kept_static_says_why_in_the_users_lengths():
     (why,) = k.polymorphism.values()
     assert why.startswith("kept static: with these axes symbolic, reshape: cannot reshape f32[x.0,x.1]")
     assert "10007" not in why and "10009" not in why
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+def test_a_kv_cache_slice_of_a_preallocated_buffer_compiles_one_class(backend):
+    """Decoding with a preallocated cache reads ``keys[:, :, :n]``, a strided view whose strides are the
+    buffer's (they do not change with ``n``). Views kept every axis static, so each step compiled a kernel;
+    a view's axes are now symbolic under its exact strides (the class key holds them)."""
+    rng = np.random.default_rng(21)
+    keys, values = (rng.standard_normal((1, 2, 300, 16)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((1, 2, 1, 16)).astype(np.float32)
+    k = rf.kernel(workloads.attention, backend=backend)
+    lengths = (1, 2, 3, 17, 65, 130) + ((299, 300) if backend != "simulate" else ())
+    for n in lengths:
+        _close(k(q, keys[:, :, :n], values[:, :, :n]), workloads.attention(q, keys[:, :, :n], values[:, :, :n]),
+               tol=1e-5)
+    assert k.cache_info().misses <= 3 and k.polymorphism == {}   # n = 1 (a broadcast), n = 2, then one class
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+def test_views_of_every_kind_are_read_right_at_every_length_of_their_class(backend):
+    """Reversed, transposed, stepped and broadcast views with symbolic axes: each length read in place under
+    the view's strides equals numpy on a copy."""
+    rng = np.random.default_rng(22)
+    big = rng.standard_normal((40, 300)).astype(np.float32)
+    k = rf.kernel(workloads.softmax, backend=backend, dynamic=True)
+    for n in (7, 9, 33, 100):
+        for view in (big[:n, ::-1], big[:n, :n].T, big[::2, :n], np.broadcast_to(big[0, :n], (5, n))):
+            _close(k(view), workloads.softmax(np.ascontiguousarray(view)))
+    assert k.cache_info().misses <= 8     # a class per kind of view (its strides), a transpose's per length

@@ -163,7 +163,7 @@ def run_tile_program(p: TileProgram, args: list[np.ndarray] | tuple[np.ndarray, 
     buffers: dict[str, np.ndarray] = {}
     sizes = bind_buffers(p.inputs, args)
     for b, a in zip(p.inputs, args):
-        buffers[b.name] = memory_of(a, b.type)   # a view: the memory it spans (array_memory.py)
+        buffers[b.name] = memory_of(a, b.type, sizes)   # a view: the memory it spans (array_memory.py)
     for b in p.outputs + p.scratch:
         n = evaluate(b.type.size, sizes)
         buffers[b.name] = np.full(n, np.nan if b.dtype.is_float else 0).astype(b.dtype.numpy)
