@@ -7,7 +7,8 @@ sliding-window mask built from ``arange``; the window as ``(j <= i) * (j > i - w
 a product of bools), attention as written for low precision (the mask after
 ``exp``, probabilities rounded to f16/bf16 before the value GEMM), sums with a
 bare constant term, central moments and entropies of data far from 0 or logits wide enough to underflow,
-weighted moments, KL divergences and base-2 softmaxes (`weighted`; attention now and then at sizes
+weighted moments, KL divergences and base-2 softmaxes (`weighted`), focal losses over masked logits,
+exponentials of other values less a max and effective sample sizes (`losses`; attention now and then at sizes
 the host's AMX tiles take, `tile_sized`, and bf16 matmuls of such sizes, `tile_matmul`), MoE
 routing (softmax, top-k, renormalize; tied and non-finite logits), and per-row
 absmax quantization to float8_e4m3fn (optionally followed by a GEMM); attention with RoPE's rotation
@@ -234,6 +235,33 @@ def weighted(b: ProgramBuilder, x: str) -> str | None:
     return v and b.add("div", [v, sw])
 
 
+def losses(b: ProgramBuilder, x: str) -> str | None:
+    """Losses and statistics whose exponent, infinity or range the fused loop once got wrong (trying the
+    project as a new user, docs/fusion.md): a focal loss ``Σ (1 - p)² log p`` over logits with masked (-inf)
+    classes; ``Σ exp(y - max x)`` of other values less a max (unbounded in the loop); an effective sample
+    size ``1 / Σ (w / Σw)²`` of weights far from 1 (a deferred division by a squared sum)."""
+    d = b.draw
+    kind = d.pick(("focal", "other_max", "ess"))
+    if kind == "focal":
+        y = b.new_input(b.shape(x), "float32", "normal")
+        keep = b.add("gt_c", [y], (-1.0,))
+        masked = keep and b.add("where_c", [keep, x], (float("-inf"),))
+        lp = masked and softmax(b, masked, log=True)
+        q = lp and b.add("rsub_c", [b.add("exp", [lp])], (1.0,))
+        t = q and b.add("mul", [b.add("square", [q]), lp])
+        return t and b.add("sum", [t], (-1, d.chance(50)))
+    if kind == "other_max":
+        y = b.new_input(b.shape(x), b.dtype(x).name, d.pick(("large", "wide", "far")))
+        m = b.add("max", [x], (-1, True))
+        e = m and b.add("exp", [b.add("sub", [y, m])])
+        return e and b.add("sum", [e], (-1, False))
+    w = b.new_input(b.shape(x), "float32", "positive")
+    w = b.add("mul_c", [w], (d.pick((1e-25, 1e19, 1.0)),))
+    p = w and b.add("div", [w, b.add("sum", [w], (-1, True))])
+    t = p and b.add("sum", [b.add("mul", [p, p])], (-1, False))
+    return t and b.add("recip", [t])
+
+
 def tempered_product(b: ProgramBuilder, x: str) -> str | None:
     """``prod(exp(c (x - m)))`` or ``prod((x*x + 1) exp(c (x - m)))`` with ``m = max(x)``: a product whose
     factors read the running max, carried by the product law (issue 24, docs/fusion.md "prod")."""
@@ -297,7 +325,7 @@ def tile_matmul(b: ProgramBuilder) -> str | None:
 
 
 IDIOMS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "attention", "routing", "quantize", "mask",
-          "flash_attention", "constant_terms", "moments", "tempered_product", "tile_matmul", "weighted")
+          "flash_attention", "constant_terms", "moments", "tempered_product", "tile_matmul", "weighted", "losses")
 
 
 def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
@@ -309,10 +337,10 @@ def idiom(b: ProgramBuilder, name: str, dtype: str) -> str | None:
         return flash_attention(b, dtype)
     if name == "tile_matmul":
         return tile_matmul(b)
-    if name in ("moments", "weighted"):     # (large: logits whose probabilities underflow)
+    if name in ("moments", "weighted", "losses"):     # (large: logits whose probabilities underflow)
         shape = b.base_shape() or (b.draw.pick((3, 8)),)
         x = b.new_input(shape, dtype, b.draw.pick(("offset", "far", "normal", "large")))
-        return moments(b, x) if name == "moments" else weighted(b, x)
+        return {"moments": moments, "weighted": weighted, "losses": losses}[name](b, x)
     if name == "routing" and b.draw.chance(60):  # router logits: tokens x experts, ties on purpose
         d = b.draw
         shape = (d.pick((1, 3, 7)), d.pick((5, 8, 16, 64, 256)))
