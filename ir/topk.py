@@ -50,5 +50,6 @@ def merge(va: np.ndarray, ia: np.ndarray, vb: np.ndarray, ib: np.ndarray) -> tup
 
 
 def empty(shape: tuple[int, ...], k: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """The monoid's identity: k empty slots."""
-    return np.full(shape + (k,), np.nan, dtype=dtype), np.full(shape + (k,), -1, dtype=np.int64)
+    """The monoid's identity: k empty slots (index -1; the value NaN, or 0 in an integer or bool list)."""
+    fill = np.nan if np.dtype(dtype).kind in "fcV" else 0
+    return np.full(shape + (k,), fill, dtype=dtype), np.full(shape + (k,), -1, dtype=np.int64)

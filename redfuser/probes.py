@@ -85,9 +85,11 @@ def _noting(name: str):
 for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
               "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__", "__neg__", "__abs__",
               "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__bool__", "__index__", "__int__",
-              "__float__", "__format__", "__and__", "__or__", "__xor__", "__lshift__", "__rshift__", "__divmod__"):
+              "__float__", "__format__", "__and__", "__or__", "__xor__", "__lshift__", "__rshift__", "__divmod__",
+              "__str__", "__repr__", "__hash__"):
+    # (__hash__: a dict or set lookup, ``TABLE.get(x.shape[-1])`` or ``n in {1, 2, 3}``, decides on the value
+    # without calling __eq__; __str__/__repr__: a decision on its digits)
     setattr(ProbeLength, _name, _noting(_name))
-ProbeLength.__hash__ = int.__hash__
 
 
 def probe_length(n: int) -> int:

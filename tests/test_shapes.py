@@ -335,3 +335,75 @@ def test_views_of_every_kind_are_read_right_at_every_length_of_their_class(backe
         for view in (big[:n, ::-1], big[:n, :n].T, big[::2, :n], np.broadcast_to(big[0, :n], (5, n))):
             _close(k(view), workloads.softmax(np.ascontiguousarray(view)))
     assert k.cache_info().misses <= 8     # a class per kind of view (its strides), a transpose's per length
+
+
+_SCALE = {64: 0.125, 128: 0.0884}        # a per-head-dim table, as a user keeps one
+
+
+def _scores(q, k):
+    return rf.max((q @ rf.swapaxes(k, -1, -2)) * _SCALE.get(q.shape[-1], 1.0), axis=-1)
+
+
+def _small_rows(x):
+    if x.shape[-1] in {1, 2, 3}:
+        return rf.max(x, axis=-1)
+    return rf.sum(x, axis=-1)
+
+
+def _long_digits(x):
+    if len(str(x.shape[-1])) > 2:
+        return rf.max(x, axis=-1)
+    return rf.sum(x, axis=-1)
+
+
+def _last_window(x):
+    return rf.sum(x[:, -32768:], axis=-1)
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+@pytest.mark.parametrize("body, shapes", [
+    (_scores, [((2, 64), (3, 64)), ((2, 32), (3, 32)), ((2, 128), (3, 128))]),
+    (_small_rows, [((2, 8),), ((2, 9),), ((2, 3),)]),
+    (_long_digits, [((2, 5),), ((2, 7),), ((2, 120),)]),
+    (_last_window, [((1, 5),), ((1, 7),), ((1, 32868),)]),
+], ids=["dict-lookup", "set-membership", "str", "slice-past-the-probes"])
+def test_decisions_both_probes_take_alike_keep_their_axis_static(backend, body, shapes):
+    """A shape class is traced at two probe lengths (10007, 20011); a decision on a length that both take
+    the same way and that the tracer did not see as a read was compiled into every length: a dict or set
+    lookup (hashing calls no comparison), ``str`` of a length, a slice whose bound is past both probes
+    (``x[:, -32768:]`` is whole there). Each gave another branch's answer (a scale of 1.0 for 0.0884)."""
+    rng = np.random.default_rng(23)
+    k = rf.kernel(body, backend=backend)
+    for call in shapes:
+        args = [rng.standard_normal(s).astype(np.float32) + 1 for s in call]
+        _close(k(*args), body(*args), tol=1e-4)
+
+
+def test_an_arange_of_a_symbolic_size_is_not_made_at_the_probe_lengths():
+    """``rf.arange(x.size)`` was evaluated by numpy while the class was traced: 4·10007·10009 elements
+    (1.6 GB) for a 4x6x7 call, terabytes with a third symbolic axis."""
+    import tracemalloc
+
+    def weighted_max(x):
+        return rf.max(x.reshape(-1) * rf.arange(x.size, dtype=rf.float32))
+
+    k = rf.kernel(weighted_max, backend="interpret")
+    k(np.ones((4, 5, 6), np.float32))
+    tracemalloc.start()
+    try:
+        x = np.ones((4, 6, 7), np.float32)
+        np.testing.assert_array_equal(k(x), weighted_max(x))
+        assert tracemalloc.get_traced_memory()[1] < 64 * 2**20
+    finally:
+        tracemalloc.stop()
+
+
+def test_an_argmax_on_interpret_warns_nothing(recwarn):
+    """The interpreter's empty top-k list filled an int32 key list with NaN (numpy's invalid-cast warning
+    on every call, an error under warnings-as-errors); numpy's argmax warns nothing."""
+    import warnings
+
+    x = np.arange(10, dtype=np.float32).reshape(2, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(rf.kernel(lambda v: rf.argmax(v, axis=-1), backend="interpret")(x), [4, 4])

@@ -123,8 +123,12 @@ def _slice_map(x: Tracer, dim: int, k: slice) -> tuple[int, int]:
         raise ShapeError("slice step cannot be zero", op="getitem", loc=user_loc())
     size = x.shape[dim]
     start, stop, step = k.indices(size)
-    if (start, stop, step) != (0, size, 1) and isinstance(size, ProbeLength):
-        size.note_read()   # a partial slice of a length: the kernel specializes on that length
+    whole_always = (k.start is None or int(k.start) == 0) and (k.stop is None or k.stop is size) \
+        and (k.step is None or int(k.step) == 1)
+    if not whole_always and isinstance(size, ProbeLength):
+        # a partial slice of a length, or one whole only at these lengths (``x[:, -32768:]`` is whole at the
+        # probes and partial past 32768): the kernel specializes on that length
+        size.note_read()
     return start, step
 
 
@@ -221,21 +225,37 @@ def arange(start, stop=None, step=1, dtype=None):
             raise UnsupportedError("arange bounds must be static Python numbers (use x.shape)", op="arange",
                                    loc=user_loc())
     try:
-        ref = np.arange(start, stop, step, dtype=dtype) if stop is not None else np.arange(start, dtype=dtype)
+        ref_dtype, length = _arange_type(start, stop, step, dtype)
     except (TypeError, ValueError) as exc:   # numpy's own refusal (a bool range longer than 2, a bad dtype...)
         raise DTypeError(f"numpy refuses arange({start!r}, {stop!r}, {step!r}, dtype={dtype!r}): {exc}",
                          op="arange", loc=user_loc()) from None
-    out_dtype = T.from_numpy(ref.dtype)
+    out_dtype = T.from_numpy(ref_dtype)
     if out_dtype is None:
-        raise DTypeError(f"dtype {ref.dtype} is not supported", op="arange", loc=user_loc())
+        raise DTypeError(f"dtype {ref_dtype} is not supported", op="arange", loc=user_loc())
     lo, st = (0, 1) if stop is None else (start, step)
-    axes = builder.axes(ref.shape)
+    shape = (length,)
+    axes = builder.axes(shape)
     value: Expr = IndexValue(axes[0], out_dtype)
     if st != 1:
         value = Binary(BinaryOp.MUL, value, constant(st, out_dtype), out_dtype)
     if lo != 0:
         value = Binary(BinaryOp.ADD, constant(lo, out_dtype), value, out_dtype)
     loc = user_loc()
-    return builder.emit("arange", out_dtype, ref.shape, lambda out: Compute(out, axes, value, loc=loc))
+    return builder.emit("arange", out_dtype, shape, lambda out: Compute(out, axes, value, loc=loc))
+
+
+def _arange_type(start, stop, step, dtype) -> tuple[np.dtype, int]:
+    """numpy's dtype and length of ``arange(start, stop, step, dtype)``, without making a long one: a shape
+    class is traced at probe lengths, and ``arange(x.size)`` of three symbolic axes is 10^12 elements
+    (numpy's arange of integer bounds is as long as Python's range, its dtype that of its first elements)."""
+    bounds = (start, step) if stop is None else (start, stop, step)
+    if all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in bounds) \
+            and (dtype is None or np.dtype(dtype) != np.bool_):
+        lo, hi = (0, start) if stop is None else (start, stop)
+        length = len(range(int(lo), int(hi), int(step)))
+        if length > 64:
+            return np.arange(lo, lo + 2 * step, step, dtype=dtype).dtype, length
+    ref = np.arange(start, stop, step, dtype=dtype) if stop is not None else np.arange(start, dtype=dtype)
+    return ref.dtype, ref.shape[0]
 
 
