@@ -39,7 +39,7 @@ def _check_operand(op: str, x: object) -> None:
         return
     if isinstance(x, np.ndarray):
         raise UnsupportedError(
-            f"a numpy array {describe(x)} mixed with traced values; pass every array as a kernel argument",
+            f"a {describe(x)} mixed with traced values; pass every array as a kernel argument",
             op=op, loc=user_loc())
     raise UnsupportedError(f"operand of type {type(x).__name__} is not an array or a scalar", op=op, loc=user_loc())
 
