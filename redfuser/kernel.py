@@ -62,14 +62,29 @@ class CacheInfo(NamedTuple):
 _SCALARS = (bool, int, float, complex, str, np.generic)
 
 
-class CapturedScalars:
-    """The Python scalars a kernel's body reads from its module's globals or its closure (``scale = 2.0``
-    outside ``def f(a): return a * scale``): tracing fixes their values into the program, so a kernel must
-    trace again when one changes (a call costs one comparison per such name). Scalars only: a captured
-    array is refused while tracing, and objects, functions and modules are taken as they were traced."""
+def _plain(value: object, depth: int = 0) -> bool:
+    """A scalar, or a small tuple, list or dict of them (a config table ``SCALE = {64: 0.125}``): a value the
+    body may read whose repr says all it holds."""
+    if isinstance(value, _SCALARS) or value is None:
+        return True
+    if depth > 2 or not isinstance(value, tuple | list | dict) or len(value) > 64:
+        return False
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    return all(_plain(v, depth + 1) for v in items)
 
-    def __init__(self, names: tuple[str, ...], globals_: dict, cells: tuple) -> None:
+
+class CapturedScalars:
+    """The Python scalars a kernel's body reads from its module's globals, its closure or (a callable
+    object's) its attributes (``scale = 2.0`` outside ``def f(a): return a * scale``; small tuples, lists and
+    dicts of scalars too, a table ``SCALE[d]`` a user may update): tracing fixes their values into the
+    program, so a kernel must trace again when one changes (a call costs one repr comparison per such
+    name). A captured array is refused while tracing; other objects, functions and modules are taken as
+    they were traced."""
+
+    def __init__(self, names: tuple[str, ...], globals_: dict, cells: tuple, owner: object = None,
+                 attributes: tuple[str, ...] = ()) -> None:
         self.names, self.globals, self.cells = names, globals_, cells
+        self.owner, self.attributes = owner, attributes
         self.seen = self._now()
 
     @staticmethod
@@ -79,13 +94,17 @@ class CapturedScalars:
         code, globals_ = getattr(body, "__code__", None), getattr(body, "__globals__", None)
         if code is None or globals_ is None:
             return None
-        names = tuple(n for n in code.co_names if isinstance(globals_.get(n), _SCALARS))
-        cells = tuple(c for c in (getattr(target, "__closure__", None) or ())
-                      if isinstance(_cell_value(c), _SCALARS))
-        return CapturedScalars(names, globals_, cells) if names or cells else None
+        names = tuple(n for n in code.co_names if n in globals_ and _plain(globals_[n]))
+        cells = tuple(c for c in (getattr(target, "__closure__", None) or ()) if _plain(_cell_value(c)))
+        own = getattr(target, "__dict__", None) if not hasattr(target, "__code__") else None
+        attributes = tuple(n for n in code.co_names if own is not None and n in own and _plain(own[n]))
+        if not (names or cells or attributes):
+            return None
+        return CapturedScalars(names, globals_, cells, target, attributes)
 
     def _now(self) -> tuple:
-        values = [self.globals.get(n) for n in self.names] + [_cell_value(c) for c in self.cells]
+        values = ([self.globals.get(n) for n in self.names] + [_cell_value(c) for c in self.cells]
+                  + [getattr(self.owner, n, None) for n in self.attributes])
         return tuple((type(v), repr(v)) for v in values)   # (repr: a NaN equals itself)
 
     def changed(self) -> bool:

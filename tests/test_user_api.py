@@ -200,3 +200,39 @@ def test_an_arg_extremum_over_an_empty_axis_names_itself(op):
 
     with pytest.raises(rf.ShapeError, match=rf"{op}: attempt to get {op} of an empty sequence"):
         rf.kernel(arg, backend="interpret")(np.ones((3, 0), np.float32))
+
+
+_CONFIG = {"scale": 2.0}
+_TABLE = [1.0, 3.0]
+
+
+def _configured(x):
+    return rf.sum(x * _CONFIG["scale"] + _TABLE[1], axis=-1)
+
+
+class _Scaled:
+    def __init__(self):
+        self.scale = 2.0
+
+    def __call__(self, x):
+        return rf.sum(x * self.scale, axis=-1)
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_changed_config_table_or_attribute_is_read_again(backend):
+    """A dict or list of scalars the body reads from its module (a config table) and a callable object's
+    scalar attribute were fixed at the first trace: after the user changed them the kernel kept returning
+    the old result. They are compared per call like captured scalars, and the kernel traces again."""
+    x = np.ones((2, 4), np.float32)
+    k = rf.kernel(_configured, backend=backend)
+    try:
+        np.testing.assert_array_equal(k(x), _configured(x))
+        _CONFIG["scale"], _TABLE[1] = 5.0, 1.0
+        np.testing.assert_array_equal(k(x), _configured(x))
+    finally:
+        _CONFIG["scale"], _TABLE[1] = 2.0, 3.0
+    scaled = _Scaled()
+    k = rf.kernel(scaled, backend=backend)
+    np.testing.assert_array_equal(k(x), [8.0, 8.0])
+    scaled.scale = 7.0
+    np.testing.assert_array_equal(k(x), [28.0, 28.0])
