@@ -107,6 +107,11 @@ class CapturedScalars:
                   + [getattr(self.owner, n, None) for n in self.attributes])
         return tuple((type(v), repr(v)) for v in values)   # (repr: a NaN equals itself)
 
+    def note_traced(self) -> None:
+        """Take the values as they are after a trace as the ones seen: a list the body appends to while
+        tracing (a log) would otherwise make every call trace again."""
+        self.seen = self._now()
+
     def changed(self) -> bool:
         """Whether a value differs from the last one seen (then that one becomes the one seen)."""
         now = self._now()
@@ -191,6 +196,14 @@ class Kernel:
     def _compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, to_run: bool = True
                   ) -> tuple[Lowered, backends.Executable | None, list[Any]]:
         self._retrace_if_captured_changed()
+        try:
+            return self._specialization(args, kwargs, to_run)
+        finally:
+            if self._captured is not None:
+                self._captured.note_traced()    # (what the body itself changed while tracing: a log list)
+
+    def _specialization(self, args: tuple[Any, ...], kwargs: dict[str, Any], to_run: bool
+                        ) -> tuple[Lowered, backends.Executable | None, list[Any]]:
         specs, arrays = self._specs(args, kwargs)
         if to_run and any(isinstance(a, ShapeDtype) for a in arrays):
             raise ArgumentError("an rf.ShapeDtype argument can be compiled (kernel.lower, kernel.explain) but not run",

@@ -254,3 +254,50 @@ def test_a_division_by_a_squared_sum_is_not_deferred_out_of_range(backend):
         return rf.sum(p * p, axis=-1)
 
     assert rf.kernel(collision, backend=backend).lower(w).groups[0].fused
+
+
+def _quantized_step(x):
+    return rf.rint(x * 0.37).astype(rf.int32)
+
+
+def _count_above(x):
+    return rf.sum(x * 0.3 > 0.2, axis=-1)
+
+
+def _count_at_max(x):
+    p = x * 0.3
+    m = rf.max(p, axis=-1, keepdims=True)
+    return rf.sum(p == m, axis=-1), rf.sum(p > m, axis=-1)
+
+
+def _count_at_max_recast(x):
+    p = (x * 0.3).astype(rf.float16)
+    return rf.sum(p == rf.max(p, axis=-1, keepdims=True), axis=-1)
+
+
+def _top_log_probability_ties(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    lp = x - (m + rf.log(rf.sum(rf.exp(x - m), axis=-1, keepdims=True)))
+    return rf.sum(lp == rf.max(lp, axis=-1, keepdims=True), axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("body", [_quantized_step, _count_above, _count_at_max, _count_at_max_recast,
+                                  _top_log_probability_ties])
+def test_a_decision_on_a_16_bit_value_sees_it_rounded_as_numpy_does(backend, dtype, body):
+    """The compiled kernels compute 16-bit arithmetic in f32 and round on store; a comparison, a rounding to an
+    integer or a cast jumps where its operand crosses a threshold, so the unrounded value decided otherwise:
+    ``rint(x * 0.37)`` gave 5 for numpy's 6, ``x * 0.3 == max(x * 0.3)`` (the max stored rounded) matched no
+    element, nor did ``lp == max(lp)`` of a log-softmax. Such operands are rounded after each step as numpy
+    rounds them, and an additive max's final value too."""
+    import ml_dtypes
+
+    dt = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    rows = [[14.86, -14.86, 0.6665, 1.0], [0.1, 2.2, -1.0, 0.7], [1.1, 0.3, -0.2, 0.9]]
+    x = np.concatenate([np.array(rows, np.float32),
+                        np.random.default_rng(4).standard_normal((5, 4)).astype(np.float32) * 3]).astype(dt)
+    want = body(x)
+    got = rf.kernel(body, backend=backend)(x)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        np.testing.assert_array_equal(g, w)

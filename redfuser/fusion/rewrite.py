@@ -32,6 +32,7 @@ from ..ir import (
     UnaryOp,
     format_expr,
     map_expr,
+    rounded,
     walk,
     written,
 )
@@ -96,7 +97,9 @@ def _epilogue_value(member: Member, dec: Decomposition, accs: list[Buffer | Expr
         (buf,) = accs
         load = Load(buf, member.axes) if isinstance(buf, Buffer) else buf
         g = dec.accumulators[0].G
-        return map_expr(dec.written, lambda n: load if n == g else None)
+        # rounded after each step as the reference rounds the body at the extreme element (in f16, the
+        # max of ``x - lse`` then equals the element's own ``x - lse``, which ``lp == max(lp)`` compares)
+        return rounded(map_expr(dec.written, lambda n: load if n == g else None))
     out: Expr | None = None
     for n, (buf, factor) in enumerate(zip(accs, dec.factors)):
         if _carried_only(factor):

@@ -36,8 +36,10 @@ from ..ir import (
     Select,
     Unary,
     UnaryOp,
+    rounded,
     walk,
 )
+from ..ir.semantics import ROUNDING
 from ..ir.tile import nodes as t
 from ..ir.types import bool_, float32, from_numpy
 from .builder import KernelBuilder
@@ -162,8 +164,17 @@ def _load(lw: ExprLowering, e: Load, b: dict[str, Binding]) -> Tiled:
 LOG2E = float(np.log2(np.e))
 
 
+def _decided(e: Expr) -> Expr:
+    """The operand of a comparison, a rounding to an integral value or a cast, rounded as the reference
+    rounds it where it computes in a storage-only type (f16, bf16, e4m3): a comparison or rounding jumps
+    where its operand crosses a threshold, so the f32 value the kernels otherwise keep (docs/cpu-backend.md,
+    "Tile IR") can land on the other side (an f16 ``rint(x * 0.37)`` gave 5 for numpy's 6; ``x * 0.3 ==
+    max(x * 0.3)``, the max stored rounded, matched no element). `ir.loop.rewrite.rounded`."""
+    return rounded(e) if e.dtype.storage_only else e
+
+
 def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
-    x = lw.lower_as(e.x, compute_dtype(e.dtype), b)
+    x = lw.lower_as(_decided(e.x) if e.op in ROUNDING else e.x, compute_dtype(e.dtype), b)
     if e.op is UnaryOp.EXP and e.dtype.storage_only:
         return _exp_as_exp2(lw, x, flush=flushes_exp(e.dtype))
     if e.op is UnaryOp.EXP and e.dtype == float32:
@@ -324,6 +335,8 @@ def _common(a: DType, b: DType) -> DType:
 def _binary(lw: ExprLowering, e: Binary, b: dict[str, Binding]) -> Tiled:
     if e.op.is_comparison:
         operand = _common(e.a.dtype, e.b.dtype)
+        x, y = lw.lower_as(_decided(e.a), operand, b), lw.lower_as(_decided(e.b), operand, b)
+        return lw.elementwise([x, y], lambda v: lw.kb.binary(e.op, v[0], v[1]))
     elif e.op in (BinaryOp.AND, BinaryOp.OR):
         operand = bool_
     else:
@@ -363,7 +376,9 @@ def _select(lw: ExprLowering, e: Select, b: dict[str, Binding]) -> Tiled:
 
 
 def _cast(lw: ExprLowering, e: Cast, b: dict[str, Binding]) -> Tiled:
-    x = lw.lower(e.x, b)
+    # (a cast of a value computed in a storage-only type starts from that value as the reference has it:
+    # rounded, ``(x * 0.3).astype(f16)`` of bf16 ``x`` rounds to bf16, then to f16)
+    x = lw.lower(_decided(e.x) if e.x.dtype != e.dtype else e.x, b)    # (a rounding cast is the rounding)
     if e.dtype.storage_only:  # round to the narrow type, keep computing in f32
         narrow = lw.kb.cast(x.value, e.dtype)
         return Tiled(lw.kb.cast(narrow, float32), x.dims)
