@@ -7,7 +7,8 @@ the exactly specialized one at large shapes, in the same run.
 Loops, each on a fresh kernel with the default ``dynamic=None`` and the on-disk cache off (every kernel
 made is a compile):
 - decoding: one query attending to a KV cache that grows by one key a step, from 1 to `--steps` keys
-  ([1, 4, 1, 64] f32 query; split reductions, flash decoding, where the machine has cores to fill);
+  ([1, 4, 1, 64] f32 query; split reductions, flash decoding, where the machine has cores to fill), the
+  cache as contiguous arrays, then as slices ``cache[:, :, :n]`` of one preallocated buffer (strided views);
 - prefill: attention over `--prompts` random prompt lengths from 1 to 512;
 - routing: MoE routing (softmax, top-2, renormalize over 64 experts) for `--prompts` random token counts.
 The goal is at most 2 compiles a loop (the first call's exact shapes, then one symbolic kernel). Every
@@ -88,12 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     q = rng.standard_normal((1, 4, 1, 64)).astype(np.float32)
     cache = rng.standard_normal((2, 1, 4, args.steps, 64)).astype(np.float32)
     decode = [(q, cache[0, :, :, :n].copy(), cache[1, :, :, :n].copy()) for n in range(1, args.steps + 1)]
+    in_place = [(q, cache[0, :, :, :n], cache[1, :, :, :n]) for n in range(1, args.steps + 1)]   # views
     lengths = rng.integers(1, 513, args.prompts)
     prefill = [tuple(rng.standard_normal((1, 4, int(n), 64)).astype(np.float32) for _ in range(3)) for n in lengths]
     routing = [(rng.standard_normal((int(n), 64)).astype(np.float32) * 3,) for n in rng.integers(1, 4097, args.prompts)]
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; redfuser {rf.__version__}; backend {args.backend}")
     print(f"{'loop':34s} {'calls':>6s} {'compiles':>9s} {'redfuser s':>11s} {'numpy s':>8s}")
     for name, body, calls in ((f"decoding, KV cache 1..{args.steps}", attention, decode),
+                              (f"decoding, cache views 1..{args.steps}", attention, in_place),
                               (f"prefill, {args.prompts} prompt lengths", attention, prefill),
                               (f"routing, {args.prompts} token counts", moe_routing, routing)):
         compiles, ours, theirs = loop(body, calls, args.backend)

@@ -817,3 +817,18 @@ def test_an_additive_min_of_a_scaled_value_is_the_body_at_the_extreme(backend):
     for x in (x0, x1):
         for got, want in zip(k(x), _scaled_min_of_shifted(x)):
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+def test_a_separable_max_of_a_base_2_exponential_is_taken_as_written(backend):
+    """Fuzz seed 80, example 342: ``max(exp2(x log2(e) - max(x log2(e))))`` read as ``exp(x - 0.693 m)``
+    skipped numpy's rounding of ``x log2(e)``: 1.00006 for numpy's exact 1 on rows near 1000. A separable
+    max keeps the body as written where the normal form rounds differently, as a one-term sum does."""
+    def program(x0):
+        v0 = x0 * 1.4426950408889634
+        v2 = v0 - rf.max(v0, axis=-1, keepdims=True)
+        return rf.max(rf.exp2(v2), axis=-1, keepdims=False)
+
+    x0 = np.array([999.8497314453125, 1001.9498291015625, 1000.7438354492188, 998.7208862304688],
+                  np.float32).reshape((4, 1))
+    np.testing.assert_array_equal(rf.kernel(program, backend=backend)(x0), program(x0))
