@@ -48,7 +48,7 @@ from .ir.tile.nodes import TileProgram
 from .ir.source import warn_at_user
 from .fusion import fuse
 from .kernel_options import KernelOptions
-from .probes import noting_probe_reads
+from .probes import ProbeRead, noting_probe_reads
 from .shapes import ShapePlan
 from .trace import ArgSpec, kernel_name, trace
 from .schedule import ScheduleOptions, schedule_program
@@ -139,8 +139,15 @@ class Lowered:
 def trace_stage(fn: Callable, lowered: Lowered) -> Program:
     """traced: the Python function on tracers -> verified Loop IR (for a shape class, noting the probe
     lengths the body reads as numbers: `redfuser.probes`)."""
-    with noting_probe_reads() if lowered.shapes is not None else nullcontext(set()) as reads:
-        program = trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", []))
+    plan = lowered.shapes
+    lengths = {probe: n for (_, probe), n in zip(plan.symbols, plan.values)} if plan is not None else {}
+    with noting_probe_reads(stop=True, lengths=lengths) if plan is not None else nullcontext(set()) as reads:
+        try:
+            program = trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", []))
+        except ProbeRead as read:      # (its symbols stay static: the rest of the trace is not needed)
+            names = frozenset(name for name, probe in plan.symbols if probe in read.probes)
+            raise SymbolicDecision(f"the body uses the length {', '.join(sorted(names))} as a number",
+                                   names) from None
     lowered.artifacts["probe_reads"] = reads
     lowered.program = verify_program(program, pass_name="trace")
     return lowered.program

@@ -567,9 +567,7 @@ def _one_or_tuple(results: tuple) -> Any:
 
 
 def _torch_from_numpy(r: np.ndarray) -> Any:
-    import torch
-
-    return torch.from_numpy(r)
+    return arrays_rt.as_caller_type(r, "torch")   # (a bfloat16 or float8 result: torch takes its bits)
 
 
 def _run_into(run: backends.Executable, inputs: list[np.ndarray], views: list[np.ndarray]) -> None:

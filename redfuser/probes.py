@@ -40,6 +40,20 @@ def _users(filename: str) -> bool:
 PROBE_LENGTHS = frozenset(PROBES) | frozenset(CHECK_PROBES)
 """Every probe length (a static length equal to one cannot be told from a symbol's probe)."""
 _reads: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar("redfuser_probe_reads", default=None)
+_stop: contextvars.ContextVar[bool] = contextvars.ContextVar("redfuser_probe_reads_stop", default=False)
+_lengths: contextvars.ContextVar[dict[int, int]] = contextvars.ContextVar("redfuser_probe_lengths", default={})
+
+
+class ProbeRead(BaseException):
+    """The user's code read a probe length as a number while a trace that asked to stop there
+    (`noting_probe_reads` with ``stop``) ran: its symbols stay static, so the rest of the trace is not
+    needed, and a body that loops over a symbolic length (``for i in range(x.shape[1])``) would otherwise
+    be traced ten thousand times over (minutes) before its read is seen. A BaseException, so that the
+    body's own ``except Exception`` does not take it for its error."""
+
+    def __init__(self, probes: frozenset[int]) -> None:
+        super().__init__(sorted(probes))
+        self.probes = probes
 
 
 class ProbeLength(int):
@@ -69,6 +83,8 @@ class ProbeLength(int):
         reads = _reads.get()
         if reads is not None and _users(frame.f_code.co_filename):
             reads.update(self.probes)
+            if _stop.get():
+                raise ProbeRead(self.probes)
 
 
 def _noting(name: str):
@@ -103,15 +119,34 @@ def product_length(n: int, factors: tuple[int, ...]) -> int:
     return ProbeLength(n, frozenset().union(*(f.probes for f in probes))) if probes else n
 
 
+def index_past_the_call(length: int, index: int) -> None:
+    """An int index `index` into a dim of `length` while a class is traced: where the call being compiled has
+    fewer elements there, the trace has left the path the call takes (``for i in range(1, x.shape[1]):
+    x[:, i]``, a loop ``range`` reads without any hook an int subclass can see): the length is read as a
+    number (`ProbeRead` where the trace stops at reads)."""
+    if not isinstance(length, ProbeLength) or _reads.get() is None:
+        return
+    actual = [_lengths.get().get(p) for p in length.probes]
+    if any(n is not None and index >= n for n in actual):
+        _reads.get().update(length.probes)
+        if _stop.get():
+            raise ProbeRead(length.probes)
+
+
 @contextlib.contextmanager
-def noting_probe_reads() -> Iterator[set[int]]:
-    """Collect, in the set it yields, the probe lengths the user's code reads as numbers inside the ``with``."""
+def noting_probe_reads(stop: bool = False, lengths: dict[int, int] | None = None) -> Iterator[set[int]]:
+    """Collect, in the set it yields, the probe lengths the user's code reads as numbers inside the ``with``;
+    with `stop`, raise `ProbeRead` at the first such read (the caller keeps those symbols static).
+    `lengths`: the call's own length of each probe (`index_past_the_call`)."""
     reads: set[int] = set()
-    token = _reads.set(reads)
+    token, stopping, known = _reads.set(reads), _stop.set(stop), _lengths.set(dict(lengths or {}))
     try:
         yield reads
     finally:
+        _lengths.reset(known)
+        _stop.reset(stopping)
         _reads.reset(token)
 
 
-__all__ = ["PROBES", "CHECK_PROBES", "PROBE_LENGTHS", "ProbeLength", "probe_length", "product_length", "noting_probe_reads"]
+__all__ = ["PROBES", "CHECK_PROBES", "PROBE_LENGTHS", "ProbeLength", "ProbeRead", "probe_length", "product_length",
+           "noting_probe_reads", "index_past_the_call"]

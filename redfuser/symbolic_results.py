@@ -28,8 +28,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from .arguments import ShapeDtype
-from .ir import RedFuserError
-from .probes import CHECK_PROBES, PROBE_LENGTHS, PROBES, noting_probe_reads
+from .probes import CHECK_PROBES, PROBE_LENGTHS, PROBES, ProbeRead, noting_probe_reads
 
 @dataclass(frozen=True)
 class SymbolicTypes:
@@ -60,7 +59,7 @@ def symbolic_output_types(output_types: Callable[..., tuple[ShapeDtype, ...]],
             free = []
         try:
             found = _probed(output_types, inputs, free, specialized, value)
-        except RedFuserError:
+        except Exception:       # (a RedFuserError, or the body's own: an assert on a length)
             if not free:
                 raise           # traced at the present values: the user's own error
             together = _equal_valued(groups, specialized, value)
@@ -94,8 +93,12 @@ def _probed(output_types: Callable[..., tuple[ShapeDtype, ...]], inputs: Sequenc
         return [ShapeDtype(tuple(d if isinstance(d, int) else at[d] if d in at else value(d) for d in shape), dtype)
                 for shape, dtype in inputs]
 
-    with noting_probe_reads() as reads:
-        first = output_types(*specs(PROBES))
+    lengths = {p: value(g[0]) for g, p in zip(free, PROBES)}
+    with noting_probe_reads(stop=True, lengths=lengths) as reads:
+        try:
+            first = output_types(*specs(PROBES))
+        except ProbeRead:
+            pass            # (the read is in `reads`; the rest of the trace is not needed)
     read = {s for g, p in zip(free, PROBES) if p in reads for s in g}
     if read:
         return read

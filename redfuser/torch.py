@@ -29,6 +29,7 @@ import numpy as np
 
 from .ir import BackendError, UnsupportedError
 from .ir.errors import ArgumentError
+from .source_info import user_loc
 from .kernel import Kernel
 from .kernel import kernel as make_kernel
 from .symbolic_results import symbolic_output_types
@@ -43,16 +44,23 @@ def _torch():
     return torch
 
 
-def _numpy_dtype(torch, dtype) -> np.dtype:
+def _numpy_dtype(torch, dtype, name: str = "", arg: str = "", loc=None) -> np.dtype:
+    """The numpy dtype of a tensor argument (`name`: the op, `arg`: its parameter, for the refusal)."""
     import ml_dtypes
 
     table = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16,
-             torch.int32: np.int32, torch.int64: np.int64, torch.bool: np.bool_, torch.float64: np.float64,
+             torch.int32: np.int32, torch.int64: np.int64, torch.bool: np.bool_,
              getattr(torch, "float8_e4m3fn", None): ml_dtypes.float8_e4m3fn}
     if dtype not in table:
-        raise ArgumentError(f"a redfuser op takes tensors of {', '.join(str(d) for d in table if d is not None)}; "
-                            f"got {dtype}")
+        where = f"the redfuser op {name}'s argument {arg!r}" if name else "a redfuser op"
+        raise ArgumentError(f"{where} is a tensor of {dtype}; it takes "
+                            f"{', '.join(str(d) for d in table if d is not None)}", op=name or None, loc=loc)
     return np.dtype(table[dtype])
+
+
+_REGISTERED: dict[str, object] = {}
+"""The ops `op` registered in this process, by name: torch would let a second registration of a name
+silently replace the first op's kernel."""
 
 
 def _torch_dtype(torch, dtype: np.dtype):
@@ -77,6 +85,10 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
     namespace, sep, opname = name.partition("::")
     if not sep or not namespace.isidentifier() or not opname.isidentifier():
         raise ArgumentError(f"an op name is 'namespace::name' with two identifiers, got {name!r}", op=kernel.__name__)
+    if name in _REGISTERED:
+        raise ArgumentError(f"the op {name} is already registered in this process (by redfuser.torch.op, for "
+                            f"{_REGISTERED[name]}); torch would run the new kernel for both: choose another name",
+                            op=kernel.__name__, loc=user_loc())
     # the tensor arguments: the parameters without a default (a functools.partial's bound ones, and
     # defaulted static values, keep the value the kernel gives them)
     params = [p.name for p in kernel._signature.parameters.values() if p.default is p.empty]
@@ -93,6 +105,7 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
         return [r if isinstance(r, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(r)) for r in results]
 
     custom = torch.library.custom_op(name, run, mutates_args=(), schema=schema)
+    _REGISTERED[name] = kernel.__name__
 
     @custom.register_fake
     def _(*tensors):
@@ -109,7 +122,7 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
                     shape.append(str(n))     # a symbol, by its expression
                 else:
                     shape.append(int(n))
-            inputs.append((tuple(shape), _numpy_dtype(torch, t.dtype)))
+            inputs.append((tuple(shape), _numpy_dtype(torch, t.dtype, name, params[len(inputs)])))
         found = symbolic_output_types(kernel.output_types, inputs, lambda s: _hint(symbols[s]))
         for group in found.merged:
             for other in group[1:]:
@@ -141,9 +154,15 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
                 raise ArgumentError(f"the redfuser op {name} takes ({', '.join(params)}); got {', '.join(unknown)} by "
                                     "name, which is not among them or is also given by position", op=opname)
             tensors = tensors + tuple(named[p] for p in params[len(tensors):] if p in named)
-        if (not torch.compiler.is_compiling() and torch.is_grad_enabled()
-                and any(getattr(t, "requires_grad", False) for t in tensors)):
-            raise UnsupportedError(refusal)     # before compiling or running anything (eagerly)
+        if not torch.compiler.is_compiling():       # (eagerly; dynamo cannot construct the errors)
+            if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
+                raise UnsupportedError(refusal, loc=user_loc())    # before compiling or running anything
+            for p, t in zip(params, tensors):
+                if isinstance(t, torch.Tensor):
+                    if t.layout != torch.strided:
+                        raise ArgumentError(f"the redfuser op {name}'s argument {p!r} is a {t.layout} tensor; it "
+                                            "takes dense (strided) tensors: call .to_dense()", op=name, loc=user_loc())
+                    _numpy_dtype(torch, t.dtype, name, p, user_loc())
         results = custom(*tensors)
         return results[0] if len(results) == 1 else tuple(results)
 

@@ -266,6 +266,11 @@ def _tensor_call(made: tuple, n_out: int, dense: Callable, launch: Callable[...,
     import torch
 
     from_numpy, empty, ident = torch.from_numpy, np.empty, threading.get_ident
+    if any(np.dtype(dtype).kind == "V" for _, dtype in made[:n_out]):     # bfloat16, float8: torch takes the bits
+        from .arrays import as_caller_type
+
+        def from_numpy(r: np.ndarray) -> Any:
+            return as_caller_type(r, "torch")
 
     def call(tensors: Sequence) -> Any:
         if ident() != _MAIN_THREAD:

@@ -287,3 +287,53 @@ def test_an_op_takes_the_parameters_without_a_default_by_position_or_name():
     assert torch.equal(added(ones, y=ones), ones * 2)
     with pytest.raises(rf.ArgumentError, match="takes \\(x, y\\)"):
         added(ones, x=ones)
+
+
+def test_a_16_bit_result_comes_back_as_a_tensor_on_every_call():
+    """A bfloat16 or float8 result of CPU tensors: the cached call path handed numpy's ml_dtypes array to
+    ``torch.from_numpy``, a bare TypeError on the second call (eagerly, and under torch.compile, whose fake
+    pass makes the first)."""
+    def to_bf16(x):
+        return (x * 2).astype(rf.bfloat16)
+
+    kernel = rf.kernel(to_bf16, backend="cpu")
+    op = rft.op(to_bf16, "rftests::to_bf16")
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    for call in (kernel, kernel, op, op):
+        got = call(x)
+        assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), (x * 2).to(torch.bfloat16).view(torch.int16))
+
+
+def test_an_op_name_registered_twice_sparse_tensors_and_other_dtypes_are_refused_clearly():
+    """A second op of one name silently made the first run the second kernel; a sparse tensor gave a bare
+    BufferError; a float64 tensor's error named the kernel and pointed into torch's own code."""
+    op = rft.op(lambda x: x * 2.0, "rftests::twice")
+    with pytest.raises(rf.ArgumentError, match="already registered"):
+        rft.op(lambda x: x * 3.0, "rftests::twice")
+    assert torch.equal(op(torch.ones(3)), torch.full((3,), 2.0))
+    with pytest.raises(rf.ArgumentError, match=r"rftests::twice's argument 'x' is a torch.sparse_coo tensor"):
+        op(torch.eye(3).to_sparse())
+    with pytest.raises(rf.ArgumentError, match=r"rftests::twice's argument 'x' is a tensor of torch.float64") as err:
+        op(torch.ones(3, dtype=torch.float64))
+    assert "test_torch_op.py" in str(err.value)
+
+
+def test_a_body_that_loops_over_a_length_is_specialized_without_tracing_the_probe():
+    """``for i in range(1, x.shape[1])`` at the probe length 10009 traced ten thousand iterations: minutes
+    under torch.compile(dynamic=True), and for a kernel's second length. The trace now stops where it
+    indexes past the call's own length; an assert on a length in the body is the user's, not an error."""
+    def unrolled(x):
+        assert x.shape[1] % 1 == 0
+        acc = x[:, 0]
+        for i in range(1, x.shape[1]):
+            acc = rf.maximum(acc, x[:, i])
+        return acc
+
+    kernel = rf.kernel(unrolled, backend="cpu")
+    for n in (4, 5):
+        x = np.random.default_rng(n).standard_normal((8, n)).astype(np.float32)
+        np.testing.assert_array_equal(kernel(x), x.max(1))
+    assert "uses the length x.1 as a number" in " ".join(kernel.polymorphism.values())
+    op = rft.op(unrolled, "rftests::unrolled")
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(torch.compile(op, fullgraph=True, dynamic=True)(x), x.max(1).values)
