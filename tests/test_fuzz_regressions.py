@@ -832,3 +832,17 @@ def test_a_separable_max_of_a_base_2_exponential_is_taken_as_written(backend):
     x0 = np.array([999.8497314453125, 1001.9498291015625, 1000.7438354492188, 998.7208862304688],
                   np.float32).reshape((4, 1))
     np.testing.assert_array_equal(rf.kernel(program, backend=backend)(x0), program(x0))
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+def test_a_weighted_square_about_a_weighted_mean_is_a_second_pass(backend):
+    """Fuzz seed 81, example 605 (pre-existing at 31b1f3a): ``Σ w (x - Σwx / Σw)**2`` was centred on the plain
+    running mean of ``x``, far from the weighted mean where the weights are skewed (-2 and 65504), and the
+    weighted sums around it cancelled: -2.00098 for numpy's -2.00006. Such a sum is a second pass, as written."""
+    def program(x0, x1):
+        v3 = rf.sum(x1 * x0, axis=-1, keepdims=True) / rf.sum(x1, axis=-1, keepdims=True)
+        return rf.sum(x1 * (x0 - v3) ** 2, axis=-1, keepdims=True)
+
+    x0 = np.array([[-4.0, -3.0]], np.float32)
+    x1 = np.array([[-2.0, 65504.0]], np.float32)
+    np.testing.assert_allclose(rf.kernel(program, backend=backend)(x0, x1), program(x0, x1), rtol=2e-6)

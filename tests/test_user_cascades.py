@@ -35,9 +35,10 @@ def test_a_mean_that_is_a_quotient_of_two_sums_is_centred(backend):
     algebra split ``S / W`` into ``S W^-1``, so the pair ``x^2`` beside ``x S W^-1`` was no difference of
     ``x`` and one earlier value, the sum was expanded into three, and they cancelled: a softmax-weighted
     variance near 1000 gave 0.76 for 0.67, squares about a mean near 1e4 gave -1536 for 84, a weighted
-    covariance 20.6 for 0.1. ``S / W`` is now one earlier value: the sums are centred on a running mean of the
-    compiler's own, and the softmax-weighted one, whose weights that mean does not follow, is a second pass
-    (logits spread by 1e3: 0.16 off for numpy's 0.09 when it was centred so; fuzz seed 75, example 937)."""
+    covariance 20.6 for 0.1. ``S / W`` is now one earlier value: an unweighted sum about it is centred on a
+    running mean of the compiler's own, and a weighted one (softmax or other weights), whose weights that
+    mean does not follow, is a second pass (logits spread by 1e3: 0.16 off for numpy's 0.09 when it was
+    centred so, fuzz seed 75, example 937; weights -2 and 65504, fuzz seed 81, example 605)."""
     rng = np.random.default_rng(0)
     k = rf.kernel(_variance_under_softmax, backend=backend)
     for x in ((1000 + rng.standard_normal((2, 64))).astype(np.float32),

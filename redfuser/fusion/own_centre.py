@@ -87,6 +87,12 @@ def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple
 def _own_or_taylor(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: Axis, name: str,
                    delta: Load) -> Decomposition | str:
     """`value`'s sum centred on a running mean of the compiler's own: on one root, else in Taylor form."""
+    if not isinstance(pair[1], Load) and _weighted(value, pair[0], ctx):
+        # ``Σ w (x - S / W)**2``: the compiler's own centre is the plain running mean of ``x``, far from the
+        # weighted mean ``S / W`` where the weights are skewed, and the weighted sums around it cancel (weights
+        # -2 and 65504: -2.00098 for numpy's -2.00006; fuzz seed 81, example 605, as the Taylor form's below)
+        return f"its own centre would be the plain running mean of {format_expr(pair[0])}, and the weighted " \
+               f"sums around it cancel where the weights put {format_expr(pair[1])} far from it"
     own = own_centre_sum(value, ctx, pair, axis, name, delta)
     if isinstance(own, Decomposition):
         return own
@@ -102,6 +108,12 @@ def _own_or_taylor(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axi
         return taylor
     return f"the compiler could not centre the sum on a running mean of its own ({own}), and no Taylor form " \
            f"around one applies ({taylor})"
+
+
+def _weighted(value: Expr, u: Expr, ctx: FusionContext) -> bool:
+    """Whether `value` reads reduced values other than those `u` reads (a weight beside ``(u - Y)**2``)."""
+    own = {n for n in walk(u) if isinstance(n, Load)}
+    return any(isinstance(n, Load) and n not in own and ctx.kind(n) == "x" for n in walk(value))
 
 
 def _unstable(pair: tuple[Expr, Expr], why: str) -> str:
