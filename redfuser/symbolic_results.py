@@ -30,6 +30,7 @@ import numpy as np
 from .arguments import ShapeDtype
 from .probes import CHECK_PROBES, PROBE_LENGTHS, PROBES, ProbeRead, noting_probe_reads
 
+
 @dataclass(frozen=True)
 class SymbolicTypes:
     """What `symbolic_output_types` found: `results`, each result's shape (ints and input symbols) and
