@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 import sys
 from typing import Any, Callable, NamedTuple
 
@@ -156,6 +157,7 @@ class Kernel:
         self.__wrapped__ = fn
         self.backend = backend
         self._cache: dict[tuple, tuple[Lowered, backends.Executable]] = {}
+        self._compiling = threading.RLock()
         self._hits = self._misses = 0
         # `_fast_key` of a call -> its `_FastPath`: the call path of a specialization already made, for calls
         # whose arguments need no checks beyond what the key says
@@ -195,12 +197,15 @@ class Kernel:
 
     def _compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, to_run: bool = True
                   ) -> tuple[Lowered, backends.Executable | None, list[Any]]:
-        self._retrace_if_captured_changed()
-        try:
-            return self._specialization(args, kwargs, to_run)
-        finally:
-            if self._captured is not None:
-                self._captured.note_traced()    # (what the body itself changed while tracing: a log list)
+        # one thread at a time finds or makes a specialization: threads calling a new kernel at once made one
+        # each (six threads, six compiles of one op); the cached call path (`__call__`'s fast key) takes no lock
+        with self._compiling:
+            self._retrace_if_captured_changed()
+            try:
+                return self._specialization(args, kwargs, to_run)
+            finally:
+                if self._captured is not None:
+                    self._captured.note_traced()    # (what the body itself changed while tracing: a log list)
 
     def _specialization(self, args: tuple[Any, ...], kwargs: dict[str, Any], to_run: bool
                         ) -> tuple[Lowered, backends.Executable | None, list[Any]]:

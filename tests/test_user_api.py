@@ -236,3 +236,25 @@ def test_a_changed_config_table_or_attribute_is_read_again(backend):
     np.testing.assert_array_equal(k(x), [8.0, 8.0])
     scaled.scale = 7.0
     np.testing.assert_array_equal(k(x), [28.0, 28.0])
+
+
+def test_threads_calling_a_new_kernel_at_once_compile_it_once():
+    """Six threads making the first call of a kernel together compiled it six times (each a miss, the
+    results right): finding or making a specialization is one thread at a time."""
+    import threading
+
+    from redfuser.workloads import softmax
+
+    k = rf.kernel(softmax, backend="cpu")
+    x = np.random.default_rng(0).standard_normal((64, 300)).astype(np.float32)
+    out = [None] * 6
+
+    def run(i):
+        out[i] = k(x)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert k.cache_info().misses == 1 and all(np.array_equal(o, out[0]) for o in out)
