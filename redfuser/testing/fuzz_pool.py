@@ -151,6 +151,12 @@ class Pool:
             if tag == "progress":
                 slot.backend, slot.since = payload, time.monotonic()
                 continue
+            if time.monotonic() - slot.since > self.timeout:
+                # it outlived the timeout, though its answer came before this poll looked (a poll waits up to
+                # a second): a timeout all the same, as it would be a moment later
+                task, failure = self._lost(k, "timeout")
+                yield k, task, failure
+                continue
             task, slot.task = slot.task, None
             yield k, task, payload if tag == "done" else f"the fuzzer itself failed:\n{payload}"
         now = time.monotonic()
