@@ -145,12 +145,16 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
         try:
             program = trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", []))
         except ProbeRead as read:      # (its symbols stay static: the rest of the trace is not needed)
-            names = frozenset(name for name, probe in plan.symbols if probe in read.probes)
-            raise SymbolicDecision(f"the body uses the length {', '.join(sorted(names))} as a number",
-                                   names) from None
+            raise _lengths_read(plan, read.probes) from None
     lowered.artifacts["probe_reads"] = reads
     lowered.program = verify_program(program, pass_name="trace")
     return lowered.program
+
+
+def _lengths_read(plan: ShapePlan, probes: set[int] | frozenset[int]) -> SymbolicDecision:
+    """The decision that keeps static the symbols whose probes the body read as numbers (`redfuser.probes`)."""
+    names = frozenset(name for name, probe in plan.symbols if probe in probes)
+    return SymbolicDecision(f"the body uses the length {', '.join(sorted(names))} as a number", names)
 
 
 def fuse_stage(program: Program, lowered: Lowered) -> Program:
@@ -194,10 +198,9 @@ def sized_stage(program: Program, lowered: Lowered) -> Program:
     index or a top-k's k; a call below them is compiled for its exact shapes, and fails as numpy does)."""
     plan = lowered.shapes
     assert plan is not None and lowered.source is not None
-    read = lowered.artifacts.get("probe_reads", set())
-    names = frozenset(name for name, probe in plan.symbols if probe in read)
-    if names:
-        raise SymbolicDecision(f"the body uses the length {', '.join(sorted(names))} as a number", names)
+    decision = _lengths_read(plan, lowered.artifacts.get("probe_reads", set()))
+    if decision.symbols:
+        raise decision
 
     def same_at(specs: tuple[ArgSpec, ...], probes: dict[int, int]) -> bool:
         with noting_probe_reads():      # traced as the first was (its constants of lengths are alike)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
 import sys
+import threading
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -201,11 +201,12 @@ class Kernel:
         # each (six threads, six compiles of one op); the cached call path (`__call__`'s fast key) takes no lock
         with self._compiling:
             self._retrace_if_captured_changed()
+            made = self._misses
             try:
                 return self._specialization(args, kwargs, to_run)
             finally:
-                if self._captured is not None:
-                    self._captured.note_traced()    # (what the body itself changed while tracing: a log list)
+                if self._captured is not None and self._misses != made:   # (a trace ran: what the body itself
+                    self._captured.note_traced()                           # changed while tracing, a log list)
 
     def _specialization(self, args: tuple[Any, ...], kwargs: dict[str, Any], to_run: bool
                         ) -> tuple[Lowered, backends.Executable | None, list[Any]]:

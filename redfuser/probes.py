@@ -80,11 +80,15 @@ class ProbeLength(int):
     def note_if_user(self, frame) -> None:
         """Note this length as read when `frame` (the one using it) is the user's code (not RedFuser's, and
         not numpy's or ml_dtypes', which RedFuser calls on shapes, e.g. to broadcast them)."""
-        reads = _reads.get()
-        if reads is not None and _users(frame.f_code.co_filename):
-            reads.update(self.probes)
-            if _stop.get():
-                raise ProbeRead(self.probes)
+        if _reads.get() is not None and _users(frame.f_code.co_filename):
+            _read(self.probes)
+
+
+def _read(probes: frozenset[int]) -> None:
+    """Note `probes` as read by the body, and stop the trace there where it asked to (`ProbeRead`)."""
+    _reads.get().update(probes)
+    if _stop.get():
+        raise ProbeRead(probes)
 
 
 def _noting(name: str):
@@ -119,25 +123,22 @@ def product_length(n: int, factors: tuple[int, ...]) -> int:
     return ProbeLength(n, frozenset().union(*(f.probes for f in probes))) if probes else n
 
 
-def index_past_the_call(length: int, index: int) -> None:
-    """An int index `index` into a dim of `length` while a class is traced: where the call being compiled has
-    fewer elements there, the trace has left the path the call takes (``for i in range(1, x.shape[1]):
-    x[:, i]``, a loop ``range`` reads without any hook an int subclass can see): the length is read as a
-    number (`ProbeRead` where the trace stops at reads)."""
+def needed_past_the_call(length: int, least: int) -> None:
+    """The trace needs `least` elements along a dim of `length` (an int index, a top-k's k): where the call
+    being compiled has fewer, the trace has left the path the call takes (``for i in range(1, x.shape[1]):
+    x[:, i]``, a loop ``range`` reads without any hook an int subclass can see), and the length counts as
+    read as a number (`ProbeRead` where the trace stops at reads)."""
     if not isinstance(length, ProbeLength) or _reads.get() is None:
         return
-    actual = [_lengths.get().get(p) for p in length.probes]
-    if any(n is not None and index >= n for n in actual):
-        _reads.get().update(length.probes)
-        if _stop.get():
-            raise ProbeRead(length.probes)
+    if any(least > _lengths.get().get(p, least) for p in length.probes):
+        _read(length.probes)
 
 
 @contextlib.contextmanager
 def noting_probe_reads(stop: bool = False, lengths: dict[int, int] | None = None) -> Iterator[set[int]]:
     """Collect, in the set it yields, the probe lengths the user's code reads as numbers inside the ``with``;
     with `stop`, raise `ProbeRead` at the first such read (the caller keeps those symbols static).
-    `lengths`: the call's own length of each probe (`index_past_the_call`)."""
+    `lengths`: the call's own length of each probe (`needed_past_the_call`)."""
     reads: set[int] = set()
     token, stopping, known = _reads.set(reads), _stop.set(stop), _lengths.set(dict(lengths or {}))
     try:
@@ -149,4 +150,4 @@ def noting_probe_reads(stop: bool = False, lengths: dict[int, int] | None = None
 
 
 __all__ = ["PROBES", "CHECK_PROBES", "PROBE_LENGTHS", "ProbeLength", "ProbeRead", "probe_length", "product_length",
-           "noting_probe_reads", "index_past_the_call"]
+           "noting_probe_reads", "needed_past_the_call"]

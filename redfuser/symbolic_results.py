@@ -59,7 +59,7 @@ def symbolic_output_types(output_types: Callable[..., tuple[ShapeDtype, ...]],
             specialized = set(symbols)
             free = []
         try:
-            found = _probed(output_types, inputs, free, specialized, value)
+            found = _probed(output_types, inputs, free, value)
         except Exception:       # (a RedFuserError, or the body's own: an assert on a length)
             if not free:
                 raise           # traced at the present values: the user's own error
@@ -86,9 +86,10 @@ def _equal_valued(groups: list[tuple], specialized: set, value: Callable[[Hashab
 
 
 def _probed(output_types: Callable[..., tuple[ShapeDtype, ...]], inputs: Sequence[tuple[tuple, np.dtype]],
-            free: list[tuple], specialized: set, value: Callable[[Hashable], int]):
-    """The results with the `free` symbol groups as symbols, or the set of free symbols the body read as
-    numbers (to specialize), or None when the two traces disagree otherwise (specialize every symbol)."""
+            free: list[tuple], value: Callable[[Hashable], int]):
+    """The results with the `free` symbol groups as symbols (the others at their present values), or the set
+    of free symbols the body read as numbers (to specialize), or None when the two traces disagree otherwise
+    (specialize every symbol)."""
     def specs(lengths: Sequence[int]) -> list[ShapeDtype]:
         at = {s: n for g, n in zip(free, lengths) for s in g}
         return [ShapeDtype(tuple(d if isinstance(d, int) else at[d] if d in at else value(d) for d in shape), dtype)

@@ -32,6 +32,7 @@ from .ir.errors import ArgumentError
 from .source_info import user_loc
 from .kernel import Kernel
 from .kernel import kernel as make_kernel
+from .runtime.arrays import as_caller_type
 from .symbolic_results import symbolic_output_types
 
 
@@ -102,7 +103,8 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
             on[device] = make_kernel(kernel.__wrapped__, backend=device, options=kernel.options)
         results = on[device](*tensors)
         results = results if isinstance(results, tuple) else (results,)
-        return [r if isinstance(r, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(r)) for r in results]
+        # (numpy results of a kernel without tensor arguments: bfloat16 and float8 ones by their bits)
+        return [r if isinstance(r, torch.Tensor) else as_caller_type(np.ascontiguousarray(r), "torch") for r in results]
 
     custom = torch.library.custom_op(name, run, mutates_args=(), schema=schema)
     _REGISTERED[name] = kernel.__name__

@@ -45,7 +45,7 @@ from .ir import (
 from .ir.loop.index import as_index, index_value
 from .ir.types import int64
 from .ir import types as T
-from .probes import ProbeLength, probe_length, product_length
+from .probes import ProbeLength, needed_past_the_call, probe_length, product_length
 from .source_info import is_internal, user_loc
 
 
@@ -147,8 +147,10 @@ class TraceBuilder:
         return [v for v in found if v is not None and v is not t and v is not but]
 
     def need_length(self, length: int, least: int) -> None:
-        """Record that the body is what it traced to only while an axis of `length` has >= `least` elements."""
+        """Record that the body is what it traced to only while an axis of `length` has >= `least` elements
+        (and, while a shape class is traced for a call with fewer, that the length is read: `probes`)."""
         self.length_needs.append((int(length), int(least)))
+        needed_past_the_call(length, int(least))
 
     def fresh(self, hint: str) -> str:
         n = self._counter.get(hint, 0)

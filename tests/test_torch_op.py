@@ -303,6 +303,12 @@ def test_a_16_bit_result_comes_back_as_a_tensor_on_every_call():
         got = call(x)
         assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), (x * 2).to(torch.bfloat16).view(torch.int16))
 
+    def made():        # no tensor argument: the kernel's result is a numpy bfloat16 array, handed to torch by its bits
+        return rf.arange(4, dtype=rf.float32).astype(rf.bfloat16)
+
+    op = rft.op(made, "rftests::made_bf16")
+    assert torch.equal(op().view(torch.int16), torch.arange(4, dtype=torch.bfloat16).view(torch.int16))
+
 
 def test_an_op_name_registered_twice_sparse_tensors_and_other_dtypes_are_refused_clearly():
     """A second op of one name silently made the first run the second kernel; a sparse tensor gave a bare

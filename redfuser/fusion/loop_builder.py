@@ -24,6 +24,8 @@ from ..ir import (
     ReduceOp,
     Select,
     TopKState,
+    Unary,
+    UnaryOp,
     map_expr,
     rounded,
     walk,
@@ -149,7 +151,7 @@ class LoopBuilder:
             there = self.term_at(value, u, extreme, reduced)
             if there is not None:
                 c = shift.centre.source      # (finite: an infinite centre's own element is inf - inf = NaN)
-                finite = Binary(BinaryOp.EQ, Binary(BinaryOp.SUB, c, c, c.dtype), Const(0.0, c.dtype), bool_)
+                finite = Binary(BinaryOp.LT, Unary(UnaryOp.ABS, c, c.dtype), Const(float("inf"), c.dtype), bool_)
                 self.extreme_terms[member.name] = (Binary(BinaryOp.AND, far, finite, bool_), there)
                 far = Binary(BinaryOp.OR, far, Binary(BinaryOp.NE, there, there, bool_), bool_)
             guard = far if guard is None else Binary(BinaryOp.OR, guard, far, bool_)

@@ -139,12 +139,7 @@ def exp_bound(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext", overflow_o
     `overflow_only`, terms whose running value only makes the exponent smaller than the reference's
     (``+c·max``, ``-c·min``) are left out: they cannot make the loop overflow where the reference does not."""
     if overflow_only:
-        extrema = {e.name: e.op for e in ctx.extrema}
-        y_lin = A.Linear.of({mono: c for mono, c in y_lin.terms
-                             if not (len(mono.factors) == 1 and mono.factors[0][1] == 1
-                                     and isinstance(mono.factors[0][0], Load)
-                                     and (extrema.get(mono.factors[0][0].buffer.name) is ReduceOp.MAX) == (c > 0)
-                                     and mono.factors[0][0].buffer.name in extrema)})
+        y_lin = A.Linear.of({mono: c for mono, c in y_lin.terms if not _lowers_exponent(mono, c, ctx)})
         if y_lin.is_zero:
             return None
     rest = _exp_rest(x_lin, y_lin, ctx)
@@ -154,6 +149,16 @@ def exp_bound(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext", overflow_o
         return ("its exponential's reduced part is not the very body its running max reduces (compared in normal "
                 "form), so exp(e(x) - max e) cannot be shown <= 1 inside the loop, where it could overflow")
     return None
+
+
+def _lowers_exponent(mono: A.Monomial, c: float, ctx: "FusionContext") -> bool:
+    """Whether the term ``c·mono`` of an exponent is ``+c·max`` or ``-c·min`` of a running extremum: its running
+    value makes the exponent smaller than the reference's final one, never larger."""
+    if len(mono.factors) != 1 or mono.factors[0][1] != 1 or not isinstance(mono.factors[0][0], Load):
+        return False
+    name = mono.factors[0][0].buffer.name
+    op = next((e.op for e in ctx.extrema if e.name == name), None)
+    return op is not None and (op is ReduceOp.MAX) == (c > 0)
 
 
 def attains_one(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext") -> bool:
@@ -242,5 +247,5 @@ def moved_rounding_line(g_atom: Expr, online_atom: Expr, deferred: Expr | None) 
             "once, within one bound (docs/fusion.md, \"Narrowing casts inside a cascade\")")
 
 
-__all__ = ["Extremum", "NarrowedCast", "attains_one", "distribute_cast", "exp_bound", "g_bound", "split_narrowing", "rescale_dtype", "rounding_factor",
-           "moved_rounding_line"]
+__all__ = ["Extremum", "NarrowedCast", "attains_one", "distribute_cast", "exp_bound", "g_bound", "split_narrowing",
+           "rescale_dtype", "rounding_factor", "moved_rounding_line"]

@@ -21,11 +21,10 @@ rounded value bounded. Anything else is refused with the atom that mixes x and y
 from __future__ import annotations
 
 import math
-
-import ml_dtypes
-
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
+
+import ml_dtypes
 
 from ..ir import (Binary, BinaryOp, Cast, Const, DType, Expr, IndexValue, Load, ReduceOp, Select, Unary,
                   UnaryOp, format_expr, map_expr, reads_axis)
@@ -439,8 +438,10 @@ def _deferred_division_range(sp: _Split, d: DType, name: str) -> Refusal | None:
     `d`'s."""
     if not any(q <= -2 for _, q in sp.deferred.factors) or not any(q >= 2 for _, q in sp.g.factors):
         return None
-    if g_bound(1.0, sp.g) ** 2 <= float(ml_dtypes.finfo(d.numpy).max) or not d.is_float:
-        return None     # (squared: the bound's reciprocal, its underflow, is as far out)
+    # G within the square root of the range: its magnitudes then fit, and so do their reciprocals' (where the
+    # small ones would underflow); decompose has refused non-float sums before
+    if g_bound(1.0, sp.g) ** 2 <= float(ml_dtypes.finfo(d.numpy).max):
+        return None
     shown = format_expr(monomial_expr(sp.deferred, d))
     return Refusal(f"in `{name}`, the division by {shown} would be deferred to after the loop, but the reference "
                    f"divides first, and {format_expr(monomial_expr(sp.g, d))} alone can leave {d}'s range (over- "

@@ -18,7 +18,7 @@ from ..ir import (
 )
 from ..ir import types as T
 from ..source_info import user_loc
-from ..probes import ProbeLength, index_past_the_call
+from ..probes import ProbeLength
 from ..tracer import Fixed, Mapped, Stepped, Tracer, ViewIndex, active_builder, redirect, view_index
 from .common import (
     _traced,
@@ -103,7 +103,6 @@ def getitem(x: Tracer, key: object) -> Tracer:
                 raise ShapeError(f"index {k} is out of bounds for dim {dim} of {describe(x)}", op="getitem",
                                  loc=user_loc())
             x.builder.need_length(size, int(k) + 1 if k >= 0 else -int(k))
-            index_past_the_call(size, int(k) if k >= 0 else -int(k) - 1)
             new_of_old[dim] = Fixed(int(k) % size)
         else:
             raise UnsupportedError(f"index {k!r} of type {type(k).__name__} is not supported (use None, ..., "
