@@ -53,7 +53,10 @@ _USER_LEVEL = (os.path.join(_PKG_ROOT, "workloads.py"), os.path.join(_PKG_ROOT, 
 
 @functools.lru_cache(maxsize=4096)
 def is_internal(filename: str) -> bool:
-    """True for files of RedFuser's compiler itself (their frames are never the user's line)."""
+    """True for files of RedFuser's compiler itself (their frames are never the user's line), and for Python's
+    frozen modules (``<frozen runpy>`` runs ``python -m redfuser``: no user wrote that line either)."""
+    if filename.startswith("<frozen "):
+        return True
     path = os.path.abspath(filename)
     return path.startswith(_OWN_DIRS) and not path.startswith(_USER_LEVEL)
 

@@ -127,6 +127,15 @@ class Lowered:
     def __str__(self) -> str:
         return "\n\n".join(f"=== {name} ===\n{ir}" for name, ir in self.stages.items())
 
+    @property
+    def specialization(self) -> str:
+        """A short name of this compile among the kernel's others: a digest of its backend, options and traced
+        program (two closures named alike, an exact shape and its shape class, differ in it)."""
+        import hashlib
+
+        text = f"{self.backend}\n{self.options}\n{self.stages.get('traced', '')}"
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
     def dump(self, folder: Path) -> None:
         """Write each stage's text to ``folder/NN-name.txt``."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -288,7 +297,7 @@ def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options:
     dump = config.dump_dir()
     if dump is not None:
         try:
-            out.dump(dump / out.name)
+            out.dump(dump / out.name / out.specialization)   # (one folder a compile: none mixes with another)
         except OSError as err:   # the stages are for reading; a folder that cannot take them is not fatal
             warn_at_user(f"REDFUSER_DUMP_DIR={str(dump)!r}: cannot write {out.name}'s stages ({err})",
                          RuntimeWarning)

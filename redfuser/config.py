@@ -3,7 +3,8 @@
 - ``REDFUSER_BACKEND``: default backend of kernels that do not name one
   (``auto``, ``interpret``, ``cpu``, ``cuda``, ``simulate``); default ``auto``.
 - ``REDFUSER_DUMP_DIR``: when set, every compiled kernel writes each stage's
-  text to ``<dir>/<kernel>/<NN-stage>.txt``.
+  text to ``<dir>/<kernel>/<specialization>/<NN-stage>.txt`` (`Lowered.specialization`: a digest of the
+  backend, options and traced program, so that each compile has a folder of its own).
 - ``REDFUSER_CACHE``: ``0`` turns the on-disk compile cache off (default on).
 - ``REDFUSER_CACHE_DIR``: where the on-disk cache lives (default
   ``$XDG_CACHE_HOME/redfuser`` or ``~/.cache/redfuser``).

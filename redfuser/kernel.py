@@ -413,7 +413,8 @@ class Kernel:
         from .fusion.explain import explain
 
         lowered = self._compiled(args, kwargs, to_run=False)[0]
-        return explain(lowered.name, lowered.groups, lowered.stages.get("sized", lowered.stages.get("fused")))
+        return explain(lowered.name, lowered.groups, lowered.stages.get("sized", lowered.stages.get("fused")),
+                       fusion_on=lowered.options.fuse)
 
     @_user_facing
     def output_types(self, *args: Any, **kwargs: Any) -> tuple[ShapeDtype, ...]:
@@ -553,8 +554,10 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
             key.append((type(a), a, repr(a)))   # (repr: -0.0 and 0.0 are two specializations)
         else:
             torch = sys.modules.get("torch")     # (looked up only here: most calls pass numpy arrays)
-            if torch is not None and type(a) is getattr(torch, "Tensor", None) and a.is_cpu \
-                    and not a.requires_grad and a.dtype in _torch_numpy_dtypes(torch) and a.is_contiguous():
+            if torch is None or type(a) is not getattr(torch, "Tensor", None) or a.is_nested:
+                return None      # (a nested tensor has no sizes: `arrays._torch_refusal` says what to pass)
+            if a.is_cpu and not a.requires_grad and a.dtype in _torch_numpy_dtypes(torch) and a.is_contiguous() \
+                    and not a.is_neg():   # (a lazily negated view's memory holds -x: `arrays._torch_refusal`)
                 key.append(("torch", a.dtype, a.shape))   # (a torch.Size: a tuple, hashed as one)
             else:
                 return None

@@ -27,13 +27,18 @@ def _bool(value: object) -> str | None:
     return None if isinstance(value, bool) else "True or False"
 
 
-def _int_at_least(low: int, optional: bool) -> Callable[[object], str | None]:
+MAX_THREADS = 4096
+"""The most worker threads `num_threads` may ask for (more than the cores of any host today; each thread
+takes its own stack, and a million of them ended in threading's bare RuntimeError)."""
+
+
+def _int_at_least(low: int, optional: bool, high: int | None = None) -> Callable[[object], str | None]:
     def check(value: object) -> str | None:
         if value is None and optional:
             return None
-        if _is_int(value) and value >= low:
+        if _is_int(value) and value >= low and (high is None or value <= high):
             return None
-        return ("None or " if optional else "") + f"an int >= {low}"
+        return ("None or " if optional else "") + (f"an int >= {low}" if high is None else f"an int {low}..{high}")
 
     return check
 
@@ -76,7 +81,7 @@ class KernelOptions:
                                           "head dimension); longer ones are tiled across the grid by block_n; "
                                           "None: the backend's (cpu 512, gpu 256; schedule/options.py)", _int_at_least(1, optional=True))
     num_threads: int = _option(0, "cpu: worker threads splitting the grid; 0: one per core",
-                               _int_at_least(0, optional=False))
+                               _int_at_least(0, optional=False, high=MAX_THREADS))
     split: int | None = _option(None, "slices of a fused loop's axis across programs (flash decoding); None: "
                                       "automatic", _int_at_least(1, optional=True))
     num_warps: int | None = _option(None, "cuda/simulate: warps per block; None: codegen/simt/plan.py (4, up to "

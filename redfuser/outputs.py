@@ -1,7 +1,8 @@
 """``kernel(*args, out=...)``: results written into arrays the caller allocated.
 
 `out` is one array (a kernel with one result) or a tuple or list of them, one per result, of the
-result's exact shape and dtype, writable, and sharing no memory with an argument or another `out`
+result's exact shape and dtype, writable, no two of its elements in one place (a 0 stride), and sharing no
+memory with an argument or another `out`
 (the kernel reads its arguments while it writes its results; a result written over an input would
 change what the rest of the kernel reads). numpy arrays and torch CPU tensors go with the host backends
 (``interpret``, ``cpu``, ``simulate``); on ``cuda`` device tensors (torch, cupy) are written in place, on
@@ -49,6 +50,18 @@ def _overlap(a: arrays_rt.ArrayInfo, b: arrays_rt.ArrayInfo) -> bool:
     return a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
 
 
+def _self_overlapping(info: arrays_rt.ArrayInfo) -> bool:
+    """Whether two elements of the array may be one memory location (a 0 stride, ``torch.expand``, a hand-made
+    ``as_strided``): its dims, by growing stride, must each step past everything the smaller ones span; a
+    layout that interleaves without overlapping fails this too (the check errs towards refusing)."""
+    span = 0
+    for n, s in sorted(((n, abs(s)) for n, s in zip(info.shape, info.strides) if n > 1), key=lambda d: d[1]):
+        if s <= span:
+            return True
+        span += (n - 1) * s
+    return False
+
+
 def check(outs: Sequence[object], results: Sequence[Buffer], arguments: Sequence[tuple[str, object]], kernel: str,
           loc: SourceLoc | None) -> list[arrays_rt.ArrayInfo]:
     """Each of `outs` described, after checking it against its result (shape, dtype, writable) and against
@@ -67,6 +80,10 @@ def check(outs: Sequence[object], results: Sequence[Buffer], arguments: Sequence
                                 f"{BufferType(b.dtype, tuple(b.shape))}", op=kernel, loc=loc)
         if getattr(getattr(o, "flags", None), "writeable", True) is False:
             raise ArgumentError(f"{name} is a read-only array", op=kernel, loc=loc)
+        if _self_overlapping(info):
+            raise ArgumentError(f"{name} has elements that share memory (strides {info.strides} for shape "
+                                f"{tuple(info.shape)}): every result element needs a place of its own", op=kernel,
+                                loc=loc)
         for arg_name, arg_info in described:
             if _overlap(info, arg_info):
                 raise ArgumentError(f"{name} shares memory with argument {arg_name!r}: the kernel reads its "

@@ -9,6 +9,7 @@ active `TraceBuilder`.
 from __future__ import annotations
 
 import contextvars
+import math
 import re
 import sys
 import weakref
@@ -118,6 +119,19 @@ def redirect(v: ViewIndex, to: "Callable[[int], ViewIndex]") -> ViewIndex:
     return Fixed(folded) if isinstance(folded, int) else Mapped(value)
 
 
+MAX_ARRAY_BYTES = 1 << 62
+"""The largest array a kernel may make (numpy's limit is the same order: ``size * itemsize`` must fit in a
+signed 64-bit count); past it numpy's body fails too, with its bare ValueError."""
+
+
+def _check_size(op: str, dtype: DType, shape: tuple[int, ...]) -> None:
+    """`ShapeError` for a value too large for any memory (``rf.arange(2**62)``), at the user's line; shapes
+    with symbolic (probe) lengths are left alone (reading them would be noted as a use)."""
+    if all(type(n) is int for n in shape) and math.prod(shape) * dtype.itemsize > MAX_ARRAY_BYTES:
+        raise ShapeError(f"{dtype}[{','.join(map(str, shape))}] is too big for any memory ({math.prod(shape)} "
+                         f"elements of {dtype.itemsize} bytes)", op=op, loc=user_loc())
+
+
 class TraceBuilder:
     """Collects the loop nests of one trace and names their buffers."""
 
@@ -167,6 +181,7 @@ class TraceBuilder:
     def emit(self, hint: str, dtype: DType, shape: tuple[int, ...], make: Callable[[Buffer], Stmt]) -> "Tracer":
         """Append the loop nest `make(out)` writing a new buffer; return a tracer for it."""
         self.name_user_variables()
+        _check_size(hint, dtype, shape)
         buf = Buffer(self.fresh(hint), BufferType(dtype, shape))
         self.body.append(make(buf))
         return Tracer(self, buf, tuple(range(len(shape))), shape)
@@ -175,6 +190,8 @@ class TraceBuilder:
                   make: Callable[[Buffer, Buffer], Stmt]) -> tuple["Tracer", "Tracer"]:
         """Like `emit`, for a nest writing two buffers (top-k's values and indices)."""
         self.name_user_variables()
+        for h, t in zip(hints, types):
+            _check_size(h, t.dtype, t.shape)
         a, b = (Buffer(self.fresh(h), t) for h, t in zip(hints, types))
         self.body.append(make(a, b))
         return tuple(Tracer(self, x, tuple(range(len(x.shape))), x.shape) for x in (a, b))  # type: ignore[return-value]
@@ -412,6 +429,11 @@ class Tracer:
         if method == "__call__" and op is not None and not kwargs and scalars_ok:
             return op(*inputs)  # a numpy scalar on the left of an operator: np.float32(2) * x
         captured = any(isinstance(x, np.ndarray) for x in inputs)
+        if method == "__call__" and op is not None and not kwargs and captured:   # `array + x`: as `x + array`
+            from .ops.common import _check_operand
+
+            for x in inputs:
+                _check_operand(ufunc.__name__, x)
         raise UnsupportedError(
             f"numpy.{ufunc.__name__} on a traced value is not supported; {_instead(ufunc.__name__)}"
             + ("; pass arrays as kernel arguments rather than capturing them" if captured else ""),

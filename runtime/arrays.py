@@ -192,10 +192,32 @@ def _device_type(x: object) -> int:
         return CPU
 
 
+def _torch_refusal(x: object, name: str) -> str | None:
+    """Why a torch tensor cannot be read as its memory, or None: DLPack exports a tensor whose lazy negation
+    (``c.conj().imag``) or conjugation is a bit beside its memory without the bit (the kernel would read
+    ``-x``), and fails with torch's own errors on sparse, meta and nested tensors."""
+    if getattr(x, "is_nested", False) is True:
+        return f"{name} is a nested torch tensor; pass its components (x.unbind()) or x.to_padded_tensor(0.0)"
+    layout = getattr(x, "layout", None)
+    if layout is not None and str(layout) != "torch.strided":
+        return f"{name} is a {layout} torch tensor; a kernel reads dense memory: pass x.to_dense()"
+    if str(getattr(x, "device", "")) == "meta":
+        return f"{name} is a torch tensor on the meta device: it has no data to compute with"
+    if callable(getattr(x, "is_neg", None)) and x.is_neg():
+        return (f"{name} is a torch tensor with its negative bit set (a lazy view such as c.conj().imag): its "
+                f"memory holds -x; pass x.resolve_neg()")
+    if callable(getattr(x, "is_conj", None)) and x.is_conj():
+        return f"{name} is a torch tensor with its conjugate bit set; pass x.resolve_conj()"
+    return None
+
+
 def _from_dlpack(x: object, name: str) -> tuple[ArrayInfo, np.ndarray | None]:
     if getattr(x, "requires_grad", False) is True:   # torch refuses to export it (BufferError)
         raise ArgumentError(f"{name} is a tensor that requires grad; a kernel has no backward, so pass "
                             f"x.detach() (or call it under torch.no_grad() on detached tensors)")
+    refusal = _torch_refusal(x, name) if library_of(x) == "torch" else None
+    if refusal is not None:
+        raise ArgumentError(refusal)
     device_type, device_id = (int(v) for v in x.__dlpack_device__())
     if device_type == CPU:
         view = _host_dlpack(x, name)

@@ -190,14 +190,18 @@ class Record:
 class TuningStore:
     """The JSON files of tuning results in `folder`, one per key (see the module docstring)."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = Path(folder) if folder is not None else None
+        self.memory: dict[str, Record] = {}    # (the results of a store without a folder: REDFUSER_CACHE=0)
 
     def path(self, key: CacheKey) -> Path:
+        assert self.folder is not None
         return self.folder / f"{key.digest}.json"
 
     def load(self, key: CacheKey) -> Record | None:
         """The stored result of `key`; None when there is none or it is unreadable (warned, then replaced)."""
+        if self.folder is None:
+            return self.memory.get(key.digest)
         path = self.path(key)
         try:
             data = json.loads(path.read_text())
@@ -214,7 +218,10 @@ class TuningStore:
 
     def save(self, record: Record) -> Path | None:
         """Write `record` atomically and return where; an unwritable folder only warns and returns None (the
-        result is then not remembered)."""
+        result is then not remembered); a store without a folder keeps it in memory and returns None."""
+        if self.folder is None:
+            self.memory[record.key] = record
+            return None
         path = self.folder / f"{record.key}.json"
         data = {"format": FORMAT, "key": record.key, "kernel": record.kernel, "backend": record.backend,
                 "device": record.device, "best": record.best.options(),
@@ -237,11 +244,15 @@ def _config(data: object) -> Config:
     return Config(**data)
 
 
+_IN_MEMORY = TuningStore(None)
+
+
 def default_store() -> TuningStore:
-    """``<cache dir>/autotune`` (`redfuser.config.cache_dir`)."""
+    """``<cache dir>/autotune`` (`redfuser.config.cache_dir`); with the cache off (``REDFUSER_CACHE=0``) one
+    store in this process's memory, so that nothing is written to disk."""
     from .. import config  # local: config lives in the package that imports runtime
 
-    return TuningStore(config.cache_dir() / "autotune")
+    return TuningStore(config.cache_dir() / "autotune") if config.cache_enabled() else _IN_MEMORY
 
 
 def tune(kernel: str, key: CacheKey, candidates: tuple[Config, ...], measure: Callable[[Config], float], *,
@@ -278,7 +289,8 @@ def tune(kernel: str, key: CacheKey, candidates: tuple[Config, ...], measure: Ca
         out.write("\n")
         raise first_error  # type: ignore[misc] - every candidate failed: the untuned kernel's error
     path = store.save(Record(key.digest, kernel, backend, device, best[1], tuple(timings)))
-    where = f"saved to {path}" if path is not None else "not saved (see the warning)"
+    where = (f"saved to {path}" if path is not None else "kept in memory (the cache is off)"
+             if store.folder is None else "not saved (see the warning)")
     out.write(f"\nautotune {kernel} [{backend}]: {best[1]} ({best[0] * 1e3:.3f} ms), {where}\n")
     out.flush()
     return best[1]

@@ -56,6 +56,7 @@ import contextlib
 import hashlib
 import logging
 import os
+from stat import S_ISREG
 import threading
 import time
 from collections import OrderedDict
@@ -305,8 +306,14 @@ class CompileCache:
         if path is None:
             return None
         try:
-            with open(path, "rb") as f:
-                return f.read(), os.fstat(f.fileno())
+            # (non-blocking: opening a FIFO left in the folder waits for a writer forever otherwise)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+            with open(fd, "rb") as f:
+                stat = os.fstat(f.fileno())
+                if not S_ISREG(stat.st_mode):   # a FIFO, a device (a link to /dev/zero reads forever): a miss
+                    log.debug("compile cache: %s is not a regular file", path)
+                    return None
+                return f.read(), stat
         except FileNotFoundError:
             return None
         except OSError as err:  # unreadable, a folder in the way...: a miss, the build goes on

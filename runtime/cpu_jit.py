@@ -163,6 +163,10 @@ def in_process(name: str) -> bool:
     return True
 
 
+def _stop_worker() -> None:
+    raise SystemExit    # (ends the worker thread that runs it, quietly)
+
+
 class GridPool:
     """Persistent worker threads that run ``fn(*args, begin, end)`` over slices of ``range(n)``."""
 
@@ -174,8 +178,16 @@ class GridPool:
         try:
             self._workers = [threading.Thread(target=self._work, name=f"redfuser-cpu-{i}", daemon=True)
                              for i in range(self.threads)]
-            for w in self._workers:
-                w.start()
+            for i, w in enumerate(self._workers):
+                try:
+                    w.start()
+                except RuntimeError as err:     # ("can't start new thread": the process's limit, its memory)
+                    from ..ir.errors import BackendError
+
+                    for _ in range(i):          # (the started ones end: a task that raises SystemExit)
+                        self._tasks.put(_stop_worker)
+                    raise BackendError(f"cpu: could not start {self.threads} worker threads (num_threads): "
+                                       f"{err}; the system allowed {i}") from None
         finally:
             threading.stack_size(previous)
 

@@ -89,6 +89,19 @@ def test_a_second_kernel_reads_the_result_without_timing(cache, capfd):
     assert len(stored(cache)) == 2
 
 
+def test_with_the_cache_off_results_stay_in_memory(cache, monkeypatch, capfd):
+    """``REDFUSER_CACHE=0`` writes nothing to disk, tuning results included; a second kernel in the process
+    still finds the result (in memory) without timing."""
+    monkeypatch.setenv("REDFUSER_CACHE", "0")
+    monkeypatch.setattr(autotune, "_IN_MEMORY", autotune.TuningStore(None))
+    with autotune.using_timer(FakeTimer()):
+        rf.kernel(softmax, backend="cpu", autotune=True)(X)
+    assert "kept in memory (the cache is off)" in capfd.readouterr().err
+    assert list(cache.rglob("*")) == []
+    with autotune.using_timer(no_timing):
+        assert rf.kernel(softmax, backend="cpu", autotune=True).lower(X).options.block_m == 16
+
+
 SCRIPT = """
 import sys
 import numpy as np

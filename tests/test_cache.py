@@ -210,6 +210,25 @@ def test_get_of_a_corrupt_entry_is_none_and_removes_it(tmp_path):
     assert caught[0].filename == __file__      # the caller's line, not a frame inside the cache
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX thing")
+def test_an_entry_that_is_a_fifo_is_a_miss_not_a_hang(tmp_path):
+    """A FIFO (or a link to a device) where an entry belongs is a miss: opening a FIFO to read waits for a
+    writer forever, and /dev/zero reads until memory runs out. The rebuilt entry replaces it."""
+    cache = CompileCache(tmp_path, memory_limit_bytes=0)
+    path = cache.entry_path(key_of())
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(cache.fetch(key_of(), lambda: b"rebuilt")), daemon=True)
+    reader.start()
+    reader.join(20)
+    if reader.is_alive():      # (free the stuck reader: a writer that opens and closes gives it end-of-file)
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading a cache entry that is a FIFO hangs")
+    assert got[0].payload == b"rebuilt" and path.is_file()
+    assert CompileCache(tmp_path).fetch(key_of(), lambda: pytest.fail("must not rebuild")).source == "disk"
+
+
 def test_entry_of_another_format_version_is_stale_and_rebuilt_quietly(tmp_path):
     cache = CompileCache(tmp_path)
     cache.put(key_of(), b"old format")

@@ -50,6 +50,7 @@ def test_module_entry_point_runs(args):
     (["--backend", "bogus"], "--backend: invalid choice: 'bogus'"),
     (["--examples", "lots"], "'lots' is not a whole number"),
     (["--timeout", "0"], "--timeout: must be positive"),
+    (["--out", __file__], "is not a folder reproducers can be written to"),    # (checked before the campaign)
 ])
 def test_fuzz_refuses_bad_values_with_a_usage_error(args, message):
     done = subprocess.run([sys.executable, "-m", "redfuser", "fuzz", *args], capture_output=True, text=True,
@@ -91,3 +92,12 @@ def test_demo_of_every_workload_passes_its_own_check_on_the_cpu(capsys, name):
     the fused GEMM, which rounds with the running absmax, with numpy's rounding and failed)."""
     assert cli.main(["demo", "--workload", name, "--backend", "cpu"]) == 0
     assert "OK" in capsys.readouterr().out
+
+
+def test_a_user_error_from_the_module_entry_point_names_no_python_internals():
+    """``python -m redfuser`` runs through ``<frozen runpy>``: an error's location line must not be that
+    frame (no user wrote it)."""
+    done = subprocess.run([sys.executable, "-m", "redfuser", "explain", "--workload", "softmax", "--backend", "nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "unknown backend 'nope'" in done.stderr, done.stderr
+    assert "<frozen" not in done.stderr and "Traceback" not in done.stderr

@@ -403,3 +403,45 @@ def test_traceback_hides_redfuser_internals(entry):
     assert internal[0].name == "wrapper"
     assert info.value.__cause__ is None and info.value.__suppress_context__
     assert f"test_errors.py:{line_of('tb')}" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# found trying the project as a new user (each was a bare internal exception or a meaning picked silently)
+# ---------------------------------------------------------------------------------------------
+def test_keepdims_that_numpy_refuses_is_refused():
+    def body(x):
+        return rf.sum(x, axis=-1, keepdims="False")  # <- keepdims string
+    raises_at(rf.UnsupportedError, "keepdims string", interp(body), X, contains=("sum", "keepdims must be a bool"))
+
+    def body2(x):
+        return rf.max(x, axis=-1, keepdims=None)  # <- keepdims none
+    raises_at(rf.UnsupportedError, "keepdims none", interp(body2), X, contains=("max", "None"))
+    np.testing.assert_array_equal(interp(lambda x: rf.sum(x, axis=-1, keepdims=1))(X), X.sum(-1, keepdims=1))
+
+
+def test_argmax_of_a_tuple_of_axes_names_the_op():
+    def body(x):
+        return rf.argmax(x, axis=(0, 1))  # <- argmax tuple
+    raises_at(rf.UnsupportedError, "argmax tuple", interp(body), X, contains=("argmax", "(0, 1)", "one axis"))
+
+
+def test_matrix_transpose_of_a_vector_names_mT():
+    def body(y):
+        return y.mT  # <- mT
+    raises_at(rf.ShapeError, "mT", interp(body), Y, contains=("mT", "f32[5]", "at least 2 dims"))
+
+
+def test_values_too_big_for_memory_are_shape_errors():
+    def body(x):
+        return x.reshape(2**64, -1)  # <- huge reshape
+    raises_at(rf.ShapeError, "huge reshape", interp(body), X, contains=("reshape", "18446744073709551616"))
+
+    def body2(x):
+        return rf.arange(2**62) + x.shape[0]  # <- huge arange
+    raises_at(rf.ShapeError, "huge arange", rf.kernel(body2, backend="cpu"), X, contains=("arange", "too big"))
+
+
+def test_a_backend_limit_met_in_the_schedule_shows_the_users_line():
+    def body(x):
+        return rf.argmax(x.astype(np.int64), axis=-1)  # <- int64 argmax
+    raises_at(rf.BackendError, "int64 argmax", rf.kernel(body, backend="cpu"), X, contains=("ranking int64",))

@@ -226,6 +226,40 @@ def test_explain_says_what_was_fused_and_why():
     assert "NOT fused" in text and "abs(" in text
 
 
+def test_names_the_fusion_makes_are_not_the_users():
+    """A state's ``_prev`` buffer, a made accumulator name and the fused loop's index avoid the program's own
+    buffer names: user variables ``m_prev``, ``s_acc``, ``s_acc_prev`` and a parameter ``j`` made the fused
+    stage read ``s_acc_prev[i0]`` (the old accumulator) beside the user's ``s_acc_prev: f32[4,16]``, and
+    ``max over j of j[i0,j]``. The results are the body's."""
+    def collide(x):
+        m_prev = rf.max(x, axis=-1, keepdims=True)
+        s_acc = rf.exp(x - m_prev)
+        s = rf.sum(s_acc, axis=-1, keepdims=True)
+        s_acc_prev = s_acc / s
+        return s_acc_prev
+
+    def loop_index(j):
+        r = rf.max(j, axis=-1, keepdims=True)
+        e = rf.exp(j - r)
+        return e / rf.sum(e, axis=-1, keepdims=True)
+
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    for body in (collide, loop_index):
+        kernel = rf.kernel(body, backend="interpret", interpret_chunk=4)
+        text = str(kernel.lower(x).stages["fused"])
+        assert "s_acc_prev[i0]" not in text and "over j of j[" not in text, text
+        np.testing.assert_allclose(kernel(x), body(x), rtol=1e-6)
+
+
+def test_explain_says_fusion_was_off_rather_than_that_nothing_cascades():
+    """With ``fuse=False`` the fusion engine never looked for cascades: explain says so, not that softmax
+    (a max and a sum reading it) has none."""
+    x = np.ones((2, 8), np.float32)
+    text = rf.kernel(W.softmax, backend="interpret", fuse=False).explain(x)
+    assert "fusion is off (fuse=False)" in text and "no cascade" not in text
+    assert "1 cascade(s)" in rf.kernel(W.softmax, backend="interpret").explain(x)
+
+
 def test_producer_over_an_equal_length_axis_is_not_a_cascade_member():
     # head dim == number of keys: q @ k.T reduces over an axis as long as the key axis; it is a
     # producer read along the keys, not an earlier result of the cascade.

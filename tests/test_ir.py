@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import redfuser as rf
+
 from redfuser.ir import (
     Axis,
     Binary,
@@ -80,6 +82,23 @@ def test_printer_parenthesizes_by_precedence():
     q = Program("q", (X,), (buf("z", R, N, dtype=T.float16),), (Compute(buf("z", R, N, dtype=T.float16), (I0, I1), c),))
     assert "where(x[i0,i1] < -inf, f16(x[i0,i1]), 0.5)" in str(q)
 
+
+
+@pytest.mark.parametrize("body", [
+    lambda x, y: rf.where((x > 0.0) & (x < 1.0), x, 0.0),
+    lambda x, y: (x < y) == (y > 0.0),
+    lambda x, y: ((x > 0.0) | (y > 0.0)) & (x < y),
+    lambda x, y: (x > 0.0) | ((y > 0.0) & (x < y)),
+    lambda x, y: (x - y) * (x + 1.0) ** 2.0 > y,
+], ids=["and-of-comparisons", "comparison-of-comparisons", "or-then-and", "and-under-or", "arithmetic"])
+def test_printed_expressions_read_as_python_reads_them(body):
+    """A body's printed expression (the fused stage, one expression per output), evaluated as Python with the arrays for ``x[i0,i1]``, is the body's
+    value: Python's precedence (``&``/``|`` above comparisons, which chain) is the printer's."""
+    x, y = (np.random.default_rng(s).standard_normal((3, 5)).astype(np.float32) for s in (0, 1))
+    text = str(rf.kernel(body, backend="interpret").lower(x, y).stages["fused"]).splitlines()[-1]
+    expr = text.split("i1<5: ", 1)[1].replace("[i0,i1]", "")
+    value = eval(expr, {"x": x, "y": y, "where": np.where, "f32": np.float32})   # noqa: S307 (our own text)
+    np.testing.assert_array_equal(value, body(x, y))
 
 def test_softmax_program_verifies_and_interprets():
     p = verify_program(softmax_program())

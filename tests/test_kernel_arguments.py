@@ -129,7 +129,7 @@ def test_a_memmap_is_a_plain_array(tmp_path):
     np.testing.assert_array_equal(rf.kernel(lambda x: x * 2, backend="cpu")(m), X * 2)
 
 
-@pytest.mark.parametrize("option,value", [("num_threads", -1), ("interpret_chunk", 0), ("block_m", 0),
+@pytest.mark.parametrize("option,value", [("num_threads", -1), ("num_threads", 10**6), ("interpret_chunk", 0), ("block_m", 0),
                                           ("block_n", 2.5), ("split", 0), ("num_warps", 3), ("sm", "sm_1"),
                                           ("llvm_opt", 5), ("fuse", "yes"), ("prefetch", 1),
                                           ("min_blocks_per_sm", 33), ("skip_masked", "yes")])
@@ -194,3 +194,54 @@ def test_a_dump_folder_that_cannot_be_written_warns_at_the_users_line(monkeypatc
         out = rf.kernel(scaled, backend="interpret")(X, 2.0)
     np.testing.assert_array_equal(out, X * 2.0)
     assert record[0].filename == __file__
+
+
+_TORCH_VIEWS = {
+    "negative bit": (lambda torch: torch.complex(torch.ones(3, 4), torch.arange(12.0).reshape(3, 4)).conj().imag,
+                     "negative bit set"),
+    "conjugate bit": (lambda torch: torch.ones(3, 4, dtype=torch.complex64).conj(), "conjugate bit set"),
+    "sparse": (lambda torch: torch.eye(4).to_sparse(), "pass x.to_dense()"),
+    "meta": (lambda torch: torch.empty(3, 4, device="meta"), "meta device"),
+    "nested": (lambda torch: torch.nested.nested_tensor([torch.ones(2, 4), torch.ones(3, 4)]), "nested torch tensor"),
+}
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+@pytest.mark.parametrize("case", sorted(_TORCH_VIEWS))
+def test_torch_tensors_that_are_not_their_memory_are_refused(case, backend):
+    """A tensor whose values are not its memory as DLPack exports it is refused, naming the argument and the
+    user's line: a lazily negated view (``c.conj().imag``) was read as ``-x``, a silently wrong result, on
+    the first call and on the cached call path; sparse, meta, conjugated and nested tensors escaped as
+    torch's own errors."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    make, says = _TORCH_VIEWS[case]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # (nested tensors are a prototype: torch warns on making one)
+        x = make(torch)
+    kernel = rf.kernel(lambda x: x * 2.0, backend=backend)
+    kernel(torch.ones(3, 4))                 # (the cached path exists for dense float32 tensors)
+    with pytest.raises(rf.ArgumentError, match=says) as caught:
+        kernel(x)
+    assert "argument 'x'" in str(caught.value) and "test_kernel_arguments.py" in str(caught.value)
+    if case == "negative bit":
+        np.testing.assert_array_equal(kernel(x.resolve_neg()).numpy(), -2.0 * np.arange(12.0).reshape(3, 4))
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_static_zero_d_results_of_rf_ops_are_static_scalars(backend):
+    """``rf.where``/``rf.astype`` of static values return numpy 0-d arrays in a kernel, as in numpy; numpy
+    promotes them as the scalars they hold, and so does the kernel (they were refused as captured arrays).
+    A 1-d array made from static values is refused, on either side of the operator, with the same advice."""
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    bodies = [lambda x: x + rf.where(True, 1.0, 2.0), lambda x: x * rf.astype(2.5, rf.float16),
+              lambda x: rf.where(x > 0, rf.astype(0.5, rf.float16), x) ** rf.where(False, 3, 2)]
+    for body in bodies:
+        got, want = rf.kernel(body, backend=backend)(x), body(x)
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    for body in (lambda x: x[:, :2] + rf.stack([1.0, 2.0]), lambda x: rf.stack([1.0, 2.0]) + x[:, :2]):
+        with pytest.raises(rf.UnsupportedError, match=r"add: a numpy array f64\[2\] mixed with traced values: a "
+                                                      r"kernel reads arrays only through its arguments"):
+            rf.kernel(body, backend=backend)(x)

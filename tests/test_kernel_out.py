@@ -103,6 +103,25 @@ def test_outs_sharing_memory_with_an_argument_or_each_other_are_refused(backend)
     np.testing.assert_array_equal(both[6:], k(x))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_out_whose_elements_share_memory_is_refused(backend):
+    """An out with a 0 stride (``as_strided``, torch's ``expand``) would get every row written into one place
+    and return that row repeated; it is refused, after a good out made the cached call path. A transposed
+    or strided out (no two elements in one place) is fine."""
+    from numpy.lib.stride_tricks import as_strided
+
+    x = rows(6, 70)
+    k = rf.kernel(softmax, backend=backend)
+    k(x, out=np.empty((6, 70), np.float32))
+    one_row = np.zeros(70, np.float32)
+    refused(k, x, out=as_strided(one_row, (6, 70), (0, 4)), match="elements that share memory")
+    assert not one_row.any()
+    folded = np.zeros(100, np.float32)     # rows 10 elements apart overlap 70-element rows
+    refused(k, x, out=as_strided(folded, (6, 70), (40, 4)), match="elements that share memory")
+    transposed = np.empty((70, 6), np.float32).T
+    np.testing.assert_array_equal(k(x, out=transposed), k(x))
+
+
 def test_a_kernel_parameter_named_out_is_refused():
     def f(x, out):
         return x + out

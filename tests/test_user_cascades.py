@@ -302,3 +302,67 @@ def test_a_decision_on_a_16_bit_value_sees_it_rounded_as_numpy_does(backend, dty
     got = rf.kernel(body, backend=backend)(x)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         np.testing.assert_array_equal(g, w)
+
+
+# -- divided by a running max, and a variance that overflows (found trying kernels users write) ------------
+def _sum_over_max(x):
+    return rf.sum(x / rf.max(x, axis=-1, keepdims=True), axis=-1)
+
+
+def _normalized_gemm(x, w):
+    return (x / rf.max(x, axis=-1, keepdims=True)) @ w
+
+
+def _min_over_max(x):
+    return rf.min(x / rf.max(x, axis=-1, keepdims=True), axis=-1)
+
+
+def _row_through_zero() -> np.ndarray:
+    """A row whose running max sits at exactly 0 for its first thousand elements (-1s and 0s), then grows."""
+    row = np.zeros(2048, np.float32)
+    row[:1000:2] = -1.0
+    row[1500], row[1600] = 4.0, 1.0
+    return row[None, :]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_terms_divided_by_a_running_max_that_sat_at_zero_are_kept(backend):
+    """``sum(x / max x)``: while the running max is 0 its terms are divided by the guard's 1, so when the max
+    grows they move by guard(old) / new, not old / new = 0 (which dropped every -1: 1.25 for -123.75)."""
+    tiny = np.array([[-1.0, 0.0, 2.0, 3.0]], np.float32)
+    got = rf.kernel(_sum_over_max, backend=backend, interpret_chunk=1, block_n=1, block_k=1)(tiny)
+    assert_close(got, _sum_over_max(tiny.astype(np.float64)).astype(np.float32), np.float32, 4)
+    row, w = _row_through_zero(), np.ones((2048, 2), np.float32)
+    assert_close(rf.kernel(_sum_over_max, backend=backend)(row), np.float32([-123.75]), np.float32, 2048)
+    assert_close(rf.kernel(_normalized_gemm, backend=backend)(row, w), np.float32([[-123.75, -123.75]]),
+                 np.float32, 2048)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_max_or_min_over_a_running_max_that_may_change_sign_is_a_second_pass(backend):
+    """``min(x / max x)``: rescaled by ``m_prev / m``, negative where the running max crosses 0, the running
+    min became a running max (-0.5 for numpy's -1.5); that cannot be shown positive, so it is not fused."""
+    x = np.array([[-1.0, -3.0, 2.0]], np.float32)
+    kernel = rf.kernel(_min_over_max, backend=backend, interpret_chunk=1, block_n=1, block_k=1)
+    np.testing.assert_array_equal(kernel(x), np.float32([-1.5]))
+    assert "may be negative" in kernel.explain(x)
+    row = _row_through_zero()
+    np.testing.assert_array_equal(rf.kernel(_min_over_max, backend=backend)(row), _min_over_max(row))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_variance_that_overflows_is_infinite_as_numpys(backend):
+    """Values near 1e25 square past f32's range: numpy's variance is inf, and the layer norm of such a row
+    0 (``(x - mu) / sqrt(inf)``). Moving the centre of an infinite sum by the shift law made inf - inf."""
+    x = np.array([[1e25, 0.0, 1e25, 0.0]], np.float32)
+    var = rf.kernel(lambda x: rf.var(x, axis=-1), backend=backend, interpret_chunk=1, block_n=1, block_k=1)
+    np.testing.assert_array_equal(var(x), np.float32([np.inf]))
+    big = (np.random.default_rng(7).standard_normal((2, 256)) * 1e30).astype(np.float32)
+    np.testing.assert_array_equal(rf.kernel(lambda x: rf.std(x, axis=-1), backend=backend)(big), [np.inf, np.inf])
+
+    def layer_norm_gemm(x, w):
+        mu = rf.mean(x, axis=-1, keepdims=True)
+        return (x - mu) / rf.sqrt(rf.var(x, axis=-1, keepdims=True) + 1e-5) @ w
+
+    w = np.random.default_rng(8).standard_normal((256, 4)).astype(np.float32)
+    assert np.all(rf.kernel(layer_norm_gemm, backend=backend)(big, w) == 0.0)

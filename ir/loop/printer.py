@@ -19,10 +19,10 @@ from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK,
 from ..excerpt import LineIndex, note_line
 from ..source import SourceLoc
 
-_PREC = {
-    BinaryOp.OR: 1,
-    BinaryOp.AND: 2,
-    BinaryOp.LT: 3, BinaryOp.LE: 3, BinaryOp.GT: 3, BinaryOp.GE: 3, BinaryOp.EQ: 3, BinaryOp.NE: 3,
+_PREC = {     # Python's: `&` and `|` bind tighter than comparisons, which chain (`_expr` parenthesizes them)
+    BinaryOp.LT: 1, BinaryOp.LE: 1, BinaryOp.GT: 1, BinaryOp.GE: 1, BinaryOp.EQ: 1, BinaryOp.NE: 1,
+    BinaryOp.OR: 2,
+    BinaryOp.AND: 3,
     BinaryOp.ADD: 4, BinaryOp.SUB: 4,
     BinaryOp.MUL: 5, BinaryOp.DIV: 5, BinaryOp.FLOORDIV: 5, BinaryOp.MOD: 5,
     BinaryOp.POW: 7,
@@ -82,7 +82,8 @@ def _expr(e: Expr) -> tuple[str, int]:
         a, pa = _expr(e.a)
         b, pb = _expr(e.b)
         right_assoc = e.op is BinaryOp.POW
-        if pa < prec or (right_assoc and pa == prec):
+        chained = e.op.is_comparison      # (a < b == c is a chain in Python: a comparison operand is bracketed)
+        if pa < prec or ((right_assoc or chained) and pa == prec):
             a = f"({a})"
         if pb < prec or (not right_assoc and pb == prec):
             b = f"({b})"

@@ -88,9 +88,13 @@ def explain_group(n: int, g: CascadeGroup) -> str:
     return "\n".join(lines)
 
 
-def explain(name: str, groups: list[CascadeGroup], fused_ir: object | None) -> str:
-    """The whole report for one kernel specialization."""
-    if not groups:
+def explain(name: str, groups: list[CascadeGroup], fused_ir: object | None, fusion_on: bool = True) -> str:
+    """The whole report for one kernel specialization (`fusion_on`: False where the kernel's ``fuse=False``
+    kept the fusion engine from running, so that no cascade was looked for)."""
+    if not fusion_on:
+        text = (f"kernel {name}: fusion is off (fuse=False), so cascades were not looked for: every reduction "
+                f"runs as traced, one loop nest per op; explain with fuse=True (the default) to see them.")
+    elif not groups:
         text = f"kernel {name}: no cascade of reductions over a shared axis was found; nothing to fuse."
     else:
         text = f"kernel {name}: {len(groups)} cascade(s)\n\n" + "\n\n".join(

@@ -46,8 +46,9 @@ from .substitute import inline_loads
 class LoopBuilder:
     """Accumulates the states and epilogue of one fused loop."""
 
-    def __init__(self, axis: Axis) -> None:
+    def __init__(self, axis: Axis, taken: dict[str, Buffer] | None = None) -> None:
         self.axis = axis
+        self.taken = dict(taken or {})   # the program's buffers: a new state's names must not be theirs
         self.states: list[OnlineState | TopKState] = []
         self.positive: set[str] = set()
         self.epilogue: list[Compute] = []
@@ -70,7 +71,9 @@ class LoopBuilder:
                 return st.acc
         name = suggested.name
         k = 1
-        while name in self.names:
+        # (a state may be its member's own buffer, `suggested` itself; a made name must not be another
+        # buffer's: a user's variable `s_acc_prev` beside the state `s_acc` and its `s_acc_prev`)
+        while name in self.names or self.taken.get(name, suggested) != suggested or f"{name}_prev" in self.taken:
             name, k = f"{suggested.name}{k}", k + 1
         buf = Buffer(name, suggested.type)
         prev = Buffer(f"{name}_prev", suggested.type)
@@ -110,9 +113,14 @@ class LoopBuilder:
         by_name = {st.acc.name: st for st in self.states if isinstance(st, OnlineState)}
         prevs = [Load(by_name[b.name].prev, member.state_axes) for b in lower]
 
+        # A sum about a running mean (the compiler's or the user's own ``sum / n``) keeps an infinite sum as it
+        # is: the law's lower powers times a huge move gave inf - inf (a variance of values near 1e25: NaN for
+        # numpy's inf); a running max/min centre has its own guards (`centred_nan_guard`)
+        keeps = shift.centre.own is not None or shift.centre.op is ReduceOp.SUM
+
         def carry(own: Buffer) -> Expr:
             moved = carry_expr(shift, prevs + [Load(own, member.state_axes)], move, rest)
-            return moved if shift.centre.own is None else keep_infinite(moved, Load(own, member.state_axes), rest)
+            return keep_infinite(moved, Load(own, member.state_axes), rest) if keeps else moved
 
         return self.state_for(member, acc, suggested, term=term, carry_of=carry)
 

@@ -550,6 +550,13 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
             h = monomial_expr(s.deferred, d)
             return Refusal(f"in `{name}`, {op.value} over k of G·H needs H > 0, and {format_expr(h)} cannot be shown "
                            "positive (a negative factor would turn max into min)", h)
+        if s.powers.factors and not all(is_nonnegative(a, ctx.positive) for a, _ in s.powers.factors):
+            # (the running value is rescaled by H(y_new) / H(y_old): ``m_prev / m`` of ``min(x / max x)`` is
+            # negative where the running max crosses 0, and the running min became a running max)
+            h = monomial_expr(s.powers, d)
+            return Refusal(f"in `{name}`, {op.value} over k of G·H with H = {format_expr(h)} read at the running "
+                           "value: its rescale H(y_new)/H(y_old) may be negative (a running max that crosses 0), "
+                           "which would turn the running max into a min; so a second pass", h)
         acc = _acc(op, product_expr(_term_product(s), d), s, product_expr(_g_product(s, False), d), d)
         factor = monomial_expr(s.deferred, d) if s.deferred.factors else None
         return Decomposition("separable", (acc,), (factor,))
@@ -656,7 +663,9 @@ def rescale_expr(online: A.Linear, to_prev: Callable[[Expr], Expr], d: DType,
     diff = rescale_exponent(online, to_prev, d, to_new)
     out: Expr | None = None if diff is None else Unary(UnaryOp.EXP, diff, d)
     for atom, p in powers.factors:
-        new, old = to_new_power(atom), to_prev(atom)
+        # both sides guarded alike: a running max that sat at 0 scaled its terms by 1 (the guard), not 1/0, so
+        # they move by guard(old) / guard(new); by old / new they were multiplied by 0 and lost
+        new, old = to_new_power(atom), to_prev(to_new_power(atom))
         ratio: Expr = Binary(BinaryOp.DIV, old, new, d) if p < 0 else Binary(BinaryOp.DIV, new, old, d)
         if abs(p) != 1:
             ratio = Binary(BinaryOp.POW, ratio, Const(float(abs(p)), d), d)

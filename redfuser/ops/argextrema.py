@@ -37,6 +37,9 @@ def _arg(op: str, x, axis: object, keepdims: bool) -> Tracer:
         from .views import reshape
         flat = _arg(op, reshape(x, (-1,)), 0, False)
         return reshape(flat, (1,) * x.ndim) if keepdims else flat
+    if isinstance(axis, tuple | list):
+        raise UnsupportedError(f"axis must be an int or None, got {axis!r} ({op} takes one axis, as numpy's)",
+                               op=op, loc=user_loc())
     (d,) = normalize_axes(op, x, 0 if axis is None else axis)
     result_dtype(op, lambda v: getattr(np, op)(v, axis=d), x)   # numpy's refusals, named
     if x.shape[d] == 0:

@@ -34,12 +34,21 @@ def describe(x: object) -> str:
     return f"python {type(x).__name__}" if not isinstance(x, np.generic) else f"numpy {x.dtype} scalar"
 
 
+def static_scalar(x: object) -> object:
+    """A 0-d numpy array as the numpy scalar it holds (what ``rf.where(True, 1.0, 2.0)`` or ``rf.astype(2.5,
+    rf.float16)`` of static values return in a kernel): numpy's promotion treats the two alike (NEP 50), so
+    it is a static value of its dtype like ``np.float16(2.5)``. Anything else unchanged."""
+    return x[()] if type(x) is np.ndarray and x.ndim == 0 else x
+
+
 def _check_operand(op: str, x: object) -> None:
     if isinstance(x, Tracer) or isinstance(x, bool | int | float | np.generic):
         return
     if isinstance(x, np.ndarray):
         raise UnsupportedError(
-            f"a {describe(x)} mixed with traced values; pass every array as a kernel argument",
+            f"a {describe(x)} mixed with traced values: a kernel reads arrays only through its arguments, so pass "
+            "it as a kernel argument (a captured array, or one the body made from static values such as "
+            "rf.stack([1.0, 2.0]))",
             op=op, loc=user_loc())
     raise UnsupportedError(f"operand of type {type(x).__name__} is not an array or a scalar", op=op, loc=user_loc())
 

@@ -33,11 +33,13 @@ from .common import (
     operand,
     probe,
     result_dtype,
+    static_scalar,
 )
 
 
 def _elementwise(op: str, np_fn: Callable, args: Sequence[object], make: Callable[[list[Expr], DType], Expr],
                  operand_dtype: Callable[[DType], DType] | None = None) -> Tracer:
+    args = [static_scalar(a) for a in args]
     for a in args:
         _check_operand(op, a)
     loc = user_loc()
@@ -161,6 +163,7 @@ minimum = _binary(BinaryOp.MIN, np.minimum, "minimum")
 
 
 def _power(a, b, numpy_fn: Callable, name: str):
+    b = static_scalar(b)
     if isinstance(b, Tracer) or not isinstance(a, Tracer):
         raise UnsupportedError(f"only a constant exponent is supported, got {describe(a)} ** {describe(b)}",
                                op=name, loc=user_loc())
@@ -340,6 +343,7 @@ def where(cond, a, b):
     """``a`` where ``cond`` is true, else ``b`` (numpy's ``where``, three arguments)."""
     if not _traced(cond, a, b):
         return np.where(cond, a, b)
+    cond, a, b = (static_scalar(x) for x in (cond, a, b))
     for x in (cond, a, b):
         _check_operand("where", x)
     value_dtype = result_dtype("where", lambda c, x, y: np.where(True, x, y), cond, a, b)

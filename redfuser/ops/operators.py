@@ -120,4 +120,15 @@ def install_operators() -> None:
         setattr(Tracer, name, lambda self, *args, _op=name, **kwargs: getattr(ops, _op)(self, *args, **kwargs))
     Tracer.reshape = _reshape_method  # type: ignore[attr-defined]
     Tracer.T = property(lambda self: ops.transpose(self))  # type: ignore[attr-defined]
-    Tracer.mT = property(lambda self: ops.swapaxes(self, -1, -2))  # type: ignore[attr-defined]
+    Tracer.mT = property(_matrix_transpose)  # type: ignore[attr-defined]
+
+
+def _matrix_transpose(x: Tracer) -> Tracer:
+    """``x.mT``: the last two axes swapped; numpy refuses it below two dims, and so does this, by its name."""
+    from .. import ops
+    from .common import describe
+
+    if x.ndim < 2:
+        raise ShapeError(f"matrix transpose (.mT) of {describe(x)}: it needs at least 2 dims (numpy refuses it "
+                         "too)", op="mT", loc=user_loc())
+    return ops.swapaxes(x, -1, -2)

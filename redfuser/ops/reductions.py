@@ -48,6 +48,14 @@ def normalize_axes(op: str, x: Tracer, axis: object) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def check_keepdims(op: str, keepdims: object) -> None:
+    """numpy's rule for a reduction's `keepdims`: a Python bool or int (its truth); None, a string, a float
+    or a numpy bool are a TypeError there, so an error here, not a meaning picked by truthiness."""
+    if type(keepdims) not in (bool, int):
+        raise UnsupportedError(f"keepdims must be a bool, got {keepdims!r} (numpy refuses it too)", op=op,
+                               loc=user_loc())
+
+
 def _reduction(op: ReduceOp, np_fn: Callable) -> Callable:
     name = op.value
 
@@ -55,6 +63,7 @@ def _reduction(op: ReduceOp, np_fn: Callable) -> Callable:
         if not _traced(x):
             return np_fn(x, axis=axis, keepdims=keepdims)
         _check_operand(name, x)
+        check_keepdims(name, keepdims)
         dims = normalize_axes(name, x, axis)
         out_dtype = result_dtype(name, lambda v: np_fn(v, axis=dims), x)
         if op not in (ReduceOp.SUM, ReduceOp.PROD) and any(x.shape[d] == 0 for d in dims):

@@ -1,6 +1,8 @@
 """Views and index builders: `swapaxes`, `transpose`, indexing, and `arange`."""
 from __future__ import annotations
 
+import math
+
 import builtins
 from typing import Sequence
 
@@ -164,7 +166,7 @@ def _new_shape(a: Tracer, shape: object) -> tuple[int, ...]:
     if sum(1 for n in dims if n == -1) > 1 or any(n < -1 for n in dims):
         raise ShapeError(f"can only specify one unknown dimension (-1) and no other negative one: {tuple(dims)}",
                          op="reshape", loc=user_loc())
-    known = int(np.prod([n for n in dims if n != -1], dtype=np.int64))
+    known = math.prod(int(n) for n in dims if n != -1)     # (Python ints: 2**64 must not overflow to a bare error)
     size = int(a.size)
     if -1 in dims:
         if known == 0 or size % known:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Buffer, Compute, FusedLoop, Program, Reduce, Stmt, TopK, loads, written
+from ..ir import BackendError, Buffer, Compute, FusedLoop, Program, Reduce, Stmt, TopK, loads, written
+from ..ir.source import UNKNOWN
 from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
 from ..ir.tile.verifier import verify_tile_program
@@ -148,17 +149,22 @@ def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileP
         index = int64 if _needs_i64(_buffers(group) + parts, opts, row_tiled) else int32
         name = f"{p.name}_{len(kernels)}"
         made_here: tuple[t.TileKernel, ...]
-        if isinstance(head, FusedLoop) and plan is not None:
-            made_here = split_kernels(head, list(group[1:]), needed, plan, name, opts, index)  # type: ignore[arg-type]
-            scratch.update({b.name: b for b in parts})
-        elif isinstance(head, FusedLoop):
-            made_here = (fused_kernel(head, list(group[1:]), needed, name, opts, index),)  # type: ignore[arg-type]
-        elif isinstance(head, TopK):
-            made_here = (topk_kernel(head, name, opts, index, needed),)
-        elif isinstance(head, Reduce):
-            made_here = (reduce_kernel(head, name, opts, index),)
-        else:
-            made_here = (compute_kernel(head, name, opts, index),)
+        try:
+            if isinstance(head, FusedLoop) and plan is not None:
+                made_here = split_kernels(head, list(group[1:]), needed, plan, name, opts, index)  # type: ignore[arg-type]
+                scratch.update({b.name: b for b in parts})
+            elif isinstance(head, FusedLoop):
+                made_here = (fused_kernel(head, list(group[1:]), needed, name, opts, index),)  # type: ignore[arg-type]
+            elif isinstance(head, TopK):
+                made_here = (topk_kernel(head, name, opts, index, needed),)
+            elif isinstance(head, Reduce):
+                made_here = (reduce_kernel(head, name, opts, index),)
+            else:
+                made_here = (compute_kernel(head, name, opts, index),)
+        except BackendError as err:    # a limit met deep in the schedule: shown at the statement's line
+            if err.loc is not None or getattr(head, "loc", None) in (None, UNKNOWN):
+                raise
+            raise BackendError(err.message, op=err.op, loc=head.loc) from None
         kernels += [cleanup_kernel(k) for k in made_here]
     tiled = t.TileProgram(p.name, p.inputs, p.outputs, tuple(scratch.values()), tuple(kernels))
     return verify_tile_program(tiled, pass_name="schedule")

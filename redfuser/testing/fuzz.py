@@ -17,6 +17,7 @@ exit code is 1 when anything failed, 2 for a bad command line.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -307,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     here = backends_here()
     if ns.backend != "all" and ns.backend not in here:
         p.error(f"backend {ns.backend!r} cannot run here (runs here: {', '.join(here)})")
+    if ns.out is not None:      # before the campaign: a folder that cannot be made must not cost its hours
+        try:
+            ns.out.mkdir(parents=True, exist_ok=True)
+            if not os.access(ns.out, os.W_OK):
+                raise PermissionError("not writable")
+        except OSError as err:
+            p.error(f"--out {str(ns.out)!r} is not a folder reproducers can be written to ({err})")
     config = Config(ns.seed, here if ns.backend == "all" else (ns.backend,), ns.max_axis, ns.max_size)
     examples = ns.examples if ns.examples is not None else PROFILE_EXAMPLES[ns.profile]
     pool = Pool(ns.jobs, config, ns.timeout, ns.recycle) if ns.jobs else None
