@@ -34,7 +34,7 @@ from __future__ import annotations
 import gc
 import threading
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -281,8 +281,33 @@ def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: 
         return _lower(fn, specs, backend, options, shapes)
 
 
+SMALLER_TILES: tuple[dict[str, int], ...] = ({"block_n": 4096}, {"block_n": 1024}, {"block_m": 16, "block_n": 64})
+"""Tiles a GPU compile tries in turn, as if the user had given them, where its default tiles need more shared
+memory than the target has (`SharedMemoryExceeded`): f16 RMSNorm of 16384-element rows took whole rows whose
+f32 weight row is converted through 64 KiB of shared memory (48 KiB on sm_80/sm_90), an f16 linear
+cross-entropy of 4096 rows 147-279 KiB. A kernel the user gave a tile keeps it and the error."""
+
+
 def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: KernelOptions,
            shapes: ShapePlan | None) -> Lowered:
+    from .codegen.simt.kernel import SharedMemoryExceeded
+
+    try:
+        return _run_stages(fn, specs, backend, options, shapes)
+    except SharedMemoryExceeded:
+        if backend.gpu_options(options) is None or any(
+                getattr(options, name) is not None for name in ("block_m", "block_n", "block_k")):
+            raise
+        for tiles in SMALLER_TILES:
+            try:
+                return _run_stages(fn, specs, backend, replace(options, **tiles), shapes)
+            except SharedMemoryExceeded:
+                continue
+        raise
+
+
+def _run_stages(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: KernelOptions,
+                shapes: ShapePlan | None) -> Lowered:
     out = Lowered(kernel_name(fn), specs, backend.name, options, pipeline=backend,
                   gpu=backend.gpu_options(options), shapes=shapes, source=fn)
     made: Any = fn

@@ -138,6 +138,9 @@ def readable_in_place(x: object, info: ArrayInfo, name: str) -> tuple[object, Ar
 
 def _ir_dtype(dtype: np.dtype, name: str) -> DType:
     d = T.from_numpy(dtype)
+    if d is None and not dtype.isnative and T.from_numpy(dtype.newbyteorder("=")) is not None:
+        raise DTypeError(f"{name} has dtype {dtype.str}, {dtype.name} in the other byte order; kernels read "
+                         f"this machine's: pass x.astype(x.dtype.newbyteorder('='))")
     if d is None:
         supported = ", ".join(t.numpy_name for t in T.ALL_DTYPES if t != T.float64)
         raise DTypeError(f"{name} has dtype {dtype}, which is not supported; supported: {supported}")

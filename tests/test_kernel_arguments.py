@@ -245,3 +245,12 @@ def test_static_zero_d_results_of_rf_ops_are_static_scalars(backend):
         with pytest.raises(rf.UnsupportedError, match=r"add: a numpy array f64\[2\] mixed with traced values: a "
                                                       r"kernel reads arrays only through its arguments"):
             rf.kernel(body, backend=backend)(x)
+
+
+def test_an_array_of_the_other_byte_order_is_named_as_such():
+    """A big-endian float32 array was refused with a list of supported dtypes that has float32 in it."""
+    x = np.ones((2, 3), ">f4")
+    with pytest.raises(rf.DTypeError, match=r"argument 'x' has dtype >f4, float32 in the other byte order"):
+        rf.kernel(scaled, backend="cpu")(x, 2.0)
+    native = x.astype("=f4")
+    np.testing.assert_array_equal(rf.kernel(scaled, backend="cpu")(native, 2.0), scaled(native, 2.0))

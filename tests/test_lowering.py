@@ -544,6 +544,10 @@ def test_min_blocks_per_sm_reaches_ptxas_and_caps_registers():
     for bad in (0, True, 2.0, 33):
         with pytest.raises(rf.ArgumentError, match="min_blocks_per_sm"):
             rf.kernel(attention, backend="cuda", sm="sm_90", min_blocks_per_sm=bad).lower(h, h, h)
+    # more blocks than an SM's 2048 threads hold: ptxas ignored the bound with a warning nobody saw
+    x = np.ones((8, 100), np.float32)
+    with pytest.raises(rf.BackendError, match=r"min_blocks_per_sm=32 .* at most 16 blocks of this kernel"):
+        rf.kernel(softmax, backend="cuda", sm="sm_90", min_blocks_per_sm=32, num_warps=4).lower(x)
 
 
 @pytest.mark.parametrize("fn,n,m,options", [(attention, 200, 200, {}), (attention, 77, 150, {}),
@@ -560,3 +564,21 @@ def test_wide_attention_rows_on_ragged_shapes_equal_numpy(fn, n, m, options):
     with np.errstate(all="ignore"):
         expected = fn(q, k, v)
     assert_close(kernel(q, k, v), expected, np.float16, m)
+
+
+def test_default_tiles_that_need_more_shared_memory_than_the_target_are_made_smaller():
+    """f16 RMSNorm of 16384-element rows took whole rows, and converting its f32 weight row took 64 KiB of
+    shared memory (48 KiB on sm_90): the defaults then try smaller tiles (`compiler.SMALLER_TILES`) and the
+    compile says which it took; a tile the user gave is kept, with the error."""
+    from redfuser.workloads import rms_norm
+
+    x, w = rf.ShapeDtype((256, 16384), np.float16), rf.ShapeDtype((16384,), np.float32)
+    lowered = rf.kernel(rms_norm, backend="simulate", sm="sm_90").lower(x, w)
+    assert lowered.options.block_n == 4096
+    with pytest.raises(rf.BackendError, match="shared memory"):
+        rf.kernel(rms_norm, backend="simulate", sm="sm_90", block_n=16384).lower(x, w)
+    small = np.random.default_rng(3).standard_normal((2, 16384)).astype(np.float16)
+    weight = np.random.default_rng(4).standard_normal(16384).astype(np.float32)
+    got = rf.kernel(rms_norm, backend="simulate", sm="sm_90")(small, weight)
+    assert_close(got, rms_norm(small.astype(np.float64), weight.astype(np.float64)).astype(np.float16),
+                 np.float16, 16384)

@@ -243,3 +243,16 @@ def test_tensor_core_operands_read_through_ldmatrix_at_random_shapes(dtype, head
                             options_for("gpu", options))
     text = str(lower_to_simt(tile, GpuOptions(num_warps=warps)))
     assert "ldmatrix.x" in text or "mma." not in text     # tiny tiles shrink below an mma: FMA, no operands
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_a_16_bit_dot_for_sm_75_runs_on_fma(dtype):
+    """sm_75 is an accepted target without ``mma.m16n8k16`` (sm_80): a 16-bit dot takes the FMA path there, as
+    an e4m3 one does below sm_89 (it was lowered to the sm_80 instruction and refused late, by LLVM)."""
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(shape).astype(dtype) for shape in ((16, 32), (32, 16)))
+    kernel = rf.kernel(lambda x, w: x @ w, backend="simulate", sm="sm_75")
+    assert "mma" not in kernel.lower(x, w).stages["ptx"].kernels[0].ptx
+    out_dtype = (x @ w).dtype                 # (numpy's bf16 @ gives f32)
+    want = (x.astype(np.float64) @ w.astype(np.float64)).astype(out_dtype)
+    assert_close(kernel(x, w), want, out_dtype, 32)

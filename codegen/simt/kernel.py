@@ -189,6 +189,10 @@ def _emit_within_shared_memory(k: t.TileKernel, plan: Plan, opts: GpuOptions) ->
     return _emit_within_shared_memory(k, plan_kernel(k, opts, wgmma=False), opts)
 
 
+THREADS_PER_SM = {75: 1024}
+"""The most resident threads of an SM (2048 on sm_80 .. sm_90, 1024 on sm_75): ``min_blocks_per_sm`` blocks of
+a kernel must fit in it, or ptxas drops the bound with a warning."""
+
 WGMMA_BLOCKS_PER_SM = 3
 """Without a ``min_blocks_per_sm`` option, a kernel of one warpgroup (4 warps) whose dots run on ``wgmma`` is
 built for this many blocks an SM (ptxas keeps it within 168 registers a thread). On an H200
@@ -227,6 +231,11 @@ def blocks_per_sm(plan: Plan, opts: GpuOptions) -> int | None:
     and `WGMMA_TWO_GROUP_BLOCKS_PER_SM` for a two-warpgroup one, where its accumulators leave room
     (`ACCUMULATOR_SHARE`)."""
     if opts.min_blocks_per_sm is not None:
+        threads, most = plan.warps * 32, THREADS_PER_SM.get(opts.sm_number, 2048)
+        if opts.min_blocks_per_sm * threads > most:    # (ptxas would ignore it with a warning)
+            raise BackendError(f"min_blocks_per_sm={opts.min_blocks_per_sm} asks for that many blocks of {threads} "
+                               f"threads on an SM, which holds {most} threads on {opts.sm}: at most "
+                               f"{most // threads} blocks of this kernel (num_warps={plan.warps})")
         return opts.min_blocks_per_sm
     if not any(d.wgmma is not None for d in plan.dots.values()):
         return None

@@ -75,6 +75,8 @@ def mma_shape(op: t.Dot, opts: GpuOptions) -> MmaShape | None:
         return None
     if shape is MmaShape.M16N8K32_E4M3 and opts.sm_number < 89:
         return None
+    if opts.sm_number < 80:     # (m16n8k16 of f16/bf16 needs sm_80; sm_75 takes the FMA path, as e4m3 below 89)
+        return None
     (m, k), n = op.a.shape, op.b.shape[1]
     if m % 16 or n % 8 or k % shape.k:
         return None
