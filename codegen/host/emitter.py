@@ -126,6 +126,7 @@ class KernelEmitter:
         self.in_place: dict[str, tuple[Slot, bool]] = {}   # dots accumulating into a loop's carried slot, and
         # whether they write their accumulator's initial value there first (stmts._in_place_dots)
         self.coords: list[ir.Value] = []
+        self.trips: list = []   # the `For`s whose bodies are being emitted, innermost last (`stream_prefetch.Trip`)
         self._cache: list[dict] = [{}]
         self.zero = ir.Constant(I64, 0)
 
@@ -359,22 +360,27 @@ class KernelEmitter:
                 yield i
 
     @contextmanager
-    def nest(self, shape: tuple[int, ...], name: str = "i") -> Iterator[tuple[ir.Value, ...]]:
-        """Loops over every index of `shape` (last dimension innermost)."""
+    def nest(self, shape: tuple[int, ...], name: str = "i",
+             on_row: Callable[[ir.Value], None] | None = None) -> Iterator[tuple[ir.Value, ...]]:
+        """Loops over every index of `shape` (last dimension innermost); `on_row(i)` is emitted at the top of
+        the outermost loop's body (`stream_prefetch.py`)."""
         with self.level():
             idx: list[ir.Value] = []
-            with _nested(self, shape, name, idx):
+            with _nested(self, shape, name, idx, on_row):
                 yield tuple(idx)
 
 
 @contextmanager
-def _nested(em: KernelEmitter, shape: tuple[int, ...], name: str, idx: list) -> Iterator[None]:
+def _nested(em: KernelEmitter, shape: tuple[int, ...], name: str, idx: list,
+            on_row: Callable[[ir.Value], None] | None) -> Iterator[None]:
     if not shape:
         yield
         return
     with em.loop(shape[0], f"{name}{len(idx)}") as i:
         idx.append(i)
-        with _nested(em, shape[1:], name, idx):
+        if on_row is not None and len(idx) == 1:
+            on_row(i)
+        with _nested(em, shape[1:], name, idx, on_row):
             yield
 
 

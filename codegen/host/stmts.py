@@ -32,6 +32,7 @@ from .gemm import emit_register_blocked_dot
 from .reduce_rows import emit_vector_row_reduction
 from .transpose import emit_permute
 from .plan import ELEMENTWISE
+from .stream_prefetch import Trip, prefetch_next_trip, streamed_loads
 from .rules import fenced_factor, intrinsic
 from .topk import emit_topk
 
@@ -79,9 +80,11 @@ def _reduce(em: KernelEmitter, op: t.Reduce) -> None:
     n = op.x.shape[op.axis]
     if emit_vector_row_reduction(em, op, out):
         return
+    streamed = streamed_loads(em, op.x)      # (rows of the next trip's tiles, asked for row by row)
+    on_row = (lambda row: prefetch_next_trip(em, streamed, row)) if streamed else None
     if op.axis == len(op.x.shape) - 1:  # fold each row into a register (mem2reg turns the slot into a phi)
         acc = entry_alloca(b, identity.type, name=f"{op.out.name}.acc")
-        with em.nest(op.out.shape, name=f"{op.out.name}.") as idx:
+        with em.nest(op.out.shape, name=f"{op.out.name}.", on_row=on_row) as idx:
             b.store(identity, acc)
             # not unrolled: LLVM would unroll a row of a few vectors whole, then vectorize the loop over
             # rows with a gather per element (a quarter of a CPU attention kernel); kept, the row's own loop
@@ -92,7 +95,7 @@ def _reduce(em: KernelEmitter, op: t.Reduce) -> None:
         return
     with em.nest(op.out.shape, name=f"{op.out.name}.z") as idx:
         em.write(out, idx, identity)
-    with em.nest(op.x.shape, name=f"{op.out.name}.") as idx:
+    with em.nest(op.x.shape, name=f"{op.out.name}.", on_row=on_row) as idx:
         o = idx[:op.axis] + idx[op.axis + 1:]
         em.write(out, o, combine(em, op.op, em.read(out, o), em.value(op.x, idx), d))
 
@@ -221,7 +224,9 @@ def _for(em: KernelEmitter, op: t.For) -> None:
     with counted_loop(em.b, start, stop, op.step, name=f"for.{body.iv.name}") as iv:
         with em.level():
             em.scalars[body.iv.name] = iv
+            em.trips.append(Trip.of(op))
             em.emit_block(body.ops)
+            em.trips.pop()
             lazy = em.plan.in_place_yields
             for y, a, slot in sorted(zip(body.yields, body.args, slots), key=lambda e: e[0].name in lazy):
                 if y.name != a.name and em.slots.get(y.name) is not slot:
