@@ -256,3 +256,19 @@ def test_a_few_rows_right_operand_at_a_set_conflicting_stride_is_copied(n, copie
     assert conflicting_rows((64, 64), (n, 1), 4) == copied
     assert not conflicting_rows((8, 64), (1024, 1), 4)       # no more rows than the cache's ways
     assert not conflicting_rows((512, 128), (32000, 1), 4)   # larger than L1 anyway: streamed in place
+
+
+def test_a_gemm_operand_copied_into_panels_is_read_elsewhere_from_its_buffer():
+    """Layer norm + GEMM sums each column of its ``w`` block (``mu * colsum(w)``) beside the dot that reads
+    the block in panels: read from the panel copy, LLVM gathered every element (6.5% of the kernel on one
+    thread); read from ``w`` itself, where its rows are contiguous, it is plain vector adds."""
+    from redfuser.codegen.native import assembly
+    from redfuser.workloads import layer_norm_gemm
+
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((256, 256)) * 2 + 3).astype(np.float32)
+    w = rng.standard_normal((256, 256)).astype(np.float32)
+    kernel = rf.kernel(layer_norm_gemm, backend="cpu")
+    assert "gather" not in assembly(str(kernel.lower(x, w).stages["llvm"]))
+    want = layer_norm_gemm(x.astype(np.float64), w.astype(np.float64)).astype(np.float32)
+    assert_close(kernel(x, w), want, np.float32, 256)
