@@ -58,9 +58,9 @@ def test_matmul_equals_numpy(a_dtype, m, k, n):
 
 
 def test_a_plain_matmul_takes_the_gemm_tile_and_halves_its_rows_for_idle_workers():
-    """A matmul's nest on the cpu takes `ScheduleOptions.gemm_tile` (128 x 128 outputs, 128-long chunks:
-    `nests.matmul_tile`), batched too; rows are halved while a static grid would leave a worker idle; a
-    ``block_m`` or ``block_n`` the user gives is the tile."""
+    """A matmul's nest on the cpu takes `ScheduleOptions.gemm_tile` (256 x 512 outputs, 512-long chunks:
+    `nests.matmul_tile`, `options.GEMM_TILE`), batched too; rows are halved while a static grid would leave a
+    worker idle; a ``block_m`` or ``block_n`` the user gives is the tile."""
     rng = np.random.default_rng(21)
 
     def grid(kernel, *args):
@@ -68,19 +68,19 @@ def test_a_plain_matmul_takes_the_gemm_tile_and_halves_its_rows_for_idle_workers
 
     a, b = rng.standard_normal((300, 520)).astype(np.float32), rng.standard_normal((520, 260)).astype(np.float32)
     k = rf.kernel(matmul, backend="cpu", num_threads=2)
-    assert grid(k, a, b) == "3, 3"
-    assert "step 128" in str(k.lower(a, b).stages["tile"])
+    assert grid(k, a, b) == "2, 1"                                  # 300 rows in two of 256, 260 columns in one
+    assert "step 512" in str(k.lower(a, b).stages["tile"])
     assert_close(k(a, b), _exact(matmul, a, b), np.float32, 520)
     few, narrow = rng.standard_normal((64, 520)).astype(np.float32), b[:, :100]   # one tile of 128 x 128
     kf = rf.kernel(matmul, backend="cpu", num_threads=2)
-    assert grid(kf, few, narrow) == "2, 1"                          # 64 rows halved to two tiles of 32
+    assert grid(kf, few, narrow) == "2, 1"                          # 64 rows: one tile, halved to two of 32
     assert_close(kf(few, narrow), _exact(matmul, few, narrow), np.float32, 520)
     batched = rng.standard_normal((3, 130, 70)).astype(np.float32), rng.standard_normal((3, 70, 40)).astype(np.float32)
     kb = rf.kernel(matmul, backend="cpu", num_threads=2)
-    assert grid(kb, *batched) == "3, 2, 1"
+    assert grid(kb, *batched) == "3, 1, 1"
     assert_close(kb(*batched), _exact(matmul, *batched), np.float32, 70)
     assert grid(rf.kernel(matmul, backend="cpu", block_m=32), a, b) == "10, 5"
-    text = _llvm(k, a, b)   # 520 = five chunks: the dot accumulates in the loop's carried slot (stmts.py)
+    text = _llvm(k, a, b)   # 520 = two chunks: the dot accumulates in the loop's carried slot (stmts.py)
     assert "out_dot.init" not in text and "out_dot.cp" not in text
 
 
@@ -248,7 +248,7 @@ def test_a_few_rows_right_operand_at_a_set_conflicting_stride_is_copied(n, copie
     (`emitter.conflicting_rows`); at 384 bytes (96 columns) it is read in place."""
     x = np.random.default_rng(6).standard_normal((8, 64)).astype(np.float32)
     w = np.random.default_rng(7).standard_normal((64, n)).astype(np.float32)
-    k = rf.kernel(_sum_and_matmul, backend="cpu")
+    k = rf.kernel(_sum_and_matmul, backend="cpu", block_m=8, block_n=128)   # (a w block of 64 x 128: 32 KiB)
     (dot,) = _dots(k, x, w)
     assert panel_columns(dot) is None
     assert ('"w.tile" = alloca' in _llvm(k, x, w)) == copied

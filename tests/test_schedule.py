@@ -204,7 +204,7 @@ def test_offsets_are_32_bit_where_tiles_cannot_reach_2_to_the_31():
     cpu = options_for("cpu", {"num_threads": 1})
     assert max(cpu.dot_tile) == 256
     assert not _needs_i64([Buffer("x", BufferType(F32, (2, 64, 32, 32)))], cpu)
-    assert not _needs_i64([Buffer("x", BufferType(F32, (2**16 - 300, 2**15 - 400)))], cpu)  # < 2**31 padded
+    assert not _needs_i64([Buffer("x", BufferType(F32, (2**16 - 600, 2**15 - 800)))], cpu)  # < 2**31 padded
     assert _needs_i64([Buffer("x", BufferType(F32, (2**16, 2**15 - 100)))], cpu)   # 2**31 - 2**22 + padding
 
 

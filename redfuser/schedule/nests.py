@@ -82,8 +82,8 @@ def _reduced_innermost(s: Reduce) -> bool:
 
 def matmul_tile(s: Reduce, opts: ScheduleOptions) -> tuple[int, int, ScheduleOptions]:
     """(rows, columns) of a matmul's output tile and the options its contraction's chunks follow:
-    ``block_m`` x ``block_n`` and ``block_k``, or on the cpu `ScheduleOptions.gemm_tile`'s 128 x 128 tile and
-    128-long chunks (`half_gemm_tile`'s 256 x 512 and 512 for 16-bit floats; rows halved while a static grid would idle a worker: `options.gemm_rows`), the tile a
+    ``block_m`` x ``block_n`` and ``block_k``, or on the cpu `ScheduleOptions.gemm_tile`'s 256 x 512 tile and
+    512-long chunks (`options.GEMM_TILE`; `half_gemm_tile` for 16-bit floats; rows halved while a static grid would idle a worker: `options.gemm_rows`), the tile a
     fused GEMM state takes: the host GEMM core's register blocks and the right operand's panels are
     amortized over it (a 1024^3 f32 GEMM on one AVX2 core: docs/cpu-backend.md)."""
     m, n = s.axes[-2], s.axes[-1]

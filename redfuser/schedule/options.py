@@ -35,12 +35,13 @@
 |             | row up to 4096, as many rows as fill 8192 elements, so the      |     |     |
 |             | closing sweep reads the rows again from L1/L2 (`ROW_TILE`); off |     |     |
 |             | when ``block_m`` or ``block_n`` is given                        |     |     |
-| `gemm_tile` | (rows, chunk, columns) of a fused loop whose state is a GEMM    |128, | no  |
-|             | with no contraction among its locals (layer norm + GEMM's       |128, |     |
-|             | ``y @ w``, a quantized GEMM), and of a plain matmul's nest: the |128  |     |
+| `gemm_tile` | (rows, chunk, columns) of a fused loop whose state is a GEMM    |256, | no  |
+|             | with no contraction among its locals (layer norm + GEMM's       |512, |     |
+|             | ``y @ w``, a quantized GEMM), and of a plain matmul's nest: the |512  |     |
 |             | columns tile the grid; each program's statistics of its rows    |     |     |
-|             | and copy of ``w``'s block are amortized over a 128x128 output;  |     |     |
-|             | off when ``block_m`` or ``block_n`` is given                    |     |     |
+|             | and copy of ``w``'s block are amortized over its output tile    |     |     |
+|             | (`GEMM_TILE`); rows halved while a worker would idle; off when  |     |     |
+|             | ``block_m`` or ``block_n`` is given                             |     |     |
 | `half_gemm_ | the same of a plain matmul of 16-bit floats: bigger, since on   |256, | no  |
 | tile`       | AMX tiles each chunk's scans and packing of ``w`` are amortized |512, |     |
 |             | over more tile work (`HALF_GEMM_TILE`); off when ``block_m`` or |512  |     |
@@ -213,6 +214,16 @@ ROW_TILE_LEAST = 2048
 cached softmax of 4 x 16) costs less on the calling thread than handing half of it to a worker."""
 
 
+GEMM_TILE = (256, 512, 512)
+"""(rows, chunk, columns) of a cpu f32 GEMM: a plain matmul's tile and a fused GEMM state's (layer norm + GEMM, a
+quantized GEMM; `ScheduleOptions.gemm_tile`). Each program packs its chunk of ``w`` into panels and carries its
+rows' statistics and the accumulator's rescale once a chunk, work that scales with the blocks while the
+micro-kernel's scales with their product. CPU time a call on the 2-core Xeon (all threads, medians of 5, the
+tiles patched into the cpu pipeline in one process; 128 x 128 x 128 before): layer norm + GEMM 1024^3 18.1-18.4
+-> 15.4-15.9 ms, 4096 x 1024 @ 1024 71.5-71.9 -> 62.0-64.7, the FP8 GEMM 1024 x 4096 @ 1024 80.5-82.5 -> 60.0-64.4,
+a plain 1024^3 GEMM 14.3-14.7 -> 13.4-13.5; 256 x 256 x 256 and 512 x 512 x 512 within 5% of it, a 1024 chunk
+worse (18.0, 74.0)."""
+
 HALF_GEMM_TILE = (256, 512, 512)
 """(rows, chunk, columns) of a cpu matmul of 16-bit floats (`ScheduleOptions.half_gemm_tile`). On AMX tiles
 (`codegen/host/amx.py`) each program scans and packs its blocks of both operands once a chunk, work that
@@ -225,7 +236,7 @@ micro-kernel widening bf16, one thread, 2048^3) 128.8 ms at 128 x 128 x 128 and 
 
 
 DEFAULTS: dict[str, ScheduleOptions] = {
-    "cpu": ScheduleOptions(dot_tile=DOT_TILE, gemm_tile=(128, 128, 128), half_gemm_tile=HALF_GEMM_TILE,
+    "cpu": ScheduleOptions(dot_tile=DOT_TILE, gemm_tile=GEMM_TILE, half_gemm_tile=HALF_GEMM_TILE,
                            row_tile=ROW_TILE, skip_exact=True,
                            peel_ragged=True, vector_k=VECTOR_K,
                            whole_max=WHOLE_MAX["cpu"]),
