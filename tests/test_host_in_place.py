@@ -150,11 +150,11 @@ def test_fused_attention_and_layer_norm_gemm_update_their_states_in_place():
     assert not re.search(r'"out_acc_dot\.(cp|tile)', text) and "s_matmul_dot.init" not in text
     want = attention(*(a.astype(np.float64) for a in (q, k, vv))).astype(np.float32)
     assert_close(kern(q, k, vv), want, np.float32, 256)
-    x = (rng.standard_normal((256, 512)) * 2 + 3).astype(np.float32)
-    w = rng.standard_normal((512, 256)).astype(np.float32)
+    x = (rng.standard_normal((256, 1536)) * 2 + 3).astype(np.float32)    # three chunks of 512 (`GEMM_TILE`)
+    w = rng.standard_normal((1536, 256)).astype(np.float32)
     kern = rf.kernel(layer_norm_gemm, backend="cpu")
     text = _llvm(kern, x, w)
     assert not re.search(r'"out_acc1_dot\.(cp|tile)', text)
     assert '"out_acc_acc.tile"' not in text
     want = layer_norm_gemm(x.astype(np.float64), w.astype(np.float64)).astype(np.float32)
-    assert_close(kern(x, w), want, np.float32, 512)
+    assert_close(kern(x, w), want, np.float32, 1536)
