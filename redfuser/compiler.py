@@ -31,6 +31,7 @@ are supplied by the backend table; this module imports no runtime.
 """
 from __future__ import annotations
 
+import contextvars
 import gc
 import threading
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -145,6 +146,11 @@ class Lowered:
 
 # --- the stages every backend shares, and those without the runtime --------------------------------
 
+AFTER_TRACE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("after_trace", default=None)
+"""Called right after a compile's trace, in the compiling thread (`Kernel` notes the captured values there,
+as the trace read them: after the whole compile, another thread's change meanwhile was taken as traced)."""
+
+
 def trace_stage(fn: Callable, lowered: Lowered) -> Program:
     """traced: the Python function on tracers -> verified Loop IR (for a shape class, noting the probe
     lengths the body reads as numbers: `redfuser.probes`)."""
@@ -156,6 +162,9 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
         except ProbeRead as read:      # (its symbols stay static: the rest of the trace is not needed)
             raise _lengths_read(plan, read.probes) from None
     lowered.artifacts["probe_reads"] = reads
+    after = AFTER_TRACE.get()
+    if after is not None:
+        after()
     lowered.program = verify_program(program, pass_name="trace")
     return lowered.program
 

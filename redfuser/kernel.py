@@ -10,7 +10,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from . import backends, config, outputs
-from .compiler import Lowered, lower
+from .compiler import AFTER_TRACE, Lowered, lower
 from .arguments import ShapeDtype, bind, check_signature, spec_of
 from .ir import ArgumentError, RedFuserError
 from .ir import Buffer, BufferType
@@ -108,10 +108,17 @@ class CapturedScalars:
                   + [getattr(self.owner, n, None) for n in self.attributes])
         return tuple((type(v), repr(v)) for v in values)   # (repr: a NaN equals itself)
 
-    def note_traced(self) -> None:
-        """Take the values as they are after a trace as the ones seen: a list the body appends to while
-        tracing (a log) would otherwise make every call trace again."""
-        self.seen = self._now()
+    def note_traced(self, before: tuple) -> None:
+        """Take the values a trace read as the ones seen, given `before`, noted before it began: a list or
+        dict as the trace left it (one the body appends to while tracing, a log, would otherwise make every
+        call trace again), a scalar as it was before (a trace cannot rebind it; another thread that did so
+        while the trace ran made the kernel trace again on its next call instead of keeping stale values)."""
+        self.seen = tuple(now if kind in (list, dict) else was
+                          for (kind, _), was, now in zip(before, before, self._now()))
+
+    def now(self) -> tuple:
+        """The values as they are (`note_traced`'s `before`)."""
+        return self._now()
 
     def changed(self) -> bool:
         """Whether a value differs from the last one seen (then that one becomes the one seen)."""
@@ -201,12 +208,15 @@ class Kernel:
         # each (six threads, six compiles of one op); the cached call path (`__call__`'s fast key) takes no lock
         with self._compiling:
             self._retrace_if_captured_changed()
-            made = self._misses
+            # the values as the trace left them (what the body itself changed while tracing, a log list, is
+            # not a reason to trace again), noted right after it: another thread's change during the rest of
+            # the compile must still be one (`compiler.AFTER_TRACE`)
+            captured, before = self._captured, self._captured.now() if self._captured is not None else ()
+            hook = AFTER_TRACE.set((lambda: captured.note_traced(before)) if captured is not None else None)
             try:
                 return self._specialization(args, kwargs, to_run)
             finally:
-                if self._captured is not None and self._misses != made:   # (a trace ran: what the body itself
-                    self._captured.note_traced()                           # changed while tracing, a log list)
+                AFTER_TRACE.reset(hook)
 
     def _specialization(self, args: tuple[Any, ...], kwargs: dict[str, Any], to_run: bool
                         ) -> tuple[Lowered, backends.Executable | None, list[Any]]:

@@ -167,11 +167,24 @@ def _stop_worker() -> None:
     raise SystemExit    # (ends the worker thread that runs it, quietly)
 
 
+_FORKS = [0]
+"""How many times this process came out of ``os.fork()`` as the child: a pool made before has no workers
+there (a forked child has only the thread that forked), so it starts them again (`GridPool.run`)."""
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
 class GridPool:
     """Persistent worker threads that run ``fn(*args, begin, end)`` over slices of ``range(n)``."""
 
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
+        self._start()
+
+    def _start(self) -> None:
+        """A new task queue and `threads` worker threads (again in a forked child, whose have not survived)."""
+        self._forks = _FORKS[0]
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         previous = threading.stack_size()
         threading.stack_size(STACK_BYTES)
@@ -202,6 +215,8 @@ class GridPool:
         kernel may need a worker's larger stack."""
         if n <= 0:
             return
+        if self._forks != _FORKS[0]:   # (a child of os.fork(): the workers stayed in the parent)
+            self._start()
         parts = min(n, max_parts or self.threads * 4)
         bounds = [n * i // parts for i in range(parts + 1)]
         lock = threading.Lock()

@@ -3,6 +3,7 @@ plain contiguous numpy arrays and Python scalars reuses its specialization witho
 gives exactly what the full path gives; whatever the key cannot vouch for takes the full path."""
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -302,3 +303,32 @@ def test_cached_calls_with_torch_tensors_run_their_kernels_directly(monkeypatch)
     worker.start()
     worker.join()
     assert all(torch.equal(g, f) for g, f in zip(other[0], first))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX")
+def test_a_forked_child_calls_a_kernel_its_parent_compiled_from_any_thread():
+    """A child of ``os.fork()`` (multiprocessing's fork start method, a pre-forking server) has only the
+    thread that forked: the pool's workers stayed in the parent, and a call from a thread other than the
+    child's main one queued work nobody took, forever. The pool starts its workers again in the child."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import multiprocessing as mp, threading, numpy as np, redfuser as rf
+        from redfuser.workloads import softmax
+        k = rf.kernel(softmax, backend="cpu")
+        x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+        k(x)
+        def child(q):
+            out = {}
+            t = threading.Thread(target=lambda: out.setdefault("r", k(x)), daemon=True)
+            t.start(); t.join(30)
+            q.put("hung" if t.is_alive() else float(np.abs(out["r"] - softmax(x)).max()))
+        if __name__ == "__main__":
+            ctx = mp.get_context("fork"); q = ctx.Queue(); p = ctx.Process(target=child, args=(q,)); p.start()
+            print(q.get(timeout=60)); p.join(10)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) < 1e-6, done.stdout

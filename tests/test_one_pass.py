@@ -257,3 +257,25 @@ def test_commuted_products_merge_but_maxima_do_not():
     merged = merge_duplicates(kb.finish((1,)))
     binaries = [op for op in merged.body if isinstance(op, t.Binary)]
     assert [op.op for op in binaries] == [BinaryOp.MUL, BinaryOp.MAX, BinaryOp.MAX]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_a_narrow_quotient_by_a_subnormal_row_divisor_stays_finite(backend):
+    """``x / max|x|`` of a row of tiny bf16 values: the row's divisor is below 2**-128, whose f32 reciprocal
+    overflowed, so the quotients were inf and ``0 / d`` NaN where numpy's are finite; the divisor is now
+    scaled by a power of two before its reciprocal, and the product back (exact)."""
+    import ml_dtypes
+
+    def normalize(x):
+        return x / rf.max(rf.abs(x), axis=-1, keepdims=True)
+
+    def by_tiny(x):
+        return x / ml_dtypes.bfloat16(1e-40)
+
+    tiny = np.array([[1e-39, -2e-39, 0.0, 5e-40]], np.float32).astype(ml_dtypes.bfloat16)
+    mixed = np.array([[0.0, 1e-30, -3e-5, 2.5]], np.float32).astype(ml_dtypes.bfloat16)
+    for body, x in ((normalize, tiny), (by_tiny, mixed)):
+        with np.errstate(all="ignore"):
+            want = body(x)
+        got = rf.kernel(body, backend=backend)(x)
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))

@@ -258,3 +258,43 @@ def test_threads_calling_a_new_kernel_at_once_compile_it_once():
     for t in threads:
         t.join()
     assert k.cache_info().misses == 1 and all(np.array_equal(o, out[0]) for o in out)
+
+
+_LOG: list = []
+_RATE = 2.0
+
+
+def _logging(x):
+    _LOG.append(x.shape)          # (a side effect of tracing: the list the body changes is not a reason to trace)
+    return x * _RATE
+
+
+def test_a_scalar_changed_while_a_compile_runs_is_read_again_and_a_log_is_not(monkeypatch):
+    """The values a trace read are noted right after it (`compiler.AFTER_TRACE`), a scalar as it was before
+    the trace (another thread that changed it during the rest of the compile, here the verifier's turn,
+    was taken as traced: stale results on every later call), a list as the trace left it (a body that
+    logs to one would otherwise trace on every call)."""
+    global _RATE
+    from redfuser import compiler
+
+    x = np.ones((2, 3), np.float32)
+    k = rf.kernel(_logging, backend="cpu")
+    real = compiler.verify_program
+
+    def verify_then_change(program, **kw):
+        global _RATE
+        _RATE = 5.0                   # what another thread does while this one compiles
+        return real(program, **kw)
+
+    monkeypatch.setattr(compiler, "verify_program", verify_then_change)
+    try:
+        np.testing.assert_array_equal(k(x), np.full((2, 3), 2.0))
+        monkeypatch.setattr(compiler, "verify_program", real)
+        np.testing.assert_array_equal(k(x), np.full((2, 3), 5.0))
+        misses = k.cache_info().misses
+        for _ in range(3):
+            k(x)
+        assert k.cache_info().misses == misses          # the log grew; nothing traced again
+    finally:
+        _RATE = 2.0
+        _LOG.clear()

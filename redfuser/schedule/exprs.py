@@ -362,10 +362,28 @@ def _times_reciprocal(lw: ExprLowering, x: Tiled, y: Tiled) -> Tiled:
     numpy's, or its neighbour where the quotient lies within 2**-23 of a rounding midpoint. Zero,
     infinite and NaN divisors give what division gives (``1 / 0 = inf``, ``x * inf = x / 0``;
     ``1 / inf = 0``). A correctly rounded f32 division is a reciprocal, four FMAs and a range check on a
-    GPU, and was a third of a one-pass softmax's instructions. An f32 quotient keeps its division."""
-    one = Tiled(lw.kb.const(1.0, y.value.dtype), ())
-    inverse = lw.elementwise([one, y], lambda v: lw.kb.binary(BinaryOp.DIV, v[0], v[1], hint="inv"))
-    return lw.elementwise([x, inverse], lambda v: lw.kb.binary(BinaryOp.MUL, v[0], v[1]))
+    GPU, and was a third of a one-pass softmax's instructions. An f32 quotient keeps its division.
+
+    A divisor below 2**-126 (a bf16 or f32 subnormal: the absmax of a row of tiny bf16 values) has a
+    reciprocal past f32's range: ``1 / y`` was inf and every quotient inf or NaN (``0 * inf``) where numpy's
+    are finite. Such a divisor is scaled by 2**32 first and the product scaled back, ``(x * (1 / (y s))) s``:
+    powers of two, exact, so the result is the unscaled one's wherever that one was finite."""
+    d = y.value.dtype
+    one, least, big = (Tiled(lw.kb.const(c, d), ()) for c in (1.0, SUBNORMAL_BELOW, RECIPROCAL_SCALE))
+    tiny = lw.elementwise([y, least], lambda v: lw.kb.binary(BinaryOp.LT, lw.kb.unary(UnaryOp.ABS, v[0]), v[1],
+                                                             hint="tiny"))
+    scale = lw.elementwise([tiny, big, one], lambda v: lw.kb.select(v[0], v[1], v[2], hint="scale"))
+    scaled = lw.elementwise([y, scale], lambda v: lw.kb.binary(BinaryOp.MUL, v[0], v[1]))
+    inverse = lw.elementwise([one, scaled], lambda v: lw.kb.binary(BinaryOp.DIV, v[0], v[1], hint="inv"))
+    product = lw.elementwise([x, inverse], lambda v: lw.kb.binary(BinaryOp.MUL, v[0], v[1]))
+    return lw.elementwise([product, scale], lambda v: lw.kb.binary(BinaryOp.MUL, v[0], v[1]))
+
+
+SUBNORMAL_BELOW = 2.0 ** -126
+"""f32's smallest normal value: a divisor below it has a reciprocal past 2**126, past f32's range below 2**-128."""
+
+RECIPROCAL_SCALE = 2.0 ** 32
+"""The power of two a subnormal divisor is scaled by in `_times_reciprocal` (its reciprocal then at most 2**117)."""
 
 
 def _select(lw: ExprLowering, e: Select, b: dict[str, Binding]) -> Tiled:
