@@ -120,13 +120,11 @@ class CapturedScalars:
         """The values as they are (`note_traced`'s `before`)."""
         return self._now()
 
-    def changed(self) -> bool:
-        """Whether a value differs from the last one seen (then that one becomes the one seen)."""
+    def changed(self) -> tuple | None:
+        """The values as they are where one differs from the last ones seen, else None (the caller drops what
+        it traced from them, then takes these as seen: a thread calling in between still sees a change)."""
         now = self._now()
-        if now == self.seen:
-            return False
-        self.seen = now
-        return True
+        return None if now == self.seen else now
 
 
 def _cell_value(cell: object) -> object:
@@ -166,6 +164,7 @@ class Kernel:
         self._cache: dict[tuple, tuple[Lowered, backends.Executable]] = {}
         self._compiling = threading.RLock()
         self._hits = self._misses = 0
+        self._dropped = 0      # how many times a changed captured value dropped the specializations
         # `_fast_key` of a call -> its `_FastPath`: the call path of a specialization already made, for calls
         # whose arguments need no checks beyond what the key says
         self._fast: dict[tuple, _FastPath] = {}
@@ -196,11 +195,14 @@ class Kernel:
     def _retrace_if_captured_changed(self) -> None:
         """Drop every specialization made where a global or closure scalar the body reads has changed: the
         body traces to another program (the disk cache is keyed by the traced program, so it stays right)."""
-        if self._captured is None or not self._captured.changed():
+        now = self._captured.changed() if self._captured is not None else None
+        if now is None:
             return
+        self._dropped += 1     # (a compile running now traced the old values: it must not cache what it makes)
         self._cache.clear()
         self._fast.clear()
         self._classes.clear()
+        self._captured.seen = now
 
     def _compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, to_run: bool = True
                   ) -> tuple[Lowered, backends.Executable | None, list[Any]]:
@@ -213,10 +215,20 @@ class Kernel:
             # the compile must still be one (`compiler.AFTER_TRACE`)
             captured, before = self._captured, self._captured.now() if self._captured is not None else ()
             hook = AFTER_TRACE.set((lambda: captured.note_traced(before)) if captured is not None else None)
+            dropped = self._dropped
             try:
-                return self._specialization(args, kwargs, to_run)
+                made = self._specialization(args, kwargs, to_run)
+                made[0].artifacts["captured_generation"] = dropped   # (the values it was traced from)
+                return made
             finally:
                 AFTER_TRACE.reset(hook)
+                if self._dropped != dropped:
+                    # another thread saw a captured value change while this compile ran (it cleared the caches
+                    # without this lock, then waits for it): what this compile made from the old values is
+                    # returned to its own call only, not kept for the next one
+                    self._cache.clear()
+                    self._fast.clear()
+                    self._classes.clear()
 
     def _specialization(self, args: tuple[Any, ...], kwargs: dict[str, Any], to_run: bool
                         ) -> tuple[Lowered, backends.Executable | None, list[Any]]:
@@ -388,9 +400,14 @@ class Kernel:
             results = None if lowered.shapes is not None else tuple(
                 (b.shape, np.dtype(b.dtype.numpy)) for b in lowered.program.outputs)
             path = _FastPath(lowered, run, host, numpy_only, dense, len(passed) == len(args), direct, results)
-            self._fast[fast_key] = path    # (each array read in place: no copy to redo)
-            if lowered.shapes is not None:
-                self._remember_class(lowered, args, fast_key[0], path)
+            generation = lowered.artifacts.get("captured_generation")
+            if generation == self._dropped:     # (not traced from values another thread has since changed)
+                self._fast[fast_key] = path    # (each array read in place: no copy to redo)
+                if lowered.shapes is not None:
+                    self._remember_class(lowered, args, fast_key[0], path)
+                if generation != self._dropped:     # (dropped meanwhile: the drop may have cleared before us)
+                    self._fast.pop(fast_key, None)
+                    self._classes.clear()
         names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
         outs = None
         if out is not None:

@@ -298,3 +298,46 @@ def test_a_scalar_changed_while_a_compile_runs_is_read_again_and_a_log_is_not(mo
     finally:
         _RATE = 2.0
         _LOG.clear()
+
+
+def test_a_call_that_sees_a_change_while_another_thread_compiles_gets_the_new_value(monkeypatch):
+    """Thread T compiles the first call with the old value; meanwhile the value changes and another call
+    drops the specializations (without the compile lock) and waits for T: T then cached what it made from
+    the old value, the waiting call found it, and every later call returned the old result. A compile during
+    which the specializations were dropped keeps nothing (`Kernel._dropped`)."""
+    import threading
+    import time
+
+    global _RATE
+    from redfuser import compiler
+
+    x = np.ones((2, 3), np.float32)
+    k = rf.kernel(_logging, backend="cpu")
+    real, traced, go = compiler.verify_program, threading.Event(), threading.Event()
+    first, second = [], []
+
+    def verify_and_wait(program, **kw):
+        if threading.current_thread() is compiling:
+            traced.set()
+            go.wait(20)
+        return real(program, **kw)
+
+    monkeypatch.setattr(compiler, "verify_program", verify_and_wait)
+    compiling = threading.Thread(target=lambda: first.append(k(x)))
+    try:
+        compiling.start()
+        assert traced.wait(20)
+        _RATE = 5.0
+        waiting = threading.Thread(target=lambda: second.append(k(x)))
+        waiting.start()
+        time.sleep(0.3)                 # (it has seen the change and waits for the compile lock)
+        go.set()
+        compiling.join(30)
+        waiting.join(30)
+        np.testing.assert_array_equal(first[0], np.full((2, 3), 2.0))
+        np.testing.assert_array_equal(second[0], np.full((2, 3), 5.0))
+        np.testing.assert_array_equal(k(x), np.full((2, 3), 5.0))
+    finally:
+        go.set()
+        _RATE = 2.0
+        _LOG.clear()
