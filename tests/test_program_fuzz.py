@@ -23,7 +23,7 @@ import pytest
 import redfuser as rf
 from redfuser.testing import fuzz, program_judge
 from redfuser.testing.fuzz_pool import Pool
-from redfuser.testing.fuzz_tasks import Config, is_cascade, program_example, run_example
+from redfuser.testing.fuzz_tasks import Config, Result, is_cascade, program_example, run_example
 from redfuser.testing.program import Arg, Node, Program
 from redfuser.testing.program_data import LAYOUTS, ArrayData
 from redfuser.testing.program_judge import Failure, run
@@ -369,6 +369,57 @@ def test_reproducer_of_a_cache_sharing_bug_replays_the_calls_in_order(tmp_path):
     assert (done.returncode != 0) == bool(judged), done.stdout + done.stderr
 
 
+WRITES_ITS_INPUT = textwrap.dedent('''
+    """A planted bug: interpret kernels add 1 to the first element of their first float array argument."""
+    import numpy as np
+    from redfuser.kernel import Kernel
+
+    real = Kernel.__call__
+
+    def call(self, *args, **kwargs):
+        for a in args:
+            if isinstance(a, np.ndarray) and a.dtype.kind == "f" and a.size and a.flags.writeable:
+                a.reshape(-1)[0] += 1
+                break
+        return real(self, *args, **kwargs)
+
+    Kernel.__call__ = call
+''')
+
+
+def test_reproducer_of_a_kernel_that_writes_its_input_checks_the_inputs(tmp_path):
+    """A "wrote memory" failure's script compares the arguments with copies taken before the call: it ran the
+    call and printed "fixed", exit 0, with the bug there (and a wrong value's script ran the body after the
+    kernel, on the changed input)."""
+    p = _program([Node(("v0",), "mul", ("x0", "x0"))], ("v0",), (_array([1.0, 2.0, 3.0]),))
+    script = reproducer(p, Failure("wrote memory", "interpret", 0, "the kernel changed input array 0"))
+    (tmp_path / "plant.py").write_text(WRITES_ITS_INPUT)
+    with_bug = _run_script(script, tmp_path, "import plant")
+    assert with_bug.returncode != 0 and "argument 0 was changed by the call" in with_bug.stderr, with_bug.stderr
+    fixed = _run_script(script, tmp_path)
+    assert fixed.returncode == 0 and "no argument changed: fixed" in fixed.stdout, fixed.stdout + fixed.stderr
+    wrong = reproducer(p, Failure("wrong value", "interpret", 0, "planted", index=(0,)))
+    assert wrong.index("want = program(") < wrong.index("got = kernel(")
+
+
+def test_a_cascade_that_crashed_its_worker_is_printed_without_running_it(monkeypatch):
+    """A cascade whose worker crashed (or hung) was checked again in the campaign's own process to build its
+    reproducer: a segfaulting kernel ended the campaign with no reproducer, a hanging one hung it."""
+    index = next(i for i in range(64) if is_cascade(i))
+    monkeypatch.setattr(fuzz, "check", lambda cascade: pytest.fail("a lost cascade was run in the campaign"))
+    for kind in ("crash", "timeout"):
+        script = fuzz._cascade_reproducer(Config(0, ("interpret",)), index, Failure(kind, "interpret", 0, "died"), 5)
+        assert "rf.kernel(" in script
+
+
+def test_failures_are_listed_by_example_whatever_order_workers_finish_in():
+    """With two workers the first failure (reported, shrunk) was whichever finished first."""
+    campaign = fuzz.Campaign(Config(0, ("interpret",)))
+    for index in (5, 2, 9):
+        campaign.record(Result(index, "program", failures=[Failure("wrong value", "interpret", 0, "planted")]))
+    assert [i for i, _ in campaign.failures] == [2, 5, 9] and "first example 2" in campaign.summary()
+
+
 # ---------------------------------------------------------------------------------------------
 # the worker pool
 # ---------------------------------------------------------------------------------------------
@@ -392,6 +443,25 @@ def test_a_worker_that_outlives_the_timeout_is_killed():
     with Pool(1, Config(0, ("cpu",)), timeout=0.05) as pool:
         results = list(pool.examples([0]))
     assert [f.kind for f in results[0].failures] == ["timeout"]
+
+
+def test_a_lost_cascade_counts_as_a_cascade():
+    """A cascade example whose worker was lost was recorded as a program ("8 programs, 0 cascades")."""
+    index = next(i for i in range(64) if is_cascade(i))
+    with Pool(1, Config(0, ("cpu",)), timeout=0.05) as pool:
+        (result,) = list(pool.examples([index]))
+    assert result.kind == "cascade" and [f.kind for f in result.failures] == ["timeout"]
+
+
+def test_a_workers_start_up_is_not_its_first_examples_time(tmp_path, monkeypatch):
+    """A spawned worker imports numpy, LLVM and RedFuser first (1-1.5 s, more on a loaded machine): that counted
+    toward its first example, and with a short --timeout every new worker's first example was a timeout."""
+    (tmp_path / "sitecustomize.py").write_text("import os, time\nif os.environ.get('SLOW_START'):\n    time.sleep(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("SLOW_START", "1")
+    with Pool(1, Config(0, ("interpret",)), timeout=2.0) as pool:
+        results = list(pool.examples([0, 1]))
+    assert not [f for r in results for f in r.failures], [f.message for r in results for f in r.failures]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -337,3 +337,28 @@ def test_wide_reference_rounds_once_to_the_bodys_dtypes():
     exact = np.exp([-2.0, -1.0, 0.0]) / np.exp([-2.0, -1.0, 0.0]).sum()
     assert out[0].dtype == BF16 and np.array_equal(out[0], exact[None].astype(BF16))
     assert out[1].dtype == BF16 and out[2] == 2 and x.dtype == BF16
+
+
+def test_complex_values_are_refused_not_compared_by_their_real_parts():
+    """``assert_close(1+1j, 1+0j)`` passed: the values went to float64 and the imaginary parts were dropped."""
+    with pytest.raises(AssertionError, match="complex values"):
+        assert_close(np.array([1 + 1j]), np.array([1 + 0j]), np.complex64, 1)
+
+
+def test_the_quantized_gemm_check_wants_the_bodys_shape_and_dtype():
+    """`assert_quantized_gemm` accepted an f16 or f64 output where the body gives f32, and a wrong shape
+    raised numpy's ValueError instead of an AssertionError."""
+    import ml_dtypes
+
+    from redfuser.testing.quantization import assert_quantized_gemm
+    from redfuser.workloads import fp8_quant_gemm
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 8)).astype(ml_dtypes.float8_e4m3fn)
+    ws = rng.uniform(0.5, 2.0, 8).astype(np.float32)
+    good = fp8_quant_gemm(x, w, ws)
+    assert_quantized_gemm(good, x, w, ws)
+    for bad in (good.astype(np.float16), good.astype(np.float64), good[:, :4]):
+        with pytest.raises(AssertionError, match="the body's is float32"):
+            assert_quantized_gemm(bad, x, w, ws)

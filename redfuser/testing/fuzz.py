@@ -91,6 +91,7 @@ class Campaign:
         for key, counts in r.cascade_status.items():
             self.by_family.setdefault(key, Counter()).update(counts)
         self.failures += [(r.index, f) for f in r.failures]
+        self.failures.sort(key=lambda e: e[0])   # (by example: the first and the one shrunk, whatever --jobs did)
 
     def summary(self) -> str:
         c = self.config
@@ -220,9 +221,12 @@ def _program_reproducer(c: Config, index: int, f: Failure, budget: int, pool: Po
 
 def _cascade_reproducer(c: Config, index: int, f: Failure, budget: int) -> str:
     cascade: Cascade = cascade_example(c.seed, index, c.max_axis)
-    verdict = check(cascade)
+    # a cascade that crashed or hung its worker is printed as drawn: checking it again here, in the
+    # campaign's own process, would crash or hang the campaign (a segfaulting kernel ended it, no reproducer)
+    lost = f.kind in ("crash", "timeout")
+    verdict = None if lost else check(cascade)
     kind = f.kind.removeprefix("cascade ") if f.kind.startswith("cascade ") else "soundness"
-    target = next((g for g in verdict.failures if g.kind == kind), None)
+    target = next((g for g in verdict.failures if g.kind == kind), None) if verdict is not None else None
     if f.backend != "interpret" or target is None:
         target = CascadeFailure("soundness", cascade.returns[0], f.message)
         text = cascade_repro.reproducer(cascade, target, f" (seed {c.seed}, example {index}, on {f.backend})")
@@ -288,10 +292,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=sorted(PROFILE_EXAMPLES), default="ci",
                    help="default size: ci (25 examples), fuzz (2500) or long (115000: 100 625 programs)")
     p.add_argument("--jobs", type=_count(0), default=1,
-                   help="worker processes (default 1; 0 runs in this process: a crash ends the campaign)")
+                   help="worker processes (default 1; 0 runs in this process: a crash ends the campaign and "
+                        "--timeout cannot stop a hang, so re-run a timed-out example with --jobs 1)")
     p.add_argument("--max-axis", type=_count(1), default=4096, help="longest reduced axis of a cascade")
     p.add_argument("--max-size", type=_count(1), default=256, help="elements of a program's typical array")
-    p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds one example may run on one backend")
+    p.add_argument("--timeout", type=_seconds, default=300.0,
+                   help="seconds one example may run on one backend, in a worker process (--jobs 1 or more)")
     p.add_argument("--recycle", type=_count(0), default=2000,
                    help="a worker process is replaced after this many examples (0: never)")
     p.add_argument("--shrink-budget", type=_count(0), default=300, help="candidates tried when shrinking (0: off)")
@@ -308,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     here = backends_here()
     if ns.backend != "all" and ns.backend not in here:
         p.error(f"backend {ns.backend!r} cannot run here (runs here: {', '.join(here)})")
+    if ns.jobs == 0 and "--timeout" in (argv if argv is not None else sys.argv[1:]):
+        p.error("--timeout needs a worker process to stop (--jobs 1 or more): in this process (--jobs 0) a "
+                "hanging example cannot be stopped")
     if ns.out is not None:      # before the campaign: a folder that cannot be made must not cost its hours
         try:
             ns.out.mkdir(parents=True, exist_ok=True)

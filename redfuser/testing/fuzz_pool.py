@@ -23,13 +23,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from .fuzz_tasks import Config, Result, run_example
+from .fuzz_tasks import Config, Result, is_cascade, run_example
 from .program import Program
 from .program_judge import Failure, Outcome, run
 
 
 def _worker(conn: Connection, config: Config) -> None:  # pragma: no cover - runs in the child
     os.environ["REDFUSER_CACHE"] = "0"
+    conn.send(("ready", None))     # (its start-up, imports included, is not its first task's time)
     while True:
         try:
             message = conn.recv()
@@ -50,6 +51,10 @@ def _worker(conn: Connection, config: Config) -> None:  # pragma: no cover - run
             conn.send(("error", traceback.format_exc()))
 
 
+STARTUP_SECONDS = 120.0
+"""How long a new worker may take to start before its first task's time counts (`Pool._limit`)."""
+
+
 @dataclass
 class _Slot:
     process: multiprocessing.process.BaseProcess
@@ -58,6 +63,7 @@ class _Slot:
     backend: str = ""
     since: float = 0.0
     history: list = field(default_factory=list)   # examples this process ran before (a crash may need them)
+    ready: bool = False       # it has started (until then a task's time is its start-up's: `STARTUP_SECONDS`)
 
 
 class Pool:
@@ -136,6 +142,12 @@ class Pool:
         self._restart(k)
         return task, failure
 
+    def _limit(self, slot: _Slot) -> float:
+        """Seconds a slot's task may run: the timeout, and `STARTUP_SECONDS` more while its worker has not
+        started (a spawned process imports numpy, LLVM and RedFuser first: 1-1.5 s, more on a loaded machine,
+        and with a short ``--timeout`` every first example of a new worker was a timeout)."""
+        return self.timeout if slot.ready else self.timeout + STARTUP_SECONDS
+
     def _poll(self) -> Iterator[tuple[int, tuple, object]]:
         """(slot, task, answer) for each finished task; answer is a Result/Outcome, a Failure, or an error text."""
         busy = {slot.conn: k for k, slot in enumerate(self.slots) if slot.task is not None}
@@ -148,10 +160,13 @@ class Pool:
                 task, failure = self._lost(k, "crash")
                 yield k, task, failure
                 continue
+            if tag == "ready":
+                slot.ready, slot.since = True, time.monotonic()
+                continue
             if tag == "progress":
                 slot.backend, slot.since = payload, time.monotonic()
                 continue
-            if time.monotonic() - slot.since > self.timeout:
+            if time.monotonic() - slot.since > self._limit(slot):
                 # it outlived the timeout, though its answer came before this poll looked (a poll waits up to
                 # a second): a timeout all the same, as it would be a moment later
                 task, failure = self._lost(k, "timeout")
@@ -161,7 +176,7 @@ class Pool:
             yield k, task, payload if tag == "done" else f"the fuzzer itself failed:\n{payload}"
         now = time.monotonic()
         for k, slot in enumerate(self.slots):
-            if slot.task is not None and now - slot.since > self.timeout:
+            if slot.task is not None and now - slot.since > self._limit(slot):
                 task, failure = self._lost(k, "timeout")
                 yield k, task, failure
 
@@ -180,7 +195,7 @@ class Pool:
                 else:
                     failure = answer if isinstance(answer, Failure) else Failure("exception", "fuzzer", 0, answer,
                                                                                  "fuzzer")
-                    yield Result(task[1], "program", failures=[failure])
+                    yield Result(task[1], "cascade" if is_cascade(task[1]) else "program", failures=[failure])
 
     def judge(self, program: Program, backend: str) -> Outcome:
         """Run one program on one backend in a worker (for shrinking crashes); a lost worker is its failure."""

@@ -67,6 +67,15 @@ def _check(p: Program, f: Failure, args: str) -> list[str]:
         return ["    try:", f"        kernel({args})", "    except rf.CompileError as err:",
                 "        print('the kernel refuses the masked array (fixed):', err)", "    else:",
                 "        raise AssertionError('a masked array was accepted and its mask dropped')"]
+    if f.kind == "wrote memory":    # (the arguments compared with copies taken before the call)
+        return [f"    arguments = ({args},)",
+                "    before = [np.ma.copy(a) if isinstance(a, np.ndarray) else a for a in arguments]",
+                "    kernel(*arguments)",
+                "for n, (now, then) in enumerate(zip(arguments, before)):",
+                "    if isinstance(now, np.ndarray):",
+                "        assert np.ma.getdata(now).tobytes() == np.ma.getdata(then).tobytes(), "
+                "f'argument {n} was changed by the call'",
+                "print('no argument changed: fixed')"]
     if f.kind not in ("wrong value", "wrong class", "wrong dtype", "wrong shape"):
         # errors, crashes and hangs: running the call is the reproducer; a user error is right where numpy refuses
         return ["    try:", f"        program({args})", "    except Exception as err:",
@@ -76,7 +85,8 @@ def _check(p: Program, f: Failure, args: str) -> list[str]:
                 "            raise  # a user error for a call numpy computes",
                 "        print('the kernel refuses it with a user error, as it should:', type(err).__name__)",
                 "print('no failure: fixed')"]
-    lines = [f"    got = kernel({args})", f"    want = program({args})"]
+    # (the body first: a kernel that also writes an argument would change what the body reads after it)
+    lines = [f"    want = program({args})", f"    got = kernel({args})"]
     if len(p.outputs) > 1:
         lines += ["assert isinstance(got, tuple) and len(got) == len(want), 'number of outputs'",
                   f"got, want = np.asarray(got[{f.output}]), np.asarray(want[{f.output}])  # output {f.output}"]

@@ -174,7 +174,12 @@ def check_quantized_gemm(out: np.ndarray, x: np.ndarray, w: np.ndarray, w_scale:
 
 def assert_quantized_gemm(out: np.ndarray, x: np.ndarray, w: np.ndarray, w_scale: np.ndarray, *,
                           period: int = PERIOD) -> QuantizedCheck:
-    """`check_quantized_gemm`, raising `AssertionError` when an element is outside either bound."""
+    """`check_quantized_gemm`, raising `AssertionError` when an element is outside either bound, or when `out`
+    is not the body's shape and dtype (f32: the body's ``y * w_scale * (a / 448)``)."""
+    want_shape = x.shape[:-1] + w.shape[-1:]
+    if np.shape(out) != want_shape or np.asarray(out).dtype != np.float32:
+        raise AssertionError(f"fp8_quant_gemm: output {np.asarray(out).dtype}{list(np.shape(out))}, the body's is "
+                             f"float32{list(want_shape)}")
     result = check_quantized_gemm(out, x, w, w_scale, period=period)
     if not result.passed:
         raise AssertionError(f"fp8_quant_gemm: error {result}")
