@@ -113,8 +113,7 @@ class CapturedScalars:
         dict as the trace left it (one the body appends to while tracing, a log, would otherwise make every
         call trace again), a scalar as it was before (a trace cannot rebind it; another thread that did so
         while the trace ran made the kernel trace again on its next call instead of keeping stale values)."""
-        self.seen = tuple(now if kind in (list, dict) else was
-                          for (kind, _), was, now in zip(before, before, self._now()))
+        self.seen = tuple(now if was[0] in (list, dict) else was for was, now in zip(before, self._now()))
 
     def now(self) -> tuple:
         """The values as they are (`note_traced`'s `before`)."""
