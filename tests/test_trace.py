@@ -267,7 +267,7 @@ def test_dump_dir_writes_every_stage(monkeypatch, tmp_path):
     monkeypatch.setenv("REDFUSER_DUMP_DIR", str(tmp_path))
     k = rf.kernel(attention, backend="interpret")
     lowered = k.lower(*qkv())
-    folder = tmp_path / "attention"
+    folder = tmp_path / "attention" / lowered.specialization     # (a folder a compile)
     files = sorted(p.name for p in folder.iterdir())
     assert files[0] == "00-traced.txt" and len(files) == len(lowered.stages)
     assert (folder / "00-traced.txt").read_text() == f"{lowered.stages['traced']}\n"
