@@ -197,7 +197,15 @@ class TraceBuilder:
         return tuple(Tracer(self, x, tuple(range(len(x.shape))), x.shape) for x in (a, b))  # type: ignore[return-value]
 
     def axes(self, shape: tuple[int, ...], prefix: str = "i") -> tuple[Axis, ...]:
-        return tuple(Axis(f"{prefix}{n}", s) for n, s in enumerate(shape))
+        return tuple(Axis(self.axis_name(f"{prefix}{n}"), s) for n, s in enumerate(shape))
+
+    def axis_name(self, name: str) -> str:
+        """`name` for a loop index, primed with ``_`` while a parameter has it: a parameter ``i0`` printed
+        as ``i0[i0,i1]`` reads as nonsense (the index names are per statement; the parameters' are global)."""
+        params = {b.name for b in self.inputs}
+        while name in params:
+            name += "_"
+        return name
 
     # -- naming buffers after the user's variables -------------------------------------------
     def name_user_variables(self, frame_locals: dict | None = None) -> None:

@@ -271,3 +271,16 @@ def test_dump_dir_writes_every_stage(monkeypatch, tmp_path):
     files = sorted(p.name for p in folder.iterdir())
     assert files[0] == "00-traced.txt" and len(files) == len(lowered.stages)
     assert (folder / "00-traced.txt").read_text() == f"{lowered.stages['traced']}\n"
+
+
+def test_loop_indices_are_not_named_like_a_parameter():
+    """A parameter named ``i0`` or ``r0`` (the tracer's loop index names) printed as ``i0[i0,i1]`` and
+    ``sum over r0<3 of r0[i0,r0]``: the indices take a ``_`` while a parameter has their name."""
+    def f(r0, i0):
+        return rf.sum(r0 @ i0, axis=-1) + rf.max(r0, axis=0)
+
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    kernel = rf.kernel(f, backend="interpret")
+    text = str(kernel.lower(x, x).stages["traced"])
+    assert "r0[i0_,r0_] * i0[r0_,i1]" in text and "i0[i0" not in text and "of r0[r0," not in text, text
+    np.testing.assert_array_equal(kernel(x, x), f(x, x))
