@@ -86,7 +86,7 @@ class CapturedScalars:
                  attributes: tuple[str, ...] = ()) -> None:
         self.names, self.globals, self.cells = names, globals_, cells
         self.owner, self.attributes = owner, attributes
-        self.seen = self._now()
+        self.seen = self.now()
 
     @staticmethod
     def of(fn: Callable) -> "CapturedScalars | None":
@@ -103,7 +103,8 @@ class CapturedScalars:
             return None
         return CapturedScalars(names, globals_, cells, target, attributes)
 
-    def _now(self) -> tuple:
+    def now(self) -> tuple:
+        """The values as they are: (type, repr) of each."""
         values = ([self.globals.get(n) for n in self.names] + [_cell_value(c) for c in self.cells]
                   + [getattr(self.owner, n, None) for n in self.attributes])
         return tuple((type(v), repr(v)) for v in values)   # (repr: a NaN equals itself)
@@ -113,16 +114,12 @@ class CapturedScalars:
         dict as the trace left it (one the body appends to while tracing, a log, would otherwise make every
         call trace again), a scalar as it was before (a trace cannot rebind it; another thread that did so
         while the trace ran made the kernel trace again on its next call instead of keeping stale values)."""
-        self.seen = tuple(now if was[0] in (list, dict) else was for was, now in zip(before, self._now()))
-
-    def now(self) -> tuple:
-        """The values as they are (`note_traced`'s `before`)."""
-        return self._now()
+        self.seen = tuple(now if was[0] in (list, dict) else was for was, now in zip(before, self.now()))
 
     def changed(self) -> tuple | None:
         """The values as they are where one differs from the last ones seen, else None (the caller drops what
         it traced from them, then takes these as seen: a thread calling in between still sees a change)."""
-        now = self._now()
+        now = self.now()
         return None if now == self.seen else now
 
 
@@ -198,10 +195,14 @@ class Kernel:
         if now is None:
             return
         self._dropped += 1     # (a compile running now traced the old values: it must not cache what it makes)
+        self._drop_specializations()
+        self._captured.seen = now
+
+    def _drop_specializations(self) -> None:
+        """Forget every specialization made (compiled programs, call paths, shape classes)."""
         self._cache.clear()
         self._fast.clear()
         self._classes.clear()
-        self._captured.seen = now
 
     def _compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, to_run: bool = True
                   ) -> tuple[Lowered, backends.Executable | None, list[Any]]:
@@ -233,9 +234,7 @@ class Kernel:
                     # another thread saw a captured value change while this compile ran (it cleared the caches
                     # without this lock, then waits for it): what this compile made from the old values is
                     # returned to its own call only, not kept for the next one
-                    self._cache.clear()
-                    self._fast.clear()
-                    self._classes.clear()
+                    self._drop_specializations()
 
     def _specialization(self, args: tuple[Any, ...], kwargs: dict[str, Any], to_run: bool
                         ) -> tuple[Lowered, backends.Executable | None, list[Any]]:

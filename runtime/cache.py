@@ -56,13 +56,13 @@ import contextlib
 import hashlib
 import logging
 import os
-from stat import S_ISREG
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from stat import S_ISREG
 
 from ..ir.errors import InternalError
 from ..ir.source import warn_at_user

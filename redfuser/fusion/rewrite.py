@@ -58,16 +58,16 @@ from ..ir.types import bool_
 def _fresh_axis_name(p: Program) -> str:
     used = {a.name for s in p.body for n in _all_exprs(s) for a in _axes_in(n)}
     used |= {a.name for s in p.body if isinstance(s, Compute | Reduce) for a in s.axes}
-    used |= _buffer_names(p)      # (a parameter named j: `max over j of j[i0,j]` would read as nonsense)
+    used |= set(_buffers(p))      # (a parameter named j: `max over j of j[i0,j]` would read as nonsense)
     name, k = "j", 1
     while name in used:
         name, k = f"j{k}", k + 1
     return name
 
 
-def _buffer_names(p: Program) -> set[str]:
-    """Every buffer name `p` has: its inputs, outputs and what its statements write."""
-    return {b.name for b in p.inputs + p.outputs} | {b.name for s in p.body for b in written(s)}
+def _buffers(p: Program) -> dict[str, Buffer]:
+    """Every buffer `p` has, by name: its inputs, outputs and what its statements write."""
+    return {b.name: b for b in p.inputs + p.outputs} | {b.name: b for s in p.body for b in written(s)}
 
 
 def _all_exprs(s) -> list[Expr]:
@@ -171,8 +171,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
     first = cand.members[0]
     group = CascadeGroup(tuple(m.name for m in cand.members), axis,
                          f"{first.reduce_axis.extent} elements, reduced by {', '.join(m.name for m in cand.members)}")
-    b = LoopBuilder(axis, taken={b.name: b for b in p.inputs + p.outputs} | {
-        w.name: w for s in p.body for w in written(s)})
+    b = LoopBuilder(axis, taken=_buffers(p))
     fused: list[Member] = []
     after_loop: set[str] = set()   # results that exist only once the loop is over (a top-k's lists)
     refused: dict[str, str] = {}

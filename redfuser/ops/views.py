@@ -1,9 +1,8 @@
 """Views and index builders: `swapaxes`, `transpose`, indexing, and `arange`."""
 from __future__ import annotations
 
-import math
-
 import builtins
+import math
 from typing import Sequence
 
 import numpy as np
