@@ -52,6 +52,7 @@ def test_module_entry_point_runs(args):
     (["--timeout", "0"], "--timeout: must be positive"),
     (["--out", __file__], "is not a folder reproducers can be written to"),    # (checked before the campaign)
     (["--jobs", "0", "--timeout", "5"], "--timeout needs a worker process to stop"),
+    (["--jobs", "0", "--timeout=5"], "--timeout needs a worker process to stop"),
 ])
 def test_fuzz_refuses_bad_values_with_a_usage_error(args, message):
     done = subprocess.run([sys.executable, "-m", "redfuser", "fuzz", *args], capture_output=True, text=True,

@@ -38,6 +38,9 @@ from .program_repro import reproducer
 from .program_shrink import shrink
 
 PROFILE_EXAMPLES = {"ci": 25, "fuzz": 2500, "long": 115000}
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds one example may run on one backend in a worker (``--timeout``)."""
 """Examples per run when ``--examples`` is not given (``long``: the campaign of issue 18, 100 625 programs on every
 backend and 14 375 cascades, about 4 hours with ``--jobs 2`` on an idle 2-core machine)."""
 HOST_BACKENDS = ("interpret", "cpu", "simulate")
@@ -223,10 +226,9 @@ def _cascade_reproducer(c: Config, index: int, f: Failure, budget: int) -> str:
     cascade: Cascade = cascade_example(c.seed, index, c.max_axis)
     # a cascade that crashed or hung its worker is printed as drawn: checking it again here, in the
     # campaign's own process, would crash or hang the campaign (a segfaulting kernel ended it, no reproducer)
-    lost = f.kind in ("crash", "timeout")
-    verdict = None if lost else check(cascade)
     kind = f.kind.removeprefix("cascade ") if f.kind.startswith("cascade ") else "soundness"
-    target = next((g for g in verdict.failures if g.kind == kind), None) if verdict is not None else None
+    lost = f.kind in ("crash", "timeout")
+    target = None if lost else next((g for g in check(cascade).failures if g.kind == kind), None)
     if f.backend != "interpret" or target is None:
         target = CascadeFailure("soundness", cascade.returns[0], f.message)
         text = cascade_repro.reproducer(cascade, target, f" (seed {c.seed}, example {index}, on {f.backend})")
@@ -296,8 +298,9 @@ def parser() -> argparse.ArgumentParser:
                         "--timeout cannot stop a hang, so re-run a timed-out example with --jobs 1)")
     p.add_argument("--max-axis", type=_count(1), default=4096, help="longest reduced axis of a cascade")
     p.add_argument("--max-size", type=_count(1), default=256, help="elements of a program's typical array")
-    p.add_argument("--timeout", type=_seconds, default=300.0,
-                   help="seconds one example may run on one backend, in a worker process (--jobs 1 or more)")
+    p.add_argument("--timeout", type=_seconds, default=None,
+                   help="seconds one example may run on one backend, in a worker process (--jobs 1 or more; "
+                        f"default {DEFAULT_TIMEOUT:.0f})")
     p.add_argument("--recycle", type=_count(0), default=2000,
                    help="a worker process is replaced after this many examples (0: never)")
     p.add_argument("--shrink-budget", type=_count(0), default=300, help="candidates tried when shrinking (0: off)")
@@ -314,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     here = backends_here()
     if ns.backend != "all" and ns.backend not in here:
         p.error(f"backend {ns.backend!r} cannot run here (runs here: {', '.join(here)})")
-    if ns.jobs == 0 and "--timeout" in (argv if argv is not None else sys.argv[1:]):
+    if ns.jobs == 0 and ns.timeout is not None:
         p.error("--timeout needs a worker process to stop (--jobs 1 or more): in this process (--jobs 0) a "
                 "hanging example cannot be stopped")
     if ns.out is not None:      # before the campaign: a folder that cannot be made must not cost its hours
@@ -326,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--out {str(ns.out)!r} is not a folder reproducers can be written to ({err})")
     config = Config(ns.seed, here if ns.backend == "all" else (ns.backend,), ns.max_axis, ns.max_size)
     examples = ns.examples if ns.examples is not None else PROFILE_EXAMPLES[ns.profile]
-    pool = Pool(ns.jobs, config, ns.timeout, ns.recycle) if ns.jobs else None
+    timeout = DEFAULT_TIMEOUT if ns.timeout is None else ns.timeout
+    pool = Pool(ns.jobs, config, timeout, ns.recycle) if ns.jobs else None
     try:
         campaign = run(config, examples, ns.jobs, ns.verbose, pool, ns.first)
         print(campaign.summary(), flush=True)
