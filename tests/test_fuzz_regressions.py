@@ -846,3 +846,26 @@ def test_a_weighted_square_about_a_weighted_mean_is_a_second_pass(backend):
     x0 = np.array([[-4.0, -3.0]], np.float32)
     x1 = np.array([[-2.0, 65504.0]], np.float32)
     np.testing.assert_allclose(rf.kernel(program, backend=backend)(x0, x1), program(x0, x1), rtol=2e-6)
+
+
+def test_the_oracle_does_not_judge_an_uncertain_zero_times_an_infinity_inside_a_matmul():
+    """Campaign seed 87, example 1161: ``var(log(|exp(x - x)| + 1)) @ [-inf]``. numpy's pairwise sum of sixteen
+    ``log 2`` is exact, so its variance is 0 and the product NaN; the kernels sum in another order, get a variance
+    of 1e-14 (well inside its bound) and -inf. The oracle left an uncertain zero times an infinity unjudged for
+    ``*`` (rule (2)), not inside the inner sum of ``@``."""
+    from redfuser.testing.program import Arg, Node, Program
+    from redfuser.testing.program_data import ArrayData
+    from redfuser.testing.program_oracle import reference
+
+    x = Arg(ArrayData("float32", (16, 1), values=(-2.0, 3.0, 3.0, 4.0, 2.0, -3.0, -4.0, 3.0, -1.0, -3.0, -4.0,
+                                                   -1.0, 2.0, 1.0, 3.0, -4.0)))
+    w = Arg(ArrayData("float32", (1, 2), values=(-np.inf, 2.0)))
+    nodes = (Node(("v0",), "sub", ("x0", "x0")), Node(("v1",), "exp", ("v0",)), Node(("v2",), "abs", ("v1",)),
+             Node(("v3",), "add_c", ("v2",), (1.0,)), Node(("v4",), "log", ("v3",)),
+             Node(("v5",), "var", ("v4",), (None, True, 0)), Node(("v6",), "matmul", ("v5", "x1")))
+    program = Program(("x0", "x1"), nodes, ("v6",), ((x, w),))
+    (out,) = reference(program, 0, "cpu").outputs
+    assert np.isnan(out.ref[0, 0]) and out.ref[0, 1] == 0.0
+    assert out.unsure.tolist() == [[True, False]]      # the finite column stays judged
+    for backend in BACKENDS:
+        assert judged(program, backend) == []

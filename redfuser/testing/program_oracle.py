@@ -21,7 +21,7 @@ keeps what judging needs (`Value`):
       another class than the reference's (``x * x`` overflows f16 at 300 in
       numpy, not in f32), the element is unsure;
   (2) an inexact operand that may be zero (``|value| <= C e``) multiplied by an
-      infinity, used as a divisor, divided by zero (``0/0`` is NaN, a rounded
+      infinity (also inside the inner sum of ``@``), used as a divisor, divided by zero (``0/0`` is NaN, a rounded
       ``1e-9/0`` is inf), or under ``log``/``sqrt``; a zero whose sign is not
       determined (``maximum(-0.0, 0.0)``) used as a divisor;
   (3) on the GPU backends (``simulate``, ``cuda``), which compute ``exp`` and
@@ -352,10 +352,14 @@ def _may_be_zero(v: Value) -> np.ndarray:
 
 def _new_unsure(node, ins: list[Value], r: np.ndarray) -> np.ndarray:
     op = node.op
-    if op not in ("mul", "div", "recip", "log", "sqrt") or not ins:
+    if op not in ("mul", "matmul", "div", "recip", "log", "sqrt") or not ins:
         return np.zeros(r.shape, bool)
     with np.errstate(all="ignore"):
-        if op == "mul" and len(ins) == 2:
+        if op == "matmul":  # a product of the inner sum: an uncertain zero times an infinity
+            za, zb = (_may_be_zero(v).astype(np.float64) for v in ins)
+            ia, ib = (np.isinf(_f64(v.ref)).astype(np.float64) for v in ins)
+            out = (np.matmul(za, ib) + np.matmul(ia, zb)) > 0
+        elif op == "mul" and len(ins) == 2:
             a, b = ins
             inf_a, inf_b = np.isinf(_f64(a.ref)), np.isinf(_f64(b.ref))
             out = (_may_be_zero(a) & inf_b) | (_may_be_zero(b) & inf_a)
