@@ -13,7 +13,7 @@ import math
 import re
 import sys
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -35,9 +35,11 @@ from .ir import (
     ShapeError,
     SourceLoc,
     Stmt,
+    TopK,
     TracerBoolError,
     UnsupportedError,
     rename_buffers,
+    rename_loop_indices,
     Strided,
     map_expr,
     shift_index,
@@ -197,15 +199,7 @@ class TraceBuilder:
         return tuple(Tracer(self, x, tuple(range(len(x.shape))), x.shape) for x in (a, b))  # type: ignore[return-value]
 
     def axes(self, shape: tuple[int, ...], prefix: str = "i") -> tuple[Axis, ...]:
-        return tuple(Axis(self.axis_name(f"{prefix}{n}"), s) for n, s in enumerate(shape))
-
-    def axis_name(self, name: str) -> str:
-        """`name` for a loop index, primed with ``_`` while a parameter has it: a parameter ``i0`` printed
-        as ``i0[i0,i1]`` reads as nonsense (the index names are per statement; the parameters' are global)."""
-        params = {b.name for b in self.inputs}
-        while name in params:
-            name += "_"
-        return name
+        return tuple(Axis(f"{prefix}{n}", s) for n, s in enumerate(shape))
 
     # -- naming buffers after the user's variables -------------------------------------------
     def name_user_variables(self, frame_locals: dict | None = None) -> None:
@@ -246,7 +240,7 @@ class TraceBuilder:
             for out in written(s):
                 names[out.name] = self._user_names.get(out.name) or self._temp_name(out.name, s.loc)
         program = Program(self.name, tuple(self.inputs), tuple(out_bufs), tuple(self.body))
-        return rename_buffers(program, names)
+        return _indices_apart_from_buffers(rename_buffers(program, names))
 
     def _temp_name(self, old: str, loc: SourceLoc) -> str:
         """A temporary's name: its op, prefixed by the variable its source line assigns (``mu_sum``)."""
@@ -259,6 +253,27 @@ class TraceBuilder:
             name, n = f"{base}_{n}", n + 1
         self._taken.add(name)
         return name
+
+
+def _indices_apart_from_buffers(p: Program) -> Program:
+    """`p` with every loop index that a buffer of the program is named like primed with ``_``. Index names
+    are per nest, buffer names global: a parameter or a variable ``i0`` printed as ``i0[i0,i1]``, or ``r0``
+    as ``sum over r0<3 of r0[i0,r0]``, reads as another program."""
+    taken = {b.name for b in p.inputs} | {b.name for s in p.body for b in written(s)}
+    body = []
+    for s in p.body:
+        own = [*s.axes, *(s.reduce_axes if isinstance(s, Reduce) else ()), *((s.reduce_axis,) if isinstance(s, TopK) else ())]
+        used = {a.name for a in own}
+        names: dict[str, str] = {}
+        for a in own:
+            if a.name in taken and a.name not in names:
+                new = a.name + "_"
+                while new in taken or new in used:
+                    new += "_"
+                used.add(new)
+                names[a.name] = new
+        body.append(rename_loop_indices(s, names))
+    return replace(p, body=tuple(body))
 
 
 _ASSIGNED = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)")

@@ -284,3 +284,21 @@ def test_loop_indices_are_not_named_like_a_parameter():
     text = str(kernel.lower(x, x).stages["traced"])
     assert "r0[i0_,r0_] * i0[r0_,i1]" in text and "i0[i0" not in text and "of r0[r0," not in text, text
     np.testing.assert_array_equal(kernel(x, x), f(x, x))
+
+
+def test_loop_indices_are_not_named_like_a_variable_assigned_later():
+    """A variable ``i0`` (a reduction assigned before the nests that read it) printed as ``i0[i0]``, and ``r0``
+    as ``max over r0<4 of r0[i0,r0]``: the name is the user's only once the trace ends, so the indices are
+    primed then, in every nest."""
+    def f(x):
+        i0 = rf.sum(x, axis=-1, keepdims=True)
+        r0 = x - i0
+        return rf.max(r0, axis=-1)
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    kernel = rf.kernel(f, backend="interpret")
+    lowered = kernel.lower(x)
+    for stage in ("traced", "fused"):
+        text = str(lowered.stages[stage])
+        assert "i0[i0_]" in text and "i0[i0]" not in text and "r0[r0" not in text and "r0[i0," not in text, text
+    np.testing.assert_array_equal(kernel(x), f(x))

@@ -6,6 +6,7 @@ an index becomes its number, the axes in it are replaced, and the result is put 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable
 
@@ -13,8 +14,10 @@ import numpy as np
 
 from ..semantics import BINARY_FUNCS, BinaryOp
 from ..types import DType, int64
-from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Strided, strided, walk
+from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Load, Strided, strided, walk
+from .nodes import Compute, Reduce, TopK
 from .rewrite import map_expr
+
 
 def index_value(i: IndexExpr, dtype: DType = int64) -> Expr:
     """The number index `i` stands for, as a value of `dtype` (``start + step * axis`` for a strided one;
@@ -275,6 +278,30 @@ def rename_index(i: IndexExpr, size: object, replace: Callable[[Axis], IndexExpr
     before = index_value(i)
     after = map_expr(before, sub)
     return i if after is before else as_index(after, size)
+
+
+def rename_loop_indices(s: Compute | Reduce | TopK, names: dict[str, str]) -> Compute | Reduce | TopK:
+    """`s` with its loop indices renamed by `names` (old name -> new name; a nest's indices are its own, so
+    nothing outside `s` changes). A new name must not be one of `s`'s indices already."""
+    if not names:
+        return s
+
+    def axis(a: Axis) -> Axis:
+        return Axis(names[a.name], a.extent) if a.name in names else a
+
+    def fix(n: Expr) -> Expr | None:
+        if isinstance(n, Load):
+            indices = tuple(rename_index(i, size, lambda a: axis(a) if a.name in names else None)
+                            for i, size in zip(n.indices, n.buffer.shape))
+            return None if indices == n.indices else Load(n.buffer, indices)
+        if isinstance(n, IndexValue) and n.axis.name in names:
+            return IndexValue(axis(n.axis), n.dtype)
+        return None
+
+    s = dataclasses.replace(s, axes=tuple(axis(a) for a in s.axes), value=map_expr(s.value, fix))
+    if isinstance(s, Reduce):
+        return dataclasses.replace(s, reduce_axes=tuple(axis(a) for a in s.reduce_axes))
+    return dataclasses.replace(s, reduce_axis=axis(s.reduce_axis)) if isinstance(s, TopK) else s
 
 
 def is_index_expression(e: Expr) -> bool:

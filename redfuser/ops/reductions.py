@@ -75,10 +75,10 @@ def _reduction(op: ReduceOp, np_fn: Callable) -> Callable:
         reduced: list[Axis] = []
         for d, size in enumerate(x.shape):
             if d in dims:
-                a = Axis(builder.axis_name(f"r{len(reduced)}"), size)
+                a = Axis(f"r{len(reduced)}", size)
                 reduced.append(a)
             else:
-                a = Axis(builder.axis_name(f"i{len(kept)}"), size)
+                a = Axis(f"i{len(kept)}", size)
                 kept.append(a)
             full.append(a)
         shape = tuple(a.extent for a in kept)
@@ -128,7 +128,7 @@ def matmul(a, b):
     builder = _builder("matmul", a, b)
     shape = batch + ((a.shape[-2],) if a.ndim > 1 else ()) + ((b.shape[-1],) if b.ndim > 1 else ())
     axes = builder.axes(shape)
-    r = Axis(builder.axis_name("r0"), ka)
+    r = Axis("r0", ka)
     batch_axes = axes[: len(batch)]
     a_axes = (batch_axes[len(batch) - len(batch_a):] + (axes[len(batch)], r)) if a.ndim > 1 else (r,)
     b_axes = (batch_axes[len(batch) - len(batch_b):] + (r, axes[-1])) if b.ndim > 1 else (r,)
@@ -162,9 +162,8 @@ def topk(x, k: int, axis: int = -1):
     _check_k(n, k, axis, x)
     x.builder.need_length(n, int(k))
     loc = user_loc()
-    name = x.builder.axis_name
-    r = Axis(name("r0"), n)
-    out_axes = tuple(Axis(name("t0"), int(k)) if i == d else Axis(name(f"i{i}"), s) for i, s in enumerate(x.shape))
+    r = Axis("r0", n)
+    out_axes = tuple(Axis("t0", int(k)) if i == d else Axis(f"i{i}", s) for i, s in enumerate(x.shape))
     value = x.expr_for(tuple(r if i == d else a for i, a in enumerate(out_axes)))
     shape = tuple(a.extent for a in out_axes)
     types = (BufferType(x.ir_dtype, shape), BufferType(T.int64, shape))
