@@ -17,7 +17,10 @@ rules are the textbook identities, applied only where they are exact:
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable
@@ -28,6 +31,32 @@ from ..ir.types import bfloat16, float8_e4m3fn, float16, float32, float64
 
 Power = Fraction
 LN2 = math.log(2.0)
+
+_CANCELLED: contextvars.ContextVar[set | None] = contextvars.ContextVar("redfuser_cancelled", default=None)
+
+
+@contextlib.contextmanager
+def noting_cancellations() -> Iterator[set]:
+    """A set that collects, while the block runs, every atom the algebra cancels: powers of opposite signs
+    that meet (``x / x``, ``x * x / x``), like terms of opposite signs that meet (``x - x``, ``exp(x - x)``) and
+    terms multiplied by zero (``x * 0.0``). Each identity holds for real numbers only: where the atom is 0,
+    ±inf or NaN floating point gives NaN (``0/0``, ``inf - inf``, ``inf * 0``), the normal form does not."""
+    seen: set = set()
+    token = _CANCELLED.set(seen)
+    try:
+        yield seen
+    finally:
+        _CANCELLED.reset(token)
+
+
+def _note(atoms: Iterable[Expr]) -> None:
+    seen = _CANCELLED.get()
+    if seen is not None:
+        seen.update(atoms)
+
+
+def _atoms_of(t: "Product") -> list[Expr]:
+    return [a for a, _ in t.mono.factors] + [a for m, _ in t.exponent.terms for a, _ in m.factors]
 
 
 @dataclass(frozen=True)
@@ -47,6 +76,8 @@ class Monomial:
     def __mul__(self, other: "Monomial") -> "Monomial":
         d = self.as_dict()
         for a, p in other.factors:
+            if d.get(a, Power(0)) * p < 0:
+                _note([a])
             d[a] = d.get(a, Power(0)) + p
         return Monomial.of(d)
 
@@ -69,10 +100,14 @@ class Linear:
     def __add__(self, other: "Linear") -> "Linear":
         d = dict(self.terms)
         for m, c in other.terms:
+            if d.get(m, 0.0) * c < 0:
+                _note(a for a, _ in m.factors)
             d[m] = d.get(m, 0.0) + c
         return Linear.of(d, self.constant + other.constant)
 
     def scale(self, k: float) -> "Linear":
+        if k == 0:
+            _note(a for m, _ in self.terms for a, _ in m.factors)
         return Linear.of({m: c * k for m, c in self.terms}, self.constant * k)
 
     @property
@@ -106,6 +141,8 @@ def _combine(terms: list[Product]) -> Sum:
     for t in terms:
         k = t.key()
         if k in merged:
+            if merged[k].coeff * t.coeff < 0:
+                _note(_atoms_of(t))
             merged[k] = Product(merged[k].coeff + t.coeff, t.mono, t.exponent)
         else:
             merged[k] = t
@@ -126,10 +163,14 @@ def add(a: Sum, b: Sum) -> Sum:
 
 
 def mul(a: Sum, b: Sum) -> Sum:
+    if not a or not b:   # a product with zero
+        _note(n for t in a + b for n in _atoms_of(t))
     return _combine([x * y for x in a for y in b])
 
 
 def scale(a: Sum, k: float) -> Sum:
+    if k == 0:
+        _note(n for t in a for n in _atoms_of(t))
     return _combine([Product(t.coeff * k, t.mono, t.exponent) for t in a])
 
 

@@ -345,7 +345,8 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         return Refusal(f"`{name}` reduces {d} values that read an earlier result; the one-pass rescaling "
                        "(multiplying by H(y_old)/H(y_new)) has no exact integer form, so it is computed in a "
                        "second pass")
-    normal = ctx.normal_form(value)
+    with A.noting_cancellations() as lost:
+        normal = ctx.normal_form(value)
     if not normal:
         return Refusal(f"`{name}`'s body simplifies to 0 in exact arithmetic, yet reads earlier results; it is "
                        "kept unfused so that its floating-point value (NaN where an input is infinite) is the "
@@ -359,6 +360,13 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         return Refusal(f"in `{name}`, the earlier result {names} cancels out of the body in exact arithmetic "
                        "(x/x = 1, x - x = 0), which floating point does not do where it is 0, ±inf or NaN (0/0 and "
                        "inf - inf are NaN); it is computed in a second pass as written")
+    varying = sorted({str(a) for a in lost if ctx.kind(a) != "c"})
+    if varying:
+        # the same for what is left of a value in the fused form (x·x/x = x) and for the reduced values: where
+        # x is 0 or ±inf, `sum(x / x * exp(x - m))` is NaN for numpy and was a finite sum fused
+        return Refusal(f"in `{name}`, {', '.join(f'`{v}`' for v in varying)} cancels in the algebra's normal form "
+                       "(x/x = 1, x - x = 0, 0·x = 0), exact only where it is finite and non-zero (0/0, inf - inf "
+                       "and 0·inf are NaN); it is computed in a second pass as written")
     if len(normal) > 1 and not any(ctx.kind(a) in ("x", "mixed") for a in A.free_atoms(normal)):
         # F(c, y) is the same for every element: sum = n·F, max = F. Expanded into several accumulated terms
         # (as (c - mean)**2 is) it only cancels, to a negative variance where numpy's is 0 (fuzz: seed 1, examples
