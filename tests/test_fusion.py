@@ -398,3 +398,24 @@ def test_exp2_bodies_keep_exp2():
     x = (np.random.default_rng(24).standard_normal((2, 50)) + 300).astype(np.float32)
     lowered = _check(f, (x,), 50, chunk=7)
     assert "exp2(" in str(lowered.stages["fused"])
+
+
+def _moment_in_other_units(x):          # the 2nd central moment of x measured in units of 1e-20
+    mu = rf.mean(x, axis=-1, keepdims=True)
+    return rf.mean(((x - mu) * 1e20) ** 2, axis=-1)
+
+
+def _weighted_square_in_other_units(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(x - m) * (x * 1e20) ** 2, axis=-1)
+
+
+@pytest.mark.parametrize("body", [_moment_in_other_units, _weighted_square_in_other_units])
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+def test_a_constant_the_algebra_gathers_past_the_dtypes_range_is_not_fused(body, backend):
+    """``((x - mu) * 1e20)**2`` is ``1e40 (x - mu)**2`` to the algebra, and the fused loop multiplied by 1e40
+    in f32: inf, where every step numpy takes is finite (0.5 and 6.0 here). Found by a helper."""
+    x = np.array([[1e-20, 2e-20, 0.0, 1e-20]], np.float32)
+    kernel = rf.kernel(body, backend=backend)
+    assert "outside f32's normal range" in kernel.lower(x).groups[0].reason
+    np.testing.assert_allclose(kernel(x), body(x), rtol=1e-5)

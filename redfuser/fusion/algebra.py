@@ -219,7 +219,11 @@ def power_of(s: Sum, k: Power, nonneg: Callable[[Expr], bool]) -> Sum | None:
         if integral or (t.coeff > 0 and all(nonneg(a) for a, _ in t.mono.factors)):
             if t.coeff == 0 or (t.coeff < 0 and not integral):
                 return None
-            return (Product(t.coeff ** float(k), t.mono.power(k), t.exponent.scale(float(k))),)
+            try:
+                coeff = t.coeff ** float(k)
+            except OverflowError:   # (Python's float power raises past 1.8e308: left a power as written)
+                return None
+            return (Product(coeff, t.mono.power(k), t.exponent.scale(float(k))),)
     if k.denominator == 1 and 0 < k.numerator <= 4:  # small positive integer powers distribute
         out = const(1.0)
         for _ in range(k.numerator):

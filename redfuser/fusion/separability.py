@@ -28,7 +28,7 @@ import ml_dtypes
 
 from ..ir import (Binary, BinaryOp, Cast, Const, DType, Expr, IndexValue, Load, ReduceOp, Select, Unary,
                   UnaryOp, format_expr, map_expr, reads_axis)
-from ..ir.types import bool_
+from ..ir.types import bool_, float32
 from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
@@ -330,6 +330,17 @@ def _mixed_reason(atom: Expr, name: str) -> str:
             "so a second pass")
 
 
+def _constants_outside_range(normal: "A.Sum", d: DType) -> str:
+    """The first coefficient of `normal` (of a product, or of a monomial in its exponent) that the fused loop,
+    computing in `d` (f32 for the 16- and 8-bit floats), cannot hold as a normal number ("" when none)."""
+    finfo = ml_dtypes.finfo(float32.numpy if d.storage_only else d.numpy)
+    for t in normal:
+        for c in (t.coeff, *(c for _, c in t.exponent.terms)):
+            if c != 0 and not float(finfo.smallest_normal) <= abs(c) <= float(finfo.max):
+                return f"{c:g}"
+    return ""
+
+
 def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decomposition | Refusal:
     """`value`'s factorization for monoid `op` (see the module docstring), or why there is none."""
     d = value.dtype
@@ -360,6 +371,13 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         return Refusal(f"in `{name}`, the earlier result {names} cancels out of the body in exact arithmetic "
                        "(x/x = 1, x - x = 0), which floating point does not do where it is 0, ±inf or NaN (0/0 and "
                        "inf - inf are NaN); it is computed in a second pass as written")
+    outside = _constants_outside_range(normal, d)
+    if outside:
+        # ((x - mu) * 1e20)**2 is 1e40·(x - mu)**2 to the algebra, and 1e40 is inf in f32, where every term numpy
+        # computes is finite (a moment in other units): the constant the fused form multiplies by must be one
+        return Refusal(f"in `{name}`, the constant {outside} that the algebra gathers out of the body is outside "
+                       f"{d}'s normal range, though the body's own steps are not; it is computed in a second pass "
+                       "as written")
     varying = sorted({str(a) for a in lost if ctx.kind(a) != "c"})
     if varying:
         # the same for what is left of a value in the fused form (x·x/x = x) and for the reduced values: where
