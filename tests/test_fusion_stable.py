@@ -528,3 +528,23 @@ def test_a_linear_form_of_several_reduced_values_is_centred_as_one():
     kernel = rf.kernel(square_of_a_sum_about_a_max, backend="interpret", interpret_chunk=8)
     assert "centred on its own running mean of" in kernel.explain(x, v, z)
     _judge(kernel(x, v, z), square_of_a_sum_about_a_max, (x, v, z), 100)
+
+
+def _variance_about_own_mean(x):
+    mu = rf.sum(x, axis=-1, keepdims=True) / x.shape[-1]
+    return rf.sum((x - mu) ** 2, axis=-1) / x.shape[-1]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_a_variance_whose_mean_moves_past_the_range_is_inf_not_nan(chunk):
+    """The shift law's cross term ``2 d T1`` with ``T1 = sum (x - c)`` exactly 0 (the sum about the mean itself)
+    and ``2 d`` overflowing (a move of 3e38), or ``d`` infinite (the running sum of four 1e38 overflows): 0 * inf
+    was NaN, where numpy's squares are inf. Found by a helper (interpret_chunk=1)."""
+    x = np.array([[3e38, -3e38, 0.0, 0.0], [-3e38, 3e38, 0.0, 0.0], [1e38, 1e38, 1e38, 1e38], [1, 2, 3, 4]],
+                 np.float32)
+    with np.errstate(all="ignore"):
+        want = _variance_about_own_mean(x)
+        for kernel in (rf.kernel(_variance_about_own_mean, backend="interpret", interpret_chunk=chunk),
+                       rf.kernel(_variance_about_own_mean, backend="cpu", block_n=chunk),
+                       rf.kernel(_variance_about_own_mean, backend="simulate", block_n=chunk)):
+            np.testing.assert_array_equal(kernel(x), want)

@@ -88,6 +88,11 @@ def carry_expr(shift: Shift, prevs: list[Load], move: Expr, rescale: Expr | None
         if r is not None:
             coef = r if coef is None else Binary(BinaryOp.MUL, r, coef, d)
         part = prev if coef is None else Binary(BinaryOp.MUL, coef, prev, d)
+        if coef is not None and not shift.alpha and j < k:
+            # a lower sum that is exactly 0 (sum (x - c) about the mean itself) adds nothing in exact arithmetic;
+            # times a coefficient that overflowed (2d past f32, an infinite move of a mean whose sum overflowed)
+            # it was NaN, where numpy's plain powers (x - c)**k are inf (the variance of [3e38, -3e38, 0, 0])
+            part = Select(Binary(BinaryOp.EQ, prev, Const(0.0, d), bool_), Const(0.0, d), part, d)
         out = part if out is None else Binary(BinaryOp.ADD, out, part, d)
     # A centre that did not move leaves the sums as they are: 0 * T_j would turn a lower power that an
     # infinite element made infinite (sum (x - m) = -inf beside a -inf x) into NaN.
