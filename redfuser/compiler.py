@@ -158,7 +158,8 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
     lengths = {probe: n for (_, probe), n in zip(plan.symbols, plan.values)} if plan is not None else {}
     with noting_probe_reads(stop=True, lengths=lengths) if plan is not None else nullcontext(set()) as reads:
         try:
-            program = trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", []))
+            program = trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", []),
+                            lowered.artifacts.setdefault("updated_inputs", {}))
         except ProbeRead as read:      # (its symbols stay static: the rest of the trace is not needed)
             raise _lengths_read(plan, read.probes) from None
     lowered.artifacts["probe_reads"] = reads

@@ -9,7 +9,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from . import backends, config, outputs
+from . import backends, config, in_place, outputs
 from .compiler import AFTER_TRACE, Lowered, lower
 from .arguments import ShapeDtype, bind, check_signature, spec_of
 from .ir import ArgumentError, RedFuserError
@@ -391,7 +391,11 @@ class Kernel:
         lowered, run, arrays = self._compiled(args, kwargs)
         host = backends.BACKENDS[lowered.backend].arrays == "host"
         passed = [a for a in args if type(a) not in _FAST_STATICS]
-        if fast_key is not None and len(arrays) == len(passed) and all(a is b for a, b in zip(arrays, passed)):
+        names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
+        updated = lowered.artifacts.get("updated_inputs")
+        if updated:     # (checked at every call: such a kernel keeps no fast path)
+            in_place.check(updated, list(zip(names, arrays)), self.__name__)
+        elif fast_key is not None and len(arrays) == len(passed) and all(a is b for a, b in zip(arrays, passed)):
             if len(self._fast) >= _FAST_ENTRIES:
                 self._fast.clear()      # a shape-polymorphic kernel sees many shapes: keep the table small
             numpy_only = all(type(a) is np.ndarray for a in passed)
@@ -414,7 +418,6 @@ class Kernel:
                 if generation != self._dropped:     # (dropped meanwhile: the drop may have cleared before us)
                     self._fast.pop(fast_key, None)
                     self._classes.clear()
-        names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
         outs = None
         if out is not None:
             loc = user_loc()

@@ -143,12 +143,16 @@ def _watching_returns(returned: Callable[[FrameType], None]):
             sys.setprofile(previous)
 
 
-def trace(fn: Callable, specs: tuple[ArgSpec, ...], length_needs: list[tuple[int, int]] | None = None) -> Program:
+def trace(fn: Callable, specs: tuple[ArgSpec, ...], length_needs: list[tuple[int, int]] | None = None,
+          updated_inputs: dict[str, SourceLoc] | None = None) -> Program:
     """Run `fn` on tracers for `specs`; return the unfused Loop IR of what it computes. `length_needs`, when
-    given, receives the body's length checks (`TraceBuilder.need_length`), dead code's included."""
+    given, receives the body's length checks (`TraceBuilder.need_length`), dead code's included;
+    `updated_inputs` the arguments the body updates in place (`TraceBuilder.updated_inputs`)."""
     builder = TraceBuilder(kernel_name(fn))
     if length_needs is not None:
         builder.length_needs = length_needs
+    if updated_inputs is not None:
+        builder.updated_inputs = updated_inputs
     values = {s.name: builder.add_input(s.name, s.type) if isinstance(s, ArraySpec) else s.value for s in specs}
     args, kwargs = _call_arguments(fn, values)
     returns: list[SourceLoc] = []

@@ -147,6 +147,9 @@ class TraceBuilder:
         # (a length the body's checks read, the least it may be): an int index or a top-k's k needs the axis
         # to be that long; a shape-polymorphic kernel turns these into guards (`redfuser.compiler.sized_stage`)
         self.length_needs: list[tuple[int, int]] = []
+        # argument name -> where the body first updates it in place (``a += 1``): numpy's body would write the
+        # caller's array, and so change any other argument sharing its memory (`redfuser.in_place`)
+        self.updated_inputs: dict[str, SourceLoc] = {}
         self._views: dict[str, dict[int, weakref.ref]] = {}   # buffer name -> live Tracers viewing it, by id
 
     def note_view(self, t: "Tracer") -> None:
@@ -161,6 +164,11 @@ class TraceBuilder:
         would have to change them too."""
         found = (ref() for ref in self._views.get(t.buffer.name, {}).values())
         return [v for v in found if v is not None and v is not t and v is not but]
+
+    def note_update(self, t: "Tracer", loc: SourceLoc) -> None:
+        """Record an in-place update of `t` (`updated_inputs`, where `t` is an argument's whole buffer)."""
+        if any(t.buffer is b for b in self.inputs):
+            self.updated_inputs.setdefault(t.buffer.name, loc)
 
     def need_length(self, length: int, least: int) -> None:
         """Record that the body is what it traced to only while an axis of `length` has >= `least` elements

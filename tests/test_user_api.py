@@ -91,6 +91,41 @@ def test_in_place_operators_numpy_or_a_kernel_cannot_do_are_refused():
         rf.kernel(_grows_in_place, backend="interpret")(np.zeros(3, np.float32), np.zeros((2, 3), np.float32))
 
 
+def _updates_an_argument(a, b):
+    a += 1
+    return a + b
+
+
+def _updates_a_lone_argument(a):
+    a += rf.arange(4).astype(rf.float32)
+    return a
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_argument_updated_in_place_whose_memory_numpy_would_change_elsewhere_is_refused(backend):
+    """``a += 1; return a + b`` called as ``f(x, x)`` is ``2x + 2`` in numpy (its update changes ``b`` too) and
+    was ``2x + 1``; overlapping views likewise; a self-overlapping ``a`` (numpy writes each place once for
+    every element there) gave numpy's values for distinct elements; a read-only ``a`` (numpy raises) was
+    accepted. Each is now refused at the line that updates ``a``, at every call (the first, and cached
+    ones), and a call with separate arrays still runs. Found by a helper trying exotic views."""
+    x = np.arange(8, dtype=np.float32)
+    kernel = rf.kernel(_updates_an_argument, backend=backend)
+    np.testing.assert_array_equal(kernel(x, x.copy()), 2 * x + 1)
+    for a, b in ((x, x), (x[1:], x[:-1]), (x[:4], x[2:6])):
+        with pytest.raises(rf.ArgumentError, match="updates argument 'a' in place, but argument 'b' shares") as err:
+            kernel(a, b)
+        assert "a += 1" in str(err.value)
+    np.testing.assert_array_equal(kernel(x[:4], x[4:]), x[:4] + 1 + x[4:])   # apart: runs
+    assert (x == np.arange(8)).all()
+    lone = rf.kernel(_updates_a_lone_argument, backend=backend)
+    overlapping = np.lib.stride_tricks.as_strided(np.arange(10, dtype=np.float32), (3, 4), (16, 16), writeable=True)
+    with pytest.raises(rf.ArgumentError, match="two of its elements share memory"):
+        lone(overlapping)
+    with pytest.raises(rf.ArgumentError, match="read-only"):
+        lone(np.broadcast_to(np.ones(4, np.float32), (3, 4)))
+    np.testing.assert_array_equal(lone(np.ones((3, 4), np.float32)), np.ones((3, 4)) + np.arange(4))
+
+
 SCALE = 2.0
 
 

@@ -61,6 +61,7 @@ def _in_place(fn, symbol: str):
             raise UnsupportedError(f"in-place update of an array that other traced values view ({len(shared)} of them: "
                                    "a transpose, a slice...): numpy would change them too, which a kernel does not "
                                    f"do; write x = x {symbol[:-1]} y", op=symbol, loc=user_loc())
+        self.builder.note_update(self, user_loc())
         self.rebind(result)
         return self
 
