@@ -256,3 +256,17 @@ def test_a_16_bit_dot_for_sm_75_runs_on_fma(dtype):
     out_dtype = (x @ w).dtype                 # (numpy's bf16 @ gives f32)
     want = (x.astype(np.float64) @ w.astype(np.float64)).astype(out_dtype)
     assert_close(kernel(x, w), want, out_dtype, 32)
+
+
+def test_a_view_spanning_more_memory_than_the_simulator_copies_is_a_backend_error(monkeypatch):
+    """The simulator copies the memory a strided view spans: a 4-element view ``m[::2**31]`` of a sparse
+    memory map spans 24 GiB, and the copy ended in a bare numpy `MemoryError`. Found by a helper; here the
+    limit is lowered so a small view passes it."""
+    from redfuser.codegen.simulator import machine
+
+    monkeypatch.setattr(machine, "SPAN_LIMIT_BYTES", 64)
+    x = np.arange(64, dtype=np.float32)
+    kernel = rf.kernel(lambda a: rf.sum(a, axis=-1), backend="simulate")
+    with pytest.raises(rf.BackendError, match="spans .* GiB of memory"):
+        kernel(x[::8])
+    assert float(rf.kernel(lambda a: rf.sum(a, axis=-1), backend="cpu")(x[::8])) == float(x[::8].sum())

@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ...ir.errors import SimulationError
+from ...ir.errors import BackendError, SimulationError
 from ...ir.buffer import Buffer
 from ...ir.simt.nodes import SimtKernel
 from ...ir.simt.verifier import verify_simt_kernel
@@ -34,7 +34,16 @@ def _bind(kernel: SimtKernel, args: Sequence[object] | Mapping[str, object]) -> 
     return dict(zip(names, args))
 
 
+SPAN_LIMIT_BYTES = 1 << 31
+"""The most memory one buffer may span: the simulator copies a strided view's whole span (a 4-element view
+``m[::2**31]`` of a memory map spans 24 GiB; copying it ended in a bare `MemoryError`)."""
+
+
 def _buffer(p: Buffer, value: object, kernel: str) -> np.ndarray:
+    if p.type.span * p.dtype.numpy.itemsize > SPAN_LIMIT_BYTES:
+        raise BackendError(f"simulate: {p.name} spans {p.type.span * p.dtype.numpy.itemsize / 2**30:.1f} GiB of "
+                           f"memory ({p.type}); the simulator copies the memory a buffer spans, at most "
+                           f"{SPAN_LIMIT_BYTES >> 30} GiB: run it on cpu, or pass a compact copy")
     arr = np.array(value, dtype=p.dtype.numpy, copy=True).reshape(-1)
     if arr.size != p.type.span:   # a strided view's memory: its span (its size when dense)
         raise SimulationError("argument", f"{p.name} wants {p.type.span} elements ({p.type}), got {arr.size}",
