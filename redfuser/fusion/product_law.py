@@ -19,7 +19,8 @@ so ``t * |m' - m_t| <= sum_k |x_k - m'|``: within what the reference's own round
 ``x_k - m'`` may already be off by, whatever the count. A ratio of other factors of y (``x / l``,
 ``x / max|x|``) has no such bound: a rounding of ``l_t / l'`` raised to ``t`` is ``t`` roundings, on every chunk
 that moves ``l`` (``O(n^2 / chunk)`` in all), and a running ``l`` of 0 has no ratio; `separability._product`
-refuses those.
+refuses those, and a factor G(x) besides the exponential too: read with the running max, each factor is larger
+than the reference's, and an unbounded G overflows the running product where the reference's stays finite.
 
 Guards. While nothing was multiplied in (count 0) the state is the identity 1 and stays 1 (``exp(0 * NaN)``
 would be NaN where the earlier result was still at its identity); a running product of 0 stays 0 (an

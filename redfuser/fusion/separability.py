@@ -631,6 +631,15 @@ def _product(splits: list[_Split], d: DType, name: str) -> Decomposition | Refus
                        "of earlier results: carrying it would raise the ratio H(y_now)/H(y_before) to the count "
                        "of elements already multiplied in, one rounding amplified by that count, and a running "
                        "H of 0 has no ratio; so a second pass", h)
+    if s.g.factors:
+        # each factor multiplied in is read with the running y (``exp(0.05 (x - m_t))`` at the running max):
+        # larger than the reference's, and a G(x) that is not bounded makes the running product overflow where
+        # the reference's does not: prod((x² + 1)·exp(0.05 (x - m))) over a row whose max comes late was NaN
+        # (inf times the carry's exp(t·...) = 0) for numpy's 2.5e-26. A pure exponential's factors are at most 1.
+        g = monomial_expr(s.g, d)
+        return Refusal(f"in `{name}`, a product over k of G(x)·exp(L(y)) with G = {format_expr(g)}: its factors, "
+                       "read with the running earlier results, are larger than the reference's, and the running "
+                       "product may overflow where the reference's does not; so a second pass", g)
     return Decomposition("separable", (_acc(ReduceOp.PROD, product_expr(_term_product(s), d), s,
                                             product_expr(_g_product(s, False), d), d),), (None,))
 
