@@ -419,3 +419,23 @@ def test_a_constant_the_algebra_gathers_past_the_dtypes_range_is_not_fused(body,
     kernel = rf.kernel(body, backend=backend)
     assert "outside f32's normal range" in kernel.lower(x).groups[0].reason
     np.testing.assert_allclose(kernel(x), body(x), rtol=1e-5)
+
+
+def _weighted_values(s, v):
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    return (p @ v) / rf.sum(p, axis=-1, keepdims=True)
+
+
+@pytest.mark.xfail(strict=True, reason="online softmax's own range limit (docs/fusion.md, 'The running state's range'): "
+                                       "the accumulator weights early values 1 at the running max and overflows")
+def test_a_running_sum_overflows_where_the_references_does_not():
+    """Values of 1e37 over 1024 keys whose largest score comes last: numpy's weights are exp(-20) and its sum
+    2.1e31; the loop's are 1 until the last key, and 1023e37 is inf in f32. Found by a helper."""
+    s = np.zeros((1, 1024), np.float32)
+    s[0, -1] = 20.0
+    v = np.full((1024, 2), 1e37, np.float32)
+    v[-1] = 1.0
+    with np.errstate(all="ignore"):
+        got = rf.kernel(_weighted_values, backend="interpret")(s, v)
+    np.testing.assert_allclose(got, _weighted_values(s, v), rtol=1e-4)
