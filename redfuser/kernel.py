@@ -247,6 +247,7 @@ class Kernel:
         if plan is not None and backend in autotune.SPACES and autotune.wanted(self.options):
             plan = None      # tuning measures the call's own shapes: an autotuned kernel compiles them exactly
         if plan is not None:
+            plan, specs = self._known_view_class(plan, specs, backend) or (plan, specs)
             found = self._polymorphic(plan, specs, backend, to_run)
             if found is not None:
                 return found[0], found[1], arrays
@@ -261,6 +262,24 @@ class Kernel:
         if to_run and entry[1] is None:   # compiled without running (lower/explain): build it now
             entry[1] = backends.BACKENDS[backend].build(entry[0])
         return entry[0], entry[1], arrays
+
+    def _known_view_class(self, plan: ShapePlan, specs: tuple[ArgSpec, ...], backend: str
+                          ) -> tuple[ShapePlan, tuple[ArgSpec, ...]] | None:
+        """The class of views already compiled that this call's dense arrays belong to, with the call's specs
+        describing them by their strides, where the call's own class is not compiled: the full slice
+        ``cache[:, :, :N]`` of a KV cache held as slices of one buffer is dense, its strides the views'
+        (which the class fixes), and compiled a third kernel of its own."""
+        if (plan.key, backend, self.options) in self._cache:
+            return None
+        strided = _dense_as_views(specs, {name for axes in plan.axes for name, _ in axes})
+        other = self._dynamic.plan(strided) if strided is not None else None
+        if other is None:
+            return None
+        excluded = self._dynamic.excluded.get(other.key, frozenset())
+        current = self._dynamic.plan(strided, excluded) if excluded else other
+        if current is None or (current.key, backend, self.options) not in self._cache:
+            return None
+        return other, strided
 
     def _polymorphic(self, plan: ShapePlan, specs: tuple[ArgSpec, ...], backend: str, to_run: bool
                      ) -> tuple[Lowered, backends.Executable | None] | None:
@@ -305,6 +324,9 @@ class Kernel:
         """Keep the call path of a shape class for `_class_path` (calls by position, plain arrays)."""
         plan = lowered.shapes
         assert plan is not None
+        if any(isinstance(spec, ArraySpec) and spec.type.strides is not None for spec in lowered.specs):
+            return      # (a view class a dense call ran in, `_known_view_class`: dense calls of another length
+            #             have other strides, and the class key of plain arrays has none)
         positions = {name: i for i, name in enumerate(self._signature.parameters)}
         symbolic = frozenset((positions[name], d) for axes in plan.axes for name, d in axes)
         found = _class_key(args, symbolic, backend_key)
@@ -486,6 +508,26 @@ def _in_symbols(reason: str, plan: ShapePlan) -> str:
     for name, probe in plan.symbols:
         reason = re.sub(rf"\b{probe}\b", name, reason)
     return f"kept static: with these axes symbolic, {reason}"
+
+
+def _dense_as_views(specs: tuple[ArgSpec, ...], names: set[str]) -> tuple[ArgSpec, ...] | None:
+    """`specs` with each dense array of `names` (those with a symbolic axis) described by its row-major strides,
+    as `runtime.arrays.specialized_strides` describes a view (size-1 dims 0); None where there is none."""
+    out: list[ArgSpec] = []
+    for spec in specs:
+        shape = spec.type.shape if isinstance(spec, ArraySpec) else ()
+        if isinstance(spec, ArraySpec) and spec.name in names and spec.type.strides is None and shape \
+                and 0 not in shape:
+            strides = [0] * len(shape)
+            step = 1
+            for d in reversed(range(len(shape))):
+                strides[d] = 0 if shape[d] == 1 else step
+                step *= shape[d]
+            spec = ArraySpec(spec.name, BufferType(spec.type.dtype, shape, tuple(strides)))
+            out.append(spec)
+        else:
+            out.append(spec)
+    return tuple(out) if out != list(specs) else None
 
 
 def _class_key(args: tuple, symbolic: frozenset, backend_key: object) -> tuple[tuple, list[int]] | None:

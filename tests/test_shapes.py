@@ -321,7 +321,14 @@ def test_a_kv_cache_slice_of_a_preallocated_buffer_compiles_one_class(backend):
     for n in lengths:
         _close(k(q, keys[:, :, :n], values[:, :, :n]), workloads.attention(q, keys[:, :, :n], values[:, :, :n]),
                tol=1e-5)
-    assert k.cache_info().misses <= 3 and k.polymorphism == {}   # n = 1 (a broadcast), n = 2, then one class
+    # n = 1 (a broadcast), then one class; the full slice at n = 300 is dense, with the views' strides, and
+    # runs in their class (it compiled a class of its own: found by a helper running benchmarks/dynamic_shapes.py)
+    assert k.cache_info().misses == 2 and k.polymorphism == {}
+    # a dense array of another length is not such a view: it gets a class of its own, and the right values
+    for n in (40, 41):
+        fresh = [np.ascontiguousarray(a[:, :, :n]) for a in (keys, values)]
+        _close(k(q, *fresh), workloads.attention(q, *fresh), tol=1e-5)
+        _close(k(q, keys, values), workloads.attention(q, keys, values), tol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
