@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import redfuser as rf                                 # noqa: E402
 from redfuser.workloads import softmax               # noqa: E402
 from cpu_bench import cpu_model                      # noqa: E402
+from bench_common import description, positive_int    # noqa: E402
 
 SHAPE = (4, 16)
 
@@ -100,9 +101,9 @@ def cuda_rows(calls: int, repeats: int) -> list[tuple[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=5000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--calls", type=positive_int, default=5000, help="calls back to back per run (default 5000)")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="runs, the best one kept (default 5)")
     args = parser.parse_args(argv)
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; Python {platform.python_version()}; "
           f"numpy {np.__version__}; redfuser {rf.__version__}")

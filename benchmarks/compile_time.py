@@ -40,7 +40,7 @@ from redfuser import workloads                                 # noqa: E402
 from redfuser.compiler import Lowered                          # noqa: E402
 from redfuser.runtime.cache import reset_default_cache         # noqa: E402
 from gpu_cases import Case, cases                              # noqa: E402
-from bench_common import CacheFolder                           # noqa: E402
+from bench_common import CacheFolder, description, positive_int  # noqa: E402
 
 TRITON_EQUIVALENT = ("attention", "causal", "decode", "softmax", "log_softmax")   # cases with a Triton peer
 
@@ -142,8 +142,9 @@ def _ms(seconds: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="cold compiles by each compiler, their median kept (default 3)")
     parser.add_argument("--tiny", action="store_true", help="the tiny shapes (a quick run)")
     args = parser.parse_args(argv)
     warm_up()

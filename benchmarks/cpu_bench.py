@@ -7,7 +7,7 @@ the ratio numpy/compiled (> 1: the compiled kernel is faster), and the compile
 time of each kernel cold (LLVM from scratch), warm (the in-memory cache) and from
 disk (a fresh cache object reading the on-disk entry).
 
-Rows, each workload at three sizes (``--quick``: small ones; ``--only a,b`` picks workloads): attention
+Rows, each workload at three sizes (``--quick``: small ones; ``--only a,b`` picks rows by name, `ROWS`): attention
 (prefill) in f32 and in bf16 (its dots on AMX tiles where the host has them, `codegen/host/amx.py`; numpy's
 bf16 ``@`` gives f32, so the result is f32 where torch's bf16 SDPA returns bf16 and rounds ``P`` to bf16
 for its second GEMM: it does less exact work), a bf16 GEMM (f32 result; torch's ``matmul`` returns bf16),
@@ -44,7 +44,7 @@ from redfuser.testing.tolerance import assert_close, wide_reference
 from redfuser.workloads import (attention, causal_attention, cross_entropy, fp8_quant_gemm, gemm, group_norm,
                                 layer_norm_gemm, linear_cross_entropy, log_softmax, moe_routing, rms_norm,
                                 rope_attention, rope_tables, softmax)
-from bench_common import CacheFolder
+from bench_common import CacheFolder, check_names, positive_int
 
 
 def cpu_model() -> str:
@@ -206,6 +206,34 @@ def compile_times(fn, args, options: dict) -> tuple[float, float, float]:
         return out[0], out[1], out[2]
 
 
+ROWS = {"attention": attention, "attention_bf16": attention, "causal": causal_attention, "softmax": softmax,
+        "log_softmax": log_softmax, "rms_norm": rms_norm, "decode": attention, "moe_routing": moe_routing,
+        "fp8_gemm": fp8_quant_gemm, "gemm_bf16": gemm, "layer_norm_gemm": layer_norm_gemm,
+        "linear_cross_entropy": linear_cross_entropy, "rope_attention": rope_attention, "group_norm": group_norm,
+        "cross_entropy": cross_entropy}
+"""Each row name of `cases` and the workload it runs, in the table's order: what ``--only`` accepts, known
+without making the rows (their arrays at full size are gigabytes). A test checks that `cases` agrees."""
+
+
+def workload_hints() -> dict[str, str]:
+    """For each workload name (as ``python -m redfuser demo`` lists it) that is not a row name, which rows run
+    it: ``causal_attention`` is the rows ``causal``. ``--only`` takes row names alone (one spelling a row, as
+    the table and docs/cpu-backend.md print them); a workload name is refused with this hint."""
+    rows_of: dict[str, list[str]] = {}
+    for row, fn in ROWS.items():
+        rows_of.setdefault(fn.__name__, []).append(row)
+    return {name: "the workload of row" + ("s " if len(rows) > 1 else " ") + ", ".join(rows)
+            for name, rows in rows_of.items() if name not in ROWS}
+
+
+def only_rows(parser: argparse.ArgumentParser, text: str) -> set[str]:
+    """The row names ``--only`` picks; an unknown name is an argparse error listing the valid ones (where it
+    used to run no row and exit 0), with the rows a workload's name means."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    check_names(parser, "--only", names, ROWS, hints=workload_hints())
+    return set(names)
+
+
 def cases(quick: bool, rng: np.random.Generator) -> list[tuple]:
     """(name, body, arguments, options, reduction length) for every row: each workload at three sizes."""
     def f32(*shape, scale=1.0, shift=0.0):
@@ -265,17 +293,20 @@ def cases(quick: bool, rng: np.random.Generator) -> list[tuple]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="timed runs of each contender per round (at least 1; default 5)")
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
-    parser.add_argument("--only", default="", help="comma-separated workload names to run (default: all)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated row names to run (default: all): " + ", ".join(ROWS) + "; rows, "
+                        "not workloads: " + "; ".join(f"{w} is {h}" for w, h in workload_hints().items()))
     parser.add_argument("--plant", action="store_true",
                         help="perturb every kernel's result before its check (each row must say WRONG)")
     parser.add_argument("--no-compile-times", action="store_true", help="skip the compile-time columns")
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     rng = np.random.default_rng(0)
-    only = set(filter(None, opts.only.split(",")))
+    only = only_rows(parser, opts.only)
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; vector features: {features()}; numpy {np.__version__}; "
           f"torch {torch_release()}; median of {ROUNDS} rounds of {opts.repeats} runs, contenders in turns")
     header = (f"{'kernel':<22} {'shape':<20} {'cpu (ms)':>9} {'numpy (ms)':>10} {'numpy/cpu':>9} {'torch (ms)':>10} "
@@ -295,7 +326,11 @@ def main() -> None:
         t_cpu, t_np, *t_rest = median_times([lambda: kernel(*args), body] + ([tv] if tv is not None else []),
                                             opts.repeats)
         t_torch = t_rest[0] if t_rest else None
-        cold, warm, disk = (0.0, 0.0, 0.0) if opts.no_compile_times else compile_times(fn, args, options)
+        if opts.no_compile_times:   # not measured: "-", as the torch columns where torch has no peer
+            compile_cols = f"{'-':>8} {'-':>9} {'-':>9}"
+        else:
+            cold, warm, disk = compile_times(fn, args, options)
+            compile_cols = f"{cold:>8.2f} {warm * 1e3:>9.1f} {disk * 1e3:>9.1f}"
         torch_cols = (f"{t_torch * 1e3:>10.1f} {t_torch / t_cpu:>9.2f}" if t_torch is not None
                       else f"{'-':>10} {'-':>9}")
         shape = "x".join(map(str, args[-1 if name == "decode" else 0].shape))
@@ -307,7 +342,7 @@ def main() -> None:
             label += (" auto:" if "split" not in options else " given:") + \
                 f"{first.grid[-1] if first.name.endswith('_partial') else 1}"
         print(f"{label:<22} {shape:<20} {t_cpu * 1e3:>9.1f} {t_np * 1e3:>10.1f} {t_np / t_cpu:>9.2f} {torch_cols} "
-              f"{cold:>8.2f} {warm * 1e3:>9.1f} {disk * 1e3:>9.1f}  {result}", flush=True)
+              f"{compile_cols}  {result}", flush=True)
 
 
 def torch_release() -> str:

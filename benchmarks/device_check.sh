@@ -7,7 +7,8 @@
 #
 # 1. installs the llvmlite wheel carried in .whl/ into /tmp/site (nothing can be fetched there) and makes
 #    the tree importable as the package `redfuser` (a folder of links: pyproject.toml's package-dir mapping,
-#    no build step);
+#    no build step), then checks gpu_check.py's arguments (`--check-args`): a typo in --only stops the
+#    script here (exit 2), not after the gate and the tests;
 # 2. a gate: one small kernel compiled, launched and checked on the device. If that fails, nothing after
 #    it would tell more, so the script stops at once (exit 3) and the lease keeps its time for a rerun;
 # 3. the gpu-marked tests (real driver, torch and cupy arrays and streams, every workload against its
@@ -28,6 +29,10 @@ fi
 mkdir -p /tmp/site/redfuser
 ln -sf "$PWD"/redfuser/* /tmp/site/redfuser/
 ln -sf "$PWD/ir" "$PWD/codegen" "$PWD/runtime" /tmp/site/redfuser/
+
+# gpu_check.py's arguments (a typo in --only, a budget of 0) are refused here, before the gate and the tests
+# spend the lease's time, not at the end.
+python3 -P benchmarks/gpu_check.py --check-args --budget "$budget" "$@" || exit 2
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv 2>&1
 python3 -P - <<'EOF' || exit 3

@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redfuser as rf                                  # noqa: E402
 from redfuser.workloads import attention, moe_routing  # noqa: E402
+from redfuser.config import BACKENDS                   # noqa: E402
 from cpu_bench import cpu_model                        # noqa: E402
+from bench_common import description, positive_int     # noqa: E402
 
 
 def loop(body, calls: list[tuple], backend: str) -> tuple[int, float, float]:
@@ -78,11 +80,12 @@ def against_exact(body, smalls: tuple[tuple, tuple], large: tuple, backend: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=4096, help="decoding steps (KV cache lengths 1..steps)")
-    parser.add_argument("--prompts", type=int, default=64, help="random prompt lengths / token counts")
-    parser.add_argument("--repeats", type=int, default=15, help="timed calls per kernel at each large shape")
-    parser.add_argument("--backend", default="cpu")
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--steps", type=positive_int, default=4096, help="decoding steps (KV cache lengths 1..steps)")
+    parser.add_argument("--prompts", type=positive_int, default=64, help="random prompt lengths / token counts")
+    parser.add_argument("--repeats", type=positive_int, default=15,
+                        help="timed calls per kernel at each large shape")
+    parser.add_argument("--backend", default="cpu", choices=list(BACKENDS), help="the backend (default cpu)")
     args = parser.parse_args(argv)
     os.environ["REDFUSER_CACHE"] = "0"          # (read at each compile: every specialization is compiled)
     rng = np.random.default_rng(0)

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # triton_peers, gpu_c
 import redfuser as rf                                         # noqa: E402
 from redfuser import config                                   # noqa: E402
 from gpu_cases import ATTENTION, GQA, ROUTING, Case, cases, check, make_inputs, reference, torch_program  # noqa: E402
+from bench_common import check_names, description, positive_seconds, sm_target      # noqa: E402
 
 # Peaks the "% peak" column divides by, and where each number comes from.
 PEAKS = {
@@ -526,17 +527,56 @@ def dry_run(all_cases: list[Case], sm: str) -> tuple[list[Row], list[str]]:
 
 # --- main -------------------------------------------------------------------------------------------
 
+def selected_cases(parser: argparse.ArgumentParser, only: list[str] | None, size: str) -> list[Case]:
+    """The cases of `size` that ``--only`` names (by name or label; all without it). An unknown name is an
+    argparse error listing the valid ones, checked before any device is touched: device_check.sh passes
+    ``--only`` through, and a typo used to run an empty table on a lent GPU and exit 0."""
+    chosen = cases(size)
+    if not only:
+        return chosen
+    names = [c.name for c in chosen]
+    labels = [c.label for c in chosen]
+    hints: dict[str, str] = {}
+    other = "tiny" if size == "full" else "full"
+    for c in cases(other):   # a case of the other shapes: say which flag gives those
+        for key in (c.name, c.label):
+            hints[key] = f"a case of the {other} shapes only: " + ("--tiny or --smoke-cpu" if other == "tiny" else
+                                                                    "without --tiny and --smoke-cpu")
+    for workload in dict.fromkeys(c.workload for c in chosen):   # a workload's name: the cases running it
+        if workload not in names:
+            cases_of = list(dict.fromkeys(c.name for c in chosen if c.workload == workload))
+            hints[workload] = f"the workload of {', '.join(cases_of)}"
+    unknown = [name for name in only if name not in names + labels]
+    if unknown:   # the labels listed in full where one was meant (it has a shape), else one as an example
+        if any("[" in name for name in unknown):
+            more = "; or a label, quoted as one argument: " + ", ".join(repr(label) for label in labels)
+        else:
+            more = "; or a case's label as the table prints it (--dry-run lists them), e.g. " + repr(labels[0])
+        check_names(parser, "--only", unknown, names, hints=hints, more=more)
+    return [c for c in chosen if c.name in only or c.label in only]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    full_names, tiny_names = (list(dict.fromkeys(c.name for c in cases(size))) for size in ("full", "tiny"))
+    parser = argparse.ArgumentParser(description=description(__doc__))
     parser.add_argument("--dry-run", action="store_true", help="compile every case to PTX; no device needed")
     parser.add_argument("--smoke-cpu", action="store_true", help="run the script on the CPU, tiny shapes")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (implied by --smoke-cpu)")
-    parser.add_argument("--sm", default="sm_90", help="the target of --dry-run (default sm_90, an H100/H200)")
-    parser.add_argument("--budget", type=float, default=400.0, help="seconds; past it the rest is skipped")
-    parser.add_argument("--only", nargs="*", default=None, help="case names or labels to run (default all)")
+    parser.add_argument("--sm", type=sm_target, default="sm_90",
+                        help="the target of --dry-run (default sm_90, an H100/H200)")
+    parser.add_argument("--budget", type=positive_seconds, default=400.0,
+                        help="seconds (above 0; default 400); past it the rest is skipped")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help=f"case names or labels to run (default all): {', '.join(full_names)} "
+                             f"({', '.join(n for n in tiny_names if n not in full_names)} at the tiny shapes)")
+    parser.add_argument("--check-args", action="store_true",
+                        help="check the arguments and exit (device_check.sh does so before the device's gate and "
+                             "tests, so that a typo costs no device time)")
     args = parser.parse_args(argv)
-    all_cases = [c for c in cases("tiny" if args.smoke_cpu or args.tiny else "full")
-                 if not args.only or c.name in args.only or c.label in args.only]
+    all_cases = selected_cases(parser, args.only, "tiny" if args.smoke_cpu or args.tiny else "full")
+    if args.check_args:
+        print(f"gpu_check: arguments ok, {len(all_cases)} case(s) selected")
+        return 0
     budget = Budget(args.budget)
     if args.dry_run:
         rows, header = dry_run(all_cases, args.sm)

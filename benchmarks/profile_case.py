@@ -19,26 +19,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redfuser as rf                          # noqa: E402
 from gpu_cases import cases, make_inputs       # noqa: E402
+from bench_common import description, positive_int   # noqa: E402
 from gpu_check import variants                 # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("label", help="a case's label, e.g. 'attention f16 [4,16,4096,64]'")
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("label", help="a case's label, e.g. 'attention f16 [4,16,4096,64]' (gpu_check.py "
+                                      "--dry-run lists them)")
     parser.add_argument("--variant", default=None, help="a row name of gpu_check.VARIANTS for this case")
-    parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--calls", type=positive_int, default=4, help="calls after the compile (default 4)")
     args = parser.parse_args(argv)
-    import torch
-
+    # The arguments first (they need no device), then the device: each refusal is one line, exit 1.
     case = next((c for c in cases("full") if c.label == args.label), None)
     if case is None:
-        raise SystemExit(f"profile_case: no case labelled {args.label!r}")
+        raise SystemExit(f"profile_case: no case labelled {args.label!r}; the labels: "
+                         + ", ".join(repr(c.label) for c in cases("full")))
     extra = {}
     if args.variant is not None:
         extra = dict(variants(case)).get(args.variant)
         if extra is None:
             raise SystemExit(f"profile_case: {args.label} has no variant {args.variant!r}: "
                              f"{[name for name, _ in variants(case)]}")
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("profile_case: needs torch (its inputs are torch tensors on the device)") from None
+    if not torch.cuda.is_available():   # as gpu_check.py says it, not torch's traceback from the first tensor
+        raise SystemExit("profile_case: torch sees no CUDA device (static_counts.py or gpu_check.py --dry-run "
+                         "compile without one)")
     kernel = rf.kernel(case.fn, backend="cuda", **{**case.options, **extra})
     inputs = make_inputs(case, torch, "cuda", 0)
     lowered = kernel.lower(*inputs)

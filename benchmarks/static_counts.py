@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redfuser as rf                                        # noqa: E402
 from redfuser.codegen.ptx_check import SERIALIZED_BY_CALLS, assemble   # noqa: E402
-from bench_common import CacheFolder                          # noqa: E402
+from bench_common import CacheFolder, description, sm_target   # noqa: E402
 from gpu_cases import cases                                   # noqa: E402
 from gpu_check import variants                                # noqa: E402
 
@@ -100,9 +100,9 @@ def kernel_rows(label: str, lowered, sm: str, cuobjdump: str | None) -> list[lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     parser.add_argument("--tiny", action="store_true", help="the tiny shapes")
-    parser.add_argument("--sm", default="sm_90", help="the target (default sm_90, an H100/H200)")
+    parser.add_argument("--sm", type=sm_target, default="sm_90", help="the target (default sm_90, an H100/H200)")
     parser.add_argument("--variants", action="store_true",
                         help="also the options gpu_check.py times beside the defaults")
     args = parser.parse_args(argv)

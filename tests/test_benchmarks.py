@@ -1,6 +1,7 @@
 """The benchmark scripts without a GPU: ``gpu_check.py --dry-run`` compiles every case and writes its
 table and JSON to ``$OUT``; the budget, speed-up and table logic; ``compile_time.py``'s cache folders;
-``static_counts.py``'s table and counters.
+``static_counts.py``'s table and counters; every script's command line refusing what it cannot run
+(counts below 1, unknown ``--only`` names and targets, ``profile_case.py`` without a device).
 Where torch (and Triton) are installed, the whole device check runs on the CPU (``--smoke-cpu``) and
 the Triton peers compile to PTX without a GPU; elsewhere those two tests skip, naming the package."""
 from __future__ import annotations
@@ -9,14 +10,19 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import call_overhead  # noqa: E402
 import compile_time  # noqa: E402
+import cpu_bench  # noqa: E402
+import dynamic_shapes  # noqa: E402
 import gpu_cases  # noqa: E402
 import gpu_check  # noqa: E402
+import profile_case  # noqa: E402
 import static_counts  # noqa: E402
 
 
@@ -258,3 +264,120 @@ def test_the_triton_routing_peer_equals_topk_of_softmax():
     run = subprocess.run([sys.executable, "-c", ROUTING_CHECK], cwd=Path(gpu_check.__file__).parent, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+# --- the command lines ------------------------------------------------------------------------------
+
+def _refused(main, argv: list[str], capsys) -> str:
+    """`main(argv)` must stop as argparse does on a bad argument (exit 2) before running anything: its error."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("main, argv", [
+    (cpu_bench.main, ["--quick", "--only", "softmax", "--no-compile-times", "--repeats", "0"]),
+    (compile_time.main, ["--tiny", "--repeats", "0"]),
+    (call_overhead.main, ["--calls", "0", "--repeats", "1"]),
+    (call_overhead.main, ["--calls", "10", "--repeats", "-1"]),
+    (dynamic_shapes.main, ["--steps", "1", "--prompts", "1", "--repeats", "0"]),
+    (dynamic_shapes.main, ["--steps", "0", "--prompts", "1", "--repeats", "1"]),
+    (profile_case.main, ["attention f16 [4,16,4096,64]", "--calls", "0"]),
+], ids=["cpu_bench", "compile_time", "call_overhead calls", "call_overhead repeats", "dynamic_shapes repeats",
+        "dynamic_shapes steps", "profile_case"])
+def test_counts_below_one_are_refused(main, argv, capsys):
+    """A count of 0 emptied a median (a traceback), divided by zero, or printed inf/nan as a result."""
+    assert "must be at least 1, got " in _refused(main, argv, capsys)
+
+
+def test_cpu_bench_only_refuses_unknown_names_and_lists_the_rows(capsys):
+    """A typo, or a workload's name where the row is named otherwise, ran no row and exited 0."""
+    err = _refused(cpu_bench.main, ["--only", "softmax,sofmax,causal_attention"], capsys)
+    assert "'sofmax'" in err and "'causal_attention' (the workload of row causal)" in err
+    assert "choose from " + ", ".join(cpu_bench.ROWS) in err and "'softmax'" not in err
+
+
+def test_cpu_bench_rows_are_the_names_only_accepts():
+    """`ROWS` (what ``--only`` checks against without making gigabytes of arrays) is what `cases` makes."""
+    made = cpu_bench.cases(True, np.random.default_rng(0))
+    assert list(dict.fromkeys(name for name, *_ in made)) == list(cpu_bench.ROWS)
+    assert all(cpu_bench.ROWS[name] is fn for name, fn, *_ in made)
+    assert cpu_bench.workload_hints()["fp8_quant_gemm"] == "the workload of row fp8_gemm"
+    assert "attention" not in cpu_bench.workload_hints()      # a row name itself
+
+
+def test_cpu_bench_without_compile_times_prints_dashes(monkeypatch, capsys):
+    """The skipped compile-time columns say "-" (not measured), as the torch columns do without a peer;
+    they printed 0.00 0.0 0.0, a compile taking no time. (Times stubbed: nothing is timed here.)"""
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    monkeypatch.setattr(cpu_bench, "cases", lambda quick, rng: [("softmax", cpu_bench.softmax, [x], {}, 64)])
+    monkeypatch.setattr(cpu_bench, "median_times", lambda fns, repeats: [1e-3] * len(fns))
+    monkeypatch.setattr(cpu_bench, "compile_times", lambda *a: pytest.fail("compile times were skipped"))
+    monkeypatch.setattr(cpu_bench, "torch_version", lambda name, args: None)
+    cpu_bench.main(["--quick", "--only", "softmax", "--no-compile-times", "--repeats", "1"])
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("softmax")]
+    assert row.split()[2:10] == ["1.0", "1.0", "1.00", "-", "-", "-", "-", "-"] and "ok" in row
+
+
+def test_gpu_check_only_refuses_unknown_names_before_any_device(capsys):
+    """device_check.sh passes ``--only`` through: a typo ran an empty table on a lent GPU and exited 0."""
+    err = _refused(gpu_check.main, ["--dry-run", "--tiny", "--only", "softmax", "sofmax"], capsys)
+    assert "unknown name 'sofmax'; choose from attention, attention_numpy_rules" in err
+    err = _refused(gpu_check.main, ["--smoke-cpu", "--only", "gqa 32/8", "causal_attention"], capsys)
+    assert "'gqa 32/8' (a case of the full shapes only" in err and "'causal_attention' (the workload of causal)" in err
+    err = _refused(gpu_check.main, ["--dry-run", "--tiny", "--only", "softmax f16 [64,513]"], capsys)
+    assert repr(gpu_cases.cases("tiny")[0].label) in err                # a mistyped label: the labels listed
+    label = gpu_cases.cases("tiny")[-1].label
+    picked = gpu_check.selected_cases(gpu_check.argparse.ArgumentParser(), ["softmax", label], "tiny")
+    assert [c.label for c in picked] == [c.label for c in gpu_cases.cases("tiny")
+                                         if c.name == "softmax" or c.label == label]
+
+
+def test_the_device_check_checks_gpu_checks_arguments_before_the_device(capsys):
+    """``gpu_check.py --check-args`` checks and runs nothing; device_check.sh calls it before its gate and
+    tests, so that a typo in ``--only`` stops the script before the lease's time is spent."""
+    assert gpu_check.main(["--check-args", "--only", "softmax", "gemm"]) == 0
+    assert capsys.readouterr().out == "gpu_check: arguments ok, 6 case(s) selected\n"
+    _refused(gpu_check.main, ["--check-args", "--only", "sofmax"], capsys)
+    script = (BENCHMARKS / "device_check.sh").read_text()
+    check = script.index('gpu_check.py --check-args --budget "$budget" "$@" || exit 2')
+    assert check < script.index("python3 -P - <<'EOF'") < script.index("-m pytest")     # the gate, the tests
+
+
+@pytest.mark.parametrize("main, argv, error", [
+    (gpu_check.main, ["--dry-run", "--tiny", "--only", "gemm", "--budget", "-1"], "--budget: must be a number of "
+                                                                                   "seconds above 0, got -1"),
+    (gpu_check.main, ["--dry-run", "--tiny", "--only", "gemm", "--budget", "0"], "--budget: must be a number"),
+    (gpu_check.main, ["--dry-run", "--tiny", "--only", "gemm", "--sm", "sm_99"], "--sm: unknown target 'sm_99'"),
+    (static_counts.main, ["--tiny", "--sm", "sm_99"], "--sm: unknown target 'sm_99'; choose one of sm_75, "),
+], ids=["gpu_check budget -1", "gpu_check budget 0", "gpu_check sm", "static_counts sm"])
+def test_budgets_and_targets_are_checked_up_front(main, argv, error, capsys):
+    """A budget of 0 or less skipped every case; an unknown target made every row the same cut-off error
+    and exited 0."""
+    assert error in _refused(main, argv, capsys)
+
+
+def test_profile_case_without_a_device_or_with_an_unknown_label_says_so_in_one_line(monkeypatch):
+    """Without a device it died in torch's traceback from the first tensor; an unknown label named no valid
+    one. Each is one line and exit status 1 now, as gpu_check.py's refusal."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    label = gpu_cases.cases("full")[0].label
+    with pytest.raises(SystemExit) as stopped:
+        profile_case.main([label, "--calls", "1"])
+    assert str(stopped.value.code).startswith("profile_case: torch sees no CUDA device")
+    with pytest.raises(SystemExit) as stopped:
+        profile_case.main(["attention f16 [4,16,4096,65]"])
+    assert "no case labelled 'attention f16 [4,16,4096,65]'; the labels: " + repr(label) in str(stopped.value.code)
+
+
+@pytest.mark.parametrize("module", [call_overhead, dynamic_shapes, gpu_check])
+def test_help_describes_the_script_in_whole_sentences(module, monkeypatch, capsys):
+    """``--help`` gives the docstring's first paragraph: its first line alone stopped mid-sentence."""
+    monkeypatch.setenv("COLUMNS", "2000")                     # (no words broken at hyphens)
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    paragraph = " ".join(module.__doc__.strip().split("\n\n")[0].split())
+    assert paragraph.endswith(".") and paragraph in " ".join(capsys.readouterr().out.split())
+
