@@ -286,7 +286,8 @@ def _narrow_overflow(op: Op, inputs: tuple, expected: np.ndarray) -> np.ndarray:
 
 _NARROW_SUM = ("numpy's var sums f16 in f16, which overflows to inf on rows of large values, where a kernel's "
                "16-bit running sums are f32 (docs/cpu-backend.md): on those rows the kernel gives the variance of "
-               "the f32 sums")
+               "the f32 sums (every f16 var and std: a row of 300 values near 1000 is one; the table's values "
+               "reach it for var_ddof)")
 
 _NARROW_PRODUCT = ("numpy multiplies f16 and e4m3 values in that type, so a partial product past its range is inf or "
                    "NaN (e4m3) even where later factors would bring it back, or where a 0 follows (inf * 0); a kernel's "

@@ -114,3 +114,42 @@ def test_zero_d_results_are_numpy_scalars_in_the_reference(backend):
     if (zero_d ** 2).dtype == np.int8:
         with pytest.raises(rf.DTypeError, match="int8"):
             rf.kernel(lambda x: x ** 2, backend=backend)(zero_d)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_python_ints_past_an_int_dtype_are_numpys_in_clip_and_where(backend):
+    """``clip(int32, -3, 2**40)`` never clips above (numpy compares the bound exactly); the bound became an i32
+    constant of 0 (cpu: [0, 0, -3]; interpret: a bare OverflowError; simulate: an internal VerifyError).
+    ``where(c, int32, 2**40)`` holds numpy's wrapped 0 on every backend; a bound numpy refuses is refused.
+    Found by a helper sweeping dtype promotion."""
+    x = np.array([2 ** 31 - 1, 5, -7], np.int32)
+    c = np.array([True, False, True])
+    cases = [(lambda a: rf.clip(a, -3, 2 ** 40), (x,)), (lambda a: rf.clip(a, None, 2 ** 31), (x,)),
+             (lambda a: rf.clip(a, -2 ** 40, 2 ** 40), (x,)), (lambda a: rf.clip(a, -2 ** 31 - 1, 3), (x,)),
+             (lambda c, a: rf.where(c, a, 2 ** 40), (c, x)), (lambda c, a: rf.where(c, a, -2 ** 31 - 1), (c, x))]
+    for body, args in cases:
+        got, want = rf.kernel(body, backend=backend)(*args), body(*args)
+        assert got.dtype == want.dtype and np.array_equal(got, want), (got, want)
+    with pytest.raises(rf.DTypeError):
+        rf.kernel(lambda a: rf.clip(a, 2 ** 40, None), backend=backend)(x)
+    with pytest.raises(rf.DTypeError, match="too large"):
+        rf.kernel(lambda c, a: rf.where(c, a, 2 ** 64), backend=backend)(c, x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unary_plus_is_numpys_positive(backend):
+    """``+x`` of bools is refused as numpy refuses it (it returned the array); of numbers it is a new value,
+    so ``y = +x; y += 1`` leaves ``x`` as it is (it was ``x`` itself)."""
+    def plus_then_update(a):
+        y = +a
+        y += 1
+        return a, y
+
+    a = np.arange(4, dtype=np.float32)
+    got = rf.kernel(plus_then_update, backend=backend)(a)
+    for g, w in zip(got, plus_then_update(a.copy())):
+        np.testing.assert_array_equal(g, w)
+    with pytest.raises(rf.DTypeError):
+        rf.kernel(lambda b: +b, backend=backend)(np.array([True, False]))
+    with pytest.raises(rf.DTypeError, match="2147483648|9223372036854775808"):
+        rf.kernel(lambda b: b < 2 ** 63, backend=backend)(np.array([True, False]))

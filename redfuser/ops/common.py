@@ -112,11 +112,22 @@ def cast(e: Expr, dtype: DType) -> Expr:
 
 
 def constant(value: Scalar, dtype: DType) -> Const:
+    """`value` as a constant of `dtype`. An int outside an integer dtype's range wraps as numpy converts it
+    (through a C long: ``where(c, int32_array, 2**40)`` holds 0 there); past int64 numpy refuses, and so
+    does this (`DTypeError`). Every backend then computes with the same value: the compiled ones truncated
+    it, the interpreter raised numpy's bare `OverflowError`."""
     v = value.item() if isinstance(value, np.generic) else value
     if dtype.is_bool:
         return Const(bool(v), dtype)
     if dtype.is_int:
-        return Const(int(v), dtype)
+        v = int(v)
+        info = np.iinfo(dtype.numpy)
+        if not int(info.min) <= v <= int(info.max):
+            if not -2 ** 63 <= v < 2 ** 63:
+                raise DTypeError(f"the Python int {v} does not fit {dtype} (numpy: too large to convert to C long)",
+                                 op="constant", loc=user_loc())
+            v = int(np.array(v, np.int64).astype(dtype.numpy))
+        return Const(v, dtype)
     return Const(float(v), dtype)
 
 

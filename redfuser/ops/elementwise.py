@@ -81,6 +81,14 @@ abs = _unary(UnaryOp.ABS, np.abs)
 negative = _unary(UnaryOp.NEG, np.negative)
 
 
+def positive(x):
+    """``+x``: numpy's ``np.positive``, a new array equal to `x` (so ``y = +x; y += 1`` leaves ``x`` as it is),
+    refused for bools as numpy refuses them (it has no bool loop)."""
+    if not _traced(x):
+        return np.positive(x)
+    return _elementwise("positive", np.positive, [x], lambda e, d: e[0])
+
+
 def logical_not(x):
     """Elementwise ``~x`` on bool (numpy's ``logical_not``)."""
     if not _traced(x):
@@ -262,8 +270,12 @@ def _beyond_range(np_fn: Callable, a: object, b: object) -> bool | None:
     if low <= value <= high:
         return None
     extremes = np.array([low, high], array.dtype)
-    with np.errstate(all="ignore"):
-        answers = np_fn(extremes, value) if array is a else np_fn(value, extremes)
+    try:
+        with np.errstate(all="ignore"):
+            answers = np_fn(extremes, value) if array is a else np_fn(value, extremes)
+    except OverflowError as err:     # (numpy's own: a bool array against an int past int64, `x < 2**63`)
+        raise DTypeError(f"not defined for {describe(array)} and the Python int {value} ({err})",
+                         op=np_fn.__name__, loc=user_loc()) from None
     return bool(answers[0])
 
 

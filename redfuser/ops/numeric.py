@@ -143,6 +143,28 @@ isfinite = _classify("isfinite", np.isfinite,
                      _not_nan)
 
 
+def _int_bounds_in_range(a: object, a_min: object, a_max: object) -> tuple[object, object]:
+    """The bounds of ``clip`` of an integer array, a Python int past the result dtype's range on the side
+    where it never clips dropped (numpy compares it exactly: ``clip(int32, -3, 2**40)`` never clips above;
+    as a constant of the dtype it wrapped to 0 and clipped everything); past it on the other side numpy
+    refuses, and `result_dtype` says so."""
+    def python_int(b: object) -> bool:
+        return isinstance(b, int) and not isinstance(b, bool)
+
+    if not (python_int(a_min) or python_int(a_max)):
+        return a_min, a_max
+    d = result_dtype("clip", lambda x, *b: np.clip(x, a_min if a_min is None else b[0], a_max if a_max is None
+                                                   else b[-1]), a, *(b for b in (a_min, a_max) if b is not None))
+    if not d.is_int:
+        return a_min, a_max
+    info = np.iinfo(d.numpy)
+    if python_int(a_min) and a_min < int(info.min):
+        a_min = None
+    if python_int(a_max) and a_max > int(info.max):
+        a_max = None
+    return a_min, a_max
+
+
 def clip(a, a_min=None, a_max=None):
     """numpy's ``clip(a, a_min, a_max)``: ``minimum(maximum(a, a_min), a_max)``, either bound None (not both)."""
     if not _traced(a, a_min, a_max):
@@ -150,7 +172,10 @@ def clip(a, a_min=None, a_max=None):
     if a_min is None and a_max is None:
         raise UnsupportedError("clip needs a_min or a_max (numpy: one of max or min must be given)", op="clip",
                                loc=user_loc())
+    a_min, a_max = _int_bounds_in_range(a, a_min, a_max)
     bounds = [b for b in (a_min, a_max) if b is not None]
+    if not bounds:      # (both bounds past the dtype's range on the side that never clips)
+        return _elementwise("clip", np.positive, [a], lambda e, d: e[0])
 
     def make(e: list[Expr], d: DType) -> Expr:
         value, rest = cast(e[0], d), iter(e[1:])

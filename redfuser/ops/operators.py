@@ -10,6 +10,7 @@ import numpy as np
 from ..ir import DTypeError, ShapeError, UnsupportedError
 from ..source_info import user_loc
 from ..tracer import Tracer
+from .elementwise import positive
 
 
 UNSUPPORTED_OPERATORS: dict[str, str] = {"divmod": "divmod()", "lshift": "<<", "rshift": ">>"}
@@ -100,7 +101,7 @@ def install_operators() -> None:
         setattr(Tracer, f"__{name}__", binary(fn))
     Tracer.__hash__ = object.__hash__  # type: ignore[assignment]  (== is traced, identity hashes)
     Tracer.__neg__ = lambda self: ops.negative(self)  # type: ignore[attr-defined]
-    Tracer.__pos__ = lambda self: self  # type: ignore[attr-defined]
+    Tracer.__pos__ = lambda self: positive(self)  # type: ignore[attr-defined]
     Tracer.__abs__ = lambda self: ops.abs(self)  # type: ignore[attr-defined]
     Tracer.__invert__ = lambda self: ops.invert(self)  # type: ignore[attr-defined]
     Tracer.__floordiv__ = binary(ops.floor_divide)  # type: ignore[attr-defined]
