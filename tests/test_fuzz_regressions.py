@@ -869,3 +869,21 @@ def test_the_oracle_does_not_judge_an_uncertain_zero_times_an_infinity_inside_a_
     assert out.unsure.tolist() == [[True, False]]      # the finite column stays judged
     for backend in BACKENDS:
         assert judged(program, backend) == []
+
+
+def _merged_like_terms(x, w):
+    r0 = rf.min(x * w, axis=-1, keepdims=True)
+    return rf.sum((x - r0) ** 2 + x * r0, axis=-1, keepdims=True)
+
+
+def test_like_terms_that_merge_without_cancelling_do_not_refuse_fusion():
+    """Campaign seed 88, example 463 (cascade completeness): ``(x - r0)**2 + x r0`` expands to ``x**2 - 2 x r0 +
+    r0**2 + x r0``, whose ``x r0`` terms merge into ``-x r0``; the new check for cancelled atoms (1c6f470) took
+    any merge of opposite signs for a cancellation and refused a cascade that is separable by construction.
+    Only terms that cancel to nothing are noted."""
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal((3, 5)).astype(np.float32) for _ in range(2))
+    kernel = rf.kernel(_merged_like_terms, backend="interpret", interpret_chunk=1)
+    (group,) = kernel.lower(x, w).groups
+    assert set(group.fused_members) == {"r0", "sum"}, group.reason
+    np.testing.assert_allclose(kernel(x, w), _merged_like_terms(x, w), rtol=1e-5, atol=1e-5)

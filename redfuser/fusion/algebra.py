@@ -38,9 +38,11 @@ _CANCELLED: contextvars.ContextVar[set | None] = contextvars.ContextVar("redfuse
 @contextlib.contextmanager
 def noting_cancellations() -> Iterator[set]:
     """A set that collects, while the block runs, every atom the algebra cancels: powers of opposite signs
-    that meet (``x / x``, ``x * x / x``), like terms of opposite signs that meet (``x - x``, ``exp(x - x)``) and
+    that meet (``x / x``, ``x * x / x``), like terms that cancel to nothing (``x - x``, ``exp(x - x)``) and
     terms multiplied by zero (``x * 0.0``). Each identity holds for real numbers only: where the atom is 0,
-    ±inf or NaN floating point gives NaN (``0/0``, ``inf - inf``, ``inf * 0``), the normal form does not."""
+    ±inf or NaN floating point gives NaN (``0/0``, ``inf - inf``, ``inf * 0``), the normal form does not.
+    (Like terms that merge into one that is left, ``-2xy + xy``, are an expansion's: "sum of separable
+    terms" in docs/fusion.md, whose limit with infinities is documented apart.)"""
     seen: set = set()
     token = _CANCELLED.set(seen)
     try:
@@ -100,7 +102,7 @@ class Linear:
     def __add__(self, other: "Linear") -> "Linear":
         d = dict(self.terms)
         for m, c in other.terms:
-            if d.get(m, 0.0) * c < 0:
+            if d.get(m, 0.0) + c == 0 and c != 0:
                 _note(a for a, _ in m.factors)
             d[m] = d.get(m, 0.0) + c
         return Linear.of(d, self.constant + other.constant)
@@ -141,7 +143,7 @@ def _combine(terms: list[Product]) -> Sum:
     for t in terms:
         k = t.key()
         if k in merged:
-            if merged[k].coeff * t.coeff < 0:
+            if merged[k].coeff + t.coeff == 0 and t.coeff != 0:
                 _note(_atoms_of(t))
             merged[k] = Product(merged[k].coeff + t.coeff, t.mono, t.exponent)
         else:

@@ -378,7 +378,7 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
         return Refusal(f"in `{name}`, the constant {outside} that the algebra gathers out of the body is outside "
                        f"{d}'s normal range, though the body's own steps are not; it is computed in a second pass "
                        "as written")
-    varying = sorted({str(a) for a in lost if ctx.kind(a) != "c"})
+    varying = sorted({format_expr(a) for a in lost if ctx.kind(a) != "c"})
     if varying:
         # the same for what is left of a value in the fused form (x·x/x = x) and for the reduced values: where
         # x is 0 or ±inf, `sum(x / x * exp(x - m))` is NaN for numpy and was a finite sum fused
