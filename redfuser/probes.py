@@ -5,16 +5,22 @@ A shape class is traced and fused at `PROBES` and again at `CHECK_PROBES` (one p
 no body computes by accident), and the two programs must be equal up to the probes. What that cannot see is
 a decision on a length both probes take the same way (``if x.shape[0] > 8``): so while a class is traced,
 the tracer keeps each probe length of a shape as a `ProbeLength`, an int that notes when the user's code
-uses it as a number (compares, computes with, converts or formats it; RedFuser's own code, which builds the
-program from lengths, is not noted). A symbol whose probe was read so is kept static.
+uses it as a number (compares, computes with, converts or formats it: any method of `int`, and any function
+of the `math` module, which reads an int's digits in C and is wrapped while a trace notes reads; RedFuser's
+own code, which builds the program from lengths, is not noted). A symbol whose probe was read so is kept
+static. C code that reads an int's value calling none of its methods (numpy's, ``0.5 * n``, ``hex(n)``) is
+not seen (docs/shapes.md).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import functools
+import math
 import os
 import sys
+import threading
+import types
 from typing import Iterator
 
 from .ir.source import is_internal
@@ -92,24 +98,101 @@ def _read(probes: frozenset[int]) -> None:
 
 
 def _noting(name: str):
+    """`int`'s method `name`, noting the length as read when the user's code calls it (`note_if_user`)."""
     method = getattr(int, name)
 
-    def noted(self, *args):
+    def noted(self, *args, **kwargs):
         self.note_if_user(sys._getframe(1))
-        return method(self, *args)
+        return method(self, *args, **kwargs)
 
     noted.__name__ = name
+    noted.__doc__ = method.__doc__
     return noted
 
 
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
-              "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__", "__neg__", "__abs__",
-              "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__bool__", "__index__", "__int__",
-              "__float__", "__format__", "__and__", "__or__", "__xor__", "__lshift__", "__rshift__", "__divmod__",
-              "__str__", "__repr__", "__hash__"):
-    # (__hash__: a dict or set lookup, ``TABLE.get(x.shape[-1])`` or ``n in {1, 2, 3}``, decides on the value
-    # without calling __eq__; __str__/__repr__: a decision on its digits)
-    setattr(ProbeLength, _name, _noting(_name))
+def _noting_attribute(name: str) -> property:
+    """`int`'s attribute `name` (``n.real``, ``n.numerator``: the value as a plain int, which no later read of
+    would see), noting the length as read when the user's code takes it."""
+    descriptor = getattr(int, name)
+
+    def noted(self):
+        self.note_if_user(sys._getframe(1))
+        return descriptor.__get__(self, int)
+
+    return property(noted, doc=descriptor.__doc__)
+
+
+_NOT_READS = frozenset({
+    # the object machinery: making, pickling, copying, introspecting an int is no read of its value
+    "__new__", "__init__", "__init_subclass__", "__subclasshook__", "__class__", "__getattribute__", "__setattr__",
+    "__delattr__", "__dir__", "__reduce__", "__reduce_ex__", "__sizeof__", "__getnewargs__", "__getstate__",
+    "__doc__", "from_bytes",
+    # constants of every int
+    "denominator", "imag"})
+"""The attributes of `int` that are not a read of the value; every other one is wrapped (`_wrap_int`)."""
+
+
+def _wrap_int(cls: type) -> None:
+    """Make every method and value attribute of `int` on `cls` note a read: wrapped one by one, the reflected
+    operators (``c & n`` calls ``n.__rand__``, ``divmod(c, n)`` ``n.__rdivmod__``), ``round(n, -1)``,
+    ``n.bit_length()`` and ``math.floor(n)`` went unseen, and a decision both probes took alike was compiled
+    into every length. (``__hash__``: a dict or set lookup, ``TABLE.get(x.shape[-1])`` or ``n in {1, 2, 3}``,
+    decides on the value without calling ``__eq__``; ``__str__``/``__repr__``: a decision on its digits.)"""
+    for name in sorted(set(dir(int)) - _NOT_READS):
+        attribute = int.__dict__.get(name, getattr(int, name))
+        if isinstance(attribute, types.GetSetDescriptorType | types.MemberDescriptorType):
+            setattr(cls, name, _noting_attribute(name))
+        elif callable(attribute):
+            setattr(cls, name, _noting(name))
+
+
+_wrap_int(ProbeLength)
+
+
+# --- math's functions: they read an int argument's value in C, calling none of its methods ---------------
+
+_MATH_FUNCTIONS = {name: f for name, f in vars(math).items() if isinstance(f, types.BuiltinFunctionType)}
+"""`math`'s own functions (``math.log2``, ``math.gcd``, ``math.isqrt``, ``math.comb``... take an int's value
+straight from its digits, no method of a `ProbeLength` is called), as the module has them."""
+_math_lock = threading.Lock()
+_math_tracers = 0        # traces noting reads now (the module's functions are wrapped while there is one)
+
+
+def _noting_math(function):
+    """`function` of `math`, noting each `ProbeLength` argument as read when the user's code calls it."""
+    @functools.wraps(function)
+    def noted(*args, **kwargs):
+        if _reads.get() is not None:
+            probes = [a for a in (*args, *kwargs.values()) if isinstance(a, ProbeLength)]
+            if probes and _users(sys._getframe(1).f_code.co_filename):
+                _read(frozenset().union(*(a.probes for a in probes)))
+        return function(*args, **kwargs)
+
+    return noted
+
+
+_MATH_NOTED = {name: _noting_math(f) for name, f in _MATH_FUNCTIONS.items()}
+
+
+@contextlib.contextmanager
+def _math_noted() -> Iterator[None]:
+    """`math`'s functions wrapped (`_noting_math`) while a trace notes reads: ``math.log2(x.shape[-1])`` is a
+    read. The wrapper is transparent elsewhere (another thread, no trace: its contextvar holds no reads);
+    a function imported by name before (``from math import gcd``) is the module's own and not seen."""
+    global _math_tracers
+    with _math_lock:
+        _math_tracers += 1
+        if _math_tracers == 1:
+            for name, noted in _MATH_NOTED.items():
+                setattr(math, name, noted)
+    try:
+        yield
+    finally:
+        with _math_lock:
+            _math_tracers -= 1
+            if _math_tracers == 0:
+                for name, function in _MATH_FUNCTIONS.items():
+                    setattr(math, name, function)
 
 
 def probe_length(n: int) -> int:
@@ -142,7 +225,8 @@ def noting_probe_reads(stop: bool = False, lengths: dict[int, int] | None = None
     reads: set[int] = set()
     token, stopping, known = _reads.set(reads), _stop.set(stop), _lengths.set(dict(lengths or {}))
     try:
-        yield reads
+        with _math_noted():
+            yield reads
     finally:
         _lengths.reset(known)
         _stop.reset(stopping)

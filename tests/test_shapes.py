@@ -3,6 +3,8 @@ results equal to the numpy body at every length (1 and lengths that are no multi
 the ``dynamic=`` choices, the guards, and the symbolic extents themselves."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -384,6 +386,41 @@ def test_decisions_both_probes_take_alike_keep_their_axis_static(backend, body, 
     for call in shapes:
         args = [rng.standard_normal(s).astype(np.float32) + 1 for s in call]
         _close(k(*args), body(*args), tol=1e-4)
+
+
+def _chose_max_where(predicate):
+    """A body taking each row's max where `predicate` holds of the row length, else its sum."""
+    def body(x):
+        if predicate(x.shape[-1]):
+            return rf.max(x, axis=-1)
+        return rf.sum(x, axis=-1)
+
+    return body
+
+
+@pytest.mark.parametrize("predicate", [
+    lambda n: math.log2(n).is_integer(),
+    lambda n: math.gcd(n, 8) == 8,
+    lambda n: math.isqrt(n) == 4,
+    lambda n: divmod(64, n)[1] == 0,
+    lambda n: n.bit_length() == 5,
+    lambda n: (7 & n) == 0,
+    lambda n: round(n, -1) == 20,
+], ids=["math.log2", "math.gcd", "math.isqrt", "divmod-reflected", "bit_length", "and-reflected", "round-ndigits"])
+def test_every_way_of_reading_a_length_as_a_number_is_seen(predicate):
+    """The probes (10007, 20011) take each of these decisions the same way (false), and none of them was seen
+    as a read: ``math``'s functions read an int's digits in C, ``c & n`` and ``divmod(c, n)`` call reflected
+    methods, ``round(n, -1)`` ``__round__``, ``bit_length`` a method -- none of which `ProbeLength` wrapped --,
+    so the class took the sum for every length, 16 included. Each is true at 16 and false at 12 and 13."""
+    body = _chose_max_where(predicate)
+    math_functions = {name: getattr(math, name) for name in ("log2", "gcd", "isqrt")}
+    k = rf.kernel(body, backend="interpret")
+    rng = np.random.default_rng(29)
+    for n in (12, 13, 16):
+        x = rng.standard_normal((2, n)).astype(np.float32)
+        _close(k(x), body(x), tol=1e-5)
+    assert "uses the length x.1 as a number" in " ".join(k.polymorphism.values())
+    assert all(getattr(math, name) is f for name, f in math_functions.items())   # (wrapped only while tracing)
 
 
 def test_an_arange_of_a_symbolic_size_is_not_made_at_the_probe_lengths():
