@@ -49,7 +49,7 @@ from .ir.tile.nodes import TileProgram
 from .ir.source import warn_at_user
 from .fusion import fuse
 from .kernel_options import KernelOptions
-from .probes import ProbeRead, noting_probe_reads
+from .probes import CallTooShort, ProbeRead, noting_probe_reads
 from .shapes import ShapePlan
 from .trace import ArgSpec, kernel_name, trace
 from .schedule import ScheduleOptions, schedule_program
@@ -160,6 +160,8 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
         try:
             program = trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", []),
                             lowered.artifacts.setdefault("updated_inputs", {}))
+        except CallTooShort as short:  # (below what the class needs, or a loop over the length: the kernel decides)
+            raise _call_too_short(plan, short) from None
         except ProbeRead as read:      # (its symbols stay static: the rest of the trace is not needed)
             raise _lengths_read(plan, read.probes) from None
     lowered.artifacts["probe_reads"] = reads
@@ -174,6 +176,25 @@ def _lengths_read(plan: ShapePlan, probes: set[int] | frozenset[int]) -> Symboli
     """The decision that keeps static the symbols whose probes the body read as numbers (`redfuser.probes`)."""
     names = frozenset(name for name, probe in plan.symbols if probe in probes)
     return SymbolicDecision(f"the body uses the length {', '.join(sorted(names))} as a number", names)
+
+
+class ShortCall(SymbolicDecision):
+    """The class's trace indexed past the call's own length (`redfuser.probes.CallTooShort`): `needs`, each
+    symbol -> the least length the trace needed. A fact about this call (below the class's guard, it is
+    compiled exactly and fails as numpy does) unless the need grows with the length, as a loop over it
+    does; `Kernel._polymorphic` tells the two apart."""
+
+    def __init__(self, message: str, symbols: frozenset[str], needs: dict[str, int]) -> None:
+        super().__init__(message, symbols)
+        self.needs = needs
+
+
+def _call_too_short(plan: ShapePlan, short: CallTooShort) -> ShortCall:
+    """`short` in the class's symbols."""
+    needs = {name: short.needs[probe] for name, probe in plan.symbols if probe in short.needs}
+    read = _lengths_read(plan, short.probes)
+    return ShortCall(f"{read} (an index follows it past each call's own length, as a loop over it does)",
+                     read.symbols, needs)
 
 
 def fuse_stage(program: Program, lowered: Lowered) -> Program:

@@ -10,7 +10,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from . import backends, config, in_place, outputs
-from .compiler import AFTER_TRACE, Lowered, lower
+from .compiler import AFTER_TRACE, Lowered, ShortCall, lower
 from .arguments import ShapeDtype, bind, check_signature, spec_of
 from .ir import ArgumentError, RedFuserError
 from .ir import Buffer, BufferType
@@ -287,14 +287,23 @@ class Kernel:
         meets a decision on a symbolic length (`SymbolicDecision`), the axes behind it are kept static and
         the narrower class is tried, and remembered for the next call of the class; any other failure of a
         class's compile keeps every axis static (the exact shapes then compile, or raise the user's error as
-        they always did), its reason kept in `polymorphism`. None when no axis is left symbolic (the caller
-        compiles the exact shapes)."""
-        dynamic, first = self._dynamic, plan.key
-        excluded = dynamic.excluded.get(first, frozenset())
-        current: ShapePlan | None = dynamic.plan(specs, excluded) if excluded else plan
+        they always did), its reason kept in `polymorphism`. Each failure is remembered under the key of the
+        class that failed, which holds all it can depend on (a narrower class's key holds the call's
+        static lengths), except a trace that indexed past the call's own length (`ShortCall`): that is about
+        the call, and is kept as the length the class needs (`_short_call`). None when no axis is left
+        symbolic (the caller compiles the exact shapes)."""
+        dynamic = self._dynamic
+        excluded: frozenset[tuple[str, int]] = frozenset()
+        current: ShapePlan | None = plan
         while current is not None:
             key = (current.key, backend, self.options)
             entry = self._cache.get(key)
+            skip = frozenset() if entry is not None else (
+                dynamic.excluded.get(current.key, frozenset()) | dynamic.below_needs(current.key, specs))
+            if skip:                     # (its compile is known to fail for this call: narrower at once)
+                excluded |= skip
+                current = dynamic.plan(specs, excluded)
+                continue
             if entry is not None:
                 if not _within_guards(entry[0], current):
                     return None          # a length the class's program cannot take: the exact shapes say why
@@ -304,11 +313,13 @@ class Kernel:
                     lowered = lower(self.__wrapped__, current.specs, backends.BACKENDS[backend], self.options, current)
                 except Exception as why:   # noqa: BLE001 - the exact shapes compile or raise the user's error
                     symbols = why.symbols if isinstance(why, SymbolicDecision) else frozenset()
-                    excluded = excluded | current.axes_of(symbols)
-                    dynamic.excluded[first] = excluded
-                    kind = "" if isinstance(why, SymbolicDecision | RedFuserError) else f"{type(why).__name__}: "
-                    dynamic.refused[current.describe()] = _in_symbols(kind + (str(why).splitlines() or [""])[0],
-                                                                      current)
+                    axes = current.axes_of(symbols)
+                    if not (isinstance(why, ShortCall) and self._short_call(why, current, specs)):
+                        dynamic.excluded[current.key] = dynamic.excluded.get(current.key, frozenset()) | axes
+                        kind = "" if isinstance(why, SymbolicDecision | RedFuserError) else f"{type(why).__name__}: "
+                        dynamic.refused[current.describe()] = _in_symbols(
+                            kind + (str(why).splitlines() or [""])[0], current)
+                    excluded |= axes
                     current = dynamic.plan(specs, excluded)
                     continue
                 entry = self._cache[key] = [lowered, None]
@@ -319,6 +330,15 @@ class Kernel:
                 entry[1] = backends.BACKENDS[backend].build(entry[0])
             return entry[0], entry[1]
         return None
+
+    def _short_call(self, why: ShortCall, plan: ShapePlan, specs: tuple[ArgSpec, ...]) -> bool:
+        """Whether the class's trace indexing past the call's length (`why`) is about the call alone: True
+        where the call is just shorter than the class needs (``x[:, 7]`` on 3 columns), remembered as that
+        need (`DynamicAxes.note_short_call`) and not as axes kept static, so that every longer call still
+        shares the class; False where the need grows with the length (a loop over it): the class keeps the
+        axes static."""
+        needs = {axis: least for name, least in why.needs.items() for axis in plan.axes_of(frozenset({name}))}
+        return bool(needs) and not self._dynamic.note_short_call(plan.key, needs, specs)
 
     def _remember_class(self, lowered: Lowered, args: tuple, backend_key: object, path: "_FastPath") -> None:
         """Keep the call path of a shape class for `_class_path` (calls by position, plain arrays)."""

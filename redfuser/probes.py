@@ -62,6 +62,17 @@ class ProbeRead(BaseException):
         self.probes = probes
 
 
+class CallTooShort(ProbeRead):
+    """The trace needs more elements along a symbolic axis than the call being compiled has
+    (`needed_past_the_call`). Unlike another read this may be a fact about the call, not the class: a call
+    of 3 columns below a body's ``x[:, 7]`` (numpy's IndexError), whose class serves every longer call.
+    `needs`: each probe -> the least length the trace needed (`Kernel._polymorphic` tells the two apart)."""
+
+    def __init__(self, probes: frozenset[int], needs: dict[int, int]) -> None:
+        super().__init__(probes)
+        self.needs = needs
+
+
 class ProbeLength(int):
     """A length as the body sees it (``x.shape[d]``, ``x.size``) while a shape class is traced, when it is a
     probe or a product with probes (`probes`): an int that notes when the user's code (not RedFuser's)
@@ -210,11 +221,15 @@ def needed_past_the_call(length: int, least: int) -> None:
     """The trace needs `least` elements along a dim of `length` (an int index, a top-k's k): where the call
     being compiled has fewer, the trace has left the path the call takes (``for i in range(1, x.shape[1]):
     x[:, i]``, a loop ``range`` reads without any hook an int subclass can see), and the length counts as
-    read as a number (`ProbeRead` where the trace stops at reads)."""
+    read as a number (`CallTooShort` where the trace stops at reads: the call may just be below what the
+    class needs, ``x[:, 7]`` on 3 columns, which says nothing of longer calls)."""
     if not isinstance(length, ProbeLength) or _reads.get() is None:
         return
-    if any(least > _lengths.get().get(p, least) for p in length.probes):
-        _read(length.probes)
+    needs = {p: least for p in length.probes if least > _lengths.get().get(p, least)}
+    if needs:
+        _reads.get().update(length.probes)
+        if _stop.get():
+            raise CallTooShort(length.probes, needs)
 
 
 @contextlib.contextmanager
@@ -233,5 +248,5 @@ def noting_probe_reads(stop: bool = False, lengths: dict[int, int] | None = None
         _reads.reset(token)
 
 
-__all__ = ["PROBES", "CHECK_PROBES", "PROBE_LENGTHS", "ProbeLength", "ProbeRead", "probe_length", "product_length",
+__all__ = ["PROBES", "CHECK_PROBES", "PROBE_LENGTHS", "ProbeLength", "ProbeRead", "CallTooShort", "probe_length", "product_length",
            "noting_probe_reads", "needed_past_the_call"]

@@ -111,7 +111,8 @@ class DynamicAxes:
         self._first: dict[str, tuple[int, ...]] = {}
         self._seen_changing: set[tuple[str, int, int]] = set()   # (argument, rank, axis)
         self.refused: dict[str, str] = {}        # a class (in words) -> why some of its axes stay static
-        self.excluded: dict[tuple, frozenset[tuple[str, int]]] = {}   # class key -> axes kept static
+        self.excluded: dict[tuple, frozenset[tuple[str, int]]] = {}   # class key -> axes its compile kept static
+        self.needs: dict[tuple, dict[tuple[str, int], int]] = {}    # class key -> axis -> least length (short calls)
 
     def chosen(self, spec: ArraySpec) -> set[int]:
         """The axes of argument `spec` to make symbolic for this call (before the length-0/1 and layout
@@ -134,6 +135,25 @@ class DynamicAxes:
         if len(first) == rank:
             self._seen_changing.update((spec.name, rank, d) for d in range(rank) if first[d] != shape[d])
         return {d for d in range(rank) if (spec.name, rank, d) in self._seen_changing}
+
+    def below_needs(self, key: tuple, specs: tuple[ArgSpec, ...]) -> frozenset[tuple[str, int]]:
+        """The axes along which this call is shorter than an earlier call of class `key` found its trace to
+        need (`note_short_call`): the class's trace would index past this call again, so it is not tried."""
+        lengths = _lengths(specs)
+        return frozenset(a for a, least in self.needs.get(key, {}).items() if lengths.get(a, least) < least)
+
+    def note_short_call(self, key: tuple, needs: dict[tuple[str, int], int], specs: tuple[ArgSpec, ...]) -> bool:
+        """Remember that the trace of class `key` needed `needs` (axis -> least length) where this call had
+        less. That is a fact about the call (``x[:, 7]`` on 3 columns: compiled exactly, it fails as numpy
+        does), and longer calls still share the class -- unless the need grows with the length: True where
+        this call met what an earlier one lacked and still fell short (``for i in range(1, x.shape[1]):
+        x[:, i]`` indexes past every length), which makes the axes static for the class."""
+        known = self.needs.setdefault(key, {})
+        lengths = _lengths(specs)
+        grew = any(a in known and lengths.get(a, 0) >= known[a] for a in needs)
+        for a, least in needs.items():
+            known[a] = max(known.get(a, 0), least)
+        return grew
 
     def plan(self, specs: tuple[ArgSpec, ...], exclude: frozenset[tuple[str, int]] = frozenset()
              ) -> ShapePlan | None:
@@ -176,6 +196,11 @@ class DynamicAxes:
         symbols = tuple((symbol_of_length[n], probe_of[n]) for n in order)
         axes = tuple(tuple((name, d) for name, d, m in dims if m == n) for n in order)
         return ShapePlan(tuple(key), tuple(specs_a), tuple(specs_b), symbols, tuple(order), axes)
+
+
+def _lengths(specs: tuple[ArgSpec, ...]) -> dict[tuple[str, int], int]:
+    """Each array axis of a call, ``(argument, axis)``, -> its length."""
+    return {(spec.name, d): n for spec in specs if isinstance(spec, ArraySpec) for d, n in enumerate(spec.type.shape)}
 
 
 __all__ = ["DynamicAxes", "ShapePlan", "PROBES", "CHECK_PROBES", "Dynamic"]

@@ -158,6 +158,63 @@ def test_an_int_index_guards_the_length_it_needs(backend):
         k(np.ones((4, 5), np.float32))          # numpy raises IndexError here
 
 
+@pytest.mark.parametrize("dynamic, short, later", [
+    (None, (2, 3), [(2, 9), (2, 11), (2, 13), (2, 15)]),
+    (True, (4, 3), [(5, 9), (6, 11), (7, 13)]),
+], ids=["automatic", "dynamic-first-call-short"])
+def test_a_call_below_a_guard_leaves_the_class_to_longer_calls(dynamic, short, later):
+    """The class compiled first at a call of 3 columns: its trace indexed past the call's length (``x[:, 7]``),
+    which `probes.needed_past_the_call` takes as a read of the length, and the axis was kept static for the
+    class for good: after the (rightly failed) short call every length compiled a kernel of its own, and
+    `polymorphism` said the body used the length as a number. The short call is about itself only."""
+    def pick(x):
+        return rf.sum(x, axis=-1) + x[:, 7]
+
+    k = rf.kernel(pick, backend="interpret", dynamic=dynamic)
+    if dynamic is None:
+        k(np.ones((2, 12), np.float32))
+    with pytest.raises(rf.RedFuserError, match="index 7 is out of bounds"):
+        k(np.ones(short, np.float32))             # numpy raises IndexError here
+    before = k.cache_info().misses
+    rng = np.random.default_rng(31)
+    for shape in later:
+        x = rng.standard_normal(shape).astype(np.float32)
+        _close(k(x), pick(x), tol=1e-5)
+    assert k.cache_info().misses - before == 1
+    assert not any("as a number" in why for why in k.polymorphism.values())
+    with pytest.raises(rf.RedFuserError, match="index 7 is out of bounds"):
+        k(np.ones(short, np.float32))
+
+
+def test_an_index_that_follows_the_length_still_keeps_it_static(monkeypatch):
+    """A loop over a length (``range`` reads it without a hook) indexes past every call's own length: once a
+    call meets what an earlier one lacked and still falls short, the length is read for the class, which is
+    not traced again for later lengths."""
+    import importlib
+
+    kernel_module = importlib.import_module("redfuser.kernel")   # (rf.kernel is the function)
+    real, classes = kernel_module.lower, []
+
+    def counted(fn, specs, backend, options, shapes=None):
+        classes.extend([shapes] if shapes is not None else [])
+        return real(fn, specs, backend, options, shapes)
+
+    monkeypatch.setattr(kernel_module, "lower", counted)
+
+    def running(x):
+        acc = x[:, 0]
+        for i in range(1, x.shape[1]):
+            acc = acc + x[:, i]
+        return acc
+
+    k = rf.kernel(running, backend="interpret")
+    for n in (5, 6, 7, 8, 9):
+        x = np.random.default_rng(n).standard_normal((2, n)).astype(np.float32)
+        _close(k(x), running(x), tol=1e-5)
+    assert "uses the length x.1 as a number" in " ".join(k.polymorphism.values())
+    assert len(classes) == 2 and k.cache_info().misses == 5     # (tried at 6 and at 7, which met 6's need)
+
+
 def test_the_tile_interpreter_runs_the_symbolic_tile_program_at_any_length():
     rng = np.random.default_rng(7)
     k = rf.kernel(workloads.softmax, backend="cpu", dynamic=True)
