@@ -504,6 +504,12 @@ class Kernel:
         return tuple(ShapeDtype(b.shape, b.dtype.numpy) for b in trace(self.__wrapped__, specs).outputs)
 
     @property
+    def dynamic(self) -> Dynamic:
+        """The kernel's ``dynamic=`` choice as given (None, True, False or the dict of axes): a kernel made
+        from this one (`redfuser.torch.op`'s per-device kernels) makes the same axes symbolic."""
+        return self._dynamic.mode
+
+    @property
     def polymorphism(self) -> dict[str, str]:
         """The shape classes whose compile kept some axes static, and why (`redfuser.shapes`): each class in
         words -> the reason (empty while every class seen compiled with all its symbolic axes)."""

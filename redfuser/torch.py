@@ -11,7 +11,8 @@ serves every length and the kernel behind it compiles one shape class for them (
 the body decides on or compiles in (a branch on it, a slice, a concatenation or reshape of it), or whose
 result length is another function of the sizes, is guarded to its value, and equal sizes torch gave separate
 symbols are asserted equal where the body needs them so (`redfuser.symbolic_results`).
-``op.kernels`` maps each device to its kernel (``cache_info()``).
+``op.kernels`` maps each device to its kernel (``cache_info()``), made with the kernel's options and
+``dynamic=`` choice.
 
 Every parameter of the kernel without a default becomes a ``Tensor`` argument of the op (by position or by
 name; one with a default, or bound by a ``functools.partial``, keeps that value); the op returns the kernel's
@@ -94,13 +95,18 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
     # defaulted static values, keep the value the kernel gives them)
     params = [p.name for p in kernel._signature.parameters.values() if p.default is p.empty]
     schema = "(" + ", ".join(f"Tensor {p}" for p in params) + ") -> Tensor[]"
-    on = {"cpu": make_kernel(kernel.__wrapped__, backend="cpu", options=kernel.options)}
+    def on_device(device: str) -> Kernel:
+        """The kernel on `device`'s backend, with `kernel`'s options and ``dynamic=`` choice (without it, a
+        ``dynamic=True`` kernel compiled its first length exactly, ``False`` made classes)."""
+        return make_kernel(kernel.__wrapped__, backend=device, options=kernel.options, dynamic=kernel.dynamic)
+
+    on = {"cpu": on_device("cpu")}
 
     def run(*tensors):
         tensors = tuple(t.detach() for t in tensors)     # (called under no_grad, they may still require it)
         device = "cuda" if any(t.is_cuda for t in tensors) else "cpu"
         if device not in on:
-            on[device] = make_kernel(kernel.__wrapped__, backend=device, options=kernel.options)
+            on[device] = on_device(device)
         results = on[device](*tensors)
         results = results if isinstance(results, tuple) else (results,)
         # (numpy results of a kernel without tensor arguments: bfloat16 and float8 ones by their bits)

@@ -95,6 +95,21 @@ def test_symbolic_sizes_map_onto_one_graph_and_one_polymorphic_kernel(ops):
     assert op.kernels["cpu"].cache_info().misses == 2      # the first length exactly, then one class
 
 
+@pytest.mark.parametrize("name, dynamic, misses", [("true", True, 1), ("false", False, 3),
+                                                   ("named_rows", {"x": (0,)}, 3), ("automatic", None, 2)])
+def test_an_ops_kernels_keep_the_kernels_dynamic_choice(name, dynamic, misses):
+    """`op` rebuilds the kernel per device from its body and options; ``dynamic=`` is not an option, and was
+    dropped: a ``dynamic=True`` kernel compiled its first length exactly, ``False`` and ``{"x": (0,)}``
+    made a class of the row length, which they keep static."""
+    op = rft.op(rf.kernel(softmax, dynamic=dynamic), f"rftests::softmax_dynamic_{name}")
+    gen = torch.Generator().manual_seed(3)
+    for n in (5, 9, 13):
+        x = torch.randn(2, n, generator=gen)
+        torch.testing.assert_close(op(x), torch.softmax(x, -1))
+    assert op.kernels["cpu"].dynamic == dynamic
+    assert op.kernels["cpu"].cache_info().misses == misses
+
+
 def _compiled_graphs(fn, name, dynamic=True):
     """`fn` as an op under ``torch.compile(fullgraph=True, dynamic=True)``, and the list of graphs it makes
     (compiled by inductor, whose code asserts that each result has the size the fake implementation said)."""
