@@ -11,7 +11,9 @@ captured in a CUDA graph), and host arrays get the results copied back. Anything
 `ArgumentError` that names the result, what it must be and the caller's line; nothing is written then.
 
 Memory is compared by address ranges (lowest to highest byte an array spans, on its device), so two
-interleaved views of one buffer count as overlapping: the check errs towards refusing.
+interleaved views of one buffer count as overlapping: the check errs towards refusing. An out without
+elements (of an empty result) spans no memory and has no two elements, whatever its strides (numpy gives
+``np.empty((0, 3))`` strides ``(0, 0)``): only its shape, dtype and writability are checked.
 """
 from __future__ import annotations
 
@@ -53,7 +55,10 @@ def _overlap(a: arrays_rt.ArrayInfo, b: arrays_rt.ArrayInfo) -> bool:
 def _self_overlapping(info: arrays_rt.ArrayInfo) -> bool:
     """Whether two elements of the array may be one memory location (a 0 stride, ``torch.expand``, a hand-made
     ``as_strided``): its dims, by growing stride, must each step past everything the smaller ones span; a
-    layout that interleaves without overlapping fails this too (the check errs towards refusing)."""
+    layout that interleaves without overlapping fails this too (the check errs towards refusing). An array
+    with no elements has no two (numpy describes ``np.empty((0, 3))`` with strides ``(0, 0)``)."""
+    if any(n == 0 for n in info.shape):
+        return False
     span = 0
     for n, s in sorted(((n, abs(s)) for n, s in zip(info.shape, info.strides) if n > 1), key=lambda d: d[1]):
         if s <= span:

@@ -122,6 +122,27 @@ def test_an_out_whose_elements_share_memory_is_refused(backend):
     np.testing.assert_array_equal(k(x, out=transposed), k(x))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_empty_out_is_taken_on_every_call_path(backend):
+    """numpy describes an array without elements with strides ``(0, 0)`` (``np.empty((0, 3))``), and the
+    full call path refused it as an out whose elements share memory (the cached path took it: the answer
+    depended on the call history); it has no two elements, and no memory to share with an argument."""
+    def scale(x, w):
+        return x * w
+
+    from numpy.lib.stride_tricks import as_strided
+
+    x0, w = np.zeros((0, 3), np.float32), np.ones(3, np.float32)
+    buffer = np.ones((4, 3), np.float32)
+    for fresh in (True, False):
+        k = rf.kernel(scale, backend=backend)
+        if not fresh:
+            k(x0, w, out=np.empty((0, 3), np.float32))     # (the cached call path made)
+        for out in (np.empty((0, 3), np.float32), buffer[:0], as_strided(w, (0, 3), (0, 0)), x0):
+            assert k(x0, w, out=out) is out and out.shape == (0, 3)
+    np.testing.assert_array_equal(buffer, 1)
+
+
 def test_a_kernel_parameter_named_out_is_refused():
     def f(x, out):
         return x + out
