@@ -1,10 +1,13 @@
 """`rf.kernel`: the user-facing kernel object (specialize, compile once, cache, run)."""
 from __future__ import annotations
 
+import dis
 import functools
+import operator
 import re
 import sys
 import threading
+import types
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -61,6 +64,19 @@ class CacheInfo(NamedTuple):
 
 
 _SCALARS = (bool, int, float, complex, str, np.generic)
+_GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_ATTRIBUTE_READS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})     # (LOAD_METHOD: Python 3.10 and 3.11)
+
+
+class _Absent:
+    """What a global, cell or attribute not bound (yet) holds, in `CapturedScalars.now`: binding it later is a
+    change (a constant a module defines below its kernels)."""
+
+    def __repr__(self) -> str:
+        return "<not bound>"
+
+
+_ABSENT = _Absent()
 
 
 def _plain(value: object, depth: int = 0) -> bool:
@@ -74,40 +90,122 @@ def _plain(value: object, depth: int = 0) -> bool:
     return all(_plain(v, depth + 1) for v in items)
 
 
-class CapturedScalars:
-    """The Python scalars a kernel's body reads from its module's globals, its closure or (a callable
-    object's) its attributes (``scale = 2.0`` outside ``def f(a): return a * scale``; small tuples, lists and
-    dicts of scalars too, a table ``SCALE[d]`` a user may update): tracing fixes their values into the
-    program, so a kernel must trace again when one changes (a call costs one repr comparison per such
-    name). A captured array is refused while tracing; other objects, functions and modules are taken as
-    they were traced."""
+def _names_code(value: object) -> bool:
+    """A module or something callable (a function, a class, a ufunc): a name of the body's that holds one when
+    the kernel is made keeps naming it (``rf``, ``np``, ``range``, a helper), so it is not compared per call."""
+    return callable(value) or isinstance(value, types.ModuleType)
 
-    def __init__(self, names: tuple[str, ...], globals_: dict, cells: tuple, owner: object = None,
-                 attributes: tuple[str, ...] = ()) -> None:
-        self.names, self.globals, self.cells = names, globals_, cells
-        self.owner, self.attributes = owner, attributes
+
+def _signature(value: object) -> tuple:
+    """What a trace may have baked in of `value`: its type, and its repr where it is plain (a NaN equals itself
+    by repr; ``2``, ``2.0`` and ``True`` differ). Another object of the same type is the same to a kernel (it
+    is taken as it was traced); one becoming plain, or plain another way, is a change."""
+    return type(value), (repr(value) if _plain(value) else None)
+
+
+@functools.lru_cache(maxsize=512)
+def _names_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The global names and the attribute names `code` reads, with those of the code nested in it: on Python
+    3.11 a comprehension, a lambda and an inner function each have their own code object (a constant of the
+    body's), and the body's own names do not list what they read."""
+    globals_: dict[str, None] = {}
+    attributes: dict[str, None] = {}
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _GLOBAL_READS:
+            globals_[instruction.argval] = None
+        elif instruction.opname in _ATTRIBUTE_READS:
+            attributes[instruction.argval] = None
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            nested_globals, nested_attributes = _names_read(const)
+            globals_.update(dict.fromkeys(nested_globals))
+            attributes.update(dict.fromkeys(nested_attributes))
+    return tuple(globals_), tuple(attributes)
+
+
+def _body_of(fn: Callable) -> tuple[types.FunctionType | None, list[object], list[object]]:
+    """The Python function that runs as `fn`'s body; the objects whose attributes it reads as ``self`` (a bound
+    method's ``__self__``, a callable object, a ``functools.partial``'s positional arguments: the body reads
+    ``self.scale`` of each); and the partial's bound tuples, lists and dicts (a list may be changed in place).
+    A bound method forwards ``__code__`` to its function, so it cannot be told from one by that."""
+    owners: list[object] = []
+    held: list[object] = []
+    for _ in range(8):          # (a partial of a bound method of a callable object's __call__...)
+        if isinstance(fn, types.FunctionType):
+            return fn, owners, held
+        if isinstance(fn, functools.partial):
+            owners += [a for a in fn.args if hasattr(a, "__dict__")]   # (an nn.Module is callable too)
+            held += [a for a in fn.args if isinstance(a, tuple | list | dict)]
+            fn = fn.func
+        elif isinstance(fn, types.MethodType):
+            owners.append(fn.__self__)
+            fn = fn.__func__
+        else:
+            owners.append(fn)
+            fn = getattr(type(fn), "__call__", None)
+            if not isinstance(fn, types.FunctionType):
+                break
+    return None, owners, held
+
+
+class CapturedScalars:
+    """The Python scalars a kernel's body reads from its module's globals, its closure or the attributes of
+    its ``self`` (a callable object, a bound method's object, a ``functools.partial``'s bound object; small
+    tuples, lists and dicts of scalars too, a table ``SCALE[d]`` a user may update): tracing fixes their
+    values into the program, so a kernel must trace again when one changes (a call costs a look-up and an
+    identity test per name, and a repr per tuple, list or dict: `changed`).
+
+    Which names: every global the body loads, the body's comprehensions, lambdas and inner functions
+    included (they have code objects of their own), every cell of its closure and every attribute name it
+    loads (of the owners' ``__dict__``), decided when the kernel is made but compared on each call, bound or
+    not: a constant defined below the kernel (``SCALE = 2.0`` after ``@rf.kernel``), a placeholder that later
+    holds a scalar and an attribute first set after the kernel was made are all changes. Left out, to keep the
+    call cheap: names that hold a module or something callable when the kernel is made (`_names_code`: ``rf``,
+    ``np``, ``range``, a helper): they keep naming code. A captured array is refused while tracing; other objects,
+    functions and modules are taken as they were traced (their type is compared, not what they hold)."""
+
+    def __init__(self, names: tuple[str, ...], globals_: dict, cells: tuple,
+                 owners: tuple[tuple[object, tuple[str, ...]], ...] = ()) -> None:
+        self.names, self.globals, self.cells, self.owners = names, globals_, cells, owners
+        # (`seen`, the values whose signatures were found equal to it, the positions of those a change in
+        # place could change): `changed` compares objects, not reprs, while they are these (`_unchanged`)
+        self._checked: tuple[tuple, list, tuple[int, ...]] | None = None
         self.seen = self.now()
 
     @staticmethod
     def of(fn: Callable) -> "CapturedScalars | None":
-        target = fn.func if isinstance(fn, functools.partial) else fn
-        body = target if hasattr(target, "__code__") else getattr(type(target), "__call__", None)  # (an object's)
-        code, globals_ = getattr(body, "__code__", None), getattr(body, "__globals__", None)
-        if code is None or globals_ is None:
+        body, owners, held = _body_of(fn)
+        if body is None:
             return None
-        names = tuple(n for n in code.co_names if n in globals_ and _plain(globals_[n]))
-        cells = tuple(c for c in (getattr(target, "__closure__", None) or ()) if _plain(_cell_value(c)))
-        own = getattr(target, "__dict__", None) if not hasattr(target, "__code__") else None
-        attributes = tuple(n for n in code.co_names if own is not None and n in own and _plain(own[n]))
-        if not (names or cells or attributes):
+        globals_ = body.__globals__
+        builtins_ = globals_.get("__builtins__", {})
+        builtins_ = vars(builtins_) if isinstance(builtins_, types.ModuleType) else builtins_
+        global_reads, attribute_reads = _names_read(body.__code__)
+        names = tuple(n for n in global_reads if not _names_code(globals_.get(n, builtins_.get(n))))
+        cells = tuple(c for c in (body.__closure__ or ()) if not _names_code(_cell_value(c)))
+        cells += tuple(types.CellType(v) for v in held)
+        read_by = tuple((o, tuple(n for n in attribute_reads if not _names_code(vars(o).get(n))))
+                        for o in owners if isinstance(getattr(o, "__dict__", None), dict | types.MappingProxyType))
+        read_by = tuple((o, attributes) for o, attributes in read_by if attributes)
+        if not (names or cells or read_by):
             return None
-        return CapturedScalars(names, globals_, cells, target, attributes)
+        return CapturedScalars(names, globals_, cells, read_by)
+
+    def _values(self) -> list:
+        """The objects the names, cells and attributes hold now (`_ABSENT` where one is not bound)."""
+        get = self.globals.get
+        values = [get(n, _ABSENT) for n in self.names]
+        if self.cells:
+            values += [_cell_value(c) for c in self.cells]
+        if self.owners:
+            for owner, attributes in self.owners:
+                get = getattr(owner, "__dict__", {}).get
+                values += [get(n, _ABSENT) for n in attributes]
+        return values
 
     def now(self) -> tuple:
-        """The values as they are: (type, repr) of each."""
-        values = ([self.globals.get(n) for n in self.names] + [_cell_value(c) for c in self.cells]
-                  + [getattr(self.owner, n, None) for n in self.attributes])
-        return tuple((type(v), repr(v)) for v in values)   # (repr: a NaN equals itself)
+        """The values as they are: `_signature` of each."""
+        return tuple(map(_signature, self._values()))
 
     def note_traced(self, before: tuple) -> None:
         """Take the values a trace read as the ones seen, given `before`, noted before it began: a list or
@@ -118,16 +216,26 @@ class CapturedScalars:
 
     def changed(self) -> tuple | None:
         """The values as they are where one differs from the last ones seen, else None (the caller drops what
-        it traced from them, then takes these as seen: a thread calling in between still sees a change)."""
-        now = self.now()
-        return None if now == self.seen else now
+        it traced from them, then takes these as seen: a thread calling in between still sees a change).
+        Every cached call asks, so the objects found unchanged last time are compared by identity, and only
+        the containers among them by repr (a repr per scalar doubled the cost of a cached call)."""
+        seen, values, checked = self.seen, self._values(), self._checked
+        if checked is not None and checked[0] is seen and all(map(operator.is_, values, checked[1])) and (
+                not checked[2] or all(_signature(values[i]) == seen[i] for i in checked[2])):
+            return None     # (the objects last found to match `seen`; a scalar, a string or another object
+            #                 cannot change its signature, a container changed in place can)
+        now = tuple(map(_signature, values))
+        if now != seen:
+            return now
+        self._checked = (seen, values, tuple(i for i, v in enumerate(values) if isinstance(v, tuple | list | dict)))
+        return None
 
 
 def _cell_value(cell: object) -> object:
     try:
         return cell.cell_contents
-    except ValueError:       # (a cell not filled yet)
-        return None
+    except ValueError:       # (a cell not filled yet: the enclosing function assigns it after the def)
+        return _ABSENT
 
 
 class Kernel:
@@ -189,7 +297,7 @@ class Kernel:
         return tuple(specs), arrays
 
     def _retrace_if_captured_changed(self) -> None:
-        """Drop every specialization made where a global or closure scalar the body reads has changed: the
+        """Drop every specialization made where a captured value the body reads has changed: the
         body traces to another program (the disk cache is keyed by the traced program, so it stays right)."""
         now = self._captured.changed() if self._captured is not None else None
         if now is None:

@@ -273,6 +273,121 @@ def test_a_changed_config_table_or_attribute_is_read_again(backend):
     np.testing.assert_array_equal(k(x), [28.0, 28.0])
 
 
+def _doubled_in_a_comprehension(x):
+    parts = [x * SCALE for _ in range(2)]
+    return parts[0] + parts[1]
+
+
+def _scaled_by_a_lambda(x):
+    scale = lambda t: t * SCALE        # noqa: E731
+    return scale(x)
+
+
+def _scaled_by_an_inner_function(x):
+    def scale(t):
+        return t * _TABLE[1]
+
+    return scale(x)
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_global_read_in_a_comprehension_lambda_or_inner_function_is_traced_again(backend):
+    """On Python 3.11 a comprehension, a lambda and an inner function have code objects of their own, and
+    only the body's own names were scanned: a global scalar they read was fixed at the first trace, and the
+    kernel kept returning the old result after it changed. The nested code's reads are followed now."""
+    global SCALE
+    x = np.ones((2, 3), np.float32)
+    try:
+        for fn in (_doubled_in_a_comprehension, _scaled_by_a_lambda, _scaled_by_an_inner_function):
+            SCALE, _TABLE[1] = 2.0, 3.0
+            k = rf.kernel(fn, backend=backend)
+            np.testing.assert_array_equal(k(x), fn(x))
+            SCALE, _TABLE[1] = 5.0, 7.0
+            np.testing.assert_array_equal(k(x), fn(x), err_msg=fn.__name__)
+    finally:
+        SCALE, _TABLE[1] = 2.0, 3.0
+
+
+class _Layer:
+    shift = 0.0               # (a class default the object overrides later)
+
+    def __init__(self):
+        self.scale = 2.0
+
+    def body(self, x):
+        return rf.sum(x, axis=-1) * self.scale + self.shift
+
+
+def _weighted(weights, x):
+    return x * weights[0]
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_bound_method_or_a_partial_sees_its_objects_attributes_change(backend):
+    """``rf.kernel(layer.body)``: a bound method forwards ``__code__`` to its function, so it was taken for
+    a plain function and ``self.scale`` was never compared: after ``layer.scale = 3.0`` the kernel returned
+    the old result (so did ``functools.partial(Layer.body, layer)``, and a list bound by a partial changed
+    in place). The object's attributes are compared now, one first set after the kernel was made too."""
+    x = np.ones((2, 4), np.float32)
+    layer = _Layer()
+    for k in (rf.kernel(layer.body, backend=backend), rf.kernel(functools.partial(_Layer.body, layer),
+                                                                backend=backend)):
+        layer.scale = 2.0
+        layer.__dict__.pop("shift", None)
+        np.testing.assert_array_equal(k(x), [8.0, 8.0])
+        layer.scale = 3.0
+        np.testing.assert_array_equal(k(x), [12.0, 12.0])
+        layer.shift = 1.0              # (not in the object's __dict__ when the kernel was made)
+        np.testing.assert_array_equal(k(x), [13.0, 13.0])
+    weights = [2.0]
+    k = rf.kernel(functools.partial(_weighted, weights), backend=backend)
+    np.testing.assert_array_equal(k(x), np.full((2, 4), 2.0))
+    weights[0] = 4.0
+    np.testing.assert_array_equal(k(x), np.full((2, 4), 4.0))
+
+
+def _scaled_later(x):
+    return x * _BOUND_LATER
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_global_bound_after_the_kernel_is_made_is_traced_again(backend):
+    """A global the body reads was kept only if it held a scalar when the kernel was made: a constant a
+    module defines below its kernel (or a notebook defines later), or one holding a placeholder object at
+    first, was never compared, and the kernel kept the first value it traced. Every global the body reads is
+    looked up on each call now, except names holding a module, a class or a function when the kernel was
+    made: a body that reads only those (``rf``, ``range``) costs its calls nothing."""
+    from redfuser.workloads import softmax
+
+    x = np.ones(3, np.float32)
+    k = rf.kernel(_scaled_later, backend=backend)
+    try:
+        globals()["_BOUND_LATER"] = 2.0
+        np.testing.assert_array_equal(k(x), x * 2.0)
+        globals()["_BOUND_LATER"] = 3.0
+        np.testing.assert_array_equal(k(x), x * 3.0)
+        globals()["_BOUND_LATER"] = object()          # a placeholder when the kernel is made
+        k = rf.kernel(_scaled_later, backend=backend)
+        globals()["_BOUND_LATER"] = 4.0
+        np.testing.assert_array_equal(k(x), x * 4.0)
+        globals()["_BOUND_LATER"] = 5.0
+        np.testing.assert_array_equal(k(x), x * 5.0)
+    finally:
+        globals().pop("_BOUND_LATER", None)
+
+    holder = object()
+
+    def closed_over(a):
+        return a * holder
+
+    kc = rf.kernel(closed_over, backend=backend)
+    holder = 6.0
+    np.testing.assert_array_equal(kc(x), x * 6.0)
+    holder = 7.0
+    np.testing.assert_array_equal(kc(x), x * 7.0)
+    assert rf.kernel(softmax)._captured is None      # (it reads only the module `rf`)
+
+
 def test_threads_calling_a_new_kernel_at_once_compile_it_once():
     """Six threads making the first call of a kernel together compiled it six times (each a miss, the
     results right): finding or making a specialization is one thread at a time."""
