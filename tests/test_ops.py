@@ -496,3 +496,22 @@ def test_ops_on_python_and_numpy_scalars_are_numpys():
     assert_numpy_result(rf.where(True, 1.0, 2.0), np.where(True, 1.0, 2.0))
     assert_numpy_result(rf.sum(np.float32(3)), np.sum(np.float32(3)))
     assert_numpy_result(rf.less(1, 2.0), np.less(1, 2.0))
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+def test_a_16_bit_variance_and_mean_divide_by_their_count_exactly(backend):
+    """numpy divides a reduction by its count as an ``intp`` (in float64), then stores the quotient: the count
+    was an f16 constant, inf from 65520 elements on, so an f16 variance of 65536 values was 0 on every backend
+    (a layer norm of that width 31 times too large); bf16 counts past 256 lost their low bits. Found by a
+    helper measuring long rows against float64."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    x = (0.01 * rng.standard_normal((1, 65536))).astype(np.float16)
+    exact = np.var(x.astype(np.float64), axis=-1)
+    for body, want in ((lambda a: rf.var(a, axis=-1), exact), (lambda a: rf.std(a, axis=-1), np.sqrt(exact))):
+        got = rf.kernel(body, backend=backend)(x).astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-2)
+    b = (3.0 + rng.standard_normal((1, 100609))).astype(ml_dtypes.bfloat16)
+    got = rf.kernel(lambda a: rf.mean(a, axis=-1), backend=backend)(b).astype(np.float64)
+    np.testing.assert_allclose(got, b.astype(np.float64).mean(axis=-1), rtol=2 ** -8)

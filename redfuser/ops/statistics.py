@@ -8,7 +8,8 @@ numpy) and ``all(x)`` their min; over an empty axis, where max and min have no i
 numpy accumulates integers and bools in float64; its ``mean`` (not ``var``) also float16 in float32,
 rounding the result back to f16; every other dtype in itself. Then
 
-- ``mean = sum(x) / n``;
+- ``mean = sum(x) / n``, divided as numpy divides by a count: in float64 (an ``intp``), stored in the sum's
+  dtype; a 16-bit sum is divided in f32 here (`_per_count`);
 - ``var = sum((x - mean_k)**2) / max(n - ddof, 0)`` with ``mean_k`` the mean kept with its reduced axes
   (a second pass over x in numpy; the fusion engine makes the pair one pass, kept centred on the running
   mean, docs/fusion.md "Shift-stable sums");
@@ -66,13 +67,26 @@ def _finish(x: Tracer, value: Tracer) -> Tracer:
     return astype(value, np.float16) if x.ir_dtype == T.float16 else value
 
 
+def _per_count(total: Tracer, n: int) -> Tracer:
+    """``total / n`` as numpy divides a reduction by its count (an ``intp``, so in float64, then stored in the
+    total's dtype): a 16-bit total is divided in f32 and the quotient stays f32, rounded where the caller
+    stores it. As a constant of f16 the count rounded (to inf from 65520 on: an f16 variance of 65536 elements
+    was 0, a layer norm 31 times too large; bf16 counts past 256 lost their low bits)."""
+    if total.ir_dtype.storage_only:
+        total = astype(total, np.float32)
+    return divide(total, n)
+
+
 def mean(x, axis=None, keepdims=False):
     """numpy's ``mean`` (``axis``, ``keepdims``): ``sum / n`` accumulated as numpy does (module docstring)."""
     if not _traced(x):
         return np.mean(x, axis=axis, keepdims=keepdims)
     dims, wide, n = _prepared("mean", x, axis)
     result_dtype("mean", lambda v: np.mean(v, axis=dims), x)     # numpy's refusals, named
-    return _finish(x, divide(_sum(wide, axis=dims, keepdims=keepdims), n))
+    total = _sum(wide, axis=dims, keepdims=keepdims)
+    narrow = total.ir_dtype.storage_only
+    value = _per_count(total, n)
+    return astype(value, total.dtype) if narrow else _finish(x, value)
 
 
 def var(x, axis=None, ddof=0, keepdims=False):
@@ -92,9 +106,10 @@ def _var(x: Tracer, axis: object, ddof: object, keepdims: bool, op: str) -> Trac
     with warnings.catch_warnings():      # numpy's "degrees of freedom <= 0" of the one-element probe
         warnings.simplefilter("ignore", RuntimeWarning)
         result_dtype(op, lambda v: np.var(v, axis=dims, ddof=ddof), x)
-    centre = divide(_sum(wide, axis=dims, keepdims=True), n)
-    deviation = subtract(wide, centre)
-    return divide(_sum(multiply(deviation, deviation), axis=dims, keepdims=keepdims), max(n - ddof, 0))
+    centre = _per_count(_sum(wide, axis=dims, keepdims=True), n)
+    deviation = subtract(wide, centre)     # (f32 for 16-bit values: the centre is the f32 quotient)
+    value = _per_count(_sum(multiply(deviation, deviation), axis=dims, keepdims=keepdims), max(n - ddof, 0))
+    return astype(value, wide.dtype) if value.dtype != wide.dtype else value
 
 
 def std(x, axis=None, ddof=0, keepdims=False):
