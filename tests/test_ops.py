@@ -511,7 +511,9 @@ def test_a_16_bit_variance_and_mean_divide_by_their_count_exactly(backend):
     exact = np.var(x.astype(np.float64), axis=-1)
     for body, want in ((lambda a: rf.var(a, axis=-1), exact), (lambda a: rf.std(a, axis=-1), np.sqrt(exact))):
         got = rf.kernel(body, backend=backend)(x).astype(np.float64)
-        np.testing.assert_allclose(got, want, rtol=1e-2)
+        assert_close(got, want, np.float16, x.shape[-1])
+    if backend == "interpret":
+        return      # (it sums bf16 in bf16 one term at a time, as numpy does: docs/testing.md, the table's note)
     b = (3.0 + rng.standard_normal((1, 100609))).astype(ml_dtypes.bfloat16)
     got = rf.kernel(lambda a: rf.mean(a, axis=-1), backend=backend)(b).astype(np.float64)
     np.testing.assert_allclose(got, b.astype(np.float64).mean(axis=-1), rtol=2 ** -8)
