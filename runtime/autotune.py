@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from ..ir.errors import RedFuserError
-from .cache import CacheKey, CacheWarning
+from .cache import CacheKey, CacheWarning, read_regular
 from .cache_entry import write_atomic
 
 if TYPE_CHECKING:
@@ -198,21 +198,29 @@ class TuningStore:
         assert self.folder is not None
         return self.folder / f"{key.digest}.json"
 
-    def load(self, key: CacheKey) -> Record | None:
-        """The stored result of `key`; None when there is none or it is unreadable (warned, then replaced)."""
+    def load(self, key: CacheKey, accept: Callable[[Config], object] | None = None) -> Record | None:
+        """The stored result of `key`; None when there is none or it is unreadable (warned, then replaced):
+        not a regular file (a FIFO hung the call, a link to /dev/zero read until memory ran out), not the
+        format, or a best config that `accept` refuses with a `RedFuserError` (``num_warps: 7``: every call
+        raised the options' error, naming options the user never set)."""
         if self.folder is None:
             return self.memory.get(key.digest)
         path = self.path(key)
         try:
-            data = json.loads(path.read_text())
+            found = read_regular(path)
+            if found is None:
+                raise ValueError("not a regular file")
+            data = json.loads(found[0].decode())
             if data.get("format") != FORMAT or data.get("key") != key.digest:
                 raise ValueError("another format or key")
             best = _config(data["best"])
             timings = tuple((_config(c), None if s is None else float(s)) for c, s in data["timings"])
+            if accept is not None:
+                accept(best)
             return Record(key.digest, str(data["kernel"]), str(data["backend"]), str(data["device"]), best, timings)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, TypeError, KeyError) as err:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RedFuserError) as err:
             warnings.warn(CacheWarning(f"autotune: ignoring unreadable {path} ({err}); tuning again"), stacklevel=3)
             return None
 
@@ -256,9 +264,11 @@ def default_store() -> TuningStore:
 
 
 def tune(kernel: str, key: CacheKey, candidates: tuple[Config, ...], measure: Callable[[Config], float], *,
-         backend: str, device: str, store: TuningStore, progress: TextIO | None = None) -> Config:
-    """The stored best config of `key`, else the fastest candidate by `measure` (then stored)."""
-    found = store.load(key)
+         backend: str, device: str, store: TuningStore, progress: TextIO | None = None,
+         accept: Callable[[Config], object] | None = None) -> Config:
+    """The stored best config of `key` (that `accept` takes: `TuningStore.load`), else the fastest candidate by
+    `measure` (then stored)."""
+    found = store.load(key, accept)
     if found is not None:
         return found.best
     out = sys.stderr if progress is None else progress
@@ -327,12 +337,15 @@ def tuned_options(kernel: str, ir_text: str, specs: str, backend: str, options: 
         return options   # compiling for a GPU this machine does not have: nothing to look up
     untuned = {k: v for k, v in sorted(given.items()) if k not in TUNED and k != "autotune"}
     key = tuning_key(ir_text, specs, backend, device, {**untuned, **fixed})
+    def accept(c: Config) -> KernelOptions:   # (the options' own check of a stored config: ArgumentError)
+        return replace(options, **c.options())
+
     if not measure:
-        found = store.load(key)
+        found = store.load(key, accept)
         return replace(options, **found.best.options()) if found is not None else options
     timer = _override[-1] if _override else TIMERS[backend]
     best = tune(kernel, key, candidates, lambda c: timer(prepare(replace(options, **c.options())), c),
-                backend=backend, device=device, store=store, progress=progress)
+                backend=backend, device=device, store=store, progress=progress, accept=accept)
     return replace(options, **best.options())
 
 

@@ -82,6 +82,18 @@ Check = Callable[[bytes], "str | None"]
 """A caller's check of a payload before it is used: None when it is fine, else why not (in words)."""
 
 
+def read_regular(path: Path) -> tuple[bytes, os.stat_result] | None:
+    """The bytes and status of the file at `path`, or None where it is not a regular file: a FIFO or a device
+    (a link to /dev/zero reads until memory runs out) left in a cache folder is no entry. Opened
+    non-blocking, since opening a FIFO waits for a writer forever otherwise; `OSError`s propagate."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with open(fd, "rb") as f:
+        stat = os.fstat(f.fileno())
+        if not S_ISREG(stat.st_mode):
+            return None
+        return f.read(), stat
+
+
 class CacheWarning(RuntimeWarning):
     """The compile cache hit a problem it worked around (corrupt or unloadable entry, unwritable folder)."""
 
@@ -306,14 +318,10 @@ class CompileCache:
         if path is None:
             return None
         try:
-            # (non-blocking: opening a FIFO left in the folder waits for a writer forever otherwise)
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-            with open(fd, "rb") as f:
-                stat = os.fstat(f.fileno())
-                if not S_ISREG(stat.st_mode):   # a FIFO, a device (a link to /dev/zero reads forever): a miss
-                    log.debug("compile cache: %s is not a regular file", path)
-                    return None
-                return f.read(), stat
+            found = read_regular(path)
+            if found is None:
+                log.debug("compile cache: %s is not a regular file", path)
+            return found
         except FileNotFoundError:
             return None
         except OSError as err:  # unreadable, a folder in the way...: a miss, the build goes on

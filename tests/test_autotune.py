@@ -150,6 +150,27 @@ def test_a_corrupt_file_is_ignored_and_rewritten(cache):
         assert stored(cache)[0]["best"] == {"block_m": 16}
 
 
+def test_a_stored_config_the_options_refuse_or_a_file_that_is_not_regular_is_ignored(cache):
+    """A best config of ints the options refuse (``num_warps: 7``) raised the options' error on every call of
+    every process, naming options the user never set; a FIFO at the file's path hung the first call, a link to
+    /dev/zero read until memory ran out. Each is now an unreadable file: warned, tuned again, rewritten.
+    Found by a helper planting files in the cache."""
+    with autotune.using_timer(FakeTimer()):
+        rf.kernel(softmax, backend="cpu", autotune=True)(X)
+    (path,) = (cache / "autotune").glob("*.json")
+    record = stored(cache)[0]
+    plants = [lambda: path.write_text(json.dumps({**record, "best": {"num_warps": 7}})),
+              lambda: os.mkfifo(path), lambda: path.symlink_to("/dev/zero")]
+    for plant in plants:
+        path.unlink()
+        plant()
+        timer = FakeTimer()
+        with autotune.using_timer(timer), pytest.warns(CacheWarning, match="unreadable"):
+            rf.kernel(softmax, backend="cpu", autotune=True)(X)
+        assert len(timer.seen) == len(SPACES["cpu"]) and path.is_file() and not path.is_symlink()
+        assert stored(cache)[0]["best"] == {"block_m": 16}
+
+
 def test_options_the_user_set_are_never_tuned_and_failures_are_skipped(cache, capfd):
     timer = FakeTimer(fail={Config(block_m=8, block_n=32, block_k=32)})
     kernel = rf.kernel(softmax, backend="cpu", autotune=True, block_m=8)
