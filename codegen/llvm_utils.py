@@ -16,8 +16,9 @@ integer arithmetic on pointers).
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
@@ -187,3 +188,22 @@ def parse_and_verify(module: ir.Module | str, pass_name: str = "llvm") -> llvm.M
         shown = "\n".join(lines[:200]) + ("\n..." if len(lines) > 200 else "")
         raise InternalError(f"LLVM rejected the module: {err}", pass_name=pass_name, context=shown) from None
     return ref
+
+
+def _llvm_lock() -> Any:
+    """llvmlite's one lock around every LLVM call (``llvmlite.binding.ffi.lib``'s), or None where this
+    llvmlite keeps it elsewhere."""
+    from llvmlite.binding import ffi
+
+    lock = getattr(getattr(getattr(ffi, "lib", None), "_lock", None), "_lock", None)
+    return lock if hasattr(lock, "acquire") and hasattr(lock, "release") else None
+
+
+_LLVM_LOCK = _llvm_lock()
+"""Held across ``os.fork()``: a fork while another thread was inside LLVM (compiling) left the child's copy
+held by a thread the child does not have, and its first kernel call waited for it forever. Taken before
+the fork (so no other thread is inside LLVM then) and released on both sides after it."""
+
+if hasattr(os, "register_at_fork") and _LLVM_LOCK is not None:
+    os.register_at_fork(before=_LLVM_LOCK.acquire, after_in_parent=_LLVM_LOCK.release,
+                        after_in_child=_LLVM_LOCK.release)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextvars
 import gc
+import os
 import threading
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -280,6 +281,21 @@ COMMON_STAGES: tuple[Stage, ...] = (
 _gc_lock = threading.Lock()
 _gc_pausers = 0          # compiles running now that paused the cyclic garbage collector
 _gc_was_enabled = False
+
+
+def _gc_after_fork() -> None:
+    """In a child of ``os.fork()`` taken while another thread compiled: that compile never ends there, so the
+    collector it paused is back on as it was, and the lock is free."""
+    global _gc_lock, _gc_pausers
+    _gc_lock = threading.Lock()
+    if _gc_pausers:
+        _gc_pausers = 0
+        if _gc_was_enabled:
+            gc.enable()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_gc_after_fork)
 
 
 @contextmanager

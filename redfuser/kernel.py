@@ -4,9 +4,11 @@ from __future__ import annotations
 import dis
 import functools
 import operator
+import os
 import re
 import sys
 import threading
+import weakref
 import types
 from typing import Any, Callable, NamedTuple
 
@@ -267,6 +269,7 @@ class Kernel:
         self.backend = backend
         self._cache: dict[tuple, tuple[Lowered, backends.Executable]] = {}
         self._compiling = threading.RLock()
+        _KERNELS.add(self)
         self._hits = self._misses = 0
         self._dropped = 0      # how many times a changed captured value dropped the specializations
         # `_fast_key` of a call -> its `_FastPath`: the call path of a specialization already made, for calls
@@ -642,6 +645,22 @@ def _in_symbols(reason: str, plan: ShapePlan) -> str:
     for name, probe in plan.symbols:
         reason = re.sub(rf"\b{probe}\b", name, reason)
     return f"kept static: with these axes symbolic, {reason}"
+
+
+_KERNELS: "weakref.WeakSet[Kernel]" = weakref.WeakSet()
+"""Every live kernel, so that a forked child can give each a compile lock of its own (`_after_fork`)."""
+
+
+def _after_fork() -> None:
+    """In a child of ``os.fork()``: a kernel another thread of the parent was compiling at the fork has its
+    lock held by a thread the child does not have (its first call waited forever); the child has only the
+    forking thread, so every lock starts free."""
+    for k in list(_KERNELS):
+        k._compiling = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _dense_as_views(specs: tuple[ArgSpec, ...], names: set[str]) -> tuple[ArgSpec, ...] | None:

@@ -332,3 +332,39 @@ def test_a_forked_child_calls_a_kernel_its_parent_compiled_from_any_thread():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert float(done.stdout.split()[-1]) < 1e-6, done.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX")
+def test_a_child_forked_while_another_thread_compiles_can_compile_and_call():
+    """A fork while another thread was inside LLVM (compiling) left llvmlite's lock held in the child by a
+    thread the child does not have, and the kernel's own compile lock too: the child's first call waited
+    forever. The LLVM lock is held across the fork and each kernel's lock is new in the child; a collector
+    the compile had paused is on again there. Found by a helper (multiprocessing's fork start method)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import gc, os, sys, threading, time, numpy as np, redfuser as rf
+        import llvmlite.binding.ffi as ffi
+        from redfuser.workloads import attention
+        k = rf.kernel(attention, backend="cpu")
+        args = [np.random.default_rng(i).standard_normal((1, 2, 48, 16)).astype(np.float32) for i in range(3)]
+        t = threading.Thread(target=lambda: k(*args)); t.start()
+        deadline = time.time() + 60
+        while time.time() < deadline:           # fork while the compiling thread is inside LLVM
+            if not ffi.lib._lock._lock.acquire(blocking=False):
+                break
+            ffi.lib._lock._lock.release(); time.sleep(0.0005)
+        pid = os.fork()
+        if pid == 0:
+            import faulthandler; faulthandler.dump_traceback_later(60, exit=True)
+            ok = np.allclose(k(*args), attention(*args), rtol=1e-4, atol=1e-5) and gc.isenabled()
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0); t.join()
+        print(os.waitstatus_to_exitcode(status))
+    """)
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "0", (done.stdout, done.stderr[-2000:])
