@@ -157,7 +157,12 @@ def trace(fn: Callable, specs: tuple[ArgSpec, ...], length_needs: list[tuple[int
     args, kwargs = _call_arguments(fn, values)
     returns: list[SourceLoc] = []
     with tracing(builder), _watching_returns(_on_return(builder, getattr(fn, "__code__", None), returns)):
-        result = fn(*args, **kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            _raise_python_value_error(builder, exc)
+            raise
+    _raise_python_value_error(builder)
     outputs = list(result) if isinstance(result, tuple | list) else [result]
     for n, out in enumerate(outputs):
         if not isinstance(out, Tracer):
@@ -166,6 +171,17 @@ def trace(fn: Callable, specs: tuple[ArgSpec, ...], length_needs: list[tuple[int
                 op="return", loc=returns[-1] if returns else user_loc())
     names = ["out"] if len(outputs) == 1 else [f"out{n}" for n in range(len(outputs))]
     return builder.finish(outputs, names)
+
+
+def _raise_python_value_error(builder: TraceBuilder, raised: BaseException | None = None) -> None:
+    """Raise the first conversion of a traced value to a Python value the body met (`TraceBuilder.
+    python_value_error`), where the body swallowed it (``except Exception: pass``, ``contextlib.suppress``) or
+    raised something else from its handler: the trace went down a path numpy's body would not take, and the
+    conversion is where it went wrong."""
+    error = builder.python_value_error
+    if error is None or error is raised:
+        return
+    raise error.with_traceback(None) from None
 
 
 def _call_arguments(fn: Callable, values: dict[str, object]) -> tuple[list[object], dict[str, object]]:

@@ -151,6 +151,15 @@ class TraceBuilder:
         # caller's array, and so change any other argument sharing its memory (`redfuser.in_place`)
         self.updated_inputs: dict[str, SourceLoc] = {}
         self._views: dict[str, dict[int, weakref.ref]] = {}   # buffer name -> live Tracers viewing it, by id
+        # the first conversion of a traced value to a Python value (bool, int, float, an index, iteration): the
+        # body may catch the error (``try: if rf.sum(a) > 0: ... except Exception: pass``) and go on down a path
+        # numpy's body never takes, so `redfuser.trace.trace` raises it again once the body returns
+        self.python_value_error: TracerBoolError | None = None
+
+    def note_python_value(self, error: TracerBoolError) -> None:
+        """Record `error`, a traced value converted to a Python value, unless one was recorded before."""
+        if self.python_value_error is None:
+            self.python_value_error = error
 
     def note_view(self, t: "Tracer") -> None:
         """Remember `t` among the live views of its buffer (weakly: `other_views`)."""
@@ -392,21 +401,27 @@ class Tracer:
 
     # -- Python control flow on traced values is an error ----------------------------------------
     def _no_python_value(self, what: str):
-        raise TracerBoolError(
+        self._refuse_python_value(TracerBoolError(
             f"{what} of a traced value {self.ir_dtype}[{','.join(map(str, self.shape))}] is not known at trace time; "
             "Python control flow runs while tracing, so use rf.where(...) for data-dependent choices",
             op=what,
             loc=user_loc(),
-        )
+        ))
 
     def _no_python_number(self, what: str, uses: str):
-        raise TracerBoolError(
+        self._refuse_python_value(TracerBoolError(
             f"{what} of a traced value {self.ir_dtype}[{','.join(map(str, self.shape))}] needs a number that is not "
             f"known at trace time ({uses}); compute on traced values with the redfuser ops instead (rf.exp, not "
             "math.exp)",
             op=what,
             loc=user_loc(),
-        )
+        ))
+
+    def _refuse_python_value(self, error: TracerBoolError):
+        """Raise `error`, noted in the trace first: the body's own ``except`` may swallow it (`TraceBuilder.
+        note_python_value`)."""
+        self.builder.note_python_value(error)
+        raise error
 
     def __bool__(self) -> bool:
         self._no_python_value("bool()")

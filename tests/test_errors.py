@@ -180,6 +180,34 @@ def test_python_if_on_a_traced_value():
     raises_at(rf.TracerBoolError, "if", interp(body), X, contains=("bool()", "bool[]", "rf.where"))
 
 
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_python_if_on_a_traced_value_inside_the_bodys_own_try(backend):
+    # the body swallows the TracerBoolError (it is an Exception raised in the body's frame): the trace must not
+    # go on down the handler's path, which numpy's body never takes (here a - 1 where numpy gives a + 1)
+    def body(a):
+        try:
+            if rf.sum(a) > 0:  # <- swallowed_if
+                return a + 1
+        except Exception:
+            pass
+        return a - 1
+
+    k = rf.kernel(body, backend=backend)
+    raises_at(rf.TracerBoolError, "swallowed_if", k, X + 1, contains=("bool()", "bool[]", "rf.where"))
+
+
+def test_float_of_a_traced_value_swallowed_by_a_handler_that_raises_another_error():
+    # the first conversion is what went wrong, not the handler's own error
+    def body(a):
+        try:
+            scale = float(rf.max(a))  # <- swallowed_float
+        except Exception:
+            raise ValueError("no scale") from None
+        return a * scale
+
+    raises_at(rf.TracerBoolError, "swallowed_float", interp(body), X, contains=("float()",))
+
+
 def test_python_and_on_a_traced_value():
     def body(x):
         return (x > 0) and (x < 1)  # <- and
