@@ -136,7 +136,7 @@ def _body_of(fn: Callable) -> tuple[types.FunctionType | None, list[object], lis
         if isinstance(fn, types.FunctionType):
             return fn, owners, held
         if isinstance(fn, functools.partial):
-            owners += [a for a in fn.args if hasattr(a, "__dict__")]   # (an nn.Module is callable too)
+            owners += [a for a in fn.args if hasattr(a, "__dict__") or hasattr(type(a), "__slots__")]
             held += [a for a in fn.args if isinstance(a, tuple | list | dict)]
             fn = fn.func
         elif isinstance(fn, types.MethodType):
@@ -159,7 +159,8 @@ class CapturedScalars:
 
     Which names: every global the body loads, the body's comprehensions, lambdas and inner functions
     included (they have code objects of their own), every cell of its closure and every attribute name it
-    loads (of the owners' ``__dict__``), decided when the kernel is made but compared on each call, bound or
+    loads, looked up on the owners as the body looks it up (`_attribute`: an instance's ``__dict__``, a
+    ``__slots__`` slot, a class attribute, a property), decided when the kernel is made but compared on each call, bound or
     not: a constant defined below the kernel (``SCALE = 2.0`` after ``@rf.kernel``), a placeholder that later
     holds a scalar and an attribute first set after the kernel was made are all changes. Left out, to keep the
     call cheap: names that hold a module or something callable when the kernel is made (`_names_code`: ``rf``,
@@ -167,7 +168,7 @@ class CapturedScalars:
     functions and modules are taken as they were traced (their type is compared, not what they hold)."""
 
     def __init__(self, names: tuple[str, ...], globals_: dict, cells: tuple,
-                 owners: tuple[tuple[object, tuple[str, ...]], ...] = ()) -> None:
+                 owners: tuple[tuple[object, tuple[str, ...], tuple[str, ...]], ...] = ()) -> None:
         self.names, self.globals, self.cells, self.owners = names, globals_, cells, owners
         # (`seen`, the values whose signatures were found equal to it, the positions of those a change in
         # place could change): `changed` compares objects, not reprs, while they are these (`_unchanged`)
@@ -186,9 +187,9 @@ class CapturedScalars:
         names = tuple(n for n in global_reads if not _names_code(globals_.get(n, builtins_.get(n))))
         cells = tuple(c for c in (body.__closure__ or ()) if not _names_code(_cell_value(c)))
         cells += tuple(types.CellType(v) for v in held)
-        read_by = tuple((o, tuple(n for n in attribute_reads if not _names_code(vars(o).get(n))))
-                        for o in owners if isinstance(getattr(o, "__dict__", None), dict | types.MappingProxyType))
-        read_by = tuple((o, attributes) for o, attributes in read_by if attributes)
+        read_by = tuple(_attribute_reads(o, tuple(n for n in attribute_reads if not _names_code(_attribute(o, n))))
+                        for o in owners)
+        read_by = tuple(r for r in read_by if r[1] or r[2])
         if not (names or cells or read_by):
             return None
         return CapturedScalars(names, globals_, cells, read_by)
@@ -200,9 +201,14 @@ class CapturedScalars:
         if self.cells:
             values += [_cell_value(c) for c in self.cells]
         if self.owners:
-            for owner, attributes in self.owners:
-                get = getattr(owner, "__dict__", {}).get
-                values += [get(n, _ABSENT) for n in attributes]
+            for owner, attributes, in_dict in self.owners:
+                try:
+                    values += [getattr(owner, n, _ABSENT) for n in attributes]
+                except Exception:       # noqa: BLE001 - a property that raises: the others looked up one by one
+                    values += [_attribute(owner, n) for n in attributes]
+                if in_dict:
+                    get = getattr(owner, "__dict__", {}).get
+                    values += [get(n, _ABSENT) for n in in_dict]
         return values
 
     def now(self) -> tuple:
@@ -231,6 +237,28 @@ class CapturedScalars:
             return now
         self._checked = (seen, values, tuple(i for i, v in enumerate(values) if isinstance(v, tuple | list | dict)))
         return None
+
+
+def _attribute(owner: object, name: str) -> object:
+    """``owner.name`` as the body reads it (an instance's ``__dict__``, a ``__slots__`` slot, a class attribute,
+    a property), or `_ABSENT` where it is not set or its property raises (the body would raise too)."""
+    try:
+        return getattr(owner, name, _ABSENT)
+    except Exception:       # noqa: BLE001 - a property that raises: not a value the body can have baked in
+        return _ABSENT
+
+
+def _attribute_reads(owner: object, names: tuple[str, ...]) -> tuple[object, tuple[str, ...], tuple[str, ...]]:
+    """`owner` with the attribute `names` the body reads of it, split by how each call looks them up: by
+    `getattr`, as the body does; except, where the owner's class has a ``__getattr__`` (an ``nn.Module``), the
+    names neither set nor defined by its class when the kernel is made (most are the names of other objects'
+    attributes, ``x.shape``, ``rf.exp``), which are looked up in its ``__dict__`` alone, where setting one
+    later puts it: a ``__getattr__`` raising for each cost a cached call 0.6 us a name."""
+    if getattr(type(owner), "__getattr__", None) is None:
+        return owner, names, ()
+    kind = type(owner)
+    found = tuple(n for n in names if _attribute(owner, n) is not _ABSENT or hasattr(kind, n))
+    return owner, found, tuple(n for n in names if n not in found)
 
 
 def _cell_value(cell: object) -> object:

@@ -1,4 +1,5 @@
 """The API as a new user tries it (2026-12-05): numpy's rules where they differed, and clear errors."""
+import dataclasses
 import functools
 
 import numpy as np
@@ -344,6 +345,72 @@ def test_a_bound_method_or_a_partial_sees_its_objects_attributes_change(backend)
     np.testing.assert_array_equal(k(x), np.full((2, 4), 2.0))
     weights[0] = 4.0
     np.testing.assert_array_equal(k(x), np.full((2, 4), 4.0))
+
+
+class _ClassScaled:
+    scale = 2.0               # (a class attribute: not in the object's __dict__)
+
+    def __call__(self, x):
+        return x * self.scale
+
+
+@dataclasses.dataclass(slots=True)
+class _SlotScaled:
+    scale: float = 2.0        # (a slot: the object has no __dict__)
+
+    def __call__(self, x):
+        return x * self.scale
+
+
+class _PropertyScaled:
+    def __init__(self):
+        self._scale = 2.0
+
+    @property
+    def scale(self):
+        return self._scale
+
+    def body(self, x):
+        return x * self.scale
+
+
+class _GetattrScaled(_PropertyScaled):
+    """An object whose class has a ``__getattr__`` (as an ``nn.Module`` has)."""
+
+    def __getattr__(self, name):
+        raise AttributeError(name)
+
+    def body(self, x):
+        return x * self.scale + self.shift
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_an_attribute_outside_the_objects_dict_is_traced_again(backend):
+    """``self.scale`` was compared only where it was in the object's ``__dict__``: a class attribute, a
+    ``__slots__`` slot (``dataclass(slots=True)``) and a property read as "not bound" before and after a change,
+    and the kernel kept returning x * 2 after the body's x * 3. Attributes are looked up as the body looks them
+    up now."""
+    x = np.ones(3, np.float32)
+    slots, prop = _SlotScaled(), _PropertyScaled()
+    cases = [(_ClassScaled(), lambda: setattr(_ClassScaled, "scale", 3.0)),
+             (functools.partial(_SlotScaled.__call__, slots), lambda: setattr(slots, "scale", 3.0)),
+             (slots, lambda: setattr(slots, "scale", 3.0)),
+             (prop.body, lambda: setattr(prop, "_scale", 3.0))]
+    try:
+        for fn, change in cases:
+            _ClassScaled.scale, slots.scale, prop._scale = 2.0, 2.0, 2.0
+            k = rf.kernel(fn, backend=backend)
+            np.testing.assert_array_equal(k(x), x * 2.0)
+            change()
+            np.testing.assert_array_equal(k(x), x * 3.0, err_msg=repr(fn))
+    finally:
+        _ClassScaled.scale = 2.0
+    odd = _GetattrScaled()
+    odd.shift = 1.0
+    k = rf.kernel(odd.body, backend=backend)
+    np.testing.assert_array_equal(k(x), x * 2.0 + 1.0)
+    odd._scale, odd.shift = 3.0, 2.0
+    np.testing.assert_array_equal(k(x), x * 3.0 + 2.0)
 
 
 def _scaled_later(x):
