@@ -158,7 +158,7 @@ class CapturedScalars:
     identity test per name, and a repr per tuple, list or dict: `changed`).
 
     Which names: every global the body loads, the body's comprehensions, lambdas and inner functions
-    included (they have code objects of their own), every cell of its closure and every attribute name it
+    included (they have code objects of their own), and so of each function along its ``__wrapped__`` chain, every cell of its closure and every attribute name it
     loads, looked up on the owners as the body looks it up (`_attribute`: an instance's ``__dict__``, a
     ``__slots__`` slot, a class attribute, a property), decided when the kernel is made but compared on each call, bound or
     not: a constant defined below the kernel (``SCALE = 2.0`` after ``@rf.kernel``), a placeholder that later
@@ -167,9 +167,10 @@ class CapturedScalars:
     ``np``, ``range``, a helper): they keep naming code. A captured array is refused while tracing; other objects,
     functions and modules are taken as they were traced (their type is compared, not what they hold)."""
 
-    def __init__(self, names: tuple[str, ...], globals_: dict, cells: tuple,
+    def __init__(self, globals_: tuple[tuple[dict, tuple[str, ...]], ...], cells: tuple,
                  owners: tuple[tuple[object, tuple[str, ...], tuple[str, ...]], ...] = ()) -> None:
-        self.names, self.globals, self.cells, self.owners = names, globals_, cells, owners
+        # (each module's globals with the names read of them: a decorated body may live in another module)
+        self.globals, self.cells, self.owners = globals_, cells, owners
         # (`seen`, the values whose signatures were found equal to it, the positions of those a change in
         # place could change): `changed` compares objects, not reprs, while they are these (`_unchanged`)
         self._checked: tuple[tuple, list, tuple[int, ...]] | None = None
@@ -177,27 +178,41 @@ class CapturedScalars:
 
     @staticmethod
     def of(fn: Callable) -> "CapturedScalars | None":
-        body, owners, held = _body_of(fn)
-        if body is None:
+        """What `fn`'s body reads, None where it reads nothing to compare. The functions a ``functools.wraps``
+        decorator wrapped are followed (`_bodies`), as the kernel's signature is: the wrapper reads none of the
+        body's globals, only the wrapped function in a cell."""
+        bodies = _bodies(fn)
+        if not bodies:
             return None
-        globals_ = body.__globals__
-        builtins_ = globals_.get("__builtins__", {})
-        builtins_ = vars(builtins_) if isinstance(builtins_, types.ModuleType) else builtins_
-        global_reads, attribute_reads = _names_read(body.__code__)
-        names = tuple(n for n in global_reads if not _names_code(globals_.get(n, builtins_.get(n))))
-        cells = tuple(c for c in (body.__closure__ or ()) if not _names_code(_cell_value(c)))
-        cells += tuple(types.CellType(v) for v in held)
+        reads: dict[int, tuple[dict, dict[str, None]]] = {}     # id of a module's globals -> them, their names
+        cells: list = []
+        owners: list[object] = []
+        attribute_reads: dict[str, None] = {}
+        for body, body_owners, held in bodies:
+            globals_ = body.__globals__
+            builtins_ = globals_.get("__builtins__", {})
+            builtins_ = vars(builtins_) if isinstance(builtins_, types.ModuleType) else builtins_
+            global_reads, attributes = _names_read(body.__code__)
+            names = reads.setdefault(id(globals_), (globals_, {}))[1]
+            names.update(dict.fromkeys(n for n in global_reads if not _names_code(globals_.get(n, builtins_.get(n)))))
+            cells += [c for c in (body.__closure__ or ()) if not _names_code(_cell_value(c))]
+            cells += [types.CellType(v) for v in held]
+            owners += [o for o in body_owners if not any(o is seen for seen in owners)]
+            attribute_reads.update(dict.fromkeys(attributes))
         read_by = tuple(_attribute_reads(o, tuple(n for n in attribute_reads if not _names_code(_attribute(o, n))))
                         for o in owners)
         read_by = tuple(r for r in read_by if r[1] or r[2])
-        if not (names or cells or read_by):
+        global_names = tuple((g, tuple(names)) for g, names in reads.values() if names)
+        if not (global_names or cells or read_by):
             return None
-        return CapturedScalars(names, globals_, cells, read_by)
+        return CapturedScalars(global_names, tuple(cells), read_by)
 
     def _values(self) -> list:
         """The objects the names, cells and attributes hold now (`_ABSENT` where one is not bound)."""
-        get = self.globals.get
-        values = [get(n, _ABSENT) for n in self.names]
+        values: list = []
+        for globals_, names in self.globals:
+            get = globals_.get
+            values += [get(n, _ABSENT) for n in names]
         if self.cells:
             values += [_cell_value(c) for c in self.cells]
         if self.owners:
@@ -237,6 +252,23 @@ class CapturedScalars:
             return now
         self._checked = (seen, values, tuple(i for i, v in enumerate(values) if isinstance(v, tuple | list | dict)))
         return None
+
+
+def _bodies(fn: Callable) -> list[tuple[types.FunctionType, list[object], list[object]]]:
+    """`_body_of` of `fn` and of each function its ``__wrapped__`` chain leads to (``functools.wraps``; each
+    link's own body too: a decorator's wrapper may read globals of its own)."""
+    found: list[tuple[types.FunctionType, list[object], list[object]]] = []
+    for _ in range(16):           # (a chain of decorators; a cycle ends here too)
+        body, owners, held = _body_of(fn)
+        if body is not None and not any(body is b for b, _, _ in found):
+            found.append((body, owners, held))
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is None and body is not None:
+            wrapped = getattr(body, "__wrapped__", None)
+        if wrapped is None:
+            break
+        fn = wrapped
+    return found
 
 
 def _attribute(owner: object, name: str) -> object:

@@ -309,6 +309,39 @@ def test_a_global_read_in_a_comprehension_lambda_or_inner_function_is_traced_aga
         SCALE, _TABLE[1] = 2.0, 3.0
 
 
+def _passing_through(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_passing_through
+@_passing_through
+def _scaled_and_decorated(x):
+    return x * SCALE + _TABLE[1]
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_global_read_by_a_wrapped_body_is_traced_again(backend):
+    """A body decorated with ``functools.wraps``: only the wrapper's code was scanned (it reads the body from a
+    cell, no globals), so after ``SCALE = 3.0`` the kernel kept x * 2 while the body gave x * 3. The
+    ``__wrapped__`` chain is followed, as the kernel's signature follows it."""
+    global SCALE
+    x = np.ones(3, np.float32)
+    try:
+        SCALE, _TABLE[1] = 2.0, 3.0
+        k = rf.kernel(_scaled_and_decorated, backend=backend)
+        np.testing.assert_array_equal(k(x), x * 2.0 + 3.0)
+        SCALE = 3.0
+        np.testing.assert_array_equal(k(x), x * 3.0 + 3.0)
+        _TABLE[1] = 1.0
+        np.testing.assert_array_equal(k(x), x * 3.0 + 1.0)
+    finally:
+        SCALE, _TABLE[1] = 2.0, 3.0
+
+
 class _Layer:
     shift = 0.0               # (a class default the object overrides later)
 
