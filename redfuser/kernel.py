@@ -17,7 +17,7 @@ import numpy as np
 from . import backends, config, in_place, outputs
 from .compiler import AFTER_TRACE, Lowered, ShortCall, lower
 from .arguments import ShapeDtype, bind, check_signature, spec_of
-from .ir import ArgumentError, RedFuserError
+from .ir import ArgumentError, RedFuserError, UnsupportedError
 from .ir import Buffer, BufferType
 from .ir.sizes import SymbolicDecision, bind_buffers, concrete
 from .kernel_options import DEFAULT_OPTIONS, KernelOptions
@@ -98,11 +98,28 @@ def _names_code(value: object) -> bool:
     return callable(value) or isinstance(value, types.ModuleType)
 
 
+CAPTURED_ARRAY_BYTES = 4096
+"""The largest numpy array a body may read from its globals, closure or ``self`` (`CapturedScalars`): its
+contents are compared on every call (a trace bakes in what it reads of it: ``W[0]``, ``W.max()``, a 0-d ``W``
+as a scalar), which costs a copy of its bytes; a larger one is refused when the kernel traces."""
+
+
 def _signature(value: object) -> tuple:
     """What a trace may have baked in of `value`: its type, and its repr where it is plain (a NaN equals itself
-    by repr; ``2``, ``2.0`` and ``True`` differ). Another object of the same type is the same to a kernel (it
-    is taken as it was traced); one becoming plain, or plain another way, is a change."""
+    by repr; ``2``, ``2.0`` and ``True`` differ); of a numpy array, its shape, dtype and bytes (changed in place
+    or rebound, it is a change). Another object of the same type is the same to a kernel (it is taken as it
+    was traced); one becoming plain, or plain another way, is a change."""
+    if isinstance(value, np.ndarray):
+        if value.nbytes > CAPTURED_ARRAY_BYTES:
+            return type(value), ("large", id(value), value.shape, value.dtype.str)
+        return type(value), (value.shape, value.dtype.str, value.tobytes())
     return type(value), (repr(value) if _plain(value) else None)
+
+
+def _compared_in_place(value: object) -> bool:
+    """Whether `value` may change its `_signature` in place (a container, an array): compared per call even
+    while it is the object seen last."""
+    return isinstance(value, tuple | list | dict | np.ndarray)
 
 
 @functools.lru_cache(maxsize=512)
@@ -164,13 +181,16 @@ class CapturedScalars:
     not: a constant defined below the kernel (``SCALE = 2.0`` after ``@rf.kernel``), a placeholder that later
     holds a scalar and an attribute first set after the kernel was made are all changes. Left out, to keep the
     call cheap: names that hold a module or something callable when the kernel is made (`_names_code`: ``rf``,
-    ``np``, ``range``, a helper): they keep naming code. A captured array is refused while tracing; other objects,
-    functions and modules are taken as they were traced (their type is compared, not what they hold)."""
+    ``np``, ``range``, a helper): they keep naming code. A captured numpy array mixed with traced values is
+    refused while tracing; one the trace reads (``W[0]``, ``W.max()``, a 0-d ``W`` as a scalar) is compared by
+    its shape, dtype and bytes, and one over `CAPTURED_ARRAY_BYTES` refused (`refuse_large_arrays`); other
+    objects, functions and modules are taken as they were traced (their type is compared, not what they hold)."""
 
     def __init__(self, globals_: tuple[tuple[dict, tuple[str, ...]], ...], cells: tuple,
-                 owners: tuple[tuple[object, tuple[str, ...], tuple[str, ...]], ...] = ()) -> None:
+                 owners: tuple[tuple[object, tuple[str, ...], tuple[str, ...]], ...] = (),
+                 cell_labels: tuple[str, ...] = ()) -> None:
         # (each module's globals with the names read of them: a decorated body may live in another module)
-        self.globals, self.cells, self.owners = globals_, cells, owners
+        self.globals, self.cells, self.owners, self.cell_labels = globals_, cells, owners, cell_labels
         # (`seen`, the values whose signatures were found equal to it, the positions of those a change in
         # place could change): `changed` compares objects, not reprs, while they are these (`_unchanged`)
         self._checked: tuple[tuple, list, tuple[int, ...]] | None = None
@@ -186,6 +206,7 @@ class CapturedScalars:
             return None
         reads: dict[int, tuple[dict, dict[str, None]]] = {}     # id of a module's globals -> them, their names
         cells: list = []
+        cell_labels: list[str] = []
         owners: list[object] = []
         attribute_reads: dict[str, None] = {}
         for body, body_owners, held in bodies:
@@ -195,8 +216,12 @@ class CapturedScalars:
             global_reads, attributes = _names_read(body.__code__)
             names = reads.setdefault(id(globals_), (globals_, {}))[1]
             names.update(dict.fromkeys(n for n in global_reads if not _names_code(globals_.get(n, builtins_.get(n)))))
-            cells += [c for c in (body.__closure__ or ()) if not _names_code(_cell_value(c))]
+            for name, cell in zip(body.__code__.co_freevars, body.__closure__ or ()):
+                if not _names_code(_cell_value(cell)):
+                    cells.append(cell)
+                    cell_labels.append(name)
             cells += [types.CellType(v) for v in held]
+            cell_labels += ["an argument bound by functools.partial"] * len(held)
             owners += [o for o in body_owners if not any(o is seen for seen in owners)]
             attribute_reads.update(dict.fromkeys(attributes))
         read_by = tuple(_attribute_reads(o, tuple(n for n in attribute_reads if not _names_code(_attribute(o, n))))
@@ -205,7 +230,7 @@ class CapturedScalars:
         global_names = tuple((g, tuple(names)) for g, names in reads.values() if names)
         if not (global_names or cells or read_by):
             return None
-        return CapturedScalars(global_names, tuple(cells), read_by)
+        return CapturedScalars(global_names, tuple(cells), read_by, tuple(cell_labels))
 
     def _values(self) -> list:
         """The objects the names, cells and attributes hold now (`_ABSENT` where one is not bound)."""
@@ -225,6 +250,26 @@ class CapturedScalars:
                     get = getattr(owner, "__dict__", {}).get
                     values += [get(n, _ABSENT) for n in in_dict]
         return values
+
+    def _labels(self) -> list[str]:
+        """What the user calls each of `_values` (``W``, ``self.scale``), for an error."""
+        labels = [n for _, names in self.globals for n in names] + list(self.cell_labels)
+        for _, attributes, in_dict in self.owners:
+            labels += [f"self.{n}" for n in (*attributes, *in_dict)]
+        return labels
+
+    def refuse_large_arrays(self, kernel: str) -> None:
+        """Refuse a trace while the body can read a numpy array too large to compare per call
+        (`CAPTURED_ARRAY_BYTES`): what a trace reads of it (an element, its maximum) would be baked in and
+        never checked again."""
+        for i, value in enumerate(self._values()):
+            if isinstance(value, np.ndarray) and value.nbytes > CAPTURED_ARRAY_BYTES:
+                label = self._labels()[i]
+                raise UnsupportedError(
+                    f"the body reads the captured numpy array {label} ({value.dtype}{list(value.shape)}, "
+                    f"{value.nbytes} bytes): what a trace reads of it would be baked into the kernel, and arrays "
+                    f"over {CAPTURED_ARRAY_BYTES} bytes are not compared on each call; pass it as a kernel "
+                    "argument (or its values as a static tuple)", op=kernel, loc=user_loc())
 
     def now(self) -> tuple:
         """The values as they are: `_signature` of each."""
@@ -246,11 +291,11 @@ class CapturedScalars:
         if checked is not None and checked[0] is seen and all(map(operator.is_, values, checked[1])) and (
                 not checked[2] or all(_signature(values[i]) == seen[i] for i in checked[2])):
             return None     # (the objects last found to match `seen`; a scalar, a string or another object
-            #                 cannot change its signature, a container changed in place can)
+            #                 cannot change its signature, a container or an array changed in place can)
         now = tuple(map(_signature, values))
         if now != seen:
             return now
-        self._checked = (seen, values, tuple(i for i, v in enumerate(values) if isinstance(v, tuple | list | dict)))
+        self._checked = (seen, values, tuple(i for i, v in enumerate(values) if _compared_in_place(v)))
         return None
 
 
@@ -381,6 +426,8 @@ class Kernel:
         # each (six threads, six compiles of one op); the cached call path (`__call__`'s fast key) takes no lock
         with self._compiling:
             self._retrace_if_captured_changed()
+            if self._captured is not None:
+                self._captured.refuse_large_arrays(self.__name__)
             # the values as the trace left them (what the body itself changed while tracing, a log list, is
             # not a reason to trace again), noted right after it: another thread's change during the rest of
             # the compile must still be one (`compiler.AFTER_TRACE`)

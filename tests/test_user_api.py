@@ -342,6 +342,83 @@ def test_a_global_read_by_a_wrapped_body_is_traced_again(backend):
         SCALE, _TABLE[1] = 2.0, 3.0
 
 
+_W = np.array([2.0, 1.0], np.float32)      # captured by the bodies below (rebound by the tests)
+_W0 = np.array(2.0, np.float32)
+
+
+def _scaled_by_an_element(x):
+    return x * _W[0] + _W.max()
+
+
+def _shifted_by_a_length(x):
+    return x + _W.shape[0]
+
+
+def _scaled_by_a_0d_array(x):
+    return x * _W0
+
+
+class _Weighted:
+    def __init__(self):
+        self.w = np.array([2.0], np.float32)
+
+    def __call__(self, x):
+        return x * self.w[0]
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_captured_array_read_while_tracing_is_traced_again_when_it_changes(backend):
+    """What a trace reads of a captured numpy array (an element, its maximum, its length, a 0-d array used as a
+    scalar) was baked in, and only the array's type was compared: after ``_W[0] = 7`` or ``_W = <another
+    array>`` the kernel kept computing with the first values. Small arrays are compared by shape, dtype and
+    bytes on each call now."""
+    global _W, _W0
+    x = np.arange(4, dtype=np.float32)
+    first, first0 = _W, _W0
+    try:
+        for fn in (_scaled_by_an_element, _shifted_by_a_length, _scaled_by_a_0d_array):
+            _W, _W0 = np.array([2.0, 1.0], np.float32), np.array(2.0, np.float32)
+            k = rf.kernel(fn, backend=backend)
+            np.testing.assert_array_equal(k(x), fn(x))
+            _W[0], _W0[()] = 7.0, 5.0                                    # changed in place
+            np.testing.assert_array_equal(k(x), fn(x), err_msg=f"{fn.__name__} in place")
+            _W, _W0 = np.array([9.0, 1.0, 0.0], np.float32), np.array(3.0, np.float32)   # rebound
+            np.testing.assert_array_equal(k(x), fn(x), err_msg=f"{fn.__name__} rebound")
+            _W0 = np.array(3.0, np.float16)                               # another dtype
+            np.testing.assert_array_equal(k(x), fn(x), err_msg=f"{fn.__name__} dtype")
+    finally:
+        _W, _W0 = first, first0
+    w = np.array([2.0], np.float32)
+    k = rf.kernel(lambda a: a * w[0], backend=backend)                    # a closure's array
+    np.testing.assert_array_equal(k(x), x * 2.0)
+    w[0] = 3.0
+    np.testing.assert_array_equal(k(x), x * 3.0)
+    weighted = _Weighted()
+    k = rf.kernel(weighted, backend=backend)                              # an attribute's
+    np.testing.assert_array_equal(k(x), x * 2.0)
+    weighted.w[0] = 4.0
+    np.testing.assert_array_equal(k(x), x * 4.0)
+
+
+def test_a_large_captured_array_read_while_tracing_is_refused():
+    """An array too large to compare on each call (`CAPTURED_ARRAY_BYTES`) is refused when the kernel traces,
+    naming it, rather than baked in unchecked."""
+    global _W
+    first = _W
+    try:
+        _W = np.ones(4096, np.float32)
+        k = rf.kernel(_shifted_by_a_length, backend="interpret")
+        with pytest.raises(rf.UnsupportedError, match=r"captured numpy array _W .*pass it as a kernel argument"):
+            k(np.ones(3, np.float32))
+        _W = np.ones(2, np.float32)                  # small again: traces
+        np.testing.assert_array_equal(k(np.ones(3, np.float32)), np.full(3, 3.0))
+        _W = np.ones(4096, np.float32)              # a cached kernel sees it rebound, and refuses
+        with pytest.raises(rf.UnsupportedError, match="_W"):
+            k(np.ones(3, np.float32))
+    finally:
+        _W = first
+
+
 class _Layer:
     shift = 0.0               # (a class default the object overrides later)
 
