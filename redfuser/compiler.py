@@ -159,8 +159,10 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
     lengths = {probe: n for (_, probe), n in zip(plan.symbols, plan.values)} if plan is not None else {}
     with noting_probe_reads(stop=True, lengths=lengths) if plan is not None else nullcontext(set()) as reads:
         try:
+            sequence: list[bool] = []
             program = trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", []),
-                            lowered.artifacts.setdefault("updated_inputs", {}))
+                            lowered.artifacts.setdefault("updated_inputs", {}), sequence)
+            lowered.artifacts["returns_sequence"] = bool(sequence and sequence[-1])   # (`Kernel`: the call's value)
         except CallTooShort as short:  # (below what the class needs, or a loop over the length: the kernel decides)
             raise _call_too_short(plan, short) from None
         except ProbeRead as read:      # (its symbols stay static: the rest of the trace is not needed)

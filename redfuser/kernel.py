@@ -54,6 +54,7 @@ class _FastPath(NamedTuple):
     only_arrays: bool             # no static arguments: the call's arguments are its arrays
     direct: Callable | None       # the executable's `direct()` function: arrays -> the call's value, or None
     results: tuple | None         # each result's (shape, numpy dtype) where they are static (no shape class)
+    sequence: bool                # the body returned a tuple or a list: one result is a 1-tuple (`_one_or_tuple`)
 
 
 class CacheInfo(NamedTuple):
@@ -624,19 +625,19 @@ class Kernel:
         if fast is not None:
             # a specialization seen before with plain, contiguous numpy arrays or torch CPU tensors: nothing
             # to re-derive (`_fast_key`)
-            lowered, run, host, numpy_only, dense, only_arrays, direct, results = fast
+            lowered, run, host, numpy_only, dense, only_arrays, direct, results, sequence = fast
             arrays = args if only_arrays else [a for a in args if type(a) not in _FAST_STATICS]
             if out is None:
                 self._hits += 1
                 if direct is not None:
                     return direct(arrays)
                 if dense is not None:
-                    return _one_or_tuple(dense(arrays))
+                    return _one_or_tuple(dense(arrays), sequence)
                 if not host:
-                    return _one_or_tuple(run(arrays, stream=stream))
+                    return _one_or_tuple(run(arrays, stream=stream), sequence)
                 if numpy_only:
-                    return _one_or_tuple(run(arrays))
-                return _one_or_tuple(tuple(_torch_from_numpy(r) for r in run([a.numpy() for a in arrays])))
+                    return _one_or_tuple(run(arrays), sequence)
+                return _one_or_tuple(tuple(_torch_from_numpy(r) for r in run([a.numpy() for a in arrays])), sequence)
             given = _plain_outs(out, results or _results_at(lowered, arrays), arrays) \
                 if host and numpy_only else None
             if given is not None:
@@ -669,7 +670,11 @@ class Kernel:
                     direct = run.direct(tensors=True)
             results = None if lowered.shapes is not None else tuple(
                 (b.shape, np.dtype(b.dtype.numpy)) for b in lowered.program.outputs)
-            path = _FastPath(lowered, run, host, numpy_only, dense, len(passed) == len(args), direct, results)
+            sequence = _returns_sequence(lowered)
+            if direct is not None and sequence and len(lowered.program.outputs) == 1:
+                direct = _in_a_tuple(direct)
+            path = _FastPath(lowered, run, host, numpy_only, dense, len(passed) == len(args), direct, results,
+                             sequence)
             generation = lowered.artifacts.get("captured_generation")
             if generation == self._dropped:     # (not traced from values another thread has since changed)
                 self._fast[fast_key] = path    # (each array read in place: no copy to redo)
@@ -696,7 +701,7 @@ class Kernel:
             results = run(arrays, stream=stream, outputs=outs)
             if outs is not None:
                 return out
-        return _one_or_tuple(results)
+        return _one_or_tuple(results, _returns_sequence(lowered))
 
     @_user_facing
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
@@ -908,9 +913,24 @@ def _torch_numpy_dtypes(torch: Any) -> frozenset:
     return frozenset({torch.float32, torch.float16, torch.int32, torch.int64, torch.bool})
 
 
-def _one_or_tuple(results: tuple) -> Any:
-    """A kernel call's value: its one result, or the tuple of them."""
-    return results[0] if len(results) == 1 else tuple(results)
+def _one_or_tuple(results: tuple, sequence: bool = False) -> Any:
+    """A kernel call's value: its one result, or the tuple of them (a 1-tuple where the body returned a tuple
+    or a list of one, as numpy's body does: ``k(x)[0]`` is then the result, not its first row)."""
+    return results[0] if len(results) == 1 and not sequence else tuple(results)
+
+
+def _returns_sequence(lowered: Lowered) -> bool:
+    """Whether `lowered`'s body returned a tuple or a list (`redfuser.trace.trace`'s `sequence`)."""
+    return bool(lowered.artifacts.get("returns_sequence", False))
+
+
+def _in_a_tuple(direct: Callable) -> Callable:
+    """An executable's `direct` function (one result) returning the 1-tuple a body returning ``(y,)`` gives;
+    with `outputs`, those as given."""
+    def call(arrays: Any, outputs: Any = None) -> Any:
+        return (direct(arrays),) if outputs is None else direct(arrays, outputs)
+
+    return call
 
 
 def _torch_from_numpy(r: np.ndarray) -> Any:

@@ -144,10 +144,12 @@ def _watching_returns(returned: Callable[[FrameType], None]):
 
 
 def trace(fn: Callable, specs: tuple[ArgSpec, ...], length_needs: list[tuple[int, int]] | None = None,
-          updated_inputs: dict[str, SourceLoc] | None = None) -> Program:
+          updated_inputs: dict[str, SourceLoc] | None = None, sequence: list[bool] | None = None) -> Program:
     """Run `fn` on tracers for `specs`; return the unfused Loop IR of what it computes. `length_needs`, when
     given, receives the body's length checks (`TraceBuilder.need_length`), dead code's included;
-    `updated_inputs` the arguments the body updates in place (`TraceBuilder.updated_inputs`)."""
+    `updated_inputs` the arguments the body updates in place (`TraceBuilder.updated_inputs`); `sequence`
+    whether the body returned a tuple or a list (a body returning ``(y,)`` gives a 1-tuple, as numpy's
+    does, not ``y``: the program's outputs cannot say)."""
     builder = TraceBuilder(kernel_name(fn))
     if length_needs is not None:
         builder.length_needs = length_needs
@@ -164,6 +166,8 @@ def trace(fn: Callable, specs: tuple[ArgSpec, ...], length_needs: list[tuple[int
             raise
     _raise_python_value_error(builder)
     outputs = list(result) if isinstance(result, tuple | list) else [result]
+    if sequence is not None:
+        sequence.append(isinstance(result, tuple | list))
     for n, out in enumerate(outputs):
         if not isinstance(out, Tracer):
             raise UnsupportedError(

@@ -162,3 +162,46 @@ def test_cache_info_counts_specializations_like_lru_cache():
     info = k.cache_info()
     assert (info.hits, info.misses, info.maxsize, info.currsize) == (3, 2, None, 2)
     assert rf.kernel(softmax, backend="cpu").cache_info().misses == 0
+
+
+def _one_tuple(a):
+    return (a + 1,)
+
+
+def _one_list(a):
+    return [a * 2]
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_body_returning_a_one_tuple_gives_a_one_tuple_on_every_call_path(backend):
+    """A body returning ``(y,)`` gave a bare array (the trace flattened it), so ``k(x)[0]`` was silently the
+    result's first row where numpy's body gives the whole result, and ``out=(o,)`` gave a 1-tuple: the call
+    paths disagreed. Every path gives the 1-tuple now (a list of one too, as a tuple)."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for body in (_one_tuple, _one_list):
+        k = rf.kernel(body, backend=backend)
+        ref = body(x)[0]
+        for call in range(3):           # the first call, then the cached paths
+            got = k(x)
+            assert type(got) is tuple and len(got) == 1, (body.__name__, call, type(got))
+            np.testing.assert_array_equal(got[0], ref)
+        o = np.empty_like(x)
+        outs = (o,)
+        for _ in range(2):
+            assert k(x, out=outs) is outs
+            np.testing.assert_array_equal(o, ref)
+        view = x.T.copy().T             # (a strided argument: the full path)
+        got = k(view)
+        assert type(got) is tuple and len(got) == 1
+        np.testing.assert_array_equal(got[0], body(view)[0])
+        lowered_outputs = k.output_types(x)
+        assert len(lowered_outputs) == 1
+    torch = pytest.importorskip("torch")
+    k = rf.kernel(_one_tuple, backend=backend)
+    t = torch.from_numpy(x)
+    for _ in range(3):
+        got = k(t)
+        assert type(got) is tuple and len(got) == 1 and isinstance(got[0], torch.Tensor)
+        np.testing.assert_array_equal(got[0].numpy(), x + 1)
+    single = rf.kernel(lambda a: a + 1, backend=backend)     # (a bare result stays bare)
+    assert isinstance(single(x), np.ndarray) and isinstance(single(x), np.ndarray)
