@@ -610,7 +610,7 @@ class Kernel:
 
     # -- public -----------------------------------------------------------------------------------
     @_user_facing
-    def __call__(self, *args: Any, stream: object | None = None, out: object | None = None,
+    def __call__(self, /, *args: Any, stream: object | None = None, out: object | None = None,
                  **kwargs: Any) -> Any:
         """Run on `args` and `kwargs` (Python's rules: by position or by name, defaults applied). `stream`: the
         CUDA stream the ``cuda`` backend queues its work on (an int handle, a torch or cupy stream...; default:
@@ -704,12 +704,12 @@ class Kernel:
         return _one_or_tuple(results, _returns_sequence(lowered))
 
     @_user_facing
-    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+    def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
         """Compile for these arguments (without running) and return every stage."""
         return self._compiled(args, kwargs, to_run=False)[0]
 
     @_user_facing
-    def explain(self, *args: Any, **kwargs: Any) -> str:
+    def explain(self, /, *args: Any, **kwargs: Any) -> str:
         """What the compiler found and did for these arguments, in words (cascades, G, H, rescales)."""
         from .fusion.explain import explain
 
@@ -718,7 +718,7 @@ class Kernel:
                        fusion_on=lowered.options.fuse)
 
     @_user_facing
-    def output_types(self, *args: Any, **kwargs: Any) -> tuple[ShapeDtype, ...]:
+    def output_types(self, /, *args: Any, **kwargs: Any) -> tuple[ShapeDtype, ...]:
         """The shape and dtype of each result for these arguments (arrays or `rf.ShapeDtype`s), from tracing
         alone: nothing is compiled (what a framework's shape inference, e.g. a torch fake tensor, needs)."""
         from .trace import trace

@@ -79,6 +79,22 @@ def test_defaults_keywords_and_keyword_only_parameters(backend):
     assert k.cache_size == 4          # scale=2.0 by position or by name is one specialization
 
 
+def _plus(self, a):
+    return self + a
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_parameter_named_self_is_passed_by_name(backend):
+    """``k(self=x, a=y)`` raised a bare TypeError ("got multiple values for argument 'self'"): the kernel's own
+    methods took ``self`` as an ordinary parameter. It is positional-only in them now."""
+    k = rf.kernel(_plus, backend=backend)
+    np.testing.assert_array_equal(k(self=X, a=X + 1), _plus(self=X, a=X + 1))
+    np.testing.assert_array_equal(k(X, a=X), X + X)
+    assert k.lower(self=X, a=X).name == "_plus"
+    assert "_plus" in k.explain(self=X, a=X)
+    assert k.output_types(self=X, a=X)[0].shape == X.shape
+
+
 def test_a_default_and_the_same_value_passed_share_a_kernel():
     k = rf.kernel(softmax_scaled, backend="interpret")
     k(X)
