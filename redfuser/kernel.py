@@ -28,6 +28,7 @@ from .runtime import autotune
 from .runtime.addresses import data_address
 from .source_info import user_loc
 from .trace import ArgSpec, ArraySpec, kernel_name
+from .tracer import Tracer
 
 
 def _user_facing(method: Callable) -> Callable:
@@ -359,6 +360,8 @@ class Kernel:
     @_user_facing
     def __init__(self, fn: Callable, backend: str | None = None, options: KernelOptions | None = None,
                  dynamic: Dynamic = None, **given: object) -> None:
+        while isinstance(fn, Kernel):      # rf.kernel(a_kernel): its body, with these options and backend
+            fn = fn.__wrapped__
         name = kernel_name(fn)
         self._signature = check_signature(fn, name)
         self._dynamic = DynamicAxes(dynamic, name, tuple(self._signature.parameters), user_loc())
@@ -649,6 +652,8 @@ class Kernel:
                 else:
                     _run_into(run, arrays, given)
                 return out
+        if _traced(args, kwargs):
+            return self.__wrapped__(*args, **kwargs)     # called in another kernel's body: traced inline
         lowered, run, arrays = self._compiled(args, kwargs)
         host = backends.BACKENDS[lowered.backend].arrays == "host"
         passed = [a for a in args if type(a) not in _FAST_STATICS]
@@ -911,6 +916,13 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
 def _torch_numpy_dtypes(torch: Any) -> frozenset:
     """The torch dtypes whose CPU tensors ``Tensor.numpy()`` views without a copy."""
     return frozenset({torch.float32, torch.float16, torch.int32, torch.int64, torch.bool})
+
+
+def _traced(args: tuple, kwargs: dict) -> bool:
+    """Whether a call passes traced values: a kernel called inside another kernel's body, while it traces. Its
+    body then runs on them as part of the outer trace (asked on the full call path only: a cached call's
+    arguments are arrays)."""
+    return any(isinstance(a, Tracer) for a in (*args, *kwargs.values()))
 
 
 def _one_or_tuple(results: tuple, sequence: bool = False) -> Any:

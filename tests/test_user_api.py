@@ -185,6 +185,28 @@ def test_a_partial_or_a_callable_object_is_a_kernel():
     assert "_RowMax" in repr(c)
 
 
+_doubled_kernel = rf.kernel(lambda a: a * 2, backend="interpret")
+
+
+def _calls_a_kernel(a):
+    return _doubled_kernel(a) + 1
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_kernel_called_in_a_kernel_or_made_a_kernel_again_is_traced_inline(backend):
+    """A kernel called inside another kernel's body, and ``rf.kernel(a_kernel)``, failed with "argument 'a' must
+    be an array ... got Tracer" (an internal class) though the user passed a numpy array. The inner kernel's body
+    is traced into the outer one now, and a kernel of a kernel is a kernel of its body with the new options."""
+    x = np.arange(4, dtype=np.float32)
+    outer = rf.kernel(_calls_a_kernel, backend=backend)
+    for _ in range(2):
+        np.testing.assert_array_equal(outer(x), x * 2 + 1)
+    assert _doubled_kernel.cache_size == 0          # (traced inline: nothing compiled of its own)
+    again = rf.kernel(rf.kernel(_calls_a_kernel, backend="interpret"), backend=backend)
+    assert again.__wrapped__ is _calls_a_kernel and again.backend == backend
+    np.testing.assert_array_equal(again(x), x * 2 + 1)
+
+
 def _flat_arg(x):
     return rf.argmax(x), rf.argmin(x, keepdims=True), x.argmax()
 
