@@ -395,6 +395,45 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<redfuser.kernel {self.__name__} backend={self.backend or 'auto'}>"
 
+    # -- a kernel as an attribute: methods, pickling, copies --------------------------------------
+    def __get__(self, obj: object, objtype: type | None = None) -> "Kernel":
+        """``@rf.kernel`` on a method: ``obj.body`` is the kernel of the bound method (``rf.kernel(obj.body)``,
+        its ``self`` attributes tracked as captured values), one per instance and kept while the instance
+        lives (by identity where the instance cannot be weakly referenced: then for the process's life).
+        Without this, ``obj.body(x)`` called the kernel without ``self`` and said an argument was missing."""
+        if obj is None:
+            return self
+        bound = self.__dict__.setdefault("_bound", {})
+        key = id(obj)
+        found = bound.get(key)
+        if found is not None and found[0]() is obj:
+            return found[1]
+        made = Kernel(types.MethodType(self.__wrapped__, obj), backend=self.backend, options=self.options,
+                      dynamic=self._dynamic.mode)
+        try:
+            ref = weakref.ref(obj, lambda _, key=key: bound.pop(key, None))
+        except TypeError:          # (no weak references: kept, as a strong one)
+            ref = (lambda obj=obj: obj)
+        bound[key] = (ref, made)
+        return made
+
+    def __reduce__(self) -> tuple:
+        """Pickled by reference, as functions are: the module and qualified name a kernel is found at (a
+        ``@rf.kernel`` at module level); unpickling finds it there, compiled specializations and all. A
+        kernel that is not found there cannot be pickled (`pickle.PicklingError`, naming it)."""
+        import pickle
+
+        module, qualname = getattr(self, "__module__", None), getattr(self, "__qualname__", None)
+        if module is None or qualname is None or _by_reference(module, qualname) is not self:
+            raise pickle.PicklingError(f"cannot pickle {self!r}: it is not the object found at "
+                                       f"{module}.{qualname} (a kernel pickles by reference, as functions do)")
+        return (_by_reference, (module, qualname))
+
+    def __deepcopy__(self, memo: dict) -> "Kernel":
+        """The kernel itself, as ``copy.deepcopy`` of a function is the function (it holds compiled code and
+        locks, which copy as nothing useful)."""
+        return self
+
     # -- arguments --------------------------------------------------------------------------------
     def _specs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[ArgSpec, ...], list[Any]]:
         """The call's specs, one per parameter in order, and its arrays (views read in place)."""
@@ -762,6 +801,19 @@ def _in_symbols(reason: str, plan: ShapePlan) -> str:
     for name, probe in plan.symbols:
         reason = re.sub(rf"\b{probe}\b", name, reason)
     return f"kept static: with these axes symbolic, {reason}"
+
+
+def _by_reference(module: str, qualname: str) -> object:
+    """The object at `module`.`qualname` (a pickled kernel's reference); None where there is none."""
+    import importlib
+
+    try:
+        found: object = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return found
 
 
 _KERNELS: "weakref.WeakSet[Kernel]" = weakref.WeakSet()
