@@ -697,7 +697,7 @@ def pickled_by_reference(a):
     return a * 2.0
 
 
-class _Layer:
+class _DecoratedLayer:
     def __init__(self, scale):
         self.scale = scale
 
@@ -711,10 +711,10 @@ def test_a_kernel_decorating_a_method_binds_self_per_instance():
     1 were given'). It is now the kernel of the bound method, one per instance, whose ``self`` attributes are
     tracked like any captured value. Found by a helper trying function forms."""
     x = np.arange(4, dtype=np.float32)
-    a, b = _Layer(2.0), _Layer(3.0)
+    a, b = _DecoratedLayer(2.0), _DecoratedLayer(3.0)
     np.testing.assert_array_equal(a.body(x), x * 2)
     np.testing.assert_array_equal(b.body(x), x * 3)
-    assert a.body is a.body and a.body is not b.body and _Layer.body is _Layer.__dict__["body"]
+    assert a.body is a.body and a.body is not b.body and _DecoratedLayer.body is _DecoratedLayer.__dict__["body"]
     a.scale = 5.0
     np.testing.assert_array_equal(a.body(x), x * 5)
 
