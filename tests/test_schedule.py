@@ -103,7 +103,9 @@ def test_fused_attention_is_one_kernel_with_two_dots_and_loop_carried_state():
     assert len(ops_of(kernel, t.Dot)) == 2  # s = q k^T and the p v update
     (loop,) = ops_of(kernel, t.For)
     assert (loop.start, loop.stop, loop.step) == (0, 33, 8)
-    assert [a.type for a in loop.body.args] == [t.TileType(F32, (16,)), t.TileType(F32, (16,)), t.TileType(F32, (16, 16))]
+    # m, l, the p v accumulator, and l's compensation (a per-row sum: `states.compensated_states`)
+    assert [a.type for a in loop.body.args] == [t.TileType(F32, (16,)), t.TileType(F32, (16,)), t.TileType(F32, (16, 16)),
+                                                t.TileType(F32, (16,))]
     assert not tiled.scratch  # m, l, acc never leave the kernel
     loads = ops_of(kernel, t.Load)
     q_load = next(op for op in loads if op.buffer.name == "q")

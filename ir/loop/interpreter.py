@@ -277,6 +277,12 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
     computed = {st.acc.name: _in_work_precision(st) for st in s.states if isinstance(st, OnlineState)}
     lists = {st.acc.name: topk_semantics.empty(tuple(a.extent for a in st.axes), st.k, st.acc.dtype.numpy)
              for st in s.states if isinstance(st, TopKState)}
+    # an f32 running sum no shift law carries keeps a compensation (Kahan), as the compiled kernels' do
+    # (`schedule.reduce.compensated_add`): one chunk partial at a time is a chain of additions whose roundings
+    # pile up on long rows, where numpy's pairwise sum stays exact to a few ulps
+    comp = {st.acc.name: np.zeros([a.extent for a in st.axes], np.float32) for st in s.states
+            if isinstance(st, OnlineState) and st.op is ReduceOp.SUM and st.carry is None
+            and work[st.acc.name] == np.float32}
     lo, hi = span if span is not None else (0, s.axis.extent)
     local_names = frozenset(l.out.name for l in s.locals)
     for start in range(lo, hi, max(1, chunk)):
@@ -295,6 +301,8 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
             chunk_axis = Axis(s.axis.name, stop - start)
             wd = work[st.acc.name]
             partial = _matmul_reduce(Reduce(st.acc, st.axes, (chunk_axis,), st.op, st.term), inner, wd)
+            matmul = partial is not None
+            r = None
             with np.errstate(all="ignore"):
                 if partial is None:
                     space = st.axes + (chunk_axis,)
@@ -309,7 +317,16 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                 else:
                     r = None if rescale is None else evaluate(rescale, inner, st.axes)
                     scaled = rescale_partial(st.op, prev, r)
-                new = combine(st.op, scaled, partial)
+                if st.acc.name in comp and not matmul:
+                    c = comp[st.acc.name] if r is None else np.where(comp[st.acc.name] == 0, comp[st.acc.name],
+                                                                   comp[st.acc.name] * r)
+                    y = partial - c
+                    total = scaled + y
+                    lost = np.where(np.abs(total) < np.inf, (total - scaled) - y, 0)
+                    new = np.where(partial == 0, scaled, total)      # (a partial of 0 changes nothing)
+                    comp[st.acc.name] = np.where(partial == 0, c, lost).astype(np.float32)
+                else:
+                    new = combine(st.op, scaled, partial)
             new = np.broadcast_to(new, prev.shape).astype(work[st.acc.name], order="C")  # fresh (0-d stays 0-d)
             inner[st.acc.name] = acc[st.acc.name] = new
     for st in s.states:

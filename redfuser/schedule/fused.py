@@ -78,9 +78,10 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
     n = fl.axis.extent
     size = fb.lay.chunk(opts)
     stop = live_stop(fb, n) if opts.skip_masked else exact_live_stop(fb, n, size) if opts.skip_exact else n
-    final = chunk_loop(fb.kb, fb.lay.fused_key, fb.fused_order, n, stop, size, tuple(initial_states(fb)),
+    several = not (is_static(n) and n <= size)     # (one chunk: nothing to compensate)
+    final = chunk_loop(fb.kb, fb.lay.fused_key, fb.fused_order, n, stop, size, tuple(initial_states(fb, several)),
                        lambda kdim, carried: update_states(fb, kdim, carried), hint=fb.lay.fused_key,
-                       arg_hints=carried_names(fb), peel_ragged=opts.peel_ragged)
+                       arg_hints=carried_names(fb, several), peel_ragged=opts.peel_ragged)
     finish_states(fb, list(final), needed)
     return fb.finish()
 

@@ -97,8 +97,8 @@ def partial_kernel(lay: FusedLayout, plan: SplitPlan, name: str, opts: ScheduleO
         # chunk wholly past it, and when the axis is whole chunks no lane needs a bounds mask at all.
         left = kb.binary(BinaryOp.SUB, kb.const(n, index), start, hint="slice_left")
         stop = kb.binary(BinaryOp.MIN, left, kb.const(plan.length, index), hint="slice_stop")
-    with kb.loop(0, stop, plan.chunk, tuple(initial_states(fb)), hint=lay.fused_key,
-                 arg_hints=carried_names(fb)) as lp:
+    with kb.loop(0, stop, plan.chunk, tuple(initial_states(fb, True)), hint=lay.fused_key,
+                 arg_hints=carried_names(fb, True)) as lp:
         base = kb.binary(BinaryOp.ADD, start, lp.iv, hint=f"{lay.fused_key}_base")
         kdim = Dim(lay.fused_key, fb.fused_order, plan.chunk, n, base, not divides(plan.chunk, n))
         lp.yield_(*update_states(fb, kdim, list(lp.args)))

@@ -22,14 +22,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..fusion.merge import MergeStep
-from ..ir import BinaryOp, Buffer, BufferType, OnlineState, Reduce, TopKState
+from ..ir import Binary, BinaryOp, Buffer, BufferType, Expr, IndexValue, Load, OnlineState, Reduce, TopKState
+from ..ir.loop.expr import reads_axis, walk
 from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
-from ..ir.types import int64
+from ..ir.types import float32, int64
 from .exprs import compute_dtype, store_tile
 from .layout import FusedBuilder
 from .options import ScheduleOptions
-from .reduce import COMBINE, reduce_axes, reduce_chunk
+from .reduce import COMBINE, compensable, compensated_add, reduce_axes, reduce_chunk
 from .space import Dim, Fixed, Tiled, mask_tile, offsets, ordered, place
 from .topk import candidate_indices, empty_list, rank_dtype, ranked_values, rescale_list, update_list
 
@@ -52,15 +53,40 @@ def split_carried(fb: FusedBuilder, flat: Carried | tuple[t.Value, ...]) -> list
     return out
 
 
-def carried_names(fb: FusedBuilder) -> tuple[str, ...]:
+def compensated_states(fb: FusedBuilder) -> list[int]:
+    """The states whose running value keeps a compensation across chunks (`reduce.compensated_add`): f32 sums
+    of one value per row (a vector tile: a running sum, softmax's ``l``, the sum a running mean is read from)
+    that are not a contraction and that no shift law carries. A 2-d accumulator tile (a GEMM's, layer norm +
+    GEMM's column sums of ``w``) keeps its plain update, in place, where a compensation would cost as much
+    again in tiles. Their compensations follow the states in the carried list."""
+    axis = fb.lay.fl.axis.name
+    return [j for j, st in enumerate(fb.lay.fl.states)
+            if isinstance(st, OnlineState) and st.carry is None and compensable(st.op, st.term, ())
+            and not _contraction(st.term, axis) and sum(d.size > 1 for d in fb.state_dims(j)) <= 1]
+
+
+def _contraction(term: Expr, axis: str) -> bool:
+    """Whether `term` is a product of two factors that both vary along the fused `axis` (``p[i, j] * v[j, d]``:
+    a GEMM's accumulator, whose chunks the dot takes itself; ``x[i, j] * w[j]`` is kept out too)."""
+    def varies(e: Expr) -> bool:
+        return any((isinstance(n, Load) and any(reads_axis(i, axis) for i in n.indices))
+                   or (isinstance(n, IndexValue) and n.axis.name == axis) for n in walk(e))
+
+    return isinstance(term, Binary) and term.op is BinaryOp.MUL and varies(term.a) and varies(term.b)
+
+
+def carried_names(fb: FusedBuilder, compensate: bool = False) -> tuple[str, ...]:
     names: list[str] = []
     for st in fb.lay.fl.states:
         names += [st.prev.name] + ([f"{st.indices.name}_prev"] if isinstance(st, TopKState) else [])
+    if compensate:
+        names += [f"{fb.lay.fl.states[j].prev.name}_comp" for j in compensated_states(fb)]
     return tuple(names)
 
 
-def initial_states(fb: FusedBuilder) -> Carried:
-    """Each state's identity: the monoid's neutral element, k empty slots for a top-k."""
+def initial_states(fb: FusedBuilder, compensate: bool = False) -> Carried:
+    """Each state's identity: the monoid's neutral element, k empty slots for a top-k; with `compensate`,
+    then a compensation of 0 for each of `compensated_states`."""
     out: Carried = []
     for j, st in enumerate(fb.lay.fl.states):
         dims = fb.state_dims(j)
@@ -69,6 +95,9 @@ def initial_states(fb: FusedBuilder) -> Carried:
         else:
             out.append(fb.kb.const(st.op.identity(st.acc.dtype), state_dtype(st), tuple(d.size for d in dims),
                                    hint=f"{st.acc.name}0"))
+    if compensate:
+        out += [fb.kb.const(0.0, float32, tuple(d.size for d in fb.state_dims(j)),
+                            hint=f"{fb.lay.fl.states[j].acc.name}_comp0") for j in compensated_states(fb)]
     return out
 
 
@@ -115,7 +144,10 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
         else:
             value = place(kb, lw.lower(local.value, b), dims)
         lw.tiles[local.out.name] = Tiled(value, dims)
+    own = len(_state_of(fb))
+    comps = dict(zip(compensated_states(fb), carried[own:])) if len(carried) > own else {}
     news: Carried = []
+    new_comps: Carried = []
     for j, (st, prev) in enumerate(zip(fl.states, split_carried(fb, carried))):
         b = fb.bind(lay.state_stmt(j), st.axes + (fl.axis,))
         dims, d = fb.state_dims(j), state_dtype(st)
@@ -129,6 +161,7 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
                                 fb.rank_dim(j), st.acc.name, loc=fl.loc)
             continue
         acc = prev[0]
+        comp = comps.get(j)
         if st.carry is not None:   # a shift-stable sum moves to its new centre (OnlineState.carry)
             acc = place(kb, lw.lower_as(st.carry, d, b), dims)
         elif r is not None:
@@ -136,10 +169,20 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
             # the identity stays put (-inf * 0 must stay -inf; 0 * NaN must stay 0)
             empty = kb.binary(BinaryOp.EQ, acc, kb.const(st.op.identity(st.acc.dtype), d, r.shape))
             acc = kb.select(empty, acc, scaled, hint=f"{st.acc.name}_rescaled")
+            if comp is not None:   # (the compensation is part of the sum: it scales with it, 0 stays 0)
+                none = kb.binary(BinaryOp.EQ, comp, kb.const(0.0, d, r.shape))
+                comp = kb.select(none, comp, kb.binary(BinaryOp.MUL, comp, r), hint=f"{st.acc.name}_comp_scaled")
+        if comp is not None:
+            partial = reduce_chunk(lw, st.op, st.term, dims, kdim, b, None, hint=st.acc.name)
+            new, comp = compensated_add(kb, acc, comp, partial, hint=st.acc.name)
+            new_comps.append(comp)
+            lw.tiles[st.acc.name] = Tiled(new, dims)
+            news.append(new)
+            continue
         new = reduce_chunk(lw, st.op, st.term, dims, kdim, b, acc, hint=st.acc.name)
         lw.tiles[st.acc.name] = Tiled(new, dims)
         news.append(new)
-    return news
+    return news + new_comps
 
 
 # -- split reductions: partial states in scratch, and their merge ----------------------------------
