@@ -20,6 +20,7 @@ from .arguments import ShapeDtype, bind, check_signature, spec_of
 from .ir import ArgumentError, RedFuserError, UnsupportedError
 from .ir import Buffer, BufferType
 from .ir.sizes import SymbolicDecision, bind_buffers, concrete
+from .ir.types import row_major_strides
 from .kernel_options import DEFAULT_OPTIONS, KernelOptions
 from .probes import PROBE_LENGTHS
 from .shapes import Dynamic, DynamicAxes, ShapePlan
@@ -379,6 +380,8 @@ class Kernel:
         self._cache: dict[tuple, tuple[Lowered, backends.Executable]] = {}
         self._compiling = threading.RLock()
         _KERNELS.add(self)
+        # id of an instance -> (a reference to it, the kernel of its bound method): `__get__`
+        self._bound: dict[int, tuple[Callable[[], object], Kernel]] = {}
         self._hits = self._misses = 0
         self._dropped = 0      # how many times a changed captured value dropped the specializations
         # `_fast_key` of a call -> its `_FastPath`: the call path of a specialization already made, for calls
@@ -403,7 +406,7 @@ class Kernel:
         Without this, ``obj.body(x)`` called the kernel without ``self`` and said an argument was missing."""
         if obj is None:
             return self
-        bound = self.__dict__.setdefault("_bound", {})
+        bound = self._bound
         key = id(obj)
         found = bound.get(key)
         if found is not None and found[0]() is obj:
@@ -840,15 +843,9 @@ def _dense_as_views(specs: tuple[ArgSpec, ...], names: set[str]) -> tuple[ArgSpe
         shape = spec.type.shape if isinstance(spec, ArraySpec) else ()
         if isinstance(spec, ArraySpec) and spec.name in names and spec.type.strides is None and shape \
                 and 0 not in shape:
-            strides = [0] * len(shape)
-            step = 1
-            for d in reversed(range(len(shape))):
-                strides[d] = 0 if shape[d] == 1 else step
-                step *= shape[d]
-            spec = ArraySpec(spec.name, BufferType(spec.type.dtype, shape, tuple(strides)))
-            out.append(spec)
-        else:
-            out.append(spec)
+            strides = tuple(0 if n == 1 else s for n, s in zip(shape, row_major_strides(shape)))
+            spec = ArraySpec(spec.name, BufferType(spec.type.dtype, shape, strides))
+        out.append(spec)
     return tuple(out) if out != list(specs) else None
 
 

@@ -57,10 +57,6 @@ def _note(atoms: Iterable[Expr]) -> None:
         seen.update(atoms)
 
 
-def _atoms_of(t: "Product") -> list[Expr]:
-    return [a for a, _ in t.mono.factors] + [a for m, _ in t.exponent.terms for a, _ in m.factors]
-
-
 @dataclass(frozen=True)
 class Monomial:
     """A product of atoms with rational powers, e.g. ``m`` or ``x**2 / l`` (sorted, canonical)."""
@@ -144,7 +140,7 @@ def _combine(terms: list[Product]) -> Sum:
         k = t.key()
         if k in merged:
             if merged[k].coeff + t.coeff == 0 and t.coeff != 0:
-                _note(_atoms_of(t))
+                _note(free_atoms((t,)))
             merged[k] = Product(merged[k].coeff + t.coeff, t.mono, t.exponent)
         else:
             merged[k] = t
@@ -166,13 +162,13 @@ def add(a: Sum, b: Sum) -> Sum:
 
 def mul(a: Sum, b: Sum) -> Sum:
     if not a or not b:   # a product with zero
-        _note(n for t in a + b for n in _atoms_of(t))
+        _note(free_atoms(a + b))
     return _combine([x * y for x in a for y in b])
 
 
 def scale(a: Sum, k: float) -> Sum:
     if k == 0:
-        _note(n for t in a for n in _atoms_of(t))
+        _note(free_atoms(a))
     return _combine([Product(t.coeff * k, t.mono, t.exponent) for t in a])
 
 

@@ -89,10 +89,11 @@ def reduce_chunk(lw: ExprLowering, op: ReduceOp, value: Expr, out_dims: tuple[Di
     return partial if acc is None else kb.binary(COMBINE[op], acc, partial, hint=f"{hint}_acc")
 
 
-def compensable(op: ReduceOp, value: Expr, out_dims: tuple[Dim, ...]) -> bool:
-    """Whether a running ``op`` over chunks of `value` keeps a compensation (`compensated_add`): an f32 sum
-    that is not a `dot` (a GEMM's accumulator tile takes its chunks in the dot itself)."""
-    return op is ReduceOp.SUM and compute_dtype(value.dtype) == float32 and not _product_over_2d(value, out_dims)
+def compensable(op: ReduceOp, value: Expr) -> bool:
+    """Whether a running ``op`` over chunks of `value` may keep a compensation (`compensated_add`): an f32 sum.
+    (Each caller leaves out the contractions it lowers as a `dot`, whose accumulator tile takes its chunks in
+    the dot itself.)"""
+    return op is ReduceOp.SUM and compute_dtype(value.dtype) == float32
 
 
 def compensated_add(kb: "KernelBuilder", acc: t.Value, comp: t.Value, partial: t.Value, hint: str
@@ -147,7 +148,7 @@ def _nest(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, ou
         dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, None, size > axis.extent)
         bindings[axis.name] = dim
         return reduce_chunk(lw, op, value, out_dims, dim, bindings, None if pristine else acc, hint)
-    if compensable(op, value, out_dims):
+    if compensable(op, value) and not _product_over_2d(value, out_dims):
         comp0 = kb.const(0.0, float32, acc.shape, hint=f"{hint}_comp0")
         with kb.loop(0, axis.extent, size, (acc, comp0), hint=axis.name,
                      arg_hints=(f"{hint}_run", f"{hint}_comp_run")) as lp:

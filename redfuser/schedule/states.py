@@ -61,7 +61,7 @@ def compensated_states(fb: FusedBuilder) -> list[int]:
     again in tiles. Their compensations follow the states in the carried list."""
     axis = fb.lay.fl.axis.name
     return [j for j, st in enumerate(fb.lay.fl.states)
-            if isinstance(st, OnlineState) and st.carry is None and compensable(st.op, st.term, ())
+            if isinstance(st, OnlineState) and st.carry is None and compensable(st.op, st.term)
             and not _contraction(st.term, axis) and sum(d.size > 1 for d in fb.state_dims(j)) <= 1]
 
 
@@ -172,14 +172,12 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
             if comp is not None:   # (the compensation is part of the sum: it scales with it, 0 stays 0)
                 none = kb.binary(BinaryOp.EQ, comp, kb.const(0.0, d, r.shape))
                 comp = kb.select(none, comp, kb.binary(BinaryOp.MUL, comp, r), hint=f"{st.acc.name}_comp_scaled")
-        if comp is not None:
+        if comp is None:
+            new = reduce_chunk(lw, st.op, st.term, dims, kdim, b, acc, hint=st.acc.name)
+        else:
             partial = reduce_chunk(lw, st.op, st.term, dims, kdim, b, None, hint=st.acc.name)
             new, comp = compensated_add(kb, acc, comp, partial, hint=st.acc.name)
             new_comps.append(comp)
-            lw.tiles[st.acc.name] = Tiled(new, dims)
-            news.append(new)
-            continue
-        new = reduce_chunk(lw, st.op, st.term, dims, kdim, b, acc, hint=st.acc.name)
         lw.tiles[st.acc.name] = Tiled(new, dims)
         news.append(new)
     return news + new_comps
