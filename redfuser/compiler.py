@@ -159,19 +159,19 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
     lengths = {probe: n for (_, probe), n in zip(plan.symbols, plan.values)} if plan is not None else {}
     with noting_probe_reads(stop=True, lengths=lengths) if plan is not None else nullcontext(set()) as reads:
         try:
-            sequence: list[bool] = []
-            program = trace(fn, lowered.specs, lowered.artifacts.setdefault("length_needs", []),
-                            lowered.artifacts.setdefault("updated_inputs", {}), sequence)
-            lowered.artifacts["returns_sequence"] = bool(sequence and sequence[-1])   # (`Kernel`: the call's value)
+            traced = trace(fn, lowered.specs)
         except CallTooShort as short:  # (below what the class needs, or a loop over the length: the kernel decides)
             raise _call_too_short(plan, short) from None
         except ProbeRead as read:      # (its symbols stay static: the rest of the trace is not needed)
             raise _lengths_read(plan, read.probes) from None
     lowered.artifacts["probe_reads"] = reads
+    lowered.artifacts["length_needs"] = traced.length_needs
+    lowered.artifacts["updated_inputs"] = traced.updated_inputs
+    lowered.artifacts["returns_sequence"] = traced.returns_sequence     # (`Kernel`: the call's value)
     after = AFTER_TRACE.get()
     if after is not None:
         after()
-    lowered.program = verify_program(program, pass_name="trace")
+    lowered.program = verify_program(traced.program, pass_name="trace")
     return lowered.program
 
 
@@ -247,7 +247,7 @@ def sized_stage(program: Program, lowered: Lowered) -> Program:
 
     def same_at(specs: tuple[ArgSpec, ...], probes: dict[int, int]) -> bool:
         with noting_probe_reads():      # traced as the first was (its constants of lengths are alike)
-            other = trace(lowered.source, specs)
+            other = trace(lowered.source, specs).program
         if lowered.options.fuse:
             other, _ = fuse(other)
         return substitute_extents(program, probes) == other

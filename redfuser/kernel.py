@@ -650,7 +650,7 @@ class Kernel:
             inputs = [arrays_rt.host_array(a) for a in arrays] if target.arrays == "host" else arrays
             return lambda: run(inputs)
 
-        return autotune.tuned_options(self.__name__, str(trace(self.__wrapped__, specs)), repr(specs), backend,
+        return autotune.tuned_options(self.__name__, str(trace(self.__wrapped__, specs).program), repr(specs), backend,
                                       self.options, DEFAULT_OPTIONS, prepare, measure=to_run)
 
     # -- public -----------------------------------------------------------------------------------
@@ -771,7 +771,7 @@ class Kernel:
         from .trace import trace
 
         specs, _ = self._specs(args, kwargs)
-        return tuple(ShapeDtype(b.shape, b.dtype.numpy) for b in trace(self.__wrapped__, specs).outputs)
+        return tuple(ShapeDtype(b.shape, b.dtype.numpy) for b in trace(self.__wrapped__, specs).program.outputs)
 
     @property
     def dynamic(self) -> Dynamic:
@@ -981,7 +981,7 @@ def _one_or_tuple(results: tuple, sequence: bool = False) -> Any:
 
 
 def _returns_sequence(lowered: Lowered) -> bool:
-    """Whether `lowered`'s body returned a tuple or a list (`redfuser.trace.trace`'s `sequence`)."""
+    """Whether `lowered`'s body returned a tuple or a list (`redfuser.trace.Traced.returns_sequence`)."""
     return bool(lowered.artifacts.get("returns_sequence", False))
 
 

@@ -143,18 +143,24 @@ def _watching_returns(returned: Callable[[FrameType], None]):
             sys.setprofile(previous)
 
 
-def trace(fn: Callable, specs: tuple[ArgSpec, ...], length_needs: list[tuple[int, int]] | None = None,
-          updated_inputs: dict[str, SourceLoc] | None = None, sequence: list[bool] | None = None) -> Program:
-    """Run `fn` on tracers for `specs`; return the unfused Loop IR of what it computes. `length_needs`, when
-    given, receives the body's length checks (`TraceBuilder.need_length`), dead code's included;
-    `updated_inputs` the arguments the body updates in place (`TraceBuilder.updated_inputs`); `sequence`
-    whether the body returned a tuple or a list (a body returning ``(y,)`` gives a 1-tuple, as numpy's
-    does, not ``y``: the program's outputs cannot say)."""
+@dataclass(frozen=True, slots=True)
+class Traced:
+    """What one trace of a kernel body found: its unfused Loop IR and what the program cannot say."""
+
+    program: Program
+    length_needs: tuple[tuple[int, int], ...]
+    """the body's length checks, ``(length, least)`` each (`TraceBuilder.need_length`), dead code's included"""
+    updated_inputs: dict[str, SourceLoc]
+    """the arguments the body updates in place, with where (`TraceBuilder.updated_inputs`)"""
+    returns_sequence: bool
+    """whether the body returned a tuple or a list: a body returning ``(y,)`` gives a 1-tuple, as numpy's does,
+    not ``y`` (the program's outputs cannot say)"""
+
+
+def trace(fn: Callable, specs: tuple[ArgSpec, ...]) -> Traced:
+    """Run `fn` on tracers for `specs`; return the unfused Loop IR of what it computes, with what the trace
+    found beside it (`Traced`)."""
     builder = TraceBuilder(kernel_name(fn))
-    if length_needs is not None:
-        builder.length_needs = length_needs
-    if updated_inputs is not None:
-        builder.updated_inputs = updated_inputs
     values = {s.name: builder.add_input(s.name, s.type) if isinstance(s, ArraySpec) else s.value for s in specs}
     args, kwargs = _call_arguments(fn, values)
     returns: list[SourceLoc] = []
@@ -166,15 +172,14 @@ def trace(fn: Callable, specs: tuple[ArgSpec, ...], length_needs: list[tuple[int
             raise
     _raise_python_value_error(builder)
     outputs = list(result) if isinstance(result, tuple | list) else [result]
-    if sequence is not None:
-        sequence.append(isinstance(result, tuple | list))
     for n, out in enumerate(outputs):
         if not isinstance(out, Tracer):
             raise UnsupportedError(
                 f"a kernel must return traced arrays (or a tuple of them); output {n} is {type(out).__name__}",
                 op="return", loc=returns[-1] if returns else user_loc())
     names = ["out"] if len(outputs) == 1 else [f"out{n}" for n in range(len(outputs))]
-    return builder.finish(outputs, names)
+    return Traced(builder.finish(outputs, names), tuple(builder.length_needs), dict(builder.updated_inputs),
+                  isinstance(result, tuple | list))
 
 
 def _raise_python_value_error(builder: TraceBuilder, raised: BaseException | None = None) -> None:
