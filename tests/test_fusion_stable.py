@@ -566,3 +566,18 @@ def test_long_rows_keep_their_running_sums_compensated():
     y = (1e6 + rng.standard_normal((1, 100_000))).astype(np.float32)
     want = float(y.astype(np.float64).var())
     assert abs(float(rf.kernel(var, backend="interpret")(y)[0]) / want - 1) < 0.05
+
+
+def test_an_f16_variance_shifts_its_sums_in_f32():
+    """The shift law's carry (the sums moved to the new centre) was typed in the centre's dtype, f16 for an
+    f16 variance, though the sums it moves are f32 states: the interpreter, which evaluates it as typed,
+    rounded the moved sums to f16 at every chunk (65 536 values of 3 + N(0, 1) in chunks of 8: a variance of
+    0.58 for 1.0). The carry is now in the sums' dtype, and the verifier refuses arithmetic typed narrower
+    than an operand. Compared with the float64 variance: numpy's own f16 sum overflows to inf there
+    (docs/testing.md, conformance note [11])."""
+    x = (3 + np.random.default_rng(7).standard_normal((2, 1 << 14))).astype(np.float16)
+    want = x.astype(np.float64).var(axis=-1)
+    for kernel in (rf.kernel(lambda a: rf.var(a, axis=-1), backend="interpret", interpret_chunk=8),
+                   rf.kernel(lambda a: rf.var(a, axis=-1), backend="cpu", block_n=16)):
+        got = kernel(x).astype(np.float64)
+        assert np.abs(got / want - 1).max() < 2e-3, (got, want)

@@ -150,6 +150,11 @@ BAD = {
                                                         Compute(Y, (I0, I1), Load(X, (I0, I1))))), "before it is defined"),
     "buffer read with another type": (one(Compute(Y, (I0, I1), Cast(Load(buf("x", R, N, dtype=T.float16), (I0, I1)),
                                                                      F32))), "different type"),
+    # an f32 operand in 16-bit arithmetic: the interpreter computes it as typed and rounds (the shift law's
+    # carry of an f16 variance was typed so; its f32 sums were rounded to f16 at every chunk)
+    "arithmetic narrower than an operand": (
+        one(Compute(buf("y", R, N, dtype=T.float16), (I0, I1),
+                    Binary(BinaryOp.MUL, Const(2.0, T.float16), Load(X, (I0, I1)), T.float16))), "narrows an operand"),
 }
 
 

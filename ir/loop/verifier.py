@@ -91,6 +91,10 @@ def verify_expr(e: Expr, scope: dict[str, Axis], defined: dict[str, Buffer], stm
                   "(the tracer writes them so: ops/elementwise.py, BOOL_FORMS)", stmt, where)
         elif isinstance(node, Cast | Unary | Binary | Select) and node.dtype is None:
             _fail("expression without a dtype", stmt, where)
+        elif isinstance(node, Binary) and node.op in _ARITHMETIC and node.dtype.is_float and any(
+                o.dtype.is_float and o.dtype.itemsize > node.dtype.itemsize for o in (node.a, node.b)):
+            _fail(f"{node.op.value} typed {node.dtype} narrows an operand of {node.a.dtype} and {node.b.dtype} "
+                  "(a narrowing is an explicit cast)", stmt, where)
 
 
 def verify_stmt(s: Stmt, defined: dict[str, Buffer], where: _Where) -> None:
