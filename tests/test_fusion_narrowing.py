@@ -427,3 +427,23 @@ def test_a_factor_whose_type_fits_the_target_fuses(backend):
     v64 = np.abs(v.astype(np.float64))
     bound = rounded_terms_bound(ml_dtypes.bfloat16, np.abs(terms) @ v64, np.broadcast_to(v64.sum(0), (8, 4)), 20)
     assert_close(actual[0], expected[0], np.float32, 20, bound=bound)
+
+
+def test_the_interpreter_rounds_a_16_bit_constant_before_widening_it():
+    """Inside a fused loop the interpreter computes 16-bit terms in f32 (`ir.loop.rewrite.widened`), as the
+    compiled kernels do; it widened an f16 constant with its Python value, where numpy (and the compiled
+    kernels) round it to f16 first: ``x * 0.3`` of f16 is ``x * 0.30005``. The running max then missed the
+    max element's own value: ``exp(y - m)`` was 1.032 there, not 1, and ``y == m`` marked nothing. Found by
+    a helper."""
+    def numerator(x):
+        y = x * 0.3
+        m = rf.max(y, axis=-1, keepdims=True)
+        return rf.exp(y - m), m, y == m
+
+    x = (np.random.default_rng(3).standard_normal((8, 3)) * 100).astype(np.float16)
+    x[0] = (200.25, 1.0, -3.0)
+    want = numerator(x)
+    got = rf.kernel(numerator, backend="interpret")(x)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
+    assert_close(got[0], want[0], np.float16, 3, roundings=4)

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+import numpy as np
+
 from .expr import Binary, Cast, Computed, Const, Expr, Load, Select, Unary
 from ..buffer import Buffer
 from ..types import float32
@@ -39,7 +41,11 @@ def widened(e: Expr) -> Expr:
             return None
         if isinstance(n, Load):
             return Cast(n, float32)
-        if isinstance(n, Unary | Binary | Select | Const):
+        if isinstance(n, Const):
+            # the constant's value in its own type first: numpy rounds a weak Python scalar to f16 before
+            # it multiplies (``x * 0.3`` of f16 is ``x * 0.30005``), and so do the compiled kernels
+            return Const(float(np.asarray(n.value, n.dtype.numpy)), float32)
+        if isinstance(n, Unary | Binary | Select):
             return replace(n, dtype=float32)
         return None
     return map_expr(e, widen)
