@@ -113,6 +113,56 @@ def test_an_entropy_is_nan_where_a_probability_underflows_as_in_the_reference(ba
     assert_close(got, want, np.float32, 3)
 
 
+def _softmax(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.exp(x - m) / rf.sum(rf.exp(x - m), axis=-1, keepdims=True)
+
+
+def _sum_log_p(x):
+    return rf.sum(rf.log(_softmax(x)), axis=-1)
+
+
+def _focal_loss(x):
+    p = _softmax(x)
+    return -rf.sum((1 - p) ** 2 * rf.log(p), axis=-1)
+
+
+def _sum_of_squared_log_p(x):
+    return rf.sum(rf.log(_softmax(x)) ** 2, axis=-1)
+
+
+@pytest.mark.parametrize("body", [_sum_log_p, _focal_loss, _sum_of_squared_log_p])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sum_of_log_probabilities_is_infinite_where_a_probability_underflows(backend, body):
+    """``log p`` with ``p = exp(x - m) / l`` is ``-inf`` in numpy where ``p`` underflows to 0 (a logit 1000 below
+    the max in f32, about 17 in f16), so a sum of it, a focal loss or a sum of its squares is infinite; the
+    algebra's ``log p = (x - m) - log l`` is finite there, and the fused loop returned -1006.6 for numpy's
+    -inf. The body is now evaluated after the loop at the element farthest from the max, as for an entropy's
+    NaN, and an infinity there is the sum's. Found by a helper."""
+    for dtype, gap in ((np.float32, 1000.0), (np.float16, 30.0)):
+        x = np.array([[0.0, -gap, 1.0, 2.0], [0.0, -1.0, 1.0, 2.0], [0.0, -np.inf, 1.0, 2.0]], dtype)
+        with np.errstate(all="ignore"):
+            want = body(x)
+            got = rf.kernel(body, backend=backend)(x)
+        assert np.isinf(want[[0, 2]]).all() and np.isfinite(want[1])
+        assert_close(got, want, dtype, 4, roundings=8)
+
+
+def _soft_target_cross_entropy(x, t):
+    return -rf.sum(t * rf.log(_softmax(x)), axis=-1)
+
+
+@pytest.mark.xfail(strict=True, reason="docs/fusion.md, 'Limits': where the body reads another array along the row "
+                   "(t * log p), the element farthest from the max does not tell the reference's infinity or NaN")
+def test_a_weighted_sum_of_log_probabilities_where_a_probability_underflows():
+    x = np.array([[0.0, -1000.0, 1.0, 2.0]], np.float32)
+    t = np.array([[0.5, 0.0, 0.25, 0.25]], np.float32)
+    with np.errstate(all="ignore"):
+        want = _soft_target_cross_entropy(x, t)
+    assert np.isnan(want).all()
+    assert_close(rf.kernel(_soft_target_cross_entropy, backend="cpu")(x, t), want, np.float32, 4)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_f16_entropy_is_nan_where_the_f16_probability_underflows(backend):
     """The same with f16 logits: the reference's ``q`` is f16 and underflows for a logit 20 below the max,

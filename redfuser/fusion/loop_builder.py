@@ -37,6 +37,7 @@ from .nan_guard import read_safely, running_extrema
 from .positivity import is_positive
 from .product_law import product_carry
 from .algebra import Linear
+from .centred import Shift
 from .own_centre import count_type, keep_infinite, resolve as resolve_own_centre
 from .shift_law import carry_expr, centre_move, centre_unseen, loop_term, overflow_condition, overflows
 from .separability import Accumulator, rescale_expr
@@ -147,23 +148,40 @@ class LoopBuilder:
             return None
         # with an exponential of u - c the centre is in H's online part, which `unseen` already guards
         guard = centre_unseen(shift) if not shift.alpha else None
-        if overflows(shift):
-            op = ReduceOp.MIN if shift.centre.op is ReduceOp.MAX else ReduceOp.MAX
-            u = shift.centre.u
-            # in u's own type: the member's can be wider (an int32 @ f32 product is f64) and a state's term
-            # must have its accumulator's type (fuzz: seed 1, example 2080 at 17e4aa1)
-            buf = self.state_for(member, Accumulator(op, u, Linear(), u, Const(1.0, u.dtype)),
-                                 Buffer(f"{member.name}_{op.value}", replace(member.out.type, dtype=u.dtype)))
-            extreme = Load(buf, member.state_axes)
-            far = overflow_condition(shift, extreme)
-            there = self.term_at(value, u, extreme, reduced)
-            if there is not None:
-                c = shift.centre.source      # (finite: an infinite centre's own element is inf - inf = NaN)
-                finite = Binary(BinaryOp.LT, Unary(UnaryOp.ABS, c, c.dtype), Const(float("inf"), c.dtype), bool_)
-                self.extreme_terms[member.name] = (Binary(BinaryOp.AND, far, finite, bool_), there)
-                far = Binary(BinaryOp.OR, far, Binary(BinaryOp.NE, there, there, bool_), bool_)
-            guard = far if guard is None else Binary(BinaryOp.OR, guard, far, bool_)
-        return guard
+        u = shift.centre.u
+        # The body can be ±inf or NaN at an element where the loop's sums are not: where some u - c overflows
+        # (`overflows`), or where the algebra cancelled a log against an exponential that underflows in the
+        # reference (log p = (u - m) - log l with p = exp(u - m) / l). Either first happens at the element
+        # farthest from the centre, whose value a state keeps.
+        readable = not reduced(map_expr(value, lambda n: Const(0.0, u.dtype) if n == u else None))
+        if not overflows(shift) and not (readable and _cancels_a_log(value)):
+            return guard
+        extreme = self._farthest(member, shift)
+        far = overflow_condition(shift, extreme) if overflows(shift) else None
+        there = self.term_at(value, u, extreme, reduced) if readable else None
+        if there is not None:
+            # The body as the reference evaluates it at that element: NaN there is NaN in the sum, and so is an
+            # infinity there (a log of a probability that underflowed to 0: Σ log p, a focal loss
+            # Σ (1 - p)^γ log p, whose algebra's log p = (u - m) - log l stays finite), with a finite centre
+            # (an infinite centre's own element is inf - inf = NaN).
+            c = shift.centre.source
+            finite = Binary(BinaryOp.LT, Unary(UnaryOp.ABS, c, c.dtype), Const(float("inf"), c.dtype), bool_)
+            self.extreme_terms[member.name] = (finite, there)
+            nan_there = Binary(BinaryOp.NE, there, there, bool_)
+            far = nan_there if far is None else Binary(BinaryOp.OR, far, nan_there, bool_)
+        assert far is not None
+        return far if guard is None else Binary(BinaryOp.OR, guard, far, bool_)
+
+    def _farthest(self, member: Member, shift: Shift) -> Load:
+        """A state keeping the reduced value farthest from a running max/min centre (the running min of ``u``
+        for a max), where the reference's terms first overflow or underflow."""
+        op = ReduceOp.MIN if shift.centre.op is ReduceOp.MAX else ReduceOp.MAX
+        u = shift.centre.u
+        # in u's own type: the member's can be wider (an int32 @ f32 product is f64) and a state's term
+        # must have its accumulator's type (fuzz: seed 1, example 2080 at 17e4aa1)
+        buf = self.state_for(member, Accumulator(op, u, Linear(), u, Const(1.0, u.dtype)),
+                             Buffer(f"{member.name}_{op.value}", replace(member.out.type, dtype=u.dtype)))
+        return Load(buf, member.state_axes)
 
     @staticmethod
     def term_at(value: Expr, u: Expr, extreme: Load, reduced: Callable[[Expr], bool]) -> Expr | None:
@@ -278,3 +296,13 @@ class LoopBuilder:
                         if isinstance(n, Load) and n.buffer.name in prev else None)
 
 
+
+
+_LOGS = frozenset({UnaryOp.LOG, UnaryOp.LOG2, UnaryOp.LOG1P})
+
+
+def _cancels_a_log(value: Expr) -> bool:
+    """Whether `value` takes a log or divides: where its argument underflows to 0 in the reference (a
+    probability far below the max), the reference's term is infinite though the algebra's is finite."""
+    return any((isinstance(n, Unary) and n.op in _LOGS) or (isinstance(n, Binary) and n.op is BinaryOp.DIV)
+               for n in walk(value))
