@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 
 from . import backends
+from .fusion.explain import fusion_summary
 from .kernel import kernel
 from .workloads import WORKLOADS
 
@@ -37,7 +38,7 @@ def demo(args: argparse.Namespace) -> int:
             print(f"\n=== stage: {name} ===\n{ir}")
     print("\n=== what was fused ===")
     for g in lowered.groups:
-        print(f"{', '.join(g.reductions)}: fused={g.fused}" + (f" — {g.reason}" if g.reason else ""))
+        print("\n".join(fusion_summary(g)))
     got = _outputs(k(*inputs))
     if args.workload == "fp8_quant_gemm":
         return _check_quantized(got[0], *inputs)

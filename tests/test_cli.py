@@ -18,6 +18,17 @@ def test_demo_says_which_backend_ran_and_checks_the_result(capsys):
     assert "fused=True" in out and "OK" in out
 
 
+def test_demo_names_only_the_members_that_joined_the_pass_as_fused(capsys):
+    """moe_routing's cascade holds its top-k `weights`, which runs after the loop: the demo listed every member
+    of the cascade under ``fused=True``; it now says which members were fused and why the others were not."""
+    assert cli.main(["demo", "--backend", "interpret", "--workload", "moe_routing"]) == 0
+    section = capsys.readouterr().out.split("=== what was fused ===", 1)[1].split("check against", 1)[0]
+    lines = section.strip().splitlines()
+    assert lines[0] == "m, p_sum: fused=True"
+    assert lines[1].startswith("weights: fused=False — `weights` ranks ")
+    assert not any("weights" in line.split("fused=True")[0] for line in lines if "fused=True" in line)
+
+
 def test_demo_on_auto_names_why_it_chose_the_backend(capsys):
     assert cli.main(["demo", "--workload", "log_softmax"]) == 0
     first = capsys.readouterr().out.splitlines()[0]

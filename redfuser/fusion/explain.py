@@ -88,6 +88,22 @@ def explain_group(n: int, g: CascadeGroup) -> str:
     return "\n".join(lines)
 
 
+def fusion_summary(g: CascadeGroup) -> list[str]:
+    """One line per verdict for `g`: the members that joined the one-pass loop, then each member left out of it
+    with the reason explain gives (a group's `reductions` include refused members, so listing them under one
+    ``fused=True`` claimed a pass that the fused program does not run)."""
+    if not g.fused:
+        return [f"{', '.join(g.reductions)}: fused=False" + (f" — {g.reason}" if g.reason else "")]
+    lines = [f"{', '.join(g.fused_members)}: fused=True"]
+    for name in g.reductions:
+        if name in g.fused_members:
+            continue
+        dec = g.decompositions.get(name)
+        reason = dec.reason if isinstance(dec, Refusal) else g.reason
+        lines.append(f"{name}: fused=False" + (f" — {reason}" if reason else ""))
+    return lines
+
+
 def explain(name: str, groups: list[CascadeGroup], fused_ir: object | None, fusion_on: bool = True) -> str:
     """The whole report for one kernel specialization (`fusion_on`: False where the kernel's ``fuse=False``
     kept the fusion engine from running, so that no cascade was looked for)."""
