@@ -11,7 +11,10 @@ from helpers import run_backend
 
 import redfuser as rf
 from redfuser.fusion.merge import merge_partials
-from redfuser.ir import FusedLoop
+from redfuser.fusion.numeric_check import evaluate64
+from redfuser.fusion.separability import Decomposition
+from redfuser.ir import Binary, BinaryOp, FusedLoop, IndexValue, Load, format_expr
+from redfuser.ir.loop.expr import walk
 from redfuser.ir.loop.interpreter import Env, run_fused_loop, run_stmt
 from redfuser.testing.tolerance import assert_close
 
@@ -200,6 +203,26 @@ def test_explain_says_which_centre_was_chosen():
 
 # Polynomials with no single root every term vanishes at (fusion/taylor.py and own_centre.split_by_pair): before,
 # each was fused expanded (sum x^2 - (Y + Z) sum x + N Y Z), losing every digit on rows near 300.
+@pytest.mark.parametrize("body", [variance, fourth_moment, entropy, centred_exp_sum])
+def test_explained_g_times_h_is_the_term_each_centred_state_accumulates(body):
+    """explain prints each term's G(x) and H(y) beside the state that accumulates it: their product must be that
+    term. The entropy's G printed 1.0 and ``x - m`` for states summing ``exp(x - m)`` and
+    ``exp(x - m) * (x - m)`` (G lost the exponential's reduced part, alpha·u)."""
+    x = _rows_around_300((2, 64))
+    groups = rf.kernel(body, backend="interpret").lower(x).groups
+    accs = [acc for g in groups for dec in g.decompositions.values() if isinstance(dec, Decomposition)
+            and dec.kind == "shift-stable sum" for acc in dec.accumulators]
+    assert accs
+    rng = np.random.default_rng(1)
+    for acc in accs:
+        product = Binary(BinaryOp.MUL, acc.G, acc.H, acc.term.dtype)
+        leaves = {n for e in (product, acc.term) for n in walk(e) if isinstance(n, Load | IndexValue)}
+        values = {leaf: rng.uniform(-2.0, 2.0, 64) for leaf in leaves}
+        np.testing.assert_allclose(evaluate64(product, values), evaluate64(acc.term, values), rtol=1e-12,
+                                   err_msg=f"G = {format_expr(acc.G)}, H = {format_expr(acc.H)}, "
+                                           f"term = {format_expr(acc.term)}")
+
+
 def product_about_two_results(x, z):
     y = rf.max(z, axis=-1, keepdims=True)
     s = rf.sum(z, axis=-1, keepdims=True) / z.shape[-1]

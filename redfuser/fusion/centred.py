@@ -266,11 +266,14 @@ def _families(moved: A.Sum, centre: Centre, ctx: FusionContext, name: str, d: DT
             # the exponent with w written out: exp(alpha (u - c) + ...), the very term an unshifted sum keeps
             online = y_lin + (c_lin.scale(-alpha) if alpha else A.Linear())
             u_lin = A.as_linear(A.normalize(centre.u, lambda e: False, lambda e: False))
-            exponent = x_rest + (u_lin.scale(alpha) if alpha else A.Linear()) + online
+            weight = x_rest + (u_lin.scale(alpha) if alpha else A.Linear())   # the exponent's part in G
+            exponent = weight + online
             shifted = product_expr(A.Product(1.0, g * A.Monomial.of({w: Fraction(degree)}), exponent), d)
             u_minus_c = Binary(BinaryOp.SUB, centre.u, centre.c, d)
             term = map_expr(shifted, lambda n: u_minus_c if n == w else None)
-            G = product_expr(A.Product(1.0, g * A.Monomial.of({w: Fraction(degree)}), x_rest), d)
+            # G keeps alpha·u, so that G·H is the term the state accumulates (without it, the entropy's G
+            # printed 1.0 for a state summing exp(x - m))
+            G = product_expr(A.Product(1.0, g * A.Monomial.of({w: Fraction(degree)}), weight), d)
             G = map_expr(G, lambda n: u_minus_c if n == w else None)
             H = product_expr(A.Product(1.0, A.Monomial(), online), d)
             shift = Shift(centre, degree, alpha, tuple(lower), shifted, y_lin)
