@@ -400,6 +400,24 @@ def test_a_max_or_min_over_a_running_max_that_may_change_sign_is_a_second_pass(b
     np.testing.assert_array_equal(rf.kernel(_min_over_max, backend=backend)(row), _min_over_max(row))
 
 
+def _max_over_absmax(x):
+    m = rf.max(rf.abs(x), axis=-1, keepdims=True)
+    return rf.max(x / m, axis=-1)
+
+
+def test_a_max_over_a_running_absmax_is_refused_for_a_zero_absmax_not_a_sign_change():
+    """``max(x / max |x|)``: the running absmax never crosses 0, so the refusal said a cause that cannot occur
+    ("may be negative (a running max that crosses 0)"); what keeps it a second pass is that the absmax is 0
+    until a nonzero element is seen, where ``1 / m`` is undefined."""
+    x = np.array([[0.0, 0.0, -2.0, 1.0], [3.0, 0.0, -1.0, 0.5]], np.float32)
+    kernel = rf.kernel(_max_over_absmax, backend="interpret", interpret_chunk=1)
+    text = kernel.explain(x).split("fused Loop IR")[0]
+    assert "not fused" in text and "crosses 0" not in text and "may be negative" not in text
+    assert "m[i0] is a running max of values never negative, but it is 0 while every element seen so far is 0" in text
+    np.testing.assert_array_equal(kernel(x), _max_over_absmax(x))
+    assert "may be negative (a running max that crosses 0)" in rf.kernel(_min_over_max).explain(x)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_variance_that_overflows_is_infinite_as_numpys(backend):
     """Values near 1e25 square past f32's range: numpy's variance is inf, and the layer norm of such a row

@@ -568,6 +568,14 @@ def _sum_terms(splits: list[_Split], d: DType) -> Decomposition:
     return Decomposition(kind, tuple(accs), tuple(factors), expanded=len(splits) > 1)
 
 
+def _never_negative_max(atom: Expr, ctx: FusionContext) -> bool:
+    """True where `atom` reads an earlier running max of the cascade whose body is never negative (``max(abs(x))``):
+    its running value never crosses 0, though it may be 0."""
+    return isinstance(atom, Load) and any(
+        e.name == atom.buffer.name and e.op is ReduceOp.MAX and is_nonnegative(e.body, ctx.positive)
+        for e in ctx.extrema)
+
+
 def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, name: str,
              value: Expr) -> Decomposition | Refusal:
     if len(splits) == 1:
@@ -576,10 +584,20 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
             h = monomial_expr(s.deferred, d)
             return Refusal(f"in `{name}`, {op.value} over k of G·H needs H > 0, and {format_expr(h)} cannot be shown "
                            "positive (a negative factor would turn max into min)", h)
-        if s.powers.factors and not all(is_nonnegative(a, ctx.positive) for a, _ in s.powers.factors):
+        unsigned = [a for a, _ in s.powers.factors if not is_nonnegative(a, ctx.positive)]
+        if unsigned:
             # (the running value is rescaled by H(y_new) / H(y_old): ``m_prev / m`` of ``min(x / max x)`` is
             # negative where the running max crosses 0, and the running min became a running max)
             h = monomial_expr(s.powers, d)
+            at_zero = [a for a in unsigned if _never_negative_max(a, ctx)]
+            if len(at_zero) == len(unsigned):
+                # (a running max of |x| never crosses 0, but it is 0 until a nonzero element is seen)
+                zero = " or ".join(format_expr(a) for a in at_zero)
+                return Refusal(f"in `{name}`, {op.value} over k of G·H with H = {format_expr(h)} read at the "
+                               f"running value: {zero} is a running max of values never negative, but it is 0 "
+                               "while every element seen so far is 0, so H(y) > 0 cannot be shown: H is then "
+                               "undefined (a division by 0) and so is its rescale H(y_new)/H(y_old); so a second "
+                               "pass", h)
             return Refusal(f"in `{name}`, {op.value} over k of G·H with H = {format_expr(h)} read at the running "
                            "value: its rescale H(y_new)/H(y_old) may be negative (a running max that crosses 0), "
                            "which would turn the running max into a min; so a second pass", h)
