@@ -96,7 +96,7 @@ def _on_return(builder: TraceBuilder, body: object, returns: list[SourceLoc]) ->
     an error about the returned value can point at it."""
 
     def returned(frame: FrameType) -> None:
-        builder.name_user_variables(frame.f_locals)
+        builder.name_user_variables(frame)
         if frame.f_code is body:
             file = frame.f_code.co_filename
             returns.append(SourceLoc(file, frame.f_lineno, linecache.getline(file, frame.f_lineno).rstrip("\n")))

@@ -14,6 +14,7 @@ import re
 import sys
 import weakref
 from dataclasses import dataclass, replace
+from types import CodeType, FrameType
 from typing import Callable, Iterator
 
 import numpy as np
@@ -49,7 +50,7 @@ from .ir.loop.index import as_index, index_value
 from .ir.types import int64
 from .ir import types as T
 from .probes import ProbeLength, needed_past_the_call, probe_length, product_length
-from .source_info import is_internal, user_loc
+from .source_info import user_frame, user_loc
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,9 @@ class TraceBuilder:
         self.body: list[Stmt] = []
         self._counter: dict[str, int] = {}
         self._user_names: dict[str, str] = {}  # buffer name -> user variable name
+        # buffer name -> the code of the user frame whose line made it (`_bind` prefers that frame's variables)
+        self._made_in: dict[str, CodeType] = {}
+        self._name_rank: dict[str, int] = {}   # buffer name -> the `_bind` rank of the variable naming it
         self._taken: set[str] = set()
         # (a length the body's checks read, the least it may be): an int index or a top-k's k needs the axis
         # to be that long; a shape-polymorphic kernel turns these into guards (`redfuser.compiler.sized_stage`)
@@ -199,19 +203,24 @@ class TraceBuilder:
 
     def emit(self, hint: str, dtype: DType, shape: tuple[int, ...], make: Callable[[Buffer], Stmt]) -> "Tracer":
         """Append the loop nest `make(out)` writing a new buffer; return a tracer for it."""
-        self.name_user_variables()
+        frame = user_frame()
+        self.name_user_variables(frame)
         _check_size(hint, dtype, shape)
         buf = Buffer(self.fresh(hint), BufferType(dtype, shape))
+        self._note_maker(buf, frame)
         self.body.append(make(buf))
         return Tracer(self, buf, tuple(range(len(shape))), shape)
 
     def emit_pair(self, hints: tuple[str, str], types: tuple[BufferType, BufferType],
                   make: Callable[[Buffer, Buffer], Stmt]) -> tuple["Tracer", "Tracer"]:
         """Like `emit`, for a nest writing two buffers (top-k's values and indices)."""
-        self.name_user_variables()
+        frame = user_frame()
+        self.name_user_variables(frame)
         for h, t in zip(hints, types):
             _check_size(h, t.dtype, t.shape)
         a, b = (Buffer(self.fresh(h), t) for h, t in zip(hints, types))
+        self._note_maker(a, frame)
+        self._note_maker(b, frame)
         self.body.append(make(a, b))
         return tuple(Tracer(self, x, tuple(range(len(x.shape))), x.shape) for x in (a, b))  # type: ignore[return-value]
 
@@ -219,27 +228,36 @@ class TraceBuilder:
         return tuple(Axis(f"{prefix}{n}", s) for n, s in enumerate(shape))
 
     # -- naming buffers after the user's variables -------------------------------------------
-    def name_user_variables(self, frame_locals: dict | None = None) -> None:
-        """Give unnamed buffers the name of the user variable bound to them (first binding wins)."""
-        if frame_locals is None:
-            frame = sys._getframe(1)
-            while frame is not None and is_internal(frame.f_code.co_filename):
-                frame = frame.f_back
-            if frame is None:
-                return
-            frame_locals = frame.f_locals
-        for var, value in list(frame_locals.items()):
-            if isinstance(value, Tracer) and value.builder is self:
-                self._bind(value.buffer.name, var)
+    def _note_maker(self, buf: Buffer, frame: FrameType | None) -> None:
+        if frame is not None:
+            self._made_in[buf.name] = frame.f_code
 
-    def _bind(self, buffer_name: str, var: str) -> None:
-        if not buffer_name.startswith("%") or buffer_name in self._user_names or var.startswith("_"):
+    def name_user_variables(self, frame: FrameType | None) -> None:
+        """Name the buffers that `frame`'s local variables hold after those variables (`_bind`)."""
+        if frame is None:
             return
+        code = frame.f_code
+        parameters = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        for var, value in list(frame.f_locals.items()):
+            if isinstance(value, Tracer) and value.builder is self:
+                rank = (_MADE_HERE if self._made_in.get(value.buffer.name) is code
+                        else _PASSED_IN if var in parameters else _ASSIGNED_HERE)
+                self._bind(value.buffer.name, var, rank)
+
+    def _bind(self, buffer_name: str, var: str, rank: int) -> None:
+        """Name `buffer_name` after `var` unless a variable of a higher `rank` named it, or one of the same rank
+        did first. A parameter is seen first but ranks last: ``h = rf.exp(x); helper(h)`` is ``h``, though
+        ``def helper(t)`` binds ``t`` to it at the helper's first op, before the caller's next op shows `h`."""
+        if not buffer_name.startswith("%") or var.startswith("_") or self._name_rank.get(buffer_name, -1) >= rank:
+            return
+        if buffer_name in self._user_names:
+            self._taken.discard(self._user_names.pop(buffer_name))   # the lower-ranked name gives way
         name, n = var, 1
         while name in self._taken:
             name, n = f"{var}_{n}", n + 1
         self._taken.add(name)
         self._user_names[buffer_name] = name
+        self._name_rank[buffer_name] = rank
 
     def finish(self, outputs: list["Tracer"], out_names: list[str]) -> Program:
         """The traced `Program`: outputs materialized, buffers named, in source order."""
@@ -247,10 +265,10 @@ class TraceBuilder:
         for t, hint in zip(outputs, out_names):
             if t.is_plain and t.buffer not in self.inputs and t.buffer not in out_bufs:
                 out_bufs.append(t.buffer)
-                self._bind(t.buffer.name, hint)
+                self._bind(t.buffer.name, hint, _OUTPUT_HINT)
                 continue
             copy = self.emit("out", t.ir_dtype, t.shape, lambda out, t=t: Compute(out, self.axes(t.shape), t.expr_for(self.axes(t.shape)), loc=t.loc))
-            self._bind(copy.buffer.name, hint)
+            self._bind(copy.buffer.name, hint, _OUTPUT_HINT)
             out_bufs.append(copy.buffer)
         names = {}
         for s in self.body:
@@ -292,6 +310,11 @@ def _indices_apart_from_buffers(p: Program) -> Program:
         body.append(rename_loop_indices(s, names))
     return replace(p, body=tuple(body))
 
+
+# How strongly a variable names the buffer it holds (`TraceBuilder._bind`): an output's hint only where nothing
+# else does, then a parameter that received the value, a variable of another frame it was assigned to (a value a
+# helper returns unnamed takes its caller's name), and the variable of the frame whose line made the value.
+_OUTPUT_HINT, _PASSED_IN, _ASSIGNED_HERE, _MADE_HERE = range(4)
 
 _ASSIGNED = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)")
 """The variable a source line assigns (``mu = rf.sum(x) / n`` -> ``mu``)."""

@@ -70,6 +70,41 @@ def test_names_come_from_returning_helper_frames_with_or_without_a_debugger(unde
     assert any(line.strip().startswith("doubled: f32[4,8] = ") for line in text.splitlines()), text
 
 
+def _tripled(t):
+    return t * 3.0                   # the helper's parameter `t` is bound to the caller's `h` at this op
+
+
+def _tripled_unnamed(t):
+    return rf.exp(t)
+
+
+def _passes_to_a_helper(x):
+    h = rf.exp(x)
+    out = _tripled(h)
+    g = _tripled_unnamed(out)
+    return rf.sum(g, axis=-1)
+
+
+@pytest.mark.parametrize("under_a_tracer", [False, True])
+def test_a_value_is_named_in_the_frame_that_made_it_not_after_a_helpers_parameter(under_a_tracer):
+    """``h = rf.exp(x); _tripled(h)``: the helper's first op saw its parameter `t` bound to exp(x) before the
+    kernel's frame named it, and `t` won ("first binding wins"). The variable of the frame that made the value
+    names it; a value a helper returns unnamed still takes its caller's name (`g`)."""
+    import sys
+
+    x = np.ones((4, 8), np.float32)
+    previous = sys.gettrace()
+    sys.settrace((lambda frame, event, arg: None) if under_a_tracer else None)
+    try:
+        lines = [line.strip() for line in traced_text(_passes_to_a_helper, x).splitlines()]
+    finally:
+        sys.settrace(previous)
+    assert "h: f32[4,8] = for i0<4, i1<8: exp(x[i0,i1])" in lines, lines
+    assert "out: f32[4,8] = for i0<4, i1<8: h[i0,i1] * 3.0" in lines, lines
+    assert "g: f32[4,8] = for i0<4, i1<8: exp(out[i0,i1])" in lines, lines
+    assert not any(line.startswith("t:") for line in lines), lines
+
+
 def test_printed_ir_shows_the_user_source_lines():
     text = traced_text(attention, *qkv())
     assert "# test_trace.py:" in text
