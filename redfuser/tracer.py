@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import contextvars
 import math
-import re
 import sys
 import weakref
 from dataclasses import dataclass, replace
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Callable, Iterator
 
 import numpy as np
@@ -50,6 +49,7 @@ from .ir.loop.index import as_index, index_value
 from .ir.types import int64
 from .ir import types as T
 from .probes import ProbeLength, needed_past_the_call, probe_length, product_length
+from .assigned import OpSite, assigned_variable
 from .source_info import user_frame, user_loc
 
 
@@ -144,8 +144,9 @@ class TraceBuilder:
         self.body: list[Stmt] = []
         self._counter: dict[str, int] = {}
         self._user_names: dict[str, str] = {}  # buffer name -> user variable name
-        # buffer name -> the code of the user frame whose line made it (`_bind` prefers that frame's variables)
-        self._made_in: dict[str, CodeType] = {}
+        # buffer name -> the op's place in the user frame that made it: `_bind` prefers that frame's variables,
+        # and `_temp_name` reads the statement there
+        self._made_at: dict[str, OpSite] = {}
         self._name_rank: dict[str, int] = {}   # buffer name -> the `_bind` rank of the variable naming it
         self._taken: set[str] = set()
         # (a length the body's checks read, the least it may be): an int index or a top-k's k needs the axis
@@ -230,7 +231,7 @@ class TraceBuilder:
     # -- naming buffers after the user's variables -------------------------------------------
     def _note_maker(self, buf: Buffer, frame: FrameType | None) -> None:
         if frame is not None:
-            self._made_in[buf.name] = frame.f_code
+            self._made_at[buf.name] = OpSite(frame.f_code, frame.f_lasti)
 
     def name_user_variables(self, frame: FrameType | None) -> None:
         """Name the buffers that `frame`'s local variables hold after those variables (`_bind`)."""
@@ -240,7 +241,8 @@ class TraceBuilder:
         parameters = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
         for var, value in list(frame.f_locals.items()):
             if isinstance(value, Tracer) and value.builder is self:
-                rank = (_MADE_HERE if self._made_in.get(value.buffer.name) is code
+                site = self._made_at.get(value.buffer.name)
+                rank = (_MADE_HERE if site is not None and site.code is code
                         else _PASSED_IN if var in parameters else _ASSIGNED_HERE)
                 self._bind(value.buffer.name, var, rank)
 
@@ -273,16 +275,17 @@ class TraceBuilder:
         names = {}
         for s in self.body:
             for out in written(s):
-                names[out.name] = self._user_names.get(out.name) or self._temp_name(out.name, s.loc)
+                names[out.name] = self._user_names.get(out.name) or self._temp_name(out.name)
         program = Program(self.name, tuple(self.inputs), tuple(out_bufs), tuple(self.body))
         return _indices_apart_from_buffers(rename_buffers(program, names))
 
-    def _temp_name(self, old: str, loc: SourceLoc) -> str:
-        """A temporary's name: its op, prefixed by the variable its source line assigns (``mu_sum``)."""
+    def _temp_name(self, old: str) -> str:
+        """A temporary's name: its op, prefixed by the variable its statement assigns (``mu_sum``)."""
         base = old.lstrip("%").split(".")[0]
-        target = _ASSIGNED.match(loc.text or "")
-        if target and target.group(1) != base and not target.group(1).startswith("_"):
-            base = f"{target.group(1)}_{base}"
+        site = self._made_at.get(old)
+        target = assigned_variable(site) if site is not None else None
+        if target and target != base and not target.startswith("_"):
+            base = f"{target}_{base}"
         name, n = base, 1
         while name in self._taken:
             name, n = f"{base}_{n}", n + 1
@@ -316,8 +319,6 @@ def _indices_apart_from_buffers(p: Program) -> Program:
 # helper returns unnamed takes its caller's name), and the variable of the frame whose line made the value.
 _OUTPUT_HINT, _PASSED_IN, _ASSIGNED_HERE, _MADE_HERE = range(4)
 
-_ASSIGNED = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)")
-"""The variable a source line assigns (``mu = rf.sum(x) / n`` -> ``mu``)."""
 
 _ACTIVE: contextvars.ContextVar[TraceBuilder | None] = contextvars.ContextVar("redfuser_trace", default=None)
 

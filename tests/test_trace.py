@@ -337,3 +337,40 @@ def test_loop_indices_are_not_named_like_a_variable_assigned_later():
         text = str(lowered.stages[stage])
         assert "i0[i0_]" in text and "i0[i0]" not in text and "r0[r0" not in text and "r0[i0," not in text, text
     np.testing.assert_array_equal(kernel(x), f(x))
+
+
+def _continued_call(x):
+    return rf.exp(x -
+                  rf.max(x, axis=-1,
+                         keepdims=True)) * rf.sum(x, axis=-1,
+                                                  keepdims=True)
+
+
+def _continued_assignment(x):
+    y = rf.exp(x -
+               rf.max(x, axis=-1, keepdims=True))
+    scaled: object = (rf.sum(y, axis=-1, keepdims=True)
+                      * 2.0)
+    z = y / scaled
+    f = lambda t: rf.exp(t) * 2.0  # noqa: E731
+    return f(z)
+
+
+def _op_names(fn, x) -> list[str]:
+    return [line.split(":")[0].strip() for line in traced_text(fn, x).splitlines()[1:] if not line.strip().startswith("#")]
+
+
+def test_a_temporary_is_prefixed_only_by_the_variable_its_statement_assigns():
+    """A temporary takes the variable its statement assigns as a prefix, read from the statement's syntax
+    tree: a regex over one physical line read the continuation ``keepdims=True)) * rf.sum(`` as an assignment
+    (``keepdims_sum``), and ``lam = rf.kernel(lambda x: ...)`` as the body's (``lam_max``); a lambda inside a
+    body is a function, not the value its statement assigns (``f_exp``)."""
+    x = np.ones((2, 4), np.float32)
+    assert _op_names(_continued_call, x) == ["max", "subtract", "exp", "sum", "out"]
+    lam = rf.kernel(lambda x: rf.exp(x - rf.max(x, axis=-1, keepdims=True)), backend="interpret")
+    lines = str(lam.lower(x).stages["traced"]).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines if not line.strip().startswith("#")] == \
+        ["max", "subtract", "out"]
+    # an assignment written over several lines prefixes every op of its value, the annotated one too
+    assert _op_names(_continued_assignment, x) == \
+        ["y_max", "y_subtract", "y", "scaled_sum", "scaled", "z", "exp", "out"]
