@@ -6,7 +6,10 @@ element. numpy arrays are read directly; other objects through the CUDA Array
 Interface (v2/v3: CuPy, PyTorch CUDA tensors, Numba) or the DLPack protocol
 (``__dlpack__``/``__dlpack_device__``: PyTorch, JAX, ...). The DLPack capsule is
 read but not consumed, so the producer keeps ownership; the caller keeps the
-argument alive while the address is used.
+argument alive while the address is used. A capsule RedFuser reads itself is kept
+with what it describes (a host view's base, a device `ArrayInfo`'s `owner`): the
+protocol lets a producer export memory that only the capsule keeps alive (a
+tensor materialized for the export), which its deleter frees.
 
 `host_array` gives a zero-copy numpy view of a host-resident argument;
 `new_like` allocates an output of the caller's own array type on the same
@@ -15,7 +18,7 @@ device when that library is importable (torch, cupy), else a numpy array.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -40,6 +43,8 @@ class ArrayInfo:
     library: str                      # "numpy", "torch", "cupy", ... (the caller's array type)
     whole_elements: bool = True       # the address and every stride are whole elements (a numpy view of
     #                                   a structured or byte-offset buffer may not be)
+    owner: object = field(default=None, compare=False, repr=False)   # the DLPack capsule the pointer was
+    #                                   read from, where only it may keep the memory alive (a device export)
 
     @property
     def on_gpu(self) -> bool:
@@ -230,7 +235,7 @@ def _from_dlpack(x: object, name: str) -> tuple[ArrayInfo, np.ndarray | None]:
     except TypeError:
         capsule = x.__dlpack__()
     dtype, shape, strides, pointer = _read_capsule(capsule, name)
-    return ArrayInfo(shape, dtype, strides, device_type, device_id, pointer, library_of(x)), None
+    return ArrayInfo(shape, dtype, strides, device_type, device_id, pointer, library_of(x), owner=capsule), None
 
 
 def _read_capsule(capsule: object, name: str) -> tuple[DType, tuple[int, ...], tuple[int, ...], int]:
@@ -249,12 +254,14 @@ def _read_capsule(capsule: object, name: str) -> tuple[DType, tuple[int, ...], t
 
 
 class _HostMemory:
-    """Another library's host memory as numpy sees it (``__array_interface__``); holding the producer keeps
-    the memory alive as long as a view of it is."""
+    """Another library's host memory as numpy sees it (``__array_interface__``); holding the producer and the
+    capsule its memory was exported in keeps the memory alive as long as a view of it is (the capsule's
+    deleter, run when it is collected unconsumed, may free a buffer the producer made for the export)."""
 
-    def __init__(self, producer: object, pointer: int, shape: tuple[int, ...], byte_strides: tuple[int, ...],
-                 itemsize: int) -> None:
+    def __init__(self, producer: object, capsule: object, pointer: int, shape: tuple[int, ...],
+                 byte_strides: tuple[int, ...], itemsize: int) -> None:
         self.producer = producer
+        self.capsule = capsule
         self.__array_interface__ = {"data": (pointer, False), "shape": shape, "strides": byte_strides,
                                     "typestr": f"|V{itemsize}", "version": 3}
 
@@ -266,11 +273,13 @@ def _host_dlpack(x: object, name: str) -> np.ndarray:
         return np.from_dlpack(x)
     except (RuntimeError, BufferError, TypeError):   # "Unsupported dtype in DLTensor" and the like
         pass
-    dtype, shape, strides, pointer = _read_capsule(x.__dlpack__(), name)
+    capsule = x.__dlpack__()
+    dtype, shape, strides, pointer = _read_capsule(capsule, name)
     if 0 in shape:
         return np.empty(shape, dtype.numpy)
     item = dtype.itemsize
-    raw = np.asarray(_HostMemory(x, pointer, shape, tuple(s * item for s in strides), item))
+    # (the view's base holds the capsule: dropped here, its deleter could free the memory the view reads)
+    raw = np.asarray(_HostMemory(x, capsule, pointer, shape, tuple(s * item for s in strides), item))
     return raw.view(dtype.numpy)
 
 

@@ -1,6 +1,9 @@
 """Kernel arguments from any library: numpy, DLPack and __cuda_array_interface__ (no GPU needed)."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -121,3 +124,63 @@ def test_torch_bfloat16_and_float8_cpu_tensors_run_and_come_back_as_torch():
     f8 = torch.linspace(-2, 2, 16).reshape(2, 8).to(torch.float8_e4m3fn)
     total = rf.kernel(lambda x: rf.sum(x.astype(np.float32), axis=-1), backend="cpu")(f8)
     assert torch.equal(total, f8.float().sum(-1))
+
+
+class _PoisonedOnRelease:
+    """The owner of an export's buffer: numpy reads `arena` through it, and when the last reference goes (the
+    capsule's deleter dropping the exported array) it overwrites the arena with NaN bits, as a freed buffer's
+    memory is reused, so a reader of released memory sees it deterministically."""
+
+    def __init__(self, arena: np.ndarray, nan_bits: int) -> None:
+        self.arena, self.nan_bits = arena, nan_bits
+        self.__array_interface__ = arena.__array_interface__
+
+    def __del__(self) -> None:
+        self.arena[...] = self.nan_bits
+
+
+class ExportedOnDemand:
+    """A host DLPack producer that materializes a fresh buffer on each export (a lazily computed array): only
+    the capsule keeps that buffer alive, and its deleter releases it (the protocol's ownership rule). numpy
+    cannot import its bfloat16/float8 dtypes, so RedFuser reads the capsule itself."""
+
+    def __init__(self, values: np.ndarray, code: int, nan_bits: int) -> None:
+        self.values, self.code, self.nan_bits = values, code, nan_bits
+        self.arenas: list[np.ndarray] = []     # (kept: released memory stays mapped, holding the poison)
+        self.live: list[weakref.ref] = []
+
+    def __dlpack__(self, **kwargs):
+        arena = self.values.view(f"u{self.values.itemsize}").copy()
+        self.arenas.append(arena)
+        owner = _PoisonedOnRelease(arena, self.nan_bits)
+        self.live.append(weakref.ref(owner))
+        capsule = np.asarray(owner).__dlpack__()
+        arrays._capsule_tensor(capsule).dtype.code = self.code
+        return capsule
+
+    def __dlpack_device__(self):
+        return (CPU, 0)
+
+
+@pytest.mark.parametrize("dtype, code, nan_bits", [(rf.bfloat16, arrays._DL_BFLOAT, 0xFFFF),
+                                                   (rf.float8_e4m3fn, arrays._DL_FLOAT8_E4M3FN, 0xFF)])
+def test_a_host_export_that_only_its_capsule_keeps_alive_is_read_while_the_capsule_lives(dtype, code, nan_bits):
+    """RedFuser read the pointer out of the capsule of a bfloat16/float8 export and dropped the capsule at once,
+    whose deleter freed a buffer the producer made for that export: the kernel read freed memory (garbage,
+    silently). The view now holds the capsule; its buffer is poisoned the moment it is released."""
+    values = (np.arange(1, 13, dtype=np.float32).reshape(3, 4) / 4).astype(dtype)
+    producer = ExportedOnDemand(values, code, nan_bits)
+    view = arrays.host_array(producer)
+    gc.collect()
+    assert producer.live[-1]() is not None, "the export's buffer was released while its view is in use"
+    assert np.array_equal(view.astype(np.float32), values.astype(np.float32))
+    del view
+    gc.collect()
+    assert producer.live[-1]() is None      # and released with the view: nothing leaks
+    for backend in ("interpret", "cpu"):
+        k = rf.kernel(lambda x: (x.astype(np.float32) * 2).astype(dtype), backend=backend)
+        for _ in range(3):
+            got = k(producer)
+            gc.collect()
+            np.testing.assert_array_equal(got.astype(np.float32), (values.astype(np.float32) * 2).astype(dtype)
+                                          .astype(np.float32))
