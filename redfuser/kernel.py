@@ -741,12 +741,14 @@ class Kernel:
             inputs = [arrays_rt.host_array(a, f"argument {n!r}") for a, n in zip(arrays, names)]
             if outs is not None:
                 _run_into(run, inputs, [arrays_rt.host_array(o, "out") for o in outs])
+                outputs.mark_written(outs)
                 return out
             library = next((arrays_rt.library_of(a) for a in arrays if not isinstance(a, np.ndarray)), "numpy")
             results = tuple(arrays_rt.as_caller_type(o, library) for o in run(inputs))
         else:
             results = run(arrays, stream=stream, outputs=outs)
             if outs is not None:
+                outputs.mark_written(outs)
                 return out
         return _one_or_tuple(results, _returns_sequence(lowered))
 

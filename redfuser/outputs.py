@@ -10,6 +10,12 @@ the stream the call runs on, with no allocation and no host synchronization (so 
 captured in a CUDA graph), and host arrays get the results copied back. Anything else is an
 `ArgumentError` that names the result, what it must be and the caller's line; nothing is written then.
 
+A torch ``out`` is written as torch's own in-place ops write: its version counter is bumped after the write
+(`mark_written`), so autograd refuses a backward that saved its old values instead of silently using the
+new ones; and one torch would not let an in-place op write is refused: an inference tensor outside
+``torch.inference_mode()``, and a tensor that requires grad (a leaf, or a view of one, torch refuses while
+autograd records; any other, a kernel has no backward for).
+
 Memory is compared by address ranges (lowest to highest byte an array spans, on its device), so two
 interleaved views of one buffer count as overlapping: the check errs towards refusing. An out without
 elements (of an empty result) spans no memory and has no two elements, whatever its strides (numpy gives
@@ -17,6 +23,7 @@ elements (of an empty result) spans no memory and has no two elements, whatever 
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from .ir import ArgumentError, Buffer, SourceLoc
@@ -67,6 +74,38 @@ def _self_overlapping(info: arrays_rt.ArrayInfo) -> bool:
     return False
 
 
+def _torch_refusal(o: object, name: str) -> str | None:
+    """Why torch would refuse an in-place write into the torch tensor `o` (or a kernel cannot record one), or
+    None (anything else, numpy arrays too)."""
+    torch = sys.modules.get("torch")     # (imported where a tensor was passed)
+    if torch is None or not isinstance(o, getattr(torch, "Tensor", ())):
+        return None
+    if o.is_inference() and not torch.is_inference_mode_enabled():
+        return (f"{name} is an inference tensor (made under torch.inference_mode()), which torch does not let an "
+                "in-place write change outside inference mode: call the kernel inside torch.inference_mode(), or "
+                "pass a normal tensor (o.clone() made outside it)")
+    if o.requires_grad:
+        if o.is_leaf or (o._base is not None and o._base.is_leaf):
+            return (f"{name} is a torch tensor that requires grad, {'a leaf' if o.is_leaf else 'a view of a leaf'}, "
+                    "which torch does not let an in-place write change while autograd records it; to change its "
+                    "values as an optimizer step does, pass out=o.detach() under torch.no_grad()")
+        return (f"{name} is a torch tensor that requires grad: autograd would have to record the write, and a "
+                "kernel has no backward; pass a tensor that does not require grad")
+    return None
+
+
+def mark_written(outs: Sequence[object]) -> None:
+    """Bump the version counter of each torch tensor among `outs` after a kernel wrote it, as torch's in-place
+    ops do: autograd then refuses a backward that saved its old values (it cannot see memory written through
+    a pointer). An inference tensor has no counter, and torch leaves it alone."""
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)    # (torch is imported where one was passed)
+    if tensor is None:
+        return
+    tensors = [o for o in outs if isinstance(o, tensor)]
+    if tensors:
+        sys.modules["torch"].autograd.graph.increment_version(tensors)
+
+
 def check(outs: Sequence[object], results: Sequence[Buffer], arguments: Sequence[tuple[str, object]], kernel: str,
           loc: SourceLoc | None) -> list[arrays_rt.ArrayInfo]:
     """Each of `outs` described, after checking it against its result (shape, dtype, writable) and against
@@ -76,6 +115,9 @@ def check(outs: Sequence[object], results: Sequence[Buffer], arguments: Sequence
     described = [(arg_name, arrays_rt.describe(arg, f"argument {arg_name!r}")) for arg_name, arg in arguments]
     for i, (o, b) in enumerate(zip(outs, results)):
         name = f"out[{i}] (result {b.name!r})" if len(results) > 1 else f"out (result {b.name!r})"
+        refusal = _torch_refusal(o, name)     # (before `describe`: its refusal of grad does not say why for an out)
+        if refusal is not None:
+            raise ArgumentError(refusal, op=kernel, loc=loc)
         try:
             info = arrays_rt.describe(o, name)
         except ArgumentError as err:

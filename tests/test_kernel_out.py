@@ -205,3 +205,54 @@ def test_a_body_returning_a_one_tuple_gives_a_one_tuple_on_every_call_path(backe
         np.testing.assert_array_equal(got[0].numpy(), x + 1)
     single = rf.kernel(lambda a: a + 1, backend=backend)     # (a bare result stays bare)
     assert isinstance(single(x), np.ndarray) and isinstance(single(x), np.ndarray)
+
+
+def _doubled(x):
+    return x * 2
+
+
+@pytest.mark.parametrize("backend", ("interpret", "cpu"))
+def test_a_torch_out_is_written_as_torchs_in_place_ops_write_it(backend):
+    """A torch out was written without bumping its version counter, so a backward that saved its old values
+    silently used the new ones (a wrong gradient, no error); the version is now bumped as ``o.copy_`` bumps
+    it, and autograd refuses that backward as it does for torch's own in-place ops."""
+    torch = pytest.importorskip("torch")
+    k = rf.kernel(_doubled, backend=backend)
+    x = torch.arange(1.0, 5.0)
+    o = torch.ones(4)
+    w = torch.ones(4, requires_grad=True)
+    saved = (w * o).sum()           # autograd saves o (ones) for w's gradient
+    before = o._version
+    assert k(x, out=o) is o
+    assert o._version > before and torch.equal(o, x * 2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
+    # a detached tensor shares its base's counter: the optimizer-step way of writing a parameter
+    with torch.no_grad():
+        before = w._version
+        k(x, out=w.detach())
+    assert w._version > before and torch.equal(w.detach(), x * 2)
+
+
+def test_a_torch_out_that_torch_would_not_let_an_in_place_op_write_is_refused():
+    """An inference tensor outside inference mode was written where torch refuses ``o.copy_``; a tensor
+    that requires grad was refused by the argument reader, saying to pass ``x.detach()`` but not why an out
+    may not be written. Nothing is written on a refusal."""
+    torch = pytest.importorskip("torch")
+    k = rf.kernel(_doubled, backend="cpu")
+    x = torch.arange(1.0, 5.0)
+    with torch.inference_mode():
+        frozen, other = torch.zeros(4), torch.zeros(4)
+    with pytest.raises(RuntimeError, match="inference tensor"):
+        other.copy_(x)             # (torch's own rule)
+    refused(k, x, out=frozen, match=r"_doubled: out \(result 'out'\) is an inference tensor .* inside "
+                                    r"torch.inference_mode\(\)")
+    assert not frozen.any()
+    with torch.inference_mode():
+        assert k(x, out=frozen) is frozen      # where torch lets it be written
+    assert torch.equal(frozen, x * 2)
+    w = torch.zeros(4, requires_grad=True)
+    refused(k, x, out=w, match="requires grad, a leaf, which torch does not let an in-place write change")
+    refused(k, x[:2], out=w[:2], match="requires grad, a view of a leaf, which torch does not let")
+    refused(k, x, out=w * 1, match="requires grad: autograd would have to record the write")
+    assert not w.detach().any() and w._version == 0
