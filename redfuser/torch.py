@@ -33,7 +33,7 @@ from .ir.errors import ArgumentError
 from .source_info import user_loc
 from .kernel import Kernel
 from .kernel import kernel as make_kernel
-from .runtime.arrays import as_caller_type
+from .runtime.arrays import as_caller_type, c_contiguous
 from .symbolic_results import symbolic_output_types
 
 
@@ -110,7 +110,7 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
         results = on[device](*tensors)
         results = results if isinstance(results, tuple) else (results,)
         # (numpy results of a kernel without tensor arguments: bfloat16 and float8 ones by their bits)
-        return [r if isinstance(r, torch.Tensor) else as_caller_type(np.ascontiguousarray(r), "torch") for r in results]
+        return [r if isinstance(r, torch.Tensor) else as_caller_type(c_contiguous(r), "torch") for r in results]
 
     custom = torch.library.custom_op(name, run, mutates_args=(), schema=schema)
     _REGISTERED[name] = kernel.__name__

@@ -294,6 +294,12 @@ def host_array(x: object, name: str = "argument") -> np.ndarray:
     return view
 
 
+def c_contiguous(a: object) -> np.ndarray:
+    """`a` as a C-contiguous numpy array of its own shape, copied only where it is not one already: a 0-d
+    result stays 0-d (``np.ascontiguousarray`` returns at least one dimension)."""
+    return np.array(a, order="C", copy=None)
+
+
 def as_caller_type(out: np.ndarray, library: str):
     """A host result handed back as the caller's array type (a torch CPU tensor for torch callers)."""
     if library == "torch":
@@ -306,7 +312,7 @@ def as_caller_type(out: np.ndarray, library: str):
             if torch_dtype is None or torch_dtype.itemsize != out.dtype.itemsize:   # old torch without float8
                 return out
             bits = np.int16 if out.dtype.itemsize == 2 else np.int8
-            return torch.from_numpy(np.ascontiguousarray(out).view(bits)).view(torch_dtype)
+            return torch.from_numpy(c_contiguous(out).view(bits)).view(torch_dtype)
     return out
 
 

@@ -358,3 +358,34 @@ def test_a_body_that_loops_over_a_length_is_specialized_without_tracing_the_prob
     op = rft.op(unrolled, "rftests::unrolled")
     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(5))
     assert torch.equal(torch.compile(op, fullgraph=True, dynamic=True)(x), x.max(1).values)
+
+
+def _total(x):
+    return rf.sum(x, axis=0)
+
+
+def _count():
+    return rf.sum(rf.arange(5))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float32"])
+def test_a_0_d_result_stays_0_d_eagerly_and_under_torch_compile(dtype):
+    """A 0-d bfloat16 or float8 result came back of shape (1,) (``np.ascontiguousarray`` gives at least one
+    dimension), from a plain kernel and an op, and an op without tensor arguments did so for every dtype:
+    under torch.compile the fake result is 0-d, so inductor's code asserted on it."""
+    dt = getattr(torch, dtype)
+    x = torch.tensor([1.0, 2.0, 3.0]).to(dt)
+    want = x.float().sum().to(dt)
+    op = rft.op(_total, f"rftests::total_{dtype}")
+    for call in (rf.kernel(_total, backend="cpu"), rf.kernel(_total, backend="interpret"), op, op):
+        got = call(x)
+        assert got.shape == () and got.dtype == dt and torch.equal(got.float(), want.float())
+    compiled = torch.compile(lambda t: op(t).float() + 1, fullgraph=True)(x)
+    assert compiled.shape == () and torch.equal(compiled, want.float() + 1)
+
+
+def test_a_0_d_result_of_an_op_without_tensor_arguments_stays_0_d():
+    count = rft.op(_count, "rftests::count")
+    assert np.shape(_count()) == () and count().shape == () and count().item() == 10
+    compiled = torch.compile(lambda: count() + 1, fullgraph=True)()
+    assert compiled.shape == () and compiled.item() == 11
