@@ -15,8 +15,8 @@ symbols are asserted equal where the body needs them so (`redfuser.symbolic_resu
 ``dynamic=`` choice.
 
 Every parameter of the kernel without a default becomes a ``Tensor`` argument of the op (by position or by
-name; one with a default, or bound by a ``functools.partial``, keeps that value); the op returns the kernel's
-result, or a tuple of them. There is no backward: calling the op where autograd would need its gradient (an input
+name, a keyword-only one too; one with a default, or bound by a ``functools.partial``, keeps that value); the
+op returns the kernel's result, or a tuple of them. There is no backward: calling the op where autograd would need its gradient (an input
 that requires grad, grad mode on) raises an `UnsupportedError` saying so.
 
 PyTorch is an optional dependency (``pip install -e '.[torch]'``): without it this module still imports,
@@ -93,8 +93,19 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
                             op=kernel.__name__, loc=user_loc())
     # the tensor arguments: the parameters without a default (a functools.partial's bound ones, and
     # defaulted static values, keep the value the kernel gives them)
-    params = [p.name for p in kernel._signature.parameters.values() if p.default is p.empty]
+    signature = kernel._signature.parameters.values()     # (named ones only: a kernel refuses *args)
+    params = [p.name for p in signature if p.default is p.empty]
+    # keyword-only ones (after a `*`, or left by a functools.partial that bound an earlier one by name) are
+    # passed to the kernel by name; they follow every positional one, in the schema as in the signature
+    positional = sum(1 for p in signature if p.default is p.empty and p.kind != p.KEYWORD_ONLY)
     schema = "(" + ", ".join(f"Tensor {p}" for p in params) + ") -> Tensor[]"
+
+    def in_schema_order(fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn` (the kernel, or its `output_types`) called with the op's arguments in schema order."""
+        def call(*values: Any) -> Any:
+            return fn(*values[:positional], **dict(zip(params[positional:], values[positional:])))
+        return call
+
     def on_device(device: str) -> Kernel:
         """The kernel on `device`'s backend, with `kernel`'s options and ``dynamic=`` choice (without it, a
         ``dynamic=True`` kernel compiled its first length exactly, ``False`` made classes)."""
@@ -107,7 +118,7 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
         device = "cuda" if any(t.is_cuda for t in tensors) else "cpu"
         if device not in on:
             on[device] = on_device(device)
-        results = on[device](*tensors)
+        results = in_schema_order(on[device])(*tensors)
         results = results if isinstance(results, tuple) else (results,)
         # (numpy results of a kernel without tensor arguments: bfloat16 and float8 ones by their bits)
         return [r if isinstance(r, torch.Tensor) else as_caller_type(c_contiguous(r), "torch") for r in results]
@@ -131,7 +142,7 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
                 else:
                     shape.append(int(n))
             inputs.append((tuple(shape), _numpy_dtype(torch, t.dtype, name, params[len(inputs)])))
-        found = symbolic_output_types(kernel.output_types, inputs, lambda s: _hint(symbols[s]))
+        found = symbolic_output_types(in_schema_order(kernel.output_types), inputs, lambda s: _hint(symbols[s]))
         for group in found.merged:
             for other in group[1:]:
                 torch._check(symbols[group[0]] == symbols[other])

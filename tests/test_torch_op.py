@@ -389,3 +389,26 @@ def test_a_0_d_result_of_an_op_without_tensor_arguments_stays_0_d():
     assert np.shape(_count()) == () and count().shape == () and count().item() == 10
     compiled = torch.compile(lambda: count() + 1, fullgraph=True)()
     assert compiled.shape == () and compiled.item() == 11
+
+
+def _shifted(x, *, y, scale=2.0):
+    return (x - y) * scale
+
+
+def _scaled_first(scale, x):
+    return x * scale
+
+
+def test_keyword_only_parameters_are_passed_to_the_kernel_by_name():
+    """``def k(x, *, y)`` became an op of schema (Tensor x, Tensor y) that called the kernel positionally:
+    every call failed ('too many positional arguments', pointing into torch). So did a functools.partial
+    that binds an earlier parameter by name (the later ones become keyword-only)."""
+    import functools
+
+    x, y = torch.arange(3.0), torch.full((3,), 5.0)
+    shifted = rft.op(_shifted, "rftests::shifted")
+    for got in (shifted(x, y=y), shifted(x, y), shifted(y=y, x=x),
+                torch.compile(lambda a, b: shifted(a, y=b), fullgraph=True)(x, y)):
+        assert torch.equal(got, (x - y) * 2)
+    tripled = rft.op(functools.partial(_scaled_first, scale=3.0), "rftests::tripled")
+    assert torch.equal(tripled(x), x * 3) and torch.equal(tripled(x=x), x * 3)
