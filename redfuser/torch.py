@@ -62,7 +62,8 @@ def _numpy_dtype(torch, dtype, name: str = "", arg: str = "", loc=None) -> np.dt
 
 _REGISTERED: dict[str, object] = {}
 """The ops `op` registered in this process, by name: torch would let a second registration of a name
-silently replace the first op's kernel."""
+silently replace the first op's kernel (a name defined otherwise is found in torch's registry,
+`_defined_in_torch`; this one says which kernel holds it)."""
 
 
 def _torch_dtype(torch, dtype: np.dtype):
@@ -78,6 +79,13 @@ def _hint(n) -> int:
     return int(hint) if hint is not None else int(n)
 
 
+def _defined_in_torch(torch: Any, namespace: str, opname: str) -> bool:
+    """Whether ``namespace::opname`` (its default overload, the one `op` registers) is an operator torch
+    already has: torch's custom_op would silently take the name over from whoever defined it."""
+    packet = getattr(getattr(torch.ops, namespace), opname, None)    # (torch.ops raises AttributeError if not)
+    return isinstance(packet, torch._ops.OpOverloadPacket) and "default" in packet.overloads()
+
+
 def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
     """Register `kernel` (an `rf.kernel`, or a function to make one of) as the PyTorch custom op `name`
     (``"namespace::name"``) and return the callable op (see the module docstring)."""
@@ -90,6 +98,11 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
     if name in _REGISTERED:
         raise ArgumentError(f"the op {name} is already registered in this process (by redfuser.torch.op, for "
                             f"{_REGISTERED[name]}); torch would run the new kernel for both: choose another name",
+                            op=kernel.__name__, loc=user_loc())
+    if _defined_in_torch(torch, namespace, opname):
+        raise ArgumentError(f"the op {name} is already defined in torch's operator registry (by "
+                            "torch.library.custom_op, torch.library.define or a C++ extension); registering it "
+                            "again would make its callers run this kernel instead: choose another name",
                             op=kernel.__name__, loc=user_loc())
     # the tensor arguments: the parameters without a default (a functools.partial's bound ones, and
     # defaulted static values, keep the value the kernel gives them)

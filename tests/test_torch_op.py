@@ -412,3 +412,17 @@ def test_keyword_only_parameters_are_passed_to_the_kernel_by_name():
         assert torch.equal(got, (x - y) * 2)
     tripled = rft.op(functools.partial(_scaled_first, scale=3.0), "rftests::tripled")
     assert torch.equal(tripled(x), x * 3) and torch.equal(tripled(x=x), x * 3)
+
+
+def test_a_name_torch_already_has_is_refused_whoever_defined_it():
+    """Only names registered by redfuser.torch.op were refused: one the user defined with
+    torch.library.custom_op was silently taken over (its callers ran the kernel, and got a list)."""
+    @torch.library.custom_op("rftests::theirs", mutates_args=())
+    def theirs(x: torch.Tensor) -> torch.Tensor:
+        return x + 100
+
+    torch.library.define("rftests::declared", "(Tensor x) -> Tensor")
+    for name in ("rftests::theirs", "rftests::declared"):
+        with pytest.raises(rf.ArgumentError, match=f"the op {name} is already defined in torch's operator registry"):
+            rft.op(lambda x: x * 2, name)
+    assert torch.equal(torch.ops.rftests.theirs(torch.ones(2)), torch.full((2,), 101.0))
