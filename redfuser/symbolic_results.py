@@ -19,6 +19,10 @@ graph will be run with, or guards saying where it is not. `symbolic_output_types
 
 The same rules as a shape class's (docs/shapes.md), so the graph and the kernel behind it specialize on the
 same lengths.
+
+A symbol may have no present value (a **data-dependent** length, torch's unbacked ``u0`` of ``x[x > 0]``):
+it is probed like any other, without the check against the call's own length, and is never merged with
+another; where the results would need its value (it is specialized) `DataDependentLength` says so.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from .arguments import ShapeDtype
+from .ir import UnsupportedError
 from .probes import CHECK_PROBES, PROBE_LENGTHS, PROBES, ProbeRead, noting_probe_reads
 
 
@@ -42,12 +47,24 @@ class SymbolicTypes:
     merged: tuple[tuple, ...]
 
 
+class DataDependentLength(UnsupportedError):
+    """The results need the value of symbols that have none (data-dependent lengths): `symbols`."""
+
+    def __init__(self, symbols: Sequence[Hashable], message: str = "", *, op: str | None = None) -> None:
+        self.symbols = tuple(symbols)
+        super().__init__(message or f"the result shapes need the value of the data-dependent length(s) "
+                         f"{', '.join(map(str, self.symbols))}, which has none while the graph is traced", op=op)
+
+
 def symbolic_output_types(output_types: Callable[..., tuple[ShapeDtype, ...]],
-                          inputs: Sequence[tuple[tuple, np.dtype]], value: Callable[[Hashable], int]
+                          inputs: Sequence[tuple[tuple, np.dtype]], value: Callable[[Hashable], int | None]
                           ) -> SymbolicTypes:
     """The results of `output_types` (a kernel's, on `ShapeDtype`s) for `inputs`, each a shape of ints
-    and symbols (hashable, not ints) and a dtype; `value` gives a symbol's present value (its hint)."""
+    and symbols (hashable, not ints) and a dtype; `value` gives a symbol's present value (its hint), None
+    for a data-dependent one (`DataDependentLength` where the results need it)."""
     symbols = list(dict.fromkeys(d for shape, _ in inputs for d in shape if not isinstance(d, int)))
+    values = {s: value(s) for s in symbols}
+    value = values.__getitem__
     statics = {d for shape, _ in inputs for d in shape if isinstance(d, int)}
     # a static length equal to a probe could not be told from a symbol: every symbol is specialized
     specialized = set(symbols) if statics & PROBE_LENGTHS else set()
@@ -58,6 +75,9 @@ def symbolic_output_types(output_types: Callable[..., tuple[ShapeDtype, ...]],
         if len(free) > len(PROBES) or {value(s) for s in specialized} & PROBE_LENGTHS:
             specialized = set(symbols)
             free = []
+        unknown = [s for s in symbols if s in specialized and value(s) is None]
+        if unknown:
+            raise DataDependentLength(unknown)
         try:
             found = _probed(output_types, inputs, free, value)
         except Exception:       # (a RedFuserError, or the body's own: an assert on a length)
@@ -76,17 +96,18 @@ def symbolic_output_types(output_types: Callable[..., tuple[ShapeDtype, ...]],
         return SymbolicTypes(found, frozenset(specialized), merged)
 
 
-def _equal_valued(groups: list[tuple], specialized: set, value: Callable[[Hashable], int]) -> list[tuple]:
-    """`groups` with the free ones of equal present value joined."""
+def _equal_valued(groups: list[tuple], specialized: set, value: Callable[[Hashable], int | None]) -> list[tuple]:
+    """`groups` with the free ones of equal present value joined (one without a value stays alone)."""
     joined: dict[object, tuple] = {}
     for g in groups:
-        key = ("value", value(g[0])) if g[0] not in specialized else ("alone", g)
+        known = g[0] not in specialized and value(g[0]) is not None
+        key = ("value", value(g[0])) if known else ("alone", g)
         joined[key] = joined.get(key, ()) + g
     return list(joined.values())
 
 
 def _probed(output_types: Callable[..., tuple[ShapeDtype, ...]], inputs: Sequence[tuple[tuple, np.dtype]],
-            free: list[tuple], value: Callable[[Hashable], int]):
+            free: list[tuple], value: Callable[[Hashable], int | None]):
     """The results with the `free` symbol groups as symbols (the others at their present values), or the set
     of free symbols the body read as numbers (to specialize), or None when the two traces disagree otherwise
     (specialize every symbol)."""
@@ -95,7 +116,8 @@ def _probed(output_types: Callable[..., tuple[ShapeDtype, ...]], inputs: Sequenc
         return [ShapeDtype(tuple(d if isinstance(d, int) else at[d] if d in at else value(d) for d in shape), dtype)
                 for shape, dtype in inputs]
 
-    lengths = {p: value(g[0]) for g, p in zip(free, PROBES)}
+    # (the call's own length of each probe, where it has one: a data-dependent length is not checked)
+    lengths = {p: value(g[0]) for g, p in zip(free, PROBES) if value(g[0]) is not None}
     with noting_probe_reads(stop=True, lengths=lengths) as reads:
         try:
             first = output_types(*specs(PROBES))
@@ -125,4 +147,4 @@ def _probed(output_types: Callable[..., tuple[ShapeDtype, ...]], inputs: Sequenc
     return tuple(results) if len(first) == len(second) else None
 
 
-__all__ = ["SymbolicTypes", "symbolic_output_types"]
+__all__ = ["DataDependentLength", "SymbolicTypes", "symbolic_output_types"]

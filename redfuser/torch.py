@@ -10,7 +10,11 @@ dynamic shapes) stay symbolic where a result's length is an input's symbol for e
 serves every length and the kernel behind it compiles one shape class for them (docs/shapes.md); a size
 the body decides on or compiles in (a branch on it, a slice, a concatenation or reshape of it), or whose
 result length is another function of the sizes, is guarded to its value, and equal sizes torch gave separate
-symbols are asserted equal where the body needs them so (`redfuser.symbolic_results`).
+symbols are asserted equal where the body needs them so (`redfuser.symbolic_results`). A data-dependent size
+(``x[x > 0]`` with ``torch._dynamo.config.capture_dynamic_output_shape_ops``, torch's unbacked ``u0``) has no
+value while the graph is traced: a result length that is that symbol stays it, and where the body would
+need its value (it would be guarded) the fake implementation raises a `DataDependentLength` error naming the
+op and the argument (torch.compile reports it inside its own error).
 ``op.kernels`` maps each device to its kernel (``cache_info()``), made with the kernel's options and
 ``dynamic=`` choice.
 
@@ -34,7 +38,7 @@ from .source_info import user_loc
 from .kernel import Kernel
 from .kernel import kernel as make_kernel
 from .runtime.arrays import as_caller_type, c_contiguous
-from .symbolic_results import symbolic_output_types
+from .symbolic_results import DataDependentLength, symbolic_output_types
 
 
 def _torch():
@@ -72,11 +76,11 @@ def _torch_dtype(torch, dtype: np.dtype):
             "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}[np.dtype(dtype).name]
 
 
-def _hint(n) -> int:
-    """A symbolic size's present value (its hint; a size without one, data-dependent, is read by `int`,
-    which raises torch's own error)."""
+def _hint(n) -> int | None:
+    """A symbolic size's present value (its hint), or None for a data-dependent size (an unbacked ``u0``),
+    which has none while the graph is traced (`redfuser.symbolic_results` probes it without one)."""
     hint = n.node.hint
-    return int(hint) if hint is not None else int(n)
+    return int(hint) if hint is not None else None
 
 
 def _defined_in_torch(torch: Any, namespace: str, opname: str) -> bool:
@@ -155,7 +159,18 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
                 else:
                     shape.append(int(n))
             inputs.append((tuple(shape), _numpy_dtype(torch, t.dtype, name, params[len(inputs)])))
-        found = symbolic_output_types(in_schema_order(kernel.output_types), inputs, lambda s: _hint(symbols[s]))
+        try:
+            found = symbolic_output_types(in_schema_order(kernel.output_types), inputs, lambda s: _hint(symbols[s]))
+        except DataDependentLength as err:
+            # (each symbol named by the first argument it is a length of: later ones are written over)
+            owners = {s: params[i] for i, (shape, _) in reversed(list(enumerate(inputs))) for s in shape}
+            where = ", ".join(f"{s} (a length of argument {owners[s]!r})" for s in err.symbols)
+            raise DataDependentLength(err.symbols, f"the redfuser op {name}'s results need the value of the "
+                                      f"data-dependent length {where}, which torch.compile does not know while it "
+                                      "traces: the kernel reads it as a number or compiles it in (a branch on it, "
+                                      "a slice, a reshape), or a result's length is another function of it; call "
+                                      "the op outside the compiled region, or on a tensor of a known length"
+                                      ) from None
         for group in found.merged:
             for other in group[1:]:
                 torch._check(symbols[group[0]] == symbols[other])

@@ -426,3 +426,44 @@ def test_a_name_torch_already_has_is_refused_whoever_defined_it():
         with pytest.raises(rf.ArgumentError, match=f"the op {name} is already defined in torch's operator registry"):
             rft.op(lambda x: x * 2, name)
     assert torch.equal(torch.ops.rftests.theirs(torch.ones(2)), torch.full((2,), 101.0))
+
+
+def _rest(x):
+    return x[1:]
+
+
+def test_a_data_dependent_length_stays_symbolic_or_is_refused_clearly():
+    """Under capture_dynamic_output_shape_ops, ``op(x[x > 0])`` has an unbacked length u0 without a value:
+    the fake implementation asked every symbol for its value (int(u0)), so torch raised its own UserError
+    with no word of RedFuser, even where the result's length is u0 itself and needs no value."""
+    import torch._dynamo
+
+    doubled = rft.op(_doubled, "rftests::doubled_masked")
+    rest = rft.op(_rest, "rftests::rest_masked")
+    x = torch.tensor([1.0, -2.0, 3.0, 4.0])
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        for backend in ("aot_eager", "inductor"):
+            torch._dynamo.reset()
+            got = torch.compile(lambda t: doubled(t[t > 0]) + 1, fullgraph=True, backend=backend)(x)
+            assert torch.equal(got, x[x > 0] * 2 + 1)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=r"rftests::rest_masked's results need the value of the data-dependent "
+                                            r"length u\d+ \(a length of argument 'x'\)"):
+            torch.compile(lambda t: rest(t[t > 0]), fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(rest(x), x[1:])      # (eagerly every length is known)
+
+
+def test_symbolic_output_types_of_a_length_without_a_value():
+    from redfuser.symbolic_results import DataDependentLength, symbolic_output_types
+
+    f32 = np.dtype(np.float32)
+
+    def types(fn, *shapes):
+        return symbolic_output_types(rf.kernel(fn).output_types, [(s, f32) for s in shapes], {"n": 5}.get)
+
+    assert types(softmax, ("u0", 16)).results == ((("u0", 16), f32),)
+    with pytest.raises(DataDependentLength, match="data-dependent length.* u0") as err:
+        types(_rest, ("u0",))           # (u0 - 1: traced at values only)
+    assert err.value.symbols == ("u0",) and isinstance(err.value, rf.RedFuserError)
+    with pytest.raises(DataDependentLength):
+        types(lambda x, y: x + y, ("u0",), ("n",))     # (equal lengths: merged by equal values, which u0 lacks)
