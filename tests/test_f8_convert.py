@@ -130,3 +130,21 @@ def test_fp8_quantization_stores_f8_on_sm80():
                                 quantize_and_gemm(x, w, ws))
     assert np.array_equal(_bits(xq), _bits(xq_ref))
     np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("sm", ["sm_80", "sm_90a"])
+def test_nan_past_the_range_keeps_the_sign(sm):
+    """ml_dtypes' NaN for |x| > 464, inf and NaN is ``S.1111.111``: negative inputs give 0xFF, on sm_90a (the
+    ``cvt`` path) as on sm_80 (software); the quantize-dequantize keeps the sign of NaN and of zero too."""
+    above = np.nextafter(np.float32(464), np.float32(np.inf))
+    bad = np.array([above, 465, 480, 500, 1e5, 3.4e38, np.inf, np.nan], np.float32)
+    payload_nan = np.uint32(0xFF812345).view(np.float32)   # negative, not the default NaN
+    x = np.concatenate([bad, -bad, [payload_nan], [464, -464, -0.0, -1e-45, -2.0**-11, 0.0]]).astype(np.float32)
+    assert np.signbit(x[len(bad):2 * len(bad) + 1]).all()
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = x.astype(F8)
+    assert (_bits(expected[:len(bad)]) == 0x7F).all() and (_bits(expected[len(bad):2 * len(bad) + 1]) == 0xFF).all()
+    store = rf.kernel(lambda a: a.astype(rf.float8_e4m3fn), backend="simulate", sm=sm)
+    assert np.array_equal(_bits(store(x)), _bits(expected))
+    round_trip = rf.kernel(lambda a: a.astype(rf.float8_e4m3fn).astype(rf.float32), backend="simulate", sm=sm)
+    assert np.array_equal(_bits(round_trip(x)), _bits(expected.astype(np.float32)))
