@@ -439,3 +439,26 @@ def test_a_running_sum_overflows_where_the_references_does_not():
     with np.errstate(all="ignore"):
         got = rf.kernel(_weighted_values, backend="interpret")(s, v)
     np.testing.assert_allclose(got, _weighted_values(s, v), rtol=1e-4)
+
+
+def _softmax_denominator(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(x - m), axis=-1)
+
+
+def test_a_16_bit_state_prints_as_the_loop_carries_it():
+    """The fused Loop IR shows a state of f16 values as carried in f32, its update computed in f32 (16-bit
+    loads widened, the loop's f32 states read as they are), as every backend runs it: an f16 running sum of
+    4096 ones, as printed before, stops at 2048 (2048 + 1 rounds to 2048); the loop, carrying f32, gives
+    4096. An f32 program's states print as they are."""
+    x = np.zeros((1, 4096), np.float16)
+    kernel = rf.kernel(_softmax_denominator, backend="interpret", interpret_chunk=1)
+    assert kernel(x)[0] == 4096.0
+    lines = {line.split(":")[0].strip(): line.strip() for line in str(kernel.lower(x).stages["fused"]).splitlines()}
+    assert lines["m"] == "m: f16[1] (carried in f32) = for i0<1: max(m_prev[i0], max over j of f32(x[0,j]))"
+    assert lines["out_acc"] == ("out_acc: f16[1] (carried in f32) = for i0<1: out_acc_prev[i0] * exp(m_prev[0] - "
+                                "where(m[0] == -inf, 0.0, m[0])) + sum over j of exp(f32(x[0,j]) - "
+                                "where(m[0] == -inf, 0.0, m[0]))")
+    assert "(carried in f32)" in kernel.explain(x)
+    wide = str(rf.kernel(_softmax_denominator, backend="interpret").lower(x.astype(np.float32)).stages["fused"])
+    assert "carried" not in wide and "out_acc: f32[1] = " in wide and "exp(x[0,j] - " in wide

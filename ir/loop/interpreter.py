@@ -10,7 +10,6 @@ Evaluation is a rule table keyed by node type (no visitor class hierarchy).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 import ml_dtypes
@@ -20,7 +19,7 @@ from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexVal
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
 from .index import index_value
-from .rewrite import widened
+from .rewrite import in_work_precision
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 from ..types import from_numpy
 
@@ -250,31 +249,18 @@ def _windowed(axes: Space, env: Env) -> Space:
     return tuple(Axis(a.name, hi - lo) if a.name == name else a for a in axes)
 
 
-def _in_work_precision(st: OnlineState) -> OnlineState:
-    """`st` with its term, carry and rescale computed in f32 when its values are a storage-only type."""
-    if not st.acc.dtype.storage_only:
-        return st
-    def w(e: Expr | None) -> Expr | None:
-        return None if e is None else widened(e)
-    return replace(st, term=widened(st.term), carry=w(st.carry), rescale=w(st.rescale))
-
-
 def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                    span: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """Run a fused cascade chunk by chunk, exactly as its online update rules say.
 
     `span` ``(lo, hi)`` runs only that part of the axis (a partial state, for the merge rule).
     """
-    # A running sum of f16/bf16/e4m3 values is carried in f32, as the compiled kernels carry it and as numpy
-    # accumulates a 16-bit sum or matmul: rounding each chunk's running value to 16 bits would overflow
-    # (or lose) what the whole sum keeps. It is rounded to its buffer's dtype once, after the loop.
-    work = {st.acc.name: (np.dtype(np.float32) if st.acc.dtype.storage_only else st.acc.dtype.numpy)
-            for st in s.states if isinstance(st, OnlineState)}
+    # A running sum of f16/bf16/e4m3 values is carried in f32 (`OnlineState.carried_dtype`), its term, rescale
+    # and carry computed in f32 too; it is rounded to its buffer's dtype once, after the loop.
+    work = {st.acc.name: st.carried_dtype.numpy for st in s.states if isinstance(st, OnlineState)}
     acc = {st.acc.name: np.full([a.extent for a in st.axes], identity(st.op, work[st.acc.name]))
            for st in s.states if isinstance(st, OnlineState)}
-    # Their terms and rescales are evaluated in f32 too: fusion makes terms numpy never computes, such as
-    # exp(2*x - 2*m) for a squared softmax, whose intermediate 2*x overflows f16 where x - m does not.
-    computed = {st.acc.name: _in_work_precision(st) for st in s.states if isinstance(st, OnlineState)}
+    computed = {st.acc.name: in_work_precision(st) for st in s.states if isinstance(st, OnlineState)}
     lists = {st.acc.name: topk_semantics.empty(tuple(a.extent for a in st.axes), st.k, st.acc.dtype.numpy)
              for st in s.states if isinstance(st, TopKState)}
     # an f32 running sum no shift law carries keeps a compensation (Kahan), as the compiled kernels' do
@@ -300,13 +286,13 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                 continue
             chunk_axis = Axis(s.axis.name, stop - start)
             wd = work[st.acc.name]
-            partial = _matmul_reduce(Reduce(st.acc, st.axes, (chunk_axis,), st.op, st.term), inner, wd)
+            term = computed[st.acc.name].term    # (a matmul's operands in f32 too: f16(exp(s - m)) rounds once)
+            partial = _matmul_reduce(Reduce(st.acc, st.axes, (chunk_axis,), st.op, term), inner, wd)
             matmul = partial is not None
             r = None
             with np.errstate(all="ignore"):
                 if partial is None:
                     space = st.axes + (chunk_axis,)
-                    term = computed[st.acc.name].term
                     full = np.broadcast_to(evaluate(term, inner, space), [a.extent for a in space])
                     partial = REDUCERS[st.op](full.astype(wd, copy=False), axis=-1)
                 partial = partial.astype(work[st.acc.name], copy=False)

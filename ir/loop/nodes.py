@@ -13,6 +13,7 @@ from .expr import Axis, Expr
 from ..buffer import Buffer
 from ..semantics import ReduceOp
 from ..source import UNKNOWN, SourceLoc
+from ..types import DType, float32
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,14 @@ class OnlineState:
     term: Expr
     rescale: Expr | None = None
     carry: Expr | None = None
+
+    @property
+    def carried_dtype(self) -> DType:
+        """The type the loop carries `acc` (and `prev`) in and computes the update in: f32 where `acc` is a
+        storage-only type (f16, bf16, e4m3), rounded to it once after the loop -- each chunk's running value
+        rounded to 16 bits would overflow or lose what the whole sum keeps, and numpy accumulates a 16-bit
+        sum or matmul in f32 too; every backend carries it so. Otherwise `acc`'s own type."""
+        return float32 if self.acc.dtype.storage_only else self.acc.dtype
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,12 @@ The printed form reads like pseudo-code::
 
 Loop axes are named ``i0, i1, ...`` (parallel) and ``r0, ...`` (reduced) by the
 tracer; buffers carry the user's variable names where the source gives them.
+
+A fused loop's state of f16, bf16 or e4m3 values is carried in f32 and rounded
+to its type once after the loop (`OnlineState.carried_dtype`); its line says so
+and shows its update as computed, in f32 (`rewrite.in_work_precision`)::
+
+    out_acc: f16[1] (carried in f32) = for i0<1: out_acc_prev[i0] * exp(...) + sum over j of exp(f32(x[0,j]) - ...)
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import math
 from .expr import Axis, Binary, Cast, Const, Expr, IndexExpr, IndexValue, Load, Select, Strided, Unary
 from ..semantics import BinaryOp, UnaryOp
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
+from .rewrite import carried_in_f32, in_work_precision
 from ..excerpt import LineIndex, note_line
 from ..source import SourceLoc
 
@@ -100,9 +107,16 @@ def _loops(axes: tuple[Axis, ...]) -> str:
     return ", ".join(f"{a.name}<{a.extent}" for a in axes)
 
 
-def format_state(st: OnlineState, axis: Axis) -> str:
-    """One online state's per-chunk update, e.g. ``l = l_prev * exp(m_prev - m) + sum over r0 of exp(...)``."""
-    head = f"{st.acc.name}: {st.acc.type} = " + (f"for {_loops(st.axes)}: " if st.axes else "")
+def format_state(st: OnlineState, axis: Axis, f32_buffers: frozenset[str] | None = None) -> str:
+    """One online state's per-chunk update, e.g. ``l = l_prev * exp(m_prev - m) + sum over r0 of exp(...)``.
+
+    A state the loop carries in f32 though its type is narrower reads ``l: f16[4] (carried in f32) = ...``,
+    its expressions as the loop computes them, in f32. `f32_buffers`: the loop's buffers carried so
+    (`rewrite.carried_in_f32`), read as they are; None: this state's own."""
+    carried = f" (carried in {st.carried_dtype})" if st.carried_dtype != st.acc.dtype else ""
+    if carried:
+        st = in_work_precision(st, frozenset((st.acc.name, st.prev.name)) if f32_buffers is None else f32_buffers)
+    head = f"{st.acc.name}: {st.acc.type}{carried} = " + (f"for {_loops(st.axes)}: " if st.axes else "")
     partial = f"{st.op.value} over {axis.name} of {format_expr(st.term)}"
     prev = f"{st.prev.name}[{format_index(st.axes)}]" if st.axes else st.prev.name
     if st.rescale is not None:
@@ -138,10 +152,11 @@ def _emit_fused_loop(s: FusedLoop, indent: str, lines: list[str], index: LineInd
     for local in s.locals:
         note_line(index, local, len(lines))
         lines.append(f"{indent}  local {format_stmt(local)}")
+    f32_buffers = carried_in_f32(s)
     for st in s.states:
         note_line(index, st, len(lines))
         lines.append(f"{indent}  " + (format_topk_state(st, s.axis) if isinstance(st, TopKState)
-                                      else format_state(st, s.axis)))
+                                      else format_state(st, s.axis, f32_buffers)))
 
 
 def format_stmt(s: Stmt) -> str:

@@ -31,16 +31,18 @@ def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     return e if out is None else out
 
 
-def widened(e: Expr) -> Expr:
+def widened(e: Expr, f32_buffers: frozenset[str] = frozenset()) -> Expr:
     """`e` computed in f32 wherever it computes in a storage-only type (f16, bf16, e4m3): such loads are cast
     to f32 and such arithmetic, selects and constants become f32; casts are kept (they are rounding points
     the program asked for). This is how the compiled kernels evaluate a fused loop's terms (the schedule
-    widens every operand), and how the interpreter evaluates the terms it made itself."""
+    widens every operand), and how the interpreter evaluates the terms it made itself. Loads of
+    `f32_buffers` (a fused loop's states carried in f32, whose declared type is narrower) are left as they
+    are: their values are f32 already, and a cast would read as a rounding to the declared type first."""
     def widen(n: Expr) -> Expr | None:
         if not n.dtype.storage_only:
             return None
         if isinstance(n, Load):
-            return Cast(n, float32)
+            return None if n.buffer.name in f32_buffers else Cast(n, float32)
         if isinstance(n, Const):
             # the constant's value in its own type first: numpy rounds a weak Python scalar to f16 before
             # it multiplies (``x * 0.3`` of f16 is ``x * 0.30005``), and so do the compiled kernels
@@ -49,6 +51,24 @@ def widened(e: Expr) -> Expr:
             return replace(n, dtype=float32)
         return None
     return map_expr(e, widen)
+
+
+def carried_in_f32(s: FusedLoop) -> frozenset[str]:
+    """The names of `s`'s state buffers (`acc` and `prev`) that the loop carries in f32 while their declared
+    type is narrower (`OnlineState.carried_dtype`)."""
+    return frozenset(name for st in s.states if isinstance(st, OnlineState) and st.carried_dtype != st.acc.dtype
+                     for name in (st.acc.name, st.prev.name))
+
+
+def in_work_precision(st: OnlineState, f32_buffers: frozenset[str] = frozenset()) -> OnlineState:
+    """`st` with its term, rescale and carry `widened` where the loop carries it in f32
+    (`OnlineState.carried_dtype`): terms that fusion made and numpy never computes, such as exp(2*x - 2*m)
+    for a squared softmax, would overflow 16 bits where x - m does not. `f32_buffers`: as for `widened`."""
+    if st.carried_dtype == st.acc.dtype:
+        return st
+    def w(e: Expr | None) -> Expr | None:
+        return None if e is None else widened(e, f32_buffers)
+    return replace(st, term=widened(st.term, f32_buffers), rescale=w(st.rescale), carry=w(st.carry))
 
 
 def rounded(e: Expr) -> Expr:
@@ -110,4 +130,5 @@ def rename_buffers(p: Program, names: dict[str, str], program_name: str | None =
     )
 
 
-__all__ = ["map_expr", "map_state_exprs", "rename_buffers", "state_exprs", "Compute", "Reduce"]
+__all__ = ["carried_in_f32", "in_work_precision", "map_expr", "map_state_exprs", "rename_buffers", "state_exprs",
+           "Compute", "Reduce"]
