@@ -326,3 +326,17 @@ def test_an_inlined_loop_inside_a_loop_and_around_one_keeps_the_values():
     two_blocks = check_schedule(low.program, [q, k, v], ScheduleOptions(block_m=16, block_n=32, block_k=64), n=40)
     loops = [(op.body.iv.name, op.stop, op.step) for op in ops_of(two_blocks.kernels[0], t.For)]
     assert loops == [("j", 40, 32)]                          # the key loop kept, the head in one chunk
+
+
+def test_loops_past_2_31_index_in_64_bits_though_their_buffers_are_small():
+    """Offsets were chosen i32 or i64 from the buffers' spans alone; a zero-stride broadcast view of 2^31 + 7
+    elements spans 4 bytes, so its loop index wrapped: a sum of it gave 7, an argmax -1, positions from
+    `arange` past 2^31 were never reached. A loop's own extent (and a reduction's whole run) now counts too.
+    Found by a helper."""
+    n = 2**31 + 7
+    ones = np.broadcast_to(np.ones(1, np.int32), (n,))
+    count = rf.kernel(lambda a: rf.sum(rf.where(rf.arange(a.shape[0]) >= 2**31, a, 0)), backend="cpu")
+    assert int(count(ones)) == 7
+    assert int(rf.kernel(lambda a: rf.sum(a), backend="cpu")(ones)) == n
+    marked = rf.kernel(lambda a: rf.argmax(rf.where(rf.arange(a.shape[0]) == 2**31 + 3, 2, a)), backend="cpu")
+    assert int(marked(ones)) == 2**31 + 3

@@ -82,7 +82,8 @@ def _sweeps_of_split_loops_apart(groups: list[Group], opts: ScheduleOptions) -> 
     return out
 
 
-def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions, row_tiled: bool = False) -> bool:
+def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions, row_tiled: bool = False,
+               extents: tuple[int, ...] = ()) -> bool:
     # with power-of-two tiles a chunk overhangs its axis by less than the chunk: 2 x 64 covers a 128 chunk;
     # the cpu's fused-contraction tiles may be larger than the blocks
     pad = max(opts.rows(), opts.block_n, opts.k_block(), *(opts.dot_tile or ()), *(opts.gemm_tile or ()))
@@ -106,7 +107,29 @@ def _needs_i64(buffers: list[Buffer], opts: ScheduleOptions, row_tiled: bool = F
             n = b.type.base_offset + 1 + sum((padded(s) - 1) * abs(st) for s, st in zip(b.shape, b.type.strides))
         if n * grow >= 2**31:
             return True
-    return False
+    # a loop index, a position (`arange`, an argmax's index) or a count runs to its iteration's extent, which
+    # a small buffer does not bound: a sum of a zero-stride broadcast view of 2^31 + 7 elements gave 7
+    return any(not is_static(e) or padded(e) >= 2**31 for e in extents)
+
+
+def _extents(group: Group) -> tuple[int, ...]:
+    """The lengths the group's loops run to: each axis, and all of a reduction's axes together (reduced as
+    one run of elements)."""
+    out: list[int] = []
+    for s in group:
+        subs = list(s.locals) if isinstance(s, FusedLoop) else [s]
+        if isinstance(s, FusedLoop):
+            out.append(s.axis.extent)
+        for x in subs + [s]:
+            out += [a.extent for a in getattr(x, "axes", ())]
+            if isinstance(x, TopK):
+                out.append(x.reduce_axis.extent)
+            if isinstance(x, Reduce):
+                total = 1
+                for a in x.reduce_axes:
+                    total = total * a.extent
+                out.append(total)
+    return tuple(out)
 
 
 def _buffers(group: Group) -> list[Buffer]:
@@ -146,7 +169,7 @@ def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileP
         plan = plan_split(lay, opts) if lay is not None else None
         parts = scratch_of(head, plan) if plan is not None else []  # type: ignore[arg-type]
         row_tiled = lay is not None and lay.row_tile(opts) is not None
-        index = int64 if _needs_i64(_buffers(group) + parts, opts, row_tiled) else int32
+        index = int64 if _needs_i64(_buffers(group) + parts, opts, row_tiled, _extents(group)) else int32
         name = f"{p.name}_{len(kernels)}"
         made_here: tuple[t.TileKernel, ...]
         try:
