@@ -448,3 +448,81 @@ def test_the_interpreter_rounds_a_16_bit_constant_before_widening_it():
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[2], want[2])
     assert_close(got[0], want[0], np.float16, 3, roundings=4)
+
+
+# -- a finished 16-bit result is read rounded ------------------------------------------------------------------
+def _scaled_equals_max(x):
+    y = x * 0.3
+    return y == rf.max(y, axis=-1, keepdims=True)
+
+
+def _scaled_at_least_max(x):
+    y = x * 0.3
+    return y >= rf.max(y, axis=-1, keepdims=True)
+
+
+def _floor_below_max(x):
+    y = x * 0.3
+    return rf.floor(y - rf.max(y, axis=-1, keepdims=True))
+
+
+def _ceil_above_min(x):
+    y = x * 0.3
+    return rf.ceil(y - rf.min(y, axis=-1, keepdims=True))
+
+
+def _sign_below_max(x):
+    y = x * 0.3
+    return rf.sign(y - rf.max(y, axis=-1, keepdims=True))
+
+
+def _gap_to_max_as_bool(x):
+    y = x * 0.3
+    return (y - rf.max(y, axis=-1, keepdims=True)).astype(rf.bool_)
+
+
+def _softmax_one_hot(x):
+    p = rf.exp(x - rf.max(x, axis=-1, keepdims=True))
+    p = p / rf.sum(p, axis=-1, keepdims=True)
+    return p == rf.max(p, axis=-1, keepdims=True)
+
+
+READ_ROUNDED = [_scaled_equals_max, _scaled_at_least_max, _floor_below_max, _ceil_above_min, _sign_below_max,
+                _gap_to_max_as_bool, _softmax_one_hot]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("body", READ_ROUNDED, ids=lambda f: f.__name__.strip("_"))
+def test_a_fused_16_bit_result_is_read_as_numpy_rounds_it(request, backend, dtype, body):
+    """A max or min the program holds in f16 or bf16 is read after the loop rounded to that type, as numpy's
+    result is (a sum or epilogue value where it is a comparison's operand). The running state is f32: compared with operands rounded as numpy rounds them
+    (`schedule.exprs._decided`), the unrounded f32 max of ``x * 0.3`` equalled no element (f16 ``x = [196,
+    1]``: 58.8125 against 58.8096) and ``floor(y - max y)`` gave -1 for numpy's 0; a softmax's one-hot ``p ==
+    max(p)`` marked nothing in any row (its max is the epilogue ``max(e) / l``, read unrounded). Bool and
+    integral results: numpy's exactly."""
+    if body is _sign_below_max and dtype == "bf16" and backend != "interpret":
+        # a separate fault: bf16 sign returns its operand where it is ±0, and returns it unrounded (-0.047 for
+        # numpy's 0, where ``x * 0.3`` rounds to the max but is not it in f32)
+        request.applymarker(pytest.mark.xfail(strict=True, reason="bf16 sign's ±0 branch is unrounded"))
+    np_dtype = DTYPES[dtype][1]
+    rng = np.random.default_rng(7)
+    rows, n = (4, 40) if backend == "simulate" else (32, 150)
+    x = (rng.standard_normal((rows, n)) * (3 if body is _softmax_one_hot else 100)).astype(np_dtype)
+    x[0, :2] = [196.0, 1.0]
+    actual, expected = run_backend(backend, body, x)
+    assert actual[0].dtype == expected[0].dtype
+    np.testing.assert_array_equal(actual[0], expected[0])
+    if body in (_scaled_equals_max, _softmax_one_hot):
+        assert expected[0].any(axis=-1).all()     # (the data marks a max in every row)
+
+
+def test_a_softmax_max_of_16_bit_inputs_is_not_rounded_again():
+    """The running max of f16 inputs is an f16 value already (`states._already_narrow`): the sweep reuses the
+    loop's exponentials of a one-chunk row instead of computing them again from a rounded copy of the max."""
+    x = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float16)
+    def softmax(x):
+        e = rf.exp(x - rf.max(x, axis=-1, keepdims=True))
+        return e / rf.sum(e, axis=-1, keepdims=True)
+    tile = str(rf.kernel(softmax, backend="cpu").lower(x).stages["tile"])
+    assert tile.count("= exp2") == 2, tile      # (the rescale's and the row's, as before)

@@ -86,6 +86,7 @@ class ExprLowering:
     fast_exp: bool = False          # f32 exponentials as exp2_ftz too (the ``fast_exp`` option; `_unary`)
     shifted: frozenset = frozenset()  # f32 exps of a value minus its maximum: EXP_NONPOS (`shifted_exp.py`)
     flushable: frozenset = frozenset()  # those of them no result can tell flushed: exp2_ftz (`shifted_exp.py`)
+    unrounded: set[str] = field(default_factory=set)  # finished 16-bit results held in f32 (`_decided`)
 
     @classmethod
     def of(cls, kb: KernelBuilder, opts: "ScheduleOptions") -> "ExprLowering":
@@ -164,17 +165,26 @@ def _load(lw: ExprLowering, e: Load, b: dict[str, Binding]) -> Tiled:
 LOG2E = float(np.log2(np.e))
 
 
-def _decided(e: Expr) -> Expr:
+def _decided(lw: ExprLowering, e: Expr) -> Expr:
     """The operand of a comparison, a rounding to an integral value or a cast, rounded as the reference
     rounds it where it computes in a storage-only type (f16, bf16, e4m3): a comparison or rounding jumps
     where its operand crosses a threshold, so the f32 value the kernels otherwise keep (docs/cpu-backend.md,
     "Tile IR") can land on the other side (an f16 ``rint(x * 0.37)`` gave 5 for numpy's 6; ``x * 0.3 ==
-    max(x * 0.3)``, the max stored rounded, matched no element). `ir.loop.rewrite.rounded`."""
-    return rounded(e) if e.dtype.storage_only else e
+    max(x * 0.3)``, the max stored rounded, matched no element). `ir.loop.rewrite.rounded`. An operand that
+    is a finished result the kernel holds unrounded (`ExprLowering.unrounded`: a 16-bit sum, an epilogue
+    value) is read rounded too, as its buffer holds it: an f16 softmax's ``p == max(p)`` compares
+    ``f16(f16(e) / l)`` with its epilogue ``max(e) / l``, which must be rounded as the elements are. Inside
+    an operand such a result keeps its f32 value, as every step's arithmetic does (``x - m - log(l)`` is
+    nearer the exact value with the f32 sum ``l``; the two sides of the one-hot divide by the same ``l``)."""
+    if not e.dtype.storage_only:
+        return e
+    if isinstance(e, Load) and e.buffer.name in lw.unrounded:
+        return Cast(e, e.dtype)
+    return rounded(e)
 
 
 def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
-    x = lw.lower_as(_decided(e.x) if e.op in ROUNDING else e.x, compute_dtype(e.dtype), b)
+    x = lw.lower_as(_decided(lw, e.x) if e.op in ROUNDING else e.x, compute_dtype(e.dtype), b)
     if e.op is UnaryOp.EXP and e.dtype.storage_only:
         return _exp_as_exp2(lw, x, flush=flushes_exp(e.dtype))
     if e.op is UnaryOp.EXP and e.dtype == float32:
@@ -335,7 +345,7 @@ def _common(a: DType, b: DType) -> DType:
 def _binary(lw: ExprLowering, e: Binary, b: dict[str, Binding]) -> Tiled:
     if e.op.is_comparison:
         operand = _common(e.a.dtype, e.b.dtype)
-        x, y = lw.lower_as(_decided(e.a), operand, b), lw.lower_as(_decided(e.b), operand, b)
+        x, y = lw.lower_as(_decided(lw, e.a), operand, b), lw.lower_as(_decided(lw, e.b), operand, b)
         return lw.elementwise([x, y], lambda v: lw.kb.binary(e.op, v[0], v[1]))
     elif e.op in (BinaryOp.AND, BinaryOp.OR):
         operand = bool_
@@ -396,7 +406,9 @@ def _select(lw: ExprLowering, e: Select, b: dict[str, Binding]) -> Tiled:
 def _cast(lw: ExprLowering, e: Cast, b: dict[str, Binding]) -> Tiled:
     # (a cast of a value computed in a storage-only type starts from that value as the reference has it:
     # rounded, ``(x * 0.3).astype(f16)`` of bf16 ``x`` rounds to bf16, then to f16)
-    x = lw.lower(_decided(e.x) if e.x.dtype != e.dtype else e.x, b)    # (a rounding cast is the rounding)
+    x = lw.lower(_decided(lw, e.x) if e.x.dtype != e.dtype else e.x, b)    # (a rounding cast is the rounding)
+    if e.dtype.storage_only and e.x.dtype == e.dtype and isinstance(e.x, Load):   # a finished result (`_decided`)
+        return Tiled(as_stored(lw.kb, x.value, e.dtype), x.dims)
     if e.dtype.storage_only:  # round to the narrow type, keep computing in f32
         narrow = lw.kb.cast(x.value, e.dtype)
         return Tiled(lw.kb.cast(narrow, float32), x.dims)
@@ -412,6 +424,23 @@ _RULES: dict[type, Callable[..., Tiled]] = {
     Select: _select,
     Cast: _cast,
 }
+
+
+def as_stored(kb: KernelBuilder, value: t.Value, d: DType) -> t.Value:
+    """`value`, the f32 tile of a result the program holds in dtype `d`, read as its buffer holds it: rounded
+    to `d` and back where `d` is storage-only (f16, bf16, e4m3), once (a value already read so is itself).
+
+    A fused loop's finished max or min (`states.expose`) is read so wherever it is read, and a finished sum or
+    epilogue value where it is a decision's operand (`_decided`): the reference holds them rounded, and an f32 value
+    compared with an operand rounded as numpy rounds it decided otherwise (f16 ``y == max(y)`` with ``y = x *
+    0.3`` compared 58.8125 with the running 58.8096 and marked no element). A max or min of rounded values is
+    the rounded max or min (rounding is monotone), so there the rounding loses nothing; a sum read by
+    arithmetic keeps its f32 value, which is nearer the exact one (`test_low_precision_inputs_compute_in_f32`)."""
+    if not d.storage_only or kb.recall(("as_stored", value.name, d)) is not None:
+        return value
+    read = kb.cast(kb.cast(value, d, hint=f"{value.name}_{d}"), value.dtype, hint=f"{value.name}_read")
+    kb.remember(("as_stored", read.name, d), read)
+    return read
 
 
 def store_tile(kb: KernelBuilder, buffer, x: Tiled, positions: list[Binding | int]) -> None:

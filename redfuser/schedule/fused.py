@@ -20,7 +20,7 @@ from .layout import FusedBuilder, FusedLayout, fused_layout
 from .masked import LiveBound, live_bound
 from .options import ScheduleOptions
 from .space import Dim, Tiled, place
-from .states import Carried, carried_names, expose, initial_states, update_states
+from .states import Carried, carried_names, expose, initial_states, split_carried, update_states
 from .unify import Unfusable, unify
 
 
@@ -36,11 +36,11 @@ def finish_states(fb: FusedBuilder, final: Carried, needed: set[str]) -> None:
     """After the loop (or the merge): store the needed states, then run and store the epilogue."""
     lay, kb, lw = fb.lay, fb.kb, fb.lw
     expose(fb, final, final=True)
-    for j, st in enumerate(lay.fl.states):
+    for j, (st, vals) in enumerate(zip(lay.fl.states, split_carried(fb, final))):
         outs = [st.acc] + ([st.indices] if isinstance(st, TopKState) else [])
-        for buf in outs:
-            if buf.name in needed:
-                store_tile(kb, buf, lw.tiles[buf.name], fb.positions(j))
+        for buf, value in zip(outs, vals):
+            if buf.name in needed:   # (the unrounded tile: `expose` gave later reads the rounded one)
+                store_tile(kb, buf, Tiled(value, fb.state_dims(j)), fb.positions(j))
     for j, c in enumerate(lay.epilogue):
         if lay.sweep_key is not None and j == len(lay.epilogue) - 1:
             _sweep(fb, j, c, needed)
@@ -48,6 +48,8 @@ def finish_states(fb: FusedBuilder, final: Carried, needed: set[str]) -> None:
         b = fb.bind(lay.epilogue_stmt(j), c.axes)
         dims = fb.dims(b, c.axes)
         lw.tiles[c.out.name] = Tiled(place(kb, lw.lower(c.value, b), dims), dims)
+        if c.out.dtype.storage_only:   # (a decision of a later statement reads it rounded: `exprs._decided`)
+            lw.unrounded.add(c.out.name)
         if c.out.name in needed:
             store_tile(kb, c.out, lw.tiles[c.out.name], [b[a.name] for a in c.axes])
 

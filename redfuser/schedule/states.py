@@ -19,15 +19,17 @@ with one list as candidates and the other as the list).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..fusion.merge import MergeStep
-from ..ir import Binary, BinaryOp, Buffer, BufferType, Expr, IndexValue, Load, OnlineState, Reduce, TopKState
+from ..ir import (Binary, BinaryOp, Buffer, BufferType, Cast, Const, DType, Expr, IndexValue, Load, OnlineState, Reduce,
+                  ReduceOp, Select, TopKState)
 from ..ir.loop.expr import reads_axis, walk
 from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
 from ..ir.types import float32, int64
-from .exprs import compute_dtype, store_tile
+from .exprs import as_stored, compute_dtype, round_to, store_tile
 from .layout import FusedBuilder
 from .options import ScheduleOptions
 from .reduce import COMBINE, compensable, compensated_add, reduce_axes, reduce_chunk
@@ -114,7 +116,45 @@ def expose(fb: FusedBuilder, carried: Carried, final: bool) -> None:
                 fb.lw.tiles[st.acc.name] = Tiled(vals[0], dims)
                 fb.lw.tiles[st.indices.name] = Tiled(vals[1], dims)
         else:
-            fb.lw.tiles[st.acc.name] = Tiled(vals[0], dims)
+            read = vals[0]
+            if final and st.acc.dtype.storage_only and not _already_narrow(fb, st):
+                # a finished 16-bit result is read as its buffer holds it (`exprs.as_stored`): a max or min
+                # always (rounding is monotone: the max of numpy's rounded terms), a sum where it is a
+                # decision's operand (`exprs._decided`); the running value stays f32 inside the loop
+                if st.op in (ReduceOp.MAX, ReduceOp.MIN):
+                    read = as_stored(fb.kb, vals[0], st.acc.dtype)
+                else:
+                    fb.lw.unrounded.add(st.acc.name)
+            fb.lw.tiles[st.acc.name] = Tiled(read, dims)
+
+
+def _already_narrow(fb: FusedBuilder, st: OnlineState) -> bool:
+    """Whether `st`'s f32 running value is always one of its dtype's values, so that reading it rounded
+    (`exprs.as_stored`) would change nothing: a max or min, neither rescaled nor carried, of values of that
+    dtype (a softmax's max of its f16 input row). Rounding it anyway made the sweep's ``exp(x - m)`` another
+    value than the loop's, so that a row of one chunk computed its exponentials twice."""
+    if st.op not in (ReduceOp.MAX, ReduceOp.MIN) or st.rescale is not None or st.carry is not None:
+        return False
+    fl = fb.lay.fl
+    computed = {local.out.name for local in fl.locals} | {b.name for s in fl.states for b in (s.acc, s.prev)}
+    return _narrow_values(st.term, st.acc.dtype, frozenset(computed))
+
+
+def _narrow_values(e: Expr, d: DType, computed: frozenset[str]) -> bool:
+    """Whether every value of `e`, as the kernels compute it in f32, is a value of dtype `d`: a load of a `d`
+    buffer from memory (`computed` names the kernel's own tiles, which hold f32 values), a cast to `d`, a
+    constant of `d`, and selects, maxima and minima of those."""
+    if isinstance(e, Load):
+        return e.buffer.dtype == d and e.buffer.name not in computed
+    if isinstance(e, Cast):
+        return e.dtype == d
+    if isinstance(e, Const):
+        return e.dtype == d or math.isnan(e.value) or round_to(e.value, d) == e.value   # (lowered as `d` rounds it)
+    if isinstance(e, Select):
+        return _narrow_values(e.a, d, computed) and _narrow_values(e.b, d, computed)
+    if isinstance(e, Binary) and e.op in (BinaryOp.MAX, BinaryOp.MIN):
+        return _narrow_values(e.a, d, computed) and _narrow_values(e.b, d, computed)
+    return False
 
 
 def _local_options(opts: ScheduleOptions, local: Reduce, dims: tuple[Dim, ...]) -> ScheduleOptions:
