@@ -142,7 +142,7 @@ class LoopBuilder:
         (a running max/min) never left its identity, so every ``u - c`` is ``-inf - -inf`` (the loop read
         the centre as 0); or some ``u - c`` overflows (`overflows`), told by a state keeping the reduced
         values' extreme farthest from the centre, or the body (`value`, as the decomposition read it) is NaN
-        for that element (`term_at`; `reduced`: whether an expression reads the reduced values)."""
+        for that element (`only_reads`, `term_at`; `reduced`: whether an expression reads the reduced values)."""
         shift = acc.shift
         if shift is None or shift.degree == 0 or shift.centre.op is ReduceOp.SUM:
             return None
@@ -153,13 +153,13 @@ class LoopBuilder:
         # (`overflows`), or where the algebra cancelled a log against an exponential that underflows in the
         # reference (log p = (u - m) - log l with p = exp(u - m) / l). Either first happens at the element
         # farthest from the centre, whose value a state keeps.
-        readable = not reduced(map_expr(value, lambda n: Const(0.0, u.dtype) if n == u else None))
+        readable = self.only_reads(value, u, reduced)
         if not overflows(shift) and not (readable and _cancels_a_log(value)):
             return guard
         extreme = self._farthest(member, shift)
         far = overflow_condition(shift, extreme) if overflows(shift) else None
-        there = self.term_at(value, u, extreme, reduced) if readable else None
-        if there is not None:
+        if readable:
+            there = self.term_at(value, u, extreme)
             # The body as the reference evaluates it at that element: NaN there is NaN in the sum, and so is an
             # infinity there (a log of a probability that underflowed to 0: Σ log p, a focal loss
             # Σ (1 - p)^γ log p, whose algebra's log p = (u - m) - log l stays finite), with a finite centre
@@ -184,14 +184,19 @@ class LoopBuilder:
         return Load(buf, member.state_axes)
 
     @staticmethod
-    def term_at(value: Expr, u: Expr, extreme: Load, reduced: Callable[[Expr], bool]) -> Expr | None:
+    def term_at(value: Expr, u: Expr, extreme: Load) -> Expr:
         """The body `value` as the reference computes it for the element whose reduced value is `extreme`,
-        where `u` is all it reads of the reduced values (else None). An entropy's ``q log q`` with
-        ``q = exp(x - m) / l`` is NaN where ``q`` underflows to 0, which the algebra's ``log q = (x - m) -
+        where `u` is all it reads of the reduced values (the caller's `only_reads`). An entropy's ``q log q``
+        with ``q = exp(x - m) / l`` is NaN where ``q`` underflows to 0, which the algebra's ``log q = (x - m) -
         log l`` never sees; such a ``q`` underflows first at the element farthest from the max. Rounded as
         the reference rounds it (`rounded`): an f16 ``q`` underflows where the kernel's f32 one would not."""
-        body = map_expr(value, lambda n: extreme if n == u else None)
-        return None if reduced(body) else rounded(body)
+        return rounded(map_expr(value, lambda n: extreme if n == u else None))
+
+    @staticmethod
+    def only_reads(value: Expr, u: Expr, reduced: Callable[[Expr], bool]) -> bool:
+        """Whether `u` is all `value` reads of the reduced values (`reduced`: whether an expression reads
+        them), so that `term_at` can evaluate it for one element."""
+        return not reduced(map_expr(value, lambda n: Const(0.0, u.dtype) if n == u else None))
 
     def count_state(self, member: Member) -> Buffer:
         """The exact running count of elements seen (a sum of 1), for a running mean: in f32 for a 16-bit
@@ -294,8 +299,6 @@ class LoopBuilder:
         prev = {st.acc.name: st.prev for st in self.states if isinstance(st, OnlineState)}
         return map_expr(e, lambda n: Load(prev[n.buffer.name], n.indices)
                         if isinstance(n, Load) and n.buffer.name in prev else None)
-
-
 
 
 _LOGS = frozenset({UnaryOp.LOG, UnaryOp.LOG2, UnaryOp.LOG1P})

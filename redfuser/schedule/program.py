@@ -20,6 +20,7 @@ Offsets are i32 unless some buffer of a kernel (padded to whole tiles) reaches 2
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..ir import BackendError, Buffer, Compute, FusedLoop, Program, Reduce, Stmt, TopK, loads, written
@@ -125,10 +126,7 @@ def _extents(group: Group) -> tuple[int, ...]:
             if isinstance(x, TopK):
                 out.append(x.reduce_axis.extent)
             if isinstance(x, Reduce):
-                total = 1
-                for a in x.reduce_axes:
-                    total = total * a.extent
-                out.append(total)
+                out.append(math.prod((a.extent for a in x.reduce_axes), start=1))
     return tuple(out)
 
 
