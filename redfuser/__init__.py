@@ -104,12 +104,13 @@ __version__ = "0.1.0"
 OPS: frozenset[str] = frozenset(_ops.PUBLIC)
 """The op namespace a kernel body uses (each is numpy's on arrays; README.md, "Op subset")."""
 
-_SUBPACKAGES = frozenset({"testing", "ir", "codegen", "runtime", "fusion", "schedule", "ops"})
+# ``torch`` too: ``rf.torch.op(...)`` after only ``import redfuser as rf`` works as the attribute reads.
+_SUBPACKAGES = frozenset({"testing", "ir", "codegen", "runtime", "fusion", "schedule", "ops", "torch"})
 
 
 def __getattr__(name: str):
     """``rf.<name>`` for a name RedFuser does not have: an error saying so (from inside a kernel, at the
-    user's line); subpackages (``rf.testing``) are imported on first use."""
+    user's line); subpackages (``rf.testing``, ``rf.torch``) are imported on first use."""
     if name in _SUBPACKAGES:
         import importlib
 

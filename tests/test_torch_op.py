@@ -270,6 +270,16 @@ def test_without_torch_redfuser_imports_and_the_op_says_what_to_install():
     assert "pip install -e '.[torch]'" in run.stdout
 
 
+def test_rf_torch_is_reachable_as_an_attribute_after_importing_redfuser_alone():
+    """(Trying the project as a new user.) ``import redfuser as rf`` then ``rf.torch.op(...)`` raised
+    "redfuser has no 'torch'": the submodule is imported on first use, as ``rf.testing`` is."""
+    script = ("import redfuser as rf\n"
+              "from redfuser.workloads import softmax\n"
+              "print(type(rf.torch.op(softmax, 'lazy::softmax')).__name__)\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip(), run.stderr[-3000:]
+
+
 def _scaled(x, scale):
     return x * scale
 
