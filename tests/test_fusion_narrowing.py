@@ -494,17 +494,15 @@ READ_ROUNDED = [_scaled_equals_max, _scaled_at_least_max, _floor_below_max, _cei
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("body", READ_ROUNDED, ids=lambda f: f.__name__.strip("_"))
-def test_a_fused_16_bit_result_is_read_as_numpy_rounds_it(request, backend, dtype, body):
+def test_a_fused_16_bit_result_is_read_as_numpy_rounds_it(backend, dtype, body):
     """A max or min the program holds in f16 or bf16 is read after the loop rounded to that type, as numpy's
     result is (a sum or epilogue value where it is a comparison's operand). The running state is f32: compared with operands rounded as numpy rounds them
     (`schedule.exprs._decided`), the unrounded f32 max of ``x * 0.3`` equalled no element (f16 ``x = [196,
     1]``: 58.8125 against 58.8096) and ``floor(y - max y)`` gave -1 for numpy's 0; a softmax's one-hot ``p ==
     max(p)`` marked nothing in any row (its max is the epilogue ``max(e) / l``, read unrounded). Bool and
-    integral results: numpy's exactly."""
-    if body is _sign_below_max and dtype == "bf16" and backend != "interpret":
-        # a separate fault: bf16 sign returns its operand where it is ±0, and returns it unrounded (-0.047 for
-        # numpy's 0, where ``x * 0.3`` rounds to the max but is not it in f32)
-        request.applymarker(pytest.mark.xfail(strict=True, reason="bf16 sign's ±0 branch is unrounded"))
+    integral results: numpy's exactly. bf16 ``sign`` returns its operand where it is ±0, and returned the f32
+    difference there (-0.047 for numpy's 0): a select's branch that is the value its condition compares is
+    read as the comparison read it."""
     np_dtype = DTYPES[dtype][1]
     rng = np.random.default_rng(7)
     rows, n = (4, 40) if backend == "simulate" else (32, 150)
@@ -526,3 +524,17 @@ def test_a_softmax_max_of_16_bit_inputs_is_not_rounded_again():
         return e / rf.sum(e, axis=-1, keepdims=True)
     tile = str(rf.kernel(softmax, backend="cpu").lower(x).stages["tile"])
     assert tile.count("= exp2") == 2, tile      # (the rescale's and the row's, as before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_select_returns_the_value_its_condition_compared_as_the_comparison_read_it(backend):
+    """f16 ``sign(y - y)`` with ``y = x * 1000``: numpy's ``y`` overflows to ±inf at |x| = 70, so ``y - y`` is
+    NaN and its sign NaN. The comparisons inside ``sign`` read the difference rounded as numpy rounds it (NaN:
+    neither < 0, > 0 nor == 0), and its NaN branch returned the f32 difference, 0."""
+    def body(x):
+        y = x * 1000.0
+        return rf.sign(y - y)
+    x = np.array([[1.0, 70.0, -70.0, 0.5, -0.0]], np.float16)
+    actual, expected = run_backend(backend, body, x)
+    assert np.isnan(expected[0][0, 1:3]).all()
+    np.testing.assert_array_equal(actual[0], expected[0])

@@ -399,8 +399,24 @@ RECIPROCAL_SCALE = 2.0 ** 32
 def _select(lw: ExprLowering, e: Select, b: dict[str, Binding]) -> Tiled:
     d = compute_dtype(e.dtype)
     c = lw.lower_as(e.cond, bool_, b)
-    x, y = lw.lower_as(e.a, d, b), lw.lower_as(e.b, d, b)
+    # A branch that returns the very value the condition compares returns it as the comparison saw it
+    # (`_decided`): bf16 ``sign(y - max(y))`` takes its ±0 branch where the rounded ``y`` is the max, and
+    # returned the f32 difference there (-0.047 for numpy's 0); ``where(y > 0, y, 0)`` keeps ``y`` that
+    # the reference kept.
+    compared = _compared_operands(e.cond)
+    x, y = (lw.lower_as(_decided(lw, v) if v in compared else v, d, b) for v in (e.a, e.b))
     return lw.elementwise([c, x, y], lambda v: lw.kb.select(v[0], v[1], v[2], hint="where"))
+
+
+def _compared_operands(cond: Expr) -> tuple[Expr, ...]:
+    """The storage-only operands of the comparisons `cond` is made of (through ``&``, ``|`` and ``~``)."""
+    if isinstance(cond, Binary) and cond.op.is_comparison:
+        return tuple(v for v in (cond.a, cond.b) if v.dtype.storage_only)
+    if isinstance(cond, Binary) and cond.op in (BinaryOp.AND, BinaryOp.OR):
+        return _compared_operands(cond.a) + _compared_operands(cond.b)
+    if isinstance(cond, Unary) and cond.op is UnaryOp.NOT:
+        return _compared_operands(cond.x)
+    return ()
 
 
 def _cast(lw: ExprLowering, e: Cast, b: dict[str, Binding]) -> Tiled:
