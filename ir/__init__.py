@@ -31,6 +31,7 @@ from .loop.expr import (
     Expr,
     IndexExpr,
     IndexValue,
+    Length,
     Load,
     Select,
     Strided,

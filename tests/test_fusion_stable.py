@@ -299,7 +299,7 @@ def test_a_sum_is_split_into_the_terms_that_cancel_and_the_others(backend):
     v = rng.standard_normal((64, 8)).astype(np.float32)
     inputs = (x, z, w, v)
     group = rf.kernel(deviation_times_weights_plus_a_product, backend="interpret").lower(*inputs).groups[-1]
-    assert group.fused and "centred on its own running mean of x" in group.decompositions[group.reductions[-1]].stable
+    assert group.fused and "centred on its own running mean of x" in group.decompositions[group.reductions[-1]].stable.words
     actual = _outputs(backend, deviation_times_weights_plus_a_product, *inputs, **SMALL_CHUNKS[backend])
     _judge(actual, deviation_times_weights_plus_a_product, inputs, 64)
 
@@ -345,7 +345,7 @@ def test_a_weight_that_is_no_polynomial_stays_outside_the_taylor_form(backend, b
     ``sum_j p^(j)(c)/j! sum exp(x - m) (x - c)^j``. Before, refused (a second pass)."""
     inputs = _near_300((4, 300) if backend == "simulate" else (8, 300), seed=21)
     group = rf.kernel(body, backend="interpret").lower(*inputs).groups[-1]
-    assert group.fused and "in Taylor form" in group.decompositions[group.reductions[-1]].stable
+    assert group.fused and "in Taylor form" in group.decompositions[group.reductions[-1]].stable.words
     actual = _outputs(backend, body, *inputs, **SMALL_CHUNKS[backend])
     if body is softmax_weighted_square_about_another_max:
         _judge(actual, body, inputs, 300)

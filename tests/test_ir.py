@@ -16,6 +16,7 @@ from redfuser.ir import (
     Compute,
     Const,
     FusedLoop,
+    Length,
     Load,
     OnlineState,
     Program,
@@ -155,6 +156,9 @@ BAD = {
     "arithmetic narrower than an operand": (
         one(Compute(buf("y", R, N, dtype=T.float16), (I0, I1),
                     Binary(BinaryOp.MUL, Const(2.0, T.float16), Load(X, (I0, I1)), T.float16))), "narrows an operand"),
+    # a mean's count (`Length`) is f32 or f64, as numpy divides a 16-bit sum in f32
+    "a length as a 16-bit number": (
+        one(Compute(buf("y", R, N, dtype=T.float16), (I0, I1), Length((N,), T.float16))), "counts divide in"),
 }
 
 

@@ -4,6 +4,7 @@ the ``dynamic=`` choices, the guards, and the symbolic extents themselves."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -89,6 +90,54 @@ def test_a_gemm_cascade_over_varying_token_counts_compiles_at_most_two_kernels(b
         x = (rng.standard_normal((tokens, 96)) * 2 + 3).astype(np.float32)
         rf.testing.assert_close(k(x, w), workloads.layer_norm_gemm(x, w), np.float32, 96)
     assert k.cache_info().misses <= 2, k.polymorphism
+
+
+def _mean_pool(x):
+    return rf.mean(x, axis=1)
+
+
+def _spread(x):
+    return rf.var(x, axis=-1, ddof=1), rf.std(x, axis=-1), rf.var(x, axis=-1, ddof=3)
+
+
+def _layer_norm(x):
+    mu = rf.mean(x, axis=-1, keepdims=True)
+    return (x - mu) / rf.sqrt(rf.var(x, axis=-1, keepdims=True) + 1e-5)
+
+
+@pytest.mark.parametrize("backend", HOST + ["simulate"])
+@pytest.mark.parametrize("body,shape", [(_mean_pool, lambda n: (2, n, 8)), (_spread, lambda n: (3, n)),
+                                        (_layer_norm, lambda n: (3, n))], ids=["mean", "var_std", "layer_norm"])
+def test_a_mean_or_var_over_varying_lengths_compiles_at_most_two_kernels(backend, body, shape):
+    """A mean, var or std divides by its axis's length: as a constant it made the axis static, so mean pooling
+    over prompts of every length compiled a kernel per length. Over a symbolic axis the count is a `Length`
+    read when the kernel runs (``ddof`` subtracted then, and a count below ``ddof`` giving numpy's inf/NaN)."""
+    rng = np.random.default_rng(5)
+    k = rf.kernel(body, backend=backend)
+    for n in (5, 9, 2, 33, 70, 3, 1):
+        x = (rng.standard_normal(shape(n)) + 3).astype(np.float32)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)      # (numpy's "Degrees of freedom <= 0")
+            want = body(x)
+        _close(k(x), want, 2e-5)
+    info = k.cache_info()
+    assert info.misses == 3 and info.currsize == 3, info     # 5 exactly, the class from 9 on, 1 exactly
+    sized = str(k.lower(rng.standard_normal(shape(40)).astype(np.float32)).stages["sized"])
+    assert "length(x.1)" in sized, sized
+    explained = k.explain(rng.standard_normal(shape(40)).astype(np.float32))
+    assert "10009" not in explained and "10007" not in explained, explained
+
+
+def test_an_f16_mean_over_a_symbolic_axis_is_numpys():
+    """The count is converted to the f32 the 16-bit total is divided in, as a constant count was."""
+    rng = np.random.default_rng(6)
+    k = rf.kernel(_mean_pool, backend="cpu", dynamic=True)
+    for n in (7, 300, 4099):
+        x = rng.standard_normal((2, n, 4)).astype(np.float16)
+        got, want = k(x), _mean_pool(x)
+        assert got.dtype == want.dtype == np.float16
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+    assert k.cache_info().misses == 1
 
 
 @pytest.mark.parametrize("backend", HOST)

@@ -12,6 +12,7 @@ from typing import Union
 
 from ..buffer import Buffer
 from ..semantics import BinaryOp, UnaryOp
+from ..sizes import SizeLike
 from ..types import DType, scalar_key
 
 
@@ -151,6 +152,30 @@ class IndexValue:
 
 
 @dataclass(frozen=True, slots=True)
+class Length:
+    """The number of elements of some axes, as a number of `dtype`: what numpy's ``mean`` and ``var`` divide
+    by. `sizes` are the lengths multiplied: integers, or a shape-polymorphic kernel's run-time lengths
+    (`redfuser.ir.sizes.Size`) once its probes are replaced (`ir.loop.extents`), so a mean over a symbolic
+    axis does not make the kernel specialize on its length. A constant length is a `Const` (the tracer makes
+    this node only for a probe length, `redfuser.ops.statistics`)."""
+
+    sizes: tuple[SizeLike, ...]
+    dtype: DType
+
+    def __post_init__(self) -> None:
+        # a traced probe length (redfuser.probes) is an int subclass that notes reads: keep the plain int
+        object.__setattr__(self, "sizes", tuple(int(n) if isinstance(n, int) else n for n in self.sizes))
+
+    @property
+    def count(self) -> SizeLike:
+        """The product of `sizes`: an int, or a `Size` where one of them is."""
+        out: SizeLike = 1
+        for n in self.sizes:
+            out = out * n
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class Load:
     """Read ``buffer[indices]``; one index per buffer dimension."""
 
@@ -193,7 +218,7 @@ class Cast:
     dtype: DType
 
 
-Expr = Union[Const, IndexValue, Load, Unary, Binary, Select, Cast]
+Expr = Union[Const, IndexValue, Length, Load, Unary, Binary, Select, Cast]
 
 
 def children(e: Expr) -> tuple[Expr, ...]:

@@ -15,7 +15,7 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
-from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Load, Select, Strided, Unary
+from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Length, Load, Select, Strided, Unary
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
 from .index import index_value
@@ -99,6 +99,11 @@ def _const(e: Const, env: Env, space: Space) -> np.ndarray:
     return np.full((1,) * len(space), e.value, dtype=e.dtype.numpy)
 
 
+def _length(e: Length, env: Env, space: Space) -> np.ndarray:
+    # (the interpreter runs a program whose probes are the call's lengths: `sizes` are ints)
+    return np.full((1,) * len(space), e.count, dtype=e.dtype.numpy)
+
+
 def _index_value(e: IndexValue, env: Env, space: Space) -> np.ndarray:
     shape = [a.extent if a.name == e.axis.name else 1 for a in space]
     lo, hi = 0, e.axis.extent
@@ -133,6 +138,7 @@ def _cast(e: Cast, env: Env, space: Space) -> np.ndarray:
 EVAL_RULES: dict[type, Callable[..., np.ndarray]] = {
     Const: _const,
     IndexValue: _index_value,
+    Length: _length,
     Load: _load,
     Unary: _unary,
     Binary: _binary,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from .expr import Axis, Binary, Cast, Const, Expr, IndexExpr, IndexValue, Load, Select, Strided, Unary
+from .expr import Axis, Binary, Cast, Const, Expr, IndexExpr, IndexValue, Length, Load, Select, Strided, Unary
 from ..semantics import BinaryOp, UnaryOp
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 from .rewrite import carried_in_f32, in_work_precision
@@ -68,6 +68,8 @@ def _expr(e: Expr) -> tuple[str, int]:
         return text, (_NEG_PREC if text.startswith("-") else _ATOM)
     if isinstance(e, IndexValue):
         return (e.axis.name if e.dtype.is_int else f"{e.dtype}({e.axis.name})"), _ATOM
+    if isinstance(e, Length):     # (``f32(length(x.1 * x.2))``: x's axes 1 and 2's run-time lengths, as an f32)
+        return f"{e.dtype}(length({' * '.join(str(n) for n in e.sizes)}))", _ATOM
     if isinstance(e, Load):
         return f"{e.buffer.name}[{format_index(e.indices, e.buffer.shape)}]", _ATOM
     if isinstance(e, Cast):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..errors import VerifyError
-from .expr import Axis, Binary, Cast, Computed, Expr, IndexValue, Load, Select, Strided, Unary, walk
+from .expr import Axis, Binary, Cast, Computed, Expr, IndexValue, Length, Load, Select, Strided, Unary, walk
 from .index import is_index_expression
 from ..semantics import BinaryOp, ReduceOp, UnaryOp
 from ..buffer import Buffer
@@ -78,6 +78,11 @@ def verify_expr(e: Expr, scope: dict[str, Axis], defined: dict[str, Buffer], stm
         elif isinstance(node, IndexValue):
             if scope.get(node.axis.name) != node.axis:
                 _fail(f"value of axis {node.axis.name} used outside its loop", stmt, where)
+        elif isinstance(node, Length):
+            if not node.dtype.is_float or node.dtype.storage_only:
+                _fail(f"a length as {node.dtype}: counts divide in f32 or f64", stmt, where)
+            if not node.sizes or any(isinstance(n, int) and n < 0 for n in node.sizes):
+                _fail(f"a length of sizes {node.sizes}", stmt, where)
         elif isinstance(node, Binary) and node.op.is_comparison and node.dtype != bool_:
             _fail(f"comparison {node.op.value} must give bool, not {node.dtype}", stmt, where)
         elif isinstance(node, Select) and node.cond.dtype != bool_:

@@ -281,7 +281,7 @@ def _families(moved: A.Sum, centre: Centre, ctx: FusionContext, name: str, d: DT
             weights = fam.get(degree, [])
             factors.append(_factor(weights, d) if weights else Const(0.0, d))
             lower.append(len(accs) - 1)
-    return Decomposition("shift-stable sum", tuple(accs), tuple(factors), stable=centre.words)
+    return Decomposition("shift-stable sum", tuple(accs), tuple(factors), stable=centre)
 
 
 def _factor(weights: list[A.Product], d: DType) -> Expr | None:

@@ -31,7 +31,7 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
     for g_atom, online_atom in dec.rounded:
         lines.append(pad + moved_rounding_line(g_atom, online_atom, rounding_factor(dec, online_atom)))
     if dec.stable:
-        lines.append(f"{pad}{dec.stable}: each power of the centred values keeps its own sum, moved with the "
+        lines.append(f"{pad}{dec.stable.words}: each power of the centred values keeps its own sum, moved with the "
                      "centre by the binomial shift law, so no expanded terms cancel")
     for n, (acc, factor) in enumerate(zip(dec.accumulators, dec.factors)):
         tag = f"term {n + 1}: " if len(dec.accumulators) > 1 else ""

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..ir import Binary, Cast, Const, Expr, IndexValue, Load, Select, Unary
+from ..ir import Binary, Cast, Const, Expr, IndexValue, Length, Load, Select, Unary
 from ..ir.loop.expr import walk
 from ..ir.semantics import BINARY_FUNCS, UNARY_FUNCS
 from .grid_quantization import identity_inner
@@ -59,6 +59,8 @@ def _evaluate(e: Expr, values: dict[Expr, np.ndarray], exact: bool) -> np.ndarra
         return values[e]
     if isinstance(e, Const):
         return np.asarray(e.value, dtype=np.bool_ if isinstance(e.value, bool) else wide(e.dtype))
+    if isinstance(e, Length):      # (fusion sees a traced program: its lengths are the probes, ints)
+        return np.asarray(e.count, dtype=wide(e.dtype))
     inner = identity_inner(e) if exact else None   # a quantization to the integer grid, like a float cast
     if inner is not None:
         return go(inner)

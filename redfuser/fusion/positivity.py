@@ -1,13 +1,15 @@
 """Sign facts about expressions: what the algebra may assume (``l > 0`` for ``l = sum exp(...)``)."""
 from __future__ import annotations
 
-from ..ir import Binary, BinaryOp, Cast, Const, Expr, Load, Select, Unary, UnaryOp
+from ..ir import Binary, BinaryOp, Cast, Const, Expr, Length, Load, Select, Unary, UnaryOp
 
 
 def is_positive(e: Expr, positive_buffers: frozenset[str]) -> bool:
     """True when `e` > 0 wherever it is defined (a sound, incomplete check)."""
     if isinstance(e, Const):
         return not isinstance(e.value, bool) and e.value > 0
+    if isinstance(e, Length):
+        return True     # (a symbolic length is at least 2; a traced one is a probe)
     if isinstance(e, Load):
         return e.buffer.name in positive_buffers
     if isinstance(e, Cast):

@@ -37,7 +37,7 @@ from .narrowing import Extremum, attains_one, distribute_cast, exp_bound, g_boun
 from .positivity import is_nonnegative, is_positive
 
 if TYPE_CHECKING:
-    from .centred import Shift
+    from .centred import Centre, Shift
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,8 @@ class Decomposition:
     expanded: bool = False                   # distributing created several terms (may cancel numerically)
     conditions: tuple[Expr, ...] = ()        # conditions of wheres taken apart as where(c(x), G1, G2)·H(y)
     rounded: tuple[tuple[Expr, Expr], ...] = ()  # narrowing casts: (G's cast, the cast the loop evaluates)
-    stable: str | None = None                # a shift-stable sum: the centre it is kept on, in words
+    stable: "Centre | None" = None           # a shift-stable sum: the centre it is kept on (its `words`, printed
+                                             # from the IR, so a shape class's name its symbols)
 
 
 @dataclass(frozen=True)

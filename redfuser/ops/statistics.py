@@ -17,8 +17,9 @@ rounding the result back to f16; every other dtype in itself. Then
 
 float8_e4m3fn values are refused (numpy adds them in e4m3, NaN past 448, where a kernel's running sums are
 f32). So each traces to the existing reductions and elementwise ops, and every backend computes them. ``n`` is
-the product of the reduced lengths: a length read as a number, which keeps those axes static in a
-shape-polymorphic kernel (docs/shapes.md).
+the product of the reduced lengths: a constant, except where a shape class is traced (its symbolic axes'
+lengths are probes, `redfuser.probes`), where it is a `Length` of those lengths, so a mean, var or std over
+a symbolic axis keeps it symbolic (docs/shapes.md) and reads its length when the kernel runs.
 """
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ import warnings
 
 import numpy as np
 
-from ..ir import UnsupportedError
+from ..ir import Binary, BinaryOp, Cast, Const, Expr, Length, UnsupportedError
 from ..ir import types as T
+from ..probes import ProbeLength
 from ..source_info import user_loc
 from ..tracer import Tracer
 from .common import _check_operand, _traced, describe, result_dtype
-from .elementwise import astype, divide, equal, greater, multiply, not_equal, sqrt, subtract
+from .elementwise import _elementwise, astype, divide, equal, greater, multiply, not_equal, sqrt, subtract
 from .reductions import max as _max
 from .reductions import min as _min
 from .reductions import normalize_axes, sum as _sum
@@ -49,7 +51,7 @@ def _accumulation(x: Tracer, op: str) -> object:
     return None
 
 
-def _prepared(op: str, x: Tracer, axis: object) -> tuple[tuple[int, ...], Tracer, int]:
+def _prepared(op: str, x: Tracer, axis: object) -> tuple[tuple[int, ...], Tracer, tuple[int, ...]]:
     _check_operand(op, x)
     if x.ir_dtype == T.float8_e4m3fn:
         # numpy adds e4m3 values in e4m3 (NaN past 448); a kernel's running sums are f32, so the two part
@@ -59,7 +61,7 @@ def _prepared(op: str, x: Tracer, axis: object) -> tuple[tuple[int, ...], Tracer
     dims = normalize_axes(op, x, axis)
     acc = _accumulation(x, op)
     wide = astype(x, acc) if acc is not None else x
-    return dims, wide, math.prod(x.shape[d] for d in dims)
+    return dims, wide, tuple(x.shape[d] for d in dims)
 
 
 def _finish(x: Tracer, value: Tracer) -> Tracer:
@@ -67,14 +69,28 @@ def _finish(x: Tracer, value: Tracer) -> Tracer:
     return astype(value, np.float16) if x.ir_dtype == T.float16 else value
 
 
-def _per_count(total: Tracer, n: int) -> Tracer:
-    """``total / n`` as numpy divides a reduction by its count (an ``intp``, so in float64, then stored in the
-    total's dtype): a 16-bit total is divided in f32 and the quotient stays f32, rounded where the caller
-    stores it. As a constant of f16 the count rounded (to inf from 65520 on: an f16 variance of 65536 elements
-    was 0, a layer norm 31 times too large; bf16 counts past 256 lost their low bits)."""
+def _per_count(total: Tracer, sizes: tuple[int, ...], ddof: int | float = 0) -> Tracer:
+    """``total / max(n - ddof, 0)`` with ``n`` the product of `sizes`, as numpy divides a reduction by its
+    count (a Python number, converted to the total's dtype): a 16-bit total is divided in f32 and the quotient
+    stays f32, rounded where the caller stores it. As a constant of f16 the count rounded (to inf from 65520
+    on: an f16 variance of 65536 elements was 0, a layer norm 31 times too large; bf16 counts past 256 lost
+    their low bits). Where a size is a probe (a shape class is traced), the count is a `Length` of them,
+    ``n - ddof`` taken in f64 as numpy's Python arithmetic takes it exactly."""
     if total.ir_dtype.storage_only:
         total = astype(total, np.float32)
-    return divide(total, n)
+    count = max(math.prod(sizes) - ddof, 0)
+    if not builtins.any(isinstance(n, ProbeLength) for n in sizes):    # (this module defines `any`)
+        return divide(total, count)
+
+    def per_count(e: list[Expr], d: T.DType) -> Expr:
+        n: Expr = Length(sizes, d if ddof == 0 else T.float64)
+        if ddof != 0:      # (a symbol is at least 2 and a probe past 10^4, but ddof may be larger)
+            less = Binary(BinaryOp.SUB, n, Const(float(ddof), T.float64), T.float64)
+            n = Binary(BinaryOp.MAX, less, Const(0.0, T.float64), T.float64)
+            n = n if d == T.float64 else Cast(n, d)
+        return Binary(BinaryOp.DIV, e[0], n, d)
+
+    return _elementwise("divide", np.divide, [total, count], per_count)
 
 
 def mean(x, axis=None, keepdims=False):
@@ -108,7 +124,7 @@ def _var(x: Tracer, axis: object, ddof: object, keepdims: bool, op: str) -> Trac
         result_dtype(op, lambda v: np.var(v, axis=dims, ddof=ddof), x)
     centre = _per_count(_sum(wide, axis=dims, keepdims=True), n)
     deviation = subtract(wide, centre)     # (f32 for 16-bit values: the centre is the f32 quotient)
-    value = _per_count(_sum(multiply(deviation, deviation), axis=dims, keepdims=keepdims), max(n - ddof, 0))
+    value = _per_count(_sum(multiply(deviation, deviation), axis=dims, keepdims=keepdims), n, ddof)
     return astype(value, wide.dtype) if value.dtype != wide.dtype else value
 
 

@@ -31,6 +31,7 @@ from ..ir import (
     DType,
     Expr,
     IndexValue,
+    Length,
     InternalError,
     Load,
     Select,
@@ -118,6 +119,15 @@ class ExprLowering:
 def _const(lw: ExprLowering, e: Const, b: dict[str, Binding]) -> Tiled:
     d = compute_dtype(e.dtype)
     return Tiled(lw.kb.const(round_to(e.value, e.dtype), d), ())
+
+
+def _length(lw: ExprLowering, e: Length, b: dict[str, Binding]) -> Tiled:
+    """A count of elements as a float: a constant, or the run-time lengths (index scalars, one `Extent` op
+    each) multiplied and converted, rounding as numpy converts the count where it passes 2**24 in f32."""
+    d, n = compute_dtype(e.dtype), e.count
+    if isinstance(n, int):
+        return Tiled(lw.kb.const(round_to(float(n), e.dtype), d), ())
+    return Tiled(lw.kb.cast(lw.kb.extent(n), d, hint="count"), ())
 
 
 def _index_value(lw: ExprLowering, e: IndexValue, b: dict[str, Binding]) -> Tiled:
@@ -434,6 +444,7 @@ def _cast(lw: ExprLowering, e: Cast, b: dict[str, Binding]) -> Tiled:
 _RULES: dict[type, Callable[..., Tiled]] = {
     Const: _const,
     IndexValue: _index_value,
+    Length: _length,
     Load: _load,
     Unary: _unary,
     Binary: _binary,
