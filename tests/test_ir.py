@@ -158,7 +158,7 @@ BAD = {
                     Binary(BinaryOp.MUL, Const(2.0, T.float16), Load(X, (I0, I1)), T.float16))), "narrows an operand"),
     # a mean's count (`Length`) is f32 or f64, as numpy divides a 16-bit sum in f32
     "a length as a 16-bit number": (
-        one(Compute(buf("y", R, N, dtype=T.float16), (I0, I1), Length((N,), T.float16))), "counts divide in"),
+        one(Compute(buf("y", R, N, dtype=T.float16), (I0, I1), Length((N,), T.float16))), "a length is an integer"),
 }
 
 

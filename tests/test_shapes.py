@@ -166,15 +166,44 @@ def test_named_axes_are_the_only_symbolic_ones():
     assert k.cache_info().misses == 2
 
 
+def _row_sum_over_count(x):
+    return rf.sum(x, axis=-1) * (1.0 / x.shape[-1])     # (Python computes 1 / n: a constant of the length)
+
+
 def test_a_length_used_as_a_number_keeps_its_axis_static_and_says_so():
     rng = np.random.default_rng(5)
-    k = rf.kernel(workloads.layer_norm_stats, backend="cpu", dynamic=True)   # divides by x.shape[-1]
+    k = rf.kernel(_row_sum_over_count, backend="cpu", dynamic=True)
     for shape in ((3, 5), (40, 5), (7, 300)):
         x = rng.standard_normal(shape).astype(np.float32)
-        _close(k(x), workloads.layer_norm_stats(x), tol=1e-5)
+        _close(k(x), _row_sum_over_count(x), tol=1e-5)
     assert k.cache_info().misses == 2     # rows symbolic; one kernel per number of columns
     (why,) = k.polymorphism.values()
     assert "depends on the value of x.1" in why
+
+
+@pytest.mark.parametrize("backend", HOST + ["simulate"])
+def test_a_length_handed_to_an_op_as_it_is_is_read_when_the_kernel_runs(backend):
+    """``rf.sum(x) / n`` with ``n = x.shape[-1]`` (the layer-norm statistics as users write them): the body
+    computes nothing with ``n`` itself, so the op gets the probe and makes it a `Length`: one kernel for every
+    number of columns. An f16 operand gets the length rounded to f16 as numpy converts the Python int (2049
+    is 2048 there); an int one exactly."""
+    rng = np.random.default_rng(5)
+    k = rf.kernel(workloads.layer_norm_stats, backend=backend, dynamic=True)
+    for shape in ((3, 5), (40, 5), (7, 300), (2, 3)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        _close(k(x), workloads.layer_norm_stats(x), tol=1e-5)
+    assert k.cache_info().misses == 1 and k.polymorphism == {}
+
+    def scaled(x, i):
+        return x / x.shape[-1], i * i.shape[-1]
+    k = rf.kernel(scaled, backend=backend, dynamic=True)
+    for n in (2049, 7):
+        x, i = (rng.standard_normal((2, n)) * 1000).astype(np.float16), rng.integers(-9, 9, (3, n), np.int32)
+        got, want = k(x, i), scaled(x, i)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
+    assert k.cache_info().misses == 1 and k.polymorphism == {}
 
 
 def test_symbolic_axes_of_equal_length_share_a_symbol_and_unequal_ones_make_another_class():

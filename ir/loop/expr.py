@@ -157,7 +157,8 @@ class Length:
     by. `sizes` are the lengths multiplied: integers, or a shape-polymorphic kernel's run-time lengths
     (`redfuser.ir.sizes.Size`) once its probes are replaced (`ir.loop.extents`), so a mean over a symbolic
     axis does not make the kernel specialize on its length. A constant length is a `Const` (the tracer makes
-    this node only for a probe length, `redfuser.ops.statistics`)."""
+    this node only for a probe length: a mean's count, `redfuser.ops.statistics`, and a length the body
+    hands to an op as it is, ``s / x.shape[-1]``, `redfuser.ops.common.operand`)."""
 
     sizes: tuple[SizeLike, ...]
     dtype: DType

@@ -79,8 +79,9 @@ def verify_expr(e: Expr, scope: dict[str, Axis], defined: dict[str, Buffer], stm
             if scope.get(node.axis.name) != node.axis:
                 _fail(f"value of axis {node.axis.name} used outside its loop", stmt, where)
         elif isinstance(node, Length):
-            if not node.dtype.is_float or node.dtype.storage_only:
-                _fail(f"a length as {node.dtype}: counts divide in f32 or f64", stmt, where)
+            if node.dtype.is_bool or node.dtype.storage_only:
+                _fail(f"a length as {node.dtype}: a length is an integer, f32 or f64 (16-bit ones are casts)",
+                      stmt, where)
             if not node.sizes or any(isinstance(n, int) and n < 0 for n in node.sizes):
                 _fail(f"a length of sizes {node.sizes}", stmt, where)
         elif isinstance(node, Binary) and node.op.is_comparison and node.dtype != bool_:

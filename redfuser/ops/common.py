@@ -13,10 +13,12 @@ from ..ir import (
     DType,
     DTypeError,
     Expr,
+    Length,
     ShapeError,
     UnsupportedError,
 )
 from ..ir import types as T
+from ..probes import ProbeLength
 from ..source_info import user_loc
 from ..tracer import Tracer
 
@@ -66,7 +68,10 @@ def is_numpy_scalar(x: object) -> bool:
 
 def probe(x: object, value: object = 1) -> object:
     """What numpy sees in place of `x`: a one-element array (or numpy scalar, `is_numpy_scalar`) holding
-    `value` for a traced value, `x` itself otherwise."""
+    `value` for a traced value, `x` itself otherwise (a traced length as the plain int it is: numpy takes a
+    subclass of int for a strong int64 operand, not a Python int, and ``f32 / x.shape[-1]`` would be f64)."""
+    if isinstance(x, ProbeLength):
+        return int(x)
     if not isinstance(x, Tracer):
         return x
     if is_numpy_scalar(x):
@@ -136,6 +141,12 @@ def operand(x: object, axes: tuple[Axis, ...], dtype: DType) -> Expr:
     if isinstance(x, Tracer):
         lead = len(axes) - x.ndim
         return cast(x.expr_for(axes[lead:]), dtype)
+    if isinstance(x, ProbeLength) and len(x.probes) == 1 and int(x) in x.probes and not dtype.is_bool:
+        # ``s / x.shape[-1]``: a symbolic length handed to an op as it is (the user's code computed nothing
+        # with it) is its run-time value, so the axis stays symbolic (docs/shapes.md); a 16-bit operand
+        # gets it rounded to its type when the kernel runs, as numpy converts the Python int
+        wide = T.float32 if dtype.storage_only else dtype
+        return Length((x,), wide) if wide == dtype else Cast(Length((x,), wide), dtype)
     return constant(x, dtype)
 
 
