@@ -200,7 +200,12 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
             if unknown:
                 raise ArgumentError(f"the redfuser op {name} takes ({', '.join(params)}); got {', '.join(unknown)} by "
                                     "name, which is not among them or is also given by position", op=opname)
-            tensors = tensors + tuple(named[p] for p in params[len(tensors):] if p in named)
+            missing = [p for p in params[len(tensors):] if p not in named]
+            if missing:     # (appended in order, a later keyword took the place of the missing one)
+                raise ArgumentError(f"the redfuser op {name} takes ({', '.join(params)}); "
+                                    f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not given",
+                                    op=opname, loc=user_loc())
+            tensors = tensors + tuple(named[p] for p in params[len(tensors):])
         if not torch.compiler.is_compiling():       # (eagerly; dynamo cannot construct the errors)
             if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
                 raise UnsupportedError(refusal, loc=user_loc())    # before compiling or running anything

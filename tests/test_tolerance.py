@@ -362,3 +362,19 @@ def test_the_quantized_gemm_check_wants_the_bodys_shape_and_dtype():
     for bad in (good.astype(np.float16), good.astype(np.float64), good[:, :4]):
         with pytest.raises(AssertionError, match="the body's is float32"):
             assert_quantized_gemm(bad, x, w, ws)
+
+
+@pytest.mark.parametrize("extra", [{"bound": np.array(np.nan)}, {"bound": np.array([0.0, np.nan, 0.0])},
+                                   {"bound": np.array([0.0, np.inf, 0.0])}, {"bound": -1.0},
+                                   {"scale": float("inf")}, {"scale": float("nan")}])
+def test_a_bound_or_scale_that_would_accept_anything_is_refused(extra):
+    """(Found by a helper fuzzing the testing API.) A NaN ``bound`` made the allowed error NaN, and
+    ``err > NaN`` is false: a result 100% off passed silently; an infinite ``scale`` made atol infinite."""
+    wrong, right = np.full(3, 2.0, np.float32), np.full(3, 1.0, np.float32)
+    with pytest.raises(ValueError, match="bound|scale"):
+        assert_close(wrong, right, np.float32, 1, **extra)
+
+
+def test_a_bound_is_not_read_where_the_reference_is_not_finite():
+    got = want = np.array([np.inf, 1.0], np.float32)
+    assert_close(got, want, np.float32, 1, bound=np.array([np.inf, 0.0]))

@@ -312,6 +312,9 @@ def test_an_op_takes_the_parameters_without_a_default_by_position_or_name():
     assert torch.equal(added(ones, y=ones), ones * 2)
     with pytest.raises(rf.ArgumentError, match="takes \\(x, y\\)"):
         added(ones, x=ones)
+    # (found by a helper) a keyword that skips a parameter took its place: torch then blamed the keyword given
+    with pytest.raises(rf.ArgumentError, match="takes \\(x, y\\); x is not given"):
+        added(y=ones)
 
 
 def test_a_16_bit_result_comes_back_as_a_tensor_on_every_call():

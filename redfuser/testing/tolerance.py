@@ -310,7 +310,9 @@ def assert_close(actual: object, expected: object, dtype: object, reduction_leng
     way (a bf16 program whose matmul gives f32). `roundings` counts the roundings to an f16/bf16/e4m3
     `dtype` on the way to the output (module docstring); float32 and wider ignore it.
 
-    `bound`: a per-element error the caller derived and may add on top (`rounded_terms_bound`).
+    `bound`: a per-element error the caller derived and may add on top (`rounded_terms_bound`); finite and
+    >= 0 where the reference is finite, and `scale` finite and >= 0 (`ValueError` otherwise: a NaN or
+    infinite one would accept any result).
 
     `any_nonfinite`: where both are non-finite, any NaN or infinity matches any other. For random
     programs fed infinities: where an infinity meets a value the tolerance lets round differently -- a
@@ -318,6 +320,9 @@ def assert_close(actual: object, expected: object, dtype: object, reduction_leng
     another -- the result is NaN (``inf * 0``) or an infinity (``inf * tiny``) by that rounding alone.
     Non-finite exactly where the reference is, and every finite value, are still checked.
     """
+    if scale is not None and not (math.isfinite(float(scale)) and float(scale) >= 0):
+        raise ValueError(f"assert_close: scale must be a finite magnitude >= 0, got {scale!r} (an infinite one "
+                         "would accept any result)")
     actual, expected = np.asarray(actual), np.asarray(expected)
     prefix = f"{err_msg}\n" if err_msg else ""
     if actual.shape != expected.shape:
@@ -358,7 +363,11 @@ def assert_close(actual: object, expected: object, dtype: object, reduction_leng
         err = np.where(finite & np.isfinite(a), np.abs(a - e), np.where(finite, np.inf, 0.0))
     allowed = atol + rtol * np.abs(np.where(finite, e, 0.0))
     if bound is not None:
-        allowed = allowed + np.where(finite, np.broadcast_to(_as_f64(bound), e.shape), 0.0)
+        extra = np.broadcast_to(_as_f64(bound), e.shape)
+        if (finite & ~(np.isfinite(extra) & (extra >= 0))).any():
+            raise ValueError("assert_close: bound must hold finite errors >= 0 where the reference is finite (a "
+                             "NaN or infinite bound accepts any result there)")
+        allowed = allowed + np.where(finite, extra, 0.0)
     bad = err > allowed
     if bad.any():
         worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape))
