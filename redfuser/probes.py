@@ -108,12 +108,26 @@ def _read(probes: frozenset[int]) -> None:
         raise ProbeRead(probes)
 
 
+_TRACED: list[type] = []
+"""The traced-array type (`redfuser.tracer.Tracer`, registered by `defers_to`): an int operator given one only
+returns NotImplemented, and Python then asks the array's reflected operator, which makes the length an
+operand of the program (``n * x`` as ``x * n``: `redfuser.ops.common.operand`), so that is no read."""
+
+
+def defers_to(cls: type) -> type:
+    """Register `cls` as the traced-array type (`_TRACED`); returns it (a class decorator)."""
+    _TRACED.append(cls)
+    return cls
+
+
 def _noting(name: str):
-    """`int`'s method `name`, noting the length as read when the user's code calls it (`note_if_user`)."""
+    """`int`'s method `name`, noting the length as read when the user's code calls it (`note_if_user`), except
+    an operator given a traced array (`_TRACED`)."""
     method = getattr(int, name)
 
     def noted(self, *args, **kwargs):
-        self.note_if_user(sys._getframe(1))
+        if not (len(args) == 1 and _TRACED and isinstance(args[0], _TRACED[0])):
+            self.note_if_user(sys._getframe(1))
         return method(self, *args, **kwargs)
 
     noted.__name__ = name

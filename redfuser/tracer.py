@@ -48,7 +48,7 @@ from .ir import (
 from .ir.loop.index import as_index, index_value
 from .ir.types import int64
 from .ir import types as T
-from .probes import ProbeLength, needed_past_the_call, probe_length, product_length
+from .probes import ProbeLength, defers_to, needed_past_the_call, probe_length, product_length
 from .assigned import OpSite, assigned_variable
 from .source_info import user_frame, user_loc
 
@@ -342,6 +342,7 @@ class tracing:
         _ACTIVE.reset(self._token)
 
 
+@defers_to
 class Tracer:
     """An abstract array during tracing: static shape and dtype, a view of a buffer."""
 

@@ -128,6 +128,56 @@ def test_a_mean_or_var_over_varying_lengths_compiles_at_most_two_kernels(backend
     assert "10009" not in explained and "10007" not in explained, explained
 
 
+def _length_on_the_left(x):
+    n = x.shape[-1]
+    return n * x - n, n > x, n / (x + 2)
+
+
+def _capped_mean(x):
+    return rf.sum(x, axis=-1) / rf.minimum(x.shape[-1], 64)
+
+
+def _int_power_of_length(i):
+    return i ** i.shape[-1]
+
+
+@pytest.mark.parametrize("backend", HOST + ["simulate"])
+@pytest.mark.parametrize("body,symbolic", [(_length_on_the_left, True), (_capped_mean, False),
+                                           (_int_power_of_length, False)],
+                         ids=lambda v: getattr(v, "__name__", str(v)).strip("_"))
+def test_a_length_next_to_a_traced_value_is_symbolic_and_one_numpy_computes_with_is_static(backend, body, symbolic):
+    """(Found by a helper.) ``n * x`` asked ``int.__mul__`` first, noted as a read: static where ``x * n`` was
+    symbolic. ``rf.minimum(n, 64)`` has no traced operand: numpy's, on the value, 64 at both probes, so the
+    class divided by 64 at every length (8x off at 5 columns). An int power of a run-time length was 0 on the
+    host. Those two read the length."""
+    rng = np.random.default_rng(8)
+    k = rf.kernel(body, backend=backend, dynamic=True)
+    for n in (100, 7, 5, 200):     # (never the other axis's length: equal lengths make another class)
+        if body is _int_power_of_length:
+            x = rng.integers(-3, 4, (2, n)).astype(np.int64)
+        else:
+            x = (rng.standard_normal((3, n)) + 3).astype(np.float32)
+        _close(k(x), body(x), 2e-6)
+    assert (k.cache_info().misses == 1) is symbolic and (k.polymorphism == {}) is symbolic, k.polymorphism
+
+
+@pytest.mark.parametrize("backend", HOST + ["simulate"])
+def test_a_var_over_a_symbolic_axis_centres_on_the_bodys_mean_as_the_exact_kernel_does(backend):
+    """(Found by a helper.) ``S / length`` is one atom of the normal form where ``S / 300.0`` is ``S`` times a
+    coefficient, so the symbolic variance was not seen to centre on the body's mean and got a running mean of
+    its own (two running sums more), whose final move read the f16-rounded sum: a row of 300 values near 1000
+    (numpy's f16 sum overflows: docs/testing.md, note [11]) gave NaN where the exact kernel gives the
+    variance of its f32 sums."""
+    rng = np.random.default_rng(9)
+    x = (1000 + rng.standard_normal((2, 300))).astype(np.float16)
+    exact = rf.kernel(_spread, backend=backend, dynamic=False)(x)
+    symbolic = rf.kernel(_spread, backend=backend, dynamic=True)
+    for got, want in zip(symbolic(x), exact):
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=4e-3)
+    fused = str(symbolic.lower(x).stages["fused"])
+    assert "centre_sum" not in fused, fused
+
+
 def test_an_f16_mean_over_a_symbolic_axis_is_numpys():
     """The count is converted to the f32 the 16-bit total is divided in, as a constant count was."""
     rng = np.random.default_rng(6)

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
 
-from ..ir import Axis, Binary, BinaryOp, Buffer, BufferType, Const, DType, Expr, Load, OnlineState, ReduceOp, map_expr
+from ..ir import (Axis, Binary, BinaryOp, Buffer, BufferType, Const, DType, Expr, Length, Load, OnlineState, ReduceOp,
+                  map_expr)
 from . import algebra as A
 from .build import product_expr, sum_expr
 from .separability import Accumulator, Decomposition, FusionContext, Refusal, _split
@@ -55,7 +56,7 @@ class Centre:
 
     op: ReduceOp
     state: str
-    atom: Load
+    atom: Expr          # (a Load, or ``S / length`` of a mean over a symbolic axis: `_over_the_axis_length`)
     source: Load        # the state itself at the body's indices (the running max, or the running sum S)
     c: Expr
     u: Expr
@@ -107,9 +108,12 @@ def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, .
     pos = lambda e: False  # noqa: E731
     out: list[Centre] = []
     for atom in sorted(A.free_atoms(normal), key=repr):
-        if not isinstance(atom, Load) or ctx.kind(atom) != "y":
+        if ctx.kind(atom) != "y":
             continue
-        r = A.normalize(running(atom), pos, pos)
+        read = _over_the_axis_length(atom, extent)
+        if read is None and not isinstance(atom, Load):
+            continue
+        r = A.normalize(running(atom if read is None else read), pos, pos)
         if len(r) != 1 or not r[0].exponent.is_zero or len(r[0].mono.factors) != 1:
             continue
         (state_load, p), kappa = r[0].mono.factors[0], r[0].coeff
@@ -117,10 +121,12 @@ def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, .
         if p != 1 or st is None or st.rescale is not None or st.carry is not None:
             continue
         if st.op is ReduceOp.SUM:
-            if kappa * extent == 0:   # an empty axis (x[3:-21] of a short one): no mean to centre on
+            # (``kappa * extent``: for ``S / length`` the count is the axis's, whatever the length)
+            scale = kappa * extent if read is None else kappa
+            if scale == 0:   # an empty axis (x[3:-21] of a short one): no mean to centre on
                 continue
-            c: Expr = Binary(BinaryOp.MUL, atom, Const(1.0 / (kappa * extent), atom.dtype), atom.dtype)
-        elif kappa == 1.0:
+            c: Expr = Binary(BinaryOp.MUL, atom, Const(1.0 / scale, atom.dtype), atom.dtype)
+        elif kappa == 1.0 and read is None:
             c = atom
         else:
             continue
@@ -133,6 +139,17 @@ def find_centres(normal: A.Sum, ctx: FusionContext, states: tuple[OnlineState, .
         marker = Load(Buffer(f"__centre_{st.acc.name}", BufferType(atom.dtype, (extent,))), (Axis(loop_axis, extent),))
         out.append(Centre(st.op, st.acc.name, atom, state_load, c, u, marker))
     return out
+
+
+def _over_the_axis_length(atom: Expr, extent: int) -> Expr | None:
+    """``S`` where `atom` is ``S / length`` with the fused axis's own `Length` (a mean over a symbolic axis,
+    `redfuser.ops.statistics`; ``S`` a sum's load, widened to f32 for a 16-bit one): the mean the exact kernel
+    reads as ``S / 10007.0``, which the normal form takes apart (a Length stays in its atom). None
+    otherwise."""
+    if (isinstance(atom, Binary) and atom.op is BinaryOp.DIV and isinstance(atom.b, Length)
+            and atom.b.count == extent):
+        return atom.a
+    return None
 
 
 def _clean(s: A.Sum) -> A.Sum:

@@ -33,6 +33,8 @@ def describe(x: object) -> str:
     if isinstance(x, np.ndarray):
         d = T.from_numpy(x.dtype)
         return f"numpy array {d or x.dtype}[{','.join(map(str, x.shape))}]"
+    if isinstance(x, ProbeLength):
+        return "python int (a length)"
     return f"python {type(x).__name__}" if not isinstance(x, np.generic) else f"numpy {x.dtype} scalar"
 
 
@@ -159,6 +161,14 @@ def _builder(op: str, *xs: object):
 
 
 def _traced(*xs: object) -> bool:
-    return any(isinstance(x, Tracer) for x in xs)
+    """Whether an op's operands include a traced array; where none does the op is numpy's, on the values, so
+    a length among them (``rf.minimum(x.shape[-1], 64)``) is read as a number: noted, and its axis kept static
+    (both probes give 64, and the class had 64 compiled in for every length)."""
+    if any(isinstance(x, Tracer) for x in xs):
+        return True
+    for x in xs:
+        if isinstance(x, ProbeLength):
+            x.note_read()
+    return False
 
 

@@ -19,6 +19,7 @@ from ..ir import (
     UnsupportedError,
 )
 from ..ir import types as T
+from ..probes import ProbeLength
 from ..source_info import user_loc
 from ..tracer import Tracer
 from .common import (
@@ -176,6 +177,11 @@ def _power(a, b, numpy_fn: Callable, name: str):
         raise UnsupportedError(f"only a constant exponent is supported, got {describe(a)} ** {describe(b)}",
                                op=name, loc=user_loc())
     _check_operand(name, b)
+    if isinstance(b, ProbeLength):
+        # ``x ** x.shape[-1]``: the exponent is compiled in (an integer power's multiplications, numpy's
+        # shortcuts), so the length is read as a number and its axis kept static (the host computed an int
+        # power of a run-time exponent as 0)
+        b.note_read()
     half = isinstance(b, float | np.floating) and float(b) == 0.5
     if half and result_dtype(name, numpy_fn, a, b).is_float:
         return _elementwise(name, numpy_fn, [a, b], _half_power(a, b, numpy_fn))
@@ -269,6 +275,8 @@ def _beyond_range(np_fn: Callable, a: object, b: object) -> bool | None:
     low, high = (int(info.min), int(info.max)) if info else (0, 1)
     if low <= value <= high:
         return None
+    if isinstance(value, ProbeLength):     # (an int8 array against x.shape[-1]: past int8 at the probes, not at 5)
+        value.note_read()
     extremes = np.array([low, high], array.dtype)
     try:
         with np.errstate(all="ignore"):
