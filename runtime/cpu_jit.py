@@ -271,13 +271,31 @@ about 50-100 us on two cores) costs more than such a kernel runs (MoE routing 25
 call; docs/cpu-backend.md). A larger one runs on the pool, the caller taking parts too."""
 
 
-def small_work(buffers: tuple[tuple[int, tuple], ...], values: dict[str, int] | None) -> bool:
-    """Whether buffers of these (itemsize, shape) take at most `INLINE_WORK_BYTES` (run-time extents from
+INLINE_STREAM_BYTES = 4 << 20
+"""`INLINE_WORK_BYTES` for a kernel with no `dot` (its work a few operations per element it reads or writes).
+Measured on the 2-core Xeon here (medians, same run), the caller alone against the pool with the caller
+helping: ``x + 1`` of 1.5, 2 and 3 MiB in: 136/270, 182/313, 274/387 us; a softmax 274/349, 368/403,
+493/433; a layer norm 195/286, 252/337, 361/399; group norm of 3, 4 and 6 x 64x32x32: 137/432, 140/352,
+268/433 (the pool wins from about 6-8 MiB of buffers on: ``x + 1`` of 4 MiB in, 406 against 508). The
+pool's cost is its wake-ups (Python threads, a queue and an event), not the work. A kernel with a dot
+does O(n) work per element (attention's keys per query), so it keeps the smaller bound."""
+
+
+def small_work(buffers: tuple[tuple[int, tuple], ...], values: dict[str, int] | None,
+               limit: int = INLINE_WORK_BYTES) -> bool:
+    """Whether buffers of these (itemsize, shape) take at most `limit` bytes (run-time extents from
     `values`)."""
     total = 0
     for itemsize, shape in buffers:
         total += itemsize * math.prod(concrete(shape, values) if values else shape)
-    return total <= INLINE_WORK_BYTES
+    return total <= limit
+
+
+def streams(kernel) -> bool:
+    """Whether a Tile IR kernel has no `dot` (`INLINE_STREAM_BYTES`)."""
+    from ..ir.tile import nodes as t
+
+    return not any(isinstance(op, t.Dot) for op in t.walk_ops(kernel.body))
 
 
 def tile_bytes(kernel) -> int:
@@ -348,8 +366,10 @@ class CpuProgram:
         self._work = [tuple((buffers[i].dtype.itemsize, buffers[i].shape) for i in params)
                       for _, params, _, _ in self._kernels]
         self._symbolic = any(not isinstance(n, int) for b in p.inputs for n in b.shape)
+        self._limits = [INLINE_STREAM_BYTES if streams(k) else INLINE_WORK_BYTES for k in p.kernels]
         # decided once where the shapes are static (a call then only reads it), per call where they are not
-        self._small = [None if self._symbolic else small_work(w, None) for w in self._work]
+        self._small = [None if self._symbolic else small_work(w, None, limit)
+                       for w, limit in zip(self._work, self._limits)]
         self._inputs = [(b.type, b.type.strides is None, np.dtype(b.dtype.numpy)) for b in p.inputs]
         self._made = [(b.shape, np.dtype(b.dtype.numpy)) for b in made]
         self._library = library  # keeps the code alive as long as the functions
@@ -391,8 +411,10 @@ class CpuProgram:
         scratch = made[n_out:]
         kernels = tuple((fn, params, programs) for fn, params, programs, _ in self._kernels)
         empty, ident, dense = np.empty, threading.get_ident, self.call_dense
-        # one builtin call where the interpreter allows it (keeping the GIL for small kernels only), else ctypes
-        launch = entry_of(kernels, n_in, release_gil=not all(self._small)) or _ctypes_launch(kernels, n_in)
+        # one builtin call where the interpreter allows it (keeping the GIL for small kernels only: under
+        # `INLINE_WORK_BYTES`, tens of microseconds), else ctypes
+        quick = all(small_work(w, None) for w in self._work)
+        launch = entry_of(kernels, n_in, release_gil=not quick) or _ctypes_launch(kernels, n_in)
         if tensors:
             return _tensor_call(made, n_out, dense, launch)
 
@@ -429,13 +451,14 @@ class CpuProgram:
         run-time lengths from `values`."""
         address = [data_address(m) for m in memory]
         inline = self._small_stack and threading.get_ident() == _MAIN_THREAD
-        for (fn, params, programs, sizes), work, small in zip(self._kernels, self._work, self._small):
+        for (fn, params, programs, sizes), work, small, limit in zip(self._kernels, self._work, self._small,
+                                                                       self._limits):
             size_array = None
             if sizes:
                 size_array = np.array([evaluate(n, values) for n in sizes], dtype=np.int64)
                 programs = evaluate(programs, values)
             args = tuple(address[i] for i in params) + (data_address(size_array) if size_array is not None else None,)
-            if inline and (programs == 1 or (small if small is not None else small_work(work, values))):
+            if inline and (programs == 1 or (small if small is not None else small_work(work, values, limit))):
                 fn(*args, 0, programs)   # handing tiny work to the workers costs more than it runs
             else:
                 self.pool.run(fn, args, programs, caller_helps=inline)

@@ -93,10 +93,11 @@ def _pool_calls(monkeypatch, run) -> list:
 
 def test_small_work_runs_on_the_calling_thread_and_large_work_shares_it_with_the_pool(monkeypatch):
     """A kernel of several program instances whose buffers are small (MoE routing of 256 tokens: 8 programs
-    of 32 rows) runs them all on the main thread; a larger one goes to the pool, where the main thread takes
-    parts too (other threads only wait). Results are the same either way."""
+    of 32 rows; a kernel without a dot up to `INLINE_STREAM_BYTES`) runs them all on the main thread; a
+    larger one goes to the pool, where the main thread takes parts too (other threads only wait). Results
+    are the same either way."""
     small = RNG.standard_normal((96, 64)).astype(np.float32)        # 3 programs, 48 KiB of buffers
-    large = RNG.standard_normal((1024, 256)).astype(np.float32)     # 32 programs, 2 MiB
+    large = RNG.standard_normal((4096, 256)).astype(np.float32)     # 128 programs, 8 MiB of buffers
     k = rf.kernel(softmax, backend="cpu", dynamic=False)
     for x in (small, large):
         k(x)
@@ -120,9 +121,27 @@ def test_small_work_runs_on_the_calling_thread_and_large_work_shares_it_with_the
     worker = threading.Thread(target=lambda: other.append(k(large)))
     worker.start()
     worker.join()
-    assert calls == [(32, True), (32, False)]
+    assert calls == [(128, True), (128, False)]
     np.testing.assert_array_equal(main, other[0])
     np.testing.assert_allclose(main, softmax(large), rtol=1e-6)
+
+
+def test_a_kernel_without_a_dot_streams_more_bytes_on_the_caller_than_one_with_a_dot(monkeypatch):
+    """Waking the pool costs more than one thread streams in it up to a few MiB (`cpu_jit.INLINE_STREAM_BYTES`:
+    group norm of 2x64x32x32 took 269 us on the pool, 65 on the caller); a kernel with a dot does O(n) work
+    per element and keeps `INLINE_WORK_BYTES`."""
+    x = RNG.standard_normal((1024, 256)).astype(np.float32)      # 2 MiB of buffers with the result
+    w = RNG.standard_normal((256, 256)).astype(np.float32)
+    streaming = rf.kernel(softmax, backend="cpu", dynamic=False)
+    streaming(x)
+    product = rf.kernel(lambda a, b: a @ b, backend="cpu", dynamic=False)
+    product(x, w)
+    (run_streaming,) = [run for _, run in streaming._cache.values()]
+    (run_product,) = [run for _, run in product._cache.values()]
+    assert run_streaming._small == [True] and run_product._small == [False]
+    calls = _pool_calls(monkeypatch, run_streaming)
+    np.testing.assert_allclose(streaming(x), softmax(x), rtol=1e-6)
+    assert calls == []
 
 
 def test_the_pool_runs_every_part_once_with_the_caller_helping():
