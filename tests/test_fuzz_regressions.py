@@ -329,15 +329,22 @@ def test_program_instances_write_only_their_own_tiles(monkeypatch):
     of each) would overwrite its successor's first elements after they were written."""
     from redfuser.runtime import cpu_jit
 
-    def backwards(self, fn, args, n, max_parts=None):
+    ran = []
+
+    def backwards(self, fn, args, n, max_parts=None, caller_helps=False):
+        ran.append(n)
         for i in reversed(range(n)):
             fn(*args, i, i + 1)
 
     monkeypatch.setattr(cpu_jit.GridPool, "run", backwards)
+    # (small work runs on the caller, in order, without the pool: make every kernel take the pool)
+    monkeypatch.setattr(cpu_jit, "INLINE_WORK_BYTES", -1)
+    monkeypatch.setattr(cpu_jit, "INLINE_STREAM_BYTES", -1)
     x = np.arange(-97, 98, dtype=np.int32).reshape(3, 5, 13) * 1000
     with np.errstate(all="ignore"):
-        got = rf.kernel(int_quotient_to_e4m3, backend="cpu", fuse=False)(x)
+        got = rf.kernel(int_quotient_to_e4m3, backend="cpu", fuse=False, dynamic=False)(x)
         want = int_quotient_to_e4m3(x)
+    assert ran and max(ran) > 1, ran        # (the instances did run backwards)
     assert np.array_equal(got.astype(np.float32), want.astype(np.float32), equal_nan=True)
 
 
