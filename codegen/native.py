@@ -8,8 +8,10 @@
   the SLP vectorizer where LLVM made invalid IR, and writes one-lane masked
   stores as scalar stores (`one_lane_stores.py`: an LLVM 22.1 x86 bug);
   `optimized_ir(text)` shows what it made of a module;
-- `compile_object(text)`: verified, optimized, emitted as an ELF object (bytes);
-  `assembly(text)` the same code as assembly text;
+- `compile_object(text)`: verified, optimized, emitted as an ELF object (bytes),
+  compiled again without AVX512DQ where LLVM 22.1 encoded a sign-bit mask of
+  a register VEX cannot name (`movmsk_registers.py`); `assembly(text)` the same
+  code as assembly text;
 - `NativeCode`: what the stage keeps, an object's bytes with the module they were
   compiled from; printed, it is the assembly (made when printed: the object is
   what runs, and the compile cache may have served it without any LLVM work).
@@ -27,6 +29,7 @@ import llvmlite.binding as llvm
 
 from ..ir.errors import InternalError
 from .llvm_utils import initialize_native, parse_and_verify
+from .movmsk_registers import may_hold_movmsk, misencoded_movmsk
 from .one_lane_stores import scalarize_one_lane_masked_stores
 
 
@@ -146,13 +149,44 @@ def optimized_ir(text: str) -> str:
 
 
 def assembly(text: str) -> str:
-    """The native assembly of a host module."""
-    return host_target().machine.emit_assembly(optimized(text))
+    """The native assembly of a host module (of the code `compile_object` gives it)."""
+    for machine in _machines():
+        asm = machine.emit_assembly(optimized(text))
+        if not misencoded_movmsk(asm):
+            return asm
+    return asm
 
 
 def compile_object(text: str) -> bytes:
-    """Verified, optimized (and verified again: `optimized`) native object code of a host module."""
-    return host_target().machine.emit_object(optimized(text))
+    """Verified, optimized (and verified again: `optimized`) native object code of a host module; where the
+    host's code holds a VEX ``movmsk`` of xmm16-31 (`movmsk_registers`: an LLVM 22.1 bug, the instruction
+    reads another register), the module compiled again without AVX512DQ, and an `InternalError` where that
+    still holds one."""
+    bad: list[str] = []
+    for machine in _machines():
+        obj = machine.emit_object(optimized(text))
+        if not may_hold_movmsk(obj):
+            return obj
+        bad = misencoded_movmsk(machine.emit_assembly(optimized(text)))
+        if not bad:
+            return obj
+    raise InternalError("LLVM's x86 back end encoded a sign-bit mask of a register VEX cannot name ("
+                        + "; ".join(bad[:3]) + "), with and without AVX512DQ (codegen/movmsk_registers.py)")
+
+
+def _machines() -> list[llvm.TargetMachine]:
+    """The host's target machine, then (where the host has AVX512DQ) one without it: `movmsk_registers`."""
+    target = host_target()
+    features = target.features.split(",")
+    if "+avx512dq" not in features:
+        return [target.machine]
+    return [target.machine, _without_dq(target.triple, target.cpu, target.features)]
+
+
+@functools.cache
+def _without_dq(triple: str, cpu: str, features: str) -> llvm.TargetMachine:
+    """`jit_machine` without AVX512DQ (so no ``vpmovd2m``/``vpmovq2m`` for the EVEX pass to fold)."""
+    return jit_machine(triple, cpu, ",".join("-avx512dq" if f == "+avx512dq" else f for f in features.split(",")))
 
 
 @dataclass(frozen=True)
