@@ -434,3 +434,23 @@ def test_a_variance_that_overflows_is_infinite_as_numpys(backend):
 
     w = np.random.default_rng(8).standard_normal((256, 4)).astype(np.float32)
     assert np.all(rf.kernel(layer_norm_gemm, backend=backend)(big, w) == 0.0)
+
+
+def _clip_loss(x):
+    diag = rf.take_along_axis(x, rf.arange(x.shape[0])[:, None], axis=1)[:, 0]
+    rows = rf.sum(rf.exp(x - rf.max(x, axis=1)[:, None]), axis=1)      # each row's softmax denominator
+    cols = rf.sum(rf.exp(x - rf.max(x, axis=0)[None]), axis=0)         # each column's
+    return rf.sum(rows - diag) + rf.sum(cols - diag)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_cascades_each_summed_with_the_others_results_are_two_loops_in_order(backend):
+    """(Found by a helper porting a CLIP loss.) The sum over rows of ``rows - diag`` joined the column
+    softmax's loop (it runs over rows too) and the sum of ``cols - diag`` the row softmax's: each loop then
+    needed the other's results first, and every backend raised an internal VerifyError ("load of s1 before
+    it is defined"). A reduction no longer joins a group while it reads a later group's results."""
+    x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    got = rf.kernel(_clip_loss, backend=backend)(x)
+    assert_close(got, _clip_loss(x), np.float32, 8 * 8)
+    lowered = rf.kernel(_clip_loss, backend=backend).lower(x)
+    assert str(lowered.stages["fused"]).count("fused loop") >= 2     # (both softmaxes still one pass each)

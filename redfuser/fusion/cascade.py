@@ -4,7 +4,12 @@ A *cascade group* is a list of single-axis reductions over axes of one length,
 in program order, each linked to the group by a dependency (it reads an earlier
 member's result) or by reading one of the group's inputs along the reduced axis
 (one pass reads the data once). A reduction may only join when nothing else it
-reads depends on the group: that would need the group's final results first.
+reads depends on the group: that would need the group's final results first;
+nor may it join a group while it reads (through anything) a group proposed after
+that one: the later group's loop comes after the earlier's, and a member of it may
+read the earlier group's results (a CLIP loss's row and column softmaxes, each
+summed with the other's denominators, made two loops each needing the other's
+results first: an internal error on every backend).
 
 A lone reduction is a group of one where a later nest sweeps its row again
 (`swept_later`: a row normalized by its own statistic), so both share a kernel.
@@ -76,14 +81,16 @@ def find_candidates(p: Program) -> list[Candidate]:
         along = {b for b, _ in sig}   # read along the reduced axis: inputs of the pass, never its results
         direct = reads(stmt)
         chosen = None
-        for g in groups:
+        read = direct.union(*(deps.get(b, set()) for b in direct))
+        for n, g in enumerate(groups):
             if g.extent != extent:
                 continue
             linked = bool((direct - along) & g.outs) or bool(sig & g.signature)
             # A member's result read along the axis is a producer over another axis of equal length, not
-            # an earlier result; and everything else read must be computable before the loop.
+            # an earlier result; and everything else read must be computable before the loop, which no
+            # later group's result is (module docstring).
             legal = not (along & g.outs) and all(not (deps.get(b, set()) & g.outs) for b in direct - g.outs) \
-                and reads_own_rows(s, g.outs)
+                and reads_own_rows(s, g.outs) and not any(read & later.outs for later in groups[n + 1:])
             if linked and legal:
                 chosen = g
                 break
