@@ -5,11 +5,10 @@ in program order, each linked to the group by a dependency (it reads an earlier
 member's result) or by reading one of the group's inputs along the reduced axis
 (one pass reads the data once). A reduction may only join when nothing else it
 reads depends on the group: that would need the group's final results first;
-nor may it join a group while it reads (through anything) a group proposed after
-that one: the later group's loop comes after the earlier's, and a member of it may
-read the earlier group's results (a CLIP loss's row and column softmaxes, each
-summed with the other's denominators, made two loops each needing the other's
-results first: an internal error on every backend).
+nor when it would make two groups need each other's results (it reads another
+group's results, and that group reads the group's: a CLIP loss's row and column
+softmaxes, each summed with the other's denominators, made two loops each needing
+the other's results first, an internal error on every backend).
 
 A lone reduction is a group of one where a later nest sweeps its row again
 (`swept_later`: a row normalized by its own statistic), so both share a kernel.
@@ -82,15 +81,17 @@ def find_candidates(p: Program) -> list[Candidate]:
         direct = reads(stmt)
         chosen = None
         read = direct.union(*(deps.get(b, set()) for b in direct))
-        for n, g in enumerate(groups):
+        for g in groups:
             if g.extent != extent:
                 continue
             linked = bool((direct - along) & g.outs) or bool(sig & g.signature)
             # A member's result read along the axis is a producer over another axis of equal length, not
-            # an earlier result; and everything else read must be computable before the loop, which no
-            # later group's result is (module docstring).
+            # an earlier result; and everything else read must be computable before the loop, which
+            # another group's result is not where that group needs this one's (module docstring).
+            outs = g.outs | {b.name for b in written(stmt)}
             legal = not (along & g.outs) and all(not (deps.get(b, set()) & g.outs) for b in direct - g.outs) \
-                and reads_own_rows(s, g.outs) and not any(read & later.outs for later in groups[n + 1:])
+                and reads_own_rows(s, g.outs) \
+                and not any(read & h.outs and _needs(h, deps) & outs for h in groups if h is not g)
             if linked and legal:
                 chosen = g
                 break
@@ -100,6 +101,12 @@ def find_candidates(p: Program) -> list[Candidate]:
         chosen.members.append(s)
         chosen.signature |= sig
     return [g for g in groups if len(g.members) > 1 or swept_later(p, g.members[0])]
+
+
+def _needs(g: Candidate, deps: dict[str, set[str]]) -> set[str]:
+    """Every buffer the members of `g` are computed from (transitively)."""
+    direct = set().union(*(reads(m.stmt) for m in g.members))
+    return direct.union(*(deps.get(b, set()) for b in direct))
 
 
 def swept_later(p: Program, member: Member) -> bool:
