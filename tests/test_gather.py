@@ -145,3 +145,24 @@ def test_a_diagonal_by_take_along_axis_of_arange(backend):
 
     s = np.random.default_rng(0).standard_normal((2, 5, 5)).astype(np.float32)
     np.testing.assert_array_equal(rf.kernel(diagonal, backend=backend)(s), diagonal(s))
+
+
+def _gathered_plus_one(x, i):
+    return rf.take_along_axis(x, i, axis=-1) + 1
+
+
+def _cross_entropy_of_rows(x, i):
+    return rf.log(rf.sum(rf.exp(x), axis=-1, keepdims=True)) - rf.take_along_axis(x, i, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("body,shape", [(_gathered_plus_one, (0,)), (_gathered_plus_one, (3, 0)),
+                                        (_cross_entropy_of_rows, (3, 0))], ids=["1d", "2d", "cross_entropy"])
+def test_a_gather_of_no_element_reads_nothing(backend, body, shape):
+    """(Found by a helper.) An empty index array gathers nothing, but the read of ``x`` at the wrapped index was
+    hoisted out of the empty loop and clamped to the empty axis's -1: simulate loaded x[-1] (an out-of-bounds
+    SimulationError) and the interpreter raised a bare IndexError; numpy gives an empty result."""
+    x = np.zeros(shape, np.float32)
+    i = np.zeros(shape, np.int64)
+    actual, expected = run_backend(backend, body, x, i)
+    _check(actual, expected)

@@ -15,7 +15,7 @@ from ..ir import types as T
 from ..probes import ProbeLength
 from ..source_info import user_loc
 from ..tracer import Tracer
-from .common import _builder, _check_operand, _traced, describe
+from .common import _builder, _check_operand, _traced, constant, describe
 
 
 def take_along_axis(arr, indices, axis=-1):
@@ -60,9 +60,14 @@ def take_along_axis(arr, indices, axis=-1):
                          op="take_along_axis", loc=user_loc())
     builder = _builder("take_along_axis", arr, indices)
     axes = builder.axes(tuple(shape))
+    loc = user_loc()
+    if int(np.prod(shape)) == 0:
+        # no element: the result reads nothing (a read of `arr` at a wrapped index, hoisted out of the empty loop
+        # and clamped to an empty axis's -1, loaded x[-1] on simulate, and the interpreter raised IndexError)
+        return builder.emit("take_along_axis", arr.ir_dtype, tuple(shape),
+                            lambda out: Compute(out, axes, constant(0, arr.ir_dtype), loc=loc))
     position = Cast(indices.expr_for(axes), T.int64) if indices.ir_dtype != T.int64 else indices.expr_for(axes)
     wrapped = Binary(BinaryOp.MOD, position, Const(max(int(n), 1), T.int64), T.int64)  # numpy's negative indices
     at = axes[:ax] + (Computed(wrapped),) + axes[ax + 1:]
     value = arr.expr_for(at)
-    loc = user_loc()
     return builder.emit("take_along_axis", arr.ir_dtype, tuple(shape), lambda out: Compute(out, axes, value, loc=loc))
