@@ -330,11 +330,14 @@ def lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: 
         return _lower(fn, specs, backend, options, shapes)
 
 
-SMALLER_TILES: tuple[dict[str, int], ...] = ({"block_n": 4096}, {"block_n": 1024}, {"block_m": 16, "block_n": 64})
+SMALLER_TILES: tuple[dict[str, int], ...] = ({"block_n": 4096}, {"block_n": 1024}, {"block_m": 16, "block_n": 64},
+                                             {"block_m": 16, "block_n": 64, "block_k": 16})
 """Tiles a GPU compile tries in turn, as if the user had given them, where its default tiles need more shared
 memory than the target has (`SharedMemoryExceeded`): f16 RMSNorm of 16384-element rows took whole rows whose
 f32 weight row is converted through 64 KiB of shared memory (48 KiB on sm_80/sm_90), an f16 linear
-cross-entropy of 4096 rows 147-279 KiB. A kernel the user gave a tile keeps it and the error."""
+cross-entropy of 4096 rows 147-279 KiB; an int64 ``a @ b`` of 64x64x64 (no tensor cores: its operand tiles go
+through shared memory at 8 bytes an element) 512 KiB, 128 KiB with 16-row tiles, and fits with 16-deep ones.
+A kernel the user gave a tile keeps it and the error."""
 
 
 def _lower(fn: Callable, specs: tuple[ArgSpec, ...], backend: Pipeline, options: KernelOptions,

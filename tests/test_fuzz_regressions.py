@@ -460,6 +460,22 @@ def test_a_row_sum_beside_a_matmul_of_the_same_rows_fits_in_shared_memory():
         assert g.dtype == w.dtype and np.array_equal(g, w)   # small integers: every sum is exact
 
 
+def _int64_product(a, b):
+    return a @ b
+
+
+def test_an_int64_product_fits_in_shared_memory_with_shallower_tiles():
+    """(Found by a helper.) An int64 ``a @ b`` of 64x64x64 or more failed on simulate with the default tiles:
+    its operand tiles go through shared memory at 8 bytes an element (512 KiB; 128 KiB with the smaller
+    tiles tried, `compiler.SMALLER_TILES`); 16-deep tiles fit."""
+    rng = np.random.default_rng(3)
+    for m, k, n in ((64, 64, 64), (130, 257, 33)):
+        a = rng.integers(-128, 128, (m, k)).astype(np.int64)
+        b = rng.integers(-128, 128, (k, n)).astype(np.int64)
+        got = rf.kernel(_int64_product, backend="simulate")(a, b)
+        assert got.dtype == np.int64 and np.array_equal(got, a @ b)
+
+
 def max_of_log_softmax_over_one_element(x0):
     v0 = rf.max(x0, axis=-1, keepdims=True)
     v1 = x0 - v0

@@ -130,7 +130,7 @@ def size_shared(kernel: SimtKernel, lw: Lowering, limit: int) -> SimtKernel:
     if sized.shared_bytes > limit:
         raise SharedMemoryExceeded(f"kernel {kernel.name} needs {sized.shared_bytes} bytes of shared memory for its "
                                    f"operand tiles and layout conversions (at most {limit} on {lw.opts.sm}); use "
-                                   "smaller block_m / block_n")
+                                   "smaller block_m / block_n / block_k")
     if sized.shared_bytes > MAX_STATIC_SHARED_BYTES:
         # a default register bound (`blocks_per_sm`) for more blocks than the SM's shared memory holds would
         # only cost registers
