@@ -224,3 +224,22 @@ def test_main_exits_1_and_prints_a_reproducer_when_something_fails(capsys, monke
     assert "failures: 1 (1 signatures)" in out and "interpret / cascade completeness / cascade" in out
     assert "---- reproducer: cascade completeness on interpret" in out
     assert "def cascade(" in out and "rng = np.random.default_rng(" in out
+
+
+def test_one_result_in_both_slots_of_a_product_of_sums_is_not_expected_to_fuse():
+    """(Fuzz, seed 95, example 111.) ``(x - r1) * (x + r1)`` is ``x^2 - r1^2``: the cross terms cancel in exact
+    arithmetic, which the engine refuses to fuse (exact only for finite ``r1``), and the grammar called the body
+    separable, a completeness failure. The slots now take two results where there are, and a body with one
+    result in both is labelled not separable."""
+    from redfuser.testing.fuzz_tasks import cascade_example
+
+    import re
+
+    seen = {True: 0, False: 0}
+    for index in range(400):
+        for r in cascade_example(95, index).reductions:
+            if r.family == "(x - Y) * (x + L)" and r.op == "sum":
+                y, l = re.search(r"\((\w+) - (.+?)\) \* \(\1 \+ (.+?)\)", r.source()).group(2, 3)
+                assert r.separable == (y != l), r.source()
+                seen[y != l] += 1
+    assert seen[True] > 0, seen

@@ -23,6 +23,10 @@ suffer). Flags say where a template is well-conditioned:
     narrow     needs data of small spread (``exp(x - M)`` must not underflow to 0)
     d_linear   reads the masked data outside ``exp`` (its result is -inf on masked rows)
     inf_ok     stays equal to the reference when inputs hold +-inf
+    distinct   one result in two of its slots cancels in exact arithmetic (``(x - r)(x + r)`` is
+               ``x^2 - r^2``: ``x·r - r·x``), which the engine refuses to fuse (fusion/separability.py: exact
+               only for finite ``r``), so the slots take two results where there are, and a body with one
+               result in both is not separable
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ class Template:
     inf_ok: bool = False
     bare: str = ""  # "d" / "x": the body is the bare data (its max/min is an extremum)
     weight: int = 1  # how often it is drawn relative to the others (softmax-like families are the point)
+    distinct: bool = False
 
     def build(self, d: Leaf, x: Leaf, w: Leaf, slots: tuple[Node, ...]) -> tuple[Node, tuple[Node, ...]]:
         """The body and its terms for these leaves and slot values."""
@@ -121,7 +126,7 @@ SEPARABLE: tuple[Template, ...] = (
     Template("-(p log p), p = exp(x - M) / L", (SUM,), True, ("Mx", "L"), _entropy, expands=True, narrow=True,
              weight=2),
     Template("(x - Y)^2", (SUM,), True, ("Y",), _square_dev, expands=True, weight=2),
-    Template("(x - Y) * (x + L)", (SUM,), True, ("Y", "L"), _product_of_sums, expands=True),
+    Template("(x - Y) * (x + L)", (SUM,), True, ("Y", "L"), _product_of_sums, expands=True, distinct=True),
     Template("d - M", (MAX,), True, ("M",), lambda d, x, w, M: (d - M, (d, M)), d_linear=True, bounded=True,
              weight=2),
     Template("x - Y", (MIN, MAX), True, ("Y",), lambda d, x, w, Y: (x - Y, (x, Y))),

@@ -276,12 +276,13 @@ class _ChainBuilder:
             return Leaf(r.name) / Num(float(self.c["n"])), r.name  # a mean
         return Leaf(r.name), r.name
 
-    def make(self, t: Template, op: str) -> tuple[Node, tuple[Node, ...], tuple[str, ...], bool]:
-        """Body, terms, the results it reads, and whether its max/min is a constant (see `COLLAPSES`)."""
+    def make(self, t: Template, op: str) -> tuple[Node, tuple[Node, ...], tuple[str, ...], bool, bool]:
+        """Body, terms, the results it reads, whether its max/min is a constant (see `COLLAPSES`), and whether
+        two slots hold the same value (`Template.distinct`)."""
         filled: dict[int, tuple[Node, str]] = {}
         for k in sorted(range(len(t.slots)), key=lambda k: len(self.fillers(t.slots[k]))):  # scarcest role first
-            filled[k] = self.fill(t.slots[k], {name for _, name in filled.values()} if not t.separable else set(),
-                                  t.separable)
+            filled[k] = self.fill(t.slots[k], {name for _, name in filled.values()}
+                                  if not t.separable or t.distinct else set(), t.separable)
         slots = [filled[k] for k in range(len(t.slots))]
         body, terms = t.build(self.d, self.x, self.w, tuple(n for n, _ in slots))
         constant = False
@@ -289,7 +290,8 @@ class _ChainBuilder:
             extremum, data = COLLAPSES[t.family, op]
             filler = next(r for r in self.done if r.name == slots[0][1])
             constant = filler.op == extremum and data in (filler.upper if extremum == MAX else filler.lower)
-        return body, terms, tuple(dict.fromkeys(r for _, r in slots)), constant
+        repeated = len({source(n) for n, _ in slots}) < len(slots)
+        return body, terms, tuple(dict.fromkeys(r for _, r in slots)), constant, repeated
 
     def add(self, name: str) -> None:
         first = not self.done
@@ -304,13 +306,15 @@ class _ChainBuilder:
             if options:
                 break
         t = self.draw.pick(options)
-        body, terms, reads, constant = self.make(t, op)
+        body, terms, reads, constant, repeated = self.make(t, op)
         family, separable, flags = t.family, t.separable, t
+        if t.distinct and repeated:
+            separable = False      # one result in both slots cancels: the engine computes it as written
         if pool is SEPARABLE and op in SUMS and self.draw.chance(20):
             second = [u for u in SEPARABLE if u is not t and u.slots and not u.expands and self.eligible(u, op)]
             if second:
                 u = self.draw.pick(second)
-                b2, t2, r2, _ = self.make(u, op)
+                b2, t2, r2, _, _ = self.make(u, op)
                 body, terms, reads = body + b2, terms + t2, tuple(dict.fromkeys(reads + r2))
                 family = "sum of two separable terms"
                 flags = replace(t, positive=t.positive and u.positive, bounded=t.bounded and u.bounded,
