@@ -108,7 +108,7 @@ def _read(probes: frozenset[int]) -> None:
         raise ProbeRead(probes)
 
 
-_TRACED: list[type] = []
+_TRACED: tuple[type, ...] = ()
 """The traced-array type (`redfuser.tracer.Tracer`, registered by `defers_to`): an int operator given one only
 returns NotImplemented, and Python then asks the array's reflected operator, which makes the length an
 operand of the program (``n * x`` as ``x * n``: `redfuser.ops.common.operand`), so that is no read."""
@@ -116,7 +116,8 @@ operand of the program (``n * x`` as ``x * n``: `redfuser.ops.common.operand`), 
 
 def defers_to(cls: type) -> type:
     """Register `cls` as the traced-array type (`_TRACED`); returns it (a class decorator)."""
-    _TRACED.append(cls)
+    global _TRACED
+    _TRACED += (cls,)
     return cls
 
 
@@ -126,7 +127,7 @@ def _noting(name: str):
     method = getattr(int, name)
 
     def noted(self, *args, **kwargs):
-        if not (len(args) == 1 and _TRACED and isinstance(args[0], _TRACED[0])):
+        if not (len(args) == 1 and isinstance(args[0], _TRACED)):
             self.note_if_user(sys._getframe(1))
         return method(self, *args, **kwargs)
 

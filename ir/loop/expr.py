@@ -7,6 +7,7 @@ a step, and of a piece of a concatenation).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Union
 
@@ -170,10 +171,7 @@ class Length:
     @property
     def count(self) -> SizeLike:
         """The product of `sizes`: an int, or a `Size` where one of them is."""
-        out: SizeLike = 1
-        for n in self.sizes:
-            out = out * n
-        return out
+        return math.prod(self.sizes)
 
 
 @dataclass(frozen=True, slots=True)
