@@ -39,6 +39,7 @@ from ..ir.array_memory import memory_of
 from ..ir.sizes import bind_buffers, concrete, evaluate
 from .addresses import data_address
 from .native_entry import entry_of
+from .native_pool import NativeWorkers, native_kernel, pool_functions
 from .object_check import BadObject, check_host_object
 from .object_machines import Machine, machine_of_triple
 
@@ -176,37 +177,64 @@ if hasattr(os, "register_at_fork"):
 
 
 class GridPool:
-    """Persistent worker threads that run ``fn(*args, begin, end)`` over slices of ``range(n)``."""
+    """Persistent worker threads that run ``fn(*args, begin, end)`` over slices of ``range(n)``.
 
-    def __init__(self, threads: int) -> None:
+    A compiled kernel (a ctypes function) runs on native workers (`runtime.native_pool`: no Python between
+    the call and the work, 50-150 us a call less than Python threads); any other callable, and every call where
+    native workers cannot be made, runs on Python threads. Each kind is started on its first use, and again in
+    a child of ``os.fork()`` (whose workers stayed in the parent)."""
+
+    def __init__(self, threads: int, native: bool = True) -> None:
         self.threads = max(1, threads)
-        self._start()
-
-    def _start(self) -> None:
-        """A new task queue and `threads` worker threads (again in a forked child, whose have not survived)."""
+        self._native_wanted = native
+        self._lock = threading.Lock()
         self._forks = _FORKS[0]
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._native: NativeWorkers | None | bool = None      # None: not yet made; False: cannot be
+        self._tasks: queue.SimpleQueue | None = None
+
+    def _native_workers(self) -> NativeWorkers | None:
+        """The native workers, started on first use; None where they cannot be made here."""
+        if self._native is None:
+            with self._lock:
+                if self._native is None:
+                    functions = pool_functions() if self._native_wanted else None
+                    self._native = NativeWorkers(functions, self.threads, STACK_BYTES) if functions else False
+        return self._native or None
+
+    def _python_tasks(self) -> queue.SimpleQueue:
+        """The Python workers' task queue, the workers started on first use."""
+        if self._tasks is None:
+            with self._lock:
+                if self._tasks is None:
+                    self._tasks = self._start_python()
+        return self._tasks
+
+    def _start_python(self) -> queue.SimpleQueue:
+        """A new task queue and `threads` Python worker threads taking tasks from it."""
+        tasks: queue.SimpleQueue = queue.SimpleQueue()
         previous = threading.stack_size()
         threading.stack_size(STACK_BYTES)
         try:
-            self._workers = [threading.Thread(target=self._work, name=f"redfuser-cpu-{i}", daemon=True)
-                             for i in range(self.threads)]
-            for i, w in enumerate(self._workers):
+            workers = [threading.Thread(target=self._work, args=(tasks,), name=f"redfuser-cpu-{i}", daemon=True)
+                       for i in range(self.threads)]
+            for i, w in enumerate(workers):
                 try:
                     w.start()
                 except RuntimeError as err:     # ("can't start new thread": the process's limit, its memory)
                     from ..ir.errors import BackendError
 
                     for _ in range(i):          # (the started ones end: a task that raises SystemExit)
-                        self._tasks.put(_stop_worker)
+                        tasks.put(_stop_worker)
                     raise BackendError(f"cpu: could not start {self.threads} worker threads (num_threads): "
                                        f"{err}; the system allowed {i}") from None
         finally:
             threading.stack_size(previous)
+        return tasks
 
-    def _work(self) -> None:
+    @staticmethod
+    def _work(tasks: queue.SimpleQueue) -> None:
         while True:
-            self._tasks.get()()
+            tasks.get()()
 
     def run(self, fn, args: tuple, n: int, max_parts: int | None = None, caller_helps: bool = False) -> None:
         """Call `fn` on `n` program instances split into contiguous parts, taken in turn by the workers; with
@@ -216,8 +244,15 @@ class GridPool:
         if n <= 0:
             return
         if self._forks != _FORKS[0]:   # (a child of os.fork(): the workers stayed in the parent)
-            self._start()
+            self._forks, self._native, self._tasks = _FORKS[0], None, None
+            self._lock = threading.Lock()
         parts = min(n, max_parts or self.threads * 4)
+        wake = min(parts, self.threads) - (1 if caller_helps else 0)
+        native = self._native_workers() if native_kernel(fn) else None
+        if native is not None:
+            native.run(fn, args, n, parts, wake, caller_helps)
+            return
+        tasks = self._python_tasks()
         bounds = [n * i // parts for i in range(parts + 1)]
         lock = threading.Lock()
         state = [0, parts]          # the next part to take, the parts not yet finished
@@ -238,8 +273,8 @@ class GridPool:
                         if state[1] == 0:
                             finished.set()
 
-        for _ in range(min(parts, self.threads) - (1 if caller_helps else 0)):
-            self._tasks.put(drain)
+        for _ in range(wake):
+            tasks.put(drain)
         if caller_helps:
             drain()
         finished.wait()
@@ -266,19 +301,19 @@ stack is the process's (8 MiB by default on Linux); workers get `STACK_BYTES`.""
 
 INLINE_WORK_BYTES = 512 << 10
 """A kernel whose buffers take at most this many bytes in all runs on the caller's thread, all its program
-instances in turn: waking the pool's workers and waiting for them (Python threads, a queue and an event:
-about 50-100 us on two cores) costs more than such a kernel runs (MoE routing 256x64: 481 -> 104-143 us a
-call; docs/cpu-backend.md). A larger one runs on the pool, the caller taking parts too."""
+instances in turn: waking the pool's workers and waiting for them costs more than such a kernel runs (with
+Python workers 50-150 us: MoE routing 256x64 481 -> 104-143 us a call; the native workers, 15-25 us, kept
+the bound: docs/cpu-backend.md). A larger one runs on the pool, the caller taking parts too."""
 
 
-INLINE_STREAM_BYTES = 4 << 20
+INLINE_STREAM_BYTES = 1 << 20
 """`INLINE_WORK_BYTES` for a kernel with no `dot` (its work a few operations per element it reads or writes).
-Measured on the 2-core Xeon here (medians, same run), the caller alone against the pool with the caller
-helping: ``x + 1`` of 1.5, 2 and 3 MiB in: 136/270, 182/313, 274/387 us; a softmax 274/349, 368/403,
-493/433; a layer norm 195/286, 252/337, 361/399; group norm of 3, 4 and 6 x 64x32x32: 137/432, 140/352,
-268/433 (the pool wins from about 6-8 MiB of buffers on: ``x + 1`` of 4 MiB in, 406 against 508). The
-pool's cost is its wake-ups (Python threads, a queue and an event), not the work. A kernel with a dot
-does O(n) work per element (attention's keys per query), so it keeps the smaller bound."""
+Measured on the 2-core EPYC here with the native workers (`runtime.native_pool`; medians, same run), the pool
+with the caller helping against the caller alone: ``x + 1`` of 0.5, 1, 2 and 4 MiB of buffers 34/20, 43/22,
+53/37, 136/209 us; a softmax 66/69, 101/136, 167/266, 302/544; group norm of 1-4 x 64x32x32 (0.5-2 MiB, two
+kernels) 115/79, 110/68, 124/122, 132/135. With the Python workers the bound was 4 MiB (their wake-ups cost
+50-150 us a kernel). A kernel with a dot does O(n) work per element (attention's keys per query), so it keeps
+the smaller bound."""
 
 
 def small_work(buffers: tuple[tuple[int, tuple], ...], values: dict[str, int] | None,
