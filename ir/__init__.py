@@ -47,7 +47,7 @@ from .loop.expr import (
 from .loop.interpreter import run_program, run_stmt
 from .loop.nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from .loop.printer import format_expr, format_program, format_stmt
-from .loop.rewrite import map_expr, rename_buffers, rounded
+from .loop.rewrite import compared_branch, decided, map_expr, rename_buffers, rounded
 from .loop.index import rename_loop_indices
 from .semantics import BinaryOp, ReduceOp, UnaryOp
 from .source import UNKNOWN, SourceLoc

@@ -15,7 +15,7 @@ import pytest
 from helpers import run_backend
 
 import redfuser as rf
-from redfuser.testing.tolerance import assert_close, rounded_terms_bound
+from redfuser.testing.tolerance import assert_close, rounded_terms_bound, wide_reference
 
 BACKENDS = ("interpret", "cpu", "simulate")
 DTYPES = {"f16": (rf.float16, np.float16), "bf16": (rf.bfloat16, ml_dtypes.bfloat16)}
@@ -538,3 +538,64 @@ def test_a_select_returns_the_value_its_condition_compared_as_the_comparison_rea
     actual, expected = run_backend(backend, body, x)
     assert np.isnan(expected[0][0, 1:3]).all()
     np.testing.assert_array_equal(actual[0], expected[0])
+
+
+def _tempered_softmax(logits):
+    x = logits * 1.5                      # a 16-bit value the kernel computes, not one it loads
+    m = rf.max(x, axis=-1, keepdims=True)
+    e = rf.exp(x - m)
+    return e / rf.sum(e, axis=-1, keepdims=True)
+
+
+def _below_own_max(logits):
+    x = logits * 1.5
+    return x - rf.max(x, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_a_max_of_computed_16_bit_values_shifts_the_sum_and_the_epilogue_alike(backend, dtype):
+    """(Found by a helper.) The loop sums ``exp(x - m)`` with the running f32 max of the computed ``x``; the
+    epilogue read ``m`` rounded to its type, so each probability of a bf16 softmax of ``logits * 1.5`` was off
+    by ``exp(m - bf16(m))``, up to 1.65 (every backend: the interpreter rounded the finished max too). Now the
+    epilogue's arithmetic reads the f32 max the loop used; ``x - max(x)`` is then exactly 0 at the max, as in
+    numpy."""
+    np_dtype = DTYPES[dtype][1]
+    rng = np.random.default_rng(1)
+    rows, n = (8, 48) if backend == "simulate" else (16, 64)
+    logits = (rng.standard_normal((rows, n)) * 4 + 20).astype(np_dtype)
+    logits[rows // 2:] += 80
+    (p,), _ = run_backend(backend, _tempered_softmax, logits)
+    # (against the body in float64: numpy adds bf16 one term at a time in bf16, 2.4% off here)
+    assert_close(p, wide_reference(_tempered_softmax, logits), np_dtype, n, roundings=2)
+    assert p.astype(np.float64).max() <= 1.0
+    np.testing.assert_allclose(p.astype(np.float64).sum(axis=-1), 1.0, atol=n * 2.0 ** -8)
+    (shifted,), _ = run_backend(backend, _below_own_max, logits)
+    np.testing.assert_array_equal(shifted.astype(np.float32).max(axis=-1), 0.0)
+
+
+def _attention_f16(q, k, v):
+    s = q @ rf.swapaxes(k, -1, -2)
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    return (p / rf.sum(p, axis=-1, keepdims=True)) @ v
+
+
+def _f16_centred_squares(x):
+    d = x - rf.mean(x, axis=-1, keepdims=True)
+    return rf.sum(d * d, axis=-1)
+
+
+def test_a_fused_loops_own_16_bit_sums_keep_their_f32_range_in_the_interpreter():
+    """The interpreter rounded every finished 16-bit sum to its type after the loop, fusion's own states too:
+    attention's unnormalized ``out_acc`` over 8192 keys of values 10 (81920) was inf in f16, so the result was
+    inf where numpy's is 10; a centred sum of squares over 65536 f16 values was NaN (its count, 65536, inf in
+    f16). The compiled kernels keep them in f32, and so does the interpreter now (`held_sums`)."""
+    n = 8192
+    q, k = np.zeros((1, 16, 16), np.float16), np.zeros((1, n, 16), np.float16)
+    v = np.full((1, n, 16), 10.0, np.float16)
+    (out,), (want,) = run_backend("interpret", _attention_f16, q, k, v)
+    np.testing.assert_array_equal(out, want)
+    x = (0.01 * np.random.default_rng(3).standard_normal((1, 65536))).astype(np.float16)
+    (got,), (want,) = run_backend("interpret", _f16_centred_squares, x)
+    assert_close(got, want, np.float16, x.shape[-1])

@@ -10,17 +10,19 @@ Evaluation is a rule table keyed by node type (no visitor class hierarchy).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import ml_dtypes
 import numpy as np
 
-from .expr import Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Length, Load, Select, Strided, Unary
+from .expr import (Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Length, Load, Select, Strided, Unary,
+                   walk)
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
 from .index import index_value
-from .rewrite import in_work_precision
-from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
+from .rewrite import in_work_precision, read_as_held, state_exprs
+from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from ..types import from_numpy
 
 Space = tuple[Axis, ...]
@@ -256,13 +258,16 @@ def _windowed(axes: Space, env: Env) -> Space:
 
 
 def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
-                   span: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+                   span: tuple[int, int] | None = None, hold: bool = False) -> dict[str, np.ndarray]:
     """Run a fused cascade chunk by chunk, exactly as its online update rules say.
 
-    `span` ``(lo, hi)`` runs only that part of the axis (a partial state, for the merge rule).
+    `span` ``(lo, hi)`` runs only that part of the axis (a partial state, for the merge rule). With `hold`,
+    the sums carried in f32 though their type is narrower come back in f32 (`held_sums`), the rest rounded to
+    their types.
     """
     # A running sum of f16/bf16/e4m3 values is carried in f32 (`OnlineState.carried_dtype`), its term, rescale
-    # and carry computed in f32 too; it is rounded to its buffer's dtype once, after the loop.
+    # and carry computed in f32 too; after the loop a max or min is rounded to its buffer's dtype, and a sum
+    # too unless `hold`.
     work = {st.acc.name: st.carried_dtype.numpy for st in s.states if isinstance(st, OnlineState)}
     acc = {st.acc.name: np.full([a.extent for a in st.axes], identity(st.op, work[st.acc.name]))
            for st in s.states if isinstance(st, OnlineState)}
@@ -321,8 +326,9 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                     new = combine(st.op, scaled, partial)
             new = np.broadcast_to(new, prev.shape).astype(work[st.acc.name], order="C")  # fresh (0-d stays 0-d)
             inner[st.acc.name] = acc[st.acc.name] = new
+    kept = held_sums(s) if hold else frozenset()
     for st in s.states:
-        if isinstance(st, OnlineState):
+        if isinstance(st, OnlineState) and st.acc.name not in kept:
             with np.errstate(all="ignore"):
                 acc[st.acc.name] = acc[st.acc.name].astype(st.acc.dtype.numpy)
         if isinstance(st, TopKState):
@@ -332,14 +338,41 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
     return acc
 
 
-def run_stmt(s: Stmt, env: Env) -> np.ndarray:
-    """Execute one loop nest and return the array it writes (inside a fused loop's chunk too)."""
+def held_sums(s: FusedLoop) -> frozenset[str]:
+    """The sums, maxima and minima `s` carries in f32 though their type is narrower (16-bit ones): a compiled
+    kernel keeps each in f32 after its loop, and so does `run_program` (`run_stmt`'s `held`). An internal state
+    of fusion (attention's ``out_acc``, a centred sum's count) may exceed its type's range where the user's
+    values do not: rounded to f16 after the loop, attention over 8192 keys of values 10 gave inf where numpy
+    gives 10. A max read rounded where the loop's terms used it unrounded made a bf16 softmax of ``x = logits *
+    1.5`` divide ``exp(x - f16(m))`` by the sum of ``exp(x - m)``."""
+    return frozenset(st.acc.name for st in s.states
+                     if isinstance(st, OnlineState) and st.op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN)
+                     and st.carried_dtype != st.acc.dtype)
+
+
+def held_extrema(s: FusedLoop) -> frozenset[str]:
+    """The maxima and minima among `held_sums` (a decision reads them rounded wherever it reads them:
+    `rewrite.decided`)."""
+    return held_sums(s) & frozenset(st.acc.name for st in s.states
+                                    if isinstance(st, OnlineState) and st.op in (ReduceOp.MAX, ReduceOp.MIN))
+
+
+def run_stmt(s: Stmt, env: Env, held: frozenset[str] = frozenset(),
+             extrema: frozenset[str] = frozenset()) -> np.ndarray:
+    """Execute one loop nest and return the array it writes (inside a fused loop's chunk too). `held`: results
+    in `env` in f32 though their type is narrower (`held_sums`; `extrema` the maxima and minima among them); a
+    nest reading one is evaluated as the compiled kernels evaluate it (`rewrite.read_as_held`)."""
     if env.window is not None:
         s = _restrict(s, env)
     shape = tuple(a.extent for a in s.axes)
+    value_expr = s.value
+    if held and any(isinstance(n, Load) and n.buffer.name in held for n in walk(value_expr)):
+        value_expr = read_as_held(value_expr, held, extrema)
     if isinstance(s, Compute):
-        value = evaluate(s.value, env, s.axes)
+        value = evaluate(value_expr, env, s.axes)
     elif isinstance(s, Reduce):
+        if value_expr is not s.value:
+            s = replace(s, value=value_expr)
         value = _matmul_reduce(s, env)
         if value is None:
             space = s.axes + s.reduce_axes
@@ -355,11 +388,16 @@ def run_stmt(s: Stmt, env: Env) -> np.ndarray:
 
 def _restrict(s: Stmt, env: Env) -> Stmt:
     """A chunk-local nest with the windowed axis shortened (its loads keep the window)."""
-    from dataclasses import replace
-
     if isinstance(s, Reduce):
         return replace(s, axes=_windowed(s.axes, env), reduce_axes=_windowed(s.reduce_axes, env))
     return replace(s, axes=_windowed(s.axes, env))
+
+
+def _reads(s: FusedLoop | TopK) -> frozenset[str]:
+    """The buffers a fused loop or a top-k reads."""
+    exprs = [s.value] if isinstance(s, TopK) else [l.value for l in s.locals] + [
+        e for st in s.states for e in state_exprs(st)]
+    return frozenset(n.buffer.name for e in exprs for n in walk(e) if isinstance(n, Load))
 
 
 def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...],
@@ -369,11 +407,23 @@ def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...],
     Fused loops run in chunks of `chunk` along their axis.
     """
     env = Env({b.name: a for b, a in zip(p.inputs, args)})
+    buffers = {b.name: b for s in p.body for b in written(s)}
+    held: frozenset[str] = frozenset()     # 16-bit sums, maxima and minima kept in f32 after their loop
+    extrema: frozenset[str] = frozenset()
     for s in p.body:
+        if isinstance(s, Compute | Reduce):
+            env[s.out.name] = run_stmt(s, env, held, extrema)
+            continue
+        # (another fused loop or a top-k reads a held sum as it is stored: rounded)
+        for name in held & _reads(s):
+            with np.errstate(all="ignore"):
+                env[name] = env[name].astype(buffers[name].dtype.numpy)
+        held -= _reads(s)
         if isinstance(s, FusedLoop):
-            env.update(run_fused_loop(s, env, chunk))
-        elif isinstance(s, TopK):
-            env.update(run_topk(s, env))
+            env.update(run_fused_loop(s, env, chunk, hold=True))
+            held |= held_sums(s)
+            extrema = (extrema & held) | held_extrema(s)
         else:
-            env[s.out.name] = run_stmt(s, env)
-    return tuple(env[b.name] for b in p.outputs)
+            env.update(run_topk(s, env))
+    with np.errstate(all="ignore"):
+        return tuple(env[b.name].astype(b.dtype.numpy, copy=False) for b in p.outputs)

@@ -7,7 +7,9 @@ from typing import Callable
 import numpy as np
 
 from .expr import Binary, Cast, Computed, Const, Expr, Load, Select, Unary
+from ..semantics import BinaryOp, UnaryOp
 from ..buffer import Buffer
+from ..semantics import ROUNDING
 from ..types import float32
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 
@@ -51,6 +53,70 @@ def widened(e: Expr, f32_buffers: frozenset[str] = frozenset()) -> Expr:
             return replace(n, dtype=float32)
         return None
     return map_expr(e, widen)
+
+
+def decided(e: Expr, unrounded: frozenset[str] | set[str], extrema: frozenset[str] | set[str]) -> Expr:
+    """`e`, the operand of a decision (a comparison, a rounding to an integral value or a cast), as the reference
+    rounds it where it computes in a storage-only type (f16, bf16, e4m3): a decision jumps where its operand
+    crosses a threshold, so the f32 value the kernels otherwise keep can land on the other side. `rounded`
+    after every operation; a finished result held in f32 (`unrounded`: a fused loop's 16-bit sum, max or min, an
+    epilogue value) read as its buffer holds it where it is the operand itself; and a max or min (`extrema`)
+    rounded wherever the operand reads it, so that ``floor(y - max(y))`` is numpy's ``floor(f16(y) - f16(m))``
+    (a max of rounded values is the rounded max). Inside an operand a sum keeps its f32 value, as every step's
+    arithmetic does (the two sides of a softmax's one-hot ``p == max(p)`` divide by the same ``l``)."""
+    if not e.dtype.storage_only:
+        return e
+    if isinstance(e, Load) and e.buffer.name in unrounded:
+        return Cast(e, e.dtype)
+    if extrema:
+        e = map_expr(e, lambda n: Cast(n, n.dtype) if isinstance(n, Load) and n.buffer.name in extrema else None)
+    return rounded(e)
+
+
+def compared_branch(e: Select, branch: Expr, extrema: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether `branch` of `e` is a value its condition compares (through ``&``, ``|`` and ``~``), which a
+    kernel computing in f32 returns as the comparison saw it (`decided`): bf16 ``sign(y - max(y))`` takes its
+    ±0 branch where the rounded ``y`` is the max, and returned the f32 difference there (-0.047 for numpy's
+    0). A fused loop's finished max or min (`extrema`) is not: the loop's terms used its f32 value."""
+    if not branch.dtype.storage_only or (isinstance(branch, Load) and branch.buffer.name in extrema):
+        return False
+    return branch in _compared_operands(e.cond)
+
+
+def _compared_operands(cond: Expr) -> tuple[Expr, ...]:
+    """The storage-only operands of the comparisons `cond` is made of (through ``&``, ``|`` and ``~``)."""
+    if isinstance(cond, Binary) and cond.op.is_comparison:
+        return tuple(v for v in (cond.a, cond.b) if v.dtype.storage_only)
+    if isinstance(cond, Binary) and cond.op in (BinaryOp.AND, BinaryOp.OR):
+        return _compared_operands(cond.a) + _compared_operands(cond.b)
+    if isinstance(cond, Unary) and cond.op is UnaryOp.NOT:
+        return _compared_operands(cond.x)
+    return ()
+
+
+def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozenset()) -> Expr:
+    """`e` evaluated as the compiled kernels evaluate a statement reading `held` results (16-bit sums, maxima
+    and minima a fused loop finished in f32, which a kernel keeps in f32 after its loop; `extrema` the maxima
+    and minima among them): in f32 (`widened`), each held result read as it is where arithmetic reads it, and
+    each decision's operand as `decided` says."""
+    def go(n: Expr) -> Expr:         # (top-down: a select's branches are matched with its condition as written)
+        def decide(v: Expr) -> Expr:
+            return decided(go(v), held, extrema)
+
+        if isinstance(n, Binary) and n.op.is_comparison:
+            return replace(n, a=decide(n.a), b=decide(n.b))
+        if (isinstance(n, Unary) and n.op in ROUNDING) or (isinstance(n, Cast) and n.x.dtype != n.dtype):
+            return replace(n, x=decide(n.x))
+        if isinstance(n, Unary | Cast):
+            return replace(n, x=go(n.x))
+        if isinstance(n, Binary):
+            return replace(n, a=go(n.a), b=go(n.b))
+        if isinstance(n, Select):
+            a, b = (decide(v) if compared_branch(n, v, extrema) else go(v) for v in (n.a, n.b))
+            return replace(n, cond=go(n.cond), a=a, b=b)
+        return n
+
+    return widened(go(e), held)
 
 
 def carried_in_f32(s: FusedLoop) -> frozenset[str]:

@@ -37,7 +37,8 @@ from ..ir import (
     Select,
     Unary,
     UnaryOp,
-    rounded,
+    compared_branch,
+    decided,
     walk,
 )
 from ..ir.semantics import ROUNDING
@@ -88,6 +89,7 @@ class ExprLowering:
     shifted: frozenset = frozenset()  # f32 exps of a value minus its maximum: EXP_NONPOS (`shifted_exp.py`)
     flushable: frozenset = frozenset()  # those of them no result can tell flushed: exp2_ftz (`shifted_exp.py`)
     unrounded: set[str] = field(default_factory=set)  # finished 16-bit results held in f32 (`_decided`)
+    extrema: set[str] = field(default_factory=set)    # the maxima and minima among them
 
     @classmethod
     def of(cls, kb: KernelBuilder, opts: "ScheduleOptions") -> "ExprLowering":
@@ -177,20 +179,12 @@ LOG2E = float(np.log2(np.e))
 
 def _decided(lw: ExprLowering, e: Expr) -> Expr:
     """The operand of a comparison, a rounding to an integral value or a cast, rounded as the reference
-    rounds it where it computes in a storage-only type (f16, bf16, e4m3): a comparison or rounding jumps
-    where its operand crosses a threshold, so the f32 value the kernels otherwise keep (docs/cpu-backend.md,
-    "Tile IR") can land on the other side (an f16 ``rint(x * 0.37)`` gave 5 for numpy's 6; ``x * 0.3 ==
-    max(x * 0.3)``, the max stored rounded, matched no element). `ir.loop.rewrite.rounded`. An operand that
-    is a finished result the kernel holds unrounded (`ExprLowering.unrounded`: a 16-bit sum, an epilogue
-    value) is read rounded too, as its buffer holds it: an f16 softmax's ``p == max(p)`` compares
-    ``f16(f16(e) / l)`` with its epilogue ``max(e) / l``, which must be rounded as the elements are. Inside
-    an operand such a result keeps its f32 value, as every step's arithmetic does (``x - m - log(l)`` is
-    nearer the exact value with the f32 sum ``l``; the two sides of the one-hot divide by the same ``l``)."""
-    if not e.dtype.storage_only:
-        return e
-    if isinstance(e, Load) and e.buffer.name in lw.unrounded:
-        return Cast(e, e.dtype)
-    return rounded(e)
+    rounds it where it computes in a storage-only type (f16, bf16, e4m3): `ir.loop.rewrite.decided`, with the
+    finished results this kernel holds in f32 (`ExprLowering.unrounded`: a fused loop's 16-bit sum, max or min,
+    an epilogue value; `ExprLowering.extrema` the maxima and minima among them). An f16 ``y = x * 0.3; y ==
+    max(y)`` compared 58.8125 with the running 58.8096 and marked no element; an f16 softmax's ``p == max(p)``
+    compares ``f16(f16(e) / l)`` with its epilogue ``max(e) / l``, which must be rounded as the elements are."""
+    return decided(e, lw.unrounded, lw.extrema)
 
 
 def _unary(lw: ExprLowering, e: Unary, b: dict[str, Binding]) -> Tiled:
@@ -413,20 +407,10 @@ def _select(lw: ExprLowering, e: Select, b: dict[str, Binding]) -> Tiled:
     # (`_decided`): bf16 ``sign(y - max(y))`` takes its ±0 branch where the rounded ``y`` is the max, and
     # returned the f32 difference there (-0.047 for numpy's 0); ``where(y > 0, y, 0)`` keeps ``y`` that
     # the reference kept.
-    compared = _compared_operands(e.cond)
-    x, y = (lw.lower_as(_decided(lw, v) if v in compared else v, d, b) for v in (e.a, e.b))
+    # A fused loop's max or min is no such value: the loop's terms used its f32 value, and the guard
+    # ``where(m == -inf, 0.0, m)`` after the loop must give them the same shift.
+    x, y = (lw.lower_as(_decided(lw, v) if compared_branch(e, v, lw.extrema) else v, d, b) for v in (e.a, e.b))
     return lw.elementwise([c, x, y], lambda v: lw.kb.select(v[0], v[1], v[2], hint="where"))
-
-
-def _compared_operands(cond: Expr) -> tuple[Expr, ...]:
-    """The storage-only operands of the comparisons `cond` is made of (through ``&``, ``|`` and ``~``)."""
-    if isinstance(cond, Binary) and cond.op.is_comparison:
-        return tuple(v for v in (cond.a, cond.b) if v.dtype.storage_only)
-    if isinstance(cond, Binary) and cond.op in (BinaryOp.AND, BinaryOp.OR):
-        return _compared_operands(cond.a) + _compared_operands(cond.b)
-    if isinstance(cond, Unary) and cond.op is UnaryOp.NOT:
-        return _compared_operands(cond.x)
-    return ()
 
 
 def _cast(lw: ExprLowering, e: Cast, b: dict[str, Binding]) -> Tiled:
@@ -457,12 +441,11 @@ def as_stored(kb: KernelBuilder, value: t.Value, d: DType) -> t.Value:
     """`value`, the f32 tile of a result the program holds in dtype `d`, read as its buffer holds it: rounded
     to `d` and back where `d` is storage-only (f16, bf16, e4m3), once (a value already read so is itself).
 
-    A fused loop's finished max or min (`states.expose`) is read so wherever it is read, and a finished sum or
-    epilogue value where it is a decision's operand (`_decided`): the reference holds them rounded, and an f32 value
-    compared with an operand rounded as numpy rounds it decided otherwise (f16 ``y == max(y)`` with ``y = x *
-    0.3`` compared 58.8125 with the running 58.8096 and marked no element). A max or min of rounded values is
-    the rounded max or min (rounding is monotone), so there the rounding loses nothing; a sum read by
-    arithmetic keeps its f32 value, which is nearer the exact one (`test_low_precision_inputs_compute_in_f32`)."""
+    A fused loop's finished 16-bit sum, max or min and an epilogue value are read so where a decision reads them
+    (`_decided`): the reference holds them rounded, and an f32 value compared with an operand rounded as numpy
+    rounds it decided otherwise (f16 ``y == max(y)`` with ``y = x * 0.3`` compared 58.8125 with the running
+    58.8096 and marked no element). Arithmetic reads the f32 value the loop computed with, which is nearer the
+    exact one (`test_low_precision_inputs_compute_in_f32`) and is the one the loop's terms used."""
     if not d.storage_only or kb.recall(("as_stored", value.name, d)) is not None:
         return value
     read = kb.cast(kb.cast(value, d, hint=f"{value.name}_{d}"), value.dtype, hint=f"{value.name}_read")

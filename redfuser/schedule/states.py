@@ -29,7 +29,7 @@ from ..ir.loop.expr import reads_axis, walk
 from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
 from ..ir.types import float32, int64
-from .exprs import as_stored, compute_dtype, round_to, store_tile
+from .exprs import compute_dtype, round_to, store_tile
 from .layout import FusedBuilder
 from .options import ScheduleOptions
 from .reduce import COMBINE, compensable, compensated_add, reduce_axes, reduce_chunk
@@ -118,13 +118,14 @@ def expose(fb: FusedBuilder, carried: Carried, final: bool) -> None:
         else:
             read = vals[0]
             if final and st.acc.dtype.storage_only and not _already_narrow(fb, st):
-                # a finished 16-bit result is read as its buffer holds it (`exprs.as_stored`): a max or min
-                # always (rounding is monotone: the max of numpy's rounded terms), a sum where it is a
-                # decision's operand (`exprs._decided`); the running value stays f32 inside the loop
+                # a finished 16-bit result keeps the f32 value the loop computed with, read as its buffer holds
+                # it where a decision reads it (`exprs._decided`): a max or min anywhere in a decision's operand
+                # (rounding is monotone: the max of numpy's rounded terms), a sum where it is the operand. A max
+                # read rounded by arithmetic too made a bf16 softmax of ``x = logits * 1.5`` divide
+                # ``exp(x - f16(m))`` by the sum of ``exp(x - m)``: probabilities up to 1.65
+                fb.lw.unrounded.add(st.acc.name)
                 if st.op in (ReduceOp.MAX, ReduceOp.MIN):
-                    read = as_stored(fb.kb, vals[0], st.acc.dtype)
-                else:
-                    fb.lw.unrounded.add(st.acc.name)
+                    fb.lw.extrema.add(st.acc.name)
             fb.lw.tiles[st.acc.name] = Tiled(read, dims)
 
 
