@@ -604,3 +604,32 @@ def test_an_f16_variance_shifts_its_sums_in_f32():
                    rf.kernel(lambda a: rf.var(a, axis=-1), backend="cpu", block_n=16)):
         got = kernel(x).astype(np.float64)
         assert np.abs(got / want - 1).max() < 2e-3, (got, want)
+
+
+def covariance(x):
+    xc = x - rf.mean(x, axis=0, keepdims=True)
+    return (xc.T @ xc) / (x.shape[0] - 1)
+
+
+def row_gram(x):
+    xc = x - rf.mean(x, axis=-1, keepdims=True)
+    return xc @ xc.T
+
+
+def reversed_product(x):
+    xc = x - rf.mean(x, axis=-1, keepdims=True)
+    return rf.sum(xc * xc[..., ::-1], axis=-1)
+
+
+@pytest.mark.parametrize("body", [covariance, row_gram, reversed_product])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_product_of_two_differences_from_running_means_is_not_multiplied_out(backend, body):
+    """(Found by a helper.) The covariance ``(x_a - m_a) (x_b - m_b)`` was centred on column ``a``'s running
+    mean with ``x_b - m_b`` multiplied out, whose sums cancel where the data sits far from 0: at an offset of
+    1e4, 30-300 times numpy's error (the row Gram matrix, ``xc * xc[::-1]`` alike). One running centre takes
+    away one difference, so such a sum is a second pass, as written."""
+    rng = np.random.default_rng(0)
+    shape = (40, 4) if backend == "simulate" else (200, 4)
+    x = (rng.standard_normal(shape if body is covariance else shape[::-1]) + 1e4).astype(np.float32)
+    actual = _outputs(backend, body, x)
+    _judge(actual, body, x, x.shape[0] if body is covariance else x.shape[-1])

@@ -64,6 +64,15 @@ def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple
     pair = written_pair(value, ctx)
     if pair is None:
         return dec, None   # (x / Y + c: the reference rounds x / Y before adding, as the expansion does)
+    written = [p for p in cancelling_pairs(value, ctx) if forms_difference(value, p)]
+    tops = list(dict.fromkeys(x for x, _ in written))
+    if len(tops) > 1:
+        # a running centre keeps one reduced value's differences small: the covariance ``(x_a - m_a) (x_b -
+        # m_b)`` centred on column a's mean still multiplied out ``x_b - m_b`` (30-300x numpy's error at an
+        # offset of 1e4; found by a helper), and ``(x_j - m) (x_{n-1-j} - m)`` likewise
+        return dec, (f"it multiplies out differences of {len(tops)} reduced values ("
+                     f"{', '.join(f'{format_expr(x)} - {format_expr(y)}' for x, y in written)}), and a running "
+                     "centre keeps one of them small")
     centred, rest = split_by_pair(value, ctx)
     if rest is None:
         whole = _own_or_taylor(value, ctx, pair, axis, name, delta)
