@@ -138,6 +138,30 @@ def test_repeated_reduction_axis():
     raises_at(rf.ShapeError, "repeated", interp(body), X, contains=("max", "repeated axis"))
 
 
+@pytest.mark.parametrize("op", ["sum", "max", "mean", "var", "std", "any", "prod"])
+def test_a_reduction_axis_given_as_a_list_is_refused_as_numpy_refuses_it(op):
+    """(Found by a helper.) numpy's reductions raise a TypeError for ``axis=[0, 1]``, so the body, the kernel's
+    reference, cannot run; the kernel reduced over both axes instead."""
+    fn = getattr(rf, op)
+
+    def body(x):
+        return fn(x, axis=[0, 1])  # <- listed
+
+    raises_at(rf.UnsupportedError, "listed", interp(body), X, contains=(op, "list", "axis=(0, 1)"))
+
+
+@pytest.mark.parametrize("op, hint", [("maximum", "rf.max"), ("add", "rf.sum"), ("logical_or", "rf.any"),
+                                      ("subtract", "ufunc method")])
+def test_a_ufunc_method_of_an_op_is_refused_with_the_reduction_to_write(op, hint):
+    """(Found by a helper.) ``rf.maximum.reduce(x, axis=-1)`` was a bare AttributeError."""
+    fn = getattr(rf, op)
+
+    def body(x):
+        return fn.reduce(x, axis=-1)  # <- method
+
+    raises_at(rf.UnsupportedError, "method", interp(body), X, contains=(f"{op}.reduce", hint))
+
+
 def test_swapaxes_and_transpose_axes_out_of_range():
     def swap(x):
         return rf.swapaxes(x, 0, 2)  # <- swap

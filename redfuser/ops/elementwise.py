@@ -123,7 +123,26 @@ def _binary(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"Elementwise ``{op.value}`` with broadcasting; numpy's result on arrays."
+    _ufunc_methods_refused(fn, name)
     return fn
+
+
+_REDUCTION_OF = {"add": "rf.sum", "multiply": "rf.prod", "maximum": "rf.max", "minimum": "rf.min",
+                 "logical_and": "rf.all", "logical_or": "rf.any"}
+"""The reduction a binary op's ``.reduce`` is, for the refusal's hint."""
+
+
+def _ufunc_methods_refused(fn: Callable, name: str) -> None:
+    """Give `fn` numpy's ufunc methods (``reduce``, ``accumulate``, ``outer``, ``at``, ``reduceat``), each
+    refusing with a `redfuser` error that names the op and the user's line (a bare AttributeError before)."""
+    for method in ("reduce", "accumulate", "outer", "at", "reduceat"):
+        def refuse(*args, _method=method, **kwargs):
+            hint = f"; write {_REDUCTION_OF[name]}(x, axis=...)" if _method == "reduce" and name in _REDUCTION_OF \
+                else ""
+            raise UnsupportedError(f"numpy's ufunc method {name}.{_method} is not in RedFuser's op subset{hint}",
+                                   op=f"{name}.{_method}", loc=user_loc())
+        refuse.__name__ = refuse.__qualname__ = f"{name}.{method}"
+        setattr(fn, method, refuse)
 
 
 add = _binary(BinaryOp.ADD, np.add, "add")
@@ -332,6 +351,8 @@ logical_and = _logical_operand(BinaryOp.AND, np.logical_and, "logical_and")
 logical_or = _logical_operand(BinaryOp.OR, np.logical_or, "logical_or")
 logical_xor = _logical(BinaryOp.NE, np.logical_xor, "logical_xor")
 logical_xor.__doc__ = "Elementwise logical xor (truth values), giving bool (numpy's ``logical_xor``)."
+for _fn in (subtract, logical_and, logical_or, logical_xor):
+    _ufunc_methods_refused(_fn, _fn.__name__)
 
 
 def bitwise_xor(a, b):

@@ -32,10 +32,14 @@ from .views import _dim
 
 
 def normalize_axes(op: str, x: Tracer, axis: object) -> tuple[int, ...]:
-    """`axis` (None, int or tuple of ints) as sorted non-negative dims of `x`."""
+    """`axis` (None, int or tuple of ints) as sorted non-negative dims of `x`. A list is refused, as numpy's
+    reductions refuse it (a TypeError there: the body, the kernel's reference, could not run)."""
     if axis is None:
         return tuple(range(x.ndim))
-    items = axis if isinstance(axis, tuple | list) else (axis,)
+    if isinstance(axis, list):
+        raise UnsupportedError(f"axis must be an int, a tuple of ints or None, got the list {axis!r} (numpy "
+                               f"refuses a list too; write axis={tuple(axis)!r})", op=op, loc=user_loc())
+    items = axis if isinstance(axis, tuple) else (axis,)
     out = []
     for a in items:
         if isinstance(a, bool) or not isinstance(a, int | np.integer):
