@@ -590,7 +590,7 @@ def test_a_fused_loops_own_16_bit_sums_keep_their_f32_range_in_the_interpreter()
     """The interpreter rounded every finished 16-bit sum to its type after the loop, fusion's own states too:
     attention's unnormalized ``out_acc`` over 8192 keys of values 10 (81920) was inf in f16, so the result was
     inf where numpy's is 10; a centred sum of squares over 65536 f16 values was NaN (its count, 65536, inf in
-    f16). The compiled kernels keep them in f32, and so does the interpreter now (`held_sums`)."""
+    f16). The compiled kernels keep them in f32, and so does the interpreter now (`held_results`)."""
     n = 8192
     q, k = np.zeros((1, 16, 16), np.float16), np.zeros((1, n, 16), np.float16)
     v = np.full((1, n, 16), 10.0, np.float16)

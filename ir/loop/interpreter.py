@@ -262,12 +262,11 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
     """Run a fused cascade chunk by chunk, exactly as its online update rules say.
 
     `span` ``(lo, hi)`` runs only that part of the axis (a partial state, for the merge rule). With `hold`,
-    the sums carried in f32 though their type is narrower come back in f32 (`held_sums`), the rest rounded to
-    their types.
+    the sums, maxima and minima carried in f32 though their type is narrower come back in f32
+    (`held_results`), the rest rounded to their types.
     """
     # A running sum of f16/bf16/e4m3 values is carried in f32 (`OnlineState.carried_dtype`), its term, rescale
-    # and carry computed in f32 too; after the loop a max or min is rounded to its buffer's dtype, and a sum
-    # too unless `hold`.
+    # and carry computed in f32 too; after the loop it is rounded to its buffer's dtype unless `hold`.
     work = {st.acc.name: st.carried_dtype.numpy for st in s.states if isinstance(st, OnlineState)}
     acc = {st.acc.name: np.full([a.extent for a in st.axes], identity(st.op, work[st.acc.name]))
            for st in s.states if isinstance(st, OnlineState)}
@@ -326,7 +325,7 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                     new = combine(st.op, scaled, partial)
             new = np.broadcast_to(new, prev.shape).astype(work[st.acc.name], order="C")  # fresh (0-d stays 0-d)
             inner[st.acc.name] = acc[st.acc.name] = new
-    kept = held_sums(s) if hold else frozenset()
+    kept = held_results(s) if hold else frozenset()
     for st in s.states:
         if isinstance(st, OnlineState) and st.acc.name not in kept:
             with np.errstate(all="ignore"):
@@ -338,7 +337,7 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
     return acc
 
 
-def held_sums(s: FusedLoop) -> frozenset[str]:
+def held_results(s: FusedLoop) -> frozenset[str]:
     """The sums, maxima and minima `s` carries in f32 though their type is narrower (16-bit ones): a compiled
     kernel keeps each in f32 after its loop, and so does `run_program` (`run_stmt`'s `held`). An internal state
     of fusion (attention's ``out_acc``, a centred sum's count) may exceed its type's range where the user's
@@ -351,16 +350,16 @@ def held_sums(s: FusedLoop) -> frozenset[str]:
 
 
 def held_extrema(s: FusedLoop) -> frozenset[str]:
-    """The maxima and minima among `held_sums` (a decision reads them rounded wherever it reads them:
+    """The maxima and minima among `held_results` (a decision reads them rounded wherever it reads them:
     `rewrite.decided`)."""
-    return held_sums(s) & frozenset(st.acc.name for st in s.states
+    return held_results(s) & frozenset(st.acc.name for st in s.states
                                     if isinstance(st, OnlineState) and st.op in (ReduceOp.MAX, ReduceOp.MIN))
 
 
 def run_stmt(s: Stmt, env: Env, held: frozenset[str] = frozenset(),
              extrema: frozenset[str] = frozenset()) -> np.ndarray:
     """Execute one loop nest and return the array it writes (inside a fused loop's chunk too). `held`: results
-    in `env` in f32 though their type is narrower (`held_sums`; `extrema` the maxima and minima among them); a
+    in `env` in f32 though their type is narrower (`held_results`; `extrema` the maxima and minima among them); a
     nest reading one is evaluated as the compiled kernels evaluate it (`rewrite.read_as_held`)."""
     if env.window is not None:
         s = _restrict(s, env)
@@ -421,7 +420,7 @@ def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...],
         held -= _reads(s)
         if isinstance(s, FusedLoop):
             env.update(run_fused_loop(s, env, chunk, hold=True))
-            held |= held_sums(s)
+            held |= held_results(s)
             extrema = (extrema & held) | held_extrema(s)
         else:
             env.update(run_topk(s, env))

@@ -112,8 +112,8 @@ class OnlineState:
         """The type the loop carries `acc` (and `prev`) in and computes the update in: f32 where `acc` is a
         storage-only type (f16, bf16, e4m3) -- each chunk's running value rounded to 16 bits would overflow or
         lose what the whole sum keeps, and numpy accumulates a 16-bit sum or matmul in f32 too; every backend
-        carries it so. After the loop a max or min is rounded to `acc`'s type; a sum is read in f32 by the
-        arithmetic after the loop, rounded where it is stored or decides (`interpreter.held_sums`).
+        carries it so. After the loop a sum, max or min is read in f32 by the arithmetic that follows, rounded
+        where it is stored or where a decision reads it (`interpreter.held_results`).
         Otherwise `acc`'s own type."""
         return float32 if self.acc.dtype.storage_only else self.acc.dtype
 

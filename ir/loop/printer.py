@@ -9,10 +9,10 @@ The printed form reads like pseudo-code::
 Loop axes are named ``i0, i1, ...`` (parallel) and ``r0, ...`` (reduced) by the
 tracer; buffers carry the user's variable names where the source gives them.
 
-A fused loop's state of f16, bf16 or e4m3 values is carried in f32 (`OnlineState.carried_dtype`): a max
-or min is rounded to its type after the loop; a sum stays f32 where the statements after the loop compute
-with it, rounded where one is stored or decides (`interpreter.held_sums`). Its line says so and shows its
-update as computed, in f32 (`rewrite.in_work_precision`)::
+A fused loop's state of f16, bf16 or e4m3 values is carried in f32 (`OnlineState.carried_dtype`) and stays
+f32 where the statements after the loop compute with it, rounded where one is stored or decides
+(`interpreter.held_results`). Its line says so and shows its update as computed, in f32
+(`rewrite.in_work_precision`)::
 
     out_acc: f16[1] (carried in f32) = for i0<1: out_acc_prev[i0] * exp(...) + sum over j of exp(f32(x[0,j]) - ...)
 """

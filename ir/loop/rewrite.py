@@ -7,9 +7,8 @@ from typing import Callable
 import numpy as np
 
 from .expr import Binary, Cast, Computed, Const, Expr, Load, Select, Unary
-from ..semantics import BinaryOp, UnaryOp
 from ..buffer import Buffer
-from ..semantics import ROUNDING
+from ..semantics import ROUNDING, BinaryOp, UnaryOp
 from ..types import float32
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 
