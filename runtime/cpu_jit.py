@@ -26,6 +26,7 @@ import os
 import queue
 import re
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -168,12 +169,22 @@ def _stop_worker() -> None:
     raise SystemExit    # (ends the worker thread that runs it, quietly)
 
 
-_FORKS = [0]
-"""How many times this process came out of ``os.fork()`` as the child: a pool made before has no workers
-there (a forked child has only the thread that forked), so it starts them again (`GridPool.run`)."""
+_POOLS: "weakref.WeakSet[GridPool]" = weakref.WeakSet()
+"""Every pool made: a child of ``os.fork()`` has only the thread that forked, so each pool there forgets its
+workers (`GridPool._after_fork`) and starts them again on its next call. Done in the fork hook, where the
+child has one thread: a reset in `GridPool.run` raced between threads making their first calls, and two
+sets of workers started (found by a helper)."""
+
+
+def _pools_after_fork() -> None:
+    global _SHARED_POOLS_LOCK
+    _SHARED_POOLS_LOCK = threading.Lock()      # (another thread of the parent may have held it)
+    for pool in list(_POOLS):
+        pool._after_fork()
+
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+    os.register_at_fork(after_in_child=_pools_after_fork)
 
 
 class GridPool:
@@ -187,8 +198,12 @@ class GridPool:
     def __init__(self, threads: int, native: bool = True) -> None:
         self.threads = max(1, threads)
         self._native_wanted = native
+        self._after_fork()
+        _POOLS.add(self)
+
+    def _after_fork(self) -> None:
+        """No workers yet (at creation; in a child of ``os.fork()``, whose workers stayed in the parent)."""
         self._lock = threading.Lock()
-        self._forks = _FORKS[0]
         self._native: NativeWorkers | None | bool = None      # None: not yet made; False: cannot be
         self._tasks: queue.SimpleQueue | None = None
 
@@ -243,9 +258,6 @@ class GridPool:
         kernel may need a worker's larger stack."""
         if n <= 0:
             return
-        if self._forks != _FORKS[0]:   # (a child of os.fork(): the workers stayed in the parent)
-            self._forks, self._native, self._tasks = _FORKS[0], None, None
-            self._lock = threading.Lock()
         parts = min(n, max_parts or self.threads * 4)
         wake = min(parts, self.threads) - (1 if caller_helps else 0)
         native = self._native_workers() if native_kernel(fn) else None
@@ -275,15 +287,41 @@ class GridPool:
 
         for _ in range(wake):
             tasks.put(drain)
-        if caller_helps:
-            drain()
-        finished.wait()
+        try:
+            if caller_helps:
+                drain()
+            finished.wait()
+        except BaseException:
+            # (Ctrl-C in the caller: the workers still write this call's buffers, which the caller frees as
+            # the exception unwinds; a helper saw them overwrite a new array. No part is started after this,
+            # and the call raises once the started ones are done.)
+            with lock:
+                untaken = max(parts - state[0], 0)
+                state[0] = parts
+                state[1] -= untaken
+                if state[1] == 0:
+                    finished.set()
+            while not finished.is_set():
+                try:
+                    finished.wait()
+                except BaseException:  # (a second Ctrl-C: the parts still run)
+                    pass
+            raise
 
 
-@functools.cache
+_SHARED_POOLS: dict[int, GridPool] = {}
+_SHARED_POOLS_LOCK = threading.Lock()
+
+
 def grid_pool(threads: int = 0) -> GridPool:
-    """The shared pool with `threads` workers (0: one per core)."""
-    return GridPool(threads or os.cpu_count() or 1)
+    """The shared pool with `threads` workers (0: one per core); one per count, also when several threads ask
+    at once (a `functools.cache` made two, each with its workers, for first calls on two threads)."""
+    n = threads or os.cpu_count() or 1
+    pool = _SHARED_POOLS.get(n)
+    if pool is None:
+        with _SHARED_POOLS_LOCK:
+            pool = _SHARED_POOLS.setdefault(n, GridPool(n)) if n not in _SHARED_POOLS else _SHARED_POOLS[n]
+    return pool
 
 
 def kernel_function(library: JitLibrary, symbol: str, num_params: int):

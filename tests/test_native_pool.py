@@ -124,19 +124,30 @@ def test_calls_from_several_python_threads_each_get_all_their_parts(mark):
         np.testing.assert_array_equal(c, 25)
 
 
-def _native_worker_count() -> int:
-    return sum(open(f"/proc/self/task/{t}/comm").read().strip() == "redfuser-cpu" for t in os.listdir("/proc/self/task"))
+def _native_workers() -> set[str]:
+    """The ids of this process's threads named as the native workers."""
+    out = set()
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                if f.read().strip() == "redfuser-cpu":
+                    out.add(t)
+        except OSError:     # (a thread that ended meanwhile)
+            pass
+    return out
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names are read from /proc")
 def test_a_pool_starts_its_named_workers_once(mark):
-    before = _native_worker_count()
+    before = _native_workers()
     pool = cpu_jit.GridPool(3)
-    assert _native_worker_count() == before               # (started on first use)
+    assert _native_workers() - before == set()            # (started on first use)
     counts = np.zeros(64, np.int32)
-    for _ in range(5):
+    pool.run(mark, (address(counts), None), 64)
+    started = _native_workers() - before
+    for _ in range(4):
         pool.run(mark, (address(counts), None), 64)
-    assert _native_worker_count() == before + 3
+    assert len(started) == 3 and _native_workers() - before == started
     np.testing.assert_array_equal(counts, 5)
 
 
@@ -187,3 +198,68 @@ def test_a_forked_child_starts_its_own_native_workers(mark):
     assert os.waitstatus_to_exitcode(status) == 0
     np.testing.assert_array_equal(counts, 1)             # (the child's writes were its own memory's)
 
+
+
+def test_an_interrupted_caller_returns_only_after_the_started_parts_and_starts_no_more():
+    """(Found by a helper.) Ctrl-C in the caller of the Python workers' pool raised at once while the workers
+    went on writing the call's buffers, which the caller then freed: a new array was overwritten."""
+    pool = cpu_jit.GridPool(2, native=False)
+    started, done = [], []
+    main = threading.get_ident()
+
+    def part(begin, end):
+        if threading.get_ident() == main:
+            raise KeyboardInterrupt
+        started.append(begin)
+        time.sleep(0.05)
+        done.append(begin)
+
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(part, (), 16, caller_helps=True)
+    assert sorted(started) == sorted(done)          # nothing still running once the call has raised
+    count = len(started)
+    time.sleep(0.2)
+    assert len(started) == count < 16                # and nothing started after it
+
+
+def test_threads_asking_for_the_shared_pool_at_once_get_one(monkeypatch):
+    """(Found by a helper.) `grid_pool` was a `functools.cache`: two threads missing at once each made a pool,
+    each with its workers."""
+    made = []
+
+    class SlowPool(cpu_jit.GridPool):
+        def __init__(self, threads):
+            time.sleep(0.05)
+            made.append(threads)
+            super().__init__(threads)
+
+    monkeypatch.setattr(cpu_jit, "GridPool", SlowPool)
+    monkeypatch.setattr(cpu_jit, "_SHARED_POOLS", {})
+    barrier = threading.Barrier(6)
+    got = []
+
+    def ask():
+        barrier.wait()
+        got.append(cpu_jit.grid_pool(7))
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert made == [7] and all(p is got[0] for p in got)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX")
+def test_a_forked_child_forgets_its_parents_workers_before_any_call(mark):
+    """(Found by a helper.) The child's pools were reset by their first call, a check-and-reset that raced
+    between threads calling at once (two sets of workers started); the fork hook resets them, where the child
+    has one thread."""
+    pool = cpu_jit.GridPool(2)
+    pool.run(mark, (address(np.zeros(8, np.int32)), None), 8)
+    assert pool._native_workers() is not None
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if pool._native is None and pool._tasks is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
