@@ -599,3 +599,32 @@ def test_a_fused_loops_own_16_bit_sums_keep_their_f32_range_in_the_interpreter()
     x = (0.01 * np.random.default_rng(3).standard_normal((1, 65536))).astype(np.float16)
     (got,), (want,) = run_backend("interpret", _f16_centred_squares, x)
     assert_close(got, want, np.float16, x.shape[-1])
+
+
+def _top_probabilities(logits):
+    x = logits * 1.5
+    m = rf.max(x, axis=-1, keepdims=True)
+    e = rf.exp(x - m)
+    return rf.topk(e / rf.sum(e, axis=-1, keepdims=True), 4, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_a_max_that_a_later_kernel_reads_is_the_one_its_sum_used(backend, dtype):
+    """(Found by a helper.) A later kernel reads a 16-bit max from memory, rounded: a softmax of computed bf16
+    values split in two (its probabilities written by a kernel of their own), or before a top-k, divided ``exp(x
+    - bf16(m))`` by the sum of ``exp(x - m)`` taken with the f32 max: probabilities up to 1.65 on cpu and
+    simulate (top-1 0.6 for numpy's 1). Such a max now runs over numpy's values, so every kernel reads the same
+    one (`numpy_valued_extrema`)."""
+    np_dtype = DTYPES[dtype][1]
+    rng = np.random.default_rng(1)
+    rows, n = (4, 96) if backend == "simulate" else (8, 300)
+    logits = (rng.standard_normal((rows, n)) * 4 + 20).astype(np_dtype)
+    logits[rows // 2:] += 80
+    (p,), _ = run_backend(backend, _tempered_softmax, logits, **({} if backend == "interpret" else {"split": 2}))
+    assert p.astype(np.float64).max() <= 1.0
+    assert_close(p, wide_reference(_tempered_softmax, logits), np_dtype, n, roundings=2)
+    (top, idx), _ = run_backend(backend, _top_probabilities, logits)
+    want = wide_reference(_top_probabilities, logits)[0]
+    assert top.astype(np.float64).max() <= 1.0
+    assert_close(top, want, np_dtype, n, roundings=2)

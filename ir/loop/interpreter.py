@@ -21,7 +21,7 @@ from .expr import (Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexVa
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
 from .index import index_value
-from .rewrite import in_work_precision, read_as_held, state_exprs
+from .rewrite import in_work_precision, numpy_valued_extrema, numpy_values, read_as_held, state_exprs
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from ..types import from_numpy
 
@@ -258,19 +258,23 @@ def _windowed(axes: Space, env: Env) -> Space:
 
 
 def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
-                   span: tuple[int, int] | None = None, hold: bool = False) -> dict[str, np.ndarray]:
+                   span: tuple[int, int] | None = None, hold: bool = False,
+                   numpy_extrema: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
     """Run a fused cascade chunk by chunk, exactly as its online update rules say.
 
     `span` ``(lo, hi)`` runs only that part of the axis (a partial state, for the merge rule). With `hold`,
     the sums, maxima and minima carried in f32 though their type is narrower come back in f32
-    (`held_results`), the rest rounded to their types.
+    (`held_results`), the rest rounded to their types. The maxima and minima in `numpy_extrema` run over
+    their terms as numpy computes them (`rewrite.numpy_valued_extrema`).
     """
     # A running sum of f16/bf16/e4m3 values is carried in f32 (`OnlineState.carried_dtype`), its term, rescale
     # and carry computed in f32 too; after the loop it is rounded to its buffer's dtype unless `hold`.
     work = {st.acc.name: st.carried_dtype.numpy for st in s.states if isinstance(st, OnlineState)}
     acc = {st.acc.name: np.full([a.extent for a in st.axes], identity(st.op, work[st.acc.name]))
            for st in s.states if isinstance(st, OnlineState)}
-    computed = {st.acc.name: in_work_precision(st) for st in s.states if isinstance(st, OnlineState)}
+    computed = {st.acc.name: in_work_precision(replace(st, term=numpy_values(st.term))
+                                               if st.acc.name in numpy_extrema else st)
+                for st in s.states if isinstance(st, OnlineState)}
     lists = {st.acc.name: topk_semantics.empty(tuple(a.extent for a in st.axes), st.k, st.acc.dtype.numpy)
              for st in s.states if isinstance(st, TopKState)}
     # an f32 running sum no shift law carries keeps a compensation (Kahan), as the compiled kernels' do
@@ -357,10 +361,11 @@ def held_extrema(s: FusedLoop) -> frozenset[str]:
 
 
 def run_stmt(s: Stmt, env: Env, held: frozenset[str] = frozenset(),
-             extrema: frozenset[str] = frozenset()) -> np.ndarray:
+             extrema: frozenset[str] = frozenset(), keep_held: bool = False) -> np.ndarray:
     """Execute one loop nest and return the array it writes (inside a fused loop's chunk too). `held`: results
     in `env` in f32 though their type is narrower (`held_results`; `extrema` the maxima and minima among them); a
-    nest reading one is evaluated as the compiled kernels evaluate it (`rewrite.read_as_held`)."""
+    nest reading one is evaluated as the compiled kernels evaluate it (`rewrite.read_as_held`), and with
+    `keep_held` its value comes back in f32 (an epilogue value a kernel holds unrounded)."""
     if env.window is not None:
         s = _restrict(s, env)
     shape = tuple(a.extent for a in s.axes)
@@ -382,7 +387,8 @@ def run_stmt(s: Stmt, env: Env, held: frozenset[str] = frozenset(),
     else:
         raise TypeError(f"the interpreter has no rule for {type(s).__name__}")
     # always a fresh, writable array: `value` may be a read-only broadcast view of an input
-    return np.broadcast_to(value, shape).astype(s.out.dtype.numpy, order="C")
+    keep = keep_held and value_expr is not s.value and s.out.dtype.storage_only
+    return np.broadcast_to(value, shape).astype(np.float32 if keep else s.out.dtype.numpy, order="C")
 
 
 def _restrict(s: Stmt, env: Env) -> Stmt:
@@ -409,20 +415,29 @@ def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...],
     buffers = {b.name: b for s in p.body for b in written(s)}
     held: frozenset[str] = frozenset()     # 16-bit sums, maxima and minima kept in f32 after their loop
     extrema: frozenset[str] = frozenset()
-    for s in p.body:
+    body = list(p.body)
+    for i, s in enumerate(body):
         if isinstance(s, Compute | Reduce):
-            env[s.out.name] = run_stmt(s, env, held, extrema)
+            env[s.out.name] = run_stmt(s, env, held, extrema, keep_held=True)
+            if env[s.out.name].dtype != s.out.dtype.numpy:    # (an epilogue value held in f32 as it is)
+                held |= {s.out.name}
             continue
-        # (another fused loop or a top-k reads a held sum as it is stored: rounded)
+        if isinstance(s, TopK):     # (it ranks the values as the compiled kernels compute them)
+            if held & _reads(s):
+                s = replace(s, value=read_as_held(s.value, held, extrema, ranked=True))
+            env.update(run_topk(s, env))
+            continue
+        # (a later fused loop, a kernel of its own, reads a held result as it is stored: rounded)
         for name in held & _reads(s):
             with np.errstate(all="ignore"):
                 env[name] = env[name].astype(buffers[name].dtype.numpy)
         held -= _reads(s)
         if isinstance(s, FusedLoop):
-            env.update(run_fused_loop(s, env, chunk, hold=True))
+            # (its maxima a later loop or top-k reads, rounded: the interpreter's "later kernels")
+            elsewhere = frozenset().union(*(_reads(t) for t in body[i + 1:] if not isinstance(t, Compute | Reduce)))
+            numpy_extrema = numpy_valued_extrema(s, lambda name: name in elsewhere)
+            env.update(run_fused_loop(s, env, chunk, hold=True, numpy_extrema=numpy_extrema))
             held |= held_results(s)
             extrema = (extrema & held) | held_extrema(s)
-        else:
-            env.update(run_topk(s, env))
     with np.errstate(all="ignore"):
         return tuple(env[b.name].astype(b.dtype.numpy, copy=False) for b in p.outputs)

@@ -7,8 +7,9 @@ from typing import Callable
 import numpy as np
 
 from .expr import Binary, Cast, Computed, Const, Expr, Load, Select, Unary
+from .expr import walk as walk_expr
 from ..buffer import Buffer
-from ..semantics import ROUNDING, BinaryOp, UnaryOp
+from ..semantics import ROUNDING, BinaryOp, ReduceOp, UnaryOp
 from ..types import float32
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState
 
@@ -93,11 +94,35 @@ def _compared_operands(cond: Expr) -> tuple[Expr, ...]:
     return ()
 
 
-def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozenset()) -> Expr:
+def numpy_values(term: Expr, computed: frozenset[str] = frozenset()) -> Expr:
+    """`term` as numpy computes it in its storage-only type: `rounded` after every operation, and each load of a
+    buffer the kernel holds in f32 though its type is narrower (`computed`: a fused loop's locals) rounded."""
+    def load(n: Expr) -> Expr | None:
+        if isinstance(n, Load) and n.buffer.name in computed and n.dtype.storage_only:
+            return Cast(n, n.dtype)
+        return None
+    return rounded(map_expr(term, load) if computed else term)
+
+
+def numpy_valued_extrema(s: FusedLoop, read_elsewhere: Callable[[str], bool]) -> frozenset[str]:
+    """The 16-bit maxima and minima of `s` whose terms run over numpy's values (`numpy_values`), so that their
+    running value is always numpy's max, the one a later kernel reads from memory (`read_elsewhere`): a bf16
+    softmax of ``x * 1.5`` split in two, next to a second output, or before a top-k divided ``exp(x -
+    bf16(m))`` by a sum of ``exp(x - m)`` (probabilities to 1.65; found by a helper). Elsewhere the f32 max
+    stays, the one the loop's terms used (``x - max(x)`` is then exactly 0 at the max)."""
+    return frozenset(st.acc.name for st in s.states
+                     if isinstance(st, OnlineState) and st.op in (ReduceOp.MAX, ReduceOp.MIN)
+                     and st.acc.dtype.storage_only and st.rescale is None and st.carry is None
+                     and read_elsewhere(st.acc.name))
+
+
+def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozenset(),
+                 ranked: bool = False) -> Expr:
     """`e` evaluated as the compiled kernels evaluate a statement reading `held` results (16-bit sums, maxima
     and minima a fused loop finished in f32, which a kernel keeps in f32 after its loop; `extrema` the maxima
     and minima among them): in f32 (`widened`), each held result read as it is where arithmetic reads it, and
-    each decision's operand as `decided` says."""
+    each decision's operand as `decided` says; `ranked`: `e` is a top-k's values, computed so and rounded once
+    to their type, as `schedule.topk.ranked_values` ranks them."""
     def go(n: Expr) -> Expr:         # (top-down: a select's branches are matched with its condition as written)
         def decide(v: Expr) -> Expr:
             return decided(go(v), held, extrema)
@@ -115,7 +140,8 @@ def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozen
             return replace(n, cond=go(n.cond), a=a, b=b)
         return n
 
-    return widened(go(e), held)
+    out = widened(go(e), held)
+    return Cast(out, e.dtype) if ranked and e.dtype.storage_only else out
 
 
 def carried_in_f32(s: FusedLoop) -> frozenset[str]:

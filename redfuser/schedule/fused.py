@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..ir import Binary, BinaryOp, Compute, Const, DType, FusedLoop, InternalError, ReduceOp, TopKState
 from ..ir.sizes import SizeLike, is_static
 from ..ir.tile import nodes as t
+from ..ir.loop.rewrite import numpy_valued_extrema
 from .chunks import chunk_loop
 from .exprs import store_tile
 from .layout import FusedBuilder, FusedLayout, fused_layout
@@ -74,9 +75,11 @@ def _sweep(fb: FusedBuilder, j: int, c: Compute, needed: set[str]) -> None:
 
 
 def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name: str, opts: ScheduleOptions,
-                 index: DType) -> t.TileKernel:
-    """The kernel of `fl` and `epilogue`; stores exactly the buffers named in `needed`."""
+                 index: DType, later_reads: set[str] | frozenset[str] = frozenset()) -> t.TileKernel:
+    """The kernel of `fl` and `epilogue`; stores exactly the buffers named in `needed` (`later_reads`: those a
+    later kernel reads)."""
     fb = FusedBuilder(layout_or_fail(fl, epilogue), name, opts, index)
+    fb.numpy_extrema = extrema_of(fl, later_reads)
     n = fl.axis.extent
     size = fb.lay.chunk(opts)
     stop = live_stop(fb, n) if opts.skip_masked else exact_live_stop(fb, n, size) if opts.skip_exact else n
@@ -86,6 +89,11 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
                        arg_hints=carried_names(fb, several), peel_ragged=opts.peel_ragged)
     finish_states(fb, list(final), needed)
     return fb.finish()
+
+
+def extrema_of(fl: FusedLoop, later_reads: set[str] | frozenset[str]) -> frozenset[str]:
+    """`ir.loop.rewrite.numpy_valued_extrema` of a fused kernel: the states a later kernel reads."""
+    return numpy_valued_extrema(fl, lambda name: name in later_reads)
 
 
 def live_stop(fb: FusedBuilder, n: SizeLike, bound: LiveBound | None = None) -> SizeLike | t.Value:

@@ -172,10 +172,12 @@ def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileP
         made_here: tuple[t.TileKernel, ...]
         try:
             if isinstance(head, FusedLoop) and plan is not None:
-                made_here = split_kernels(head, list(group[1:]), needed, plan, name, opts, index)  # type: ignore[arg-type]
+                made_here = split_kernels(head, list(group[1:]), needed, plan, name, opts, index,  # type: ignore[arg-type]
+                                          later)
                 scratch.update({b.name: b for b in parts})
             elif isinstance(head, FusedLoop):
-                made_here = (fused_kernel(head, list(group[1:]), needed, name, opts, index),)  # type: ignore[arg-type]
+                made_here = (fused_kernel(head, list(group[1:]), needed, name, opts, index,  # type: ignore[arg-type]
+                                          later),)
             elif isinstance(head, TopK):
                 made_here = (topk_kernel(head, name, opts, index, needed),)
             elif isinstance(head, Reduce):

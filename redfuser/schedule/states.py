@@ -26,6 +26,7 @@ from ..fusion.merge import MergeStep
 from ..ir import (Binary, BinaryOp, Buffer, BufferType, Cast, Const, DType, Expr, IndexValue, Load, OnlineState, Reduce,
                   ReduceOp, Select, TopKState)
 from ..ir.loop.expr import reads_axis, walk
+from ..ir.loop.rewrite import numpy_values
 from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
 from ..ir.types import float32, int64
@@ -136,9 +137,13 @@ def _already_narrow(fb: FusedBuilder, st: OnlineState) -> bool:
     value than the loop's, so that a row of one chunk computed its exponentials twice."""
     if st.op not in (ReduceOp.MAX, ReduceOp.MIN) or st.rescale is not None or st.carry is not None:
         return False
+    return st.acc.name in fb.numpy_extrema or _narrow_values(st.term, st.acc.dtype, _computed(fb))
+
+
+def _computed(fb: FusedBuilder) -> frozenset[str]:
+    """The buffers of `fb`'s fused loop that it holds in f32 whatever their type: its locals and states."""
     fl = fb.lay.fl
-    computed = {local.out.name for local in fl.locals} | {b.name for s in fl.states for b in (s.acc, s.prev)}
-    return _narrow_values(st.term, st.acc.dtype, frozenset(computed))
+    return frozenset({local.out.name for local in fl.locals} | {b.name for s in fl.states for b in (s.acc, s.prev)})
 
 
 def _narrow_values(e: Expr, d: DType, computed: frozenset[str]) -> bool:
@@ -213,10 +218,13 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
             if comp is not None:   # (the compensation is part of the sum: it scales with it, 0 stays 0)
                 none = kb.binary(BinaryOp.EQ, comp, kb.const(0.0, d, r.shape))
                 comp = kb.select(none, comp, kb.binary(BinaryOp.MUL, comp, r), hint=f"{st.acc.name}_comp_scaled")
+        term = st.term
+        if st.acc.name in fb.numpy_extrema:       # (its running value numpy's max: `numpy_valued_extrema`)
+            term = numpy_values(term, _computed(fb))
         if comp is None:
-            new = reduce_chunk(lw, st.op, st.term, dims, kdim, b, acc, hint=st.acc.name)
+            new = reduce_chunk(lw, st.op, term, dims, kdim, b, acc, hint=st.acc.name)
         else:
-            partial = reduce_chunk(lw, st.op, st.term, dims, kdim, b, None, hint=st.acc.name)
+            partial = reduce_chunk(lw, st.op, term, dims, kdim, b, None, hint=st.acc.name)
             new, comp = compensated_add(kb, acc, comp, partial, hint=st.acc.name)
             new_comps.append(comp)
         lw.tiles[st.acc.name] = Tiled(new, dims)
