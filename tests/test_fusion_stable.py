@@ -340,12 +340,13 @@ def softmax_weighted_square_about_a_mean(x, z):
 
 @pytest.mark.parametrize("body", [softmax_weighted_square_about_another_max, softmax_weighted_square_about_a_mean])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_weight_that_is_no_polynomial_stays_outside_the_taylor_form(backend, body):
-    """``sum exp(x - m) (x - Y)^2``: exp(x - m) does not read Y, so it is a weight the centre does not move:
-    ``sum_j p^(j)(c)/j! sum exp(x - m) (x - c)^j``. Before, refused (a second pass)."""
+def test_a_softmax_weighted_square_is_a_second_pass(backend, body):
+    """``sum exp(x - m) (x - Y)^2``: the Taylor form centred it on the plain running mean of x, far from the
+    softmax's weight, and its three sums cancel where Y is near the weighted values: a softmax-weighted
+    variance about its own stored weighted mean was 11% off (found by a helper). Such a sum is a second pass."""
     inputs = _near_300((4, 300) if backend == "simulate" else (8, 300), seed=21)
     group = rf.kernel(body, backend="interpret").lower(*inputs).groups[-1]
-    assert group.fused and "in Taylor form" in group.decompositions[group.reductions[-1]].stable.words
+    assert not group.fused and "the weighted sums around it cancel" in group.reason
     actual = _outputs(backend, body, *inputs, **SMALL_CHUNKS[backend])
     if body is softmax_weighted_square_about_another_max:
         _judge(actual, body, inputs, 300)
@@ -372,8 +373,7 @@ def test_a_sum_without_a_stable_form_is_refused_with_the_reason():
     assert not group.fused
     assert group.reason.startswith("`out` has no shift-stable fused form, and its expanded sums would cancel")
     assert "it multiplies out x[i0,j] ± y[i0]; y[i0] is not a running max, min or mean of x[i0,j]" in group.reason
-    assert ("no Taylor form around one applies (a factor that is no polynomial in x[i0,j] reads y[i0] too)"
-            in group.reason)
+    assert "the weighted sums around it cancel" in group.reason
     for backend in ("interpret", "cpu"):
         actual = np.asarray(rf.kernel(exponential_times_square, backend=backend)(x, z))
         with np.errstate(all="ignore"):
@@ -633,3 +633,33 @@ def test_a_product_of_two_differences_from_running_means_is_not_multiplied_out(b
     x = (rng.standard_normal(shape if body is covariance else shape[::-1]) + 1e4).astype(np.float32)
     actual = _outputs(backend, body, x)
     _judge(actual, body, x, x.shape[0] if body is covariance else x.shape[-1])
+
+
+def softmax_weighted_variance(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    e = rf.exp(x - m)
+    p = e / rf.sum(e, axis=-1, keepdims=True)
+    mu = rf.sum(p * x, axis=-1, keepdims=True)
+    return rf.sum(p * (x - mu) ** 2, axis=-1)
+
+
+def normalized_weight_variance(x, w):
+    q = w / rf.sum(w, axis=-1, keepdims=True)
+    mu = rf.sum(q * x, axis=-1, keepdims=True)
+    return rf.sum(q * (x - mu) ** 2, axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_variance_about_a_stored_weighted_mean_is_not_centred_on_the_plain_mean(backend):
+    """(Found by a helper.) A weighted mean the body stores first (``mu = sum(q * x)``) was taken for an ordinary
+    earlier result, and ``sum(q (x - mu)^2)`` was centred on the compiler's plain running mean of x: with the
+    weight on a few values far from the rest, -16 for numpy's 0.29 (and a softmax-weighted variance 11% off).
+    A weighted power of 2 or more about such a result is a second pass."""
+    rng = np.random.default_rng(5)
+    rows, n = (4, 64) if backend == "simulate" else (4, 512)
+    x = (30 * rng.standard_normal((rows, n))).astype(np.float32)
+    _judge(_outputs(backend, softmax_weighted_variance, x), softmax_weighted_variance, x, n)
+    x = (1e4 + rng.standard_normal((rows, n))).astype(np.float32)
+    x[:, :n // 2] -= 1e4
+    w = np.where(np.arange(n) < n // 2, 1e-3, 1.0).astype(np.float32) * np.ones((rows, 1), np.float32)
+    _judge(_outputs(backend, normalized_weight_variance, x, w), normalized_weight_variance, (x, w), n)

@@ -96,7 +96,11 @@ def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple
 def _own_or_taylor(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: Axis, name: str,
                    delta: Load) -> Decomposition | str:
     """`value`'s sum centred on a running mean of the compiler's own: on one root, else in Taylor form."""
-    if not isinstance(pair[1], Load) and _weighted(value, pair[0], ctx):
+    # (a stored ``Y`` may be a weighted mean too: ``mu = sum(q * x)`` with normalized weights ``q``, then
+    # ``sum(q * (x - mu)**2)`` gave -16 for numpy's 0.29; found by a helper. A first power cancels nothing
+    # more than the reference's own sum: ``(x - max z) @ w`` keeps its own centre.)
+    weighted = _weighted(value, pair[0], ctx) or _exponential(value)
+    if weighted and (not isinstance(pair[1], Load) or _degree(value, pair[0], ctx) >= 2):
         # ``Σ w (x - S / W)**2``: the compiler's own centre is the plain running mean of ``x``, far from the
         # weighted mean ``S / W`` where the weights are skewed, and the weighted sums around it cancel (weights
         # -2 and 65504: -2.00098 for numpy's -2.00006; fuzz seed 81, example 605, as the Taylor form's below)
@@ -105,7 +109,7 @@ def _own_or_taylor(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axi
     own = own_centre_sum(value, ctx, pair, axis, name, delta)
     if isinstance(own, Decomposition):
         return own
-    if not isinstance(pair[1], Load):
+    if not isinstance(pair[1], Load) or weighted:
         # ``Y`` a weighted mean ``S / W`` (one earlier value of two results): the Taylor form centres its
         # weighted sums on the plain running mean of the reduced values, far from ``Y`` where the weights
         # are concentrated (softmax weights of logits spread by 1e3: 0.16 off for numpy's 0.09; fuzz seed 75,
@@ -123,6 +127,16 @@ def _weighted(value: Expr, u: Expr, ctx: FusionContext) -> bool:
     """Whether `value` reads reduced values other than those `u` reads (a weight beside ``(u - Y)**2``)."""
     own = {n for n in walk(u) if isinstance(n, Load)}
     return any(isinstance(n, Load) and n not in own and ctx.kind(n) == "x" for n in walk(value))
+
+
+def _exponential(value: Expr) -> bool:
+    """Whether `value` reads an exponential (a softmax weight beside the powers)."""
+    return any(isinstance(n, Unary) and n.op is UnaryOp.EXP for n in walk(value))
+
+
+def _degree(value: Expr, u: Expr, ctx: FusionContext) -> int:
+    """The highest power of `u` in `value`'s normal form."""
+    return max((int(p) for t in ctx.normal_form(value) for a, p in t.mono.factors if a == u), default=0)
 
 
 def _unstable(pair: tuple[Expr, Expr], why: str) -> str:
