@@ -663,3 +663,21 @@ def test_a_variance_about_a_stored_weighted_mean_is_not_centred_on_the_plain_mea
     x[:, :n // 2] -= 1e4
     w = np.where(np.arange(n) < n // 2, 1e-3, 1.0).astype(np.float32) * np.ones((rows, 1), np.float32)
     _judge(_outputs(backend, normalized_weight_variance, x, w), normalized_weight_variance, (x, w), n)
+
+
+def difference_times_weight_plus_a_product(x, w):
+    r0 = rf.sum(x, axis=-1, keepdims=True)
+    r1 = rf.min((x - r0) * 2.0, axis=-1, keepdims=True)
+    return rf.sum((x - r0) * w + x * r1, axis=-1, keepdims=True)
+
+
+def test_a_sum_of_a_difference_and_another_product_still_fuses():
+    """Fuzz seed 101, example 55 (this change's first form): ``(x - r0) w + x r1`` adds a term reading ``w`` to
+    one reading ``r1``, which `forms_difference` counts as a written ``w - r1``; only one difference is
+    multiplied out, so the sum keeps its own centre and fuses."""
+    x, w = (np.random.default_rng(s).standard_normal((3, 40)).astype(np.float32) for s in (1, 2))
+    group = rf.kernel(difference_times_weight_plus_a_product, backend="interpret").lower(x, w).groups[-1]
+    assert group.fused and group.reason is None
+    for backend in BACKENDS:
+        _judge(_outputs(backend, difference_times_weight_plus_a_product, x, w), difference_times_weight_plus_a_product,
+               (x, w), 40)

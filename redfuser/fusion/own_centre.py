@@ -64,7 +64,7 @@ def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple
     pair = written_pair(value, ctx)
     if pair is None:
         return dec, None   # (x / Y + c: the reference rounds x / Y before adding, as the expansion does)
-    written = [p for p in cancelling_pairs(value, ctx) if forms_difference(value, p)]
+    written = [p for p in cancelling_pairs(value, ctx) if _plain_difference(value, p)]
     tops = list(dict.fromkeys(x for x, _ in written))
     if len(tops) > 1:
         # a running centre keeps one reduced value's differences small: the covariance ``(x_a - m_a) (x_b -
@@ -127,6 +127,23 @@ def _weighted(value: Expr, u: Expr, ctx: FusionContext) -> bool:
     """Whether `value` reads reduced values other than those `u` reads (a weight beside ``(u - Y)**2``)."""
     own = {n for n in walk(u) if isinstance(n, Load)}
     return any(isinstance(n, Load) and n not in own and ctx.kind(n) == "x" for n in walk(value))
+
+
+def _plain_difference(value: Expr, pair: tuple[Expr, Expr]) -> bool:
+    """Whether the body subtracts (or adds) the earlier result ``Y`` of `pair` from its reduced value ``X``
+    itself: a ``+`` or ``-`` whose one side reads only ``X`` and the other only ``Y`` (``x - sum / n``; not
+    ``(x - Y) w + x Z``, whose sides read both, which `forms_difference` also counts)."""
+    x, y = pair
+
+    def only(e: Expr, atom: Expr) -> bool:     # (every load of `e` is one of `atom`'s)
+        loads = {n for n in walk(e) if isinstance(n, Load)}
+        return bool(loads) and loads <= {n for n in walk(atom) if isinstance(n, Load)}
+
+    for n in walk(value):
+        if isinstance(n, Binary) and n.op in (BinaryOp.ADD, BinaryOp.SUB):
+            if (only(n.a, x) and only(n.b, y)) or (only(n.a, y) and only(n.b, x)):
+                return True
+    return False
 
 
 def _exponential(value: Expr) -> bool:
