@@ -37,7 +37,7 @@ import logging
 import sys
 from typing import Any
 
-from .native_entry import MAX_PARAMS
+from .native_entry import MAX_PARAMS, _address
 
 _OPAQUE_BYTES = 128
 """Room for one `pthread_mutex_t`, `pthread_cond_t` or `pthread_attr_t` on any C library."""
@@ -347,16 +347,12 @@ class NativeWorkers:
         None) over ``[0, n)`` in `parts` parts, waking `wake` workers, the caller taking parts if it `helps`."""
         *buffers, sizes = args
         job = (ctypes.c_int64 * (_JOB_HEADER + len(buffers)))(
-            _function_address(fn), len(buffers), sizes or 0, n, parts, wake, int(helps), *buffers)
+            _address(fn), len(buffers), sizes or 0, n, parts, wake, int(helps), *buffers)
         self._run(self._address, job)
 
 
 _KEPT: list = []
 """Pools' memory and the code's libraries, kept for the life of the process (detached workers use them)."""
-
-
-def _function_address(fn: Any) -> int:
-    return ctypes.cast(fn, ctypes.c_void_p).value
 
 
 def native_kernel(fn: Any) -> bool:

@@ -21,7 +21,7 @@ from .expr import (Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexVa
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
 from .index import index_value
-from .rewrite import in_work_precision, numpy_valued_extrema, numpy_values, read_as_held, state_exprs
+from .rewrite import in_work_precision, numpy_valued_extrema, numpy_values, read_as_held, reads
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from ..types import from_numpy
 
@@ -398,13 +398,6 @@ def _restrict(s: Stmt, env: Env) -> Stmt:
     return replace(s, axes=_windowed(s.axes, env))
 
 
-def _reads(s: FusedLoop | TopK) -> frozenset[str]:
-    """The buffers a fused loop or a top-k reads."""
-    exprs = [s.value] if isinstance(s, TopK) else [l.value for l in s.locals] + [
-        e for st in s.states for e in state_exprs(st)]
-    return frozenset(n.buffer.name for e in exprs for n in walk(e) if isinstance(n, Load))
-
-
 def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...],
                 chunk: int = DEFAULT_CHUNK) -> tuple[np.ndarray, ...]:
     """Run `p` on numpy arrays (one per input); return its outputs. Inputs are never written.
@@ -416,6 +409,7 @@ def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...],
     held: frozenset[str] = frozenset()     # 16-bit sums, maxima and minima kept in f32 after their loop
     extrema: frozenset[str] = frozenset()
     body = list(p.body)
+    read = [frozenset(reads(s)) for s in body]
     for i, s in enumerate(body):
         if isinstance(s, Compute | Reduce):
             env[s.out.name] = run_stmt(s, env, held, extrema, keep_held=True)
@@ -423,18 +417,19 @@ def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...],
                 held |= {s.out.name}
             continue
         if isinstance(s, TopK):     # (it ranks the values as the compiled kernels compute them)
-            if held & _reads(s):
+            if held & read[i]:
                 s = replace(s, value=read_as_held(s.value, held, extrema, ranked=True))
             env.update(run_topk(s, env))
             continue
         # (a later fused loop, a kernel of its own, reads a held result as it is stored: rounded)
-        for name in held & _reads(s):
+        for name in held & read[i]:
             with np.errstate(all="ignore"):
                 env[name] = env[name].astype(buffers[name].dtype.numpy)
-        held -= _reads(s)
+        held -= read[i]
         if isinstance(s, FusedLoop):
             # (its maxima a later loop or top-k reads, rounded: the interpreter's "later kernels")
-            elsewhere = frozenset().union(*(_reads(t) for t in body[i + 1:] if not isinstance(t, Compute | Reduce)))
+            elsewhere = frozenset().union(*(r for t, r in zip(body[i + 1:], read[i + 1:])
+                                            if not isinstance(t, Compute | Reduce)))
             numpy_extrema = numpy_valued_extrema(s, lambda name: name in elsewhere)
             env.update(run_fused_loop(s, env, chunk, hold=True, numpy_extrema=numpy_extrema))
             held |= held_results(s)

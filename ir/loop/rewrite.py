@@ -181,6 +181,15 @@ def state_exprs(st: OnlineState | TopKState) -> list[Expr]:
     return [e for e in (st.term, st.rescale, getattr(st, "carry", None)) if e is not None]
 
 
+def reads(s: Stmt) -> set[str]:
+    """Names of the buffers a statement reads (a fused loop's own locals and states too)."""
+    if isinstance(s, FusedLoop):
+        exprs = [l.value for l in s.locals] + [e for st in s.states for e in state_exprs(st)]
+    else:
+        exprs = [s.value]
+    return {n.buffer.name for e in exprs for n in walk_expr(e) if isinstance(n, Load)}
+
+
 def map_state_exprs(st: OnlineState | TopKState, fn: Callable[[Expr], Expr | None]) -> OnlineState | TopKState:
     """`st` with `map_expr(., fn)` applied to each of its expressions: term, rescale and (an `OnlineState`'s)
     carry."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Axis, Compute, Load, Program, reads_axis, walk, written
-from .inline import reads
+from ..ir.loop.rewrite import reads
 from .member import Member, as_member
 
 

@@ -17,7 +17,7 @@ import math
 from dataclasses import replace
 
 from ..ir import Axis, Buffer, Compute, Expr, Load, Program, Reduce, map_expr, reads_axis, walk, written
-from .inline import reads
+from ..ir.loop.rewrite import reads
 from .substitute import value_at
 
 

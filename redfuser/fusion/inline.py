@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Compute, Program, Reduce, TopK, walk, written
-from ..ir.loop.expr import Load
-from ..ir.loop.rewrite import state_exprs
+from ..ir.loop.rewrite import reads
 from .substitute import inline_loads
 
 MAX_INLINE_NODES = 256
@@ -32,18 +31,6 @@ def inline_elementwise(p: Program) -> Program:
                 producers[s.out.name] = (s.axes, s.value)
         body.append(s)
     return eliminate_dead(replace(p, body=tuple(body)))
-
-
-def reads(s) -> set[str]:
-    """Names of the buffers a statement reads."""
-    from ..ir import FusedLoop
-
-    if isinstance(s, FusedLoop):
-        exprs = [l.value for l in s.locals]
-        exprs += [e for st in s.states for e in state_exprs(st)]
-    else:
-        exprs = [s.value]
-    return {n.buffer.name for e in exprs for n in walk(e) if isinstance(n, Load)}
 
 
 def eliminate_dead(p: Program) -> Program:

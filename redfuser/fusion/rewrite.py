@@ -40,7 +40,7 @@ from ..ir.loop.rewrite import state_exprs
 from .cascade import Candidate, dependencies
 from .gathered_reads import read_along as _read_along, recompute_gathered_reads
 from .group import CascadeGroup
-from .inline import reads
+from ..ir.loop.rewrite import reads
 from .loop_builder import LoopBuilder
 from .member import Member
 from .narrowing import Extremum
