@@ -37,6 +37,13 @@ def _leaves(e: Expr) -> set[Expr]:
     return {n for n in walk(e) if isinstance(n, Load | IndexValue)}
 
 
+def _in_order(leaves: set[Expr]) -> list[Expr]:
+    """`leaves` in an order fixed by what they are: the random points are drawn leaf by leaf, and a set's
+    order follows the process's string hashing, so the check (and the fusion decision resting on it) would
+    differ from one run of the same program to the next."""
+    return sorted(leaves, key=repr)
+
+
 def evaluate64(e: Expr, values: dict[Expr, np.ndarray]) -> np.ndarray:
     """`e` in float64 with each leaf (load or index) given by `values`; float casts and roundings to the
     integer grid (``clip(rint(v), lo, hi)``, `grid_quantization`) are the identity."""
@@ -86,7 +93,7 @@ def rounds_differently(a: Expr, b: Expr, seed: int = 0) -> bool:
     that only reorder exact operations (``0.125 s`` and ``s * 0.125``) do not."""
     rng = np.random.default_rng(seed)
     values = {}
-    for leaf in _leaves(a) | _leaves(b):
+    for leaf in _in_order(_leaves(a) | _leaves(b)):
         if isinstance(leaf, IndexValue):
             v = rng.integers(0, max(1, leaf.axis.extent), POINTS)
         elif leaf.dtype.is_bool:
@@ -151,6 +158,7 @@ def _check(value: Expr, dec: Decomposition, ctx: FusionContext, seed: int, n: in
         leaves |= _leaves(acc.term) | (_leaves(factor) if factor is not None else set())
     if dec.addend is not None:
         leaves |= _leaves(dec.addend)
+    leaves = _in_order(leaves)
     x_leaves = {l for l in leaves if ctx.kind(l) == "x"}
     p = {l: _sample(l, ctx, rng, n) for l in leaves}
     # Leaves that read neither the reduced axis nor an earlier result are constants of the
