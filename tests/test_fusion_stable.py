@@ -537,6 +537,26 @@ def test_explain_says_the_sum_is_centred_on_its_own_mean():
     assert "out_delta" in text and "expanded into" not in text
 
 
+@pytest.mark.parametrize("k", [2e-7, 2.0**-20])
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_centre_at_a_tiny_multiple_of_an_earlier_result_keeps_its_tiny_coefficients(backend, k):
+    """``(x - k Y)^2`` with ``k`` 2e-7, or 2^-20 (a mean over 2^20 elements): the change of variables leaves
+    ``k^2 Y^2`` terms of 4e-14 and 1e-12. An absolute cut-off for rounding residue (1e-12) dropped them, the
+    wrong root ``u = 2 k Y`` then looked like a centre, and the sum was -5e10 for numpy's 850 (rows at 1e4; at
+    100 here: -5e6 for 524); residue is
+    now judged against the magnitudes each coefficient was summed from."""
+    def square_about_a_scaled_dot(x, v):
+        y = rf.sum(x * v, axis=-1, keepdims=True) * k
+        return rf.sum((x - y) ** 2, axis=-1)
+
+    rng = np.random.default_rng(8)
+    x = (100 + rng.standard_normal((2, 512))).astype(np.float32)
+    v = ((1 / (k * 512)) * (1 + 1e-3 * rng.standard_normal((2, 512)))).astype(np.float32)
+    kernel = rf.kernel(square_about_a_scaled_dot, backend=backend)
+    assert "centred on its own running mean of x[i0,j]" in kernel.explain(x, v)
+    _judge(kernel(x, v), square_about_a_scaled_dot, (x, v), 512)
+
+
 def test_a_linear_form_of_several_reduced_values_is_centred_as_one():
     """(x + v - Y)^2: centring x alone would leave sum v^2 - 2 delta sum v + ... to cancel; the root read off
     the two highest powers of Y is u = x + v, so the mean of x + v is the centre."""
