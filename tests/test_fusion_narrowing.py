@@ -487,8 +487,26 @@ def _softmax_one_hot(x):
     return p == rf.max(p, axis=-1, keepdims=True)
 
 
+def _two_steps_equal_max(x):
+    y = (x * 0.3) * 7
+    return y == rf.max(y, axis=-1, keepdims=True)
+
+
+def _tanh_steps_floor_below_max(x):
+    y = rf.tanh(x * 0.01) * 30
+    return rf.floor((y - rf.max(y, axis=-1, keepdims=True)) * 64)
+
+
+def _two_steps_one_hot_beside_softmax(x):
+    y = (x * 0.03) * 7
+    m = rf.max(y, axis=-1, keepdims=True)
+    e = rf.exp(y - m)
+    return y == m, e / rf.sum(e, axis=-1, keepdims=True)
+
+
 READ_ROUNDED = [_scaled_equals_max, _scaled_at_least_max, _floor_below_max, _ceil_above_min, _sign_below_max,
-                _gap_to_max_as_bool, _softmax_one_hot]
+                _gap_to_max_as_bool, _softmax_one_hot, _two_steps_equal_max, _tanh_steps_floor_below_max,
+                _two_steps_one_hot_beside_softmax]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -502,7 +520,11 @@ def test_a_fused_16_bit_result_is_read_as_numpy_rounds_it(backend, dtype, body):
     max(p)`` marked nothing in any row (its max is the epilogue ``max(e) / l``, read unrounded). Bool and
     integral results: numpy's exactly. bf16 ``sign`` returns its operand where it is ±0, and returned the f32
     difference there (-0.047 for numpy's 0): a select's branch that is the value its condition compares is
-    read as the comparison read it."""
+    read as the comparison read it. A max of values computed in two or more steps (``(x * 0.3) * 7``) is
+    numpy's max only where its terms round as numpy's do: the decisions read a twin that runs over them so
+    (`fusion.numpy_decisions`); before, ``y == max(y)`` marked no element in 20-30% of rows. Beside it a
+    softmax's arithmetic still reads the loop's own max: its probabilities are the softmax's alone (to a
+    16-bit ulp: its exponentials are not shared with the loop's where the one-hot is computed beside them)."""
     np_dtype = DTYPES[dtype][1]
     rng = np.random.default_rng(7)
     rows, n = (4, 40) if backend == "simulate" else (32, 150)
@@ -511,8 +533,11 @@ def test_a_fused_16_bit_result_is_read_as_numpy_rounds_it(backend, dtype, body):
     actual, expected = run_backend(backend, body, x)
     assert actual[0].dtype == expected[0].dtype
     np.testing.assert_array_equal(actual[0], expected[0])
-    if body in (_scaled_equals_max, _softmax_one_hot):
+    if body in (_scaled_equals_max, _softmax_one_hot, _two_steps_equal_max, _two_steps_one_hot_beside_softmax):
         assert expected[0].any(axis=-1).all()     # (the data marks a max in every row)
+    if body is _two_steps_one_hot_beside_softmax:    # (the softmax is the one computed without the one-hot)
+        (alone,), _ = run_backend(backend, lambda x: _two_steps_one_hot_beside_softmax(x)[1], x)
+        assert_close(actual[1], alone, np_dtype, n, roundings=2)
 
 
 def test_a_softmax_max_of_16_bit_inputs_is_not_rounded_again():
