@@ -326,9 +326,11 @@ DIVERGENCES: list[Divergence] = [
                  within=DTYPES[d]) for d in ("f16", "e4m3")),
     Divergence("var_ddof", ("f16",), BACKENDS, _NARROW_SUM, affected=_narrow_overflow, gives=_in_f32,
                within=DTYPES["f16"]),
-    *(Divergence(name, ("e4m3",), BACKENDS, "numpy adds e4m3 values in e4m3 (NaN past 448), a kernel in f32: "
-                 "mean, var and std of e4m3 raise UnsupportedError, which says to take them of f32 values",
-                 raises=rf.UnsupportedError) for name in ("mean_row", "mean_axes", "var_row", "var_ddof", "std_all")),
+    *(Divergence(name, ("e4m3",), BACKENDS, "numpy adds e4m3 values in e4m3, one at a time (64 ones sum to 16, NaN "
+                 "past 448), a kernel in f32: sum, mean, var and std of e4m3 raise UnsupportedError, which says to "
+                 "take them of f32 values", raises=rf.UnsupportedError)
+      for name in ("sum_len1", "sum_row", "sum_all", "sum_keep", "sum_axes", "sum_method", "mean_row", "mean_axes",
+                   "var_row", "var_ddof", "std_all")),
     *(Divergence(name, FLOATS, BACKENDS, "// and % are numpy's integer ops only (numpy's float rules, fmod "
                  "with its sign and rounding corrections, are not in the subset): the kernel raises "
                  "UnsupportedError", raises=rf.UnsupportedError) for name in ("floordiv", "mod")),

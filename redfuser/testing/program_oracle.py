@@ -290,8 +290,8 @@ def _outside_the_subset(program: Program, env: dict) -> list[str]:
     """Steps numpy computes that RedFuser refuses by design (documented user errors), reached when a later
     call's static scalar changes an operand's dtype (``False``, then ``0``; ``2``, then ``2.0``): ``~``, ``&``
     and ``|`` of integers (numpy's bitwise ops; RedFuser's are logical, on bools), ``//`` and ``%`` of floats
-    (RedFuser's are the integer ones), and ``mean``/``var``/``std`` of e4m3 values, which numpy accumulates in
-    e4m3 (the conformance table's note)."""
+    (RedFuser's are the integer ones), and ``sum``/``mean``/``var``/``std`` of e4m3 values, which numpy
+    accumulates in e4m3 (the conformance table's note)."""
     found = set()
     for n in program.nodes:
         dtypes = [env[a].dtype for a in n.args]
@@ -301,7 +301,7 @@ def _outside_the_subset(program: Program, env: dict) -> list[str]:
             found.add(f"{'&' if n.op == 'and' else '|'} of {dtypes[0]} and {dtypes[1]} (bitwise)")
         elif n.op in ("floordiv_c", "mod_c") and dtypes[0].kind == "f":
             found.add(f"{'//' if n.op == 'floordiv_c' else '%'} of {dtypes[0]} (floats)")
-        elif n.op in ("mean", "var", "std") and dtypes[0] == np.dtype(ml_dtypes.float8_e4m3fn):
+        elif n.op in ("sum", "sum_method", "mean", "var", "std") and dtypes[0] == np.dtype(ml_dtypes.float8_e4m3fn):
             found.add(f"{n.op} of float8_e4m3fn (numpy accumulates it in e4m3)")
     return sorted(found)
 
