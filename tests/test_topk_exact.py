@@ -181,3 +181,34 @@ def test_int64_values_near_the_limits_rank_exactly():
     k = rf.kernel(lambda x: (rf.argmax(x, axis=-1), rf.argmin(x, axis=-1), rf.topk(x, 2)[1]), backend="interpret")
     got = k(np.concatenate([a, a[:, ::-1]]))
     assert got[0].tolist() == [4, 0] and got[1].tolist() == [0, 4] and got[2].tolist() == [[4, 1], [0, 1]]
+
+
+def _argmax_of_two_steps(x):
+    return rf.argmax(rf.exp(12.0 - x), axis=-1)
+
+
+def _top1_of_a_square(x):
+    return rf.topk((12.0 - x) ** 2, 1, axis=-1)[1]
+
+
+def _argmin_of_a_fused_softmax(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    e = rf.exp(x - m)
+    return rf.argmin(e / rf.sum(e, axis=-1, keepdims=True), axis=-1)
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+@pytest.mark.parametrize("body", [_argmax_of_two_steps, _top1_of_a_square, _argmin_of_a_fused_softmax],
+                         ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["f16", "bf16"])
+def test_16_bit_values_computed_in_steps_rank_as_numpy_rounds_them(backend, body, dtype):
+    """A ranking decides, so its values are numpy's, rounded after every step (`schedule.topk.ranked_values`,
+    `rewrite.read_as_held`): f16 ``12 - x`` of ``[2.002, 2.0]`` is 10 for both, so ``exp(12 - x)`` ties and
+    numpy's argmax is 0; the f32 chain rounded once ranked index 1 first on cpu and simulate, and the fused
+    softmax's ``x - m`` (unrounded) did so on the interpreter too (found by a helper)."""
+    x = np.array([[2.0 + 2 ** -9, 2.0, 12.0], [2.0, 2.0 + 2 ** -9, 12.0], [11.0625, 10.9375, 2.0]], np.float32)
+    x = x.astype(dtype)
+    if body is not _argmin_of_a_fused_softmax:
+        x = x[:, :2]
+    expected = body(x)
+    np.testing.assert_array_equal(rf.kernel(body, backend=backend)(x), expected)

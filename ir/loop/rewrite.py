@@ -121,8 +121,8 @@ def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozen
     """`e` evaluated as the compiled kernels evaluate a statement reading `held` results (16-bit sums, maxima
     and minima a fused loop finished in f32, which a kernel keeps in f32 after its loop; `extrema` the maxima
     and minima among them): in f32 (`widened`), each held result read as it is where arithmetic reads it, and
-    each decision's operand as `decided` says; `ranked`: `e` is a top-k's values, computed so and rounded once
-    to their type, as `schedule.topk.ranked_values` ranks them."""
+    each decision's operand as `decided` says; `ranked`: `e` is a top-k's values, which are a decision's operand
+    as a whole, as `schedule.topk.ranked_values` ranks them."""
     def go(n: Expr) -> Expr:         # (top-down: a select's branches are matched with its condition as written)
         def decide(v: Expr) -> Expr:
             return decided(go(v), held, extrema)
@@ -140,8 +140,8 @@ def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozen
             return replace(n, cond=go(n.cond), a=a, b=b)
         return n
 
-    out = widened(go(e), held)
-    return Cast(out, e.dtype) if ranked and e.dtype.storage_only else out
+    # (a ranking decides too: numpy's values, rounded after every step, tie where the f32 chain need not)
+    return widened(decided(go(e), held, extrema) if ranked else go(e), held)
 
 
 def carried_in_f32(s: FusedLoop) -> frozenset[str]:

@@ -18,7 +18,7 @@ from ..ir.source import UNKNOWN, SourceLoc
 from ..ir.tile import nodes as t
 from ..ir.types import float32, float64, int32, int64
 from .builder import KernelBuilder
-from .exprs import ExprLowering, store_tile
+from .exprs import ExprLowering, _decided, store_tile
 from .nests import bind_grid
 from .options import ScheduleOptions
 from .space import Binding, Dim, Tiled, index_tile, mask_tile, ordered, place
@@ -35,8 +35,10 @@ def rank_dtype(d: DType) -> DType:
 
 
 def ranked_values(lw: ExprLowering, e: Expr, b: dict[str, Binding]) -> Tiled:
-    """`e` lowered, rounded to its own dtype when that is narrow, in `rank_dtype`."""
-    x = lw.lower(e, b)
+    """`e` lowered as the reference computes it where its type is narrow (rounded after every step, `_decided`:
+    a ranking decides; f16 ``exp(12 - x)`` of ``[2.002, 2.0]`` ties in numpy, whose ``12 - x`` rounds both to
+    10, and the f32 chain rounded once ranked the second first), rounded to that type, in `rank_dtype`."""
+    x = lw.lower(_decided(lw, e), b)
     v = x.value
     if e.dtype.storage_only:
         v = lw.kb.cast(lw.kb.cast(v, e.dtype), float32)
