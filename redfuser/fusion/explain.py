@@ -6,13 +6,29 @@ from dataclasses import replace
 from ..ir import Const, Expr, Load, ReduceOp, Unary, UnaryOp, format_expr, format_stmt, map_expr
 from .group import CascadeGroup
 from .narrowing import moved_rounding_line, rounding_factor
-from .separability import Decomposition, Refusal, rescale_exponent
+from . import algebra as A
+from .build import sum_expr
+from .separability import Accumulator, Decomposition, Refusal, rescale_exponent
 
 
 def _before(e: Expr) -> Expr:
     """`e` with each earlier result shown at its previous value (``m`` as ``m_before``)."""
     return map_expr(e, lambda n: Load(replace(n.buffer, name=f"{n.buffer.name}_before"), n.indices)
                     if isinstance(n, Load) else None)
+
+
+def _reduced_part(acc: Accumulator) -> Expr:
+    """`acc.G` without the powers of running maxima it divides by online (`separability._split`: the loop's term
+    reads them, and H holds them too): for ``sum(x * (127 / a))`` G is ``x``, not ``x / a``, so that G·H is the
+    body (a helper found ``x / a`` printed beside ``H = 1 / a``)."""
+    scales = {a: p for a, p in acc.powers.factors if isinstance(a, Load) and a in acc.quantized}
+    if not scales:
+        return acc.G
+    pos = lambda e: False  # noqa: E731
+    parts = tuple(A.Product(t.coeff, A.Monomial.of({a: p - scales.get(a, 0) for a, p in t.mono.factors
+                                                    if p != scales.get(a, 0)}), t.exponent)
+                  for t in A.normalize(acc.G, pos, pos))
+    return sum_expr(parts, acc.G.dtype)
 
 
 def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: CascadeGroup) -> list[str]:
@@ -35,7 +51,7 @@ def _decomposition_lines(name: str, dec: Decomposition | Refusal, group: Cascade
                      "centre by the binomial shift law, so no expanded terms cancel")
     for n, (acc, factor) in enumerate(zip(dec.accumulators, dec.factors)):
         tag = f"term {n + 1}: " if len(dec.accumulators) > 1 else ""
-        lines.append(f"{pad}{tag}G(x) = {format_expr(acc.G)}")
+        lines.append(f"{pad}{tag}G(x) = {format_expr(_reduced_part(acc))}")
         lines.append(f"{pad}{' ' * len(tag)}H(y) = {format_expr(acc.H)}")
         for q in acc.quantized:
             if isinstance(q, Load):      # (a division by a running max, applied online: separability._split)
