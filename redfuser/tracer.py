@@ -149,6 +149,7 @@ class TraceBuilder:
         self._made_at: dict[str, OpSite] = {}
         self._name_rank: dict[str, int] = {}   # buffer name -> the `_bind` rank of the variable naming it
         self._taken: set[str] = set()
+        self._view_names: dict[int, tuple["Tracer", str]] = {}  # id -> (a view a user variable held, its name)
         # (a length the body's checks read, the least it may be): an int index or a top-k's k needs the axis
         # to be that long; a shape-polymorphic kernel turns these into guards (`redfuser.compiler.sized_stage`)
         self.length_needs: list[tuple[int, int]] = []
@@ -241,6 +242,10 @@ class TraceBuilder:
         parameters = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
         for var, value in list(frame.f_locals.items()):
             if isinstance(value, Tracer) and value.builder is self:
+                if not value.is_plain and not var.startswith("_"):
+                    # (a returned view is copied into an output of its own, named after the variable; the
+                    # outer frame returns last, so the caller's name wins over a helper's)
+                    self._view_names[id(value)] = (value, var)
                 site = self._made_at.get(value.buffer.name)
                 rank = (_MADE_HERE if site is not None and site.code is code
                         else _PASSED_IN if var in parameters else _ASSIGNED_HERE)
@@ -271,6 +276,14 @@ class TraceBuilder:
                 continue
             copy = self.emit("out", t.ir_dtype, t.shape, lambda out, t=t: Compute(out, self.axes(t.shape), t.expr_for(self.axes(t.shape)), loc=t.loc))
             self._bind(copy.buffer.name, hint, _OUTPUT_HINT)
+            held = self._view_names.get(id(t))
+            if held is not None and held[0] is t:
+                if self._user_names.get(t.buffer.name) == held[1]:
+                    # ``s = rf.sum(x, axis=-1, keepdims=True)`` returned: the output is the user's ``s``, the
+                    # sum it views a temporary (``s_sum``)
+                    self._taken.discard(self._user_names.pop(t.buffer.name))
+                    self._name_rank.pop(t.buffer.name, None)
+                self._bind(copy.buffer.name, held[1], _ASSIGNED_HERE)
             out_bufs.append(copy.buffer)
         names = {}
         for s in self.body:
@@ -397,7 +410,7 @@ class Tracer:
         if array0d is None:
             array0d = self.ndim > 0 or self.array0d
         t = Tracer(self.builder, self.buffer, view, shape, array0d)
-        t.loc = self.loc
+        t.loc = user_loc()      # (the line that made the view: a returned view is copied there, `finish`)
         return t
 
     def expr_for(self, axes: tuple[IndexExpr | None, ...]) -> Expr:
