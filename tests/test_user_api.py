@@ -221,6 +221,26 @@ def test_argmax_without_an_axis_is_the_flat_index(backend):
         assert g.dtype == w.dtype and g.shape == w.shape and (g == w).all()
 
 
+def _reductions_of_a_0d_array_along_axis_0(x):
+    return (rf.sum(x, axis=0), rf.max(x, axis=-1, keepdims=True), rf.prod(x, axis=0), rf.any(x, axis=-1),
+            rf.argmax(x, axis=0), rf.argmin(x, axis=-1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_numpys_ufunc_reductions_take_axis_0_of_a_0d_array(backend):
+    """numpy's ufunc reductions (and argmax) take ``axis=0`` or ``-1`` of a 0-d array as "over nothing" (its one
+    element); the kernel refused them as out of bounds. A tuple ``(0,)``, and mean, still are, as in numpy."""
+    x = np.array(1.5, np.float32)
+    got, want = rf.kernel(_reductions_of_a_0d_array_along_axis_0, backend=backend)(x), \
+        _reductions_of_a_0d_array_along_axis_0(x)
+    for g, w in zip(got, want):
+        w = np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape and (g == w).all()
+    for refused in (lambda x: rf.sum(x, axis=(0,)), lambda x: rf.mean(x, axis=0)):
+        with pytest.raises(rf.ShapeError, match="out of bounds"):
+            rf.kernel(refused, backend=backend)(x)
+
+
 def _row_sums(a):
     return rf.sum(a, axis=-1)
 

@@ -33,7 +33,9 @@ def _first_index(key: Tracer, d: int, keepdims: bool) -> Tracer:
 
 def _arg(op: str, x, axis: object, keepdims: bool) -> Tracer:
     _check_operand(op, x)
-    if axis is None and x.ndim != 1:      # numpy's flat index: the argument of the flattened array
+    flat_0d = x.ndim == 0 and not isinstance(axis, bool) and isinstance(axis, int | np.integer) and axis in (0, -1)
+    if (axis is None and x.ndim != 1) or flat_0d:   # numpy's flat index: the argument of the flattened array
+        # (numpy takes axis 0 or -1 of a 0-d array as its one element, index 0)
         from .views import reshape
         flat = _arg(op, reshape(x, (-1,)), 0, False)
         return reshape(flat, (1,) * x.ndim) if keepdims else flat

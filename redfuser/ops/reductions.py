@@ -31,11 +31,16 @@ from .common import (
 from .views import _dim
 
 
-def normalize_axes(op: str, x: Tracer, axis: object) -> tuple[int, ...]:
+def normalize_axes(op: str, x: Tracer, axis: object, ufunc: bool = False) -> tuple[int, ...]:
     """`axis` (None, int or tuple of ints) as sorted non-negative dims of `x`. A list is refused, as numpy's
-    reductions refuse it (a TypeError there: the body, the kernel's reference, could not run)."""
+    reductions refuse it (a TypeError there: the body, the kernel's reference, could not run). With `ufunc`
+    (numpy's ufunc reductions: sum, max, min, prod, any, all), an int axis 0 or -1 of a 0-d `x` reduces over
+    nothing, as numpy's does (``np.sum(np.float32(1.5), axis=0)`` is 1.5; a tuple ``(0,)`` is refused there)."""
     if axis is None:
         return tuple(range(x.ndim))
+    if ufunc and x.ndim == 0 and not isinstance(axis, bool | tuple | list) and isinstance(axis, int | np.integer) \
+            and axis in (0, -1):
+        return ()
     if isinstance(axis, list):
         raise UnsupportedError(f"axis must be an int, a tuple of ints or None, got the list {axis!r} (numpy "
                                f"refuses a list too; write axis={tuple(axis)!r})", op=op, loc=user_loc())
@@ -68,7 +73,7 @@ def _reduction(op: ReduceOp, np_fn: Callable) -> Callable:
             return np_fn(x, axis=axis, keepdims=keepdims)
         _check_operand(name, x)
         check_keepdims(name, keepdims)
-        dims = normalize_axes(name, x, axis)
+        dims = normalize_axes(name, x, axis, ufunc=True)
         out_dtype = result_dtype(name, lambda v: np_fn(v, axis=dims), x)
         if op is ReduceOp.SUM and out_dtype == T.float8_e4m3fn:
             # numpy adds e4m3 values in e4m3, one at a time: 64 ones sum to 16 (17 rounds back to 16) and a

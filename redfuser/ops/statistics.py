@@ -137,7 +137,7 @@ def std(x, axis=None, ddof=0, keepdims=False):
 
 def _logical(op: str, x, axis: object, keepdims: bool) -> Tracer:
     _check_operand(op, x)
-    dims = normalize_axes(op, x, axis)
+    dims = normalize_axes(op, x, axis, ufunc=True)
     result_dtype(op, lambda v: getattr(np, op)(v, axis=dims), x)
     if builtins.any(x.shape[d] == 0 for d in dims):   # no identity for max/min: count instead (module docstring)
         if op == "any":
