@@ -1,7 +1,7 @@
 """``python -m redfuser``: the demo, explanations of the reference kernels, and the fuzzer.
 
-    python -m redfuser demo [--backend B] [--workload W]   compile, fuse, run and check a kernel
-    python -m redfuser explain [--workload W] [--stages]    what the compiler does with it, in words
+    python -m redfuser demo [--backend B] [[--workload] W]   compile, fuse, run and check a kernel
+    python -m redfuser explain [[--workload] W] [--stages]    what the compiler does with it, in words
     python -m redfuser fuzz [--backend B] --examples N      random programs on every backend == numpy?
 """
 from __future__ import annotations
@@ -144,14 +144,21 @@ def main(argv: list[str] | None = None) -> int:
             ("explain", explain_cmd, "print what the compiler does with a workload and why", EXPLAIN_HELP)):
         p = sub.add_parser(name, help=help_text, description=textwrap.fill(text, 100), epilog=_workload_list(),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--workload", choices=sorted(WORKLOADS), default="attention", metavar="W",
+        p.add_argument("--workload", choices=sorted(WORKLOADS), default=None, metavar="W",
                        help="the workload (listed below; default: attention)")
+        # (the workload list below reads like a positional argument, so `explain softmax` means it too)
+        p.add_argument("named", nargs="?", choices=sorted(WORKLOADS), metavar="WORKLOAD",
+                       help="the workload, as --workload gives it")
         p.add_argument("--backend", default=None, help="auto (default), interpret, cpu, cuda, simulate")
         p.add_argument("--stages", action="store_true", help="print every stage of the compiler")
         p.set_defaults(run=fn)
     sub.add_parser("fuzz", help="the whole-compiler fuzzer: random programs on every backend against numpy "
                                 "(see `python -m redfuser fuzz --help`)")
     args = parser.parse_args(argv)
+    if getattr(args, "run", None) is not None:
+        if args.named is not None and args.workload is not None and args.named != args.workload:
+            parser.error(f"two workloads named: {args.named} and --workload {args.workload}")
+        args.workload = args.named or args.workload or "attention"
     from .ir import RedFuserError
 
     try:

@@ -41,6 +41,15 @@ def test_explain_prints_the_reasoning(capsys):
     assert "NOT fused" in out and "abs(" in out
 
 
+def test_explain_takes_the_workload_as_a_positional_argument_too(capsys):
+    """The help lists workloads as a positional argument would be: ``explain softmax`` was a usage error."""
+    assert cli.main(["explain", "--backend", "interpret", "log_softmax"]) == 0
+    assert capsys.readouterr().out.startswith("kernel log_softmax:")
+    with pytest.raises(SystemExit):
+        cli.main(["explain", "log_softmax", "--workload", "softmax"])
+    assert "two workloads named" in capsys.readouterr().err
+
+
 def test_user_errors_exit_2_with_the_message(capsys):
     assert cli.main(["demo", "--backend", "no-such-backend"]) == 2
     assert "unknown backend" in capsys.readouterr().err

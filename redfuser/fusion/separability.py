@@ -406,7 +406,7 @@ def decompose(value: Expr, op: ReduceOp, ctx: FusionContext, name: str) -> Decom
             return why
     if op is not ReduceOp.SUM and any(sp.live is not None for sp in splits):
         atom = next(a for sp in splits for a, _ in sp.selects)
-        return Refusal(f"in `{name}`, {op.value} over k of {format_expr(atom)}: the where's 0 branch would be rescaled "
+        return Refusal(f"in `{name}`, {op.value} over the axis of {format_expr(atom)}: the where's 0 branch would be rescaled "
                        "with the running result (0·NaN once it is NaN), which the reference never does; only sums "
                        "take such a where apart", atom)
     out = (_sum_terms(splits, d) if op is ReduceOp.SUM else _product(splits, d, name) if op is ReduceOp.PROD
@@ -583,7 +583,7 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
         s = splits[0]
         if s.deferred.factors and not all(is_positive(a, ctx.positive) for a, _ in s.deferred.factors):
             h = monomial_expr(s.deferred, d)
-            return Refusal(f"in `{name}`, {op.value} over k of G·H needs H > 0, and {format_expr(h)} cannot be shown "
+            return Refusal(f"in `{name}`, {op.value} over the axis of G·H needs H > 0, and {format_expr(h)} cannot be shown "
                            "positive (a negative factor would turn max into min)", h)
         unsigned = [a for a, _ in s.powers.factors if not is_nonnegative(a, ctx.positive)]
         if unsigned:
@@ -594,12 +594,12 @@ def _max_min(splits: list[_Split], op: ReduceOp, d: DType, ctx: FusionContext, n
             if len(at_zero) == len(unsigned):
                 # (a running max of |x| never crosses 0, but it is 0 until a nonzero element is seen)
                 zero = " or ".join(format_expr(a) for a in at_zero)
-                return Refusal(f"in `{name}`, {op.value} over k of G·H with H = {format_expr(h)} read at the "
+                return Refusal(f"in `{name}`, {op.value} over the axis of G·H with H = {format_expr(h)} read at the "
                                f"running value: {zero} is a running max of values never negative, but it is 0 "
                                "while every element seen so far is 0, so H(y) > 0 cannot be shown: H is then "
                                "undefined (a division by 0) and so is its rescale H(y_new)/H(y_old); so a second "
                                "pass", h)
-            return Refusal(f"in `{name}`, {op.value} over k of G·H with H = {format_expr(h)} read at the running "
+            return Refusal(f"in `{name}`, {op.value} over the axis of G·H with H = {format_expr(h)} read at the running "
                            "value: its rescale H(y_new)/H(y_old) may be negative (a running max that crosses 0), "
                            "which would turn the running max into a min; so a second pass", h)
         acc = _acc(op, product_expr(_term_product(s), d), s, product_expr(_g_product(s, False), d), d)
@@ -640,13 +640,13 @@ def _product(splits: list[_Split], d: DType, name: str) -> Decomposition | Refus
     already multiplied in changes by ``exp(L(y_new) - L(y_old))``. Any other factor of y is refused."""
     if len(splits) > 1:
         t = sum_expr(tuple(A.Product(s.coeff, s.g * s.deferred, s.x_lin + s.y_lin) for s in splits), d)
-        return Refusal(f"`{name}` is a product over k of a sum of terms, {format_expr(t)}: a product of sums does "
+        return Refusal(f"`{name}` is a product over the axis of a sum of terms, {format_expr(t)}: a product of sums does "
                        "not factor into prod G(x) · prod H(y); so a second pass", t)
     s = splits[0]
     other = s.deferred * s.powers
     if other.factors or s.rounded:
         h = monomial_expr(other, d) if other.factors else next(iter(dict(s.rounded)))
-        return Refusal(f"in `{name}`, a product over k of G(x)·H(y) with H = {format_expr(h)}, not an exponential "
+        return Refusal(f"in `{name}`, a product over the axis of G(x)·H(y) with H = {format_expr(h)}, not an exponential "
                        "of earlier results: carrying it would raise the ratio H(y_now)/H(y_before) to the count "
                        "of elements already multiplied in, one rounding amplified by that count, and a running "
                        "H of 0 has no ratio; so a second pass", h)
@@ -656,7 +656,7 @@ def _product(splits: list[_Split], d: DType, name: str) -> Decomposition | Refus
         # the reference's does not: prod((x² + 1)·exp(0.05 (x - m))) over a row whose max comes late was NaN
         # (inf times the carry's exp(t·...) = 0) for numpy's 2.5e-26. A pure exponential's factors are at most 1.
         g = monomial_expr(s.g, d)
-        return Refusal(f"in `{name}`, a product over k of G(x)·exp(L(y)) with G = {format_expr(g)}: its factors, "
+        return Refusal(f"in `{name}`, a product over the axis of G(x)·exp(L(y)) with G = {format_expr(g)}: its factors, "
                        "read with the running earlier results, are larger than the reference's, and the running "
                        "product may overflow where the reference's does not; so a second pass", g)
     return Decomposition("separable", (_acc(ReduceOp.PROD, product_expr(_term_product(s), d), s,
