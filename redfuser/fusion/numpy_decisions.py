@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from ..ir import (Binary, Buffer, Cast, Const, Expr, FusedLoop, Load, OnlineState, Program, ReduceOp, Select, Unary, map_expr,
                   walk, written)
-from ..ir.loop.rewrite import compared_branch, numpy_values
+from ..ir.loop.rewrite import compared_branch, numpy_values, state_exprs
 from ..ir.semantics import ROUNDING
 
 
@@ -69,8 +69,7 @@ def _multi_step_extremum(st, held: frozenset[str]) -> bool:
 
 def _exprs(s) -> list[Expr]:
     if isinstance(s, FusedLoop):
-        return [l.value for l in s.locals] + [e for st in s.states for e in (st.term, st.rescale,
-                                                                             getattr(st, "carry", None)) if e is not None]
+        return [l.value for l in s.locals] + [e for st in s.states for e in state_exprs(st)]
     return [s.value]
 
 
