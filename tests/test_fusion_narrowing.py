@@ -653,3 +653,26 @@ def test_a_max_that_a_later_kernel_reads_is_the_one_its_sum_used(backend, dtype)
     want = wide_reference(_top_probabilities, logits)[0]
     assert top.astype(np.float64).max() <= 1.0
     assert_close(top, want, np_dtype, n, roundings=2)
+
+
+def _softmax_with_a_scaled_16_bit_bias(x, bias):
+    s = x + bias * 300.7
+    m = rf.max(s, axis=-1, keepdims=True)
+    p = rf.exp(s - m)
+    return p / rf.sum(p, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_a_16_bit_value_computed_then_widened_is_one_value_in_the_max_and_the_sum(backend, dtype):
+    """numpy rounds ``bias * 300.7`` to the bias's 16-bit type (bf16 300, f16 300.75) before adding f32 ``x``;
+    the kernels round it at the widening cast. The algebra saw through that cast, and the fused sum's exponent
+    read ``300.7 * f32(bias)`` while the max read the rounded value: rows summed to 0.5 (bf16) or 1.05 (f16)
+    on every backend (found by a helper). A widening cast of a computed 16-bit value is one atom now."""
+    np_dtype = DTYPES[dtype][1]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 40)).astype(np.float32)
+    bias = (rng.random((4, 40)) < 0.3).astype(np_dtype)
+    _one_fused_loop(rf.kernel(_softmax_with_a_scaled_16_bit_bias, backend="interpret"), x, bias)
+    actual, expected = run_backend(backend, _softmax_with_a_scaled_16_bit_bias, x, bias)
+    assert_close(actual[0], expected[0], np.float32, 40)

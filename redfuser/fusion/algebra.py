@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable
 
-from ..ir import Binary, BinaryOp, Cast, Const, DType, Expr, Unary, UnaryOp
+from ..ir import Binary, BinaryOp, Cast, Const, DType, Expr, Select, Unary, UnaryOp
 from ..ir.loop.expr import walk
 from ..ir.types import bfloat16, float8_e4m3fn, float16, float32, float64
 
@@ -256,7 +256,7 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
     that the expansion is in it and in ``mean`` only, and a running centre can be found for it)."""
     if _finite_const(e):
         return const(float(e.value))
-    if isinstance(e, Cast) and is_widening(e):
+    if isinstance(e, Cast) and is_widening(e) and not rounds_computed_value(e):
         return normalize(e.x, positive, nonneg, whole, term_whole)  # widening float casts are exact: transparent
 
     def operand(x: Expr, multiplied: bool) -> Sum:
@@ -357,6 +357,14 @@ def is_widening(e: Cast) -> bool:
 # each other's values only in part).
 _WIDER = {float8_e4m3fn: 1, bfloat16: 2, float16: 2, float32: 3, float64: 4}
 FLOAT_RANK = _WIDER
+
+
+def rounds_computed_value(e: Cast) -> bool:
+    """True for a cast out of a storage-only type (f16, bf16, e4m3) of a value computed in it: numpy rounds that
+    value to its type, and the kernels, computing in f32, round it at the cast (`ir.loop.rewrite.decided`). The
+    algebra keeps it whole: seen through, ``f32(b * 300.7)`` became ``300.7 * f32(b)`` in a softmax's sum
+    (bf16 ``b = 1``: 300.7 where the max read numpy's 300), rows summed to 0.5 (found by a helper)."""
+    return e.x.dtype.storage_only and e.x.dtype != e.dtype and isinstance(e.x, Unary | Binary | Select)
 
 
 def is_narrowing(e: Expr) -> bool:
