@@ -94,6 +94,33 @@ def _compared_operands(cond: Expr) -> tuple[Expr, ...]:
     return ()
 
 
+def ranked_key(e: Expr, results: frozenset[str] | set[str], extrema: frozenset[str] | set[str]) -> Expr:
+    """`e`, the values a top-k (argmax, argmin) ranks, rounded where numpy rounds them so that it ties where
+    numpy's do (a ranking decides): f16 ``exp(12 - x)`` of ``[2.002, 2.0]`` ties in numpy, whose ``12 - x``
+    rounds both to 10, and the f32 chain rounded once ranked the second first (found by a helper). Where `e`
+    reads results of earlier statements (`results`: a softmax's ``e / l`` after its loop), only the steps
+    from them on are rounded (each max or min of `extrema` read rounded, as `decided` reads it): the values
+    below them are the ones the loop summed, and rounding a computed ``x = logits * 1.5`` by half a bf16 ulp
+    of ``x`` where the sum ``l`` used the f32 ``x`` put probabilities at 1.56; rounding ``x - m`` moves an
+    exponential by a part of it that is small where the probability is not."""
+    held = results
+    if not e.dtype.storage_only:
+        return e
+    def reads_held(n: Expr) -> bool:
+        return any(isinstance(v, Load) and v.buffer.name in held for v in walk_expr(n))
+
+    if not reads_held(e):
+        return rounded(e)
+
+    def round_(n: Expr) -> Expr | None:
+        if isinstance(n, Load) and n.buffer.name in extrema:
+            return Cast(n, n.dtype)
+        if n.dtype.storage_only and isinstance(n, Unary | Binary | Select) and reads_held(n):
+            return Cast(n, n.dtype)
+        return None
+    return map_expr(e, round_)
+
+
 def numpy_values(term: Expr, computed: frozenset[str] = frozenset()) -> Expr:
     """`term` as numpy computes it in its storage-only type: `rounded` after every operation, and each load of a
     buffer the kernel holds in f32 though its type is narrower (`computed`: a fused loop's locals) rounded."""
@@ -140,8 +167,7 @@ def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozen
             return replace(n, cond=go(n.cond), a=a, b=b)
         return n
 
-    # (a ranking decides too: numpy's values, rounded after every step, tie where the f32 chain need not)
-    return widened(decided(go(e), held, extrema) if ranked else go(e), held)
+    return widened(ranked_key(go(e), held, extrema) if ranked else go(e), held)
 
 
 def carried_in_f32(s: FusedLoop) -> frozenset[str]:

@@ -179,7 +179,8 @@ def schedule_program(p: Program, opts: ScheduleOptions | None = None) -> t.TileP
                 made_here = (fused_kernel(head, list(group[1:]), needed, name, opts, index,  # type: ignore[arg-type]
                                           later),)
             elif isinstance(head, TopK):
-                made_here = (topk_kernel(head, name, opts, index, needed),)
+                made_here = (topk_kernel(head, name, opts, index, needed,
+                                         frozenset(b.name for st in p.body for b in written(st))),)
             elif isinstance(head, Reduce):
                 made_here = (reduce_kernel(head, name, opts, index),)
             else:

@@ -13,12 +13,13 @@ dims already, as in MoE routing).
 from __future__ import annotations
 
 from ..ir import BackendError, BinaryOp, DType, Expr, TopK
+from ..ir.loop.rewrite import ranked_key
 from ..ir.sizes import divides, is_static
 from ..ir.source import UNKNOWN, SourceLoc
 from ..ir.tile import nodes as t
 from ..ir.types import float32, float64, int32, int64
 from .builder import KernelBuilder
-from .exprs import ExprLowering, _decided, store_tile
+from .exprs import ExprLowering, store_tile
 from .nests import bind_grid
 from .options import ScheduleOptions
 from .space import Binding, Dim, Tiled, index_tile, mask_tile, ordered, place
@@ -34,11 +35,11 @@ def rank_dtype(d: DType) -> DType:
     return float32
 
 
-def ranked_values(lw: ExprLowering, e: Expr, b: dict[str, Binding]) -> Tiled:
-    """`e` lowered as the reference computes it where its type is narrow (rounded after every step, `_decided`:
-    a ranking decides; f16 ``exp(12 - x)`` of ``[2.002, 2.0]`` ties in numpy, whose ``12 - x`` rounds both to
-    10, and the f32 chain rounded once ranked the second first), rounded to that type, in `rank_dtype`."""
-    x = lw.lower(_decided(lw, e), b)
+def ranked_values(lw: ExprLowering, e: Expr, b: dict[str, Binding], results: frozenset[str] = frozenset()) -> Tiled:
+    """`e` lowered rounded where numpy rounds it (`ir.loop.rewrite.ranked_key`: a ranking decides; `results` the
+    buffers earlier statements computed, which `e` may read from memory), rounded to its own dtype when that is
+    narrow, in `rank_dtype`."""
+    x = lw.lower(ranked_key(e, results | lw.unrounded, lw.extrema), b)
     v = x.value
     if e.dtype.storage_only:
         v = lw.kb.cast(lw.kb.cast(v, e.dtype), float32)
@@ -81,9 +82,10 @@ def rescale_list(kb: KernelBuilder, values: t.Value, r: t.Value) -> t.Value:
 
 
 def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType,
-                needed: frozenset[str] | set[str] | None = None) -> t.TileKernel:
+                needed: frozenset[str] | set[str] | None = None, results: frozenset[str] = frozenset()) -> t.TileKernel:
     """``values, indices = top k over reduce_axis of value``: rows tiled, the axis in chunks of ``block_k``;
-    stores the buffers in `needed` (None: both; a program may use only the values or only the indices)."""
+    stores the buffers in `needed` (None: both; a program may use only the values or only the indices).
+    `results`: the buffers earlier statements of the program computed (`ranked_values`)."""
     kb = KernelBuilder(name, index)
     par = s.parallel
     tiled = [(par[-1], opts.tile(opts.rows(), par[-1].extent), 0)] if par else []
@@ -102,7 +104,7 @@ def topk_kernel(s: TopK, name: str, opts: ScheduleOptions, index: DType,
         b = dict(bindings)
         b[s.reduce_axis.name] = kdim
         cand = ordered(rows + (kdim,))
-        values = place(kb, ranked_values(lw, s.value, b), cand)
+        values = place(kb, ranked_values(lw, s.value, b, results), cand)
         return update_list(kb, values, candidate_indices(kb, kdim, cand), rows, kdim, acc, dims, rank, s.values.name,
                            loc=s.loc)
 
