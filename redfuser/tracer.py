@@ -278,11 +278,8 @@ class TraceBuilder:
             self._bind(copy.buffer.name, hint, _OUTPUT_HINT)
             held = self._view_names.get(id(t))
             if held is not None and held[0] is t:
-                if self._user_names.get(t.buffer.name) == held[1]:
-                    # ``s = rf.sum(x, axis=-1, keepdims=True)`` returned: the output is the user's ``s``, the
-                    # sum it views a temporary (``s_sum``)
-                    self._taken.discard(self._user_names.pop(t.buffer.name))
-                    self._name_rank.pop(t.buffer.name, None)
+                # (``s = rf.sum(x, axis=-1, keepdims=True)`` returned: the sum keeps ``s``, the name `explain`
+                # and the fuzzer's reproducers know it by, and the copy is ``s_1``)
                 self._bind(copy.buffer.name, held[1], _ASSIGNED_HERE)
             out_bufs.append(copy.buffer)
         names = {}
