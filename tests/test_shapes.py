@@ -105,6 +105,28 @@ def _layer_norm(x):
     return (x - mu) / rf.sqrt(rf.var(x, axis=-1, keepdims=True) + 1e-5)
 
 
+def _cross_entropy_by_gather(x, t):
+    m = rf.max(x, axis=-1, keepdims=True)
+    lse = m[:, 0] + rf.log(rf.sum(rf.exp(x - m), axis=-1))
+    return lse - rf.take_along_axis(x, t[:, None], axis=-1)[:, 0]
+
+
+@pytest.mark.parametrize("backend", HOST + ["simulate"])
+def test_a_gather_along_a_symbolic_axis_wraps_around_its_run_time_length(backend):
+    """``take_along_axis`` wraps numpy's negative indices around the axis's length: a constant made the
+    vocabulary static, so a cross-entropy compiled a kernel per vocabulary size with ``dynamic=True``, and
+    `polymorphism` said the body used the length as a number (found by a helper). The length is now read
+    when the kernel runs."""
+    rng = np.random.default_rng(6)
+    k = rf.kernel(_cross_entropy_by_gather, backend=backend, dynamic=True)
+    for rows, n in ((3, 7), (5, 300), (2, 33), (4, 2)):
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        t = rng.integers(-n, n, rows)
+        _close(k(x, t), _cross_entropy_by_gather(x, t), 2e-5)
+    info = k.cache_info()
+    assert info.misses == 1 and info.currsize == 1, info
+
+
 @pytest.mark.parametrize("backend", HOST + ["simulate"])
 @pytest.mark.parametrize("body,shape", [(_mean_pool, lambda n: (2, n, 8)), (_spread, lambda n: (3, n)),
                                         (_layer_norm, lambda n: (3, n))], ids=["mean", "var_std", "layer_norm"])

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Binary, BinaryOp, Cast, Compute, Computed, Const, DTypeError, ShapeError, UnsupportedError
+from ..ir import (Binary, BinaryOp, Cast, Compute, Computed, Const, DTypeError, Expr, Length, ShapeError,
+                  UnsupportedError)
 from ..ir import types as T
 from ..probes import ProbeLength
 from ..source_info import user_loc
@@ -53,7 +54,8 @@ def take_along_axis(arr, indices, axis=-1):
     shape = list(broadcast)
     shape.insert(ax, indices.shape[ax])
     n = arr.shape[ax]
-    if isinstance(n, ProbeLength):
+    symbolic = isinstance(n, ProbeLength) and len(n.probes) == 1 and int(n) in n.probes
+    if isinstance(n, ProbeLength) and not symbolic:
         n.note_read()       # the wrap-around compiles in the length: the kernel specializes on it
     if n == 0 and int(np.prod(shape)) > 0:
         raise ShapeError(f"index out of bounds: {describe(arr)} has no elements along axis {ax}",
@@ -67,7 +69,12 @@ def take_along_axis(arr, indices, axis=-1):
         return builder.emit("take_along_axis", arr.ir_dtype, tuple(shape),
                             lambda out: Compute(out, axes, constant(0, arr.ir_dtype), loc=loc))
     position = Cast(indices.expr_for(axes), T.int64) if indices.ir_dtype != T.int64 else indices.expr_for(axes)
-    wrapped = Binary(BinaryOp.MOD, position, Const(max(int(n), 1), T.int64), T.int64)  # numpy's negative indices
+    # numpy's negative indices wrap around the length; a symbolic one is read when the kernel runs (so a
+    # cross-entropy's vocabulary stays symbolic), which must then be at least 1, as it is here
+    if symbolic:
+        builder.need_length(int(n), 1)
+    count: Expr = Length((n,), T.int64) if symbolic else Const(max(int(n), 1), T.int64)
+    wrapped = Binary(BinaryOp.MOD, position, count, T.int64)
     at = axes[:ax] + (Computed(wrapped),) + axes[ax + 1:]
     value = arr.expr_for(at)
     return builder.emit("take_along_axis", arr.ir_dtype, tuple(shape), lambda out: Compute(out, axes, value, loc=loc))
