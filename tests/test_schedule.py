@@ -340,3 +340,26 @@ def test_loops_past_2_31_index_in_64_bits_though_their_buffers_are_small():
     assert int(rf.kernel(lambda a: rf.sum(a), backend="cpu")(ones)) == n
     marked = rf.kernel(lambda a: rf.argmax(rf.where(rf.arange(a.shape[0]) == 2**31 + 3, 2, a)), backend="cpu")
     assert int(marked(ones)) == 2**31 + 3
+
+
+def _gemv_of_a_broadcast_vector(x0, x1):
+    return x1.sum(axis=-1, keepdims=True), x1 @ x0
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_gpu_chunk_materialized_whole_stays_within_its_element_budget(dynamic):
+    """An int32 ``x1 @ x0`` (no `dot`: integers) fused with a sum of ``x1`` over symbolic lengths took a 64 x 64 x
+    64 tile per chunk, 2048 lanes a thread; the SIMT lowering ran for more than 800 s (fuzz seed 101, example
+    1216). A chunk the GPU schedule materializes whole holds at most `CHUNK_TILE` elements."""
+    import math
+
+    from redfuser.schedule.options import CHUNK_TILE
+
+    x0 = np.ones((15, 5, 10), np.int32)
+    x1 = np.broadcast_to(np.int32(3), (5,))
+    lowered = rf.kernel(_gemv_of_a_broadcast_vector, backend="interpret", dynamic=dynamic).lower(x0, x1)
+    tiled = schedule_program(lowered.program, options_for("gpu"))
+    verify_tile_program(tiled)
+    largest = max(math.prod(op.out.shape) for k in tiled.kernels for op in t.walk_ops(k.body)
+                  if isinstance(getattr(op, "out", None), t.Value))
+    assert largest <= CHUNK_TILE, largest

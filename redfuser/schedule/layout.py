@@ -26,7 +26,7 @@ from .builder import KernelBuilder
 from .exprs import ExprLowering
 from .masked import live_bound
 from .nests import premake
-from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, DOT_ROWS_LEAST, MASKED_DOT_ROWS, ONE_PASS_MAX, ONE_PASS_TILE,
+from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, CHUNK_TILE, DOT_ROWS_LEAST, MASKED_DOT_ROWS, ONE_PASS_MAX, ONE_PASS_TILE,
                       ROW_TILE_LEAST, WIDE_ROWS, ScheduleOptions, gemm_rows)
 from .reduce import reads_only_narrow
 from .space import Binding, Dim, Fixed, ordered
@@ -181,7 +181,14 @@ class FusedLayout:
         if self.one_pass_rows(opts):
             return opts.tile(n, n)
         tile = self.dot_tile(opts) or self.row_tile(opts)
-        return opts.tile(tile[1] if tile is not None else opts.block_n, n)
+        size = opts.tile(tile[1] if tile is not None else opts.block_n, n)
+        if opts.pow2 and not self.contracts and not (self.gemm_state and all(
+                st.acc.dtype.is_float for st in self.fl.states if isinstance(st, OnlineState))):
+            # (a GPU chunk whose terms are materialized whole, no dot: at most `CHUNK_TILE` elements with the
+            # state tile; an int32 matmul's state over two symbolic axes took 64 x 64 x 64 lanes)
+            lanes = max(1, CHUNK_TILE // max(1, self.rows(opts) * self.state_width(opts)))
+            size = min(size, 1 << (lanes.bit_length() - 1))
+        return size
 
     def sweep_chunk(self, opts: ScheduleOptions) -> int:
         """The chunk length of the closing sweep's axis: ``block_n``, or in a one-pass kernel the whole

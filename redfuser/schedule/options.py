@@ -292,6 +292,12 @@ independent chains of mma, softmax and mma (docs/gpu-backend.md, "Why these defa
 ACC_TILE = 8192
 """The accumulator elements a block's tile may hold to take `WIDE_ROWS` rows (64 f32 a thread at 4 warps)."""
 
+CHUNK_TILE = 8192
+"""The most elements of the tile a GPU reduction materializes per chunk (its output tile times the chunk) where
+`block_k` is None and the chunk is no `dot`: an int32 ``x1 @ x0`` of a vector and a 3-d array over symbolic
+lengths took 64 x 64 x 64 lanes, 2048 a thread, and its SIMT lowering ran for more than 800 s (fuzz seed 101,
+example 1216); an int32 GEMM took the same."""
+
 
 ONE_PASS_MAX = 16384
 """The longest fused axis `ScheduleOptions.whole_rows` takes in one chunk (after rounding to a power of two).

@@ -8,13 +8,15 @@ index at a time, the last one in chunks of `block_k`).
 """
 from __future__ import annotations
 
+import math
+
 from ..ir import Axis, Binary, BinaryOp, Expr, ReduceOp, UnaryOp, loads
 from ..ir.sizes import divides, is_static
 from ..ir.tile import nodes as t
 from ..ir.types import float32
 from .builder import KernelBuilder
 from .exprs import ExprLowering, compute_dtype
-from .options import ScheduleOptions
+from .options import CHUNK_TILE, ScheduleOptions
 from .space import Binding, Dim, Fixed, Tiled, mask_tile, ordered, place
 
 COMBINE = {op: op.combine for op in ReduceOp}
@@ -144,6 +146,11 @@ def _nest(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, ou
             lp.yield_(_nest(lw, opts, op, value, out_dims, bindings, rest, order, hint, lp.args[0], False))
         return lp.results[0]
     size = opts.chunk(axis.extent, _narrow_dot(value, out_dims))
+    if opts.pow2 and opts.block_k is None and not (_product_over_2d(value, out_dims)
+                                                    and compute_dtype(value.dtype).is_float):
+        # (a GPU chunk this reduction materializes whole: at most `CHUNK_TILE` elements with the output tile)
+        lanes = max(1, CHUNK_TILE // math.prod(d.size for d in out_dims))
+        size = min(size, 1 << (lanes.bit_length() - 1))
     if is_static(axis.extent) and size >= axis.extent:  # one chunk covers the axis: no loop
         dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, None, size > axis.extent)
         bindings[axis.name] = dim
