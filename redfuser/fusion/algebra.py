@@ -248,23 +248,29 @@ def log_of(s: Sum, positive: Callable[[Expr], bool]) -> Sum | None:
 
 
 def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr], bool],
-              whole: Callable[[Expr], bool] | None = None, term_whole: Callable[[Expr], bool] | None = None) -> Sum:
+              whole: Callable[[Expr], bool] | None = None, term_whole: Callable[[Expr], bool] | None = None,
+              rounded_whole: Callable[[Expr], bool] | None = None) -> Sum:
     """`e` in normal form. Sub-expressions no rule applies to become atoms (kept whole), and so does a factor
     or base of a product or power that `whole` selects (`separability.FusionContext.normal_form`: a sum that
-    reads the reduced values only, whose expansion would separate nothing and only cancel), and a term that
+    reads the reduced values only, whose expansion would separate nothing and only cancel), a term that
     `term_whole` selects of a sum that is such a factor or base (``1/x`` in ``(1/x - mean)**2``: one atom, so
-    that the expansion is in it and in ``mean`` only, and a running centre can be found for it)."""
+    that the expansion is in it and in ``mean`` only, and a running centre can be found for it), and a
+    widening cast of a 16-bit value computed in its type (`rounds_computed_value`) that `rounded_whole`
+    selects (the engine's: one that does not mix the reduced values with earlier results, which needs
+    taking apart to factor)."""
     if _finite_const(e):
         return const(float(e.value))
-    if isinstance(e, Cast) and is_widening(e) and not rounds_computed_value(e):
-        return normalize(e.x, positive, nonneg, whole, term_whole)  # widening float casts are exact: transparent
+    if isinstance(e, Cast) and is_widening(e):
+        if rounded_whole is not None and rounds_computed_value(e) and rounded_whole(e):
+            return atom(e)
+        return normalize(e.x, positive, nonneg, whole, term_whole, rounded_whole)  # exact: transparent
 
     def operand(x: Expr, multiplied: bool) -> Sum:
         if multiplied and whole is not None and whole(x):
             return atom(x)
         if multiplied and isinstance(x, Binary) and x.op in (BinaryOp.ADD, BinaryOp.SUB):
-            return normalize_terms(x, positive, nonneg, whole, term_whole)
-        return normalize(x, positive, nonneg, whole, term_whole)
+            return normalize_terms(x, positive, nonneg, whole, term_whole, rounded_whole)
+        return normalize(x, positive, nonneg, whole, term_whole, rounded_whole)
 
     if isinstance(e, Binary):
         op = e.op
@@ -287,7 +293,7 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
                 if p is not None:
                     return p
     if isinstance(e, Unary):
-        inner = normalize(e.x, positive, nonneg, whole, term_whole) if e.op is not UnaryOp.NOT else None
+        inner = normalize(e.x, positive, nonneg, whole, term_whole, rounded_whole) if e.op is not UnaryOp.NOT else None
         if e.op is UnaryOp.NEG:
             return scale(inner, -1.0)
         if e.op in (UnaryOp.EXP, UnaryOp.EXP2):
@@ -308,7 +314,8 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
 
 def normalize_terms(x: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr], bool],
                     whole: Callable[[Expr], bool] | None = None,
-                    term_whole: Callable[[Expr], bool] | None = None) -> Sum:
+                    term_whole: Callable[[Expr], bool] | None = None,
+                    rounded_whole: Callable[[Expr], bool] | None = None) -> Sum:
     """`x` in normal form as a sum whose terms a product multiplies: each term that `term_whole` selects,
     or a constant multiple of one (``x / y * 2``, ``-(x / y)``), is one atom (times its constant), so that
     ``(x / y * 2 - mean)**2`` expands in the atom ``x / y`` and ``mean`` alone, as ``(x / y - mean)**2``
@@ -316,14 +323,14 @@ def normalize_terms(x: Expr, positive: Callable[[Expr], bool], nonneg: Callable[
     if whole is not None and whole(x):
         return atom(x)   # (a part that `whole` keeps as a factor stays whole as a term: ``(b - c)`` in ``(x - m) - (b - c)``)
     if isinstance(x, Binary) and x.op in (BinaryOp.ADD, BinaryOp.SUB):
-        a = normalize_terms(x.a, positive, nonneg, whole, term_whole)
-        b = normalize_terms(x.b, positive, nonneg, whole, term_whole)
+        a = normalize_terms(x.a, positive, nonneg, whole, term_whole, rounded_whole)
+        b = normalize_terms(x.b, positive, nonneg, whole, term_whole, rounded_whole)
         return add(a, b) if x.op is BinaryOp.ADD else add(a, scale(b, -1.0))
     if term_whole is not None:
         k, core = _constant_multiple(x)
         if math.isfinite(k) and term_whole(core):
             return scale(atom(core), k)
-    return normalize(x, positive, nonneg, whole, term_whole)
+    return normalize(x, positive, nonneg, whole, term_whole, rounded_whole)
 
 
 def _constant_multiple(e: Expr) -> tuple[float, Expr]:
@@ -361,9 +368,9 @@ FLOAT_RANK = _WIDER
 
 def rounds_computed_value(e: Cast) -> bool:
     """True for a cast out of a storage-only type (f16, bf16, e4m3) of a value computed in it: numpy rounds that
-    value to its type, and the kernels, computing in f32, round it at the cast (`ir.loop.rewrite.decided`). The
-    algebra keeps it whole: seen through, ``f32(b * 300.7)`` became ``300.7 * f32(b)`` in a softmax's sum
-    (bf16 ``b = 1``: 300.7 where the max read numpy's 300), rows summed to 0.5 (found by a helper)."""
+    value to its type, and the kernels, computing in f32, round it at the cast (`ir.loop.rewrite.decided`).
+    Seen through, ``f32(b * 300.7)`` became ``300.7 * f32(b)`` in a softmax's sum (bf16 ``b = 1``: 300.7 where
+    the max read numpy's 300), and rows summed to 0.5 (found by a helper): `normalize`'s `rounded_whole`."""
     return e.x.dtype.storage_only and e.x.dtype != e.dtype and isinstance(e.x, Unary | Binary | Select)
 
 

@@ -65,6 +65,12 @@ class FusionContext:
                 x = True
         return "mixed" if x and y else "x" if x else "y" if y else "c"
 
+    def unmixed(self, e: Expr) -> bool:
+        """A value that does not read both the reduced values and an earlier result: a widening cast of such a
+        computed 16-bit value stays one atom (`algebra.rounds_computed_value`); a mixed one is taken apart,
+        its rounding ignored, as the factorization needs (``f32((x - r0) w + x r0)``, bf16)."""
+        return self.kind(e) != "mixed"
+
     def reduced_only_sum(self, e: Expr) -> bool:
         """A sum or difference that reads the reduced values and no earlier result (``x - v0/2``, with a
         per-chunk ``v0``): kept whole as a factor, since expanding ``(x - c)**2`` into ``x**2 - 2cx + c**2``
@@ -96,16 +102,17 @@ class FusionContext:
         positivity known here (`signs`; without it, for comparing two forms), `reduced_only_sum`s whole, and
         the `reduced_only_term`s of a multiplied sum whole."""
         if not signs:
-            return A.normalize(e, lambda a: False, lambda a: False, self.reduced_only_sum, self.reduced_only_term)
+            return A.normalize(e, lambda a: False, lambda a: False, self.reduced_only_sum, self.reduced_only_term,
+                               self.unmixed)
         return A.normalize(e, lambda a: is_positive(a, self.positive), lambda a: is_nonnegative(a, self.positive),
-                           self.reduced_only_sum, self.reduced_only_term)
+                           self.reduced_only_sum, self.reduced_only_term, self.unmixed)
 
     def terms_form(self, e: Expr) -> "A.Sum":
         """`e` read as `normal_form` reads a multiplied sum (`algebra.normalize_terms`: a constant multiple of
         a `reduced_only_term` is that atom times the constant), without positivity: the reduced values a
         centre is the running mean of, matched against the atoms of a body's normal form."""
         never = lambda a: False  # noqa: E731
-        return A.normalize_terms(e, never, never, self.reduced_only_sum, self.reduced_only_term)
+        return A.normalize_terms(e, never, never, self.reduced_only_sum, self.reduced_only_term, self.unmixed)
 
 
 @dataclass(frozen=True)
