@@ -150,11 +150,26 @@ def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozen
     and minima among them): in f32 (`widened`), each held result read as it is where arithmetic reads it, and
     each decision's operand as `decided` says; `ranked`: `e` is a top-k's values, which are a decision's operand
     as a whole, as `schedule.topk.ranked_values` ranks them."""
-    def go(n: Expr) -> Expr:         # (top-down: a select's branches are matched with its condition as written)
-        def decide(v: Expr) -> Expr:
-            return decided(go(v), held, extrema)
+    def decide(v: Expr) -> Expr:
+        return decided(map_decision_operands(v, decide, extrema), held, extrema)
 
-        if isinstance(n, Binary) and n.op.is_comparison:
+    out = map_decision_operands(e, decide, extrema)
+    return widened(ranked_key(out, held, extrema) if ranked else out, held)
+
+
+def map_decision_operands(e: Expr, decide: Callable[[Expr], Expr], extrema: frozenset[str] | set[str],
+                          but_infinities: bool = False) -> Expr:
+    """`e` with `decide(operand)` in place of each decision's operand as written: a comparison's, a rounding's
+    to an integral value, a cast's, a select's branch its condition compares (`compared_branch`, `extrema` the
+    running maxima and minima, which are not); the rest kept. Top-down, so that a select's branches are
+    matched with its condition as written; `decide` recurses into its operand itself where it needs to. With
+    `but_infinities`, a comparison with an infinity (the NaN guard ``m == -inf``, alike for every rounding of
+    ``m``) is no decision."""
+    def infinite(v: Expr) -> bool:
+        return isinstance(v, Const) and isinstance(v.value, float) and not np.isfinite(v.value)
+
+    def go(n: Expr) -> Expr:
+        if isinstance(n, Binary) and n.op.is_comparison and not (but_infinities and (infinite(n.a) or infinite(n.b))):
             return replace(n, a=decide(n.a), b=decide(n.b))
         if (isinstance(n, Unary) and n.op in ROUNDING) or (isinstance(n, Cast) and n.x.dtype != n.dtype):
             return replace(n, x=decide(n.x))
@@ -166,8 +181,7 @@ def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozen
             a, b = (decide(v) if compared_branch(n, v, extrema) else go(v) for v in (n.a, n.b))
             return replace(n, cond=go(n.cond), a=a, b=b)
         return n
-
-    return widened(ranked_key(go(e), held, extrema) if ranked else go(e), held)
+    return go(e)
 
 
 def carried_in_f32(s: FusedLoop) -> frozenset[str]:

@@ -19,13 +19,10 @@ numpy's max of the same values; a loop gains one state per max or min so read.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
-from ..ir import (Binary, Buffer, Cast, Const, Expr, FusedLoop, Load, OnlineState, Program, ReduceOp, Select, Unary, map_expr,
-                  walk, written)
-from ..ir.loop.rewrite import compared_branch, numpy_values, state_exprs
-from ..ir.semantics import ROUNDING
+from ..ir import Buffer, Cast, Expr, FusedLoop, Load, OnlineState, Program, ReduceOp, map_expr, walk, written
+from ..ir.loop.rewrite import map_decision_operands, numpy_values, state_exprs
 
 
 def decide_on_numpy_extrema(p: Program) -> Program:
@@ -87,50 +84,28 @@ def _map_state(st, fn):
     return st
 
 
-def _operands(e: Expr, names, inside, outside) -> Expr:
-    """`e` with `inside` applied to each decision operand (as `ir.loop.rewrite.read_as_held` finds them:
-    comparisons, roundings to integral values, casts, select branches compared; a 16-bit operand only, as
-    `decided` rounds only those) and `outside` to the rest, top-down. A comparison with an infinity
-    (the NaN guard ``m == -inf``) decides alike for every rounding of ``m``, and a select's branch that is one
-    of the maxima `names` is arithmetic (``where(m == -inf, 0, m)``): neither is a decision here."""
-    def go(n: Expr) -> Expr:
-        def decide(v: Expr) -> Expr:
-            return inside(v) if v.dtype.storage_only else go(v)
-
-        if isinstance(n, Binary) and n.op.is_comparison and not (_infinite(n.a) or _infinite(n.b)):
-            return replace(n, a=decide(n.a), b=decide(n.b))
-        if (isinstance(n, Unary) and n.op in ROUNDING) or (isinstance(n, Cast) and n.x.dtype != n.dtype):
-            return replace(n, x=decide(n.x))
-        if isinstance(n, Unary | Cast):
-            return replace(n, x=go(n.x))
-        if isinstance(n, Binary):
-            return replace(n, a=go(n.a), b=go(n.b))
-        if isinstance(n, Select):
-            a, b = (decide(v) if compared_branch(n, v, names) else go(v) for v in (n.a, n.b))
-            return replace(n, cond=go(n.cond), a=a, b=b)
-        return outside(n)
-    return go(e)
-
-
-def _infinite(e: Expr) -> bool:
-    return isinstance(e, Const) and isinstance(e.value, float) and not math.isfinite(e.value)
-
-
 def _decision_reads(e: Expr, names) -> set[str]:
+    """The maxima among `names` that a decision operand of `e` reads (a 16-bit operand: `decided` rounds only
+    those; a comparison with an infinity, the NaN guard, and a select's branch that is one of them, as in
+    ``where(m == -inf, 0, m)``, are arithmetic)."""
     found: set[str] = set()
 
     def note(v: Expr) -> Expr:
+        if not v.dtype.storage_only:
+            return map_decision_operands(v, note, frozenset(names), but_infinities=True)
         found.update(n.buffer.name for n in walk(v) if isinstance(n, Load) and n.buffer.name in names)
         return v
-    _operands(e, names, note, lambda n: n)
+    map_decision_operands(e, note, frozenset(names), but_infinities=True)
     return found
 
 
 def _read_twins(e: Expr, twins: dict[str, Buffer]) -> Expr:
     def twin(v: Expr) -> Expr:
+        if not v.dtype.storage_only:
+            return map_decision_operands(v, twin, frozenset(twins), but_infinities=True)
         return map_expr(v, lambda n: replace(n, buffer=twins[n.buffer.name])
                         if isinstance(n, Load) and n.buffer.name in twins else None)
-    return _operands(e, frozenset(twins), twin, lambda n: n)
+    return map_decision_operands(e, twin, frozenset(twins), but_infinities=True)
 
 
 def _fresh(name: str, taken: set[str]) -> str:
