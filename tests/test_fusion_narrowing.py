@@ -676,3 +676,23 @@ def test_a_16_bit_value_computed_then_widened_is_one_value_in_the_max_and_the_su
     _one_fused_loop(rf.kernel(_softmax_with_a_scaled_16_bit_bias, backend="interpret"), x, bias)
     actual, expected = run_backend(backend, _softmax_with_a_scaled_16_bit_bias, x, bias)
     assert_close(actual[0], expected[0], np.float32, 40)
+
+
+def _probabilities_of_a_widened_bf16_product(xb):
+    y = (xb * 0.3).astype(rf.float32) * 7
+    m = rf.max(y, axis=-1, keepdims=True)
+    p = rf.exp(y - m)
+    l = rf.sum(p, axis=-1, keepdims=True)
+    return rf.sum((p / l).astype(rf.bfloat16), axis=-1), rf.max(p.astype(rf.float16), axis=-1) / l[:, 0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_widened_16_bit_product_is_rounded_in_every_fused_term(backend):
+    """``(xb * 0.3).astype(f32)`` of bf16 ``xb``: numpy rounds the product to bf16 before widening, and the
+    compiled kernels do at the cast. The interpreter widened the product to f32 inside a fused term that holds
+    a narrowing cast (``sum((p / l).astype(bf16))``), so that term's exponent was no longer ``y - max(y)``:
+    rows summed to 1.039, ``max(p16) / l`` was 5% high (found by a helper)."""
+    xb = (np.random.default_rng(4).standard_normal((6, 100)) * 4).astype(ml_dtypes.bfloat16)
+    actual, expected = run_backend(backend, _probabilities_of_a_widened_bf16_product, xb)
+    for a, e in zip(actual, expected):
+        assert np.abs(a.astype(np.float64) - e.astype(np.float64)).max() <= 0.01, (a, e)

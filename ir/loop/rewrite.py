@@ -40,6 +40,15 @@ def widened(e: Expr, f32_buffers: frozenset[str] = frozenset()) -> Expr:
     widens every operand), and how the interpreter evaluates the terms it made itself. Loads of
     `f32_buffers` (a fused loop's states carried in f32, whose declared type is narrower) are left as they
     are: their values are f32 already, and a cast would read as a rounding to the declared type first."""
+    def keep_rounding(n: Expr) -> Expr | None:
+        # a cast out of a storage-only type of a value computed in it rounds that value first, as numpy does and
+        # as the compiled kernels do (`decided` reads a cast's operand): widened, the cast alone would be f32 to
+        # f32, and the interpreter's fused term of ``(xb * 0.3).astype(f32)`` (bf16 xb) lost the rounding
+        if (isinstance(n, Cast) and n.x.dtype.storage_only and n.x.dtype != n.dtype
+                and isinstance(n.x, Unary | Binary | Select)):
+            return replace(n, x=Cast(n.x, n.x.dtype))
+        return None
+
     def widen(n: Expr) -> Expr | None:
         if not n.dtype.storage_only:
             return None
@@ -52,7 +61,7 @@ def widened(e: Expr, f32_buffers: frozenset[str] = frozenset()) -> Expr:
         if isinstance(n, Unary | Binary | Select):
             return replace(n, dtype=float32)
         return None
-    return map_expr(e, widen)
+    return map_expr(map_expr(e, keep_rounding), widen)
 
 
 def decided(e: Expr, unrounded: frozenset[str] | set[str], extrema: frozenset[str] | set[str]) -> Expr:
