@@ -112,19 +112,19 @@ def ranked_key(e: Expr, results: frozenset[str] | set[str], extrema: frozenset[s
     below them are the ones the loop summed, and rounding a computed ``x = logits * 1.5`` by half a bf16 ulp
     of ``x`` where the sum ``l`` used the f32 ``x`` put probabilities at 1.56; rounding ``x - m`` moves an
     exponential by a part of it that is small where the probability is not."""
-    held = results
     if not e.dtype.storage_only:
         return e
-    def reads_held(n: Expr) -> bool:
-        return any(isinstance(v, Load) and v.buffer.name in held for v in walk_expr(n))
 
-    if not reads_held(e):
+    def reads_result(n: Expr) -> bool:
+        return any(isinstance(v, Load) and v.buffer.name in results for v in walk_expr(n))
+
+    if not reads_result(e):
         return rounded(e)
 
     def round_(n: Expr) -> Expr | None:
         if isinstance(n, Load) and n.buffer.name in extrema:
             return Cast(n, n.dtype)
-        if n.dtype.storage_only and isinstance(n, Unary | Binary | Select) and reads_held(n):
+        if n.dtype.storage_only and isinstance(n, Unary | Binary | Select) and reads_result(n):
             return Cast(n, n.dtype)
         return None
     return map_expr(e, round_)
