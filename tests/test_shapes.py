@@ -105,6 +105,26 @@ def _layer_norm(x):
     return (x - mu) / rf.sqrt(rf.var(x, axis=-1, keepdims=True) + 1e-5)
 
 
+def _last_position_softmax_value(x):
+    m = rf.max(x, axis=-1)
+    return rf.exp(x[:, -1] - m), x[:, -3] * 2
+
+
+@pytest.mark.parametrize("backend", HOST + ["simulate"])
+def test_a_negative_index_along_a_symbolic_axis_counts_from_its_run_time_length(backend):
+    """``x[:, -1]`` (the last position's logits) compiled the position ``n - 1`` in, so the axis stayed static and
+    each length made a kernel (7 lengths, 7 compiles; found by a helper). It is the length read when the kernel
+    runs minus 1 now; a length below the index's needs is refused as numpy refuses it."""
+    k = rf.kernel(_last_position_softmax_value, backend=backend)
+    for n in (3, 5, 9, 17, 4, 64, 65):
+        x = np.random.default_rng(n).standard_normal((4, n)).astype(np.float32)
+        _close(k(x), _last_position_softmax_value(x), 2e-6)
+    info = k.cache_info()
+    assert info.misses == 2 and info.currsize == 2, info
+    with pytest.raises(rf.ShapeError, match="index -3 is out of bounds"):
+        k(np.ones((4, 2), np.float32))
+
+
 def _cross_entropy_by_gather(x, t):
     m = rf.max(x, axis=-1, keepdims=True)
     lse = m[:, 0] + rf.log(rf.sum(rf.exp(x - m), axis=-1))

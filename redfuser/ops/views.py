@@ -14,6 +14,7 @@ from ..ir import (
     DTypeError,
     Expr,
     IndexValue,
+    Length,
     ShapeError,
     UnsupportedError,
 )
@@ -104,7 +105,13 @@ def getitem(x: Tracer, key: object) -> Tracer:
                 raise ShapeError(f"index {k} is out of bounds for dim {dim} of {describe(x)}", op="getitem",
                                  loc=user_loc())
             x.builder.need_length(size, int(k) + 1 if k >= 0 else -int(k))
-            new_of_old[dim] = Fixed(int(k) % size)
+            if k < 0 and isinstance(size, ProbeLength) and len(size.probes) == 1 and int(size) in size.probes:
+                # ``x[:, -1]`` of a symbolic axis: the position is its run-time length minus 1, so the axis stays
+                # symbolic (as a constant ``n - 1`` it made a kernel per length; found by a helper)
+                new_of_old[dim] = Mapped(Binary(BinaryOp.ADD, Length((size,), T.int64), Const(int(k), T.int64),
+                                                T.int64))
+            else:
+                new_of_old[dim] = Fixed(int(k) % size)
         else:
             raise UnsupportedError(f"index {k!r} of type {type(k).__name__} is not supported (use None, ..., "
                                    "slices or ints; rf.take_along_axis gathers)", op="getitem", loc=user_loc())
