@@ -87,6 +87,12 @@ class ProbeLength(int):
         made.probes = probes
         return made
 
+    @property
+    def is_one_symbol(self) -> bool:
+        """Whether this is one symbolic length as it is (one probe, nothing computed from it): an op handed it
+        can read it when the kernel runs (`Length`) instead of compiling its value in."""
+        return len(self.probes) == 1 and int(self) in self.probes
+
     def note_read(self) -> None:
         """Note this length as read whoever reads it (RedFuser's own code deciding on its value, e.g. the
         length of a partial slice ``x[1:]`` of it)."""

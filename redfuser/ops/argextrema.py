@@ -22,7 +22,7 @@ from .common import _check_operand, _traced, describe, result_dtype
 from .elementwise import astype, logical_not, subtract, where
 from .numeric import isnan
 from .reductions import max as _max
-from .reductions import normalize_axes, topk
+from .reductions import axis_of_a_0d_array, normalize_axes, topk
 
 
 def _first_index(key: Tracer, d: int, keepdims: bool) -> Tracer:
@@ -33,8 +33,7 @@ def _first_index(key: Tracer, d: int, keepdims: bool) -> Tracer:
 
 def _arg(op: str, x, axis: object, keepdims: bool) -> Tracer:
     _check_operand(op, x)
-    flat_0d = x.ndim == 0 and not isinstance(axis, bool) and isinstance(axis, int | np.integer) and axis in (0, -1)
-    if (axis is None and x.ndim != 1) or flat_0d:   # numpy's flat index: the argument of the flattened array
+    if (axis is None and x.ndim != 1) or axis_of_a_0d_array(x, axis):   # numpy's flat index: of the flattened array
         # (numpy takes axis 0 or -1 of a 0-d array as its one element, index 0)
         from .views import reshape
         flat = _arg(op, reshape(x, (-1,)), 0, False)

@@ -143,7 +143,7 @@ def operand(x: object, axes: tuple[Axis, ...], dtype: DType) -> Expr:
     if isinstance(x, Tracer):
         lead = len(axes) - x.ndim
         return cast(x.expr_for(axes[lead:]), dtype)
-    if isinstance(x, ProbeLength) and len(x.probes) == 1 and int(x) in x.probes and not dtype.is_bool:
+    if isinstance(x, ProbeLength) and x.is_one_symbol and not dtype.is_bool:
         # ``s / x.shape[-1]``: a symbolic length handed to an op as it is (the user's code computed nothing
         # with it) is its run-time value, so the axis stays symbolic (docs/shapes.md); a 16-bit operand
         # gets it rounded to its type when the kernel runs, as numpy converts the Python int

@@ -54,7 +54,7 @@ def take_along_axis(arr, indices, axis=-1):
     shape = list(broadcast)
     shape.insert(ax, indices.shape[ax])
     n = arr.shape[ax]
-    symbolic = isinstance(n, ProbeLength) and len(n.probes) == 1 and int(n) in n.probes
+    symbolic = isinstance(n, ProbeLength) and n.is_one_symbol
     if isinstance(n, ProbeLength) and not symbolic:
         n.note_read()       # the wrap-around compiles in the length: the kernel specializes on it
     if n == 0 and int(np.prod(shape)) > 0:

@@ -38,8 +38,7 @@ def normalize_axes(op: str, x: Tracer, axis: object, ufunc: bool = False) -> tup
     nothing, as numpy's does (``np.sum(np.float32(1.5), axis=0)`` is 1.5; a tuple ``(0,)`` is refused there)."""
     if axis is None:
         return tuple(range(x.ndim))
-    if ufunc and x.ndim == 0 and not isinstance(axis, bool | tuple | list) and isinstance(axis, int | np.integer) \
-            and axis in (0, -1):
+    if ufunc and axis_of_a_0d_array(x, axis):
         return ()
     if isinstance(axis, list):
         raise UnsupportedError(f"axis must be an int, a tuple of ints or None, got the list {axis!r} (numpy "
@@ -55,6 +54,12 @@ def normalize_axes(op: str, x: Tracer, axis: object, ufunc: bool = False) -> tup
     if len(set(out)) != len(out):
         raise ShapeError(f"repeated axis in {axis!r}", op=op, loc=user_loc())
     return tuple(sorted(out))
+
+
+def axis_of_a_0d_array(x: Tracer, axis: object) -> bool:
+    """Whether `axis` is an int 0 or -1 and `x` is 0-d: numpy's ufunc reductions and arg-extrema take it as
+    the one element (a tuple ``(0,)`` is out of bounds there)."""
+    return x.ndim == 0 and not isinstance(axis, bool) and isinstance(axis, int | np.integer) and axis in (0, -1)
 
 
 def check_keepdims(op: str, keepdims: object) -> None:

@@ -105,7 +105,7 @@ def getitem(x: Tracer, key: object) -> Tracer:
                 raise ShapeError(f"index {k} is out of bounds for dim {dim} of {describe(x)}", op="getitem",
                                  loc=user_loc())
             x.builder.need_length(size, int(k) + 1 if k >= 0 else -int(k))
-            if k < 0 and isinstance(size, ProbeLength) and len(size.probes) == 1 and int(size) in size.probes:
+            if k < 0 and isinstance(size, ProbeLength) and size.is_one_symbol:
                 # ``x[:, -1]`` of a symbolic axis: the position is its run-time length minus 1, so the axis stays
                 # symbolic (as a constant ``n - 1`` it made a kernel per length; found by a helper)
                 new_of_old[dim] = Mapped(Binary(BinaryOp.ADD, Length((size,), T.int64), Const(int(k), T.int64),

@@ -26,8 +26,8 @@ from .builder import KernelBuilder
 from .exprs import ExprLowering
 from .masked import live_bound
 from .nests import premake
-from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, CHUNK_TILE, DOT_ROWS_LEAST, MASKED_DOT_ROWS, ONE_PASS_MAX, ONE_PASS_TILE,
-                      ROW_TILE_LEAST, WIDE_ROWS, ScheduleOptions, gemm_rows)
+from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, DOT_ROWS_LEAST, MASKED_DOT_ROWS, ONE_PASS_MAX, ONE_PASS_TILE,
+                      ROW_TILE_LEAST, WIDE_ROWS, ScheduleOptions, chunk_within_tile, gemm_rows)
 from .reduce import reads_only_narrow
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
@@ -186,8 +186,7 @@ class FusedLayout:
                 st.acc.dtype.is_float for st in self.fl.states if isinstance(st, OnlineState))):
             # (a GPU chunk whose terms are materialized whole, no dot: at most `CHUNK_TILE` elements with the
             # state tile; an int32 matmul's state over two symbolic axes took 64 x 64 x 64 lanes)
-            lanes = max(1, CHUNK_TILE // max(1, self.rows(opts) * self.state_width(opts)))
-            size = min(size, 1 << (lanes.bit_length() - 1))
+            size = chunk_within_tile(size, self.rows(opts) * self.state_width(opts))
         return size
 
     def sweep_chunk(self, opts: ScheduleOptions) -> int:

@@ -299,6 +299,13 @@ lengths took 64 x 64 x 64 lanes, 2048 a thread, and its SIMT lowering ran for mo
 example 1216); an int32 GEMM took the same."""
 
 
+def chunk_within_tile(size: int, tile_elements: int) -> int:
+    """`size`, cut to the largest power of two whose chunk with a tile of `tile_elements` stays within
+    `CHUNK_TILE`."""
+    lanes = max(1, CHUNK_TILE // max(1, tile_elements))
+    return min(size, 1 << (lanes.bit_length() - 1))
+
+
 ONE_PASS_MAX = 16384
 """The longest fused axis `ScheduleOptions.whole_rows` takes in one chunk (after rounding to a power of two).
 

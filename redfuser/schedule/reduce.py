@@ -16,7 +16,7 @@ from ..ir.tile import nodes as t
 from ..ir.types import float32
 from .builder import KernelBuilder
 from .exprs import ExprLowering, compute_dtype
-from .options import CHUNK_TILE, ScheduleOptions
+from .options import ScheduleOptions, chunk_within_tile
 from .space import Binding, Dim, Fixed, Tiled, mask_tile, ordered, place
 
 COMBINE = {op: op.combine for op in ReduceOp}
@@ -149,8 +149,7 @@ def _nest(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, ou
     if opts.pow2 and opts.block_k is None and not (_product_over_2d(value, out_dims)
                                                     and compute_dtype(value.dtype).is_float):
         # (a GPU chunk this reduction materializes whole: at most `CHUNK_TILE` elements with the output tile)
-        lanes = max(1, CHUNK_TILE // math.prod(d.size for d in out_dims))
-        size = min(size, 1 << (lanes.bit_length() - 1))
+        size = chunk_within_tile(size, math.prod(d.size for d in out_dims))
     if is_static(axis.extent) and size >= axis.extent:  # one chunk covers the axis: no loop
         dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, None, size > axis.extent)
         bindings[axis.name] = dim
