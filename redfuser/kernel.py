@@ -770,10 +770,16 @@ class Kernel:
     def output_types(self, /, *args: Any, **kwargs: Any) -> tuple[ShapeDtype, ...]:
         """The shape and dtype of each result for these arguments (arrays or `rf.ShapeDtype`s), from tracing
         alone: nothing is compiled (what a framework's shape inference, e.g. a torch fake tensor, needs)."""
+        return self.output_structure(*args, **kwargs)[0]
+
+    def output_structure(self, /, *args: Any, **kwargs: Any) -> tuple[tuple[ShapeDtype, ...], bool]:
+        """`output_types`, and whether the body returns a tuple or a list (a call's value for one result is
+        then a 1-tuple, as numpy's body gives), from tracing alone."""
         from .trace import trace
 
         specs, _ = self._specs(args, kwargs)
-        return tuple(ShapeDtype(b.shape, b.dtype.numpy) for b in trace(self.__wrapped__, specs).program.outputs)
+        traced = trace(self.__wrapped__, specs)
+        return tuple(ShapeDtype(b.shape, b.dtype.numpy) for b in traced.program.outputs), traced.returns_sequence
 
     @property
     def dynamic(self) -> Dynamic:

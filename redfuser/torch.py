@@ -28,6 +28,8 @@ and `op` raises a `BackendError` that says what to install.
 """
 from __future__ import annotations
 
+import keyword
+import types
 from typing import Any, Callable
 
 import numpy as np
@@ -90,6 +92,13 @@ def _defined_in_torch(torch: Any, namespace: str, opname: str) -> bool:
     return isinstance(packet, torch._ops.OpOverloadPacket) and "default" in packet.overloads()
 
 
+def _torch_identifier(part: str) -> bool:
+    """Whether `part` is a name torch's schema parser takes for a namespace or an op: an ASCII identifier,
+    not a Python keyword (``class``, ``None``) and not a ``__dunder__`` (torch's registry's own attributes)."""
+    return (part.isascii() and part.isidentifier() and not keyword.iskeyword(part)
+            and not (part.startswith("__") and part.endswith("__")))
+
+
 def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
     """Register `kernel` (an `rf.kernel`, or a function to make one of) as the PyTorch custom op `name`
     (``"namespace::name"``) and return the callable op (see the module docstring)."""
@@ -97,8 +106,10 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
     if not isinstance(kernel, Kernel):
         kernel = make_kernel(kernel)
     namespace, sep, opname = name.partition("::")
-    if not sep or not namespace.isidentifier() or not opname.isidentifier():
-        raise ArgumentError(f"an op name is 'namespace::name' with two identifiers, got {name!r}", op=kernel.__name__)
+    if not sep or not all(_torch_identifier(part) for part in (namespace, opname)):
+        raise ArgumentError(f"an op name is 'namespace::name' with two identifiers torch's schemas take (ASCII "
+                            f"letters, digits and _, not a Python keyword, not __dunder__), got {name!r}",
+                            op=kernel.__name__, loc=user_loc())
     if name in _REGISTERED:
         raise ArgumentError(f"the op {name} is already registered in this process (by redfuser.torch.op, for "
                             f"{_REGISTERED[name]}); torch would run the new kernel for both: choose another name",
@@ -129,6 +140,10 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
         return make_kernel(kernel.__wrapped__, backend=device, options=kernel.options, dynamic=kernel.dynamic)
 
     on = {"cpu": on_device("cpu")}
+    # whether the body returns a tuple or a list, so that `call` gives a 1-tuple for one result as the kernel
+    # and numpy's body do (the op's schema returns a list either way): noted by the first run or fake run
+    # (a bare tensor made ``op(x)[0]`` the first row of the result)
+    returned = {"sequence": False}
 
     def run(*tensors):
         tensors = tuple(t.detach() for t in tensors)     # (called under no_grad, they may still require it)
@@ -136,6 +151,7 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
         if device not in on:
             on[device] = on_device(device)
         results = in_schema_order(on[device])(*tensors)
+        returned["sequence"] = isinstance(results, tuple)
         results = results if isinstance(results, tuple) else (results,)
         # (numpy results of a kernel without tensor arguments: bfloat16 and float8 ones by their bits)
         return [r if isinstance(r, torch.Tensor) else as_caller_type(c_contiguous(r), "torch") for r in results]
@@ -159,8 +175,12 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
                 else:
                     shape.append(int(n))
             inputs.append((tuple(shape), _numpy_dtype(torch, t.dtype, name, params[len(inputs)])))
+        def output_types(*values: Any) -> tuple:
+            types, returned["sequence"] = in_schema_order(kernel.output_structure)(*values)
+            return types
+
         try:
-            found = symbolic_output_types(in_schema_order(kernel.output_types), inputs, lambda s: _hint(symbols[s]))
+            found = symbolic_output_types(output_types, inputs, lambda s: _hint(symbols[s]))
         except DataDependentLength as err:
             # (each symbol named by the first argument it is a length of: later ones are written over)
             owners = {s: params[i] for i, (shape, _) in reversed(list(enumerate(inputs))) for s in shape}
@@ -216,9 +236,14 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
                                             "takes dense (strided) tensors: call .to_dense()", op=name, loc=user_loc())
                     _numpy_dtype(torch, t.dtype, name, p, user_loc())
         results = custom(*tensors)
-        return results[0] if len(results) == 1 else tuple(results)
+        return results[0] if len(results) == 1 and not returned["sequence"] else tuple(results)
 
-    call.__name__ = opname
+    # a code object of its own: torch.compile's per-code-object recompile limit (8) counted every op's
+    # compile as a recompile of one shared `call`, and the ninth op compiled alone failed (found by a helper)
+    code = call.__code__.replace(co_name=opname)
+    if hasattr(code, "co_qualname"):     # (Python 3.11+)
+        code = code.replace(co_qualname=f"redfuser_op.{namespace}.{opname}")
+    call = types.FunctionType(code, call.__globals__, opname, call.__defaults__, call.__closure__)
     call.__doc__ = f"The redfuser op {name} ({kernel.__name__}); see redfuser.torch."
     call.op = custom
     call.kernels = on          # device -> the kernel its tensors run on (cache_info: what it compiled)

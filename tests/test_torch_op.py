@@ -248,9 +248,39 @@ def test_autograd_is_refused_with_a_clear_error(ops):
         rf.kernel(softmax, backend="cpu")(x)
 
 
-def test_an_op_name_must_be_namespace_and_name(ops):
+@pytest.mark.parametrize("name", ["no_namespace", "a::class", "def::f", "a::None", "a::__init__", "a::\u00e9"])
+def test_an_op_name_must_be_namespace_and_name_as_torch_takes_them(name):
+    """Names torch's schema parser cannot take crashed inside torch (a RuntimeError, an AttributeError, a
+    UnicodeDecodeError; found by a helper): refused first, naming the rule."""
     with pytest.raises(rf.ArgumentError, match="namespace::name"):
-        rft.op(softmax, "no_namespace")
+        rft.op(softmax, name)
+
+
+def _doubled_rows_in_a_tuple(x):
+    return (rf.sum(x, axis=-1) * 2,)
+
+
+def test_a_body_returning_a_one_tuple_gives_a_one_tuple_eagerly_and_compiled():
+    """(Found by a helper.) The op unpacked a single result, where the kernel and numpy's body give ``(y,)``:
+    ``op(x)[0]`` was the first element of ``y``. Compiled first, so the fake run alone tells the op."""
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    op = rft.op(rf.kernel(_doubled_rows_in_a_tuple), "rftests::one_tuple")
+    compiled = torch.compile(lambda t: op(t), fullgraph=True)(x)
+    eager = op(x)
+    want = _doubled_rows_in_a_tuple(x.numpy())
+    for got in (compiled, eager):
+        assert isinstance(got, tuple) and len(got) == 1
+        np.testing.assert_array_equal(got[0].numpy(), want[0])
+
+
+def test_each_op_compiles_alone_past_torchs_recompile_limit():
+    """(Found by a helper.) Every op shared one code object, so torch.compile counted each op compiled alone
+    as a recompile of it, and the ninth failed under ``fullgraph=True``: each op has its own now."""
+    x = torch.ones(2, 3)
+    limit = torch._dynamo.config.recompile_limit if hasattr(torch._dynamo.config, "recompile_limit") else 8
+    made = [rft.op(rf.kernel(softmax), f"rftests::alone{i}") for i in range(limit + 1)]
+    for op in made:
+        torch.compile(op, fullgraph=True)(x)
 
 
 def test_the_example_layer_equals_the_stock_one():
