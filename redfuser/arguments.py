@@ -134,6 +134,11 @@ def spec_of(arg: str, value: Any, op: str, loc: SourceLoc) -> tuple[ArgSpec, Any
         hint = "x.filled(fill_value)" if isinstance(value, np.ma.MaskedArray) else "np.asarray(x)"
         raise ArgumentError(f"argument {arg!r} is a {kind}, a numpy array subclass whose meaning a kernel would "
                             f"drop (a mask, matrix products); pass a plain array ({hint})", op=op, loc=loc)
+    if isinstance(value, tuple):      # (a tuple of static values is static: this one holds something else)
+        k, item = next((k, v) for k, v in enumerate(value) if not _is_static(v))
+        raise ArgumentError(f"argument {arg!r} is a tuple holding a {type(item).__name__} at {arg}[{k}]: a tuple "
+                            "argument is a static value (scalars, strings, None), and arrays are passed as arguments "
+                            "of their own", op=op, loc=loc)
     if not arrays_rt.is_array(value):
         raise ArgumentError(f"argument {arg!r} must be an array (numpy, DLPack or __cuda_array_interface__), a "
                             f"scalar, a string, None or a tuple of those, got {type(value).__name__}",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from .ir import ArgumentError, Buffer, SourceLoc
+from .ir import ArgumentError, Buffer, DTypeError, SourceLoc
 from .ir.types import BufferType
 from .runtime import arrays as arrays_rt
 
@@ -120,8 +120,8 @@ def check(outs: Sequence[object], results: Sequence[Buffer], arguments: Sequence
             raise ArgumentError(refusal, op=kernel, loc=loc)
         try:
             info = arrays_rt.describe(o, name)
-        except ArgumentError as err:
-            raise ArgumentError(str(err), op=kernel, loc=loc) from None
+        except (ArgumentError, DTypeError) as err:    # (an unsupported dtype: uint8, complex, byte-swapped)
+            raise type(err)(err.message, op=kernel, loc=loc) from None
         if (tuple(info.shape), info.dtype) != (tuple(b.shape), b.dtype):
             raise ArgumentError(f"{name} is {BufferType(info.dtype, tuple(info.shape))}; the kernel's result is "
                                 f"{BufferType(b.dtype, tuple(b.shape))}", op=kernel, loc=loc)

@@ -356,14 +356,14 @@ class tracing:
 class Tracer:
     """An abstract array during tracing: static shape and dtype, a view of a buffer."""
 
-    __slots__ = ("builder", "buffer", "view", "shape", "loc", "array0d", "__weakref__")
+    __slots__ = ("builder", "buffer", "positions", "shape", "loc", "array0d", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, builder: TraceBuilder, buffer: Buffer, view: tuple[ViewIndex, ...], shape: tuple[int, ...],
                  array0d: bool = False) -> None:
         self.builder = builder
         self.buffer = buffer
-        self.view = view
+        self.positions = view     # (not `view`: numpy arrays have a method of that name)
         # (a probe length of a shape class's trace stays a `ProbeLength`: redfuser.probes)
         self.shape = tuple(probe_length(int(s)) for s in shape)
         # A 0-d value the numpy body holds as a 0-d ndarray, not a numpy scalar (`ops.common.is_numpy_scalar`):
@@ -376,7 +376,7 @@ class Tracer:
     def rebind(self, value: "Tracer") -> None:
         """Make this object `value` (an in-place operator: ``b = a; b += 1`` changes ``a`` too, as in numpy)."""
         self.builder.forget_view(self)
-        self.buffer, self.view, self.shape, self.loc = value.buffer, value.view, value.shape, value.loc
+        self.buffer, self.positions, self.shape, self.loc = value.buffer, value.positions, value.shape, value.loc
         self.builder.note_view(self)
 
     # -- static properties (known at trace time) -----------------------------------------------
@@ -399,7 +399,7 @@ class Tracer:
     @property
     def is_plain(self) -> bool:
         """True when the view is the whole buffer in its own order."""
-        return self.view == tuple(range(len(self.buffer.shape))) and self.shape == self.buffer.shape
+        return self.positions == tuple(range(len(self.buffer.shape))) and self.shape == self.buffer.shape
 
     def with_view(self, view: tuple[ViewIndex, ...], shape: tuple[int, ...], array0d: bool | None = None) -> "Tracer":
         """Another view of this buffer; a 0-d one is an ndarray in numpy where `array0d` says so (None: where
@@ -418,7 +418,7 @@ class Tracer:
             return 0 if a is None or self.shape[d] == 1 else a
 
         idx: list[IndexExpr] = []
-        for v, size in zip(self.view, self.buffer.shape):
+        for v, size in zip(self.positions, self.buffer.shape):
             if isinstance(v, Fixed):
                 idx.append(v.pos)
             elif isinstance(v, int):
@@ -515,8 +515,9 @@ class Tracer:
 
             for x in inputs:
                 _check_operand(ufunc.__name__, x)
+        what = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
         raise UnsupportedError(
-            f"numpy.{ufunc.__name__} on a traced value is not supported; {_instead(ufunc.__name__)}"
+            f"numpy.{what} on a traced value is not supported; {_instead(ufunc.__name__, method)}"
             + ("; pass arrays as kernel arguments rather than capturing them" if captured else ""),
             op=f"numpy.{ufunc.__name__}",
             loc=user_loc(),
@@ -532,10 +533,22 @@ class Tracer:
         )
 
 
-def _instead(name: str) -> str:
-    """What to use instead of numpy's `name` inside a kernel: ``rf.name`` when RedFuser has it."""
-    import redfuser
+_SPELLED_OTHERWISE = {"absolute": "rf.abs or abs(x)", "invert": "the ~ operator", "bitwise_not": "the ~ operator",
+                      "negative": "-x", "positive": "+x", "true_divide": "x / y"}
+"""numpy functions RedFuser has under another spelling."""
 
+def _instead(name: str, method: str = "__call__") -> str:
+    """What to use instead of numpy's `name` (a ufunc's `method` of it) inside a kernel: ``rf.name`` when
+    RedFuser has it, the spelling it has it under, or the reduction ``np.add.reduce`` is."""
+    import redfuser
+    from .ops.elementwise import REDUCTION_OF
+
+    if method == "reduce" and name in REDUCTION_OF:
+        return f"inside a kernel use {REDUCTION_OF[name]}"
+    if method != "__call__":
+        return f"RedFuser has no ufunc methods ({method}); its ops are listed in README.md, 'Op subset'"
+    if name in _SPELLED_OTHERWISE:
+        return f"inside a kernel use {_SPELLED_OTHERWISE[name]}"
     if name in redfuser.OPS:
         return f"inside a kernel use rf.{name}"
     return (f"RedFuser has no {name} (its ops are listed in README.md, 'Op subset'; rf.where, rf.exp and "

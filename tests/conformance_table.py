@@ -131,8 +131,8 @@ OPS: list[Op] = [
     Op("ge", "binary", lambda x, y, c: x >= y),
     Op("eq", "binary", lambda x, y, c: x == y),
     Op("ne", "binary", lambda x, y, c: x != y),
-    Op("and", "binary", lambda x, y, c: x & y, INTS + ("bool",), errors=FLOATS, error_op=("logical_and",)),
-    Op("or", "binary", lambda x, y, c: x | y, INTS + ("bool",), errors=FLOATS, error_op=("logical_or",)),
+    Op("and", "binary", lambda x, y, c: x & y, INTS + ("bool",), errors=FLOATS, error_op=("bitwise_and",)),
+    Op("or", "binary", lambda x, y, c: x | y, INTS + ("bool",), errors=FLOATS, error_op=("bitwise_or",)),
     Op("invert", "binary", lambda x, y, c: ~x, INTS + ("bool",), errors=FLOATS,
        error_op=("logical_not", "not", "invert")),
     # -- astype from every dtype to every dtype ------------------------------------------------------

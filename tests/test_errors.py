@@ -60,11 +60,12 @@ def test_wrong_number_of_arguments():
     raises_at(rf.ArgumentError, "argcount3", lambda: k(X, X, X), contains=("but 3 were given",))  # <- argcount3
 
 
-@pytest.mark.parametrize("value,kind", [([1.0, 2.0], "list"), ({"a": 1}, "dict"), ((1.0, [2.0]), "tuple")])
-def test_non_array_argument(value, kind):
+@pytest.mark.parametrize("value,said", [([1.0, 2.0], "must be an array"), ({"a": 1}, "must be an array"),
+                                        ((1.0, [2.0]), "a tuple holding a list at y[1]")])
+def test_non_array_argument(value, said):
     k = interp(lambda x, y: x + y)
     raises_at(rf.ArgumentError, "nonarray", lambda: k(X, value),  # <- nonarray
-              contains=("argument 'y'", "must be an array", kind))
+              contains=("argument 'y'", said, type(value).__name__))
 
 
 @pytest.mark.parametrize("value", ["abc", None])
@@ -280,6 +281,48 @@ def test_unsupported_method():
     raises_at(rf.UnsupportedError, "flatten", interp(body), X, contains=("flatten", "subset"))
 
 
+def test_numpys_view_method_is_refused_as_an_unsupported_method():
+    """(Found by a helper.) ``x.view(np.int32)`` was a bare TypeError: the tracer's own positions were an
+    attribute named ``view``, which hid the method."""
+    def body(x):
+        return x.view(np.int32)  # <- reinterpret
+
+    raises_at(rf.UnsupportedError, "reinterpret", interp(body), X, contains=("'view'", "subset"))
+
+
+@pytest.mark.parametrize("which, hint", [(0, "rf.abs"), (1, "~ operator"), (2, "rf.sum"), (3, "no ufunc methods")],
+                         ids=["absolute", "invert", "add.reduce", "subtract.accumulate"])
+def test_a_numpy_ufunc_names_what_redfuser_spells_it(which, hint):
+    """(Found by a helper.) ``np.abs`` said "RedFuser has no absolute", ``np.invert`` "no invert", and
+    ``np.add.reduce`` pointed at the elementwise ``rf.add``."""
+    def body(x, which):
+        return [np.abs, lambda v: np.invert(v > 0), np.add.reduce, np.subtract.accumulate][which](x)  # <- spelled
+
+    err = raises_at(rf.UnsupportedError, "spelled", interp(body), X, which, contains=(hint,))
+    assert "has no absolute" not in str(err) and "has no invert" not in str(err)
+
+
+def test_an_update_of_an_indexed_part_is_refused_as_item_assignment():
+    """(Found by a helper.) ``y[0] += 1`` was refused as an update that other views see, with ``x = x + y``
+    to write instead (which ``y[0] = y[0] + 1`` is not either): it is item assignment."""
+    def body(x):
+        y = x * 1
+        y[0] += 1  # <- indexed update
+        return y
+
+    raises_at(rf.UnsupportedError, "indexed update", interp(body), X, contains=("item assignment", "rf.where"))
+
+
+def test_a_tuple_argument_holding_an_array_names_the_element():
+    """(Found by a helper.) ``k((1.0, x))`` said the argument must be "a tuple of those, got tuple"."""
+    def body(t):
+        return t[0] + t[1]
+
+    with pytest.raises(rf.ArgumentError, match=r"holding a ndarray at t\[1\]") as info:
+        interp(body)((1.0, X))
+    assert os.path.basename(__file__) in str(info.value)
+
+
 def test_reshape_refuses_what_numpy_refuses():
     def body(x):
         return x.reshape(5, 3)  # <- size
@@ -382,7 +425,7 @@ def test_logical_operator_on_non_bool():
     def body(x):
         return x & (x > 0)  # <- and_float
 
-    raises_at(rf.DTypeError, "and_float", interp(body), X, contains=("logical_and", "bool", "f32[3,4]"))
+    raises_at(rf.DTypeError, "and_float", interp(body), X, contains=("bitwise_and", "bool", "f32[3,4]"))
 
 
 def test_mixed_float_dtypes_follow_numpys_result_type():

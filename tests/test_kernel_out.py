@@ -86,6 +86,18 @@ def test_outs_of_another_shape_dtype_or_count_are_refused_and_left_alone(backend
     refused(k, x, out=[1.0] * 70, match="out")
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.complex64, np.dtype(">f4")], ids=["u8", "c64", "big-endian"])
+def test_an_out_of_an_unsupported_dtype_names_the_kernel_and_the_callers_line(dtype):
+    """(Found by a helper.) Such an out's DTypeError named neither the kernel nor the caller's line, where every
+    other refused out and the same array passed as an argument name both."""
+    x = rows(6, 70)
+    bad = np.zeros((6, 70), dtype)
+    with pytest.raises(rf.DTypeError) as info:
+        rf.kernel(softmax, backend="interpret")(x, out=bad)
+    assert "softmax" in str(info.value) and "test_kernel_out.py" in str(info.value)
+    assert not bad.any()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_outs_sharing_memory_with_an_argument_or_each_other_are_refused(backend):
     x = rows(6, 70)

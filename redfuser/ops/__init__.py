@@ -36,6 +36,8 @@ from .elementwise import (
     abs,
     add,
     astype,
+    bitwise_and,
+    bitwise_or,
     bitwise_xor,
     divide,
     equal,
@@ -81,7 +83,7 @@ UFUNC_OPERATORS: dict[np.ufunc, Callable] = {
     np.equal: equal, np.not_equal: not_equal, np.matmul: matmul,
     np.floor_divide: floor_divide, np.remainder: remainder,
     # a numpy bool scalar on the left of & | ^ hands over numpy's bitwise ufuncs: on bools they are logical
-    np.bitwise_and: logical_and, np.bitwise_or: logical_or, np.bitwise_xor: bitwise_xor,
+    np.bitwise_and: bitwise_and, np.bitwise_or: bitwise_or, np.bitwise_xor: bitwise_xor,
 }
 """The numpy ufunc behind each Python operator, for a numpy scalar on its left (``np.float32(2) * x``)."""
 

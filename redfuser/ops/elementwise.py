@@ -127,9 +127,9 @@ def _binary(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
     return fn
 
 
-_REDUCTION_OF = {"add": "rf.sum", "multiply": "rf.prod", "maximum": "rf.max", "minimum": "rf.min",
+REDUCTION_OF = {"add": "rf.sum", "multiply": "rf.prod", "maximum": "rf.max", "minimum": "rf.min",
                  "logical_and": "rf.all", "logical_or": "rf.any"}
-"""The reduction a binary op's ``.reduce`` is, for the refusal's hint."""
+"""The reduction a binary op's ``.reduce`` is, for the refusals' hints (``rf.add.reduce``, ``np.add.reduce``)."""
 
 
 def _ufunc_methods_refused(fn: Callable, name: str) -> None:
@@ -137,7 +137,7 @@ def _ufunc_methods_refused(fn: Callable, name: str) -> None:
     refusing with a `redfuser` error that names the op and the user's line (a bare AttributeError before)."""
     for method in ("reduce", "accumulate", "outer", "at", "reduceat"):
         def refuse(*args, _method=method, **kwargs):
-            hint = f"; write {_REDUCTION_OF[name]}(x, axis=...)" if _method == "reduce" and name in _REDUCTION_OF \
+            hint = f"; write {REDUCTION_OF[name]}(x, axis=...)" if _method == "reduce" and name in REDUCTION_OF \
                 else ""
             raise UnsupportedError(f"numpy's ufunc method {name}.{_method} is not in RedFuser's op subset{hint}",
                                    op=f"{name}.{_method}", loc=user_loc())
@@ -331,28 +331,35 @@ def _logical(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
     return fn
 
 
-def _logical_operand(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
-    inner = _logical(op, np_fn, name)
-
+def _bool_operator(symbol: str, logical: Callable, np_fn: Callable, name: str) -> Callable:
+    """The operator `symbol` (``&``, ``|``): numpy's `np_fn` on arrays; on traced bools, `logical`. Bitwise
+    operations on integers are not in the subset (a `DTypeError` says so, naming numpy's ufunc `name`)."""
     def fn(a, b):
-        if _traced(a, b):
-            for x in (a, b):
-                if not _is_bool(x):
-                    raise DTypeError(f"& and | need bool operands (use comparisons), got {describe(x)}",
-                                     op=name, loc=user_loc())
-            return _elementwise(name, np_fn, [a, b], lambda e, d: Binary(op, e[0], e[1], d))
-        return inner(a, b)
+        if not _traced(a, b):
+            return np_fn(a, b)
+        for x in (a, b):
+            _check_operand(name, x)
+            if not _is_bool(x):
+                raise DTypeError(f"{symbol} is logical {logical.__name__[8:]} on bools (use comparisons); bitwise "
+                                 f"operations on {describe(x)} are not in RedFuser's op subset", op=name,
+                                 loc=user_loc())
+        return logical(a, b)
 
     fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"``a {symbol} b``: numpy's on arrays; on traced bools, `{logical.__name__}`."
     return fn
 
 
-logical_and = _logical_operand(BinaryOp.AND, np.logical_and, "logical_and")
-logical_or = _logical_operand(BinaryOp.OR, np.logical_or, "logical_or")
+logical_and = _logical(BinaryOp.AND, np.logical_and, "logical_and")
+logical_and.__doc__ = "Elementwise logical and (truth values: a nonzero number is true), giving bool."
+logical_or = _logical(BinaryOp.OR, np.logical_or, "logical_or")
+logical_or.__doc__ = "Elementwise logical or (truth values: a nonzero number is true), giving bool."
 logical_xor = _logical(BinaryOp.NE, np.logical_xor, "logical_xor")
 logical_xor.__doc__ = "Elementwise logical xor (truth values), giving bool (numpy's ``logical_xor``)."
 for _fn in (subtract, logical_and, logical_or, logical_xor):
     _ufunc_methods_refused(_fn, _fn.__name__)
+bitwise_and = _bool_operator("&", logical_and, np.bitwise_and, "bitwise_and")
+bitwise_or = _bool_operator("|", logical_or, np.bitwise_or, "bitwise_or")
 
 
 def bitwise_xor(a, b):

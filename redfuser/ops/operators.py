@@ -59,9 +59,13 @@ def _in_place(fn, symbol: str):
             result = ops.astype(result, self.dtype)
         shared = self.builder.other_views(self, but=other)
         if shared:
+            # (``y[0] += 1`` reaches here as an update of the view ``y[0]``, which ``y`` shares: item assignment)
+            hint = ("; an update of an indexed part, y[i] " + symbol + " v, is item assignment, which kernels do not "
+                    "support: build the new array with rf.where (e.g. rf.where(mask, y " + symbol[:-1] + " v, y))"
+                    if not self.is_plain else f"; write x = x {symbol[:-1]} y")
             raise UnsupportedError(f"in-place update of an array that other traced values view ({len(shared)} of them: "
                                    "a transpose, a slice...): numpy would change them too, which a kernel does not "
-                                   f"do; write x = x {symbol[:-1]} y", op=symbol, loc=user_loc())
+                                   f"do{hint}", op=symbol, loc=user_loc())
         self.builder.note_update(self, user_loc())
         self.rebind(result)
         return self
@@ -87,7 +91,7 @@ def install_operators() -> None:
 
     table = {
         "add": ops.add, "sub": ops.subtract, "mul": ops.multiply, "truediv": ops.divide,
-        "pow": ops.power_operator, "matmul": ops.matmul, "and": ops.logical_and, "or": ops.logical_or,
+        "pow": ops.power_operator, "matmul": ops.matmul, "and": ops.bitwise_and, "or": ops.bitwise_or,
     }
     symbols = {"add": "+=", "sub": "-=", "mul": "*=", "truediv": "/=", "pow": "**=", "matmul": "@=", "and": "&=",
                "or": "|=", "floordiv": "//=", "mod": "%=", "xor": "^="}

@@ -41,7 +41,7 @@ def _dim(op: str, x: Tracer, d: object) -> int:
 def _permute(x: Tracer, perm: Sequence[int]) -> Tracer:
     """The view whose dim ``n`` is `x`'s dim ``perm[n]``."""
     where_to = {old: new for new, old in enumerate(perm)}
-    view = tuple(redirect(v, where_to.__getitem__) for v in x.view)
+    view = tuple(redirect(v, where_to.__getitem__) for v in x.positions)
     return x.with_view(view, tuple(x.shape[p] for p in perm))
 
 
@@ -116,7 +116,7 @@ def getitem(x: Tracer, key: object) -> Tracer:
             raise UnsupportedError(f"index {k!r} of type {type(k).__name__} is not supported (use None, ..., "
                                    "slices or ints; rf.take_along_axis gathers)", op="getitem", loc=user_loc())
         dim += 1
-    view = tuple(redirect(v, new_of_old.__getitem__) for v in x.view)
+    view = tuple(redirect(v, new_of_old.__getitem__) for v in x.positions)
     # numpy: an index with an ellipsis returns an array (0-d included); integers alone down to 0-d, a scalar
     return x.with_view(view, tuple(shape), array0d=builtins.any(k is Ellipsis for k in items))
 
@@ -150,7 +150,7 @@ def reshape(a, shape=None, order="C"):
         raise UnsupportedError(f"order={order!r}: only C order is supported", op="reshape", loc=user_loc())
     new = _new_shape(a, shape)
     if new == a.shape:
-        return a.with_view(a.view, a.shape)
+        return a.with_view(a.positions, a.shape)
     for n in a.shape:
         if isinstance(n, ProbeLength):
             n.note_read()       # the positions compile in the lengths: the kernel specializes on them
@@ -159,7 +159,7 @@ def reshape(a, shape=None, order="C"):
         return builder.emit("reshape", a.ir_dtype, new, lambda out: Compute(
             out, builder.axes(new), constant(0, a.ir_dtype), loc=loc))
     to = _reshape_map(a.shape, new)
-    return a.with_view(tuple(redirect(v, to.__getitem__) for v in a.view), new)
+    return a.with_view(tuple(redirect(v, to.__getitem__) for v in a.positions), new)
 
 
 def _new_shape(a: Tracer, shape: object) -> tuple[int, ...]:
