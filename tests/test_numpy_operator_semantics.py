@@ -116,6 +116,32 @@ def test_zero_d_results_are_numpy_scalars_in_the_reference(backend):
             rf.kernel(lambda x: x ** 2, backend=backend)(zero_d)
 
 
+def _argmax_updated_in_place(x):
+    s = rf.argmax(x)
+    t = s
+    s += 1
+    return t + x
+
+
+def _logaddexp_updated_in_place(x):
+    s = rf.logaddexp(x[0, 0], x[0, 1])
+    t = s
+    s += 1
+    return t + x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("body", [_argmax_updated_in_place, _logaddexp_updated_in_place],
+                         ids=["argmax", "logaddexp"])
+def test_a_scalar_result_updated_in_place_leaves_other_names_alone(backend, body):
+    """numpy's argmax of a whole array and a ufunc of scalars return numpy scalars, which ``s += 1`` rebinds;
+    both were made with `where`, whose 0-d result is an array, so the update wrote through ``t = s`` too
+    (found by a helper: every backend returned ``t + 1 + x``)."""
+    x = np.arange(8, dtype=np.float32)[::-1].copy().reshape(2, 4)
+    got, want = rf.kernel(body, backend=backend)(x), body(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want), (got, want)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_python_ints_past_an_int_dtype_are_numpys_in_clip_and_where(backend):
     """``clip(int32, -3, 2**40)`` never clips above (numpy compares the bound exactly); the bound became an i32
@@ -153,3 +179,18 @@ def test_unary_plus_is_numpys_positive(backend):
         rf.kernel(lambda b: +b, backend=backend)(np.array([True, False]))
     with pytest.raises(rf.DTypeError, match="2147483648|9223372036854775808"):
         rf.kernel(lambda b: b < 2 ** 63, backend=backend)(np.array([True, False]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logical_and_and_or_take_numbers_by_truth_as_numpy_does(backend):
+    """(Found by a helper.) ``rf.logical_and`` of an int32 array was refused with a message about ``&`` and
+    ``|`` while ``rf.logical_xor`` took it; numpy's logical functions take any number by its truth. The
+    operators ``&`` and ``|`` stay logical on bools only, refused on numbers as bitwise operations."""
+    x = np.array([[-2, 0, 3]], np.int32)
+    b = np.array([[True, False, True]])
+    for body in (lambda x, b: rf.logical_and(x, b), lambda x, b: rf.logical_or(x, x),
+                 lambda x, b: rf.logical_and(x.astype(rf.float32), 2.0)):
+        got, want = rf.kernel(body, backend=backend)(x, b), body(x, b)
+        assert got.dtype == want.dtype and np.array_equal(got, want), (got, want)
+    with pytest.raises(rf.DTypeError, match="bitwise_and: & is logical and on bools"):
+        rf.kernel(lambda x, b: x & b, backend=backend)(x, b)

@@ -59,7 +59,9 @@ def _arg(op: str, x, axis: object, keepdims: bool) -> Tracer:
     if not dtype.is_float:
         return best
     nan = isnan(x)
-    return where(_max(nan, axis=d, keepdims=keepdims), _first_index(astype(nan, np.int32), d, keepdims), best)
+    out = where(_max(nan, axis=d, keepdims=keepdims), _first_index(astype(nan, np.int32), d, keepdims), best)
+    out.array0d = False   # numpy's argmax of one row is a scalar (`where`'s 0-d result is an array: ``s += 1``
+    return out            # on it would write through every name bound to it)
 
 
 def argmax(x, axis=None, keepdims=False):

@@ -58,4 +58,5 @@ def logaddexp(a, b):
     a, b = _as_work(a, work), _as_work(b, work)
     far = maximum(a, b) + log1p(exp(-_abs(a - b)))
     out = where(a == b, a + math.log(2.0), far)
+    out.array0d = False   # a ufunc's 0-d result is a numpy scalar (`where`'s is an array: ``s += 1`` wrote through)
     return out if work == d else astype(out, d.numpy)
