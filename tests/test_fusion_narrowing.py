@@ -521,10 +521,10 @@ def test_a_fused_16_bit_result_is_read_as_numpy_rounds_it(backend, dtype, body):
     integral results: numpy's exactly. bf16 ``sign`` returns its operand where it is ±0, and returned the f32
     difference there (-0.047 for numpy's 0): a select's branch that is the value its condition compares is
     read as the comparison read it. A max of values computed in two or more steps (``(x * 0.3) * 7``) is
-    numpy's max only where its terms round as numpy's do: the decisions read a twin that runs over them so
-    (`fusion.numpy_decisions`); before, ``y == max(y)`` marked no element in 20-30% of rows. Beside it a
-    softmax's arithmetic still reads the loop's own max: its probabilities are the softmax's alone (to a
-    16-bit ulp: its exponentials are not shared with the loop's where the one-hot is computed beside them)."""
+    numpy's max only where its terms round as numpy's do: it runs over them so (`fusion.numpy_extrema`);
+    before, ``y == max(y)`` marked no element in 20-30% of rows. Beside it a softmax's probabilities are
+    the softmax's alone (to a 16-bit ulp: its exponentials are not shared with the loop's where the one-hot
+    is computed beside them), whatever kernels the schedule splits the program into."""
     np_dtype = DTYPES[dtype][1]
     rng = np.random.default_rng(7)
     rows, n = (4, 40) if backend == "simulate" else (32, 150)
@@ -572,6 +572,19 @@ def _tempered_softmax(logits):
     return e / rf.sum(e, axis=-1, keepdims=True)
 
 
+def _softmax_of(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    e = rf.exp(x - m)
+    return e / rf.sum(e, axis=-1, keepdims=True)
+
+
+def _tempered_reference(body, logits):
+    """`body` of ``logits`` (which computes ``x = logits * 1.5`` and takes its max) in float64 from numpy's
+    rounded ``x`` on: the kernels compute ``x`` as numpy does where it meets its max (`fusion.numpy_extrema`),
+    and numpy's own bf16 sums are too coarse to check them (docs/testing.md, "Which reference")."""
+    return wide_reference(body, logits * 1.5)
+
+
 def _below_own_max(logits):
     x = logits * 1.5
     return x - rf.max(x, axis=-1, keepdims=True)
@@ -591,8 +604,8 @@ def test_a_max_of_computed_16_bit_values_shifts_the_sum_and_the_epilogue_alike(b
     logits = (rng.standard_normal((rows, n)) * 4 + 20).astype(np_dtype)
     logits[rows // 2:] += 80
     (p,), _ = run_backend(backend, _tempered_softmax, logits)
-    # (against the body in float64: numpy adds bf16 one term at a time in bf16, 2.4% off here)
-    assert_close(p, wide_reference(_tempered_softmax, logits), np_dtype, n, roundings=2)
+    # (against the body in float64 from numpy's x on: numpy adds bf16 one term at a time in bf16, 2.4% off here)
+    assert_close(p, _tempered_reference(_softmax_of, logits), np_dtype, n, roundings=2)
     assert p.astype(np.float64).max() <= 1.0
     np.testing.assert_allclose(p.astype(np.float64).sum(axis=-1), 1.0, atol=n * 2.0 ** -8)
     (shifted,), _ = run_backend(backend, _below_own_max, logits)
@@ -648,9 +661,9 @@ def test_a_max_that_a_later_kernel_reads_is_the_one_its_sum_used(backend, dtype)
     logits[rows // 2:] += 80
     (p,), _ = run_backend(backend, _tempered_softmax, logits, **({} if backend == "interpret" else {"split": 2}))
     assert p.astype(np.float64).max() <= 1.0
-    assert_close(p, wide_reference(_tempered_softmax, logits), np_dtype, n, roundings=2)
+    assert_close(p, _tempered_reference(_softmax_of, logits), np_dtype, n, roundings=2)
     (top, idx), _ = run_backend(backend, _top_probabilities, logits)
-    want = wide_reference(_top_probabilities, logits)[0]
+    want = _tempered_reference(lambda x: rf.topk(_softmax_of(x), 4, axis=-1), logits)[0]
     assert top.astype(np.float64).max() <= 1.0
     assert_close(top, want, np_dtype, n, roundings=2)
 
@@ -696,3 +709,96 @@ def test_a_widened_16_bit_product_is_rounded_in_every_fused_term(backend):
     actual, expected = run_backend(backend, _probabilities_of_a_widened_bf16_product, xb)
     for a, e in zip(actual, expected):
         assert np.abs(a.astype(np.float64) - e.astype(np.float64)).max() <= 0.01, (a, e)
+
+
+def _softmax_and_its_shift(x):
+    y = x * 0.75
+    m = rf.max(y, axis=-1, keepdims=True)
+    return y - m, rf.exp(y - m) / rf.sum(rf.exp(y - m), axis=-1, keepdims=True)
+
+
+def _softmax_with_a_sum_over_the_other_axis(x):
+    y = x * 3.0
+    m = rf.max(y, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(y - m), axis=-1), rf.sum(y - m, axis=0)
+
+
+def _two_softmaxes_of_computed_values(a, b):
+    x, y = a + b, a - b
+    mx = rf.max(x, axis=-1, keepdims=True)
+    my = rf.min(y, axis=-1, keepdims=True)
+    px = rf.exp(x - mx)
+    qy = rf.exp(my - y)
+    return px / rf.sum(px, axis=-1, keepdims=True), qy / rf.sum(qy, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_values_beside_a_max_a_later_kernel_reads_are_numpys(backend, dtype):
+    """(Found by helpers.) A 16-bit max that a later kernel reads runs over numpy's rounded ``y``
+    (`numpy_valued_extrema`); the terms beside it computed ``y`` in f32, so ``exp(y - m)`` at the max was
+    ``exp`` of half an ulp of ``y``: a row of one bf16 value 3e38 gave a NaN softmax on cpu (its probabilities
+    written by a kernel of their own, ``y - m`` = -6.6e35 for numpy's 0), and the sum beside a max that a
+    reduction over the other axis reads was 0.94 for a row whose max term alone is 1. Every value equal to
+    the max's term is now computed as numpy computes it where it meets that max (`beside_numpy_extrema`),
+    also where fusion wrote it in another order (``my - (a - b)`` as ``b + my - a``)."""
+    np_dtype = DTYPES[dtype][1]
+    big = 65504.0 if dtype == "f16" else 3.0e38
+    x = np.array([[big], [-3.0], [1001.0]]).astype(np_dtype)
+    actual, expected = run_backend(backend, _softmax_and_its_shift, x)
+    for a, e in zip(actual, expected):
+        np.testing.assert_array_equal(a.astype(np.float64), e.astype(np.float64))
+
+    x = (np.random.default_rng(0).standard_normal((4, 7)) * 40).astype(np_dtype)
+    actual, expected = run_backend(backend, _softmax_with_a_sum_over_the_other_axis, x)
+    assert actual[0].astype(np.float64).min() >= 1.0       # the max's own term is exp(0) = 1
+    assert_close(actual[0], expected[0], np_dtype, 7, roundings=2)
+
+    rng = np.random.default_rng(2)
+    a, b = ((rng.standard_normal((4, 2)) * 20).astype(np_dtype) for _ in range(2))
+    actual, expected = run_backend(backend, _two_softmaxes_of_computed_values, a, b)
+    for p, e in zip(actual, expected):
+        # (where the max is not numpy's, the kernel's ``y`` is the f32 one, and numpy's differs from it by half an
+        # ulp of ``y``: a few percent of a probability at |y| ~ 40; the rows' sums are the invariant)
+        assert p.astype(np.float64).max() <= 1.0
+        assert_close(p.astype(np.float64).sum(-1), np.ones(4), np_dtype, 2, roundings=2)
+        assert np.abs(p.astype(np.float64) - e.astype(np.float64)).max() <= 0.05
+
+
+def _argmax_beside_a_one_hot(xb):
+    y = xb * 0.3
+    m = rf.max(y, axis=-1, keepdims=True)
+    p = rf.exp(y - m)
+    q = p / rf.sum(p, axis=-1, keepdims=True)
+    return rf.argmax(q, axis=-1), q >= rf.max(q, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_epilogue_value_a_later_kernel_reads_is_one_value_in_every_kernel(backend):
+    """(Found by a helper.) bf16 ``argmax(q)`` beside ``q >= max(q)`` of a softmax ``q``: the later kernels
+    read ``l`` rounded, as numpy holds it, while the loop's own kernel divided ``max(e)`` by its f32 ``l``, so
+    ``max(q)`` was no element's value and the one-hot marked nothing in half the rows (cpu, simulate). A 16-bit
+    epilogue value a later kernel reads is read as it is stored in its own kernel too."""
+    xb = (np.random.default_rng(4).standard_normal((6, 100)) * 4).astype(ml_dtypes.bfloat16)
+    actual, expected = run_backend(backend, _argmax_beside_a_one_hot, xb)
+    np.testing.assert_array_equal(actual[0], expected[0])
+    np.testing.assert_array_equal(actual[1], expected[1])
+
+
+def _softmax_sum_of_centred_values(x):
+    y = x - rf.mean(x, axis=-1, keepdims=True)
+    m = rf.max(y, axis=-1, keepdims=True)
+    return m, rf.sum(rf.exp(y - m), axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_max_finished_after_its_loop_meets_its_values_as_numpys(backend):
+    """(Found by a helper.) f16 ``y = x - mean(x)``: the max is ``max(x) - mean`` rounded once after the loop
+    (numpy's max of ``y``, rounding being monotone), and the sum, a second pass, computed ``exp(y - m)`` with
+    the f32 ``y``: ``l`` 0.95-1.29 for numpy's 1-1.37 (each row's max term alone is 1). ``y`` is numpy's
+    where it meets such a max too (`fusion.numpy_extrema`)."""
+    x = (np.random.default_rng(0).standard_normal((8, 64)) * 100).astype(np.float16)
+    (m, l), (want_m, want_l) = run_backend(backend, _softmax_sum_of_centred_values, x)
+    np.testing.assert_array_equal(m, want_m)
+    assert l.astype(np.float64).min() >= 1.0
+    assert_close(l, want_l, np.float16, 64)

@@ -626,6 +626,25 @@ def test_an_f16_variance_shifts_its_sums_in_f32():
         assert np.abs(got / want - 1).max() < 2e-3, (got, want)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_16_bit_variance_is_centred_on_the_mean_of_its_values(backend):
+    """(Found by a helper.) The centre of an f16/bf16 variance was its 16-bit sum divided in f32: neither
+    numpy's centre (the quotient rounded to f16) nor the exact one, so the std of an f16 constant 100.3125 over
+    98 elements was 0.014 (bf16 100.5: 0.071) where numpy's and the exact one are 0. The centre's sum is f32."""
+    import ml_dtypes
+
+    for dtype, value in ((np.float16, 100.3125), (ml_dtypes.bfloat16, 100.5)):
+        x = np.full((2, 4, 7, 7), value, dtype)
+        (got,), (want,) = run_backend(backend, lambda a: rf.std(a, axis=(0, 2, 3)), x)
+        np.testing.assert_array_equal(got.astype(np.float64), 0.0)
+        if dtype == np.float16:    # (numpy adds bf16 one value at a time in bf16: its bf16 std here is 1.45)
+            np.testing.assert_array_equal(want.astype(np.float64), 0.0)
+    x = np.full((2, 4, 7, 7), 100.3125, np.float16)
+    x[..., ::2] = 100.375                 # two f16 neighbours: numpy's rounded centre makes its variance 2.3x
+    (got,), _ = run_backend(backend, lambda a: rf.var(a, axis=(0, 2, 3)), x)
+    assert_close(got, x.astype(np.float64).var(axis=(0, 2, 3)).astype(np.float16), np.float16, 98, roundings=2)
+
+
 def covariance(x):
     xc = x - rf.mean(x, axis=0, keepdims=True)
     return (xc.T @ xc) / (x.shape[0] - 1)

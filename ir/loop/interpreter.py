@@ -21,7 +21,7 @@ from .expr import (Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexVa
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
 from .index import index_value
-from .rewrite import in_work_precision, numpy_valued_extrema, numpy_values, read_as_held, reads
+from .rewrite import in_work_precision, read_as_held, reads
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from ..types import from_numpy
 
@@ -258,23 +258,19 @@ def _windowed(axes: Space, env: Env) -> Space:
 
 
 def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
-                   span: tuple[int, int] | None = None, hold: bool = False,
-                   numpy_extrema: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+                   span: tuple[int, int] | None = None, hold: bool = False) -> dict[str, np.ndarray]:
     """Run a fused cascade chunk by chunk, exactly as its online update rules say.
 
     `span` ``(lo, hi)`` runs only that part of the axis (a partial state, for the merge rule). With `hold`,
     the sums, maxima and minima carried in f32 though their type is narrower come back in f32
-    (`held_results`), the rest rounded to their types. The maxima and minima in `numpy_extrema` run over
-    their terms as numpy computes them (`rewrite.numpy_valued_extrema`).
+    (`held_results`), the rest rounded to their types.
     """
     # A running sum of f16/bf16/e4m3 values is carried in f32 (`OnlineState.carried_dtype`), its term, rescale
     # and carry computed in f32 too; after the loop it is rounded to its buffer's dtype unless `hold`.
     work = {st.acc.name: st.carried_dtype.numpy for st in s.states if isinstance(st, OnlineState)}
     acc = {st.acc.name: np.full([a.extent for a in st.axes], identity(st.op, work[st.acc.name]))
            for st in s.states if isinstance(st, OnlineState)}
-    computed = {st.acc.name: in_work_precision(replace(st, term=numpy_values(st.term))
-                                               if st.acc.name in numpy_extrema else st)
-                for st in s.states if isinstance(st, OnlineState)}
+    computed = {st.acc.name: in_work_precision(st) for st in s.states if isinstance(st, OnlineState)}
     lists = {st.acc.name: topk_semantics.empty(tuple(a.extent for a in st.axes), st.k, st.acc.dtype.numpy)
              for st in s.states if isinstance(st, TopKState)}
     # an f32 running sum no shift law carries keeps a compensation (Kahan), as the compiled kernels' do
@@ -427,11 +423,7 @@ def run_program(p: Program, args: list[np.ndarray] | tuple[np.ndarray, ...],
                 env[name] = env[name].astype(buffers[name].dtype.numpy)
         held -= read[i]
         if isinstance(s, FusedLoop):
-            # (its maxima a later loop or top-k reads, rounded: the interpreter's "later kernels")
-            elsewhere = frozenset().union(*(r for t, r in zip(body[i + 1:], read[i + 1:])
-                                            if not isinstance(t, Compute | Reduce)))
-            numpy_extrema = numpy_valued_extrema(s, lambda name: name in elsewhere)
-            env.update(run_fused_loop(s, env, chunk, hold=True, numpy_extrema=numpy_extrema))
+            env.update(run_fused_loop(s, env, chunk, hold=True))
             held |= held_results(s)
             extrema = (extrema & held) | held_extrema(s)
     with np.errstate(all="ignore"):

@@ -140,16 +140,180 @@ def numpy_values(term: Expr, computed: frozenset[str] = frozenset()) -> Expr:
     return rounded(map_expr(term, load) if computed else term)
 
 
-def numpy_valued_extrema(s: FusedLoop, read_elsewhere: Callable[[str], bool]) -> frozenset[str]:
-    """The 16-bit maxima and minima of `s` whose terms run over numpy's values (`numpy_values`), so that their
-    running value is always numpy's max, the one a later kernel reads from memory (`read_elsewhere`): a bf16
-    softmax of ``x * 1.5`` split in two, next to a second output, or before a top-k divided ``exp(x -
-    bf16(m))`` by a sum of ``exp(x - m)`` (probabilities to 1.65; found by a helper). Elsewhere the f32 max
-    stays, the one the loop's terms used (``x - max(x)`` is then exactly 0 at the max)."""
+def numpy_valued_extrema(s: FusedLoop) -> frozenset[str]:
+    """The 16-bit maxima and minima of `s` (without a rescale or carry) whose terms run over numpy's values
+    (`numpy_values`, the pass `redfuser.fusion.numpy_extrema.compute_extrema_as_numpy`), so that their value
+    is numpy's max wherever it is read."""
     return frozenset(st.acc.name for st in s.states
                      if isinstance(st, OnlineState) and st.op in (ReduceOp.MAX, ReduceOp.MIN)
-                     and st.acc.dtype.storage_only and st.rescale is None and st.carry is None
-                     and read_elsewhere(st.acc.name))
+                     and st.acc.dtype.storage_only and st.rescale is None and st.carry is None)
+
+
+def beside_numpy_extrema(body: list[Stmt], i: int, extrema: dict[str, Expr]) -> list[Stmt]:
+    """`body` with, in the fused loop ``body[i]``'s other states and in every later statement, each value equal to
+    the term of one of `extrema` (16-bit maxima and minima whose value is numpy's max, by name, with the term
+    ``y`` each is the max of: the loop's own, `numpy_valued_extrema`, and finished ones such as ``m = max(x) -
+    mu``) computed as numpy computes it (`numpy_values`), in each expression that reads that max or min. Such a max is the max of numpy's rounded ``y``; an ``exp(y - m)`` that computed ``y`` in f32 took
+    ``exp`` of half an ulp of ``y`` at the max, which overflows where ``y`` is large (a bf16 softmax of ``x *
+    0.75`` at 3e38 was NaN, an f16 softmax of ``x - mean(x)`` summed in a second pass had ``l`` 0.95-1.29; found by
+    helpers). With ``y`` numpy's on both sides ``y - m`` is 0 at the max, as in numpy. "Equal" is the same
+    operations on the same buffers and constants, whatever the positions (an epilogue reads ``x[i0, i1]`` where
+    the loop read ``x[i0, j]``) and the order of a commutative operation's operands (fusion writes ``0.75 *
+    x``): a value of the same shape elsewhere is numpy's value of that expression too, half an ulp away."""
+    loop = body[i]
+    assert isinstance(loop, FusedLoop)
+    computed = frozenset(l.out.name for l in loop.locals if l.out.dtype.storage_only)
+    terms = {name: term for name, term in extrema.items() if _is_computed(term, computed)}
+    if not terms:
+        return body      # (maxima of loaded values: nothing to round)
+
+    def beside(e: Expr) -> Expr:
+        met = [terms[name] for name in sorted({n.buffer.name for n in walk_expr(e) if isinstance(n, Load)})
+               if name in terms]
+        return _numpy_valued_where_met(e, met, computed) if met else e
+
+    def stmt(s: Stmt) -> Stmt:
+        if isinstance(s, FusedLoop):
+            return replace(s, locals=tuple(stmt(l) for l in s.locals),
+                           states=tuple(map_state_whole(st, beside) for st in s.states))
+        return replace(s, value=beside(s.value))
+
+    out = list(body)
+    out[i] = replace(loop, states=tuple(st if st.acc.name in extrema else map_state_whole(st, beside)
+                                        for st in loop.states))
+    out[i + 1:] = [stmt(s) for s in body[i + 1:]]
+    return out
+
+
+def _numpy_valued_where_met(e: Expr, met: list[Expr], computed: frozenset[str]) -> Expr:
+    """`e` with each value equal to one of the terms `met` (`_value_shape`) computed as numpy computes it
+    (`numpy_values`); an additive term (``a - b``) also where it is part of a longer sum, its parts in any order:
+    fusion writes ``my - (a - b)`` as ``b + my - a``, which becomes ``my - numpy(a - b)``."""
+    shapes = {_value_shape(t) for t in met}
+    chains = [_signed_parts(t) for t in met if _is_additive(t)]
+
+    def go(n: Expr) -> Expr:
+        if not n.dtype.storage_only:
+            return _map_children(n, go)
+        if _value_shape(n) in shapes and _is_computed(n, computed):
+            return numpy_values(n, computed)
+        if _is_additive(n):
+            parts = _signed_parts(n)
+            for t, t_parts in zip((t for t in met if _is_additive(t)), chains):
+                found = _find_parts(parts, t_parts)
+                if found is None:
+                    continue
+                sign, used = found
+                inner = numpy_values(_with_atoms(t, iter([parts[k][1] for k in used])), computed)
+                rest = [(s, go(a)) for k, (s, a) in enumerate(parts) if k not in used]
+                return _chain(rest + [(sign, inner)], n.dtype)
+            return _chain([(s, go(a)) for s, a in parts], n.dtype)
+        return _map_children(n, go)
+    return go(e)
+
+
+def _is_computed(e: Expr, computed: frozenset[str]) -> bool:
+    """Whether `e` is a value the kernel computes (an operation, or a load of a `computed` local it holds in
+    f32, an f16 ``q @ k.T``), which numpy holds rounded to its type."""
+    return isinstance(e, Unary | Binary | Select) or (isinstance(e, Load) and e.buffer.name in computed)
+
+
+def _map_children(n: Expr, fn: Callable[[Expr], Expr]) -> Expr:
+    """`n` with `fn` applied to its direct operands (a load kept as it is)."""
+    if isinstance(n, Unary | Cast):
+        x = fn(n.x)
+        return n if x is n.x else replace(n, x=x)
+    if isinstance(n, Binary):
+        a, b = fn(n.a), fn(n.b)
+        return n if (a is n.a and b is n.b) else replace(n, a=a, b=b)
+    if isinstance(n, Select):
+        c, a, b = fn(n.cond), fn(n.a), fn(n.b)
+        return n if (c is n.cond and a is n.a and b is n.b) else replace(n, cond=c, a=a, b=b)
+    return n
+
+
+def _is_additive(e: Expr) -> bool:
+    return isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB)
+
+
+def _signed_parts(e: Expr, sign: int = 1) -> list[tuple[int, Expr]]:
+    """The operands of the sum `e` (through ``+`` and ``-`` of its own type) with their signs."""
+    if isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB) and e.a.dtype == e.b.dtype == e.dtype:
+        return _signed_parts(e.a, sign) + _signed_parts(e.b, sign if e.op is BinaryOp.ADD else -sign)
+    return [(sign, e)]
+
+
+def _find_parts(parts: list[tuple[int, Expr]], wanted: list[tuple[int, Expr]]) -> tuple[int, list[int]] | None:
+    """Where every operand of `wanted` is among `parts`, all with its sign or all with the opposite one: that
+    sign (+1, -1) and the positions in `parts`, in `wanted`'s order; else None."""
+    for sign in (1, -1):
+        used: list[int] = []
+        for ws, wa in wanted:
+            key = _value_shape(wa)
+            k = next((k for k, (s, a) in enumerate(parts)
+                      if k not in used and s == sign * ws and _value_shape(a) == key), None)
+            if k is None:
+                break
+            used.append(k)
+        else:
+            return sign, used
+    return None
+
+
+def _with_atoms(t: Expr, atoms) -> Expr:
+    """The sum `t` with its operands (`_signed_parts`' order) replaced by `atoms`' next ones."""
+    if isinstance(t, Binary) and t.op in (BinaryOp.ADD, BinaryOp.SUB) and t.a.dtype == t.b.dtype == t.dtype:
+        a = _with_atoms(t.a, atoms)
+        return replace(t, a=a, b=_with_atoms(t.b, atoms))
+    return next(atoms)
+
+
+def _chain(parts: list[tuple[int, Expr]], dtype) -> Expr:
+    """The sum of signed `parts`, the first positive one first."""
+    first = next((k for k, (s, _) in enumerate(parts) if s > 0), None)
+    if first is None:
+        out: Expr = Unary(UnaryOp.NEG, parts[0][1], dtype)
+        first = 0
+    else:
+        out = parts[first][1]
+    for k, (s, a) in enumerate(parts):
+        if k != first:
+            out = Binary(BinaryOp.ADD if s > 0 else BinaryOp.SUB, out, a, dtype)
+    return out
+
+
+def map_state_whole(st: OnlineState | TopKState, fn: Callable[[Expr], Expr]) -> OnlineState | TopKState:
+    """`st` with `fn` applied to each of its expressions as a whole: term, rescale and (an `OnlineState`'s)
+    carry."""
+    st = replace(st, term=fn(st.term), rescale=None if st.rescale is None else fn(st.rescale))
+    if isinstance(st, OnlineState) and st.carry is not None:
+        st = replace(st, carry=fn(st.carry))
+    return st
+
+
+_COMMUTATIVE = frozenset({BinaryOp.ADD, BinaryOp.MUL, BinaryOp.MAX, BinaryOp.MIN, BinaryOp.EQ, BinaryOp.NE,
+                          BinaryOp.AND, BinaryOp.OR})
+
+
+def _value_shape(e: Expr) -> tuple:
+    """`e` as a value numpy computes elementwise, whatever the positions it reads: its operations, constants and
+    buffers, a commutative operation's operands in a fixed order (`beside_numpy_extrema`)."""
+    if isinstance(e, Load):
+        return ("load", e.buffer.name)
+    if isinstance(e, Const):
+        return ("const", repr(e.value), e.dtype.name)
+    if isinstance(e, Cast):
+        return ("cast", e.dtype.name, _value_shape(e.x))
+    if isinstance(e, Unary):
+        return ("unary", e.op.value, e.dtype.name, _value_shape(e.x))
+    if isinstance(e, Binary):
+        a, b = _value_shape(e.a), _value_shape(e.b)
+        if e.op in _COMMUTATIVE and repr(b) < repr(a):
+            a, b = b, a
+        return ("binary", e.op.value, e.dtype.name, a, b)
+    if isinstance(e, Select):
+        return ("select", e.dtype.name, _value_shape(e.cond), _value_shape(e.a), _value_shape(e.b))
+    return (type(e).__name__, repr(e))
 
 
 def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozenset(),

@@ -9,9 +9,9 @@
                          confirm numerically, emit one FusedLoop + epilogue
     read_extrema_safely  exponentials after a loop read its running max as the loop's terms do,
                          where a NaN guard makes the value NaN anyway (one exponential, not two)
-    decide_on_numpy_extrema
-                         a decision after a loop (y == max(y)) reads a twin of a 16-bit max of
-                         values computed in several steps that runs over numpy's rounded values
+    compute_extrema_as_numpy
+                         a 16-bit max or min runs over numpy's rounded values, and each value
+                         equal to its term is computed as numpy does where it meets it
 
 Every pass's output is verified.
 """
@@ -23,7 +23,7 @@ from .cse import share_common_nests
 from .group import CascadeGroup
 from .inline import eliminate_dead, inline_elementwise
 from .nan_guard import read_extrema_safely
-from .numpy_decisions import decide_on_numpy_extrema
+from .numpy_extrema import compute_extrema_as_numpy
 from .rewrite import fuse_cascade
 
 
@@ -37,7 +37,7 @@ def fuse(program: Program) -> tuple[Program, list[CascadeGroup]]:
         p = verify_program(p, "fuse_cascade")
         groups.append(group)
     p = verify_program(read_extrema_safely(p), "read_extrema_safely")
-    p = verify_program(decide_on_numpy_extrema(p), "decide_on_numpy_extrema")
+    p = verify_program(compute_extrema_as_numpy(p), "compute_extrema_as_numpy")
     p = verify_program(eliminate_dead(p), "eliminate_dead")
     return p, groups
 

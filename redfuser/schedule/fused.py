@@ -14,9 +14,8 @@ from __future__ import annotations
 from ..ir import Binary, BinaryOp, Compute, Const, DType, FusedLoop, InternalError, ReduceOp, TopKState
 from ..ir.sizes import SizeLike, is_static
 from ..ir.tile import nodes as t
-from ..ir.loop.rewrite import numpy_valued_extrema
 from .chunks import chunk_loop
-from .exprs import store_tile
+from .exprs import as_stored, store_tile
 from .layout import FusedBuilder, FusedLayout, fused_layout
 from .masked import LiveBound, live_bound
 from .options import ScheduleOptions
@@ -48,9 +47,15 @@ def finish_states(fb: FusedBuilder, final: Carried, needed: set[str]) -> None:
             continue
         b = fb.bind(lay.epilogue_stmt(j), c.axes)
         dims = fb.dims(b, c.axes)
-        lw.tiles[c.out.name] = Tiled(place(kb, lw.lower(c.value, b), dims), dims)
-        if c.out.dtype.storage_only:   # (a decision of a later statement reads it rounded: `exprs._decided`)
+        value = place(kb, lw.lower(c.value, b), dims)
+        if c.out.dtype.storage_only and c.out.name in fb.read_later:
+            # a later kernel reads it rounded, as numpy holds it: this kernel's statements read that value too, so
+            # that all read one (bf16 ``max(e) / l`` here and ``e / l`` in a later kernel: ``q >= max(q)`` marked
+            # no element where this ``l`` was the f32 sum and that one its rounding; found by a helper)
+            value = as_stored(kb, value, c.out.dtype)
+        elif c.out.dtype.storage_only:   # (a decision of a later statement reads it rounded: `exprs._decided`)
             lw.unrounded.add(c.out.name)
+        lw.tiles[c.out.name] = Tiled(value, dims)
         if c.out.name in needed:
             store_tile(kb, c.out, lw.tiles[c.out.name], [b[a.name] for a in c.axes])
 
@@ -79,7 +84,7 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
     """The kernel of `fl` and `epilogue`; stores exactly the buffers named in `needed` (`later_reads`: those a
     later kernel reads)."""
     fb = FusedBuilder(layout_or_fail(fl, epilogue), name, opts, index)
-    fb.numpy_extrema = extrema_of(fl, later_reads)
+    fb.read_later = frozenset(later_reads)
     n = fl.axis.extent
     size = fb.lay.chunk(opts)
     stop = live_stop(fb, n) if opts.skip_masked else exact_live_stop(fb, n, size) if opts.skip_exact else n
@@ -89,11 +94,6 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
                        arg_hints=carried_names(fb, several), peel_ragged=opts.peel_ragged)
     finish_states(fb, list(final), needed)
     return fb.finish()
-
-
-def extrema_of(fl: FusedLoop, later_reads: set[str] | frozenset[str]) -> frozenset[str]:
-    """`ir.loop.rewrite.numpy_valued_extrema` of a fused kernel: the states a later kernel reads."""
-    return numpy_valued_extrema(fl, lambda name: name in later_reads)
 
 
 def live_stop(fb: FusedBuilder, n: SizeLike, bound: LiveBound | None = None) -> SizeLike | t.Value:

@@ -358,8 +358,8 @@ class FusedBuilder:
 
     def __init__(self, lay: FusedLayout, name: str, opts: ScheduleOptions, index: DType, split: int = 0) -> None:
         self.lay, self.opts = lay, opts
-        # 16-bit maxima and minima whose terms run over numpy's values (`ir.loop.rewrite.numpy_valued_extrema`)
-        self.numpy_extrema: frozenset[str] = frozenset()
+        # the buffers a later kernel reads (a 16-bit epilogue value among them is read here as it is stored)
+        self.read_later: frozenset[str] = frozenset()
         self.kb = KernelBuilder(name, index)
         self.lw = ExprLowering.of(self.kb, opts)
         self.binding: dict[str, Binding] = {}

@@ -25,7 +25,7 @@ from ..fusion.merge import merge_rule
 from ..ir import BinaryOp, Buffer, Compute, DType, FusedLoop
 from ..ir.sizes import SizeLike, ceil_div, divides, is_static, size_max
 from ..ir.tile import nodes as t
-from .fused import extrema_of, finish_states, layout_or_fail
+from .fused import finish_states, layout_or_fail
 from .layout import FusedBuilder, FusedLayout
 from .options import ScheduleOptions
 from .space import Dim, overhangs
@@ -85,11 +85,9 @@ def scratch_of(fl: FusedLoop, plan: SplitPlan) -> list[Buffer]:
     return partial_buffers(fl.states, plan.count)
 
 
-def partial_kernel(lay: FusedLayout, plan: SplitPlan, name: str, opts: ScheduleOptions, index: DType,
-                   extrema: frozenset[str] = frozenset()) -> t.TileKernel:
+def partial_kernel(lay: FusedLayout, plan: SplitPlan, name: str, opts: ScheduleOptions, index: DType) -> t.TileKernel:
     """Kernel 1: the fused loop over slice ``pid_split`` of the axis; its final states go to scratch."""
     fb = FusedBuilder(lay, name, opts, index, split=plan.count)
-    fb.numpy_extrema = extrema
     kb, n = fb.kb, lay.fl.axis.extent
     assert fb.split_pid is not None
     start = kb.binary(BinaryOp.MUL, fb.split_pid, kb.const(plan.length, index), hint="slice_start")
@@ -109,10 +107,11 @@ def partial_kernel(lay: FusedLayout, plan: SplitPlan, name: str, opts: ScheduleO
 
 
 def combine_kernel(lay: FusedLayout, plan: SplitPlan, needed: set[str], name: str, opts: ScheduleOptions,
-                   index: DType, extrema: frozenset[str] = frozenset()) -> t.TileKernel:
-    """Kernel 2: fold the slices' partial states by the merge rule, then the epilogue."""
+                   index: DType, later_reads: frozenset[str] = frozenset()) -> t.TileKernel:
+    """Kernel 2: fold the slices' partial states by the merge rule, then the epilogue (`later_reads`: the
+    buffers a later kernel reads)."""
     fb = FusedBuilder(lay, name, opts, index)
-    fb.numpy_extrema = extrema
+    fb.read_later = later_reads
     steps = merge_rule(lay.fl)  # derived from this cascade's own rescale expressions
     buffers = scratch_of(lay.fl, plan)
     with fb.kb.loop(0, plan.count, 1, tuple(initial_states(fb)), hint="slice", arg_hints=carried_names(fb)) as lp:
@@ -127,6 +126,5 @@ def split_kernels(fl: FusedLoop, epilogue: list[Compute], needed: set[str], plan
                   later_reads: set[str] | frozenset[str] = frozenset()) -> tuple[t.TileKernel, t.TileKernel]:
     """The partial and combine kernels of a split fused loop (named ``<name>_partial``, ``<name>_combine``)."""
     lay = layout_or_fail(fl, epilogue)
-    extrema = extrema_of(fl, later_reads)     # (the partials' maxima too: the merge takes theirs)
-    return (partial_kernel(lay, plan, f"{name}_partial", opts, index, extrema),
-            combine_kernel(lay, plan, needed, f"{name}_combine", opts, index, extrema))
+    return (partial_kernel(lay, plan, f"{name}_partial", opts, index),
+            combine_kernel(lay, plan, needed, f"{name}_combine", opts, index, frozenset(later_reads)))

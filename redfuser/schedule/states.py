@@ -26,7 +26,6 @@ from ..fusion.merge import MergeStep
 from ..ir import (Binary, BinaryOp, Buffer, BufferType, Cast, Const, DType, Expr, IndexValue, Load, OnlineState, Reduce,
                   ReduceOp, Select, TopKState)
 from ..ir.loop.expr import reads_axis, walk
-from ..ir.loop.rewrite import numpy_values
 from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
 from ..ir.types import float32, int64
@@ -137,7 +136,7 @@ def _already_narrow(fb: FusedBuilder, st: OnlineState) -> bool:
     value than the loop's, so that a row of one chunk computed its exponentials twice."""
     if st.op not in (ReduceOp.MAX, ReduceOp.MIN) or st.rescale is not None or st.carry is not None:
         return False
-    return st.acc.name in fb.numpy_extrema or _narrow_values(st.term, st.acc.dtype, _computed(fb))
+    return _narrow_values(st.term, st.acc.dtype, _computed(fb))
 
 
 def _computed(fb: FusedBuilder) -> frozenset[str]:
@@ -219,8 +218,6 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
                 none = kb.binary(BinaryOp.EQ, comp, kb.const(0.0, d, r.shape))
                 comp = kb.select(none, comp, kb.binary(BinaryOp.MUL, comp, r), hint=f"{st.acc.name}_comp_scaled")
         term = st.term
-        if st.acc.name in fb.numpy_extrema:       # (its running value numpy's max: `numpy_valued_extrema`)
-            term = numpy_values(term, _computed(fb))
         if comp is None:
             new = reduce_chunk(lw, st.op, term, dims, kdim, b, acc, hint=st.acc.name)
         else:

@@ -76,6 +76,10 @@ Which reference
   the tensor-core P operand of attention is rounded to f16), 1 for bf16, +3 for MoE routing (the kernel
   rounds its exp values, the kept weights and their sum, as the body does). Keep the body's Python
   scalars exact in `d` (attention heads of 16, 64, 256) or count their rounding.
+- **The float64 body from numpy's rounded value on**, for a body that takes the max or min of a 16-bit value
+  it computes (``x = logits * 1.5``, ``x - mean(x)``): the kernels compute that value as numpy does where it
+  meets its max (docs/fusion.md, `fusion.numpy_extrema`), half an ulp of ``x`` from its exact value, which
+  moves ``exp(x - m)`` by far more than R roundings of the result: ``wide_reference(softmax, logits * 1.5)``.
 - **numpy's own low-precision body**: ``R`` = the roundings on its path (softmax 4, log-softmax 5,
   attention / causal / decoding 7, MoE routing 6) at unit-scale inputs. Good for f16; for bf16 sums it
   checks nothing (below).
