@@ -90,7 +90,8 @@ class KernelOptions:
                                                   "caps registers)", _one_of((None,) + tuple(range(1, 33))))
     sm: str | None = _option(None, "cuda/simulate: GPU target such as 'sm_80'; None: the device's, else sm_90", _sm)
     autotune: bool = _option(False, "cpu/cuda: time a few tile sizes, warps and splits on first call "
-                                    "(runtime/autotune.py)", _bool)
+                                    "(runtime/autotune.py); REDFUSER_AUTOTUNE=1 turns it on for every kernel at "
+                                    "call time without changing this option", _bool)
     skip_masked: bool | None = _option(None, "skip key blocks a causal-style mask hides: None, the backend's "
                                               "default (cpu: where a scan shows it exact for the call's values); "
                                               "True, always (exact for finite values); False, never "

@@ -282,7 +282,7 @@ def parser() -> argparse.ArgumentParser:
                     "matmul, static scalars, views, kernel options), run on each backend and judged against the "
                     "numpy body; every eighth example a cascade of the fusion grammar, checked for fusion "
                     "soundness, completeness and reasons. Failures are shrunk and printed as runnable scripts.",
-        epilog="The long campaign: python -m redfuser fuzz --profile long --seed 1 --jobs 2 --out repro/ "
+        epilog="The long campaign: python -m redfuser fuzz --profile long --seed 1 --jobs 2 --timeout 1800 --out repro/ "
                "(docs/testing.md, 'The fuzzer').")
     p.add_argument("--backend", default="all", choices=("all", *HOST_BACKENDS, "cuda"),
                    help="run every program on this backend, or on all that run here (default: all: interpret, "
