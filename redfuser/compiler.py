@@ -47,7 +47,7 @@ from .ir import Program, verify_program
 from .ir.loop.extents import substitute_extents
 from .ir.sizes import SymbolicDecision
 from .ir.tile.nodes import TileProgram
-from .ir.source import warn_at_user
+from .ir.source import SourceLoc, warn_at_user
 from .fusion import fuse
 from .kernel_options import KernelOptions
 from .probes import CallTooShort, ProbeRead, noting_probe_reads
@@ -163,7 +163,7 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
         except CallTooShort as short:  # (below what the class needs, or a loop over the length: the kernel decides)
             raise _call_too_short(plan, short) from None
         except ProbeRead as read:      # (its symbols stay static: the rest of the trace is not needed)
-            raise _lengths_read(plan, read.probes) from None
+            raise _lengths_read(plan, read.probes, read.where) from None
     lowered.artifacts["probe_reads"] = reads
     lowered.artifacts["length_needs"] = traced.length_needs
     lowered.artifacts["updated_inputs"] = traced.updated_inputs
@@ -175,10 +175,16 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
     return lowered.program
 
 
-def _lengths_read(plan: ShapePlan, probes: set[int] | frozenset[int]) -> SymbolicDecision:
-    """The decision that keeps static the symbols whose probes the body read as numbers (`redfuser.probes`)."""
+def _lengths_read(plan: ShapePlan, probes: set[int] | frozenset[int],
+                  where: dict[int, SourceLoc] | None = None) -> SymbolicDecision:
+    """The decision that keeps static the symbols whose probes the body read as numbers (`redfuser.probes`),
+    naming the user's line of each read (`where`: probe -> where it was first read)."""
+    where = where if where is not None else getattr(probes, "where", {})
     names = frozenset(name for name, probe in plan.symbols if probe in probes)
-    return SymbolicDecision(f"the body uses the length {', '.join(sorted(names))} as a number", names)
+    lines = sorted({f"{where[probe].short()}: {where[probe].text.strip()}" for name, probe in plan.symbols
+                    if probe in probes and probe in where and where[probe].line > 0})
+    at = f" (at {'; '.join(lines)})" if lines else ""
+    return SymbolicDecision(f"the body uses the length {', '.join(sorted(names))} as a number{at}", names)
 
 
 class ShortCall(SymbolicDecision):
@@ -195,7 +201,7 @@ class ShortCall(SymbolicDecision):
 def _call_too_short(plan: ShapePlan, short: CallTooShort) -> ShortCall:
     """`short` in the class's symbols."""
     needs = {name: short.needs[probe] for name, probe in plan.symbols if probe in short.needs}
-    read = _lengths_read(plan, short.probes)
+    read = _lengths_read(plan, short.probes, short.where)
     return ShortCall(f"{read} (an index follows it past each call's own length, as a loop over it does)",
                      read.symbols, needs)
 

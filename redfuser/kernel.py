@@ -801,7 +801,8 @@ class Kernel:
     def cache_info(self) -> CacheInfo:
         """``(hits, misses, maxsize, currsize)`` of the kernel's specializations, as `functools.lru_cache`
         reports its own: a miss is a specialization made (compiled, or served by the disk cache) for a
-        call, `lower` or `explain`; a hit one found in memory; `maxsize` None (the cache is not bounded);
+        call, `lower` or `explain`, or tried and refused (a miss that holds nothing, as `lru_cache` counts a
+        call that raises); a hit one found in memory; `maxsize` None (the cache is not bounded);
         `currsize` how many it holds."""
         return CacheInfo(self._hits, self._misses, None, len(self._cache))
 

@@ -23,7 +23,7 @@ import threading
 import types
 from typing import Iterator
 
-from .ir.source import is_internal
+from .ir.source import SourceLoc, is_internal, user_loc
 
 PROBES = (10007, 10009, 10037, 10039, 10061, 10067, 10069, 10079, 10091, 10093, 10099, 10103, 10111, 10133,
           10139, 10141)
@@ -45,7 +45,25 @@ def _users(filename: str) -> bool:
 
 PROBE_LENGTHS = frozenset(PROBES) | frozenset(CHECK_PROBES)
 """Every probe length (a static length equal to one cannot be told from a symbol's probe)."""
-_reads: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar("redfuser_probe_reads", default=None)
+class ProbeReads(set):
+    """The probe lengths the user's code read as numbers (a set of ints), with `where` each was first read
+    (the user's line: what `Kernel.polymorphism` names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.where: dict[int, SourceLoc] = {}
+
+    def note(self, probes: frozenset[int]) -> None:
+        """Add `probes`, noting the user's line for those read for the first time."""
+        new = probes - self
+        if new:
+            loc = user_loc()
+            for p in new:
+                self.where.setdefault(p, loc)
+        self.update(probes)
+
+
+_reads: contextvars.ContextVar[ProbeReads | None] = contextvars.ContextVar("redfuser_probe_reads", default=None)
 _stop: contextvars.ContextVar[bool] = contextvars.ContextVar("redfuser_probe_reads_stop", default=False)
 _lengths: contextvars.ContextVar[dict[int, int]] = contextvars.ContextVar("redfuser_probe_lengths", default={})
 
@@ -60,6 +78,8 @@ class ProbeRead(BaseException):
     def __init__(self, probes: frozenset[int]) -> None:
         super().__init__(sorted(probes))
         self.probes = probes
+        reads = _reads.get()
+        self.where = {p: reads.where[p] for p in probes if p in reads.where} if reads is not None else {}
 
 
 class CallTooShort(ProbeRead):
@@ -98,7 +118,7 @@ class ProbeLength(int):
         length of a partial slice ``x[1:]`` of it)."""
         reads = _reads.get()
         if reads is not None:
-            reads.update(self.probes)
+            reads.note(self.probes)
 
     def note_if_user(self, frame) -> None:
         """Note this length as read when `frame` (the one using it) is the user's code (not RedFuser's, and
@@ -109,7 +129,7 @@ class ProbeLength(int):
 
 def _read(probes: frozenset[int]) -> None:
     """Note `probes` as read by the body, and stop the trace there where it asked to (`ProbeRead`)."""
-    _reads.get().update(probes)
+    _reads.get().note(probes)
     if _stop.get():
         raise ProbeRead(probes)
 
@@ -248,17 +268,17 @@ def needed_past_the_call(length: int, least: int) -> None:
         return
     needs = {p: least for p in length.probes if least > _lengths.get().get(p, least)}
     if needs:
-        _reads.get().update(length.probes)
+        _reads.get().note(length.probes)
         if _stop.get():
             raise CallTooShort(length.probes, needs)
 
 
 @contextlib.contextmanager
-def noting_probe_reads(stop: bool = False, lengths: dict[int, int] | None = None) -> Iterator[set[int]]:
+def noting_probe_reads(stop: bool = False, lengths: dict[int, int] | None = None) -> Iterator[ProbeReads]:
     """Collect, in the set it yields, the probe lengths the user's code reads as numbers inside the ``with``;
     with `stop`, raise `ProbeRead` at the first such read (the caller keeps those symbols static).
     `lengths`: the call's own length of each probe (`needed_past_the_call`)."""
-    reads: set[int] = set()
+    reads = ProbeReads()
     token, stopping, known = _reads.set(reads), _stop.set(stop), _lengths.set(dict(lengths or {}))
     try:
         with _math_noted():

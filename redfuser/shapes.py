@@ -130,6 +130,10 @@ class DynamicAxes:
                 raise ArgumentError(f"dynamic[{spec.name!r}] names axis {wrong[0]}, but {spec.name} has {rank} "
                                     f"dimension{'s' if rank != 1 else ''} (shape {tuple(shape)})", op="kernel",
                                     loc=user_loc())
+            if len({a % rank for a in named}) < len(named):    # (numpy's "repeated axis", as a reduction's)
+                from .source_info import user_loc
+                raise ArgumentError(f"dynamic[{spec.name!r}] names an axis twice ({named!r}: {spec.name} has "
+                                    f"{rank} dimension{'s' if rank != 1 else ''})", op="kernel", loc=user_loc())
             return {a % rank for a in named}
         first = self._first.setdefault(spec.name, shape)
         if len(first) == rank:

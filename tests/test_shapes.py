@@ -382,6 +382,8 @@ def test_an_index_that_follows_the_length_still_keeps_it_static(monkeypatch):
         x = np.random.default_rng(n).standard_normal((2, n)).astype(np.float32)
         _close(k(x), running(x), tol=1e-5)
     assert "uses the length x.1 as a number" in " ".join(k.polymorphism.values())
+    # (the reason names the user's line of the read, as errors do)
+    assert "test_shapes.py:377: acc = acc + x[:, i]" in " ".join(k.polymorphism.values()), k.polymorphism
     assert len(classes) == 2 and k.cache_info().misses == 5     # (tried at 6 and at 7, which met 6's need)
 
 
@@ -400,6 +402,10 @@ def test_a_dynamic_argument_that_is_not_a_choice_is_refused():
         rf.kernel(workloads.softmax, dynamic={"y": (0,)})
     with pytest.raises(rf.ArgumentError, match="dynamic must be"):
         rf.kernel(workloads.softmax, dynamic="yes")
+    # (an axis named twice, as written or as -2 and 0 of a 2-d argument, was taken silently)
+    for axes in ((-2, -2), (-2, 0)):
+        with pytest.raises(rf.ArgumentError, match="names an axis twice"):
+            rf.kernel(workloads.softmax, dynamic={"x": axes}, backend="interpret")(np.ones((3, 4), np.float32))
 
 
 @pytest.mark.parametrize("backend", ["simulate"])

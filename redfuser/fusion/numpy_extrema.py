@@ -13,24 +13,34 @@ numpy rounds after every operation. Where a max ``m`` of values ``y`` the progra
 - and which max a kernel read depended on how the schedule split the program into kernels, so one softmax
   gave other probabilities beside a one-hot than alone.
 
-This pass makes both sides numpy's, whatever the schedule: each such max or min runs over its terms rounded
-as numpy rounds them (`ir.loop.rewrite.numpy_values`), so its value is numpy's max, in f32 or stored; a max
-finished after the loop by the additive law (``max(x - mu) = max(x) - mu``, rounded once to its type) is
-numpy's already, as rounding is monotone; and wherever a value equal to the term ``y`` meets either (the loop's
-other states, the epilogue, every later statement) it is computed as numpy computes it
-(`ir.loop.rewrite.beside_numpy_extrema`), so ``y - max(y)`` is exactly 0 at the max, as in numpy. The
-reductions themselves still accumulate in f32.
+This pass makes both sides numpy's, whatever the schedule. Each place ``y`` meets its max is a sum with the
+max (or a constant multiple of it) on one side and, on the other, terms that equal ``∓y`` (checked numerically
+in float64 at random points: fusion writes ``2x + 3x`` as ``5x``, ``my - (a - b)`` as ``b + my - a``, and an
+epilogue reads ``x[i0, i1]`` where the loop read ``x[i0, j]``); those terms become numpy's ``y``
+(`ir.loop.rewrite.numpy_values`: rounded after every operation), so ``y - max(y)`` is exactly 0 at the max.
+A running max or min of a computed ``y`` then runs over numpy's ``y`` too, so its value is numpy's max, in
+f32 or stored. A max finished after its loop by a monotone law (``max(x * 0.3 - mu)`` is ``max(x) * 0.3 -
+mu``, rounded as written) is numpy's max already, rounding being monotone; its meetings are made numpy's.
+Where some meeting of a running max cannot be matched so, that max is left as it was (f32, rounded once,
+with ``y`` in f32 everywhere), which is consistent within its kernel. The reductions still accumulate in f32.
 
 Guarantees: values unchanged in exact arithmetic; the rounding points added are numpy's own; only 16-bit
-maxima and minima without a rescale or carry (a quantization's scale, a shift law) and the values equal to
-their terms in the expressions that read them are touched.
+maxima and minima without a rescale or carry, and the terms that meet them, are touched.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
-from ..ir import Binary, BinaryOp, Cast, Compute, Expr, FusedLoop, Load, Program, Stmt
-from ..ir.loop.rewrite import beside_numpy_extrema, numpy_valued_extrema, numpy_values
+import numpy as np
+
+from ..ir import Binary, BinaryOp, Cast, Compute, Const, Expr, FusedLoop, Load, OnlineState, Program, ReduceOp
+from ..ir import Select, Stmt, Unary, UnaryOp, walk
+from ..ir.loop.rewrite import map_expr, numpy_values
+from .numeric_check import evaluate64
+
+_DRAWS = 3
+"""Random points at which a meeting's terms must equal ``∓y`` (float64, relative 1e-9)."""
 
 
 def compute_extrema_as_numpy(p: Program) -> Program:
@@ -40,32 +50,254 @@ def compute_extrema_as_numpy(p: Program) -> Program:
     for i, s in enumerate(body):
         if not isinstance(s, FusedLoop):
             continue
-        own = numpy_valued_extrema(s)
-        if not own:
-            continue
-        terms = {st.acc.name: st.term for st in s.states if st.acc.name in own}
-        terms.update(_finished_additively(body[i + 1:], terms))
-        body = beside_numpy_extrema(body, i, terms)     # (matched against the terms as written)
+        held = frozenset(l.out.name for l in s.locals if l.out.dtype.storage_only)
+        running = {st.acc.name: st.term for st in s.states if _running_extremum(st)}
+        finished = _finished_by_monotone_laws(body[i + 1:], running)
+        computed = {n: t for n, t in running.items() if _is_computed(t, held)}
+        while True:      # (a running max with an unmatched meeting is left as it was, and the rest tried again)
+            rewritten = _meetings_numpys(body, i, {**computed, **finished}, held)
+            unmatched = rewritten.unmatched & set(computed)
+            if not unmatched:
+                break
+            computed = {n: t for n, t in computed.items() if n not in unmatched}
+        body = rewritten.body
         loop = body[i]
-        held = frozenset(l.out.name for l in loop.locals if l.out.dtype.storage_only)
         body[i] = replace(loop, states=tuple(replace(st, term=numpy_values(st.term, held))
-                                             if st.acc.name in own else st for st in loop.states))
+                                             if st.acc.name in computed else st for st in loop.states))
     return replace(p, body=tuple(body))
 
 
-def _finished_additively(later: list[Stmt], terms: dict[str, Expr]) -> dict[str, Expr]:
-    """The 16-bit maxima and minima finished after the loop by the additive law, ``m = acc + h`` or ``acc - h``
-    rounded once to their type (``max(x - mu)`` is ``max(x) - mu``), each with the term ``y`` it is the max of
-    (``x - mu``): numpy's max of ``y``, as rounding is monotone."""
+def _running_extremum(st) -> bool:
+    """A 16-bit running max or min without a rescale or carry."""
+    return (isinstance(st, OnlineState) and st.op in (ReduceOp.MAX, ReduceOp.MIN) and st.acc.dtype.storage_only
+            and st.rescale is None and st.carry is None)
+
+
+def _is_computed(e: Expr, held: frozenset[str]) -> bool:
+    """Whether `e` is a value the kernel computes (an operation, or a load of a 16-bit local it holds in f32, an
+    f16 ``q @ k.T``), which numpy holds rounded to its type."""
+    return isinstance(e, Unary | Binary | Select) or (isinstance(e, Load) and e.buffer.name in held)
+
+
+def _finished_by_monotone_laws(later: list[Stmt], running: dict[str, Expr]) -> dict[str, Expr]:
+    """The 16-bit maxima and minima a statement after the loop finishes from a running one by a law increasing
+    in it (``m = f16(f16(acc * 0.3) - mu)``: added to, multiplied or divided by a positive constant, rounded),
+    each with the term ``y`` it is the max of (``f(acc)`` with the running term for ``acc``)."""
     out: dict[str, Expr] = {}
     for s in later:
         if not (isinstance(s, Compute) and s.out.dtype.storage_only):
             continue
-        v = s.value.x if isinstance(s.value, Cast) and s.value.dtype == s.out.dtype else s.value
-        if (isinstance(v, Binary) and v.op in (BinaryOp.ADD, BinaryOp.SUB) and v.dtype == s.out.dtype
-                and isinstance(v.a, Load) and v.a.buffer.name in terms):
-            out[s.out.name] = Binary(v.op, terms[v.a.buffer.name], v.b, v.dtype)
+        accs = {n.buffer.name for n in walk(s.value) if isinstance(n, Load) and n.buffer.name in running}
+        if len(accs) == 1 and _increasing_in(s.value, next(iter(accs))):
+            (acc,) = accs
+            out[s.out.name] = map_expr(s.value, lambda n: running[acc]
+                                       if isinstance(n, Load) and n.buffer.name == acc else None)
     return out
+
+
+def _increasing_in(e: Expr, name: str) -> bool:
+    """Whether `e` is an increasing function of its one read of `name` (through casts, ``+``, ``-`` on its
+    left, and products and quotients by positive constants)."""
+    if isinstance(e, Load):
+        return e.buffer.name == name
+    reads = lambda v: any(isinstance(n, Load) and n.buffer.name == name for n in walk(v))  # noqa: E731
+    if isinstance(e, Cast):
+        return _increasing_in(e.x, name)
+    if isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB):
+        if reads(e.a) and not reads(e.b):
+            return _increasing_in(e.a, name)
+        return e.op is BinaryOp.ADD and reads(e.b) and not reads(e.a) and _increasing_in(e.b, name)
+    if isinstance(e, Binary) and e.op in (BinaryOp.MUL, BinaryOp.DIV):
+        const, other = (e.b, e.a) if isinstance(e.b, Const) else (e.a, e.b) if e.op is BinaryOp.MUL else (None, None)
+        return (isinstance(const, Const) and not isinstance(const.value, bool) and float(const.value) > 0
+                and _increasing_in(other, name))
+    return False
+
+
+class _Rewritten:
+    """`_meetings_numpys`' result: the body, and the extrema some meeting of which did not match."""
+
+    def __init__(self, body: list[Stmt], unmatched: set[str]) -> None:
+        self.body, self.unmatched = body, unmatched
+
+
+def _meetings_numpys(body: list[Stmt], i: int, terms: dict[str, Expr], held: frozenset[str]) -> _Rewritten:
+    """`body` with each meeting of an extremum of `terms` (name -> the ``y`` it is the max of) in the loop
+    ``body[i]``'s other states and every later statement made numpy's (module docstring)."""
+    unmatched: set[str] = set()
+    if not terms:
+        return _Rewritten(body, unmatched)
+
+    def fix(e: Expr) -> Expr:
+        return _numpys_where_met(e, terms, held, unmatched)
+
+    def stmt(s: Stmt) -> Stmt:
+        if isinstance(s, FusedLoop):
+            return replace(s, locals=tuple(stmt(l) for l in s.locals), states=tuple(_map_state(st, fix)
+                                                                                   for st in s.states))
+        return replace(s, value=fix(s.value))
+
+    loop = body[i]
+    assert isinstance(loop, FusedLoop)
+    out = list(body)
+    out[i] = replace(loop, states=tuple(st if st.acc.name in terms else _map_state(st, fix) for st in loop.states))
+    out[i + 1:] = [stmt(s) for s in body[i + 1:]]
+    return _Rewritten(out, unmatched)
+
+
+def _map_state(st, fn: Callable[[Expr], Expr]):
+    st = replace(st, term=fn(st.term), rescale=None if st.rescale is None else fn(st.rescale))
+    if isinstance(st, OnlineState) and st.carry is not None:
+        st = replace(st, carry=fn(st.carry))
+    return st
+
+
+def _numpys_where_met(e: Expr, terms: dict[str, Expr], held: frozenset[str], unmatched: set[str]) -> Expr:
+    """`e` with each sum in which a max of `terms` meets terms reading its ``y``'s buffers rewritten as
+    ``numpy(y) - m`` (or ``m - numpy(y)``, times the max's constant) where those terms equal ``∓y``; the maxima
+    whose meeting does not are added to `unmatched`."""
+    def reads_of(v: Expr) -> set[str]:
+        return {n.buffer.name for n in walk(v) if isinstance(n, Load)}
+
+    def go(n: Expr) -> Expr:
+        if n.dtype.storage_only and isinstance(n, Binary) and n.op in (BinaryOp.ADD, BinaryOp.SUB):
+            parts = _signed_parts(n)
+            at = [k for k, (_, a) in enumerate(parts) if reads_of(a) & set(terms)]
+            if len(at) == 1:
+                (k,) = at
+                sign, m_part = parts[k]
+                met = reads_of(m_part) & set(terms)
+                rest = [p for j, p in enumerate(parts) if j != k]
+                if len(met) == 1 and rest:
+                    (name,) = met
+                    y = terms[name]
+                    if reads_of(_chain(rest, n.dtype)) & (reads_of(y) - set(terms)):
+                        made = _as_numpys(rest, sign, m_part, y, n.dtype, held)
+                        if made is None:
+                            unmatched.add(name)
+                            return n
+                        return made
+        return _map_children(n, go)
+    return go(e)
+
+
+def _as_numpys(rest: list[tuple[int, Expr]], sign: int, m_part: Expr, y: Expr, dtype,
+               held: frozenset[str]) -> Expr | None:
+    """``sign * m_part + sum(rest)`` as ``sign * (m_part - numpy(y'))`` with ``y'`` the term `y` read at the
+    positions `rest` reads, where ``sum(rest)`` is ``-sign * c * y'`` (``m_part = c * m``); None where not."""
+    c, m_core = _constant_multiple(m_part)
+    placed = _at_positions(y, [a for _, a in rest])
+    if placed is None:
+        return None
+    rest_expr = _chain(rest, dtype)
+    if not _equal_at_random_points(rest_expr, Binary(BinaryOp.MUL, Const(-sign * c, dtype), placed, dtype)):
+        return None
+    y_numpy = numpy_values(placed, held)
+    y_part = y_numpy if c == 1.0 else Binary(BinaryOp.MUL, Const(c, dtype), y_numpy, dtype)
+    if sign > 0:       # m - y
+        return Binary(BinaryOp.SUB, m_part, y_part, dtype)
+    return Binary(BinaryOp.SUB, y_part, m_part, dtype)     # y - m
+
+
+def _at_positions(y: Expr, parts: list[Expr]) -> Expr | None:
+    """`y` with each load of a buffer read at the one position `parts` read it at; None where a buffer of `y`
+    is read at two positions in `y` or in `parts`."""
+    def positions(v: Expr) -> dict[str, set]:
+        found: dict[str, set] = {}
+        for n in walk(v):
+            if isinstance(n, Load):
+                found.setdefault(n.buffer.name, set()).add(n.indices)
+        return found
+
+    theirs: dict[str, set] = {}
+    for p in parts:
+        for name, at in positions(p).items():
+            theirs.setdefault(name, set()).update(at)
+    ours = positions(y)
+    if any(len(at) > 1 for at in ours.values()) or any(len(theirs.get(name, ())) > 1 for name in ours):
+        return None
+    to = {name: next(iter(theirs[name])) for name in ours if name in theirs}
+    return map_expr(y, lambda n: Load(n.buffer, to[n.buffer.name])
+                    if isinstance(n, Load) and n.buffer.name in to else None)
+
+
+def _equal_at_random_points(a: Expr, b: Expr) -> bool:
+    """Whether `a` and `b` are equal in float64 at `_DRAWS` random points (casts exact; each leaf a value of
+    magnitude 0.5 to 2 of either sign, indices small integers)."""
+    rng = np.random.default_rng(0)
+    leaves = sorted({n for e in (a, b) for n in walk(e) if not list(_children(n)) and not isinstance(n, Const)},
+                    key=repr)
+    for _ in range(_DRAWS):
+        values = {}
+        for leaf in leaves:
+            if leaf.dtype.is_bool:
+                values[leaf] = np.asarray(rng.random() < 0.85)
+            elif leaf.dtype.is_int:
+                values[leaf] = np.asarray(float(rng.integers(1, 5)))
+            else:
+                values[leaf] = np.asarray(rng.uniform(0.5, 2.0) * rng.choice((-1.0, 1.0)))
+        try:
+            with np.errstate(all="ignore"):
+                x, z = float(evaluate64(a, values)), float(evaluate64(b, values))
+        except (TypeError, KeyError, ValueError):
+            return False
+        if not (np.isfinite(x) and np.isfinite(z)) or abs(x - z) > 1e-9 * max(1.0, abs(x), abs(z)):
+            return False
+    return True
+
+
+def _children(n: Expr):
+    if isinstance(n, Unary | Cast):
+        return (n.x,)
+    if isinstance(n, Binary):
+        return (n.a, n.b)
+    if isinstance(n, Select):
+        return (n.cond, n.a, n.b)
+    return ()
+
+
+def _map_children(n: Expr, fn: Callable[[Expr], Expr]) -> Expr:
+    """`n` with `fn` applied to its direct operands (a load kept as it is)."""
+    if isinstance(n, Unary | Cast):
+        x = fn(n.x)
+        return n if x is n.x else replace(n, x=x)
+    if isinstance(n, Binary):
+        a, b = fn(n.a), fn(n.b)
+        return n if (a is n.a and b is n.b) else replace(n, a=a, b=b)
+    if isinstance(n, Select):
+        c, a, b = fn(n.cond), fn(n.a), fn(n.b)
+        return n if (c is n.cond and a is n.a and b is n.b) else replace(n, cond=c, a=a, b=b)
+    return n
+
+
+def _signed_parts(e: Expr, sign: int = 1) -> list[tuple[int, Expr]]:
+    """The operands of the sum `e` (through ``+``, ``-`` and negation, in its own type) with their signs."""
+    if isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB) and e.a.dtype == e.b.dtype == e.dtype:
+        return _signed_parts(e.a, sign) + _signed_parts(e.b, sign if e.op is BinaryOp.ADD else -sign)
+    if isinstance(e, Unary) and e.op is UnaryOp.NEG and e.x.dtype == e.dtype:
+        return _signed_parts(e.x, -sign)
+    return [(sign, e)]
+
+
+def _chain(parts: list[tuple[int, Expr]], dtype) -> Expr:
+    """The sum of signed `parts`, the first positive one first."""
+    first = next((k for k, (s, _) in enumerate(parts) if s > 0), None)
+    out: Expr = parts[first][1] if first is not None else Unary(UnaryOp.NEG, parts[0][1], dtype)
+    first = 0 if first is None else first
+    for k, (s, a) in enumerate(parts):
+        if k != first:
+            out = Binary(BinaryOp.ADD if s > 0 else BinaryOp.SUB, out, a, dtype)
+    return out
+
+
+def _constant_multiple(e: Expr) -> tuple[float, Expr]:
+    """``(c, core)`` with ``e = c * core`` for a finite positive constant ``c`` (1 and `e` otherwise)."""
+    if isinstance(e, Binary) and e.op is BinaryOp.MUL:
+        for const, core in ((e.a, e.b), (e.b, e.a)):
+            if (isinstance(const, Const) and not isinstance(const.value, bool) and np.isfinite(const.value)
+                    and float(const.value) > 0):
+                return float(const.value), core
+    return 1.0, e
 
 
 __all__ = ["compute_extrema_as_numpy"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 
-from ..ir import Axis, Binary, BinaryOp, Expr, ReduceOp, UnaryOp, loads
+from ..ir import Axis, Binary, BinaryOp, DType, Expr, ReduceOp, UnaryOp, loads
 from ..ir.sizes import divides, is_static
 from ..ir.tile import nodes as t
-from ..ir.types import float32
+from ..ir.types import float32, float64
 from .builder import KernelBuilder
 from .exprs import ExprLowering, compute_dtype
 from .options import ScheduleOptions, chunk_within_tile
@@ -72,10 +72,12 @@ def reads_only_narrow(value: Expr) -> bool:
 
 
 def reduce_chunk(lw: ExprLowering, op: ReduceOp, value: Expr, out_dims: tuple[Dim, ...], rdim: Dim,
-                 bindings: dict[str, Binding], acc: t.Value | None, hint: str = "part") -> t.Value:
-    """``op`` over the lanes of `rdim` of `value`, combined with `acc` (None: no accumulator)."""
+                 bindings: dict[str, Binding], acc: t.Value | None, hint: str = "part",
+                 work: DType | None = None) -> t.Value:
+    """``op`` over the lanes of `rdim` of `value`, combined with `acc` (None: no accumulator); `work`: the
+    dtype the lanes are combined in where wider than the value's (a long f32 product's f64)."""
     kb = lw.kb
-    acc_dtype = compute_dtype(value.dtype)
+    acc_dtype = work or compute_dtype(value.dtype)
     if op is ReduceOp.SUM:
         pair = _dot_operands(lw, value, out_dims, rdim, bindings)
         if pair is not None:
@@ -163,6 +165,16 @@ def _nest(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, ou
             partial = reduce_chunk(lw, op, value, out_dims, dim, bindings, None, hint)
             lp.yield_(*compensated_add(kb, lp.args[0], lp.args[1], partial, hint))
         return lp.results[0]
+    if op is ReduceOp.PROD and compute_dtype(value.dtype) == float32:
+        # a long f32 product multiplied in f64: products of values near 1 round with a bias (the grid below 1 is
+        # twice as fine as above it), and 2^22 values of 1 +- 5e-5 came out 3% low (numpy's own 0.2-0.4%; found
+        # by a helper); in f64 it is the exact product rounded once
+        with kb.loop(0, axis.extent, size, (kb.cast(acc, float64, hint=f"{hint}_wide"),), hint=axis.name,
+                     arg_hints=(f"{hint}_run",)) as lp:
+            dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, lp.iv, not divides(size, axis.extent))
+            bindings[axis.name] = dim
+            lp.yield_(reduce_chunk(lw, op, value, out_dims, dim, bindings, lp.args[0], hint, work=float64))
+        return kb.cast(lp.results[0], float32, hint=f"{hint}_f32")
     with kb.loop(0, axis.extent, size, (acc,), hint=axis.name, arg_hints=(f"{hint}_run",)) as lp:
         dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, lp.iv, not divides(size, axis.extent))
         bindings[axis.name] = dim
