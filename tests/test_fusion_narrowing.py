@@ -802,3 +802,49 @@ def test_a_max_finished_after_its_loop_meets_its_values_as_numpys(backend):
     np.testing.assert_array_equal(m, want_m)
     assert l.astype(np.float64).min() >= 1.0
     assert_close(l, want_l, np.float16, 64)
+
+
+def _five_x(x):
+    return 2 * x + 3 * x
+
+
+def _negated_scaled(x):
+    return -x * 1.5
+
+
+def _scaled_minus_its_mean(x):
+    y = x * 0.3
+    return y - rf.mean(y, axis=-1, keepdims=True)
+
+
+def _tanh_scaled_minus_a_mean(x):
+    return rf.tanh(x) * 30 - rf.mean(x, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("make_y", [_five_x, _negated_scaled, _scaled_minus_its_mean, _tanh_scaled_minus_a_mean],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_a_max_meets_its_values_however_fusion_wrote_them(backend, dtype, make_y):
+    """(Found by a helper.) Fusion's algebra writes ``2x + 3x`` as ``5x`` and ``-x * 1.5`` as ``-1.5 x`` in the
+    loop's sum, and finishes ``max(x * 0.3 - mu)`` as ``max(x) * 0.3 - mu``: matched by the form of ``y``, those
+    meetings kept the f32 ``y`` against numpy's max, and ``sum(exp(y - max y))`` was 0.02-20 for numpy's >= 1,
+    probabilities up to 1.65, ``y - max(y)`` -0.58..0.46 at the max. Meetings are matched by value now
+    (`fusion.numpy_extrema`): ``y - max(y)`` is exactly 0 at the max, as numpy's."""
+    np_dtype = DTYPES[dtype][1]
+    rows, n = (3, 24) if backend == "simulate" else (8, 64)
+    x = (np.random.default_rng(5).standard_normal((rows, n)) * 4).astype(np_dtype)
+
+    def body(x):
+        y = make_y(x)
+        m = rf.max(y, axis=-1, keepdims=True)
+        e = rf.exp(y - m)
+        return y - m, rf.sum(e, axis=-1, keepdims=True), e / rf.sum(e, axis=-1, keepdims=True)
+
+    (shift, l, p), (want_shift, _, _) = run_backend(backend, body, x)
+    np.testing.assert_array_equal(shift.astype(np.float64).max(axis=-1), 0.0)
+    if dtype == "f16" or make_y in (_five_x, _negated_scaled):    # (numpy's bf16 mean adds in bf16: another y)
+        np.testing.assert_array_equal(shift, want_shift)
+    assert l.astype(np.float64).min() >= 1.0
+    assert p.astype(np.float64).max() <= 1.0
+    assert_close(p, wide_reference(_softmax_of, make_y(x)), np_dtype, n, roundings=2)
