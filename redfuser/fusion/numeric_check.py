@@ -55,12 +55,15 @@ def _rounded(e: Expr, values: dict[Expr, np.ndarray]) -> np.ndarray:
     return _evaluate(e, values, exact=False)
 
 
-def _evaluate(e: Expr, values: dict[Expr, np.ndarray], exact: bool) -> np.ndarray:
+def _evaluate(e: Expr, values: dict[Expr, np.ndarray], exact: bool,
+              rounds: Callable[[Cast], bool] | None = None) -> np.ndarray:
+    """`e` at `values`: in float64 with casts exact (`exact`; those `rounds` selects rounding to their type
+    nonetheless), or as the loop computes it."""
     def wide(dtype) -> type:
         return np.float64 if exact or (dtype.is_float and dtype.itemsize == 8) else np.float32
 
     def go(n: Expr) -> np.ndarray:
-        return _evaluate(n, values, exact)
+        return _evaluate(n, values, exact, rounds)
 
     if isinstance(e, Load | IndexValue):
         return values[e]
@@ -74,7 +77,9 @@ def _evaluate(e: Expr, values: dict[Expr, np.ndarray], exact: bool) -> np.ndarra
     if isinstance(e, Cast):
         x = go(e.x)
         if e.dtype.is_float:
-            return x.astype(np.float64) if exact else x.astype(e.dtype.numpy).astype(wide(e.dtype))
+            if exact and not (rounds is not None and rounds(e)):
+                return x.astype(np.float64)
+            return x.astype(e.dtype.numpy).astype(wide(e.dtype))
         x = x.astype(e.dtype.numpy)
         return x.astype(np.bool_ if e.dtype.is_bool else np.float64) if exact else x
     if isinstance(e, Unary):
@@ -91,6 +96,36 @@ def rounds_differently(a: Expr, b: Expr, seed: int = 0) -> bool:
     the loop's arithmetic at some of `POINTS` random points of magnitudes 0.1 to 1e4 (where both are finite):
     ``exp2(x log2(e) - m)`` against the algebra's ``exp(x - 0.693 m)``, ``x / 3`` against ``0.333 x``. Forms
     that only reorder exact operations (``0.125 s`` and ``s * 0.125``) do not."""
+    both = _computed_pair(a, b, seed)
+    if both is None:
+        return False
+    x, y = both
+    finite = np.isfinite(x) & np.isfinite(y)
+    return bool(np.any(x[finite] != y[finite]))
+
+
+def agree(a: Expr, b: Expr, rounds: Callable[[Cast], bool], seed: int = 0) -> bool:
+    """Whether two expressions are one value: in float64, casts exact except those `rounds` selects (which
+    round to their type), at `POINTS` random points of magnitudes 0.1 to 1e4 of either sign, equal to 1e-9 of
+    the larger magnitude at every point where both are finite, and finite at `MIN_USABLE` or more. Wide
+    magnitudes tell ``minimum(x, 2.5) * 0.7`` from ``x * 0.7``, which agree near 1; `rounds` keeps a value
+    rounded through e4m3 apart from the value itself."""
+    both = _computed_pair(a, b, seed, rounds)
+    if both is None:
+        return False
+    x, y = both
+    finite = np.isfinite(x) & np.isfinite(y)
+    if int(finite.sum()) < MIN_USABLE:
+        return False
+    x, y = x[finite], y[finite]
+    return bool(np.all(np.abs(x - y) <= 1e-9 * np.maximum(np.abs(x), np.abs(y)) + 1e-300))
+
+
+def _computed_pair(a: Expr, b: Expr, seed: int, rounds: Callable[[Cast], bool] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """`a` and `b` at `POINTS` random points (the same leaf values for both): as the loop computes them, or
+    with `rounds` in float64 with the casts it does not select exact (`_evaluate`); None where they cannot be
+    evaluated."""
     rng = np.random.default_rng(seed)
     values = {}
     for leaf in _in_order(_leaves(a) | _leaves(b)):
@@ -106,11 +141,13 @@ def rounds_differently(a: Expr, b: Expr, seed: int = 0) -> bool:
             np.float32 if leaf.dtype.is_float and leaf.dtype.itemsize < 8 else leaf.dtype.numpy)
     try:
         with np.errstate(all="ignore"):
-            x, y = np.broadcast_arrays(_rounded(a, values), _rounded(b, values))
+            if rounds is None:
+                x, y = np.broadcast_arrays(_rounded(a, values), _rounded(b, values))
+            else:
+                x, y = np.broadcast_arrays(_evaluate(a, values, True, rounds), _evaluate(b, values, True, rounds))
     except (TypeError, KeyError, ValueError):
-        return False
-    both = np.isfinite(x) & np.isfinite(y)
-    return bool(np.any(x[both] != y[both]))
+        return None
+    return x, y
 
 
 def _sample(leaf: Expr, ctx: FusionContext, rng: np.random.Generator, n: int) -> np.ndarray:

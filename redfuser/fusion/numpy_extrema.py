@@ -15,7 +15,7 @@ numpy rounds after every operation. Where a max ``m`` of values ``y`` the progra
 
 This pass makes both sides numpy's, whatever the schedule. Each place ``y`` meets its max is a sum with the
 max (or a constant multiple of it) on one side and, on the other, terms that equal ``∓y`` (checked numerically
-in float64 at random points: fusion writes ``2x + 3x`` as ``5x``, ``my - (a - b)`` as ``b + my - a``, and an
+in float64 at random points of magnitudes 0.1 to 1e4, casts to narrower types rounding: `numeric_check.agree`; fusion writes ``2x + 3x`` as ``5x``, ``my - (a - b)`` as ``b + my - a``, and an
 epilogue reads ``x[i0, i1]`` where the loop read ``x[i0, j]``); those terms become numpy's ``y``
 (`ir.loop.rewrite.numpy_values`: rounded after every operation), so ``y - max(y)`` is exactly 0 at the max.
 A running max or min of a computed ``y`` then runs over numpy's ``y`` too, so its value is numpy's max, in
@@ -37,11 +37,8 @@ import numpy as np
 from ..ir import Binary, BinaryOp, Cast, Compute, Const, Expr, FusedLoop, Load, OnlineState, Program, ReduceOp
 from ..ir import Select, Stmt, Unary, UnaryOp, walk
 from ..ir.loop.rewrite import map_expr, numpy_values
-from .numeric_check import evaluate64
-
-_DRAWS = 3
-"""Random points at which a meeting's terms must equal ``∓y`` (float64, relative 1e-9)."""
-
+from .algebra import FLOAT_RANK
+from .numeric_check import agree
 
 def compute_extrema_as_numpy(p: Program) -> Program:
     """`p` with its fused loops' 16-bit maxima and minima, and the values that meet them, computed as numpy
@@ -53,7 +50,7 @@ def compute_extrema_as_numpy(p: Program) -> Program:
         held = frozenset(l.out.name for l in s.locals if l.out.dtype.storage_only)
         running = {st.acc.name: st.term for st in s.states if _running_extremum(st)}
         finished = _finished_by_monotone_laws(body[i + 1:], running)
-        computed = {n: t for n, t in running.items() if _is_computed(t, held)}
+        computed = {n: [t] for n, t in running.items() if _is_computed(t, held)}
         while True:      # (a running max with an unmatched meeting is left as it was, and the rest tried again)
             rewritten = _meetings_numpys(body, i, {**computed, **finished}, held)
             unmatched = rewritten.unmatched & set(computed)
@@ -79,20 +76,46 @@ def _is_computed(e: Expr, held: frozenset[str]) -> bool:
     return isinstance(e, Unary | Binary | Select) or (isinstance(e, Load) and e.buffer.name in held)
 
 
-def _finished_by_monotone_laws(later: list[Stmt], running: dict[str, Expr]) -> dict[str, Expr]:
+def _finished_by_monotone_laws(later: list[Stmt], running: dict[str, Expr]) -> dict[str, list[Expr]]:
     """The 16-bit maxima and minima a statement after the loop finishes from a running one by a law increasing
-    in it (``m = f16(f16(acc * 0.3) - mu)``: added to, multiplied or divided by a positive constant, rounded),
-    each with the term ``y`` it is the max of (``f(acc)`` with the running term for ``acc``)."""
-    out: dict[str, Expr] = {}
+    in one of its reads of it (``m = f16(f16(acc * 0.3) - mu)``: added to, multiplied or divided by a positive
+    constant, rounded), each with the terms ``y`` it is the max of: ``f`` with the running term in place of
+    that read, one for each read it increases with (``acc * 0.7 + acc`` finishes ``max(x * 0.7 + max(x))``,
+    which is also ``max(max(x) * 0.7 + x)``: the meeting matches either)."""
+    out: dict[str, list[Expr]] = {}
     for s in later:
         if not (isinstance(s, Compute) and s.out.dtype.storage_only):
             continue
-        accs = {n.buffer.name for n in walk(s.value) if isinstance(n, Load) and n.buffer.name in running}
-        if len(accs) == 1 and _increasing_in(s.value, next(iter(accs))):
-            (acc,) = accs
-            out[s.out.name] = map_expr(s.value, lambda n: running[acc]
-                                       if isinstance(n, Load) and n.buffer.name == acc else None)
+        reads = [n for n in walk(s.value) if isinstance(n, Load) and n.buffer.name in running]
+        found = []
+        for k in range(len(reads)):
+            var = _Marked(reads[k].buffer.name)
+            marked = _mark_nth(s.value, k, var, {n.buffer.name for n in reads})
+            if _increasing_in(marked, var.name):
+                found.append(map_expr(marked, lambda n, var=var: running[var.acc]
+                                      if isinstance(n, Load) and n.buffer.name == var.name else None))
+        if found:
+            out[s.out.name] = found
     return out
+
+
+class _Marked:
+    """A stand-in buffer name for one read of the running max `acc` (`_mark_nth`)."""
+
+    def __init__(self, acc: str) -> None:
+        self.acc, self.name = acc, f"{acc}\0marked"
+
+
+def _mark_nth(e: Expr, k: int, var: _Marked, names: set[str]) -> Expr:
+    """`e` with its `k`-th read (in `walk` order) of one of `names` reading `var`'s stand-in name instead."""
+    seen = [n for n in walk(e) if isinstance(n, Load) and n.buffer.name in names]
+    target = seen[k]
+
+    def swap(n: Expr) -> Expr:
+        if n is target:
+            return Load(replace(n.buffer, name=var.name), n.indices)
+        return _map_children(n, swap)
+    return swap(e)
 
 
 def _increasing_in(e: Expr, name: str) -> bool:
@@ -121,8 +144,9 @@ class _Rewritten:
         self.body, self.unmatched = body, unmatched
 
 
-def _meetings_numpys(body: list[Stmt], i: int, terms: dict[str, Expr], held: frozenset[str]) -> _Rewritten:
-    """`body` with each meeting of an extremum of `terms` (name -> the ``y`` it is the max of) in the loop
+def _meetings_numpys(body: list[Stmt], i: int, terms: dict[str, list[Expr]], held: frozenset[str]) -> _Rewritten:
+    """`body` with each meeting of an extremum of `terms` (name -> the ``y`` it is the max of, or several
+    forms of it) in the loop
     ``body[i]``'s other states and every later statement made numpy's (module docstring)."""
     unmatched: set[str] = set()
     if not terms:
@@ -152,7 +176,7 @@ def _map_state(st, fn: Callable[[Expr], Expr]):
     return st
 
 
-def _numpys_where_met(e: Expr, terms: dict[str, Expr], held: frozenset[str], unmatched: set[str]) -> Expr:
+def _numpys_where_met(e: Expr, terms: dict[str, list[Expr]], held: frozenset[str], unmatched: set[str]) -> Expr:
     """`e` with each sum in which a max of `terms` meets terms reading its ``y``'s buffers rewritten as
     ``numpy(y) - m`` (or ``m - numpy(y)``, times the max's constant) where those terms equal ``∓y``; the maxima
     whose meeting does not are added to `unmatched`."""
@@ -162,21 +186,25 @@ def _numpys_where_met(e: Expr, terms: dict[str, Expr], held: frozenset[str], unm
     def go(n: Expr) -> Expr:
         if n.dtype.storage_only and isinstance(n, Binary) and n.op in (BinaryOp.ADD, BinaryOp.SUB):
             parts = _signed_parts(n)
-            at = [k for k, (_, a) in enumerate(parts) if reads_of(a) & set(terms)]
-            if len(at) == 1:
-                (k,) = at
-                sign, m_part = parts[k]
+            tried: list[str] = []
+            # (each part reading one max is a candidate: ``x*0.7 - mu - m`` meets m, whose y is ``x*0.7 - mu``)
+            for k, (sign, m_part) in enumerate(parts):
                 met = reads_of(m_part) & set(terms)
                 rest = [p for j, p in enumerate(parts) if j != k]
-                if len(met) == 1 and rest:
-                    (name,) = met
-                    y = terms[name]
-                    if reads_of(_chain(rest, n.dtype)) & (reads_of(y) - set(terms)):
-                        made = _as_numpys(rest, sign, m_part, y, n.dtype, held)
-                        if made is None:
-                            unmatched.add(name)
-                            return n
+                if len(met) != 1 or not rest:
+                    continue
+                (name,) = met
+                ys = [y for y in terms[name] if reads_of(_chain(rest, n.dtype)) & (reads_of(y) - set(terms))]
+                if not ys:
+                    continue      # (no term of y beside it: a rescale's m_prev - m, an lse's m + log(l))
+                for y in ys:
+                    made = _as_numpys(rest, sign, m_part, y, n.dtype, held)
+                    if made is not None:
                         return made
+                tried.append(name)
+            if tried:
+                unmatched.update(tried)
+                return n
         return _map_children(n, go)
     return go(e)
 
@@ -190,7 +218,9 @@ def _as_numpys(rest: list[tuple[int, Expr]], sign: int, m_part: Expr, y: Expr, d
     if placed is None:
         return None
     rest_expr = _chain(rest, dtype)
-    if not _equal_at_random_points(rest_expr, Binary(BinaryOp.MUL, Const(-sign * c, dtype), placed, dtype)):
+    # (a cast to another 16-bit or narrower type rounds: ``x.astype(e4m3) * 0.7`` is not ``x * 0.7``)
+    rounds = lambda cast: cast.dtype.is_float and cast.dtype != dtype and FLOAT_RANK[cast.dtype] <= FLOAT_RANK[dtype]  # noqa: E731
+    if not agree(rest_expr, Binary(BinaryOp.MUL, Const(-sign * c, dtype), placed, dtype), rounds):
         return None
     y_numpy = numpy_values(placed, held)
     y_part = y_numpy if c == 1.0 else Binary(BinaryOp.MUL, Const(c, dtype), y_numpy, dtype)
@@ -219,41 +249,6 @@ def _at_positions(y: Expr, parts: list[Expr]) -> Expr | None:
     to = {name: next(iter(theirs[name])) for name in ours if name in theirs}
     return map_expr(y, lambda n: Load(n.buffer, to[n.buffer.name])
                     if isinstance(n, Load) and n.buffer.name in to else None)
-
-
-def _equal_at_random_points(a: Expr, b: Expr) -> bool:
-    """Whether `a` and `b` are equal in float64 at `_DRAWS` random points (casts exact; each leaf a value of
-    magnitude 0.5 to 2 of either sign, indices small integers)."""
-    rng = np.random.default_rng(0)
-    leaves = sorted({n for e in (a, b) for n in walk(e) if not list(_children(n)) and not isinstance(n, Const)},
-                    key=repr)
-    for _ in range(_DRAWS):
-        values = {}
-        for leaf in leaves:
-            if leaf.dtype.is_bool:
-                values[leaf] = np.asarray(rng.random() < 0.85)
-            elif leaf.dtype.is_int:
-                values[leaf] = np.asarray(float(rng.integers(1, 5)))
-            else:
-                values[leaf] = np.asarray(rng.uniform(0.5, 2.0) * rng.choice((-1.0, 1.0)))
-        try:
-            with np.errstate(all="ignore"):
-                x, z = float(evaluate64(a, values)), float(evaluate64(b, values))
-        except (TypeError, KeyError, ValueError):
-            return False
-        if not (np.isfinite(x) and np.isfinite(z)) or abs(x - z) > 1e-9 * max(1.0, abs(x), abs(z)):
-            return False
-    return True
-
-
-def _children(n: Expr):
-    if isinstance(n, Unary | Cast):
-        return (n.x,)
-    if isinstance(n, Binary):
-        return (n.a, n.b)
-    if isinstance(n, Select):
-        return (n.cond, n.a, n.b)
-    return ()
 
 
 def _map_children(n: Expr, fn: Callable[[Expr], Expr]) -> Expr:
