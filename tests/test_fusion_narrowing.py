@@ -873,3 +873,18 @@ def test_a_max_meets_its_values_however_fusion_wrote_them(backend, dtype, make_y
     assert l.astype(np.float64).min() >= 1.0
     assert p.astype(np.float64).max() <= 1.0
     assert_close(p, wide_reference(_softmax_of, make_y(x)), np_dtype, n, roundings=2)
+
+
+def _max_of_a_masked_value_beside_its_input(x):
+    y = rf.where(rf.arange(x.shape[-1]), x, -rf.inf)
+    return x - rf.max(y, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_meeting_whose_value_reads_the_loop_position_is_left_as_it_was(backend):
+    """(Fuzz seed 108, example 651, shrunk.) ``y = where(arange(n), x, -inf)`` met by ``x - max(y)`` after the
+    loop was put there with the loop's position in it: a VerifyError ("value of axis j used outside its
+    loop") on every backend. A ``y`` that reads a position is not matched (its max keeps the f32 ``y``)."""
+    x = np.array([[-3.0, 0.0, 2.5, -1.0]], np.float16)
+    (got,), (want,) = run_backend(backend, _max_of_a_masked_value_beside_its_input, x)
+    np.testing.assert_array_equal(got, want)
