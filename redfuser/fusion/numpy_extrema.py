@@ -40,6 +40,7 @@ from ..ir.loop.rewrite import map_expr, numpy_values
 from .algebra import FLOAT_RANK
 from .numeric_check import agree
 
+
 def compute_extrema_as_numpy(p: Program) -> Program:
     """`p` with its fused loops' 16-bit maxima and minima, and the values that meet them, computed as numpy
     computes them (see the module docstring)."""
@@ -49,9 +50,11 @@ def compute_extrema_as_numpy(p: Program) -> Program:
             continue
         held = frozenset(l.out.name for l in s.locals if l.out.dtype.storage_only)
         running = {st.acc.name: st.term for st in s.states if _running_extremum(st)}
-        finished = _finished_by_monotone_laws(body[i + 1:], running)
         computed = {n: [t] for n, t in running.items() if _is_computed(t, held)}
         while True:      # (a running max with an unmatched meeting is left as it was, and the rest tried again)
+            # (a max finished from one left in f32 is not numpy's: only those over numpy's values finish one)
+            numpys = {n: t for n, t in running.items() if n in computed or not _is_computed(t, held)}
+            finished = _finished_by_monotone_laws(body[i + 1:], numpys)
             rewritten = _meetings_numpys(body, i, {**computed, **finished}, held)
             unmatched = rewritten.unmatched & set(computed)
             if not unmatched:
