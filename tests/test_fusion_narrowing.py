@@ -888,3 +888,24 @@ def test_a_meeting_whose_value_reads_the_loop_position_is_left_as_it_was(backend
     x = np.array([[-3.0, 0.0, 2.5, -1.0]], np.float16)
     (got,), (want,) = run_backend(backend, _max_of_a_masked_value_beside_its_input, x)
     np.testing.assert_array_equal(got, want)
+
+
+def _greedy_log_probability(logits):
+    x = logits * 1.5
+    m = rf.max(x, axis=-1, keepdims=True)
+    lse = m + rf.log(rf.sum(rf.exp(x - m), axis=-1, keepdims=True))
+    return rf.take_along_axis(x - lse, rf.argmax(x, axis=-1)[:, None], axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_meeting_beside_other_terms_is_matched_by_its_own_terms(backend):
+    """``x - (m + log(l))`` meets the max with ``log(l)`` beside ``x``: the terms reading ``x`` are matched
+    and the others kept. Unmatched, the max stayed f32 while the gather's kernel read it stored, and the bf16
+    greedy token's log-probability came out +0.014 (numpy: at most 0; a helper's reproducer of an earlier
+    session, broken by this pass's first version)."""
+    rng = np.random.default_rng(12)
+    rng.standard_normal((16, 256))
+    n = 64 if backend == "simulate" else 256
+    logits = (rng.standard_normal((16, 256)) * 4 + 30).astype(ml_dtypes.bfloat16)[:, :n]
+    (got,), _ = run_backend(backend, _greedy_log_probability, logits)
+    assert got.astype(np.float64).max() <= 0.0

@@ -201,9 +201,13 @@ def _numpys_where_met(e: Expr, terms: dict[str, list[Expr]], held: frozenset[str
                 if not ys:
                     continue      # (no term of y beside it: a rescale's m_prev - m, an lse's m + log(l))
                 for y in ys:
-                    made = _as_numpys(rest, sign, m_part, y, n.dtype, held)
+                    # (the terms reading y's buffers are y; the others stay: ``x - m - log(l)``)
+                    own = reads_of(y) - set(terms)
+                    with_y = [p for p in rest if reads_of(p[1]) & own]
+                    others = [p for p in rest if not reads_of(p[1]) & own]
+                    made = _as_numpys(with_y, sign, m_part, y, n.dtype, held)
                     if made is not None:
-                        return made
+                        return _chain([(1, made)] + [(s, go(a)) for s, a in others], n.dtype) if others else made
                 tried.append(name)
             if tried:
                 unmatched.update(tried)
