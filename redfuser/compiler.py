@@ -50,7 +50,7 @@ from .ir.tile.nodes import TileProgram
 from .ir.source import SourceLoc, warn_at_user
 from .fusion import fuse
 from .kernel_options import KernelOptions
-from .probes import CallTooShort, ProbeRead, noting_probe_reads
+from .probes import CallTooShort, ProbeRead, ProbeReads, noting_probe_reads
 from .shapes import ShapePlan
 from .trace import ArgSpec, kernel_name, trace
 from .schedule import ScheduleOptions, schedule_program
@@ -157,7 +157,7 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
     lengths the body reads as numbers: `redfuser.probes`)."""
     plan = lowered.shapes
     lengths = {probe: n for (_, probe), n in zip(plan.symbols, plan.values)} if plan is not None else {}
-    with noting_probe_reads(stop=True, lengths=lengths) if plan is not None else nullcontext(set()) as reads:
+    with noting_probe_reads(stop=True, lengths=lengths) if plan is not None else nullcontext(ProbeReads()) as reads:
         try:
             traced = trace(fn, lowered.specs)
         except CallTooShort as short:  # (below what the class needs, or a loop over the length: the kernel decides)
@@ -176,10 +176,9 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
 
 
 def _lengths_read(plan: ShapePlan, probes: set[int] | frozenset[int],
-                  where: dict[int, SourceLoc] | None = None) -> SymbolicDecision:
+                  where: dict[int, SourceLoc]) -> SymbolicDecision:
     """The decision that keeps static the symbols whose probes the body read as numbers (`redfuser.probes`),
     naming the user's line of each read (`where`: probe -> where it was first read)."""
-    where = where if where is not None else getattr(probes, "where", {})
     names = frozenset(name for name, probe in plan.symbols if probe in probes)
     lines = sorted({f"{where[probe].short()}: {where[probe].text.strip()}" for name, probe in plan.symbols
                     if probe in probes and probe in where and where[probe].line > 0})
@@ -247,7 +246,8 @@ def sized_stage(program: Program, lowered: Lowered) -> Program:
     index or a top-k's k; a call below them is compiled for its exact shapes, and fails as numpy does)."""
     plan = lowered.shapes
     assert plan is not None and lowered.source is not None
-    decision = _lengths_read(plan, lowered.artifacts.get("probe_reads", set()))
+    reads = lowered.artifacts.get("probe_reads", ProbeReads())
+    decision = _lengths_read(plan, reads, reads.where)
     if decision.symbols:
         raise decision
 

@@ -289,5 +289,5 @@ def noting_probe_reads(stop: bool = False, lengths: dict[int, int] | None = None
         _reads.reset(token)
 
 
-__all__ = ["PROBES", "CHECK_PROBES", "PROBE_LENGTHS", "ProbeLength", "ProbeRead", "CallTooShort", "probe_length", "product_length",
+__all__ = ["PROBES", "CHECK_PROBES", "PROBE_LENGTHS", "ProbeLength", "ProbeRead", "ProbeReads", "CallTooShort", "probe_length", "product_length",
            "noting_probe_reads", "needed_past_the_call"]

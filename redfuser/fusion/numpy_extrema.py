@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from ..ir import Binary, BinaryOp, Cast, Compute, Const, Expr, FusedLoop, Load, OnlineState, Program, ReduceOp
-from ..ir import IndexValue, Select, Stmt, Unary, UnaryOp, walk
+from ..ir import IndexValue, Select, Stmt, Unary, UnaryOp, loads, walk
 from ..ir.loop.rewrite import map_expr, numpy_values
 from .algebra import FLOAT_RANK
 from .numeric_check import agree
@@ -55,12 +55,11 @@ def compute_extrema_as_numpy(p: Program) -> Program:
             # (a max finished from one left in f32 is not numpy's: only those over numpy's values finish one)
             numpys = {n: t for n, t in running.items() if n in computed or not _is_computed(t, held)}
             finished = _finished_by_monotone_laws(body[i + 1:], numpys)
-            rewritten = _meetings_numpys(body, i, {**computed, **finished}, held)
-            unmatched = rewritten.unmatched & set(computed)
-            if not unmatched:
+            rewritten, unmatched = _meetings_numpys(body, i, {**computed, **finished}, held)
+            if not unmatched & set(computed):
                 break
             computed = {n: t for n, t in computed.items() if n not in unmatched}
-        body = rewritten.body
+        body = rewritten
         loop = body[i]
         body[i] = replace(loop, states=tuple(replace(st, term=numpy_values(st.term, held))
                                              if st.acc.name in computed else st for st in loop.states))
@@ -89,35 +88,22 @@ def _finished_by_monotone_laws(later: list[Stmt], running: dict[str, Expr]) -> d
     for s in later:
         if not (isinstance(s, Compute) and s.out.dtype.storage_only):
             continue
-        reads = [n for n in walk(s.value) if isinstance(n, Load) and n.buffer.name in running]
         found = []
-        for k in range(len(reads)):
-            var = _Marked(reads[k].buffer.name)
-            marked = _mark_nth(s.value, k, var, {n.buffer.name for n in reads})
-            if _increasing_in(marked, var.name):
-                found.append(map_expr(marked, lambda n, var=var: running[var.acc]
-                                      if isinstance(n, Load) and n.buffer.name == var.name else None))
+        for read in (n for n in loads(s.value) if n.buffer.name in running):
+            var = f"{read.buffer.name}\0read"      # (a stand-in name for this one read)
+            marked = _renamed(s.value, read, var)
+            if _increasing_in(marked, var):
+                found.append(map_expr(marked, lambda n, var=var, acc=read.buffer.name: running[acc]
+                                      if isinstance(n, Load) and n.buffer.name == var else None))
         if found:
             out[s.out.name] = found
     return out
 
 
-class _Marked:
-    """A stand-in buffer name for one read of the running max `acc` (`_mark_nth`)."""
-
-    def __init__(self, acc: str) -> None:
-        self.acc, self.name = acc, f"{acc}\0marked"
-
-
-def _mark_nth(e: Expr, k: int, var: _Marked, names: set[str]) -> Expr:
-    """`e` with its `k`-th read (in `walk` order) of one of `names` reading `var`'s stand-in name instead."""
-    seen = [n for n in walk(e) if isinstance(n, Load) and n.buffer.name in names]
-    target = seen[k]
-
+def _renamed(e: Expr, read: Load, name: str) -> Expr:
+    """`e` with the load `read` (that node) reading a buffer named `name` instead."""
     def swap(n: Expr) -> Expr:
-        if n is target:
-            return Load(replace(n.buffer, name=var.name), n.indices)
-        return _map_children(n, swap)
+        return Load(replace(n.buffer, name=name), n.indices) if n is read else _map_children(n, swap)
     return swap(e)
 
 
@@ -126,7 +112,7 @@ def _increasing_in(e: Expr, name: str) -> bool:
     left, and products and quotients by positive constants)."""
     if isinstance(e, Load):
         return e.buffer.name == name
-    reads = lambda v: any(isinstance(n, Load) and n.buffer.name == name for n in walk(v))  # noqa: E731
+    reads = lambda v: any(n.buffer.name == name for n in loads(v))  # noqa: E731
     if isinstance(e, Cast):
         return _increasing_in(e.x, name)
     if isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB):
@@ -140,20 +126,14 @@ def _increasing_in(e: Expr, name: str) -> bool:
     return False
 
 
-class _Rewritten:
-    """`_meetings_numpys`' result: the body, and the extrema some meeting of which did not match."""
-
-    def __init__(self, body: list[Stmt], unmatched: set[str]) -> None:
-        self.body, self.unmatched = body, unmatched
-
-
-def _meetings_numpys(body: list[Stmt], i: int, terms: dict[str, list[Expr]], held: frozenset[str]) -> _Rewritten:
+def _meetings_numpys(body: list[Stmt], i: int, terms: dict[str, list[Expr]],
+                     held: frozenset[str]) -> tuple[list[Stmt], set[str]]:
     """`body` with each meeting of an extremum of `terms` (name -> the ``y`` it is the max of, or several
-    forms of it) in the loop
-    ``body[i]``'s other states and every later statement made numpy's (module docstring)."""
+    forms of it) in the loop ``body[i]``'s other states and every later statement made numpy's (module
+    docstring), and the extrema some meeting of which did not match."""
     unmatched: set[str] = set()
     if not terms:
-        return _Rewritten(body, unmatched)
+        return body, unmatched
 
     def fix(e: Expr) -> Expr:
         return _numpys_where_met(e, terms, held, unmatched)
@@ -169,7 +149,7 @@ def _meetings_numpys(body: list[Stmt], i: int, terms: dict[str, list[Expr]], hel
     out = list(body)
     out[i] = replace(loop, states=tuple(st if st.acc.name in terms else _map_state(st, fix) for st in loop.states))
     out[i + 1:] = [stmt(s) for s in body[i + 1:]]
-    return _Rewritten(out, unmatched)
+    return out, unmatched
 
 
 def _map_state(st, fn: Callable[[Expr], Expr]):
@@ -184,7 +164,7 @@ def _numpys_where_met(e: Expr, terms: dict[str, list[Expr]], held: frozenset[str
     ``numpy(y) - m`` (or ``m - numpy(y)``, times the max's constant) where those terms equal ``∓y``; the maxima
     whose meeting does not are added to `unmatched`."""
     def reads_of(v: Expr) -> set[str]:
-        return {n.buffer.name for n in walk(v) if isinstance(n, Load)}
+        return {n.buffer.name for n in loads(v)}
 
     def go(n: Expr) -> Expr:
         if n.dtype.storage_only and isinstance(n, Binary) and n.op in (BinaryOp.ADD, BinaryOp.SUB):
@@ -197,7 +177,8 @@ def _numpys_where_met(e: Expr, terms: dict[str, list[Expr]], held: frozenset[str
                 if len(met) != 1 or not rest:
                     continue
                 (name,) = met
-                ys = [y for y in terms[name] if reads_of(_chain(rest, n.dtype)) & (reads_of(y) - set(terms))]
+                rest_reads = set().union(*(reads_of(a) for _, a in rest))
+                ys = [y for y in terms[name] if rest_reads & (reads_of(y) - set(terms))]
                 if not ys:
                     continue      # (no term of y beside it: a rescale's m_prev - m, an lse's m + log(l))
                 for y in ys:
@@ -241,9 +222,8 @@ def _at_positions(y: Expr, parts: list[Expr]) -> Expr | None:
     is read at two positions in `y` or in `parts`."""
     def positions(v: Expr) -> dict[str, set]:
         found: dict[str, set] = {}
-        for n in walk(v):
-            if isinstance(n, Load):
-                found.setdefault(n.buffer.name, set()).add(n.indices)
+        for n in loads(v):
+            found.setdefault(n.buffer.name, set()).add(n.indices)
         return found
 
     theirs: dict[str, set] = {}

@@ -332,7 +332,7 @@ def _logical(op: BinaryOp, np_fn: Callable, name: str) -> Callable:
 
 
 def _bool_operator(symbol: str, logical: Callable, np_fn: Callable, name: str) -> Callable:
-    """The operator `symbol` (``&``, ``|``): numpy's `np_fn` on arrays; on traced bools, `logical`. Bitwise
+    """The operator `symbol` (``&``, ``|``, ``^``): numpy's `np_fn` on arrays; on traced bools, `logical`. Bitwise
     operations on integers are not in the subset (a `DTypeError` says so, naming numpy's ufunc `name`)."""
     def fn(a, b):
         if not _traced(a, b):
@@ -340,7 +340,8 @@ def _bool_operator(symbol: str, logical: Callable, np_fn: Callable, name: str) -
         for x in (a, b):
             _check_operand(name, x)
             if not _is_bool(x):
-                raise DTypeError(f"{symbol} is logical {logical.__name__[8:]} on bools (use comparisons); bitwise "
+                raise DTypeError(f"{symbol} is logical {logical.__name__.removeprefix('logical_')} on bools (use "
+                                 "comparisons); bitwise "
                                  f"operations on {describe(x)} are not in RedFuser's op subset", op=name,
                                  loc=user_loc())
         return logical(a, b)
@@ -360,19 +361,7 @@ for _fn in (subtract, logical_and, logical_or, logical_xor):
     _ufunc_methods_refused(_fn, _fn.__name__)
 bitwise_and = _bool_operator("&", logical_and, np.bitwise_and, "bitwise_and")
 bitwise_or = _bool_operator("|", logical_or, np.bitwise_or, "bitwise_or")
-
-
-def bitwise_xor(a, b):
-    """``a ^ b``: numpy's on arrays; on traced bools, logical xor. Bitwise ops on integers are not in the
-    subset (a `DTypeError` says so)."""
-    if not _traced(a, b):
-        return np.bitwise_xor(a, b)
-    for x in (a, b):
-        _check_operand("bitwise_xor", x)
-        if not _is_bool(x):
-            raise DTypeError(f"^ is logical xor on bools; bitwise operations on {describe(x)} are not in RedFuser's "
-                             "op subset", op="bitwise_xor", loc=user_loc())
-    return logical_xor(a, b)
+bitwise_xor = _bool_operator("^", logical_xor, np.bitwise_xor, "bitwise_xor")
 
 
 def invert(x):

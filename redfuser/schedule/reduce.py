@@ -165,18 +165,13 @@ def _nest(lw: ExprLowering, opts: ScheduleOptions, op: ReduceOp, value: Expr, ou
             partial = reduce_chunk(lw, op, value, out_dims, dim, bindings, None, hint)
             lp.yield_(*compensated_add(kb, lp.args[0], lp.args[1], partial, hint))
         return lp.results[0]
-    if op is ReduceOp.PROD and compute_dtype(value.dtype) == float32:
-        # a long f32 product multiplied in f64: products of values near 1 round with a bias (the grid below 1 is
-        # twice as fine as above it), and 2^22 values of 1 +- 5e-5 came out 3% low (numpy's own 0.2-0.4%; found
-        # by a helper); in f64 it is the exact product rounded once
-        with kb.loop(0, axis.extent, size, (kb.cast(acc, float64, hint=f"{hint}_wide"),), hint=axis.name,
-                     arg_hints=(f"{hint}_run",)) as lp:
-            dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, lp.iv, not divides(size, axis.extent))
-            bindings[axis.name] = dim
-            lp.yield_(reduce_chunk(lw, op, value, out_dims, dim, bindings, lp.args[0], hint, work=float64))
-        return kb.cast(lp.results[0], float32, hint=f"{hint}_f32")
-    with kb.loop(0, axis.extent, size, (acc,), hint=axis.name, arg_hints=(f"{hint}_run",)) as lp:
+    # a long f32 product multiplies in f64: products of values near 1 round with a bias (the grid below 1 is twice
+    # as fine as above it), and 2^22 values of 1 +- 5e-5 came out 3% low (numpy's own 0.2-0.4%; found by a
+    # helper); in f64 it is the exact product rounded once
+    work = float64 if op is ReduceOp.PROD and compute_dtype(value.dtype) == float32 else None
+    start = acc if work is None else kb.cast(acc, work, hint=f"{hint}_wide")
+    with kb.loop(0, axis.extent, size, (start,), hint=axis.name, arg_hints=(f"{hint}_run",)) as lp:
         dim = Dim(f"{hint}.{axis.name}", order, size, axis.extent, lp.iv, not divides(size, axis.extent))
         bindings[axis.name] = dim
-        lp.yield_(reduce_chunk(lw, op, value, out_dims, dim, bindings, lp.args[0], hint))
-    return lp.results[0]
+        lp.yield_(reduce_chunk(lw, op, value, out_dims, dim, bindings, lp.args[0], hint, work=work))
+    return lp.results[0] if work is None else kb.cast(lp.results[0], float32, hint=f"{hint}_f32")

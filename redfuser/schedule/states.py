@@ -217,11 +217,10 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
             if comp is not None:   # (the compensation is part of the sum: it scales with it, 0 stays 0)
                 none = kb.binary(BinaryOp.EQ, comp, kb.const(0.0, d, r.shape))
                 comp = kb.select(none, comp, kb.binary(BinaryOp.MUL, comp, r), hint=f"{st.acc.name}_comp_scaled")
-        term = st.term
         if comp is None:
-            new = reduce_chunk(lw, st.op, term, dims, kdim, b, acc, hint=st.acc.name)
+            new = reduce_chunk(lw, st.op, st.term, dims, kdim, b, acc, hint=st.acc.name)
         else:
-            partial = reduce_chunk(lw, st.op, term, dims, kdim, b, None, hint=st.acc.name)
+            partial = reduce_chunk(lw, st.op, st.term, dims, kdim, b, None, hint=st.acc.name)
             new, comp = compensated_add(kb, acc, comp, partial, hint=st.acc.name)
             new_comps.append(comp)
         lw.tiles[st.acc.name] = Tiled(new, dims)
