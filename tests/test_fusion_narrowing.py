@@ -785,6 +785,31 @@ def test_an_epilogue_value_a_later_kernel_reads_is_one_value_in_every_kernel(bac
     np.testing.assert_array_equal(actual[1], expected[1])
 
 
+def _softmax_of_a_value_shifted_by_a_sum(x, z):
+    y = x * 0.7 - rf.sum(z, axis=-1, keepdims=True)
+    m = rf.max(y, axis=-1, keepdims=True)
+    return y - m, rf.sum(rf.exp(y - m), axis=-1, keepdims=True), m, y
+
+
+@pytest.mark.parametrize("np_dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_finished_sum_a_later_kernel_reads_is_one_value_in_every_kernel(backend, np_dtype):
+    """(Found by a helper.) ``y = x * 0.7 - sum(z)`` beside ``y - max(y)``: the program splits in kernels, the
+    first finishing ``max(y)`` as ``max(x) * 0.7 - sum`` with its f32 sum while the later ones compute ``y``
+    from the stored, rounded sum, so bf16 ``y - max(y)`` was -0.5 at the max and a softmax's sum 0.88 (cpu,
+    simulate). A finished 16-bit sum a later kernel reads is read as it is stored in its own kernel too."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((16, 48)) * 4).astype(np_dtype)
+    z = (rng.standard_normal((16, 48)) * 4).astype(np_dtype)
+    (shift, l, m, _), (want_shift, _, want_m, _) = run_backend(backend, _softmax_of_a_value_shifted_by_a_sum, x, z)
+    assert shift.astype(np.float64).max(axis=-1).tolist() == [0.0] * 16    # the max is one of the y it meets
+    assert l.astype(np.float64).min() >= 1.0
+    # (numpy's 16-bit sum rounds each addition, the kernel's once: errors scale with the sum of |z|)
+    scale = float(np.abs(z.astype(np.float64)).sum(axis=-1).max())
+    assert_close(m, want_m, np_dtype, 48, scale=scale, roundings=3)
+    assert_close(shift, want_shift, np_dtype, 48, scale=scale, roundings=3)
+
+
 def _softmax_sum_of_centred_values(x):
     y = x - rf.mean(x, axis=-1, keepdims=True)
     m = rf.max(y, axis=-1, keepdims=True)

@@ -29,7 +29,7 @@ from ..ir.loop.expr import reads_axis, walk
 from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
 from ..ir.types import float32, int64
-from .exprs import compute_dtype, round_to, store_tile
+from .exprs import as_stored, compute_dtype, round_to, store_tile
 from .layout import FusedBuilder
 from .options import ScheduleOptions
 from .reduce import COMBINE, compensable, compensated_add, reduce_axes, reduce_chunk
@@ -117,7 +117,15 @@ def expose(fb: FusedBuilder, carried: Carried, final: bool) -> None:
                 fb.lw.tiles[st.indices.name] = Tiled(vals[1], dims)
         else:
             read = vals[0]
-            if final and st.acc.dtype.storage_only and not _already_narrow(fb, st):
+            if (final and st.acc.dtype.storage_only and st.op not in (ReduceOp.MAX, ReduceOp.MIN)
+                    and st.acc.name in fb.read_later):
+                # a later kernel reads this finished 16-bit sum as stored: this kernel's statements read that
+                # value too, so that a max finished here by a monotone law (``max(x * 0.7 - sum(z))``) is the
+                # max of the ``y`` the later kernels compute (with the f32 sum here, bf16 ``y - max(y)`` was
+                # -0.5 at the max and a softmax's sum 0.88; found by a helper). Maxima and minima are not
+                # rounded here: the loop's own sums shifted by their f32 value (`_already_narrow`)
+                read = as_stored(fb.kb, read, st.acc.dtype)
+            elif final and st.acc.dtype.storage_only and not _already_narrow(fb, st):
                 # a finished 16-bit result keeps the f32 value the loop computed with, read as its buffer holds
                 # it where a decision reads it (`exprs._decided`): a max or min anywhere in a decision's operand
                 # (rounding is monotone: the max of numpy's rounded terms), a sum where it is the operand. A max
