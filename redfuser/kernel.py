@@ -17,6 +17,7 @@ import numpy as np
 from . import backends, config, in_place, outputs
 from .compiler import AFTER_TRACE, Lowered, ShortCall, lower
 from .arguments import ShapeDtype, bind, check_signature, spec_of
+from .captured import CapturedScalars, Defaults
 from .ir import ArgumentError, RedFuserError, UnsupportedError
 from .ir import Buffer, BufferType
 from .ir.sizes import SymbolicDecision, bind_buffers, concrete
@@ -68,286 +69,6 @@ class CacheInfo(NamedTuple):
     currsize: int
 
 
-_SCALARS = (bool, int, float, complex, str, np.generic)
-_GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
-_ATTRIBUTE_READS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})     # (LOAD_METHOD: Python 3.10 and 3.11)
-
-
-class _Absent:
-    """What a global, cell or attribute not bound (yet) holds, in `CapturedScalars.now`: binding it later is a
-    change (a constant a module defines below its kernels)."""
-
-    def __repr__(self) -> str:
-        return "<not bound>"
-
-
-_ABSENT = _Absent()
-
-
-def _plain(value: object, depth: int = 0) -> bool:
-    """A scalar, or a small tuple, list or dict of them (a config table ``SCALE = {64: 0.125}``): a value the
-    body may read whose repr says all it holds."""
-    if isinstance(value, _SCALARS) or value is None:
-        return True
-    if depth > 2 or not isinstance(value, tuple | list | dict) or len(value) > 64:
-        return False
-    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-    return all(_plain(v, depth + 1) for v in items)
-
-
-def _names_code(value: object) -> bool:
-    """A module or something callable (a function, a class, a ufunc): a name of the body's that holds one when
-    the kernel is made keeps naming it (``rf``, ``np``, ``range``, a helper), so it is not compared per call."""
-    return callable(value) or isinstance(value, types.ModuleType)
-
-
-CAPTURED_ARRAY_BYTES = 4096
-"""The largest numpy array a body may read from its globals, closure or ``self`` (`CapturedScalars`): its
-contents are compared on every call (a trace bakes in what it reads of it: ``W[0]``, ``W.max()``, a 0-d ``W``
-as a scalar), which costs a copy of its bytes; a larger one is refused when the kernel traces."""
-
-
-def _signature(value: object) -> tuple:
-    """What a trace may have baked in of `value`: its type, and its repr where it is plain (a NaN equals itself
-    by repr; ``2``, ``2.0`` and ``True`` differ); of a numpy array, its shape, dtype and bytes (changed in place
-    or rebound, it is a change). Another object of the same type is the same to a kernel (it is taken as it
-    was traced); one becoming plain, or plain another way, is a change."""
-    if isinstance(value, np.ndarray):
-        if value.nbytes > CAPTURED_ARRAY_BYTES:
-            return type(value), ("large", id(value), value.shape, value.dtype.str)
-        return type(value), (value.shape, value.dtype.str, value.tobytes())
-    return type(value), (repr(value) if _plain(value) else None)
-
-
-def _compared_in_place(value: object) -> bool:
-    """Whether `value` may change its `_signature` in place (a container, an array): compared per call even
-    while it is the object seen last."""
-    return isinstance(value, tuple | list | dict | np.ndarray)
-
-
-@functools.lru_cache(maxsize=512)
-def _names_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The global names and the attribute names `code` reads, with those of the code nested in it: on Python
-    3.11 a comprehension, a lambda and an inner function each have their own code object (a constant of the
-    body's), and the body's own names do not list what they read."""
-    globals_: dict[str, None] = {}
-    attributes: dict[str, None] = {}
-    for instruction in dis.get_instructions(code):
-        if instruction.opname in _GLOBAL_READS:
-            globals_[instruction.argval] = None
-        elif instruction.opname in _ATTRIBUTE_READS:
-            attributes[instruction.argval] = None
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            nested_globals, nested_attributes = _names_read(const)
-            globals_.update(dict.fromkeys(nested_globals))
-            attributes.update(dict.fromkeys(nested_attributes))
-    return tuple(globals_), tuple(attributes)
-
-
-def _body_of(fn: Callable) -> tuple[types.FunctionType | None, list[object], list[object]]:
-    """The Python function that runs as `fn`'s body; the objects whose attributes it reads as ``self`` (a bound
-    method's ``__self__``, a callable object, a ``functools.partial``'s positional arguments: the body reads
-    ``self.scale`` of each); and the partial's bound tuples, lists and dicts (a list may be changed in place).
-    A bound method forwards ``__code__`` to its function, so it cannot be told from one by that."""
-    owners: list[object] = []
-    held: list[object] = []
-    for _ in range(8):          # (a partial of a bound method of a callable object's __call__...)
-        if isinstance(fn, types.FunctionType):
-            return fn, owners, held
-        if isinstance(fn, functools.partial):
-            owners += [a for a in fn.args if hasattr(a, "__dict__") or hasattr(type(a), "__slots__")]
-            held += [a for a in fn.args if isinstance(a, tuple | list | dict)]
-            fn = fn.func
-        elif isinstance(fn, types.MethodType):
-            owners.append(fn.__self__)
-            fn = fn.__func__
-        else:
-            owners.append(fn)
-            fn = getattr(type(fn), "__call__", None)
-            if not isinstance(fn, types.FunctionType):
-                break
-    return None, owners, held
-
-
-class CapturedScalars:
-    """The Python scalars a kernel's body reads from its module's globals, its closure or the attributes of
-    its ``self`` (a callable object, a bound method's object, a ``functools.partial``'s bound object; small
-    tuples, lists and dicts of scalars too, a table ``SCALE[d]`` a user may update): tracing fixes their
-    values into the program, so a kernel must trace again when one changes (a call costs a look-up and an
-    identity test per name, and a repr per tuple, list or dict: `changed`).
-
-    Which names: every global the body loads, the body's comprehensions, lambdas and inner functions
-    included (they have code objects of their own), and so of each function along its ``__wrapped__`` chain, every cell of its closure and every attribute name it
-    loads, looked up on the owners as the body looks it up (`_attribute`: an instance's ``__dict__``, a
-    ``__slots__`` slot, a class attribute, a property), decided when the kernel is made but compared on each call, bound or
-    not: a constant defined below the kernel (``SCALE = 2.0`` after ``@rf.kernel``), a placeholder that later
-    holds a scalar and an attribute first set after the kernel was made are all changes. Left out, to keep the
-    call cheap: names that hold a module or something callable when the kernel is made (`_names_code`: ``rf``,
-    ``np``, ``range``, a helper): they keep naming code. A captured numpy array mixed with traced values is
-    refused while tracing; one the trace reads (``W[0]``, ``W.max()``, a 0-d ``W`` as a scalar) is compared by
-    its shape, dtype and bytes, and one over `CAPTURED_ARRAY_BYTES` refused (`refuse_large_arrays`); other
-    objects, functions and modules are taken as they were traced (their type is compared, not what they hold)."""
-
-    def __init__(self, globals_: tuple[tuple[dict, tuple[str, ...]], ...], cells: tuple,
-                 owners: tuple[tuple[object, tuple[str, ...], tuple[str, ...]], ...] = (),
-                 cell_labels: tuple[str, ...] = ()) -> None:
-        # (each module's globals with the names read of them: a decorated body may live in another module)
-        self.globals, self.cells, self.owners, self.cell_labels = globals_, cells, owners, cell_labels
-        # (`seen`, the values whose signatures were found equal to it, the positions of those a change in
-        # place could change): `changed` compares objects, not reprs, while they are these (`_unchanged`)
-        self._checked: tuple[tuple, list, tuple[int, ...]] | None = None
-        self.seen = self.now()
-
-    @staticmethod
-    def of(fn: Callable) -> "CapturedScalars | None":
-        """What `fn`'s body reads, None where it reads nothing to compare. The functions a ``functools.wraps``
-        decorator wrapped are followed (`_bodies`), as the kernel's signature is: the wrapper reads none of the
-        body's globals, only the wrapped function in a cell."""
-        bodies = _bodies(fn)
-        if not bodies:
-            return None
-        reads: dict[int, tuple[dict, dict[str, None]]] = {}     # id of a module's globals -> them, their names
-        cells: list = []
-        cell_labels: list[str] = []
-        owners: list[object] = []
-        attribute_reads: dict[str, None] = {}
-        for body, body_owners, held in bodies:
-            globals_ = body.__globals__
-            builtins_ = globals_.get("__builtins__", {})
-            builtins_ = vars(builtins_) if isinstance(builtins_, types.ModuleType) else builtins_
-            global_reads, attributes = _names_read(body.__code__)
-            names = reads.setdefault(id(globals_), (globals_, {}))[1]
-            names.update(dict.fromkeys(n for n in global_reads if not _names_code(globals_.get(n, builtins_.get(n)))))
-            for name, cell in zip(body.__code__.co_freevars, body.__closure__ or ()):
-                if not _names_code(_cell_value(cell)):
-                    cells.append(cell)
-                    cell_labels.append(name)
-            cells += [types.CellType(v) for v in held]
-            cell_labels += ["an argument bound by functools.partial"] * len(held)
-            owners += [o for o in body_owners if not any(o is seen for seen in owners)]
-            attribute_reads.update(dict.fromkeys(attributes))
-        read_by = tuple(_attribute_reads(o, tuple(n for n in attribute_reads if not _names_code(_attribute(o, n))))
-                        for o in owners)
-        read_by = tuple(r for r in read_by if r[1] or r[2])
-        global_names = tuple((g, tuple(names)) for g, names in reads.values() if names)
-        if not (global_names or cells or read_by):
-            return None
-        return CapturedScalars(global_names, tuple(cells), read_by, tuple(cell_labels))
-
-    def _values(self) -> list:
-        """The objects the names, cells and attributes hold now (`_ABSENT` where one is not bound)."""
-        values: list = []
-        for globals_, names in self.globals:
-            get = globals_.get
-            values += [get(n, _ABSENT) for n in names]
-        if self.cells:
-            values += [_cell_value(c) for c in self.cells]
-        if self.owners:
-            for owner, attributes, in_dict in self.owners:
-                try:
-                    values += [getattr(owner, n, _ABSENT) for n in attributes]
-                except Exception:       # noqa: BLE001 - a property that raises: the others looked up one by one
-                    values += [_attribute(owner, n) for n in attributes]
-                if in_dict:
-                    get = getattr(owner, "__dict__", {}).get
-                    values += [get(n, _ABSENT) for n in in_dict]
-        return values
-
-    def _labels(self) -> list[str]:
-        """What the user calls each of `_values` (``W``, ``self.scale``), for an error."""
-        labels = [n for _, names in self.globals for n in names] + list(self.cell_labels)
-        for _, attributes, in_dict in self.owners:
-            labels += [f"self.{n}" for n in (*attributes, *in_dict)]
-        return labels
-
-    def refuse_large_arrays(self, kernel: str) -> None:
-        """Refuse a trace while the body can read a numpy array too large to compare per call
-        (`CAPTURED_ARRAY_BYTES`): what a trace reads of it (an element, its maximum) would be baked in and
-        never checked again."""
-        for i, value in enumerate(self._values()):
-            if isinstance(value, np.ndarray) and value.nbytes > CAPTURED_ARRAY_BYTES:
-                label = self._labels()[i]
-                raise UnsupportedError(
-                    f"the body reads the captured numpy array {label} ({value.dtype}{list(value.shape)}, "
-                    f"{value.nbytes} bytes): what a trace reads of it would be baked into the kernel, and arrays "
-                    f"over {CAPTURED_ARRAY_BYTES} bytes are not compared on each call; pass it as a kernel "
-                    "argument (or its values as a static tuple)", op=kernel, loc=user_loc())
-
-    def now(self) -> tuple:
-        """The values as they are: `_signature` of each."""
-        return tuple(map(_signature, self._values()))
-
-    def note_traced(self, before: tuple) -> None:
-        """Take the values a trace read as the ones seen, given `before`, noted before it began: a list or
-        dict as the trace left it (one the body appends to while tracing, a log, would otherwise make every
-        call trace again), a scalar as it was before (a trace cannot rebind it; another thread that did so
-        while the trace ran made the kernel trace again on its next call instead of keeping stale values)."""
-        self.seen = tuple(now if was[0] in (list, dict) else was for was, now in zip(before, self.now()))
-
-    def changed(self) -> tuple | None:
-        """The values as they are where one differs from the last ones seen, else None (the caller drops what
-        it traced from them, then takes these as seen: a thread calling in between still sees a change).
-        Every cached call asks, so the objects found unchanged last time are compared by identity, and only
-        the containers among them by repr (a repr per scalar doubled the cost of a cached call)."""
-        seen, values, checked = self.seen, self._values(), self._checked
-        if checked is not None and checked[0] is seen and all(map(operator.is_, values, checked[1])) and (
-                not checked[2] or all(_signature(values[i]) == seen[i] for i in checked[2])):
-            return None     # (the objects last found to match `seen`; a scalar, a string or another object
-            #                 cannot change its signature, a container or an array changed in place can)
-        now = tuple(map(_signature, values))
-        if now != seen:
-            return now
-        self._checked = (seen, values, tuple(i for i, v in enumerate(values) if _compared_in_place(v)))
-        return None
-
-
-def _bodies(fn: Callable) -> list[tuple[types.FunctionType, list[object], list[object]]]:
-    """`_body_of` of `fn` and of each function its ``__wrapped__`` chain leads to (``functools.wraps``; each
-    link's own body too: a decorator's wrapper may read globals of its own)."""
-    found: list[tuple[types.FunctionType, list[object], list[object]]] = []
-    for _ in range(16):           # (a chain of decorators; a cycle ends here too)
-        body, owners, held = _body_of(fn)
-        if body is not None and not any(body is b for b, _, _ in found):
-            found.append((body, owners, held))
-        wrapped = getattr(fn, "__wrapped__", None)
-        if wrapped is None and body is not None:
-            wrapped = getattr(body, "__wrapped__", None)
-        if wrapped is None:
-            break
-        fn = wrapped
-    return found
-
-
-def _attribute(owner: object, name: str) -> object:
-    """``owner.name`` as the body reads it (an instance's ``__dict__``, a ``__slots__`` slot, a class attribute,
-    a property), or `_ABSENT` where it is not set or its property raises (the body would raise too)."""
-    try:
-        return getattr(owner, name, _ABSENT)
-    except Exception:       # noqa: BLE001 - a property that raises: not a value the body can have baked in
-        return _ABSENT
-
-
-def _attribute_reads(owner: object, names: tuple[str, ...]) -> tuple[object, tuple[str, ...], tuple[str, ...]]:
-    """`owner` with the attribute `names` the body reads of it, split by how each call looks them up: by
-    `getattr`, as the body does; except, where the owner's class has a ``__getattr__`` (an ``nn.Module``), the
-    names neither set nor defined by its class when the kernel is made (most are the names of other objects'
-    attributes, ``x.shape``, ``rf.exp``), which are looked up in its ``__dict__`` alone, where setting one
-    later puts it: a ``__getattr__`` raising for each cost a cached call 0.6 us a name."""
-    if getattr(type(owner), "__getattr__", None) is None:
-        return owner, names, ()
-    kind = type(owner)
-    found = tuple(n for n in names if _attribute(owner, n) is not _ABSENT or hasattr(kind, n))
-    return owner, found, tuple(n for n in names if n not in found)
-
-
-def _cell_value(cell: object) -> object:
-    try:
-        return cell.cell_contents
-    except ValueError:       # (a cell not filled yet: the enclosing function assigns it after the def)
-        return _ABSENT
-
-
 class Kernel:
     """A function compiled by RedFuser. Call it with numpy arrays; get numpy arrays back.
 
@@ -391,6 +112,7 @@ class Kernel:
         # `_class_key` of a call -> (its call path as in `_fast`, each symbol's guard in the class's order)
         self._classes: dict[frozenset, dict[tuple, tuple[_FastPath, tuple[int, ...]]]] = {}
         self._captured = CapturedScalars.of(fn)
+        self._defaults = Defaults.of(fn)
         functools.update_wrapper(self, fn)
         # (a functools.partial or a callable object has no __name__ for update_wrapper to copy)
         self.__name__ = getattr(self, "__name__", name)
@@ -451,8 +173,13 @@ class Kernel:
         return tuple(specs), arrays
 
     def _retrace_if_captured_changed(self) -> None:
-        """Drop every specialization made where a captured value the body reads has changed: the
-        body traces to another program (the disk cache is keyed by the traced program, so it stays right)."""
+        """Drop every specialization made where a captured value the body reads has changed, or a default
+        value of its parameters (then the signature is taken again): the body traces to another program (the
+        disk cache is keyed by the traced program, so it stays right)."""
+        if self._defaults.changed():
+            self._signature = check_signature(self.__wrapped__, self.__name__)
+            self._dropped += 1
+            self._drop_specializations()
         now = self._captured.changed() if self._captured is not None else None
         if now is None:
             return
@@ -473,7 +200,7 @@ class Kernel:
         with self._compiling:
             self._retrace_if_captured_changed()
             if self._captured is not None:
-                self._captured.refuse_large_arrays(self.__name__)
+                self._captured.refuse_uncomparable(self.__name__)
             # the values as the trace left them (what the body itself changed while tracing, a log list, is
             # not a reason to trace again), noted right after it: another thread's change during the rest of
             # the compile must still be one (`compiler.AFTER_TRACE`)

@@ -2,8 +2,10 @@
 arguments and defaults, array subclasses, and options checked when the kernel is made."""
 from __future__ import annotations
 
+import functools
 import math
 import os
+import types
 
 import numpy as np
 import pytest
@@ -101,6 +103,36 @@ def test_a_default_and_the_same_value_passed_share_a_kernel():
     k(X, 0.5)
     k(X, scale=0.5, axis=-1)
     assert k.cache_size == 1
+
+
+def _scaled(x, s=2.0):
+    return x * s
+
+
+def _scaled_by_keyword(x, *, s=2.0):
+    return x * s
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_default_changed_after_the_kernel_is_made_is_taken(backend):
+    """(Found by a helper.) Replacing ``__defaults__`` or ``__kwdefaults__``, or changing a partial's keywords,
+    after the kernel was made left the kernel on the old default (2x) where the body run by Python used the
+    new one (5x): the kernel bound its arguments by the signature it took when it was made."""
+    for fn in (_scaled, _scaled_by_keyword):
+        body = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        body.__kwdefaults__ = dict(fn.__kwdefaults__) if fn.__kwdefaults__ else None
+        k = rf.kernel(body, backend=backend)
+        np.testing.assert_array_equal(k(X), X * 2.0)
+        if body.__kwdefaults__:
+            body.__kwdefaults__["s"] = 5.0         # (changed in place)
+        else:
+            body.__defaults__ = (5.0,)
+        np.testing.assert_array_equal(k(X), body(X), err_msg=fn.__name__)
+    partial = functools.partial(_scaled, s=2.0)
+    k = rf.kernel(partial, backend=backend)
+    np.testing.assert_array_equal(k(X), X * 2.0)
+    partial.keywords["s"] = 5.0
+    np.testing.assert_array_equal(k(X), X * 5.0)
 
 
 @pytest.mark.parametrize("call", ["missing", "unknown", "twice", "too_many"])

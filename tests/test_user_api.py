@@ -461,6 +461,86 @@ def test_a_large_captured_array_read_while_tracing_is_refused():
         _W = first
 
 
+_LONG_TABLE = [float(i) for i in range(100)]
+_DEEP_CONFIG = {"a": {"b": {"c": {"d": 1.0}}}}
+_PARAMS = (np.array([2.0, 1.0], np.float32), 3.0)
+
+
+def _scaled_by_a_table_entry(x):
+    return x * _LONG_TABLE[5]
+
+
+def _scaled_by_a_nested_config(x):
+    return x * _DEEP_CONFIG["a"]["b"]["c"]["d"]
+
+
+def _scaled_by_an_array_in_a_tuple(x):
+    return x * _PARAMS[0][1]
+
+
+def _scaled_by_a_bound_array(w, x):
+    return x * w[1]
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_captured_container_is_compared_whatever_it_holds(backend):
+    """(Found by a helper.) A list of more than 64 scalars, a dict nested 3 deep, an array in a tuple and an
+    array bound by ``functools.partial`` were compared by type alone: changed after the first call, the kernel
+    kept the first values (``x * _LONG_TABLE[5]`` gave 5x for numpy's 7x). They are compared by what they hold."""
+    global _LONG_TABLE, _DEEP_CONFIG, _PARAMS
+    x = np.arange(4, dtype=np.float32)
+    first = _LONG_TABLE, _DEEP_CONFIG, _PARAMS
+    try:
+        for fn, change in ((_scaled_by_a_table_entry, lambda: _LONG_TABLE.__setitem__(5, 7.0)),
+                           (_scaled_by_a_nested_config, lambda: _DEEP_CONFIG["a"]["b"]["c"].__setitem__("d", 4.0)),
+                           (_scaled_by_an_array_in_a_tuple, lambda: _PARAMS[0].__setitem__(1, 5.0))):
+            _LONG_TABLE, _DEEP_CONFIG = [float(i) for i in range(100)], {"a": {"b": {"c": {"d": 1.0}}}}
+            _PARAMS = (np.array([2.0, 1.0], np.float32), 3.0)
+            k = rf.kernel(fn, backend=backend)
+            np.testing.assert_array_equal(k(x), fn(x))
+            change()
+            np.testing.assert_array_equal(k(x), fn(x), err_msg=fn.__name__)
+    finally:
+        _LONG_TABLE, _DEEP_CONFIG, _PARAMS = first
+    w = np.array([2.0, 1.0], np.float32)
+    k = rf.kernel(functools.partial(_scaled_by_a_bound_array, w), backend=backend)
+    np.testing.assert_array_equal(k(x), x)
+    w[1] = 5.0
+    np.testing.assert_array_equal(k(x), x * 5.0)
+
+
+def test_a_captured_container_too_large_to_compare_is_refused():
+    """A container holding more than `CONTAINER_LEAVES` values, nested deeper than `CONTAINER_DEPTH`, or
+    holding an array over `CAPTURED_ARRAY_BYTES`, is refused when the kernel traces, naming it and why,
+    rather than baked in unchecked."""
+    global _LONG_TABLE, _DEEP_CONFIG, _PARAMS
+    from redfuser.captured import CONTAINER_DEPTH, CONTAINER_LEAVES
+    x = np.ones(3, np.float32)
+    first = _LONG_TABLE, _DEEP_CONFIG, _PARAMS
+    try:
+        _LONG_TABLE = [1.0] * (CONTAINER_LEAVES + 1)
+        with pytest.raises(rf.UnsupportedError, match=r"captured list _LONG_TABLE, too large .*more than 1024 values"):
+            rf.kernel(_scaled_by_a_table_entry, backend="interpret")(x)
+        deep: object = 1.0
+        for _ in range(CONTAINER_DEPTH + 1):
+            deep = {"d": deep}
+        _DEEP_CONFIG = {"a": {"b": {"c": deep}}}
+        with pytest.raises(rf.UnsupportedError, match=r"_DEEP_CONFIG, too large .*nest deeper than 8"):
+            rf.kernel(_scaled_by_a_nested_config, backend="interpret")(x)
+        _PARAMS = (np.ones(5000, np.float32), 3.0)
+        k = rf.kernel(_scaled_by_an_array_in_a_tuple, backend="interpret")
+        with pytest.raises(rf.UnsupportedError, match=r"tuple _PARAMS, too large .*array of 20000 bytes"):
+            k(x)
+        _PARAMS = (np.ones(2, np.float32), 3.0)           # small again: traces
+        np.testing.assert_array_equal(k(x), x)
+        _LONG_TABLE = [1.0] * (CONTAINER_LEAVES + 1)
+        k = rf.kernel(functools.partial(_scaled_by_a_bound_array, np.ones(5000, np.float32)), backend="interpret")
+        with pytest.raises(rf.UnsupportedError, match="captured numpy array an argument bound by functools.partial"):
+            k(x)
+    finally:
+        _LONG_TABLE, _DEEP_CONFIG, _PARAMS = first
+
+
 class _Layer:
     shift = 0.0               # (a class default the object overrides later)
 
