@@ -36,6 +36,8 @@ class Op:
     signed_zeros: bool = True          # the sign of a zero result is compared (numpy's is exactly defined)
     roundings: int | None = 1          # roundings to an f16/bf16/e4m3 result on numpy's path and the kernel's
                                        # beyond its one store (tolerance rule); None: the rule's default
+    exact: tuple[str, ...] = ()        # input dtypes for which the result is numpy's exactly (one rounding of
+                                       # an exact value: a cast from a float)
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ OPS: list[Op] = [
        error_op=("logical_not", "not", "invert")),
     # -- astype from every dtype to every dtype ------------------------------------------------------
     *(Op(f"astype_{t}", "astype", (lambda x, t=t: x.astype(DTYPES[t])) if t != "f16" else
-         (lambda x: rf.astype(x, rf.float16)), roundings=2) for t in ALL),   # int -> bf16/e4m3 goes via f32
+         (lambda x: rf.astype(x, rf.float16)), roundings=2, exact=FLOATS) for t in ALL),  # int -> bf16/e4m3 via f32
     # -- Python and numpy scalars (NEP 50) -------------------------------------------------------------
     Op("add_int", "scalars", lambda x: x + 1),
     Op("mul_float", "scalars", lambda x: x * 2.5),

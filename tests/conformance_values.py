@@ -1,7 +1,8 @@
 """Input arrays of the conformance table (`conformance_table.py`): special values first, then random ones.
 
 Every dtype's edge cases are in every input of that dtype: NaN, +-inf, -0.0, the smallest and largest
-subnormals, the smallest normal and the largest finite values (floats); +-448 and NaN (float8 e4m3fn,
+subnormals, the smallest normal and the largest finite values, rounding ties of every narrower float type
+(floats); +-448 and NaN (float8 e4m3fn,
 which has no infinities); INT_MIN, INT_MAX and their neighbours (integers, so overflow wraps). Shapes are
 never tile multiples. Each input is a pure function of (group, dtype), so a failure reproduces.
 """
@@ -36,11 +37,20 @@ def specials(name: str) -> np.ndarray:
         vals = [np.nan, 0.0, -0.0, sub, -sub, tiny - sub, tiny, -tiny, big, -big, 1.0, -1.0, 0.5, 2.0, 3.0]
         if name != "e4m3":
             vals += [np.inf, -np.inf]
+        # rounding ties of each narrower type this one holds exactly (a tie to even down, one up, a negative):
+        # a cast rounding ties away from zero passed the table without them (a helper planted one)
+        for bits in (m for narrower, m in _MANTISSA.items() if _MANTISSA[name] > m):
+            half = 2.0 ** -(bits + 1)
+            vals += [1.0 + half, 1.0 + 3 * half, -(1.0 + half)]
         return np.array(vals, np.float64).astype(d)
     if name in INTS:
         ii = np.iinfo(d)
         return np.array([ii.min, ii.max, ii.min + 1, ii.max - 1, 0, 1, -1, 2, -2, 3, 100, -1000], d)
     return np.array([True, False], d)
+
+
+_MANTISSA = {"f32": 23, "f16": 10, "bf16": 7, "e4m3": 3}
+"""Mantissa bits of each float dtype (for `specials`' rounding ties)."""
 
 
 def randoms(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -70,7 +80,7 @@ def _unary(name: str, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     if name in FLOATS and name != "e4m3":   # float -> int casts: just inside and outside int32/int64
         edges = np.array([2.0**31, -(2.0**31), 2.0**31 - 2**8, 3e9, -3e9, 2.0**63, -(2.0**63), 1e19, -1.5, 2.5])
         with np.errstate(over="ignore"):
-            x[20:30] = edges.astype(DTYPES[name])
+            x[40:50] = edges.astype(DTYPES[name])     # (after the special values)
     return (x,)
 
 

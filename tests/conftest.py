@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from helpers import DEFAULT_CHANGING
-from redfuser import config
+from redfuser import config as redfuser_config
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_compile_cache(tmp_path_factory):
@@ -49,7 +49,19 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-settings.load_profile(config.hypothesis_profile())
+PROFILES = ("ci", "fuzz")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the hypothesis profile ``HYPOTHESIS_PROFILE`` names; another name is a usage error naming the
+    variable and the profiles (hypothesis's own said only ``Profile 'long' is not registered``, in a
+    traceback from this file)."""
+    profile = redfuser_config.hypothesis_profile()
+    if profile not in PROFILES:
+        raise pytest.UsageError(f"HYPOTHESIS_PROFILE={profile!r} is not a profile of this suite: use one of "
+                                f"{', '.join(PROFILES)} (tests/conftest.py; the fuzz command's --profile is another "
+                                "setting)")
+    settings.load_profile(profile)
 
 
 @functools.cache

@@ -157,6 +157,10 @@ def test_values(case: tuple[Op, str, str]) -> None:
         if div is not None:
             actual = _check_divergence(div, op, args, actual, want, label)
         compare(actual, want, op, scale, label)
+        if dtype in op.exact:
+            wrong = ~_same_values(actual, want)
+            assert not wrong.any(), (f"{label}: not numpy's value exactly at {np.argwhere(wrong)[:5].tolist()}: "
+                                     f"{actual[wrong][:5]} for numpy's {want[wrong][:5]} (inputs {args[0][wrong][:5]})")
 
 
 def _check_divergence(div, op: Op, args: tuple, actual: np.ndarray, expected: np.ndarray, label: str) -> np.ndarray:

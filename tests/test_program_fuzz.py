@@ -402,6 +402,24 @@ def test_reproducer_of_a_kernel_that_writes_its_input_checks_the_inputs(tmp_path
     assert wrong.index("want = program(") < wrong.index("got = kernel(")
 
 
+def test_reproducer_of_a_timeout_times_the_call(tmp_path):
+    """(Found by a helper.) A timed-out example's script ran the call and printed "fixed" however long it took:
+    it times the call against the campaign's limit now (here a limit no compile meets, then a generous one)."""
+    p = _program([Node(("v0",), "mul", ("x0", "x0"))], ("v0",), (_array([1.0, 2.0, 3.0]),))
+    message = "the worker ran {} s on this backend and was killed"
+    slow = _run_script(reproducer(p, Failure("timeout", "cpu", 0, message.format(1e-06))), tmp_path)
+    assert slow.returncode != 0 and "over the campaign limit of 1e-06 s" in slow.stderr, slow.stderr[-2000:]
+    fast = _run_script(reproducer(p, Failure("timeout", "cpu", 0, message.format(300))), tmp_path)
+    assert fast.returncode == 0 and "no failure: fixed" in fast.stdout, fast.stdout + fast.stderr
+
+
+def test_a_lost_example_is_described_as_a_finished_one_is():
+    """(Found by a helper.) A timed-out example's ``--verbose`` line named only its kind, no program."""
+    from redfuser.testing.fuzz_tasks import describe_example
+    config = Config(5, ("cpu",))
+    assert describe_example(config, 0) == run_example(config, 0).description != ""
+
+
 def test_a_cascade_that_crashed_its_worker_is_printed_without_running_it(monkeypatch):
     """A cascade whose worker crashed (or hung) was checked again in the campaign's own process to build its
     reproducer: a segfaulting kernel ended the campaign with no reproducer, a hanging one hung it."""
@@ -480,6 +498,30 @@ def test_a_cascade_failure_on_cpu_prints_a_script_that_runs_cpu(tmp_path):
     script = fuzz._cascade_reproducer(Config(0, ("cpu",)), index, failure, 0)
     assert 'backend="cpu"' in script and "interpret_chunk" not in script
     assert _run_script(script, tmp_path).returncode == 0   # nothing is wrong with the kernel itself
+    # (found by a helper) it asserted shapes and NaN positions only, so it passed a kernel 1.5x off too
+    off = _run_script(script, tmp_path, prelude=_KERNEL_OFF)
+    assert off.returncode != 0 and "outside the tolerance" in off.stderr, off.stderr[-2000:]
+
+
+_KERNEL_OFF = textwrap.dedent('''
+    """A planted wrong kernel: every result 1.5 times the right one."""
+    import numpy as np
+    import redfuser as rf
+    _make = rf.kernel
+
+    def _off_by_half(*args, **kwargs):
+        made = _make(*args, **kwargs)
+
+        class Off:
+            def __call__(self, *a, **k):
+                out = made(*a, **k)
+                return tuple(np.asarray(o) * 1.5 for o in out) if isinstance(out, tuple) else np.asarray(out) * 1.5
+
+            def __getattr__(self, name):
+                return getattr(made, name)
+        return Off()
+    rf.kernel = _off_by_half
+''')
 
 
 def test_int8_quantization_with_a_running_absmax_is_judged_within_a_grid_step():
@@ -555,3 +597,17 @@ def test_logaddexp_is_judged_relative_to_its_parts_not_its_cancelled_sum():
     want = np.asarray(ref.outputs[0].ref)
     assert program_judge.compare((want + np.float32(3e-7)).astype(np.float32), ref, "cpu", 0) is None
     assert program_judge.compare((want + np.float32(1e-3)).astype(np.float32), ref, "cpu", 0) is not None
+
+
+def test_the_options_that_change_what_an_example_is_are_named_with_its_seed():
+    """(Found by a helper.) ``--max-size`` and ``--max-axis`` change example i of seed S, but neither the
+    campaign's header nor a reproducer named them, so a rerun by seed and index drew another example."""
+    assert Config(0, ("interpret",)).drawing() == ""
+    wide = Config(0, ("interpret",), max_axis=64, max_size=4096)
+    assert wide.drawing() == " --max-axis 64 --max-size 4096"
+    campaign = fuzz.run(wide, 1)
+    assert "seed 0 --max-axis 64 --max-size 4096, backends interpret" in campaign.summary()
+    assert program_example(0, 1, 4096).describe() != program_example(0, 1, 256).describe()
+    failure = Failure("wrong value", "interpret", 0, "planted", index=(0,))
+    script = fuzz._program_reproducer(wide, 1, failure, 0, None)
+    assert "(seed 0 --max-axis 64 --max-size 4096, example 1)" in script

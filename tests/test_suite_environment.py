@@ -35,3 +35,15 @@ def test_a_callers_settings_do_not_reach_the_suite(tmp_path):
                           f"{here}::test_the_suite_sees_the_defaults"],
                          cwd=here.parent.parent, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_an_unknown_hypothesis_profile_is_a_usage_error_naming_the_variable():
+    """(Found by a helper.) ``HYPOTHESIS_PROFILE=long`` ended every run in hypothesis's traceback from
+    conftest.py ("Profile 'long' is not registered"), naming neither the variable nor the profiles."""
+    here = Path(__file__)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                          f"{here}::test_the_suite_sees_the_defaults"], cwd=here.parent.parent,
+                         env=dict(os.environ, HYPOTHESIS_PROFILE="long"), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "HYPOTHESIS_PROFILE='long' is not a profile of this suite: use one of ci, fuzz" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 import traceback
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -76,6 +76,7 @@ class Failure:
     reduction: str
     message: str
     worst: tuple[tuple[int, ...], float] | None = None  # soundness: (index, allowed |error|)
+    scale: float | None = None     # soundness: `compare`'s scale for `assert_close` (`tolerance_scale`)
 
 
 @dataclass
@@ -147,9 +148,7 @@ def error_bounds(c: Cascade, arrays: dict[str, np.ndarray]) -> dict[str, np.ndar
 def compare(actual: np.ndarray, expected: np.ndarray, bound: np.ndarray, c: Cascade) -> Failure | None:
     """None when `actual` passes the tolerance rule against `expected`; else the failure (reduction unset)."""
     allowed = C * np.broadcast_to(bound, expected.shape)
-    known = np.isfinite(allowed)
-    rtol, _ = tolerance(c.dtype, c.n)
-    scale = float(np.max(allowed[known])) / rtol if known.any() else 0.0
+    scale = _scale(allowed, c)
     try:
         assert_close(actual, expected, c.dtype, c.n, scale=scale)
     except AssertionError as err:
@@ -160,6 +159,20 @@ def compare(actual: np.ndarray, expected: np.ndarray, bound: np.ndarray, c: Casc
     idx, limit = worst
     return Failure("soundness", "", f"|kernel - reference| at {idx} is {abs(float(actual[idx]) - float(expected[idx])):.3g}, "
                    f"allowed {limit:.3g} (kernel {float(actual[idx])!r}, reference {float(expected[idx])!r})", worst)
+
+
+def _scale(allowed: np.ndarray, c: Cascade) -> float:
+    """The magnitude `assert_close` is given so that its global bound is the largest per-element one."""
+    known = np.isfinite(allowed)
+    rtol, _ = tolerance(c.dtype, c.n)
+    return float(np.max(allowed[known])) / rtol if known.any() else 0.0
+
+
+def tolerance_scale(c: Cascade, name: str) -> float:
+    """The scale `compare` gives `assert_close` for result `name` of `c` on its own data (no kernel run): a
+    reproducer of a wrong value asserts the whole result with it."""
+    with np.errstate(all="ignore"):
+        return _scale(C * np.asarray(error_bounds(replace(c, chunk=1), c.data.build())[name]), c)
 
 
 def _worst(actual: np.ndarray, expected: np.ndarray, allowed: np.ndarray) -> tuple[tuple[int, ...], float] | None:

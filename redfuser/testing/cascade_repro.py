@@ -149,8 +149,9 @@ def reproducer(c: Cascade, failure: Failure, origin: str = "") -> str:
     where = f" in `{name}`" if name else ""
     lines = [f'"""RedFuser fusion fuzzer: {failure.kind} failure{where}{origin}.', "", summary, '"""',
              "import numpy as np", "", "import redfuser as rf"]
-    if sequential_sums(c):  # the checker's reference for bf16 (cascade_check.reference)
-        lines.append("from redfuser.testing.tolerance import wide_reference")
+    tools = (["wide_reference"] if sequential_sums(c) else []) + (["assert_close"] if failure.scale is not None else [])
+    if tools:  # (wide_reference: the checker's reference for bf16, cascade_check.reference)
+        lines.append(f"from redfuser.testing.tolerance import {', '.join(sorted(tools))}")
     lines += ["", "", c.source(), "", ""]
     lines += c.data.source()
     lines += [f"kernel = rf.kernel(cascade, backend=\"interpret\", interpret_chunk={c.chunk})",
@@ -180,6 +181,8 @@ def _assertions(c: Cascade, failure: Failure) -> list[str]:
                 "assert np.array_equal(np.isnan(got), np.isnan(want)), 'NaN positions differ'",
                 "inf = np.isinf(got) | np.isinf(want)",
                 "assert np.array_equal(got[inf], want[inf]), 'infinities differ'"]
+        if failure.scale is not None:   # the whole result, as the campaign compared it
+            out.append(f"assert_close(got, want, rf.{c.data.dtype}, {c.n}, scale={failure.scale!r})")
         if failure.worst is not None:
             idx, allowed = failure.worst
             out += [f"error = abs(float(got[{idx}]) - float(want[{idx}]))",

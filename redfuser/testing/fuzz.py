@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import cascade_repro
 from .cascade_check import Failure as CascadeFailure
-from .cascade_check import check
+from .cascade_check import check, tolerance_scale
 from .cascades import Cascade
 from .fuzz_pool import Pool
 from .fuzz_tasks import Config, Result, cascade_example, is_cascade, program_example, run_example
@@ -100,7 +100,8 @@ class Campaign:
         c = self.config
         rate = self.examples / self.seconds if self.seconds else 0.0
         lines = [f"RedFuser fuzzer: {self.examples} examples ({self.programs} programs, "
-                 f"{self.examples - self.programs} cascades), seed {c.seed}, backends {', '.join(c.backends)}, "
+                 f"{self.examples - self.programs} cascades), seed {c.seed}{c.drawing()}, "
+                 f"backends {', '.join(c.backends)}, "
                  f"{self.jobs or 'no'} worker process{'es' if self.jobs != 1 else ''}, {self.seconds:.1f} s "
                  f"({rate:.2f} examples/s)",
                  "CPU seconds per example: " + ", ".join(
@@ -217,8 +218,8 @@ def _program_reproducer(c: Config, index: int, f: Failure, budget: int, pool: Po
         p, f = confirmed
         if p is original and tried:
             note = "\n\n(The shrunk program did not fail in a fresh process: printed as drawn.)"
-    origin = f" (seed {c.seed}, example {index}" + (f", shrunk in {tried} tries)" if tried and p is not original
-                                                      else ")")
+    shrunk = f", shrunk in {tried} tries)" if tried and p is not original else ")"
+    origin = f" (seed {c.seed}{c.drawing()}, example {index}" + shrunk
     return reproducer(p, f, origin + note)
 
 
@@ -230,15 +231,21 @@ def _cascade_reproducer(c: Config, index: int, f: Failure, budget: int) -> str:
     lost = f.kind in ("crash", "timeout")
     target = None if lost else next((g for g in check(cascade).failures if g.kind == kind), None)
     if f.backend != "interpret" or target is None:
-        target = CascadeFailure("soundness", cascade.returns[0], f.message)
-        text = cascade_repro.reproducer(cascade, target, f" (seed {c.seed}, example {index}, on {f.backend})")
+        # (the worst element the campaign found, so that the script asserts its value: without it a wrong value
+        # on cpu printed both arrays and exited 0; found by a helper)
+        name = cascade.returns[min(f.output, len(cascade.returns) - 1)]
+        worst = (f.index, f.allowed) if f.index is not None else None
+        scale = None if lost else tolerance_scale(cascade, name)
+        target = CascadeFailure("soundness", name, f.message, worst, scale)
+        origin = f" (seed {c.seed}{c.drawing()}, example {index}, on {f.backend})"
+        text = cascade_repro.reproducer(cascade, target, origin)
         return re.sub(r'backend="interpret", interpret_chunk=\d+', f'backend="{f.backend}"', text)
     tried = 0
     if budget:
         cascade, tried = cascade_repro.shrink(cascade, cascade_repro.same_failure(target), budget=budget)
         again = check(cascade).failures
         target = next((g for g in again if g.kind == target.kind), target)
-    origin = f" (seed {c.seed}, example {index}" + (f", shrunk in {tried} tries)" if tried else ")")
+    origin = f" (seed {c.seed}{c.drawing()}, example {index}" + (f", shrunk in {tried} tries)" if tried else ")")
     return cascade_repro.reproducer(cascade, target, origin)
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from .fuzz_tasks import Config, Result, is_cascade, run_example
+from .fuzz_tasks import Config, Result, describe_example, is_cascade, run_example
 from .program import Program
 from .program_judge import Failure, Outcome, run
 
@@ -132,7 +132,7 @@ class Pool:
         if kind == "crash":
             slot.process.join(timeout=5)  # reap it, for its exit code
         code = slot.process.exitcode
-        message = (f"the worker ran {self.timeout:.0f} s on this backend and was killed" if kind == "timeout" else
+        message = (f"the worker ran {self.timeout:g} s on this backend and was killed" if kind == "timeout" else
                    f"the worker process died (exit code {code}{_signal_name(code)})")
         if len(slot.history) > 1:
             message += (f"; it had run {len(slot.history) - 1} examples before ({_ranges(slot.history[:-1])}): "
@@ -195,7 +195,9 @@ class Pool:
                 else:
                     failure = answer if isinstance(answer, Failure) else Failure("exception", "fuzzer", 0, answer,
                                                                                  "fuzzer")
-                    yield Result(task[1], "cascade" if is_cascade(task[1]) else "program", failures=[failure])
+                    # (named as a finished example is: the line of a lost one said only its kind)
+                    yield Result(task[1], "cascade" if is_cascade(task[1]) else "program",
+                                 describe_example(self.config, task[1]), failures=[failure])
 
     def judge(self, program: Program, backend: str) -> Outcome:
         """Run one program on one backend in a worker (for shrinking crashes); a lost worker is its failure."""

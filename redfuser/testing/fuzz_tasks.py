@@ -1,6 +1,7 @@
 """What the fuzzer does with one example, in whatever process runs it (a pool worker or the campaign's own).
 
-Example ``i`` of seed ``S`` is reproducible from the two numbers alone:
+Example ``i`` of seed ``S`` is reproducible from the two numbers alone, with ``--max-axis`` and ``--max-size``
+where they are not the defaults (they bound the draws: `Config.drawing`):
 
 - every `CASCADE_EVERY`-th example is a cascade of the fusion grammar
   (``draw_cascade(RandomDraw("redfuser-fuzz:S:i"))``), checked on ``interpret``
@@ -44,6 +45,12 @@ class Config:
     max_axis: int = 4096
     max_size: int = 256
 
+    def drawing(self) -> str:
+        """The options besides the seed that change what an example is (``--max-axis``, ``--max-size``), as
+        the command line spells them, where they are not the defaults: a failure's rerun needs them too."""
+        return "".join(f" --{name.replace('_', '-')} {value}" for name, value, default in
+                       (("max_axis", self.max_axis, 4096), ("max_size", self.max_size, 256)) if value != default)
+
 
 @dataclass
 class Result:
@@ -76,6 +83,13 @@ def program_example(seed: int, index: int, max_size: int = 256) -> Program:
 def cascade_example(seed: int, index: int, max_axis: int = 4096) -> Cascade:
     """Cascade example `index` of the campaign with `seed` (the fusion fuzzer's own numbering)."""
     return draw_cascade(RandomDraw(f"redfuser-fuzz:{seed}:{index}"), max_axis)
+
+
+def describe_example(config: Config, index: int) -> str:
+    """Example `index` of `config` in one line, drawn without running it (a lost worker's example is named so)."""
+    if is_cascade(index):
+        return cascade_example(config.seed, index, config.max_axis).describe()
+    return program_example(config.seed, index, config.max_size).describe()
 
 
 def run_example(config: Config, index: int, progress=None) -> Result:
@@ -149,8 +163,10 @@ def cascade_soundness(c: Cascade, backend: str) -> list[Failure]:
         bounds = error_bounds(replace(c, chunk=1), arrays)
     got, want = (got, want) if len(c.returns) > 1 else ((got,), (want,))
     out = []
-    for name, a, e in zip(c.returns, got, want):
+    for k, (name, a, e) in enumerate(zip(c.returns, got, want)):
         f = compare(np.asarray(a), np.asarray(e), bounds[name], c)
-        if f is not None:
-            out.append(Failure("wrong value", backend, 0, f"cascade `{name}`: {f.message[:400]}", "cascade"))
+        if f is not None:   # (the worst element goes into the reproducer's assertion: `fuzz._cascade_reproducer`)
+            index, allowed = f.worst if f.worst is not None else (None, 0.0)
+            out.append(Failure("wrong value", backend, 0, f"cascade `{name}`: {f.message[:400]}", "cascade",
+                               output=k, index=index, allowed=allowed))
     return out

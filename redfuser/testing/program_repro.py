@@ -10,6 +10,7 @@ the bug is there and 0 once it is fixed.
 """
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import replace
 
@@ -78,13 +79,21 @@ def _check(p: Program, f: Failure, args: str) -> list[str]:
                 "print('no argument changed: fixed')"]
     if f.kind not in ("wrong value", "wrong class", "wrong dtype", "wrong shape"):
         # errors, crashes and hangs: running the call is the reproducer; a user error is right where numpy refuses
-        return ["    try:", f"        program({args})", "    except Exception as err:",
-                "        numpy_refuses = err", "        print('numpy refuses it:', type(err).__name__, err)",
-                "    else:", "        numpy_refuses = None", "    try:", f"        kernel({args})  # {f.kind}",
-                "    except rf.CompileError as err:", "        if numpy_refuses is None:",
-                "            raise  # a user error for a call numpy computes",
-                "        print('the kernel refuses it with a user error, as it should:', type(err).__name__)",
-                "print('no failure: fixed')"]
+        # (a hang: the call timed as the campaign timed its worker, compile included; it said "fixed" however
+        # long the call took)
+        limit = re.search(r"ran ([0-9.eE+-]+) s", f.message) if f.kind == "timeout" else None
+        timed = ["    import time", "    start = time.monotonic()"] if limit else []
+        lines = ["    try:", f"        program({args})", "    except Exception as err:",
+                 "        numpy_refuses = err", "        print('numpy refuses it:', type(err).__name__, err)",
+                 "    else:", "        numpy_refuses = None", *timed, "    try:", f"        kernel({args})  # {f.kind}",
+                 "    except rf.CompileError as err:", "        if numpy_refuses is None:",
+                 "            raise  # a user error for a call numpy computes",
+                 "        print('the kernel refuses it with a user error, as it should:', type(err).__name__)"]
+        if limit:
+            lines += ["seconds = time.monotonic() - start",
+                      f"assert seconds <= {float(limit.group(1))!r}, f'the call took {{seconds:.3g}} s, over the "
+                      f"campaign limit of {limit.group(1)} s'"]
+        return lines + ["print('no failure: fixed')"]
     # (the body first: a kernel that also writes an argument would change what the body reads after it)
     lines = [f"    want = program({args})", f"    got = kernel({args})"]
     if len(p.outputs) > 1:
