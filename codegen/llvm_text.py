@@ -129,6 +129,9 @@ class _Scope:
     def __init__(self) -> None:
         self.used: set[str] = set()
         self.counter = itertools.count(1)
+        # base name -> the next suffix to try: a function with thousands of blocks of one name (a masked store
+        # per element) tried every suffix from 1 for each, quadratic (a fuzz example spent 500 s here)
+        self.suffix: dict[str, int] = {}
 
     def fresh(self, name: str) -> str:
         if not name:
@@ -136,11 +139,10 @@ class _Scope:
             while name in self.used:
                 name = f".{next(self.counter)}"
         elif name in self.used:
-            base = name
-            for n in itertools.count(1):
-                name = f"{base}.{n}"
-                if name not in self.used:
-                    break
+            base, n = name, self.suffix.get(name, 1)
+            while f"{base}.{n}" in self.used:
+                n += 1
+            name, self.suffix[base] = f"{base}.{n}", n + 1
         self.used.add(name)
         return name
 

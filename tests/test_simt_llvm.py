@@ -358,3 +358,16 @@ def test_ldmatrix_is_one_instruction(count, trans):
     ptx = compile_simt(K.ldmatrix_probe(count, trans)).ptx
     assert ptx.count(f"ldmatrix.sync.aligned.m8n8.x{count}{'.trans' if trans else ''}.shared.b16") == 1
     assert "ld.shared" not in ptx
+
+
+def test_local_names_stay_unique_with_many_of_one_base_name():
+    """A function with thousands of blocks of one name (a masked store per element) gave each the first free
+    suffix by trying every one from 1: quadratic, and a fuzz example's module took minutes to name. The names are
+    the same as before: the base, then ``.1``, ``.2`` ..., skipping any already taken."""
+    from redfuser.codegen.llvm_text import _Scope
+
+    scope = _Scope()
+    assert scope.fresh("x.2") == "x.2"
+    names = [scope.fresh("x") for _ in range(5000)]
+    assert names[:4] == ["x", "x.1", "x.3", "x.4"] and len(set(names)) == 5000 and "x.2" not in names
+    assert [scope.fresh(""), scope.fresh("")] == [".1", ".2"]
