@@ -6,10 +6,13 @@ The scheduler computes in f32, so a ``dot`` of half-precision data reads
 accumulator's dtype) — where the caller's `fits` says a narrow instruction can run
 the dot (`codegen.simt.narrow`: an mma shape on the target; `codegen.host.amx`: an
 AMX tile shape). When only one operand is exactly low precision, the other (an f32
-computation, like ``P`` in ``P @ V``) is rounded to that type only where
-`round_operands` and every value the dot's result reaches is stored in that
-precision or coarser (`store_precision`): the rounding is then smaller than what
-the store rounds away anyway. Otherwise, when the exact operand is bf16, the f32
+computation, like ``P`` in ``P @ V``) is rounded to that type where numpy holds it
+in that very type (`Dot.held`: the schedule records the program's type of each
+computed operand), so the rounding is numpy's own; or where `round_operands` and
+every value the dot's result reaches is stored in that precision or coarser
+(`store_precision`), an approximation off by default: it is not below what the
+store rounds away where the terms cancel or the operand is below the narrow type's
+normal range (an f32 ``exp(-17)`` rounded to f16 is 45% off). Otherwise, when the exact operand is bf16, the f32
 operand is *split*: three bf16 values that sum to it exactly, each multiplied by
 the exact operand in its own dot, the three chained through the accumulator (numpy
 computes ``bf16 @ bf16`` in f32, so an f32 ``P @ V`` is what a bf16 attention
@@ -152,8 +155,11 @@ class _Narrower:
             return op
         (narrow,) = kinds
         one_exact = a is None or b is None
-        rounds = one_exact and self.round_operands and narrow != float8_e4m3fn \
-            and self.sink.get(op.out.name, np.inf) >= eps(narrow)
+        held = op.held[0] if a is None else op.held[1]
+        # rounded where numpy holds the operand in that very type (its rounding, then), or (`round_operands`,
+        # off on the GPU) where the result is stored that coarsely anyway
+        rounds = one_exact and narrow != float8_e4m3fn and (held == narrow or (
+            self.round_operands and self.sink.get(op.out.name, np.inf) >= eps(narrow)))
         if one_exact and not rounds and narrow != bfloat16:
             return op
         mixed = one_exact and not rounds and self.mixed

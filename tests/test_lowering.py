@@ -582,3 +582,30 @@ def test_default_tiles_that_need_more_shared_memory_than_the_target_are_made_sma
     got = rf.kernel(rms_norm, backend="simulate", sm="sm_90")(small, weight)
     assert_close(got, rms_norm(small.astype(np.float64), weight.astype(np.float64)).astype(np.float16),
                  np.float16, 16384)
+
+
+def _attention_of_f32_probabilities(q, k, v):
+    s = q.astype(rf.float32) @ k.astype(rf.float32).T
+    p = rf.exp(s - rf.max(s, axis=-1, keepdims=True))
+    return ((p @ v) / rf.sum(p, axis=-1, keepdims=True)).astype(rf.float16)
+
+
+@pytest.mark.parametrize("case", ["small p", "cancelling"])
+def test_an_operand_numpy_holds_in_f32_is_not_rounded_for_tensor_cores(case):
+    """(Found by a helper.) ``p @ v`` with an f32 ``p`` (the user's own f32 scores) and f16 ``v``, stored as f16:
+    the GPU rounded ``p`` to f16 for ``mma``, which numpy never does. ``exp(-17)`` became 5.96e-8 for 4.1e-8
+    (the result +44%), and cancelling terms gave 0 for numpy's 5e-5. An operand is rounded where numpy holds
+    it in that type (`t.Dot.held`: a softmax of f16 scores), as f16 attention by numpy's rules still is."""
+    q = np.zeros((16, 16), np.float16)
+    q[:, 0] = 1
+    k, v = np.zeros((16, 16), np.float16), np.zeros((16, 16), np.float16)
+    if case == "small p":
+        k[1:, 0], v[1:] = -17, 1000
+    else:
+        k[1::2, 0], v[0::2], v[1::2] = np.float16(-0.0001), 1, -1
+    want = _attention_of_f32_probabilities(q, k, v)
+    got = rf.kernel(_attention_of_f32_probabilities, backend="simulate")(q, k, v)
+    assert_close(got, want, np.float16, 16)
+    held = [op.held for op in t.walk_ops(tile_program(attention, *(normal(1, 2, 64, 32, dtype=np.float16),) * 3)
+                                          .kernels[0].body) if isinstance(op, t.Dot)]
+    assert (float16, None) in held           # f16 attention by numpy's rules: P is numpy's f16

@@ -3,10 +3,11 @@
 The rewrite is `codegen.narrow_operands` (shared with the host's AMX tiles, whose module docstring says
 why each form is exact) with the tensor cores' shapes: a dot is narrowed where it can use an mma
 instruction (shape and target, `plan.mma_shape`). An f32 operand beside an exact low-precision one (``P``
-in ``P @ V``) is rounded to that type where `GpuOptions.round_operands` and every value the dot's result
-reaches is stored in that precision or coarser (`store_precision`); otherwise, beside bf16 data, it is
-split into three bf16 values that sum to it exactly, each multiplied in its own mma, chained through the
-accumulator: three tensor-core instructions where one would do, against a ``[M, K] x [K, N]`` loop of FMAs.
+in ``P @ V``) is rounded to that type where numpy holds it in that type (`Dot.held`: f16 attention's ``P``),
+or where `GpuOptions.round_operands` (off by default) and every value the dot's result reaches is stored in
+that precision or coarser (`store_precision`); otherwise, beside bf16 data, it is split into three bf16
+values that sum to it exactly, each multiplied in its own mma, chained through the accumulator: three
+tensor-core instructions where one would do, against a ``[M, K] x [K, N]`` loop of FMAs.
 Guarantees: verified Tile IR in and out; exact operands give the same result.
 """
 from __future__ import annotations

@@ -245,13 +245,17 @@ class Reduce:
 
 @dataclass(frozen=True, slots=True)
 class Dot:
-    """``acc + a @ b`` for ``a: [M,K]``, ``b: [K,N]``; computed in `out`'s dtype (f32 for low precision)."""
+    """``acc + a @ b`` for ``a: [M,K]``, ``b: [K,N]``; computed in `out`'s dtype (f32 for low precision).
+    `held`: for each operand the kernel computes in f32, the 16-bit or narrower float type numpy holds it in
+    (the program's type of that operand: a softmax's ``p`` of f16 scores), else None; a code generator may
+    round such an operand to that type for a narrow instruction, as numpy rounds it (`codegen.narrow_operands`)."""
 
     out: Value
     a: Value
     b: Value
     acc: Value | None
     loc: SourceLoc = field(default=UNKNOWN, compare=False)
+    held: tuple[DType | None, DType | None] = (None, None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,8 +73,14 @@ _RHS: dict[type, Callable[..., str]] = {
     Load: lambda op: f"load {op.buffer.name}[{op.offsets}]{_mask(op.mask)}"
                      + (f" other {format_const(op.other)}" if op.mask is not None else ""),
     Reduce: lambda op: f"reduce {op.op.value} {op.x} axis {op.axis}",
-    Dot: lambda op: f"dot {op.a}, {op.b}" + (f" + {op.acc}" if op.acc is not None else ""),
+    Dot: lambda op: f"dot {op.a}, {op.b}" + (f" + {op.acc}" if op.acc is not None else "") + _held(op),
 }
+
+
+def _held(op: Dot) -> str:
+    """The types numpy holds the dot's f32-computed operands in, where it holds them narrow."""
+    held = [f"{side} as {d}" for side, d in zip("ab", op.held) if d is not None]
+    return f" (numpy holds {' and '.join(held)})" if held else ""
 
 
 def format_op(op: Op, indent: str = "") -> list[str]:

@@ -169,9 +169,11 @@ class KernelBuilder:
         self.emit(t.Reduce(out, x, axis, op))
         return out
 
-    def dot(self, a: t.Value, b: t.Value, acc: t.Value | None, dtype: DType, hint: str = "dot") -> t.Value:
+    def dot(self, a: t.Value, b: t.Value, acc: t.Value | None, dtype: DType, hint: str = "dot",
+            held: tuple[DType | None, DType | None] = (None, None)) -> t.Value:
+        """``acc + a @ b`` in `dtype`; `held`: the narrow types numpy holds f32-computed operands in (`t.Dot`)."""
         out = self.value(hint, dtype, (a.shape[0], b.shape[1]))
-        self.emit(t.Dot(out, a, b, acc))
+        self.emit(t.Dot(out, a, b, acc, held=held))
         return out
 
     def topk(self, x: t.Value, indices: t.Value, axis: int, k: int, acc: tuple[t.Value, t.Value] | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import Axis, Binary, BinaryOp, DType, Expr, ReduceOp, UnaryOp, loads
+from ..ir import Axis, Binary, BinaryOp, DType, Expr, Load, ReduceOp, UnaryOp, loads
 from ..ir.sizes import divides, is_static
 from ..ir.tile import nodes as t
 from ..ir.types import float32, float64
@@ -27,19 +27,22 @@ def shape_of(dims: tuple[Dim, ...]) -> tuple[int, ...]:
 
 
 def _dot_operands(lw: ExprLowering, value: Expr, out_dims: tuple[Dim, ...], rdim: Dim,
-                  bindings: dict[str, Binding]) -> tuple[t.Value, t.Value] | None:
-    """``(a [m,k], b [k,n])`` when `value` is such a product over (m, n) = `out_dims`, else None."""
+                  bindings: dict[str, Binding]) -> tuple[t.Value, t.Value, tuple[DType | None, DType | None]] | None:
+    """``(a [m,k], b [k,n], held)`` when `value` is such a product over (m, n) = `out_dims`, else None;
+    `held`: the 16-bit or narrower float type the program gives each operand it computes (`t.Dot.held`; a load
+    is exact as it is)."""
     if not _product_over_2d(value, out_dims):
         return None
     acc_dtype = compute_dtype(value.dtype)
     if not acc_dtype.is_float:
         return None
     x, y = lw.lower_as(value.a, acc_dtype, bindings), lw.lower_as(value.b, acc_dtype, bindings)
+    held = tuple(e.dtype if e.dtype.storage_only and not isinstance(e, Load) else None for e in (value.a, value.b))
     m, n = out_dims
     want_a, want_b = {m.key, rdim.key}, {rdim.key, n.key}
     keys = lambda z: {d.key for d in z.dims}  # noqa: E731
     if keys(x) != want_a or keys(y) != want_b:
-        x, y = y, x
+        x, y, held = y, x, held[::-1]
     if keys(x) != want_a or keys(y) != want_b:
         return None
     kb = lw.kb
@@ -51,7 +54,7 @@ def _dot_operands(lw: ExprLowering, value: Expr, out_dims: tuple[Dim, ...], rdim
             zero = kb.const(0.0, acc_dtype, v.shape)
             v = kb.select(place(kb, Tiled(mask, (rdim,)), z.dims), v, zero, hint=f"{v.name}_k")
         operands.append(v if z.dims[0].key == first.key else kb.permute(v, (1, 0)))
-    return operands[0], operands[1]
+    return operands[0], operands[1], held
 
 
 def _product_over_2d(value: Expr, out_dims: tuple[Dim, ...]) -> bool:
@@ -81,7 +84,7 @@ def reduce_chunk(lw: ExprLowering, op: ReduceOp, value: Expr, out_dims: tuple[Di
     if op is ReduceOp.SUM:
         pair = _dot_operands(lw, value, out_dims, rdim, bindings)
         if pair is not None:
-            return kb.dot(pair[0], pair[1], acc, acc_dtype, hint=f"{hint}_dot")
+            return kb.dot(pair[0], pair[1], acc, acc_dtype, hint=f"{hint}_dot", held=pair[2])
     x = lw.lower_as(value, acc_dtype, bindings)
     dims = ordered(out_dims + (rdim,))
     v = place(kb, x, dims)
