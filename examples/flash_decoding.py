@@ -1,4 +1,7 @@
-"""Flash decoding: one query against a long key axis; the key axis is split across programs and merged."""
+"""Flash decoding: one query against a long key axis, in one pass. Where the heads leave the machine idle
+(8 heads on a GPU's 132 SMs) the key axis is split across programs and the slices merged; on a CPU the 8
+heads already occupy its cores, and each program walks its head's keys alone (docs/cpu-backend.md,
+"Split reductions")."""
 import numpy as np
 
 from _check import run_and_check

@@ -381,3 +381,29 @@ def test_help_describes_the_script_in_whole_sentences(module, monkeypatch, capsy
     paragraph = " ".join(module.__doc__.strip().split("\n\n")[0].split())
     assert paragraph.endswith(".") and paragraph in " ".join(capsys.readouterr().out.split())
 
+
+
+def test_the_device_checks_per_element_rule_fails_on_planted_wrong_outputs():
+    """(Found by a helper.) One relative norm over the whole output passed an f16 softmax 0.8% too large, f32
+    MoE weights 0.09% too large and an attention output with one query row never written; each element is
+    held to the project's tolerance rule now (probabilities and weights to its relative part too), and the
+    right outputs, rounded to their dtype, still pass."""
+    torch = pytest.importorskip("torch")
+    by_name = {c.workload: c for c in reversed(gpu_cases.cases("tiny"))}
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 512, generator=g, dtype=torch.float64) * 3
+    ref = (torch.softmax(x, -1),)
+    p = torch.softmax(torch.randn(256, 64, generator=g, dtype=torch.float64) * 3, -1)
+    w3, i3 = torch.topk(p, 3)
+    routing = (w3[:, :2] / w3[:, :2].sum(-1, keepdim=True), i3[:, :2], w3)
+    out = torch.randn(1, 16, 4096, 64, generator=g, dtype=torch.float64) * 0.1
+    unwritten = out.clone()
+    unwritten[0, 3, 4095] = 0.0
+    check = gpu_cases.check
+    assert check(by_name["softmax"], "redfuser", ref[0].half(), ref, torch)[0]
+    assert not check(by_name["softmax"], "redfuser", (ref[0] * 1.008).half(), ref, torch)[0]
+    assert check(by_name["moe_routing"], "redfuser", (routing[0].float(), routing[1]), routing, torch)[0]
+    assert not check(by_name["moe_routing"], "redfuser", ((routing[0] * 1.0009).float(), routing[1]), routing,
+                     torch)[0]
+    assert check(by_name["flash_attention_f16"], "redfuser", out.half(), (out,), torch)[0]
+    assert not check(by_name["flash_attention_f16"], "redfuser", unwritten.half(), (out,), torch)[0]

@@ -124,3 +124,20 @@ def test_explain_says_the_rounding_uses_the_running_scale():
     x, w, ws = _inputs(2)
     text = rf.kernel(W.int8_quant_gemm, backend="cpu").explain(x, w, ws)
     assert "quantized with the running values: minimum(maximum(rint(" in text and "one quantization bound" in text
+
+
+@pytest.mark.parametrize("workload", ["fp8_quant_gemm", "int8_quant_gemm"])
+def test_the_demos_check_fails_on_planted_wrong_kernels(workload):
+    """(Found by a helper.) The demo's checks (and the examples' and cpu_bench's) judged a quantized GEMM by its
+    quantization bound alone, which a GEMM that never quantizes, or an output 25% off, meets on random rows.
+    The workload's inputs now repeat their absmax in half the rows, where the result must be the body's."""
+    from redfuser import cli
+
+    x, w, ws = W.WORKLOADS[workload].make_inputs(np.random.default_rng(0))
+    check = cli._check_quantized if workload == "fp8_quant_gemm" else cli._check_int8
+    body = W.WORKLOADS[workload].fn(x, w, ws)
+    assert check(rf.kernel(W.WORKLOADS[workload].fn, backend="cpu")(x, w, ws), x, w, ws) == 0
+    unquantized = ((x.astype(np.float64) @ w.astype(np.float64)) * ws).astype(np.float32)
+    for planted in (unquantized, body * np.float32(1.001)):
+        with pytest.raises(AssertionError):
+            check(planted, x, w, ws)

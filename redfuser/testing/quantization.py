@@ -194,3 +194,44 @@ def spike_rows(x: np.ndarray, period: int = PERIOD) -> np.ndarray:
     head = x[..., ::period]
     x[..., ::period] = np.where(head < 0, -a, a)
     return x
+
+
+def spike_half(x: np.ndarray, period: int = PERIOD) -> np.ndarray:
+    """`x` with its first half of rows spiked (`spike_rows`) and the rest left as drawn: the inputs the demo,
+    the examples and the CPU benchmark check on, so that bound 2 judges half the rows sharply (on random
+    rows alone only bound 1 applies, and it passes a GEMM that never quantizes; found by a helper) while
+    the other half still exercise a running absmax that changes from chunk to chunk."""
+    half = x.shape[0] // 2 if x.ndim > 1 else 0
+    out = np.array(x, copy=True)
+    if half:
+        out[:half] = spike_rows(x[:half], period)
+    return out
+
+
+def assert_int8_quantized_gemm(out: np.ndarray, x: np.ndarray, w: np.ndarray, w_scale: np.ndarray, *,
+                               period: int = PERIOD) -> str:
+    """A kernel's `out` of ``int8_quant_gemm(x, w, w_scale)`` (`redfuser.workloads`): every element within
+    `int8_quantization_bound` of the exact product, and on the rows whose absmax occurs in every window of
+    `period` (`absmax_in_every_window`), where every kernel rounds each element with the body's own scale,
+    equal to the body under the tolerance rule (f32, reduction length K). Raises `AssertionError`; returns
+    the ratios. The bound alone passes a GEMM that never rounds (found by a helper); the rows checked against
+    the body do not."""
+    from redfuser.workloads import int8_quant_gemm
+
+    from .tolerance import assert_close
+
+    want_shape = x.shape[:-1] + w.shape[-1:]
+    if np.shape(out) != want_shape or np.asarray(out).dtype != np.float32:
+        raise AssertionError(f"int8_quant_gemm: output {np.asarray(out).dtype}{list(np.shape(out))}, the body's "
+                             f"is float32{list(want_shape)}")
+    exact = (x.astype(np.float64) @ w.astype(np.float64)) * w_scale
+    ratio = float(np.max(np.abs(out - exact) / int8_quantization_bound(x, w, w_scale)))
+    if not ratio <= 1.0:
+        raise AssertionError(f"int8_quant_gemm: {ratio:.3g} times its quantization bound from the exact product")
+    rows = absmax_in_every_window(x, period)
+    if rows.any():
+        with np.errstate(all="ignore"):
+            body = int8_quant_gemm(x[rows], w, w_scale)
+        assert_close(out[rows], body, np.float32, x.shape[-1], "int8_quant_gemm on rows every kernel rounds as "
+                     "the body does")
+    return f"{ratio:.3f} of the int8 quantization bound, {int(rows.sum())} rows equal to the body"
