@@ -566,6 +566,39 @@ def test_wide_attention_rows_on_ragged_shapes_equal_numpy(fn, n, m, options):
     assert_close(kernel(q, k, v), expected, np.float16, m)
 
 
+def _rms_norm_beside_a_gemm(x, w, a, b):
+    from redfuser.workloads import rms_norm
+
+    return rms_norm(x, w), a @ b
+
+
+def test_smaller_tiles_for_one_kernel_do_not_widen_the_others():
+    """The retry with smaller tiles applies to the whole program: its ``block_n`` of 4096, meant to chunk a
+    long fused row, made an f32 GEMM beside it a 64 x 4096 tile, 2048 accumulators a thread (a 47 s
+    compile). A GPU tile's columns across the grid are at most `GPU_COLUMNS_MAX` (`ScheduleOptions.columns`);
+    and a whole-rows tile of very short rows at most `ONE_PASS_ROWS` rows (16384 rows of one element needed
+    the retry in the first place: fuzz seed 108, example 341)."""
+    from redfuser.schedule.options import GPU_COLUMNS_MAX, ONE_PASS_ROWS
+
+    args = (rf.ShapeDtype((256, 16384), np.float16), rf.ShapeDtype((16384,), np.float32),
+            rf.ShapeDtype((64, 256), np.float32), rf.ShapeDtype((256, 8192), np.float32))
+    lowered = rf.kernel(_rms_norm_beside_a_gemm, backend="simulate", sm="sm_90").lower(*args)
+    assert lowered.options.block_n == 4096
+    gemm = lowered.stages["tile"].kernels[-1]
+    assert gemm.grid == (1, 8192 // GPU_COLUMNS_MAX)
+    rng = np.random.default_rng(0)
+    short = rf.kernel(_mean_of_one_element_rows_beside_a_matmul, backend="simulate", dynamic=True).lower(
+        rng.standard_normal((9, 5, 3)).astype(np.float16), rng.standard_normal((9, 5, 1)).astype(np.float16),
+        rng.standard_normal((2, 5)).astype(np.float32))
+    assert short.options.block_n is None     # (no retry)
+    assert f"cdiv(x0.1, {ONE_PASS_ROWS})" in [str(k.grid[-1]) for k in short.stages["tile"].kernels]
+
+
+def _mean_of_one_element_rows_beside_a_matmul(x0, x1, x2):
+    v3 = rf.sqrt(rf.abs(x1) + 1.0)
+    return rf.mean(v3, axis=2, keepdims=True), x2 @ (np.float32(0.5) * x0), v3
+
+
 def test_default_tiles_that_need_more_shared_memory_than_the_target_are_made_smaller():
     """f16 RMSNorm of 16384-element rows took whole rows, and converting its f32 weight row took 64 KiB of
     shared memory (48 KiB on sm_90): the defaults then try smaller tiles (`compiler.SMALLER_TILES`) and the
@@ -575,8 +608,9 @@ def test_default_tiles_that_need_more_shared_memory_than_the_target_are_made_sma
     x, w = rf.ShapeDtype((256, 16384), np.float16), rf.ShapeDtype((16384,), np.float32)
     lowered = rf.kernel(rms_norm, backend="simulate", sm="sm_90").lower(x, w)
     assert lowered.options.block_n == 4096
+    int64 = rf.ShapeDtype((64, 64), np.int64)        # (64 x 64 x 64 operand tiles of 8 bytes: 512 KiB)
     with pytest.raises(rf.BackendError, match="shared memory"):
-        rf.kernel(rms_norm, backend="simulate", sm="sm_90", block_n=16384).lower(x, w)
+        rf.kernel(lambda a, b: a @ b, backend="simulate", sm="sm_90", block_k=64).lower(int64, int64)
     small = np.random.default_rng(3).standard_normal((2, 16384)).astype(np.float16)
     weight = np.random.default_rng(4).standard_normal(16384).astype(np.float32)
     got = rf.kernel(rms_norm, backend="simulate", sm="sm_90")(small, weight)

@@ -26,8 +26,8 @@ from .builder import KernelBuilder
 from .exprs import ExprLowering
 from .masked import live_bound
 from .nests import premake
-from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, DOT_ROWS_LEAST, MASKED_DOT_ROWS, ONE_PASS_MAX, ONE_PASS_TILE,
-                      ROW_TILE_LEAST, WIDE_ROWS, ScheduleOptions, chunk_within_tile, gemm_rows)
+from .options import (ACC_TILE, CHEAP_RECOMPUTE_MAX, DOT_ROWS_LEAST, MASKED_DOT_ROWS, ONE_PASS_MAX, ONE_PASS_ROWS,
+                      ONE_PASS_TILE, ROW_TILE_LEAST, WIDE_ROWS, ScheduleOptions, chunk_within_tile, gemm_rows)
 from .reduce import reads_only_narrow
 from .space import Binding, Dim, Fixed, ordered
 from .unify import AxisClasses, Unfusable, rank_axis, state_axes, unify
@@ -136,7 +136,7 @@ class FusedLayout:
         """The tile of a grid-tiled axis (`grid_tiled`): ``block_n``, or a GEMM state's columns
         (`gemm_tile`: the program's copy of ``w``'s block and its rows' statistics serve more of them)."""
         gemm = self.gemm_tile(opts)
-        return gemm[2] if gemm is not None else opts.block_n
+        return gemm[2] if gemm is not None else opts.columns()
 
     @property
     def contracts(self) -> bool:
@@ -203,7 +203,7 @@ class FusedLayout:
 
         That takes states that are per-row values (not a running top-k, whose sorting network grows with
         the chunk) over an axis of at most `ONE_PASS_MAX`. A tile holds as many whole rows as
-        `ONE_PASS_TILE` elements do, fewer while there are fewer tiles than workers. With fewer than half
+        `ONE_PASS_TILE` elements do (at most `ONE_PASS_ROWS`), fewer while there are fewer tiles than workers. With fewer than half
         as many tiles as workers even at one row a tile, the loop is chunked and split across programs
         instead (`split.py`): more SMs then read, if each element twice."""
         n = self.fl.axis.extent
@@ -212,7 +212,7 @@ class FusedLayout:
         if not (opts.whole_rows and self.per_row_states and 0 < opts.tile(n, n) <= ONE_PASS_MAX
                 and not any(isinstance(st, TopKState) for st in self.fl.states)):
             return 0
-        rows = max(1, ONE_PASS_TILE // self._row_elements(opts))
+        rows = min(ONE_PASS_ROWS, max(1, ONE_PASS_TILE // self._row_elements(opts)))
         while rows > 1 and not assumed_at_least(self.programs(opts, rows), opts.workers):
             rows //= 2
         return rows if assumed_at_least(2 * self.programs(opts, rows), opts.workers) else 0

@@ -49,9 +49,9 @@ def compute_kernel(s: Compute, name: str, opts: ScheduleOptions, index: DType) -
     axes = s.axes
     if len(axes) >= 2:
         tiled = [(axes[-2], opts.tile(opts.rows(), axes[-2].extent), 0),
-                 (axes[-1], opts.tile(opts.block_n, axes[-1].extent), 1)]
+                 (axes[-1], opts.tile(opts.columns(), axes[-1].extent), 1)]
     elif axes:
-        tiled = [(axes[-1], opts.tile(opts.rows() * opts.block_n, axes[-1].extent), 0)]
+        tiled = [(axes[-1], opts.tile(opts.rows() * opts.columns(), axes[-1].extent), 0)]
     else:
         tiled = []
     bindings, grid = bind_grid(kb, axes[: len(axes) - len(tiled)], tiled)
@@ -89,7 +89,7 @@ def matmul_tile(s: Reduce, opts: ScheduleOptions) -> tuple[int, int, ScheduleOpt
     m, n = s.axes[-2], s.axes[-1]
     tile = opts.matmul_tile(all(ld.buffer.dtype.itemsize == 2 for ld in loads(s.value)))
     if tile is None:
-        return opts.tile(opts.rows(), m.extent), opts.tile(opts.block_n, n.extent), opts
+        return opts.tile(opts.rows(), m.extent), opts.tile(opts.columns(), n.extent), opts
     rows, chunk, cols = tile
     cols = opts.tile(cols, n.extent)
     batch: SizeLike = 1

@@ -141,6 +141,11 @@ class ScheduleOptions:
             return self.block_m
         return ROWS[per_row_states]
 
+    def columns(self) -> int:
+        """The columns of a tile across the grid (a plain nest's, a matmul's, a grid-tiled state axis's):
+        `block_n`, at most `GPU_COLUMNS_MAX` on the GPU (``pow2`` schedules)."""
+        return min(self.block_n, GPU_COLUMNS_MAX) if self.pow2 else self.block_n
+
     def matmul_tile(self, half: bool) -> tuple[int, int, int] | None:
         """`gemm_tile`, or for a plain matmul of 16-bit floats (`half`) `half_gemm_tile` where it is set."""
         return self.half_gemm_tile if half and self.half_gemm_tile is not None else self.gemm_tile
@@ -314,7 +319,22 @@ inlines it) and the epilogue reuses the loaded tile. 16384 elements over 16 warp
 that needs more registers than 16 warps allow (docs/gpu-backend.md, "Why these defaults")."""
 
 ONE_PASS_TILE = 16384
-"""Elements of a whole-rows tile: ``ONE_PASS_TILE // row`` rows of a shorter row (at least one row)."""
+"""Elements of a whole-rows tile: ``ONE_PASS_TILE // row`` rows of a shorter row (at least one row, at most
+`ONE_PASS_ROWS`)."""
+
+GPU_COLUMNS_MAX = 256
+"""The most columns of a GPU tile across the grid (`ScheduleOptions.columns`); a larger ``block_n`` still
+chunks fused rows. `compiler.SMALLER_TILES` retries a whole program with ``block_n=4096`` for a fused row too
+long for shared memory, and every matmul and elementwise nest beside it took 4096-column tiles: an f32
+64 x 4096 matmul tile is 2048 accumulators a thread (RMSNorm of 16384 columns beside an f32 GEMM compiled in
+47 s, 1.6 s with this bound; fuzz seed 108, example 341, a 1.2M-line LLVM module)."""
+
+ONE_PASS_ROWS = 1024
+"""The most rows of a whole-rows tile. A row of one or two elements took 8192-16384 rows a tile, whose
+reduction's layout conversion needs more shared memory than a block declares; the compile then retried the
+whole program with `compiler.SMALLER_TILES`, whose ``block_n`` of 4096 made a matmul beside it a 64 x 4096
+tile, 2048 accumulators a thread (a 1.2M-line LLVM module: fuzz seed 108, example 341, a symbolic grid, which
+is taken to be large and never halves its rows)."""
 
 
 GPU_PLANNING_SMS = 132
