@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import redfuser as rf
+from helpers import run_backend
 
 BACKENDS = ("interpret", "cpu", "simulate")
 
@@ -910,3 +911,26 @@ def test_like_terms_that_merge_without_cancelling_do_not_refuse_fusion():
     (group,) = kernel.lower(x, w).groups
     assert set(group.fused_members) == {"r0", "sum"}, group.reason
     np.testing.assert_allclose(kernel(x, w), _merged_like_terms(x, w), rtol=1e-5, atol=1e-5)
+
+
+def _probabilities_by_log_sum_exp_times(x, mask, w):
+    y = rf.where(mask, x, -rf.inf)
+    y = y - rf.max(y, axis=-1, keepdims=True)
+    return rf.exp(y - rf.log(rf.sum(rf.exp(y), axis=-1, keepdims=True))) @ w
+
+
+@pytest.mark.parametrize("options", [{}, {"split": 3}, {"block_n": 16}])
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+def test_a_softmax_by_its_log_sum_exp_over_a_row_masked_at_first(backend, options):
+    """Seed 111, example 1432: ``exp(y - log(sum(exp(y)))) @ w`` of a row whose first chunk (or a split's
+    slice) is all masked: the running sum was 0 there, the term ``exp(-inf - log 0)`` NaN, and the state NaN
+    for good (every backend in some schedule; a left-padded prompt's attention written so). The log of a
+    running sum of exponentials reads as 0 while the sum is 0 (`nan_guard.read_logs_safely`)."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((4, 40)).astype(np.float32), rng.standard_normal((40, 8)).astype(np.float32)
+    mask = np.ones((4, 40), bool)
+    mask[:, :20] = False          # the first chunks masked
+    mask[1, 30:] = False          # and the last slice of a split
+    (got,), (want,) = run_backend(backend, _probabilities_by_log_sum_exp_times, x, mask, w, **options)
+    assert not np.isnan(got).any()
+    rf.testing.assert_close(got, want, np.float32, 40)

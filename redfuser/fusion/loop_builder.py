@@ -33,7 +33,7 @@ from ..ir import (
 from ..ir.types import bool_
 from .member import Member
 from .narrowing import rescale_dtype
-from .nan_guard import read_safely, running_extrema
+from .nan_guard import read_logs_safely, read_safely, running_extrema, sums_of_exponentials
 from .positivity import is_positive
 from .product_law import product_carry
 from .algebra import Linear
@@ -226,8 +226,9 @@ class LoopBuilder:
         return running_extrema(self.states)
 
     def safe(self, e: Expr) -> Expr:
-        """`e` reading each running max/min as 0 while it still holds its identity (see OnlineState)."""
-        return read_safely(e, self.running_extrema())
+        """`e` reading each running max/min as 0 while it still holds its identity (see OnlineState), and the
+        log of a running sum of exponentials as 0 while the sum is 0 (`nan_guard.read_logs_safely`)."""
+        return read_logs_safely(read_safely(e, self.running_extrema()), sums_of_exponentials(self.states))
 
     def safe_scale(self, e: Expr) -> Expr:
         """`e` reading each running max as 1 while it is still at its identity or 0 (nothing but zeros

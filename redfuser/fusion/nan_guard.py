@@ -57,6 +57,31 @@ def running_extrema(states) -> dict[str, float]:
             if isinstance(st, OnlineState) and st.op in (ReduceOp.MAX, ReduceOp.MIN)}
 
 
+def sums_of_exponentials(states) -> frozenset[str]:
+    """The running sums among `states` whose term is an exponential: such a sum is 0 exactly while every term
+    it has seen was ``exp(-inf)`` (a row masked so far)."""
+    return frozenset(st.acc.name for st in states if isinstance(st, OnlineState) and st.op is ReduceOp.SUM
+                     and isinstance(st.term, Unary) and st.term.op is UnaryOp.EXP)
+
+
+def read_logs_safely(e: Expr, sums: frozenset[str]) -> Expr:
+    """`e` reading ``log(l)`` of each running sum of exponentials `l` in `sums` as ``log(where(l == 0, 1, l))``:
+    0 while the sum is still 0, as a running max at its identity reads as 0 (`read_safely`). A term
+    ``exp(x - m - log(l))`` over a chunk masked so far was ``exp(-inf + inf)``, NaN, and stayed NaN through
+    every later rescale (fuzz seed 111, example 1432: a softmax written as ``exp(y - log(sum(exp(y))))`` of a
+    row whose first keys are masked). Exact: while ``l`` is 0 every term read so far is ``exp(-inf)``, 0 for
+    any finite offset, and the rescale reads the previous sum as it was (``log(0)``: a factor 0 on a state
+    that is still 0)."""
+
+    def fix(n: Expr) -> Expr | None:
+        if isinstance(n, Unary) and n.op is UnaryOp.LOG and isinstance(n.x, Load) and n.x.buffer.name in sums:
+            empty = Binary(BinaryOp.EQ, n.x, Const(0.0, n.x.dtype), bool_)
+            return Unary(UnaryOp.LOG, Select(empty, Const(1.0, n.x.dtype), n.x, n.x.dtype), n.dtype)
+        return None
+
+    return map_expr(e, fix)
+
+
 def read_safely(e: Expr, extrema: dict[str, float], only: frozenset[Load] | None = None) -> Expr:
     """`e` reading each running max/min of `extrema` (name -> identity) as 0 while it holds its identity:
     ``where(m == identity, 0, m)``. With `only`, just the reads in it."""
