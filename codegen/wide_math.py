@@ -1,4 +1,5 @@
-"""f32 ``tanh``, ``expm1``, ``log1p``, ``erf``, ``sin`` and ``cos``, evaluated in f64, in plain LLVM IR.
+"""f32 ``tanh``, ``expm1``, ``log1p``, ``erf``, ``sin`` and ``cos`` (and, for the GPU, ``log``), evaluated in
+f64, in plain LLVM IR.
 
 One definition serves the CPU and the GPU code generators: each function is straight-line code (``fma``,
 ``rint``, integer ops on the bits, ``select``, one f64 division at most, loads from a constant table) that
@@ -48,7 +49,11 @@ import llvmlite.ir as ir
 from .llvm_utils import F32, F64, I1, I32, I64, PTR, call_intrinsic
 
 FUNCTIONS = ("tanh", "expm1", "log1p", "erf", "sin", "cos")
-"""The functions `emit` writes, by their numpy names."""
+"""The functions both code generators take from `emit`, by their numpy names (`ir.semantics.WIDE_MATH`)."""
+
+GPU_FUNCTIONS = ("log",)
+"""The functions only the GPU's takes from `emit`: its hardware ``lg2.approx`` has an absolute error of about
+2**-22 near 1 (``log(1.00001)`` up to 3.6% off; found by a helper), where the CPU's ``log`` is its own."""
 
 ULP_BOUND = 1.0
 """The documented error bound of every function here, in f32 ulps of the exact value (module docstring)."""
@@ -211,6 +216,19 @@ def _log_wide(b, u, divide) -> ir.Value:
     return _fma(b, ef, _d(math.log(2.0)), b.fmul(s, series))
 
 
+def _log(b, x32, divide) -> ir.Value:
+    """``log`` of an f32: the f64 `_log_wide` of the widened argument (an f32 subnormal is a normal f64);
+    ``log(0) = -inf``, below 0 NaN, ``log(inf) = inf``, NaN kept."""
+    x = b.fpext(x32, F64)
+    safe = b.select(b.fcmp_ordered(">", x, _d(0.0)), x, _d(1.0))
+    safe = _select_ordered(b, ">", safe, 1e300, _d(1.0))                     # inf: patched below
+    r = _log_wide(b, safe, divide)
+    r = b.select(b.fcmp_ordered("==", x, _d(0.0)), _d(-math.inf), r)
+    r = b.select(b.fcmp_ordered("<", x, _d(0.0)), _d(math.nan), r)
+    r = b.select(b.fcmp_ordered("==", x, _d(math.inf)), x, r)
+    return _nan_kept(b, x, r)
+
+
 def _log1p(b, x32, divide) -> ir.Value:
     x = b.fpext(x32, F64)
     u = b.fadd(x, _d(1.0))
@@ -336,17 +354,17 @@ def _fdiv(b, x, y):
 
 
 def emit(b, name: str, x: ir.Value, *, table_space: int = 0, divide: Callable = _fdiv) -> ir.Value:
-    """`name` (one of `FUNCTIONS`) of the f32 scalar `x`, as an f32; `table_space` is the address space of
+    """`name` (one of `FUNCTIONS` or `GPU_FUNCTIONS`) of the f32 scalar `x`, as an f32; `table_space` is the address space of
     the constant tables ``erf``, ``sin`` and ``cos`` read (0 on the CPU, 1, global, on NVPTX). `divide`
-    ``(b, x, y)`` makes the one f64 quotient of ``tanh`` and ``log1p`` (its divisor is in [1.7, 5e8]): ``fdiv``,
+    ``(b, x, y)`` makes the one f64 quotient of ``tanh``, ``log1p`` and ``log`` (its divisor is in [1.7, 5e8]): ``fdiv``,
     or in a GPU kernel that must not call a subroutine `correctly_rounded.quotient_f64` (within an f64 ulp,
     which the 1-ulp bound of the f32 result absorbs; `tests/test_wide_math.py` measures both)."""
     makers: dict[str, Callable] = {
         "tanh": lambda: _tanh(b, x, divide), "expm1": lambda: _expm1(b, x), "log1p": lambda: _log1p(b, x, divide),
         "erf": lambda: _erf(b, x, table_space), "sin": lambda: _sin_or_cos(b, x, table_space, False),
-        "cos": lambda: _sin_or_cos(b, x, table_space, True),
+        "cos": lambda: _sin_or_cos(b, x, table_space, True), "log": lambda: _log(b, x, divide),
     }
     return b.fptrunc(makers[name](), F32)
 
 
-__all__ = ["FUNCTIONS", "ULP_BOUND", "emit"]
+__all__ = ["FUNCTIONS", "GPU_FUNCTIONS", "ULP_BOUND", "emit"]

@@ -10,7 +10,8 @@ stops with "no libcall available"), so they are expanded here:
   ``2**(r log2 e)`` by ``ex2.approx.ftz`` on ``[-0.5, 0.5]``, scaled by ``2**j`` built
   from exponent bits in two halves (so ``j`` from -150 to 128 stays exact): about
   2 ulp on the whole range, exact 0 below -104 and inf above 89, NaN kept;
-- ``log``/``log2``: ``lg2.approx`` (absolute error about 2**-22 near 1);
+- ``log2``: ``lg2.approx`` (absolute error about 2**-22 near 1; ``log`` is `codegen/wide_math.py`'s, in f64,
+  as that error is up to 3.6% of ``log(1.00001)``);
 - ``pow``: ``2**(b lg2 |a|)`` with the sign, zero, one and NaN cases numpy gives
   (relative error grows with ``|b lg2 a|``: a strength-reduced ``x*x`` is better).
 """
@@ -24,7 +25,6 @@ from ..nvvm import F32, I1, I32, call_intrinsic, lanewise, like, splat
 from ..llvm_dtypes import intrinsic_suffix
 
 LOG2E = math.log2(math.e)
-LN2 = math.log(2.0)
 _LN2_HI = 0.693359375          # 9 significant bits: j * _LN2_HI is exact for |j| <= 2**15
 _LN2_LO = -2.12194440e-4       # ln 2 - _LN2_HI
 
@@ -78,10 +78,6 @@ def exp_nonpositive(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 def log2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """``log2(x)`` (``lg2.approx.f32``): -inf at 0, NaN below, inf at inf."""
     return call_intrinsic(b, "llvm.nvvm.lg2.approx.f", F32, [x])
-
-
-def log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return b.fmul(log2(b, x), _f(LN2))
 
 
 def exp(b: ir.IRBuilder, x: ir.Value, *, fast: bool = False) -> ir.Value:

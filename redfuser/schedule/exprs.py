@@ -233,7 +233,7 @@ def _narrow_expm1(kb: KernelBuilder, x: t.Value) -> t.Value:
 
 def _narrow_log1p(kb: KernelBuilder, x: t.Value) -> t.Value:
     """``log1p`` of an f32 value whose result the program rounds to a 16- or 8-bit float (issue 24's narrow
-    fast path): its Taylor series to ``x^8 / 8`` below |x| = 1/8 (truncation below 2**-27 relative), else ``log(1 + x)`` in f32 (`mathlib.log`, 3 ulps): rounding ``1 + x`` moves the
+    fast path): its Taylor series to ``x^8 / 8`` below |x| = 1/8 (truncation below 2**-27 relative), else ``log(1 + x)`` in f32 (each backend's ``log``, within an ulp): rounding ``1 + x`` moves the
     result by at most ``2**-24 / log(1 + x)`` relative, 2**-21 at ``x = 1/8`` (and at ``x = -1/8``); within
     2**-20 in all. ``log1p(-1) = -inf``, below -1 NaN, ``log1p(inf) = inf``, NaN stays NaN."""
     c = lambda v: kb.const(v, x.dtype, x.shape)  # noqa: E731
