@@ -8,11 +8,10 @@ the dot (`codegen.simt.narrow`: an mma shape on the target; `codegen.host.amx`: 
 AMX tile shape). When only one operand is exactly low precision, the other (an f32
 computation, like ``P`` in ``P @ V``) is rounded to that type where numpy holds it
 in that very type (`Dot.held`: the schedule records the program's type of each
-computed operand), so the rounding is numpy's own; or where `round_operands` and
-every value the dot's result reaches is stored in that precision or coarser
-(`store_precision`), an approximation off by default: it is not below what the
-store rounds away where the terms cancel or the operand is below the narrow type's
-normal range (an f32 ``exp(-17)`` rounded to f16 is 45% off). Otherwise, when the exact operand is bf16, the f32
+computed operand), so the rounding is numpy's own. (Rounding wherever every store
+of the result rounds as coarsely, as before, is not below what the store rounds
+away where the terms cancel or the operand is below the narrow type's normal range:
+an f32 ``exp(-17)`` rounded to f16 is 45% off.) Otherwise, when the exact operand is bf16, the f32
 operand is *split*: three bf16 values that sum to it exactly, each multiplied by
 the exact operand in its own dot, the three chained through the accumulator (numpy
 computes ``bf16 @ bf16`` in f32, so an f32 ``P @ V`` is what a bf16 attention
@@ -56,47 +55,11 @@ SPLIT_PARTS = 3   # bf16 parts of an f32 operand: 3 x 8 significant bits hold f3
 _VIEWS = (t.Permute, t.Broadcast, t.ExpandDims)
 
 
-def eps(dtype) -> float:
-    """Machine epsilon of a float dtype; 0 (exact) for the others."""
-    return float(ml_dtypes.finfo(dtype.numpy).eps) if dtype.is_float else 0.0
-
-
-def store_precision(k: t.TileKernel) -> dict[str, float]:
-    """For each value, the smallest epsilon among the stores its value flows into (inf: none)."""
-    sink: dict[str, float] = {}
-
-    def lower(v: t.Value, e: float) -> bool:
-        if e < sink.get(v.name, np.inf):
-            sink[v.name] = e
-            return True
-        return False
-
-    changed = True
-    while changed:
-        changed = False
-        for op in reversed(list(t.walk_ops(k.body))):
-            if isinstance(op, t.Store):
-                changed |= lower(op.value, eps(op.buffer.dtype))
-            elif isinstance(op, t.For):
-                body = op.body
-                for init, arg, y, r in zip(op.inits, body.args, body.yields, op.results):
-                    e = min(sink.get(arg.name, np.inf), sink.get(r.name, np.inf))
-                    changed |= lower(init, e)
-                    changed |= lower(y, e)
-            else:
-                outs = t.results(op)
-                e = min((sink.get(r.name, np.inf) for r in outs), default=np.inf)
-                for v in t.operands(op):
-                    changed |= lower(v, e)
-    return sink
-
-
 class _Narrower:
-    def __init__(self, k: t.TileKernel, fits: Callable[[t.Dot], bool], round_operands: bool, mixed: bool) -> None:
-        self.fits, self.round_operands, self.mixed = fits, round_operands, mixed
+    def __init__(self, k: t.TileKernel, fits: Callable[[t.Dot], bool], mixed: bool) -> None:
+        self.fits, self.mixed = fits, mixed
         self.defs: dict[str, t.Op] = {r.name: op for op in t.walk_ops(k.body) for r in t.results(op)}
         self.fresh = t.FreshValues(k)
-        self.sink = store_precision(k) if round_operands else {}
 
     def exact(self, v: t.Value) -> tuple[t.Value, list[t.Op]] | None:
         """``(x, views)`` when `v` is `views` applied to ``cast_f32(x)`` with a narrow ``x``, looking through
@@ -155,11 +118,8 @@ class _Narrower:
             return op
         (narrow,) = kinds
         one_exact = a is None or b is None
-        held = op.held[0] if a is None else op.held[1]
-        # rounded where numpy holds the operand in that very type (its rounding, then), or (`round_operands`,
-        # off on the GPU) where the result is stored that coarsely anyway
-        rounds = one_exact and narrow != float8_e4m3fn and (held == narrow or (
-            self.round_operands and self.sink.get(op.out.name, np.inf) >= eps(narrow)))
+        # rounded where numpy holds the operand in that very type: its rounding, then
+        rounds = one_exact and narrow != float8_e4m3fn and (op.held[0] if a is None else op.held[1]) == narrow
         if one_exact and not rounds and narrow != bfloat16:
             return op
         mixed = one_exact and not rounds and self.mixed
@@ -254,16 +214,16 @@ def _is_infinite(value: t.Value, new, emit, loc: SourceLoc) -> t.Value:
     return emit(t.Binary(new("is_inf", bool_), BinaryOp.EQ, magnitude, emit(t.Constant(new("inf"), np.inf, loc)), loc))
 
 
-def narrow_operands(k: t.TileKernel, fits: Callable[[t.Dot], bool], round_operands: bool,
-                    pass_name: str, mixed: bool = False) -> t.TileKernel:
+def narrow_operands(k: t.TileKernel, fits: Callable[[t.Dot], bool], pass_name: str,
+                    mixed: bool = False) -> t.TileKernel:
     """`k` (verified) with narrow dot operands where `fits` takes the narrowed dot (see the module docstring);
     verified. With `mixed`, a dot with one exact bf16 operand keeps its other operand in f32 (not split
     here: the code generator splits it as it packs it, `codegen.host.amx`). A kernel without a dot is
     returned as it is: the analyses are not run and there is nothing new to verify."""
     if not any(isinstance(op, t.Dot) for op in t.walk_ops(k.body)):
         return k
-    narrower = _Narrower(k, fits, round_operands, mixed)
+    narrower = _Narrower(k, fits, mixed)
     return verify_kernel(replace(k, body=narrower.block(k.body)), pass_name=pass_name)
 
 
-__all__ = ["narrow_operands", "store_precision", "eps", "BF16_MAX", "SPLIT_PARTS"]
+__all__ = ["narrow_operands", "BF16_MAX", "SPLIT_PARTS"]

@@ -216,31 +216,31 @@ def _log_wide(b, u, divide) -> ir.Value:
     return _fma(b, ef, _d(math.log(2.0)), b.fmul(s, series))
 
 
-def _log(b, x32, divide) -> ir.Value:
-    """``log`` of an f32: the f64 `_log_wide` of the widened argument (an f32 subnormal is a normal f64);
-    ``log(0) = -inf``, below 0 NaN, ``log(inf) = inf``, NaN kept."""
-    x = b.fpext(x32, F64)
-    safe = b.select(b.fcmp_ordered(">", x, _d(0.0)), x, _d(1.0))
-    safe = _select_ordered(b, ">", safe, 1e300, _d(1.0))                     # inf: patched below
-    r = _log_wide(b, safe, divide)
-    r = b.select(b.fcmp_ordered("==", x, _d(0.0)), _d(-math.inf), r)
-    r = b.select(b.fcmp_ordered("<", x, _d(0.0)), _d(math.nan), r)
-    r = b.select(b.fcmp_ordered("==", x, _d(math.inf)), x, r)
-    return _nan_kept(b, x, r)
-
-
-def _log1p(b, x32, divide) -> ir.Value:
-    x = b.fpext(x32, F64)
-    u = b.fadd(x, _d(1.0))
+def _log_f64(b, u, divide) -> ir.Value:
+    """``log`` of an f64 `u` with its special values: ``log(0) = -inf``, below 0 NaN, ``log(inf) = inf`` (a NaN
+    comes out of the comparisons as 1's log; each caller keeps its NaN with `_nan_kept`)."""
     safe = b.select(b.fcmp_ordered(">", u, _d(0.0)), u, _d(1.0))
     safe = _select_ordered(b, ">", safe, 1e300, _d(1.0))                     # inf: patched below
     r = _log_wide(b, safe, divide)
+    r = b.select(b.fcmp_ordered("==", u, _d(0.0)), _d(-math.inf), r)
+    r = b.select(b.fcmp_ordered("<", u, _d(0.0)), _d(math.nan), r)
+    return b.select(b.fcmp_ordered("==", u, _d(math.inf)), u, r)
+
+
+def _log(b, x32, divide) -> ir.Value:
+    """``log`` of an f32, through its exact widening (an f32 subnormal is a normal f64); NaN kept."""
+    x = b.fpext(x32, F64)
+    return _nan_kept(b, x, _log_f64(b, x, divide))
+
+
+def _log1p(b, x32, divide) -> ir.Value:
+    """``log1p`` of an f32: the log of ``1 + x`` (exact in f64 for ``|x| >= 2**-28``; -1 gives 0, so -inf),
+    below ``2**-28`` ``x - x*x/2``; NaN kept."""
+    x = b.fpext(x32, F64)
+    r = _log_f64(b, b.fadd(x, _d(1.0)), divide)
     small = b.fsub(x, b.fmul(b.fmul(x, x), _d(0.5)))
     a = call_intrinsic(b, "llvm.fabs.f64", F64, [x])
     r = b.select(b.fcmp_ordered("<", a, _d(2.0 ** -28)), small, r)
-    r = b.select(b.fcmp_ordered("==", x, _d(-1.0)), _d(-math.inf), r)
-    r = b.select(b.fcmp_ordered("<", x, _d(-1.0)), _d(math.nan), r)
-    r = b.select(b.fcmp_ordered("==", x, _d(math.inf)), x, r)
     return _nan_kept(b, x, r)
 
 

@@ -176,16 +176,16 @@ class Kernel:
         """Drop every specialization made where a captured value the body reads has changed, or a default
         value of its parameters (then the signature is taken again): the body traces to another program (the
         disk cache is keyed by the traced program, so it stays right)."""
-        if self._defaults.changed():
+        defaults = self._defaults.changed()
+        if defaults:
             self._signature = check_signature(self.__wrapped__, self.__name__)
-            self._dropped += 1
-            self._drop_specializations()
         now = self._captured.changed() if self._captured is not None else None
-        if now is None:
+        if now is None and not defaults:
             return
         self._dropped += 1     # (a compile running now traced the old values: it must not cache what it makes)
         self._drop_specializations()
-        self._captured.seen = now
+        if now is not None:
+            self._captured.seen = now
 
     def _drop_specializations(self) -> None:
         """Forget every specialization made (compiled programs, call paths, shape classes)."""

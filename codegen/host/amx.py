@@ -78,7 +78,7 @@ def amx_dot_operands(k: t.TileKernel) -> t.TileKernel:
     f32 ``a`` beside an exact bf16 ``b`` stays f32, split when packed); verified. Without AMX, `k` itself."""
     if not amx_usable():
         return k
-    return narrow_operands(k, fits, round_operands=False, pass_name="amx_dot_operands", mixed=True)
+    return narrow_operands(k, fits, pass_name="amx_dot_operands", mixed=True)
 
 
 @dataclass(frozen=True)

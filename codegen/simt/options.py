@@ -11,14 +11,6 @@
 | `min_blocks_per_sm` | blocks an SM the kernel is built for: ptxas caps registers at what   | None    |
 |                 | that many blocks leave a thread (CUDA's ``__launch_bounds__``; spills    |         |
 |                 | possible); None: ptxas's choice                                          |         |
-| `round_operands`| let a `dot` round an f32 operand to f16/bf16 for tensor cores when every | False   |
-|                 | result it feeds is stored in that precision or coarser (FlashAttention's |         |
-|                 | ``P @ V``). Off: numpy computes that product in f32, and the rounding is  |         |
-|                 | not below what the store rounds away where the terms cancel or the       |         |
-|                 | operand is below f16's normal range (``exp(-17)`` +45%; found by a       |         |
-|                 | helper). An operand numpy holds in that type (f16 attention's P, or     |         |
-|                 | ``p.astype(f16)``) is rounded either way (`Dot.held`): numpy's rounding; |         |
-|                 | kept for experiments, not a kernel option                                |         |
 | `tma`           | on ``sm_90a``, wgmma operand tiles loaded by the tensor memory          | True    |
 |                 | accelerator (a box copy into the swizzled tile, completed on an          |         |
 |                 | mbarrier) where the operand is a plain load of a dense buffer's rows     |         |
@@ -42,7 +34,6 @@ class GpuOptions:
 
     sm: str = "sm_90"
     num_warps: int | None = None
-    round_operands: bool = False
     min_blocks_per_sm: int | None = None
     tma: bool = True
     tma_stages: int = 2
