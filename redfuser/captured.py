@@ -295,6 +295,25 @@ class CapturedScalars:
             labels += [f"self.{n}" for n in (*attributes, *in_dict)]
         return labels
 
+    def arrays(self) -> list[tuple[str, np.ndarray]]:
+        """(label, array) of every numpy array the body can read now, inside tuples, lists and dicts too (at most
+        `CONTAINER_DEPTH` deep): what an argument the body updates in place must not share memory with
+        (`in_place.check`)."""
+        found: list[tuple[str, np.ndarray]] = []
+
+        def walk(value: object, label: str, depth: int) -> None:
+            if isinstance(value, np.ndarray):
+                found.append((label, value))
+            elif isinstance(value, tuple | list) and depth < CONTAINER_DEPTH:
+                for k, v in enumerate(value):
+                    walk(v, f"{label}[{k}]", depth + 1)
+            elif isinstance(value, dict) and depth < CONTAINER_DEPTH:
+                for k, v in value.items():
+                    walk(v, f"{label}[{k!r}]", depth + 1)
+        for value, label in zip(self._values(), self._labels()):
+            walk(value, label, 0)
+        return found
+
     def refuse_uncomparable(self, kernel: str) -> None:
         """Refuse a trace while the body can read a value too large to compare per call: a numpy array over
         `CAPTURED_ARRAY_BYTES`, a container holding one, or more than `CONTAINER_LEAVES` values, or nested

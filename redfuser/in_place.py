@@ -8,6 +8,8 @@ refused (`ArgumentError`, at the body's line that updates it) where numpy's body
   changes that argument too (``f(x, x)`` of ``a += 1; return a + b`` is ``2x + 2``);
 - two of its elements are one memory location (a 0 stride, ``np.broadcast_to``, a hand-made ``as_strided``):
   numpy writes that place once for each of them;
+- the body also reads an array it shares memory with from outside (a global ``W`` passed as the argument):
+  numpy's body reads ``W`` updated, a trace read it as it was;
 - it is a read-only numpy array: numpy's update raises.
 
 Memory is compared by address ranges, as `redfuser.outputs` compares ``out=`` arrays, so interleaved views
@@ -18,15 +20,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .ir import ArgumentError, SourceLoc
+import numpy as np
+
+from .ir import ArgumentError, RedFuserError, SourceLoc
 from .outputs import _overlap, _self_overlapping
 from .runtime import arrays as arrays_rt
 
 
-def check(updated: dict[str, SourceLoc], arguments: Sequence[tuple[str, object]], kernel: str) -> None:
+def check(updated: dict[str, SourceLoc], arguments: Sequence[tuple[str, object]], kernel: str,
+          captured: Sequence[tuple[str, object]] = ()) -> None:
     """Refuse the call where an argument named in `updated` (name -> the line updating it) has memory that
-    another of `arguments` (name, array) shares, elements sharing memory, or is read-only."""
+    another of `arguments` (name, the caller's array) shares, or a numpy array the body reads from outside
+    (`captured`: label, array; numpy's body reads it updated, a trace read it as it was), elements sharing
+    memory, or is read-only."""
     described = [(name, arrays_rt.describe(a, f"argument {name!r}"), a) for name, a in arguments]
+    outside = [(label, info) for label, info in ((label, _described(a, label)) for label, a in captured) if info]
     for name, info, array in described:
         loc = updated.get(name)
         if loc is None:
@@ -39,7 +47,23 @@ def check(updated: dict[str, SourceLoc], arguments: Sequence[tuple[str, object]]
             shared = [other for other, o_info, _ in described if other != name and _overlap(info, o_info)]
             if shared:
                 why = f"argument {shared[0]!r} shares its memory, and numpy's body would change {shared[0]!r} too"
+        if not why:
+            read = [label for label, o_info in outside if _overlap(info, o_info)]
+            if read:
+                why = (f"the body also reads the captured array {read[0]} whose memory it shares, and numpy's body "
+                       "would read it updated")
         if why:
             raise ArgumentError(f"the body updates argument {name!r} in place, but {why}; a kernel never writes "
                                 f"its arguments. Pass a copy, or write {name} = {name} + ... in the body",
                                 op=kernel, loc=loc)
+
+
+def _described(array: object, label: str) -> arrays_rt.ArrayInfo | None:
+    """`array`'s info; a C-contiguous numpy array of a dtype kernels do not take (a complex table the body
+    reads an element of) as its bytes; None for another such array (what it spans is not compared)."""
+    try:
+        return arrays_rt.describe(array, label)
+    except RedFuserError:
+        if isinstance(array, np.ndarray) and array.flags.c_contiguous and array.size:
+            return arrays_rt.describe(array.reshape(-1).view(np.bool_), label)
+        return None

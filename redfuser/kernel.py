@@ -57,7 +57,7 @@ class _FastPath(NamedTuple):
     only_arrays: bool             # no static arguments: the call's arguments are its arrays
     direct: Callable | None       # the executable's `direct()` function: arrays -> the call's value, or None
     results: tuple | None         # each result's (shape, numpy dtype) where they are static (no shape class)
-    sequence: bool                # the body returned a tuple or a list: one result is a 1-tuple (`_one_or_tuple`)
+    sequence: bool | type         # the body returned a tuple (a list, a named tuple: its type): `_one_or_tuple`
 
 
 class CacheInfo(NamedTuple):
@@ -171,6 +171,16 @@ class Kernel:
             if array is not None:
                 arrays.append(array)
         return tuple(specs), arrays
+
+    def _callers_arrays(self, names: list[str], arrays: list[Any], read_in_place: bool, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+        """(name, the caller's array) of each array argument: what sharing and read-only checks must look at.
+        `arrays` may hold a dense copy of a view a kernel cannot address (`arrays_rt.readable_in_place`), and
+        two copies of one array share no memory, nor is a copy read-only."""
+        if read_in_place:
+            return list(zip(names, arrays))
+        bound = bind(self._signature, self.__name__, args, kwargs, user_loc())
+        return [(name, bound[name]) for name in names]
 
     def _retrace_if_captured_changed(self) -> None:
         """Drop every specialization made where a captured value the body reads has changed, or a default
@@ -428,9 +438,11 @@ class Kernel:
         passed = [a for a in args if type(a) not in _FAST_STATICS]
         names = [s.name for s in lowered.specs if isinstance(s, ArraySpec)]
         updated = lowered.artifacts.get("updated_inputs")
+        read_in_place = len(arrays) == len(passed) and all(a is b for a, b in zip(arrays, passed))
         if updated:     # (checked at every call: such a kernel keeps no fast path)
-            in_place.check(updated, list(zip(names, arrays)), self.__name__)
-        elif fast_key is not None and len(arrays) == len(passed) and all(a is b for a, b in zip(arrays, passed)):
+            in_place.check(updated, self._callers_arrays(names, arrays, read_in_place, args, kwargs),
+                           self.__name__, self._captured.arrays() if self._captured is not None else ())
+        elif fast_key is not None and read_in_place:
             if len(self._fast) >= _FAST_ENTRIES:
                 self._fast.clear()      # a shape-polymorphic kernel sees many shapes: keep the table small
             numpy_only = all(type(a) is np.ndarray for a in passed)
@@ -445,8 +457,9 @@ class Kernel:
             results = None if lowered.shapes is not None else tuple(
                 (b.shape, np.dtype(b.dtype.numpy)) for b in lowered.program.outputs)
             sequence = _returns_sequence(lowered)
-            if direct is not None and sequence and len(lowered.program.outputs) == 1:
-                direct = _in_a_tuple(direct)
+            if direct is not None and sequence is not False and (
+                    sequence is not True or len(lowered.program.outputs) == 1):
+                direct = _as_returned(direct, sequence)
             path = _FastPath(lowered, run, host, numpy_only, dense, len(passed) == len(args), direct, results,
                              sequence)
             generation = lowered.artifacts.get("captured_generation")
@@ -461,7 +474,8 @@ class Kernel:
         if out is not None:
             loc = user_loc()
             outs = outputs.as_tuple(out, len(lowered.program.outputs), self.__name__, loc)
-            outputs.check(outs, _results_at(lowered, arrays), list(zip(names, arrays)), self.__name__, loc)
+            outputs.check(outs, _results_at(lowered, arrays),
+                          self._callers_arrays(names, arrays, read_in_place, args, kwargs), self.__name__, loc)
         if host:
             # Host backends read numpy views of host arrays (torch CPU tensors too, without a copy) and
             # hand results back as the caller's array type.
@@ -499,7 +513,7 @@ class Kernel:
         alone: nothing is compiled (what a framework's shape inference, e.g. a torch fake tensor, needs)."""
         return self.output_structure(*args, **kwargs)[0]
 
-    def output_structure(self, /, *args: Any, **kwargs: Any) -> tuple[tuple[ShapeDtype, ...], bool]:
+    def output_structure(self, /, *args: Any, **kwargs: Any) -> tuple[tuple[ShapeDtype, ...], bool | type]:
         """`output_types`, and whether the body returns a tuple or a list (a call's value for one result is
         then a 1-tuple, as numpy's body gives), from tracing alone."""
         from .trace import trace
@@ -710,22 +724,33 @@ def _traced(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(a, Tracer) for a in (*args, *kwargs.values()))
 
 
-def _one_or_tuple(results: tuple, sequence: bool = False) -> Any:
+def _one_or_tuple(results: tuple, sequence: bool | type = False) -> Any:
     """A kernel call's value: its one result, or the tuple of them (a 1-tuple where the body returned a tuple
-    or a list of one, as numpy's body does: ``k(x)[0]`` is then the result, not its first row)."""
-    return results[0] if len(results) == 1 and not sequence else tuple(results)
+    or a list of one, as numpy's body does: ``k(x)[0]`` is then the result, not its first row); a list or a
+    named tuple where the body returned one (`redfuser.trace.Traced.returns_sequence`)."""
+    if sequence is True or (sequence is False and len(results) != 1):
+        return tuple(results)
+    if sequence is False:
+        return results[0]
+    return list(results) if sequence is list else sequence(*results) if hasattr(sequence, "_fields") else \
+        sequence(results)
 
 
-def _returns_sequence(lowered: Lowered) -> bool:
-    """Whether `lowered`'s body returned a tuple or a list (`redfuser.trace.Traced.returns_sequence`)."""
-    return bool(lowered.artifacts.get("returns_sequence", False))
+def _returns_sequence(lowered: Lowered) -> bool | type:
+    """Whether `lowered`'s body returned a tuple or a list, or the sequence's type
+    (`redfuser.trace.Traced.returns_sequence`)."""
+    return lowered.artifacts.get("returns_sequence", False)
 
 
-def _in_a_tuple(direct: Callable) -> Callable:
-    """An executable's `direct` function (one result) returning the 1-tuple a body returning ``(y,)`` gives;
-    with `outputs`, those as given."""
+def _as_returned(direct: Callable, sequence: bool | type) -> Callable:
+    """An executable's `direct` function (one result, or a tuple of them) returning what the body returned
+    (`_one_or_tuple`): the 1-tuple of a body returning ``(y,)``, a list, a named tuple; with `outputs`, those as
+    given."""
     def call(arrays: Any, outputs: Any = None) -> Any:
-        return (direct(arrays),) if outputs is None else direct(arrays, outputs)
+        if outputs is not None:
+            return direct(arrays, outputs)
+        results = direct(arrays)
+        return _one_or_tuple(results if type(results) is tuple else (results,), sequence)
 
     return call
 

@@ -44,12 +44,11 @@ def _span(info: arrays_rt.ArrayInfo) -> tuple[int, int]:
     """The bytes ``[lowest, highest)`` an array touches (empty for an array without elements)."""
     if any(n == 0 for n in info.shape):
         return (info.pointer, info.pointer)
-    item = info.dtype.itemsize
     low = high = 0
-    for n, s in zip(info.shape, info.strides):
-        step = (n - 1) * s * item
+    for n, s in zip(info.shape, info.byte_strides):
+        step = (n - 1) * s
         low, high = (low + step, high) if step < 0 else (low, high + step)
-    return (info.pointer + low, info.pointer + high + item)
+    return (info.pointer + low, info.pointer + high + info.dtype.itemsize)
 
 
 def _overlap(a: arrays_rt.ArrayInfo, b: arrays_rt.ArrayInfo) -> bool:
@@ -60,15 +59,16 @@ def _overlap(a: arrays_rt.ArrayInfo, b: arrays_rt.ArrayInfo) -> bool:
 
 
 def _self_overlapping(info: arrays_rt.ArrayInfo) -> bool:
-    """Whether two elements of the array may be one memory location (a 0 stride, ``torch.expand``, a hand-made
-    ``as_strided``): its dims, by growing stride, must each step past everything the smaller ones span; a
-    layout that interleaves without overlapping fails this too (the check errs towards refusing). An array
-    with no elements has no two (numpy describes ``np.empty((0, 3))`` with strides ``(0, 0)``)."""
+    """Whether two elements of the array may share a byte (a 0 stride, ``torch.expand``, a hand-made
+    ``as_strided``, a structured view stepping less than its element): its dims, by growing stride, must each
+    step past everything the smaller ones span; a layout that interleaves without overlapping fails this too
+    (the check errs towards refusing). An array with no elements has no two (numpy describes
+    ``np.empty((0, 3))`` with strides ``(0, 0)``)."""
     if any(n == 0 for n in info.shape):
         return False
-    span = 0
-    for n, s in sorted(((n, abs(s)) for n, s in zip(info.shape, info.strides) if n > 1), key=lambda d: d[1]):
-        if s <= span:
+    span = info.dtype.itemsize       # (bytes of the elements the smaller dims reach, from one element's start)
+    for n, s in sorted(((n, abs(s)) for n, s in zip(info.shape, info.byte_strides) if n > 1), key=lambda d: d[1]):
+        if s < span:
             return True
         span += (n - 1) * s
     return False

@@ -151,8 +151,8 @@ def op(kernel: Kernel | Callable, name: str) -> Callable[..., Any]:
         if device not in on:
             on[device] = on_device(device)
         results = in_schema_order(on[device])(*tensors)
-        returned["sequence"] = isinstance(results, tuple)
-        results = results if isinstance(results, tuple) else (results,)
+        returned["sequence"] = isinstance(results, tuple | list)
+        results = tuple(results) if isinstance(results, tuple | list) else (results,)
         # (numpy results of a kernel without tensor arguments: bfloat16 and float8 ones by their bits)
         return [r if isinstance(r, torch.Tensor) else as_caller_type(c_contiguous(r), "torch") for r in results]
 

@@ -152,9 +152,11 @@ class Traced:
     """the body's length checks, ``(length, least)`` each (`TraceBuilder.need_length`), dead code's included"""
     updated_inputs: dict[str, SourceLoc]
     """the arguments the body updates in place, with where (`TraceBuilder.updated_inputs`)"""
-    returns_sequence: bool
+    returns_sequence: bool | type
     """whether the body returned a tuple or a list: a body returning ``(y,)`` gives a 1-tuple, as numpy's does,
-    not ``y`` (the program's outputs cannot say)"""
+    not ``y`` (the program's outputs cannot say). False for one value, True for a tuple, else the sequence's
+    type, which a call's value is made of too: a list, or a named tuple's class (``r.mean`` works as in
+    numpy's body)"""
 
 
 def trace(fn: Callable, specs: tuple[ArgSpec, ...]) -> Traced:
@@ -179,7 +181,14 @@ def trace(fn: Callable, specs: tuple[ArgSpec, ...]) -> Traced:
                 op="return", loc=returns[-1] if returns else user_loc())
     names = ["out"] if len(outputs) == 1 else [f"out{n}" for n in range(len(outputs))]
     return Traced(builder.finish(outputs, names), tuple(builder.length_needs), dict(builder.updated_inputs),
-                  isinstance(result, tuple | list))
+                  _sequence_type(result))
+
+
+def _sequence_type(result: object) -> bool | type:
+    """`Traced.returns_sequence` of a body's value."""
+    if type(result) is tuple:
+        return True
+    return type(result) if isinstance(result, tuple | list) else False
 
 
 def _raise_python_value_error(builder: TraceBuilder, raised: BaseException | None = None) -> None:

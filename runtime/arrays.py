@@ -45,6 +45,14 @@ class ArrayInfo:
     #                                   a structured or byte-offset buffer may not be)
     owner: object = field(default=None, compare=False, repr=False)   # the DLPack capsule the pointer was
     #                                   read from, where only it may keep the memory alive (a device export)
+    odd_strides: tuple[int, ...] | None = None   # the byte strides where they are not whole elements (then
+    #                                   `strides` are rounded down and only the bytes say what memory it spans)
+
+    @property
+    def byte_strides(self) -> tuple[int, ...]:
+        """The strides in bytes, exact also for a view whose strides are not whole elements."""
+        return self.odd_strides if self.odd_strides is not None else tuple(
+            s * self.dtype.itemsize for s in self.strides)
 
     @property
     def on_gpu(self) -> bool:
@@ -89,7 +97,8 @@ def _describe(x: object, name: str) -> tuple[ArrayInfo, np.ndarray | None]:
         dtype = _ir_dtype(x.dtype, name)
         strides = tuple(s // x.itemsize for s in x.strides)
         whole = x.flags.aligned and all(s % x.itemsize == 0 for s in x.strides)
-        return ArrayInfo(tuple(x.shape), dtype, strides, CPU, 0, x.ctypes.data, "numpy", whole), x
+        return ArrayInfo(tuple(x.shape), dtype, strides, CPU, 0, x.ctypes.data, "numpy", whole,
+                         odd_strides=None if whole else tuple(x.strides)), x
     # Device arrays through DLPack first: it names the device ordinal and every dtype (torch's CAI
     # spells bfloat16 "<V2" and has no float8); the CAI is the fallback (Numba, or a producer whose
     # export fails, e.g. torch for a tensor on another device than the current one).

@@ -127,6 +127,62 @@ def test_an_argument_updated_in_place_whose_memory_numpy_would_change_elsewhere_
     np.testing.assert_array_equal(lone(np.ones((3, 4), np.float32)), np.ones((3, 4)) + np.arange(4))
 
 
+def _field_view(values: list[float]) -> np.ndarray:
+    """A float32 field of a structured array: byte strides (6) that are not whole elements, which a kernel
+    reads through a dense copy."""
+    records = np.zeros(len(values), dtype=[("a", "<f4"), ("b", "<f2")])
+    records["a"] = values
+    return records["a"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_read_through_a_copy_is_checked_as_the_callers_array(backend):
+    """A view whose strides are not whole elements is copied before the kernel reads it, and the sharing and
+    read-only checks looked at the copies: ``f(u, u)`` of ``a += 1; return a + b`` gave ``2u + 1`` where
+    numpy's body gives ``2u + 2``, a read-only such view updated in place ran (numpy raises), and an ``out=``
+    that is that very view was taken. Found by a helper (hunt_outs/01)."""
+    kernel = rf.kernel(_updates_an_argument, backend=backend)
+    u = _field_view([0, 1, 2, 3])
+    assert u.strides == (6,)
+    with pytest.raises(rf.ArgumentError, match="updates argument 'a' in place, but argument 'b' shares"):
+        kernel(u, u)
+    frozen = _field_view([0, 1, 2, 3])
+    frozen.flags.writeable = False
+    with pytest.raises(rf.ArgumentError, match="read-only"):
+        kernel(frozen, np.ones(4, np.float32))
+    np.testing.assert_array_equal(kernel(u, _field_view([1, 1, 1, 1])), [2, 3, 4, 5])    # apart: runs
+    np.testing.assert_array_equal(u, [0, 1, 2, 3])
+    doubled = rf.kernel(_doubled, backend=backend)
+    with pytest.raises(rf.ArgumentError, match="share"):
+        doubled(u, out=u)
+
+
+def _doubled(x):
+    return x * 2
+
+
+TABLE = np.arange(4, dtype=np.float32)
+
+
+def _updates_then_reads_the_table(a):
+    a += 1
+    return a * TABLE.max()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_argument_updated_in_place_that_is_a_captured_array_is_refused(backend):
+    """``a += 1; return a * TABLE.max()`` called with ``TABLE`` itself: numpy's body reads ``TABLE`` updated
+    (``[4, 8, 12, 16]``), the trace read its maximum as it was (``[3, 6, 9, 12]``, silently). Refused now,
+    as an argument sharing memory with another is; a copy runs. Found by a helper (hunt_outs/02)."""
+    kernel = rf.kernel(_updates_then_reads_the_table, backend=backend)
+    with pytest.raises(rf.ArgumentError, match="captured array TABLE"):
+        kernel(TABLE)
+    with pytest.raises(rf.ArgumentError, match="captured array TABLE"):
+        kernel(TABLE[1:3])
+    np.testing.assert_array_equal(kernel(TABLE.copy()), (TABLE + 1) * 3)
+    np.testing.assert_array_equal(TABLE, np.arange(4))
+
+
 SCALE = 2.0
 
 
