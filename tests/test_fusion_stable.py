@@ -415,6 +415,36 @@ def test_16_bit_sums_are_centred_with_an_f32_count(backend, dtype, body):
     assert float(np.abs(actual - r64).max()) <= 20 * own
 
 
+def square_about_the_mean_of_a_computed_value(x):
+    y = x * 1.3
+    mu = rf.mean(y, axis=-1, keepdims=True)
+    return rf.sum((y - mu) ** 2, axis=-1)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_16_bit_value_the_body_computes_is_centred_as_numpy_rounds_it(backend, dtype):
+    """``y = x * 1.3`` in f16 or bf16, then ``sum((y - mean(y))**2)``: the algebra took ``y`` apart and centred
+    the sum on ``x`` (``1.69 (x - mean / 1.3)**2``), never rounding the product, so a constant row, whose
+    numpy ``y - mean`` is exactly 0 (and the float64 body's), summed 64 squares of ``y``'s rounding error:
+    0.05 (f16) and 0.075 (bf16) on cpu. ``y`` is now rounded where it meets the mean, one atom, centred on
+    its own running mean. Found by a helper (hunt_gaps/01)."""
+    dt = getattr(rf, dtype)
+    body = square_about_the_mean_of_a_computed_value
+    constant = np.full((2, 64), 31.0, dt)
+    group = rf.kernel(body, backend="interpret").lower(constant).groups[-1]
+    assert group.fused and group.decompositions[group.reductions[-1]].stable is not None
+    actual = _outputs(backend, body, constant)
+    np.testing.assert_array_equal(np.asarray(actual).astype(np.float64), [0.0, 0.0])
+    rng = np.random.default_rng(21)
+    x = (30.0 + rng.standard_normal((3, 300))).astype(dt)
+    actual = np.asarray(_outputs(backend, body, x)).astype(np.float64)
+    r64 = body(x.astype(np.float64))
+    r16 = np.asarray(body(x)).astype(np.float64) if dtype == "float16" else r64   # (numpy's bf16 sums stagnate)
+    own = max(float(np.abs(r16 - r64).max()), float(np.finfo(np.float16).eps) * float(np.abs(r64).max()))
+    assert float(np.abs(actual - r64).max()) <= 20 * own
+
+
 # One accumulator whose body the normal form expanded inside the term: x - 300 (a constant) or x - y (y reduced
 # before the cascade, over another axis) is no difference with an earlier result, but expanded per element it
 # cancelled in every element (errors 4e-4 and 1.5e-3 against numpy-f32's 1e-7). The loop now accumulates the body

@@ -32,7 +32,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Callable
 
 from ..ir import (Axis, Binary, BinaryOp, Buffer, BufferType, Cast, Compute, Const, Expr, Load, OnlineState, ReduceOp,
-                  Select, Unary, UnaryOp, format_expr)
+                  Select, Unary, UnaryOp, format_expr, map_expr)
 from ..ir.loop.expr import walk
 from ..ir.types import bool_, float32, float64
 from . import algebra as A
@@ -58,6 +58,7 @@ def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple
     where the expansion multiplied out a difference of reduced values and an earlier result, why no stable
     form applies (the caller refuses it). Only the additive terms of the body that multiply out such a
     difference are centred; the others are summed as usual (``(x - Y)^2 + exp(d - M)``)."""
+    value = rounded_differences(value, ctx)
     stable = centre_sum(value, ctx, states, running, axis.name, axis.extent, name)
     if stable is not None:
         return stable, None
@@ -91,6 +92,30 @@ def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple
     return Decomposition("shift-stable sum", part.accumulators + others.accumulators,
                          part.factors + others.factors, others.addend, expanded=others.expanded,
                          conditions=others.conditions, rounded=others.rounded, stable=part.stable), None
+
+
+def rounded_differences(value: Expr, ctx: FusionContext) -> Expr:
+    """`value` with each 16-bit value it computes from the reduced values alone and then adds to or subtracts
+    from an earlier result (f16 ``y = x * 1.3`` in ``(y - mean(y))**2``) rounded to its type as numpy rounds it
+    before that step (an explicit cast, which the kernels keep as a rounding point).
+
+    The algebra would take ``y`` apart (``1.3 (x - mean / 1.3)``) and centre the sum on ``x``, the product
+    then never rounded: on a constant row numpy's ``y - mean`` is exactly 0 and the fused sum was ``n`` times
+    the square of ``y``'s rounding error (0.05 for an f16 row of 64; found by a helper, hunt_gaps/01).
+    Rounded, ``y`` is one atom, centred on its own running mean."""
+    def operand(o: Expr, other: Expr) -> Expr:
+        if (o.dtype.storage_only and isinstance(o, Unary | Binary | Select) and ctx.kind(o) == "x"
+                and ctx.kind(other) == "y"):
+            return Cast(o, o.dtype)
+        return o
+
+    def visit(n: Expr) -> Expr | None:
+        if isinstance(n, Binary) and n.op in (BinaryOp.ADD, BinaryOp.SUB) and n.dtype.storage_only:
+            a, b = operand(n.a, n.b), operand(n.b, n.a)
+            if a is not n.a or b is not n.b:
+                return replace(n, a=a, b=b)
+        return None
+    return map_expr(value, visit)
 
 
 def _own_or_taylor(value: Expr, ctx: FusionContext, pair: tuple[Expr, Expr], axis: Axis, name: str,

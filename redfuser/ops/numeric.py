@@ -166,16 +166,20 @@ def _int_bounds_in_range(a: object, a_min: object, a_max: object) -> tuple[objec
 
 
 def clip(a, a_min=None, a_max=None):
-    """numpy's ``clip(a, a_min, a_max)``: ``minimum(maximum(a, a_min), a_max)``, either bound None (not both)."""
+    """numpy's ``clip(a, a_min, a_max)``: ``minimum(maximum(a, a_min), a_max)``, either bound None (both, where
+    the installed numpy takes that: ``a`` itself)."""
     if not _traced(a, a_min, a_max):
         return np.clip(a, a_min, a_max)
     if a_min is None and a_max is None:
-        raise UnsupportedError("clip needs a_min or a_max (numpy: one of max or min must be given)", op="clip",
-                               loc=user_loc())
+        try:        # (numpy 2.1 and later take neither bound and copy; earlier ones raise)
+            np.clip(np.zeros(1, np.float32), None, None)
+        except ValueError as exc:
+            raise UnsupportedError(f"clip needs a_min or a_max (numpy {np.__version__}: {exc})", op="clip",
+                                   loc=user_loc()) from None
     a_min, a_max = _int_bounds_in_range(a, a_min, a_max)
     bounds = [b for b in (a_min, a_max) if b is not None]
-    if not bounds:      # (both bounds past the dtype's range on the side that never clips)
-        return _elementwise("clip", np.positive, [a], lambda e, d: e[0])
+    if not bounds:      # (no bound, or both past the dtype's range on the side that never clips)
+        return _elementwise("clip", lambda x: np.clip(x, None, None), [a], lambda e, d: e[0])
 
     def make(e: list[Expr], d: DType) -> Expr:
         value, rest = cast(e[0], d), iter(e[1:])
