@@ -52,7 +52,7 @@ from .fusion import fuse
 from .kernel_options import KernelOptions
 from .probes import CallTooShort, ProbeRead, ProbeReads, noting_probe_reads
 from .shapes import ShapePlan
-from .trace import ArgSpec, kernel_name, trace
+from .trace import ArgSpec, Traced, kernel_name, trace
 from .schedule import ScheduleOptions, schedule_program
 from .schedule.prefetch import prefetch_operands
 from .codegen.host import build_host_module
@@ -148,8 +148,19 @@ class Lowered:
 # --- the stages every backend shares, and those without the runtime --------------------------------
 
 AFTER_TRACE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("after_trace", default=None)
-"""Called right after a compile's trace, in the compiling thread (`Kernel` notes the captured values there,
-as the trace read them: after the whole compile, another thread's change meanwhile was taken as traced)."""
+"""Called right after each trace of a compile (a shape class traces twice), in the compiling thread, also where the
+trace raised (`Kernel` notes the captured values there, as the trace left them: noted again after the whole
+compile, another thread's change to a captured list during its LLVM work was taken as traced and never seen)."""
+
+
+def _trace_noted(fn: Callable, specs: tuple[ArgSpec, ...]) -> Traced:
+    """`trace`, then (also where it raises) `AFTER_TRACE`'s call: the captured values as this trace left them."""
+    try:
+        return trace(fn, specs)
+    finally:
+        after = AFTER_TRACE.get()
+        if after is not None:
+            after()
 
 
 def trace_stage(fn: Callable, lowered: Lowered) -> Program:
@@ -159,7 +170,7 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
     lengths = {probe: n for (_, probe), n in zip(plan.symbols, plan.values)} if plan is not None else {}
     with noting_probe_reads(stop=True, lengths=lengths) if plan is not None else nullcontext(ProbeReads()) as reads:
         try:
-            traced = trace(fn, lowered.specs)
+            traced = _trace_noted(fn, lowered.specs)
         except CallTooShort as short:  # (below what the class needs, or a loop over the length: the kernel decides)
             raise _call_too_short(plan, short) from None
         except ProbeRead as read:      # (its symbols stay static: the rest of the trace is not needed)
@@ -168,9 +179,6 @@ def trace_stage(fn: Callable, lowered: Lowered) -> Program:
     lowered.artifacts["length_needs"] = traced.length_needs
     lowered.artifacts["updated_inputs"] = traced.updated_inputs
     lowered.artifacts["returns_sequence"] = traced.returns_sequence     # (`Kernel`: the call's value)
-    after = AFTER_TRACE.get()
-    if after is not None:
-        after()
     lowered.program = verify_program(traced.program, pass_name="trace")
     return lowered.program
 
@@ -253,7 +261,7 @@ def sized_stage(program: Program, lowered: Lowered) -> Program:
 
     def same_at(specs: tuple[ArgSpec, ...], probes: dict[int, int]) -> bool:
         with noting_probe_reads():      # traced as the first was (its constants of lengths are alike)
-            other = trace(lowered.source, specs).program
+            other = _trace_noted(lowered.source, specs).program
         if lowered.options.fuse:
             other, _ = fuse(other)
         return substitute_extents(program, probes) == other

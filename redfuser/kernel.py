@@ -215,10 +215,8 @@ class Kernel:
             # not a reason to trace again), noted right after it: another thread's change during the rest of
             # the compile must still be one (`compiler.AFTER_TRACE`)
             captured, before = self._captured, self._captured.now() if self._captured is not None else ()
-            traced: list[bool] = []
 
             def after_trace() -> None:
-                traced.append(True)
                 captured.note_traced(before)
 
             hook = AFTER_TRACE.set(after_trace if captured is not None else None)
@@ -229,8 +227,6 @@ class Kernel:
                 return made
             finally:
                 AFTER_TRACE.reset(hook)
-                if traced:      # (a shape class traces twice: a log list as the last trace left it)
-                    captured.note_traced(before)
                 if self._dropped != dropped:
                     # another thread saw a captured value change while this compile ran (it cleared the caches
                     # without this lock, then waits for it): what this compile made from the old values is

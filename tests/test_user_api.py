@@ -805,6 +805,38 @@ def test_a_scalar_changed_while_a_compile_runs_is_read_again_and_a_log_is_not(mo
         _LOG.clear()
 
 
+_TABLE_READ = [1.0]
+
+
+def _table_scaled(x):
+    return rf.sum(x, axis=-1) * _TABLE_READ[0]
+
+
+def test_a_list_changed_in_place_while_a_compile_runs_is_read_again(monkeypatch):
+    """A captured list changed in place by another thread after the trace, while the rest of the compile runs
+    (here the verifier's turn), was noted again at the end of the compile as the values traced: every later
+    call kept the old ``TABLE[0]`` for good. Each trace now notes the values right after it, and only then.
+    Found by a helper (hunt_conc/01)."""
+    from redfuser import compiler
+
+    x = np.ones((2, 3), np.float32)
+    k = rf.kernel(_table_scaled, backend="cpu")
+    real = compiler.verify_program
+
+    def verify_then_change(program, **kw):
+        _TABLE_READ[0] = 4.0          # what another thread does while this one compiles
+        return real(program, **kw)
+
+    monkeypatch.setattr(compiler, "verify_program", verify_then_change)
+    try:
+        np.testing.assert_array_equal(k(x), [3.0, 3.0])
+        monkeypatch.setattr(compiler, "verify_program", real)
+        np.testing.assert_array_equal(k(x), [12.0, 12.0])
+        np.testing.assert_array_equal(k(x), [12.0, 12.0])
+    finally:
+        _TABLE_READ[0] = 1.0
+
+
 def test_a_call_that_sees_a_change_while_another_thread_compiles_gets_the_new_value(monkeypatch):
     """Thread T compiles the first call with the old value; meanwhile the value changes and another call
     drops the specializations (without the compile lock) and waits for T: T then cached what it made from
