@@ -15,6 +15,7 @@ against `SM_MIN_PTX`/`PTX_VERSIONS` here first). Kernels are functions with the
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 from contextlib import contextmanager
@@ -86,6 +87,21 @@ def _gpu_pipeline_options():
         finally:
             for name, (_, default) in GPU_PIPELINE_OPTIONS.items():
                 llvm.set_option("redfuser", f"-{name}={default}")
+
+
+def _options_after_fork() -> None:
+    """In a child of ``os.fork()`` taken while another thread compiled for the GPU: that compile never ends
+    there, so LLVM's defaults are back and the lock is free."""
+    global _options_lock
+    held = _options_lock.locked()
+    _options_lock = threading.Lock()
+    if held:
+        for name, (_, default) in GPU_PIPELINE_OPTIONS.items():
+            llvm.set_option("redfuser", f"-{name}={default}")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_options_after_fork)
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,6 +247,22 @@ def _math_noted() -> Iterator[None]:
                     setattr(math, name, function)
 
 
+def _math_after_fork() -> None:
+    """In a child of ``os.fork()`` taken while another thread traced: that trace never ends there, so `math`'s
+    own functions are back and the lock is free (the child's first shape-class trace waited for it forever;
+    found by a helper, hunt_conc/02)."""
+    global _math_lock, _math_tracers
+    _math_lock = threading.Lock()
+    if _math_tracers:
+        _math_tracers = 0
+        for name, function in _MATH_FUNCTIONS.items():
+            setattr(math, name, function)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_math_after_fork)
+
+
 def probe_length(n: int) -> int:
     """`n` as the tracer keeps a length: a `ProbeLength` while a class is traced and `n` is a probe."""
     return ProbeLength(n, frozenset((n,))) if n in PROBE_LENGTHS and _reads.get() is not None else n

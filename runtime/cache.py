@@ -58,6 +58,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -123,6 +124,10 @@ class Fetched:
     seconds: float
 
 
+_CACHES: "weakref.WeakSet[CompileCache]" = weakref.WeakSet()
+"""Every cache made, for `_after_fork`."""
+
+
 class CompileCache:
     """A byte-oriented compile cache: a memory LRU in front of an optional disk folder.
 
@@ -148,6 +153,7 @@ class CompileCache:
         self._memory_bytes = 0
         self._stats = CacheStats()
         self._mutex = threading.Lock()
+        _CACHES.add(self)
         self._writable = self.directory is not None
         self._swept: set[str] = set()
 
@@ -415,6 +421,19 @@ def _warn(message: str) -> None:
 
 _default: tuple[tuple[bool, str], CompileCache] | None = None
 _default_mutex = threading.Lock()
+
+
+def _after_fork() -> None:
+    """In a child of ``os.fork()``: every cache's lock free, since the thread that may have held one during the
+    fork is not there (its first compile would wait for it forever)."""
+    global _default_mutex
+    _default_mutex = threading.Lock()
+    for cache in list(_CACHES):
+        cache._mutex = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def default_cache() -> CompileCache:
