@@ -249,11 +249,14 @@ def map_chunks(regs: Sequence[Regs], fn) -> tuple[Reg, ...]:
 
 
 def thread_linear(b: LoweringBuilder, tid: Reg, coefs: Sequence[int], dtype: DType = int32) -> Reg:
-    """``sum_i bit_i(tid) * coefs[i]`` as SIMT integer code (runs of geometric coefficients as one bit field)."""
+    """``sum_i bit_i(tid) * coefs[i]`` as SIMT integer code (runs of geometric coefficients as one bit field),
+    in `dtype`: computed in i32 where every value fits (each field then widened), else each field is widened
+    before it is scaled (a warp's row 2^31 elements into ``x``: ``warp * stride`` in i32 wrapped, and the warp
+    read 4 GiB before ``x``; a stride past 2^31 was no i32 constant; found by a helper, hunt_huge/01-02)."""
     from ...ir.semantics import BinaryOp
     from ...ir.simt.nodes import IntOp
 
-    terms: list[Reg] = []
+    fields: list[tuple[int, int, int]] = []        # (lowest bit, bits, coefficient)
     i = 0
     while i < len(coefs):
         if coefs[i] == 0:
@@ -262,24 +265,31 @@ def thread_linear(b: LoweringBuilder, tid: Reg, coefs: Sequence[int], dtype: DTy
         n = 1
         while i + n < len(coefs) and coefs[i + n] == coefs[i] << n:
             n += 1
+        fields.append((i, n, coefs[i]))
+        i += n
+    wide = dtype != int32 and sum(((1 << n) - 1) * abs(c) for _, n, c in fields) > 2**31 - 1
+    work = dtype if wide else int32
+    terms: list[Reg] = []
+    for i, n, coef in fields:
         field = tid
         if i:
             field = b.int_arith(IntOp.SHR, field, b.const_of(i, int32))
         if i + n < b.warps.bit_length() + 4:   # bits above the thread count are zero anyway
             field = b.int_arith(IntOp.AND, field, b.const_of((1 << n) - 1, int32))
-        if coefs[i] & (coefs[i] - 1) == 0 and coefs[i] > 1:
-            field = b.int_arith(IntOp.SHL, field, b.const_of(coefs[i].bit_length() - 1, int32))
-        elif coefs[i] != 1:
-            field = b.arith(BinaryOp.MUL, field, b.const_of(coefs[i], int32))
+        if wide:
+            field = b.cast(field, work)
+        if coef & (coef - 1) == 0 and coef > 1:
+            field = b.int_arith(IntOp.SHL, field, b.const_of(coef.bit_length() - 1, work))
+        elif coef != 1:
+            field = b.arith(BinaryOp.MUL, field, b.const_of(coef, work))
         terms.append(field)
-        i += n
     if not terms:
-        out = b.const_of(0, int32)
+        out = b.const_of(0, work)
     else:
         out = terms[0]
         for t in terms[1:]:
             out = b.arith(BinaryOp.ADD, out, t)
-    return b.cast(out, dtype) if dtype != int32 else out
+    return b.cast(out, dtype) if dtype != work else out
 
 
 def index_dtype(dtype: DType) -> DType:
