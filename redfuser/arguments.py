@@ -53,9 +53,6 @@ RESERVED = {"stream": "the CUDA stream to run on", "out": "the arrays the result
 ``out=`` (`redfuser.outputs`), with what each means."""
 
 SUPPORTED_ARRAY_DTYPES = ", ".join(d.numpy_name for d in T.ALL_DTYPES if d != T.float64)
-PLAIN_ARRAY_TYPES = (np.ndarray, np.memmap)
-"""numpy array types whose elements are all they mean; other subclasses (a masked array's mask,
-``np.matrix``'s ``*``) carry meaning a kernel would drop."""
 
 
 def function_loc(fn: Callable) -> SourceLoc:
@@ -129,11 +126,9 @@ def spec_of(arg: str, value: Any, op: str, loc: SourceLoc) -> tuple[ArgSpec, Any
     if _is_static(value):
         _check_numpy_scalar(value, arg, op, loc)
         return StaticSpec(arg, value), None
-    if isinstance(value, np.ndarray) and type(value) not in PLAIN_ARRAY_TYPES:
-        kind = f"{type(value).__module__}.{type(value).__qualname__}"
-        hint = "x.filled(fill_value)" if isinstance(value, np.ma.MaskedArray) else "np.asarray(x)"
-        raise ArgumentError(f"argument {arg!r} is a {kind}, a numpy array subclass whose meaning a kernel would "
-                            f"drop (a mask, matrix products); pass a plain array ({hint})", op=op, loc=loc)
+    refusal = arrays_rt.subclass_refusal(value, f"argument {arg!r}")
+    if refusal is not None:
+        raise ArgumentError(refusal, op=op, loc=loc)
     if isinstance(value, tuple):      # (a tuple of static values is static: this one holds something else)
         k, item = next((k, v) for k, v in enumerate(value) if not _is_static(v))
         raise ArgumentError(f"argument {arg!r} is a tuple holding a {type(item).__name__} at {arg}[{k}]: a tuple "

@@ -26,6 +26,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+import numpy as np
+
 from .ir import ArgumentError, Buffer, DTypeError, SourceLoc
 from .ir.types import BufferType
 from .runtime import arrays as arrays_rt
@@ -115,9 +117,15 @@ def check(outs: Sequence[object], results: Sequence[Buffer], arguments: Sequence
     described = [(arg_name, arrays_rt.describe(arg, f"argument {arg_name!r}")) for arg_name, arg in arguments]
     for i, (o, b) in enumerate(zip(outs, results)):
         name = f"out[{i}] (result {b.name!r})" if len(results) > 1 else f"out (result {b.name!r})"
-        refusal = _torch_refusal(o, name)     # (before `describe`: its refusal of grad does not say why for an out)
-        if refusal is not None:
+        refusal = _torch_refusal(o, name) or arrays_rt.subclass_refusal(
+            o, name, "np.asarray(out), a view of its data, whose writes it sees")
+        if refusal is not None:     # (before `describe`: its refusal of grad does not say why for an out)
             raise ArgumentError(refusal, op=kernel, loc=loc)
+        dtype = getattr(o, "dtype", None)
+        if isinstance(dtype, np.dtype) and not dtype.isnative:
+            raise DTypeError(f"{name} has dtype {dtype.str}, {dtype.name} in the other byte order; kernels write "
+                             f"this machine's: pass an out of dtype {dtype.newbyteorder('=').str}", op=kernel,
+                             loc=loc)
         try:
             info = arrays_rt.describe(o, name)
         except (ArgumentError, DTypeError) as err:    # (an unsupported dtype: uint8, complex, byte-swapped)

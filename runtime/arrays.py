@@ -86,6 +86,22 @@ def library_of(x: object) -> str:
     return type(x).__module__.split(".")[0]
 
 
+PLAIN_ARRAY_TYPES = (np.ndarray, np.memmap)
+"""numpy array types whose elements are all they mean; other subclasses (a masked array's mask,
+``np.matrix``'s ``*``) carry meaning a kernel would drop."""
+
+
+def subclass_refusal(x: object, name: str, hint: str | None = None) -> str | None:
+    """Why `x`, a numpy array subclass other than `PLAIN_ARRAY_TYPES`, is refused as `name` (an argument, an
+    ``out=``), with `hint` (or one for arguments) on what to pass; None for anything else."""
+    if not isinstance(x, np.ndarray) or type(x) in PLAIN_ARRAY_TYPES:
+        return None
+    kind = f"{type(x).__module__}.{type(x).__qualname__}"
+    hint = hint or ("x.filled(fill_value)" if isinstance(x, np.ma.MaskedArray) else "np.asarray(x)")
+    return (f"{name} is a {kind}, a numpy array subclass whose meaning a kernel would drop (a mask, matrix "
+            f"products); pass a plain array ({hint})")
+
+
 def describe(x: object, name: str = "argument") -> ArrayInfo:
     """`x` as an `ArrayInfo`; raises `ArgumentError`/`DTypeError` for what RedFuser cannot take."""
     return _describe(x, name)[0]

@@ -100,6 +100,27 @@ def test_an_out_of_an_unsupported_dtype_names_the_kernel_and_the_callers_line(dt
     assert not bad.any()
 
 
+def test_a_byte_swapped_out_is_told_what_to_pass_for_an_out():
+    """A byte-swapped out was advised to "pass x.astype(...)", the advice for an argument (hunt_outs, minor)."""
+    bad = np.zeros((6, 70), ">f4")
+    with pytest.raises(rf.DTypeError, match=r"kernels write this machine's: pass an out of dtype <f4"):
+        rf.kernel(softmax, backend="interpret")(rows(6, 70), out=bad)
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_an_out_of_a_numpy_subclass_is_refused_as_such_an_argument_is(backend):
+    """A masked array or an ``np.matrix`` as ``out=`` was written (a masked array's elements under its mask
+    stayed masked), where the same arrays as arguments are refused. Found by a helper (hunt_outs)."""
+    x = rows(6, 70)
+    k = rf.kernel(softmax, backend=backend)
+    masked = np.ma.masked_array(np.zeros((6, 70), np.float32), mask=np.eye(6, 70, dtype=bool))
+    refused(k, x, out=masked, match="numpy.ma.MaskedArray, a numpy array subclass")
+    refused(k, x, out=np.asmatrix(np.zeros((6, 70), np.float32)), match="numpy.matrix, a numpy array subclass")
+    assert not masked.data.any()
+    plain = np.asarray(masked)
+    assert k(x, out=plain) is plain
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_outs_sharing_memory_with_an_argument_or_each_other_are_refused(backend):
     x = rows(6, 70)
