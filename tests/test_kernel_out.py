@@ -108,6 +108,7 @@ def test_a_byte_swapped_out_is_told_what_to_pass_for_an_out():
 
 
 @pytest.mark.parametrize("backend", ["interpret", "cpu"])
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 def test_an_out_of_a_numpy_subclass_is_refused_as_such_an_argument_is(backend):
     """A masked array or an ``np.matrix`` as ``out=`` was written (a masked array's elements under its mask
     stayed masked), where the same arrays as arguments are refused. Found by a helper (hunt_outs)."""
