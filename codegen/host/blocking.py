@@ -56,12 +56,20 @@ def vector_registers() -> tuple[int, int]:
     return 16, 16
 
 
+IN_FLIGHT_FMAS = 12
+"""Accumulators a block needs to keep both FMA units busy: an FMA's result is an operand of the next one on
+the same accumulator 4-5 cycles later, so two units need 8-10 independent chains, and a few more absorb the
+operand loads. With 16 AVX2 registers, 4 x 2 blocks (8 chains, the largest divisor of 256 rows) ran an f32
+GEMM at 0.77-0.87x OpenBLAS and 6 x 2 blocks (42 of them and one of 4 rows) at 0.97-1.10x (AMD EPYC, 2 cores,
+1024^3 and 4096x1024x1024: 14.3 -> 11.8 and 56.8 -> 45.7 ms; f32 attention 1x8x1024x64 17.8 -> 14.8 ms)."""
+
+
 def choose_block(m: int, n: int, itemsize: int) -> Block | None:
     """The micro-kernel block for an ``m x n`` output of `itemsize`-byte elements (None: keep the loop
     nest). ``n`` must be a whole number of blocks' columns. The rows are the largest divisor of ``m``
-    the register file allows (64 rows: 4-row blocks on AVX2, not 6 + a block of 4: measured 4-6% faster),
-    unless that is under half of what it allows: then as many as it allows, the last ``m mod rows`` rows
-    in a shorter block."""
+    the register file allows, unless that leaves fewer than `IN_FLIGHT_FMAS` accumulators where the
+    register file holds them or is under half of what it allows: then as many as it allows, the last
+    ``m mod rows`` rows in a shorter block."""
     width, registers = vector_registers()
     lanes = width // itemsize
     if n % lanes:
@@ -72,8 +80,8 @@ def choose_block(m: int, n: int, itemsize: int) -> Block | None:
         # accumulators + one operand vector each + one broadcast within the register file
         limit = min(14, (registers - vectors - 1) // vectors, m)
         rows = max(r for r in range(1, limit + 1) if m % r == 0)
-        if 2 * rows <= limit:
-            rows = limit     # (17 rows: 6 + 6 + a block of 5, not 17 blocks of one)
+        if 2 * rows <= limit or rows * vectors < min(IN_FLIGHT_FMAS, limit * vectors):
+            rows = limit     # (17 rows: 6 + 6 + a block of 5, not 17 blocks of one; AVX2's 256: 6 x 42 + 4)
         if rows >= 2 or vectors == 1:
             return Block(rows, vectors, lanes)
     return None
