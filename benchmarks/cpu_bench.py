@@ -67,7 +67,7 @@ right after torch) ran 1.5-2.5x slower. After the pause every contender starts w
 
 ROUNDS = 3
 SLOW_S = 2.0
-"""A contender whose warm-up call takes longer than this is timed by one more call, once: torch's bf16
+"""A contender whose warm-up call takes longer than this is timed by that call alone: torch's bf16
 ``matmul`` on a host without bf16 instructions (AVX2) took 3.1 s at 1024^3 and would take minutes a run at
 4096^3, an hour for its row's 15 runs. Its time is still measured, and tens of times the kernel's either way."""
 """Blocks of calls each contender gets, in turns (`median_times`)."""
@@ -93,9 +93,7 @@ def median_times(fns: list, repeats: int) -> list[float]:
             warm = time.perf_counter()
             fn()
             if time.perf_counter() - warm > SLOW_S:
-                start = time.perf_counter()
-                fn()
-                out.append(time.perf_counter() - start)
+                out.append(time.perf_counter() - warm)
                 continue
             while time.perf_counter() - warm < WARM_S:
                 fn()
