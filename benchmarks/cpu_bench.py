@@ -66,11 +66,12 @@ threads spinning for a while after a call: on a 2-core machine the next 100-300 
 right after torch) ran 1.5-2.5x slower. After the pause every contender starts with idle pools."""
 
 ROUNDS = 3
+"""Blocks of calls each contender gets, in turns (`median_times`)."""
+
 SLOW_S = 2.0
 """A contender whose warm-up call takes longer than this is timed by that call alone: torch's bf16
 ``matmul`` on a host without bf16 instructions (AVX2) took 3.1 s at 1024^3 and would take minutes a run at
 4096^3, an hour for its row's 15 runs. Its time is still measured, and tens of times the kernel's either way."""
-"""Blocks of calls each contender gets, in turns (`median_times`)."""
 
 WARM_S = 0.1
 """Untimed calls at the start of each block, for at least this long: after the pause, every contender's first
