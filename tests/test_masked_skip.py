@@ -77,6 +77,24 @@ def test_shifted_and_flipped_masks(shift, flipped):
         assert "to %live_stop step" in _tile_text(kern, q, k, v)
 
 
+@pytest.mark.parametrize("shift", [2**31 - 1, 2**32, 2**40, -(2**40)])
+@pytest.mark.parametrize("skip", [None, True])
+def test_a_mask_offset_past_the_index_range_runs_the_whole_loop(shift, skip):
+    """``j <= i + K`` with ``K = 2**31 - 1`` (a "no limit" sentinel) or more: the loop's stop, the row plus
+    ``K``, wrapped in i32, and every row came out NaN on cpu by default (``2**32``: plain causal attention,
+    0.8 off, with ``skip_masked=True``; an internal verifier error on simulate). Such a loop is not stopped
+    early now: numpy's full attention, or all-NaN rows for ``-2**40``. Found by a helper (hunt_flex/01-02)."""
+    fn = shifted_causal(shift, False)
+    q, k, v = _qkv(5, 12, 12, d=4)
+    with np.errstate(invalid="ignore"):
+        ref = fn(q, k, v)
+    for backend in ("interpret", "cpu", "simulate"):
+        kern = rf.kernel(fn, backend=backend, skip_masked=skip, block_m=4, block_n=4)
+        assert_close(kern(q, k, v), ref, np.float32, 12)
+        if backend != "interpret":
+            assert "live_stop" not in _tile_text(kern, q, k, v)
+
+
 def test_a_state_without_the_mask_keeps_the_whole_loop():
     rng = np.random.default_rng(2)
     q, k = (rng.standard_normal((1, 1, 150, 16)).astype(np.float32) for _ in range(2))

@@ -51,6 +51,14 @@ class LiveBound:
     unsafe: tuple[tuple[int, Load], ...] = ()
 
 
+OFFSET_MAX = 1 << 30
+"""The largest mask offset ``K`` (``j <= i + K``) a loop stops early for. The stop, the row plus ``K``, is
+computed in the kernel's index type (i32 where the extents fit): ``K = 2**31 - 1``, a "no limit" sentinel,
+wrapped, and every row came out NaN on `cpu` (``2**32`` wrapped to 0: plain causal attention, 0.8 off; an i32
+constant the GPU verifier refused; found by a helper). A mask that far out hides nothing of an axis shorter
+than it, so the loop simply runs to the end: exact, as not skipping always is."""
+
+
 def live_bound(fl: FusedLoop, classes: AxisClasses, fused_key: str) -> LiveBound | None:
     """The bound of `fl`'s masks (see the module docstring), or None when some state is not masked so."""
     if not fl.states or not all(isinstance(st, OnlineState) for st in fl.states):
@@ -71,6 +79,8 @@ def live_bound(fl: FusedLoop, classes: AxisClasses, fused_key: str) -> LiveBound
     if len(found) != 1:
         return None
     ((row_key, offset),) = found
+    if abs(offset) >= OFFSET_MAX:
+        return None
     if not all(check_dead_terms(st, fl.axis, rows[row_key], offset) for st in fl.states):
         return None
     # an earlier state read in a dead chunk holds the value it had after the live ones: not scanned (a NaN
