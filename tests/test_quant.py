@@ -41,3 +41,39 @@ def test_all_zero_rows_give_the_reference_nan():
     ref = W.fp8_quant_gemm(x, w, ws)
     assert np.array_equal(np.isnan(out), np.isnan(ref)) and np.isnan(ref[0]).all()
     np.testing.assert_allclose(out[1], ref[1], rtol=1e-6)
+
+
+def _signed_max_scaled(x, w):
+    a = rf.max(x, axis=-1, keepdims=True)                       # a signed max, not max(abs(x))
+    return ((x * (448.0 / a)).astype(rf.float8_e4m3fn).astype(rf.float32) @ w) * (a / 448.0)
+
+
+def _square_max_scaled(x, w):
+    a = rf.max(x * x, axis=-1, keepdims=True)                   # the max of another value than the one scaled
+    return ((x * (100.0 / a)).astype(rf.float8_e4m3fn).astype(rf.float32) @ w) * (a / 100.0)
+
+
+def _past_the_range(x, w):
+    a = rf.max(rf.abs(x), axis=-1, keepdims=True)
+    return ((x * (1000.0 / a)).astype(rf.float8_e4m3fn).astype(rf.float32) @ w) * (a / 1000.0)
+
+
+@pytest.mark.parametrize("body", [_signed_max_scaled, _square_max_scaled, _past_the_range])
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+def test_an_fp8_scale_that_is_not_the_absmax_of_the_scaled_value_is_a_second_pass(backend, body):
+    """A cast to e4m3 was quantized with the running maximum whatever that maximum was of: with a signed max
+    (``max(x)``) a small early max pushed ``-1 * 448 / 0.25`` past e4m3's 464 and the row came out NaN for
+    numpy's finite 3.25; ``max(x * x)`` was 4-10% off. Only ``c·B / max|B|`` with ``|c| <= 448`` fuses now
+    (the int8 rule, `grid_quantization.absmax_scaled`). Found by a helper (hunt_quant/03)."""
+    k_len = 128
+    x = np.zeros((2, k_len), np.float32)
+    x[:, 0], x[:, 1], x[:, k_len - 1] = -1.0, 0.25, 4.0
+    x[1] += np.linspace(0.0, 0.5, k_len, dtype=np.float32)
+    w = np.ones((k_len, 2), np.float32)
+    kernel = rf.kernel(body, backend=backend, **({"block_n": 64} if backend == "cpu" else {}))
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = body(x, w)
+    got = kernel(x, w)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not kernel.lower(x, w).groups[-1].fused

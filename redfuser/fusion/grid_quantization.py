@@ -67,7 +67,21 @@ def grid_quantization(atom: Expr, ctx: "FusionContext") -> A.Monomial | None:
     g = grid_rounding(atom)
     if g is None:
         return None
-    inner = ctx.normal_form(g.inner, signs=False)
+    scaled = absmax_scaled(g.inner, ctx)
+    if scaled is None:
+        return None
+    a, c = scaled
+    if not (g.lo <= -c and c <= g.hi):
+        return None
+    return A.Monomial.of({a: A.Power(-1)})
+
+
+def absmax_scaled(value: Expr, ctx: "FusionContext") -> tuple[Load, float] | None:
+    """``(a, |c|)`` where `value` is ``c·B(x) / a`` with ``a`` a running max of ``|B|`` itself (so that
+    ``|c·B / a_t| <= |c|`` for every element the loop has seen, whatever its running ``a_t``); None for
+    anything else: a signed max (``max(x)``: ``x / a_t`` grows without bound while ``a_t`` is small), a max of
+    another value (``max(x * x)``), a constant or an earlier result beside ``a``."""
+    inner = ctx.normal_form(value, signs=False)
     if len(inner) != 1 or not inner[0].exponent.is_zero:
         return None
     t = inner[0]
@@ -88,10 +102,7 @@ def grid_quantization(atom: Expr, ctx: "FusionContext") -> A.Monomial | None:
         return None
     if b[0].mono != xs:                                # the rounded value is c·B/a for a's own B
         return None
-    c = abs(t.coeff / b[0].coeff)
-    if not (g.lo <= -c and c <= g.hi):
-        return None
-    return A.Monomial.of({a: A.Power(-1)})
+    return a, abs(t.coeff / b[0].coeff)
 
 
 def identity_inner(e: Expr) -> Expr | None:
@@ -101,4 +112,4 @@ def identity_inner(e: Expr) -> Expr | None:
     return g.inner if g is not None else None
 
 
-__all__ = ["GridRounding", "grid_quantization", "grid_rounding", "identity_inner"]
+__all__ = ["GridRounding", "absmax_scaled", "grid_quantization", "grid_rounding", "identity_inner"]

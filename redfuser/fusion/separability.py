@@ -32,7 +32,7 @@ from ..ir.types import bool_, float32
 from ..ir.loop.expr import walk
 from . import algebra as A
 from .build import linear_expr, monomial_expr, product_expr, sum_expr
-from .grid_quantization import grid_quantization
+from .grid_quantization import absmax_scaled, grid_quantization
 from .narrowing import Extremum, attains_one, distribute_cast, exp_bound, g_bound, rescale_dtype, split_narrowing
 from .positivity import is_nonnegative, is_positive
 
@@ -314,13 +314,17 @@ def _quantization(atom: Expr, ctx: FusionContext) -> A.Monomial | None:
     """
     if not A.is_narrowing(atom):
         return grid_quantization(atom, ctx)      # clip(rint(c·x / max|x|)): int8 quantization, the same rule
-    inner = ctx.normal_form(atom.x, signs=False)
-    if len(inner) != 1 or not inner[0].exponent.is_zero:
+    # Only ``c·B / a`` with ``a`` the running max of ``|B|`` and ``|c|`` within the target's range: each chunk's
+    # values then stay within ``|c|`` at the running scale, on a finer grid. A signed max (``max(x)``) or a max
+    # of another value let an early small ``a_t`` push values past e4m3's 464, NaN where numpy's body is finite
+    # (found by a helper, hunt_quant/03); `grid_quantization` asks the same of int8.
+    scaled = absmax_scaled(atom.x, ctx)
+    if scaled is None or scaled[0].buffer.name not in ctx.maxima:
         return None
-    ys = [(a, p) for a, p in inner[0].mono.factors if ctx.kind(a) != "x" and ctx.kind(a) != "c"]
-    if not ys or any(not (isinstance(a, Load) and a.buffer.name in ctx.maxima) for a, _ in ys):
+    a, c = scaled
+    if c > float(ml_dtypes.finfo(atom.dtype.numpy).max):
         return None
-    return A.Monomial.of(dict(ys))
+    return A.Monomial.of({a: A.Power(-1)})
 
 
 def _mixed_reason(atom: Expr, name: str) -> str:
