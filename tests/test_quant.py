@@ -77,3 +77,24 @@ def test_an_fp8_scale_that_is_not_the_absmax_of_the_scaled_value_is_a_second_pas
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not kernel.lower(x, w).groups[-1].fused
+
+
+def _int8_rows(x, w):
+    s = rf.max(rf.abs(x), axis=-1, keepdims=True) / 127.0
+    return rf.clip(rf.rint(x / s), -127, 127) @ w
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "simulate"])
+def test_an_f16_quantized_gemm_rounds_numpys_f16_quotient(backend):
+    """f16 int8-style quantization fused with its GEMM: numpy's f16 ``x / s`` is -59.5 exactly (a tie: -60);
+    the interpreter's fused loop, carrying the f16 GEMM in f32, rounded the f32 quotient -59.49 to -59, where
+    cpu and simulate round the f16 one as numpy does. Found by a helper (hunt_quant/01)."""
+    x = np.zeros((1, 64), np.float16)
+    x[0, 0], x[0, 1] = 3.05, -1.429
+    w = np.eye(64, dtype=np.float16)
+    assert (x[0, 1] / (np.float16(np.abs(x).max()) / np.float16(127.0))).astype(np.float16) == -59.5
+    kernel = rf.kernel(_int8_rows, backend=backend)
+    got, want = kernel(x, w), _int8_rows(x, w)
+    assert kernel.lower(x, w).groups[-1].fused
+    np.testing.assert_array_equal(got, want)
+    assert got[0, 1] == -60

@@ -21,7 +21,7 @@ from .expr import (Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexVa
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
 from .index import index_value
-from .rewrite import in_work_precision, read_as_held, reads
+from .rewrite import decided, in_work_precision, map_decision_operands, read_as_held, reads
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from ..types import from_numpy
 
@@ -257,6 +257,19 @@ def _windowed(axes: Space, env: Env) -> Space:
     return tuple(Axis(a.name, hi - lo) if a.name == name else a for a in axes)
 
 
+def _as_kernels_compute(st: OnlineState) -> OnlineState:
+    """`st` in its work precision (`rewrite.in_work_precision`), each decision's operand in its term first rounded
+    as the compiled kernels round it inside the loop (`rewrite.decided`, as `schedule.exprs` lowers it): an f16
+    quantized GEMM, carried in f32, took ``rint(x / s)`` of the f32 quotient (-59.49: -59) where numpy and the
+    other backends round the f16 one (-59.5: -60; found by a helper, hunt_quant/01)."""
+    if st.carried_dtype == st.acc.dtype:
+        return st
+
+    def decide(v: Expr) -> Expr:
+        return decided(map_decision_operands(v, decide, frozenset()), frozenset(), frozenset())
+    return in_work_precision(replace(st, term=map_decision_operands(st.term, decide, frozenset())))
+
+
 def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                    span: tuple[int, int] | None = None, hold: bool = False) -> dict[str, np.ndarray]:
     """Run a fused cascade chunk by chunk, exactly as its online update rules say.
@@ -270,7 +283,7 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
     work = {st.acc.name: st.carried_dtype.numpy for st in s.states if isinstance(st, OnlineState)}
     acc = {st.acc.name: np.full([a.extent for a in st.axes], identity(st.op, work[st.acc.name]))
            for st in s.states if isinstance(st, OnlineState)}
-    computed = {st.acc.name: in_work_precision(st) for st in s.states if isinstance(st, OnlineState)}
+    computed = {st.acc.name: _as_kernels_compute(st) for st in s.states if isinstance(st, OnlineState)}
     lists = {st.acc.name: topk_semantics.empty(tuple(a.extent for a in st.axes), st.k, st.acc.dtype.numpy)
              for st in s.states if isinstance(st, TopKState)}
     # an f32 running sum no shift law carries keeps a compensation (Kahan), as the compiled kernels' do
