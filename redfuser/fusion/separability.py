@@ -218,6 +218,15 @@ def _split(t: A.Product, ctx: FusionContext, name: str) -> _Split | Refusal:
         if kind == "mixed":
             if q is None:
                 return Refusal(_mixed_reason(atom, name), atom)
+            others = [a for a, _ in t.mono.factors if a is not atom and ctx.kind(a) == "x"]
+            if p != 1 or not others:
+                # the running scale quantizes each chunk on a grid at least as fine, which a GEMM's result
+                # meets within the quantization bound (docs/fusion.md); the quantized values' own statistics
+                # (``sum(q)``, ``mean(q)``, ``sum(q * q)``) are sums of integers numpy computes exactly, and
+                # with the running scale they left the grid (130151.5 for numpy's 130100; found by a helper)
+                return Refusal(f"in `{name}`, {format_expr(atom)} is quantized with a scale known only after "
+                               "the pass, and its values are reduced themselves, not contracted with another "
+                               "operand (a GEMM): numpy's integers need the final scale, so a second pass", atom)
             powers = powers * q.power(p)
             quantized.append(atom)
             kind = "x"
