@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..ir import Binary, BinaryOp, Const, Expr, Load, ReduceOp, Unary, UnaryOp
+from ..ir.loop.expr import walk
 from . import algebra as A
 from .substitute import value_at
 
@@ -81,6 +82,11 @@ def absmax_scaled(value: Expr, ctx: "FusionContext") -> tuple[Load, float] | Non
     ``|c·B / a_t| <= |c|`` for every element the loop has seen, whatever its running ``a_t``); None for
     anything else: a signed max (``max(x)``: ``x / a_t`` grows without bound while ``a_t`` is small), a max of
     another value (``max(x * x)``), a constant or an earlier result beside ``a``."""
+    if any(isinstance(n, Binary | Unary) and n.dtype.storage_only and ctx.kind(n) == "y" for n in walk(value)):
+        # a scale computed in 16 bits from the running max (f16 ``448 / a``): an early small ``a_t`` overflows
+        # it (448 / 1e-3 is inf in f16: the row came out NaN where numpy's final scale is finite) or makes it
+        # subnormal; numpy computes it once, from the final ``a`` (found by a helper, hunt_quant/04)
+        return None
     inner = ctx.normal_form(value, signs=False)
     if len(inner) != 1 or not inner[0].exponent.is_zero:
         return None
