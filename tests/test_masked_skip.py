@@ -95,6 +95,33 @@ def test_a_mask_offset_past_the_index_range_runs_the_whole_loop(shift, skip):
             assert "live_stop" not in _tile_text(kern, q, k, v)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "simulate"])
+def test_a_split_loop_skips_what_the_unsplit_loop_skips(backend):
+    """``skip_masked=True`` did nothing once the loop was split (``split=2``, or the GPU's automatic split of a
+    long causal loop): every masked block was computed. Each slice now stops at the unsplit loop's stop;
+    with an inf in ``v``'s last key (seen by the last query only) the skipping kernels give finite rows where
+    numpy's ``0 * inf`` is NaN (the documented difference), split or not, and the default (``skip_exact`` on
+    cpu) numpy's NaNs. Found by a helper (hunt_opts/01)."""
+    q, k, v = _qkv(3, 120, 120)
+    tiles = {"block_m": 16, "block_n": 16}      # (tiles small enough that a row block ends before the axis)
+    ref = causal_attention(q, k, v)
+    for split in (2, 3):
+        kern = rf.kernel(causal_attention, backend=backend, skip_masked=True, split=split, **tiles)
+        assert_close(kern(q, k, v), ref, np.float32, 120)
+        assert "slice_live" in _tile_text(kern, q, k, v)
+    v[0, 0, -1, 0] = np.inf
+    with np.errstate(invalid="ignore"):
+        nans = int(np.isnan(causal_attention(q, k, v)).sum())
+    skipped = int(np.isnan(rf.kernel(causal_attention, backend=backend, skip_masked=True, **tiles)(q, k, v)).sum())
+    assert skipped < nans
+    for split in (2, 3):
+        got = rf.kernel(causal_attention, backend=backend, skip_masked=True, split=split, **tiles)(q, k, v)
+        assert int(np.isnan(got).sum()) == skipped
+        if backend == "cpu":
+            exact = rf.kernel(causal_attention, backend=backend, split=split, **tiles)
+            assert int(np.isnan(exact(q, k, v)).sum()) == nans
+
+
 def test_a_state_without_the_mask_keeps_the_whole_loop():
     rng = np.random.default_rng(2)
     q, k = (rng.standard_normal((1, 1, 150, 16)).astype(np.float32) for _ in range(2))
