@@ -148,3 +148,20 @@ def test_statistics_of_quantized_values_are_numpys_integers(backend):
     got, want = kernel(x), _quantized_statistics(x)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def test_the_int8_check_takes_an_exact_result_where_a_column_of_w_is_zero():
+    """`assert_int8_quantized_gemm` divided each error by its bound, 0 for an all-zero column of ``w``: 0/0 was
+    NaN and the body's own result was refused (hunt_opts/02b). A zero bound now holds an exact result only."""
+    from redfuser.testing.quantization import assert_int8_quantized_gemm
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    w = rng.integers(-127, 128, (32, 3)).astype(np.float32)
+    w[:, 1] = 0
+    ws = np.ones(3, np.float32)
+    out = W.int8_quant_gemm(x, w, ws)
+    assert "of the int8 quantization bound" in assert_int8_quantized_gemm(out, x, w, ws)
+    out[0, 1] = 1e-3
+    with pytest.raises(AssertionError, match="quantization bound"):
+        assert_int8_quantized_gemm(out, x, w, ws)
