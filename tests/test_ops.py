@@ -69,7 +69,7 @@ def both(body, *arrays):
 def check_exact(body, *arrays):
     actual, expected = both(body, *arrays)
     if isinstance(expected, tuple | list):
-        assert isinstance(actual, tuple) and len(actual) == len(expected)
+        assert type(actual) is type(expected) and len(actual) == len(expected)     # (a list gives a list)
         for a, e in zip(actual, expected):
             assert_identical(a, e)
     else:
