@@ -101,7 +101,7 @@ def partial_kernel(lay: FusedLayout, plan: SplitPlan, name: str, opts: ScheduleO
     # the unsplit loop takes it, cut to this slice: a slice wholly past it walks nothing and leaves its states'
     # identities for the merge (`skip_masked=True` did nothing once split, the GPU's automatic split included)
     live = live_stop(fb, n) if opts.skip_masked else exact_live_stop(fb, n, plan.chunk) if opts.skip_exact else n
-    if not (is_static(live) and is_static(n) and live == n):
+    if live is not n and not (is_static(live) and is_static(n) and live == n):    # (no mask: n itself)
         ahead = kb.binary(BinaryOp.SUB, live if isinstance(live, t.Value) else kb.const(live, index), start,
                           hint="slice_live")
         ahead = kb.binary(BinaryOp.MAX, ahead, kb.const(0, index))
