@@ -21,20 +21,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
-from .ir import ArgumentError, RedFuserError, SourceLoc
-from .outputs import _overlap, _self_overlapping
+from .ir import ArgumentError, SourceLoc
+from .outputs import _meet, _overlap, _self_overlapping, _span
 from .runtime import arrays as arrays_rt
 
 
 def check(updated: dict[str, SourceLoc], arguments: Sequence[tuple[str, object]], kernel: str,
-          captured: Sequence[tuple[str, object]] = ()) -> None:
+          captured: Sequence[tuple[str, np.ndarray]] = ()) -> None:
     """Refuse the call where an argument named in `updated` (name -> the line updating it) has memory that
     another of `arguments` (name, the caller's array) shares, or a numpy array the body reads from outside
     (`captured`: label, array; numpy's body reads it updated, a trace read it as it was), elements sharing
     memory, or is read-only."""
     described = [(name, arrays_rt.describe(a, f"argument {name!r}"), a) for name, a in arguments]
-    outside = [(label, info) for label, info in ((label, _described(a, label)) for label, a in captured) if info]
+    outside = [(label, byte_bounds(a)) for label, a in captured]     # (numpy arrays of any dtype, in host memory)
     for name, info, array in described:
         loc = updated.get(name)
         if loc is None:
@@ -47,8 +48,8 @@ def check(updated: dict[str, SourceLoc], arguments: Sequence[tuple[str, object]]
             shared = [other for other, o_info, _ in described if other != name and _overlap(info, o_info)]
             if shared:
                 why = f"argument {shared[0]!r} shares its memory, and numpy's body would change {shared[0]!r} too"
-        if not why:
-            read = [label for label, o_info in outside if _overlap(info, o_info)]
+        if not why and not info.on_gpu:
+            read = [label for label, bounds in outside if _meet(_span(info), bounds)]
             if read:
                 why = (f"the body also reads the captured array {read[0]} whose memory it shares, and numpy's body "
                        "would read it updated")
@@ -57,13 +58,3 @@ def check(updated: dict[str, SourceLoc], arguments: Sequence[tuple[str, object]]
                                 f"its arguments. Pass a copy, or write {name} = {name} + ... in the body",
                                 op=kernel, loc=loc)
 
-
-def _described(array: object, label: str) -> arrays_rt.ArrayInfo | None:
-    """`array`'s info; a C-contiguous numpy array of a dtype kernels do not take (a complex table the body
-    reads an element of) as its bytes; None for another such array (what it spans is not compared)."""
-    try:
-        return arrays_rt.describe(array, label)
-    except RedFuserError:
-        if isinstance(array, np.ndarray) and array.flags.c_contiguous and array.size:
-            return arrays_rt.describe(array.reshape(-1).view(np.bool_), label)
-        return None

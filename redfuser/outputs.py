@@ -56,7 +56,12 @@ def _span(info: arrays_rt.ArrayInfo) -> tuple[int, int]:
 def _overlap(a: arrays_rt.ArrayInfo, b: arrays_rt.ArrayInfo) -> bool:
     if (a.device_type, a.device_id) != (b.device_type, b.device_id):
         return False
-    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return _meet(_span(a), _span(b))
+
+
+def _meet(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two byte ranges ``[low, high)`` share a byte (an empty one shares none)."""
+    (a0, a1), (b0, b1) = a, b
     return a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
 
 

@@ -48,7 +48,7 @@ def _float_unary(op: UnaryOp, b: ir.IRBuilder, x: ir.Value, em: Emitter) -> ir.V
         return call_intrinsic(b, f"llvm.{op.value}.{suffix}", x.type, [x])
     # The verifier admits the transcendental ops on f32 only.
     # evaluated in f64, at most 1 ulp (codegen/wide_math.py; log too: lg2.approx is 3.6% off at log(1.00001))
-    if op in WIDE_MATH or op is UnaryOp.LOG:
+    if op in WIDE_MATH or op.value in wide_math.GPU_FUNCTIONS:
         if em.without_calls:    # its f64 division without div.rn.f64's subroutine
             return wide_math.emit(b, op.value, x, table_space=1, divide=_quotient_f64)
         return wide_math.emit(b, op.value, x, table_space=1)

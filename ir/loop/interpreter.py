@@ -21,7 +21,7 @@ from .expr import (Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexVa
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
 from .index import index_value
-from .rewrite import decided, in_work_precision, map_decision_operands, read_as_held, reads
+from .rewrite import decisions_decided, in_work_precision, read_as_held, reads
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from ..types import from_numpy
 
@@ -264,10 +264,7 @@ def _as_kernels_compute(st: OnlineState) -> OnlineState:
     other backends round the f16 one (-59.5: -60; found by a helper, hunt_quant/01)."""
     if st.carried_dtype == st.acc.dtype:
         return st
-
-    def decide(v: Expr) -> Expr:
-        return decided(map_decision_operands(v, decide, frozenset()), frozenset(), frozenset())
-    return in_work_precision(replace(st, term=map_decision_operands(st.term, decide, frozenset())))
+    return in_work_precision(replace(st, term=decisions_decided(st.term)))
 
 
 def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,

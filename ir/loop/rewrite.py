@@ -147,11 +147,18 @@ def read_as_held(e: Expr, held: frozenset[str], extrema: frozenset[str] = frozen
     and minima among them): in f32 (`widened`), each held result read as it is where arithmetic reads it, and
     each decision's operand as `decided` says; `ranked`: `e` is a top-k's values, which are a decision's operand
     as a whole, as `schedule.topk.ranked_values` ranks them."""
+    out = decisions_decided(e, held, extrema)
+    return widened(ranked_key(out, held, extrema) if ranked else out, held)
+
+
+def decisions_decided(e: Expr, held: frozenset[str] | set[str] = frozenset(),
+                      extrema: frozenset[str] | set[str] = frozenset()) -> Expr:
+    """`e` with each decision's operand (`map_decision_operands`), and each one nested in it, as `decided`
+    rounds it: what the compiled kernels compute where they compute the rest in f32."""
     def decide(v: Expr) -> Expr:
         return decided(map_decision_operands(v, decide, extrema), held, extrema)
 
-    out = map_decision_operands(e, decide, extrema)
-    return widened(ranked_key(out, held, extrema) if ranked else out, held)
+    return map_decision_operands(e, decide, extrema)
 
 
 def map_decision_operands(e: Expr, decide: Callable[[Expr], Expr], extrema: frozenset[str] | set[str],
@@ -267,5 +274,5 @@ def rename_buffers(p: Program, names: dict[str, str], program_name: str | None =
     )
 
 
-__all__ = ["carried_in_f32", "in_work_precision", "map_expr", "map_state_exprs", "rename_buffers", "state_exprs",
+__all__ = ["carried_in_f32", "decisions_decided", "in_work_precision", "map_expr", "map_state_exprs", "rename_buffers", "state_exprs",
            "Compute", "Reduce"]

@@ -87,13 +87,20 @@ def fused_kernel(fl: FusedLoop, epilogue: list[Compute], needed: set[str], name:
     fb.read_later = frozenset(later_reads)
     n = fl.axis.extent
     size = fb.lay.chunk(opts)
-    stop = live_stop(fb, n) if opts.skip_masked else exact_live_stop(fb, n, size) if opts.skip_exact else n
+    stop = loop_stop(fb, n, size)
     several = not (is_static(n) and n <= size)     # (one chunk: nothing to compensate)
     final = chunk_loop(fb.kb, fb.lay.fused_key, fb.fused_order, n, stop, size, tuple(initial_states(fb, several)),
                        lambda kdim, carried: update_states(fb, kdim, carried), hint=fb.lay.fused_key,
                        arg_hints=carried_names(fb, several), peel_ragged=opts.peel_ragged)
     finish_states(fb, list(final), needed)
     return fb.finish()
+
+
+def loop_stop(fb: FusedBuilder, n: SizeLike, size: int) -> SizeLike | t.Value:
+    """Where the fused loop over the axis of length `n`, in chunks of `size`, may stop under the options:
+    `live_stop` with ``skip_masked``, `exact_live_stop` with ``skip_exact``, else `n` itself."""
+    opts = fb.opts
+    return live_stop(fb, n) if opts.skip_masked else exact_live_stop(fb, n, size) if opts.skip_exact else n
 
 
 def live_stop(fb: FusedBuilder, n: SizeLike, bound: LiveBound | None = None) -> SizeLike | t.Value:

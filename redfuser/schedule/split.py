@@ -25,7 +25,7 @@ from ..fusion.merge import merge_rule
 from ..ir import BinaryOp, Buffer, Compute, DType, FusedLoop
 from ..ir.sizes import SizeLike, ceil_div, divides, is_static, size_max
 from ..ir.tile import nodes as t
-from .fused import exact_live_stop, finish_states, layout_or_fail, live_stop
+from .fused import finish_states, layout_or_fail, loop_stop
 from .layout import FusedBuilder, FusedLayout
 from .options import ScheduleOptions
 from .space import Dim, overhangs
@@ -97,10 +97,10 @@ def partial_kernel(lay: FusedLayout, plan: SplitPlan, name: str, opts: ScheduleO
         # chunk wholly past it, and when the axis is whole chunks no lane needs a bounds mask at all.
         left = kb.binary(BinaryOp.SUB, kb.const(n, index), start, hint="slice_left")
         stop = kb.binary(BinaryOp.MIN, left, kb.const(plan.length, index), hint="slice_stop")
-    # The masked stop of the whole axis (`fused.live_stop`, with `skip_exact` its scan of the dead chunks), as
+    # The masked stop of the whole axis (`fused.loop_stop`: with `skip_exact` a scan of the dead chunks), as
     # the unsplit loop takes it, cut to this slice: a slice wholly past it walks nothing and leaves its states'
     # identities for the merge (`skip_masked=True` did nothing once split, the GPU's automatic split included)
-    live = live_stop(fb, n) if opts.skip_masked else exact_live_stop(fb, n, plan.chunk) if opts.skip_exact else n
+    live = loop_stop(fb, n, plan.chunk)
     if live is not n and not (is_static(live) and is_static(n) and live == n):    # (no mask: n itself)
         ahead = kb.binary(BinaryOp.SUB, live if isinstance(live, t.Value) else kb.const(live, index), start,
                           hint="slice_live")
