@@ -20,7 +20,8 @@ from .ir import ArgumentError, DTypeError, SourceLoc, UnsupportedError
 from .ir import types as T
 from .ir.types import BufferType
 from .runtime import arrays as arrays_rt
-from .trace import ArgSpec, ArraySpec, StaticSpec
+from .source_info import user_loc
+from .trace import ArgSpec, ArraySpec, StaticSpec, body_signature, is_dtype_value
 
 @dataclass(frozen=True)
 class ShapeDtype:
@@ -68,10 +69,14 @@ def function_loc(fn: Callable) -> SourceLoc:
 
 def check_signature(fn: Callable, name: str) -> inspect.Signature:
     """`fn`'s signature, when a kernel can take it (see the module docstring)."""
+    if isinstance(fn, classmethod):
+        raise UnsupportedError("@rf.kernel over @classmethod: a classmethod is not callable until Python binds it "
+                               "to its class; put @classmethod above @rf.kernel", op=name,
+                               loc=function_loc(fn.__func__))
     try:
-        signature = inspect.signature(fn)
+        signature = body_signature(fn)
     except (TypeError, ValueError) as exc:
-        raise ArgumentError(f"cannot read the parameters of {fn!r}: {exc}", op=name) from None
+        raise ArgumentError(f"cannot read the parameters of {fn!r}: {exc}", op=name, loc=user_loc()) from None
     for p in signature.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise UnsupportedError(f"kernels take named parameters only, not {p}: the number of arguments would "
@@ -103,7 +108,7 @@ def bind(signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs:
 def _is_static(value: object) -> bool:
     if value is None or isinstance(value, bool | int | float | str):
         return not isinstance(value, np.ndarray)
-    if isinstance(value, np.generic):
+    if isinstance(value, np.generic) or is_dtype_value(value):
         return True
     return isinstance(value, tuple) and all(_is_static(v) for v in value)
 
@@ -136,7 +141,7 @@ def spec_of(arg: str, value: Any, op: str, loc: SourceLoc) -> tuple[ArgSpec, Any
                             "of their own", op=op, loc=loc)
     if not arrays_rt.is_array(value):
         raise ArgumentError(f"argument {arg!r} must be an array (numpy, DLPack or __cuda_array_interface__), a "
-                            f"scalar, a string, None or a tuple of those, got {type(value).__name__}",
+                            f"scalar, a string, a dtype, None or a tuple of those, got {type(value).__name__}",
                             op=op, loc=loc)
     try:
         info = arrays_rt.describe(value, f"argument {arg!r}")

@@ -16,16 +16,21 @@ import dis
 import functools
 import operator
 import types
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from .ir import UnsupportedError
+from .methods import WeakMethod
 from .source_info import user_loc
 
 _SCALARS = (bool, int, float, complex, str, np.generic)
 _GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 _ATTRIBUTE_READS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})     # (LOAD_METHOD: Python 3.10 and 3.11)
+_BY_STRING_ATTRIBUTES = frozenset({"getattr", "hasattr", "vars", "__dict__"})
+"""Names through which a body reads an attribute named by a string (`_names_read`)."""
+_BY_STRING_GLOBALS = frozenset({"globals", "vars"})
+"""Names through which a body reads a global named by a string (``globals()["G"]``; ``vars()`` in a module)."""
 
 
 class _Absent:
@@ -100,6 +105,8 @@ def _contents(value: object, depth: int, budget: list[int]) -> object:
         return np.ndarray, value.shape, value.dtype.str, value.tobytes()
     if isinstance(value, _SCALARS) or value is None:
         return type(value), repr(value)
+    if _is_scalar_type(value):
+        return type, value
     if not isinstance(value, tuple | list | dict):
         return type(value)
     items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
@@ -110,8 +117,15 @@ def _contents(value: object, depth: int, budget: list[int]) -> object:
 
 def _names_code(value: object) -> bool:
     """A module or something callable (a function, a class, a ufunc): a name of the body's that holds one when
-    the kernel is made keeps naming it (``rf``, ``np``, ``range``, a helper), so it is not compared per call."""
-    return callable(value) or isinstance(value, types.ModuleType)
+    the kernel is made keeps naming it (``rf``, ``np``, ``range``, a helper), so it is not compared per call.
+    A numpy scalar type is a class but names a dtype (``DTYPE = rf.float16``, what ``astype`` takes): a value,
+    compared by identity (`_signature`)."""
+    return (callable(value) and not _is_scalar_type(value)) or isinstance(value, types.ModuleType)
+
+
+def _is_scalar_type(value: object) -> bool:
+    """A numpy scalar type (``np.float16``, ``rf.bfloat16``): a dtype, held as a class."""
+    return isinstance(value, type) and issubclass(value, np.generic)
 
 
 CAPTURED_ARRAY_BYTES = 4096
@@ -138,6 +152,8 @@ def _signature(value: object) -> tuple:
             return type(value), _contents(value, 0, [CONTAINER_LEAVES])
     except _TooLarge:
         return type(value), ("large", id(value))
+    if _is_scalar_type(value):
+        return type, value
     return type(value), None
 
 
@@ -169,6 +185,14 @@ def _names_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]
             globals_[instruction.argval] = None
         elif instruction.opname in _ATTRIBUTE_READS:
             attributes[instruction.argval] = None
+    # names read by string: ``getattr(self, "eps", 0.0)``, ``vars(self)["eps"]``, ``globals()["G"]`` load a
+    # builtin and a string constant, not the name; every string constant that could be a name is then taken
+    # as one read (one more never read costs a look-up per call; one missed was baked in and never compared)
+    by_string = tuple(c for c in code.co_consts if isinstance(c, str) and c.isidentifier())
+    if by_string and not _BY_STRING_ATTRIBUTES.isdisjoint((*globals_, *attributes)):
+        attributes.update(dict.fromkeys(by_string))
+    if by_string and not _BY_STRING_GLOBALS.isdisjoint(globals_):
+        globals_.update(dict.fromkeys(by_string))
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             nested_globals, nested_attributes = _names_read(const)
@@ -180,7 +204,7 @@ def _names_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]
 def _body_of(fn: Callable) -> tuple[types.FunctionType | None, list[object], list[object]]:
     """The Python function that runs as `fn`'s body; the objects whose attributes it reads as ``self`` (a bound
     method's ``__self__``, a callable object, a ``functools.partial``'s positional arguments: the body reads
-    ``self.scale`` of each); and the partial's bound tuples, lists, dicts and numpy arrays (changed in place, they
+    ``self.scale`` of each; a `WeakMethod`'s instance as `_HeldWeakly`); and the partial's bound tuples, lists, dicts and numpy arrays (changed in place, they
     are changes: the body reads them as captured values).
     A bound method forwards ``__code__`` to its function, so it cannot be told from one by that."""
     owners: list[object] = []
@@ -194,6 +218,9 @@ def _body_of(fn: Callable) -> tuple[types.FunctionType | None, list[object], lis
             fn = fn.func
         elif isinstance(fn, types.MethodType):
             owners.append(fn.__self__)
+            fn = fn.__func__
+        elif isinstance(fn, WeakMethod):
+            owners.append(_HeldWeakly(fn._ref))      # (as weakly as the method holds it: `_owner_refs`)
             fn = fn.__func__
         else:
             owners.append(fn)
@@ -224,7 +251,7 @@ class CapturedScalars:
     they were traced (their type is compared, not what they hold)."""
 
     def __init__(self, globals_: tuple[tuple[dict, tuple[str, ...]], ...], cells: tuple,
-                 owners: tuple[tuple[object, tuple[str, ...], tuple[str, ...]], ...] = (),
+                 owners: tuple[tuple[Callable[[], object], tuple[str, ...], tuple[str, ...]], ...] = (),
                  cell_labels: tuple[str, ...] = ()) -> None:
         # (each module's globals with the names read of them: a decorated body may live in another module)
         self.globals, self.cells, self.owners, self.cell_labels = globals_, cells, owners, cell_labels
@@ -259,10 +286,10 @@ class CapturedScalars:
                     cell_labels.append(name)
             cells += [types.CellType(v) for v in held]
             cell_labels += ["an argument bound by functools.partial"] * len(held)
-            owners += [o for o in body_owners if not any(o is seen for seen in owners)]
+            owners += body_owners
             attribute_reads.update(dict.fromkeys(attributes))
-        read_by = tuple(_attribute_reads(o, tuple(n for n in attribute_reads if not _names_code(_attribute(o, n))))
-                        for o in owners)
+        read_by = tuple(_attribute_reads(ref, tuple(n for n in attribute_reads if not _names_code(_attribute(ref(), n))))
+                        for ref in _owner_refs(owners))
         read_by = tuple(r for r in read_by if r[1] or r[2])
         global_names = tuple((g, tuple(names)) for g, names in reads.values() if names)
         if not (global_names or cells or read_by):
@@ -278,7 +305,11 @@ class CapturedScalars:
         if self.cells:
             values += [_cell_value(c) for c in self.cells]
         if self.owners:
-            for owner, attributes, in_dict in self.owners:
+            for ref, attributes, in_dict in self.owners:
+                owner = ref()
+                if owner is None:       # (a method's instance, freed: its kernel can no longer be called)
+                    values += [_ABSENT] * (len(attributes) + len(in_dict))
+                    continue
                 try:
                     values += [getattr(owner, n, _ABSENT) for n in attributes]
                 except Exception:       # noqa: BLE001 - a property that raises: the others looked up one by one
@@ -388,17 +419,41 @@ def _attribute(owner: object, name: str) -> object:
         return _ABSENT
 
 
-def _attribute_reads(owner: object, names: tuple[str, ...]) -> tuple[object, tuple[str, ...], tuple[str, ...]]:
-    """`owner` with the attribute `names` the body reads of it, split by how each call looks them up: by
+class _HeldWeakly(NamedTuple):
+    """An owner a body reads ``self`` attributes of that a kernel must not keep alive (a `WeakMethod`'s
+    instance): `ref` returns it, or None once it was freed."""
+
+    ref: Callable[[], object]
+
+
+def _owner_refs(owners: list[object]) -> list[Callable[[], object]]:
+    """Each of `owners` as a function returning it, once each: a `_HeldWeakly`'s reference (a `WeakMethod`'s
+    instance), or a function holding the object."""
+    refs: list[Callable[[], object]] = []
+    seen: list[object] = []
+    for owner in owners:
+        ref = owner.ref if isinstance(owner, _HeldWeakly) else (lambda o=owner: o)
+        target = ref()
+        if not any(target is s for s in seen):
+            seen.append(target)
+            refs.append(ref)
+    return refs
+
+
+def _attribute_reads(ref: Callable[[], object], names: tuple[str, ...]
+                     ) -> tuple[Callable[[], object], tuple[str, ...], tuple[str, ...]]:
+    """`ref` (a function returning an owner) with the attribute `names` the body reads of the owner, split by how
+    each call looks them up: by
     `getattr`, as the body does; except, where the owner's class has a ``__getattr__`` (an ``nn.Module``), the
     names neither set nor defined by its class when the kernel is made (most are the names of other objects'
     attributes, ``x.shape``, ``rf.exp``), which are looked up in its ``__dict__`` alone, where setting one
     later puts it: a ``__getattr__`` raising for each cost a cached call 0.6 us a name."""
+    owner = ref()
     if getattr(type(owner), "__getattr__", None) is None:
-        return owner, names, ()
+        return ref, names, ()
     kind = type(owner)
     found = tuple(n for n in names if _attribute(owner, n) is not _ABSENT or hasattr(kind, n))
-    return owner, found, tuple(n for n in names if n not in found)
+    return ref, found, tuple(n for n in names if n not in found)
 
 
 def _cell_value(cell: object) -> object:
@@ -431,7 +486,7 @@ class Defaults:
                 holders.append((_PARTIAL_DEFAULTS, link))
                 link = link.func
                 continue
-            if isinstance(link, types.MethodType):
+            if isinstance(link, types.MethodType | WeakMethod):
                 link = link.__func__
             if isinstance(link, types.FunctionType):
                 holders.append((_FUNCTION_DEFAULTS, link))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import inspect
 import operator
 import os
 import re
@@ -23,6 +24,7 @@ from .ir import Buffer, BufferType
 from .ir.sizes import SymbolicDecision, bind_buffers, concrete
 from .ir.types import row_major_strides
 from .kernel_options import DEFAULT_OPTIONS, KernelOptions
+from .methods import WeakMethod
 from .probes import PROBE_LENGTHS
 from .shapes import Dynamic, DynamicAxes, ShapePlan
 from .runtime import arrays as arrays_rt
@@ -113,34 +115,62 @@ class Kernel:
         self._classes: dict[frozenset, dict[tuple, tuple[_FastPath, tuple[int, ...]]]] = {}
         self._captured = CapturedScalars.of(fn)
         self._defaults = Defaults.of(fn)
-        functools.update_wrapper(self, fn)
+        # (a method's kernel takes its function's module and docstring; the body stays the method)
+        functools.update_wrapper(self, fn.__func__ if isinstance(fn, WeakMethod) else fn)
+        self.__wrapped__ = fn
         # (a functools.partial or a callable object has no __name__ for update_wrapper to copy)
         self.__name__ = getattr(self, "__name__", name)
 
     def __repr__(self) -> str:
         return f"<redfuser.kernel {self.__name__} backend={self.backend or 'auto'}>"
 
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The parameters a call takes, as Python calls the body (`trace.body_signature`): what
+        `inspect.signature` and `help` show."""
+        return self._signature
+
     # -- a kernel as an attribute: methods, pickling, copies --------------------------------------
     def __get__(self, obj: object, objtype: type | None = None) -> "Kernel":
         """``@rf.kernel`` on a method: ``obj.body`` is the kernel of the bound method (``rf.kernel(obj.body)``,
         its ``self`` attributes tracked as captured values), one per instance and kept while the instance
-        lives (by identity where the instance cannot be weakly referenced: then for the process's life).
-        Without this, ``obj.body(x)`` called the kernel without ``self`` and said an argument was missing."""
-        if obj is None:
+        lives (by identity where the instance cannot be weakly referenced: then for the process's life). The
+        kernel holds its instance weakly (`WeakMethod`): an instance is freed as it would be without one.
+        Without this, ``obj.body(x)`` called the kernel without ``self`` and said an argument was missing.
+
+        Bound as Python binds the body: a function is, a ``staticmethod`` or a ``functools.partial`` is not
+        (``obj.body`` is the kernel itself), and through the class (``Class.body``) nothing is: a call
+        ``Class.body(obj, x)`` binds ``obj`` then (`_bound_to_first`)."""
+        fn = self.__wrapped__
+        if obj is None or not isinstance(fn, types.FunctionType):
             return self
         bound = self._bound
         key = id(obj)
         found = bound.get(key)
         if found is not None and found[0]() is obj:
             return found[1]
-        made = Kernel(types.MethodType(self.__wrapped__, obj), backend=self.backend, options=self.options,
-                      dynamic=self._dynamic.mode)
         try:
             ref = weakref.ref(obj, lambda _, key=key: bound.pop(key, None))
         except TypeError:          # (no weak references: kept, as a strong one)
             ref = (lambda obj=obj: obj)
+        made = Kernel(WeakMethod(fn, obj, ref), backend=self.backend, options=self.options,
+                      dynamic=self._dynamic.mode)
         bound[key] = (ref, made)
         return made
+
+    def _bound_to_first(self, args: tuple[Any, ...]) -> "Kernel | None":
+        """The kernel of the body bound to ``args[0]`` where a method's body is called through its class with its
+        instance first (``Class.body(obj, x)``, ``map(Class.body, objs, xs)``): Python calls the function with
+        the instance as ``self``, so the kernel is ``obj.body``'s (`__get__`). None for any other call: the
+        first argument is an array, a static value, or not an object whose attributes a body reads (a tuple,
+        a list, a dict)."""
+        if not args or not isinstance(self.__wrapped__, types.FunctionType):
+            return None
+        first = args[0]
+        if (first is None or isinstance(first, _NOT_OWNERS) or arrays_rt.is_array(first)
+                or not (hasattr(first, "__dict__") or hasattr(type(first), "__slots__"))):
+            return None
+        return self.__get__(first, type(first))
 
     def __reduce__(self) -> tuple:
         """Pickled by reference, as functions are: the module and qualified name a kernel is found at (a
@@ -153,6 +183,10 @@ class Kernel:
             raise pickle.PicklingError(f"cannot pickle {self!r}: it is not the object found at "
                                        f"{module}.{qualname} (a kernel pickles by reference, as functions do)")
         return (_by_reference, (module, qualname))
+
+    def __copy__(self) -> "Kernel":
+        """The kernel itself, as ``copy.copy`` of a function is the function."""
+        return self
 
     def __deepcopy__(self, memo: dict) -> "Kernel":
         """The kernel itself, as ``copy.deepcopy`` of a function is the function (it holds compiled code and
@@ -429,6 +463,9 @@ class Kernel:
                 return out
         if _traced(args, kwargs):
             return self.__wrapped__(*args, **kwargs)     # called in another kernel's body: traced inline
+        method = self._bound_to_first(args)
+        if method is not None:
+            return method(*args[1:], stream=stream, out=out, **kwargs)
         lowered, run, arrays = self._compiled(args, kwargs)
         host = backends.BACKENDS[lowered.backend].arrays == "host"
         passed = [a for a in args if type(a) not in _FAST_STATICS]
@@ -492,6 +529,9 @@ class Kernel:
     @_user_facing
     def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
         """Compile for these arguments (without running) and return every stage."""
+        method = self._bound_to_first(args)
+        if method is not None:
+            return method.lower(*args[1:], **kwargs)
         return self._compiled(args, kwargs, to_run=False)[0]
 
     @_user_facing
@@ -499,7 +539,7 @@ class Kernel:
         """What the compiler found and did for these arguments, in words (cascades, G, H, rescales)."""
         from .fusion.explain import explain
 
-        lowered = self._compiled(args, kwargs, to_run=False)[0]
+        lowered = self.lower(*args, **kwargs)
         return explain(lowered.name, lowered.groups, lowered.stages.get("sized", lowered.stages.get("fused")),
                        fusion_on=lowered.options.fuse)
 
@@ -514,6 +554,9 @@ class Kernel:
         then a 1-tuple, as numpy's body gives), from tracing alone."""
         from .trace import trace
 
+        method = self._bound_to_first(args)
+        if method is not None:
+            return method.output_structure(*args[1:], **kwargs)
         specs, _ = self._specs(args, kwargs)
         traced = trace(self.__wrapped__, specs)
         return tuple(ShapeDtype(b.shape, b.dtype.numpy) for b in traced.program.outputs), traced.returns_sequence
@@ -634,6 +677,11 @@ def _within_guards(lowered: Lowered, plan: ShapePlan) -> bool:
 
 
 _FAST_STATICS = (bool, int, float, str, type(None))
+
+_NOT_OWNERS = (bool, int, float, complex, str, bytes, tuple, list, dict, np.generic, ShapeDtype, Tracer,
+               types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType)
+"""What a method's kernel called through its class never binds as its ``self`` (`Kernel._bound_to_first`):
+values a kernel takes as arguments, or refuses as such, and functions and modules."""
 _FAST_ENTRIES = 1024
 """The most call keys `Kernel._fast` holds (one per exact shape seen; a shape class serves many)."""
 

@@ -35,9 +35,14 @@ class ArraySpec:
         return f"{self.name}: {self.type}"
 
 
-StaticValue = Union[None, bool, int, float, str, np.generic, tuple]
-"""What a static (non-array) kernel argument may be: a Python or numpy scalar, a string, None, or a
-tuple of these."""
+StaticValue = Union[None, bool, int, float, str, np.generic, type, np.dtype, tuple]
+"""What a static (non-array) kernel argument may be: a Python or numpy scalar, a string, None, a dtype (a
+numpy scalar type such as ``rf.float16``, or an ``np.dtype``: what ``astype`` takes), or a tuple of these."""
+
+
+def is_dtype_value(value: object) -> bool:
+    """A numpy scalar type (``np.float16``, ``rf.bfloat16``) or an ``np.dtype``: a dtype a body may cast to."""
+    return isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic))
 
 
 def kernel_name(fn: Callable) -> str:
@@ -60,6 +65,8 @@ def static_key(value: object) -> tuple:
         return scalar_key(value)
     if isinstance(value, str):
         return ("str", value)
+    if is_dtype_value(value):     # (the class and the np.dtype apart: a body may test ``dt is np.float16``)
+        return ("dtype" if isinstance(value, np.dtype) else "scalar type", np.dtype(value).name)
     if isinstance(value, tuple):
         return ("tuple",) + tuple(static_key(v) for v in value)
     raise TypeError(f"not a static value: {type(value).__name__}")
@@ -202,11 +209,23 @@ def _raise_python_value_error(builder: TraceBuilder, raised: BaseException | Non
     raise error.with_traceback(None) from None
 
 
+def body_signature(fn: Callable) -> inspect.Signature:
+    """The parameters `fn` is called with, as Python calls it: its own, where a ``functools.wraps`` decorator's
+    wrapper names its parameters (its defaults are the ones that apply, and a parameter it binds itself is not
+    the caller's); the wrapped function's (``__wrapped__``) where the wrapper takes ``*args`` or ``**kwargs``
+    and so says nothing of them. A ``staticmethod`` calls its function. `TypeError` or `ValueError` where Python
+    cannot tell (a builtin)."""
+    own = inspect.signature(fn.__func__ if isinstance(fn, staticmethod) else fn, follow_wrapped=False)
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in own.parameters.values()):
+        return inspect.signature(fn)
+    return own
+
+
 def _call_arguments(fn: Callable, values: dict[str, object]) -> tuple[list[object], dict[str, object]]:
     """`values` (by parameter name, every parameter's) as the positional and keyword arguments of `fn`:
     keyword-only parameters by name, the others by position."""
     try:
-        params = inspect.signature(fn).parameters.values()
+        params = body_signature(fn).parameters.values()
     except (TypeError, ValueError):   # a callable without a signature: everything by position
         return list(values.values()), {}
     args = [values[p.name] for p in params if p.kind is not p.KEYWORD_ONLY and p.name in values]
