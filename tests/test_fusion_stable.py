@@ -763,3 +763,45 @@ def test_a_sum_of_a_difference_and_another_product_still_fuses():
     for backend in BACKENDS:
         _judge(_outputs(backend, difference_times_weight_plus_a_product, x, w), difference_times_weight_plus_a_product,
                (x, w), 40)
+
+
+def _layer_norm_by_hand(x):
+    n = x.shape[-1]
+    mu = rf.sum(x, axis=-1, keepdims=True) / n
+    var = rf.sum((x - mu) ** 2, axis=-1, keepdims=True) / n
+    return (x - mu) / rf.sqrt(var + 1e-5)
+
+
+@pytest.mark.parametrize("backend", ("interpret", "cpu"))
+@pytest.mark.parametrize("split", (1, 3))
+def test_a_16_bit_layer_norm_centres_its_variance_on_the_mean_it_subtracts(backend, split):
+    """(Found by a helper, hunt_norms/01.) An f16 layer norm by hand, ``mu = sum(x) / n``: its variance was
+    centred on the running f32 mean while a split's epilogue subtracted the f16 sum divided (the sum rounded as
+    stored), so a constant row of 768 had a variance of 0 and a numerator of 0.0104: 3.29 everywhere for numpy's
+    0. The variance now keeps its own centre and is moved after the loop onto the mean the output subtracts,
+    so the two agree whatever each rounds: ``|y| <= 1`` on a constant row (numpy's rounded mean gives 0 there,
+    the kernel's f32 quotient of the f16 sum 0.96: docs/fusion.md, "A normalization of 16-bit values")."""
+    x = np.full((2, 768), 32.84375, np.float16)
+    x[1] = 5.0
+    got = rf.kernel(_layer_norm_by_hand, backend=backend, split=split)(x).astype(np.float64)
+    assert np.abs(got).max() <= 1.0, got.max()
+    np.testing.assert_array_equal(got[1], 0.0)
+
+
+def _layer_norm_of_statistics(x):
+    mu = rf.mean(x, axis=-1, keepdims=True)
+    return (x - mu) / rf.sqrt(rf.var(x, axis=-1, keepdims=True) + 1e-5), (x - mu) / (rf.std(x, axis=-1, keepdims=True) + 1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bf16_layer_norm_of_a_constant_row_is_0(backend):
+    """(Found by a helper, hunt_norms/02.) A bf16 mean rounded its f32 sum to bf16 before dividing (numpy's own
+    bf16 sum rounds every step), a constant row's mean a bf16 step off its value, while ``var`` centres on the
+    f32 mean: a row of 17 values 15.125 normalized to -19.75 (the ``std`` form -6240) for the exact 0. The mean
+    now accumulates as f16's does, in f32, rounded once: the exact 0 (numpy's bf16 sum gives 1 there)."""
+    import ml_dtypes
+
+    x = np.full((3, 17), 15.125, ml_dtypes.bfloat16)
+    x[1], x[2] = 100.5, -3.0
+    for got in run_backend(backend, _layer_norm_of_statistics, x)[0]:
+        np.testing.assert_array_equal(got.astype(np.float64), 0.0)

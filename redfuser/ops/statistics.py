@@ -6,7 +6,10 @@ numpy) and ``all(x)`` their min; over an empty axis, where max and min have no i
 
 
 numpy accumulates integers and bools in float64; its ``mean`` (not ``var``) also float16 in float32,
-rounding the result back to f16; every other dtype in itself. Then
+rounding the result back to f16; every other dtype in itself. A bf16 mean here accumulates as an f16 one
+(numpy's one bf16 rounding per value is the documented bf16 sum divergence, docs/testing.md): its mean is
+then the f32 mean rounded once, and so within half a bf16 step of the centre ``var`` uses (the f32 mean),
+which a normalization ``(x - mean) / sqrt(var + eps)`` needs (of a constant row, 0). Then
 
 - ``mean = sum(x) / n``, divided as numpy divides by a count: in float64 (an ``intp``), stored in the sum's
   dtype; a 16-bit sum is divided in f32 here (`_per_count`);
@@ -46,7 +49,11 @@ def _accumulation(x: Tracer, op: str) -> object:
     d = x.ir_dtype
     if d.is_int or d.is_bool:
         return np.float64
-    if d == T.float16 and op == "mean":
+    if d in (T.float16, T.bfloat16) and op == "mean":
+        # (bf16 as f16: numpy adds bf16 in bf16, one rounding a value, which no kernel follows; its sum rounded
+        # to bf16 before the division made a constant row's mean a bf16 step off its value, and a layer norm
+        # centred there on a variance centred on the f32 mean gave -19.75 for numpy's 1 and the exact 0:
+        # found by a helper, hunt_norms/02)
         return np.float32
     return None
 
@@ -65,8 +72,8 @@ def _prepared(op: str, x: Tracer, axis: object) -> tuple[tuple[int, ...], Tracer
 
 
 def _finish(x: Tracer, value: Tracer) -> Tracer:
-    """An f16 `x`'s mean rounded back to f16 (numpy's ``is_float16_result``)."""
-    return astype(value, np.float16) if x.ir_dtype == T.float16 else value
+    """A 16-bit `x`'s mean, accumulated in f32, rounded back to its type (numpy's ``is_float16_result``)."""
+    return astype(value, x.dtype) if x.ir_dtype in (T.float16, T.bfloat16) else value
 
 
 def _per_count(total: Tracer, sizes: tuple[int, ...], ddof: int | float = 0) -> Tracer:
