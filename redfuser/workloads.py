@@ -158,7 +158,10 @@ def int8_quant_gemm(x, w, w_scale):
 
 def argmax_routing(logits):
     """Greedy (top-1) MoE routing: the softmax's largest probability and its expert (numpy's first index on
-    ties): the softmax statistics and the max of the probabilities in one pass, the argmax after it, exactly."""
+    ties): the softmax statistics and the max of the probabilities in one pass, the argmax after it, on the
+    probabilities as the kernel computes them (two logits a few ulps apart may merge into one probability in
+    numpy and not here, or the reverse, as the row sums differ by an ulp: docs/fusion.md, "Top-k in a
+    cascade: MoE routing")."""
     m = rf.max(logits, axis=-1, keepdims=True)
     p = rf.exp(logits - m)
     probs = p / rf.sum(p, axis=-1, keepdims=True)
