@@ -805,3 +805,28 @@ def test_a_bf16_layer_norm_of_a_constant_row_is_0(backend):
     x[1], x[2] = 100.5, -3.0
     for got in run_backend(backend, _layer_norm_of_statistics, x)[0]:
         np.testing.assert_array_equal(got.astype(np.float64), 0.0)
+
+
+def _softmax_row_sum(x):
+    m = rf.max(x, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(x - m), axis=-1)
+
+
+def _softmin_row_sum(x):
+    m = rf.min(x, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(m - x), axis=-1)
+
+
+@pytest.mark.parametrize("backend,n,options", [("interpret", 4096, {"interpret_chunk": 1}),
+                                               ("cpu", 1 << 16, {"block_n": 16})])
+def test_a_rescale_repeated_every_chunk_does_not_drift(backend, n, options):
+    """(Found by a helper, hunt_extremes/02.) On a row whose max rises by the same step in every chunk (a ramp,
+    an ALiBi-like bias) each chunk rescales the running sum by one f32 factor ``exp(m_prev - m)``, rounded the
+    same way every time: the errors added up with the number of chunks (4.3e-5 off for 4096 chunks on the
+    interpreter, where the rule allows 1.2e-5). The factor's rounding error is now carried in the sum's
+    compensation (`ir.loop.rescale_error`): within a few f32 roundings of the float64 sum."""
+    x = (np.arange(n, dtype=np.float64) * 2.9e-6).astype(np.float32)[None]
+    for body, row in ((_softmax_row_sum, x), (_softmin_row_sum, -x)):
+        got = rf.kernel(body, backend=backend, **options)(row).astype(np.float64)
+        exact = body(row.astype(np.float64))
+        assert np.abs(got / exact - 1).max() < 2e-6, (body.__name__, got, exact)

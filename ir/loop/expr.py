@@ -243,6 +243,16 @@ def walk(e: Expr):
         stack.extend(reversed(children(node)))
 
 
+def contraction(term: Expr, axis: str) -> bool:
+    """Whether `term` is a product of two factors that both vary along `axis` (``p[i, j] * v[j, d]``: a GEMM's
+    accumulator, whose chunks a dot takes itself; ``x[i, j] * w[j]`` counts too)."""
+    def varies(e: Expr) -> bool:
+        return any((isinstance(n, Load) and any(reads_axis(i, axis) for i in n.indices))
+                   or (isinstance(n, IndexValue) and n.axis.name == axis) for n in walk(e))
+
+    return isinstance(term, Binary) and term.op is BinaryOp.MUL and varies(term.a) and varies(term.b)
+
+
 def loads(e: Expr) -> list[Load]:
     """All loads in `e`, in pre-order."""
     return [n for n in walk(e) if isinstance(n, Load)]

@@ -17,11 +17,12 @@ import ml_dtypes
 import numpy as np
 
 from .expr import (Axis, Binary, Cast, Computed, Const, Expr, IndexExpr, IndexValue, Length, Load, Select, Strided, Unary,
-                   walk)
+                   contraction, walk)
 from ..semantics import BINARY_FUNCS, REDUCERS, UNARY_FUNCS, BinaryOp, ReduceOp
 from .. import topk as topk_semantics
 from .index import index_value
 from .rewrite import decisions_decided, in_work_precision, read_as_held, reads
+from .rescale_error import SERIES, SMALL_STEP, exponent_of, rescale_corrected
 from .nodes import Compute, FusedLoop, OnlineState, Program, Reduce, Stmt, TopK, TopKState, written
 from ..types import from_numpy
 
@@ -289,6 +290,9 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
     comp = {st.acc.name: np.zeros([a.extent for a in st.axes], np.float32) for st in s.states
             if isinstance(st, OnlineState) and st.op is ReduceOp.SUM and st.carry is None
             and work[st.acc.name] == np.float32}
+    # (their rescale's rounding error carried in the compensation too, `rescale_error`: a matmul's partial, which
+    # the interpreter takes whole, keeps none)
+    corrected = rescale_corrected(s, lambda st: st.acc.name in comp and not contraction(st.term, s.axis.name))
     lo, hi = span if span is not None else (0, s.axis.extent)
     local_names = frozenset(l.out.name for l in s.locals)
     for start in range(lo, hi, max(1, chunk)):
@@ -326,6 +330,9 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
                 if st.acc.name in comp and not matmul:
                     c = comp[st.acc.name] if r is None else np.where(comp[st.acc.name] == 0, comp[st.acc.name],
                                                                    comp[st.acc.name] * r)
+                    if st.acc.name in corrected:
+                        d = evaluate(exponent_of(computed[st.acc.name]), inner, st.axes)
+                        c = c - _rescale_residual(prev, d, r)
                     y = partial - c
                     total = scaled + y
                     lost = np.where(np.abs(total) < np.inf, (total - scaled) - y, 0)
@@ -345,6 +352,18 @@ def run_fused_loop(s: FusedLoop, env: Env, chunk: int = DEFAULT_CHUNK,
             acc[st.acc.name] = np.ascontiguousarray(np.moveaxis(values, -1, st.rank))
             acc[st.indices.name] = np.ascontiguousarray(np.moveaxis(indices, -1, st.rank))
     return acc
+
+
+def _rescale_residual(prev: np.ndarray, d: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """``prev * (exp(d) - r)`` where ``|d| < SMALL_STEP`` and `prev` is finite, else 0 (`rescale_error`), in f32
+    as the compiled kernels compute it."""
+    d = np.asarray(d, np.float32)
+    series = np.float32(SERIES[-1])
+    for c in SERIES[-2::-1]:
+        series = np.float32(c) + d * series
+    lo = d * series - (np.asarray(r, np.float32) - np.float32(1))
+    use = (np.abs(d) < np.float32(SMALL_STEP)) & (np.abs(prev) < np.inf)
+    return np.where(use, prev * np.where(use, lo, np.float32(0)), np.float32(0)).astype(np.float32)
 
 
 def held_results(s: FusedLoop) -> frozenset[str]:

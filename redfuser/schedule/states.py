@@ -23,9 +23,10 @@ import math
 from dataclasses import replace
 
 from ..fusion.merge import MergeStep
-from ..ir import (Binary, BinaryOp, Buffer, BufferType, Cast, Const, DType, Expr, IndexValue, Load, OnlineState, Reduce,
-                  ReduceOp, Select, TopKState)
-from ..ir.loop.expr import reads_axis, walk
+from ..ir import (Binary, BinaryOp, Buffer, BufferType, Cast, Const, DType, Expr, Load, OnlineState, Reduce,
+                  ReduceOp, Select, TopKState, UnaryOp)
+from ..ir.loop.expr import contraction
+from ..ir.loop.rescale_error import SERIES, SMALL_STEP, exponent_of, rescale_corrected
 from ..ir.sizes import is_static
 from ..ir.tile import nodes as t
 from ..ir.types import float32, int64
@@ -64,17 +65,7 @@ def compensated_states(fb: FusedBuilder) -> list[int]:
     axis = fb.lay.fl.axis.name
     return [j for j, st in enumerate(fb.lay.fl.states)
             if isinstance(st, OnlineState) and st.carry is None and compensable(st.op, st.term)
-            and not _contraction(st.term, axis) and sum(d.size > 1 for d in fb.state_dims(j)) <= 1]
-
-
-def _contraction(term: Expr, axis: str) -> bool:
-    """Whether `term` is a product of two factors that both vary along the fused `axis` (``p[i, j] * v[j, d]``:
-    a GEMM's accumulator, whose chunks the dot takes itself; ``x[i, j] * w[j]`` is kept out too)."""
-    def varies(e: Expr) -> bool:
-        return any((isinstance(n, Load) and any(reads_axis(i, axis) for i in n.indices))
-                   or (isinstance(n, IndexValue) and n.axis.name == axis) for n in walk(e))
-
-    return isinstance(term, Binary) and term.op is BinaryOp.MUL and varies(term.a) and varies(term.b)
+            and not contraction(st.term, axis) and sum(d.size > 1 for d in fb.state_dims(j)) <= 1]
 
 
 def carried_names(fb: FusedBuilder, compensate: bool = False) -> tuple[str, ...]:
@@ -198,7 +189,10 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
             value = place(kb, lw.lower(local.value, b), dims)
         lw.tiles[local.out.name] = Tiled(value, dims)
     own = len(_state_of(fb))
-    comps = dict(zip(compensated_states(fb), carried[own:])) if len(carried) > own else {}
+    compensated = compensated_states(fb)
+    comps = dict(zip(compensated, carried[own:])) if len(carried) > own else {}
+    by_name = {st.acc.name: j for j, st in enumerate(fl.states)}
+    corrected = rescale_corrected(fl, lambda st: by_name[st.acc.name] in compensated) if comps else frozenset()
     news: Carried = []
     new_comps: Carried = []
     for j, (st, prev) in enumerate(zip(fl.states, split_carried(fb, carried))):
@@ -225,6 +219,10 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
             if comp is not None:   # (the compensation is part of the sum: it scales with it, 0 stays 0)
                 none = kb.binary(BinaryOp.EQ, comp, kb.const(0.0, d, r.shape))
                 comp = kb.select(none, comp, kb.binary(BinaryOp.MUL, comp, r), hint=f"{st.acc.name}_comp_scaled")
+                if st.acc.name in corrected:    # (and the rescale's own rounding error: `rescale_error`)
+                    step = place(kb, lw.lower_as(exponent_of(st), d, b), dims)
+                    comp = kb.binary(BinaryOp.SUB, comp, _rescale_residual(kb, prev[0], step, r),
+                                     hint=f"{st.acc.name}_comp_exact")
         if comp is None:
             new = reduce_chunk(lw, st.op, st.term, dims, kdim, b, acc, hint=st.acc.name)
         else:
@@ -234,6 +232,22 @@ def update_states(fb: FusedBuilder, kdim: Dim, carried: Carried) -> Carried:
         lw.tiles[st.acc.name] = Tiled(new, dims)
         news.append(new)
     return news + new_comps
+
+
+def _rescale_residual(kb, prev: t.Value, step: t.Value, r: t.Value) -> t.Value:
+    """``prev * (exp(step) - r)`` where ``|step| < SMALL_STEP`` and `prev` is finite, else 0: the part of the exact
+    rescale its f32 rounding `r` lost (`ir.loop.rescale_error`; the interpreter computes the same)."""
+    d = prev.dtype
+    series = kb.const(SERIES[-1], d, step.shape)
+    for c in SERIES[-2::-1]:
+        series = kb.binary(BinaryOp.ADD, kb.const(c, d, step.shape), kb.binary(BinaryOp.MUL, step, series))
+    one, zero = kb.const(1.0, d, r.shape), kb.const(0.0, d, r.shape)
+    lo = kb.binary(BinaryOp.SUB, kb.binary(BinaryOp.MUL, step, series), kb.binary(BinaryOp.SUB, r, one),
+                   hint="rescale_lo")
+    small = kb.binary(BinaryOp.LT, kb.unary(UnaryOp.ABS, step), kb.const(SMALL_STEP, d, step.shape))
+    finite = kb.binary(BinaryOp.LT, kb.unary(UnaryOp.ABS, prev), kb.const(float("inf"), d, prev.shape))
+    use = kb.binary(BinaryOp.AND, small, finite)
+    return kb.select(use, kb.binary(BinaryOp.MUL, prev, kb.select(use, lo, zero)), zero, hint="rescale_lost")
 
 
 # -- split reductions: partial states in scratch, and their merge ----------------------------------
