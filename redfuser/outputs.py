@@ -23,6 +23,7 @@ elements (of an empty result) spans no memory and has no two elements, whatever 
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 from collections.abc import Sequence
 
@@ -54,9 +55,35 @@ def _span(info: arrays_rt.ArrayInfo) -> tuple[int, int]:
 
 
 def _overlap(a: arrays_rt.ArrayInfo, b: arrays_rt.ArrayInfo) -> bool:
+    """Whether two arrays share a byte: their spans meet, and (in host memory) an element of each covers it
+    (`_elements_meet`: ``y[:, ::2]`` and ``y[:, 1::2]`` interleave without sharing one, and were refused as
+    sharing memory; found by a helper). Device memory is judged by the spans alone."""
     if (a.device_type, a.device_id) != (b.device_type, b.device_id):
         return False
-    return _meet(_span(a), _span(b))
+    if not _meet(_span(a), _span(b)):
+        return False
+    return a.on_gpu or b.on_gpu or _elements_meet(a, b)
+
+
+SHARES_MEMORY_WORK = 1 << 20
+"""The most work ``np.shares_memory`` may do telling two interleaved arrays apart (`_elements_meet`); past it
+they are taken to share memory (the check errs towards refusing)."""
+
+
+def _elements_meet(a: arrays_rt.ArrayInfo, b: arrays_rt.ArrayInfo) -> bool:
+    """Whether two host arrays whose spans meet share a byte of an element: each read as bytes over the one
+    range both span, and numpy's exact ``shares_memory`` asked."""
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    low, high = min(a0, b0), max(a1, b1)
+    raw = (ctypes.c_char * (high - low)).from_address(low)
+
+    def as_bytes(info: arrays_rt.ArrayInfo) -> np.ndarray:
+        return np.ndarray(tuple(info.shape) + (info.dtype.itemsize,), np.uint8, raw, offset=info.pointer - low,
+                          strides=tuple(info.byte_strides) + (1,))
+    try:
+        return bool(np.shares_memory(as_bytes(a), as_bytes(b), max_work=SHARES_MEMORY_WORK))
+    except np.exceptions.TooHardError:
+        return True
 
 
 def _meet(a: tuple[int, int], b: tuple[int, int]) -> bool:

@@ -186,6 +186,8 @@ def trace(fn: Callable, specs: tuple[ArgSpec, ...]) -> Traced:
             raise UnsupportedError(
                 f"a kernel must return traced arrays (or a tuple of them); output {n} is {type(out).__name__}",
                 op="return", loc=returns[-1] if returns else user_loc())
+    for out in outputs:
+        builder.check_current(out, loc=returns[-1] if returns else None)
     names = ["out"] if len(outputs) == 1 else [f"out{n}" for n in range(len(outputs))]
     return Traced(builder.finish(outputs, names), tuple(builder.length_needs), dict(builder.updated_inputs),
                   _sequence_type(result))

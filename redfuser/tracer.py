@@ -157,6 +157,9 @@ class TraceBuilder:
         # caller's array, and so change any other argument sharing its memory (`redfuser.in_place`)
         self.updated_inputs: dict[str, SourceLoc] = {}
         self._views: dict[str, dict[int, weakref.ref]] = {}   # buffer name -> live Tracers viewing it, by id
+        # buffer name -> (the operator, where) of an in-place update made through one view of it while others lived:
+        # numpy's other views see the new values and a kernel's do not, so reading one is refused (`check_current`)
+        self._changed: dict[str, tuple[str, SourceLoc]] = {}
         # the first conversion of a traced value to a Python value (bool, int, float, an index, iteration): the
         # body may catch the error (``try: if rf.sum(a) > 0: ... except Exception: pass``) and go on down a path
         # numpy's body never takes, so `redfuser.trace.trace` raises it again once the body returns
@@ -179,6 +182,25 @@ class TraceBuilder:
         would have to change them too."""
         found = (ref() for ref in self._views.get(t.buffer.name, {}).values())
         return [v for v in found if v is not None and v is not t and v is not but]
+
+    def note_changed(self, t: "Tracer", symbol: str, loc: SourceLoc) -> None:
+        """`t`'s buffer is changed in place (``t += v``) through `t` while other traced values view it: those keep
+        the old values, and reading one later is refused (`check_current`). Where no other view is read again
+        (``t = x.T; t += 1`` with ``x`` never read after), nothing is refused."""
+        self._changed.setdefault(t.buffer.name, (symbol, loc))
+
+    def check_current(self, t: "Tracer", loc: SourceLoc | None = None) -> None:
+        """Refuse reading `t` (at `loc`, the user's line by default; a returned value is read at the ``return``)
+        where its buffer was changed in place through another view (`note_changed`): numpy's body would read the
+        new values (``t = x[:]; t += x; return x`` is ``2 x``), a kernel the old ones."""
+        changed = self._changed.get(t.buffer.name)
+        if changed is not None:
+            symbol, where = changed
+            raise UnsupportedError(
+                f"this value views an array that an in-place update ({symbol} at {where.file}:{where.line}) changed "
+                "through another view of it (a transpose, a slice, the same array under another name): numpy's body "
+                "reads the new values here, which a kernel does not do; write the update as a new array "
+                f"(x = x {symbol[:-1]} v) and read that", op=symbol, loc=loc or user_loc())
 
     def note_update(self, t: "Tracer", loc: SourceLoc) -> None:
         """Record an in-place update of `t` (`updated_inputs`, where `t` is an argument's whole buffer)."""
@@ -413,6 +435,8 @@ class Tracer:
     def expr_for(self, axes: tuple[IndexExpr | None, ...]) -> Expr:
         """This value as a Loop IR load, given the index per view dim: an axis, a strided index of one (a
         piece of `concatenate`), or None for broadcast index 0."""
+        self.builder.check_current(self)
+
         def at(d: int) -> IndexExpr:
             a = axes[d]
             return 0 if a is None or self.shape[d] == 1 else a

@@ -80,12 +80,14 @@ def _grows_in_place(a, b):
 
 
 def test_in_place_operators_numpy_or_a_kernel_cannot_do_are_refused():
-    """An update another traced view would have to see, one numpy's same_kind rule refuses, one that
-    would broadcast the updated array: each a clear error at the user's line, not a different result."""
+    """An update another traced view would have to see (refused where that view is read), one numpy's same_kind
+    rule refuses, one that would broadcast the updated array: each a clear error at the user's line, not a
+    different result."""
     x = np.zeros((2, 3), np.float32)
-    with pytest.raises(rf.UnsupportedError, match="other traced values view") as err:
+    with pytest.raises(rf.UnsupportedError, match="an in-place update") as err:
         rf.kernel(_updates_a_viewed_array, backend="interpret")(x)
-    assert "a += 1" in str(err.value)
+    update_line = _updates_a_viewed_array.__code__.co_firstlineno + 2
+    assert f":{update_line})" in str(err.value) and err.value.loc.line == update_line + 1
     with pytest.raises(rf.DTypeError, match="same_kind"):
         rf.kernel(_updates_an_int_with_a_float, backend="interpret")(x)
     with pytest.raises(rf.ShapeError, match="does not fit"):
@@ -918,3 +920,67 @@ def test_a_module_level_kernel_pickles_and_deep_copies_by_reference():
     assert copy.deepcopy(pickled_by_reference) is pickled_by_reference
     with pytest.raises(pickle.PicklingError, match="by reference"):
         pickle.dumps(rf.kernel(lambda a: a + 1.0))
+
+
+def _doubles_through_a_view(x):
+    t = x[:]
+    t += x
+    return x
+
+
+def _reads_the_right_hand_side_after(x):
+    t = x.T
+    x += t
+    return rf.sum(t, axis=-1)
+
+
+def _updates_a_transpose(x):
+    y = x.T
+    y += 1
+    return y
+
+
+def _centres_groups_in_place(x):
+    y = x.reshape(3, 2, 3)
+    y -= rf.max(y, axis=-1, keepdims=True)
+    return rf.sum(rf.exp(y), axis=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_in_place_update_through_one_view_refuses_reading_another(backend):
+    """(Found by a helper, hunt_indexing/01-02.) An update's right-hand side was left out of the views it
+    changes: ``t = x[:]; t += x; return x`` gave ``x`` for numpy's ``2 x``, silently. Every other view of the
+    array is stale after it, and reading one is refused; a body that never reads one again runs, where any
+    update of a viewed array was refused before (``y = x.T; y += 1``, a group norm's reshaped ``y -= max``)."""
+    x = np.arange(18, dtype=np.float32).reshape(3, 6) / 7
+    for body in (_doubles_through_a_view, _reads_the_right_hand_side_after):
+        with pytest.raises(rf.UnsupportedError, match="an in-place update"):
+            rf.kernel(body, backend=backend)(x[:, :3].copy())
+    _same(rf.kernel(_updates_a_transpose, backend=backend)(x), _updates_a_transpose(x.copy()))
+    _same(rf.kernel(_centres_groups_in_place, backend=backend)(x), _centres_groups_in_place(x.copy()))
+
+
+def _adds_one_in_place(a, b):
+    a += 1
+    return a + b
+
+
+def _twice(x):
+    return x * 2.0
+
+
+@pytest.mark.parametrize("backend", ("interpret", "cpu"))
+def test_interleaved_views_that_share_no_element_are_not_refused(backend):
+    """(Found by a helper, hunt_indexing/03.) ``y[:, ::2]`` and ``y[:, 1::2]`` share no element, but their byte
+    spans meet, and both the in-place check and ``out=`` refused them as sharing memory. Spans that meet are
+    now asked element by element (numpy's exact ``shares_memory``); views that do share stay refused."""
+    y = np.arange(24, dtype=np.float32).reshape(4, 6)
+    even, odd = y[:, ::2], y[:, 1::2]
+    _same(rf.kernel(_adds_one_in_place, backend=backend)(even, odd), _adds_one_in_place(even.copy(), odd))
+    out = rf.kernel(_twice, backend=backend)(even, out=odd)
+    assert out is odd
+    np.testing.assert_array_equal(y[:, 1::2], y[:, ::2] * 2)
+    with pytest.raises(rf.ArgumentError, match="shares"):
+        rf.kernel(_adds_one_in_place, backend=backend)(y[:, :3], y[:, 2:5])
+    with pytest.raises(rf.ArgumentError, match="shares memory"):
+        rf.kernel(_twice, backend=backend)(y[:, :3], out=y[:, ::2])

@@ -38,7 +38,7 @@ def _in_place(fn, symbol: str):
     """``x op= y`` as numpy computes it: in place, so every name bound to the same array sees the new value
     (``b = a; b += 1`` changes ``a``), in ``x``'s dtype and shape. A traced array is this Python object, so
     the object itself takes the new value; where other traced arrays view its buffer (``t = a.T``, ``r =
-    a[0]``), numpy would change them too and the kernel could not: that is refused. A numpy scalar (not a 0-d
+    a[0]``), numpy would change them too and the kernel could not: reading one of them afterwards is refused. A numpy scalar (not a 0-d
     array) is immutable, and ``s += 1`` makes a new one, as here. Inputs the kernel reads are never written:
     the caller's array keeps its values (numpy's body would change it)."""
     def update(self, other):
@@ -57,15 +57,12 @@ def _in_place(fn, symbol: str):
                                  f"{self.dtype} in place (casting rule 'same_kind'); write x = x {symbol[:-1]} y",
                                  op=symbol, loc=user_loc())
             result = ops.astype(result, self.dtype)
-        shared = self.builder.other_views(self, but=other)
-        if shared:
-            # (``y[0] += 1`` reaches here as an update of the view ``y[0]``, which ``y`` shares: item assignment)
-            hint = ("; an update of an indexed part, y[i] " + symbol + " v, is item assignment, which kernels do not "
-                    "support: build the new array with rf.where (e.g. rf.where(mask, y " + symbol[:-1] + " v, y))"
-                    if not self.is_plain else f"; write x = x {symbol[:-1]} y")
-            raise UnsupportedError(f"in-place update of an array that other traced values view ({len(shared)} of them: "
-                                   "a transpose, a slice...): numpy would change them too, which a kernel does not "
-                                   f"do{hint}", op=symbol, loc=user_loc())
+        if self.builder.other_views(self):
+            # numpy changes every other view of the buffer too (the right-hand side among them: ``t = x[:]; t += x``
+            # doubles ``x``); a kernel rebinds this one alone, so the others are stale: reading one is refused
+            # (`TraceBuilder.check_current`), and a body that never reads them again is numpy's (``y = x.T; y +=
+            # 1; return y``). (``y[0] += 1`` ends in item assignment, refused as such.)
+            self.builder.note_changed(self, symbol, user_loc())
         self.builder.note_update(self, user_loc())
         self.rebind(result)
         return self
