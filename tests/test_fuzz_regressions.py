@@ -934,3 +934,24 @@ def test_a_softmax_by_its_log_sum_exp_over_a_row_masked_at_first(backend, option
     (got,), (want,) = run_backend(backend, _probabilities_by_log_sum_exp_times, x, mask, w, **options)
     assert not np.isnan(got).any()
     rf.testing.assert_close(got, want, np.float32, 40)
+
+
+def _exp2_of_scaled_logits(x0, x3):
+    v0 = x0 * 1.4426950408889634
+    v1 = rf.max(v0, axis=-1, keepdims=True)
+    return (rf.exp2(v0 - v1) - x3).sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_exponent_reads_a_scaled_value_as_numpy_rounds_it(backend):
+    """Seed 118, example 1122 (pre-existing at 7568356): ``v = x * log2(e); exp2(v - max(v))`` was folded to
+    ``exp(x - ln2 m)``, never rounding ``v``: at the max the term was ``exp(x - ln2 f32(x log2 e))``, not
+    numpy's ``exp2(0) = 1``, and with logits near 2000 the row sum was 3.00012 for 3. A computed value meeting an
+    earlier result inside an exponent is now one rounded atom (`own_centre.rounded_exponents`), still fused."""
+    x0 = np.array([-380.68417, 1069.6587, 802.17883, -214.72012, 2154.103, -381.28397, 926.82397, 236.13332,
+                   1486.6194, -522.77087, 247.18573, 388.96841], np.float32).reshape((2, 3, 2))
+    x3 = np.array([1.0, -3.0], np.float32)
+    k = rf.kernel(_exp2_of_scaled_logits, backend=backend)
+    assert "in one pass" in k.explain(x0, x3)
+    got, want = k(x0, x3), _exp2_of_scaled_logits(x0, x3)
+    np.testing.assert_allclose(got, want, rtol=2e-6)

@@ -210,7 +210,7 @@ def test_only_exps_no_result_can_tell_flushed_are_flushable():
     ``exp(x - m) / l``, does not."""
     q16 = RNG.standard_normal((1, 2, 64, 64)).astype(np.float16)
     assert flushable(flash_attention_f16, q16, q16, q16) == [
-        "exp(0.125 * s_matmul[0,i1,i2,j] - where(m[0,i1,i2] == -inf, 0.0, m[0,i1,i2]))"]
+        "exp(f32(s_matmul[0,i1,i2,j] * 0.125) - where(m[0,i1,i2] == -inf, 0.0, m[0,i1,i2]))"]
     q = q16.astype(np.float32)
     assert flushable(attention, q, q, q) == []
     import ml_dtypes

@@ -263,8 +263,10 @@ def normalize(e: Expr, positive: Callable[[Expr], bool], nonneg: Callable[[Expr]
     if isinstance(e, Cast) and is_widening(e):
         if rounded_whole is not None and rounds_computed_value(e) and rounded_whole(e):
             return atom(e)
-        if e.dtype == e.x.dtype and e.dtype.storage_only and isinstance(e.x, Unary | Binary | Select):
-            return atom(e)      # an explicit rounding point (`ir.loop.rewrite.rounded`): no algebra sees through it
+        if e.dtype == e.x.dtype and e.dtype.is_float and isinstance(e.x, Unary | Binary | Select):
+            # an explicit rounding point (`ir.loop.rewrite.rounded`, `own_centre.rounded_exponents`): no algebra
+            # sees through it
+            return atom(e)
         return normalize(e.x, positive, nonneg, whole, term_whole, rounded_whole)  # exact: transparent
 
     def operand(x: Expr, multiplied: bool) -> Sum:

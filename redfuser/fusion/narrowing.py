@@ -186,7 +186,21 @@ def _exp_rest(x_lin: A.Linear, y_lin: A.Linear, ctx: "FusionContext") -> A.Linea
         if body is None:
             return f"the body of `{ext.name}` is not a linear form, so exp(e(x) - {ext.name}) cannot be shown <= 1"
         expected = expected + body.scale(-c)
-    return x_lin + expected.scale(-1.0)
+    return _unrounded(x_lin, ctx) + expected.scale(-1.0)
+
+
+def _unrounded(lin: A.Linear, ctx: "FusionContext") -> A.Linear:
+    """`lin` with each explicit rounding point of a computed value (``f32(x * c)``, `own_centre.rounded_exponents`)
+    read as the value it rounds: the bound compares an exponent with a max's body, and the max, computed in the
+    same type, holds the same rounded values, so ``exp(f32(x * c) - max(x * c))`` is at most 1 as its unrounded
+    form is."""
+    out = A.Linear(constant=lin.constant)
+    for mono, c in lin.terms:
+        atom, power = mono.factors[0] if len(mono.factors) == 1 else (None, None)
+        inner = (A.as_linear(ctx.normal_form(atom.x, signs=False))
+                 if isinstance(atom, Cast) and power == 1 and atom.dtype == atom.x.dtype else None)
+        out = out + (inner.scale(c) if inner is not None else A.Linear.of({mono: c}))
+    return out
 
 
 def g_bound(coeff: float, g: A.Monomial) -> float:

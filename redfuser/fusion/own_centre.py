@@ -94,7 +94,22 @@ def stabilize(dec: Decomposition, value: Expr, ctx: FusionContext, states: tuple
                          conditions=others.conditions, rounded=others.rounded, stable=part.stable), None
 
 
-def rounded_differences(value: Expr, ctx: FusionContext) -> Expr:
+def rounded_exponents(value: Expr, ctx: FusionContext) -> Expr:
+    """`value` with `rounded_differences` applied inside each ``exp`` and ``exp2`` argument, in every float type:
+    a value computed from the reduced values alone is rounded as numpy rounds it before it meets an earlier
+    result there. An exponential turns its argument's rounding into a relative error of ``|argument|`` ulps,
+    and the algebra folded constants across it: ``v = x * log2(e); exp2(v - max(v))`` became ``exp(x - ln2 m)``,
+    whose term at the max is not ``exp2(0) = 1`` but ``exp(x - ln2 f32(x log2 e))``: 3.00012 for numpy's 3 with
+    logits near 2000 (fuzz seed 118, example 1122). Rounded, ``v`` is one atom, and ``v - m`` is 0 at the max."""
+    def visit(n: Expr) -> Expr | None:
+        if isinstance(n, Unary) and n.op in (UnaryOp.EXP, UnaryOp.EXP2):
+            x = rounded_differences(n.x, ctx, every_float=True)
+            return replace(n, x=x) if x is not n.x else None
+        return None
+    return map_expr(value, visit)
+
+
+def rounded_differences(value: Expr, ctx: FusionContext, every_float: bool = False) -> Expr:
     """`value` with each 16-bit value it computes from the reduced values alone and then adds to or subtracts
     from an earlier result (f16 ``y = x * 1.3`` in ``(y - mean(y))**2``) rounded to its type as numpy rounds it
     before that step (an explicit cast, which the kernels keep as a rounding point).
@@ -102,15 +117,19 @@ def rounded_differences(value: Expr, ctx: FusionContext) -> Expr:
     The algebra would take ``y`` apart (``1.3 (x - mean / 1.3)``) and centre the sum on ``x``, the product
     then never rounded: on a constant row numpy's ``y - mean`` is exactly 0 and the fused sum was ``n`` times
     the square of ``y``'s rounding error (0.05 for an f16 row of 64; found by a helper, hunt_gaps/01).
-    Rounded, ``y`` is one atom, centred on its own running mean."""
+    Rounded, ``y`` is one atom, centred on its own running mean. With `every_float`, f32 and f64 values too
+    (`rounded_exponents`)."""
+    def narrow(d) -> bool:
+        return d.storage_only or (every_float and d.is_float)
+
     def operand(o: Expr, other: Expr) -> Expr:
-        if (o.dtype.storage_only and isinstance(o, Unary | Binary | Select) and ctx.kind(o) == "x"
+        if (narrow(o.dtype) and isinstance(o, Unary | Binary | Select) and ctx.kind(o) == "x"
                 and ctx.kind(other) == "y"):
             return Cast(o, o.dtype)
         return o
 
     def visit(n: Expr) -> Expr | None:
-        if isinstance(n, Binary) and n.op in (BinaryOp.ADD, BinaryOp.SUB) and n.dtype.storage_only:
+        if isinstance(n, Binary) and n.op in (BinaryOp.ADD, BinaryOp.SUB) and narrow(n.dtype):
             a, b = operand(n.a, n.b), operand(n.b, n.a)
             if a is not n.a or b is not n.b:
                 return replace(n, a=a, b=b)

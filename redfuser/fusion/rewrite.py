@@ -47,7 +47,7 @@ from .narrowing import Extremum
 from .numeric_check import check
 from .positivity import is_positive
 from .algebra import Linear
-from .own_centre import finish as finish_own_centre, own_centre_of, stabilize
+from .own_centre import finish as finish_own_centre, own_centre_of, rounded_exponents, stabilize
 from .separability import (Accumulator, Decomposition, FusionContext, Refusal, decompose, sums_at_least_one,
                            unbounded_exponential)
 from .substitute import rename_axes
@@ -196,6 +196,7 @@ def fuse_cascade(p: Program, cand: Candidate) -> tuple[Program, CascadeGroup]:
         ctx = FusionContext(axis.name, frozenset(earlier), frozenset(b.positive),
                             maxima=frozenset(n for n, v in b.running_extrema().items() if v < 0),
                             extrema=tuple(extrema), at_least_one=frozenset(at_least_one))
+        value = rounded_exponents(value, ctx)
         dec = decompose(value, member.order_op, ctx, name)
         unstable = None
         if isinstance(dec, Decomposition) and dec.expanded and member.order_op is ReduceOp.SUM and not member.is_topk:
