@@ -128,6 +128,23 @@ def _workload_list() -> str:
     return "\n".join(lines)
 
 
+def cache_cmd(args: argparse.Namespace) -> int:
+    """``python -m redfuser cache [--clear]``: the on-disk cache's folder, entries and size (`runtime.cache`)."""
+    from .runtime.cache import default_cache
+
+    cache = default_cache()
+    if cache.directory is None:
+        print("the compile cache is memory-only (REDFUSER_CACHE=0): nothing on disk")
+        return 0
+    entries, size = cache.disk_usage()
+    print(f"compile cache: {cache.directory}: {entries} entries, {size / 2**20:.1f} MiB")
+    if args.clear:
+        cache.clear(disk=True)
+        entries, size = cache.disk_usage()
+        print(f"cleared: {entries} entries, {size / 2**20:.1f} MiB left")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m redfuser`` and the ``redfuser`` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -151,8 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(run=fn)
     sub.add_parser("fuzz", help="the whole-compiler fuzzer: random programs on every backend against numpy "
                                 "(see `python -m redfuser fuzz --help`)")
+    cache = sub.add_parser("cache", help="where the on-disk compile cache is and what it holds; --clear empties it",
+                           description="The on-disk compile cache (REDFUSER_CACHE_DIR) keeps one entry for each "
+                                       "specialization ever compiled, and nothing evicts them: this prints where "
+                                       "it is and its size, and --clear deletes its entries.")
+    cache.add_argument("--clear", action="store_true", help="delete every entry of the cache")
+    cache.set_defaults(run=cache_cmd)
     args = parser.parse_args(argv)
-    if getattr(args, "run", None) is not None:
+    if args.command in ("demo", "explain"):
         if args.named is not None and args.workload is not None and args.named != args.workload:
             parser.error(f"two workloads named: {args.named} and --workload {args.workload}")
         args.workload = args.named or args.workload or "attention"

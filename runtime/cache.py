@@ -302,6 +302,23 @@ class CompileCache:
                 _, evicted = self._memory.popitem(last=False)
                 self._memory_bytes -= len(evicted)
 
+    def disk_usage(self) -> tuple[int, int]:
+        """(entries, bytes) this cache's files take on disk (only names it writes; (0, 0) memory-only). Nothing
+        evicts them: a new specialization adds an entry, and an entry no key reads any more (another compiler
+        version, other options) stays until `clear` (``python -m redfuser cache --clear``) deletes it."""
+        entries = size = 0
+        if self.directory is None or not self.directory.is_dir():
+            return entries, size
+        for folder in self.directory.iterdir():
+            if not cache_entry.OWN_FOLDER.fullmatch(folder.name) or not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                if cache_entry.OWN_FILE.fullmatch(path.name):
+                    with contextlib.suppress(OSError):
+                        size += path.stat().st_size
+                        entries += path.suffix == ".bin"
+        return entries, size
+
     def clear(self, *, disk: bool = False) -> None:
         """Forget the memory layer; with `disk`, also delete this cache's files (only names it writes)."""
         with self._mutex:
