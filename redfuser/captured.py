@@ -204,8 +204,8 @@ def _names_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]
 def _body_of(fn: Callable) -> tuple[types.FunctionType | None, list[object], list[object]]:
     """The Python function that runs as `fn`'s body; the objects whose attributes it reads as ``self`` (a bound
     method's ``__self__``, a callable object, a ``functools.partial``'s positional arguments: the body reads
-    ``self.scale`` of each; a `WeakMethod`'s instance as `_HeldWeakly`); and the partial's bound tuples, lists, dicts and numpy arrays (changed in place, they
-    are changes: the body reads them as captured values).
+    ``self.scale`` of each; a `WeakMethod`'s instance as `_HeldWeakly`); and the partial's bound tuples, lists,
+    dicts and numpy arrays (changed in place, they are changes: the body reads them as captured values).
     A bound method forwards ``__code__`` to its function, so it cannot be told from one by that."""
     owners: list[object] = []
     held: list[object] = []
@@ -288,7 +288,8 @@ class CapturedScalars:
             cell_labels += ["an argument bound by functools.partial"] * len(held)
             owners += body_owners
             attribute_reads.update(dict.fromkeys(attributes))
-        read_by = tuple(_attribute_reads(ref, tuple(n for n in attribute_reads if not _names_code(_attribute(ref(), n))))
+        read_by = tuple(_attribute_reads(ref, tuple(n for n in attribute_reads
+                                                    if not _names_code(_attribute(ref(), n))))
                         for ref in _owner_refs(owners))
         read_by = tuple(r for r in read_by if r[1] or r[2])
         global_names = tuple((g, tuple(names)) for g, names in reads.values() if names)

@@ -177,11 +177,11 @@ class TraceBuilder:
     def forget_view(self, t: "Tracer") -> None:
         self._views.get(t.buffer.name, {}).pop(id(t), None)
 
-    def other_views(self, t: "Tracer", but: object = None) -> list["Tracer"]:
-        """The live traced values other than `t` (and `but`) that view `t`'s buffer: an in-place update of `t`
-        would have to change them too."""
+    def other_views(self, t: "Tracer") -> list["Tracer"]:
+        """The live traced values other than `t` that view `t`'s buffer: an in-place update of `t` changes them
+        too in numpy (`note_changed`)."""
         found = (ref() for ref in self._views.get(t.buffer.name, {}).values())
-        return [v for v in found if v is not None and v is not t and v is not but]
+        return [v for v in found if v is not None and v is not t]
 
     def note_changed(self, t: "Tracer", symbol: str, loc: SourceLoc) -> None:
         """`t`'s buffer is changed in place (``t += v``) through `t` while other traced values view it: those keep

@@ -38,9 +38,9 @@ def _in_place(fn, symbol: str):
     """``x op= y`` as numpy computes it: in place, so every name bound to the same array sees the new value
     (``b = a; b += 1`` changes ``a``), in ``x``'s dtype and shape. A traced array is this Python object, so
     the object itself takes the new value; where other traced arrays view its buffer (``t = a.T``, ``r =
-    a[0]``), numpy would change them too and the kernel could not: reading one of them afterwards is refused. A numpy scalar (not a 0-d
-    array) is immutable, and ``s += 1`` makes a new one, as here. Inputs the kernel reads are never written:
-    the caller's array keeps its values (numpy's body would change it)."""
+    a[0]``), numpy would change them too and the kernel could not: reading one of them afterwards is refused.
+    A numpy scalar (not a 0-d array) is immutable, and ``s += 1`` makes a new one, as here. Inputs the kernel
+    reads are never written: the caller's array keeps its values (numpy's body would change it)."""
     def update(self, other):
         from .. import ops
 
