@@ -27,7 +27,7 @@ from .source_info import user_loc
 _SCALARS = (bool, int, float, complex, str, np.generic)
 _GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 _ATTRIBUTE_READS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})     # (LOAD_METHOD: Python 3.10 and 3.11)
-_BY_STRING_ATTRIBUTES = frozenset({"getattr", "hasattr", "vars", "__dict__"})
+_BY_STRING_ATTRIBUTES = frozenset({"getattr", "hasattr", "vars", "__dict__", "attrgetter", "__getattribute__"})
 """Names through which a body reads an attribute named by a string (`_names_read`)."""
 _BY_STRING_GLOBALS = frozenset({"globals", "vars"})
 """Names through which a body reads a global named by a string (``globals()["G"]``; ``vars()`` in a module)."""

@@ -84,8 +84,9 @@ class Kernel:
     @_user_facing
     def __init__(self, fn: Callable, backend: str | None = None, options: KernelOptions | None = None,
                  dynamic: Dynamic = None, **given: object) -> None:
-        while isinstance(fn, Kernel):      # rf.kernel(a_kernel): its body, with these options and backend
-            fn = fn.__wrapped__
+        while isinstance(fn, Kernel | BoundKernel):   # rf.kernel(a_kernel): its body, with these options and backend
+            # (of ``obj.body``, the bound method: it holds `obj`, as a bound method given to rf.kernel does)
+            fn = fn.method() if isinstance(fn, BoundKernel) else fn.__wrapped__
         name = kernel_name(fn)
         self._signature = check_signature(fn, name)
         self._dynamic = DynamicAxes(dynamic, name, tuple(self._signature.parameters), user_loc())
@@ -131,11 +132,12 @@ class Kernel:
         return self._signature
 
     # -- a kernel as an attribute: methods, pickling, copies --------------------------------------
-    def __get__(self, obj: object, objtype: type | None = None) -> "Kernel":
+    def __get__(self, obj: object, objtype: type | None = None) -> "Kernel | BoundKernel":
         """``@rf.kernel`` on a method: ``obj.body`` is the kernel of the bound method (``rf.kernel(obj.body)``,
         its ``self`` attributes tracked as captured values), one per instance and kept while the instance
-        lives (by identity where the instance cannot be weakly referenced: then for the process's life). The
-        kernel holds its instance weakly (`WeakMethod`): an instance is freed as it would be without one.
+        lives (by identity where the instance cannot be weakly referenced: then for the process's life), bound
+        to the instance as a bound method is (`BoundKernel`, which holds it). The kernel kept holds its instance
+        weakly (`WeakMethod`): an instance is freed as it would be without one.
         Without this, ``obj.body(x)`` called the kernel without ``self`` and said an argument was missing.
 
         Bound as Python binds the body: a function is, a ``staticmethod`` or a ``functools.partial`` is not
@@ -148,7 +150,7 @@ class Kernel:
         key = id(obj)
         found = bound.get(key)
         if found is not None and found[0]() is obj:
-            return found[1]
+            return BoundKernel(found[1], obj)
         try:
             ref = weakref.ref(obj, lambda _, key=key: bound.pop(key, None))
         except TypeError:          # (no weak references: kept, as a strong one)
@@ -156,9 +158,9 @@ class Kernel:
         made = Kernel(WeakMethod(fn, obj, ref), backend=self.backend, options=self.options,
                       dynamic=self._dynamic.mode)
         bound[key] = (ref, made)
-        return made
+        return BoundKernel(made, obj)
 
-    def _bound_to_first(self, args: tuple[Any, ...]) -> "Kernel | None":
+    def _bound_to_first(self, args: tuple[Any, ...]) -> "BoundKernel | None":
         """The kernel of the body bound to ``args[0]`` where a method's body is called through its class with its
         instance first (``Class.body(obj, x)``, ``map(Class.body, objs, xs)``): Python calls the function with
         the instance as ``self``, so the kernel is ``obj.body``'s (`__get__`). None for any other call: the
@@ -759,6 +761,51 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
 def _torch_numpy_dtypes(torch: Any) -> frozenset:
     """The torch dtypes whose CPU tensors ``Tensor.numpy()`` views without a copy."""
     return frozenset({torch.float32, torch.float16, torch.int32, torch.int64, torch.bool})
+
+
+class BoundKernel:
+    """``obj.body`` for an ``@rf.kernel`` method: the instance's kernel (`Kernel.__get__`: made once for each
+    instance, compiled specializations and all) bound to the instance as a bound method is. It holds the
+    instance (that kernel holds it weakly), so ``Layer(2.0).body(x)`` keeps its temporary alive through the
+    call; it is equal to another for the same instance and kernel, compares, copies and pickles as a bound
+    method does (``copy.deepcopy`` of an object keeping ``self.k = self.body`` binds the copy's own), and
+    answers every other attribute as the kernel (``lower``, ``explain``, ``cache_info``, ``options``)."""
+
+    __slots__ = ("__self__", "_kernel")
+
+    def __init__(self, kernel: Kernel, instance: object) -> None:
+        self._kernel = kernel
+        self.__self__ = instance
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._kernel(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kernel, name)
+
+    def method(self) -> types.MethodType:
+        """The bound method this is the kernel of (it holds the instance)."""
+        return types.MethodType(self._kernel.__wrapped__.__func__, self.__self__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BoundKernel) and other._kernel is self._kernel and other.__self__ is self.__self__
+
+    def __hash__(self) -> int:
+        return hash((id(self._kernel), id(self.__self__)))
+
+    def __repr__(self) -> str:
+        return f"<bound redfuser.kernel {self._kernel.__qualname__} of {self.__self__!r}>"
+
+    def __reduce__(self) -> tuple:
+        return (getattr, (self.__self__, self._kernel.__name__))
+
+    def __copy__(self) -> "BoundKernel":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> object:
+        import copy
+
+        return getattr(copy.deepcopy(self.__self__, memo), self._kernel.__name__)
 
 
 def _traced(args: tuple, kwargs: dict) -> bool:

@@ -194,3 +194,66 @@ def test_copy_of_a_kernel_is_the_kernel():
     ``copy.copy`` of a function is the function."""
     k = rf.kernel(lambda x: x + 1.0)
     assert copy.copy(k) is k and copy.deepcopy(k) is k
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_method_kernel_keeps_a_temporary_instance_through_its_call(backend):
+    """(Found by a helper, hunt_today/01.) With the instance held weakly, ``Layer(2.0).f(x)`` freed the temporary
+    as ``.f`` was looked up and the call raised a bare ReferenceError; ``obj.f`` is bound as a bound method is,
+    holding the instance, and ``rf.kernel(obj.f)`` holds it too."""
+    Layer = _layer_class(backend)
+    np.testing.assert_allclose(Layer(2.0).f(X), X.sum(-1) * 2)
+    f = Layer(3.0).f
+    gc.collect()
+    np.testing.assert_allclose(f(X), X.sum(-1) * 3)
+    np.testing.assert_allclose(rf.kernel(Layer(4.0).f)(X), X.sum(-1) * 4)
+
+
+class _Holder:
+    def __init__(self, scale):
+        self.scale = scale
+        self.k = self.f
+
+    @rf.kernel(backend="interpret")
+    def f(self, x):
+        return x * self.scale
+
+
+def test_a_method_kernel_copies_and_pickles_as_a_bound_method():
+    """(Found by a helper, hunt_today/02.) An object keeping ``self.k = self.f``, deep-copied, kept a ``k`` bound
+    to the original (its ``scale``), and did not pickle; a bound method binds the copy, and pickles by name."""
+    import pickle
+
+    h = _Holder(2.0)
+    c = copy.deepcopy(h)
+    c.scale = 9.0
+    np.testing.assert_array_equal(c.k(X), X * 9)
+    np.testing.assert_array_equal(h.k(X), X * 2)
+    p = pickle.loads(pickle.dumps(h))
+    p.scale = 5.0
+    np.testing.assert_array_equal(p.k(X), X * 5)
+    assert copy.copy(h.k) == h.k
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attribute_reads_by_attrgetter_and_getattribute_are_followed(backend):
+    """(Found by a helper, hunt_today/03.) ``operator.attrgetter("eps")(self)`` and ``self.__getattribute__("eps")``
+    read a name through a string too: their first value was baked in."""
+    import operator
+
+    class Norm:
+        eps = 1.0
+
+        @rf.kernel(backend=backend)
+        def by_attrgetter(self, x):
+            return x + operator.attrgetter("eps")(self)
+
+        @rf.kernel(backend=backend)
+        def by_getattribute(self, x):
+            return x + self.__getattribute__("eps")
+
+    n = Norm()
+    n.by_attrgetter(X), n.by_getattribute(X)
+    n.eps = 5.0
+    np.testing.assert_array_equal(n.by_attrgetter(X), X + 5)
+    np.testing.assert_array_equal(n.by_getattribute(X), X + 5)

@@ -904,7 +904,9 @@ def test_a_kernel_decorating_a_method_binds_self_per_instance():
     a, b = _DecoratedLayer(2.0), _DecoratedLayer(3.0)
     np.testing.assert_array_equal(a.body(x), x * 2)
     np.testing.assert_array_equal(b.body(x), x * 3)
-    assert a.body is a.body and a.body is not b.body and _DecoratedLayer.body is _DecoratedLayer.__dict__["body"]
+    # (bound as a method is: equal for one instance, one kernel and its specializations per instance)
+    assert a.body == a.body and a.body != b.body and _DecoratedLayer.body is _DecoratedLayer.__dict__["body"]
+    assert a.body.cache_info().currsize == 1 and b.body.cache_info().currsize == 1
     a.scale = 5.0
     np.testing.assert_array_equal(a.body(x), x * 5)
 
