@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .ir import UnsupportedError
-from .methods import WeakMethod
+from .methods import BoundKernel, WeakMethod
 from .source_info import user_loc
 
 _SCALARS = (bool, int, float, complex, str, np.generic)
@@ -219,6 +219,8 @@ def _body_of(fn: Callable) -> tuple[types.FunctionType | None, list[object], lis
         elif isinstance(fn, types.MethodType):
             owners.append(fn.__self__)
             fn = fn.__func__
+        elif isinstance(fn, BoundKernel):
+            fn = fn.method()            # (``partial(obj.body, ...)``: the bound method, read as one next)
         elif isinstance(fn, WeakMethod):
             owners.append(_HeldWeakly(fn._ref))      # (as weakly as the method holds it: `_owner_refs`)
             fn = fn.__func__
@@ -487,6 +489,8 @@ class Defaults:
                 holders.append((_PARTIAL_DEFAULTS, link))
                 link = link.func
                 continue
+            if isinstance(link, BoundKernel):
+                link = link.method()
             if isinstance(link, types.MethodType | WeakMethod):
                 link = link.__func__
             if isinstance(link, types.FunctionType):

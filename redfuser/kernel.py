@@ -24,7 +24,7 @@ from .ir import Buffer, BufferType
 from .ir.sizes import SymbolicDecision, bind_buffers, concrete
 from .ir.types import row_major_strides
 from .kernel_options import DEFAULT_OPTIONS, KernelOptions
-from .methods import WeakMethod
+from .methods import BoundKernel, WeakMethod
 from .probes import PROBE_LENGTHS
 from .shapes import Dynamic, DynamicAxes, ShapePlan
 from .runtime import arrays as arrays_rt
@@ -150,7 +150,7 @@ class Kernel:
         key = id(obj)
         found = bound.get(key)
         if found is not None and found[0]() is obj:
-            return BoundKernel(found[1], obj)
+            return BoundKernel(found[1], obj, self)
         try:
             ref = weakref.ref(obj, lambda _, key=key: bound.pop(key, None))
         except TypeError:          # (no weak references: kept, as a strong one)
@@ -158,7 +158,7 @@ class Kernel:
         made = Kernel(WeakMethod(fn, obj, ref), backend=self.backend, options=self.options,
                       dynamic=self._dynamic.mode)
         bound[key] = (ref, made)
-        return BoundKernel(made, obj)
+        return BoundKernel(made, obj, self)
 
     def _bound_to_first(self, args: tuple[Any, ...]) -> "BoundKernel | None":
         """The kernel of the body bound to ``args[0]`` where a method's body is called through its class with its
@@ -761,51 +761,6 @@ def _fast_key(args: tuple[Any, ...], backend: str | None) -> tuple | None:
 def _torch_numpy_dtypes(torch: Any) -> frozenset:
     """The torch dtypes whose CPU tensors ``Tensor.numpy()`` views without a copy."""
     return frozenset({torch.float32, torch.float16, torch.int32, torch.int64, torch.bool})
-
-
-class BoundKernel:
-    """``obj.body`` for an ``@rf.kernel`` method: the instance's kernel (`Kernel.__get__`: made once for each
-    instance, compiled specializations and all) bound to the instance as a bound method is. It holds the
-    instance (that kernel holds it weakly), so ``Layer(2.0).body(x)`` keeps its temporary alive through the
-    call; it is equal to another for the same instance and kernel, compares, copies and pickles as a bound
-    method does (``copy.deepcopy`` of an object keeping ``self.k = self.body`` binds the copy's own), and
-    answers every other attribute as the kernel (``lower``, ``explain``, ``cache_info``, ``options``)."""
-
-    __slots__ = ("__self__", "_kernel")
-
-    def __init__(self, kernel: Kernel, instance: object) -> None:
-        self._kernel = kernel
-        self.__self__ = instance
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._kernel(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._kernel, name)
-
-    def method(self) -> types.MethodType:
-        """The bound method this is the kernel of (it holds the instance)."""
-        return types.MethodType(self._kernel.__wrapped__.__func__, self.__self__)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, BoundKernel) and other._kernel is self._kernel and other.__self__ is self.__self__
-
-    def __hash__(self) -> int:
-        return hash((id(self._kernel), id(self.__self__)))
-
-    def __repr__(self) -> str:
-        return f"<bound redfuser.kernel {self._kernel.__qualname__} of {self.__self__!r}>"
-
-    def __reduce__(self) -> tuple:
-        return (getattr, (self.__self__, self._kernel.__name__))
-
-    def __copy__(self) -> "BoundKernel":
-        return self
-
-    def __deepcopy__(self, memo: dict) -> object:
-        import copy
-
-        return getattr(copy.deepcopy(self.__self__, memo), self._kernel.__name__)
 
 
 def _traced(args: tuple, kwargs: dict) -> bool:

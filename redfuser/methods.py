@@ -1,4 +1,4 @@
-"""A kernel's body bound to an instance without keeping the instance alive (`WeakMethod`).
+"""A kernel's body bound to an instance: kept without keeping it alive (`WeakMethod`), bound as a method (`BoundKernel`).
 
 ``@rf.kernel`` on a method makes one kernel per instance (`Kernel.__get__`), kept by the class's kernel while
 the instance lives. A bound method (``types.MethodType``) holds its instance: the kernel kept for an instance
@@ -48,4 +48,53 @@ class WeakMethod:
         return f"<method {self.__func__.__qualname__} of {self._ref()!r}>"
 
 
-__all__ = ["WeakMethod"]
+class BoundKernel:
+    """``obj.body`` for an ``@rf.kernel`` method: the instance's kernel (`Kernel.__get__`: made once for each
+    instance, compiled specializations and all, holding the instance weakly) bound to the instance as a bound
+    method is. It holds the instance, so ``Layer(2.0).body(x)`` keeps its temporary alive through the call; it
+    is equal to another for the same instance and kernel, and copies and pickles as a bound method does: a
+    deep copy binds the class's kernel (`source`) to the copied instance (``copy.deepcopy`` of an object keeping
+    ``self.k = self.body`` binds the copy's own), a pickle looks the kernel up by name on the instance. Every
+    other attribute is the instance's kernel's (``lower``, ``explain``, ``cache_info``, ``options``)."""
+
+    __slots__ = ("__self__", "_kernel", "_source")
+
+    def __init__(self, kernel: Any, instance: object, source: Any) -> None:
+        self._kernel = kernel
+        self.__self__ = instance
+        self._source = source
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._kernel(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in BoundKernel.__slots__:    # (not set yet: an object made without __init__, as a copier may)
+            raise AttributeError(name)
+        return getattr(self._kernel, name)
+
+    def method(self) -> types.MethodType:
+        """The bound method this is the kernel of (it holds the instance)."""
+        return types.MethodType(self._kernel.__wrapped__.__func__, self.__self__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BoundKernel) and other._kernel is self._kernel and other.__self__ is self.__self__
+
+    def __hash__(self) -> int:
+        return hash((id(self._kernel), id(self.__self__)))
+
+    def __repr__(self) -> str:
+        return f"<bound redfuser.kernel {self._kernel.__qualname__} of {self.__self__!r}>"
+
+    def __reduce__(self) -> tuple:
+        return (getattr, (self.__self__, self._kernel.__name__))
+
+    def __copy__(self) -> "BoundKernel":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> object:
+        import copy
+
+        return self._source.__get__(copy.deepcopy(self.__self__, memo), type(self.__self__))
+
+
+__all__ = ["BoundKernel", "WeakMethod"]

@@ -257,3 +257,51 @@ def test_attribute_reads_by_attrgetter_and_getattribute_are_followed(backend):
     n.eps = 5.0
     np.testing.assert_array_equal(n.by_attrgetter(X), X + 5)
     np.testing.assert_array_equal(n.by_getattribute(X), X + 5)
+
+
+def _impl(self, x):
+    return x * self.scale
+
+
+class _Base:
+    def __init__(self, scale):
+        self.scale = scale
+        self.alias = self.forward
+
+    @rf.kernel(backend="interpret")
+    def body(self, x):
+        return x * self.scale
+
+    forward = rf.kernel(_impl, backend="interpret")
+
+
+class _Overriding(_Base):
+    def __init__(self, scale):
+        super().__init__(scale)
+        self.fast = super().body     # (the base class's kernel, bound to this instance)
+
+    def body(self, x):
+        return x + 100.0
+
+
+def test_a_deep_copy_binds_the_kernel_it_copies_not_a_name():
+    """(Found by a helper, hunt_torch2/01-02.) A deep copy looked the kernel up by name on the copy: a subclass's
+    plain ``body`` ran instead (102 for 2), and a kernel kept under another name than its function's
+    (``forward = rf.kernel(_impl)``) raised AttributeError. The copy binds the class's kernel itself."""
+    x = np.ones(3, np.float32)
+    c = copy.deepcopy(_Overriding(2.0))
+    c.scale = 3.0
+    np.testing.assert_array_equal(c.fast(x), x * 3)
+    np.testing.assert_array_equal(c.alias(x), x * 3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_partial_of_a_method_kernel_follows_the_instance(backend):
+    """(Found by a helper, hunt_torch2/03.) ``rf.kernel(functools.partial(obj.f, ...))`` took the bound kernel's
+    own ``__call__`` for the body, and the instance's attributes were baked in: the bound method is read now."""
+    Layer = _layer_class(backend)
+    layer = Layer(2.0)
+    k = rf.kernel(functools.partial(layer.f), backend=backend)
+    np.testing.assert_allclose(k(X), X.sum(-1) * 2)
+    layer.scale = 5.0
+    np.testing.assert_allclose(k(X), X.sum(-1) * 5)
