@@ -275,13 +275,18 @@ class CapturedScalars:
         cell_labels: list[str] = []
         owners: list[object] = []
         attribute_reads: dict[str, None] = {}
-        for body, body_owners, held in bodies:
-            globals_ = body.__globals__
+        def read_globals(function: types.FunctionType) -> dict[str, None]:
+            """The names `function` reads of its module's globals, noted; the attribute names it reads."""
+            globals_ = function.__globals__
             builtins_ = globals_.get("__builtins__", {})
             builtins_ = vars(builtins_) if isinstance(builtins_, types.ModuleType) else builtins_
-            global_reads, attributes = _names_read(body.__code__)
+            global_reads, attributes = _names_read(function.__code__)
             names = reads.setdefault(id(globals_), (globals_, {}))[1]
             names.update(dict.fromkeys(n for n in global_reads if not _names_code(globals_.get(n, builtins_.get(n)))))
+            return dict.fromkeys(attributes)
+
+        for body, body_owners, held in bodies:
+            attributes = read_globals(body)
             for name, cell in zip(body.__code__.co_freevars, body.__closure__ or ()):
                 if not _names_code(_cell_value(cell)):
                     cells.append(cell)
@@ -289,7 +294,19 @@ class CapturedScalars:
             cells += [types.CellType(v) for v in held]
             cell_labels += ["an argument bound by functools.partial"] * len(held)
             owners += body_owners
-            attribute_reads.update(dict.fromkeys(attributes))
+            attribute_reads.update(attributes)
+        # what the methods the body calls on its owners read too (``self.norm(x)``, ``super().body(x)`` of a
+        # kernel): traced into the body, their reads of ``self.eps`` or of a global were baked in and never
+        # compared (found by a helper, hunt_torch2/04)
+        seen_methods: set[int] = set()
+        for _ in range(CONTAINER_DEPTH):
+            found = [m for ref in _owner_refs(owners) for m in _methods_named(ref(), attribute_reads)
+                     if id(m) not in seen_methods]
+            if not found:
+                break
+            for method in found:
+                seen_methods.add(id(method))
+                attribute_reads.update(read_globals(method))
         read_by = tuple(_attribute_reads(ref, tuple(n for n in attribute_reads
                                                     if not _names_code(_attribute(ref(), n))))
                         for ref in _owner_refs(owners))
@@ -411,6 +428,27 @@ def _bodies(fn: Callable) -> list[tuple[types.FunctionType, list[object], list[o
             break
         fn = wrapped
     return found
+
+
+def _methods_named(owner: object, names: dict[str, None]) -> list[types.FunctionType]:
+    """The Python functions `owner`'s classes define under `names` (along the whole method resolution order,
+    as ``super()`` reaches any of them): plain methods, static and class methods, properties' getters, and the
+    bodies of kernels defined on them."""
+    out: list[types.FunctionType] = []
+    for cls in type(owner).__mro__ if owner is not None else ():
+        for name in names:
+            value = cls.__dict__.get(name)
+            if isinstance(value, staticmethod | classmethod):
+                value = value.__func__
+            elif isinstance(value, property):
+                value = value.fget
+            for _ in range(8):      # (a kernel's body, a kernel of a kernel, a functools.wraps chain)
+                if value is None or isinstance(value, types.FunctionType):
+                    break
+                value = getattr(value, "__wrapped__", None)
+            if isinstance(value, types.FunctionType):
+                out.append(value)
+    return out
 
 
 def _attribute(owner: object, name: str) -> object:

@@ -305,3 +305,36 @@ def test_a_partial_of_a_method_kernel_follows_the_instance(backend):
     np.testing.assert_allclose(k(X), X.sum(-1) * 2)
     layer.scale = 5.0
     np.testing.assert_allclose(k(X), X.sum(-1) * 5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_what_the_methods_a_body_calls_read_is_followed(backend):
+    """(Found by a helper, hunt_torch2/04.) A body calling a method of its instance (``self.norm(x)``) or the
+    base class's kernel (``super().f(x)``) had that method's reads of ``self.eps`` baked in: a change was never
+    seen (3.0 for 11.0). The methods the body reads by name, along the class's method order, are read too."""
+    class Base:
+        def __init__(self):
+            self.scale, self.eps = 2.0, 1.0
+
+        def norm(self, x):
+            return x + self.eps
+
+        @rf.kernel(backend=backend)
+        def f(self, x):
+            return x * self.scale
+
+    class Sub(Base):
+        @rf.kernel(backend=backend)
+        def f(self, x):
+            return super().f(x) + 1.0
+
+        @rf.kernel(backend=backend)
+        def g(self, x):
+            return self.norm(x) * 2.0
+
+    s = Sub()
+    np.testing.assert_array_equal(s.f(X), X * 2 + 1)
+    np.testing.assert_array_equal(s.g(X), (X + 1) * 2)
+    s.scale, s.eps = 10.0, 5.0
+    np.testing.assert_array_equal(s.f(X), X * 10 + 1)
+    np.testing.assert_array_equal(s.g(X), (X + 5) * 2)
