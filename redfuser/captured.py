@@ -23,6 +23,7 @@ import numpy as np
 from .ir import UnsupportedError
 from .methods import BoundKernel, WeakMethod
 from .source_info import user_loc
+from .trace import is_dtype_value
 
 _SCALARS = (bool, int, float, complex, str, np.generic)
 _GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
@@ -105,8 +106,8 @@ def _contents(value: object, depth: int, budget: list[int]) -> object:
         return np.ndarray, value.shape, value.dtype.str, value.tobytes()
     if isinstance(value, _SCALARS) or value is None:
         return type(value), repr(value)
-    if _is_scalar_type(value):
-        return type, value
+    if is_dtype_value(value):
+        return type(value), value
     if not isinstance(value, tuple | list | dict):
         return type(value)
     items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
@@ -119,13 +120,12 @@ def _names_code(value: object) -> bool:
     """A module or something callable (a function, a class, a ufunc): a name of the body's that holds one when
     the kernel is made keeps naming it (``rf``, ``np``, ``range``, a helper), so it is not compared per call.
     A numpy scalar type is a class but names a dtype (``DTYPE = rf.float16``, what ``astype`` takes): a value,
-    compared by identity (`_signature`)."""
-    return (callable(value) and not _is_scalar_type(value)) or isinstance(value, types.ModuleType)
+    compared as one (`_signature`)."""
+    return (callable(value) and not is_dtype_value(value)) or isinstance(value, types.ModuleType)
 
 
-def _is_scalar_type(value: object) -> bool:
-    """A numpy scalar type (``np.float16``, ``rf.bfloat16``): a dtype, held as a class."""
-    return isinstance(value, type) and issubclass(value, np.generic)
+METHOD_DEPTH = 8
+"""How deep the methods a body calls on its owners are followed (a method calling another, `_methods_named`)."""
 
 
 CAPTURED_ARRAY_BYTES = 4096
@@ -152,8 +152,8 @@ def _signature(value: object) -> tuple:
             return type(value), _contents(value, 0, [CONTAINER_LEAVES])
     except _TooLarge:
         return type(value), ("large", id(value))
-    if _is_scalar_type(value):
-        return type, value
+    if is_dtype_value(value):
+        return type(value), value
     return type(value), None
 
 
@@ -298,10 +298,10 @@ class CapturedScalars:
         # what the methods the body calls on its owners read too (``self.norm(x)``, ``super().body(x)`` of a
         # kernel): traced into the body, their reads of ``self.eps`` or of a global were baked in and never
         # compared (found by a helper, hunt_torch2/04)
+        refs = _owner_refs(owners)
         seen_methods: set[int] = set()
-        for _ in range(CONTAINER_DEPTH):
-            found = [m for ref in _owner_refs(owners) for m in _methods_named(ref(), attribute_reads)
-                     if id(m) not in seen_methods]
+        for _ in range(METHOD_DEPTH):
+            found = [m for ref in refs for m in _methods_named(ref(), attribute_reads) if id(m) not in seen_methods]
             if not found:
                 break
             for method in found:
@@ -309,7 +309,7 @@ class CapturedScalars:
                 attribute_reads.update(read_globals(method))
         read_by = tuple(_attribute_reads(ref, tuple(n for n in attribute_reads
                                                     if not _names_code(_attribute(ref(), n))))
-                        for ref in _owner_refs(owners))
+                        for ref in refs)
         read_by = tuple(r for r in read_by if r[1] or r[2])
         global_names = tuple((g, tuple(names)) for g, names in reads.values() if names)
         if not (global_names or cells or read_by):

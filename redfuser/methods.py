@@ -74,7 +74,7 @@ class BoundKernel:
 
     def method(self) -> types.MethodType:
         """The bound method this is the kernel of (it holds the instance)."""
-        return types.MethodType(self._kernel.__wrapped__.__func__, self.__self__)
+        return types.MethodType(self._source.__wrapped__, self.__self__)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, BoundKernel) and other._kernel is self._kernel and other.__self__ is self.__self__

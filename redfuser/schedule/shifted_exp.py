@@ -166,8 +166,8 @@ def _at_most_zero(x: Expr, maxima: dict[str, _Maximum], loop: int | None) -> boo
         return False
     maximum = maxima[m.buffer.name]
     a = x.a
-    while isinstance(a, Cast) and a.dtype == a.x.dtype:
-        a = a.x     # (an explicit rounding point of a computed value: the max rounded its terms alike)
+    while isinstance(a, Cast) and a.dtype == a.x.dtype and not a.dtype.storage_only:
+        a = a.x     # (an f32 or f64 rounding point of a computed value: the max rounded its terms alike)
     if maximum.prev is not None and isinstance(a, Load) and a.buffer.name == maximum.prev \
             and a.indices == m.indices:
         return True
